@@ -1,0 +1,31 @@
+# Set-up and everyday commands, in the style of diffusers/transformers.
+#   make test   create .venv if missing, install gors with its test extra, run the tests
+#   make demo   same environment, then the full GORS loop on the embedded offline default
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# torch is pinned here only for set-up: these wheels lie on the development machines' disk.
+TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
+DEMO_DIR ?= demo_output
+
+.PHONY: install test demo quality clean
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet $(TORCH_PINS)
+	$(PIP) install --quiet -e ".[test]"
+	@touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(PY) -m pytest -q tests
+
+demo: install
+	HF_HUB_OFFLINE=1 $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml \
+		recipes/gors_demo.py --output_dir $(DEMO_DIR)
+
+clean:
+	rm -rf $(DEMO_DIR) .pytest_cache

@@ -1,0 +1,144 @@
+"""The `gors` command: one subcommand per stage, `run` for all four, `rewards` to list rewards.
+
+Every stage takes its config's flags, or `--config FILE.yaml` whose keys are the same names
+(flags given on the command line override the file). Run any stage under
+`accelerate launch -m gors.cli <stage> ...` (or `accelerate launch $(which gors) ...`) to use
+several processes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import fields
+from typing import Any, Callable, Sequence, TypeVar
+
+import yaml
+from transformers import HfArgumentParser
+
+from gors.config import GenerateConfig, RunConfig, ScoreConfig, SelectConfig, TrainConfig
+
+C = TypeVar("C")
+
+
+def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict[str, Any] | None = None,
+                 prog: str | None = None) -> C:
+    """Parse a config dataclass from flags and an optional `--config FILE.yaml`.
+
+    Precedence: command-line flags > YAML file > `defaults` (e.g. a recipe's) > the dataclass defaults.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser(cls, prog=prog)
+    parser.add_argument("--config", default=None, help="YAML file of flag values (flags on the command line win).")
+    merged = dict(defaults or {})
+    if "--config" in argv:
+        position = argv.index("--config")
+        if position + 1 >= len(argv):
+            raise SystemExit("--config needs a YAML file path")
+        merged |= _read_yaml(argv[position + 1], cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(merged) - known)
+    if unknown:
+        raise SystemExit(f"Unknown config keys {unknown} for {cls.__name__}; see --help for the valid names.")
+    parser.set_defaults(**merged)
+    namespace = parser.parse_args(argv)
+    values = {name: getattr(namespace, name) for name in known}
+    try:
+        return cls(**values)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from err
+
+
+def _read_yaml(path: str, cls: type) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            values = yaml.safe_load(handle) or {}
+    except FileNotFoundError:
+        raise SystemExit(f"--config {path}: no such file") from None
+    if not isinstance(values, dict):
+        raise SystemExit(f"--config {path}: expected a mapping of {cls.__name__} fields, got {type(values).__name__}")
+    return values
+
+
+def run(config: RunConfig) -> None:
+    """generate -> score -> select -> train in one run folder, on one shared Accelerator."""
+    from gors.generate import generate
+    from gors.score import score
+    from gors.select import select
+    from gors.train import make_accelerator, train
+
+    accelerator = make_accelerator(config)
+    generate(config, accelerator)
+    score(config, accelerator)
+    select(config, write=accelerator.is_main_process)
+    accelerator.wait_for_everyone()
+    train(config, accelerator)
+
+
+def _generate(config: GenerateConfig) -> None:
+    from gors.generate import generate
+
+    generate(config)
+
+
+def _score(config: ScoreConfig) -> None:
+    from gors.score import score
+
+    score(config)
+
+
+def _select(config: SelectConfig) -> None:
+    from accelerate import PartialState
+
+    from gors.select import select
+
+    state = PartialState()
+    select(config, write=state.is_main_process)
+    state.wait_for_everyone()
+
+
+def _train(config: TrainConfig) -> None:
+    from gors.train import train
+
+    train(config)
+
+
+def list_rewards() -> None:
+    """Print the registered rewards with their default models, score ranges and categories."""
+    import rewards
+
+    print(f"{'name':<16} {'default model':<40} {'range':<10} categories")
+    for name in rewards.available_rewards():
+        cls = rewards.get_reward_class(name)
+        low, high = cls.score_range
+        print(f"{name:<16} {cls.default_model or '-':<40} [{low:g}, {high:g}]{'':<3} {', '.join(cls.categories) or '-'}")
+
+
+COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
+    "generate": (GenerateConfig, _generate, "k images per training prompt into the sample store"),
+    "score": (ScoreConfig, _score, "score every sample with a reward"),
+    "select": (SelectConfig, _select, "keep samples with reward > tau"),
+    "train": (TrainConfig, _train, "reward-weighted LoRA fine-tuning on the selection"),
+    "run": (RunConfig, run, "generate, score, select and train in one go"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: gors {" + ",".join([*COMMANDS, "rewards"]) + "} [flags]  (gors COMMAND --help for its flags)\n\n"
+    usage += "\n".join(f"  {name:<9} {help_}" for name, (_, _, help_) in COMMANDS.items())
+    usage += "\n  rewards   list the registered rewards"
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        return
+    command, rest = argv[0], argv[1:]
+    if command == "rewards":
+        list_rewards()
+        return
+    if command not in COMMANDS:
+        raise SystemExit(f"gors: unknown command {command!r}\n{usage}")
+    cls, function, _ = COMMANDS[command]
+    function(parse_config(cls, rest, prog=f"gors {command}"))
+
+
+if __name__ == "__main__":
+    main()

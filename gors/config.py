@@ -1,0 +1,184 @@
+"""One config dataclass per stage, with the paper's defaults and help text.
+
+Flags follow diffusers' training scripts wherever one exists. Every config parses from the
+command line or a YAML file (see `gors.cli.parse_config`); `__post_init__` rejects bad values with
+a message that quotes them. Defaults come from the official T2I-CompBench GORS training script
+and paper (see DESIGN.md and the README's table of defaults).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass
+class StageConfig:
+    """Fields every stage shares: where the run lives and how it is reproduced."""
+
+    output_dir: str = field(
+        default="gors_output",
+        metadata={"help": "Run folder: samples/, scores/, selection.jsonl, checkpoints/, logs/ and the final LoRA."},
+    )
+    seed: int = field(default=42, metadata={"help": "Base seed (official GORS: 42)."})
+    mixed_precision: str | None = field(
+        default=None,
+        metadata={
+            "help": "'no', 'fp16' or 'bf16'; default: the accelerate config's. Generation and scoring use "
+            "this dtype on GPU; on CPU everything runs in fp32."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        _check(
+            self.mixed_precision is None or self.mixed_precision in MIXED_PRECISION_CHOICES,
+            f"--mixed_precision={self.mixed_precision!r}; choose one of {MIXED_PRECISION_CHOICES}",
+        )
+
+
+@dataclass
+class ModelConfig(StageConfig):
+    pretrained_model_name_or_path: str = field(
+        default="stabilityai/stable-diffusion-2-base",
+        metadata={"help": "Stable Diffusion 1.x/2.x pipeline: Hub id or local folder (GORS paper: SD-2-base)."},
+    )
+    revision: str | None = field(default=None, metadata={"help": "Hub revision of the base model."})
+    resolution: int = field(default=512, metadata={"help": "Image side in pixels for generation and training."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.resolution >= 8 and self.resolution % 8 == 0, f"--resolution={self.resolution}: use a multiple of 8")
+
+
+@dataclass
+class GenerateConfig(ModelConfig):
+    """`gors generate`: k images per training prompt into the sample store."""
+
+    train_prompts: str = field(
+        default="color",
+        metadata={
+            "help": "A T2I-CompBench category or file stem (color, shape, texture, spatial, non_spatial, complex, "
+            "color_val, ...; downloaded and checksummed) or a text file with one prompt per line."
+        },
+    )
+    max_prompts: int | None = field(default=None, metadata={"help": "Use only the first N prompts (quick runs)."})
+    images_per_prompt: int = field(default=90, metadata={"help": "k images per prompt (GORS paper: 90)."})
+    num_inference_steps: int = field(default=30, metadata={"help": "DDIM steps (T2I-CompBench protocol: 30)."})
+    guidance_scale: float = field(default=7.5, metadata={"help": "Classifier-free guidance (T2I-CompBench: 7.5)."})
+    generation_batch_size: int = field(default=8, metadata={"help": "Images per pipeline call on each process."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.images_per_prompt >= 1, f"--images_per_prompt={self.images_per_prompt}: must be >= 1")
+        _check(self.num_inference_steps >= 1, f"--num_inference_steps={self.num_inference_steps}: must be >= 1")
+        _check(self.generation_batch_size >= 1, f"--generation_batch_size={self.generation_batch_size}: must be >= 1")
+        _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
+
+
+@dataclass
+class RewardConfig(StageConfig):
+    reward: str = field(
+        default="b_vqa",
+        metadata={"help": "Reward name from `gors rewards`, or 'module:Class' for your own Reward subclass."},
+    )
+
+
+@dataclass
+class ScoreConfig(RewardConfig):
+    """`gors score`: one reward over every sample in the store."""
+
+    reward_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Model of the reward (Hub id or folder); default: the reward's own."}
+    )
+    reward_batch_size: int = field(default=16, metadata={"help": "Images per reward call on each process."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.reward_batch_size >= 1, f"--reward_batch_size={self.reward_batch_size}: must be >= 1")
+
+
+@dataclass
+class SelectConfig(RewardConfig):
+    """`gors select`: keep the samples whose reward exceeds tau."""
+
+    reward_threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": "tau for every prompt. Default: the paper's per-category tau (template prompts = first 560 lines "
+            "of the category's train file / natural prompts): color 0.92/0.7, shape 0.85/0.6, texture 0.9/0.65, "
+            "spatial 0.8, non_spatial 0.75, complex 0.4."
+        },
+    )
+    category: str | None = field(
+        default=None, metadata={"help": "T2I-CompBench category whose tau applies; default: the prompt set's."}
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(
+            self.reward_threshold is None or 0.0 <= self.reward_threshold <= 1.0,
+            f"--reward_threshold={self.reward_threshold}: rewards lie in [0, 1]",
+        )
+
+
+@dataclass
+class TrainConfig(ModelConfig):
+    """`gors train`: reward-weighted LoRA fine-tuning on the selected samples."""
+
+    train_batch_size: int = field(default=2, metadata={"help": "Batch size per process (official: 2 x 8 GPUs)."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Steps to accumulate before an update."})
+    max_train_steps: int = field(default=15000, metadata={"help": "Optimizer updates (official: 15 000)."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "U-Net LoRA learning rate (official: 1e-4)."})
+    text_encoder_learning_rate: float = field(
+        default=5e-6, metadata={"help": "Text-encoder LoRA learning rate (official: 5e-6)."}
+    )
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
+    adam_weight_decay: float = field(default=1e-2, metadata={"help": "AdamW weight decay."})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient-norm clip."})
+    lr_scheduler: str = field(default="constant", metadata={"help": "diffusers' get_scheduler name."})
+    lr_warmup_steps: int = field(default=0, metadata={"help": "Warm-up steps of the LR schedule."})
+    rank: int = field(default=4, metadata={"help": "LoRA rank (official: 4; alpha = rank, scale 1)."})
+    train_unet: bool = field(default=True, metadata={"help": "LoRA on the U-Net's to_q, to_k, to_v, to_out.0."})
+    train_text_encoder: bool = field(
+        default=True, metadata={"help": "LoRA on the text encoder's q_proj, k_proj, v_proj, out_proj."}
+    )
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Trade compute for memory."})
+    center_crop: bool = field(default=True, metadata={"help": "Centre crop after resizing (official: yes)."})
+    checkpointing_steps: int = field(default=500, metadata={"help": "Save the full training state every N updates."})
+    checkpoints_total_limit: int | None = field(default=None, metadata={"help": "Keep at most N checkpoints."})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "'latest' or a checkpoint folder: restores optimizer, scheduler, RNG and step."}
+    )
+    validation_prompts: list[str] | None = field(
+        default=None, metadata={"help": "Prompts rendered with the current LoRA and logged every --validation_steps."}
+    )
+    validation_steps: int = field(default=500, metadata={"help": "Run validation every N updates."})
+    report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker: tensorboard, wandb, all or none."})
+    dataloader_num_workers: int = field(default=0, metadata={"help": "DataLoader workers (latents are cached in memory)."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for flag in ("train_batch_size", "gradient_accumulation_steps", "max_train_steps", "rank", "checkpointing_steps",
+                     "validation_steps"):
+            value = getattr(self, flag)
+            _check(value >= 1, f"--{flag}={value}: must be >= 1")
+        _check(self.train_unet or self.train_text_encoder,
+               "--no_train_unet and --no_train_text_encoder together leave nothing to train")
+        _check(self.learning_rate > 0 and self.text_encoder_learning_rate > 0, "learning rates must be > 0")
+
+
+@dataclass
+class RunConfig(GenerateConfig, ScoreConfig, SelectConfig, TrainConfig):
+    """`gors run` and the recipes: generate -> score -> select -> train in one run folder."""
+
+    def __post_init__(self) -> None:
+        # Each parent's checks run once through the cooperative super() chain.
+        super().__post_init__()

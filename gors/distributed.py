@@ -1,0 +1,26 @@
+"""Small helpers for work split over Accelerate processes."""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence, TypeVar
+
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+T = TypeVar("T")
+
+
+def my_share(items: Sequence[T], accelerator: Accelerator) -> list[T]:
+    """This process's items: a strided slice, so shares differ in size by at most one."""
+    return list(items[accelerator.process_index :: accelerator.num_processes])
+
+
+def batches(items: Sequence[T], size: int) -> Iterator[list[T]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
+def progress_bar(total: int, accelerator: Accelerator, desc: str) -> tqdm:
+    """A bar on the main process only; it counts the main process's share of the work."""
+    suffix = f" (process 0 of {accelerator.num_processes})" if accelerator.num_processes > 1 else ""
+    return tqdm(total=total, desc=desc + suffix, disable=not accelerator.is_main_process, dynamic_ncols=True)

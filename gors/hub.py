@@ -1,0 +1,46 @@
+"""Loading models by Hugging Face Hub id or local folder, with errors that say what to do."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def looks_like_local_path(name: str) -> bool:
+    """True when `name` is meant as a folder on disk rather than a Hub id such as `org/model`."""
+    return (
+        os.path.isabs(name)
+        or name.startswith(("./", "../", "~"))
+        or os.path.exists(name)
+        or name.count("/") > 1
+    )
+
+
+def check_model_path(name: str, flag: str = "--pretrained_model_name_or_path") -> str:
+    """Reject a local model path that does not exist before any loader tries the Hub with it."""
+    expanded = os.path.expanduser(name)
+    if looks_like_local_path(name) and not os.path.exists(expanded):
+        raise FileNotFoundError(
+            f"{flag}={name!r}: no such folder. Pass an existing local model folder or a Hugging Face "
+            f"Hub id such as 'stabilityai/stable-diffusion-2-base'."
+        )
+    return expanded if os.path.exists(expanded) else name
+
+
+def from_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: Any) -> T:
+    """Call `loader(name, **kwargs)` (a `from_pretrained`), turning load failures into one clear error."""
+    name = check_model_path(name, flag)
+    try:
+        return loader(name, **kwargs)
+    except (OSError, ValueError, EnvironmentError) as err:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = (
+            "HF_HUB_OFFLINE=1 is set, so only the local cache is searched: download the model on a "
+            "machine with internet (`hf download NAME`) or pass a local folder."
+            if offline
+            else "Check the id on huggingface.co, your network, and `hf auth login` for gated models; "
+            "on an offline machine pass a local folder."
+        )
+        raise OSError(f"{flag}={name!r} could not be loaded: {err}\n{hint}") from err

@@ -1,0 +1,254 @@
+"""Prompt sets: T2I-CompBench files (downloaded at a pinned commit and sha256-verified) or any text file.
+
+The benchmark files are not shipped with the package; they are fetched from GitHub on first use and
+cached. Offline machines point `GORS_DATA_DIR` at a folder holding the files (for example a copy of
+`shared/benchmarks`), or pass their own prompt file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+T2I_COMPBENCH_REPOSITORY = "Karine-Huang/T2I-CompBench"
+T2I_COMPBENCH_COMMIT = "1b7094991a57f3c22abdd4f6e8ba6c1a15517073"
+T2I_COMPBENCH_FOLDER = "examples/dataset/"
+RAW_URL_PATTERN = "https://raw.githubusercontent.com/{repository}/{commit}/{path}"
+DOWNLOAD_TIMEOUT_S = 60.0
+
+# sha256 of every file in T2I-CompBench's examples/dataset/ at T2I_COMPBENCH_COMMIT (the files are
+# CRLF text; the hashes are of the bytes as served by raw.githubusercontent.com).
+T2I_COMPBENCH_SHA256: dict[str, str] = {
+    "3d_spatial.txt": "1ae21ab1c669cca035f8ce27c83a312dd4ecddc0796a2d4a6910163b9a92fa3f",
+    "3d_spatial_train.txt": "0bba7e9ad31b0ce7908f6cbf2426a4b7ef6e8b841c1b737d0ad2d5b8e688dd93",
+    "3d_spatial_val.txt": "c9953597315f36a5fcb41291bb19bdc6ab5f64a0fa760d691b4854a73f5d1fe9",
+    "LICENSE.txt": "905b2fb8de6611b855171c41985efc7a36698016c083f1b39485a6f9e9d4ae00",
+    "color.txt": "e3034f86a70c3422dd7157c050dc9c8346a32162a3f1165302c9dba05c4f48f3",
+    "color_train.txt": "db5d3287027d453f8c977f0c7315f8a01a770f02f61fa54ae19406762982393f",
+    "color_val.txt": "1634259756dbc77d13093d907d414480080ec9790a8c97ad09efaea7b2534f2d",
+    "color_val_seen.txt": "9b2859d9107b2ed4cae95808749de5ac3557a280eb79067a8ef55c4eec7711a9",
+    "color_val_unseen.txt": "7fa6f76bb602df9624262ee819f0b1ede20c14880cbacfb7fe8ce79f8157b5c2",
+    "complex.txt": "58c982554cfe40bedafe3fb495f18196bc0d3905f94b984e0580b24cb624f171",
+    "complex_train.txt": "d214ac45cb3c5307dd14a144c8c69aa5ffdcc7be74ff71b5dac989f8ca9f924b",
+    "complex_train_action.txt": "2bf41d7d857883a7344aed46c45343f5089a71cc394d81c00f4aab5348a81dc8",
+    "complex_train_spatial.txt": "a7ccfa228a825497db4e6e688332a90f3b53da66a76da324390b597be92a0da0",
+    "complex_train_spatialaction.txt": "933cdc3e6eeaa6564f762736dd32f5e74c4809381fc2c2787bec434bc6b0c7ea",
+    "complex_val.txt": "1b808018b8d9916db3d47d5aa2ef18377a3549a56901a474156f799824cdf3b4",
+    "complex_val_action.txt": "d49ee4c7f99e3f3379fb8704a54ff5288b83bb412971edf616a4721c2473308e",
+    "complex_val_spatial.txt": "6c7ac0ab75c7c9080cfc7b421fb059b9b0febb98471707aeedf58771088abc02",
+    "complex_val_spatialaction.txt": "e02ddc7fed812e6577e7386ec2137ce0a994a5ce19771661f68df7ac349a6ca9",
+    "new_objects.txt": "f39a3d2ff6067d7738673cbf465dc659ccc750776162989a5d9916f1d5f3e231",
+    "non_spatial.txt": "90ae0e995992768d8ddb862d821733103ebf822668a42c857862cc71018a0009",
+    "non_spatial_train.txt": "dbac5a9ec83204dcd0c3538a12d3212e2ce66db6f7ba45b49a1d869b2d3f2430",
+    "non_spatial_val.txt": "04c56cc9ac441dc9ea6c5157652058bd1635b5308526dd31bb29a1caab9a758d",
+    "numeracy.txt": "ba97b876f32f6cac34507a085c7e7ecc6079641b5cbd0fc0c1eb5240ac4b64f0",
+    "numeracy_train.txt": "f66bb8708cb0be23c0406e14d892b25661b2b71e3e72abddc79c38466ab629c6",
+    "numeracy_val.txt": "dad8df141604b70ba7554bec724e3db0a80023680769b5c514854ea2d2527bbe",
+    "shape.txt": "571dfc71ecbea33aa4e504acbe0a7519780920012d9ad360aa212e7e4b6eb6df",
+    "shape_train.txt": "451bdfccd330d4cf979d45664817be7959e89250b93d5c591cc562b858175a87",
+    "shape_val.txt": "37e1a276906c7ea9516cbd7ac8501be896006c0c17ca7344f260562834455bae",
+    "shape_val_seen.txt": "5581f4c8904e11b00fe6e33d2cc21a5822f59f39f43fa51479bc30aa6d458a4d",
+    "shape_val_unseen.txt": "35b17a7b015405c5c96c51c5cd969a786b3855c48e6f68c184626f5db444d987",
+    "spatial.txt": "66f6b1dcf335389111a0379357fbf5233498e67ba15251ee0f7de2f1ac620ae1",
+    "spatial_train.txt": "af14cdf2320057d98f94077e6211c2ddfaabfbb9e3842873657baabb17e00de6",
+    "spatial_val.txt": "8707a1d7e42ce3002d95363cf55f74bd043c843ae27108f5125aaaa7840ca988",
+    "texture.txt": "9957553c3e653ab54660454615ea5f3c9d4b807eca9c13b44cb9679d3f2c425e",
+    "texture_train.txt": "4846315c5972f9e9cc82e4833099e8ec2c28b999ca77269512715f3f56bde54f",
+    "texture_val.txt": "fbb5363515b4a28009e360afaaaf389d2dd2289e50dbb0c6ef4ea0c7fe4f3d4f",
+    "texture_val_seen.txt": "5548a49c68efefbbc88b2eb6dffd0f141373235370659158a5d15fdbd82c8c96",
+    "texture_val_unseen.txt": "6035f7dd8fd9efd6fbeedef64b04e1f651e977b2a1b9c47365c9e4eed0edc27b",
+}
+
+# The GORS training categories; 3d_spatial and numeracy (T2I-CompBench++) have files but no
+# GORS thresholds in the paper.
+CATEGORIES = ("color", "shape", "texture", "spatial", "non_spatial", "complex")
+ALL_CATEGORIES = CATEGORIES + ("3d_spatial", "numeracy")
+NAME_PREFIX = "t2i_compbench:"
+# Names accepted by load_prompts: every prompt file stem (the licence is not a prompt list).
+PROMPT_FILE_STEMS = tuple(sorted(f[: -len(".txt")] for f in T2I_COMPBENCH_SHA256 if f != "LICENSE.txt"))
+
+# GORS selection thresholds, T2I-CompBench paper (Huang et al., NeurIPS 2023, Sec. 4 / appendix):
+# in each category's train file the first 560 prompts come from templates, the rest are natural
+# prompts; attribute-binding categories use a stricter threshold on template prompts.
+TEMPLATE_PROMPT_COUNT = 560
+SELECTION_THRESHOLDS: dict[str, tuple[float, float]] = {  # (template, natural)
+    "color": (0.92, 0.7),
+    "shape": (0.85, 0.6),
+    "texture": (0.9, 0.65),
+    "spatial": (0.8, 0.8),
+    "non_spatial": (0.75, 0.75),
+    "complex": (0.4, 0.4),
+}
+
+
+class ChecksumError(ValueError):
+    """A benchmark file's bytes do not match the pinned sha256."""
+
+
+class DownloadError(OSError):
+    """A benchmark file could not be downloaded."""
+
+
+def t2i_compbench_url(filename: str) -> str:
+    """The raw GitHub URL of `filename` at the pinned T2I-CompBench commit."""
+    return RAW_URL_PATTERN.format(
+        repository=T2I_COMPBENCH_REPOSITORY, commit=T2I_COMPBENCH_COMMIT, path=T2I_COMPBENCH_FOLDER + filename
+    )
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _check_hash(filename: str, data: bytes, where: str) -> None:
+    expected, actual = T2I_COMPBENCH_SHA256[filename], _sha256(data)
+    if actual != expected:
+        raise ChecksumError(
+            f"{filename} ({where}) has sha256 {actual}, expected {expected}: the file is corrupted or "
+            f"not from T2I-CompBench commit {T2I_COMPBENCH_COMMIT}. Replace it with the official file."
+        )
+
+
+def fetch_t2i_compbench_file(filename: str) -> Path:
+    """Return a local, sha256-verified copy of a T2I-CompBench file such as `color_train.txt`.
+
+    With `GORS_DATA_DIR` set, only that folder is read (`<dir>/<filename>` or
+    `<dir>/t2i_compbench/<filename>`) and the network is never touched. Otherwise the file is
+    taken from `$GORS_CACHE_DIR` (default `~/.cache/gors`)`/t2i_compbench/<commit>/`, downloaded
+    there first if absent or corrupted.
+    """
+    if filename not in T2I_COMPBENCH_SHA256:
+        raise ValueError(f"Unknown T2I-CompBench file {filename!r}; known files: {', '.join(T2I_COMPBENCH_SHA256)}")
+    data_dir = os.environ.get("GORS_DATA_DIR")
+    if data_dir:
+        candidates = [Path(data_dir) / filename, Path(data_dir) / "t2i_compbench" / filename]
+        for path in candidates:
+            if path.is_file():
+                _check_hash(filename, path.read_bytes(), str(path))
+                return path
+        raise FileNotFoundError(
+            f"GORS_DATA_DIR={data_dir!r} does not contain {filename}: looked for "
+            f"{' and '.join(map(str, candidates))}. Copy the file there or unset GORS_DATA_DIR to download it."
+        )
+    cache_root = Path(os.environ.get("GORS_CACHE_DIR") or Path.home() / ".cache" / "gors")
+    target = cache_root.expanduser() / "t2i_compbench" / T2I_COMPBENCH_COMMIT / filename
+    # A cached copy is trusted only if its hash still matches; a bad one is fetched again.
+    if target.is_file() and _sha256(target.read_bytes()) == T2I_COMPBENCH_SHA256[filename]:
+        return target
+    url = t2i_compbench_url(filename)
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+            data = response.read()
+    except (urllib.error.URLError, OSError, TimeoutError) as err:
+        raise DownloadError(
+            f"Could not download {url}: {err}. To run offline, set GORS_DATA_DIR to a folder holding "
+            f"{filename} (e.g. a copy of the T2I-CompBench examples/dataset/ folder), or pass your own "
+            f"prompt file with --train_prompts FILE."
+        ) from err
+    _check_hash(filename, data, url)  # verify before caching so a bad download never lands on disk
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Temp file in the same folder + os.replace: concurrent readers never see a partial file.
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{filename}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read_prompt_file(path: str | os.PathLike[str]) -> list[str]:
+    """Read one prompt per line (CRLF or LF), stripping surrounding whitespace and skipping blank lines."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Prompt file {str(path)!r} does not exist: pass an existing text file with one prompt per "
+            f"line, or a T2I-CompBench name such as 'color'."
+        )
+    # utf-8-sig drops a byte-order mark that editors on Windows like to add.
+    prompts = [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines()]
+    prompts = [p for p in prompts if p]
+    if not prompts:
+        raise ValueError(f"Prompt file {str(path)!r} contains no prompts (only blank lines).")
+    return prompts
+
+
+@dataclass
+class PromptSet:
+    """A list of prompts with where it came from."""
+
+    name: str
+    prompts: list[str]
+    category: str | None  # a T2I-CompBench category when known (drives the GORS threshold)
+    source: str  # a file path, or the pinned URL for benchmark files
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def category_of(stem: str) -> str | None:
+    """The T2I-CompBench category of an official file stem (`non_spatial_val` -> `non_spatial`)."""
+    if stem + ".txt" not in T2I_COMPBENCH_SHA256:
+        return None
+    # Longest match first, so `non_spatial_*` and `3d_spatial_*` are not read as `spatial`.
+    for category in sorted(ALL_CATEGORIES, key=len, reverse=True):
+        if stem == category or stem.startswith(category + "_"):
+            return category
+    return None
+
+
+def _resolve_name(name: str, split: str) -> str | None:
+    """Map a T2I-CompBench name to a file stem, or None if it is not one."""
+    name = name.removesuffix(".txt")
+    if name in ALL_CATEGORIES:
+        name = f"{name}_{split}"
+    return name if name in PROMPT_FILE_STEMS else None
+
+
+def load_prompts(spec: str, split: str = "train") -> PromptSet:
+    """Load a prompt set from a T2I-CompBench name or a text file.
+
+    `spec` is a category (`color` -> `color_{split}.txt`), a file stem (`color_val`,
+    `complex_val_spatial`), either optionally prefixed `t2i_compbench:`, or a path to a text file.
+    Benchmark names win over a same-named file in the working directory; write `./color` for that.
+    """
+    forced = spec.startswith(NAME_PREFIX)
+    name = spec[len(NAME_PREFIX):] if forced else spec
+    stem = _resolve_name(name, split)
+    if stem is not None:
+        filename = stem + ".txt"
+        path = fetch_t2i_compbench_file(filename)
+        return PromptSet(stem, read_prompt_file(path), category_of(stem), t2i_compbench_url(filename))
+    path = Path(name).expanduser()
+    if not forced and path.is_file():
+        category = category_of(path.stem) if path.name in T2I_COMPBENCH_SHA256 else None
+        return PromptSet(path.stem, read_prompt_file(path), category, str(path))
+    what = f"{spec!r} is not a T2I-CompBench name" if forced else f"Prompt file {spec!r} does not exist"
+    raise FileNotFoundError(
+        f"{what} (split={split!r}). Pass an existing text file with one prompt per line, or one of the "
+        f"T2I-CompBench names: categories {', '.join(ALL_CATEGORIES)} (file <category>_<split>.txt) or "
+        f"files {', '.join(PROMPT_FILE_STEMS)}."
+    )
+
+
+def selection_threshold(category: str, prompt_index: int) -> float:
+    """GORS reward threshold for the `prompt_index`-th prompt (0-based) of a category's train file.
+
+    Source: T2I-CompBench (Huang et al., NeurIPS 2023), GORS sample selection. The first
+    `TEMPLATE_PROMPT_COUNT` (560) prompts are template prompts, the rest natural prompts:
+    color 0.92/0.7, shape 0.85/0.6, texture 0.9/0.65; spatial 0.8, non-spatial 0.75 and
+    complex 0.4 use one threshold for all prompts.
+    """
+    if category not in SELECTION_THRESHOLDS:
+        raise ValueError(f"No GORS threshold for category {category!r}; known categories: {', '.join(CATEGORIES)}")
+    if prompt_index < 0:
+        raise ValueError(f"prompt_index must be >= 0, got {prompt_index}")
+    template, natural = SELECTION_THRESHOLDS[category]
+    return template if prompt_index < TEMPLATE_PROMPT_COUNT else natural

@@ -1,0 +1,127 @@
+"""Stage 3, `gors select`: keep the samples whose reward exceeds tau.
+
+Writes `selection.jsonl` (one row per kept sample: path, prompt, reward, tau) and
+`selection_summary.json` (counts, thresholds, reward statistics of kept and dropped samples).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from gors.config import SelectConfig
+from gors.generate import samples_dir
+from gors.io import atomic_write_json, atomic_write_jsonl, read_jsonl
+from gors.prompts import selection_threshold
+from gors.score import load_scores
+from gors.store import SampleStore, StoreError, sample_key
+
+SELECTION_FILE = "selection.jsonl"
+SUMMARY_FILE = "selection_summary.json"
+
+
+def threshold_fn(config: SelectConfig, prompt_set_category: str | None) -> tuple[Callable[[int], float], str]:
+    """tau as a function of the prompt index, and a description of where it came from."""
+    if config.reward_threshold is not None:
+        return (lambda _index: config.reward_threshold), f"--reward_threshold={config.reward_threshold}"
+    category = config.category or prompt_set_category
+    if category is None:
+        raise ValueError(
+            "No threshold: the prompts are not a T2I-CompBench category, so the paper's tau does not apply. "
+            "Pass --reward_threshold (e.g. 0.8) or --category (color, shape, texture, spatial, non_spatial, complex)."
+        )
+    selection_threshold(category, 0)  # an unknown category fails here, with the known ones listed
+    return (lambda index: selection_threshold(category, index)), f"paper's tau for category {category!r}"
+
+
+def reward_statistics(values: list[float]) -> dict[str, float]:
+    """Count, mean, std, min, quartiles and max of rewards in [0, 1] (NaN-free; empty -> count 0)."""
+    if not values:
+        return {"count": 0}
+    array = np.asarray(values, dtype=np.float64)
+    q = np.quantile(array, [0.0, 0.25, 0.5, 0.75, 1.0])
+    return {
+        "count": int(array.size),
+        "mean": float(array.mean()),
+        "std": float(array.std()),
+        "min": float(q[0]),
+        "q25": float(q[1]),
+        "median": float(q[2]),
+        "q75": float(q[3]),
+        "max": float(q[4]),
+    }
+
+
+def _histogram(values: list[float], bins: int = 10) -> str:
+    counts, edges = np.histogram(values, bins=bins, range=(0.0, 1.0))
+    return "\n".join(f"  [{edges[i]:.1f}, {edges[i + 1]:.1f}) {'#' * min(int(c), 50)} {int(c)}" for i, c in enumerate(counts))
+
+
+def select(config: SelectConfig, write: bool = True) -> dict[str, Any]:
+    """Select samples with reward > tau; returns the summary written to `selection_summary.json`.
+
+    Read-only unless `write`: under several processes all of them select (and fail alike), one writes.
+    """
+    store = SampleStore(samples_dir(config.output_dir))
+    prompt_info = store.load_prompts()
+    records = store.records()
+    scores = load_scores(config.output_dir, config.reward)
+    unscored = [r["path"] for r in records if sample_key(r) not in scores]
+    if unscored:
+        raise StoreError(
+            f"{len(unscored)} of {len(records)} samples have no {config.reward!r} score (e.g. {unscored[0]}). "
+            f"Run `gors score --output_dir {config.output_dir} --reward {config.reward}` first."
+        )
+    tau, tau_source = threshold_fn(config, prompt_info.get("category"))
+
+    kept, dropped = [], []
+    for record in records:
+        value = scores[sample_key(record)]["reward"]
+        threshold = tau(record["prompt_index"])
+        row = {
+            "path": record["path"],
+            "prompt": record["prompt"],
+            "prompt_index": record["prompt_index"],
+            "image_index": record["image_index"],
+            "reward": value,
+            "threshold": threshold,
+        }
+        (kept if value > threshold else dropped).append(row)
+
+    all_values = [row["reward"] for row in kept + dropped]
+    if not kept:
+        raise ValueError(
+            f"No sample has {config.reward} > tau ({tau_source}; tau ranges "
+            f"{min(tau(r['prompt_index']) for r in records):.2f}-{max(tau(r['prompt_index']) for r in records):.2f}). "
+            f"Reward distribution of the {len(records)} samples:\n{_histogram(all_values)}\n"
+            f"Lower --reward_threshold, or generate more images per prompt."
+        )
+    summary = {
+        "reward": config.reward,
+        "threshold": tau_source,
+        "num_samples": len(records),
+        "num_selected": len(kept),
+        "num_prompts_with_selection": len({row["prompt_index"] for row in kept}),
+        "selected": reward_statistics([row["reward"] for row in kept]),
+        "dropped": reward_statistics([row["reward"] for row in dropped]),
+        "all": reward_statistics(all_values),
+    }
+    if not write:
+        return summary
+    atomic_write_jsonl(Path(config.output_dir) / SELECTION_FILE, kept)
+    atomic_write_json(Path(config.output_dir) / SUMMARY_FILE, summary)
+    print(
+        f"[select] kept {len(kept)} of {len(records)} samples ({tau_source}); "
+        f"mean reward kept {summary['selected']['mean']:.3f}, all {summary['all']['mean']:.3f}"
+    )
+    return summary
+
+
+def load_selection(output_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of `selection.jsonl`, with a clear error when select has not run."""
+    path = Path(output_dir) / SELECTION_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: run `gors select --output_dir {output_dir}` first.")
+    return list(read_jsonl(path))

@@ -1,0 +1,131 @@
+"""The sample store: generated images and their metadata, as a Hugging Face image folder.
+
+Layout (every process writes only its own part, so no two processes touch one file)::
+
+    samples/
+      prompts.json                 the prompt set the store was generated from
+      part-00000/metadata.jsonl    one record per image: file_name, prompt, prompt_index, image_index, seed, ...
+      part-00000/00000_000.png
+      part-00001/...
+
+`datasets.load_dataset("imagefolder", data_dir="samples")` reads it. A sample is identified by
+(prompt_index, image_index); which part holds it depends only on the run that made it, so a
+rerun with another number of processes skips what exists and adds what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from PIL import Image, UnidentifiedImageError
+
+from gors.io import append_jsonl, atomic_save_image, atomic_write_json, atomic_write_jsonl, read_jsonl
+
+SampleKey = tuple[int, int]
+METADATA = "metadata.jsonl"
+
+
+def sample_key(record: dict[str, Any]) -> SampleKey:
+    return int(record["prompt_index"]), int(record["image_index"])
+
+
+def sample_file_name(prompt_index: int, image_index: int) -> str:
+    return f"{prompt_index:05d}_{image_index:03d}.png"
+
+
+def sample_seed(base_seed: int, prompt_index: int, image_index: int) -> int:
+    """Seed of one image: a function of (prompt index, image index) only, never of the process layout.
+
+    Image i of prompt p uses `base_seed + 100_000 * p + i`, so with k < 100 000 images per prompt
+    every image has its own seed, and growing k later keeps the seeds of the existing images.
+    """
+    return base_seed + 100_000 * prompt_index + image_index
+
+
+class StoreError(RuntimeError):
+    """A sample store that cannot be used as it is; the message says how to fix it."""
+
+
+class SampleStore:
+    """An append-only image folder of generated samples (see the module docstring)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def part_dir(self, rank: int) -> Path:
+        return self.root / f"part-{rank:05d}"
+
+    def _metadata_files(self) -> list[Path]:
+        return sorted(self.root.glob(f"part-*/{METADATA}"))
+
+    def records(self) -> list[dict[str, Any]]:
+        """All finished records, sorted by (prompt_index, image_index), each with `path` relative to the root."""
+        records: dict[SampleKey, dict[str, Any]] = {}
+        for metadata in self._metadata_files():
+            for record in read_jsonl(metadata):
+                key = sample_key(record)
+                record["path"] = f"{metadata.parent.name}/{record['file_name']}"
+                if key in records:
+                    raise StoreError(
+                        f"Sample {key} is recorded twice ({records[key]['path']} and {record['path']}); "
+                        f"remove one of the two lines from its metadata.jsonl."
+                    )
+                records[key] = record
+        return [records[key] for key in sorted(records)]
+
+    def image_path(self, record: dict[str, Any]) -> Path:
+        return self.root / record["path"]
+
+    def open_image(self, record: dict[str, Any]) -> Image.Image:
+        """Load a sample as RGB, with an error that names the file and how to regenerate it."""
+        path = self.image_path(record)
+        try:
+            with Image.open(path) as image:
+                return image.convert("RGB")
+        except (OSError, UnidentifiedImageError) as err:
+            raise StoreError(
+                f"{path} is not a readable image ({err}). Delete it and rerun `gors generate` with the same "
+                f"--output_dir: only the missing images are generated again, and finished work is kept."
+            ) from err
+
+    def append(self, rank: int, image: Image.Image, record: dict[str, Any]) -> None:
+        """Write one image, then its metadata line: a record exists only once its image does."""
+        part = self.part_dir(rank)
+        atomic_save_image(image, part / record["file_name"])
+        append_jsonl(part / METADATA, [record])
+
+    def drop_records_without_image(self) -> int:
+        """Forget records whose image file is gone (e.g. deleted because corrupt); returns how many."""
+        dropped = 0
+        for metadata in self._metadata_files():
+            rows = list(read_jsonl(metadata))
+            kept = [row for row in rows if (metadata.parent / row["file_name"]).is_file()]
+            if len(kept) != len(rows):
+                atomic_write_jsonl(metadata, kept)
+                dropped += len(rows) - len(kept)
+        return dropped
+
+    def add_columns(self, columns: dict[SampleKey, dict[str, Any]]) -> None:
+        """Merge per-sample columns (e.g. a reward) into the metadata files, atomically per file."""
+        for metadata in self._metadata_files():
+            rows = list(read_jsonl(metadata))
+            for row in rows:
+                row.update(columns.get(sample_key(row), {}))
+            atomic_write_jsonl(metadata, rows)
+
+    # The prompt set is saved beside the samples so later stages need no --train_prompts.
+    def save_prompts(self, info: dict[str, Any]) -> None:
+        atomic_write_json(self.root / "prompts.json", info)
+
+    def load_prompts(self) -> dict[str, Any]:
+        path = self.root / "prompts.json"
+        if not path.exists():
+            raise StoreError(f"No samples in {self.root}: run `gors generate --output_dir ...` first.")
+        return json.loads(path.read_text())
+
+
+def read_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Records of several jsonl shards, in file order."""
+    return [row for path in paths for row in read_jsonl(path)]

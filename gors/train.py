@@ -1,0 +1,357 @@
+"""Stage 4, `gors train`: reward-weighted LoRA fine-tuning on the selected samples.
+
+The order follows diffusers' `train_text_to_image_lora.py`: Accelerator with a project config,
+seed, freeze and cast, LoRA, optimizer, `prepare`, save/load hooks that keep only the adapters,
+steps gated on `sync_gradients`, checkpoints pruned past a limit, validation, `end_training`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration, set_seed
+
+from gors.config import TrainConfig
+from gors.distributed import progress_bar
+from gors.generate import samples_dir
+from gors.hub import check_model_path
+from gors.lora import add_lora, lora_parameters, load_lora, save_lora
+from gors.loss import diffusion_target, reward_weighted_loss
+from gors.pipeline import cpu_generators
+from gors.select import load_selection, reward_statistics
+from gors.store import SampleStore
+from gors.training_data import CACHE_DIR, BatchSchedule, cached_latent_distributions
+
+CHECKPOINTS = "checkpoints"
+
+
+def make_accelerator(config: TrainConfig) -> Accelerator:
+    project = ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs"))
+    return Accelerator(
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        mixed_precision=config.mixed_precision,
+        log_with=None if config.report_to == "none" else config.report_to,
+        project_config=project,
+    )
+
+
+def _load_components(config: TrainConfig):
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    from gors.hub import from_pretrained
+
+    name = check_model_path(config.pretrained_model_name_or_path)
+    kwargs = {"revision": config.revision}
+
+    def load(cls, subfolder: str):
+        return from_pretrained(cls.from_pretrained, name, "--pretrained_model_name_or_path", subfolder=subfolder, **kwargs)
+
+    return (
+        load(CLIPTokenizer, "tokenizer"),
+        load(CLIPTextModel, "text_encoder"),
+        load(AutoencoderKL, "vae"),
+        load(UNet2DConditionModel, "unet"),
+        load(DDPMScheduler, "scheduler"),
+    )
+
+
+def find_checkpoint(output_dir: str | Path, resume_from: str) -> Path | None:
+    """The checkpoint folder to resume from: 'latest' (None when there is none yet) or a path."""
+    root = Path(output_dir) / CHECKPOINTS
+    if resume_from != "latest":
+        path = Path(resume_from)
+        path = path if path.is_dir() else root / resume_from
+        if not path.is_dir():
+            raise FileNotFoundError(f"--resume_from_checkpoint={resume_from!r}: no such checkpoint folder")
+        return path
+    found = sorted(root.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    return found[-1] if found else None
+
+
+def _prune_checkpoints(root: Path, limit: int | None) -> None:
+    """Delete the oldest checkpoints so that, with the one about to be saved, at most `limit` remain."""
+    if limit is None:
+        return
+    found = sorted(root.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    for old in found[: max(0, len(found) - limit + 1)]:
+        shutil.rmtree(old)
+
+
+class GORSTrainer:
+    """Reward-weighted LoRA training on `selection.jsonl` of a run folder."""
+
+    def __init__(self, config: TrainConfig, accelerator: Accelerator | None = None) -> None:
+        self.config = config
+        self.accelerator = accelerator or make_accelerator(config)
+        self.output_dir = Path(config.output_dir)
+
+    # ----- set-up -------------------------------------------------------------------------
+    def _setup_models(self) -> None:
+        config, accelerator = self.config, self.accelerator
+        self.tokenizer, self.text_encoder, self.vae, self.unet, self.noise_scheduler = _load_components(config)
+        self.weight_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision, torch.float32)
+        self.vae.requires_grad_(False)
+        self.text_encoder.requires_grad_(False)
+        self.unet.requires_grad_(False)
+        # Frozen weights in the compute dtype; the VAE only encodes once, in fp32 for an exact cache.
+        self.vae.to(accelerator.device)
+        for module in (self.unet, self.text_encoder):
+            module.to(accelerator.device)
+            if self.weight_dtype != torch.float32:
+                module.to(dtype=self.weight_dtype)
+        add_lora(
+            self.unet if config.train_unet else None,
+            self.text_encoder if config.train_text_encoder else None,
+            config.rank,
+        )
+        trained = [m for m, on in ((self.unet, config.train_unet), (self.text_encoder, config.train_text_encoder)) if on]
+        for module in trained:
+            for param in lora_parameters(module):
+                param.data = param.data.float()  # adapters train in fp32 under mixed precision
+        if config.gradient_checkpointing:
+            self.unet.enable_gradient_checkpointing()
+            self.text_encoder.gradient_checkpointing_enable()
+
+    def _setup_optimizer(self) -> None:
+        config = self.config
+        groups = []
+        if config.train_unet:
+            groups.append({"params": lora_parameters(self.unet), "lr": config.learning_rate})
+        if config.train_text_encoder:
+            groups.append({"params": lora_parameters(self.text_encoder), "lr": config.text_encoder_learning_rate})
+        self.optimizer = torch.optim.AdamW(
+            groups,
+            betas=(config.adam_beta1, config.adam_beta2),
+            weight_decay=config.adam_weight_decay,
+            eps=config.adam_epsilon,
+        )
+        from diffusers.optimization import get_scheduler
+
+        # A prepared scheduler steps once per process per update, hence the scaling.
+        n = self.accelerator.num_processes
+        self.lr_scheduler = get_scheduler(
+            config.lr_scheduler,
+            optimizer=self.optimizer,
+            num_warmup_steps=config.lr_warmup_steps * n,
+            num_training_steps=config.max_train_steps * n,
+        )
+
+    def _register_hooks(self) -> None:
+        unet = self.unet if self.config.train_unet else None
+        text_encoder = self.text_encoder if self.config.train_text_encoder else None
+        accelerator = self.accelerator
+
+        def save_hook(models: list, weights: list, output_dir: str) -> None:
+            if accelerator.is_main_process:
+                save_lora(output_dir, unet, text_encoder)
+            weights.clear()  # only the adapters are saved, never the frozen base weights
+
+        def load_hook(models: list, input_dir: str) -> None:
+            load_lora(input_dir, unet, text_encoder)
+            models.clear()
+
+        accelerator.register_save_state_pre_hook(save_hook)
+        accelerator.register_load_state_pre_hook(load_hook)
+
+    def _load_data(self) -> None:
+        config = self.config
+        self.latents = cached_latent_distributions(
+            self.selection,
+            SampleStore(samples_dir(config.output_dir)),
+            self.vae,
+            self.accelerator,
+            self.output_dir / CACHE_DIR,
+            config.resolution,
+            config.center_crop,
+            config.pretrained_model_name_or_path,
+        )
+        self.vae.to("cpu")  # not needed again during training
+        self.input_ids = self.tokenizer(
+            [row["prompt"] for row in self.selection],
+            padding="max_length",
+            max_length=self.tokenizer.model_max_length,
+            truncation=True,
+            return_tensors="pt",
+        ).input_ids
+        self.rewards = torch.tensor([row["reward"] for row in self.selection], dtype=torch.float32)
+        self.schedule = BatchSchedule(
+            len(self.selection), config.train_batch_size, self.accelerator.num_processes,
+            self.accelerator.process_index, config.seed,
+        )
+
+    # ----- one micro-batch ----------------------------------------------------------------
+    def _micro_batch_loss(self, micro_batch: int) -> torch.Tensor:
+        device = self.accelerator.device
+        index = torch.tensor(self.schedule.indices(micro_batch))
+        mean = self.latents["mean"][index].to(device)
+        std = self.latents["std"][index].to(device)
+        latents = (mean + std * torch.randn_like(mean)) * self.vae.config.scaling_factor
+        noise = torch.randn_like(latents)
+        timesteps = torch.randint(0, self.noise_scheduler.config.num_train_timesteps, (len(index),), device=device)
+        noisy = self.noise_scheduler.add_noise(latents, noise, timesteps)
+        encoder_hidden_states = self.text_encoder(self.input_ids[index].to(device), return_dict=False)[0]
+        model_pred = self.unet(
+            noisy.to(self.weight_dtype), timesteps, encoder_hidden_states.to(self.weight_dtype), return_dict=False
+        )[0]
+        target = diffusion_target(self.noise_scheduler, latents, noise, timesteps)
+        return reward_weighted_loss(model_pred, target, self.rewards[index].to(device))
+
+    # ----- logging --------------------------------------------------------------------------
+    def _tensorboard(self):
+        for tracker in self.accelerator.trackers:
+            if tracker.name == "tensorboard":
+                return tracker.writer
+        return None
+
+    def _log_selection(self) -> None:
+        values = self.rewards.tolist()
+        stats = reward_statistics(values)
+        self.accelerator.log({f"selected/reward_{k}": v for k, v in stats.items()}, step=0)
+        writer = self._tensorboard()
+        if writer is not None:
+            writer.add_histogram("selected/reward", np.asarray(values), 0)
+
+    @torch.no_grad()
+    def log_validation(self, step: int) -> list:
+        """Render `--validation_prompts` with the current LoRA (own generators: the training RNG is untouched)."""
+        from diffusers import DDIMScheduler, StableDiffusionPipeline
+
+        config = self.config
+        pipeline = StableDiffusionPipeline(
+            vae=self.vae.to(self.accelerator.device),
+            text_encoder=self.accelerator.unwrap_model(self.text_encoder),
+            tokenizer=self.tokenizer,
+            unet=self.accelerator.unwrap_model(self.unet),
+            scheduler=DDIMScheduler.from_config(self.noise_scheduler.config),
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
+        )
+        pipeline.set_progress_bar_config(disable=True)
+        prompts = list(config.validation_prompts or [])
+        images = pipeline(
+            prompt=prompts,
+            height=config.resolution,
+            width=config.resolution,
+            num_inference_steps=30,
+            guidance_scale=7.5,
+            generator=cpu_generators([config.seed + i for i in range(len(prompts))]),
+        ).images
+        self.vae.to("cpu")
+        writer = self._tensorboard()
+        if writer is not None:
+            writer.add_images("validation", np.stack([np.asarray(im) for im in images]), step, dataformats="NHWC")
+            for prompt in prompts:
+                writer.add_text("validation/prompts", prompt, step)
+        return images
+
+    # ----- the loop ---------------------------------------------------------------------------
+    def train(self) -> Path:
+        """Train to `max_train_steps`, resuming if asked; returns the path of the saved LoRA."""
+        config, accelerator = self.config, self.accelerator
+        set_seed(config.seed, device_specific=True)
+        self.selection = load_selection(config.output_dir)  # fail before loading any model
+        self._setup_models()
+        self._setup_optimizer()
+        self._register_hooks()
+        self._load_data()
+
+        trained = []
+        if config.train_unet:
+            trained.append("unet")
+        if config.train_text_encoder:
+            trained.append("text_encoder")
+        prepared = accelerator.prepare(*[getattr(self, n) for n in trained], self.optimizer, self.lr_scheduler)
+        for name, module in zip(trained, prepared):
+            setattr(self, name, module)
+        self.optimizer, self.lr_scheduler = prepared[-2:]
+        models = [getattr(self, n) for n in trained]
+
+        global_step = 0
+        if config.resume_from_checkpoint:
+            checkpoint = find_checkpoint(config.output_dir, config.resume_from_checkpoint)
+            if checkpoint is None:
+                accelerator.print("[train] no checkpoint to resume from; starting at step 0")
+            else:
+                accelerator.load_state(str(checkpoint))
+                global_step = int(checkpoint.name.split("-")[1])
+                accelerator.print(f"[train] resumed from {checkpoint} at step {global_step}")
+
+        if accelerator.is_main_process:
+            tracker_config = {k: v for k, v in asdict(config).items() if isinstance(v, (int, float, str, bool))}
+            accelerator.init_trackers("gors", config=tracker_config)
+        if global_step == 0:
+            self._log_selection()
+        accelerator.print(
+            f"[train] {len(self.selection)} selected samples, {config.max_train_steps} steps of "
+            f"{config.train_batch_size} x {accelerator.num_processes} x {config.gradient_accumulation_steps}"
+        )
+
+        params = [p for m in models for p in m.parameters() if p.requires_grad]
+        accumulation = config.gradient_accumulation_steps
+        bar = progress_bar(config.max_train_steps, accelerator, "train")
+        bar.update(global_step)
+        for module in models:
+            module.train()
+        while global_step < config.max_train_steps:
+            losses = []
+            for micro in range(accumulation):
+                with accelerator.accumulate(*models):
+                    loss = self._micro_batch_loss(global_step * accumulation + micro)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients:
+                        accelerator.clip_grad_norm_(params, config.max_grad_norm)
+                    self.optimizer.step()
+                    self.lr_scheduler.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                losses.append(loss.detach())
+            if not accelerator.sync_gradients:
+                raise RuntimeError("gradient accumulation went out of step with the update count")
+            global_step += 1
+            bar.update(1)
+            mean_loss = accelerator.gather(torch.stack(losses).mean()[None]).mean().item()
+            lrs = self.lr_scheduler.get_last_lr()
+            logs = {"train/loss": mean_loss}
+            logs |= {f"train/lr_{name}": lr for name, lr in zip(trained, lrs)}
+            accelerator.log(logs, step=global_step)
+            bar.set_postfix(loss=f"{mean_loss:.4f}")
+
+            if global_step % config.checkpointing_steps == 0 or global_step == config.max_train_steps:
+                self.save_checkpoint(global_step)
+            if config.validation_prompts and global_step % config.validation_steps == 0:
+                if accelerator.is_main_process:
+                    self.log_validation(global_step)
+                accelerator.wait_for_everyone()
+        bar.close()
+
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            path = save_lora(
+                self.output_dir,
+                accelerator.unwrap_model(self.unet) if config.train_unet else None,
+                accelerator.unwrap_model(self.text_encoder) if config.train_text_encoder else None,
+            )
+            accelerator.print(f"[train] LoRA saved to {path}")
+        accelerator.end_training()
+        return self.output_dir / "pytorch_lora_weights.safetensors"
+
+    def save_checkpoint(self, step: int) -> Path:
+        """Full training state (adapters, optimizer, LR scheduler, RNG) at `checkpoints/checkpoint-<step>`."""
+        root = self.output_dir / CHECKPOINTS
+        if self.accelerator.is_main_process:
+            _prune_checkpoints(root, self.config.checkpoints_total_limit)
+        self.accelerator.wait_for_everyone()
+        path = root / f"checkpoint-{step}"
+        self.accelerator.save_state(str(path))
+        return path
+
+
+def train(config: TrainConfig, accelerator: Accelerator | None = None) -> Path:
+    """Run GORS training for a run folder that has `selection.jsonl`; returns the LoRA file."""
+    return GORSTrainer(config, accelerator).train()

@@ -1,0 +1,86 @@
+"""The reward protocol: every reward (and every benchmark metric) is a `Reward`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import torch
+from PIL import Image
+
+
+@dataclass
+class RewardOutput:
+    """Scores of a batch of (image, prompt) pairs.
+
+    Attributes:
+        scores: one float per image, in [0, 1]; higher means better aligned with the prompt.
+        details: one JSON-serialisable dict per image that explains its score
+            (sub-scores, questions and answer probabilities, boxes, reasons).
+    """
+
+    scores: list[float]
+    details: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.details:
+            self.details = [{} for _ in self.scores]
+        if len(self.details) != len(self.scores):
+            raise ValueError(f"{len(self.scores)} scores but {len(self.details)} details")
+
+
+class Reward:
+    """Base class of reward models.
+
+    Subclasses load their models in `__init__` (never at import time) and implement `_score`.
+    Class attributes describe the reward for `gors rewards` and the registry:
+
+    - `name`: registry key, e.g. ``"b_vqa"``.
+    - `default_model`: Hub id loaded when no `model_name_or_path` is given.
+    - `categories`: the T2I-CompBench categories the reward suits.
+    - `score_range`: the closed interval every score lies in.
+    """
+
+    name: ClassVar[str] = ""
+    default_model: ClassVar[str | None] = None
+    categories: ClassVar[tuple[str, ...]] = ()
+    score_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+        batch_size: int = 8,
+    ) -> None:
+        self.model_name_or_path = model_name_or_path or self.default_model
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.torch_dtype = torch_dtype or torch.float32
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+
+    @torch.no_grad()
+    def score(
+        self,
+        images: Sequence[Image.Image],
+        prompts: Sequence[str],
+        metadata: Sequence[dict[str, Any]] | None = None,
+    ) -> RewardOutput:
+        """Score each image against its prompt; scores in [0, 1], one details dict per image."""
+        if len(images) != len(prompts):
+            raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
+        if metadata is not None and len(metadata) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(metadata)} metadata entries")
+        rgb = [image if image.mode == "RGB" else image.convert("RGB") for image in images]
+        output = self._score(rgb, list(prompts), list(metadata) if metadata is not None else None)
+        low, high = self.score_range
+        for value in output.scores:
+            if not low - 1e-6 <= value <= high + 1e-6:
+                raise RuntimeError(f"{type(self).__name__} returned {value}, outside [{low}, {high}]")
+        return output
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        raise NotImplementedError

@@ -1,0 +1,63 @@
+"""Name -> reward class, in a plain dict, with a dotted import path as the fallback."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from rewards.base import Reward
+
+# Built-in rewards are imported lazily: name -> "module:Class".
+_BUILTIN: dict[str, str] = {
+    "b_vqa": "rewards.b_vqa:BVQAReward",
+}
+_REGISTERED: dict[str, type[Reward]] = {}
+
+
+def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
+    """Class decorator that makes a `Reward` subclass available as `name` everywhere."""
+
+    def decorator(cls: type[Reward]) -> type[Reward]:
+        if not (isinstance(cls, type) and issubclass(cls, Reward)):
+            raise TypeError(f"@register_reward({name!r}) expects a Reward subclass, got {cls!r}")
+        cls.name = name
+        _REGISTERED[name] = cls
+        return cls
+
+    return decorator
+
+
+def available_rewards() -> list[str]:
+    """Names of all registered and built-in rewards, sorted."""
+    return sorted(set(_BUILTIN) | set(_REGISTERED))
+
+
+def _import_class(path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr)
+
+
+def get_reward_class(name: str) -> type[Reward]:
+    """The class behind a reward name or a `module:Class` path."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name in _BUILTIN:
+        return _import_class(_BUILTIN[name])
+    if ":" in name:
+        try:
+            cls = _import_class(name)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"Could not import reward {name!r}: {err}") from err
+        if isinstance(cls, type) and issubclass(cls, Reward):
+            return cls
+        raise ValueError(f"{name!r} is not a Reward subclass")
+    raise ValueError(
+        f"Unknown reward {name!r}. Known rewards: {', '.join(available_rewards())}; "
+        "or pass 'module:Class' for a Reward subclass of your own."
+    )
+
+
+def load(name: str, **kwargs: Any) -> Reward:
+    """Build the reward `name` (registry key or `module:Class`) with its model loaded."""
+    return get_reward_class(name)(**kwargs)

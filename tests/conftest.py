@@ -1,0 +1,80 @@
+"""Shared fixtures: tiny random models of the real classes, built once per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED_BENCHMARKS = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def tiny_sd(tmp_path_factory) -> Path:
+    """Folder of a tiny random StableDiffusionPipeline (32 x 32 images, real CLIP tokenizer)."""
+    from gors.tiny.sd import build_tiny_sd_pipeline
+
+    path = tmp_path_factory.mktemp("tiny_sd")
+    build_tiny_sd_pipeline(path, seed=0, resolution=32)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_blip(tmp_path_factory) -> Path:
+    """Folder of a tiny random BlipForQuestionAnswering with its processor."""
+    from gors.tiny.blip import build_tiny_blip_vqa
+
+    path = tmp_path_factory.mktemp("tiny_blip")
+    build_tiny_blip_vqa(path, seed=0)
+    return path
+
+
+@pytest.fixture
+def prompts_file(tmp_path) -> Path:
+    """Three prompts with CRLF endings and a blank line, as users' files often have."""
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(b"a red circle and a blue square\r\n\r\na green triangle\r\na yellow circle\r\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Each test builds its own Accelerator; the state singletons must not leak between tests."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.fixture
+def make_run_config(tmp_path, tiny_sd, tiny_blip, prompts_file):
+    """Build the RunConfig of a complete but tiny GORS run (2 images per prompt, 32 px, 2 steps)."""
+    from gors.config import RunConfig
+
+    def make(**overrides) -> RunConfig:
+        values = dict(
+            output_dir=str(tmp_path / "run"),
+            pretrained_model_name_or_path=str(tiny_sd),
+            train_prompts=str(prompts_file),
+            images_per_prompt=2,
+            num_inference_steps=2,
+            resolution=32,
+            generation_batch_size=2,
+            reward="b_vqa",
+            reward_model_name_or_path=str(tiny_blip),
+            reward_batch_size=2,
+            reward_threshold=0.0,
+            max_train_steps=2,
+            checkpointing_steps=1,
+            train_batch_size=2,
+            seed=0,
+        )
+        values.update(overrides)
+        return RunConfig(**values)
+
+    return make

@@ -1,0 +1,163 @@
+"""generate, score and select on tiny models: outputs, resume after an interruption, bad input."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gors.generate import generate
+from gors.io import atomic_write_jsonl
+from gors.score import load_scores, score
+from gors.select import select
+from gors.store import SampleStore, StoreError, sample_seed
+
+
+class Interrupt(RuntimeError):
+    pass
+
+
+def _interrupt_after(monkeypatch, owner, name, calls):
+    """Make `owner.name` raise on call number `calls + 1`, as a crash at that point would."""
+    original = getattr(owner, name)
+    count = {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        count["n"] += 1
+        if count["n"] > calls:
+            raise Interrupt(f"interrupted after {calls} calls")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+def _keys(store):
+    return [(r["prompt_index"], r["image_index"]) for r in store.records()]
+
+
+def test_generate_writes_an_imagefolder_with_seeds(make_run_config):
+    config = make_run_config()
+    store = generate(config)
+    records = store.records()
+    assert _keys(store) == [(p, i) for p in range(3) for i in range(2)]
+    assert records[0]["prompt"] == "a red circle and a blue square"  # CRLF and blank line handled
+    assert all(r["seed"] == sample_seed(0, r["prompt_index"], r["image_index"]) for r in records)
+    assert Image.open(store.image_path(records[0])).size == (32, 32)
+    assert json.loads((store.root / "prompts.json").read_text())["prompts"][2] == "a yellow circle"
+
+
+def test_generate_resumes_without_duplicates_or_losses(make_run_config, tmp_path, monkeypatch):
+    reference = generate(make_run_config(output_dir=str(tmp_path / "reference")))
+    monkeypatch.undo()
+    config = make_run_config()
+    _interrupt_after(monkeypatch, SampleStore, "append", 3)
+    with pytest.raises(Interrupt):
+        generate(config)
+    assert len(SampleStore(tmp_path / "run" / "samples").records()) == 3  # finished records kept
+    monkeypatch.undo()
+    store = generate(config)
+    assert _keys(store) == _keys(reference)
+    for got, want in zip(store.records(), reference.records()):
+        a = np.asarray(store.open_image(got), dtype=int)
+        b = np.asarray(reference.open_image(want), dtype=int)
+        assert np.abs(a - b).max() <= 2  # same seed, same image, whatever the batch it ran in
+
+
+def test_generate_refuses_a_store_of_other_prompts(make_run_config, tmp_path):
+    generate(make_run_config())
+    other = tmp_path / "other.txt"
+    other.write_text("a purple hexagon\n")
+    with pytest.raises(StoreError, match="another prompt set"):
+        generate(make_run_config(train_prompts=str(other)))
+
+
+def test_generate_regenerates_a_deleted_image(make_run_config):
+    store = generate(make_run_config())
+    victim = store.records()[2]
+    store.image_path(victim).unlink()
+    store = generate(make_run_config())
+    assert len(store.records()) == 6 and store.image_path(victim).exists()
+
+
+def test_score_writes_details_and_resumes(make_run_config, monkeypatch):
+    from rewards.b_vqa import BVQAReward
+
+    config = make_run_config()
+    generate(config)
+    _interrupt_after(monkeypatch, BVQAReward, "score", 1)
+    with pytest.raises(Interrupt):
+        score(config)
+    assert len(load_scores(config.output_dir, "b_vqa")) == 2  # the finished batch is kept
+    monkeypatch.undo()
+    scores = score(config)
+    assert sorted(scores) == [(p, i) for p in range(3) for i in range(2)]
+    row = scores[(0, 0)]
+    assert 0.0 <= row["reward"] <= 1.0
+    assert row["details"]["questions"] == ["a red circle?", "a blue square?"]
+    assert row["reward"] == pytest.approx(np.prod(row["details"]["p_yes"]))
+    lines = (config.output_dir + "/scores/b_vqa/part-00000.jsonl")
+    assert sum(1 for _ in open(lines)) == 6  # nothing scored twice
+    metadata = SampleStore(config.output_dir + "/samples").records()
+    assert metadata[0]["reward_b_vqa"] == row["reward"]
+
+
+def test_score_stops_on_a_corrupt_image_and_keeps_finished_scores(make_run_config):
+    config = make_run_config()
+    store = generate(config)
+    store.image_path(store.records()[4]).write_bytes(b"\x89PNG broken")
+    with pytest.raises(StoreError, match=r"00002_000.png is not a readable image"):
+        score(config)
+    assert len(load_scores(config.output_dir, "b_vqa")) == 4
+
+
+def _fake_scored_run(tmp_path, category, rewards_by_prompt):
+    """A run folder with samples and 'b_vqa' scores, written by hand (no model needed)."""
+    store = SampleStore(tmp_path / "samples")
+    n = max(rewards_by_prompt) + 1
+    store.save_prompts({"name": "x", "category": category, "source": "test", "prompts": [f"p{i}" for i in range(n)]})
+    rows = []
+    for p, reward in rewards_by_prompt.items():
+        record = {"file_name": f"{p:05d}_000.png", "prompt": f"p{p}", "prompt_index": p, "image_index": 0, "seed": p}
+        store.append(0, Image.new("RGB", (8, 8)), record)
+        rows.append({"prompt_index": p, "image_index": 0, "path": f"part-00000/{p:05d}_000.png", "reward": reward})
+    atomic_write_jsonl(tmp_path / "scores" / "b_vqa" / "part-00000.jsonl", rows)
+
+
+def test_select_uses_template_and_natural_thresholds(tmp_path, make_run_config):
+    # color: tau 0.92 for the 560 template prompts, 0.7 for natural prompts after them
+    _fake_scored_run(tmp_path, "color", {0: 0.95, 1: 0.8, 560: 0.8, 561: 0.6})
+    summary = select(make_run_config(output_dir=str(tmp_path), reward_threshold=None))
+    kept = [json.loads(line) for line in (tmp_path / "selection.jsonl").read_text().splitlines()]
+    assert [(row["prompt_index"], row["threshold"]) for row in kept] == [(0, 0.92), (560, 0.7)]
+    assert summary["num_selected"] == 2 and summary["selected"]["mean"] == pytest.approx(0.875)
+
+
+def test_select_with_explicit_threshold_and_strict_inequality(tmp_path, make_run_config):
+    _fake_scored_run(tmp_path, None, {0: 0.5, 1: 0.6})
+    summary = select(make_run_config(output_dir=str(tmp_path), reward_threshold=0.5))
+    assert summary["num_selected"] == 1  # reward > tau, not >=
+
+
+def test_select_without_survivors_shows_distribution_and_threshold(tmp_path, make_run_config):
+    _fake_scored_run(tmp_path, "spatial", {0: 0.1, 1: 0.35})
+    with pytest.raises(ValueError) as error:
+        select(make_run_config(output_dir=str(tmp_path), reward_threshold=None))
+    message = str(error.value)
+    assert "category 'spatial'" in message and "0.80" in message
+    assert "[0.1, 0.2) # 1" in message and "[0.3, 0.4) # 1" in message
+    assert not (tmp_path / "selection.jsonl").exists()
+
+
+def test_select_needs_a_threshold_for_custom_prompts(tmp_path, make_run_config):
+    _fake_scored_run(tmp_path, None, {0: 0.9})
+    with pytest.raises(ValueError, match="--reward_threshold"):
+        select(make_run_config(output_dir=str(tmp_path), reward_threshold=None))
+
+
+def test_select_refuses_unscored_samples(tmp_path, make_run_config):
+    _fake_scored_run(tmp_path, None, {0: 0.9})
+    SampleStore(tmp_path / "samples").append(
+        0, Image.new("RGB", (8, 8)), {"file_name": "00000_001.png", "prompt": "p0", "prompt_index": 0, "image_index": 1}
+    )
+    with pytest.raises(StoreError, match="gors score"):
+        select(make_run_config(output_dir=str(tmp_path)))

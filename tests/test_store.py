@@ -1,0 +1,99 @@
+import json
+
+import datasets
+import pytest
+from PIL import Image
+
+from gors.io import append_jsonl, read_jsonl
+from gors.store import SampleStore, StoreError, sample_file_name, sample_seed
+from gors.training_data import BatchSchedule
+
+
+def _record(p, i):
+    return {"file_name": sample_file_name(p, i), "prompt": f"prompt {p}", "prompt_index": p, "image_index": i,
+            "seed": sample_seed(42, p, i)}
+
+
+def _fill(store, keys_by_rank):
+    for rank, keys in keys_by_rank.items():
+        for p, i in keys:
+            store.append(rank, Image.new("RGB", (8, 8), (p * 40, i * 40, 0)), _record(p, i))
+
+
+def test_seed_depends_only_on_prompt_and_image_index():
+    seeds = {sample_seed(42, p, i) for p in range(50) for i in range(90)}
+    assert len(seeds) == 50 * 90
+    assert sample_seed(42, 3, 7) == 42 + 300_000 + 7
+
+
+def test_records_merge_parts_sorted_and_load_as_imagefolder(tmp_path):
+    store = SampleStore(tmp_path / "samples")
+    _fill(store, {0: [(0, 0), (1, 0)], 1: [(0, 1), (1, 1)]})
+    records = store.records()
+    assert [(r["prompt_index"], r["image_index"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert records[1]["path"] == "part-00001/00000_001.png"
+    dataset = datasets.load_dataset("imagefolder", data_dir=str(store.root), split="train")
+    assert dataset.num_rows == 4
+    assert sorted(dataset["seed"]) == sorted(r["seed"] for r in records)
+
+
+def test_torn_last_line_is_skipped_and_overwritten(tmp_path):
+    path = tmp_path / "log.jsonl"
+    append_jsonl(path, [{"a": 1}])
+    with open(path, "a") as handle:
+        handle.write('{"a": 2, "b"')  # a crash in the middle of an append
+    assert list(read_jsonl(path)) == [{"a": 1}]
+    append_jsonl(path, [{"a": 3}])
+    assert list(read_jsonl(path)) == [{"a": 1}, {"a": 3}]
+
+
+def test_corrupt_middle_line_names_file_and_line(tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"a": 1}\nnot json\n{"a": 2}\n')
+    with pytest.raises(ValueError, match=r"log.jsonl:2"):
+        list(read_jsonl(path))
+
+
+def test_duplicate_record_is_an_error(tmp_path):
+    store = SampleStore(tmp_path)
+    _fill(store, {0: [(0, 0)], 1: [(0, 0)]})
+    with pytest.raises(StoreError, match="recorded twice"):
+        store.records()
+
+
+def test_records_without_image_are_dropped(tmp_path):
+    store = SampleStore(tmp_path)
+    _fill(store, {0: [(0, 0), (0, 1), (0, 2)]})
+    (store.part_dir(0) / sample_file_name(0, 1)).unlink()
+    assert store.drop_records_without_image() == 1
+    assert [r["image_index"] for r in store.records()] == [0, 2]
+
+
+def test_corrupt_image_error_names_file_and_fix(tmp_path):
+    store = SampleStore(tmp_path)
+    _fill(store, {0: [(0, 0)]})
+    (store.part_dir(0) / sample_file_name(0, 0)).write_bytes(b"not a png")
+    with pytest.raises(StoreError, match=r"00000_000.png is not a readable image.*gors generate"):
+        store.open_image(store.records()[0])
+
+
+def test_add_columns_keeps_existing_fields(tmp_path):
+    store = SampleStore(tmp_path)
+    _fill(store, {0: [(0, 0), (0, 1)]})
+    store.add_columns({(0, 1): {"reward_b_vqa": 0.75}})
+    rows = [json.loads(line) for line in (store.part_dir(0) / "metadata.jsonl").read_text().splitlines()]
+    assert rows[1]["reward_b_vqa"] == 0.75 and rows[1]["seed"] == sample_seed(42, 0, 1)
+    assert "reward_b_vqa" not in rows[0]
+
+
+@pytest.mark.parametrize("num_samples,batch,world", [(10, 2, 1), (10, 2, 2), (7, 3, 2)])
+def test_batch_schedule_covers_each_epoch_and_processes_are_disjoint(num_samples, batch, world):
+    schedules = [BatchSchedule(num_samples, batch, world, rank, seed=1) for rank in range(world)]
+    per_epoch = schedules[0].batches_per_epoch
+    seen = [i for m in range(per_epoch) for s in schedules for i in s.indices(m)]
+    assert set(seen) == set(range(num_samples))  # every sample once per epoch (plus wrap-around padding)
+    assert len(seen) == per_epoch * batch * world
+    first_global = [s.indices(0) for s in schedules]
+    assert len({i for b in first_global for i in b}) == batch * world or num_samples < batch * world
+    assert schedules[0].indices(per_epoch) != schedules[0].indices(0) or num_samples <= batch
+    assert schedules[0].indices(5) == BatchSchedule(num_samples, batch, world, 0, seed=1).indices(5)

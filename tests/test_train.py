@@ -1,0 +1,143 @@
+"""Training on tiny models: only LoRA learns, the LoRA loads in diffusers, resume is exact."""
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from diffusers import StableDiffusionPipeline
+from safetensors.torch import load_file
+
+from gors.generate import generate
+from gors.score import score
+from gors.select import load_selection, select
+from gors.train import GORSTrainer, find_checkpoint, train
+
+
+@pytest.fixture(scope="module")
+def selected_run(tmp_path_factory, tiny_sd, tiny_blip):
+    """A run folder after generate, score and select, shared by the training tests (read-only)."""
+    from gors.config import RunConfig
+
+    prompts = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    prompts.write_text("a red circle and a blue square\na green triangle\na yellow circle\n")
+    config = RunConfig(
+        output_dir=str(tmp_path_factory.mktemp("selected")), pretrained_model_name_or_path=str(tiny_sd),
+        train_prompts=str(prompts), images_per_prompt=2, num_inference_steps=2, resolution=32, reward="b_vqa",
+        reward_model_name_or_path=str(tiny_blip), reward_threshold=0.0, seed=0,
+    )
+    generate(config)
+    score(config)
+    select(config)
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    return config
+
+
+def _copy_run(selected_run, destination):
+    for name in ("samples", "scores", "selection.jsonl"):
+        source = f"{selected_run.output_dir}/{name}"
+        (shutil.copytree if name != "selection.jsonl" else shutil.copy)(source, destination / name)
+    return destination
+
+
+def _config(make_run_config, run_dir, **overrides):
+    return make_run_config(output_dir=str(run_dir), **overrides)
+
+
+def test_only_lora_parameters_receive_gradients(selected_run, make_run_config, tmp_path):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    trainer = GORSTrainer(_config(make_run_config, run_dir, report_to="none"))
+    trainer.selection = load_selection(run_dir)
+    trainer._setup_models()
+    trainer._load_data()
+    trainer._micro_batch_loss(0).backward()
+    with_grad = {name for module in (trainer.unet, trainer.text_encoder)
+                 for name, p in module.named_parameters() if p.grad is not None}
+    assert with_grad and all("lora_" in name for name in with_grad)
+    assert any(n.startswith("down_blocks") or n.startswith("up_blocks") for n in with_grad)  # U-Net side
+    assert any("self_attn.q_proj" in n for n in with_grad)  # text-encoder side
+    trained_targets = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in with_grad}
+    assert trained_targets == {"to_q", "to_k", "to_v", "0", "q_proj", "k_proj", "v_proj", "out_proj"}
+
+
+def test_flags_turn_each_side_off(selected_run, make_run_config, tmp_path):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    trainer = GORSTrainer(_config(make_run_config, run_dir, train_text_encoder=False, report_to="none"))
+    trainer._setup_models()
+    assert not any("lora_" in n for n, _ in trainer.text_encoder.named_parameters())
+    assert any("lora_" in n for n, _ in trainer.unet.named_parameters())
+
+
+def test_saved_lora_loads_in_diffusers_and_changes_the_output(selected_run, make_run_config, tmp_path, tiny_sd):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    # A large learning rate so that two steps visibly move the tiny model.
+    lora_file = train(_config(make_run_config, run_dir, learning_rate=1e-1, text_encoder_learning_rate=1e-1))
+    weights = load_file(str(lora_file))
+    assert any(k.startswith("unet.") for k in weights) and any(k.startswith("text_encoder.") for k in weights)
+    pipeline = StableDiffusionPipeline.from_pretrained(str(tiny_sd), safety_checker=None)
+    pipeline.set_progress_bar_config(disable=True)
+
+    def render():
+        return pipeline("a red circle", num_inference_steps=3, height=32, width=32, output_type="np",
+                        generator=torch.Generator().manual_seed(0)).images
+
+    before = render()
+    pipeline.load_lora_weights(str(run_dir))
+    after = render()
+    assert np.abs(before - after).max() > 1e-3
+    # base weights are untouched: only adapters were trained
+    base = StableDiffusionPipeline.from_pretrained(str(tiny_sd)).unet.state_dict()
+    trained_base = load_file(str(tiny_sd / "unet" / "diffusion_pytorch_model.safetensors"))
+    assert all(torch.equal(base[k], trained_base[k]) for k in trained_base)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-1", "checkpoint-2"]
+    assert any((run_dir / "logs").rglob("events.out.tfevents*"))
+
+
+def test_resume_after_interruption_continues_from_the_saved_step(selected_run, make_run_config, tmp_path, monkeypatch):
+    reference_dir = _copy_run(selected_run, tmp_path / "reference")
+    reference = load_file(str(train(_config(make_run_config, reference_dir, max_train_steps=4, checkpointing_steps=2))))
+
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    original = GORSTrainer._micro_batch_loss
+
+    def crash_at_step_3(self, micro_batch):
+        if micro_batch == 2:
+            raise KeyboardInterrupt("simulated crash")
+        return original(self, micro_batch)
+
+    monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", crash_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        train(_config(make_run_config, run_dir, max_train_steps=4, checkpointing_steps=2))
+    assert find_checkpoint(run_dir, "latest").name == "checkpoint-2"
+    monkeypatch.undo()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+    seen_steps = []
+    monkeypatch.setattr(GORSTrainer, "_micro_batch_loss",
+                        lambda self, m: (seen_steps.append(m), original(self, m))[1])
+    resumed = load_file(str(train(_config(make_run_config, run_dir, max_train_steps=4, checkpointing_steps=2,
+                                          resume_from_checkpoint="latest"))))
+    assert seen_steps == [2, 3]  # continues at step 3, nothing repeated
+    assert reference.keys() == resumed.keys()
+    for key in reference:
+        assert torch.allclose(reference[key], resumed[key], atol=1e-6), key
+
+
+def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config, tmp_path):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=1, checkpoints_total_limit=2,
+                  report_to="none"))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_train_without_selection_says_what_to_run(make_run_config, tmp_path):
+    with pytest.raises(FileNotFoundError, match="gors select"):
+        train(_config(make_run_config, tmp_path / "empty", report_to="none"))
