@@ -64,9 +64,9 @@ def run(config: RunConfig) -> None:
     from gors.generate import generate
     from gors.score import score
     from gors.select import select
-    from gors.train import make_accelerator, train
+    from gors.train import train, training_accelerator
 
-    accelerator = make_accelerator(config)
+    accelerator = training_accelerator(config)
     generate(config, accelerator)
     score(config, accelerator)
     select(config, write=accelerator.is_main_process)
@@ -87,11 +87,10 @@ def _score(config: ScoreConfig) -> None:
 
 
 def _select(config: SelectConfig) -> None:
-    from accelerate import PartialState
-
+    from gors.distributed import process_state
     from gors.select import select
 
-    state = PartialState()
+    state = process_state()
     select(config, write=state.is_main_process)
     state.wait_for_everyone()
 

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence, TypeVar
+from typing import Any, Iterator, Sequence, TypeVar
 
-from accelerate import Accelerator
+import torch
+from accelerate import Accelerator, PartialState
 from tqdm.auto import tqdm
 
 T = TypeVar("T")
+
+
+def _cpu_only() -> bool:
+    # `accelerate launch --multi_gpu` (torchrun) on a machine without GPUs starts the processes but
+    # does not tell them to use the CPU; without this they would each think they run alone.
+    return not torch.cuda.is_available()
+
+
+def make_accelerator(**kwargs: Any) -> Accelerator:
+    """An `Accelerator` that also forms a process group on CPU-only machines (gloo)."""
+    return Accelerator(cpu=_cpu_only(), **kwargs)
+
+
+def process_state() -> PartialState:
+    """The process layout without an Accelerator, for stages that train nothing."""
+    return PartialState(cpu=_cpu_only())
 
 
 def my_share(items: Sequence[T], accelerator: Accelerator) -> list[T]:

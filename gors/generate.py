@@ -9,7 +9,7 @@ import torch
 from accelerate import Accelerator
 
 from gors.config import GenerateConfig
-from gors.distributed import batches, my_share, progress_bar
+from gors.distributed import batches, make_accelerator, my_share, progress_bar
 from gors.pipeline import cpu_generators, inference_dtype, load_pipeline
 from gors.prompts import load_prompts
 from gors.store import SampleStore, StoreError, sample_file_name, sample_key, sample_seed
@@ -39,7 +39,7 @@ def generate(config: GenerateConfig, accelerator: Accelerator | None = None) -> 
     Resumable: samples already in the store are skipped, so a rerun after an interruption only
     generates what is missing. Runs sharded over all Accelerate processes.
     """
-    accelerator = accelerator or Accelerator()
+    accelerator = accelerator or make_accelerator()
     prompt_set = load_prompts(config.train_prompts)
     prompts = prompt_set.prompts[: config.max_prompts]
     store = SampleStore(samples_dir(config.output_dir))

@@ -34,7 +34,7 @@ def load_pipeline(
         pretrained_model_name_or_path,
         "--pretrained_model_name_or_path",
         revision=revision,
-        torch_dtype=dtype,
+        dtype=dtype,
         safety_checker=None,
         requires_safety_checker=False,
     )

@@ -15,7 +15,7 @@ from accelerate import Accelerator
 
 import rewards
 from gors.config import ScoreConfig
-from gors.distributed import batches, my_share, progress_bar
+from gors.distributed import batches, make_accelerator, my_share, progress_bar
 from gors.io import append_jsonl
 from gors.pipeline import inference_dtype
 from gors.store import SampleKey, SampleStore, read_rows, sample_key
@@ -41,7 +41,7 @@ def score(config: ScoreConfig, accelerator: Accelerator | None = None) -> dict[S
 
     Resumable: samples with a score row are skipped.
     """
-    accelerator = accelerator or Accelerator()
+    accelerator = accelerator or make_accelerator()
     store = SampleStore(samples_dir(config.output_dir))
     store.load_prompts()  # fails clearly when nothing was generated
     records = store.records()

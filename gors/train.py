@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 
 from gors.config import TrainConfig
-from gors.distributed import progress_bar
+from gors.distributed import make_accelerator, progress_bar
 from gors.generate import samples_dir
 from gors.hub import check_model_path
 from gors.lora import add_lora, lora_parameters, load_lora, save_lora
@@ -30,9 +30,10 @@ from gors.training_data import CACHE_DIR, BatchSchedule, cached_latent_distribut
 CHECKPOINTS = "checkpoints"
 
 
-def make_accelerator(config: TrainConfig) -> Accelerator:
+def training_accelerator(config: TrainConfig) -> Accelerator:
+    """The Accelerator of a training run: accumulation, precision, trackers and the run folder."""
     project = ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs"))
-    return Accelerator(
+    return make_accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         mixed_precision=config.mixed_precision,
         log_with=None if config.report_to == "none" else config.report_to,
@@ -88,7 +89,7 @@ class GORSTrainer:
 
     def __init__(self, config: TrainConfig, accelerator: Accelerator | None = None) -> None:
         self.config = config
-        self.accelerator = accelerator or make_accelerator(config)
+        self.accelerator = accelerator or training_accelerator(config)
         self.output_dir = Path(config.output_dir)
 
     # ----- set-up -------------------------------------------------------------------------

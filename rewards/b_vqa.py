@@ -1,0 +1,201 @@
+"""B-VQA (T2I-CompBench's attribute-binding metric) as a reward: BLIP VQA yes-probabilities.
+
+Each noun phrase of the prompt becomes a question ("a green bench?", see
+`rewards.noun_phrases.vqa_questions`). BLIP answers each one; a question scores
+P(yes) / (P(yes) + P(no)) from the first decoded answer token, and the image scores the product
+over its questions, in [0, 1] (1.0 for a prompt without a noun phrase), as in the official
+``BLIPvqa_eval`` code.
+
+The official metric runs BLIP VQA through LAVIS, which starts every question with the token
+[ENC] instead of BERT's [CLS]; transformers' `BlipForQuestionAnswering.generate` keeps [CLS].
+We follow the official code by default (`question_start="enc"`), so numbers compare with the
+published tables; `question_start="cls"` gives transformers' behaviour.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Literal
+
+import torch
+from PIL import Image
+
+from gors.hub import from_pretrained
+from rewards.base import Reward, RewardOutput
+from rewards.noun_phrases import MAX_QUESTIONS, Backend, vqa_questions
+
+MODEL_FLAG = "--reward_model_name_or_path"
+# The official code tokenises questions with truncation to 35 tokens.
+MAX_QUESTION_TOKENS = 35
+
+
+class BVQAReward(Reward):
+    """BLIP-VQA binding score of (image, prompt) pairs; scores in [0, 1].
+
+    Args:
+        model_name_or_path: BLIP VQA checkpoint (Hub id or folder); default
+            `Salesforce/blip-vqa-capfilt-large`, the model of the official metric.
+        device, torch_dtype: where and in which dtype the model runs (see `Reward`).
+        batch_size: questions per forward pass; questions of different images share a pass.
+        max_questions: questions per prompt (the official code keeps the first 8 noun phrases).
+        noun_phrase_backend: "auto" (spaCy's noun chunks when installed, else the built-in
+            chunker), "spacy" or "builtin"; see `rewards.noun_phrases`.
+        question_start: "enc" (official: LAVIS replaces a question's first token by [ENC]) or
+            "cls" (transformers' BLIP VQA inference).
+    """
+
+    name = "b_vqa"
+    default_model = "Salesforce/blip-vqa-capfilt-large"
+    categories = ("color", "shape", "texture", "complex")
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+        batch_size: int = 8,
+        max_questions: int = MAX_QUESTIONS,
+        noun_phrase_backend: Backend = "auto",
+        question_start: Literal["enc", "cls"] = "enc",
+    ) -> None:
+        super().__init__(model_name_or_path, device, torch_dtype, batch_size)
+        from transformers import BlipForQuestionAnswering, BlipProcessor
+
+        self.max_questions = max_questions
+        self.noun_phrase_backend = noun_phrase_backend
+        path = str(self.model_name_or_path)
+        self.processor = from_pretrained(BlipProcessor.from_pretrained, path, MODEL_FLAG)
+        model = from_pretrained(
+            BlipForQuestionAnswering.from_pretrained, path, MODEL_FLAG, dtype=self.torch_dtype
+        )
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.yes_id = self._single_token_id("yes")
+        self.no_id = self._single_token_id("no")
+        if question_start not in ("enc", "cls"):
+            raise ValueError(f"question_start={question_start!r}; choose 'enc' (official) or 'cls'")
+        # BLIP's tokenizer adds [DEC] (bos) and then [ENC] after BERT's vocabulary: 30522, 30523.
+        text_config = self.model.config.text_config
+        self.question_start_id = text_config.bos_token_id + 1 if question_start == "enc" else None
+        if self.question_start_id is not None and self.question_start_id >= text_config.vocab_size:
+            raise ValueError(
+                f"{MODEL_FLAG}={self.model_name_or_path!r} has no [ENC] token after [DEC] "
+                f"(vocab size {text_config.vocab_size}); use question_start='cls'."
+            )
+
+    def _single_token_id(self, word: str) -> int:
+        ids = self.processor.tokenizer(word, add_special_tokens=False).input_ids
+        if len(ids) != 1:
+            raise ValueError(
+                f"{MODEL_FLAG}={self.model_name_or_path!r}: the tokenizer splits {word!r} into "
+                f"{len(ids)} tokens {ids}; B-VQA needs 'yes' and 'no' to be single tokens "
+                "(a BLIP VQA checkpoint)."
+            )
+        return ids[0]
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        questions = [
+            vqa_questions(p, self.max_questions, self.noun_phrase_backend) for p in prompts
+        ]
+        flat = [(index, q) for index, qs in enumerate(questions) for q in qs]
+        p_yes = self._answer_probabilities(images, flat)
+        details, scores = [], []
+        cursor = 0
+        for qs in questions:
+            probs = p_yes[cursor : cursor + len(qs)]
+            cursor += len(qs)
+            score = float(math.prod(probs))  # 1.0 for a prompt without questions
+            scores.append(score)
+            details.append(
+                {"questions": qs, "phrases": [q[:-1] for q in qs], "p_yes": probs, "score": score}
+            )
+        return RewardOutput(scores=scores, details=details)
+
+    def _answer_probabilities(
+        self, images: list[Image.Image], questions: list[tuple[int, str]]
+    ) -> list[float]:
+        """P(yes) / (P(yes) + P(no)) of each (image index, question), in order; each in [0, 1].
+
+        Images are taken in windows of `4 * batch_size` (bounding the memory of their features);
+        each image's vision features are computed once, then the window's questions run in
+        chunks of `batch_size`, questions of different images together. A chunk holds questions
+        of one token length: transformers' BLIP text layers drop the cross-attention mask
+        (`BlipTextAttention` passes it as `attention_mask`, which `BlipTextSelfAttention` then
+        replaces by its unset `encoder_attention_mask`, checked on 5.24), so a padded question
+        would attend to its padding and get another answer than alone.
+        """
+        if not questions:
+            return []
+        token_ids = self.processor.tokenizer(
+            [q for _, q in questions], truncation=True, max_length=MAX_QUESTION_TOKENS
+        ).input_ids
+        if self.question_start_id is not None:
+            token_ids = [[self.question_start_id, *ids[1:]] for ids in token_ids]
+        result = [0.0] * len(questions)
+        window = 4 * self.batch_size
+        for first in range(0, len(images), window):
+            members = [
+                k for k, (index, _) in enumerate(questions) if first <= index < first + window
+            ]
+            if not members:
+                continue
+            features = self._image_features(images, sorted({questions[k][0] for k in members}))
+            by_length = sorted(members, key=lambda k: len(token_ids[k]))
+            for _, same_length in itertools.groupby(by_length, key=lambda k: len(token_ids[k])):
+                group = list(same_length)
+                for start in range(0, len(group), self.batch_size):
+                    chunk = group[start : start + self.batch_size]
+                    probs = self._yes_probabilities(
+                        torch.tensor([token_ids[k] for k in chunk], device=self.device),
+                        torch.stack([features[questions[k][0]] for k in chunk]),
+                    )
+                    for k, prob in zip(chunk, probs, strict=True):
+                        result[k] = prob
+        return result
+
+    def _image_features(
+        self, images: list[Image.Image], indices: list[int]
+    ) -> dict[int, torch.Tensor]:
+        """Vision-transformer features (tokens x hidden) of `images[i]` for each i in `indices`."""
+        features: dict[int, torch.Tensor] = {}
+        for start in range(0, len(indices), self.batch_size):
+            part = indices[start : start + self.batch_size]
+            pixels = self.processor.image_processor([images[i] for i in part], return_tensors="pt")
+            pixel_values = pixels.pixel_values.to(self.device, self.torch_dtype)
+            features.update(
+                zip(
+                    part,
+                    self.model.vision_model(pixel_values=pixel_values).last_hidden_state,
+                    strict=True,
+                )
+            )
+        return features
+
+    def _yes_probabilities(
+        self, input_ids: torch.Tensor, image_embeds: torch.Tensor
+    ) -> list[float]:
+        """Normalised yes-probability of each question (unpadded `input_ids`) about its image."""
+        model = self.model
+        # The question encoding attends to the image, and the answer decoder to the question,
+        # exactly as BlipForQuestionAnswering.generate does for one question.
+        question_embeds = model.text_encoder(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            encoder_hidden_states=image_embeds,
+            encoder_attention_mask=torch.ones(
+                image_embeds.shape[:2], dtype=torch.long, device=self.device
+            ),
+        ).last_hidden_state
+        bos = torch.full(
+            (len(input_ids), 1), model.config.text_config.bos_token_id, device=self.device
+        )
+        logits = (
+            model.text_decoder(input_ids=bos, encoder_hidden_states=question_embeds)
+            .logits[:, 0]
+            .float()
+        )
+        # P(yes) / (P(yes) + P(no)) of a softmax is sigmoid(logit_yes - logit_no): the
+        # normaliser cancels, and no tiny probabilities are divided.
+        return torch.sigmoid(logits[:, self.yes_id] - logits[:, self.no_id]).tolist()

@@ -1,0 +1,217 @@
+"""B-VQA reward on a tiny random BLIP VQA model built in the test (offline)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gors.tiny.blip as tiny_blip
+from gors.tiny.blip import build_tiny_blip_vqa
+from rewards import get_reward_class, load
+from rewards.b_vqa import BVQAReward
+
+PROMPTS = [
+    "a green bench and a red car",
+    "rubber gloves and a fluffy teddy bear",
+    "a balloon on the top of a giraffe",
+    "a triangular slice of pizza and a cylindrical pizza cutter",
+    "a horse on the right of a man",
+    "a blue cat and a red dog",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_blip_vqa(tmp_path_factory.mktemp("tiny_blip_vqa"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def reward(model_dir: Path) -> BVQAReward:
+    return BVQAReward(
+        model_name_or_path=str(model_dir), device="cpu", batch_size=4, noun_phrase_backend="builtin"
+    )
+
+
+def random_images(count: int, seed: int = 0) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [
+        Image.fromarray(rng.integers(0, 256, (24 + 8 * i, 40, 3), dtype=np.uint8))
+        for i in range(count)
+    ]
+
+
+def test_registry_and_metadata() -> None:
+    assert get_reward_class("b_vqa") is BVQAReward
+    assert BVQAReward.name == "b_vqa"
+    assert BVQAReward.default_model == "Salesforce/blip-vqa-capfilt-large"
+    assert BVQAReward.categories == ("color", "shape", "texture", "complex")
+
+
+def test_tiny_model_token_conventions(model_dir: Path, reward: BVQAReward) -> None:
+    tokenizer, text_config = reward.processor.tokenizer, reward.model.config.text_config
+    assert (model_dir / "vocab.txt").read_text().splitlines()[:5] == tiny_blip.SPECIAL_TOKENS
+    assert tokenizer.bos_token == "[DEC]"
+    assert text_config.bos_token_id == tokenizer.bos_token_id == len(tiny_blip.tiny_vocab())
+    assert text_config.pad_token_id == tokenizer.pad_token_id == 0
+    assert text_config.sep_token_id == tokenizer.sep_token_id
+    assert "[UNK]" not in tokenizer.tokenize("a zebra quokka?")  # letters cover any word
+    assert tokenizer.decode([reward.yes_id, reward.no_id]) == "yes no"
+
+
+def test_build_is_deterministic_by_seed(tmp_path: Path, model_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    reference = load_file(model_dir / "model.safetensors")
+    same = load_file(build_tiny_blip_vqa(tmp_path / "same", seed=0) / "model.safetensors")
+    other = load_file(build_tiny_blip_vqa(tmp_path / "other", seed=1) / "model.safetensors")
+    assert all(torch.equal(reference[k], same[k]) for k in reference)
+    assert not all(torch.equal(reference[k], other[k]) for k in reference)
+
+
+def test_scores_details_and_product_rule(reward: BVQAReward) -> None:
+    images = random_images(len(PROMPTS))
+    output = reward.score(images, PROMPTS)
+    assert len(output.scores) == len(output.details) == len(PROMPTS)
+    for score, details in zip(output.scores, output.details, strict=True):
+        assert set(details) == {"questions", "phrases", "p_yes", "score"}
+        assert details["questions"] == [f"{p}?" for p in details["phrases"]]
+        assert len(details["p_yes"]) == len(details["questions"]) > 0
+        assert all(0.0 <= p <= 1.0 for p in details["p_yes"])
+        assert 0.0 <= score <= 1.0 and details["score"] == score
+        assert score == pytest.approx(math.prod(details["p_yes"]), rel=1e-12)
+    assert output.details[2]["phrases"] == ["a balloon", "the top", "a giraffe"]
+    assert output.details[4]["phrases"] == ["a horse", "a man"]  # "the right" is filtered out
+    # A random model still answers differently for different questions and images.
+    all_p = [p for d in output.details for p in d["p_yes"]]
+    assert max(all_p) - min(all_p) > 0.05
+
+
+@pytest.mark.parametrize("question_start", ["enc", "cls"])
+def test_p_yes_matches_blip_generate(model_dir: Path, question_start: str) -> None:
+    """Recompute each question with transformers' own BLIP VQA inference, independently.
+
+    With "enc" (the official LAVIS behaviour) the question's first token is [ENC], the id after
+    [DEC]; with "cls" it is the tokenizer's [CLS], as transformers' generate uses it.
+    """
+    from transformers import BlipForQuestionAnswering, BlipProcessor
+
+    reward = BVQAReward(model_name_or_path=str(model_dir), device="cpu", batch_size=4,
+                        noun_phrase_backend="builtin", question_start=question_start)
+    image = random_images(2, seed=3)[1]
+    details = reward.score([image], ["a green bench and a red car"]).details[0]
+    model = BlipForQuestionAnswering.from_pretrained(model_dir).eval()
+    processor = BlipProcessor.from_pretrained(model_dir)
+    tokenizer = processor.tokenizer
+    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
+    for question, p_yes in zip(details["questions"], details["p_yes"], strict=True):
+        inputs = processor(images=image, text=question, return_tensors="pt")
+        if question_start == "enc":
+            inputs["input_ids"][:, 0] = model.config.text_config.bos_token_id + 1
+        with torch.no_grad():
+            generated = model.generate(
+                **inputs, max_new_tokens=1, output_logits=True, return_dict_in_generate=True
+            )
+        probs = generated.logits[0][0].softmax(-1)
+        assert p_yes == pytest.approx((probs[yes] / (probs[yes] + probs[no])).item(), abs=1e-5)
+
+
+def test_official_question_start_changes_the_answers(model_dir: Path) -> None:
+    images, prompts = random_images(2, seed=3), ["a green bench and a red car"] * 2
+    scores = {
+        start: BVQAReward(model_name_or_path=str(model_dir), device="cpu", noun_phrase_backend="builtin",
+                          question_start=start).score(images, prompts).scores
+        for start in ("enc", "cls")
+    }
+    assert not np.allclose(scores["enc"], scores["cls"])
+
+
+def test_batched_equals_one_at_a_time(reward: BVQAReward, model_dir: Path) -> None:
+    images = random_images(len(PROMPTS), seed=1)
+    together = reward.score(images, PROMPTS)
+    alone = BVQAReward(
+        model_name_or_path=str(model_dir), device="cpu", batch_size=1, noun_phrase_backend="builtin"
+    )
+    for image, prompt, score, details in zip(
+        images, PROMPTS, together.scores, together.details, strict=True
+    ):
+        single = alone.score([image], [prompt])
+        assert single.details[0]["questions"] == details["questions"]
+        np.testing.assert_allclose(
+            single.details[0]["p_yes"], details["p_yes"], rtol=1e-4, atol=1e-6
+        )
+        assert single.scores[0] == pytest.approx(score, rel=5e-4, abs=1e-7)
+
+
+def test_vision_once_per_image_and_questions_batched_across_images(reward: BVQAReward) -> None:
+    vision_batches: list[int] = []
+    decoder_batches: list[int] = []
+    hooks = [
+        reward.model.vision_model.register_forward_hook(
+            lambda module, args, kwargs, out: vision_batches.append(
+                kwargs["pixel_values"].shape[0]
+            ),
+            with_kwargs=True,
+        ),
+        reward.model.text_decoder.register_forward_hook(
+            lambda module, args, kwargs, out: decoder_batches.append(kwargs["input_ids"].shape[0]),
+            with_kwargs=True,
+        ),
+    ]
+    try:
+        # Six images x two same-length questions; one prompt without any question.
+        prompts = ["a blue cat and a red dog"] * 6 + ["..."]
+        output = reward.score(random_images(7), prompts)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert output.scores[-1] == 1.0
+    assert sum(vision_batches) == 6  # each image with questions exactly once
+    assert vision_batches == [4, 2]
+    assert decoder_batches == [4, 4, 4]  # 12 questions of 6 images in chunks of batch_size
+
+
+def test_prompt_without_noun_phrase_scores_one(reward: BVQAReward) -> None:
+    output = reward.score(random_images(2), ["", "is very blue"])
+    assert output.scores == [1.0, 1.0]
+    assert output.details[0] == {"questions": [], "phrases": [], "p_yes": [], "score": 1.0}
+
+
+def test_non_rgb_images(reward: BVQAReward) -> None:
+    rgb = random_images(1, seed=7)[0]
+    gray, rgba = rgb.convert("L"), rgb.convert("RGBA")
+    prompt = "a green bench and a red car"
+    scores = reward.score([gray, rgba], [prompt, prompt]).scores
+    assert scores[0] == pytest.approx(
+        reward.score([gray.convert("RGB")], [prompt]).scores[0], rel=1e-5
+    )
+    assert scores[1] == pytest.approx(reward.score([rgb], [prompt]).scores[0], rel=1e-5)
+
+
+def test_max_questions(model_dir: Path) -> None:
+    capped = BVQAReward(
+        model_name_or_path=str(model_dir),
+        device="cpu",
+        max_questions=1,
+        noun_phrase_backend="builtin",
+    )
+    details = capped.score(random_images(1), ["a green bench and a red car"]).details[0]
+    assert details["questions"] == ["a green bench?"]
+
+
+def test_missing_local_model_path(tmp_path: Path) -> None:
+    missing = tmp_path / "no_such_model"
+    with pytest.raises(FileNotFoundError, match="--reward_model_name_or_path"):
+        load("b_vqa", model_name_or_path=str(missing), device="cpu")
+
+
+def test_yes_must_be_a_single_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A vocabulary without "yes": the word splits into letters, which B-VQA cannot score.
+    monkeypatch.setattr(tiny_blip, "_WORDS", tiny_blip._WORDS.replace("yes ", ""))
+    path = build_tiny_blip_vqa(tmp_path / "no_yes")
+    with pytest.raises(ValueError, match="'yes'"):
+        BVQAReward(model_name_or_path=str(path), device="cpu")

@@ -1,0 +1,51 @@
+"""The whole pipeline on two CPU processes (gloo), launched as users launch it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from gors.score import load_scores
+from gors.store import SampleStore
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _launch(args, cwd):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(REPO / "accelerate_configs" / "cpu.yaml"), "--main_process_port", "0", "-m", "gors.cli", *args]
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return result
+
+
+@pytest.mark.slow
+def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd, tiny_blip, prompts_file):
+    run_dir = tmp_path / "run"
+    flags = [
+        "--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_sd),
+        "--train_prompts", str(prompts_file), "--images_per_prompt", "3", "--num_inference_steps", "2",
+        "--resolution", "32", "--generation_batch_size", "2", "--reward_model_name_or_path", str(tiny_blip),
+        "--reward_batch_size", "2", "--reward_threshold", "0.0", "--max_train_steps", "2",
+        "--checkpointing_steps", "1", "--seed", "0",
+    ]
+    _launch(["run", *flags], cwd=tmp_path)
+
+    store = SampleStore(run_dir / "samples")
+    keys = [(r["prompt_index"], r["image_index"]) for r in store.records()]
+    assert keys == [(p, i) for p in range(3) for i in range(3)]  # each image exactly once
+    assert {r["path"].split("/")[0] for r in store.records()} == {"part-00000", "part-00001"}  # both wrote
+    assert sorted(load_scores(run_dir, "b_vqa")) == keys
+    assert len(list(run_dir.glob("*.safetensors"))) == 1
+    assert any(k.startswith("unet.") for k in load_file(str(run_dir / "pytorch_lora_weights.safetensors")))
+    checkpoint = run_dir / "checkpoints" / "checkpoint-2"
+    assert sorted(p.name for p in checkpoint.glob("random_states_*.pkl")) == ["random_states_0.pkl",
+                                                                              "random_states_1.pkl"]
+
+    # A rerun on two processes finds everything done and duplicates nothing.
+    _launch(["generate", *flags[:14]], cwd=tmp_path)
+    assert len(SampleStore(run_dir / "samples").records()) == 9

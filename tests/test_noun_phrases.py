@@ -1,0 +1,196 @@
+"""Noun phrases and B-VQA questions, checked against the structure of T2I-CompBench's prompts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import rewards.noun_phrases as np_module
+from rewards.noun_phrases import builtin_noun_phrases, noun_phrases, vqa_questions
+
+BENCHMARKS = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
+COMPBENCH = BENCHMARKS / "t2i_compbench"
+ATTRIBUTE_FILES = [
+    f"{c}_{split}.txt" for c in ("color", "shape", "texture") for split in ("train", "val")
+]
+needs_benchmarks = pytest.mark.skipif(not COMPBENCH.is_dir(), reason=f"{COMPBENCH} not found")
+
+
+def read_prompts(name: str) -> list[str]:
+    # The files have CRLF endings; splitlines() drops them, noun_phrases() must cope with either.
+    return (COMPBENCH / name).read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture
+def no_spacy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the "auto" backend take the built-in chunker even where spaCy is installed."""
+    monkeypatch.setattr(np_module, "_spacy_pipeline", lambda: None)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ("a green bench and a red car", ["a green bench", "a red car"]),
+        ("rubber gloves and a fluffy teddy bear", ["rubber gloves", "a fluffy teddy bear"]),
+        (
+            "a triangular slice of pizza and a cylindrical pizza cutter",
+            ["a triangular slice", "pizza", "a cylindrical pizza cutter"],
+        ),
+        ("a balloon on the top of a giraffe", ["a balloon", "the top", "a giraffe"]),
+        ("a bee on side of a backpack", ["a bee", "side", "a backpack"]),
+        ("a fish in front of a suitcase", ["a fish", "front", "a suitcase"]),
+        ("a horse hidden by a television", ["a horse", "a television"]),
+        ("an oval sink and a rectangular mirror.", ["an oval sink", "a rectangular mirror"]),
+        (
+            "a cubic block and a cylindrical can of soup",
+            ["a cubic block", "a cylindrical can", "soup"],
+        ),
+        (
+            "a rectangular mirror and a teardrop magnifying mirror",
+            ["a rectangular mirror", "a teardrop magnifying mirror"],
+        ),
+        ("a yellow post-it and a blue clipboard", ["a yellow post-it", "a blue clipboard"]),
+        ("a green bench and a red car\r\n", ["a green bench", "a red car"]),
+    ],
+)
+def test_builtin_chunker_on_template_prompts(prompt: str, expected: list[str]) -> None:
+    assert builtin_noun_phrases(prompt) == expected
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ("A black cat is sitting on a white toilet.", ["A black cat", "a white toilet"]),
+        ("A brown purse is sitting on a green bench.", ["A brown purse", "a green bench"]),
+        (
+            "The wooden spoon and glass jar stir the metallic honey on the fabric tablecloth.",
+            ["The wooden spoon", "glass jar", "the metallic honey", "the fabric tablecloth"],
+        ),
+        ("A fluffy cat lounges on the leather sofa.", ["A fluffy cat", "the leather sofa"]),
+        ("six dogs played fetch in the park", ["six dogs", "fetch", "the park"]),
+        (
+            "A black and green tile bathroom with a black toilet and a yellow bucket on the floor.",
+            ["A black and green tile bathroom", "a black toilet", "a yellow bucket", "the floor"],
+        ),
+        ("The plump, juicy grapes hung low on the vine.", ["The plump, juicy grapes", "the vine"]),
+        (
+            "A child is playing with a kite and trying to beat their record.",
+            ["A child", "a kite", "their record"],
+        ),
+        ("The sky is blue and the grass is green.", ["The sky", "the grass"]),
+        ("It's a cat's toy", ["It", "a cat's toy"]),
+    ],
+)
+def test_builtin_chunker_on_sentences(prompt: str, expected: list[str]) -> None:
+    # Free-form sentences are only approximately chunked; these are the cases it must get right.
+    assert builtin_noun_phrases(prompt) == expected
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", "...", "and and and", "is very blue", "a the"])
+def test_no_noun_phrase(prompt: str) -> None:
+    assert builtin_noun_phrases(prompt) == []
+
+
+def template_phrases(prompt: str) -> list[str] | None:
+    """The phrases a template prompt is built from, or None for a line that is no template.
+
+    Templates are "<A> and <B>" where each side is "[a|an] words" or "[a|an] words of words",
+    starting in lower case; spaCy chunks them at "and" and at "of".
+    """
+    text = prompt.strip().removesuffix(".")
+    if not re.fullmatch(r"[a-z][\w' -]*", text) or text.count(" and ") != 1:
+        return None
+    phrases = [p for side in text.split(" and ") for p in side.split(" of ")]
+    word = r"[^\W\d_][\w'-]*"
+    stop = r"(?!(?:a|an|the|on|in|with|to|near|by|is|are)\b)"
+    side = re.compile(rf"(?:an? )?{stop}{word}(?: {stop}{word})*")
+    if not all(side.fullmatch(p) for p in phrases):
+        return None
+    return phrases
+
+
+@needs_benchmarks
+@pytest.mark.parametrize("name", ATTRIBUTE_FILES)
+def test_attribute_templates_give_their_phrases(name: str) -> None:
+    prompts = read_prompts(name)
+    templates = [(p, template_phrases(p)) for p in prompts]
+    templates = [(p, t) for p, t in templates if t is not None]
+    # The first 560 training lines (240 validation lines) are templates: the filter must see them.
+    assert len(templates) >= (560 if name.endswith("train.txt") else 240), name
+    wrong = [(p, builtin_noun_phrases(p), t) for p, t in templates if builtin_noun_phrases(p) != t]
+    assert wrong == []
+    # The two-phrase templates with "of" split into three questions, as spaCy's chunks do.
+    assert any(len(t) == 3 for _, t in templates) == name.startswith("shape")
+
+
+@needs_benchmarks
+@pytest.mark.parametrize("name", ["spatial_train.txt", "spatial_val.txt"])
+def test_spatial_templates(name: str, no_spacy: None) -> None:
+    pattern = re.compile(
+        r"(an? \w+) (?:on (the top|the bottom|the left|the right|side) of|next to|near) (an? \w+)"
+    )
+    prompts = read_prompts(name)
+    seen = 0
+    for prompt in prompts:
+        match = pattern.fullmatch(prompt.strip())
+        if match is None:
+            continue
+        seen += 1
+        first, relation, second = match.groups()
+        expected = [first] + ([relation] if relation else []) + [second]
+        assert noun_phrases(prompt) == expected, prompt
+        # Exact-string filter: "the left"/"the right" go, "the top"/"the bottom"/"side" stay.
+        kept = [p for p in expected if p not in ("the left", "the right")]
+        assert vqa_questions(prompt) == [f"{p}?" for p in kept], prompt
+    assert seen > 0.9 * len(prompts)
+
+
+def test_question_filter_is_an_exact_string_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    phrases = ["top", "the top", "the side", "side", "the left", "The left", "the right", "a cat"]
+    monkeypatch.setattr(np_module, "noun_phrases", lambda prompt, backend="auto": list(phrases))
+    assert vqa_questions("anything") == ["the top?", "side?", "The left?", "a cat?"]
+
+
+def test_questions_are_capped_at_eight_in_order(no_spacy: None) -> None:
+    animals = ["cat", "dog", "cow", "pig", "fox", "owl", "bee", "ant", "eel", "yak"]
+    prompt = ", ".join(f"a {a}" for a in animals[:-1]) + f" and a {animals[-1]}"
+    assert noun_phrases(prompt) == [f"a {a}" for a in animals]
+    assert vqa_questions(prompt) == [f"a {a}?" for a in animals[:8]]
+    assert vqa_questions(prompt, max_questions=3) == ["a cat?", "a dog?", "a cow?"]
+    with pytest.raises(ValueError, match="max_questions"):
+        vqa_questions(prompt, max_questions=-1)
+
+
+def test_auto_backend_uses_spacy_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+
+    def fake_nlp(text: str) -> SimpleNamespace:
+        seen.append(text)
+        return SimpleNamespace(noun_chunks=[SimpleNamespace(text="spaCy's chunk")])
+
+    monkeypatch.setattr(np_module, "_spacy_pipeline", lambda: fake_nlp)
+    assert noun_phrases(" a red car \r\n") == ["spaCy's chunk"]
+    assert seen == ["a red car"]
+    assert noun_phrases("a red car", backend="builtin") == ["a red car"]
+
+
+def test_spacy_backend_without_spacy(no_spacy: None) -> None:
+    assert noun_phrases("a green bench and a red car") == ["a green bench", "a red car"]
+    with pytest.raises(ImportError, match="en_core_web_sm"):
+        noun_phrases("a red car", backend="spacy")
+    with pytest.raises(ValueError, match="backend"):
+        noun_phrases("a red car", backend="nltk")  # type: ignore[arg-type]
+
+
+def test_phrases_are_substrings_in_order() -> None:
+    prompt = (
+        "The teardrop crystal vase with a rectangular base and a conical opening looked elegant."
+    )
+    phrases = builtin_noun_phrases(prompt)
+    assert phrases == ["The teardrop crystal vase", "a rectangular base", "a conical opening"]
+    position = 0
+    for phrase in phrases:
+        position = prompt.index(phrase, position) + len(phrase)
