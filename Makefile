@@ -25,7 +25,7 @@ test: install
 
 demo: install
 	HF_HUB_OFFLINE=1 $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml \
-		recipes/gors_demo.py --output_dir $(DEMO_DIR)
+		--main_process_port 0 recipes/gors_demo.py --output_dir $(DEMO_DIR)
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache

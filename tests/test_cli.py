@@ -1,0 +1,129 @@
+"""Config parsing (flags, YAML, recipe defaults), the gors command, the demo, and bad input."""
+
+import subprocess
+import sys
+
+import pytest
+
+from gors.cli import main, parse_config
+from gors.config import GenerateConfig, RunConfig, TrainConfig
+from gors.generate import generate
+from gors.recipes import recipe_defaults
+from gors.score import score
+
+
+def test_flags_override_yaml_which_overrides_defaults(tmp_path):
+    config_file = tmp_path / "train.yaml"
+    config_file.write_text("max_train_steps: 7\nlearning_rate: 0.001\nvalidation_prompts: [a red cube, a blue ball]\n")
+    config = parse_config(TrainConfig, ["--config", str(config_file), "--learning_rate", "0.5"],
+                          defaults={"max_train_steps": 3, "rank": 8})
+    assert config.max_train_steps == 7  # YAML beats the recipe default
+    assert config.learning_rate == 0.5  # the flag beats YAML
+    assert config.rank == 8  # recipe default beats the dataclass default
+    assert config.validation_prompts == ["a red cube", "a blue ball"]
+    assert config.text_encoder_learning_rate == 5e-6  # paper default untouched
+
+
+def test_unknown_yaml_key_is_rejected(tmp_path):
+    config_file = tmp_path / "bad.yaml"
+    config_file.write_text("max_train_step: 7\n")
+    with pytest.raises(SystemExit, match="max_train_step"):
+        parse_config(TrainConfig, ["--config", str(config_file)])
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--images_per_prompt", "0"], "--images_per_prompt=0"),
+        (["--mixed_precision", "fp8"], "--mixed_precision='fp8'"),
+        (["--reward_threshold", "1.5"], "--reward_threshold=1.5"),
+        (["--resolution", "500"], "--resolution=500"),
+        (["--no_train_unet", "--no_train_text_encoder"], "nothing to train"),
+    ],
+)
+def test_bad_values_name_the_flag(flags, message):
+    with pytest.raises(SystemExit, match=message):
+        parse_config(RunConfig, flags)
+
+
+def test_recipes_carry_the_paper_defaults():
+    config = parse_config(RunConfig, ["--images_per_prompt", "2"], defaults=recipe_defaults("texture"))
+    assert (config.train_prompts, config.category, config.reward) == ("texture", "texture", "b_vqa")
+    assert config.pretrained_model_name_or_path == "stabilityai/stable-diffusion-2-base"
+    assert (config.rank, config.learning_rate, config.text_encoder_learning_rate) == (4, 1e-4, 5e-6)
+    assert (config.train_batch_size, config.max_train_steps, config.seed) == (2, 15000, 42)
+    assert config.images_per_prompt == 2
+    with pytest.raises(ValueError, match="Unknown category"):
+        recipe_defaults("colour")
+
+
+def test_gors_rewards_lists_b_vqa(capsys):
+    main(["rewards"])
+    out = capsys.readouterr().out
+    assert "b_vqa" in out and "Salesforce/blip-vqa-capfilt-large" in out and "[0, 1]" in out
+
+
+def test_recipe_script_help_runs():
+    result = subprocess.run([sys.executable, "recipes/gors_color.py", "--help"], capture_output=True, text=True,
+                            cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert result.returncode == 0 and "--reward_threshold" in result.stdout and "--train_prompts" in result.stdout
+
+
+def test_missing_prompt_file_is_a_clear_error(make_run_config, tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        generate(make_run_config(train_prompts=str(tmp_path / "missing.txt")))
+
+
+def test_empty_prompt_file_is_a_clear_error(make_run_config, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\r\n\n")
+    with pytest.raises(ValueError, match="empty.txt"):
+        generate(make_run_config(train_prompts=str(empty)))
+
+
+def test_model_path_that_does_not_exist(make_run_config, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"--pretrained_model_name_or_path=.*no such folder"):
+        generate(make_run_config(pretrained_model_name_or_path=str(tmp_path / "no-model")))
+
+
+def test_unknown_reward_lists_known_ones_and_keeps_samples(make_run_config):
+    config = make_run_config(reward="bvqa")
+    store = generate(config)
+    with pytest.raises(ValueError, match=r"Unknown reward 'bvqa'.*b_vqa"):
+        score(config)
+    assert len(store.records()) == 6
+
+
+def test_reward_model_path_that_does_not_exist(make_run_config, tmp_path):
+    config = make_run_config(reward_model_name_or_path=str(tmp_path / "no-blip"))
+    generate(config)
+    with pytest.raises(FileNotFoundError, match="--reward_model_name_or_path"):
+        score(config)
+
+
+def test_user_reward_registered_with_a_decorator_works_in_score(make_run_config):
+    import numpy as np
+
+    from rewards import Reward, RewardOutput, register_reward
+
+    @register_reward("test_brightness")
+    class Brightness(Reward):
+        def _score(self, images, prompts, metadata):
+            values = [float(np.asarray(image).mean() / 255) for image in images]
+            return RewardOutput(values, [{"brightness": v} for v in values])
+
+    config = make_run_config(reward="test_brightness")
+    generate(config)
+    scores = score(config)
+    assert len(scores) == 6 and all(0 <= row["reward"] <= 1 for row in scores.values())
+
+
+def test_demo_runs_end_to_end(tmp_path, monkeypatch):
+    from gors.demo import main as demo_main
+
+    monkeypatch.chdir(tmp_path)
+    config = demo_main(["--output_dir", str(tmp_path / "demo"), "--images_per_prompt", "2",
+                        "--num_inference_steps", "2", "--max_train_steps", "2", "--reward_threshold", "0.0",
+                        "--validation_steps", "1"])
+    assert (tmp_path / "demo" / "pytorch_lora_weights.safetensors").exists()
+    assert config.reward == "b_vqa"
