@@ -10,6 +10,8 @@ from rewards.base import Reward
 # Built-in rewards are imported lazily: name -> "module:Class".
 _BUILTIN: dict[str, str] = {
     "b_vqa": "rewards.b_vqa:BVQAReward",
+    "toy_oracle": "rewards.toy_oracle:ToyOracleReward",
+    "toy_classifier": "rewards.toy_classifier:ToyClassifierReward",
 }
 _REGISTERED: dict[str, type[Reward]] = {}
 
