@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from accelerate import Accelerator
@@ -33,67 +35,105 @@ def _check_same_prompts(store: SampleStore, prompts: list[str]) -> None:
             )
 
 
-def generate(config: GenerateConfig, accelerator: Accelerator | None = None) -> SampleStore:
-    """Generate the missing images of `config.images_per_prompt` per prompt; returns the store.
+@dataclass(frozen=True)
+class SamplingProtocol:
+    """How images are generated: k per prompt, sampler settings, and the seed of each image."""
+
+    images_per_prompt: int
+    num_inference_steps: int
+    guidance_scale: float
+    resolution: int
+    batch_size: int = 8
+    seed: int = 42
+    seed_fn: Callable[[int, int, int], int] = sample_seed  # (base seed, prompt index, image index) -> seed
+
+
+def generate_samples(
+    store: SampleStore,
+    prompts: list[str],
+    protocol: SamplingProtocol,
+    pipeline_loader: Callable[[], Any],
+    accelerator: Accelerator,
+    prompt_info: dict[str, Any] | None = None,
+    record_extras: dict[str, Any] | None = None,
+    desc: str = "generate",
+) -> SampleStore:
+    """Add the missing images of `protocol` for `prompts` to `store`, sharded over processes.
 
     Resumable: samples already in the store are skipped, so a rerun after an interruption only
-    generates what is missing. Runs sharded over all Accelerate processes.
+    generates what is missing. The pipeline is loaded (by `pipeline_loader`) only if there is work.
     """
-    accelerator = accelerator or make_accelerator()
-    prompt_set = load_prompts(config.train_prompts)
-    prompts = prompt_set.prompts[: config.max_prompts]
-    store = SampleStore(samples_dir(config.output_dir))
-
     _check_same_prompts(store, prompts)  # on every process, so all of them stop on a mismatch
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         dropped = store.drop_records_without_image()
         if dropped:
             logger.warning("%d records had no image file and will be generated again", dropped)
-        store.save_prompts(
-            {"name": prompt_set.name, "category": prompt_set.category, "source": prompt_set.source, "prompts": prompts}
-        )
+        store.save_prompts({**(prompt_info or {}), "prompts": prompts})
     accelerator.wait_for_everyone()
 
     done = {sample_key(record) for record in store.records()}
-    todo = [(p, i) for p in range(len(prompts)) for i in range(config.images_per_prompt) if (p, i) not in done]
+    todo = [(p, i) for p in range(len(prompts)) for i in range(protocol.images_per_prompt) if (p, i) not in done]
     mine = my_share(todo, accelerator)
     if accelerator.is_main_process:
-        print(f"[generate] {len(done)} samples exist, {len(todo)} to generate into {store.root}")
+        print(f"[{desc}] {len(done)} samples exist, {len(todo)} to generate into {store.root}")
 
     if mine:
-        dtype = inference_dtype(accelerator, config.mixed_precision)
-        pipeline = load_pipeline(config.pretrained_model_name_or_path, accelerator.device, dtype, config.revision)
-        bar = progress_bar(len(mine), accelerator, "generate")
-        for batch in batches(mine, config.generation_batch_size):
-            seeds = [sample_seed(config.seed, p, i) for p, i in batch]
+        pipeline = pipeline_loader()
+        bar = progress_bar(len(mine), accelerator, desc)
+        for batch in batches(mine, protocol.batch_size):
+            seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
             with torch.inference_mode():
                 images = pipeline(
                     prompt=[prompts[p] for p, _ in batch],
-                    height=config.resolution,
-                    width=config.resolution,
-                    num_inference_steps=config.num_inference_steps,
-                    guidance_scale=config.guidance_scale,
+                    height=protocol.resolution,
+                    width=protocol.resolution,
+                    num_inference_steps=protocol.num_inference_steps,
+                    guidance_scale=protocol.guidance_scale,
                     generator=cpu_generators(seeds),
                 ).images
             for (p, i), seed, image in zip(batch, seeds, images):
-                store.append(
-                    accelerator.process_index,
-                    image,
-                    {
-                        "file_name": sample_file_name(p, i),
-                        "prompt": prompts[p],
-                        "prompt_index": p,
-                        "image_index": i,
-                        "seed": seed,
-                        "model": config.pretrained_model_name_or_path,
-                        "num_inference_steps": config.num_inference_steps,
-                        "guidance_scale": config.guidance_scale,
-                        "resolution": config.resolution,
-                    },
-                )
+                record = {
+                    "file_name": sample_file_name(p, i),
+                    "prompt": prompts[p],
+                    "prompt_index": p,
+                    "image_index": i,
+                    "seed": seed,
+                    "num_inference_steps": protocol.num_inference_steps,
+                    "guidance_scale": protocol.guidance_scale,
+                    "resolution": protocol.resolution,
+                }
+                store.append(accelerator.process_index, image, {**record, **(record_extras or {})})
             bar.update(len(batch))
         bar.close()
     accelerator.wait_for_everyone()
     return store
 
+
+def generate(config: GenerateConfig, accelerator: Accelerator | None = None) -> SampleStore:
+    """Stage 1: `config.images_per_prompt` images per training prompt into `<output_dir>/samples`."""
+    accelerator = accelerator or make_accelerator()
+    prompt_set = load_prompts(config.train_prompts)
+    prompts = prompt_set.prompts[: config.max_prompts]
+    protocol = SamplingProtocol(
+        images_per_prompt=config.images_per_prompt,
+        num_inference_steps=config.num_inference_steps,
+        guidance_scale=config.guidance_scale,
+        resolution=config.resolution,
+        batch_size=config.generation_batch_size,
+        seed=config.seed,
+    )
+
+    def loader():
+        dtype = inference_dtype(accelerator, config.mixed_precision)
+        return load_pipeline(config.pretrained_model_name_or_path, accelerator.device, dtype, config.revision)
+
+    return generate_samples(
+        SampleStore(samples_dir(config.output_dir)),
+        prompts,
+        protocol,
+        loader,
+        accelerator,
+        prompt_info={"name": prompt_set.name, "category": prompt_set.category, "source": prompt_set.source},
+        record_extras={"model": config.pretrained_model_name_or_path},
+    )

@@ -21,8 +21,11 @@ def load_pipeline(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     revision: str | None = None,
+    lora: str | None = None,
 ):
     """A `StableDiffusionPipeline` with a DDIM scheduler (the T2I-CompBench sampling protocol).
+
+    `lora`: a folder with a diffusers-format LoRA (e.g. a gors run folder) to load on top.
 
     The safety checker is not loaded: it replaces flagged images with black ones, which would
     silently become low-reward samples.
@@ -39,6 +42,8 @@ def load_pipeline(
         requires_safety_checker=False,
     )
     pipeline.scheduler = DDIMScheduler.from_config(pipeline.scheduler.config)
+    if lora is not None:
+        pipeline.load_lora_weights(lora)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline.to(device)
 

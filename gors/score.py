@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Callable
 
 from accelerate import Accelerator
 
 import rewards
+from rewards import Reward
 from gors.config import ScoreConfig
 from gors.distributed import batches, make_accelerator, my_share, progress_bar
 from gors.io import append_jsonl
@@ -31,56 +33,73 @@ def scores_dir(output_dir: str | Path, reward: str) -> Path:
     return Path(output_dir) / "scores" / reward_key(reward)
 
 
+def read_score_rows(folder: Path) -> dict[SampleKey, dict]:
+    """Every score row in a folder of `part-*.jsonl` files, by sample key."""
+    return {sample_key(row): row for row in read_rows(sorted(Path(folder).glob("part-*.jsonl")))}
+
+
 def load_scores(output_dir: str | Path, reward: str) -> dict[SampleKey, dict]:
-    """Every score row written so far for `reward`, by sample key."""
-    return {sample_key(row): row for row in read_rows(sorted(scores_dir(output_dir, reward).glob("part-*.jsonl")))}
+    """Every score row written so far for `reward` in a run folder, by sample key."""
+    return read_score_rows(scores_dir(output_dir, reward))
+
+
+def score_samples(
+    store: SampleStore,
+    scores_folder: Path,
+    make_reward: Callable[[], Reward],
+    batch_size: int,
+    accelerator: Accelerator,
+    desc: str = "score",
+) -> dict[SampleKey, dict]:
+    """Score the store's unscored samples into `scores_folder/part-<rank>.jsonl`; returns all rows.
+
+    Resumable: samples with a row are skipped; rows are appended batch by batch. The reward is
+    built (by `make_reward`) only on processes that have work.
+    """
+    records = store.records()
+    done = read_score_rows(scores_folder)
+    todo = [record for record in records if sample_key(record) not in done]
+    mine = my_share(todo, accelerator)
+    out_file = Path(scores_folder) / f"part-{accelerator.process_index:05d}.jsonl"
+    if accelerator.is_main_process:
+        print(f"[{desc}] {len(done)} samples scored, {len(todo)} to score")
+    if mine:
+        reward = make_reward()
+        bar = progress_bar(len(mine), accelerator, desc)
+        for batch in batches(mine, batch_size):
+            images = [store.open_image(record) for record in batch]
+            output = reward.score(images, [r["prompt"] for r in batch], metadata=batch)
+            rows = [
+                {"prompt_index": r["prompt_index"], "image_index": r["image_index"], "path": r["path"],
+                 "prompt": r["prompt"], "reward": value, "details": details}
+                for r, value, details in zip(batch, output.scores, output.details)
+            ]
+            append_jsonl(out_file, rows)
+            bar.update(len(batch))
+        bar.close()
+    accelerator.wait_for_everyone()
+    return read_score_rows(scores_folder)
 
 
 def score(config: ScoreConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:
-    """Score the unscored samples with `config.reward`; returns all scores of that reward.
-
-    Resumable: samples with a score row are skipped.
-    """
+    """Stage 2: score every sample of the run with `config.reward`; returns all its score rows."""
     accelerator = accelerator or make_accelerator()
     store = SampleStore(samples_dir(config.output_dir))
     store.load_prompts()  # fails clearly when nothing was generated
-    records = store.records()
-    done = load_scores(config.output_dir, config.reward)
-    todo = [record for record in records if sample_key(record) not in done]
-    mine = my_share(todo, accelerator)
-    out_file = scores_dir(config.output_dir, config.reward) / f"part-{accelerator.process_index:05d}.jsonl"
-    if accelerator.is_main_process:
-        print(f"[score] {config.reward}: {len(done)} samples scored, {len(todo)} to score")
     reward_class = rewards.get_reward_class(config.reward)  # an unknown name fails before any work
-    if mine:
-        reward = reward_class(
+
+    def make_reward() -> Reward:
+        return reward_class(
             model_name_or_path=config.reward_model_name_or_path,
             device=accelerator.device,
             torch_dtype=inference_dtype(accelerator, config.mixed_precision),
             batch_size=config.reward_batch_size,
         )
-    bar = progress_bar(len(mine), accelerator, f"score {config.reward}")
-    for batch in batches(mine, config.reward_batch_size):
-        images = [store.open_image(record) for record in batch]
-        output = reward.score(images, [r["prompt"] for r in batch], metadata=batch)
-        append_jsonl(
-            out_file,
-            [
-                {
-                    "prompt_index": r["prompt_index"],
-                    "image_index": r["image_index"],
-                    "path": r["path"],
-                    "reward": value,
-                    "details": details,
-                }
-                for r, value, details in zip(batch, output.scores, output.details)
-            ],
-        )
-        bar.update(len(batch))
-    bar.close()
-    accelerator.wait_for_everyone()
 
-    all_scores = load_scores(config.output_dir, config.reward)
+    all_scores = score_samples(
+        store, scores_dir(config.output_dir, config.reward), make_reward, config.reward_batch_size, accelerator,
+        desc=f"score {config.reward}",
+    )
     if accelerator.is_main_process:
         column = f"reward_{reward_key(config.reward)}"
         store.add_columns({key: {column: row["reward"]} for key, row in all_scores.items()})

@@ -1,0 +1,62 @@
+"""The toy world's exact scorer as a reward: `gors.toy.oracle` behind the `Reward` protocol."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from PIL import Image
+
+from gors.toy import oracle
+from gors.toy.world import ToyPrompt
+from rewards.base import Reward, RewardOutput
+
+
+class ToyOracleReward(Reward):
+    """Exact prompt-image agreement in the toy world, from colour segmentation and shape geometry.
+
+    Each image is segmented into blobs of the palette colours and each blob's shape is named
+    (`gors.toy.oracle`). The prompt gives checks: one per object ("a red circle is present"), one
+    for the relation between the objects' centres if the prompt has one, and "no extra objects".
+    The score is the fraction of checks passed, in [0, 1] (1.0: the image is correct); the details
+    say which checks failed and why. Exact on rendered scenes; tolerant of blur and colour noise.
+
+    There is no model: `model_name_or_path` must be None, and the other arguments are accepted for
+    the common interface and ignored. Prompts must be toy-world prompts (see `ToyPrompt.parse`).
+    """
+
+    name = "toy_oracle"
+    default_model = None
+    categories = ("toy",)
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+        batch_size: int = 8,
+    ) -> None:
+        if model_name_or_path is not None:
+            raise ValueError(
+                f"toy_oracle has no model to load; got model_name_or_path={model_name_or_path!r}, "
+                "leave it unset"
+            )
+        super().__init__(None, device, torch_dtype, batch_size)
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        parsed = [ToyPrompt.parse(prompt) for prompt in prompts]  # a non-toy prompt fails before any work
+        scores, details = [], []
+        for image, prompt in zip(images, parsed):
+            judgement = oracle.judge_image(prompt, image)
+            scores.append(judgement.score)
+            details.append(
+                {
+                    "correct": judgement.correct,
+                    "reasons": list(judgement.reasons),
+                    "found": list(judgement.found),
+                    "checks": [[check, bool(passed)] for check, passed in judgement.checks],
+                }
+            )
+        return RewardOutput(scores=scores, details=details)
