@@ -59,19 +59,25 @@ def _read_yaml(path: str, cls: type) -> dict[str, Any]:
     return values
 
 
-def run(config: RunConfig) -> None:
-    """generate -> score -> select -> train in one run folder, on one shared Accelerator."""
+def run_stages(config: RunConfig, accelerator) -> None:
+    """generate -> score -> select -> train in one run folder, on the given Accelerator."""
     from gors.generate import generate
     from gors.score import score
     from gors.select import select
-    from gors.train import train, training_accelerator
+    from gors.train import train
 
-    accelerator = training_accelerator(config)
     generate(config, accelerator)
     score(config, accelerator)
     select(config, write=accelerator.is_main_process)
     accelerator.wait_for_everyone()
     train(config, accelerator)
+
+
+def run(config: RunConfig) -> None:
+    """`gors run`: all four stages on one Accelerator set up for training."""
+    from gors.train import training_accelerator
+
+    run_stages(config, training_accelerator(config))
 
 
 def _generate(config: GenerateConfig) -> None:

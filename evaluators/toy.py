@@ -1,0 +1,66 @@
+"""The `toy` benchmark: binding accuracy of the toy world, judged by the exact oracle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from evaluators.base import Benchmark
+from gors.generate import SamplingProtocol
+from gors.toy.world import ToyPrompt, split_prompts
+
+
+@dataclass
+class ToyBenchmark(Benchmark):
+    """Binding accuracy on the toy world's prompts.
+
+    Args:
+        split: "held_out" (prompts with colour-shape combinations never seen in training) or "train".
+        images_per_prompt: images per prompt (seeds `seed + 100000 * prompt + image`).
+        num_inference_steps, guidance_scale: DDIM sampling settings of the toy model.
+        max_prompts: evaluate only every n-th prompt so that at most this many remain (quick runs).
+    """
+
+    split: str = "held_out"
+    images_per_prompt: int = 4
+    num_inference_steps: int = 20
+    guidance_scale: float = 4.0
+    seed: int = 0
+    max_prompts: int | None = None
+
+    name = "toy"
+    reward = "toy_oracle"
+
+    def prompts(self) -> list[str]:
+        train, held_out = split_prompts()
+        if self.split not in ("train", "held_out"):
+            raise ValueError(f"split={self.split!r}; choose 'train' or 'held_out'")
+        prompts = [p.text for p in (train if self.split == "train" else held_out)]
+        if self.max_prompts and len(prompts) > self.max_prompts:
+            stride = -(-len(prompts) // self.max_prompts)
+            prompts = prompts[::stride]
+        return prompts
+
+    def protocol(self) -> SamplingProtocol:
+        return SamplingProtocol(self.images_per_prompt, self.num_inference_steps, self.guidance_scale,
+                                resolution=64, batch_size=32, seed=self.seed)
+
+    def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """binding_accuracy: share of images whose objects, bindings and relation are all right, in [0, 1]."""
+        correct = np.array([row["details"]["correct"] for row in rows], dtype=float)
+        relation = np.array([ToyPrompt.parse(row["prompt"]).relation is not None for row in rows])
+        by_prompt: dict[str, list[float]] = {}
+        for row, ok in zip(rows, correct):
+            by_prompt.setdefault(row["prompt"], []).append(ok)
+        return {
+            "binding_accuracy": float(correct.mean()),
+            "binding_accuracy_and": float(correct[~relation].mean()) if (~relation).any() else None,
+            "binding_accuracy_relation": float(correct[relation].mean()) if relation.any() else None,
+            "mean_score": float(np.mean([row["reward"] for row in rows])),
+            "prompts_with_a_correct_image": float(np.mean([max(v) for v in by_prompt.values()])),
+            "num_images": len(rows),
+            "num_prompts": len(by_prompt),
+            "split": self.split,
+        }
