@@ -107,6 +107,16 @@ def _train(config: TrainConfig) -> None:
     train(config)
 
 
+def _toy(argv: list[str]) -> None:
+    """`gors toy pretrain [flags]`: train the packaged toy model and classifier from scratch."""
+    from gors.toy.pretrain import ToyPretrainConfig, pretrain
+
+    if not argv or argv[0] != "pretrain":
+        raise SystemExit("usage: gors toy pretrain [--output_dir DIR] [--seed N] ... (gors toy pretrain --help)")
+    config = parse_config(ToyPretrainConfig, argv[1:], prog="gors toy pretrain")
+    print(f"[toy pretrain] wrote {pretrain(config)}")
+
+
 def list_rewards() -> None:
     """Print the registered rewards with their default models, score ranges and categories."""
     import rewards
@@ -129,15 +139,19 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: gors {" + ",".join([*COMMANDS, "rewards"]) + "} [flags]  (gors COMMAND --help for its flags)\n\n"
+    usage = "usage: gors {" + ",".join([*COMMANDS, "rewards", "toy"]) + "} [flags]  (gors COMMAND --help for its flags)\n\n"
     usage += "\n".join(f"  {name:<9} {help_}" for name, (_, _, help_) in COMMANDS.items())
     usage += "\n  rewards   list the registered rewards"
+    usage += "\n  toy       toy world: `gors toy pretrain` trains the packaged toy model"
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return
     command, rest = argv[0], argv[1:]
     if command == "rewards":
         list_rewards()
+        return
+    if command == "toy":
+        _toy(rest)
         return
     if command not in COMMANDS:
         raise SystemExit(f"gors: unknown command {command!r}\n{usage}")

@@ -34,12 +34,16 @@ class ToyPretrainConfig:
 
     output_dir: str = field(default=str(PRETRAINED_DIR), metadata={"help": "Where the pipeline and classifier go."})
     seed: int = field(default=0, metadata={"help": "Seed of data, initialisation and training."})
-    num_scenes: int = field(default=12000, metadata={"help": "Rendered training scenes (encoded once)."})
-    vae_steps: int = field(default=1500, metadata={"help": "VAE training steps (batch 32)."})
-    unet_steps: int = field(default=6000, metadata={"help": "U-Net + text-encoder steps."})
+    num_scenes: int = field(default=10000, metadata={"help": "Rendered training scenes (encoded once)."})
+    vae_steps: int = field(default=800, metadata={"help": "VAE training steps (batch 32)."})
+    unet_steps: int = field(default=4000, metadata={"help": "U-Net + text-encoder steps."})
     batch_size: int = field(default=64, metadata={"help": "U-Net batch size."})
     learning_rate: float = field(default=1e-3, metadata={"help": "U-Net + text-encoder AdamW learning rate."})
-    caption_swap_rate: float = field(default=0.25, metadata={"help": "Share of two-object captions with swapped colours."})
+    caption_swap_rate: float = field(
+        default=0.25,
+        metadata={"help": "Chance of swapping a two-object caption's colours; skipped when the swap would name a "
+                          "held-out combination, so about 7% of two-object captions end up swapped."},
+    )
     classifier_steps: int = field(default=1500, metadata={"help": "Toy classifier training steps."})
 
 
