@@ -1,13 +1,13 @@
 # Set-up and everyday commands, in the style of diffusers/transformers.
 #   make test   create .venv if missing, install gors with its test extra, run the tests
-#   make demo   same environment, then the full GORS loop on the embedded offline default
+#   make demo   same environment, then GORS in the toy world on the packaged toy model (CPU, offline)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 # torch is pinned here only for set-up: these wheels lie on the development machines' disk.
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
-DEMO_DIR ?= demo_output
+DEMO_DIR ?= toy_output
 
 .PHONY: install test demo quality clean
 
@@ -25,7 +25,7 @@ test: install
 
 demo: install
 	HF_HUB_OFFLINE=1 $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml \
-		--main_process_port 0 recipes/gors_demo.py --output_dir $(DEMO_DIR)
+		--main_process_port 0 recipes/gors_toy.py --output_dir $(DEMO_DIR)
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache

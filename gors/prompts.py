@@ -212,13 +212,23 @@ def _resolve_name(name: str, split: str) -> str | None:
     return name if name in PROMPT_FILE_STEMS else None
 
 
+TOY_SPLITS = ("toy:train", "toy:held_out")
+
+
 def load_prompts(spec: str, split: str = "train") -> PromptSet:
     """Load a prompt set from a T2I-CompBench name or a text file.
 
     `spec` is a category (`color` -> `color_{split}.txt`), a file stem (`color_val`,
     `complex_val_spatial`), either optionally prefixed `t2i_compbench:`, or a path to a text file.
     Benchmark names win over a same-named file in the working directory; write `./color` for that.
+    `toy:train` and `toy:held_out` are the toy world's splits (see `gors.toy.world`).
     """
+    if spec in TOY_SPLITS:
+        from gors.toy.world import split_prompts
+
+        train, held_out = split_prompts()
+        chosen = train if spec == "toy:train" else held_out
+        return PromptSet(spec, [p.text for p in chosen], None, "gors.toy.world.split_prompts")
     forced = spec.startswith(NAME_PREFIX)
     name = spec[len(NAME_PREFIX):] if forced else spec
     stem = _resolve_name(name, split)

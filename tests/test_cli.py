@@ -116,14 +116,3 @@ def test_user_reward_registered_with_a_decorator_works_in_score(make_run_config)
     generate(config)
     scores = score(config)
     assert len(scores) == 6 and all(0 <= row["reward"] <= 1 for row in scores.values())
-
-
-def test_demo_runs_end_to_end(tmp_path, monkeypatch):
-    from gors.demo import main as demo_main
-
-    monkeypatch.chdir(tmp_path)
-    config = demo_main(["--output_dir", str(tmp_path / "demo"), "--images_per_prompt", "2",
-                        "--num_inference_steps", "2", "--max_train_steps", "2", "--reward_threshold", "0.0",
-                        "--validation_steps", "1"])
-    assert (tmp_path / "demo" / "pytorch_lora_weights.safetensors").exists()
-    assert config.reward == "b_vqa"

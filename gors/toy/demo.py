@@ -24,6 +24,11 @@ from gors.toy.pretrain import PRETRAINED_DIR
 from gors.toy.world import split_prompts
 
 
+# tau per toy reward. The oracle scores the fraction of satisfied checks, so 0.99 keeps exactly the
+# fully correct images; the classifier gives correct renders about 0.95 and swapped ones about 0.
+TOY_THRESHOLDS = {"toy_oracle": 0.99, "toy_classifier": 0.5}
+
+
 @dataclass
 class ToyRunConfig(RunConfig):
     """A GORS run in the toy world plus its held-out evaluation."""
@@ -36,7 +41,7 @@ def toy_defaults(output_dir: str = "toy_output") -> dict:
     return {
         "output_dir": output_dir,
         "pretrained_model_name_or_path": str(PRETRAINED_DIR / "pipeline"),
-        "train_prompts": str(Path(output_dir) / "train_prompts.txt"),
+        "train_prompts": "toy:train",
         "images_per_prompt": 8,
         "num_inference_steps": 20,
         "guidance_scale": 4.0,
@@ -44,8 +49,6 @@ def toy_defaults(output_dir: str = "toy_output") -> dict:
         "generation_batch_size": 32,
         "reward": "toy_oracle",
         "reward_batch_size": 64,
-        # Scores are fractions of satisfied checks: tau 0.99 keeps exactly the fully correct images.
-        "reward_threshold": 0.99,
         "train_batch_size": 16,
         "max_train_steps": 300,
         "learning_rate": 1e-3,
@@ -93,14 +96,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     start = time.time()
     config = parse_config(ToyRunConfig, argv, defaults=toy_defaults(), prog="recipes/gors_toy.py")
+    if config.reward_threshold is None:
+        if config.reward not in TOY_THRESHOLDS:
+            raise SystemExit(f"--reward {config.reward}: pass --reward_threshold (known taus: {TOY_THRESHOLDS})")
+        config.reward_threshold = TOY_THRESHOLDS[config.reward]
     out = Path(config.output_dir)
     accelerator = training_accelerator(config)
-    if accelerator.is_main_process:
-        prompts_file = Path(config.train_prompts)
-        if not prompts_file.exists():
-            prompts_file.parent.mkdir(parents=True, exist_ok=True)
-            prompts_file.write_text("\n".join(p.text for p in split_prompts()[0]) + "\n")
-    accelerator.wait_for_everyone()
 
     benchmark = ToyBenchmark(images_per_prompt=config.eval_images_per_prompt, guidance_scale=config.guidance_scale,
                              num_inference_steps=config.num_inference_steps, max_prompts=config.eval_max_prompts)

@@ -165,7 +165,8 @@ def pretrain(config: ToyPretrainConfig) -> Path:
     for leftover in sorted((output_dir / "_work").rglob("*"), reverse=True):
         leftover.unlink() if leftover.is_file() else leftover.rmdir()
     (output_dir / "_work").rmdir()
-    info = {"config": asdict(config), "seconds": {k: round(v, 1) for k, v in timings.items()},
+    settings = {k: v for k, v in asdict(config).items() if k != "output_dir"}
+    info = {"config": settings, "seconds": {k: round(v, 1) for k, v in timings.items()},
             "total_seconds": round(time.time() - start, 1), "torch_threads": torch.get_num_threads()}
     (output_dir / "pretrain_info.json").write_text(json.dumps(info, indent=2) + "\n")
     return output_dir
