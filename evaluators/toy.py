@@ -18,7 +18,7 @@ class ToyBenchmark(Benchmark):
 
     Args:
         split: "held_out" (prompts with colour-shape combinations never seen in training) or "train".
-        images_per_prompt: images per prompt (seeds `seed + 100000 * prompt + image`).
+        images_per_prompt: images per prompt (seeds `seed + 100000 * prompt + image`, seed 2024).
         num_inference_steps, guidance_scale: DDIM sampling settings of the toy model.
         max_prompts: evaluate only every n-th prompt so that at most this many remain (quick runs).
     """
@@ -27,7 +27,7 @@ class ToyBenchmark(Benchmark):
     images_per_prompt: int = 4
     num_inference_steps: int = 20
     guidance_scale: float = 4.0
-    seed: int = 0
+    seed: int = 2024  # fixed by the protocol, apart from any training seed
     max_prompts: int | None = None
 
     name = "toy"

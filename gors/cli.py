@@ -77,7 +77,9 @@ def run(config: RunConfig) -> None:
     """`gors run`: all four stages on one Accelerator set up for training."""
     from gors.train import training_accelerator
 
-    run_stages(config, training_accelerator(config))
+    accelerator = training_accelerator(config)
+    run_stages(config, accelerator)
+    accelerator.end_training()
 
 
 def _generate(config: GenerateConfig) -> None:
@@ -102,9 +104,11 @@ def _select(config: SelectConfig) -> None:
 
 
 def _train(config: TrainConfig) -> None:
-    from gors.train import train
+    from gors.train import train, training_accelerator
 
-    train(config)
+    accelerator = training_accelerator(config)
+    train(config, accelerator)
+    accelerator.end_training()
 
 
 def _toy(argv: list[str]) -> None:

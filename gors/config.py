@@ -64,7 +64,8 @@ class GenerateConfig(ModelConfig):
         default="color",
         metadata={
             "help": "A T2I-CompBench category or file stem (color, shape, texture, spatial, non_spatial, complex, "
-            "color_val, ...; downloaded and checksummed) or a text file with one prompt per line."
+            "color_val, ...; downloaded and checksummed), toy:train / toy:held_out (the toy world), or a text "
+            "file with one prompt per line."
         },
     )
     max_prompts: int | None = field(default=None, metadata={"help": "Use only the first N prompts (quick runs)."})
@@ -152,6 +153,16 @@ class TrainConfig(ModelConfig):
     )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Trade compute for memory."})
     center_crop: bool = field(default=True, metadata={"help": "Centre crop after resizing (official: yes)."})
+    caption_dropout: float = field(
+        default=0.0,
+        metadata={"help": "Share of training captions replaced by the empty prompt, which keeps the unconditional "
+                          "branch of classifier-free guidance anchored (official GORS: 0)."},
+    )
+    sample_latents: bool = field(
+        default=True,
+        metadata={"help": "Draw each step's latent from the VAE posterior (official); --no_sample_latents uses its "
+                          "mean, for models pretrained on posterior means such as the toy model."},
+    )
     checkpointing_steps: int = field(default=500, metadata={"help": "Save the full training state every N updates."})
     checkpoints_total_limit: int | None = field(default=None, metadata={"help": "Keep at most N checkpoints."})
     resume_from_checkpoint: str | None = field(
@@ -173,6 +184,7 @@ class TrainConfig(ModelConfig):
         _check(self.train_unet or self.train_text_encoder,
                "--no_train_unet and --no_train_text_encoder together leave nothing to train")
         _check(self.learning_rate > 0 and self.text_encoder_learning_rate > 0, "learning rates must be > 0")
+        _check(0.0 <= self.caption_dropout < 1.0, f"--caption_dropout={self.caption_dropout}: use a value in [0, 1)")
 
 
 @dataclass

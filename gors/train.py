@@ -48,16 +48,18 @@ def _load_components(config: TrainConfig):
     from gors.hub import from_pretrained
 
     name = check_model_path(config.pretrained_model_name_or_path)
-    kwargs = {"revision": config.revision}
 
-    def load(cls, subfolder: str):
-        return from_pretrained(cls.from_pretrained, name, "--pretrained_model_name_or_path", subfolder=subfolder, **kwargs)
+    def load(cls, subfolder: str, **kwargs):
+        return from_pretrained(cls.from_pretrained, name, "--pretrained_model_name_or_path", subfolder=subfolder,
+                               revision=config.revision, **kwargs)
 
+    # Weights load in fp32 whatever dtype they were saved in (e.g. fp16 checkpoints); the trainer
+    # casts the frozen ones to the mixed-precision dtype itself.
     return (
         load(CLIPTokenizer, "tokenizer"),
-        load(CLIPTextModel, "text_encoder"),
-        load(AutoencoderKL, "vae"),
-        load(UNet2DConditionModel, "unet"),
+        load(CLIPTextModel, "text_encoder", dtype=torch.float32),
+        load(AutoencoderKL, "vae", dtype=torch.float32),
+        load(UNet2DConditionModel, "unet", dtype=torch.float32),
         load(DDPMScheduler, "scheduler"),
     )
 
@@ -180,6 +182,9 @@ class GORSTrainer:
             truncation=True,
             return_tensors="pt",
         ).input_ids
+        self.empty_ids = self.tokenizer(
+            [""], padding="max_length", max_length=self.tokenizer.model_max_length, return_tensors="pt"
+        ).input_ids
         self.rewards = torch.tensor([row["reward"] for row in self.selection], dtype=torch.float32)
         self.schedule = BatchSchedule(
             len(self.selection), config.train_batch_size, self.accelerator.num_processes,
@@ -192,11 +197,17 @@ class GORSTrainer:
         index = torch.tensor(self.schedule.indices(micro_batch))
         mean = self.latents["mean"][index].to(device)
         std = self.latents["std"][index].to(device)
-        latents = (mean + std * torch.randn_like(mean)) * self.vae.config.scaling_factor
+        if self.config.sample_latents:
+            mean = mean + std * torch.randn_like(mean)
+        latents = mean * self.vae.config.scaling_factor
         noise = torch.randn_like(latents)
         timesteps = torch.randint(0, self.noise_scheduler.config.num_train_timesteps, (len(index),), device=device)
         noisy = self.noise_scheduler.add_noise(latents, noise, timesteps)
-        encoder_hidden_states = self.text_encoder(self.input_ids[index].to(device), return_dict=False)[0]
+        input_ids = self.input_ids[index]
+        if self.config.caption_dropout > 0:
+            dropped = torch.rand(len(index)) < self.config.caption_dropout
+            input_ids = torch.where(dropped[:, None], self.empty_ids, input_ids)
+        encoder_hidden_states = self.text_encoder(input_ids.to(device), return_dict=False)[0]
         model_pred = self.unet(
             noisy.to(self.weight_dtype), timesteps, encoder_hidden_states.to(self.weight_dtype), return_dict=False
         )[0]
@@ -339,7 +350,11 @@ class GORSTrainer:
                 accelerator.unwrap_model(self.text_encoder) if config.train_text_encoder else None,
             )
             accelerator.print(f"[train] LoRA saved to {path}")
-        accelerator.end_training()
+        # Trackers close here; the process group stays up for whatever the caller runs next
+        # (e.g. an evaluation), and the entry point calls `accelerator.end_training()` last.
+        for tracker in accelerator.trackers:
+            tracker.finish()
+        accelerator.trackers.clear()
         return self.output_dir / "pytorch_lora_weights.safetensors"
 
     def save_checkpoint(self, step: int) -> Path:

@@ -9,7 +9,8 @@ Stages, all reproducible by seed on the same hardware:
    empty captions for classifier-free guidance;
 3. the small CNN behind the `toy_classifier` reward learns which colour-shape pairs are present.
 
-The held-out colour-shape combinations never appear, in images or captions, in any of it.
+The held-out colour-shape combinations appear only as single objects, never in a two-object
+scene or caption; the GORS training prompts never contain them at all.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gors.toy.world import ToyObject, ToyPrompt, is_held_out, render, sample_scene, split_prompts
+from gors.toy.world import ToyObject, ToyPrompt, all_objects, is_held_out, render, sample_scene, split_prompts
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
@@ -53,9 +54,14 @@ def swapped_colours(prompt: ToyPrompt) -> ToyPrompt:
 
 
 def pretraining_corpus(num_scenes: int, swap_rate: float, rng: np.random.Generator) -> tuple[list, list[str]]:
-    """Rendered scenes of train prompts (and their single objects) with loosely bound captions."""
+    """Rendered scenes with loosely bound captions: 80% two-object scenes of the train prompts,
+    20% single objects of all twelve colour-shape combinations.
+
+    Like a web-scale pretraining set, it has seen every concept (a red triangle alone), but the
+    held-out combinations never appear in a two-object composition, not even in a swapped caption.
+    """
     train, _ = split_prompts()
-    singles = sorted({ToyPrompt((o,)) for p in train for o in p.objects}, key=lambda p: p.text)
+    singles = [ToyPrompt((o,)) for o in all_objects()]
     images, captions = [], []
     for _ in range(num_scenes):
         prompt = singles[rng.integers(len(singles))] if rng.random() < 0.2 else train[rng.integers(len(train))]
