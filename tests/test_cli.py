@@ -39,6 +39,7 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
         (["--reward_threshold", "1.5"], "--reward_threshold=1.5"),
         (["--resolution", "500"], "--resolution=500"),
         (["--no_train_unet", "--no_train_text_encoder"], "nothing to train"),
+        (["--caption_dropout", "1.0"], "--caption_dropout=1.0"),
     ],
 )
 def test_bad_values_name_the_flag(flags, message):

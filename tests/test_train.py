@@ -63,6 +63,27 @@ def test_only_lora_parameters_receive_gradients(selected_run, make_run_config, t
     assert trained_targets == {"to_q", "to_k", "to_v", "0", "q_proj", "k_proj", "v_proj", "out_proj"}
 
 
+def test_caption_dropout_and_posterior_mean_latents(selected_run, make_run_config, tmp_path, monkeypatch):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    trainer = GORSTrainer(_config(make_run_config, run_dir, report_to="none", caption_dropout=0.999,
+                                  sample_latents=False))
+    trainer.selection = load_selection(run_dir)
+    trainer._setup_models()
+    trainer._load_data()
+    seen = []
+    monkeypatch.setattr(trainer.unet, "forward", lambda sample, t, states, **kw: (seen.append(sample), (sample,))[1])
+    monkeypatch.setattr(trainer.noise_scheduler, "add_noise", lambda latents, noise, t: latents)
+    captured = []
+    original_encoder = trainer.text_encoder.forward
+    monkeypatch.setattr(trainer.text_encoder, "forward",
+                        lambda ids, **kw: (captured.append(ids), original_encoder(ids, **kw))[1])
+    trainer._micro_batch_loss(0)
+    assert torch.equal(captured[0], trainer.empty_ids.expand_as(captured[0]))  # every caption dropped
+    index = torch.tensor(trainer.schedule.indices(0))
+    expected = trainer.latents["mean"][index] * trainer.vae.config.scaling_factor
+    assert torch.allclose(seen[0], expected)  # the posterior mean, no sampling noise
+
+
 def test_flags_turn_each_side_off(selected_run, make_run_config, tmp_path):
     run_dir = _copy_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(_config(make_run_config, run_dir, train_text_encoder=False, report_to="none"))
