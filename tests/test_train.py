@@ -162,3 +162,29 @@ def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config,
 def test_train_without_selection_says_what_to_run(make_run_config, tmp_path):
     with pytest.raises(FileNotFoundError, match="gors select"):
         train(_config(make_run_config, tmp_path / "empty", report_to="none"))
+
+
+def test_vae_encodes_each_image_once_and_the_cache_is_reused(selected_run, make_run_config, tmp_path, monkeypatch):
+    from diffusers import AutoencoderKL
+
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    calls = []
+    original = AutoencoderKL.encode
+    monkeypatch.setattr(AutoencoderKL, "encode", lambda self, x, *a, **k: (calls.append(len(x)), original(self, x, *a, **k))[1])
+    train(_config(make_run_config, run_dir, max_train_steps=3, report_to="none"))
+    assert sum(calls) == 6  # the six selected images, once, whatever the number of steps
+
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    calls.clear()
+    train(_config(make_run_config, run_dir, max_train_steps=4, report_to="none", resume_from_checkpoint="latest"))
+    assert calls == []  # the cache on disk is reused
+
+
+def test_gradient_checkpointing_trains(selected_run, make_run_config, tmp_path):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    lora = load_file(str(train(_config(make_run_config, run_dir, max_train_steps=1, gradient_checkpointing=True,
+                                       report_to="none", learning_rate=1e-2))))
+    assert any(v.abs().max() > 0 for k, v in lora.items() if ".up." in k)
