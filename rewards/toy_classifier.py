@@ -85,7 +85,7 @@ class ToyClassifierReward(Reward):
                 f"to train them, or pass model_name_or_path ({MODEL_FLAG}) with a folder saved by "
                 "ToyClassifier.save_pretrained."
             )
-        model = from_pretrained(ToyClassifier.from_pretrained, path, MODEL_FLAG, torch_dtype=self.torch_dtype)
+        model = from_pretrained(ToyClassifier.from_pretrained, path, MODEL_FLAG, dtype=self.torch_dtype)
         self.model = model.to(self.device).eval().requires_grad_(False)
 
     def _score(
