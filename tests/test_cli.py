@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from gors.cli import main, parse_config
-from gors.config import GenerateConfig, RunConfig, TrainConfig
+from gors.config import RunConfig, TrainConfig
 from gors.generate import generate
 from gors.recipes import recipe_defaults
 from gors.score import score
