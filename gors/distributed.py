@@ -41,3 +41,12 @@ def progress_bar(total: int, accelerator: Accelerator, desc: str) -> tqdm:
     """A bar on the main process only; it counts the main process's share of the work."""
     suffix = f" (process 0 of {accelerator.num_processes})" if accelerator.num_processes > 1 else ""
     return tqdm(total=total, desc=desc + suffix, disable=not accelerator.is_main_process, dynamic_ncols=True)
+
+
+def reset_process_state() -> None:
+    """Forget Accelerate's process-wide state, to start another independent run in the same Python
+    process (tests, notebooks); a new Accelerator may then use other settings."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()

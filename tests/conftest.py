@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gors.distributed import reset_process_state
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -45,10 +47,7 @@ def prompts_file(tmp_path) -> Path:
 def _fresh_accelerate_state():
     """Each test builds its own Accelerator; the state singletons must not leak between tests."""
     yield
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_process_state()
 
 
 @pytest.fixture

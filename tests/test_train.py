@@ -4,6 +4,8 @@ import shutil
 
 import numpy as np
 import pytest
+
+from gors.distributed import reset_process_state
 import torch
 from diffusers import StableDiffusionPipeline
 from safetensors.torch import load_file
@@ -29,10 +31,7 @@ def selected_run(tmp_path_factory, tiny_sd, tiny_blip):
     generate(config)
     score(config)
     select(config)
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_process_state()
     return config
 
 
@@ -121,10 +120,7 @@ def test_resume_after_interruption_continues_from_the_saved_step(selected_run, m
     reference_dir = _copy_run(selected_run, tmp_path / "reference")
     reference = load_file(str(train(_config(make_run_config, reference_dir, max_train_steps=4, checkpointing_steps=2))))
 
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_process_state()
     run_dir = _copy_run(selected_run, tmp_path / "run")
     original = GORSTrainer._micro_batch_loss
 
@@ -138,8 +134,7 @@ def test_resume_after_interruption_continues_from_the_saved_step(selected_run, m
         train(_config(make_run_config, run_dir, max_train_steps=4, checkpointing_steps=2))
     assert find_checkpoint(run_dir, "latest").name == "checkpoint-2"
     monkeypatch.undo()
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_process_state()
 
     seen_steps = []
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss",
@@ -174,10 +169,7 @@ def test_vae_encodes_each_image_once_and_the_cache_is_reused(selected_run, make_
     train(_config(make_run_config, run_dir, max_train_steps=3, report_to="none"))
     assert sum(calls) == 6  # the six selected images, once, whatever the number of steps
 
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_process_state()
     calls.clear()
     train(_config(make_run_config, run_dir, max_train_steps=4, report_to="none", resume_from_checkpoint="latest"))
     assert calls == []  # the cache on disk is reused
