@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gors.distributed import reset_process_state
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hub
+# Set before anything imports huggingface_hub, which reads it once: tests never reach the Hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from gors.distributed import reset_process_state  # noqa: E402
 
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 
