@@ -39,12 +39,14 @@ class Reward:
     - `default_model`: Hub id loaded when no `model_name_or_path` is given.
     - `categories`: the T2I-CompBench categories the reward suits.
     - `score_range`: the closed interval every score lies in.
+    - `description`: one line for `gors rewards`: what is measured, and with which models.
     """
 
     name: ClassVar[str] = ""
     default_model: ClassVar[str | None] = None
     categories: ClassVar[tuple[str, ...]] = ()
     score_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    description: ClassVar[str] = ""
 
     def __init__(
         self,

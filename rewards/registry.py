@@ -10,6 +10,16 @@ from rewards.base import Reward
 # Built-in rewards are imported lazily: name -> "module:Class".
 _BUILTIN: dict[str, str] = {
     "b_vqa": "rewards.b_vqa:BVQAReward",
+    "blip_clip": "rewards.blip_clip:BlipClipReward",
+    "clip_score": "rewards.clip_score:CLIPScoreReward",
+    "grounded_detection": "rewards.grounded_detection:GroundedDetectionReward",
+    "grounded_sam": "rewards.grounded_sam:GroundedSAMReward",
+    "soft_tifa": "rewards.soft_tifa:SoftTIFAReward",
+    "spatial_rule": "rewards.spatial:SpatialRuleReward",
+    "three_in_one": "rewards.three_in_one:ThreeInOneReward",
+    "tifa": "rewards.soft_tifa:TIFAReward",
+    "unbiased_complex": "rewards.unbiased_complex:UnbiasedComplexReward",
+    "vqascore": "rewards.soft_tifa:VQAScoreReward",
     "toy_oracle": "rewards.toy_oracle:ToyOracleReward",
     "toy_classifier": "rewards.toy_classifier:ToyClassifierReward",
 }
