@@ -15,7 +15,13 @@ from typing import Any, Callable, Sequence, TypeVar
 import yaml
 from transformers import HfArgumentParser
 
-from gors.config import GenerateConfig, RunConfig, ScoreConfig, SelectConfig, TrainConfig
+from gors.config import (
+    GenerateConfig,
+    RunConfig,
+    ScoreConfig,
+    SelectConfig,
+    TrainConfig,
+)
 
 C = TypeVar("C")
 
@@ -121,15 +127,44 @@ def _toy(argv: list[str]) -> None:
     print(f"[toy pretrain] wrote {pretrain(config)}")
 
 
-def list_rewards() -> None:
-    """Print the registered rewards with their default models, score ranges and categories."""
+def reward_table() -> list[dict[str, str]]:
+    """One row per registered reward: name, default model, score range, categories, paper role, description."""
     import rewards
+    from rewards.paper import METRIC_REWARD, UNBIASED_REWARD
 
-    print(f"{'name':<16} {'default model':<40} {'range':<10} categories")
+    rows = []
     for name in rewards.available_rewards():
-        cls = rewards.get_reward_class(name)
+        role = [f"metric: {', '.join(c for c, r in METRIC_REWARD.items() if r == name)}"] if name in METRIC_REWARD.values() else []
+        if name in UNBIASED_REWARD.values():
+            role.append(f"unbiased: {', '.join(c for c, r in UNBIASED_REWARD.items() if r == name)}")
+        try:
+            cls = rewards.get_reward_class(name)
+        except (ImportError, ValueError) as err:  # a plugin that fails to import must not hide the others
+            rows.append({"name": name, "model": "-", "range": "-", "categories": "-", "role": "; ".join(role) or "-",
+                         "description": f"cannot be imported: {err}"})
+            continue
         low, high = cls.score_range
-        print(f"{name:<16} {cls.default_model or '-':<40} [{low:g}, {high:g}]{'':<3} {', '.join(cls.categories) or '-'}")
+        rows.append({
+            "name": name, "model": cls.default_model or "-", "range": f"[{low:g}, {high:g}]",
+            "categories": ", ".join(cls.categories) or "-", "role": "; ".join(role) or "-",
+            "description": cls.description or (cls.__doc__ or "").strip().split("\n")[0],
+        })
+    return rows
+
+
+def list_rewards() -> None:
+    """Print the registered rewards (`gors rewards`)."""
+    rows = reward_table()
+    columns = [("name", "name"), ("model", "default model"), ("range", "range"), ("categories", "categories"),
+               ("role", "paper's GORS reward for")]
+    widths = {key: max(len(title), *(len(row[key]) for row in rows)) for key, title in columns}
+    print("  ".join(f"{title:<{widths[key]}}" for key, title in columns))
+    for row in rows:
+        print("  ".join(f"{row[key]:<{widths[key]}}" for key, _ in columns))
+        print(f"    {row['description']}")
+    print("\nUse one with --reward NAME, mix them with --reward b_vqa:0.7,blip_clip:0.3, or pick the paper's unbiased "
+          "reward with --unbiased. Your own: @rewards.register_reward('name'), a 'gors.rewards' entry point, or "
+          "--reward my_module:MyReward.")
 
 
 COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {

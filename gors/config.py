@@ -10,12 +10,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import yaml
+
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 
 
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+def parse_mapping(value: str | dict | None, flag: str) -> dict:
+    """A mapping given as JSON/YAML text on the command line or as a mapping in a YAML config."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ValueError(f"{flag}={value!r} is not valid JSON/YAML: {err}") from err
+    _check(isinstance(value, dict), f"{flag}={value!r}: expected a mapping such as '{{\"key\": \"value\"}}'")
+    return value
 
 
 @dataclass
@@ -84,10 +99,42 @@ class GenerateConfig(ModelConfig):
 
 @dataclass
 class RewardConfig(StageConfig):
-    reward: str = field(
-        default="b_vqa",
-        metadata={"help": "Reward name from `gors rewards`, or 'module:Class' for your own Reward subclass."},
+    reward: str | None = field(
+        default=None,
+        metadata={
+            "help": "Reward from `gors rewards`, 'module:Class' for your own Reward subclass, or a weighted list "
+            "'b_vqa:0.7,blip_clip:0.3'. Default: the --category's T2I-CompBench metric (b_vqa, spatial_rule, "
+            "clip_score, three_in_one), b_vqa without a category."
+        },
     )
+    unbiased: bool = field(
+        default=False,
+        metadata={
+            "help": "Reward the paper's unbiased model for the --category instead of its metric: grounded_sam "
+            "(color, shape, texture), grounded_detection (spatial), blip_clip (non_spatial), unbiased_complex."
+        },
+    )
+    category: str | None = field(
+        default=None,
+        metadata={"help": "T2I-CompBench category whose reward and tau apply; default: the prompt set's."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(
+            not (self.reward is not None and self.unbiased),
+            f"--reward={self.reward!r} and --unbiased both choose the reward; give one of them",
+        )
+        if self.reward is not None:
+            from rewards.combined import parse_reward_list
+
+            parse_reward_list(self.reward)  # syntax errors surface here; names are checked when scoring
+
+    def reward_name(self, prompt_set_category: str | None = None) -> str:
+        """The reward (or weighted list) this run uses; see `rewards.paper.resolve_reward`."""
+        from rewards.paper import resolve_reward
+
+        return resolve_reward(self.reward, self.unbiased, self.category or prompt_set_category)
 
 
 @dataclass
@@ -97,11 +144,20 @@ class ScoreConfig(RewardConfig):
     reward_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Model of the reward (Hub id or folder); default: the reward's own."}
     )
+    reward_options: str | None = field(
+        default=None,
+        metadata={
+            "help": "Keyword arguments of the reward as a JSON/YAML mapping, e.g. "
+            "'{\"sam_model_name_or_path\": \"facebook/sam-vit-base\"}'; for a weighted list, keyed by member: "
+            "'{\"blip_clip\": {\"clip_model_name_or_path\": \"...\"}}'."
+        },
+    )
     reward_batch_size: int = field(default=16, metadata={"help": "Images per reward call on each process."})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.reward_batch_size >= 1, f"--reward_batch_size={self.reward_batch_size}: must be >= 1")
+        self.reward_options = parse_mapping(self.reward_options, "--reward_options")
 
 
 @dataclass
@@ -115,9 +171,6 @@ class SelectConfig(RewardConfig):
             "of the category's train file / natural prompts): color 0.92/0.7, shape 0.85/0.6, texture 0.9/0.65, "
             "spatial 0.8, non_spatial 0.75, complex 0.4."
         },
-    )
-    category: str | None = field(
-        default=None, metadata={"help": "T2I-CompBench category whose tau applies; default: the prompt set's."}
     )
 
     def __post_init__(self) -> None:

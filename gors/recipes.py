@@ -8,19 +8,18 @@ from gors.cli import parse_config, run
 from gors.config import RunConfig
 from gors.prompts import CATEGORIES
 
-# Biased GORS: the category's own T2I-CompBench metric as the reward. Only B-VQA is built in
-# so far; spatial, non_spatial and complex use it until their metrics land as rewards.
-PAPER_REWARD = {category: "b_vqa" for category in CATEGORIES}
-
 
 def recipe_defaults(category: str) -> dict[str, Any]:
-    """The paper's GORS run for `category`: SD-2-base, the category's train prompts and tau."""
+    """The paper's GORS run for `category`: SD-2-base, the category's train prompts, reward and tau.
+
+    The reward is the category's T2I-CompBench metric (`rewards.paper.METRIC_REWARD`); `--unbiased`
+    swaps in the paper's unbiased reward and `--reward` any other.
+    """
     if category not in CATEGORIES:
         raise ValueError(f"Unknown category {category!r}; known: {', '.join(CATEGORIES)}")
     return {
         "train_prompts": category,
         "category": category,
-        "reward": PAPER_REWARD[category],
         "output_dir": f"runs/gors_{category}",
     }
 

@@ -14,14 +14,14 @@ from typing import Callable
 
 from accelerate import Accelerator
 
-import rewards
-from rewards import Reward
 from gors.config import ScoreConfig
 from gors.distributed import batches, make_accelerator, my_share, progress_bar
+from gors.generate import samples_dir
 from gors.io import append_jsonl
 from gors.pipeline import inference_dtype
 from gors.store import SampleKey, SampleStore, read_rows, sample_key
-from gors.generate import samples_dir
+from rewards import Reward
+from rewards.combined import build_reward, check_reward
 
 
 def reward_key(reward: str) -> str:
@@ -82,26 +82,33 @@ def score_samples(
 
 
 def score(config: ScoreConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:
-    """Stage 2: score every sample of the run with `config.reward`; returns all its score rows."""
+    """Stage 2: score every sample of the run with its reward; returns all its score rows.
+
+    The reward is `config.reward_name(...)` for the store's prompt set: a name, a `module:Class`
+    path or a weighted list; its scores go to `scores/<reward_key>/`.
+    """
     accelerator = accelerator or make_accelerator()
     store = SampleStore(samples_dir(config.output_dir))
-    store.load_prompts()  # fails clearly when nothing was generated
-    reward_class = rewards.get_reward_class(config.reward)  # an unknown name fails before any work
+    prompt_info = store.load_prompts()  # fails clearly when nothing was generated
+    reward = config.reward_name(prompt_info.get("category"))
+    check_reward(reward)  # an unknown name fails before any work
 
     def make_reward() -> Reward:
-        return reward_class(
+        return build_reward(
+            reward,
             model_name_or_path=config.reward_model_name_or_path,
+            options=config.reward_options,
             device=accelerator.device,
             torch_dtype=inference_dtype(accelerator, config.mixed_precision),
             batch_size=config.reward_batch_size,
         )
 
     all_scores = score_samples(
-        store, scores_dir(config.output_dir, config.reward), make_reward, config.reward_batch_size, accelerator,
-        desc=f"score {config.reward}",
+        store, scores_dir(config.output_dir, reward), make_reward, config.reward_batch_size, accelerator,
+        desc=f"score {reward}",
     )
     if accelerator.is_main_process:
-        column = f"reward_{reward_key(config.reward)}"
+        column = f"reward_{reward_key(reward)}"
         store.add_columns({key: {column: row["reward"]} for key, row in all_scores.items()})
     accelerator.wait_for_everyone()
     return all_scores

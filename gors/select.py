@@ -67,12 +67,13 @@ def select(config: SelectConfig, write: bool = True) -> dict[str, Any]:
     store = SampleStore(samples_dir(config.output_dir))
     prompt_info = store.load_prompts()
     records = store.records()
-    scores = load_scores(config.output_dir, config.reward)
+    reward = config.reward_name(prompt_info.get("category"))
+    scores = load_scores(config.output_dir, reward)
     unscored = [r["path"] for r in records if sample_key(r) not in scores]
     if unscored:
         raise StoreError(
-            f"{len(unscored)} of {len(records)} samples have no {config.reward!r} score (e.g. {unscored[0]}). "
-            f"Run `gors score --output_dir {config.output_dir} --reward {config.reward}` first."
+            f"{len(unscored)} of {len(records)} samples have no {reward!r} score (e.g. {unscored[0]}). "
+            f"Run `gors score --output_dir {config.output_dir} --reward {reward}` first."
         )
     tau, tau_source = threshold_fn(config, prompt_info.get("category"))
 
@@ -93,13 +94,13 @@ def select(config: SelectConfig, write: bool = True) -> dict[str, Any]:
     all_values = [row["reward"] for row in kept + dropped]
     if not kept:
         raise ValueError(
-            f"No sample has {config.reward} > tau ({tau_source}; tau ranges "
+            f"No sample has {reward} > tau ({tau_source}; tau ranges "
             f"{min(tau(r['prompt_index']) for r in records):.2f}-{max(tau(r['prompt_index']) for r in records):.2f}). "
             f"Reward distribution of the {len(records)} samples:\n{_histogram(all_values)}\n"
             f"Lower --reward_threshold, or generate more images per prompt."
         )
     summary = {
-        "reward": config.reward,
+        "reward": reward,
         "threshold": tau_source,
         "num_samples": len(records),
         "num_selected": len(kept),

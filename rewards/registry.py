@@ -1,9 +1,18 @@
-"""Name -> reward class, in a plain dict, with a dotted import path as the fallback."""
+"""Name -> reward class, in a plain dict, with a dotted import path as the fallback.
+
+Three ways in: the built-in table below, the `@register_reward` decorator, and the
+`gors.rewards` entry-point group of installed packages, e.g. in a plugin's pyproject.toml:
+
+    [project.entry-points."gors.rewards"]
+    my_reward = "my_package.rewards:MyReward"
+"""
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
 
 from rewards.base import Reward
 
@@ -24,6 +33,12 @@ _BUILTIN: dict[str, str] = {
     "toy_classifier": "rewards.toy_classifier:ToyClassifierReward",
 }
 _REGISTERED: dict[str, type[Reward]] = {}
+ENTRY_POINT_GROUP = "gors.rewards"
+
+
+def _entry_points() -> dict[str, str]:
+    """Rewards that installed packages declare in the `gors.rewards` entry-point group: name -> path."""
+    return {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
@@ -41,7 +56,7 @@ def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
 
 def available_rewards() -> list[str]:
     """Names of all registered and built-in rewards, sorted."""
-    return sorted(set(_BUILTIN) | set(_REGISTERED))
+    return sorted(set(_BUILTIN) | set(_REGISTERED) | set(_entry_points()))
 
 
 def _import_class(path: str) -> Any:
@@ -56,14 +71,16 @@ def get_reward_class(name: str) -> type[Reward]:
         return _REGISTERED[name]
     if name in _BUILTIN:
         return _import_class(_BUILTIN[name])
-    if ":" in name:
+    plugins = _entry_points()
+    if name in plugins or ":" in name:
+        path = plugins.get(name, name)
         try:
-            cls = _import_class(name)
+            cls = _import_class(path)
         except (ImportError, AttributeError) as err:
-            raise ValueError(f"Could not import reward {name!r}: {err}") from err
+            raise ValueError(f"Could not import reward {name!r} ({path}): {err}") from err
         if isinstance(cls, type) and issubclass(cls, Reward):
             return cls
-        raise ValueError(f"{name!r} is not a Reward subclass")
+        raise ValueError(f"{name!r} ({path}) is not a Reward subclass")
     raise ValueError(
         f"Unknown reward {name!r}. Known rewards: {', '.join(available_rewards())}; "
         "or pass 'module:Class' for a Reward subclass of your own."

@@ -49,7 +49,7 @@ def test_bad_values_name_the_flag(flags, message):
 
 def test_recipes_carry_the_paper_defaults():
     config = parse_config(RunConfig, ["--images_per_prompt", "2"], defaults=recipe_defaults("texture"))
-    assert (config.train_prompts, config.category, config.reward) == ("texture", "texture", "b_vqa")
+    assert (config.train_prompts, config.category, config.reward_name()) == ("texture", "texture", "b_vqa")
     assert config.pretrained_model_name_or_path == "stabilityai/stable-diffusion-2-base"
     assert (config.rank, config.learning_rate, config.text_encoder_learning_rate) == (4, 1e-4, 5e-6)
     assert (config.train_batch_size, config.max_train_steps, config.seed) == (2, 15000, 42)

@@ -23,7 +23,6 @@ from gors.config import RunConfig
 from gors.toy.pretrain import PRETRAINED_DIR
 from gors.toy.world import split_prompts
 
-
 # tau per toy reward. The oracle scores the fraction of satisfied checks, so 0.99 keeps exactly the
 # fully correct images; the classifier gives correct renders about 0.95 and swapped ones about 0.
 TOY_THRESHOLDS = {"toy_oracle": 0.99, "toy_classifier": 0.5}
@@ -51,7 +50,7 @@ def toy_defaults(output_dir: str = "toy_output") -> dict:
         "guidance_scale": 4.0,
         "resolution": 64,
         "generation_batch_size": 32,
-        "reward": "toy_oracle",
+        "category": "toy",  # reward toy_oracle; --unbiased: toy_classifier
         "reward_batch_size": 64,
         "train_batch_size": 16,
         "sample_latents": False,  # the toy model was pretrained on posterior means
@@ -102,10 +101,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     start = time.time()
     config = parse_config(ToyRunConfig, argv, defaults=toy_defaults(), prog="recipes/gors_toy.py")
+    reward = config.reward_name()
     if config.reward_threshold is None:
-        if config.reward not in TOY_THRESHOLDS:
-            raise SystemExit(f"--reward {config.reward}: pass --reward_threshold (known taus: {TOY_THRESHOLDS})")
-        config.reward_threshold = TOY_THRESHOLDS[config.reward]
+        if reward not in TOY_THRESHOLDS:
+            raise SystemExit(f"--reward {reward}: pass --reward_threshold (known taus: {TOY_THRESHOLDS})")
+        config.reward_threshold = TOY_THRESHOLDS[reward]
     out = Path(config.output_dir)
     accelerator = training_accelerator(config)
 
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     tuned = benchmark.evaluate(config.pretrained_model_name_or_path, out / "eval_gors", lora=str(out),
                                accelerator=accelerator)
     results = {
-        "reward": config.reward,
+        "reward": reward,
         "eval_split": config.eval_split,
         "seed": config.seed,
         "base_binding_accuracy": base["binding_accuracy"],
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"\nToy world, {config.eval_split} prompts ({base['num_prompts']} prompts x "
             f"{config.eval_images_per_prompt} images):\n"
             f"  base model binding accuracy   {base['binding_accuracy']:.3f}\n"
-            f"  after GORS ({config.reward})   {tuned['binding_accuracy']:.3f}   (gain {results['gain']:+.3f})\n"
+            f"  after GORS ({reward})   {tuned['binding_accuracy']:.3f}   (gain {results['gain']:+.3f})\n"
             f"  before/after grid  {grid}\n  results           {out / 'results.json'}\n"
             f"  TensorBoard       tensorboard --logdir {out / 'logs'}\n"
             f"  took {results['seconds']:.0f} s on {accelerator.num_processes} process(es)"

@@ -1,0 +1,179 @@
+"""Several rewards as one: weighted lists such as ``b_vqa:0.7,blip_clip:0.3``.
+
+`parse_reward_list` and `weighted_mean` are the pure logic; `WeightedReward` runs each member
+reward on the batch and mixes their scores; `build_reward` turns any `--reward` value (one name,
+a `module:Class` path or a weighted list) into a ready `Reward`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from PIL import Image
+
+from rewards.base import Reward, RewardOutput
+from rewards.registry import get_reward_class
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One member of a reward list: a reward name (or `module:Class`) and its weight (> 0)."""
+
+    name: str
+    weight: float = 1.0
+
+
+def _split_weight(item: str) -> tuple[str, float | None]:
+    """'b_vqa:0.7' -> ('b_vqa', 0.7); 'pkg.mod:Class' -> ('pkg.mod:Class', None)."""
+    name, sep, tail = item.rpartition(":")
+    if not sep:
+        return item, None
+    try:
+        return name, float(tail)
+    except ValueError:
+        return item, None  # the colon belongs to a `module:Class` path
+
+
+def parse_reward_list(text: str) -> list[RewardSpec]:
+    """Parse ``name[:weight][,name[:weight]...]``; a missing weight is 1.
+
+    Names may be `module:Class` paths (``my.mod:MyReward:0.5``). Weights must be finite and > 0,
+    and a name may appear once. Raises ValueError with the offending item otherwise.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"--reward={text!r}: give a reward name or a list such as 'b_vqa:0.7,blip_clip:0.3'")
+    specs: list[RewardSpec] = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            raise ValueError(f"--reward={text!r}: empty item (stray comma?); expected 'name[:weight],...'")
+        name, weight = _split_weight(item)
+        if not name or name.endswith(":"):
+            raise ValueError(f"--reward={text!r}: {item!r} has no reward name; expected 'name:weight'")
+        if weight is not None and not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"--reward={text!r}: weight of {name!r} is {weight}; weights must be > 0")
+        if any(spec.name == name for spec in specs):
+            raise ValueError(f"--reward={text!r}: {name!r} appears twice")
+        specs.append(RewardSpec(name, 1.0 if weight is None else weight))
+    return specs
+
+
+def is_single(specs: Sequence[RewardSpec], text: str) -> bool:
+    """True when `text` names one reward without a weight (it is then built as itself)."""
+    return len(specs) == 1 and _split_weight(text.strip())[1] is None
+
+
+def weighted_mean(scores: Sequence[float], weights: Sequence[float]) -> float:
+    """sum(w_i * s_i) / sum(w_i): scores in [0, 1] give a score in [0, 1]."""
+    if len(scores) != len(weights) or not scores:
+        raise ValueError(f"{len(scores)} scores and {len(weights)} weights; need the same, non-zero count")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError(f"weights {list(weights)} sum to {total}; they must be positive")
+    return float(sum(w * s for w, s in zip(weights, scores)) / total)
+
+
+class WeightedReward(Reward):
+    """The weighted mean of several rewards, each image's score in [0, 1].
+
+    Args:
+        specs: the members and their weights (weights are normalised to sum to 1).
+        device, torch_dtype, batch_size: passed to every member.
+        options: per-member keyword arguments by member name, e.g.
+            ``{"grounded_sam": {"sam_model_name_or_path": "..."}}``.
+
+    Details per image: each member's score, normalised weight and own details.
+    """
+
+    name = "weighted"
+    description = "weighted mean of other rewards, e.g. --reward b_vqa:0.7,blip_clip:0.3"
+
+    def __init__(
+        self,
+        specs: Sequence[RewardSpec],
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+        batch_size: int = 8,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(None, device, torch_dtype, batch_size)
+        options = dict(options or {})
+        unknown = sorted(set(options) - {spec.name for spec in specs})
+        if unknown:
+            raise ValueError(
+                f"reward options for {unknown}, which are not in the reward list "
+                f"{[spec.name for spec in specs]}; key the options by member name"
+            )
+        total = sum(spec.weight for spec in specs)
+        self.weights = {spec.name: spec.weight / total for spec in specs}
+        self.members = {
+            spec.name: get_reward_class(spec.name)(
+                device=self.device, torch_dtype=self.torch_dtype, batch_size=batch_size, **options.get(spec.name, {})
+            )
+            for spec in specs
+        }
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        outputs = {name: member.score(images, prompts, metadata) for name, member in self.members.items()}
+        names = list(self.members)
+        weights = [self.weights[name] for name in names]
+        scores, details = [], []
+        for i in range(len(images)):
+            member_scores = [outputs[name].scores[i] for name in names]
+            score = weighted_mean(member_scores, weights)
+            scores.append(score)
+            details.append(
+                {
+                    "score": score,
+                    "members": {
+                        name: {"score": s, "weight": w, "details": outputs[name].details[i]}
+                        for name, s, w in zip(names, member_scores, weights)
+                    },
+                }
+            )
+        return RewardOutput(scores=scores, details=details)
+
+
+def check_reward(text: str) -> list[RewardSpec]:
+    """Parse `text` and import every member class, so a bad name fails before any work."""
+    specs = parse_reward_list(text)
+    for spec in specs:
+        get_reward_class(spec.name)
+    return specs
+
+
+def build_reward(
+    text: str,
+    model_name_or_path: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    device: str | torch.device | None = None,
+    torch_dtype: torch.dtype | None = None,
+    batch_size: int = 8,
+) -> Reward:
+    """The reward named by a `--reward` value, with its models loaded.
+
+    One name: `options` are its keyword arguments and `model_name_or_path` its model. A weighted
+    list: `options` maps member names to their keyword arguments, and `model_name_or_path` must be
+    None (it would be ambiguous).
+    """
+    specs = check_reward(text)
+    options = dict(options or {})
+    if is_single(specs, text):
+        cls = get_reward_class(specs[0].name)
+        return cls(
+            model_name_or_path=model_name_or_path, device=device, torch_dtype=torch_dtype,
+            batch_size=batch_size, **options,
+        )
+    if model_name_or_path is not None:
+        raise ValueError(
+            f"--reward_model_name_or_path={model_name_or_path!r} is ambiguous for the reward list {text!r}; "
+            "give each member's model in --reward_options, e.g. "
+            "'{\"b_vqa\": {\"model_name_or_path\": \"...\"}}'"
+        )
+    return WeightedReward(specs, device, torch_dtype, batch_size, options=options)

@@ -1,0 +1,55 @@
+"""Which reward the GORS paper trains each T2I-CompBench category with, biased and unbiased.
+
+Biased GORS rewards the category's own evaluation metric; GORS-unbiased rewards a different model,
+so that a gain on the benchmark cannot come from gaming its metric.
+"""
+
+from __future__ import annotations
+
+# The category's T2I-CompBench metric.
+METRIC_REWARD: dict[str, str] = {
+    "color": "b_vqa",
+    "shape": "b_vqa",
+    "texture": "b_vqa",
+    "spatial": "spatial_rule",
+    "non_spatial": "clip_score",
+    "complex": "three_in_one",
+    "toy": "toy_oracle",
+}
+# The paper's unbiased rewards (the toy world's is a CNN that never sees the oracle's rules).
+UNBIASED_REWARD: dict[str, str] = {
+    "color": "grounded_sam",
+    "shape": "grounded_sam",
+    "texture": "grounded_sam",
+    "spatial": "grounded_detection",
+    "non_spatial": "blip_clip",
+    "complex": "unbiased_complex",
+    "toy": "toy_classifier",
+}
+DEFAULT_REWARD = "b_vqa"
+
+
+def resolve_reward(reward: str | None, unbiased: bool, category: str | None) -> str:
+    """The `--reward` value a run uses.
+
+    An explicit `reward` wins; `unbiased` then must be off. Without one, the category's metric
+    (or, with `unbiased`, its unbiased reward); b_vqa when there is no category.
+    """
+    if reward is not None:
+        if unbiased:
+            raise ValueError(
+                f"--reward={reward!r} and --unbiased both choose the reward; give one of them "
+                "(--unbiased picks the paper's unbiased reward for --category)."
+            )
+        return reward
+    table = UNBIASED_REWARD if unbiased else METRIC_REWARD
+    if category is None:
+        if unbiased:
+            raise ValueError(
+                "--unbiased needs a category to choose the reward for: pass --category "
+                f"({', '.join(UNBIASED_REWARD)}) or name the reward with --reward."
+            )
+        return DEFAULT_REWARD
+    if category not in table:
+        raise ValueError(f"Unknown category {category!r}; known: {', '.join(table)}")
+    return table[category]

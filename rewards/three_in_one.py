@@ -1,0 +1,145 @@
+"""T2I-CompBench's 3-in-1 metric for complex prompts: B-VQA, the spatial rule and CLIPScore mixed.
+
+The official `3_in_1_eval/3_in_1.py` averages, per image, the attribute score (B-VQA), the
+spatial score (the 2D spatial rule in its complex-prompt mode) and the action score (CLIPScore
+of the prompt without adjectives): all three for prompts with both relations, attribute and
+spatial for the prompts in `complex_val_spatial.txt`, attribute and action for those in
+`complex_val_action.txt`. The official script only knows the val lists; here the train lists
+(`complex_train_spatial.txt`, `complex_train_action.txt`) classify training prompts the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any, Literal
+
+import torch
+from PIL import Image
+
+from rewards.base import Reward, RewardOutput
+from rewards.registry import get_reward_class
+
+Kind = Literal["all", "spatial", "action"]
+TERMS: dict[str, tuple[str, ...]] = {
+    "all": ("attribute", "spatial", "action"),
+    "spatial": ("attribute", "spatial"),
+    "action": ("attribute", "action"),
+}
+MEMBERS = {"attribute": "b_vqa", "spatial": "spatial_rule", "action": "clip_score"}
+# The official 3-in-1 configuration of each member: complex-prompt object parsing for the spatial
+# rule, adjectives removed for CLIPScore.
+MEMBER_DEFAULTS: dict[str, dict[str, Any]] = {"spatial_rule": {"complex": True}, "clip_score": {"remove_adjectives": True}}
+SUBSPLIT_FILES = {
+    "spatial": ("complex_val_spatial.txt", "complex_train_spatial.txt"),
+    "action": ("complex_val_action.txt", "complex_train_action.txt"),
+}
+
+
+def three_in_one_score(attribute: float, spatial: float, action: float, kind: Kind = "all") -> float:
+    """The mean of the terms `kind` uses (see `TERMS`); each score in [0, 1], so is the result."""
+    if kind not in TERMS:
+        raise ValueError(f"kind={kind!r}; choose one of {sorted(TERMS)}")
+    values = {"attribute": attribute, "spatial": spatial, "action": action}
+    terms = TERMS[kind]
+    return sum(values[term] for term in terms) / len(terms)
+
+
+def normalise_prompt(prompt: str) -> str:
+    """The official key of a prompt: the text before its first '.', lower-cased."""
+    return prompt.strip().split(".")[0].lower()
+
+
+def prompt_kind(prompt: str, spatial_keys: Collection[str], action_keys: Collection[str]) -> Kind:
+    """'spatial' or 'action' when the prompt is in that sub-split (spatial checked first, as the
+    official script does), else 'all'. The sub-splits hold keys as `normalise_prompt` makes them."""
+    key = normalise_prompt(prompt)
+    if key in spatial_keys:
+        return "spatial"
+    if key in action_keys:
+        return "action"
+    return "all"
+
+
+def _official_subsplits() -> dict[str, set[str]]:
+    from gors.prompts import fetch_t2i_compbench_file, read_prompt_file
+
+    return {
+        kind: {normalise_prompt(p) for name in files for p in read_prompt_file(fetch_t2i_compbench_file(name))}
+        for kind, files in SUBSPLIT_FILES.items()
+    }
+
+
+class ThreeInOneReward(Reward):
+    """T2I-CompBench's 3-in-1 score of complex prompts, in [0, 1].
+
+    Args:
+        device, torch_dtype, batch_size: passed to the three member rewards.
+        b_vqa, spatial_rule, clip_score: keyword arguments of each member (e.g. its
+            `model_name_or_path`), on top of the official 3-in-1 settings in `MEMBER_DEFAULTS`.
+        subsplits: "official" reads T2I-CompBench's complex spatial/action prompt lists (downloaded
+            and checksummed, or from GORS_DATA_DIR) to pick each prompt's terms; "none" always
+            averages all three. A metadata entry ``{"three_in_one": "spatial"|"action"|"all"}``
+            overrides both for its image.
+
+    Details per image: the kind, the terms used, each member's score and details.
+    """
+
+    name = "three_in_one"
+    categories = ("complex",)
+    description = "T2I-CompBench complex metric: mean of B-VQA, the spatial rule and adjective-free CLIPScore"
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+        batch_size: int = 8,
+        b_vqa: Mapping[str, Any] | None = None,
+        spatial_rule: Mapping[str, Any] | None = None,
+        clip_score: Mapping[str, Any] | None = None,
+        subsplits: Literal["official", "none"] = "official",
+    ) -> None:
+        if model_name_or_path is not None:
+            raise ValueError(
+                "three_in_one combines three models; give each one's model in its options "
+                "(b_vqa, spatial_rule, clip_score: {'model_name_or_path': ...}), not model_name_or_path"
+            )
+        if subsplits not in ("official", "none"):
+            raise ValueError(f"subsplits={subsplits!r}; choose 'official' or 'none'")
+        super().__init__(None, device, torch_dtype, batch_size)
+        self.subsplits = _official_subsplits() if subsplits == "official" else {"spatial": set(), "action": set()}
+        options = {"b_vqa": b_vqa, "spatial_rule": spatial_rule, "clip_score": clip_score}
+        self.members: dict[str, Reward] = {}
+        for term, name in MEMBERS.items():
+            kwargs = {**MEMBER_DEFAULTS.get(name, {}), **(options[name] or {})}
+            self.members[term] = get_reward_class(name)(
+                device=self.device, torch_dtype=self.torch_dtype, batch_size=batch_size, **kwargs
+            )
+
+    def kind_of(self, prompt: str, metadata: Mapping[str, Any] | None) -> Kind:
+        if metadata and metadata.get("three_in_one") is not None:
+            kind = metadata["three_in_one"]
+            if kind not in TERMS:
+                raise ValueError(f"metadata three_in_one={kind!r}; choose one of {sorted(TERMS)}")
+            return kind
+        return prompt_kind(prompt, self.subsplits["spatial"], self.subsplits["action"])
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        kinds = [self.kind_of(p, metadata[i] if metadata else None) for i, p in enumerate(prompts)]
+        outputs = {term: member.score(images, prompts, metadata) for term, member in self.members.items()}
+        scores, details = [], []
+        for i, kind in enumerate(kinds):
+            terms = {term: outputs[term].scores[i] for term in MEMBERS}
+            score = three_in_one_score(terms["attribute"], terms["spatial"], terms["action"], kind)
+            scores.append(score)
+            details.append(
+                {
+                    "score": score,
+                    "kind": kind,
+                    "terms": list(TERMS[kind]),
+                    **{term: {"score": terms[term], "details": outputs[term].details[i]} for term in MEMBERS},
+                }
+            )
+        return RewardOutput(scores=scores, details=details)

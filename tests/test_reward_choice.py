@@ -1,0 +1,257 @@
+"""Choosing rewards: weighted lists, --unbiased, the paper's table, plugins, 3-in-1's mix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gors.cli import main, parse_config
+from gors.config import RunConfig, ScoreConfig
+from gors.recipes import recipe_defaults
+from rewards import Reward, RewardOutput, register_reward
+from rewards.combined import (
+    RewardSpec,
+    WeightedReward,
+    build_reward,
+    parse_reward_list,
+    weighted_mean,
+)
+from rewards.paper import METRIC_REWARD, UNBIASED_REWARD, resolve_reward
+from rewards.registry import available_rewards, get_reward_class
+from rewards.three_in_one import normalise_prompt, prompt_kind, three_in_one_score
+
+SHARED_T2I = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "t2i_compbench"
+
+
+@register_reward("test_constant")
+class Constant(Reward):
+    """Scores every image `value`; records how it was built."""
+
+    built: ClassVar[list[dict]] = []
+
+    def __init__(self, model_name_or_path=None, device=None, torch_dtype=None, batch_size=8, value=0.5):
+        super().__init__(model_name_or_path, device, torch_dtype, batch_size)
+        self.value = value
+        Constant.built.append({"model_name_or_path": model_name_or_path, "value": value})
+
+    def _score(self, images, prompts, metadata):
+        return RewardOutput([self.value] * len(images), [{"value": self.value} for _ in images])
+
+
+@register_reward("test_brightness")
+class Brightness(Reward):
+    def _score(self, images, prompts, metadata):
+        values = [float(np.asarray(image).mean() / 255) for image in images]
+        return RewardOutput(values, [{"brightness": v} for v in values])
+
+
+# ---- pure logic -----------------------------------------------------------------------------
+
+
+def test_parse_reward_list():
+    assert parse_reward_list("b_vqa") == [RewardSpec("b_vqa", 1.0)]
+    assert parse_reward_list(" b_vqa:0.7, blip_clip:0.3 ") == [RewardSpec("b_vqa", 0.7), RewardSpec("blip_clip", 0.3)]
+    assert parse_reward_list("my.mod:MyReward:2,b_vqa") == [RewardSpec("my.mod:MyReward", 2.0), RewardSpec("b_vqa", 1.0)]
+    assert parse_reward_list("my.mod:MyReward") == [RewardSpec("my.mod:MyReward", 1.0)]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("", "give a reward name"), ("b_vqa,,clip_score", "empty item"), ("b_vqa:0", "must be > 0"),
+     ("b_vqa:-1", "must be > 0"), ("b_vqa:nan", "must be > 0"), (":0.5", "no reward name"),
+     ("b_vqa,b_vqa:2", "appears twice")],
+)
+def test_weight_lists_that_do_not_parse(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_reward_list(text)
+
+
+def test_weighted_mean():
+    assert weighted_mean([1.0, 0.0], [0.7, 0.3]) == pytest.approx(0.7)
+    assert weighted_mean([0.2, 0.6], [1, 1]) == pytest.approx(0.4)
+    assert weighted_mean([0.5], [3.0]) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        weighted_mean([0.5, 0.5], [1.0])
+
+
+def test_three_in_one_terms_follow_the_official_mix():
+    assert three_in_one_score(0.9, 0.6, 0.3) == pytest.approx(0.6)
+    assert three_in_one_score(0.9, 0.6, 0.3, "spatial") == pytest.approx(0.75)
+    assert three_in_one_score(0.9, 0.6, 0.3, "action") == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="kind"):
+        three_in_one_score(0.9, 0.6, 0.3, "both")
+
+
+def test_three_in_one_subsplit_lookup_uses_the_official_key():
+    assert normalise_prompt("The Red hat was on top of the brown coat rack.\n") == "the red hat was on top of the brown coat rack"
+    spatial, action = {"a cat on a mat"}, {"a dog runs"}
+    assert prompt_kind("A cat on a mat.", spatial, action) == "spatial"
+    assert prompt_kind("a dog runs", spatial, action) == "action"
+    assert prompt_kind("a dog runs on a mat", spatial, action) == "all"
+
+
+@pytest.mark.skipif(not SHARED_T2I.is_dir(), reason="needs ../shared/benchmarks")
+def test_official_complex_val_splits_into_58_spatial_212_action_30_both(monkeypatch):
+    from rewards.three_in_one import _official_subsplits
+
+    monkeypatch.setenv("GORS_DATA_DIR", str(SHARED_T2I.parent))
+    splits = _official_subsplits()
+    prompts = (SHARED_T2I / "complex_val.txt").read_text().splitlines()
+    kinds = [prompt_kind(p, splits["spatial"], splits["action"]) for p in prompts]
+    assert (kinds.count("spatial"), kinds.count("action"), kinds.count("all")) == (58, 212, 30)
+
+
+def test_paper_table_and_resolution():
+    assert METRIC_REWARD["color"] == "b_vqa" and UNBIASED_REWARD["color"] == "grounded_sam"
+    assert METRIC_REWARD["spatial"] == "spatial_rule" and UNBIASED_REWARD["spatial"] == "grounded_detection"
+    assert METRIC_REWARD["non_spatial"] == "clip_score" and UNBIASED_REWARD["non_spatial"] == "blip_clip"
+    assert METRIC_REWARD["complex"] == "three_in_one" and UNBIASED_REWARD["complex"] == "unbiased_complex"
+    assert set(METRIC_REWARD.values()) | set(UNBIASED_REWARD.values()) <= set(available_rewards())
+    assert resolve_reward(None, False, None) == "b_vqa"
+    assert resolve_reward("clip_score", False, "color") == "clip_score"
+    assert resolve_reward(None, True, "non_spatial") == "blip_clip"
+    with pytest.raises(ValueError, match="needs a category"):
+        resolve_reward(None, True, None)
+    with pytest.raises(ValueError, match="both choose"):
+        resolve_reward("b_vqa", True, "color")
+
+
+@pytest.mark.parametrize("category", sorted(UNBIASED_REWARD.keys() - {"toy"}))
+def test_recipe_flags_choose_metric_or_unbiased_reward(category):
+    biased = parse_config(RunConfig, [], defaults=recipe_defaults(category))
+    unbiased = parse_config(RunConfig, ["--unbiased"], defaults=recipe_defaults(category))
+    listed = parse_config(RunConfig, ["--reward", "b_vqa:0.7,blip_clip:0.3"], defaults=recipe_defaults(category))
+    assert biased.reward_name() == METRIC_REWARD[category]
+    assert unbiased.reward_name() == UNBIASED_REWARD[category]
+    assert listed.reward_name() == "b_vqa:0.7,blip_clip:0.3"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--reward", "b_vqa", "--unbiased"], "both choose"), (["--reward", "b_vqa:0.5,"], "empty item"),
+     (["--reward_options", "{not: valid"], "not valid JSON"), (["--reward_options", "[1, 2]"], "expected a mapping")],
+)
+def test_bad_reward_flags_name_the_problem(flags, message):
+    with pytest.raises(SystemExit, match=message):
+        parse_config(ScoreConfig, flags)
+
+
+def test_reward_options_parse_from_json_and_yaml(tmp_path):
+    config = parse_config(ScoreConfig, ["--reward_options", '{"b_vqa": {"model_name_or_path": "x"}}'])
+    assert config.reward_options == {"b_vqa": {"model_name_or_path": "x"}}
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("reward: blip_clip\nreward_options:\n  clip_model_name_or_path: y\n")
+    config = parse_config(ScoreConfig, ["--config", str(yaml_file)])
+    assert (config.reward, config.reward_options) == ("blip_clip", {"clip_model_name_or_path": "y"})
+
+
+# ---- building and combining -------------------------------------------------------------------
+
+
+def _images(n: int) -> list[Image.Image]:
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)) for _ in range(n)]
+
+
+def test_weighted_reward_mixes_members_and_keeps_their_details():
+    reward = build_reward("test_constant:3,test_brightness:1", options={"test_constant": {"value": 1.0}}, device="cpu")
+    assert isinstance(reward, WeightedReward) and reward.weights == {"test_constant": 0.75, "test_brightness": 0.25}
+    images = _images(3)
+    out = reward.score(images, ["a"] * 3)
+    for image, value, details in zip(images, out.scores, out.details):
+        brightness = float(np.asarray(image).mean() / 255)
+        assert value == pytest.approx(0.75 + 0.25 * brightness)
+        assert details["members"]["test_brightness"]["details"]["brightness"] == pytest.approx(brightness)
+        assert details["members"]["test_constant"]["weight"] == 0.75
+
+
+def test_single_reward_is_built_as_itself_with_its_options():
+    reward = build_reward("test_constant", model_name_or_path="some/model", options={"value": 0.25}, device="cpu")
+    assert type(reward) is Constant and reward.value == 0.25
+    assert Constant.built[-1] == {"model_name_or_path": "some/model", "value": 0.25}
+
+
+def test_build_reward_rejects_ambiguous_or_unknown_input():
+    with pytest.raises(ValueError, match="ambiguous"):
+        build_reward("test_constant,test_brightness", model_name_or_path="x")
+    with pytest.raises(ValueError, match="not in the reward list"):
+        build_reward("test_constant,test_brightness", options={"b_vqa": {}})
+    with pytest.raises(ValueError, match=r"Unknown reward 'bvqa'.*b_vqa"):
+        build_reward("test_constant:1,bvqa:1")
+
+
+def test_non_rgb_images_are_converted_for_every_member():
+    reward = build_reward("test_constant,test_brightness", device="cpu")
+    gray = Image.new("L", (8, 8), 255)
+    rgba = Image.new("RGBA", (8, 8), (255, 255, 255, 0))
+    out = reward.score([gray, rgba], ["a", "b"])
+    assert out.details[0]["members"]["test_brightness"]["score"] == pytest.approx(1.0)
+
+
+def test_reward_from_an_installed_entry_point(tmp_path, monkeypatch):
+    (tmp_path / "my_plugin.py").write_text(
+        "from rewards import Reward, RewardOutput\n"
+        "class Half(Reward):\n"
+        "    description = 'always one half'\n"
+        "    def _score(self, images, prompts, metadata):\n"
+        "        return RewardOutput([0.5] * len(images))\n"
+    )
+    dist = tmp_path / "my_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[gors.rewards]\nhalf = my_plugin:Half\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "half" in available_rewards()
+    assert get_reward_class("half").__name__ == "Half"
+    assert build_reward("half:1,test_constant:1", device="cpu").score(_images(1), ["a"]).scores == [0.5]
+
+
+def test_gors_rewards_lists_every_builtin_with_its_role(capsys):
+    main(["rewards"])
+    out = capsys.readouterr().out
+    for name in ("b_vqa", "three_in_one", "unbiased_complex", "toy_oracle"):
+        assert name in out
+    assert "unbiased: color, shape, texture" in out and "metric: complex" in out
+
+
+# ---- through the stages -----------------------------------------------------------------------
+
+
+def test_weighted_list_reaches_scoring_selection_and_training(make_run_config, tiny_blip):
+    from gors.cli import run
+
+    Constant.built.clear()
+    config = make_run_config(
+        reward="b_vqa:0.5,test_constant:0.5", reward_model_name_or_path=None,
+        reward_options=json.dumps({"b_vqa": {"model_name_or_path": str(tiny_blip)}, "test_constant": {"value": 1.0}}),
+        reward_threshold=0.5,
+    )
+    run(config)
+    out = Path(config.output_dir)
+    rows = [json.loads(line) for line in (out / "scores" / "b_vqa_0.5_test_constant_0.5" / "part-00000.jsonl").open()]
+    assert len(rows) == 6 and Constant.built == [{"model_name_or_path": None, "value": 1.0}]
+    for row in rows:
+        b_vqa = row["details"]["members"]["b_vqa"]["score"]
+        assert row["reward"] == pytest.approx(0.5 * b_vqa + 0.5)
+    summary = json.loads((out / "selection_summary.json").read_text())
+    assert summary["reward"] == "b_vqa:0.5,test_constant:0.5" and summary["num_selected"] == 6
+    assert (out / "pytorch_lora_weights.safetensors").is_file()
+
+
+def test_unbiased_flag_reaches_scoring_and_training(make_run_config):
+    """The toy category's unbiased reward is the packaged classifier: it must be the one that scores."""
+    from gors.cli import run
+
+    config = make_run_config(reward=None, reward_model_name_or_path=None, unbiased=True, category="toy",
+                             reward_threshold=0.0)
+    assert config.reward_name() == "toy_classifier"
+    run(config)
+    out = Path(config.output_dir)
+    assert (out / "scores" / "toy_classifier").is_dir() and not (out / "scores" / "toy_oracle").exists()
+    assert json.loads((out / "selection_summary.json").read_text())["reward"] == "toy_classifier"
+    assert (out / "pytorch_lora_weights.safetensors").is_file()
