@@ -1,0 +1,303 @@
+"""Open-vocabulary object detection with `transformers`: Grounding DINO, MM-Grounding-DINO, OWLv2.
+
+`ZeroShotDetector` wraps any checkpoint that `AutoModelForZeroShotObjectDetection` loads with one
+of these model types and returns, per image, `Detection`s whose `label` is exactly one of the
+query strings passed for that image.
+
+How a box gets its label and score, per model family:
+
+- Grounding DINO / MM-Grounding-DINO score every box against every *token* of one text
+  "label one. label two." We build that text ourselves and record which tokens belong to which
+  label, so a box maps back to the query label by token position, never by decoding and
+  re-matching text. A box's probability for a label is the highest sigmoid probability over the
+  label's tokens (transformers' and IDEA's box score is this maximum over all tokens).
+- OWLv2 / OWL-ViT score every box against every query separately: one sigmoid probability per
+  (box, label).
+
+`select_detections` then applies the thresholds to the (boxes x labels) probability table:
+without `text_threshold` each box keeps its best label (OWL's rule); with it, a box whose best
+probability reaches `threshold` is reported for every label whose probability reaches
+`text_threshold` (Grounding DINO's phrase rule, where one box can name several phrases), always
+with the box's best probability as its score.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from gors.hub import from_pretrained
+
+GROUNDING_DINO_TYPES = ("grounding-dino", "mm-grounding-dino")
+OWL_TYPES = ("owlv2", "owlvit")
+# Grounding DINO splits its text into phrases at these characters (BERT ids 1012 and 1029).
+_PHRASE_DELIMITERS = (".", "?")
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One detected object.
+
+    Attributes:
+        label: the query label it matched, exactly one of the strings passed for its image.
+        score: detector confidence in [0, 1].
+        box: (x_min, y_min, x_max, y_max) in pixels of the input image, clipped to the image.
+    """
+
+    label: str
+    score: float
+    box: tuple[float, float, float, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form: label, score, box (a list of 4 pixel coordinates)."""
+        return {"label": self.label, "score": self.score, "box": list(self.box)}
+
+
+def select_detections(
+    probabilities: np.ndarray,
+    boxes: np.ndarray,
+    labels: Sequence[str],
+    threshold: float,
+    text_threshold: float | None = None,
+) -> list[Detection]:
+    """Detections from a (boxes x labels) probability table, most confident first.
+
+    Args:
+        probabilities: shape (num_boxes, num_labels), values in [0, 1].
+        boxes: shape (num_boxes, 4), (x_min, y_min, x_max, y_max) in pixels.
+        labels: the label of each column.
+        threshold: a box is kept when its best probability is >= threshold; that probability is
+            its score.
+        text_threshold: None: a kept box is reported once, for its best label. A number: a kept
+            box is reported for every label whose probability is >= text_threshold.
+
+    Ties in score keep the box order; several labels of one box keep the label order.
+    """
+    probabilities = np.asarray(probabilities, dtype=np.float64)
+    if probabilities.shape != (len(boxes), len(labels)):
+        raise ValueError(
+            f"probabilities has shape {probabilities.shape}, expected ({len(boxes)}, {len(labels)})"
+        )
+    if not labels:
+        return []
+    found: list[Detection] = []
+    for row, box in zip(probabilities, boxes, strict=True):
+        best = int(np.argmax(row))
+        score = float(row[best])
+        if score < threshold:
+            continue
+        chosen = [best] if text_threshold is None else np.flatnonzero(row >= text_threshold)
+        box_tuple = tuple(float(v) for v in box)
+        found += [Detection(labels[k], score, box_tuple) for k in chosen]  # type: ignore[arg-type]
+    return sorted(found, key=lambda d: -d.score)
+
+
+def _clip_boxes(corners: torch.Tensor, width: int, height: int) -> np.ndarray:
+    limits = torch.tensor([width, height, width, height], dtype=corners.dtype)
+    return torch.minimum(corners.clamp(min=0), limits).numpy()
+
+
+def _corners(center_boxes: torch.Tensor) -> torch.Tensor:
+    """(cx, cy, w, h) -> (x_min, y_min, x_max, y_max), same units."""
+    cx, cy, w, h = center_boxes.unbind(-1)
+    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
+
+
+class ZeroShotDetector:
+    """Open-vocabulary detector from transformers: Grounding DINO, MM-Grounding-DINO or OWLv2.
+
+    The family is chosen by the checkpoint's config `model_type`, loaded through
+    `AutoModelForZeroShotObjectDetection` + `AutoProcessor`.
+
+    Args:
+        model_name_or_path: Hub id (e.g. `IDEA-Research/grounding-dino-base`,
+            `google/owlv2-base-patch16-ensemble`) or local folder.
+        device: where the model runs.
+        torch_dtype: dtype of the weights and pixel values.
+        batch_size: images per forward pass.
+        flag: the command-line flag named in load errors.
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        device: str | torch.device,
+        torch_dtype: torch.dtype = torch.float32,
+        batch_size: int = 8,
+        flag: str = "--reward_model_name_or_path",
+    ) -> None:
+        from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model_name_or_path = str(model_name_or_path)
+        self.device = torch.device(device)
+        self.torch_dtype = torch_dtype
+        self.batch_size = batch_size
+        self.processor = from_pretrained(AutoProcessor.from_pretrained, self.model_name_or_path, flag)
+        model = from_pretrained(
+            AutoModelForZeroShotObjectDetection.from_pretrained,
+            self.model_name_or_path,
+            flag,
+            dtype=torch_dtype,
+        )
+        self.model_type: str = model.config.model_type
+        if self.model_type not in GROUNDING_DINO_TYPES + OWL_TYPES:
+            raise ValueError(
+                f"{flag}={self.model_name_or_path!r} is a {self.model_type!r} model; the detector "
+                f"supports {', '.join(GROUNDING_DINO_TYPES + OWL_TYPES)} checkpoints."
+            )
+        self.model = model.to(self.device).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def detect(
+        self,
+        images: list[Image.Image],
+        labels: list[list[str]],
+        threshold: float,
+        text_threshold: float | None = None,
+    ) -> list[list[Detection]]:
+        """Per image: detections of its labels with score >= threshold, most confident first.
+
+        Args:
+            images: PIL images (converted to RGB here).
+            labels: the query labels of each image; a detection's `label` is one of these exact
+                strings. Duplicates are queried once; an empty list gives no detections.
+            threshold: minimum confidence in [0, 1].
+            text_threshold: see `select_detections`; None reports each box once.
+        """
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} label lists")
+        for name, value in (("threshold", threshold), ("text_threshold", text_threshold)):
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        queries = [list(dict.fromkeys(image_labels)) for image_labels in labels]
+        for image_labels in queries:
+            for label in image_labels:
+                if not isinstance(label, str) or not label.strip(" .?"):
+                    raise ValueError(f"Detection labels must be non-empty words, got {label!r}")
+        rgb = [image if image.mode == "RGB" else image.convert("RGB") for image in images]
+        results: list[list[Detection]] = [[] for _ in rgb]
+        # Only images of one size share a forward pass: Grounding DINO pads a batch to its
+        # largest image and its Swin backbone sees the padding, which would make an image's
+        # detections depend on its batch mates. (Generated training images all share one size.)
+        todo = sorted((i for i, q in enumerate(queries) if q), key=lambda i: rgb[i].size)
+        chunks = [
+            group[start : start + self.batch_size]
+            for _, same_size in itertools.groupby(todo, key=lambda i: rgb[i].size)
+            for group in [list(same_size)]
+            for start in range(0, len(group), self.batch_size)
+        ]
+        for chunk in chunks:
+            chunk_images = [rgb[i] for i in chunk]
+            chunk_labels = [queries[i] for i in chunk]
+            if self.model_type in GROUNDING_DINO_TYPES:
+                tables = self._grounding_dino_tables(chunk_images, chunk_labels)
+            else:
+                tables = self._owl_tables(chunk_images, chunk_labels)
+            for i, image_labels, (probs, boxes) in zip(chunk, chunk_labels, tables, strict=True):
+                results[i] = select_detections(probs, boxes, image_labels, threshold, text_threshold)
+        return results
+
+    # ----------------------------------------------------------------------------------------
+    # Grounding DINO and MM-Grounding-DINO
+
+    def grounding_text(self, labels: list[str]) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of "label one. label two." and each label's [start, end) token span.
+
+        Labels are lower-cased (the checkpoints use uncased BERT) and their "." and "?" become
+        spaces, since the model splits the text into phrases at those tokens.
+        """
+        tokenizer = self.processor.tokenizer
+        dot = tokenizer.convert_tokens_to_ids(".")
+        ids = [tokenizer.cls_token_id]
+        spans = []
+        for label in labels:
+            text = label.lower()
+            for char in _PHRASE_DELIMITERS:
+                text = text.replace(char, " ")
+            tokens = tokenizer(text.strip(), add_special_tokens=False).input_ids
+            spans.append((len(ids), len(ids) + len(tokens)))
+            ids += tokens + [dot]
+        ids.append(tokenizer.sep_token_id)
+        max_len = self.model.config.max_text_len
+        if len(ids) > max_len:
+            raise ValueError(
+                f"{len(labels)} labels take {len(ids)} tokens; {self.model_name_or_path} reads at "
+                f"most {max_len}. Pass fewer or shorter labels per image."
+            )
+        return ids, spans
+
+    def _grounding_dino_tables(
+        self, images: list[Image.Image], labels: list[list[str]]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        texts = [self.grounding_text(image_labels) for image_labels in labels]
+        length = max(len(ids) for ids, _ in texts)
+        input_ids = torch.zeros((len(texts), length), dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for row, (ids, _) in enumerate(texts):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            attention_mask[row, : len(ids)] = 1
+        pixels = self.processor.image_processor(images, return_tensors="pt")
+        outputs = self.model(
+            pixel_values=pixels.pixel_values.to(self.device, self.torch_dtype),
+            pixel_mask=pixels.pixel_mask.to(self.device),
+            input_ids=input_ids.to(self.device),
+            token_type_ids=torch.zeros_like(input_ids).to(self.device),
+            attention_mask=attention_mask.to(self.device),
+        )
+        token_probs = outputs.logits.float().sigmoid().cpu()  # (batch, queries, max_text_len)
+        # Boxes are relative to each image's own (unpadded) size, as in DETR.
+        center_boxes = outputs.pred_boxes.float().cpu()
+        tables = []
+        for row, (image, (_, spans)) in enumerate(zip(images, texts, strict=True)):
+            probs = torch.stack(
+                [token_probs[row, :, start:end].max(dim=-1).values for start, end in spans], dim=-1
+            )
+            width, height = image.size
+            scale = torch.tensor([width, height, width, height], dtype=torch.float32)
+            boxes = _clip_boxes(_corners(center_boxes[row]) * scale, width, height)
+            tables.append((probs.numpy(), boxes))
+        return tables
+
+    # ----------------------------------------------------------------------------------------
+    # OWLv2 and OWL-ViT
+
+    def _owl_tables(
+        self, images: list[Image.Image], labels: list[list[str]]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        # Every image gets the same number of queries; the padding columns are ignored below.
+        count = max(len(image_labels) for image_labels in labels)
+        padded = [image_labels + [" "] * (count - len(image_labels)) for image_labels in labels]
+        text = self.processor.tokenizer(
+            [q for image_labels in padded for q in image_labels],
+            padding="max_length",
+            truncation=True,
+            return_tensors="pt",
+        )
+        pixels = self.processor.image_processor(images, return_tensors="pt")
+        outputs = self.model(
+            pixel_values=pixels.pixel_values.to(self.device, self.torch_dtype),
+            input_ids=text.input_ids.to(self.device),
+            attention_mask=text.attention_mask.to(self.device),
+        )
+        probs = outputs.logits.float().sigmoid().cpu()  # (batch, boxes, queries)
+        center_boxes = outputs.pred_boxes.float().cpu()
+        tables = []
+        for row, (image, image_labels) in enumerate(zip(images, labels, strict=True)):
+            width, height = image.size
+            # OWLv2 pads each image to a square at the bottom and right before resizing, so its
+            # boxes are fractions of the longer side; OWL-ViT resizes without padding.
+            if self.model_type == "owlv2":
+                scale = torch.tensor([max(width, height)] * 4, dtype=torch.float32)
+            else:
+                scale = torch.tensor([width, height, width, height], dtype=torch.float32)
+            boxes = _clip_boxes(_corners(center_boxes[row]) * scale, width, height)
+            tables.append((probs[row, :, : len(image_labels)].numpy(), boxes))
+        return tables
