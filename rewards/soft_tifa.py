@@ -1,0 +1,260 @@
+"""GenEval 2's evaluators as rewards: Soft-TIFA (AM / GM), TIFA and VQAScore on one chat VLM.
+
+All three ask Qwen3-VL (default `Qwen/Qwen3-VL-8B-Instruct`, GenEval 2's judge) about the image
+and read the distribution of the first answer token, as GenEval 2's ``evaluation.py``
+(`facebookresearch/GenEval2`) does:
+
+- **Soft-TIFA** (`SoftTIFAReward`, "soft_tifa"): each atom question is asked as
+  "{question} Answer in one word."; the atom scores the summed probability of the expected
+  answer's variants (`rewards.atoms.answer_variants`); the image scores their arithmetic (AM)
+  or geometric (GM) mean.
+- **TIFA** (`TIFAReward`, "tifa"): the same questions, each scoring 1 when the most probable
+  token, lower-cased, is one of the variants, else 0; the image scores their mean.
+- **VQAScore** (`VQAScoreReward`, "vqascore"): P(Yes variants) for
+  'Does this image show "{prompt}"? Answer the question with Yes or No.'.
+
+Atom questions come from the metadata's ``vqa_list`` (GenEval 2's data: [question, expected
+answer] pairs, with optional ``skills``) when present, else from `rewards.atoms.prompt_atoms`.
+Differences from the official script, none of which changes a score on GenEval 2's data with
+Qwen3-VL: no ``generate`` (one forward pass per batch of questions, the image encoded once; the
+same distribution, see `rewards.vlm`); variant token ids are deduplicated; answers the data never
+hold (an expected "No", digits, counts above ten) get their own variants; an image without atoms
+scores 1.0; VQAScore formats the prompt once (the official code calls ``format`` twice, which
+only matters for a prompt with braces).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from PIL import Image
+
+from rewards.atoms import (
+    QUESTION_SUFFIX,
+    VQASCORE_TEMPLATE,
+    YES_VARIANTS,
+    Aggregation,
+    Atom,
+    MultiTokenPolicy,
+    aggregate,
+    answer_variants,
+    atoms_from_vqa_list,
+    prompt_atoms,
+    tifa_correct,
+    variant_probability,
+    variant_token_ids,
+)
+from rewards.base import Reward, RewardOutput
+from rewards.vlm import MODEL_FLAG, ChatVLM
+
+
+class _ChatVLMReward(Reward):
+    """Shared loading and question answering of the three GenEval 2 rewards.
+
+    Args:
+        model_name_or_path: Qwen3-VL chat checkpoint (Hub id or folder); default
+            `Qwen/Qwen3-VL-8B-Instruct`, GenEval 2's judge.
+        device, torch_dtype: where and in which dtype the model runs (see `Reward`; GenEval 2
+            loads the model in bfloat16, `torch_dtype=torch.bfloat16` matches it).
+        batch_size: questions per forward pass (questions of several images share a pass);
+            images are encoded `batch_size` at a time, `4 * batch_size` images per window.
+        multi_token: what an answer variant of several tokens adds (see
+            `rewards.atoms.variant_token_ids`): "first" (official) or "skip".
+    """
+
+    default_model = "Qwen/Qwen3-VL-8B-Instruct"
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+        batch_size: int = 8,
+        multi_token: MultiTokenPolicy = "first",
+    ) -> None:
+        super().__init__(model_name_or_path, device, torch_dtype, batch_size)
+        if multi_token not in ("first", "skip"):
+            raise ValueError(f"multi_token must be 'first' or 'skip', got {multi_token!r}")
+        self.multi_token = multi_token
+        self.vlm = ChatVLM(str(self.model_name_or_path), self.device, self.torch_dtype, MODEL_FLAG)
+        self._ids: dict[tuple[str, ...], list[int]] = {}
+
+    def _variant_ids(self, variants: tuple[str, ...]) -> list[int]:
+        if variants not in self._ids:
+            encoded = [self.vlm.tokenizer(v, add_special_tokens=False).input_ids for v in variants]
+            self._ids[variants] = variant_token_ids(encoded, self.multi_token)
+        return self._ids[variants]
+
+    def _ask(
+        self, images: list[Image.Image], questions: list[tuple[int, str, tuple[str, ...]]]
+    ) -> list[tuple[float, str]]:
+        """(summed variant probability, decoded most probable token) of each question.
+
+        `questions` holds (image index, message, answer variants). Images are encoded in
+        windows of `4 * batch_size`, each once for all of its questions.
+        """
+        answers: list[tuple[float, str]] = [(0.0, "")] * len(questions)
+        window = 4 * self.batch_size
+        for first in range(0, len(images), window):
+            members = [k for k, q in enumerate(questions) if first <= q[0] < first + window]
+            if not members:
+                continue
+            indices = sorted({questions[k][0] for k in members})
+            encoded = []
+            for start in range(0, len(indices), self.batch_size):
+                part = indices[start : start + self.batch_size]
+                encoded += self.vlm.encode_images([images[i] for i in part])
+            slot = {index: position for position, index in enumerate(indices)}
+            asked = [(slot[questions[k][0]], questions[k][1]) for k in members]
+            for j, probs in self.vlm.next_token_probabilities(encoded, asked, self.batch_size):
+                k = members[j]
+                p = variant_probability(probs, self._variant_ids(questions[k][2]))
+                answers[k] = (p, self.vlm.tokenizer.decode([int(probs.argmax())]))
+        return answers
+
+
+class _AtomReward(_ChatVLMReward):
+    """Soft-TIFA and TIFA: atom questions per image, soft or hard atom scores, AM or GM."""
+
+    hard: bool = False
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+        batch_size: int = 8,
+        multi_token: MultiTokenPolicy = "first",
+        aggregation: Aggregation = "gm",
+    ) -> None:
+        if aggregation not in ("am", "gm"):
+            raise ValueError(f"aggregation must be 'am' or 'gm', got {aggregation!r}")
+        super().__init__(model_name_or_path, device, torch_dtype, batch_size, multi_token)
+        self.aggregation = aggregation
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        atoms, sources = [], []
+        for index, prompt in enumerate(prompts):
+            entry = metadata[index] if metadata is not None else {}
+            if entry.get("vqa_list") is not None:
+                atoms.append(atoms_from_vqa_list(entry["vqa_list"], entry.get("skills") or ()))
+                sources.append("vqa_list")
+            else:
+                atoms.append(prompt_atoms(prompt))
+                sources.append("parser")
+        flat = [(i, atom) for i, image_atoms in enumerate(atoms) for atom in image_atoms]
+        answers = self._ask(
+            images,
+            [
+                (i, atom.question + QUESTION_SUFFIX, answer_variants(atom.question, atom.answer))
+                for i, atom in flat
+            ],
+        )
+        scores, details = [], []
+        cursor = 0
+        for image_atoms, source in zip(atoms, sources, strict=True):
+            part = answers[cursor : cursor + len(image_atoms)]
+            cursor += len(image_atoms)
+            details.append(self._details(image_atoms, part, source))
+            scores.append(details[-1]["score"])
+        return RewardOutput(scores=scores, details=details)
+
+    def _details(
+        self, atoms: list[Atom], answers: list[tuple[float, str]], source: str
+    ) -> dict[str, Any]:
+        predicted = [token for _, token in answers]
+        if self.hard:
+            atom_scores = [
+                float(tifa_correct(token, answer_variants(a.question, a.answer)))
+                for a, token in zip(atoms, predicted, strict=True)
+            ]
+        else:
+            atom_scores = [p for p, _ in answers]
+        return {
+            "questions": [a.question for a in atoms],
+            "expected_answers": [a.answer for a in atoms],
+            "skills": [a.skill for a in atoms],
+            "source": source,
+            "atom_scores": atom_scores,
+            "predicted": predicted,
+            "am": aggregate(atom_scores, "am"),
+            "gm": aggregate(atom_scores, "gm"),
+            "score": aggregate(atom_scores, self.aggregation),
+        }
+
+
+class SoftTIFAReward(_AtomReward):
+    """GenEval 2's Soft-TIFA: mean (AM or GM) of the atoms' answer probabilities; in [0, 1].
+
+    Args: as `_ChatVLMReward`, plus
+        aggregation: "gm" (Soft-TIFA GM, GenEval 2's prompt-level score; default) or "am"
+            (Soft-TIFA AM, atom-level).
+
+    Metadata (optional, per image): ``vqa_list`` ([question, expected answer] pairs) and
+    ``skills``; without ``vqa_list`` the questions are written from the prompt.
+    Details: questions, expected_answers, skills, source ("vqa_list" or "parser"),
+    atom_scores (probabilities), predicted (most probable first tokens), am, gm, score.
+    """
+
+    name = "soft_tifa"
+    categories = ("color", "shape", "texture", "spatial", "non_spatial", "complex")
+    description = (
+        "GenEval 2's Soft-TIFA: Qwen3-VL's probability of each atom's expected answer, "
+        "averaged (GM or AM)"
+    )
+
+
+class TIFAReward(_AtomReward):
+    """TIFA on GenEval 2's atoms: the fraction of atoms answered right (0/1 each); in [0, 1].
+
+    As `SoftTIFAReward`, but an atom scores 1 when Qwen3-VL's most probable first token,
+    lower-cased, is one of the expected answer's variants (GenEval 2's TIFA), else 0; the image
+    scores the arithmetic mean by default (``aggregation="am"``, as the official script).
+    """
+
+    name = "tifa"
+    hard = True
+    categories = ("color", "shape", "texture", "spatial", "non_spatial", "complex")
+    description = "TIFA on GenEval 2's atoms: fraction of questions Qwen3-VL answers as expected"
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+        batch_size: int = 8,
+        multi_token: MultiTokenPolicy = "first",
+        aggregation: Aggregation = "am",
+    ) -> None:
+        super().__init__(
+            model_name_or_path, device, torch_dtype, batch_size, multi_token, aggregation
+        )
+
+
+class VQAScoreReward(_ChatVLMReward):
+    """VQAScore as in GenEval 2: P(Yes) that the image shows the prompt; in [0, 1].
+
+    Asks 'Does this image show "{prompt}"? Answer the question with Yes or No.' and sums the
+    first-token probabilities of 'Yes', 'yes', ' yes', ' Yes'. Details: question, p_yes,
+    predicted (the most probable first token), score.
+    """
+
+    name = "vqascore"
+    categories = ("color", "shape", "texture", "spatial", "non_spatial", "complex")
+    description = "VQAScore as in GenEval 2: Qwen3-VL's P(Yes) that the image shows the prompt"
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        questions = [VQASCORE_TEMPLATE.format(prompt=prompt) for prompt in prompts]
+        answers = self._ask(
+            images, [(i, question, YES_VARIANTS) for i, question in enumerate(questions)]
+        )
+        details = [
+            {"question": question, "p_yes": p, "predicted": token, "score": p}
+            for question, (p, token) in zip(questions, answers, strict=True)
+        ]
+        return RewardOutput(scores=[p for p, _ in answers], details=details)
