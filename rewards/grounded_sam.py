@@ -112,9 +112,10 @@ class GroundedSAMReward(Reward):
        slice of pizza" -> ("triangular", "slice"), "a cylindrical pizza cutter" ->
        ("cylindrical", "pizza cutter")).
     2. Detection, in two passes per image: one queries the objects, one the attribute phrases
-       (box_threshold 0.35, text_threshold 0.25). Separate passes let a box be both "bench" and
-       "green" (one joint query gives a box mostly one phrase), keep "orange" the fruit apart
-       from "orange" the colour, and make attributes compete only with attributes.
+       (box_threshold 0.35, text_threshold 0.25). Separate passes give one box a confidence
+       as "bench" and another as "green" (in one joint query its confidence is that of its
+       best phrase, whichever kind), keep "orange" the fruit apart from "orange" the colour
+       (a detection names one query label), and make attributes compete only with attributes.
     3. SAM segments every detected box (box prompt, single mask).
     4. Pair score = max over object detections o and attribute detections a of
        IoU(mask_o, mask_a) * sqrt(conf_o * conf_a): the overlap of an attribute region with
