@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -57,6 +57,18 @@ class Detection:
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form: label, score, box (a list of 4 pixel coordinates)."""
         return {"label": self.label, "score": self.score, "box": list(self.box)}
+
+
+class Detector(Protocol):
+    """Anything that detects like `ZeroShotDetector.detect` (rewards accept one ready-built)."""
+
+    def detect(
+        self,
+        images: list[Image.Image],
+        labels: list[list[str]],
+        threshold: float,
+        text_threshold: float | None = None,
+    ) -> list[list[Detection]]: ...
 
 
 def select_detections(

@@ -181,3 +181,195 @@ def test_detector_rejects_other_models_and_missing_paths(tmp_path: Path) -> None
     blip = build_tiny_blip_vqa(tmp_path / "blip")
     with pytest.raises((OSError, ValueError), match="--detector"):
         ZeroShotDetector(str(blip), device="cpu", flag="--detector")
+
+
+# --------------------------------------------------------------------------------------------
+# The two rewards.
+
+LEFT = (0.0, 200.0, 100.0, 300.0)
+RIGHT = (300.0, 220.0, 400.0, 320.0)
+TOP = (200.0, 0.0, 300.0, 100.0)
+BOTTOM = (220.0, 300.0, 320.0, 400.0)
+SPATIAL_PROMPTS = [
+    "a cat on the left of a dog",
+    "a girl on the top of a frog",
+    "a giraffe next to a lamp",
+    "a mouse on side of a key",
+]
+
+
+class FakeDetector:
+    """Known detections per label (most confident first); records what it was asked."""
+
+    model_name_or_path = "fake"
+
+    def __init__(self, detections: dict[str, list[Detection]]) -> None:
+        self.detections = detections
+        self.calls: list[tuple[int, list[list[str]], float]] = []
+
+    def detect(self, images, labels, threshold, text_threshold=None):
+        self.calls.append((len(images), labels, threshold))
+        return [
+            sorted(
+                (d for label in image_labels for d in self.detections.get(label, [])
+                 if d.score >= threshold),
+                key=lambda d: -d.score,
+            )
+            for image_labels in labels
+        ]
+
+
+def rewards_on(detector) -> dict[str, object]:
+    from rewards.grounded_detection import GroundedDetectionReward
+    from rewards.spatial import SpatialRuleReward
+
+    return {
+        "spatial_rule": SpatialRuleReward(detector=detector, device="cpu"),
+        "grounded_detection": GroundedDetectionReward(detector=detector, device="cpu"),
+    }
+
+
+def test_registry_and_metadata() -> None:
+    from rewards import get_reward_class
+    from rewards.grounded_detection import GroundedDetectionReward
+    from rewards.spatial import SpatialRuleReward
+
+    assert get_reward_class("spatial_rule") is SpatialRuleReward
+    assert get_reward_class("grounded_detection") is GroundedDetectionReward
+    assert SpatialRuleReward.default_model == "google/owlv2-base-patch16-ensemble"
+    assert GroundedDetectionReward.default_model == (
+        "openmmlab-community/mm_grounding_dino_base_o365v1_goldg_v3det"
+    )
+    assert SpatialRuleReward.categories == GroundedDetectionReward.categories == ("spatial",)
+
+
+def test_rewards_with_known_detections() -> None:
+    fake = FakeDetector(
+        {"cat": [Detection("cat", 0.9, LEFT)], "dog": [Detection("dog", 0.8, RIGHT)]}
+    )
+    images = random_images(2)
+    prompts = ["a cat on the left of a dog", "a cat on the right of a dog"]
+    metric, reward = rewards_on(fake).values()
+    out = metric.score(images, prompts)
+    assert out.scores == pytest.approx([0.25 * 0.9 + 0.25 * 0.8 + 0.5, 0.0])
+    assert fake.calls[-1] == (2, [["cat", "dog"], ["cat", "dog"]], 0.5)
+    details = out.details[0]
+    assert details["relation"] == "on the left of" and details["objects"] == ["cat", "dog"]
+    assert details["first"] == {"label": "cat", "score": 0.9, "box": list(LEFT)}
+    assert details["second"]["box"] == list(RIGHT)
+    assert details["position"] == 1.0 and "both objects found" in details["reason"]
+    assert "floor" in out.details[1]["reason"] and out.details[1]["position"] == 0.0
+    # The unbiased reward: no floor, its own threshold.
+    out = reward.score(images, prompts)
+    assert out.scores == pytest.approx([0.925, 0.425])
+    assert fake.calls[-1][2] == 0.35
+
+
+def test_rewards_one_object_and_on_top_of() -> None:
+    fake = FakeDetector(
+        {"hat": [Detection("hat", 1.0, TOP)], "rack": [Detection("rack", 0.6, BOTTOM)]}
+    )
+    metric, reward = rewards_on(fake).values()
+    prompts = ["a hat on top of a rack", "a hat near a bird"]
+    out = metric.score(random_images(2), prompts)
+    # Official: no position branch for "on top of": 0.25 + 0.15 < 0.5.
+    assert out.scores == [0.0, 0.0]
+    assert out.details[0]["position"] == 0.0
+    assert "only the first object ('hat')" in out.details[1]["reason"]
+    out = reward.score(random_images(2), prompts)
+    assert out.scores == pytest.approx([0.25 + 0.15 + 0.5, 0.25])
+
+
+def test_person_mapping_and_same_name() -> None:
+    fake = FakeDetector(
+        {
+            "person": [Detection("person", 0.9, TOP)],
+            "dog": [Detection("dog", 0.9, LEFT), Detection("dog", 0.7, RIGHT)],
+        }
+    )
+    metric, reward = rewards_on(fake).values()
+    prompts = ["a girl on the top of a dog", "a dog on the left of a dog"]
+    out = metric.score(random_images(2), prompts)
+    assert fake.calls[-1][1] == [["person", "dog"], ["dog"]]  # each label asked once
+    assert out.details[0]["objects"] == ["person", "dog"]
+    # TOP (250, 50) vs LEFT (50, 250): |dx| = |dy| = 200, no axis dominates: position 0.
+    assert out.details[0]["position"] == 0.0
+    # Officially both dogs take the same box (position 0); the unbiased reward takes two.
+    assert out.details[1]["first"] == out.details[1]["second"]
+    assert out.scores[1] == 0.0
+    out = reward.score(random_images(2), prompts)
+    assert out.details[1]["second"]["score"] == 0.7
+    assert out.scores[1] == pytest.approx(0.25 * 0.9 + 0.25 * 0.7 + 0.5)
+
+
+def test_prompt_without_relation_or_objects() -> None:
+    fake = FakeDetector({"cat": [Detection("cat", 0.9, LEFT)]})
+    for reward in rewards_on(fake).values():
+        out = reward.score(random_images(3), ["a cat and a dog", "", "a cat on the left of a dog"])
+        assert out.scores[0] == out.scores[1] == 0.0
+        assert out.details[0]["reason"] == "no spatial relation word in the prompt"
+        assert out.details[0]["relation"] is None and out.details[1]["objects"] is None
+        # Only the image with a relation and two objects reached the detector.
+        assert fake.calls[-1][0] == 1
+    out = rewards_on(fake)["spatial_rule"].score(random_images(1), ["on the left of"])
+    assert out.scores == [0.0] and "two objects" in out.details[0]["reason"]
+
+
+def test_complex_parsing_option() -> None:
+    from rewards.spatial import SpatialRuleReward
+
+    fake = FakeDetector({})
+    prompt = "The red hat was on top of the brown coat rack."
+    SpatialRuleReward(detector=fake, complex=True).score(random_images(1), [prompt])
+    assert fake.calls[-1][1] == [["hat", "rack"]]
+    out = SpatialRuleReward(detector=fake, complex=True).score(
+        random_images(1), ["a bowl sits on top of a table, and a cat is near the window"]
+    )
+    assert out.scores == [0.0] and out.details[0]["objects"] is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("reward_name", ["spatial_rule", "grounded_detection"])
+def test_rewards_on_tiny_models(detector_dirs: dict[str, Path], kind: str, reward_name: str) -> None:
+    from rewards import load
+
+    reward = load(
+        reward_name, model_name_or_path=str(detector_dirs[kind]), device="cpu", batch_size=2,
+        threshold=0.0, floor=0.0, noun_phrase_backend="builtin",
+    )
+    assert reward.detector.model_type == kind
+    images = random_images(len(SPATIAL_PROMPTS), seed=2)
+    images[1] = images[1].convert("L")
+    images[2] = images[2].convert("RGBA")
+    out = reward.score(images, SPATIAL_PROMPTS)
+    assert len(out.scores) == len(out.details) == len(SPATIAL_PROMPTS)
+    for score, details in zip(out.scores, out.details, strict=True):
+        assert 0.0 <= score <= 1.0 and details["score"] == score
+        assert set(details) == {
+            "relation", "objects", "first", "second", "position", "score", "reason",
+        }
+        # Threshold 0: every object is found; its detection carries its own label.
+        assert details["first"]["label"] == details["objects"][0]
+        assert details["second"]["label"] == details["objects"][1]
+        assert 0.0 <= details["position"] <= 1.0
+        expected = 0.25 * (details["first"]["score"] + details["second"]["score"])
+        assert score == pytest.approx(expected + 0.5 * details["position"])
+    assert out.details[1]["objects"] == ["person", "frog"]
+    # Tiny images: every proximity relation holds (centres < 150 px apart).
+    assert out.details[2]["position"] == out.details[3]["position"] == 1.0
+
+
+def test_reward_missing_model_path(tmp_path: Path) -> None:
+    from rewards import load
+
+    with pytest.raises(FileNotFoundError, match="--reward_model_name_or_path"):
+        load("grounded_detection", model_name_or_path=str(tmp_path / "missing"), device="cpu")
+
+
+def test_reward_option_checks() -> None:
+    from rewards.spatial import SpatialRuleReward
+
+    with pytest.raises(ValueError, match="threshold must be in"):
+        SpatialRuleReward(detector=FakeDetector({}), threshold=2.0)
+    with pytest.raises(ValueError, match="distance_threshold"):
+        SpatialRuleReward(detector=FakeDetector({}), distance_threshold=0)
