@@ -121,10 +121,11 @@ class WeightedReward(Reward):
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
     ) -> RewardOutput:
         outputs = {name: member.score(images, prompts, metadata) for name, member in self.members.items()}
-        names = list(self.members)
-        weights = [self.weights[name] for name in names]
         scores, details = [], []
         for i in range(len(images)):
+            image_weights = self.image_weights(outputs, i)
+            names = list(image_weights)
+            weights = [image_weights[name] for name in names]
             member_scores = [outputs[name].scores[i] for name in names]
             score = weighted_mean(member_scores, weights)
             scores.append(score)
@@ -138,6 +139,10 @@ class WeightedReward(Reward):
                 }
             )
         return RewardOutput(scores=scores, details=details)
+
+    def image_weights(self, outputs: Mapping[str, RewardOutput], index: int) -> dict[str, float]:
+        """The members that score image `index` and their weights; by default all, as configured."""
+        return self.weights
 
 
 def check_reward(text: str) -> list[RewardSpec]:
@@ -165,11 +170,15 @@ def build_reward(
     specs = check_reward(text)
     options = dict(options or {})
     if is_single(specs, text):
+        if model_name_or_path is not None:
+            if options.get("model_name_or_path", model_name_or_path) != model_name_or_path:
+                raise ValueError(
+                    f"--reward_model_name_or_path={model_name_or_path!r} and --reward_options "
+                    f"model_name_or_path={options['model_name_or_path']!r} disagree; give one"
+                )
+            options["model_name_or_path"] = model_name_or_path
         cls = get_reward_class(specs[0].name)
-        return cls(
-            model_name_or_path=model_name_or_path, device=device, torch_dtype=torch_dtype,
-            batch_size=batch_size, **options,
-        )
+        return cls(device=device, torch_dtype=torch_dtype, batch_size=batch_size, **options)
     if model_name_or_path is not None:
         raise ValueError(
             f"--reward_model_name_or_path={model_name_or_path!r} is ambiguous for the reward list {text!r}; "

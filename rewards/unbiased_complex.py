@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from rewards.base import RewardOutput
 from rewards.combined import RewardSpec, WeightedReward
 
 MEMBERS = ("grounded_sam", "grounded_detection", "blip_clip")
@@ -15,6 +16,11 @@ MEMBERS = ("grounded_sam", "grounded_detection", "blip_clip")
 class UnbiasedComplexReward(WeightedReward):
     """Weighted mean of Grounded-SAM (binding), grounded detection (spatial) and BLIP-CLIP
     (non-spatial), each in [0, 1], so the score is in [0, 1]. None of them is a T2I-CompBench metric.
+
+    Grounded detection parses objects around the preposition (`complex=True`, as 3-in-1's spatial
+    term does). A prompt without a spatial relation word (most complex prompts are about actions)
+    has nothing for it to judge, so it is left out of that image's mean rather than counted as 0;
+    the details list the members used.
 
     Args:
         device, torch_dtype, batch_size: passed to the members.
@@ -51,8 +57,14 @@ class UnbiasedComplexReward(WeightedReward):
         if bad:
             raise ValueError(f"weights {bad} must be > 0")
         specs = [RewardSpec(name, weights.get(name, 1.0)) for name in MEMBERS]
-        options = {"grounded_sam": grounded_sam, "grounded_detection": grounded_detection, "blip_clip": blip_clip}
-        super().__init__(
-            specs, device, torch_dtype, batch_size,
-            options={name: value for name, value in options.items() if value},
-        )
+        options = {
+            "grounded_sam": dict(grounded_sam or {}),
+            "grounded_detection": {"complex": True, **(grounded_detection or {})},
+            "blip_clip": dict(blip_clip or {}),
+        }
+        super().__init__(specs, device, torch_dtype, batch_size, options=options)
+
+    def image_weights(self, outputs: Mapping[str, RewardOutput], index: int) -> dict[str, float]:
+        if outputs["grounded_detection"].details[index].get("relation") is not None:
+            return self.weights
+        return {name: weight for name, weight in self.weights.items() if name != "grounded_detection"}

@@ -179,6 +179,8 @@ def test_single_reward_is_built_as_itself_with_its_options():
 def test_build_reward_rejects_ambiguous_or_unknown_input():
     with pytest.raises(ValueError, match="ambiguous"):
         build_reward("test_constant,test_brightness", model_name_or_path="x")
+    with pytest.raises(ValueError, match="disagree"):
+        build_reward("test_constant", model_name_or_path="a", options={"model_name_or_path": "b"})
     with pytest.raises(ValueError, match="not in the reward list"):
         build_reward("test_constant,test_brightness", options={"b_vqa": {}})
     with pytest.raises(ValueError, match=r"Unknown reward 'bvqa'.*b_vqa"):
