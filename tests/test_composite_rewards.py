@@ -29,8 +29,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, str]:
-    from gors.tiny.blip import build_tiny_blip_vqa
-    from gors.tiny.clip import build_tiny_blip_captioner, build_tiny_clip
+    from gors.tiny.blip import build_tiny_blip_captioner, build_tiny_blip_vqa
+    from gors.tiny.clip import build_tiny_clip
     from gors.tiny.detection import build_tiny_grounding_dino, build_tiny_owlv2
     from gors.tiny.sam import build_tiny_sam
 

@@ -1,4 +1,4 @@
-"""A tiny random BLIP VQA model (`BlipForQuestionAnswering` + `BlipProcessor`) for offline tests.
+"""Tiny random BLIP models (VQA and captioning heads, with `BlipProcessor`) for offline tests.
 
 The structure, token conventions and file layout are those of `Salesforce/blip-vqa-capfilt-large`
 (BERT WordPiece tokenizer with "[DEC]" added as bos token right after the vocabulary, text
@@ -38,20 +38,9 @@ def tiny_vocab() -> list[str]:
     return vocab
 
 
-def build_tiny_blip_vqa(save_dir: str | Path, seed: int = 0) -> Path:
-    """Create and save a tiny random BLIP VQA model and its processor; returns `save_dir`.
-
-    `BlipForQuestionAnswering.from_pretrained(save_dir)` and
-    `BlipProcessor.from_pretrained(save_dir)` load it offline. The same `seed` gives the same
-    weights.
-    """
-    from transformers import (
-        BertTokenizer,
-        BlipConfig,
-        BlipForQuestionAnswering,
-        BlipImageProcessor,
-        BlipProcessor,
-    )
+def _build_tiny_blip(save_dir: str | Path, model_class: type, seed: int) -> Path:
+    """Save a tiny random BLIP of `model_class` (VQA or captioning head) and its processor."""
+    from transformers import BertTokenizer, BlipConfig, BlipImageProcessor, BlipProcessor
 
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -64,7 +53,7 @@ def build_tiny_blip_vqa(save_dir: str | Path, seed: int = 0) -> Path:
     image_processor = BlipImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     BlipProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(save_dir)
 
-    # A larger init than BLIP's 0.02 so answers differ visibly between images and questions.
+    # A larger init than BLIP's 0.02 so answers and captions differ visibly between images.
     init = 0.5
     config = BlipConfig(
         vision_config=dict(
@@ -96,6 +85,28 @@ def build_tiny_blip_vqa(save_dir: str | Path, seed: int = 0) -> Path:
         initializer_range=init,
     )
     torch.manual_seed(seed)
-    model = BlipForQuestionAnswering(config).eval()
-    model.save_pretrained(save_dir)
+    model_class(config).eval().save_pretrained(save_dir)
     return save_dir
+
+
+def build_tiny_blip_vqa(save_dir: str | Path, seed: int = 0) -> Path:
+    """Create and save a tiny random BLIP VQA model and its processor; returns `save_dir`.
+
+    `BlipForQuestionAnswering.from_pretrained(save_dir)` and
+    `BlipProcessor.from_pretrained(save_dir)` load it offline. The same `seed` gives the same
+    weights.
+    """
+    from transformers import BlipForQuestionAnswering
+
+    return _build_tiny_blip(save_dir, BlipForQuestionAnswering, seed)
+
+
+def build_tiny_blip_captioner(save_dir: str | Path, seed: int = 0) -> Path:
+    """Create and save a tiny random BLIP captioning model and its processor; returns `save_dir`.
+
+    Token conventions of `Salesforce/blip-image-captioning-large` ([SEP] ends a caption);
+    `BlipForConditionalGeneration.from_pretrained(save_dir)` loads it offline.
+    """
+    from transformers import BlipForConditionalGeneration
+
+    return _build_tiny_blip(save_dir, BlipForConditionalGeneration, seed)

@@ -1,12 +1,9 @@
-"""Tiny random CLIP and BLIP captioning models of the real `transformers` classes, for offline tests.
+"""A tiny random CLIP model of the real `transformers` classes, for offline tests.
 
-- `build_tiny_clip`: `CLIPModel` + `CLIPProcessor` with the structure and token conventions of
-  `openai/clip-vit-base-patch32` (the real 49 408-token CLIP BPE vocabulary, 77 text positions,
-  bos `<|startoftext|>`, eos = pad = `<|endoftext|>`, the config's legacy token ids 0/1/2);
-  32x32 images, 8x8 patches, hidden size 32.
-- `build_tiny_blip_captioner`: `BlipForConditionalGeneration` + `BlipProcessor` with the token
-  conventions of `Salesforce/blip-image-captioning-large` (BERT WordPiece + "[DEC]" as bos after
-  the vocabulary, [SEP] ends a caption); the tiny WordPiece vocabulary of `gors.tiny.blip`.
+`build_tiny_clip`: `CLIPModel` + `CLIPProcessor` with the structure and token conventions of
+`openai/clip-vit-base-patch32` (the real 49 408-token CLIP BPE vocabulary, 77 text positions,
+bos `<|startoftext|>`, eos = pad = `<|endoftext|>`, the config's legacy token ids 0/1/2);
+32x32 images, 8x8 patches, hidden size 32.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from gors.tiny.blip import IMAGE_SIZE, tiny_vocab
+from gors.tiny.blip import IMAGE_SIZE
 from gors.tiny.sd import CLIP_VOCAB_SIZE, write_clip_tokenizer_files
 
 CLIP_CONTEXT_LENGTH = 77
@@ -66,58 +63,4 @@ def build_tiny_clip(save_dir: str | Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     CLIPModel(config).eval().save_pretrained(save_dir)
-    return save_dir
-
-
-def build_tiny_blip_captioner(save_dir: str | Path, seed: int = 0) -> Path:
-    """Create and save a tiny random BLIP captioning model and its processor; returns `save_dir`.
-
-    `BlipForConditionalGeneration.from_pretrained(save_dir)` and
-    `BlipProcessor.from_pretrained(save_dir)` load it offline. The same `seed` gives the same
-    weights.
-    """
-    from transformers import (
-        BertTokenizer,
-        BlipConfig,
-        BlipForConditionalGeneration,
-        BlipImageProcessor,
-        BlipProcessor,
-    )
-
-    save_dir = Path(save_dir)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    vocab = tiny_vocab()
-    tokenizer = BertTokenizer(vocab={token: i for i, token in enumerate(vocab)}, bos_token="[DEC]")
-    if tokenizer.bos_token_id != len(vocab):
-        raise RuntimeError(f"[DEC] got id {tokenizer.bos_token_id}, expected {len(vocab)}")
-    image_processor = BlipImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
-    BlipProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(save_dir)
-
-    # A larger init than BLIP's 0.02 so that captions differ visibly between images.
-    init = 0.5
-    tower = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "initializer_range": init,
-    }
-    config = BlipConfig(
-        vision_config=dict(tower, image_size=IMAGE_SIZE, patch_size=8, projection_dim=32),
-        text_config=dict(
-            tower,
-            # +1 for "[ENC]" after "[DEC]", as in the real checkpoint (30524 = 30522 + 2).
-            vocab_size=len(tokenizer) + 1,
-            max_position_embeddings=64,
-            bos_token_id=tokenizer.bos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            sep_token_id=tokenizer.sep_token_id,
-            eos_token_id=tokenizer.sep_token_id,
-        ),
-        projection_dim=32,
-        image_text_hidden_size=16,
-        initializer_range=init,
-    )
-    torch.manual_seed(seed)
-    BlipForConditionalGeneration(config).eval().save_pretrained(save_dir)
     return save_dir
