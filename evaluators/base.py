@@ -1,73 +1,196 @@
 """A benchmark = prompts + generation protocol + scorer + aggregation, run on any checkpoint.
 
 `Benchmark.evaluate` generates the benchmark's images with its own protocol (resumable, sharded
-over Accelerate processes, with an optional LoRA), scores them with the benchmark's reward,
-and writes per-image rows (`results.jsonl`) and a summary (`summary.json`).
+over Accelerate processes, with an optional LoRA) or reads images already laid out as the
+benchmark's official tools expect (`images=`), scores them with the benchmark's scorer (a
+reward from the `rewards` registry, given each prompt's metadata), and writes per-image rows
+(`results.jsonl`), a summary (`summary.json`) and any official-format files.
+
+A subclass declares `name` and `scorer` and implements `prompts`, `protocol` and `summarize`;
+`read_images`, `judge`, `scorer_options` and `write_official` are optional.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from accelerate import Accelerator
+from PIL import Image, UnidentifiedImageError
 
-import rewards
 from gors.distributed import make_accelerator
 from gors.generate import SamplingProtocol, generate_samples
 from gors.io import atomic_write_json, atomic_write_jsonl
 from gors.pipeline import inference_dtype, load_pipeline
 from gors.score import score_samples
-from gors.store import SampleStore
+from gors.store import SampleStore, StoreError
+from rewards import Reward
+from rewards.combined import build_reward
+
+RESULTS_FILE = "results.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass(frozen=True)
+class BenchmarkPrompt:
+    """One prompt of a benchmark and what its scorer needs to know about it (e.g. GenEval's clauses)."""
+
+    text: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    """An image already on disk for image `image_index` of prompt `prompt_index`."""
+
+    prompt_index: int
+    image_index: int
+    path: Path
+
+
+class ImageFolderSamples:
+    """Images in a benchmark's official layout, read in place like a `SampleStore` (no copies)."""
+
+    def __init__(self, entries: Sequence[ImageEntry], prompts: Sequence[BenchmarkPrompt]) -> None:
+        keys = [(e.prompt_index, e.image_index) for e in entries]
+        if len(set(keys)) != len(keys):
+            raise StoreError("the image folder lists one (prompt, image) twice; each image must appear once")
+        self._records = [
+            {"prompt_index": e.prompt_index, "image_index": e.image_index, "prompt": prompts[e.prompt_index].text,
+             "path": str(e.path)}
+            for e in sorted(entries, key=lambda e: (e.prompt_index, e.image_index))
+        ]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(record) for record in self._records]
+
+    def open_image(self, record: Mapping[str, Any]) -> Image.Image:
+        try:
+            with Image.open(record["path"]) as image:
+                return image.convert("RGB")
+        except (OSError, UnidentifiedImageError) as err:
+            raise StoreError(
+                f"{record['path']} is not a readable image ({err}); regenerate or remove it and evaluate again "
+                "(scores of the other images are kept)."
+            ) from err
+
+
+def check_complete(entries: Sequence[ImageEntry], num_prompts: int, images_per_prompt: int, folder: Path) -> None:
+    """Refuse a folder with images missing or left over: either would silently change the numbers."""
+    found = {(e.prompt_index, e.image_index) for e in entries}
+    expected = {(p, i) for p in range(num_prompts) for i in range(images_per_prompt)}
+    missing, extra = sorted(expected - found), sorted(found - expected)
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (first: prompt {missing[0][0]}, image {missing[0][1]})")
+        if extra:
+            parts.append(f"{len(extra)} not in the benchmark (first: prompt {extra[0][0]}, image {extra[0][1]})")
+        raise ValueError(
+            f"{folder}: expected {num_prompts} prompts x {images_per_prompt} images, found {len(found)}; "
+            f"{'; '.join(parts)}. Complete the folder, or generate the images with `gors evaluate` without --images."
+        )
 
 
 class Benchmark:
-    """Subclasses set `name` and `reward`, and implement `prompts`, `protocol` and `summarize`."""
+    """Base class of benchmarks; see the module docstring for what subclasses provide."""
 
     name: ClassVar[str] = ""
-    reward: ClassVar[str] = ""  # the scorer: a name in the rewards registry
+    scorer: ClassVar[str] = ""  # a reward name (or weighted list) from the rewards registry
     higher_is_better: ClassVar[bool] = True
 
-    def prompts(self) -> list[str]:
+    def prompts(self) -> list[BenchmarkPrompt]:
         raise NotImplementedError
 
     def protocol(self) -> SamplingProtocol:
         raise NotImplementedError
 
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """Aggregate per-image score rows into the benchmark's reported numbers."""
+        """Aggregate per-image result rows into the benchmark's reported numbers."""
         raise NotImplementedError
+
+    def scorer_options(self) -> dict[str, Any]:
+        """Keyword arguments the protocol fixes for the scorer (user options are merged over them)."""
+        return {}
+
+    def judge(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Extra fields of one result row, e.g. ``{"correct": ..., "reason": ...}``; none by default."""
+        return {}
+
+    def read_images(self, folder: Path) -> list[ImageEntry]:
+        """The images of `folder` in this benchmark's official layout."""
+        raise NotImplementedError(f"{self.name} cannot read an image folder; generate its images instead")
+
+    def write_official(self, rows: list[dict[str, Any]], summary: dict[str, Any], output_dir: Path) -> None:
+        """Write files in the benchmark's own format beside results.jsonl (none by default)."""
+
+    def make_scorer(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None,
+                    batch_size: int = 16) -> Reward:
+        return build_reward(
+            self.scorer, options={**self.scorer_options(), **(options or {})}, device=accelerator.device,
+            torch_dtype=inference_dtype(accelerator, None), batch_size=batch_size,
+        )
 
     def evaluate(
         self,
-        pretrained_model_name_or_path: str,
+        pretrained_model_name_or_path: str | None,
         output_dir: str | Path,
         lora: str | None = None,
         accelerator: Accelerator | None = None,
-        reward_kwargs: dict[str, Any] | None = None,
+        scorer_options: Mapping[str, Any] | None = None,
+        images: str | Path | None = None,
+        pipeline_loader: Callable[[], Any] | None = None,
+        scorer_batch_size: int = 16,
     ) -> dict[str, Any]:
-        """Generate, score and summarise; returns the summary (also in `output_dir/summary.json`)."""
+        """Generate (or read `images`), score and summarise; returns the summary.
+
+        Resumable: generated images and scores already in `output_dir` are kept. `pipeline_loader`
+        replaces loading `pretrained_model_name_or_path` (+ `lora`), e.g. for validation during
+        training with the pipeline in memory.
+        """
         accelerator = accelerator or make_accelerator()
         output_dir = Path(output_dir)
-        store = SampleStore(output_dir / "samples")
+        prompts = self.prompts()
+        if images is not None:
+            folder = Path(images)
+            if not folder.is_dir():
+                raise FileNotFoundError(f"--images {folder}: no such folder")
+            samples: Any = ImageFolderSamples(self.read_images(folder), prompts)
+        else:
+            if pipeline_loader is None and pretrained_model_name_or_path is None:
+                raise ValueError("give a model (pretrained_model_name_or_path) or an image folder (images)")
 
-        def loader():
-            dtype = inference_dtype(accelerator, None)
-            return load_pipeline(pretrained_model_name_or_path, accelerator.device, dtype, lora=lora)
+            def load():
+                dtype = inference_dtype(accelerator, None)
+                return load_pipeline(pretrained_model_name_or_path, accelerator.device, dtype, lora=lora)
 
-        generate_samples(store, self.prompts(), self.protocol(), loader, accelerator,
-                         prompt_info={"benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora},
-                         desc=f"{self.name}: generate")
-        reward_class = rewards.get_reward_class(self.reward)
+            samples = generate_samples(
+                SampleStore(output_dir / "samples"), [p.text for p in prompts], self.protocol(),
+                pipeline_loader or load, accelerator,
+                prompt_info={"benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora},
+                desc=f"{self.name}: generate",
+            )
         scores = score_samples(
-            store, output_dir / "scores", lambda: reward_class(device=accelerator.device, **(reward_kwargs or {})),
-            batch_size=16, accelerator=accelerator, desc=f"{self.name}: score",
+            samples, output_dir / "scores", lambda: self.make_scorer(accelerator, scorer_options, scorer_batch_size),
+            batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: score",
+            prompt_metadata=[dict(p.metadata) for p in prompts],
         )
-        rows = [scores[key] for key in sorted(scores)]
-        summary = {"benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora,
-                   "higher_is_better": self.higher_is_better, **self.summarize(rows)}
+        rows = []
+        for key in sorted(scores):
+            score_row = scores[key]
+            row = {"prompt_index": key[0], "image_index": key[1], "prompt": score_row["prompt"],
+                   "path": score_row["path"], "score": score_row["reward"], "details": score_row["details"]}
+            rows.append({**row, **self.judge(row)})
+        summary = {
+            "benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora,
+            "images": str(images) if images is not None else None, "higher_is_better": self.higher_is_better,
+            **self.summarize(rows),
+        }
         if accelerator.is_main_process:
-            atomic_write_jsonl(output_dir / "results.jsonl", rows)
-            atomic_write_json(output_dir / "summary.json", summary)
+            atomic_write_jsonl(output_dir / RESULTS_FILE, rows)
+            atomic_write_json(output_dir / SUMMARY_FILE, summary)
+            self.write_official(rows, summary, output_dir)
         accelerator.wait_for_everyone()
         return summary

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluators.base import Benchmark
+from evaluators.base import Benchmark, BenchmarkPrompt
 from gors.generate import SamplingProtocol
 from gors.toy.world import ToyPrompt, split_prompts
 
@@ -31,9 +31,9 @@ class ToyBenchmark(Benchmark):
     max_prompts: int | None = None
 
     name = "toy"
-    reward = "toy_oracle"
+    scorer = "toy_oracle"
 
-    def prompts(self) -> list[str]:
+    def prompts(self) -> list[BenchmarkPrompt]:
         train, held_out = split_prompts()
         if self.split not in ("train", "held_out"):
             raise ValueError(f"split={self.split!r}; choose 'train' or 'held_out'")
@@ -41,15 +41,18 @@ class ToyBenchmark(Benchmark):
         if self.max_prompts and len(prompts) > self.max_prompts:
             stride = -(-len(prompts) // self.max_prompts)
             prompts = prompts[::stride]
-        return prompts
+        return [BenchmarkPrompt(text) for text in prompts]
 
     def protocol(self) -> SamplingProtocol:
         return SamplingProtocol(self.images_per_prompt, self.num_inference_steps, self.guidance_scale,
                                 resolution=64, batch_size=32, seed=self.seed)
 
+    def judge(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {"correct": row["details"]["correct"], "reason": "; ".join(row["details"]["reasons"])}
+
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """binding_accuracy: share of images whose objects, bindings and relation are all right, in [0, 1]."""
-        correct = np.array([row["details"]["correct"] for row in rows], dtype=float)
+        correct = np.array([row["correct"] for row in rows], dtype=float)
         relation = np.array([ToyPrompt.parse(row["prompt"]).relation is not None for row in rows])
         by_prompt: dict[str, list[float]] = {}
         for row, ok in zip(rows, correct):
@@ -58,7 +61,7 @@ class ToyBenchmark(Benchmark):
             "binding_accuracy": float(correct.mean()),
             "binding_accuracy_and": float(correct[~relation].mean()) if (~relation).any() else None,
             "binding_accuracy_relation": float(correct[relation].mean()) if relation.any() else None,
-            "mean_score": float(np.mean([row["reward"] for row in rows])),
+            "mean_score": float(np.mean([row["score"] for row in rows])),
             "prompts_with_a_correct_image": float(np.mean([max(v) for v in by_prompt.values()])),
             "num_images": len(rows),
             "num_prompts": len(by_prompt),

@@ -9,8 +9,9 @@ added as a column `reward_<reward>` to the store's metadata.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from accelerate import Accelerator
 
@@ -44,17 +45,20 @@ def load_scores(output_dir: str | Path, reward: str) -> dict[SampleKey, dict]:
 
 
 def score_samples(
-    store: SampleStore,
+    store: SampleStore | Any,
     scores_folder: Path,
     make_reward: Callable[[], Reward],
     batch_size: int,
     accelerator: Accelerator,
     desc: str = "score",
+    prompt_metadata: Sequence[dict[str, Any]] | None = None,
 ) -> dict[SampleKey, dict]:
     """Score the store's unscored samples into `scores_folder/part-<rank>.jsonl`; returns all rows.
 
     Resumable: samples with a row are skipped; rows are appended batch by batch. The reward is
-    built (by `make_reward`) only on processes that have work.
+    built (by `make_reward`) only on processes that have work. Each sample's metadata for the
+    reward is its store record, merged over `prompt_metadata[prompt_index]` when given (e.g. a
+    benchmark's per-prompt clauses). `store` is anything with `records()` and `open_image(record)`.
     """
     records = store.records()
     done = read_score_rows(scores_folder)
@@ -68,7 +72,8 @@ def score_samples(
         bar = progress_bar(len(mine), accelerator, desc)
         for batch in batches(mine, batch_size):
             images = [store.open_image(record) for record in batch]
-            output = reward.score(images, [r["prompt"] for r in batch], metadata=batch)
+            metadata = batch if prompt_metadata is None else [{**prompt_metadata[r["prompt_index"]], **r} for r in batch]
+            output = reward.score(images, [r["prompt"] for r in batch], metadata=metadata)
             rows = [
                 {"prompt_index": r["prompt_index"], "image_index": r["image_index"], "path": r["path"],
                  "prompt": r["prompt"], "reward": value, "details": details}

@@ -79,10 +79,10 @@ def test_pretraining_corpus_keeps_held_out_combinations_out_of_compositions():
 
 def test_toy_benchmark_summary_on_hand_made_rows():
     rows = [
-        {"prompt": "a red circle and a blue triangle", "reward": 1.0, "details": {"correct": True}},
-        {"prompt": "a red circle and a blue triangle", "reward": 0.5, "details": {"correct": False}},
-        {"prompt": "a red triangle above a blue circle", "reward": 0.25, "details": {"correct": False}},
-        {"prompt": "a red triangle above a blue circle", "reward": 0.75, "details": {"correct": False}},
+        {"prompt": "a red circle and a blue triangle", "score": 1.0, "correct": True},
+        {"prompt": "a red circle and a blue triangle", "score": 0.5, "correct": False},
+        {"prompt": "a red triangle above a blue circle", "score": 0.25, "correct": False},
+        {"prompt": "a red triangle above a blue circle", "score": 0.75, "correct": False},
     ]
     summary = ToyBenchmark().summarize(rows)
     assert summary["binding_accuracy"] == 0.25

@@ -83,7 +83,7 @@ def before_after_grid(base_dir: Path, tuned_dir: Path, prompts: list[str], path:
             row = results[prompt]
             image = Image.open(folder / "samples" / row["path"]).convert("RGB")
             image = image.resize((image.width * scale, image.height * scale), Image.NEAREST)
-            tiles.append(_label(image, f"{title} {'OK' if row['details']['correct'] else 'X'}"))
+            tiles.append(_label(image, f"{title} {'OK' if row['correct'] else 'X'}"))
         rows.append(tiles)
     width, height = rows[0][0].size
     grid = Image.new("RGB", (width * len(prompts), height * 2), "white")
@@ -130,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     }
     if accelerator.is_main_process:
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-        grid = before_after_grid(out / "eval_base", out / "eval_gors", benchmark.prompts()[:8], out / "before_after.png")
+        grid = before_after_grid(out / "eval_base", out / "eval_gors", [p.text for p in benchmark.prompts()[:8]],
+                                 out / "before_after.png")
         from torch.utils.tensorboard import SummaryWriter
 
         with SummaryWriter(str(out / "logs" / "eval")) as writer:
