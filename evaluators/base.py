@@ -7,7 +7,8 @@ reward from the `rewards` registry, given each prompt's metadata), and writes pe
 (`results.jsonl`), a summary (`summary.json`) and any official-format files.
 
 A subclass declares `name` and `scorer` and implements `prompts`, `protocol` and `summarize`;
-`read_images`, `judge`, `scorer_options` and `write_official` are optional.
+`read_images`, `judge`, `scorer_options`, `columns` (further metrics reported beside the main
+one, e.g. T2I-CompBench's B-CLIP and CLIPScore columns) and `write_official` are optional.
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ class Benchmark:
         """Keyword arguments the protocol fixes for the scorer (user options are merged over them)."""
         return {}
 
+    def columns(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Further metrics: column name -> (reward name, its keyword arguments). None by default."""
+        return {}
+
     def judge(self, row: dict[str, Any]) -> dict[str, Any]:
         """Extra fields of one result row, e.g. ``{"correct": ..., "reason": ...}``; none by default."""
         return {}
@@ -127,9 +132,11 @@ class Benchmark:
         """Write files in the benchmark's own format beside results.jsonl (none by default)."""
 
     def make_scorer(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None,
-                    batch_size: int = 16) -> Reward:
+                    batch_size: int = 16, column: str | None = None) -> Reward:
+        """The main scorer (or the scorer of `column`), user `options` merged over the protocol's."""
+        reward, fixed = (self.scorer, self.scorer_options()) if column is None else self.columns()[column]
         return build_reward(
-            self.scorer, options={**self.scorer_options(), **(options or {})}, device=accelerator.device,
+            reward, options={**fixed, **(options or {})}, device=accelerator.device,
             torch_dtype=inference_dtype(accelerator, None), batch_size=batch_size,
         )
 
@@ -172,22 +179,38 @@ class Benchmark:
                 prompt_info={"benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora},
                 desc=f"{self.name}: generate",
             )
+        metadata = [dict(p.metadata) for p in prompts]
         scores = score_samples(
             samples, output_dir / "scores", lambda: self.make_scorer(accelerator, scorer_options, scorer_batch_size),
             batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: score",
-            prompt_metadata=[dict(p.metadata) for p in prompts],
+            prompt_metadata=metadata,
         )
+        column_scores = {
+            column: score_samples(
+                samples, output_dir / "columns" / column,
+                lambda column=column: self.make_scorer(accelerator, None, scorer_batch_size, column),
+                batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: {column}",
+                prompt_metadata=metadata,
+            )
+            for column in self.columns()
+        }
         rows = []
         for key in sorted(scores):
             score_row = scores[key]
             row = {"prompt_index": key[0], "image_index": key[1], "prompt": score_row["prompt"],
                    "path": score_row["path"], "score": score_row["reward"], "details": score_row["details"]}
+            if column_scores:
+                row["columns"] = {column: by_key[key]["reward"] for column, by_key in column_scores.items()}
             rows.append({**row, **self.judge(row)})
         summary = {
             "benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora,
             "images": str(images) if images is not None else None, "higher_is_better": self.higher_is_better,
             **self.summarize(rows),
         }
+        if column_scores:
+            summary["columns"] = {
+                column: sum(row["columns"][column] for row in rows) / len(rows) for column in column_scores
+            }
         if accelerator.is_main_process:
             atomic_write_jsonl(output_dir / RESULTS_FILE, rows)
             atomic_write_json(output_dir / SUMMARY_FILE, summary)

@@ -7,19 +7,15 @@ cached. Offline machines point `GORS_DATA_DIR` at a folder holding the files (fo
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from gors.data import ChecksumError, DownloadError, PinnedSource, fetch_pinned_file  # noqa: F401 (re-exported)
 
 T2I_COMPBENCH_REPOSITORY = "Karine-Huang/T2I-CompBench"
 T2I_COMPBENCH_COMMIT = "1b7094991a57f3c22abdd4f6e8ba6c1a15517073"
 T2I_COMPBENCH_FOLDER = "examples/dataset/"
-RAW_URL_PATTERN = "https://raw.githubusercontent.com/{repository}/{commit}/{path}"
-DOWNLOAD_TIMEOUT_S = 60.0
 
 # sha256 of every file in T2I-CompBench's examples/dataset/ at T2I_COMPBENCH_COMMIT (the files are
 # CRLF text; the hashes are of the bytes as served by raw.githubusercontent.com).
@@ -86,82 +82,30 @@ SELECTION_THRESHOLDS: dict[str, tuple[float, float]] = {  # (template, natural)
 }
 
 
-class ChecksumError(ValueError):
-    """A benchmark file's bytes do not match the pinned sha256."""
-
-
-class DownloadError(OSError):
-    """A benchmark file could not be downloaded."""
+T2I_COMPBENCH = PinnedSource(
+    name="t2i_compbench",
+    repository=T2I_COMPBENCH_REPOSITORY,
+    commit=T2I_COMPBENCH_COMMIT,
+    folder=T2I_COMPBENCH_FOLDER,
+    sha256=T2I_COMPBENCH_SHA256,
+    offline_hint="(e.g. a copy of the T2I-CompBench examples/dataset/ folder), or pass your own prompt file "
+    "with --train_prompts FILE",
+)
 
 
 def t2i_compbench_url(filename: str) -> str:
     """The raw GitHub URL of `filename` at the pinned T2I-CompBench commit."""
-    return RAW_URL_PATTERN.format(
-        repository=T2I_COMPBENCH_REPOSITORY, commit=T2I_COMPBENCH_COMMIT, path=T2I_COMPBENCH_FOLDER + filename
-    )
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _check_hash(filename: str, data: bytes, where: str) -> None:
-    expected, actual = T2I_COMPBENCH_SHA256[filename], _sha256(data)
-    if actual != expected:
-        raise ChecksumError(
-            f"{filename} ({where}) has sha256 {actual}, expected {expected}: the file is corrupted or "
-            f"not from T2I-CompBench commit {T2I_COMPBENCH_COMMIT}. Replace it with the official file."
-        )
+    return T2I_COMPBENCH.url(filename)
 
 
 def fetch_t2i_compbench_file(filename: str) -> Path:
     """Return a local, sha256-verified copy of a T2I-CompBench file such as `color_train.txt`.
 
     With `GORS_DATA_DIR` set, only that folder is read (`<dir>/<filename>` or
-    `<dir>/t2i_compbench/<filename>`) and the network is never touched. Otherwise the file is
-    taken from `$GORS_CACHE_DIR` (default `~/.cache/gors`)`/t2i_compbench/<commit>/`, downloaded
-    there first if absent or corrupted.
+    `<dir>/t2i_compbench/<filename>`); otherwise the file is cached under `$GORS_CACHE_DIR`
+    (see `gors.data.fetch_pinned_file`).
     """
-    if filename not in T2I_COMPBENCH_SHA256:
-        raise ValueError(f"Unknown T2I-CompBench file {filename!r}; known files: {', '.join(T2I_COMPBENCH_SHA256)}")
-    data_dir = os.environ.get("GORS_DATA_DIR")
-    if data_dir:
-        candidates = [Path(data_dir) / filename, Path(data_dir) / "t2i_compbench" / filename]
-        for path in candidates:
-            if path.is_file():
-                _check_hash(filename, path.read_bytes(), str(path))
-                return path
-        raise FileNotFoundError(
-            f"GORS_DATA_DIR={data_dir!r} does not contain {filename}: looked for "
-            f"{' and '.join(map(str, candidates))}. Copy the file there or unset GORS_DATA_DIR to download it."
-        )
-    cache_root = Path(os.environ.get("GORS_CACHE_DIR") or Path.home() / ".cache" / "gors")
-    target = cache_root.expanduser() / "t2i_compbench" / T2I_COMPBENCH_COMMIT / filename
-    # A cached copy is trusted only if its hash still matches; a bad one is fetched again.
-    if target.is_file() and _sha256(target.read_bytes()) == T2I_COMPBENCH_SHA256[filename]:
-        return target
-    url = t2i_compbench_url(filename)
-    try:
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
-            data = response.read()
-    except (urllib.error.URLError, OSError, TimeoutError) as err:
-        raise DownloadError(
-            f"Could not download {url}: {err}. To run offline, set GORS_DATA_DIR to a folder holding "
-            f"{filename} (e.g. a copy of the T2I-CompBench examples/dataset/ folder), or pass your own "
-            f"prompt file with --train_prompts FILE."
-        ) from err
-    _check_hash(filename, data, url)  # verify before caching so a bad download never lands on disk
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Temp file in the same folder + os.replace: concurrent readers never see a partial file.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{filename}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return fetch_pinned_file(T2I_COMPBENCH, filename)
 
 
 def read_prompt_file(path: str | os.PathLike[str]) -> list[str]:
