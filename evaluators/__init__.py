@@ -11,7 +11,13 @@ from typing import Any
 
 from evaluators.base import Benchmark
 
-_BENCHMARKS = {"toy": "evaluators.toy:ToyBenchmark"}
+_BENCHMARKS = {
+    "geneval": "evaluators.geneval:GenEvalBenchmark",
+    "geneval2": "evaluators.geneval2:GenEval2Benchmark",
+    "lpg_bench": "evaluators.lpg_bench:LPGBenchBenchmark",
+    "t2i_compbench": "evaluators.t2i_compbench:T2ICompBenchBenchmark",
+    "toy": "evaluators.toy:ToyBenchmark",
+}
 
 
 def available_benchmarks() -> list[str]:
