@@ -101,6 +101,10 @@ class Benchmark:
     name: ClassVar[str] = ""
     scorer: ClassVar[str] = ""  # a reward name (or weighted list) from the rewards registry
     higher_is_better: ClassVar[bool] = True
+    # The summary key that ranks checkpoints (validation keeps the best by it; reports lead with it).
+    primary_metric: ClassVar[str] = "score"
+    # The constructor field that "name:value" sets in a benchmark spec, e.g. t2i_compbench:color.
+    subset_field: ClassVar[str | None] = None
 
     def prompts(self) -> list[BenchmarkPrompt]:
         raise NotImplementedError
@@ -150,12 +154,15 @@ class Benchmark:
         images: str | Path | None = None,
         pipeline_loader: Callable[[], Any] | None = None,
         scorer_batch_size: int = 16,
+        scorer: Reward | None = None,
+        with_columns: bool = True,
     ) -> dict[str, Any]:
         """Generate (or read `images`), score and summarise; returns the summary.
 
-        Resumable: generated images and scores already in `output_dir` are kept. `pipeline_loader`
-        replaces loading `pretrained_model_name_or_path` (+ `lora`), e.g. for validation during
-        training with the pipeline in memory.
+        Resumable: generated images and scores already in `output_dir` are kept. For validation
+        during training, `pipeline_loader` replaces loading `pretrained_model_name_or_path` (+ `lora`)
+        with the pipeline in memory, `scorer` reuses a loaded scorer, and `with_columns=False`
+        skips the further metric columns.
         """
         accelerator = accelerator or make_accelerator()
         output_dir = Path(output_dir)
@@ -181,7 +188,8 @@ class Benchmark:
             )
         metadata = [dict(p.metadata) for p in prompts]
         scores = score_samples(
-            samples, output_dir / "scores", lambda: self.make_scorer(accelerator, scorer_options, scorer_batch_size),
+            samples, output_dir / "scores",
+            lambda: scorer or self.make_scorer(accelerator, scorer_options, scorer_batch_size),
             batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: score",
             prompt_metadata=metadata,
         )
@@ -192,7 +200,7 @@ class Benchmark:
                 batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: {column}",
                 prompt_metadata=metadata,
             )
-            for column in self.columns()
+            for column in (self.columns() if with_columns else {})
         }
         rows = []
         for key in sorted(scores):

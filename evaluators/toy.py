@@ -32,6 +32,8 @@ class ToyBenchmark(Benchmark):
 
     name = "toy"
     scorer = "toy_oracle"
+    primary_metric = "binding_accuracy"
+    subset_field = "split"
 
     def prompts(self) -> list[BenchmarkPrompt]:
         train, held_out = split_prompts()

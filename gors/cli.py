@@ -16,6 +16,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from gors.config import (
+    EvaluateConfig,
     GenerateConfig,
     RunConfig,
     ScoreConfig,
@@ -117,6 +118,12 @@ def _train(config: TrainConfig) -> None:
     accelerator.end_training()
 
 
+def _evaluate(config: EvaluateConfig) -> None:
+    from gors.evaluate import evaluate
+
+    evaluate(config)
+
+
 def _toy(argv: list[str]) -> None:
     """`gors toy pretrain [flags]`: train the packaged toy model and classifier from scratch."""
     from gors.toy.pretrain import ToyPretrainConfig, pretrain
@@ -173,6 +180,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
     "select": (SelectConfig, _select, "keep samples with reward > tau"),
     "train": (TrainConfig, _train, "reward-weighted LoRA fine-tuning on the selection"),
     "run": (RunConfig, run, "generate, score, select and train in one go"),
+    "evaluate": (EvaluateConfig, _evaluate, "run benchmarks on a checkpoint, a LoRA or an image folder"),
 }
 
 

@@ -225,6 +225,20 @@ class TrainConfig(ModelConfig):
         default=None, metadata={"help": "Prompts rendered with the current LoRA and logged every --validation_steps."}
     )
     validation_steps: int = field(default=500, metadata={"help": "Run validation every N updates."})
+    validation_benchmark: str | None = field(
+        default=None,
+        metadata={"help": "Benchmark run with the current LoRA every --validation_steps (any one of `gors evaluate "
+                          "--benchmarks`, e.g. t2i_compbench:color, geneval, toy): metrics and an image grid go "
+                          "to TensorBoard, and the best LoRA by --validation_metric to <output_dir>/best."},
+    )
+    validation_num_prompts: int = field(default=16, metadata={"help": "Validation prompts (spread over the benchmark)."})
+    validation_images_per_prompt: int = field(default=1, metadata={"help": "Validation images per prompt."})
+    validation_metric: str | None = field(
+        default=None, metadata={"help": "Summary key that picks the best checkpoint; default: the benchmark's main metric."}
+    )
+    validation_scorer_options: str | None = field(
+        default=None, metadata={"help": "Keyword arguments of the validation scorer (JSON/YAML mapping)."}
+    )
     report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker: tensorboard, wandb, all or none."})
     dataloader_num_workers: int = field(default=0, metadata={"help": "DataLoader workers (latents are cached in memory)."})
 
@@ -238,6 +252,18 @@ class TrainConfig(ModelConfig):
                "--no_train_unet and --no_train_text_encoder together leave nothing to train")
         _check(self.learning_rate > 0 and self.text_encoder_learning_rate > 0, "learning rates must be > 0")
         _check(0.0 <= self.caption_dropout < 1.0, f"--caption_dropout={self.caption_dropout}: use a value in [0, 1)")
+        _check(self.validation_num_prompts >= 1 and self.validation_images_per_prompt >= 1,
+               "--validation_num_prompts and --validation_images_per_prompt must be >= 1")
+        self.validation_scorer_options = parse_mapping(self.validation_scorer_options, "--validation_scorer_options")
+        if self.validation_benchmark is not None:
+            from evaluators import parse_benchmarks
+
+            try:
+                specs = parse_benchmarks(self.validation_benchmark)
+            except ValueError as err:
+                raise ValueError(str(err).replace("--benchmarks", "--validation_benchmark")) from err
+            _check(len(specs) == 1, f"--validation_benchmark={self.validation_benchmark!r}: name one benchmark or "
+                                    "category (e.g. t2i_compbench:color)")
 
 
 @dataclass
@@ -247,3 +273,49 @@ class RunConfig(GenerateConfig, ScoreConfig, SelectConfig, TrainConfig):
     def __post_init__(self) -> None:
         # Each parent's checks run once through the cooperative super() chain.
         super().__post_init__()
+
+
+@dataclass
+class EvaluateConfig(StageConfig):
+    """`gors evaluate`: benchmarks on any checkpoint, or on images already in an official layout."""
+
+    output_dir: str = field(
+        default="eval_output", metadata={"help": "Results: one folder per benchmark (and category), summary.json."}
+    )
+    pretrained_model_name_or_path: str | None = field(
+        default="stabilityai/stable-diffusion-2-base",
+        metadata={"help": "Stable Diffusion pipeline to evaluate (Hub id or folder); unused with --images."},
+    )
+    lora: str | None = field(
+        default=None,
+        metadata={"help": "LoRA folder (diffusers format, e.g. a gors run folder) or official:<category> for the "
+                          "GORS checkpoints released with T2I-CompBench (downloaded and converted once)."},
+    )
+    benchmarks: str = field(
+        default="all",
+        metadata={"help": "all | t2i_compbench[:color,shape,...] | geneval | geneval2 | lpg_bench | toy[:train], "
+                          "comma-separated. all = every T2I-CompBench category, GenEval, GenEval 2, LPG-Bench."},
+    )
+    images: str | None = field(
+        default=None,
+        metadata={"help": "Score images already laid out as the benchmark's official tools expect instead of "
+                          "generating (one benchmark or category only)."},
+    )
+    max_prompts: int | None = field(default=None, metadata={"help": "Evaluate at most N prompts (quick runs)."})
+    images_per_prompt: int | None = field(
+        default=None, metadata={"help": "Images per prompt; default: each benchmark's official number."}
+    )
+    scorer_options: str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments of the scorers as a JSON/YAML mapping keyed by benchmark, e.g. "
+                          "'{\"geneval\": {\"model_name_or_path\": \"...\"}}'."},
+    )
+    scorer_batch_size: int = field(default=16, metadata={"help": "Images per scorer call on each process."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
+        _check(self.images_per_prompt is None or self.images_per_prompt >= 1,
+               f"--images_per_prompt={self.images_per_prompt}: must be >= 1")
+        _check(self.scorer_batch_size >= 1, f"--scorer_batch_size={self.scorer_batch_size}: must be >= 1")
+        self.scorer_options = parse_mapping(self.scorer_options, "--scorer_options")

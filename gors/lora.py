@@ -64,7 +64,11 @@ def save_lora(save_dir: str | Path, unet: torch.nn.Module | None, text_encoder: 
 def load_lora(load_dir: str | Path, unet: torch.nn.Module | None, text_encoder: torch.nn.Module | None) -> None:
     """Load a diffusers-format LoRA into modules that already carry adapters (see `add_lora`)."""
     from diffusers import StableDiffusionPipeline
-    from diffusers.utils import convert_state_dict_to_diffusers, convert_state_dict_to_peft, convert_unet_state_dict_to_peft
+    from diffusers.utils import (
+        convert_state_dict_to_diffusers,
+        convert_state_dict_to_peft,
+        convert_unet_state_dict_to_peft,
+    )
     from peft.utils import set_peft_model_state_dict
 
     state_dict, _alphas = StableDiffusionPipeline.lora_state_dict(str(load_dir))

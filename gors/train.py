@@ -20,12 +20,13 @@ from gors.config import TrainConfig
 from gors.distributed import make_accelerator, progress_bar
 from gors.generate import samples_dir
 from gors.hub import check_model_path
-from gors.lora import add_lora, lora_parameters, load_lora, save_lora
+from gors.lora import add_lora, load_lora, lora_parameters, save_lora
 from gors.loss import diffusion_target, reward_weighted_loss
 from gors.pipeline import cpu_generators
 from gors.select import load_selection, reward_statistics
 from gors.store import SampleStore
 from gors.training_data import CACHE_DIR, BatchSchedule, cached_latent_distributions
+from gors.validation import BenchmarkValidation
 
 CHECKPOINTS = "checkpoints"
 
@@ -229,12 +230,10 @@ class GORSTrainer:
         if writer is not None:
             writer.add_histogram("selected/reward", np.asarray(values), 0)
 
-    @torch.no_grad()
-    def log_validation(self, step: int) -> list:
-        """Render `--validation_prompts` with the current LoRA (own generators: the training RNG is untouched)."""
+    def _pipeline(self):
+        """A DDIM pipeline over the models being trained (the VAE moved to the device while it is used)."""
         from diffusers import DDIMScheduler, StableDiffusionPipeline
 
-        config = self.config
         pipeline = StableDiffusionPipeline(
             vae=self.vae.to(self.accelerator.device),
             text_encoder=self.accelerator.unwrap_model(self.text_encoder),
@@ -246,6 +245,33 @@ class GORSTrainer:
             requires_safety_checker=False,
         )
         pipeline.set_progress_bar_config(disable=True)
+        return pipeline
+
+    def _save_lora(self, directory: Path) -> Path:
+        unwrap = self.accelerator.unwrap_model
+        return save_lora(
+            directory,
+            unwrap(self.unet) if self.config.train_unet else None,
+            unwrap(self.text_encoder) if self.config.train_text_encoder else None,
+        )
+
+    @torch.no_grad()
+    def validate_on_benchmark(self, step: int) -> dict:
+        """`--validation_benchmark` with the current LoRA, on every process; see `gors.validation`."""
+        modes = {module: module.training for module in (self.unet, self.text_encoder)}
+        for module in modes:
+            module.eval()
+        summary = self.validation.run(step, self._pipeline(), self._save_lora)
+        self.vae.to("cpu")
+        for module, training in modes.items():
+            module.train(training)
+        return summary
+
+    @torch.no_grad()
+    def log_validation(self, step: int) -> list:
+        """Render `--validation_prompts` with the current LoRA (own generators: the training RNG is untouched)."""
+        config = self.config
+        pipeline = self._pipeline()
         prompts = list(config.validation_prompts or [])
         images = pipeline(
             prompt=prompts,
@@ -269,6 +295,7 @@ class GORSTrainer:
         config, accelerator = self.config, self.accelerator
         set_seed(config.seed, device_specific=True)
         self.selection = load_selection(config.output_dir)  # fail before loading any model
+        self.validation = BenchmarkValidation(config, accelerator) if config.validation_benchmark else None
         self._setup_models()
         self._setup_optimizer()
         self._register_hooks()
@@ -336,19 +363,17 @@ class GORSTrainer:
 
             if global_step % config.checkpointing_steps == 0 or global_step == config.max_train_steps:
                 self.save_checkpoint(global_step)
-            if config.validation_prompts and global_step % config.validation_steps == 0:
-                if accelerator.is_main_process:
+            if global_step % config.validation_steps == 0:
+                if config.validation_prompts and accelerator.is_main_process:
                     self.log_validation(global_step)
+                if self.validation is not None:
+                    self.validate_on_benchmark(global_step)
                 accelerator.wait_for_everyone()
         bar.close()
 
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            path = save_lora(
-                self.output_dir,
-                accelerator.unwrap_model(self.unet) if config.train_unet else None,
-                accelerator.unwrap_model(self.text_encoder) if config.train_text_encoder else None,
-            )
+            path = self._save_lora(self.output_dir)
             accelerator.print(f"[train] LoRA saved to {path}")
         # Trackers close here; the process group stays up for whatever the caller runs next
         # (e.g. an evaluation), and the entry point calls `accelerator.end_training()` last.

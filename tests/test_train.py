@@ -4,12 +4,11 @@ import shutil
 
 import numpy as np
 import pytest
-
-from gors.distributed import reset_process_state
 import torch
 from diffusers import StableDiffusionPipeline
 from safetensors.torch import load_file
 
+from gors.distributed import reset_process_state
 from gors.generate import generate
 from gors.score import score
 from gors.select import load_selection, select
@@ -180,3 +179,35 @@ def test_gradient_checkpointing_trains(selected_run, make_run_config, tmp_path):
     lora = load_file(str(train(_config(make_run_config, run_dir, max_train_steps=1, gradient_checkpointing=True,
                                        report_to="none", learning_rate=1e-2))))
     assert any(v.abs().max() > 0 for k, v in lora.items() if ".up." in k)
+
+
+def test_benchmark_validation_logs_keeps_the_best_and_leaves_training_unchanged(selected_run, make_run_config,
+                                                                                tmp_path):
+    import json
+
+    plain_dir = _copy_run(selected_run, tmp_path / "plain")
+    train(_config(make_run_config, plain_dir, max_train_steps=2, checkpointing_steps=2, report_to="none"))
+    reset_process_state()
+    validated_dir = _copy_run(selected_run, tmp_path / "validated")
+    train(_config(make_run_config, validated_dir, max_train_steps=2, checkpointing_steps=2,
+                  validation_benchmark="toy:train", validation_num_prompts=2, validation_images_per_prompt=1,
+                  validation_steps=1))
+
+    for step in (1, 2):
+        summary = json.loads((validated_dir / "validation" / f"step-{step:06d}" / "summary.json").read_text())
+        assert summary["num_images"] == 2 and 0.0 <= summary["binding_accuracy"] <= 1.0
+    best = json.loads((validated_dir / "best" / "best.json").read_text())
+    assert best["benchmark"] == "toy:train" and best["metric"] == "binding_accuracy" and best["step"] in (1, 2)
+    assert (validated_dir / "best" / "pytorch_lora_weights.safetensors").is_file()
+    events = list((validated_dir / "logs").rglob("events.out.tfevents.*"))
+    assert events and any(b"validation/toy:train/binding_accuracy" in e.read_bytes() for e in events)
+    # Validation samples and scores with its own generators and restores the RNG: same training.
+    plain = load_file(plain_dir / "pytorch_lora_weights.safetensors")
+    validated = load_file(validated_dir / "pytorch_lora_weights.safetensors")
+    assert plain.keys() == validated.keys()
+    assert all(torch.equal(plain[k], validated[k]) for k in plain)
+
+
+def test_unknown_validation_benchmark_is_a_clear_error(make_run_config):
+    with pytest.raises(ValueError, match="--validation_benchmark.*unknown benchmark 'genevel'"):
+        make_run_config(validation_benchmark="genevel")

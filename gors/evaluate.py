@@ -1,0 +1,81 @@
+"""`gors evaluate`: run benchmarks on a checkpoint (optionally with a LoRA) or on an image folder.
+
+Each benchmark (and T2I-CompBench category) gets its own folder under `--output_dir` with
+`samples/`, `scores/`, `results.jsonl` (per image: score, pass/fail, reason, details) and
+`summary.json`; `summary.json` at the top collects them. Everything is resumable and runs on
+any number of processes under `accelerate launch`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from gors.config import EvaluateConfig
+from gors.distributed import make_accelerator
+from gors.io import atomic_write_json
+
+
+def resolve_lora(lora: str | None) -> str | None:
+    """`official:<category>` -> the converted official GORS LoRA (downloaded once); else unchanged."""
+    if lora is None or not lora.startswith("official:"):
+        return lora
+    from gors.official_lora import resolve_lora as resolve_official
+
+    return resolve_official(lora)
+
+
+def _format(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def summary_table(summaries: list[dict[str, Any]]) -> str:
+    """A markdown table: one row per benchmark (category), its primary metric and further columns."""
+    lines = ["| benchmark | metric | value | further columns |", "|---|---|---|---|"]
+    for summary in summaries:
+        columns = ", ".join(f"{k} {_format(v)}" for k, v in (summary.get("columns") or {}).items()) or "-"
+        metric = summary["primary_metric"]
+        lines.append(f"| {summary['label']} | {metric} | {_format(summary.get(metric))} | {columns} |")
+    return "\n".join(lines)
+
+
+def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
+    """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json)."""
+    from evaluators import benchmark_label, build_benchmark, parse_benchmarks
+
+    accelerator = accelerator or make_accelerator()
+    specs = parse_benchmarks(config.benchmarks)
+    if config.images is not None and len(specs) != 1:
+        raise ValueError(
+            f"--images scores one benchmark's folder, but --benchmarks={config.benchmarks!r} names {len(specs)} "
+            f"({', '.join(benchmark_label(*s) for s in specs)}); name exactly one, e.g. t2i_compbench:color."
+        )
+    if config.images is None and config.pretrained_model_name_or_path is None:
+        raise ValueError("give --pretrained_model_name_or_path to generate, or --images to score existing images")
+    unknown = sorted(set(config.scorer_options) - {name for name, _ in specs} - {benchmark_label(*s) for s in specs})
+    if unknown:
+        raise ValueError(f"--scorer_options for {unknown}, which are not among the benchmarks evaluated")
+    benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts,
+                                         images_per_prompt=config.images_per_prompt)) for spec in specs]
+    lora = resolve_lora(config.lora)
+    summaries = []
+    for (name, _), benchmark in benchmarks:
+        # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.
+        subset = getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
+        label = benchmark_label(name, subset)
+        options = {**config.scorer_options.get(name, {}), **config.scorer_options.get(label, {})}
+        folder = Path(config.output_dir) / name / (subset or "")
+        accelerator.print(f"[evaluate] {label} -> {folder}")
+        summary = benchmark.evaluate(
+            config.pretrained_model_name_or_path, folder, lora=lora, accelerator=accelerator,
+            scorer_options=options, images=config.images, scorer_batch_size=config.scorer_batch_size,
+        )
+        summaries.append({"label": label, "primary_metric": benchmark.primary_metric, "folder": str(folder),
+                          **summary})
+    if accelerator.is_main_process:
+        atomic_write_json(Path(config.output_dir) / "summary.json", {"lora": config.lora, "summaries": summaries})
+        print(summary_table(summaries))
+    accelerator.wait_for_everyone()
+    return summaries

@@ -1,0 +1,118 @@
+"""Benchmark validation during training: metrics of the current LoRA, and the best LoRA kept.
+
+Every `--validation_steps` the trainer hands the in-memory pipeline to `BenchmarkValidation.run`:
+the benchmark generates its (few) validation images on every process (sharded), scores them,
+logs every numeric summary value and an image grid, and saves the LoRA to `<output_dir>/best`
+when `--validation_metric` improves. The training RNG streams are saved and restored around it,
+so a run with validation trains exactly as one without.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from PIL import Image
+
+from gors.config import TrainConfig
+from gors.io import atomic_write_json
+
+BEST_DIR = "best"
+BEST_FILE = "best.json"
+
+
+@contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Restore Python's, NumPy's, torch's and CUDA's global RNG states on exit."""
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if states[3] is not None:
+            torch.cuda.set_rng_state_all(states[3])
+
+
+def is_better(value: float, best: float | None, higher_is_better: bool) -> bool:
+    return best is None or (value > best if higher_is_better else value < best)
+
+
+def image_grid(paths: list[Path], columns: int = 8, side: int = 128) -> np.ndarray:
+    """Up to `columns` x 2 images side by side, each resized to `side` px: an (H, W, 3) uint8 array."""
+    paths = paths[: columns * 2]
+    rows = -(-len(paths) // columns)
+    grid = Image.new("RGB", (side * min(columns, len(paths)), side * rows), "white")
+    for k, path in enumerate(paths):
+        with Image.open(path) as image:
+            grid.paste(image.convert("RGB").resize((side, side)), ((k % columns) * side, (k // columns) * side))
+    return np.asarray(grid)
+
+
+class BenchmarkValidation:
+    """`--validation_benchmark` for one training run (see the module docstring)."""
+
+    def __init__(self, config: TrainConfig, accelerator: Accelerator) -> None:
+        from evaluators import benchmark_label, build_benchmark, parse_benchmarks
+
+        name, subset = parse_benchmarks(config.validation_benchmark)[0]
+        self.benchmark = build_benchmark(
+            name, subset, max_prompts=config.validation_num_prompts,
+            images_per_prompt=config.validation_images_per_prompt,
+        )
+        self.label = benchmark_label(name, subset)
+        self.metric = config.validation_metric or self.benchmark.primary_metric
+        self.options = config.validation_scorer_options
+        self.accelerator = accelerator
+        self.output_dir = Path(config.output_dir)
+        self._scorer = None
+        best_file = self.output_dir / BEST_DIR / BEST_FILE
+        self.best: dict[str, Any] | None = json.loads(best_file.read_text()) if best_file.is_file() else None
+
+    def run(self, step: int, pipeline: Any, save_lora: Callable[[Path], Any]) -> dict[str, Any]:
+        """Validate the pipeline at `step`; returns the benchmark summary (all processes call this)."""
+        accelerator = self.accelerator
+        folder = self.output_dir / "validation" / f"step-{step:06d}"
+        with preserved_rng():
+            if self._scorer is None:
+                self._scorer = self.benchmark.make_scorer(accelerator, self.options)
+            summary = self.benchmark.evaluate(
+                None, folder, accelerator=accelerator, pipeline_loader=lambda: pipeline,
+                scorer=self._scorer, with_columns=False,
+            )
+        if self.metric not in summary:
+            numeric = [k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            raise ValueError(f"--validation_metric={self.metric!r} is not in the {self.label} summary; choose one "
+                             f"of {numeric}")
+        value = float(summary[self.metric])
+        logs = {f"validation/{self.label}/{k}": v for k, v in summary.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        accelerator.log(logs, step=step)
+        if accelerator.is_main_process:
+            self._log_images(folder, step)
+            if is_better(value, self.best and self.best["value"], self.benchmark.higher_is_better):
+                save_lora(self.output_dir / BEST_DIR)
+                self.best = {"step": step, "benchmark": self.label, "metric": self.metric, "value": value}
+                atomic_write_json(self.output_dir / BEST_DIR / BEST_FILE, self.best)
+                accelerator.print(f"[validation] step {step}: {self.metric} {value:.4f}, the best so far")
+            else:
+                accelerator.print(f"[validation] step {step}: {self.metric} {value:.4f} "
+                                  f"(best {self.best['value']:.4f} at step {self.best['step']})")
+        accelerator.wait_for_everyone()
+        return summary
+
+    def _log_images(self, folder: Path, step: int) -> None:
+        rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+        paths = [folder / "samples" / row["path"] for row in rows]
+        for tracker in self.accelerator.trackers:
+            if tracker.name == "tensorboard" and paths:
+                tracker.writer.add_image(f"validation/{self.label}", image_grid(paths), step, dataformats="HWC")

@@ -1,0 +1,71 @@
+"""`gors evaluate`: benchmark specs, folders, summaries, resume and bad input (toy benchmark, packaged model)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evaluators import build_benchmark, parse_benchmarks
+from gors.cli import main, parse_config
+from gors.config import EvaluateConfig
+from gors.evaluate import evaluate
+from gors.toy.pretrain import PRETRAINED_DIR
+
+TOY_MODEL = str(PRETRAINED_DIR / "pipeline")
+
+
+def test_benchmark_specs():
+    assert parse_benchmarks("geneval") == [("geneval", None)]
+    assert parse_benchmarks("t2i_compbench:color,shape, geneval") == [
+        ("t2i_compbench", "color"), ("t2i_compbench", "shape"), ("geneval", None)]
+    everything = parse_benchmarks("all")
+    assert ("t2i_compbench", "numeracy") in everything and ("t2i_compbench", "3d_spatial") in everything
+    assert [b for b, _ in everything].count("t2i_compbench") == 8 and ("lpg_bench", None) in everything
+    assert parse_benchmarks("toy,toy") == [("toy", None)]
+    for bad in ("", "genevel", "color"):
+        with pytest.raises(ValueError, match="--benchmarks"):
+            parse_benchmarks(bad)
+
+
+def test_subsets_and_quick_run_sizes_reach_the_benchmark():
+    benchmark = build_benchmark("toy", "train", max_prompts=5, images_per_prompt=None)
+    assert benchmark.split == "train" and benchmark.images_per_prompt == 4 and len(benchmark.prompts()) <= 5
+    with pytest.raises(ValueError, match="split"):
+        build_benchmark("toy", "heldout").prompts()
+
+
+def test_evaluate_writes_one_folder_per_benchmark_and_resumes(tmp_path, capsys):
+    argv = ["evaluate", "--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy,toy:train",
+            "--max_prompts", "3", "--images_per_prompt", "1", "--output_dir", str(tmp_path)]
+    main(argv)
+    out = capsys.readouterr().out
+    assert "| toy:held_out | binding_accuracy |" in out and "| toy:train | binding_accuracy |" in out
+    combined = json.loads((tmp_path / "summary.json").read_text())
+    assert [s["label"] for s in combined["summaries"]] == ["toy:held_out", "toy:train"]
+    for split in ("held_out", "train"):
+        rows = [json.loads(line) for line in (tmp_path / "toy" / split / "results.jsonl").open()]
+        assert len(rows) == 3 and all({"score", "correct", "reason", "details"} <= row.keys() for row in rows)
+        assert all(row["correct"] == (row["reason"] == "") for row in rows)
+    main(argv)  # everything exists: nothing is generated or scored again
+    assert "0 to generate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [({"images": "somewhere", "benchmarks": "toy,toy:train"}, "name exactly one"),
+     ({"scorer_options": '{"geneval": {}}'}, "not among the benchmarks"),
+     ({"pretrained_model_name_or_path": None}, "--pretrained_model_name_or_path")],
+)
+def test_bad_evaluate_input(tmp_path, overrides, message):
+    values = {"benchmarks": "toy", "output_dir": str(tmp_path), **overrides}
+    with pytest.raises(ValueError, match=message):
+        evaluate(EvaluateConfig(**values))
+
+
+def test_images_folder_for_a_benchmark_without_an_official_layout(tmp_path):
+    (tmp_path / "images").mkdir()
+    config = parse_config(EvaluateConfig, ["--benchmarks", "toy", "--images", str(tmp_path / "images"),
+                                           "--output_dir", str(tmp_path / "out")])
+    with pytest.raises(NotImplementedError, match="cannot read an image folder"):
+        evaluate(config)
