@@ -141,9 +141,11 @@ def reward_table() -> list[dict[str, str]]:
 
     rows = []
     for name in rewards.available_rewards():
-        role = [f"metric: {', '.join(c for c, r in METRIC_REWARD.items() if r == name)}"] if name in METRIC_REWARD.values() else []
-        if name in UNBIASED_REWARD.values():
-            role.append(f"unbiased: {', '.join(c for c, r in UNBIASED_REWARD.items() if r == name)}")
+        role = [
+            f"{kind}: {', '.join(c for c, r in table.items() if r == name)}"
+            for kind, table in (("metric", METRIC_REWARD), ("unbiased", UNBIASED_REWARD))
+            if name in table.values()
+        ]
         try:
             cls = rewards.get_reward_class(name)
         except (ImportError, ValueError) as err:  # a plugin that fails to import must not hide the others
@@ -186,9 +188,12 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: gors {" + ",".join([*COMMANDS, "rewards", "toy"]) + "} [flags]  (gors COMMAND --help for its flags)\n\n"
+    names = ",".join([*COMMANDS, "rewards", "report", "convert-lora", "toy"])
+    usage = "usage: gors {" + names + "} [flags]  (gors COMMAND --help for its flags)\n\n"
     usage += "\n".join(f"  {name:<9} {help_}" for name, (_, _, help_) in COMMANDS.items())
     usage += "\n  rewards   list the registered rewards"
+    usage += "\n  report    markdown table and plots of evaluation and training folders"
+    usage += "\n  convert-lora  official GORS (lora_diffusion) checkpoint -> diffusers LoRA folder"
     usage += "\n  toy       toy world: `gors toy pretrain` trains the packaged toy model"
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
@@ -199,6 +204,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if command == "toy":
         _toy(rest)
+        return
+    if command == "report":
+        from gors.report import main as report_main
+
+        report_main(rest)
+        return
+    if command == "convert-lora":
+        from gors.official_lora import main as convert_main
+
+        convert_main(rest)
         return
     if command not in COMMANDS:
         raise SystemExit(f"gors: unknown command {command!r}\n{usage}")

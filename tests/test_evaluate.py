@@ -69,3 +69,30 @@ def test_images_folder_for_a_benchmark_without_an_official_layout(tmp_path):
                                            "--output_dir", str(tmp_path / "out")])
     with pytest.raises(NotImplementedError, match="cannot read an image folder"):
         evaluate(config)
+
+
+def test_report_tables_and_plots_evaluations_and_training_runs(tmp_path):
+    from gors.report import markdown_table, report
+
+    table = markdown_table({"mine": {"t2i_compbench:color": 0.61, "toy:train": 0.5}})
+    assert "| mine | 0.6100 | 0.5000 |" in table
+    assert "| *SD-2-base (T2I-CompBench paper)* | 0.5065 | - |" in table and "*GORS (T2I-CompBench paper)*" in table
+
+    evaluation = tmp_path / "eval_a"
+    evaluation.mkdir()
+    (evaluation / "summary.json").write_text(json.dumps({"summaries": [
+        {"label": "toy:held_out", "primary_metric": "binding_accuracy", "binding_accuracy": 0.25}]}))
+    run = tmp_path / "run_b"
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(run / "logs" / "gors")) as writer:
+        for step in (1, 2, 3):
+            writer.add_scalar("train/loss", 1.0 / step, step)
+            writer.add_scalar("validation/toy:train/binding_accuracy", 0.1 * step, step)
+    path = report([evaluation, run], tmp_path / "report")
+    text = path.read_text()
+    assert "| eval_a | 0.2500 |" in text and "training_curves.png" in text
+    assert (tmp_path / "report" / "benchmarks.png").stat().st_size > 0
+    assert (tmp_path / "report" / "training_curves.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="neither a summary.json"):
+        report([tmp_path / "report"], tmp_path / "other")

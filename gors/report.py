@@ -1,0 +1,143 @@
+"""`gors report OUT_DIR [OUT_DIR ...]`: a markdown table of checkpoints x benchmarks, and plots.
+
+Each OUT_DIR is a `gors evaluate` output folder (its `summary.json`) and/or a training run folder
+(its TensorBoard logs under `logs/`). The report holds:
+
+- `report.md`: one row per evaluated folder and one column per benchmark (its main metric), with
+  the published SD-2-base and GORS numbers beside them where the paper gives them;
+- `benchmarks.png`: grouped bars of the same table;
+- `training_curves.png`: the training loss and every validation metric over steps, per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from gors.io import atomic_write_bytes
+from gors.reference_numbers import PUBLISHED
+
+
+def load_evaluation(folder: Path) -> dict[str, float] | None:
+    """Benchmark label -> main metric value from a `gors evaluate` folder; None when it has no summary."""
+    path = folder / "summary.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if "summaries" not in data:
+        raise ValueError(f"{path} is not a `gors evaluate` summary (no 'summaries' list)")
+    return {
+        s["label"]: float(s[s["primary_metric"]]) for s in data["summaries"] if s.get(s["primary_metric"]) is not None
+    }
+
+
+def load_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series in the TensorBoard logs under `folder/logs`: tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    series: dict[str, list[tuple[int, float]]] = {}
+    for events in sorted((folder / "logs").rglob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        for tag in accumulator.Tags().get("scalars", []):
+            series.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
+    return {tag: sorted(points) for tag, points in series.items()}
+
+
+def markdown_table(rows: dict[str, dict[str, float]], with_published: bool = True) -> str:
+    """Checkpoints x benchmarks; published rows (in italics) for the benchmarks that appear."""
+    columns = sorted({label for values in rows.values() for label in values})
+    table = dict(rows)
+    if with_published:
+        for name, values in PUBLISHED.items():
+            shown = {label: v for label, v in values.items() if label in columns}
+            if shown:
+                table[f"*{name}*"] = shown
+    lines = ["| checkpoint | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, values in table.items():
+        cells = [f"{values[c]:.4f}" if c in values else "-" for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _plot_bars(rows: dict[str, dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    columns = sorted({label for values in rows.values() for label in values})
+    width = 0.8 / max(len(rows), 1)
+    figure, axis = plt.subplots(figsize=(max(6.0, 1.2 * len(columns)), 4.0))
+    for k, (name, values) in enumerate(rows.items()):
+        axis.bar(np.arange(len(columns)) + k * width, [values.get(c, np.nan) for c in columns], width, label=name)
+    axis.set_xticks(np.arange(len(columns)) + width * (len(rows) - 1) / 2, columns, rotation=30, ha="right")
+    axis.set_ylabel("main metric")
+    axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _plot_curves(runs: dict[str, dict[str, list[tuple[int, float]]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tags = sorted({t for series in runs.values() for t in series if t == "train/loss" or t.startswith("validation/")})
+    figure, axes = plt.subplots(len(tags), 1, figsize=(7.0, 2.6 * len(tags)), squeeze=False)
+    for axis, tag in zip(axes[:, 0], tags):
+        for name, series in runs.items():
+            if tag in series:
+                steps, values = zip(*series[tag])
+                axis.plot(steps, values, marker="." if len(steps) < 30 else None, label=name)
+        axis.set_title(tag, fontsize="small")
+        axis.set_xlabel("step")
+        axis.legend(fontsize="x-small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> Path:
+    """Write report.md (+ PNGs) for the given evaluation and run folders; returns report.md's path."""
+    output_dir = Path(output_dir)
+    evaluations: dict[str, dict[str, float]] = {}
+    runs: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder}: no such folder (give `gors evaluate` or training output folders)")
+        name = folder.name
+        evaluation = load_evaluation(folder)
+        if evaluation:
+            evaluations[name] = evaluation
+        if (folder / "logs").is_dir():
+            scalars = load_scalars(folder)
+            if scalars:
+                runs[name] = scalars
+        if evaluation is None and name not in runs:
+            raise ValueError(f"{folder} has neither a summary.json from `gors evaluate` nor TensorBoard logs")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    parts = ["# gors report", ""]
+    if evaluations:
+        parts += ["## Benchmarks (main metric of each; published numbers in italics)", "",
+                  markdown_table(evaluations), "", "![benchmarks](benchmarks.png)", ""]
+        _plot_bars(evaluations, output_dir / "benchmarks.png")
+    if runs:
+        parts += ["## Training", "", "![training curves](training_curves.png)", ""]
+        _plot_curves(runs, output_dir / "training_curves.png")
+    path = output_dir / "report.md"
+    atomic_write_bytes(path, "\n".join(parts).encode("utf-8"))
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="gors report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", help="`gors evaluate` output folders and/or training run folders")
+    parser.add_argument("--output_dir", default="report", help="Where report.md and the PNGs go (default: report).")
+    args = parser.parse_args(argv)
+    print(f"[report] wrote {report(args.folders, args.output_dir)}")
