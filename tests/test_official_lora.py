@@ -1,0 +1,411 @@
+"""The official GORS LoRA checkpoints, converted onto the SD 2 base architecture (offline).
+
+The reference copies in ../shared/gors_checkpoints are mapped onto an SD 2 base U-Net and text
+encoder built from their configs on the meta device (names and shapes without weights). The
+numerical checks materialise uninitialised models and fill only the probed layers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gors import official_lora
+from gors.data import ChecksumError
+from gors.lora import add_lora, load_lora
+from gors.official_lora import (
+    OFFICIAL_CHECKPOINT_STEMS,
+    TEXT_ENCODER_SUFFIX,
+    LoraConversionError,
+    checkpoint_pair,
+    convert_lora_diffusion,
+    convert_official_lora,
+    map_lora_pairs,
+    official_lora_files,
+    read_lora_diffusion,
+    resolve_lora,
+)
+from gors.sd2_architecture import (
+    SD2_BASE,
+    SD2_BASE_TEXT_ENCODER_CONFIG,
+    SD2_BASE_UNET_CONFIG,
+    architecture_configs,
+    empty_models,
+)
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+CHECKPOINTS = SHARED / "gors_checkpoints"
+needs_checkpoints = pytest.mark.skipif(not CHECKPOINTS.is_dir(), reason="../shared/gors_checkpoints is absent")
+
+# The pair order written out by hand (not by walking a model): lora_diffusion visited the U-Net's
+# down blocks, then its up blocks, then the mid block (registration order), and inside each
+# attention to_q, to_k, to_v, to_out.0; CLIP attention registers k, v, q, out.
+_UNET_BLOCKS = (
+    [f"down_blocks.{b}.attentions.{a}" for b in range(3) for a in range(2)]
+    + [f"up_blocks.{b}.attentions.{a}" for b in (1, 2, 3) for a in range(3)]
+    + ["mid_block.attentions.0"]
+)
+UNET_ORDER = [
+    f"{block}.transformer_blocks.0.{attn}.{proj}"
+    for block in _UNET_BLOCKS
+    for attn in ("attn1", "attn2")
+    for proj in ("to_q", "to_k", "to_v", "to_out.0")
+]
+TEXT_ORDER = [f"encoder.layers.{i}.self_attn.{p}" for i in range(23) for p in ("k_proj", "v_proj", "q_proj", "out_proj")]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # The CPU is shared; one thread keeps the probes from oversubscribing it.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _offline_data(monkeypatch, tmp_path):
+    monkeypatch.setenv("GORS_DATA_DIR", str(SHARED))
+    monkeypatch.setenv("GORS_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def raw(category: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    unet_pt, text_pt = official_lora_files(category)
+    return read_lora_diffusion(unet_pt), read_lora_diffusion(text_pt)
+
+
+@pytest.fixture(scope="module")
+def meta_models():
+    return empty_models(SD2_BASE_UNET_CONFIG, SD2_BASE_TEXT_ENCODER_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def converted_dir(tmp_path_factory) -> Path:
+    if not CHECKPOINTS.is_dir():
+        pytest.skip("../shared/gors_checkpoints is absent")
+    out = tmp_path_factory.mktemp("converted_color")
+    convert_official_lora((CHECKPOINTS / "color" / "lora_weight_e357_s124500.pt",
+                           CHECKPOINTS / "color" / "lora_weight_e357_s124500.text_encoder.pt"), out)
+    return out
+
+
+def materialised_models():
+    """SD 2 base models with real (uninitialised) CPU memory: only the probed layers get values."""
+    unet, text_encoder = empty_models(SD2_BASE_UNET_CONFIG, SD2_BASE_TEXT_ENCODER_CONFIG)
+    return unet.to_empty(device="cpu"), text_encoder.to_empty(device="cpu")
+
+
+# --- the architecture ---------------------------------------------------------------------------
+
+
+def test_sd2_base_configs_build_the_published_model_sizes(meta_models):
+    unet, text_encoder = meta_models
+    # SD 2 base: 865.9 M U-Net parameters, 340.4 M for the OpenCLIP-H text tower without its last layer.
+    assert sum(p.numel() for p in unet.parameters()) == 865_910_724
+    assert sum(p.numel() for p in text_encoder.parameters()) == 340_387_840
+    assert unet.device.type == "meta"
+
+
+def test_architecture_configs_read_a_local_folder_and_fall_back_offline(tmp_path):
+    for sub, config in (("unet", SD2_BASE_UNET_CONFIG), ("text_encoder", SD2_BASE_TEXT_ENCODER_CONFIG)):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "config.json").write_text(json.dumps({**config, "cross_attention_dim": 768}))
+    unet_config, text_config = architecture_configs(str(tmp_path))
+    assert unet_config["cross_attention_dim"] == 768 and text_config["num_hidden_layers"] == 23
+    # The Hub is unreachable here (HF_HUB_OFFLINE=1): SD 2 base falls back to the built-in configs.
+    unet_config, text_config = architecture_configs(SD2_BASE)
+    assert unet_config["attention_head_dim"] == [5, 10, 20, 20] and text_config["hidden_size"] == 1024
+    with pytest.raises(OSError, match="could not read unet/config.json"):
+        architecture_configs("someone/not-a-cached-model")
+
+
+# --- every pair lands on its module -------------------------------------------------------------
+
+
+@needs_checkpoints
+@pytest.mark.parametrize("category", sorted(OFFICIAL_CHECKPOINT_STEMS))
+def test_every_pair_lands_on_the_intended_module(category, meta_models):
+    unet, text_encoder = meta_models
+    unet_raw, text_raw = raw(category)
+    assert (len(unet_raw), len(text_raw)) == (256, 184)
+    unet_state, text_state = convert_lora_diffusion(*official_lora_files(category), unet, text_encoder)
+    for state, order, model, tensors in ((unet_state, UNET_ORDER, unet, unet_raw),
+                                         (text_state, TEXT_ORDER, text_encoder, text_raw)):
+        assert list(state) == [f"{n}.lora_{x}.weight" for n in order for x in ("A", "B")]
+        for i, name in enumerate(order):
+            down, up = state[f"{name}.lora_A.weight"], state[f"{name}.lora_B.weight"]
+            assert torch.equal(up, tensors[2 * i].float()) and torch.equal(down, tensors[2 * i + 1].float())
+            assert model.get_submodule(name).weight.shape == (up.shape[0], down.shape[1])
+            assert up.shape[1] == down.shape[0] == 4
+
+
+@needs_checkpoints
+def test_the_forward_order_does_not_fit_the_checkpoint_shapes(meta_models):
+    """Shapes rule out down-mid-up: the checkpoint's 10th transformer block (pairs 72-79) is 640 wide,
+    where down-mid-up order has the 1280-wide up_blocks.1."""
+    unet, _ = meta_models
+    forward = [n for n in UNET_ORDER if n.startswith("down")] + [n for n in UNET_ORDER if n.startswith("mid")]
+    forward += [n for n in UNET_ORDER if n.startswith("up")]
+    layers = [(n, unet.get_submodule(n).in_features, unet.get_submodule(n).out_features) for n in forward]
+    with pytest.raises(LoraConversionError, match=r"pair 72 .* up \(640, 4\) .* up_blocks.1"):
+        map_lora_pairs(raw("color")[0], layers, "U-Net")
+
+
+# --- the converted file behaves as W x + up(down(x)) ---------------------------------------------
+
+PROBES_UNET = [
+    "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q",  # self-attention, 320
+    "up_blocks.1.attentions.2.transformer_blocks.0.attn2.to_k",  # cross-attention, 1024 -> 1280
+    "down_blocks.1.attentions.1.transformer_blocks.0.attn2.to_v",  # cross-attention, 1024 -> 640
+    "up_blocks.3.attentions.1.transformer_blocks.0.attn1.to_out.0",
+]
+PROBES_TEXT = [f"encoder.layers.{i}.self_attn.{p}" for i, p in ((0, "q_proj"), (7, "k_proj"), (15, "v_proj"), (22, "out_proj"))]
+FULL_CROSS_ATTENTION = "mid_block.attentions.0.transformer_blocks.0.attn2"
+FULL_TEXT_ATTENTION = "encoder.layers.22.self_attn"
+
+
+def _fill(linear: torch.nn.Linear, generator: torch.Generator) -> None:
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator) * 0.02)
+        if linear.bias is not None:
+            linear.bias.copy_(torch.randn(linear.bias.shape, generator=generator) * 0.02)
+
+
+def _prepare(unet, text_encoder) -> None:
+    """Give the probed layers values (the rest of the uninitialised models is never run)."""
+    generator = torch.Generator().manual_seed(0)
+    names = PROBES_UNET + [f"{FULL_CROSS_ATTENTION}.{p}" for p in ("to_q", "to_k", "to_v", "to_out.0")]
+    for name in names:
+        _fill(unet.get_submodule(name), generator)
+    for name in PROBES_TEXT + [f"{FULL_TEXT_ATTENTION}.{p}" for p in ("q_proj", "k_proj", "v_proj", "out_proj")]:
+        _fill(text_encoder.get_submodule(name), generator)
+
+
+def _merged(layer, lora: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    base = layer.base_layer  # peft keeps the original nn.Linear here
+    up, down = (t.float() for t in lora)
+    return base.weight + up @ down, base.bias
+
+
+def _hand_attention(x, context, q, k, v, out, heads):
+    """Multi-head attention written out: softmax(q k^T / sqrt(d)) v, then the output projection."""
+    def split(t):
+        return t.view(t.shape[0], t.shape[1], heads, -1).transpose(1, 2)
+
+    query, key, value = split(F.linear(x, *q)), split(F.linear(context, *k)), split(F.linear(context, *v))
+    weights = (query @ key.transpose(-1, -2) / query.shape[-1] ** 0.5).softmax(-1)
+    return F.linear((weights @ value).transpose(1, 2).reshape(x.shape[0], x.shape[1], -1), *out)
+
+
+def _check_probes(unet, text_encoder, category: str = "color") -> None:
+    unet_raw, text_raw = raw(category)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for model, probes, order, tensors in ((unet, PROBES_UNET, UNET_ORDER, unet_raw),
+                                              (text_encoder, PROBES_TEXT, TEXT_ORDER, text_raw)):
+            for name in probes:
+                i = order.index(name)
+                layer = model.get_submodule(name)
+                x = torch.randn(2, 3, layer.base_layer.in_features, generator=generator)
+                up, down = tensors[2 * i].float(), tensors[2 * i + 1].float()
+                expected = F.linear(x, layer.base_layer.weight, layer.base_layer.bias) + (x @ down.T) @ up.T
+                torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-5)
+                assert (x @ down.T @ up.T).abs().max() > 1e-4  # the LoRA term is not negligible
+
+        def lora(order, tensors, name):
+            i = order.index(name)
+            return tensors[2 * i], tensors[2 * i + 1]
+
+        attention = unet.get_submodule(FULL_CROSS_ATTENTION)
+        x, context = torch.randn(1, 6, 1280, generator=generator), torch.randn(1, 5, 1024, generator=generator)
+        projections = [
+            _merged(attention.get_submodule(p), lora(UNET_ORDER, unet_raw, f"{FULL_CROSS_ATTENTION}.{p}"))
+            for p in ("to_q", "to_k", "to_v", "to_out.0")
+        ]
+        expected = _hand_attention(x, context, *projections, heads=attention.heads)
+        torch.testing.assert_close(attention(x, encoder_hidden_states=context), expected, rtol=1e-4, atol=1e-5)
+
+        attention = text_encoder.get_submodule(FULL_TEXT_ATTENTION)
+        x = torch.randn(1, 7, 1024, generator=generator)
+        projections = [
+            _merged(attention.get_submodule(p), lora(TEXT_ORDER, text_raw, f"{FULL_TEXT_ATTENTION}.{p}"))
+            for p in ("q_proj", "k_proj", "v_proj", "out_proj")
+        ]
+        expected = _hand_attention(x, x, *projections, heads=16)
+        torch.testing.assert_close(attention(x)[0], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_pipeline_load_lora_weights_applies_the_official_lora(converted_dir):
+    from diffusers import DDIMScheduler, StableDiffusionPipeline
+
+    unet, text_encoder = materialised_models()
+    _prepare(unet, text_encoder)
+    # Only the U-Net and the text encoder take part in LoRA loading.
+    pipeline = StableDiffusionPipeline(
+        vae=None, text_encoder=text_encoder, tokenizer=None, unet=unet, scheduler=DDIMScheduler(clip_sample=False),
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )
+    pipeline.load_lora_weights(str(converted_dir))
+    _check_probes(pipeline.unet, pipeline.text_encoder)
+
+
+def test_gors_load_lora_applies_the_official_lora(converted_dir):
+    unet, text_encoder = materialised_models()
+    _prepare(unet, text_encoder)
+    add_lora(unet, text_encoder, rank=4)
+    load_lora(converted_dir, unet, text_encoder)
+    _check_probes(unet, text_encoder)
+
+
+# --- sources, downloads, cache ------------------------------------------------------------------
+
+
+@needs_checkpoints
+def test_official_files_download_once_with_sha256_check(monkeypatch, tmp_path):
+    monkeypatch.delenv("GORS_DATA_DIR")
+    served: list[str] = []
+
+    class Response:
+        def __init__(self, data: bytes):
+            self.data = data
+
+        def read(self) -> bytes:
+            return self.data
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def urlopen(url, timeout):
+        served.append(url)
+        return Response((CHECKPOINTS / url.split("/GORS_finetune/checkpoint/")[1]).read_bytes())
+
+    monkeypatch.setattr("urllib.request.urlopen", urlopen)
+    unet_pt, text_pt = official_lora_files("spatial")
+    assert served == [
+        "https://raw.githubusercontent.com/Karine-Huang/T2I-CompBench/1b7094991a57f3c22abdd4f6e8ba6c1a15517073/"
+        f"GORS_finetune/checkpoint/spatial/spatial{suffix}" for suffix in (".pt", TEXT_ENCODER_SUFFIX)
+    ]
+    assert unet_pt.read_bytes() == (CHECKPOINTS / "spatial" / "spatial.pt").read_bytes()
+    assert str(text_pt).startswith(str(tmp_path / "cache"))
+    official_lora_files("spatial")
+    assert len(served) == 2  # the cached copies are reused
+
+    monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: Response(b"not the checkpoint"))
+    with pytest.raises(ChecksumError, match="sha256"):
+        official_lora_files("complex")
+    assert not list((tmp_path / "cache").rglob("complex*"))  # a bad download never lands in the cache
+
+
+@needs_checkpoints
+def test_a_corrupted_offline_copy_is_refused(monkeypatch, tmp_path):
+    (tmp_path / "color").mkdir()
+    for name in ("lora_weight_e357_s124500.pt", "lora_weight_e357_s124500.text_encoder.pt"):
+        (tmp_path / "color" / name).write_bytes((CHECKPOINTS / "color" / name).read_bytes()[:-10])
+    monkeypatch.setenv("GORS_DATA_DIR", str(tmp_path))
+    with pytest.raises(ChecksumError, match="expected aa383a5a"):
+        official_lora_files("color")
+
+
+def test_unknown_category_is_a_clear_error():
+    with pytest.raises(ValueError, match="official:color, official:shape"):
+        official_lora_files("numeracy")
+    with pytest.raises(ValueError, match="Unknown GORS category 'colour'"):
+        resolve_lora("official:colour")
+
+
+@needs_checkpoints
+def test_checkpoint_pair_accepts_a_folder_or_either_file(tmp_path):
+    folder = CHECKPOINTS / "texture"
+    pair = (folder / "lora_weight_e118_s63000.pt", folder / "lora_weight_e118_s63000.text_encoder.pt")
+    assert checkpoint_pair(folder) == pair
+    assert checkpoint_pair(pair[0]) == pair == checkpoint_pair(pair[1])
+    (tmp_path / "lonely.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="lonely.text_encoder.pt"):
+        checkpoint_pair(tmp_path / "lonely.pt")
+    with pytest.raises(FileNotFoundError, match="holds 0"):
+        checkpoint_pair(tmp_path)
+
+
+@needs_checkpoints
+def test_resolve_lora_converts_once_and_reuses(monkeypatch, tmp_path):
+    assert resolve_lora(None) is None
+    assert resolve_lora("runs/color") == "runs/color"
+    folder = Path(resolve_lora("official:shape"))
+    assert (folder / "pytorch_lora_weights.safetensors").is_file()
+    assert folder.is_relative_to(tmp_path / "cache")
+    record = json.loads((folder / "gors_lora_source.json").read_text())
+    assert (record["unet_pairs"], record["text_encoder_pairs"], record["rank"]) == (128, 92, 4)
+    assert [p.name for p in folder.parent.iterdir()] == ["shape"]  # no staging folder left behind
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(official_lora, "convert_official_lora", no_conversion)
+    assert resolve_lora("official:shape") == str(folder)
+
+
+@needs_checkpoints
+def test_cli_converts_and_explains(tmp_path, capsys):
+    official_lora.main(["official:non_spatial", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "pytorch_lora_weights.safetensors").is_file()
+    assert "--lora" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="Unknown GORS category"):
+        official_lora.main(["official:numeracy", str(tmp_path / "bad")])
+    with pytest.raises(SystemExit) as exit_info:
+        official_lora.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "official:<category>" in capsys.readouterr().out
+
+
+# --- bad checkpoints ----------------------------------------------------------------------------
+
+
+@needs_checkpoints
+def test_truncated_checkpoints_are_refused(meta_models):
+    unet, text_encoder = meta_models
+    unet_raw, text_raw = raw("color")
+    with pytest.raises(LoraConversionError, match="holds 254 tensors .* 256 tensors"):
+        convert_lora_diffusion(unet_raw[:-2], text_raw, unet, text_encoder)
+    with pytest.raises(LoraConversionError, match="odd number"):
+        convert_lora_diffusion(unet_raw, text_raw[:-1], unet, text_encoder)
+
+
+@needs_checkpoints
+def test_a_checkpoint_for_another_architecture_is_refused(meta_models):
+    # SD 1.x: same block layout, but 768-wide cross-attention context and a 12-layer CLIP-L.
+    unet_config = {**SD2_BASE_UNET_CONFIG, "cross_attention_dim": 768, "attention_head_dim": 8,
+                   "use_linear_projection": False}
+    text_config = {**SD2_BASE_TEXT_ENCODER_CONFIG, "hidden_size": 768, "num_hidden_layers": 12,
+                   "num_attention_heads": 12, "intermediate_size": 3072}
+    unet, text_encoder = empty_models(unet_config, text_config)
+    unet_raw, text_raw = raw("color")
+    with pytest.raises(LoraConversionError, match=r"attn2.to_k is Linear\(768 -> 320\)"):
+        convert_lora_diffusion(unet_raw, text_raw, unet, text_encoder)
+    _, sd1_text_encoder = empty_models(SD2_BASE_UNET_CONFIG, text_config)
+    with pytest.raises(LoraConversionError, match="holds 184 tensors .* 96 tensors"):
+        convert_lora_diffusion(unet_raw, text_raw, meta_models[0], sd1_text_encoder)
+
+
+def test_a_file_that_is_not_a_lora_diffusion_checkpoint_is_refused(tmp_path):
+    torch.save({"state_dict": torch.zeros(2)}, tmp_path / "model.pt")
+    with pytest.raises(LoraConversionError, match="expected a list of 2-D tensors"):
+        read_lora_diffusion(tmp_path / "model.pt")
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(LoraConversionError, match="torch.load failed"):
+        read_lora_diffusion(tmp_path / "text.pt")
+
+
+def test_map_lora_pairs_checks_rank_and_names_the_layer():
+    layers = [("a.to_q", 8, 6), ("a.to_k", 3, 6)]
+    up, down = torch.ones(6, 2), torch.ones(2, 8)
+    state = map_lora_pairs([up, down, torch.ones(6, 2), torch.ones(2, 3)], layers, "toy")
+    assert state["a.to_q.lora_A.weight"].shape == (2, 8) and state["a.to_k.lora_B.weight"].dtype == torch.float32
+    with pytest.raises(LoraConversionError, match=r"pair 1 \(tensors 2, 3\).*a.to_k is Linear\(3 -> 6\)"):
+        map_lora_pairs([up, down, torch.ones(6, 4), torch.ones(4, 3)], layers, "toy")
