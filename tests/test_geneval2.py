@@ -1,0 +1,211 @@
+"""GenEval 2: the official tables on hand-made scores, the data file, the JSON image map, and an
+end-to-end run on a tiny Stable Diffusion with a tiny random Qwen3-VL judge."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from evaluators.geneval2 import GENEVAL2, GenEval2Benchmark, load_geneval2_rows
+from evaluators.geneval2_tables import (
+    ATOMICITIES,
+    SKILLS,
+    format_analysis,
+    overall,
+    per_atomicity_table,
+    per_skill_table,
+)
+from gors.data import fetch_pinned_file
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
+
+# Words of the tiny Qwen3-VL vocabulary, in GenEval 2's data format.
+ROWS = [
+    {"prompt": "two red cars", "atom_count": 3,
+     "vqa_list": [["How many cars are in the image?", "two"], ["Are the cars red?", "Yes"],
+                  ["Are there any cars in the image?", "Yes"]],
+     "skills": ["count", "attribute", "object"]},
+    {"prompt": "a dog and a cat", "atom_count": 3,
+     "vqa_list": [["How many dogs are in the image?", "one"], ["Are there any dogs in the image?", "Yes"],
+                  ["How many cats are in the image?", "one"], ["Are there any cats in the image?", "Yes"]],
+     "skills": ["count", "object", "count", "object"]},
+    {"prompt": "a cow on the left of a bench", "atom_count": 4,
+     "vqa_list": [["How many cows are in the image?", "one"], ["Are there any cows in the image?", "Yes"],
+                  ["Is the cow on the left of the bench?", "Yes"], ["Are there any benchs in the image?", "Yes"]],
+     "skills": ["count", "object", "position", "object"]},
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables, computed by hand.
+
+
+def test_per_skill_pools_atoms_over_images():
+    scores = [[1.0, 0.5, 0.0], [0.8, 0.4]]
+    skills = [["object", "count", "attribute"], ["object", "object"]]
+    table = per_skill_table(scores, skills)
+    # object atoms: 1.0, 0.8, 0.4 -> 2.2 / 3 (a mean of per-image means would give 80).
+    assert table["object"] == pytest.approx(100 * 2.2 / 3)
+    assert table["count"] == pytest.approx(50.0)
+    assert table["attribute"] == 0.0
+    assert table["position"] is None and table["verb"] is None
+    assert list(table) == list(SKILLS)
+
+
+def test_per_skill_rejects_unknown_skill_and_mismatched_lengths():
+    with pytest.raises(ValueError, match="unrecognized skill 'colour'"):
+        per_skill_table([[0.5]], [["colour"]])
+    with pytest.raises(ValueError, match="2 atom scores but 1 skills"):
+        per_skill_table([[0.5, 0.5]], [["object"]])
+
+
+def test_per_atomicity_averages_geometric_means_of_images():
+    scores = [[0.25, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5], [0.0, 1.0, 1.0], [0.9, 0.9]]
+    table = per_atomicity_table(scores, [3, 3, 4, 10])
+    # 0.25 ** (1/4) = sqrt(0.5); the second image's GM is 0.5.
+    assert table[3] == pytest.approx(100 * (math.sqrt(0.5) + 0.5) / 2)
+    assert table[4] == 0.0  # any zero atom zeroes the geometric mean
+    assert table[10] == pytest.approx(90.0)
+    assert all(table[k] is None for k in (5, 6, 7, 8, 9))
+    assert tuple(table) == ATOMICITIES
+    with pytest.raises(ValueError, match="atom_count 11"):
+        per_atomicity_table([[0.5]], [11])
+
+
+def test_overall_am_and_gm_and_analysis_text():
+    result = overall([[0.25, 1.0], [0.5, 0.5]])
+    assert result["soft_tifa_am"] == pytest.approx(100 * (0.625 + 0.5) / 2)
+    assert result["soft_tifa_gm"] == pytest.approx(100 * (0.5 + 0.5) / 2)
+    with pytest.raises(ValueError, match="outside"):
+        overall([[1.5]])
+    text = format_analysis({"object": 73.3333, "count": None}, {3: 60.3553})
+    assert "Per Atom Type Analysis (Soft-TIFA AM)\nObject:\n73.33\n" in text
+    assert "Count:\nn/a" in text
+    assert "Results for Atomicity=3\n60.36" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Data.
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared/benchmarks reference copies")
+def test_official_data_pinned_and_subset_covers_atomicities(monkeypatch):
+    monkeypatch.setenv("GORS_DATA_DIR", str(SHARED))
+    rows = load_geneval2_rows(fetch_pinned_file(GENEVAL2, "geneval2_data.jsonl"))
+    assert len(rows) == 800
+    assert {skill for row in rows for skill in row["skills"]} == set(SKILLS)
+    prompts = GenEval2Benchmark(max_prompts=8).prompts()
+    assert len(prompts) == 8
+    assert sorted(p.metadata["atom_count"] for p in prompts) == list(ATOMICITIES)
+    assert set(prompts[0].metadata) == {"atom_count", "vqa_list", "skills"}
+
+
+def test_bad_data_line_is_a_clear_error(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({**ROWS[0], "skills": ["count"]}) + "\n")
+    with pytest.raises(ValueError, match="line 1: 'skills' must list one skill per vqa_list entry"):
+        load_geneval2_rows(path)
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("geneval2_data") / "data.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    return path
+
+
+def _image_folder(root: Path, prompts: list[str], extra: dict[str, str] | None = None) -> Path:
+    from PIL import Image
+
+    root.mkdir(parents=True, exist_ok=True)
+    mapping = {}
+    for index, prompt in enumerate(prompts):
+        Image.new("RGB", (16, 16), (40 * index, 0, 0)).save(root / f"{index}.png")
+        mapping[prompt] = f"{index}.png"
+    (root / "image_paths.json").write_text(json.dumps({**mapping, **(extra or {})}))
+    return root
+
+
+def test_read_images_from_the_json_map(tmp_path, data_file):
+    bench = GenEval2Benchmark(data_path=str(data_file))
+    folder = _image_folder(tmp_path / "ok", [row["prompt"] for row in ROWS])
+    entries = bench.read_images(folder)
+    assert [(e.prompt_index, e.image_index, e.path.name) for e in entries] == [(0, 0, "0.png"), (1, 0, "1.png"),
+                                                                               (2, 0, "2.png")]
+
+
+def test_read_images_missing_prompt_or_extra_key_is_a_clear_error(tmp_path, data_file):
+    bench = GenEval2Benchmark(data_path=str(data_file))
+    missing = _image_folder(tmp_path / "missing", [row["prompt"] for row in ROWS[:2]])
+    with pytest.raises(ValueError, match="1 of the 3 evaluated prompts have no image \\(first: 'a cow on the left"):
+        bench.read_images(missing)
+    extra = _image_folder(tmp_path / "extra", [row["prompt"] for row in ROWS], {"a purple dragon": "0.png"})
+    with pytest.raises(ValueError, match="1 keys are not GenEval 2 prompts \\(first: 'a purple dragon'\\)"):
+        bench.read_images(extra)
+    # With max_prompts, prompts of the benchmark outside the subset are ignored, not errors.
+    full = _image_folder(tmp_path / "full", [row["prompt"] for row in ROWS])
+    entries = GenEval2Benchmark(data_path=str(data_file), max_prompts=2).read_images(full)
+    assert [e.path.name for e in entries] == ["0.png", "2.png"]
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end on tiny models.
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory) -> Path:
+    from gors.tiny.qwen3_vl import build_tiny_qwen3_vl
+
+    return build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny_qwen3_vl"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a shared 2-core machine; tiny models gain nothing from threads
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_end_to_end_generate_score_tables_and_images_map(tmp_path, tiny_sd, tiny_vlm, data_file, one_thread):
+    bench = GenEval2Benchmark(data_path=str(data_file), vlm_model_name_or_path=str(tiny_vlm),
+                              num_inference_steps=2, resolution=32, batch_size=3)
+    out = tmp_path / "run"
+    summary = bench.evaluate(str(tiny_sd), out, scorer_batch_size=4)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and summary["num_images"] == 3
+    score_lists = [row["details"]["atom_scores"] for row in rows]
+    assert [len(s) for s in score_lists] == [len(row["vqa_list"]) for row in ROWS]
+    assert all(row["details"]["source"] == "vqa_list" for row in rows)
+    # The main score is Soft-TIFA GM of each image; the summary is x100.
+    assert [row["score"] for row in rows] == pytest.approx([row["details"]["gm"] for row in rows])
+    assert summary["soft_tifa_gm"] == pytest.approx(100 * sum(r["details"]["gm"] for r in rows) / 3)
+    assert summary["soft_tifa_am"] == pytest.approx(100 * sum(r["details"]["am"] for r in rows) / 3)
+    skills = [row["skills"] for row in ROWS]
+    assert summary["per_skill_am"] == pytest.approx(per_skill_table(score_lists, skills))
+    assert summary["per_atomicity_gm"]["4"] == pytest.approx(100 * rows[2]["details"]["gm"])
+    assert summary["per_atomicity_gm"]["5"] is None
+    for column in ("tifa", "vqascore"):
+        assert 0.0 <= summary[column] <= 100.0
+        assert summary[column] == pytest.approx(100 * sum(r["columns"][column] for r in rows) / 3)
+    assert all(isinstance(row["correct"], bool) for row in rows)
+    assert "CC BY-NC 4.0" in summary["licence"]
+    # Official files: score lists in benchmark order, the image map and the data rows.
+    assert json.loads((out / "score_lists.json").read_text()) == score_lists
+    image_map = json.loads((out / "image_paths.json").read_text())
+    assert list(image_map) == [row["prompt"] for row in ROWS]
+    assert [json.loads(line) for line in (out / "benchmark_data.jsonl").read_text().splitlines()] == ROWS
+    assert "Per Atomicity Analysis (Soft-TIFA GM)" in (out / "soft_tifa_analysis.txt").read_text()
+
+    # The written map read back with --images: the same images give the same scores.
+    folder = tmp_path / "images"
+    folder.mkdir()
+    assert all(os.path.isabs(path) and os.path.isfile(path) for path in image_map.values())
+    (folder / "image_paths.json").write_text(json.dumps(image_map))
+    again = bench.evaluate(None, tmp_path / "from_map", images=folder, scorer_batch_size=4)
+    assert again["soft_tifa_gm"] == pytest.approx(summary["soft_tifa_gm"], abs=1e-4)
