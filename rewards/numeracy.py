@@ -1,0 +1,120 @@
+"""T2I-CompBench++'s numeracy metric as a reward: detector counts of the prompt's objects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from rewards.base import Reward, RewardOutput
+from rewards.detection import Detector, ZeroShotDetector
+from rewards.numeracy_rule import (
+    OFFICIAL_RENAMES,
+    NounList,
+    counted_objects,
+    deduplicate,
+    judge_numeracy,
+    load_noun_list,
+)
+from rewards.spatial_rule import DETECTION_THRESHOLD
+
+MODEL_FLAG = "--reward_model_name_or_path"
+
+
+class NumeracyReward(Reward):
+    """T2I-CompBench++'s numeracy score of (image, prompt) pairs, in [0, 1].
+
+    The rule (`rewards.numeracy_rule`) follows the official ``UniDet_eval/numeracy_eval.py``:
+    objects and counts from number words before nouns of the official noun list, near-duplicate
+    boxes merged, and per object (weight 1/n) half for being detected, half for the exact count.
+
+    Differences from the official code: the detector (UniDet in the official code, not
+    installable) is the 2D spatial rule's, OWLv2 `google/owlv2-base-patch16-ensemble` by default
+    (any Grounding DINO / MM-Grounding-DINO / OWLv2 checkpoint can be given), queried with the
+    asked object names at UniDet's 0.5 threshold; its confidences are on another scale, so
+    numbers are comparable in kind, not digit for digit. See `rewards.numeracy_rule` for the
+    prompt parsing.
+
+    Args:
+        model_name_or_path: detector checkpoint (Hub id or folder); default OWLv2.
+        device, torch_dtype, batch_size: see `Reward`; batch_size is images per detector pass.
+        detector: an already-built detector (`ZeroShotDetector.detect`'s signature).
+        threshold: detector confidence threshold (official, UniDet: 0.5).
+        text_threshold: Grounding DINO phrase threshold; None: each box counts once, for its best label.
+        noun_file: a "singular - plural" noun list; None reads the official `new_objects.txt`
+            (downloaded pinned and checksummed, or from GORS_DATA_DIR).
+        official_renames: detect boy/girl/man/woman as "person", ship as "boat" and so on, as the
+            official code maps nouns to UniDet's classes (False: detect the nouns as written).
+    """
+
+    name = "numeracy"
+    default_model = "google/owlv2-base-patch16-ensemble"
+    categories = ("numeracy",)
+    description = (
+        "T2I-CompBench++ numeracy rule (detector counts of the prompt's objects: half for "
+        "presence, half for the exact count; default OWLv2)"
+    )
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+        batch_size: int = 8,
+        detector: Detector | None = None,
+        threshold: float = DETECTION_THRESHOLD,
+        text_threshold: float | None = None,
+        noun_file: str | Path | None = None,
+        official_renames: bool = True,
+    ) -> None:
+        super().__init__(model_name_or_path, device, torch_dtype, batch_size)
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {threshold}")
+        self.threshold, self.text_threshold = threshold, text_threshold
+        if noun_file is None:
+            self.nouns = load_noun_list()
+        else:
+            path = Path(noun_file)
+            if not path.is_file():
+                raise FileNotFoundError(f"noun_file={str(path)!r}: no such file (lines 'singular - plural')")
+            self.nouns = NounList.parse(path.read_text(encoding="utf-8-sig").splitlines())
+        self.renames = OFFICIAL_RENAMES if official_renames else {}
+        if detector is None:
+            detector = ZeroShotDetector(
+                str(self.model_name_or_path), self.device, self.torch_dtype, self.batch_size, flag=MODEL_FLAG
+            )
+        else:
+            self.model_name_or_path = getattr(detector, "model_name_or_path", "custom detector")
+        self.detector = detector
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        objects = [counted_objects(prompt, self.nouns, self.renames) for prompt in prompts]
+        todo = [i for i, asked in enumerate(objects) if asked]
+        found = self.detector.detect(
+            [images[i] for i in todo],
+            [list(dict.fromkeys(obj.name for obj in objects[i])) for i in todo],
+            threshold=self.threshold,
+            text_threshold=self.text_threshold,
+        )
+        detections = {i: deduplicate(image_detections) for i, image_detections in zip(todo, found, strict=True)}
+        scores, details = [], []
+        for i, asked in enumerate(objects):
+            kept = detections.get(i, [])
+            verdict = judge_numeracy(asked, kept)
+            scores.append(verdict.score)
+            details.append(
+                {
+                    "objects": [
+                        {"noun": obj.noun, "name": obj.name, "count": obj.count, "detected": seen}
+                        for obj, seen in zip(asked, verdict.detected, strict=True)
+                    ],
+                    "detections": [d.to_dict() for d in kept],
+                    "score": verdict.score,
+                    "reason": verdict.reason,
+                }
+            )
+        return RewardOutput(scores=scores, details=details)

@@ -1,0 +1,341 @@
+"""T2I-CompBench++'s 3D-spatial and numeracy rules on hand-made boxes and depth maps, and both
+rewards on tiny random OWLv2 / DPT models and on injected detectors (offline)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gors.tiny.detection import build_tiny_owlv2
+from gors.tiny.dpt import build_tiny_dpt
+from rewards import get_reward_class
+from rewards.detection import Detection
+from rewards.numeracy import NumeracyReward
+from rewards.numeracy_rule import (
+    CountedObject,
+    NounList,
+    counted_objects,
+    deduplicate,
+    judge_numeracy,
+    load_noun_list,
+    tokens,
+)
+from rewards.spatial_3d import DepthEstimator, Spatial3DReward
+from rewards.spatial_3d_rule import (
+    box_depth,
+    depth_order_judgement,
+    find_relation_3d,
+    judge_spatial_3d,
+    pick_detections_3d,
+)
+from rewards.spatial_rule import spatial_objects
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks" / "t2i_compbench"
+NOUNS = NounList.parse(
+    ["dog - dogs", "cat - cats", "boy - boys", "person - people", "sheep - sheep", "ice cream - ice creams",
+     "ship - ships", "apple - apples", ""]
+)
+
+
+def det(label: str, score: float, box: tuple[float, float, float, float]) -> Detection:
+    return Detection(label, score, box)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One intra-op thread: the 2-core CPU is shared, and the tiny models gain nothing from more."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --------------------------------------------------------------------------------------------
+# The 3D-spatial rule.
+
+
+def test_relation_words_in_official_order() -> None:
+    assert find_relation_3d("a dog in front of a desk") == "in front of"
+    assert find_relation_3d("a cat behind a boy") == "behind"
+    assert find_relation_3d("a chair hidden by a mouse") == "hidden"
+    assert find_relation_3d("a dog behind a cat in front of a tree") == "in front of"  # list order wins
+    assert find_relation_3d("a dog on the left of a cat") is None
+
+
+def test_box_depth_reads_the_official_transposed_region() -> None:
+    depth = np.tile(np.arange(10, dtype=float)[:, None], (1, 10))  # the value is the row index
+    box = (0.0, 6.0, 2.9, 8.0)  # x 0..2 (truncated), y 6..8
+    assert box_depth(depth, box, transposed_depth=False) == pytest.approx(6.5)  # rows 6, 7
+    assert box_depth(depth, box) == pytest.approx(0.5)  # official: rows are x 0, 1
+    assert box_depth(depth, (3.0, 3.0, 3.5, 9.0)) is None  # thinner than a pixel
+    assert box_depth(depth, (20.0, 20.0, 30.0, 30.0)) is None  # off the map
+
+
+@pytest.mark.parametrize(
+    ("relation", "depths", "box2", "expected"),
+    [
+        ("in front of", (0.8, 0.2), (0, 0, 10, 10), 1.0),  # nearer, IoU 1
+        ("in front of", (0.8, 0.2), (0, 0, 10, 2.5), 0.5),  # IoU 0.25 -> 0.25 / 0.5
+        ("in front of", (0.2, 0.8), (0, 0, 10, 10), 0.0),  # farther
+        ("in front of", (0.8, 0.2), (20, 20, 30, 30), 0.0),  # no overlap
+        ("in front of", (0.5, 0.5), (0, 0, 10, 10), 0.0),  # same depth
+        ("behind", (0.2, 0.8), (0, 0, 10, 10), 1.0),
+        ("behind", (0.8, 0.2), (0, 0, 10, 10), 0.0),
+        ("hidden", (0.2, 0.8), (0, 0, 10, 2.5), 0.5),
+        ("on the left of", (0.8, 0.2), (0, 0, 10, 10), 0.0),
+    ],
+)
+def test_depth_order_score(relation: str, depths: tuple[float, float], box2, expected: float) -> None:
+    score, reason = depth_order_judgement(relation, (0.0, 0.0, 10.0, 10.0), box2, *depths)
+    assert score == pytest.approx(expected), reason
+    assert reason
+
+
+def test_depth_order_iou_exactly_threshold_scores_zero() -> None:
+    score, reason = depth_order_judgement("in front of", (0, 0, 10, 10), (0, 0, 10, 5), 0.9, 0.1)
+    assert score == 0.0 and "exactly" in reason
+    assert depth_order_judgement("behind", (0, 0, 10, 10), (0, 0, 10, 10), None, 0.3)[0] == 0.0
+
+
+def test_judge_spatial_3d_scores_without_floor() -> None:
+    depth = np.zeros((20, 20))
+    depth[0:10, 0:10] = 1.0  # the (transposed) region of box (0, 0, 10, 10) is near
+    near, far = det("dog", 0.9, (0, 0, 10, 10)), det("desk", 0.8, (0, 0, 10, 12))
+    both = judge_spatial_3d("in front of", near, far, depth)
+    iou = 100 / 120
+    assert both.depth_order == 1.0 and iou > 0.5
+    assert both.score == pytest.approx(0.25 * 0.9 + 0.25 * 0.8 + 0.5)
+    assert both.depths[0] == pytest.approx(1.0) and both.depths[1] == pytest.approx(100 / 120)
+    wrong = judge_spatial_3d("behind", near, far, depth)
+    assert wrong.score == pytest.approx(0.25 * 0.9 + 0.25 * 0.8) and wrong.depth_order == 0.0
+    one = judge_spatial_3d("in front of", None, far, depth)
+    assert one.score == pytest.approx(0.2) and "second" in one.reason  # below 0.5, still kept
+    assert judge_spatial_3d("in front of", None, None, depth).score == 0.0
+    assert judge_spatial_3d(None, near, far, depth).score == 0.0
+
+
+def test_pick_detections_follows_the_official_walk() -> None:
+    detections = [det("dog", 0.9, (0, 0, 1, 1)), det("dog", 0.8, (1, 1, 2, 2)), det("desk", 0.7, (2, 2, 3, 3)),
+                  det("dog", 0.6, (3, 3, 4, 4))]
+    first, second = pick_detections_3d(detections, ("dog", "desk"))
+    assert first.score == 0.8 and second.score == 0.7  # the last dog before the pair completed
+    only = [det("dog", 0.9, (0, 0, 1, 1)), det("dog", 0.8, (1, 1, 2, 2))]
+    assert pick_detections_3d(only, ("dog", "desk")) == (only[0], None)
+    same = pick_detections_3d(only, ("dog", "dog"))
+    assert same == (only[0], only[0])
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/benchmarks")
+def test_official_3d_prompts_give_a_relation_and_the_official_nouns() -> None:
+    prompts = [p for p in (SHARED / "3d_spatial_val.txt").read_text().splitlines() if p.strip()]
+    assert len(prompts) == 300
+    persons = {"girl", "boy", "man", "woman"}
+    for prompt in prompts:
+        words = prompt.split()
+        expected = tuple("person" if w in persons else w for w in (words[1], words[-1]))
+        assert find_relation_3d(prompt) is not None, prompt
+        assert spatial_objects(prompt, backend="builtin") == expected, prompt
+
+
+# --------------------------------------------------------------------------------------------
+# The numeracy rule.
+
+
+def test_noun_list_parsing() -> None:
+    assert NOUNS.singular[:2] == ("dog", "cat") and NOUNS.to_singular("people") == "person"
+    with pytest.raises(ValueError, match="singular - plural"):
+        NounList.parse(["dog, dogs"])
+    with pytest.raises(ValueError, match="empty"):
+        NounList.parse(["", " "])
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ("two boys", [("boy", "person", 2)]),
+        ("a dog and three cats", [("dog", "dog", 1), ("cat", "cat", 3)]),
+        ("six people gathered for a picnic", [("person", "person", 6)]),
+        ("one sheep, two sheep", [("sheep", "sheep", 1), ("sheep", "sheep", 2)]),
+        ("two ice creams and an ice cream", [("ice cream", "ice cream", 2), ("ice cream", "ice cream", 1)]),
+        ("two ships", [("ship", "boat", 2)]),
+        ("one apples", [("apple", "apple", 1)]),  # a plural after one counts 1
+        ("two dog", [("dog", "dog", 2)]),  # officially a crash
+        ("Three Dogs.", [("dog", "dog", 3)]),
+        ("dogs and two", []),  # a number word as last token is skipped
+        ("seven tables", []),  # not in the noun list
+    ],
+)
+def test_counted_objects(prompt: str, expected: list[tuple[str, str, int]]) -> None:
+    assert counted_objects(prompt, NOUNS) == [CountedObject(*e) for e in expected]
+
+
+def test_counted_objects_without_renames_and_tokens() -> None:
+    assert counted_objects("two boys", NOUNS, renames={}) == [CountedObject("boy", "boy", 2)]
+    assert tokens("four tents, two boats") == ["four", "tents", ",", "two", "boats"]
+
+
+def test_deduplicate_merges_near_identical_boxes_of_one_label() -> None:
+    big = det("dog", 0.9, (0, 0, 99, 99))
+    same = det("dog", 0.8, (1, 1, 99, 99))  # IoU > 0.9
+    inside = det("dog", 0.7, (10, 10, 50, 50))  # wholly inside: covers 100 % of itself
+    cat = det("cat", 0.6, (0, 0, 99, 99))  # another label is another object
+    apart = det("dog", 0.5, (200, 200, 250, 250))
+    half = det("dog", 0.4, (50, 0, 149, 99))  # overlaps half of big: a second dog
+    assert deduplicate([big, same, inside, cat, apart, half]) == [big, cat, apart, half]
+
+
+def test_judge_numeracy_half_presence_half_count() -> None:
+    asked = [CountedObject("dog", "dog", 2), CountedObject("cat", "cat", 3), CountedObject("boy", "person", 1)]
+    found = [det("dog", 0.9, (0, 0, 1, 1)), det("dog", 0.9, (5, 5, 6, 6)), det("cat", 0.9, (0, 0, 1, 1))]
+    verdict = judge_numeracy(asked, found)
+    assert verdict.score == pytest.approx((1.0 + 0.5 + 0.0) / 3)
+    assert verdict.detected == [2, 1, 0]
+    assert "person: none detected" in verdict.reason and "cat: 1 detected, asked 3" in verdict.reason
+    assert judge_numeracy([CountedObject("dog", "dog", 2)], found[:2]).score == 1.0
+    empty = judge_numeracy([], found)
+    assert empty.score == 0.0 and "no countable object" in empty.reason
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/benchmarks")
+def test_official_numeracy_prompts_all_name_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GORS_DATA_DIR", str(SHARED.parent))
+    nouns = load_noun_list()
+    assert len(nouns.singular) == 101 and nouns.to_singular("mice") == "mouse"
+    prompts = [p for p in (SHARED / "numeracy_val.txt").read_text().splitlines() if p.strip()]
+    parsed = [counted_objects(p, nouns) for p in prompts]
+    assert all(parsed)
+    assert parsed[prompts.index("seven women")] == [CountedObject("woman", "person", 7)]
+
+
+# --------------------------------------------------------------------------------------------
+# The rewards.
+
+
+class FakeDetector:
+    """Returns the given detections of each queried label; records the queries."""
+
+    model_name_or_path = "fake detector"
+
+    def __init__(self, detections: list[Detection]) -> None:
+        self.detections, self.calls = detections, []
+
+    def detect(self, images, labels, threshold, text_threshold=None):
+        self.calls.append(labels)
+        return [[d for d in self.detections if d.label in wanted and d.score >= threshold] for wanted in labels]
+
+
+class FakeDepth:
+    """A map whose left half (in the official transposed reading: the top rows) is near."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def predict(self, images):
+        self.count += len(images)
+        maps = []
+        for image in images:
+            depth = np.zeros((image.height, image.width), dtype=np.float32)
+            depth[: image.height // 2] = 1.0
+            maps.append(depth)
+        return maps
+
+
+def images(count: int, size: int = 32, seed: int = 0) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)) for _ in range(count)]
+
+
+def test_registry_names() -> None:
+    assert get_reward_class("spatial_3d") is Spatial3DReward
+    assert get_reward_class("numeracy") is NumeracyReward
+    assert Spatial3DReward.default_model == NumeracyReward.default_model == "google/owlv2-base-patch16-ensemble"
+
+
+def test_spatial_3d_reward_on_injected_models() -> None:
+    near = det("dog", 0.9, (0, 0, 12, 12))  # x 0..12 -> rows 0..12 of the map: near
+    far = det("desk", 0.7, (14, 0, 30, 12))  # rows 14..30: far; IoU 0 with the dog
+    overlapping_far = det("desk", 0.7, (4, 0, 30, 12))  # rows 4..30: mostly far; IoU 96 / 360
+    depth = FakeDepth()
+    reward = Spatial3DReward(detector=FakeDetector([near, overlapping_far]), depth_model=depth, device="cpu")
+    prompts = ["a dog in front of a desk", "a dog behind a desk", "a dog near a desk", "a desk in front of a cat"]
+    out = reward.score(images(4), prompts)
+    iou = 96 / 360
+    assert out.scores[0] == pytest.approx(0.25 * 0.9 + 0.25 * 0.7 + 0.5 * iou / 0.5)
+    assert out.scores[1] == pytest.approx(0.25 * 0.9 + 0.25 * 0.7)  # wrong order
+    assert out.scores[2] == 0.0 and out.details[2]["reason"] == "no 3D relation word in the prompt"
+    assert out.scores[3] == pytest.approx(0.25 * 0.7) and out.details[3]["depths"] == [None, None]
+    assert depth.count == 2  # depth only for images with both objects found
+    assert out.details[0]["objects"] == ["dog", "desk"] and out.details[0]["first"]["score"] == 0.9
+    apart = Spatial3DReward(detector=FakeDetector([near, far]), depth_model=FakeDepth(), device="cpu")
+    assert apart.score(images(1), prompts[:1]).scores[0] == pytest.approx(0.25 * 0.9 + 0.25 * 0.7)
+
+
+def test_numeracy_reward_on_an_injected_detector(tmp_path: Path) -> None:
+    noun_file = tmp_path / "nouns.txt"
+    noun_file.write_text("dog - dogs\r\ncat - cats\r\nboy - boys\r\n")
+    found = [det("dog", 0.9, (0, 0, 10, 10)), det("dog", 0.8, (0, 0, 10, 10)), det("dog", 0.7, (20, 0, 30, 10)),
+             det("cat", 0.9, (0, 20, 10, 30)), det("person", 0.3, (0, 0, 5, 5))]
+    detector = FakeDetector(found)
+    reward = NumeracyReward(detector=detector, noun_file=noun_file, device="cpu")
+    out = reward.score(images(3), ["two dogs and two cats", "a boy", "a table"])
+    assert out.scores == pytest.approx([0.5 + 0.25, 0.0, 0.0])  # the duplicate dog box is merged
+    assert out.details[0]["objects"][0] == {"noun": "dog", "name": "dog", "count": 2, "detected": 2}
+    assert len(out.details[0]["detections"]) == 3
+    assert detector.calls == [[["dog", "cat"], ["person"]]]  # "a table" names nothing countable
+    assert "no countable object" in out.details[2]["reason"]
+    with pytest.raises(FileNotFoundError, match="noun_file"):
+        NumeracyReward(detector=detector, noun_file=tmp_path / "missing.txt")
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny_3d_numeracy")
+    return {"owlv2": build_tiny_owlv2(root / "owl", seed=0), "dpt": build_tiny_dpt(root / "dpt", seed=0)}
+
+
+def test_depth_estimator_on_tiny_dpt(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from transformers import DPTForDepthEstimation
+
+    estimator = DepthEstimator(str(tiny_dirs["dpt"]), torch.device("cpu"), batch_size=2)
+    assert isinstance(estimator.model, DPTForDepthEstimation) and estimator.model.config.is_hybrid
+    pictures = [images(1, 32, seed=3)[0], Image.fromarray(np.zeros((24, 40, 3), dtype=np.uint8))]
+    maps = estimator.predict(pictures)
+    assert [m.shape for m in maps] == [(32, 32), (24, 40)]  # (height, width) of each image
+    for depth in maps:
+        assert depth.dtype == np.float32 and depth.min() >= 0.0 and depth.max() <= 1.0
+    # The model predicts at 32 x 32, so the first map is the normalised prediction itself.
+    assert maps[0].max() == pytest.approx(1.0) and maps[0].min() == pytest.approx(0.0)
+    again = DepthEstimator(str(build_tiny_dpt(tmp_path / "same", seed=0)), torch.device("cpu")).predict(pictures)
+    assert all(np.array_equal(a, b) for a, b in zip(maps, again))
+
+
+def test_rewards_on_tiny_owlv2_and_dpt(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    spatial = Spatial3DReward(
+        model_name_or_path=str(tiny_dirs["owlv2"]), depth_model_name_or_path=str(tiny_dirs["dpt"]),
+        device="cpu", batch_size=2, threshold=0.0, noun_phrase_backend="builtin",
+    )
+    prompts = ["a dog in front of a desk", "a cat behind a boy", "a chair hidden by a mouse", "a red dog"]
+    out = spatial.score(images(4, seed=1), prompts)
+    assert len(out.scores) == 4 and all(0.0 <= s <= 1.0 for s in out.scores)
+    assert out.details[1]["objects"] == ["cat", "person"]
+    both = [d for d in out.details[:3] if d["first"] is not None and d["second"] is not None]
+    assert both  # at threshold 0 the tiny detector finds both objects in some image
+    for details in both:
+        # A box thinner than a pixel has no depth (None), and then no depth order.
+        assert details["depth_order"] is not None
+        assert all(d is None or 0.0 <= d <= 1.0 for d in details["depths"])
+    assert out.scores[3] == 0.0
+    noun_file = tmp_path / "nouns.txt"
+    noun_file.write_text("dog - dogs\ncat - cats\nboy - boys\n")
+    numeracy = NumeracyReward(
+        model_name_or_path=str(tiny_dirs["owlv2"]), device="cpu", batch_size=2, threshold=0.0, noun_file=noun_file
+    )
+    counted = numeracy.score(images(2, seed=2), ["two dogs and one cat", "three boys"])
+    assert all(0.0 <= s <= 1.0 for s in counted.scores)
+    # OWLv2 reports each box once, for its best label; at threshold 0 some label is always present.
+    assert all(d["detections"] for d in counted.details)
+    assert counted.details[1]["objects"][0]["name"] == "person"
