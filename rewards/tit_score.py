@@ -1,0 +1,261 @@
+"""TIT-Score (LPG-Bench's metric): describe the image with a VLM, compare the description with the prompt.
+
+Following the TIT-Score reference code (README of `IntMeGroup/TIT-Score`, MIT; paper arXiv
+2510.02987):
+
+1. **Describe**: the VLM (default `Qwen/Qwen3-VL-8B-Instruct`; the reference uses Qwen2.5-VL)
+   gets one user turn, the image then "Please provide a detailed, single-paragraph description
+   of the image in English, using between 250 and 350 words.", and generates up to 512 new
+   tokens (a real ``generate`` call, greedy by default so scores are reproducible; the
+   reference samples with the model's generation config, which for Qwen2.5-VL is top-k 1,
+   i.e. greedy too).
+2. **Compare**, TIT-Score (``judge="embedding"``, default): the prompt and the description are
+   embedded by a text-embedding model (default `Qwen/Qwen3-Embedding-8B`, loaded with
+   ``AutoModel``; tokenizer with left padding, its own special tokens, truncation at 8192
+   tokens), pooled at the last token, L2-normalised; the TIT-Score is their cosine. No
+   instruction prefix is added (as in the reference code); ``query_instruction`` adds
+   Qwen3-Embedding's "Instruct: ...\\nQuery:" prefix to the prompt if wanted.
+   The reward is the cosine mapped to [0, 1] by `rewards.tit_rules.cosine_to_score`
+   ("clip": max(cosine, 0), the TIT-Score itself whenever positive; or "affine").
+   TIT-Score-LLM (``judge="llm"``): a chat LLM run through transformers (default
+   `Qwen/Qwen3-8B`, thinking off) reads `rewards.tit_rules.JUDGE_TEMPLATE` (our wording: the
+   paper's Gemini prompt is not published) and answers an integer 0-100; the first number of
+   its reply / 100 is the score, and a reply without a rating scores 0 (``parsed: false`` in
+   the details).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from PIL import Image
+
+from gors.hub import from_pretrained
+from rewards.base import Reward, RewardOutput
+from rewards.tit_rules import (
+    DESCRIPTION_PROMPT,
+    JUDGE_SCALE,
+    JUDGE_TEMPLATE,
+    Mapping,
+    cosine_similarities,
+    cosine_to_score,
+    last_token_pool,
+    parse_judge_rating,
+    query_text,
+    word_count,
+)
+from rewards.vlm import MODEL_FLAG, ChatVLM
+
+EMBEDDING_FLAG = "embedding_model_name_or_path"
+JUDGE_FLAG = "judge_model_name_or_path"
+
+
+class Describer:
+    """A Qwen3-VL chat model (loaded as `rewards.vlm.ChatVLM`) writing one description per image.
+
+    Args:
+        vlm: the loaded chat VLM.
+        instruction: the user text after the image.
+        max_new_tokens: generation budget per description (512 in the reference code).
+        generation_kwargs: further ``generate`` arguments; default greedy (``do_sample=False``).
+    """
+
+    def __init__(self, vlm: ChatVLM, instruction: str = DESCRIPTION_PROMPT, max_new_tokens: int = 512,
+                 generation_kwargs: dict[str, Any] | None = None) -> None:
+        self.vlm = vlm
+        self.instruction = instruction
+        self.max_new_tokens = max_new_tokens
+        self.generation_kwargs = {"do_sample": False, **(generation_kwargs or {})}
+        # Left padding: generation continues every row right after its own last token.
+        self.vlm.tokenizer.padding_side = "left"
+
+    @torch.no_grad()
+    def describe(self, images: list[Image.Image]) -> list[str]:
+        """One description per image (RGB), generated together as one batch."""
+        text = self.vlm.chat_text(self.instruction)
+        inputs = self.vlm.processor(
+            text=[text] * len(images), images=images, padding=True, return_tensors="pt"
+        ).to(self.vlm.device)
+        output = self.vlm.model.generate(**inputs, max_new_tokens=self.max_new_tokens, **self.generation_kwargs)
+        new_tokens = output[:, inputs["input_ids"].shape[1]:]
+        replies = self.vlm.tokenizer.batch_decode(
+            new_tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        return [reply.strip() for reply in replies]
+
+
+class TextEmbedder:
+    """A text-embedding model with last-token pooling and L2 normalisation (Qwen3-Embedding's recipe).
+
+    Args:
+        model_name_or_path: Hub id or folder, e.g. `Qwen/Qwen3-Embedding-8B`.
+        device, torch_dtype: where and in which dtype the model runs.
+        max_length: tokens per text before truncation (8192 in the reference code).
+    """
+
+    def __init__(self, model_name_or_path: str, device: torch.device, torch_dtype: torch.dtype,
+                 max_length: int = 8192) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.device = device
+        self.max_length = max_length
+        self.tokenizer = from_pretrained(AutoTokenizer.from_pretrained, model_name_or_path, EMBEDDING_FLAG,
+                                         padding_side="left")
+        model = from_pretrained(AutoModel.from_pretrained, model_name_or_path, EMBEDDING_FLAG, dtype=torch_dtype)
+        self.model = model.to(device).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def embed(self, texts: list[str]) -> torch.Tensor:
+        """(len(texts), hidden) L2-normalised float32 embeddings, all texts in one padded batch."""
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                               return_tensors="pt").to(self.device)
+        mask = batch["attention_mask"]
+        # Positions counted over real tokens only, so a text's embedding does not depend on the
+        # padding it got (RoPE would make it so up to round-off anyway).
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        hidden = self.model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=positions).last_hidden_state
+        return torch.nn.functional.normalize(last_token_pool(hidden, mask).float(), p=2, dim=-1)
+
+
+class LLMJudge:
+    """A chat LLM (``AutoModelForCausalLM``) rating description-prompt consistency 0-100 (TIT-Score-LLM).
+
+    Args:
+        model_name_or_path: Hub id or folder of a chat model, e.g. `Qwen/Qwen3-8B`.
+        device, torch_dtype: where and in which dtype the model runs.
+        max_new_tokens: reply budget (the answer is one number).
+    """
+
+    def __init__(self, model_name_or_path: str, device: torch.device, torch_dtype: torch.dtype,
+                 max_new_tokens: int = 16) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = device
+        self.max_new_tokens = max_new_tokens
+        self.tokenizer = from_pretrained(AutoTokenizer.from_pretrained, model_name_or_path, JUDGE_FLAG,
+                                         padding_side="left")
+        if self.tokenizer.chat_template is None:
+            raise ValueError(f"{JUDGE_FLAG}={model_name_or_path!r} has no chat template; pass a chat (instruct) model")
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        model = from_pretrained(AutoModelForCausalLM.from_pretrained, model_name_or_path, JUDGE_FLAG, dtype=torch_dtype)
+        self.model = model.to(device).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def replies(self, prompts: list[str], descriptions: list[str]) -> list[str]:
+        """The judge's reply to `JUDGE_TEMPLATE` for each (prompt, description), greedy."""
+        texts = [
+            self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": JUDGE_TEMPLATE.format(prompt=p, description=d)}],
+                tokenize=False, add_generation_prompt=True, enable_thinking=False,
+            )
+            for p, d in zip(prompts, descriptions, strict=True)
+        ]
+        batch = self.tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt").to(self.device)
+        output = self.model.generate(**batch, max_new_tokens=self.max_new_tokens, do_sample=False,
+                                     pad_token_id=self.tokenizer.pad_token_id)
+        return [r.strip() for r in self.tokenizer.batch_decode(output[:, batch["input_ids"].shape[1]:],
+                                                               skip_special_tokens=True)]
+
+
+class TITScoreReward(Reward):
+    """TIT-Score: cosine between the prompt and a VLM's description of the image, mapped to [0, 1].
+
+    Args:
+        model_name_or_path: the describing VLM (Qwen3-VL chat checkpoint; default
+            `Qwen/Qwen3-VL-8B-Instruct`).
+        device, torch_dtype, batch_size: see `Reward`; `batch_size` images are described
+            (and their texts embedded or judged) together.
+        embedding_model_name_or_path: text-embedding model (default `Qwen/Qwen3-Embedding-8B`;
+            `Qwen/Qwen3-Embedding-0.6B` is a smaller choice).
+        judge: "embedding" (TIT-Score) or "llm" (TIT-Score-LLM).
+        judge_model_name_or_path: the LLM judge for ``judge="llm"`` (default `Qwen/Qwen3-8B`).
+        max_new_tokens: description budget in tokens (512, as the reference code).
+        mapping: cosine -> [0, 1], "clip" (default) or "affine" (`rewards.tit_rules.cosine_to_score`).
+        query_instruction: optional Qwen3-Embedding instruction for the prompt (none by default).
+        max_length: embedding truncation length in tokens (8192).
+        generation_kwargs: further ``generate`` arguments for the description (default greedy).
+
+    Details per image: description, description_words, and either cosine (raw TIT-Score in
+    [-1, 1]) and mapping, or judge_reply, judge_rating (0-100 or None) and parsed; score.
+    """
+
+    name = "tit_score"
+    default_model = "Qwen/Qwen3-VL-8B-Instruct"
+    default_embedding_model = "Qwen/Qwen3-Embedding-8B"
+    default_judge_model = "Qwen/Qwen3-8B"
+    categories = ("complex",)
+    description = (
+        "TIT-Score (LPG-Bench): cosine between the prompt and Qwen3-VL's description of the image, "
+        "embedded by Qwen3-Embedding; TIT-Score-LLM with an LLM judge"
+    )
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+        batch_size: int = 4,
+        embedding_model_name_or_path: str | None = None,
+        judge: Literal["embedding", "llm"] = "embedding",
+        judge_model_name_or_path: str | None = None,
+        max_new_tokens: int = 512,
+        mapping: Mapping = "clip",
+        query_instruction: str | None = None,
+        max_length: int = 8192,
+        generation_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(model_name_or_path, device, torch_dtype, batch_size)
+        if judge not in ("embedding", "llm"):
+            raise ValueError(f"judge must be 'embedding' (TIT-Score) or 'llm' (TIT-Score-LLM), got {judge!r}")
+        if mapping not in ("clip", "affine"):
+            raise ValueError(f"mapping must be 'clip' or 'affine', got {mapping!r}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.judge, self.mapping, self.query_instruction = judge, mapping, query_instruction
+        vlm = ChatVLM(str(self.model_name_or_path), self.device, self.torch_dtype, MODEL_FLAG)
+        self.describer = Describer(vlm, max_new_tokens=max_new_tokens, generation_kwargs=generation_kwargs)
+        self.embedder: TextEmbedder | None = None
+        self.llm: LLMJudge | None = None
+        if judge == "embedding":
+            self.embedder = TextEmbedder(embedding_model_name_or_path or self.default_embedding_model,
+                                         self.device, self.torch_dtype, max_length)
+        else:
+            self.llm = LLMJudge(judge_model_name_or_path or self.default_judge_model, self.device, self.torch_dtype)
+
+    def similarities(self, prompts: list[str], descriptions: list[str]) -> list[float]:
+        """Raw TIT-Scores: cosine in [-1, 1] between each prompt's and description's embeddings."""
+        if self.embedder is None:
+            raise RuntimeError("similarities need the embedding judge (judge='embedding')")
+        embeddings = self.embedder.embed([query_text(p, self.query_instruction) for p in prompts] + descriptions)
+        return cosine_similarities(embeddings[: len(prompts)], embeddings[len(prompts):]).tolist()
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        scores: list[float] = []
+        details: list[dict[str, Any]] = []
+        for start in range(0, len(images), self.batch_size):
+            chunk = slice(start, start + self.batch_size)
+            descriptions = self.describer.describe(images[chunk])
+            for prompt, description, extra in zip(prompts[chunk], descriptions, self._compare(prompts[chunk], descriptions)):
+                scores.append(extra["score"])
+                details.append({"description": description, "description_words": word_count(description), **extra})
+        return RewardOutput(scores=scores, details=details)
+
+    def _compare(self, prompts: list[str], descriptions: list[str]) -> list[dict[str, Any]]:
+        """Per pair: the score in [0, 1] and what it was computed from."""
+        if self.llm is None:
+            return [
+                {"cosine": cosine, "mapping": self.mapping, "score": cosine_to_score(cosine, self.mapping)}
+                for cosine in self.similarities(prompts, descriptions)
+            ]
+        results = []
+        for reply in self.llm.replies(prompts, descriptions):
+            rating = parse_judge_rating(reply)
+            results.append({
+                "judge_reply": reply, "parsed": rating is not None, "judge_rating": rating,
+                "score": 0.0 if rating is None else rating / JUDGE_SCALE,
+            })
+        return results

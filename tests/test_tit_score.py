@@ -1,0 +1,232 @@
+"""TIT-Score: the pure rules, the embedding (pooling, padding, cosine) on a tiny Qwen3 model, the
+reward with a tiny Qwen3-VL describer, TIT-Score-LLM with a tiny chat LLM, and LPG-Bench end to end
+on a tiny local dataset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from evaluators.lpg_bench import LPGBenchBenchmark, prompt_column_of
+from rewards.tit_rules import (
+    DESCRIPTION_PROMPT,
+    cosine_similarities,
+    cosine_to_score,
+    last_token_pool,
+    parse_judge_rating,
+    query_text,
+)
+
+PROMPTS = ["a red cat on the house", "the sky is blue and the sun is white", "a dog with a car"]
+
+# ---------------------------------------------------------------------------------------------
+# Pure rules.
+
+
+def test_cosine_to_score_mappings():
+    assert cosine_to_score(0.73) == 0.73
+    assert cosine_to_score(-0.2) == 0.0
+    assert cosine_to_score(-0.2, "affine") == pytest.approx(0.4)
+    assert cosine_to_score(1.0, "affine") == 1.0
+    with pytest.raises(ValueError, match="cosine must lie in"):
+        cosine_to_score(1.5)
+    with pytest.raises(ValueError, match="mapping must be"):
+        cosine_to_score(0.5, "sigmoid")
+
+
+@pytest.mark.parametrize(
+    ("reply", "rating"),
+    [("85", 85.0), ("Score: 72/100", 72.0), ("<think>maybe 10?</think>\n90", 90.0), ("7.5", 7.5),
+     ("I cannot tell.", None), ("150", None), ("0", 0.0)],
+)
+def test_parse_judge_rating(reply, rating):
+    assert parse_judge_rating(reply) == rating
+
+
+def test_last_token_pool_left_right_and_mixed_padding():
+    hidden = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(2, 4, 3)
+    right = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    left = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    mixed = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 1]])
+    assert torch.equal(last_token_pool(hidden, right), torch.stack([hidden[0, 1], hidden[1, 3]]))
+    assert torch.equal(last_token_pool(hidden, left), torch.stack([hidden[0, 3], hidden[1, 3]]))
+    assert torch.equal(last_token_pool(hidden, mixed), torch.stack([hidden[0, 1], hidden[1, 3]]))
+    with pytest.raises(ValueError, match="no real token"):
+        last_token_pool(hidden, torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_cosine_and_query_text():
+    a = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
+    b = torch.tensor([[6.0, 8.0], [-1.0, 1.0]])
+    assert cosine_similarities(a, b).tolist() == pytest.approx([1.0, -1 / np.sqrt(2)])
+    assert query_text("a cat", None) == "a cat"
+    assert query_text("a cat", "Find the image description") == "Instruct: Find the image description\nQuery:a cat"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny models.
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a shared 2-core machine; tiny models gain nothing from threads
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    from gors.tiny.qwen3_embedding import build_tiny_qwen3_chat, build_tiny_qwen3_embedding
+    from gors.tiny.qwen3_vl import build_tiny_qwen3_vl
+
+    root = tmp_path_factory.mktemp("tiny_tit")
+    return {
+        "vlm": build_tiny_qwen3_vl(root / "vlm", seed=0),
+        "embedding": build_tiny_qwen3_embedding(root / "embedding", seed=0),
+        "chat": build_tiny_qwen3_chat(root / "chat", seed=0),
+    }
+
+
+@pytest.fixture(scope="module")
+def reward(tiny_models, one_thread):
+    from rewards.tit_score import TITScoreReward
+
+    return TITScoreReward(str(tiny_models["vlm"]), device="cpu", batch_size=2, max_new_tokens=6,
+                          embedding_model_name_or_path=str(tiny_models["embedding"]))
+
+
+def _images(n: int) -> list[Image.Image]:
+    return [Image.fromarray(np.random.RandomState(i).randint(0, 255, (32, 32, 3), dtype=np.uint8)) for i in range(n)]
+
+
+def _alone(model, tokenizer, text: str) -> torch.Tensor:
+    """The embedding of `text` by hand: a batch of one (no padding), last hidden state, L2 norm."""
+    ids = tokenizer([text], return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**ids).last_hidden_state[0, -1]
+    return hidden / hidden.norm()
+
+
+def test_cosine_equals_hand_computed_from_the_same_embedding_model(reward, tiny_models):
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["embedding"])
+    model = AutoModel.from_pretrained(tiny_models["embedding"]).eval()
+    assert tokenizer([PROMPTS[0]]).input_ids[0][-1] == tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    descriptions = ["a white dog", "yellow cars in the sky at night", "the sun"]
+    by_hand = [float(_alone(model, tokenizer, p) @ _alone(model, tokenizer, d)) for p, d in zip(PROMPTS, descriptions)]
+    # The three prompts and descriptions of different lengths share one left-padded batch.
+    assert reward.similarities(PROMPTS, descriptions) == pytest.approx(by_hand, abs=1e-5)
+    assert len({round(c, 4) for c in by_hand}) == 3  # the tiny model tells the texts apart
+
+
+def test_left_and_right_padding_give_the_same_embeddings(reward):
+    embedder = reward.embedder
+    texts = ["a cat", "the sky is blue and the sun is white in the image"]
+    left = embedder.embed(texts)
+    embedder.tokenizer.padding_side = "right"
+    try:
+        right = embedder.embed(texts)
+    finally:
+        embedder.tokenizer.padding_side = "left"
+    assert torch.allclose(left, right, atol=1e-5)
+    assert torch.allclose(left.norm(dim=-1), torch.ones(2), atol=1e-5)
+
+
+def test_reward_scores_in_unit_interval_with_generated_descriptions(reward):
+    images = _images(3)
+    output = reward.score(images, PROMPTS)
+    assert len(output.scores) == 3 and all(0.0 <= s <= 1.0 for s in output.scores)
+    descriptions = [d["description"] for d in output.details]
+    for score, details in zip(output.scores, output.details):
+        assert -1.0 <= details["cosine"] <= 1.0
+        assert score == cosine_to_score(details["cosine"])
+        assert details["description_words"] == len(details["description"].split())
+    # The score is the cosine of the prompt and the description that was generated.
+    assert [d["cosine"] for d in output.details] == pytest.approx(reward.similarities(PROMPTS, descriptions), abs=1e-6)
+    # Greedy generation: the same image gets the same description, alone or in a batch.
+    assert reward.describer.describe(images[1:2]) == descriptions[1:2]
+    assert reward.describer.instruction == DESCRIPTION_PROMPT
+
+
+def test_describer_is_a_real_generate_call_matching_the_processor_path(reward):
+    vlm = reward.describer.vlm
+    image = _images(1)[0]
+    inputs = vlm.processor(text=[vlm.chat_text(DESCRIPTION_PROMPT)], images=[image], return_tensors="pt")
+    with torch.no_grad():
+        output = vlm.model.generate(**inputs, max_new_tokens=6, do_sample=False)
+    expected = vlm.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    assert reward.describer.describe([image]) == [expected]
+
+
+def test_llm_judge_option(tiny_models, one_thread):
+    from rewards.tit_score import TITScoreReward
+
+    judge = TITScoreReward(str(tiny_models["vlm"]), device="cpu", batch_size=3, max_new_tokens=4, judge="llm",
+                           judge_model_name_or_path=str(tiny_models["chat"]))
+    assert judge.embedder is None
+    output = judge.score(_images(3), PROMPTS)
+    for score, details in zip(output.scores, output.details):
+        rating = parse_judge_rating(details["judge_reply"])
+        assert details["parsed"] == (rating is not None)
+        assert score == (0.0 if rating is None else rating / 100)
+        assert 0.0 <= score <= 1.0
+
+
+def test_bad_options_are_clear_errors():
+    from rewards.tit_score import TITScoreReward
+
+    with pytest.raises(ValueError, match="judge must be 'embedding'"):
+        TITScoreReward("unused", device="cpu", judge="clip")
+    with pytest.raises(ValueError, match="mapping must be"):
+        TITScoreReward("unused", device="cpu", mapping="tanh")
+
+
+# ---------------------------------------------------------------------------------------------
+# LPG-Bench.
+
+
+@pytest.fixture(scope="module")
+def lpg_folder(tmp_path_factory) -> Path:
+    """A local copy of an LPG-Bench-like dataset: one jsonl of {id, prompt} rows."""
+    folder = tmp_path_factory.mktemp("lpg_bench")
+    rows = [{"id": f"p{i}", "prompt": f"{prompt}. " * 3} for i, prompt in enumerate(PROMPTS + ["a green tree"])]
+    (folder / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+def test_lpg_prompts_from_folder_file_and_columns(lpg_folder, tmp_path):
+    prompts = LPGBenchBenchmark(dataset=str(lpg_folder)).prompts()
+    assert [p.metadata["id"] for p in prompts] == ["p0", "p1", "p2", "p3"]
+    assert prompts[0].text == "a red cat on the house. a red cat on the house. a red cat on the house."
+    assert [p.metadata["id"] for p in LPGBenchBenchmark(dataset=str(lpg_folder), max_prompts=2).prompts()] == ["p0", "p2"]
+    csv = tmp_path / "prompts.csv"
+    csv.write_text("Prompt,theme\nA long prompt about a cat,cats\n")
+    assert [p.text for p in LPGBenchBenchmark(dataset=str(csv)).prompts()] == ["A long prompt about a cat"]
+    assert prompt_column_of(["id", "text"]) == "text"
+    with pytest.raises(ValueError, match="no prompt column among \\['id', 'body'\\]"):
+        prompt_column_of(["id", "body"])
+    with pytest.raises(ValueError, match="prompt_column='body' is not a column"):
+        LPGBenchBenchmark(dataset=str(csv), prompt_column="body").prompts()
+
+
+def test_lpg_bench_end_to_end(tmp_path, tiny_sd, tiny_models, lpg_folder, one_thread):
+    bench = LPGBenchBenchmark(
+        dataset=str(lpg_folder), max_prompts=3, vlm_model_name_or_path=str(tiny_models["vlm"]),
+        embedding_model_name_or_path=str(tiny_models["embedding"]), num_inference_steps=2, resolution=32,
+    )
+    summary = bench.evaluate(str(tiny_sd), tmp_path / "run", scorer_options={"max_new_tokens": 5},
+                             scorer_batch_size=2)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 == summary["num_images"] == summary["num_prompts"]  # every 2nd of 4 prompts
+    assert all(0.0 <= row["score"] <= 1.0 for row in rows)
+    assert summary["tit_score"] == pytest.approx(sum(row["score"] for row in rows) / 2)
+    assert summary["tit_score_cosine"] == pytest.approx(sum(row["details"]["cosine"] for row in rows) / 2)
+    assert summary["metric"] == "tit_score" and summary["images_per_prompt"] == 1
+    assert all("description" in row["details"] for row in rows)
