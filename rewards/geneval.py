@@ -1,0 +1,372 @@
+"""GenEval's metric as a reward: Mask2Former COCO instances + CLIP colours, judged by GenEval's rules.
+
+An image scores 1.0 when it satisfies every clause of its prompt and 0.0 otherwise (GenEval is
+binary). The clauses come from each image's metadata (`tag`, `include`, `exclude`, as in
+GenEval's `evaluation_metadata.jsonl`), which the GenEval benchmark passes along; the rules are
+`rewards.geneval_rules`.
+
+The official evaluator (djghosh13/geneval `evaluation/evaluate_images.py`) runs mmdetection's
+Mask2Former Swin-S COCO instance model, which has no build for current PyTorch. We run the same
+architecture and training data from `transformers` (`facebook/mask2former-swin-small-coco-instance`)
+and reproduce mmdetection's test-time processing: images resized to a shortest edge of 800 and a
+longest of 1333 pixels (mmdetection's test scale; the Hub processor's own default is 384), the
+100 best (query, class) pairs, masks upsampled bilinearly to the image and thresholded at logit 0,
+confidence = class probability x mean mask probability inside the mask, box = the mask's extent.
+
+Colours follow the official code: open_clip `ViT-L-14` with OpenAI weights (QuickGELU, as OpenAI
+trained it), zero-shot over GenEval's 10 colours with the templates "a photo of a {c} {object}",
+"a photo of a {c}-colored {object}", "a photo of a {c} object" (text embeddings normalised, then
+averaged and normalised again); each object is pasted through its mask onto a #999 grey image
+first and cropped to its box second, then CLIP-preprocessed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from gors.hub import from_pretrained
+from rewards.base import Reward, RewardOutput
+from rewards.geneval_rules import (
+    COLORS,
+    COUNTING_THRESHOLD,
+    GENEVAL_CLASSES,
+    MAX_OBJECTS,
+    POSITION_THRESHOLD,
+    THRESHOLD,
+    GenEvalObject,
+    check_metadata,
+    judge_image,
+)
+
+MODEL_FLAG = "geneval model_name_or_path"
+# Other names of GenEval's classes in COCO label sets (detectron2 / Hub checkpoints, VOC-style dumps).
+CLASS_ALIASES = {
+    "mouse": "computer mouse", "remote": "tv remote", "keyboard": "computer keyboard", "tvmonitor": "tv",
+    "tv monitor": "tv", "aeroplane": "airplane", "motorbike": "motorcycle", "sofa": "couch",
+    "pottedplant": "potted plant", "diningtable": "dining table", "hair dryer": "hair drier",
+}
+COLOR_TEMPLATES = ("a photo of a {c} {obj}", "a photo of a {c}-colored {obj}", "a photo of a {c} object")
+MAX_PER_IMAGE = 100  # mmdetection's Mask2Former test_cfg.max_per_image
+MMDET_TEST_SIZE = (800, 1333)  # (shortest, longest) edge of mmdetection's Mask2Former test pipeline
+_PRECISION = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def geneval_label_names(id2label: Mapping[int, str]) -> dict[int, str]:
+    """Model label id -> GenEval class name, for the labels that are GenEval classes.
+
+    Names are compared lower-cased with "_" and "-" read as spaces, through `CLASS_ALIASES`.
+    Labels that are no GenEval class (e.g. a panoptic model's stuff classes) are left out.
+    Raises ValueError when a GenEval class has no label: such a model cannot score GenEval.
+    """
+    mapping = {}
+    for index, label in id2label.items():
+        name = " ".join(str(label).lower().replace("_", " ").replace("-", " ").split())
+        name = CLASS_ALIASES.get(name, name)
+        if name in GENEVAL_CLASSES:
+            mapping[int(index)] = name
+    missing = [name for name in GENEVAL_CLASSES if name not in mapping.values()]
+    if missing:
+        raise ValueError(
+            f"the detector's labels lack {len(missing)} of GenEval's 80 COCO classes (first: {missing[:5]}); "
+            "pass a COCO instance segmentation checkpoint such as facebook/mask2former-swin-small-coco-instance."
+        )
+    return mapping
+
+
+def mask_boxes(masks: torch.Tensor) -> torch.Tensor:
+    """(x_min, y_min, x_max, y_max) of each boolean (N, H, W) mask, max exclusive (mmdetection's
+    `mask2bbox`); an empty mask gets (0, 0, 0, 0)."""
+    boxes = torch.zeros(masks.shape[0], 4, device=masks.device)
+    x_any, y_any = masks.any(dim=1), masks.any(dim=2)
+    for k in range(masks.shape[0]):
+        xs, ys = torch.where(x_any[k])[0], torch.where(y_any[k])[0]
+        if len(xs) and len(ys):
+            boxes[k] = torch.stack([xs[0], ys[0], xs[-1] + 1, ys[-1] + 1]).float()
+    return boxes
+
+
+@dataclass
+class InstancePredictions:
+    """The best (query, class) pairs of one image, most confident first.
+
+    Attributes:
+        labels: (K,) class ids of the model.
+        scores: (K,) confidence in [0, 1] = class probability x mean mask probability in the mask.
+        boxes: (K, 4) mask extents in image pixels.
+        masks: (Q', H, W) boolean masks of the distinct queries; `mask_index` (K,) points into it.
+    """
+
+    labels: torch.Tensor
+    scores: torch.Tensor
+    boxes: torch.Tensor
+    masks: torch.Tensor
+    mask_index: torch.Tensor
+
+
+def instance_predictions(
+    class_logits: torch.Tensor,
+    mask_logits: torch.Tensor,
+    input_size: tuple[int, int],
+    valid_size: tuple[int, int],
+    image_size: tuple[int, int],
+    max_per_image: int = MAX_PER_IMAGE,
+) -> InstancePredictions:
+    """mmdetection's Mask2Former instance post-processing of one image.
+
+    Args:
+        class_logits: (Q, C + 1) class logits, the last column "no object".
+        mask_logits: (Q, h, w) mask logits at the model's output resolution.
+        input_size: (height, width) of the padded model input.
+        valid_size: (height, width) of the resized image inside it (the rest is padding).
+        image_size: (height, width) of the original image.
+        max_per_image: how many (query, class) pairs to keep.
+    """
+    num_classes = class_logits.shape[-1] - 1
+    probabilities = class_logits.float().softmax(-1)[:, :-1].flatten()
+    top_scores, top = probabilities.topk(min(max_per_image, probabilities.numel()))
+    queries, labels = top // num_classes, top % num_classes
+    distinct, mask_index = queries.unique(return_inverse=True)
+    logits = F.interpolate(mask_logits[distinct][None].float(), size=input_size, mode="bilinear", align_corners=False)
+    logits = logits[..., : valid_size[0], : valid_size[1]]
+    logits = F.interpolate(logits, size=image_size, mode="bilinear", align_corners=False)[0]
+    masks = logits > 0
+    mask_scores = (logits.sigmoid() * masks).flatten(1).sum(1) / (masks.flatten(1).sum(1) + 1e-6)
+    return InstancePredictions(
+        labels=labels, scores=top_scores * mask_scores[mask_index], boxes=mask_boxes(masks)[mask_index],
+        masks=masks, mask_index=mask_index,
+    )
+
+
+class Mask2FormerDetector:
+    """GenEval-class instances of a `transformers` Mask2Former COCO instance segmenter.
+
+    Args:
+        model_name_or_path: Hub id or folder of a Mask2Former COCO instance checkpoint.
+        device, torch_dtype: where and in which dtype the model runs.
+        image_size: (shortest, longest) edge in pixels the image is resized to, keeping its aspect
+            ratio; default mmdetection's test scale (800, 1333); None keeps the checkpoint
+            processor's setting.
+        batch_size: images per forward pass (only images of one size share a pass, so an
+            image's detections never depend on the others).
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        device: torch.device,
+        torch_dtype: torch.dtype = torch.float32,
+        image_size: Sequence[int] | None = MMDET_TEST_SIZE,
+        batch_size: int = 8,
+    ) -> None:
+        from transformers import Mask2FormerForUniversalSegmentation, Mask2FormerImageProcessor
+
+        size = {} if image_size is None else {"size": {"shortest_edge": image_size[0], "longest_edge": image_size[1]}}
+        self.processor = from_pretrained(Mask2FormerImageProcessor.from_pretrained, model_name_or_path, MODEL_FLAG, **size)
+        model = from_pretrained(
+            Mask2FormerForUniversalSegmentation.from_pretrained, model_name_or_path, MODEL_FLAG, dtype=torch_dtype
+        )
+        self.model = model.to(device).eval().requires_grad_(False)
+        self.device, self.dtype, self.batch_size = device, torch_dtype, batch_size
+        try:
+            self.class_names = geneval_label_names(self.model.config.id2label)
+        except ValueError as err:
+            raise ValueError(f"{MODEL_FLAG}={model_name_or_path!r}: {err}") from err
+
+    @torch.no_grad()
+    def detect(self, images: Sequence[Image.Image], threshold: float = 0.0) -> list[dict[str, list[GenEvalObject]]]:
+        """Per image: GenEval class -> objects with confidence > `threshold`, most confident first."""
+        results: list[dict[str, list[GenEvalObject]]] = [{} for _ in images]
+        by_size = sorted(range(len(images)), key=lambda i: images[i].size)
+        for _, same in itertools.groupby(by_size, key=lambda i: images[i].size):
+            indices = list(same)
+            for start in range(0, len(indices), self.batch_size):
+                chunk = indices[start : start + self.batch_size]
+                inputs = self.processor(images=[images[i] for i in chunk], return_tensors="pt")
+                pixel_values = inputs["pixel_values"].to(self.device, self.dtype)
+                pixel_mask = inputs["pixel_mask"].to(self.device)
+                outputs = self.model(pixel_values=pixel_values, pixel_mask=pixel_mask)
+                for k, i in enumerate(chunk):
+                    valid = (int(pixel_mask[k, :, 0].sum()), int(pixel_mask[k, 0, :].sum()))
+                    width, height = images[i].size
+                    predictions = instance_predictions(
+                        outputs.class_queries_logits[k], outputs.masks_queries_logits[k],
+                        tuple(pixel_values.shape[-2:]), valid, (height, width),
+                    )
+                    results[i] = self._objects(predictions, threshold)
+        return results
+
+    def _objects(self, predictions: InstancePredictions, threshold: float) -> dict[str, list[GenEvalObject]]:
+        masks = predictions.masks.cpu().numpy()
+        objects: dict[str, list[GenEvalObject]] = {}
+        order = predictions.scores.argsort(descending=True, stable=True).tolist()
+        for k in order:
+            score, label = float(predictions.scores[k]), int(predictions.labels[k])
+            if score <= threshold or label not in self.class_names:
+                continue
+            box = tuple(float(v) for v in predictions.boxes[k])
+            mask = masks[int(predictions.mask_index[k])]
+            objects.setdefault(self.class_names[label], []).append(GenEvalObject(box, score, mask))
+        return objects
+
+
+class ClipColorClassifier:
+    """GenEval's zero-shot colour classifier on open_clip (see the module docstring).
+
+    Args:
+        model_name: open_clip architecture name (official: "ViT-L-14").
+        pretrained: open_clip pretrained tag (official: "openai") or a local checkpoint file.
+        device, torch_dtype: where and in which precision CLIP runs.
+        background: colour the object is pasted onto through its mask (official "#999").
+        batch_size: crops per forward pass.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "ViT-L-14",
+        pretrained: str = "openai",
+        device: torch.device | str = "cpu",
+        torch_dtype: torch.dtype = torch.float32,
+        background: str = "#999",
+        batch_size: int = 16,
+    ) -> None:
+        import open_clip
+
+        # OpenAI's CLIP was trained with QuickGELU; the official code's open_clip built it that way.
+        quick_gelu = bool((open_clip.get_pretrained_cfg(model_name, pretrained) or {}).get("quick_gelu", False))
+        try:
+            model, _, self.preprocess = open_clip.create_model_and_transforms(
+                model_name, pretrained=pretrained, device=device, precision=_PRECISION.get(torch_dtype, "fp32"),
+                force_quick_gelu=quick_gelu,
+            )
+        except RuntimeError as err:
+            raise OSError(
+                f"geneval clip_model={model_name!r}, clip_pretrained={pretrained!r}: open_clip could not "
+                f"load it ({err}). Pass an open_clip architecture name and a pretrained tag or a local checkpoint "
+                "file; offline, download the weights first (open_clip caches them in the Hugging Face cache)."
+            ) from err
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = open_clip.get_tokenizer(model_name)
+        self.device, self.background, self.batch_size = torch.device(device), background, batch_size
+        self._text: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def text_classifier(self, classname: str) -> torch.Tensor:
+        """(embedding dim, 10) unit text embeddings of `COLORS` for `classname`, one column per colour."""
+        if classname not in self._text:
+            columns = []
+            for colour in COLORS:
+                texts = [t.format(c=colour, obj=classname) for t in COLOR_TEMPLATES]
+                embeddings = F.normalize(self.model.encode_text(self.tokenizer(texts).to(self.device)).float(), dim=-1)
+                columns.append(F.normalize(embeddings.mean(0), dim=0))
+            self._text[classname] = torch.stack(columns, dim=1)
+        return self._text[classname]
+
+    def crops(self, image: Image.Image, objects: Sequence[GenEvalObject]) -> list[Image.Image]:
+        """Each object pasted through its mask onto the background colour, then cropped to its box."""
+        blank = Image.new("RGB", image.size, color=self.background)
+        crops = []
+        for obj in objects:
+            pasted = image if obj.mask is None else Image.composite(image, blank, Image.fromarray(obj.mask))
+            crops.append(pasted.crop(obj.box))
+        return crops
+
+    @torch.no_grad()
+    def __call__(self, image: Image.Image, classname: str, objects: Sequence[GenEvalObject]) -> list[str]:
+        """One colour of `COLORS` per object of `classname` in `image`."""
+        classifier = self.text_classifier(classname)
+        crops = self.crops(image, objects)
+        colours: list[str] = []
+        for start in range(0, len(crops), self.batch_size):
+            batch = torch.stack([self.preprocess(c) for c in crops[start : start + self.batch_size]]).to(self.device)
+            features = F.normalize(self.model.encode_image(batch.to(next(self.model.parameters()).dtype)).float(), dim=-1)
+            colours += [COLORS[k] for k in (features @ classifier).argmax(dim=1).tolist()]
+        return colours
+
+
+class GenEvalReward(Reward):
+    """GenEval correctness of each image against its metadata's clauses; scores in {0.0, 1.0}.
+
+    Args:
+        model_name_or_path: Mask2Former COCO instance checkpoint (Hub id or folder); default
+            `facebook/mask2former-swin-small-coco-instance` (the official detector's architecture).
+        device, torch_dtype, batch_size: see `Reward`; `batch_size` is images per detector pass.
+        clip_model, clip_pretrained: the colour classifier's open_clip model (official "ViT-L-14",
+            "openai"; a local checkpoint file works as `clip_pretrained`).
+        threshold, counting_threshold, max_objects, position_threshold: GenEval's options
+            (official 0.3, 0.9, 16, 0.1); see `rewards.geneval_rules`.
+        detector_image_size: (shortest, longest) edge the detector resizes images to; default
+            mmdetection's (800, 1333); None keeps the checkpoint processor's setting.
+        background: colour behind a masked object for the colour check (official "#999").
+    """
+
+    name = "geneval"
+    default_model = "facebook/mask2former-swin-small-coco-instance"
+    description = (
+        "GenEval correctness (0/1): Mask2Former COCO instances + CLIP ViT-L-14 colours checked against the "
+        "prompt's GenEval clauses (needs tag/include/exclude metadata)"
+    )
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+        batch_size: int = 8,
+        clip_model: str = "ViT-L-14",
+        clip_pretrained: str = "openai",
+        threshold: float = THRESHOLD,
+        counting_threshold: float = COUNTING_THRESHOLD,
+        max_objects: int = MAX_OBJECTS,
+        position_threshold: float = POSITION_THRESHOLD,
+        detector_image_size: Sequence[int] | None = MMDET_TEST_SIZE,
+        background: str = "#999",
+    ) -> None:
+        super().__init__(model_name_or_path, device, torch_dtype, batch_size)
+        for option, value in (("threshold", threshold), ("counting_threshold", counting_threshold)):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{option}={value}: a detector confidence threshold must lie in [0, 1)")
+        if max_objects < 1:
+            raise ValueError(f"max_objects={max_objects}: keep at least one object per class")
+        if detector_image_size is not None and len(detector_image_size) != 2:
+            raise ValueError(f"detector_image_size={detector_image_size!r}: give [shortest, longest] edge in pixels")
+        self.rule_options = {
+            "threshold": threshold, "counting_threshold": counting_threshold, "max_objects": max_objects,
+            "position_threshold": position_threshold,
+        }
+        self.detector = Mask2FormerDetector(
+            str(self.model_name_or_path), self.device, self.torch_dtype, detector_image_size, batch_size
+        )
+        self.classify_colors = ClipColorClassifier(
+            clip_model, clip_pretrained, self.device, self.torch_dtype, background, batch_size=16
+        )
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        if metadata is None:
+            raise ValueError(
+                "the geneval reward needs each image's GenEval clauses as metadata (tag, include, exclude); "
+                "score through the geneval benchmark, or pass metadata rows from evaluation_metadata.jsonl"
+            )
+        for index, meta in enumerate(metadata):
+            try:
+                check_metadata(meta)
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"image {index} ({prompts[index]!r}): {err}") from err
+        # Nothing at or below the lower threshold can count, whatever the tag.
+        floor = min(self.rule_options["threshold"], self.rule_options["counting_threshold"])
+        detections = self.detector.detect(images, threshold=floor)
+        scores, details = [], []
+        for image, found, meta in zip(images, detections, metadata, strict=True):
+            judgement = judge_image(found, meta, partial(self.classify_colors, image), **self.rule_options)
+            scores.append(1.0 if judgement.correct else 0.0)
+            details.append(judgement.details)
+        return RewardOutput(scores=scores, details=details)

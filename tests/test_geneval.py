@@ -1,0 +1,349 @@
+"""GenEval reward on a tiny random Mask2Former + tiny open_clip, and the GenEval benchmark end to end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from evaluators import get_benchmark
+from evaluators.geneval import (
+    RESULTS_FILE,
+    SUMMARY_TEXT_FILE,
+    GenEvalBenchmark,
+    geneval_summary,
+    load_geneval_metadata,
+)
+from gors.store import SampleStore, StoreError
+from gors.tiny.mask2former import build_tiny_mask2former, coco_instance_labels
+from rewards import get_reward_class, load
+from rewards.geneval import (
+    COLOR_TEMPLATES,
+    ClipColorClassifier,
+    GenEvalReward,
+    geneval_label_names,
+    instance_predictions,
+)
+from rewards.geneval_rules import COLORS, GENEVAL_CLASSES, TAGS, GenEvalObject
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
+needs_shared = pytest.mark.skipif(not (SHARED / "geneval").is_dir(), reason="needs ../shared/benchmarks")
+TINY_CLIP = "gors-tiny-geneval-clip"
+GRAY = (153, 153, 153)  # "#999"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One intra-op thread: a small shared CPU is oversubscribed by torch's pool otherwise."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny Mask2Former folder, and a tiny open_clip architecture registered with a local checkpoint."""
+    import open_clip
+
+    root = tmp_path_factory.mktemp("geneval_models")
+    detector = build_tiny_mask2former(root / "mask2former", seed=0)
+    config_dir = root / "open_clip_configs"
+    config_dir.mkdir()
+    config = {
+        "embed_dim": 16,
+        "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+    }
+    (config_dir / f"{TINY_CLIP}.json").write_text(json.dumps(config))
+    open_clip.add_model_config(config_dir)
+    torch.manual_seed(0)
+    checkpoint = root / "tiny_clip.pt"
+    torch.save(open_clip.create_model(TINY_CLIP).state_dict(), checkpoint)
+    return {"model_name_or_path": str(detector), "clip_model": TINY_CLIP, "clip_pretrained": str(checkpoint)}
+
+
+@pytest.fixture(scope="module")
+def reward(models: dict[str, str]) -> GenEvalReward:
+    # Thresholds 0: a random detector's confidences are tiny; every detection then counts.
+    return GenEvalReward(device="cpu", batch_size=2, threshold=0.0, counting_threshold=0.0,
+                         detector_image_size=None, **models)
+
+
+def random_images(count: int, size: tuple[int, int] = (48, 40), seed: int = 0) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)) for _ in range(count)]
+
+
+# ---- detector pieces ----
+
+def test_coco_labels_map_to_geneval_names() -> None:
+    labels = coco_instance_labels()
+    assert labels[64] == "mouse" and labels[65] == "remote" and labels[66] == "keyboard"
+    assert geneval_label_names(labels) == dict(enumerate(GENEVAL_CLASSES))
+    panoptic = {**labels, 80: "wall-other-merged", 81: "sky"}  # stuff classes are no GenEval class
+    assert geneval_label_names(panoptic) == dict(enumerate(GENEVAL_CLASSES))
+    with pytest.raises(ValueError, match="lack 1 of GenEval's 80 COCO classes"):
+        geneval_label_names({k: v for k, v in labels.items() if v != "toaster"})
+
+
+def test_instance_post_processing_on_hand_made_logits() -> None:
+    class_logits = torch.tensor([[0.0, 4.0, 0.0, 1.0], [0.0, 0.0, 5.0, 0.0]])  # 2 queries, 3 classes + no-object
+    mask_logits = torch.full((2, 8, 8), -5.0)
+    mask_logits[0, 2:5, 1:5] = 5.0  # rows 2-4, columns 1-4; query 1 has an empty mask
+    out = instance_predictions(class_logits, mask_logits, (8, 8), (8, 8), (8, 8), max_per_image=2)
+    probabilities = class_logits.softmax(-1)
+    assert out.labels.tolist() == [2, 1]
+    assert out.boxes[1].tolist() == [1.0, 2.0, 5.0, 5.0]  # max exclusive, as mmdetection's mask2bbox
+    assert out.scores[1].item() == pytest.approx(probabilities[0, 1].item() * torch.sigmoid(torch.tensor(5.0)).item())
+    assert out.scores[0].item() == 0.0 and out.boxes[0].tolist() == [0.0, 0.0, 0.0, 0.0]
+    # Upsampled bilinearly to an image twice as large: the mask (and box) doubles.
+    out = instance_predictions(class_logits, mask_logits, (8, 8), (8, 8), (16, 16), max_per_image=2)
+    assert out.boxes[1].tolist() == [2.0, 4.0, 10.0, 10.0]
+    # Padding (columns 6-7 of the input) is cut away before resizing to the image.
+    mask_logits[0, :, 6:] = 5.0
+    out = instance_predictions(class_logits, mask_logits, (8, 8), (8, 6), (8, 6), max_per_image=2)
+    assert out.boxes[1].tolist() == [1.0, 2.0, 5.0, 5.0] and out.masks.shape[-2:] == (8, 6)
+
+
+# ---- colour classifier ----
+
+def test_crop_pastes_through_the_mask_on_gray_then_crops_the_box(models: dict[str, str]) -> None:
+    classifier = ClipColorClassifier(models["clip_model"], models["clip_pretrained"])
+    image = Image.new("RGB", (20, 10), (255, 0, 0))
+    mask = np.zeros((10, 20), dtype=bool)
+    mask[2:8, 4:8] = True
+    (crop,) = classifier.crops(image, [GenEvalObject((4, 2, 12, 8), 0.9, mask)])
+    pixels = np.asarray(crop)
+    assert crop.size == (8, 6)
+    assert (pixels[:, :4] == (255, 0, 0)).all() and (pixels[:, 4:] == GRAY).all()
+    (unmasked,) = classifier.crops(image, [GenEvalObject((4, 2, 12, 8), 0.9)])
+    assert (np.asarray(unmasked) == (255, 0, 0)).all()
+
+
+def test_text_classifier_averages_the_three_official_templates(models: dict[str, str]) -> None:
+    classifier = ClipColorClassifier(models["clip_model"], models["clip_pretrained"])
+    weights = classifier.text_classifier("fire hydrant")
+    assert weights.shape == (16, len(COLORS))
+    assert torch.allclose(weights.norm(dim=0), torch.ones(len(COLORS)), atol=1e-5)
+    texts = ["a photo of a blue fire hydrant", "a photo of a blue-colored fire hydrant", "a photo of a blue object"]
+    assert [t.format(c="blue", obj="fire hydrant") for t in COLOR_TEMPLATES] == texts
+    with torch.no_grad():
+        embeddings = F.normalize(classifier.model.encode_text(classifier.tokenizer(texts)), dim=-1)
+    assert torch.allclose(weights[:, COLORS.index("blue")], F.normalize(embeddings.mean(0), dim=0), atol=1e-5)
+    image = random_images(1)[0]
+    objects = [GenEvalObject((0, 0, 24, 20), 0.9), GenEvalObject((10, 10, 40, 36), 0.8)]
+    colours = classifier(image, "fire hydrant", objects)
+    assert len(colours) == 2 and set(colours) <= set(COLORS)
+    assert classifier(image, "fire hydrant", objects) == colours
+
+
+# ---- the reward ----
+
+def test_registry_and_attributes() -> None:
+    assert get_reward_class("geneval") is GenEvalReward
+    assert GenEvalReward.default_model == "facebook/mask2former-swin-small-coco-instance"
+
+
+def test_reward_scores_are_binary_with_reasons_and_detections(reward: GenEvalReward) -> None:
+    images = random_images(2)
+    found = reward.detector.detect(images, threshold=0.0)[0]
+    assert found, "the tiny detector finds something at threshold 0"
+    present = max(found, key=lambda name: found[name][0].score)
+    absent = next(name for name in GENEVAL_CLASSES if name not in found)
+    colour = reward.classify_colors(images[0], present, found[present][:1])[0]
+    other = next(c for c in COLORS if c != colour)
+    metadata = [
+        {"tag": "single_object", "include": [{"class": present, "count": 1}], "prompt": f"a photo of a {present}"},
+        {"tag": "single_object", "include": [{"class": absent, "count": 1}], "prompt": f"a photo of a {absent}"},
+        {"tag": "colors", "include": [{"class": present, "count": 1, "color": colour}], "prompt": "p"},
+        {"tag": "colors", "include": [{"class": present, "count": 1, "color": other}], "prompt": "p"},
+    ]
+    out = reward.score([images[0]] * 4, [m["prompt"] for m in metadata], metadata)
+    assert out.scores == [1.0, 0.0, 1.0, 0.0]
+    assert out.details[1]["reason"] == f"expected {absent}>=1, found 0"
+    assert out.details[3]["reason"].startswith(f"expected {other} {present}>=1, found 0 {other}; and 1 {colour}")
+    detections = out.details[0]["detections"]
+    assert detections[present][0]["score"] == pytest.approx(found[present][0].score)
+    for boxes in detections.values():
+        assert [d["score"] for d in boxes] == sorted((d["score"] for d in boxes), reverse=True) and len(boxes) <= 16
+        for d in boxes:
+            x0, y0, x1, y1 = d["box"]
+            assert 0 <= x0 < x1 <= 48 and 0 <= y0 < y1 <= 40 and 0 < d["score"] <= 1
+    json.dumps(out.details)
+    # An image's verdict does not depend on the batch it is scored in (up to float rounding).
+    alone = reward.score(images[:1], ["p"], metadata[:1]).details[0]
+    assert (alone["correct"], alone["reason"], list(alone["detections"])) == (True, "", list(detections))
+    for name, boxes in detections.items():
+        assert [d["score"] for d in alone["detections"][name]] == pytest.approx([d["score"] for d in boxes], rel=1e-4)
+
+
+def test_default_thresholds_reject_a_random_detector(models: dict[str, str]) -> None:
+    strict = load("geneval", device="cpu", detector_image_size=None, **models)
+    meta = {"tag": "single_object", "include": [{"class": "dog", "count": 1}], "prompt": "a photo of a dog"}
+    out = strict.score(random_images(1), ["a photo of a dog"], [meta])
+    assert out.scores == [0.0] and out.details[0]["detections"] == {} and out.details[0]["threshold"] == 0.3
+
+
+def test_reward_without_clauses_is_a_clear_error(reward: GenEvalReward) -> None:
+    with pytest.raises(ValueError, match="needs each image's GenEval clauses"):
+        reward.score(random_images(1), ["a photo of a dog"])
+    with pytest.raises(ValueError, match=r"image 0 \('a photo of a dog'\).*lacks include"):
+        reward.score(random_images(1), ["a photo of a dog"], [{"tag": "single_object"}])
+
+
+# ---- the benchmark ----
+
+@pytest.fixture
+def data_dir(monkeypatch: pytest.MonkeyPatch) -> Path:
+    if not (SHARED / "geneval" / "evaluation_metadata.jsonl").is_file():
+        pytest.skip("needs ../shared/benchmarks")
+    monkeypatch.setenv("GORS_DATA_DIR", str(SHARED))
+    return SHARED / "geneval"
+
+
+def test_prompts_protocol_and_object_names(data_dir: Path) -> None:
+    assert tuple((data_dir / "object_names.txt").read_text().split("\n")[:80]) == GENEVAL_CLASSES
+    benchmark = get_benchmark("geneval")
+    assert isinstance(benchmark, GenEvalBenchmark)
+    prompts = benchmark.prompts()
+    assert len(prompts) == 553
+    assert prompts[0].text == "a photo of a bench" and prompts[0].metadata["include"] == [{"class": "bench", "count": 1}]
+    counts = {tag: sum(p.metadata["tag"] == tag for p in prompts) for tag in TAGS}
+    assert counts == {"single_object": 80, "two_object": 99, "counting": 80, "colors": 94, "position": 100,
+                      "color_attr": 100}
+    protocol = benchmark.protocol()
+    assert (protocol.images_per_prompt, protocol.num_inference_steps, protocol.guidance_scale) == (4, 50, 9.0)
+    assert [protocol.seed_fn(protocol.seed, p, i) for p in (0, 7) for i in range(4)] == [42, 43, 44, 45] * 2
+    quick = GenEvalBenchmark(max_prompts=6)
+    assert [p.text for p in quick.prompts()] == [prompts[i].text for i in range(0, 553, 93)]
+    assert [n for n, _ in quick.selected()] == list(range(0, 553, 93))
+
+
+def test_summary_on_hand_made_rows() -> None:
+    rows = [
+        # single_object: 3 of 4 correct; two_object: 0 of 2; counting: 1 of 2.
+        {"prompt_index": 0, "tag": "single_object", "correct": True},
+        {"prompt_index": 0, "tag": "single_object", "correct": False},
+        {"prompt_index": 1, "tag": "single_object", "correct": True},
+        {"prompt_index": 1, "tag": "single_object", "correct": True},
+        {"prompt_index": 2, "tag": "two_object", "correct": False},
+        {"prompt_index": 2, "tag": "two_object", "correct": False},
+        {"prompt_index": 3, "tag": "counting", "correct": False},
+        {"prompt_index": 3, "tag": "counting", "correct": True},
+    ]
+    summary = geneval_summary(rows)
+    assert summary["tasks"] == {"single_object": 0.75, "two_object": 0.0, "counting": 0.5}
+    assert summary["task_counts"] == {"single_object": [3, 4], "two_object": [0, 2], "counting": [1, 2]}
+    assert summary["overall"] == pytest.approx((0.75 + 0.0 + 0.5) / 3)
+    assert summary["correct_images"] == pytest.approx(4 / 8)  # not the overall: tasks weigh equally
+    assert summary["correct_prompts"] == pytest.approx(3 / 4)
+    assert (summary["num_images"], summary["num_prompts"]) == (8, 4)
+
+
+def write_official_folder(root: Path, benchmark: GenEvalBenchmark, images: int) -> Path:
+    """GenEval's layout for the benchmark's prompts: <root>/<00000>/metadata.jsonl + samples/<0000>.png."""
+    rng = np.random.default_rng(1)
+    for number, row in benchmark.selected():
+        samples = root / f"{number:05d}" / "samples"
+        samples.mkdir(parents=True)
+        (samples.parent / "metadata.jsonl").write_text(json.dumps(row))
+        for i in range(images):
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(samples / f"{i:04d}.png")
+    (root / "notes").mkdir()  # non-numbered folders are ignored, as by the official evaluator
+    return root
+
+
+def test_images_folder_in_the_official_layout(data_dir: Path, tmp_path: Path, models: dict[str, str]) -> None:
+    benchmark = GenEvalBenchmark(max_prompts=3, images_per_prompt=2)
+    folder = write_official_folder(tmp_path / "images", benchmark, images=2)
+    summary = benchmark.evaluate(None, tmp_path / "out", images=folder,
+                                 scorer_options={**models, "detector_image_size": None}, scorer_batch_size=4)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and summary["num_images"] == 6 and summary["num_prompts"] == 3
+    assert all(row["score"] in (0.0, 1.0) and row["correct"] == (row["score"] == 1.0) for row in rows)
+    assert [row["tag"] for row in rows[::2]] == [m["tag"] for _, m in benchmark.selected()]
+    assert all(row["reason"].startswith("expected ") for row in rows if not row["correct"])
+    assert summary["overall"] == pytest.approx(np.mean(list(summary["tasks"].values())))
+    # The official results file: the fields and JSON strings of evaluate_images.py.
+    official = [json.loads(line) for line in (tmp_path / "out" / RESULTS_FILE).read_text().splitlines()]
+    assert list(official[0]) == ["filename", "tag", "prompt", "correct", "reason", "metadata", "details"]
+    assert official[0]["filename"] == str(folder / "00000" / "samples" / "0000.png")
+    assert json.loads(official[0]["metadata"]) == benchmark.selected()[0][1]
+    assert isinstance(json.loads(official[0]["details"]), dict)
+    assert "Overall score (avg. over tasks):" in (tmp_path / "out" / SUMMARY_TEXT_FILE).read_text()
+
+
+def test_official_results_read_like_summary_scores(data_dir: Path, tmp_path: Path) -> None:
+    """What the official summary_scores.py computes from our file equals our summary."""
+    import pandas as pd
+
+    benchmark = GenEvalBenchmark(max_prompts=4, images_per_prompt=2)
+    rows = []
+    for p, (_, meta) in enumerate(benchmark.selected()):
+        for i in range(2):
+            correct = (p + i) % 3 == 0
+            rows.append({"prompt_index": p, "image_index": i, "prompt": meta["prompt"], "path": f"/x/{p}_{i}.png",
+                         "score": float(correct), "correct": correct, "reason": "" if correct else "expected",
+                         "tag": meta["tag"], "details": {"detections": {"dog": [{"box": [1, 2, 3, 4], "score": 0.5}]}}})
+    summary = geneval_summary(rows)
+    benchmark.write_official(rows, summary, tmp_path)
+    df = pd.read_json(tmp_path / RESULTS_FILE, orient="records", lines=True)
+    assert df.groupby("metadata")["correct"].any().mean() == pytest.approx(summary["correct_prompts"])
+    assert np.mean([g["correct"].mean() for _, g in df.groupby("tag", sort=False)]) == pytest.approx(summary["overall"])
+    assert json.loads(df["details"][0]) == {"dog": [[1, 2, 3, 4, 0.5]]}
+
+
+def test_images_folder_errors(data_dir: Path, tmp_path: Path, models: dict[str, str]) -> None:
+    benchmark = GenEvalBenchmark(max_prompts=2, images_per_prompt=2)
+    folder = write_official_folder(tmp_path / "images", benchmark, images=2)
+    (number, _), (second, _) = benchmark.selected()
+    options = {**models, "detector_image_size": None}
+
+    (folder / f"{second:05d}" / "samples" / "0001.png").unlink()
+    with pytest.raises(ValueError, match=r"1 missing \(first: prompt 1, image 1\)"):
+        benchmark.read_images(folder)
+
+    Image.new("RGB", (32, 32)).save(folder / f"{second:05d}" / "samples" / "0001.png")
+    (folder / f"{second:05d}" / "samples" / "0000.png").write_bytes(b"not a png")
+    with pytest.raises(StoreError, match="0000.png is not a readable image"):
+        benchmark.evaluate(None, tmp_path / "out", images=folder, scorer_options=options)
+
+    (folder / f"{number:05d}" / "metadata.jsonl").write_text(json.dumps({"tag": "single_object", "prompt": "a cat"}))
+    with pytest.raises(ValueError, match=r"prompt 'a cat', but GenEval prompt 0 is 'a photo of a bench'"):
+        benchmark.read_images(folder)
+
+    # Without images_per_prompt, the official 4 images are required.
+    shutil.rmtree(folder)
+    write_official_folder(folder, benchmark, images=2)
+    with pytest.raises(ValueError, match="expected 2 prompts x 4 images"):
+        GenEvalBenchmark(max_prompts=2).read_images(folder)
+
+
+@needs_shared
+def test_benchmark_end_to_end_on_tiny_sd(data_dir: Path, tmp_path: Path, tiny_sd: Path, models: dict[str, str]) -> None:
+    benchmark = GenEvalBenchmark(max_prompts=2, images_per_prompt=2, num_inference_steps=2, resolution=32)
+    options = {**models, "threshold": 0.0, "counting_threshold": 0.0, "detector_image_size": None}
+    summary = benchmark.evaluate(str(tiny_sd), tmp_path / "run", scorer_options=options, scorer_batch_size=4)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert [(r["prompt_index"], r["image_index"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(r["score"] in (0.0, 1.0) and isinstance(r["reason"], str) for r in rows)
+    assert set(summary["tasks"]) == {r["tag"] for r in rows}
+    assert summary["num_images"] == 4 and 0.0 <= summary["overall"] <= 1.0
+    records = SampleStore(tmp_path / "run" / "samples").records()
+    assert sorted(r["seed"] for r in records) == [42, 42, 43, 43]  # image i of every prompt: seed 42 + i
+    assert len((tmp_path / "run" / RESULTS_FILE).read_text().splitlines()) == 4
+    again = benchmark.evaluate(str(tiny_sd), tmp_path / "run", scorer_options=options)  # resumed: nothing redone
+    assert again["overall"] == summary["overall"]
+
+
+def test_metadata_rows_are_checked(data_dir: Path) -> None:
+    rows = load_geneval_metadata()
+    assert len(rows) == 553 and all("prompt" in row and "tag" in row for row in rows)
+    assert sum("exclude" in row for row in rows) == 80
