@@ -114,6 +114,7 @@ class GenEval2Benchmark(Benchmark):
 
     name = "geneval2"
     scorer = "soft_tifa"
+    primary_metric = "soft_tifa_gm"
 
     def __post_init__(self) -> None:
         if self.images_per_prompt is not None and self.images_per_prompt < 1:

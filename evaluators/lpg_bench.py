@@ -106,6 +106,7 @@ class LPGBenchBenchmark(Benchmark):
 
     name = "lpg_bench"
     scorer = "tit_score"
+    primary_metric = "tit_score"
 
     def __post_init__(self) -> None:
         if self.metric not in METRIC_JUDGES:
