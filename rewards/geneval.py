@@ -12,6 +12,8 @@ and reproduce mmdetection's test-time processing: images resized to a shortest e
 longest of 1333 pixels (mmdetection's test scale; the Hub processor's own default is 384), the
 100 best (query, class) pairs, masks upsampled bilinearly to the image and thresholded at logit 0,
 confidence = class probability x mean mask probability inside the mask, box = the mask's extent.
+(transformers' processor rounds the resized sides up to a multiple of 32 where mmdetection pads;
+the two agree on GenEval's square 512-pixel images.)
 
 Colours follow the official code: open_clip `ViT-L-14` with OpenAI weights (QuickGELU, as OpenAI
 trained it), zero-shot over GenEval's 10 colours with the templates "a photo of a {c} {object}",

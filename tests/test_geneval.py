@@ -25,8 +25,10 @@ from gors.tiny.mask2former import build_tiny_mask2former, coco_instance_labels
 from rewards import get_reward_class, load
 from rewards.geneval import (
     COLOR_TEMPLATES,
+    MMDET_TEST_SIZE,
     ClipColorClassifier,
     GenEvalReward,
+    Mask2FormerDetector,
     geneval_label_names,
     instance_predictions,
 )
@@ -347,3 +349,13 @@ def test_metadata_rows_are_checked(data_dir: Path) -> None:
     rows = load_geneval_metadata()
     assert len(rows) == 553 and all("prompt" in row and "tag" in row for row in rows)
     assert sum("exclude" in row for row in rows) == 80
+
+
+def test_detector_resizes_like_mmdetection_and_returns_masks_at_image_size(models: dict[str, str]) -> None:
+    detector = Mask2FormerDetector(models["model_name_or_path"], torch.device("cpu"), image_size=(96, 160))
+    image = random_images(1)[0]  # 48 x 40
+    inputs = detector.processor(images=[image], return_tensors="pt")
+    assert tuple(inputs["pixel_values"].shape[-2:]) == (96, 128)  # shortest edge 96, sides rounded up to 32
+    found = detector.detect([image], threshold=0.0)[0]
+    assert found and all(o.mask.shape == (40, 48) for objects in found.values() for o in objects)
+    assert MMDET_TEST_SIZE == (800, 1333)
