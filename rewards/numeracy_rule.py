@@ -7,7 +7,9 @@ Follows the official ``UniDet_eval/numeracy_eval.py`` of ``Karine-Huang/T2I-Comp
    "one" ... "eight") followed by a listed noun (or a listed two-word noun) names an object. After
    "a" / "an" / "one" a singular noun counts 1; after "two" ... "eight" a plural noun counts that
    number and is stored in the singular. So "a dog and three cats" asks for dog x1 and cat x3,
-   and "six people gathered for a picnic" for person x6 ("picnic" is not listed).
+   and "six people gathered for a picnic" for person x6 ("picnic" is not listed). A listed
+   two-word noun wins over a one-word one; officially only its plural after "two" ... "eight"
+   takes the number, any other two-word match counts 1 (kept; the official list has none).
 2. The object names become the detector's class names: boy, girl, man, woman -> person;
    ship -> boat; telivision -> tv; goldfish -> fish; painting -> picture (`OFFICIAL_RENAMES`).
 3. Detections of one label that overlap almost entirely (IoU > 0.9, or the intersection covering

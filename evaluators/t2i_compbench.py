@@ -1,0 +1,293 @@
+"""T2I-CompBench (and T2I-CompBench++'s 3d_spatial and numeracy): one benchmark per category.
+
+Protocol, as the official ``GORS_finetune/inference_eval.py`` of ``Karine-Huang/T2I-CompBench``:
+the category's ``<category>_val.txt`` (300 prompts), 10 images per prompt, DDIM 30 steps,
+guidance 7.5, 512 px, and image i of *every* prompt drawn with seed 42 + i (the script reseeds
+its generator with 42 + n before the n-th image). The official tools read images from
+``<folder>/samples/<prompt>_<index:06d>.png`` where the index runs over the whole file
+(prompt p, image i -> p * 10 + i); `read_images` reads that layout, and `write_official` writes
+each metric's ``vqa_result.json`` where the official scripts put it.
+
+Metric per category (a metric is a reward from `rewards`):
+
+| category | metric | reward |
+|---|---|---|
+| color, shape, texture | B-VQA | `b_vqa` |
+| spatial | UniDet rule (2D) | `spatial_rule` |
+| non_spatial | CLIPScore | `clip_score` |
+| complex | 3-in-1 | `three_in_one` (kinds from the official val sub-split lists) |
+| 3d_spatial | UniDet rule (3D) | `spatial_3d` |
+| numeracy | UniDet rule (numeracy) | `numeracy` |
+
+Every category also reports B-CLIP (`blip_clip`) and CLIPScore (`clip_score`) columns, as the
+paper's table does. The detector-based metrics run on an open-vocabulary detector instead of
+UniDet (see `rewards.spatial`, `rewards.spatial_3d`, `rewards.numeracy`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete
+from gors.generate import SamplingProtocol
+from gors.prompts import ALL_CATEGORIES, fetch_t2i_compbench_file, read_prompt_file
+from rewards.three_in_one import SUBSPLIT_FILES, normalise_prompt, prompt_kind
+
+OFFICIAL_IMAGES_PER_PROMPT = 10
+OFFICIAL_SEED = 42
+
+
+@dataclass(frozen=True)
+class CategorySpec:
+    """How one category is scored and reported.
+
+    Attributes:
+        label: the category as the paper's table names it.
+        metric: the metric's name in the table.
+        scorer: the reward that computes it.
+        official_file: where the official script writes its per-image scores, relative to the
+            output folder.
+        answer_as_text: the official file stores answers as "0.1234" strings (BLIP-VQA does).
+    """
+
+    label: str
+    metric: str
+    scorer: str
+    official_file: str
+    answer_as_text: bool = False
+
+
+_BLIP = "annotation_blip/vqa_result.json"
+CATEGORIES: dict[str, CategorySpec] = {
+    "color": CategorySpec("Color", "B-VQA", "b_vqa", _BLIP, answer_as_text=True),
+    "shape": CategorySpec("Shape", "B-VQA", "b_vqa", _BLIP, answer_as_text=True),
+    "texture": CategorySpec("Texture", "B-VQA", "b_vqa", _BLIP, answer_as_text=True),
+    "spatial": CategorySpec("2D-Spatial", "UniDet", "spatial_rule", "labels/annotation_obj_detection_2d/vqa_result.json"),
+    "3d_spatial": CategorySpec("3D-Spatial", "UniDet", "spatial_3d", "labels/annotation_obj_detection_3d/vqa_result.json"),
+    "numeracy": CategorySpec("Numeracy", "UniDet", "numeracy", "annotation_num/vqa_result.json"),
+    "non_spatial": CategorySpec("Non-Spatial", "CLIPScore", "clip_score", "annotation_clip/vqa_result.json"),
+    "complex": CategorySpec("Complex", "3-in-1", "three_in_one", "annotation_3_in_1/vqa_result.json"),
+}
+# Further metric columns of the paper's table: column name -> reward.
+COLUMNS: dict[str, str] = {"B-CLIP": "blip_clip", "CLIPScore": "clip_score"}
+# The official file names: "<prompt>_<index>.png" (the index is zero-padded to 6 digits).
+_FILE_NAME = re.compile(r"^(?P<prompt>.*)_(?P<index>\d+)\.png$")
+_FILE_HINT = "<prompt>_<index:06d>.png, index = prompt * images_per_prompt + image"
+
+
+def per_image_seed(base_seed: int, prompt_index: int, image_index: int) -> int:
+    """The official seeds: image i of every prompt uses `base_seed + i` (42 ... 51)."""
+    return base_seed + image_index
+
+
+@dataclass
+class T2ICompBenchBenchmark(Benchmark):
+    """One T2I-CompBench category (see the module docstring).
+
+    Args:
+        category: one of color, shape, texture, spatial, non_spatial, complex, 3d_spatial, numeracy.
+        max_prompts: evaluate every n-th prompt so that at most this many remain (quick runs).
+        images_per_prompt: images per prompt; None is the official 10. For `read_images` it is
+            also the folder's index stride (index = prompt * images_per_prompt + image).
+        num_inference_steps, guidance_scale, resolution, seed, batch_size: sampling protocol
+            (official DDIM 30 steps, 7.5, 512 px, seeds 42 + image index); batch_size is images
+            per generation batch.
+        column_options: keyword arguments of each further column's reward, e.g.
+            ``{"B-CLIP": {"model_name_or_path": ...}, "CLIPScore": {...}}``.
+    """
+
+    category: str = "color"
+    max_prompts: int | None = None
+    images_per_prompt: int | None = None
+    num_inference_steps: int = 30
+    guidance_scale: float = 7.5
+    resolution: int = 512
+    seed: int = OFFICIAL_SEED
+    batch_size: int = 8
+    column_options: Mapping[str, Mapping[str, Any]] | None = None
+
+    name = "t2i_compbench"
+    subset_field = "category"
+
+    def __post_init__(self) -> None:
+        if self.category not in CATEGORIES:
+            raise ValueError(f"category={self.category!r}; choose one of {', '.join(ALL_CATEGORIES)}")
+        if self.images_per_prompt is not None and self.images_per_prompt < 1:
+            raise ValueError(f"images_per_prompt must be >= 1 (or None for the official 10), got {self.images_per_prompt}")
+        if self.max_prompts is not None and self.max_prompts < 1:
+            raise ValueError(f"max_prompts must be >= 1 (or None for all), got {self.max_prompts}")
+        unknown = set(self.column_options or {}) - set(COLUMNS)
+        if unknown:
+            raise ValueError(f"column_options for {sorted(unknown)}; the columns are {', '.join(COLUMNS)}")
+
+    @property
+    def spec(self) -> CategorySpec:
+        return CATEGORIES[self.category]
+
+    @property
+    def scorer(self) -> str:  # type: ignore[override]  # per category, not per class
+        return self.spec.scorer
+
+    @property
+    def num_images(self) -> int:
+        return self.images_per_prompt or OFFICIAL_IMAGES_PER_PROMPT
+
+    # ------------------------------------------------------------------------------------------
+    # Prompts, protocol, scorers.
+
+    def val_prompts(self) -> list[str]:
+        """Every prompt of the category's val file, in file order."""
+        lines = read_prompt_file(fetch_t2i_compbench_file(f"{self.category}_val.txt"))
+        return [line.split("\t")[0] for line in lines]  # the official script keeps the text before a tab
+
+    def selection(self) -> list[tuple[int, str]]:
+        """(line index in the val file, prompt) of each prompt evaluated, in file order."""
+        chosen = list(enumerate(self.val_prompts()))
+        if self.max_prompts and len(chosen) > self.max_prompts:
+            stride = -(-len(chosen) // self.max_prompts)
+            chosen = chosen[::stride]
+        return chosen
+
+    def prompts(self) -> list[BenchmarkPrompt]:
+        chosen = [text for _, text in self.selection()]
+        if self.category != "complex":
+            return [BenchmarkPrompt(text) for text in chosen]
+        # 3-in-1 averages different terms per prompt; the official script decides by the val lists.
+        keys = {
+            kind: {normalise_prompt(p) for p in read_prompt_file(fetch_t2i_compbench_file(files[0]))}
+            for kind, files in SUBSPLIT_FILES.items()
+        }
+        return [BenchmarkPrompt(text, {"three_in_one": prompt_kind(text, keys["spatial"], keys["action"])})
+                for text in chosen]
+
+    def protocol(self) -> SamplingProtocol:
+        return SamplingProtocol(
+            self.num_images, self.num_inference_steps, self.guidance_scale, resolution=self.resolution,
+            batch_size=self.batch_size, seed=self.seed, seed_fn=per_image_seed,
+        )
+
+    def scorer_options(self) -> dict[str, Any]:
+        # The prompts' metadata carries each complex prompt's 3-in-1 kind (the official val lists).
+        return {"subsplits": "none"} if self.category == "complex" else {}
+
+    def columns(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        options = self.column_options or {}
+        return {column: (reward, dict(options.get(column, {}))) for column, reward in COLUMNS.items()}
+
+    def judge(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The scorer's reason, when it gives one (the detector rules do)."""
+        reason = row["details"].get("reason")
+        return {"reason": reason} if reason is not None else {}
+
+    # ------------------------------------------------------------------------------------------
+    # Results.
+
+    def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """score: mean metric over all images, in [0, 1]; table: the paper's row of this category."""
+        if not rows:
+            raise ValueError(f"t2i_compbench:{self.category} has no scored images to summarise")
+        score = float(np.mean([row["score"] for row in rows]))
+        table_row: dict[str, Any] = {"category": self.spec.label, "metric": self.spec.metric, "score": score}
+        for column in COLUMNS:
+            values = [row["columns"][column] for row in rows if column in row.get("columns", {})]
+            table_row[column] = float(np.mean(values)) if len(values) == len(rows) else None
+        return {
+            "category": self.category,
+            "metric": self.spec.metric,
+            "score": score,
+            "num_images": len(rows),
+            "num_prompts": len({row["prompt_index"] for row in rows}),
+            "table": [table_row],
+        }
+
+    def write_official(self, rows: list[dict[str, Any]], summary: dict[str, Any], output_dir: Path) -> None:
+        """The official script's ``vqa_result.json``: [{"question_id": index, "answer": score}, ...].
+
+        The index is the official file index (prompt line * images_per_prompt + image); B-VQA
+        answers are "0.1234" strings as the official BLIP script writes them.
+        """
+        lines = [line for line, _ in self.selection()]
+        results = []
+        for row in sorted(rows, key=lambda r: (lines[r["prompt_index"]], r["image_index"])):
+            index = lines[row["prompt_index"]] * self.num_images + row["image_index"]
+            answer = f"{row['score']:.4f}" if self.spec.answer_as_text else row["score"]
+            results.append({"question_id": index, "answer": answer})
+        path = Path(output_dir) / self.spec.official_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results))
+
+    # ------------------------------------------------------------------------------------------
+    # Official image folders.
+
+    def read_images(self, folder: Path) -> list[ImageEntry]:
+        """Images of `folder` (or of its ``samples/`` sub-folder) named as the official scripts do.
+
+        With `max_prompts`, images of the prompts left out are skipped. Any other file that does
+        not belong to the benchmark, a missing image, a name whose prompt does not match its
+        index, or an unreadable PNG is a clear error.
+        """
+        folder = Path(folder)
+        samples = folder / "samples" if (folder / "samples").is_dir() else folder
+        all_lines = self.val_prompts()
+        chosen = self.selection()
+        position = {line: p for p, (line, _) in enumerate(chosen)}
+        entries = []
+        for path in sorted(samples.iterdir()):
+            if path.name.startswith("."):
+                continue
+            match = _FILE_NAME.match(path.name)
+            if not match or not path.is_file():
+                raise ValueError(f"{path}: not a T2I-CompBench image name ({_FILE_HINT}); move it out of {samples}")
+            line, image = divmod(int(match["index"]), self.num_images)
+            expected = all_lines[line] if line < len(all_lines) else None
+            if expected is None:
+                raise ValueError(
+                    f"{path}: index {match['index']} is past the {len(all_lines)} prompts x {self.num_images} "
+                    f"images of {self.category}_val.txt; is images_per_prompt={self.num_images} right?"
+                )
+            if match["prompt"] != expected:
+                raise ValueError(
+                    f"{path}: index {match['index']} is image {image} of prompt {line} ({expected!r}), but the file "
+                    f"names {match['prompt']!r}; is images_per_prompt={self.num_images} right ({_FILE_HINT})?"
+                )
+            if line not in position:
+                continue  # a prompt that max_prompts leaves out
+            _check_png(path)
+            entries.append(ImageEntry(position[line], image, path))
+        check_complete(entries, len(chosen), self.num_images, samples)
+        return entries
+
+
+def _check_png(path: Path) -> None:
+    """Refuse an unreadable image before any model is loaded."""
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except (OSError, SyntaxError, ValueError, UnidentifiedImageError) as err:
+        raise ValueError(f"{path} is not a readable PNG ({err}); regenerate it or replace it") from err
+
+
+def paper_table(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """A markdown table with one row per category, in the paper's order: metric, score, columns.
+
+    `summaries` are `T2ICompBenchBenchmark.evaluate` results (or `summarize` outputs) of any
+    categories; values are shown with 4 decimals, "-" when a column was not computed.
+    """
+    rows = {summary["category"]: summary["table"][0] for summary in summaries}
+    lines = ["| category | metric | score | " + " | ".join(COLUMNS) + " |", "|---|---|---|" + "---|" * len(COLUMNS)]
+    for category in CATEGORIES:
+        if category not in rows:
+            continue
+        row = rows[category]
+        values = [row["score"]] + [row.get(column) for column in COLUMNS]
+        cells = ["-" if v is None else f"{v:.4f}" for v in values]
+        lines.append(f"| {row['category']} | {row['metric']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
