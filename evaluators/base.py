@@ -137,7 +137,7 @@ class Benchmark:
 
     def make_scorer(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None,
                     batch_size: int = 16, column: str | None = None) -> Reward:
-        """The main scorer (or the scorer of `column`), user `options` merged over the protocol's."""
+        """The main scorer (or the scorer of `column`), user `options` merged over the benchmark's."""
         reward, fixed = (self.scorer, self.scorer_options()) if column is None else self.columns()[column]
         return build_reward(
             reward, options={**fixed, **(options or {})}, device=accelerator.device,
@@ -156,16 +156,21 @@ class Benchmark:
         scorer_batch_size: int = 16,
         scorer: Reward | None = None,
         with_columns: bool = True,
+        column_options: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Generate (or read `images`), score and summarise; returns the summary.
 
         Resumable: generated images and scores already in `output_dir` are kept. For validation
         during training, `pipeline_loader` replaces loading `pretrained_model_name_or_path` (+ `lora`)
         with the pipeline in memory, `scorer` reuses a loaded scorer, and `with_columns=False`
-        skips the further metric columns.
+        skips the further metric columns. `column_options` gives a column's scorer keyword
+        arguments by column name.
         """
         accelerator = accelerator or make_accelerator()
         output_dir = Path(output_dir)
+        unknown = sorted(set(column_options or {}) - set(self.columns()))
+        if unknown:
+            raise ValueError(f"options for columns {unknown} of {self.name}, which has {sorted(self.columns())}")
         prompts = self.prompts()
         if images is not None:
             folder = Path(images)
@@ -196,7 +201,9 @@ class Benchmark:
         column_scores = {
             column: score_samples(
                 samples, output_dir / "columns" / column,
-                lambda column=column: self.make_scorer(accelerator, None, scorer_batch_size, column),
+                lambda column=column: self.make_scorer(
+                    accelerator, (column_options or {}).get(column), scorer_batch_size, column
+                ),
                 batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: {column}",
                 prompt_metadata=metadata,
             )

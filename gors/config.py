@@ -307,8 +307,9 @@ class EvaluateConfig(StageConfig):
     )
     scorer_options: str | None = field(
         default=None,
-        metadata={"help": "Keyword arguments of the scorers as a JSON/YAML mapping keyed by benchmark, e.g. "
-                          "'{\"geneval\": {\"model_name_or_path\": \"...\"}}'."},
+        metadata={"help": "Keyword arguments of the scorers as a JSON/YAML mapping keyed by benchmark (or "
+                          "benchmark:subset), e.g. '{\"geneval\": {\"model_name_or_path\": \"...\"}}'; a \"columns\" "
+                          "entry gives the further metric columns' scorers theirs, keyed by column."},
     )
     scorer_batch_size: int = field(default=16, metadata={"help": "Images per scorer call on each process."})
 

@@ -66,11 +66,13 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         subset = getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
         label = benchmark_label(name, subset)
         options = {**config.scorer_options.get(name, {}), **config.scorer_options.get(label, {})}
+        column_options = options.pop("columns", None)
         folder = Path(config.output_dir) / name / (subset or "")
         accelerator.print(f"[evaluate] {label} -> {folder}")
         summary = benchmark.evaluate(
             config.pretrained_model_name_or_path, folder, lora=lora, accelerator=accelerator,
             scorer_options=options, images=config.images, scorer_batch_size=config.scorer_batch_size,
+            column_options=column_options,
         )
         summaries.append({"label": label, "primary_metric": benchmark.primary_metric, "folder": str(folder),
                           **summary})
