@@ -16,6 +16,18 @@ from gors.distributed import reset_process_state  # noqa: E402
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """One intra-op thread: on a small CPU torch's pool oversubscribes the cores (and other jobs'),
+    and the tiny models gain nothing from more threads."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_sd(tmp_path_factory) -> Path:
     """Folder of a tiny random StableDiffusionPipeline (32 x 32 images, real CLIP tokenizer)."""

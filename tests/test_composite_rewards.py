@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from rewards import load
@@ -16,15 +15,6 @@ from rewards.three_in_one import three_in_one_score
 SPATIAL = "The red hat was on top of the brown coat rack."  # complex_val_spatial
 ACTION = "The black phone was resting on the brown charger."  # complex_val_action
 BOTH = "a blue cat on the left of a dog that is holding a green ball"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Several tiny models in a row: one torch thread avoids oversubscribing a small CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -15,16 +15,6 @@ from rewards.detection import Detection, ZeroShotDetector, select_detections
 KINDS = ("grounding-dino", "mm-grounding-dino", "owlv2")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread: on a small shared CPU, torch's thread pool oversubscribes the cores
-    and the deformable-attention models take seconds instead of tenths per call."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def detector_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny_detectors")

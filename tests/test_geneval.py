@@ -40,15 +40,6 @@ TINY_CLIP = "gors-tiny-geneval-clip"
 GRAY = (153, 153, 153)  # "#999"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread: a small shared CPU is oversubscribed by torch's pool otherwise."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A tiny Mask2Former folder, and a tiny open_clip architecture registered with a local checkpoint."""

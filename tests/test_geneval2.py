@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from evaluators.geneval2 import GENEVAL2, GenEval2Benchmark, load_geneval2_rows
 from evaluators.geneval2_tables import (
@@ -164,15 +163,7 @@ def tiny_vlm(tmp_path_factory) -> Path:
     return build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny_qwen3_vl"), seed=0)
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a shared 2-core machine; tiny models gain nothing from threads
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_end_to_end_generate_score_tables_and_images_map(tmp_path, tiny_sd, tiny_vlm, data_file, one_thread):
+def test_end_to_end_generate_score_tables_and_images_map(tmp_path, tiny_sd, tiny_vlm, data_file, one_torch_thread):
     bench = GenEval2Benchmark(data_path=str(data_file), vlm_model_name_or_path=str(tiny_vlm),
                               num_inference_steps=2, resolution=32, batch_size=3)
     out = tmp_path / "run"

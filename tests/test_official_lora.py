@@ -59,15 +59,6 @@ TEXT_ORDER = [f"encoder.layers.{i}.self_attn.{p}" for i in range(23) for p in ("
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    # The CPU is shared; one thread keeps the probes from oversubscribing it.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
 def _offline_data(monkeypatch, tmp_path):
     monkeypatch.setenv("GORS_DATA_DIR", str(SHARED))
     monkeypatch.setenv("GORS_CACHE_DIR", str(tmp_path / "cache"))

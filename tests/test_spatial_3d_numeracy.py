@@ -45,15 +45,6 @@ def det(label: str, score: float, box: tuple[float, float, float, float]) -> Det
     return Detection(label, score, box)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread: the 2-core CPU is shared, and the tiny models gain nothing from more."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # --------------------------------------------------------------------------------------------
 # The 3D-spatial rule.
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from evaluators import build_benchmark, get_benchmark
@@ -23,14 +22,6 @@ pytestmark = pytest.mark.skipif(not (SHARED / "t2i_compbench").is_dir(), reason=
 @pytest.fixture(autouse=True)
 def data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GORS_DATA_DIR", str(SHARED))
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a shared 2-core machine; tiny models gain nothing from threads
-    yield
-    torch.set_num_threads(threads)
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,7 +228,7 @@ def scorer_options(category: str, models: dict[str, str]) -> dict:
 
 @pytest.mark.parametrize("category", ["color", "numeracy", "3d_spatial"])
 def test_end_to_end_generate_score_and_read_back(
-    category: str, tmp_path: Path, tiny_sd: Path, tiny_models: dict[str, str], one_thread
+    category: str, tmp_path: Path, tiny_sd: Path, tiny_models: dict[str, str], one_torch_thread
 ) -> None:
     columns = {"B-CLIP": {"model_name_or_path": tiny_models["blip_caption"],
                           "clip_model_name_or_path": tiny_models["clip"], "max_length": 12},

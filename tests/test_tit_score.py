@@ -73,14 +73,6 @@ def test_cosine_and_query_text():
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a shared 2-core machine; tiny models gain nothing from threads
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     from gors.tiny.qwen3_embedding import build_tiny_qwen3_chat, build_tiny_qwen3_embedding
     from gors.tiny.qwen3_vl import build_tiny_qwen3_vl
@@ -94,7 +86,7 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def reward(tiny_models, one_thread):
+def reward(tiny_models, one_torch_thread):
     from rewards.tit_score import TITScoreReward
 
     return TITScoreReward(str(tiny_models["vlm"]), device="cpu", batch_size=2, max_new_tokens=6,
@@ -165,7 +157,7 @@ def test_describer_is_a_real_generate_call_matching_the_processor_path(reward):
     assert reward.describer.describe([image]) == [expected]
 
 
-def test_llm_judge_option(tiny_models, one_thread):
+def test_llm_judge_option(tiny_models, one_torch_thread):
     from rewards.tit_score import TITScoreReward
 
     judge = TITScoreReward(str(tiny_models["vlm"]), device="cpu", batch_size=3, max_new_tokens=4, judge="llm",
@@ -216,7 +208,7 @@ def test_lpg_prompts_from_folder_file_and_columns(lpg_folder, tmp_path):
         LPGBenchBenchmark(dataset=str(csv), prompt_column="body").prompts()
 
 
-def test_lpg_bench_end_to_end(tmp_path, tiny_sd, tiny_models, lpg_folder, one_thread):
+def test_lpg_bench_end_to_end(tmp_path, tiny_sd, tiny_models, lpg_folder, one_torch_thread):
     bench = LPGBenchBenchmark(
         dataset=str(lpg_folder), max_prompts=3, vlm_model_name_or_path=str(tiny_models["vlm"]),
         embedding_model_name_or_path=str(tiny_models["embedding"]), num_inference_steps=2, resolution=32,

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 
 from gors.cli import run_stages
 from gors.pipeline import load_pipeline
-from gors.toy.demo import ToyRunConfig, main as toy_main, toy_defaults
+from gors.toy.demo import ToyRunConfig, toy_defaults
+from gors.toy.demo import main as toy_main
 from gors.toy.pretrain import PRETRAINED_DIR
 from gors.toy.world import split_prompts
 from gors.train import training_accelerator
