@@ -45,7 +45,7 @@ def toy_defaults(output_dir: str = "toy_output") -> dict:
         "output_dir": output_dir,
         "pretrained_model_name_or_path": str(PRETRAINED_DIR / "pipeline"),
         "train_prompts": "toy:train",
-        "images_per_prompt": 8,
+        "images_per_prompt": 24,
         "num_inference_steps": 20,
         "guidance_scale": 4.0,
         "resolution": 64,
@@ -54,13 +54,15 @@ def toy_defaults(output_dir: str = "toy_output") -> dict:
         "reward_batch_size": 64,
         "train_batch_size": 16,
         "sample_latents": False,  # the toy model was pretrained on posterior means
-        "max_train_steps": 500,
-        "learning_rate": 1e-4,
-        "text_encoder_learning_rate": 1e-5,
+        # A model this small moves only with toy-scale steps: chosen on the train split (README).
+        "max_train_steps": 2400,
+        "learning_rate": 1e-3,
+        "text_encoder_learning_rate": 1e-3,
+        "rank": 8,
         "caption_dropout": 0.1,
-        "checkpointing_steps": 250,
+        "checkpointing_steps": 1200,
         "validation_prompts": [p.text for p in split_prompts()[1][:4]],
-        "validation_steps": 250,
+        "validation_steps": 1200,
         "seed": 0,
     }
 

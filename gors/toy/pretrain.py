@@ -3,14 +3,16 @@
 Stages, all reproducible by seed on the same hardware:
 
 1. the VAE learns to reconstruct rendered scenes (64 x 64 pixels <-> 8 x 8 x 4 latents);
-2. the U-Net and the text encoder learn text-to-image on rendered scenes of the *train* prompts,
-   with captions whose colours are swapped between the two objects with probability
-   `caption_swap_rate` (the toy analogue of web captions that bind attributes loosely), and 10%
-   empty captions for classifier-free guidance;
+2. the U-Net and the text encoder learn text-to-image on rendered scenes of every two-object
+   prompt and single object, with loosely aligned captions, the toy analogue of web captions:
+   the two colours swapped with probability `caption_swap_rate`, the relation word replaced by
+   another with probability `relation_noise_rate`, and 10% empty captions for classifier-free
+   guidance;
 3. the small CNN behind the `toy_classifier` reward learns which colour-shape pairs are present.
 
-The held-out colour-shape combinations appear only as single objects, never in a two-object
-scene or caption; the GORS training prompts never contain them at all.
+Like Stable Diffusion's web data, pretraining has seen every composition, the held-out ones too,
+under noisy captions; what is held out is the GORS training prompts, which never contain the
+held-out colour-shape combinations (as T2I-CompBench's unseen split is unseen by GORS only).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gors.toy.world import ToyObject, ToyPrompt, all_objects, is_held_out, render, sample_scene, split_prompts
+from gors.toy.world import RELATIONS, ToyObject, ToyPrompt, all_objects, render, sample_scene, split_prompts
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
@@ -41,9 +43,10 @@ class ToyPretrainConfig:
     batch_size: int = field(default=64, metadata={"help": "U-Net batch size."})
     learning_rate: float = field(default=1e-3, metadata={"help": "U-Net + text-encoder AdamW learning rate."})
     caption_swap_rate: float = field(
-        default=0.25,
-        metadata={"help": "Chance of swapping a two-object caption's colours; skipped when the swap would name a "
-                          "held-out combination, so about 7% of two-object captions end up swapped."},
+        default=0.3, metadata={"help": "Chance that a two-object caption names the two colours the wrong way round."}
+    )
+    relation_noise_rate: float = field(
+        default=0.3, metadata={"help": "Chance that a caption's relation word is replaced by another relation."}
     )
     classifier_steps: int = field(default=1500, metadata={"help": "Toy classifier training steps."})
 
@@ -53,25 +56,33 @@ def swapped_colours(prompt: ToyPrompt) -> ToyPrompt:
     return ToyPrompt((ToyObject(b.colour, a.shape), ToyObject(a.colour, b.shape)), prompt.relation)
 
 
-def pretraining_corpus(num_scenes: int, swap_rate: float, rng: np.random.Generator) -> tuple[list, list[str]]:
-    """Rendered scenes with loosely bound captions: 80% two-object scenes of the train prompts,
-    20% single objects of all twelve colour-shape combinations.
+def noisy_caption(prompt: ToyPrompt, swap_rate: float, relation_noise_rate: float,
+                  rng: np.random.Generator) -> ToyPrompt:
+    """The caption a scene of `prompt` gets: colours swapped and/or relation replaced at the given rates."""
+    caption = prompt
+    if len(prompt.objects) == 2 and rng.random() < swap_rate:
+        caption = swapped_colours(caption)
+    if caption.relation is not None and rng.random() < relation_noise_rate:
+        others = [r for r in RELATIONS if r != caption.relation]
+        caption = ToyPrompt(caption.objects, others[rng.integers(len(others))])
+    return caption
 
-    Like a web-scale pretraining set, it has seen every concept (a red triangle alone), but the
-    held-out combinations never appear in a two-object composition, not even in a swapped caption.
-    """
-    train, _ = split_prompts()
+
+def pretraining_corpus(num_scenes: int, swap_rate: float, relation_noise_rate: float,
+                       rng: np.random.Generator) -> tuple[list, list[str]]:
+    """Rendered scenes with loosely aligned captions: 80% two-object scenes of all two-object
+    prompts (train and held-out), 20% single objects of all twelve colour-shape combinations."""
+    train, held_out = split_prompts()
+    compositions = train + held_out
     singles = [ToyPrompt((o,)) for o in all_objects()]
     images, captions = [], []
     for _ in range(num_scenes):
-        prompt = singles[rng.integers(len(singles))] if rng.random() < 0.2 else train[rng.integers(len(train))]
+        if rng.random() < 0.2:
+            prompt = singles[rng.integers(len(singles))]
+        else:
+            prompt = compositions[rng.integers(len(compositions))]
         images.append(np.asarray(render(sample_scene(prompt, rng))))
-        caption = prompt
-        if len(prompt.objects) == 2 and rng.random() < swap_rate:
-            candidate = swapped_colours(prompt)
-            if not is_held_out(candidate):  # held-out combinations never appear, even in noise
-                caption = candidate
-        captions.append(caption.text)
+        captions.append(noisy_caption(prompt, swap_rate, relation_noise_rate, rng).text)
     return images, captions
 
 
@@ -149,7 +160,7 @@ def pretrain(config: ToyPretrainConfig) -> Path:
     rng = np.random.default_rng(config.seed)
     output_dir = Path(config.output_dir)
     components = build_toy_components(output_dir / "_work", seed=config.seed)
-    images, captions = pretraining_corpus(config.num_scenes, config.caption_swap_rate, rng)
+    images, captions = pretraining_corpus(config.num_scenes, config.caption_swap_rate, config.relation_noise_rate, rng)
     pixels = _to_tensor(images)
     timings = {}
     scaling_factor = train_vae(components["vae"], pixels, config.vae_steps, generator)
