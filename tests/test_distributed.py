@@ -49,3 +49,23 @@ def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd,
     # A rerun on two processes finds everything done and duplicates nothing.
     _launch(["generate", *flags[:14]], cwd=tmp_path)
     assert len(SampleStore(run_dir / "samples").records()) == 9
+
+
+@pytest.mark.slow
+def test_two_process_evaluation_equals_one_process(tmp_path):
+    """`gors evaluate` shards generation and scoring; the numbers do not depend on the process count."""
+    import json
+
+    from gors.toy.pretrain import PRETRAINED_DIR
+
+    flags = ["--pretrained_model_name_or_path", str(PRETRAINED_DIR / "pipeline"), "--benchmarks", "toy:train",
+             "--max_prompts", "6", "--images_per_prompt", "2"]
+    _launch(["evaluate", *flags, "--output_dir", str(tmp_path / "two")], cwd=tmp_path)
+    from gors.cli import main
+
+    main(["evaluate", *flags, "--output_dir", str(tmp_path / "one")])
+    two = tmp_path / "two" / "toy" / "train"
+    assert sorted(p.name for p in (two / "scores").glob("part-*.jsonl")) == ["part-00000.jsonl", "part-00001.jsonl"]
+    summaries = [json.loads((tmp_path / run / "toy" / "train" / "summary.json").read_text()) for run in ("one", "two")]
+    assert summaries[0]["num_images"] == summaries[1]["num_images"] == 12
+    assert summaries[0]["binding_accuracy"] == summaries[1]["binding_accuracy"]
