@@ -60,7 +60,7 @@ class ImageFolderSamples:
             raise StoreError("the image folder lists one (prompt, image) twice; each image must appear once")
         self._records = [
             {"prompt_index": e.prompt_index, "image_index": e.image_index, "prompt": prompts[e.prompt_index].text,
-             "path": str(e.path)}
+             "path": str(Path(e.path).resolve())}
             for e in sorted(entries, key=lambda e: (e.prompt_index, e.image_index))
         ]
 

@@ -38,6 +38,7 @@ from PIL import Image, UnidentifiedImageError
 
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete
 from gors.generate import SamplingProtocol
+from gors.io import atomic_write_bytes
 from gors.prompts import ALL_CATEGORIES, fetch_t2i_compbench_file, read_prompt_file
 from rewards.three_in_one import SUBSPLIT_FILES, normalise_prompt, prompt_kind
 
@@ -220,9 +221,8 @@ class T2ICompBenchBenchmark(Benchmark):
             index = lines[row["prompt_index"]] * self.num_images + row["image_index"]
             answer = f"{row['score']:.4f}" if self.spec.answer_as_text else row["score"]
             results.append({"question_id": index, "answer": answer})
-        path = Path(output_dir) / self.spec.official_file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results))
+        # The official compact JSON (atomic_write_json would indent it).
+        atomic_write_bytes(Path(output_dir) / self.spec.official_file, json.dumps(results).encode())
 
     # ------------------------------------------------------------------------------------------
     # Official image folders.

@@ -276,11 +276,19 @@ class RunConfig(GenerateConfig, ScoreConfig, SelectConfig, TrainConfig):
 
 
 @dataclass
-class EvaluateConfig(StageConfig):
-    """`gors evaluate`: benchmarks on any checkpoint, or on images already in an official layout."""
+class EvaluateConfig:
+    """`gors evaluate`: benchmarks on any checkpoint, or on images already in an official layout.
+
+    There is no seed: each benchmark's protocol fixes its seeds (T2I-CompBench: 42 + image index).
+    """
 
     output_dir: str = field(
         default="eval_output", metadata={"help": "Results: one folder per benchmark (and category), summary.json."}
+    )
+    mixed_precision: str | None = field(
+        default=None,
+        metadata={"help": "'no', 'fp16' or 'bf16' for generation and scoring on GPU; default: the accelerate "
+                          "config's. On CPU everything runs in fp32."},
     )
     pretrained_model_name_or_path: str | None = field(
         default="stabilityai/stable-diffusion-2-base",
@@ -314,7 +322,7 @@ class EvaluateConfig(StageConfig):
     scorer_batch_size: int = field(default=16, metadata={"help": "Images per scorer call on each process."})
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        StageConfig.__post_init__(self)  # the --mixed_precision check
         _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
         _check(self.images_per_prompt is None or self.images_per_prompt >= 1,
                f"--images_per_prompt={self.images_per_prompt}: must be >= 1")

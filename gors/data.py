@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from gors.io import atomic_write_bytes
 
 DOWNLOAD_TIMEOUT_S = 60.0
 GITHUB_RAW = "https://raw.githubusercontent.com/{repository}/{commit}/{path}"
@@ -56,6 +57,11 @@ class PinnedSource:
         return self.url_pattern.format(repository=self.repository, commit=self.commit, path=self.folder + filename)
 
 
+def cache_root() -> Path:
+    """`$GORS_CACHE_DIR`, default `~/.cache/gors`: where downloads and conversions are kept."""
+    return Path(os.environ.get("GORS_CACHE_DIR") or Path.home() / ".cache" / "gors").expanduser()
+
+
 def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -84,8 +90,7 @@ def fetch_pinned_file(source: PinnedSource, filename: str) -> Path:
             f"GORS_DATA_DIR={data_dir!r} does not contain {filename}: looked for "
             f"{' and '.join(map(str, candidates))}. Copy the file there or unset GORS_DATA_DIR to download it."
         )
-    cache_root = Path(os.environ.get("GORS_CACHE_DIR") or Path.home() / ".cache" / "gors")
-    target = cache_root.expanduser() / source.name / source.commit / filename
+    target = cache_root() / source.name / source.commit / filename
     # A cached copy is trusted only if its hash still matches; a bad one is fetched again.
     if target.is_file() and sha256_of(target.read_bytes()) == source.sha256[filename]:
         return target
@@ -99,14 +104,5 @@ def fetch_pinned_file(source: PinnedSource, filename: str) -> Path:
             f"{filename}{'; ' + source.offline_hint if source.offline_hint else ''}."
         ) from err
     _check_hash(source, filename, data, url)  # verify before caching so a bad download never lands on disk
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Temp file in the same folder + os.replace: concurrent readers never see a partial file.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{Path(filename).name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(target, data)  # concurrent readers never see a partial file
     return target

@@ -16,15 +16,7 @@ from accelerate import Accelerator
 from gors.config import EvaluateConfig
 from gors.distributed import make_accelerator
 from gors.io import atomic_write_json
-
-
-def resolve_lora(lora: str | None) -> str | None:
-    """`official:<category>` -> the converted official GORS LoRA (downloaded once); else unchanged."""
-    if lora is None or not lora.startswith("official:"):
-        return lora
-    from gors.official_lora import resolve_lora as resolve_official
-
-    return resolve_official(lora)
+from gors.official_lora import resolve_lora
 
 
 def _format(value: Any) -> str:
@@ -45,7 +37,7 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
     """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json)."""
     from evaluators import benchmark_label, build_benchmark, parse_benchmarks
 
-    accelerator = accelerator or make_accelerator()
+    accelerator = accelerator or make_accelerator(mixed_precision=config.mixed_precision)
     specs = parse_benchmarks(config.benchmarks)
     if config.images is not None and len(specs) != 1:
         raise ValueError(
@@ -59,7 +51,7 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         raise ValueError(f"--scorer_options for {unknown}, which are not among the benchmarks evaluated")
     benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts,
                                          images_per_prompt=config.images_per_prompt)) for spec in specs]
-    lora = resolve_lora(config.lora)
+    lora = resolve_lora(config.lora)  # official:<category> -> the converted release, downloaded once
     summaries = []
     for (name, _), benchmark in benchmarks:
         # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from gors.data import PinnedSource, fetch_pinned_file
+from gors.data import PinnedSource, cache_root, fetch_pinned_file
 from gors.lora import LORA_WEIGHT_NAME, TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES
 from gors.prompts import CATEGORIES, T2I_COMPBENCH_COMMIT, T2I_COMPBENCH_REPOSITORY
 from gors.sd2_architecture import SD2_BASE, architecture_configs, empty_models
@@ -82,10 +82,6 @@ def _sha256_file(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("GORS_CACHE_DIR") or Path.home() / ".cache" / "gors").expanduser()
 
 
 def _check_category(category: str) -> None:
@@ -335,7 +331,7 @@ def resolve_lora(lora: str | None, pretrained_model_name_or_path: str = SD2_BASE
         return lora
     category = lora[len(OFFICIAL_PREFIX):]
     _check_category(category)
-    folder = _cache_root() / "official_lora" / T2I_COMPBENCH_COMMIT / CONVERSION_VERSION / category
+    folder = cache_root() / "official_lora" / T2I_COMPBENCH_COMMIT / CONVERSION_VERSION / category
     if (folder / LORA_WEIGHT_NAME).is_file():
         return str(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)

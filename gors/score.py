@@ -20,7 +20,7 @@ from gors.distributed import batches, make_accelerator, my_share, progress_bar
 from gors.generate import samples_dir
 from gors.io import append_jsonl
 from gors.pipeline import inference_dtype
-from gors.store import SampleKey, SampleStore, read_rows, sample_key
+from gors.store import SampleKey, SampleStore, StoreError, read_rows, sample_key
 from rewards import Reward
 from rewards.combined import build_reward, check_reward
 
@@ -62,6 +62,13 @@ def score_samples(
     """
     records = store.records()
     done = read_score_rows(scores_folder)
+    for record in records:
+        row = done.get(sample_key(record))
+        if row is not None and row["prompt"] != record["prompt"]:
+            raise StoreError(
+                f"{scores_folder} holds a score of prompt {row['prompt']!r} for sample {sample_key(record)}, whose "
+                f"prompt is now {record['prompt']!r}: it belongs to another run. Use a new output folder."
+            )
     todo = [record for record in records if sample_key(record) not in done]
     mine = my_share(todo, accelerator)
     out_file = Path(scores_folder) / f"part-{accelerator.process_index:05d}.jsonl"
@@ -83,7 +90,8 @@ def score_samples(
             bar.update(len(batch))
         bar.close()
     accelerator.wait_for_everyone()
-    return read_score_rows(scores_folder)
+    wanted = {sample_key(record) for record in records}  # rows of samples no longer asked for stay on disk only
+    return {key: row for key, row in read_score_rows(scores_folder).items() if key in wanted}
 
 
 def score(config: ScoreConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:

@@ -322,6 +322,8 @@ class GORSTrainer:
                 global_step = int(checkpoint.name.split("-")[1])
                 accelerator.print(f"[train] resumed from {checkpoint} at step {global_step}")
 
+        if self.validation is not None:
+            self.validation.start(resumed=global_step > 0)
         if accelerator.is_main_process:
             tracker_config = {k: v for k, v in asdict(config).items() if isinstance(v, (int, float, str, bool))}
             accelerator.init_trackers("gors", config=tracker_config)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +23,7 @@ from accelerate import Accelerator
 from PIL import Image
 
 from gors.config import TrainConfig
-from gors.io import atomic_write_json
+from gors.io import atomic_write_json, read_jsonl
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
@@ -76,7 +77,20 @@ class BenchmarkValidation:
         self.output_dir = Path(config.output_dir)
         self._scorer = None
         best_file = self.output_dir / BEST_DIR / BEST_FILE
-        self.best: dict[str, Any] | None = json.loads(best_file.read_text()) if best_file.is_file() else None
+        best = json.loads(best_file.read_text()) if best_file.is_file() else None
+        # A best LoRA of another benchmark or metric (an earlier run in this folder) does not compete.
+        same = best is not None and (best.get("benchmark"), best.get("metric")) == (self.label, self.metric)
+        self.best: dict[str, Any] | None = best if same else None
+
+    def start(self, resumed: bool) -> None:
+        """A run that starts at step 0 drops an earlier run's validation results in this folder,
+        which would otherwise be resumed as if they were this run's (a resumed run keeps them)."""
+        if resumed:
+            return
+        self.best = None
+        if self.accelerator.is_main_process:
+            shutil.rmtree(self.output_dir / "validation", ignore_errors=True)
+        self.accelerator.wait_for_everyone()
 
     def run(self, step: int, pipeline: Any, save_lora: Callable[[Path], Any]) -> dict[str, Any]:
         """Validate the pipeline at `step`; returns the benchmark summary (all processes call this)."""
@@ -111,8 +125,9 @@ class BenchmarkValidation:
         return summary
 
     def _log_images(self, folder: Path, step: int) -> None:
-        rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
-        paths = [folder / "samples" / row["path"] for row in rows]
-        for tracker in self.accelerator.trackers:
-            if tracker.name == "tensorboard" and paths:
-                tracker.writer.add_image(f"validation/{self.label}", image_grid(paths), step, dataformats="HWC")
+        writers = [tracker.writer for tracker in self.accelerator.trackers if tracker.name == "tensorboard"]
+        if not writers:
+            return
+        paths = [folder / "samples" / row["path"] for row in read_jsonl(folder / "results.jsonl")]
+        if paths:
+            writers[0].add_image(f"validation/{self.label}", image_grid(paths), step, dataformats="HWC")

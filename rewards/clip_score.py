@@ -33,7 +33,7 @@ from PIL import Image
 
 from gors.hub import from_pretrained
 from rewards.base import Reward, RewardOutput
-from rewards.clip_text import cosine_to_score, tag_adjectives
+from rewards.clip_text import cosine_to_score, split_adjectives
 
 MODEL_FLAG = "--reward_model_name_or_path"
 DEFAULT_CLIP = "openai/clip-vit-base-patch32"
@@ -191,15 +191,10 @@ class CLIPScoreReward(Reward):
     ) -> RewardOutput:
         if not images:
             return RewardOutput(scores=[])
-        texts, removed = [], []
-        for prompt in prompts:
-            if self.remove_adjectives:
-                tags = tag_adjectives(prompt)
-                texts.append(" ".join(token for token, adjective in tags if not adjective))
-                removed.append([token for token, adjective in tags if adjective])
-            else:
-                texts.append(prompt)
-                removed.append([])
+        if self.remove_adjectives:
+            texts, removed = map(list, zip(*(split_adjectives(prompt) for prompt in prompts)))
+        else:
+            texts, removed = list(prompts), [[] for _ in prompts]
         features = self.clip.image_embeddings(images, self.batch_size)
         cosines = cosines_by_text(self.clip, features, texts, self.batch_size)
         scores = [cosine_to_score(c) for c in cosines]

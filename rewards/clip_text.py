@@ -129,12 +129,17 @@ def tag_adjectives(prompt: str) -> list[tuple[str, bool]]:
     return list(zip(tokens, adjective_flags(tokens)))
 
 
-def remove_adjectives(prompt: str) -> str:
-    """`prompt` without its adjectives, tokens joined by single spaces, as the official code does.
+def split_adjectives(prompt: str) -> tuple[str, list[str]]:
+    """(`prompt` without its adjectives, the adjectives removed); tokens joined by single spaces,
+    as the official code does."""
+    tags = tag_adjectives(prompt)
+    kept = " ".join(token for token, adjective in tags if not adjective)
+    return kept, [token for token, adjective in tags if adjective]
 
-    "a white cat sleeps on a soft sofa" -> "a cat sleeps on a sofa".
-    """
-    return " ".join(token for token, adjective in tag_adjectives(prompt) if not adjective)
+
+def remove_adjectives(prompt: str) -> str:
+    """`prompt` without its adjectives: "a white cat sleeps on a soft sofa" -> "a cat sleeps on a sofa"."""
+    return split_adjectives(prompt)[0]
 
 
 def cosine_to_score(cosine: float) -> float:

@@ -26,6 +26,10 @@ class RewardSpec:
     name: str
     weight: float = 1.0
 
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"weight of {self.name!r} is {self.weight}; weights must be > 0 and finite")
+
 
 def _split_weight(item: str) -> tuple[str, float | None]:
     """'b_vqa:0.7' -> ('b_vqa', 0.7); 'pkg.mod:Class' -> ('pkg.mod:Class', None)."""
@@ -54,11 +58,12 @@ def parse_reward_list(text: str) -> list[RewardSpec]:
         name, weight = _split_weight(item)
         if not name or name.endswith(":"):
             raise ValueError(f"--reward={text!r}: {item!r} has no reward name; expected 'name:weight'")
-        if weight is not None and not (math.isfinite(weight) and weight > 0):
-            raise ValueError(f"--reward={text!r}: weight of {name!r} is {weight}; weights must be > 0")
         if any(spec.name == name for spec in specs):
             raise ValueError(f"--reward={text!r}: {name!r} appears twice")
-        specs.append(RewardSpec(name, 1.0 if weight is None else weight))
+        try:
+            specs.append(RewardSpec(name, 1.0 if weight is None else weight))
+        except ValueError as err:
+            raise ValueError(f"--reward={text!r}: {err}") from err
     return specs
 
 

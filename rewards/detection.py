@@ -59,6 +59,11 @@ class Detection:
         return {"label": self.label, "score": self.score, "box": list(self.box)}
 
 
+def detection_dict(detection: Detection | None) -> dict[str, Any] | None:
+    """`Detection.to_dict`, or None for an object that was not found."""
+    return None if detection is None else detection.to_dict()
+
+
 class Detector(Protocol):
     """Anything that detects like `ZeroShotDetector.detect` (rewards accept one ready-built)."""
 
@@ -99,13 +104,13 @@ def select_detections(
     if not labels:
         return []
     found: list[Detection] = []
-    for row, box in zip(probabilities, boxes, strict=True):
-        best = int(np.argmax(row))
-        score = float(row[best])
-        if score < threshold:
-            continue
-        chosen = [best] if text_threshold is None else np.flatnonzero(row >= text_threshold)
-        box_tuple = tuple(float(v) for v in box)
+    best = probabilities.argmax(axis=1)
+    # Only the few boxes above the threshold are looked at one by one (there are hundreds).
+    for index in np.flatnonzero(probabilities[np.arange(len(best)), best] >= threshold):
+        row = probabilities[index]
+        score = float(row[best[index]])
+        chosen = [best[index]] if text_threshold is None else np.flatnonzero(row >= text_threshold)
+        box_tuple = tuple(float(v) for v in boxes[index])
         found += [Detection(labels[k], score, box_tuple) for k in chosen]  # type: ignore[arg-type]
     return sorted(found, key=lambda d: -d.score)
 

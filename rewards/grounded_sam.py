@@ -23,7 +23,7 @@ from rewards.binding import (
     binding_score,
     query_labels,
 )
-from rewards.detection import Detection, ZeroShotDetector
+from rewards.detection import Detection, Detector, ZeroShotDetector
 from rewards.noun_phrases import Backend
 
 MODEL_FLAG = "--reward_model_name_or_path"
@@ -161,7 +161,7 @@ class GroundedSAMReward(Reward):
         box_threshold: float = 0.35,
         text_threshold: float | None = 0.25,
         noun_phrase_backend: Backend = "auto",
-        detector: ZeroShotDetector | None = None,
+        detector: Detector | None = None,
         segmenter: Segmenter | None = None,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)

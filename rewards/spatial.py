@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from rewards.base import Reward, RewardOutput
-from rewards.detection import Detection, Detector, ZeroShotDetector
+from rewards.detection import Detector, ZeroShotDetector, detection_dict
 from rewards.noun_phrases import Backend
 from rewards.spatial_rule import (
     DETECTION_THRESHOLD,
@@ -23,10 +23,6 @@ from rewards.spatial_rule import (
 )
 
 MODEL_FLAG = "--reward_model_name_or_path"
-
-
-def _detection_dict(detection: Detection | None) -> dict[str, Any] | None:
-    return None if detection is None else detection.to_dict()
 
 
 class SpatialRuleReward(Reward):
@@ -185,8 +181,8 @@ class SpatialRuleReward(Reward):
                 {
                     "relation": relation,
                     "objects": list(names) if names else None,
-                    "first": _detection_dict(first),
-                    "second": _detection_dict(second),
+                    "first": detection_dict(first),
+                    "second": detection_dict(second),
                     "position": verdict.position,
                     "score": verdict.score,
                     "reason": verdict.reason,

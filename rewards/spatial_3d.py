@@ -11,7 +11,7 @@ from PIL import Image
 
 from gors.hub import from_pretrained
 from rewards.base import Reward, RewardOutput
-from rewards.detection import Detection, Detector, ZeroShotDetector
+from rewards.detection import Detection, Detector, ZeroShotDetector, detection_dict
 from rewards.noun_phrases import Backend
 from rewards.spatial_3d_rule import (
     IOU_THRESHOLD_3D,
@@ -93,10 +93,6 @@ def _normalised_map(depth: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
         depth[None, None], size=(height, width), mode="bilinear", align_corners=True
     )
     return resized[0, 0].clamp(0, 1).cpu().numpy()
-
-
-def _detection_dict(detection: Detection | None) -> dict[str, Any] | None:
-    return None if detection is None else detection.to_dict()
 
 
 class Spatial3DReward(Reward):
@@ -208,8 +204,8 @@ class Spatial3DReward(Reward):
                 {
                     "relation": relation,
                     "objects": list(names) if names else None,
-                    "first": _detection_dict(first),
-                    "second": _detection_dict(second),
+                    "first": detection_dict(first),
+                    "second": detection_dict(second),
                     "depths": list(verdict.depths),
                     "depth_order": verdict.depth_order,
                     "score": verdict.score,

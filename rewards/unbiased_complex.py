@@ -53,9 +53,6 @@ class UnbiasedComplexReward(WeightedReward):
         unknown = sorted(set(weights) - set(MEMBERS))
         if unknown:
             raise ValueError(f"weights for unknown members {unknown}; the members are {list(MEMBERS)}")
-        bad = {name: w for name, w in weights.items() if not w > 0}
-        if bad:
-            raise ValueError(f"weights {bad} must be > 0")
         specs = [RewardSpec(name, weights.get(name, 1.0)) for name in MEMBERS]
         options = {
             "grounded_sam": dict(grounded_sam or {}),

@@ -96,3 +96,31 @@ def test_report_tables_and_plots_evaluations_and_training_runs(tmp_path):
     assert (tmp_path / "report" / "training_curves.png").stat().st_size > 0
     with pytest.raises(ValueError, match="neither a summary.json"):
         report([tmp_path / "report"], tmp_path / "other")
+
+
+def test_scores_of_another_run_are_refused_and_unasked_ones_left_out(tmp_path):
+    from gors.distributed import make_accelerator
+    from gors.io import append_jsonl
+    from gors.score import score_samples
+    from gors.store import StoreError
+    from rewards import RewardOutput
+
+    class Samples:
+        def __init__(self, prompts):
+            self.prompts = prompts
+
+        def records(self):
+            return [{"prompt_index": p, "image_index": 0, "prompt": t, "path": f"{p}.png"}
+                    for p, t in enumerate(self.prompts)]
+
+    folder = tmp_path / "scores"
+    append_jsonl(folder / "part-00000.jsonl", [
+        {"prompt_index": 0, "image_index": 0, "prompt": "a red circle", "path": "0.png", "reward": 1.0, "details": {}},
+        {"prompt_index": 1, "image_index": 0, "prompt": "a blue square", "path": "1.png", "reward": 0.0, "details": {}},
+    ])
+    accelerator = make_accelerator()
+    never = lambda: pytest.fail("nothing is left to score")  # noqa: E731
+    rows = score_samples(Samples(["a red circle"]), folder, never, 1, accelerator)
+    assert list(rows) == [(0, 0)]  # the score of prompt 1, not asked for now, stays out of the results
+    with pytest.raises(StoreError, match="belongs to another run"):
+        score_samples(Samples(["a green triangle"]), folder, lambda: RewardOutput([0.5]), 1, accelerator)
