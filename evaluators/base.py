@@ -109,6 +109,13 @@ class Benchmark:
     def prompts(self) -> list[BenchmarkPrompt]:
         raise NotImplementedError
 
+    def cached_prompts(self) -> list[BenchmarkPrompt]:
+        """`prompts()`, read once per benchmark object: evaluation, summaries and every validation
+        step reuse it instead of reading (or downloading) the data again."""
+        if "_prompts" not in self.__dict__:
+            self.__dict__["_prompts"] = self.prompts()
+        return self.__dict__["_prompts"]
+
     def protocol(self) -> SamplingProtocol:
         raise NotImplementedError
 
@@ -171,7 +178,7 @@ class Benchmark:
         unknown = sorted(set(column_options or {}) - set(self.columns()))
         if unknown:
             raise ValueError(f"options for columns {unknown} of {self.name}, which has {sorted(self.columns())}")
-        prompts = self.prompts()
+        prompts = self.cached_prompts()
         if images is not None:
             folder = Path(images)
             if not folder.is_dir():

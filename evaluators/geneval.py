@@ -181,7 +181,7 @@ class GenEvalBenchmark(Benchmark):
         return entries
 
     def write_official(self, rows: list[dict[str, Any]], summary: dict[str, Any], output_dir: Path) -> None:
-        metadata = {index: json.dumps(p.metadata) for index, p in enumerate(self.prompts())}
+        metadata = {index: json.dumps(p.metadata) for index, p in enumerate(self.cached_prompts())}
         lines = [json.dumps(official_row(row, metadata[row["prompt_index"]], output_dir)) for row in rows]
         atomic_write_bytes(output_dir / RESULTS_FILE, "".join(line + "\n" for line in lines).encode())
         atomic_write_bytes(output_dir / SUMMARY_TEXT_FILE, format_summary(summary).encode())

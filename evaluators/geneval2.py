@@ -162,7 +162,7 @@ class GenEval2Benchmark(Benchmark):
 
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Soft-TIFA GM (main) and AM, x100; per-skill AM and per-atomicity GM tables; columns x100."""
-        prompts = self.prompts()
+        prompts = self.cached_prompts()
         score_lists = [row["details"]["atom_scores"] for row in rows]
         summary: dict[str, Any] = {
             **overall(score_lists),
@@ -199,7 +199,7 @@ class GenEval2Benchmark(Benchmark):
                 f"{map_path}: {len(unknown)} keys are not GenEval 2 prompts (first: {unknown[0]!r}); "
                 "the keys must be the benchmark's prompts, exactly as written in its data."
             )
-        prompts = self.prompts()
+        prompts = self.cached_prompts()
         missing = [p.text for p in prompts if p.text not in mapping]
         if missing:
             raise ValueError(
@@ -221,7 +221,7 @@ class GenEval2Benchmark(Benchmark):
         return entries
 
     def write_official(self, rows: list[dict[str, Any]], summary: dict[str, Any], output_dir: Path) -> None:
-        prompts = self.prompts()
+        prompts = self.cached_prompts()
         for image_index in sorted({row["image_index"] for row in rows}):
             suffix = "" if self.num_images == 1 else f"_image{image_index}"
             mine = sorted((r for r in rows if r["image_index"] == image_index), key=lambda r: r["prompt_index"])
