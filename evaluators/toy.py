@@ -14,7 +14,7 @@ from gors.toy.world import ToyPrompt, split_prompts
 
 @dataclass
 class ToyBenchmark(Benchmark):
-    """Binding accuracy on the toy world's prompts.
+    """Attribute-binding accuracy on the toy world's prompts, judged by the exact oracle.
 
     Args:
         split: "held_out" (prompts with colour-shape combinations never seen in training) or "train".
@@ -50,12 +50,23 @@ class ToyBenchmark(Benchmark):
                                 resolution=64, batch_size=32, seed=self.seed)
 
     def judge(self, row: dict[str, Any]) -> dict[str, Any]:
-        return {"correct": row["details"]["correct"], "reason": "; ".join(row["details"]["reasons"])}
+        details = row["details"]
+        return {"correct": details["bound"], "relation_correct": details["relation_holds"],
+                "all_correct": details["correct"], "reason": "; ".join(details["reasons"])}
 
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """binding_accuracy: share of images whose objects, bindings and relation are all right, in [0, 1]."""
+        """Shares of images, each in [0, 1]:
+
+        - binding_accuracy: every object drawn with its own colour and shape, nothing else drawn
+          (attribute binding, T2I-CompBench's colour and shape categories); also split into
+          prompts without a relation (`_and`) and with one (`_relation`);
+        - relation_accuracy: of the relation prompts' images with both objects found, those whose
+          relation holds (0.5 is chance for a model that ignores the relation word);
+        - full_accuracy: binding and relation both right.
+        """
         correct = np.array([row["correct"] for row in rows], dtype=float)
         relation = np.array([ToyPrompt.parse(row["prompt"]).relation is not None for row in rows])
+        judged = [row["relation_correct"] for row in rows if row["relation_correct"] is not None]
         by_prompt: dict[str, list[float]] = {}
         for row, ok in zip(rows, correct):
             by_prompt.setdefault(row["prompt"], []).append(ok)
@@ -63,6 +74,8 @@ class ToyBenchmark(Benchmark):
             "binding_accuracy": float(correct.mean()),
             "binding_accuracy_and": float(correct[~relation].mean()) if (~relation).any() else None,
             "binding_accuracy_relation": float(correct[relation].mean()) if relation.any() else None,
+            "relation_accuracy": float(np.mean(judged)) if judged else None,
+            "full_accuracy": float(np.mean([row["all_correct"] for row in rows])),
             "mean_score": float(np.mean([row["score"] for row in rows])),
             "prompts_with_a_correct_image": float(np.mean([max(v) for v in by_prompt.values()])),
             "num_images": len(rows),

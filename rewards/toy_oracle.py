@@ -18,11 +18,18 @@ class ToyOracleReward(Reward):
     Each image is segmented into blobs of the palette colours and each blob's shape is named
     (`gors.toy.oracle`). The prompt gives checks: one per object ("a red circle is present"), one
     for the relation between the objects' centres if the prompt has one, and "no extra objects".
-    The score is the fraction of checks passed, in [0, 1] (1.0: the image is correct); the details
-    say which checks failed and why. Exact on rendered scenes; tolerant of blur and colour noise.
+    The score is the fraction of checks passed, in [0, 1]: with `checks="binding"` (the default,
+    the `toy` benchmark's metric, attribute binding) of the object and no-extra checks, with
+    `checks="all"` of every check, the relation's too. 1.0 means the image passes them all.
+    Details per image: `bound` (binding right), `relation_holds` (None without a relation or with
+    an object missing), `correct` (every check), the checks and a reason per failed one. Exact on
+    rendered scenes; tolerant of blur and colour noise.
 
     There is no model: `model_name_or_path` must be None, and the other arguments are accepted for
     the common interface and ignored. Prompts must be toy-world prompts (see `ToyPrompt.parse`).
+
+    Args:
+        checks: "binding" or "all", the checks the score counts (details report all of them).
     """
 
     name = "toy_oracle"
@@ -35,13 +42,18 @@ class ToyOracleReward(Reward):
         device: str | torch.device | None = None,
         torch_dtype: torch.dtype | None = None,
         batch_size: int = 8,
+        checks: str = "binding",
     ) -> None:
         if model_name_or_path is not None:
             raise ValueError(
                 f"toy_oracle has no model to load; got model_name_or_path={model_name_or_path!r}, "
                 "leave it unset"
             )
+        if checks not in ("binding", "all"):
+            raise ValueError(f"toy_oracle: checks={checks!r}; choose 'binding' (objects and bindings) or 'all' "
+                             "(the relation too), e.g. --reward_options '{\"checks\": \"all\"}'")
         super().__init__(None, device, torch_dtype, batch_size)
+        self.checks = checks
 
     def _score(
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
@@ -50,9 +62,11 @@ class ToyOracleReward(Reward):
         scores, details = [], []
         for image, prompt in zip(images, parsed):
             judgement = oracle.judge_image(prompt, image)
-            scores.append(judgement.score)
+            scores.append(judgement.binding_score if self.checks == "binding" else judgement.score)
             details.append(
                 {
+                    "bound": judgement.bound,
+                    "relation_holds": judgement.relation_holds,
                     "correct": judgement.correct,
                     "reasons": list(judgement.reasons),
                     "found": list(judgement.found),

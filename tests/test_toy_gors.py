@@ -52,3 +52,4 @@ def test_toy_recipe_reports_base_and_gors_accuracy(tmp_path):
     saved = json.loads((tmp_path / "demo" / "results.json").read_text())
     assert saved["gain"] == results["gors_binding_accuracy"] - results["base_binding_accuracy"]
     assert saved["base"]["num_prompts"] == 4
+    assert 0 <= saved["base_full_accuracy"] <= saved["base_binding_accuracy"]  # full = binding and relation

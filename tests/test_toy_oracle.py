@@ -39,7 +39,8 @@ def test_every_rendered_scene_is_judged_correct():
         for _ in range(2):
             judgement = judge_image(prompt, world.render(world.sample_scene(prompt, rng)))
             judged += 1
-            if not (judgement.correct and judgement.score == 1.0 and not judgement.reasons):
+            exact = judgement.correct and judgement.bound and judgement.binding_score == 1.0
+            if not (exact and judgement.score == 1.0 and not judgement.reasons):
                 failures.append((prompt.text, judgement.reasons))
             assert len(judgement.found) == len(prompt.objects)
     assert judged == 744
@@ -61,7 +62,7 @@ def test_swapped_colours_are_caught_for_both_objects():
     a, b = world.sample_scene(prompt, rng)
     swapped = [replace(a, colour=b.colour), replace(b, colour=a.colour)]
     judgement = judge_image(prompt, world.render(swapped))
-    assert not judgement.correct and judgement.score == 0.0
+    assert not judgement.correct and not judgement.bound and judgement.score == judgement.binding_score == 0.0
     assert "no red circle: the red object is a square" in judgement.reasons
     assert "no blue square: the blue object is a circle" in judgement.reasons
     assert any(r.startswith("unexpected") and "blue circle" in r and "red square" in r for r in judgement.reasons)
@@ -73,6 +74,7 @@ def test_moved_objects_fail_only_the_relation():
     judgement = judge_image(prompt, world.render(moved))
     assert judgement.reasons == ["green triangle is not on the left of yellow circle"]
     assert judgement.score == pytest.approx(3 / 4)  # both objects present, no extras
+    assert judgement.bound and judgement.binding_score == 1.0 and judgement.relation_holds is False
     assert [found.split(" at ")[0] for found in judgement.found] == ["green triangle", "yellow circle"]
     assert dict(judgement.checks)["green triangle on the left of yellow circle"] is False
 
@@ -85,6 +87,7 @@ def test_a_missing_object_is_caught_and_its_relation_not_checked():
         "could not check that green triangle on the left of yellow circle: no yellow circle",
     ]
     assert judgement.score == pytest.approx(2 / 4)
+    assert judgement.binding_score == pytest.approx(2 / 3) and judgement.relation_holds is None
 
 
 def test_an_extra_object_is_caught():
@@ -141,8 +144,10 @@ def test_reward_scores_with_details():
     good = world.render(world.sample_scene(prompt, rng))
     bad = world.render(world.sample_scene(ToyPrompt.parse("a blue triangle"), rng))
     output = reward.score([good.convert("P"), bad.convert("RGBA")], [prompt.text, prompt.text])
-    assert output.scores[0] == 1.0 and 0.0 <= output.scores[1] < 1.0
+    assert output.scores == [1.0, pytest.approx(2 / 3)]  # binding checks: triangle yes, square no, no extras yes
     assert output.details[0] == {
+        "bound": True,
+        "relation_holds": True,
         "correct": True,
         "reasons": [],
         "found": output.details[0]["found"],
@@ -155,6 +160,17 @@ def test_reward_scores_with_details():
     }
     assert output.details[1]["correct"] is False and "no yellow square: nothing yellow" in output.details[1]["reasons"]
     json.dumps(output.details)
+
+
+def test_reward_counts_the_relation_only_with_all_checks():
+    prompt, (a, b) = _relation_scene(np.random.default_rng(2))
+    moved = world.render([replace(a, cx=b.cx, cy=b.cy), replace(b, cx=a.cx, cy=a.cy)])
+    binding = rewards.load("toy_oracle").score([moved], [prompt.text])
+    every = rewards.load("toy_oracle", checks="all").score([moved], [prompt.text])
+    assert binding.scores == [1.0] and every.scores == [pytest.approx(3 / 4)]
+    assert binding.details == every.details and every.details[0]["relation_holds"] is False
+    with pytest.raises(ValueError, match="checks='relation'.*'binding'.*'all'"):
+        rewards.load("toy_oracle", checks="relation")
 
 
 def test_reward_refuses_a_model_and_non_toy_prompts():

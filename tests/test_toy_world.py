@@ -87,15 +87,24 @@ def test_noisy_caption_rates():
 
 
 def test_toy_benchmark_summary_on_hand_made_rows():
+    def row(prompt, score, bound, holds):
+        details = {"bound": bound, "relation_holds": holds, "correct": bound and holds is not False,
+                   "reasons": [] if bound and holds is not False else ["wrong"]}
+        return {"prompt": prompt, "score": score, "details": details}
+
     rows = [
-        {"prompt": "a red circle and a blue triangle", "score": 1.0, "correct": True},
-        {"prompt": "a red circle and a blue triangle", "score": 0.5, "correct": False},
-        {"prompt": "a red triangle above a blue circle", "score": 0.25, "correct": False},
-        {"prompt": "a red triangle above a blue circle", "score": 0.75, "correct": False},
+        row("a red circle and a blue triangle", 1.0, True, None),
+        row("a red circle and a blue triangle", 0.5, False, None),
+        row("a red triangle above a blue circle", 1.0, True, False),  # bound, relation wrong
+        row("a red triangle above a blue circle", 0.5, False, None),  # an object missing
     ]
-    summary = ToyBenchmark().summarize(rows)
-    assert summary["binding_accuracy"] == 0.25
-    assert summary["binding_accuracy_and"] == 0.5 and summary["binding_accuracy_relation"] == 0.0
-    assert summary["mean_score"] == 0.625
-    assert summary["prompts_with_a_correct_image"] == 0.5
+    benchmark = ToyBenchmark()
+    summary = benchmark.summarize([{**r, **benchmark.judge(r)} for r in rows])
+    assert summary["binding_accuracy"] == 0.5
+    assert summary["binding_accuracy_and"] == 0.5 and summary["binding_accuracy_relation"] == 0.5
+    assert summary["relation_accuracy"] == 0.0 and summary["full_accuracy"] == 0.25
+    assert summary["mean_score"] == 0.75
+    assert summary["prompts_with_a_correct_image"] == 1.0
+    assert benchmark.judge(rows[2]) == {"correct": True, "relation_correct": False, "all_correct": False,
+                                        "reason": "wrong"}
     assert ToyBenchmark(max_prompts=10).prompts() == ToyBenchmark().prompts()[::15]

@@ -23,8 +23,8 @@ from gors.config import RunConfig
 from gors.toy.pretrain import PRETRAINED_DIR
 from gors.toy.world import split_prompts
 
-# tau per toy reward. The oracle scores the fraction of satisfied checks, so 0.99 keeps exactly the
-# fully correct images; the classifier gives correct renders about 0.95 and swapped ones about 0.
+# tau per toy reward. The oracle scores the fraction of binding checks passed, so 0.99 keeps exactly
+# the images with every binding right; the classifier gives correct renders about 0.95, swapped ones about 0.
 TOY_THRESHOLDS = {"toy_oracle": 0.99, "toy_classifier": 0.5}
 
 
@@ -65,6 +65,10 @@ def toy_defaults(output_dir: str = "toy_output") -> dict:
         "validation_steps": 1200,
         "seed": 0,
     }
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _label(image: Image.Image, text: str) -> Image.Image:
@@ -125,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "base_binding_accuracy": base["binding_accuracy"],
         "gors_binding_accuracy": tuned["binding_accuracy"],
         "gain": tuned["binding_accuracy"] - base["binding_accuracy"],
+        "base_full_accuracy": base["full_accuracy"],
+        "gors_full_accuracy": tuned["full_accuracy"],
         "base": base,
         "gors": tuned,
         "seconds": round(time.time() - start, 1),
@@ -138,12 +144,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
         with SummaryWriter(str(out / "logs" / "eval")) as writer:
             for name, summary in (("base", base), ("gors", tuned)):
-                writer.add_scalar(f"toy_held_out/binding_accuracy_{name}", summary["binding_accuracy"], 0)
+                for metric in ("binding_accuracy", "relation_accuracy", "full_accuracy"):
+                    if summary[metric] is not None:
+                        writer.add_scalar(f"toy_{config.eval_split}/{metric}_{name}", summary[metric], 0)
+        table = "\n".join(
+            f"  {title:<12}{_number(summary['binding_accuracy']):>9}{_number(summary['relation_accuracy']):>10}"
+            f"{_number(summary['full_accuracy']):>8}"
+            for title, summary in (("base model", base), ("after GORS", tuned))
+        )
         print(
             f"\nToy world, {config.eval_split} prompts ({base['num_prompts']} prompts x "
-            f"{config.eval_images_per_prompt} images):\n"
-            f"  base model binding accuracy   {base['binding_accuracy']:.3f}\n"
-            f"  after GORS ({reward})   {tuned['binding_accuracy']:.3f}   (gain {results['gain']:+.3f})\n"
+            f"{config.eval_images_per_prompt} images), GORS with reward {reward}:\n"
+            f"  {'':<12}{'binding':>9}{'relation':>10}{'full':>8}\n{table}\n"
+            f"  binding accuracy gain {results['gain']:+.3f}\n"
             f"  before/after grid  {grid}\n  results           {out / 'results.json'}\n"
             f"  TensorBoard       tensorboard --logdir {out / 'logs'}\n"
             f"  took {results['seconds']:.0f} s on {accelerator.num_processes} process(es)"

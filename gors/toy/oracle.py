@@ -75,6 +75,9 @@ class Blob:
         return f"{self.name} at ({round(self.centroid[0])}, {round(self.centroid[1])})"
 
 
+NO_EXTRA_OBJECTS = "no extra objects"
+
+
 @dataclass
 class Judgement:
     """The verdict on one image: which checks passed, and why the others failed.
@@ -86,6 +89,8 @@ class Judgement:
             has one, and "no extra objects".
         reasons: one human-readable reason per failed check.
         found: `Blob.describe()` of the blobs matched to prompt objects.
+        relation_holds: whether the relation holds between the matched objects; None when the
+            prompt has no relation or an object is missing.
     """
 
     correct: bool
@@ -93,6 +98,25 @@ class Judgement:
     checks: list[tuple[str, bool]] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     found: list[str] = field(default_factory=list)
+    relation_holds: bool | None = None
+
+    @property
+    def binding_checks(self) -> list[tuple[str, bool]]:
+        """The checks of attribute binding: each object present with its colour and shape, and
+        nothing else drawn; the relation check left out."""
+        return [(check, passed) for check, passed in self.checks if check.endswith(" is present")
+                or check == NO_EXTRA_OBJECTS]
+
+    @property
+    def bound(self) -> bool:
+        """Every object drawn with its own colour and shape and nothing else drawn, wherever they are."""
+        return all(passed for _, passed in self.binding_checks)
+
+    @property
+    def binding_score(self) -> float:
+        """Fraction of `binding_checks` passed, in [0, 1]."""
+        checks = self.binding_checks
+        return sum(passed for _, passed in checks) / len(checks)
 
 
 def _label_components(mask: np.ndarray) -> np.ndarray:
@@ -192,6 +216,7 @@ def judge(prompt: world.ToyPrompt, blobs: list[Blob]) -> Judgement:
     unused = sorted(blobs, key=lambda blob: -blob.area)  # greedy: the largest candidate wins
     checks: list[tuple[str, bool]] = []
     reasons: list[str] = []
+    holds: bool | None = None
     matched: list[Blob | None] = []
     matched_colours: set[str] = set()
     for obj in prompt.objects:
@@ -217,7 +242,7 @@ def judge(prompt: world.ToyPrompt, blobs: list[Blob]) -> Judgement:
             checks.append((check, holds))
             if not holds:
                 reasons.append(f"{first} is not {prompt.relation} {second}")
-    checks.append(("no extra objects", not unused))
+    checks.append((NO_EXTRA_OBJECTS, not unused))
     if unused:
         reasons.append("unexpected " + ", ".join(blob.describe() for blob in unused))
     passed = sum(ok for _, ok in checks)
@@ -227,6 +252,7 @@ def judge(prompt: world.ToyPrompt, blobs: list[Blob]) -> Judgement:
         checks=checks,
         reasons=reasons,
         found=[blob.describe() for blob in matched if blob is not None],
+        relation_holds=holds,
     )
 
 
