@@ -6,7 +6,9 @@ non-commercial use only; fetched at run time, never shipped): per prompt its ``a
 attribute, count, position, verb), which the scorers read from the prompt metadata.
 
 Scores: Soft-TIFA GM per image (`rewards.soft_tifa`, Qwen3-VL-8B-Instruct as GenEval 2's
-judge; its details keep AM, GM and the atom scores), with TIFA and VQAScore as further columns.
+judge; its details keep AM, GM and the atom scores). TIFA, the fraction of atoms whose most
+probable answer is the expected one, is read from the same answers (equal to the `tifa` reward,
+without asking the questions again); VQAScore is a further column.
 The summary reports, x100 as the official tools print them (`evaluators.geneval2_tables`),
 Soft-TIFA AM and GM, the per-skill AM table and the per-atomicity GM table.
 
@@ -146,10 +148,11 @@ class GenEval2Benchmark(Benchmark):
         return {"aggregation": "gm", **self._judge_options()}
 
     def columns(self) -> dict[str, tuple[str, dict[str, Any]]]:
-        return {"tifa": ("tifa", self._judge_options()), "vqascore": ("vqascore", self._judge_options())}
+        return {"vqascore": ("vqascore", self._judge_options())}
 
     def judge(self, row: dict[str, Any]) -> dict[str, Any]:
-        """correct: every atom's most probable answer is the expected one (TIFA's per-atom test)."""
+        """tifa: the fraction of atoms whose most probable answer is the expected one, in [0, 1]
+        (1.0 without atoms), as the `tifa` reward scores them; correct: all of them are."""
         details = row["details"]
         failed = [
             f"{question} expected {answer!r}, answered {predicted.strip()!r} (p={score:.2f})"
@@ -158,10 +161,11 @@ class GenEval2Benchmark(Benchmark):
             )
             if not tifa_correct(predicted, answer_variants(question, answer))
         ]
-        return {"correct": not failed, "reason": "; ".join(failed)}
+        atoms = len(details["questions"])
+        return {"tifa": 1.0 - len(failed) / atoms if atoms else 1.0, "correct": not failed, "reason": "; ".join(failed)}
 
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """Soft-TIFA GM (main) and AM, x100; per-skill AM and per-atomicity GM tables; columns x100."""
+        """Soft-TIFA GM (main) and AM, x100; per-skill AM and per-atomicity GM tables; TIFA and columns x100."""
         prompts = self.cached_prompts()
         score_lists = [row["details"]["atom_scores"] for row in rows]
         summary: dict[str, Any] = {
@@ -173,6 +177,7 @@ class GenEval2Benchmark(Benchmark):
                 ).items()
             },
         }
+        summary["tifa"] = 100.0 * sum(row["tifa"] for row in rows) / len(rows)
         for column in self.columns():
             if all(column in row.get("columns", {}) for row in rows):
                 summary[column] = 100.0 * sum(row["columns"][column] for row in rows) / len(rows)

@@ -9,7 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
+import rewards
 from evaluators.geneval2 import GENEVAL2, GenEval2Benchmark, load_geneval2_rows
 from evaluators.geneval2_tables import (
     ATOMICITIES,
@@ -93,6 +95,17 @@ def test_overall_am_and_gm_and_analysis_text():
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared/benchmarks reference copies")
+def test_judge_reads_tifa_from_the_soft_tifa_answers():
+    details = {"questions": ["Is there a cat?", "Is the cat black?", "How many dogs are there?"],
+               "expected_answers": ["yes", "yes", "2"], "predicted": [" Yes", "no", "two"],
+               "atom_scores": [0.9, 0.2, 0.7]}
+    verdict = GenEval2Benchmark().judge({"details": details})
+    assert verdict["tifa"] == pytest.approx(2 / 3) and verdict["correct"] is False
+    assert verdict["reason"] == "Is the cat black? expected 'yes', answered 'no' (p=0.20)"
+    empty = {"questions": [], "expected_answers": [], "predicted": [], "atom_scores": []}
+    assert GenEval2Benchmark().judge({"details": empty}) == {"tifa": 1.0, "correct": True, "reason": ""}
+
+
 def test_official_data_pinned_and_subset_covers_atomicities(monkeypatch):
     monkeypatch.setenv("GORS_DATA_DIR", str(SHARED))
     rows = load_geneval2_rows(fetch_pinned_file(GENEVAL2, "geneval2_data.jsonl"))
@@ -181,9 +194,14 @@ def test_end_to_end_generate_score_tables_and_images_map(tmp_path, tiny_sd, tiny
     assert summary["per_skill_am"] == pytest.approx(per_skill_table(score_lists, skills))
     assert summary["per_atomicity_gm"]["4"] == pytest.approx(100 * rows[2]["details"]["gm"])
     assert summary["per_atomicity_gm"]["5"] is None
-    for column in ("tifa", "vqascore"):
-        assert 0.0 <= summary[column] <= 100.0
-        assert summary[column] == pytest.approx(100 * sum(r["columns"][column] for r in rows) / 3)
+    assert 0.0 <= summary["vqascore"] <= 100.0
+    assert summary["vqascore"] == pytest.approx(100 * sum(r["columns"]["vqascore"] for r in rows) / 3)
+    # TIFA read from the Soft-TIFA answers equals the tifa reward asking the questions itself.
+    tifa = rewards.load("tifa", model_name_or_path=str(tiny_vlm), batch_size=4).score(
+        [Image.open(out / "samples" / r["path"]) for r in rows], [r["prompt"] for r in rows],
+        metadata=[{"vqa_list": row["vqa_list"], "skills": row["skills"]} for row in ROWS])
+    assert [r["tifa"] for r in rows] == pytest.approx(tifa.scores)
+    assert summary["tifa"] == pytest.approx(100 * sum(tifa.scores) / 3)
     assert all(isinstance(row["correct"], bool) for row in rows)
     assert "CC BY-NC 4.0" in summary["licence"]
     # Official files: score lists in benchmark order, the image map and the data rows.
