@@ -13,6 +13,8 @@ one, e.g. T2I-CompBench's B-CLIP and CLIPScore columns) and `write_official` are
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,13 +145,23 @@ class Benchmark:
         """Write files in the benchmark's own format beside results.jsonl (none by default)."""
 
     def make_scorer(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None,
-                    batch_size: int = 16, column: str | None = None) -> Reward:
-        """The main scorer (or the scorer of `column`), user `options` merged over the benchmark's."""
+                    batch_size: int = 16, column: str | None = None,
+                    cache: dict[tuple[str, str, int], Reward] | None = None) -> Reward:
+        """The main scorer (or the scorer of `column`), user `options` merged over the benchmark's.
+
+        With `cache`, a scorer of the same reward, options and batch size built before (e.g. by
+        another T2I-CompBench category) is reused instead of loading its models again.
+        """
         reward, fixed = (self.scorer, self.scorer_options()) if column is None else self.columns()[column]
-        return build_reward(
-            reward, options={**fixed, **(options or {})}, device=accelerator.device,
-            torch_dtype=inference_dtype(accelerator, None), batch_size=batch_size,
-        )
+        merged = {**fixed, **(options or {})}
+        key = (reward, json.dumps(merged, sort_keys=True, default=str), batch_size)
+        if cache is not None and key in cache:
+            return cache[key]
+        built = build_reward(reward, options=merged, device=accelerator.device,
+                             torch_dtype=inference_dtype(accelerator, None), batch_size=batch_size)
+        if cache is not None:
+            cache[key] = built
+        return built
 
     def evaluate(
         self,
@@ -164,6 +176,7 @@ class Benchmark:
         scorer: Reward | None = None,
         with_columns: bool = True,
         column_options: Mapping[str, Mapping[str, Any]] | None = None,
+        scorer_cache: dict[tuple[str, str, int], Reward] | None = None,
     ) -> dict[str, Any]:
         """Generate (or read `images`), score and summarise; returns the summary.
 
@@ -171,7 +184,8 @@ class Benchmark:
         during training, `pipeline_loader` replaces loading `pretrained_model_name_or_path` (+ `lora`)
         with the pipeline in memory, `scorer` reuses a loaded scorer, and `with_columns=False`
         skips the further metric columns. `column_options` gives a column's scorer keyword
-        arguments by column name.
+        arguments by column name. `scorer_cache` shares loaded scorers between evaluations (see
+        `make_scorer`).
         """
         accelerator = accelerator or make_accelerator()
         output_dir = Path(output_dir)
@@ -201,7 +215,7 @@ class Benchmark:
         metadata = [dict(p.metadata) for p in prompts]
         scores = score_samples(
             samples, output_dir / "scores",
-            lambda: scorer or self.make_scorer(accelerator, scorer_options, scorer_batch_size),
+            lambda: scorer or self.make_scorer(accelerator, scorer_options, scorer_batch_size, cache=scorer_cache),
             batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: score",
             prompt_metadata=metadata,
         )
@@ -209,7 +223,7 @@ class Benchmark:
             column: score_samples(
                 samples, output_dir / "columns" / column,
                 lambda column=column: self.make_scorer(
-                    accelerator, (column_options or {}).get(column), scorer_batch_size, column
+                    accelerator, (column_options or {}).get(column), scorer_batch_size, column, scorer_cache
                 ),
                 batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: {column}",
                 prompt_metadata=metadata,

@@ -53,6 +53,7 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
                                          images_per_prompt=config.images_per_prompt)) for spec in specs]
     lora = resolve_lora(config.lora)  # official:<category> -> the converted release, downloaded once
     summaries = []
+    scorers: dict = {}  # a reward model used by several benchmarks (e.g. B-VQA, CLIP) is loaded once
     for (name, _), benchmark in benchmarks:
         # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.
         subset = getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
@@ -64,7 +65,7 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         summary = benchmark.evaluate(
             config.pretrained_model_name_or_path, folder, lora=lora, accelerator=accelerator,
             scorer_options=options, images=config.images, scorer_batch_size=config.scorer_batch_size,
-            column_options=column_options,
+            column_options=column_options, scorer_cache=scorers,
         )
         summaries.append({"label": label, "primary_metric": benchmark.primary_metric, "folder": str(folder),
                           **summary})

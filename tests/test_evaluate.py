@@ -11,6 +11,7 @@ from gors.cli import main, parse_config
 from gors.config import EvaluateConfig
 from gors.evaluate import evaluate
 from gors.toy.pretrain import PRETRAINED_DIR
+from rewards.combined import build_reward
 
 TOY_MODEL = str(PRETRAINED_DIR / "pipeline")
 
@@ -35,10 +36,16 @@ def test_subsets_and_quick_run_sizes_reach_the_benchmark():
         build_benchmark("toy", "heldout").prompts()
 
 
-def test_evaluate_writes_one_folder_per_benchmark_and_resumes(tmp_path, capsys):
+def test_evaluate_writes_one_folder_per_benchmark_and_resumes(tmp_path, capsys, monkeypatch):
+    import evaluators.base
+
+    built = []
+    monkeypatch.setattr(evaluators.base, "build_reward",
+                        lambda name, **kwargs: built.append(name) or build_reward(name, **kwargs))
     argv = ["evaluate", "--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy,toy:train",
             "--max_prompts", "3", "--images_per_prompt", "1", "--output_dir", str(tmp_path)]
     main(argv)
+    assert built == ["toy_oracle"]  # both splits score with one oracle
     out = capsys.readouterr().out
     assert "| toy:held_out | binding_accuracy |" in out and "| toy:train | binding_accuracy |" in out
     combined = json.loads((tmp_path / "summary.json").read_text())
