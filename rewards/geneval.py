@@ -86,13 +86,13 @@ def geneval_label_names(id2label: Mapping[int, str]) -> dict[int, str]:
 def mask_boxes(masks: torch.Tensor) -> torch.Tensor:
     """(x_min, y_min, x_max, y_max) of each boolean (N, H, W) mask, max exclusive (mmdetection's
     `mask2bbox`); an empty mask gets (0, 0, 0, 0)."""
-    boxes = torch.zeros(masks.shape[0], 4, device=masks.device)
-    x_any, y_any = masks.any(dim=1), masks.any(dim=2)
-    for k in range(masks.shape[0]):
-        xs, ys = torch.where(x_any[k])[0], torch.where(y_any[k])[0]
-        if len(xs) and len(ys):
-            boxes[k] = torch.stack([xs[0], ys[0], xs[-1] + 1, ys[-1] + 1]).float()
-    return boxes
+    columns, rows = masks.any(dim=1).int(), masks.any(dim=2).int()  # (N, W), (N, H)
+    # argmax finds the first occupied column / row; on the flipped axis, the last one.
+    boxes = torch.stack(
+        [columns.argmax(dim=1), rows.argmax(dim=1),
+         columns.shape[1] - columns.flip(1).argmax(dim=1), rows.shape[1] - rows.flip(1).argmax(dim=1)], dim=1
+    ).float()
+    return boxes * columns.any(dim=1, keepdim=True)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from rewards.geneval import (
     Mask2FormerDetector,
     geneval_label_names,
     instance_predictions,
+    mask_boxes,
 )
 from rewards.geneval_rules import COLORS, GENEVAL_CLASSES, TAGS, GenEvalObject
 
@@ -84,6 +85,20 @@ def test_coco_labels_map_to_geneval_names() -> None:
     assert geneval_label_names(panoptic) == dict(enumerate(GENEVAL_CLASSES))
     with pytest.raises(ValueError, match="lack 1 of GenEval's 80 COCO classes"):
         geneval_label_names({k: v for k, v in labels.items() if v != "toaster"})
+
+
+def test_mask_boxes_match_the_extent_of_each_mask() -> None:
+    masks = torch.rand(20, 9, 13, generator=torch.Generator().manual_seed(0)) > 0.97
+    masks[0] = False
+    masks[1] = True
+    masks[2] = False
+    masks[2, 8, 12] = True  # one pixel in the last corner
+    expected = []
+    for mask in masks:
+        ys, xs = torch.where(mask)
+        expected.append([0, 0, 0, 0] if len(xs) == 0 else [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1])
+    assert mask_boxes(masks).tolist() == torch.tensor(expected, dtype=torch.float).tolist()
+    assert mask_boxes(masks)[:3].tolist() == [[0, 0, 0, 0], [0, 0, 13, 9], [12, 8, 13, 9]]
 
 
 def test_instance_post_processing_on_hand_made_logits() -> None:
