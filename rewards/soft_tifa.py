@@ -46,7 +46,7 @@ from rewards.atoms import (
     variant_token_ids,
 )
 from rewards.base import Reward, RewardOutput
-from rewards.vlm import MODEL_FLAG, ChatVLM
+from rewards.vlm import MODEL_FLAG, load_chat_vlm
 
 
 class _ChatVLMReward(Reward):
@@ -77,7 +77,7 @@ class _ChatVLMReward(Reward):
         if multi_token not in ("first", "skip"):
             raise ValueError(f"multi_token must be 'first' or 'skip', got {multi_token!r}")
         self.multi_token = multi_token
-        self.vlm = ChatVLM(str(self.model_name_or_path), self.device, self.torch_dtype, MODEL_FLAG)
+        self.vlm = load_chat_vlm(str(self.model_name_or_path), self.device, self.torch_dtype, MODEL_FLAG)
         self._ids: dict[tuple[str, ...], list[int]] = {}
 
     def _variant_ids(self, variants: tuple[str, ...]) -> list[int]:

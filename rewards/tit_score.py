@@ -45,7 +45,7 @@ from rewards.tit_rules import (
     query_text,
     word_count,
 )
-from rewards.vlm import MODEL_FLAG, ChatVLM
+from rewards.vlm import MODEL_FLAG, ChatVLM, load_chat_vlm
 
 EMBEDDING_FLAG = "embedding_model_name_or_path"
 JUDGE_FLAG = "judge_model_name_or_path"
@@ -214,7 +214,7 @@ class TITScoreReward(Reward):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.judge, self.mapping, self.query_instruction = judge, mapping, query_instruction
-        vlm = ChatVLM(str(self.model_name_or_path), self.device, self.torch_dtype, MODEL_FLAG)
+        vlm = load_chat_vlm(str(self.model_name_or_path), self.device, self.torch_dtype, MODEL_FLAG)
         self.describer = Describer(vlm, max_new_tokens=max_new_tokens, generation_kwargs=generation_kwargs)
         self.embedder: TextEmbedder | None = None
         self.llm: LLMJudge | None = None

@@ -20,6 +20,7 @@ question alone (checked in the tests on a tiny random Qwen3-VL), up to float rou
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -178,3 +179,22 @@ def _image_outputs(rows: list[EncodedImage]) -> object:
         pooler_output=tuple(row.embeds for row in rows),
         deepstack_features=[tuple(row.deepstack[j] for row in rows) for j in range(layers)],
     )
+
+
+_LOADED: weakref.WeakValueDictionary[tuple[str, str, torch.dtype], ChatVLM] = weakref.WeakValueDictionary()
+
+
+def load_chat_vlm(
+    model_name_or_path: str, device: torch.device, torch_dtype: torch.dtype, flag: str = MODEL_FLAG
+) -> ChatVLM:
+    """A `ChatVLM`, shared by every reward that holds one of the same checkpoint, device and dtype.
+
+    GenEval 2's Soft-TIFA score and its VQAScore column then keep one copy of Qwen3-VL-8B in
+    memory, not two; the model is freed once no reward holds it.
+    """
+    key = (str(model_name_or_path), str(torch.device(device)), torch_dtype)
+    vlm = _LOADED.get(key)
+    if vlm is None:
+        vlm = ChatVLM(model_name_or_path, device, torch_dtype, flag)
+        _LOADED[key] = vlm
+    return vlm

@@ -199,6 +199,13 @@ def test_batched_equals_one_at_a_time(reward: SoftTIFAReward, model_dir: Path) -
         np.testing.assert_allclose(single["atom_scores"], details["atom_scores"], rtol=1e-4, atol=1e-7)
 
 
+def test_rewards_on_one_checkpoint_share_one_model(reward: SoftTIFAReward, model_dir: Path) -> None:
+    vqascore = VQAScoreReward(model_name_or_path=str(model_dir), device="cpu", batch_size=2)
+    assert vqascore.vlm is reward.vlm  # GenEval 2's score and VQAScore column: one copy of the VLM
+    other_dtype = VQAScoreReward(model_name_or_path=str(model_dir), device="cpu", torch_dtype=torch.float64)
+    assert other_dtype.vlm is not reward.vlm and other_dtype.vlm.model.dtype == torch.float64
+
+
 def test_vision_tower_runs_once_per_image(reward: SoftTIFAReward) -> None:
     encoded_images: list[int] = []
     hook = reward.vlm.model.base_model.visual.register_forward_hook(
