@@ -98,6 +98,9 @@ def main() -> None:
         reference_s = time.perf_counter() - start
 
     difference = max(abs(a - b) for d, r in zip(ours.details, reference) for a, b in zip(d["atom_scores"], r))
+    # Batched half-precision matrix products round differently from one-at-a-time ones.
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    assert difference <= tolerance, f"one-pass atom scores differ from the reference by {difference:.2e}"
     questions = args.images * len(VQA_LIST)
     print(f"model {model_path} on {device} ({args.dtype}); {args.images} images of {args.size} px, "
           f"{questions} questions")

@@ -14,7 +14,6 @@ one, e.g. T2I-CompBench's B-CLIP and CLIPScore columns) and `write_official` are
 from __future__ import annotations
 
 import json
-
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,20 @@ from rewards.combined import build_reward
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
+
+
+ScorerKey = tuple[str, str, int, str, str]
+
+
+def scorer_key(reward: str, options: Mapping[str, Any], batch_size: int, accelerator: Accelerator) -> ScorerKey:
+    """What makes two scorers interchangeable: reward, options, batch size, device and dtype."""
+    dtype = inference_dtype(accelerator, None)
+    return reward, json.dumps(options, sort_keys=True, default=str), batch_size, str(accelerator.device), str(dtype)
+
+
+def scorer_settings(reward: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """What a score folder records about the scorer that filled it (see `gors.score.score_samples`)."""
+    return {"reward": reward, "options": dict(options)}
 
 
 @dataclass(frozen=True)
@@ -144,17 +157,29 @@ class Benchmark:
     def write_official(self, rows: list[dict[str, Any]], summary: dict[str, Any], output_dir: Path) -> None:
         """Write files in the benchmark's own format beside results.jsonl (none by default)."""
 
+    def scorer_spec(self, options: Mapping[str, Any] | None = None,
+                    column: str | None = None) -> tuple[str, dict[str, Any]]:
+        """(reward, keyword arguments) of the main scorer or of `column`: user `options` over the benchmark's."""
+        reward, fixed = (self.scorer, self.scorer_options()) if column is None else self.columns()[column]
+        return reward, {**fixed, **(options or {})}
+
+    def scorer_keys(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None, batch_size: int = 16,
+                    column_options: Mapping[str, Mapping[str, Any]] | None = None) -> set[ScorerKey]:
+        """The `make_scorer` cache keys of every scorer `evaluate` builds with these arguments."""
+        specs = [self.scorer_spec(options)]
+        specs += [self.scorer_spec((column_options or {}).get(column), column) for column in self.columns()]
+        return {scorer_key(reward, merged, batch_size, accelerator) for reward, merged in specs}
+
     def make_scorer(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None,
                     batch_size: int = 16, column: str | None = None,
-                    cache: dict[tuple[str, str, int], Reward] | None = None) -> Reward:
+                    cache: dict[ScorerKey, Reward] | None = None) -> Reward:
         """The main scorer (or the scorer of `column`), user `options` merged over the benchmark's.
 
-        With `cache`, a scorer of the same reward, options and batch size built before (e.g. by
-        another T2I-CompBench category) is reused instead of loading its models again.
+        With `cache`, a scorer of the same reward, options, batch size, device and dtype built
+        before (e.g. by another T2I-CompBench category) is reused instead of loading its models again.
         """
-        reward, fixed = (self.scorer, self.scorer_options()) if column is None else self.columns()[column]
-        merged = {**fixed, **(options or {})}
-        key = (reward, json.dumps(merged, sort_keys=True, default=str), batch_size)
+        reward, merged = self.scorer_spec(options, column)
+        key = scorer_key(reward, merged, batch_size, accelerator)
         if cache is not None and key in cache:
             return cache[key]
         built = build_reward(reward, options=merged, device=accelerator.device,
@@ -185,7 +210,7 @@ class Benchmark:
         with the pipeline in memory, `scorer` reuses a loaded scorer, and `with_columns=False`
         skips the further metric columns. `column_options` gives a column's scorer keyword
         arguments by column name. `scorer_cache` shares loaded scorers between evaluations (see
-        `make_scorer`).
+        `make_scorer`). A score folder made with other scorer settings is refused, not mixed in.
         """
         accelerator = accelerator or make_accelerator()
         output_dir = Path(output_dir)
@@ -217,7 +242,7 @@ class Benchmark:
             samples, output_dir / "scores",
             lambda: scorer or self.make_scorer(accelerator, scorer_options, scorer_batch_size, cache=scorer_cache),
             batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: score",
-            prompt_metadata=metadata,
+            prompt_metadata=metadata, settings=scorer_settings(*self.scorer_spec(scorer_options)),
         )
         column_scores = {
             column: score_samples(
@@ -227,6 +252,7 @@ class Benchmark:
                 ),
                 batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: {column}",
                 prompt_metadata=metadata,
+                settings=scorer_settings(*self.scorer_spec((column_options or {}).get(column), column)),
             )
             for column in (self.columns() if with_columns else {})
         }
@@ -244,7 +270,7 @@ class Benchmark:
             **self.summarize(rows),
         }
         if column_scores:
-            summary["columns"] = {
+            summary["columns"] = summary.get("columns", {}) | {
                 column: sum(row["columns"][column] for row in rows) / len(rows) for column in column_scores
             }
         if accelerator.is_main_process:

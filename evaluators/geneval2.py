@@ -162,7 +162,8 @@ class GenEval2Benchmark(Benchmark):
             if not tifa_correct(predicted, answer_variants(question, answer))
         ]
         atoms = len(details["questions"])
-        return {"tifa": 1.0 - len(failed) / atoms if atoms else 1.0, "correct": not failed, "reason": "; ".join(failed)}
+        tifa = (atoms - len(failed)) / atoms if atoms else 1.0
+        return {"tifa": tifa, "correct": not failed, "reason": "; ".join(failed)}
 
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Soft-TIFA GM (main) and AM, x100; per-skill AM and per-atomicity GM tables; TIFA and columns x100."""
@@ -177,7 +178,9 @@ class GenEval2Benchmark(Benchmark):
                 ).items()
             },
         }
-        summary["tifa"] = 100.0 * sum(row["tifa"] for row in rows) / len(rows)
+        tifa = sum(row["tifa"] for row in rows) / len(rows)
+        summary["tifa"] = 100.0 * tifa
+        summary["columns"] = {"tifa": tifa}  # beside the scorer columns in `gors evaluate`'s table
         for column in self.columns():
             if all(column in row.get("columns", {}) for row in rows):
                 summary[column] = 100.0 * sum(row["columns"][column] for row in rows) / len(rows)

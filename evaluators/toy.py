@@ -51,6 +51,11 @@ class ToyBenchmark(Benchmark):
 
     def judge(self, row: dict[str, Any]) -> dict[str, Any]:
         details = row["details"]
+        if "bound" not in details:
+            raise ValueError(
+                f"the toy score of {row['prompt']!r} has no binding verdict: it was written by an older "
+                "toy_oracle. Delete the scores/ folder of this evaluation (or use a new output folder) to score again."
+            )
         return {"correct": details["bound"], "relation_correct": details["relation_holds"],
                 "all_correct": details["correct"], "reason": "; ".join(details["reasons"])}
 
@@ -62,7 +67,9 @@ class ToyBenchmark(Benchmark):
           prompts without a relation (`_and`) and with one (`_relation`);
         - relation_accuracy: of the relation prompts' images with both objects found, those whose
           relation holds (0.5 is chance for a model that ignores the relation word);
-        - full_accuracy: binding and relation both right.
+        - full_accuracy: binding and relation both right;
+        - prompts_with_a_correct_image: prompts with at least one image whose binding is right;
+        - mean_score: the mean oracle score (by default the fraction of binding checks passed).
         """
         correct = np.array([row["correct"] for row in rows], dtype=float)
         relation = np.array([ToyPrompt.parse(row["prompt"]).relation is not None for row in rows])

@@ -8,9 +8,11 @@ any number of processes under `accelerate launch`.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator
 
 from gors.config import EvaluateConfig
@@ -33,6 +35,17 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def drop_unneeded(scorers: dict, needed: set) -> None:
+    """Free the cached scorers whose keys are not in `needed` (no later benchmark uses them)."""
+    unneeded = [key for key in scorers if key not in needed]
+    for key in unneeded:
+        del scorers[key]
+    if unneeded:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
     """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json)."""
     from evaluators import benchmark_label, build_benchmark, parse_benchmarks
@@ -52,15 +65,18 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
     benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts,
                                          images_per_prompt=config.images_per_prompt)) for spec in specs]
     lora = resolve_lora(config.lora)  # official:<category> -> the converted release, downloaded once
-    summaries = []
-    scorers: dict = {}  # a reward model used by several benchmarks (e.g. B-VQA, CLIP) is loaded once
+    runs = []
     for (name, _), benchmark in benchmarks:
         # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.
         subset = getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
         label = benchmark_label(name, subset)
         options = {**config.scorer_options.get(name, {}), **config.scorer_options.get(label, {})}
         column_options = options.pop("columns", None)
-        folder = Path(config.output_dir) / name / (subset or "")
+        keys = benchmark.scorer_keys(accelerator, options, config.scorer_batch_size, column_options)
+        runs.append((label, Path(config.output_dir) / name / (subset or ""), benchmark, options, column_options, keys))
+    summaries = []
+    scorers: dict = {}  # a reward model used by several benchmarks (e.g. B-VQA, CLIP) is loaded once
+    for index, (label, folder, benchmark, options, column_options, _) in enumerate(runs):
         accelerator.print(f"[evaluate] {label} -> {folder}")
         summary = benchmark.evaluate(
             config.pretrained_model_name_or_path, folder, lora=lora, accelerator=accelerator,
@@ -69,6 +85,7 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         )
         summaries.append({"label": label, "primary_metric": benchmark.primary_metric, "folder": str(folder),
                           **summary})
+        drop_unneeded(scorers, set().union(*(run[-1] for run in runs[index + 1 :])))
     if accelerator.is_main_process:
         atomic_write_json(Path(config.output_dir) / "summary.json", {"lora": config.lora, "summaries": summaries})
         print(summary_table(summaries))

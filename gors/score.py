@@ -3,13 +3,15 @@
 Scores go to `scores/<reward>/part-XXXXX.jsonl` (one line per image: the reward in [0, 1] and
 its details, e.g. B-VQA's questions and probabilities), appended batch by batch, so an
 interruption loses at most the batch in flight. When every sample is scored, the reward is also
-added as a column `reward_<reward>` to the store's metadata.
+added as a column `reward_<reward>` to the store's metadata. `settings.json` beside the scores
+records the reward and its options; scoring the folder with others is refused.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +20,14 @@ from accelerate import Accelerator
 from gors.config import ScoreConfig
 from gors.distributed import batches, make_accelerator, my_share, progress_bar
 from gors.generate import samples_dir
-from gors.io import append_jsonl
+from gors.io import append_jsonl, atomic_write_json
 from gors.pipeline import inference_dtype
 from gors.store import SampleKey, SampleStore, StoreError, read_rows, sample_key
 from rewards import Reward
 from rewards.combined import build_reward, check_reward
+
+
+SETTINGS_FILE = "settings.json"  # the reward and options that filled a score folder
 
 
 def reward_key(reward: str) -> str:
@@ -44,6 +49,24 @@ def load_scores(output_dir: str | Path, reward: str) -> dict[SampleKey, dict]:
     return read_score_rows(scores_dir(output_dir, reward))
 
 
+def check_settings(scores_folder: Path, settings: Mapping[str, Any] | None, accelerator: Accelerator) -> None:
+    """Refuse a score folder filled with other scorer settings; record them in a new folder."""
+    if settings is None:
+        return
+    wanted = json.loads(json.dumps(settings, sort_keys=True, default=str))
+    path = Path(scores_folder) / SETTINGS_FILE
+    if path.is_file():
+        recorded = json.loads(path.read_text())
+        if recorded != wanted:
+            raise StoreError(
+                f"{scores_folder} holds scores made with {json.dumps(recorded, sort_keys=True)}, not the "
+                f"{json.dumps(wanted, sort_keys=True)} asked for now. Use a new output folder, or delete "
+                f"{scores_folder} to score again."
+            )
+    elif accelerator.is_main_process:
+        atomic_write_json(path, wanted)
+
+
 def score_samples(
     store: SampleStore | Any,
     scores_folder: Path,
@@ -52,6 +75,7 @@ def score_samples(
     accelerator: Accelerator,
     desc: str = "score",
     prompt_metadata: Sequence[dict[str, Any]] | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> dict[SampleKey, dict]:
     """Score the store's unscored samples into `scores_folder/part-<rank>.jsonl`; returns all rows.
 
@@ -59,7 +83,10 @@ def score_samples(
     built (by `make_reward`) only on processes that have work. Each sample's metadata for the
     reward is its store record, merged over `prompt_metadata[prompt_index]` when given (e.g. a
     benchmark's per-prompt clauses). `store` is anything with `records()` and `open_image(record)`.
+    `settings` (JSON-able: the reward and its options) are recorded in the folder; a folder that
+    records other settings is refused, so scores of two configurations never mix.
     """
+    check_settings(scores_folder, settings, accelerator)
     records = store.records()
     done = read_score_rows(scores_folder)
     for record in records:
@@ -119,6 +146,8 @@ def score(config: ScoreConfig, accelerator: Accelerator | None = None) -> dict[S
     all_scores = score_samples(
         store, scores_dir(config.output_dir, reward), make_reward, config.reward_batch_size, accelerator,
         desc=f"score {reward}",
+        settings={"reward": reward, "model_name_or_path": config.reward_model_name_or_path,
+                  "options": config.reward_options},
     )
     if accelerator.is_main_process:
         column = f"reward_{reward_key(reward)}"

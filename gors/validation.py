@@ -101,7 +101,7 @@ class BenchmarkValidation:
                 self._scorer = self.benchmark.make_scorer(accelerator, self.options)
             summary = self.benchmark.evaluate(
                 None, folder, accelerator=accelerator, pipeline_loader=lambda: pipeline,
-                scorer=self._scorer, with_columns=False,
+                scorer=self._scorer, scorer_options=self.options, with_columns=False,
             )
         if self.metric not in summary:
             numeric = [k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]

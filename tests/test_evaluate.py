@@ -9,7 +9,8 @@ import pytest
 from evaluators import build_benchmark, parse_benchmarks
 from gors.cli import main, parse_config
 from gors.config import EvaluateConfig
-from gors.evaluate import evaluate
+from gors.evaluate import drop_unneeded, evaluate
+from gors.store import StoreError
 from gors.toy.pretrain import PRETRAINED_DIR
 from rewards.combined import build_reward
 
@@ -131,3 +132,34 @@ def test_scores_of_another_run_are_refused_and_unasked_ones_left_out(tmp_path):
     assert list(rows) == [(0, 0)]  # the score of prompt 1, not asked for now, stays out of the results
     with pytest.raises(StoreError, match="belongs to another run"):
         score_samples(Samples(["a green triangle"]), folder, lambda: RewardOutput([0.5]), 1, accelerator)
+
+
+def test_scores_of_other_scorer_settings_are_refused(tmp_path, capsys):
+    argv = ["evaluate", "--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy", "--max_prompts", "2",
+            "--images_per_prompt", "1", "--output_dir", str(tmp_path)]
+    main(argv)
+    settings = json.loads((tmp_path / "toy" / "held_out" / "scores" / "settings.json").read_text())
+    assert settings == {"reward": "toy_oracle", "options": {}}
+    with pytest.raises(StoreError, match=r'holds scores made with .*"options": \{\}.*"checks": "all"'):
+        main(argv + ["--scorer_options", '{"toy": {"checks": "all"}}'])
+
+
+def test_old_toy_scores_without_a_binding_verdict_are_a_clear_error():
+    row = {"prompt": "a red circle", "details": {"correct": True, "reasons": []}}
+    with pytest.raises(ValueError, match="older toy_oracle. Delete the scores/ folder"):
+        build_benchmark("toy").judge(row)
+
+
+def test_scorers_are_shared_only_with_equal_options_and_dropped_when_no_longer_needed(tmp_path, monkeypatch):
+    import evaluators.base
+
+    built = []
+    monkeypatch.setattr(evaluators.base, "build_reward",
+                        lambda name, **kwargs: built.append((name, kwargs["options"])) or build_reward(name, **kwargs))
+    main(["evaluate", "--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy,toy:train",
+          "--max_prompts", "2", "--images_per_prompt", "1", "--output_dir", str(tmp_path),
+          "--scorer_options", '{"toy:train": {"checks": "all"}}'])
+    assert built == [("toy_oracle", {}), ("toy_oracle", {"checks": "all"})]
+    cache = {"a": object(), "b": object()}
+    drop_unneeded(cache, {"b", "c"})
+    assert list(cache) == ["b"]

@@ -90,11 +90,6 @@ def test_overall_am_and_gm_and_analysis_text():
     assert "Results for Atomicity=3\n60.36" in text
 
 
-# ---------------------------------------------------------------------------------------------
-# Data.
-
-
-@pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared/benchmarks reference copies")
 def test_judge_reads_tifa_from_the_soft_tifa_answers():
     details = {"questions": ["Is there a cat?", "Is the cat black?", "How many dogs are there?"],
                "expected_answers": ["yes", "yes", "2"], "predicted": [" Yes", "no", "two"],
@@ -106,6 +101,11 @@ def test_judge_reads_tifa_from_the_soft_tifa_answers():
     assert GenEval2Benchmark().judge({"details": empty}) == {"tifa": 1.0, "correct": True, "reason": ""}
 
 
+# ---------------------------------------------------------------------------------------------
+# Data.
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared/benchmarks reference copies")
 def test_official_data_pinned_and_subset_covers_atomicities(monkeypatch):
     monkeypatch.setenv("GORS_DATA_DIR", str(SHARED))
     rows = load_geneval2_rows(fetch_pinned_file(GENEVAL2, "geneval2_data.jsonl"))
@@ -202,6 +202,7 @@ def test_end_to_end_generate_score_tables_and_images_map(tmp_path, tiny_sd, tiny
         metadata=[{"vqa_list": row["vqa_list"], "skills": row["skills"]} for row in ROWS])
     assert [r["tifa"] for r in rows] == pytest.approx(tifa.scores)
     assert summary["tifa"] == pytest.approx(100 * sum(tifa.scores) / 3)
+    assert set(summary["columns"]) == {"tifa", "vqascore"}  # both in gors evaluate's table
     assert all(isinstance(row["correct"], bool) for row in rows)
     assert "CC BY-NC 4.0" in summary["licence"]
     # Official files: score lists in benchmark order, the image map and the data rows.

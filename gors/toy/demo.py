@@ -79,7 +79,8 @@ def _label(image: Image.Image, text: str) -> Image.Image:
 
 
 def before_after_grid(base_dir: Path, tuned_dir: Path, prompts: list[str], path: Path, scale: int = 2) -> Path:
-    """Two rows (base, GORS) of image 0 of each prompt, each marked OK or X by the oracle."""
+    """Two rows (base, GORS) of image 0 of each prompt, each marked OK or X by its binding (the oracle's
+    verdict on colours and shapes; the relation is not counted)."""
     rows = []
     for folder, title in ((base_dir, "base"), (tuned_dir, "GORS")):
         results = {r["prompt"]: r for r in map(json.loads, (folder / "results.jsonl").read_text().splitlines())

@@ -75,9 +75,6 @@ class Blob:
         return f"{self.name} at ({round(self.centroid[0])}, {round(self.centroid[1])})"
 
 
-NO_EXTRA_OBJECTS = "no extra objects"
-
-
 @dataclass
 class Judgement:
     """The verdict on one image: which checks passed, and why the others failed.
@@ -91,6 +88,7 @@ class Judgement:
         found: `Blob.describe()` of the blobs matched to prompt objects.
         relation_holds: whether the relation holds between the matched objects; None when the
             prompt has no relation or an object is missing.
+        relation_check: the name of the relation's check in `checks` (None without a relation).
     """
 
     correct: bool
@@ -99,13 +97,13 @@ class Judgement:
     reasons: list[str] = field(default_factory=list)
     found: list[str] = field(default_factory=list)
     relation_holds: bool | None = None
+    relation_check: str | None = None
 
     @property
     def binding_checks(self) -> list[tuple[str, bool]]:
         """The checks of attribute binding: each object present with its colour and shape, and
         nothing else drawn; the relation check left out."""
-        return [(check, passed) for check, passed in self.checks if check.endswith(" is present")
-                or check == NO_EXTRA_OBJECTS]
+        return [(check, passed) for check, passed in self.checks if check != self.relation_check]
 
     @property
     def bound(self) -> bool:
@@ -217,6 +215,7 @@ def judge(prompt: world.ToyPrompt, blobs: list[Blob]) -> Judgement:
     checks: list[tuple[str, bool]] = []
     reasons: list[str] = []
     holds: bool | None = None
+    relation_check: str | None = None
     matched: list[Blob | None] = []
     matched_colours: set[str] = set()
     for obj in prompt.objects:
@@ -231,7 +230,7 @@ def judge(prompt: world.ToyPrompt, blobs: list[Blob]) -> Judgement:
             matched_colours.add(blob.colour)
     if prompt.relation is not None:
         first, second = (f"{o.colour} {o.shape}" for o in prompt.objects)
-        check = f"{first} {prompt.relation} {second}"
+        check = relation_check = f"{first} {prompt.relation} {second}"
         if None in matched:
             absent = [o for o, blob in zip(prompt.objects, matched) if blob is None]
             missing = " and ".join(f"{o.colour} {o.shape}" for o in absent)
@@ -242,7 +241,7 @@ def judge(prompt: world.ToyPrompt, blobs: list[Blob]) -> Judgement:
             checks.append((check, holds))
             if not holds:
                 reasons.append(f"{first} is not {prompt.relation} {second}")
-    checks.append((NO_EXTRA_OBJECTS, not unused))
+    checks.append(("no extra objects", not unused))
     if unused:
         reasons.append("unexpected " + ", ".join(blob.describe() for blob in unused))
     passed = sum(ok for _, ok in checks)
@@ -253,6 +252,7 @@ def judge(prompt: world.ToyPrompt, blobs: list[Blob]) -> Judgement:
         reasons=reasons,
         found=[blob.describe() for blob in matched if blob is not None],
         relation_holds=holds,
+        relation_check=relation_check,
     )
 
 
