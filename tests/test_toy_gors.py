@@ -48,7 +48,10 @@ def test_toy_recipe_reports_base_and_gors_accuracy(tmp_path):
                         "--eval_max_prompts", "4", "--eval_images_per_prompt", "1", "--reward_threshold", "0.5",
                         "--validation_steps", "1"])
     assert 0 <= results["base_binding_accuracy"] <= 1 and 0 <= results["gors_binding_accuracy"] <= 1
-    assert (tmp_path / "demo" / "before_after.png").exists()
+    from PIL import Image
+
+    # Four prompts: a header of wrapped prompt text over two rows of 2x tiles, each with a 12 px label.
+    assert Image.open(tmp_path / "demo" / "before_after.png").size == (4 * 128, 8 + 12 * 3 + 2 * (128 + 12))
     saved = json.loads((tmp_path / "demo" / "results.json").read_text())
     assert saved["gain"] == results["gors_binding_accuracy"] - results["base_binding_accuracy"]
     assert saved["base"]["num_prompts"] == 4

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,9 @@ def toy_defaults(output_dir: str = "toy_output") -> dict:
     }
 
 
+HEADER_LINES = 3  # the longest prompt, at 2x scale, wraps to three lines
+
+
 def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -79,8 +83,8 @@ def _label(image: Image.Image, text: str) -> Image.Image:
 
 
 def before_after_grid(base_dir: Path, tuned_dir: Path, prompts: list[str], path: Path, scale: int = 2) -> Path:
-    """Two rows (base, GORS) of image 0 of each prompt, each marked OK or X by its binding (the oracle's
-    verdict on colours and shapes; the relation is not counted)."""
+    """The prompts over two rows (base, GORS) of image 0 of each, each marked OK or X by its binding
+    (the oracle's verdict on colours and shapes; the relation is not counted)."""
     rows = []
     for folder, title in ((base_dir, "base"), (tuned_dir, "GORS")):
         results = {r["prompt"]: r for r in map(json.loads, (folder / "results.jsonl").read_text().splitlines())
@@ -93,10 +97,15 @@ def before_after_grid(base_dir: Path, tuned_dir: Path, prompts: list[str], path:
             tiles.append(_label(image, f"{title} {'OK' if row['correct'] else 'X'}"))
         rows.append(tiles)
     width, height = rows[0][0].size
-    grid = Image.new("RGB", (width * len(prompts), height * 2), "white")
+    header = 8 + 12 * HEADER_LINES  # the prompt above each column, wrapped to the tile width
+    grid = Image.new("RGB", (width * len(prompts), header + height * 2), "white")
+    draw = ImageDraw.Draw(grid)
+    for c, prompt in enumerate(prompts):
+        lines = textwrap.wrap(prompt, width=max(8, width // 6))[:HEADER_LINES]
+        draw.multiline_text((c * width + 2, 2), "\n".join(lines), fill="black", spacing=1)
     for r, tiles in enumerate(rows):
         for c, tile in enumerate(tiles):
-            grid.paste(tile, (c * width, r * height))
+            grid.paste(tile, (c * width, header + r * height))
     grid.save(path)
     return path
 
