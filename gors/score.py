@@ -147,7 +147,7 @@ def score(config: ScoreConfig, accelerator: Accelerator | None = None) -> dict[S
         store, scores_dir(config.output_dir, reward), make_reward, config.reward_batch_size, accelerator,
         desc=f"score {reward}",
         settings={"reward": reward, "model_name_or_path": config.reward_model_name_or_path,
-                  "options": config.reward_options},
+                  "options": config.reward_options or {}},
     )
     if accelerator.is_main_process:
         column = f"reward_{reward_key(reward)}"

@@ -1,6 +1,7 @@
 """generate, score and select on tiny models: outputs, resume after an interruption, bad input."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,6 +100,12 @@ def test_score_writes_details_and_resumes(make_run_config, monkeypatch):
     assert sum(1 for _ in open(lines)) == 6  # nothing scored twice
     metadata = SampleStore(config.output_dir + "/samples").records()
     assert metadata[0]["reward_b_vqa"] == row["reward"]
+    # The folder records what made its scores; other reward options are refused, not mixed in.
+    settings = json.loads(Path(config.output_dir, "scores", "b_vqa", "settings.json").read_text())
+    assert settings["reward"] == "b_vqa" and settings["options"] == {}
+    config.reward_options = {"max_questions": 1}
+    with pytest.raises(StoreError, match="holds scores made with"):
+        score(config)
 
 
 def test_score_stops_on_a_corrupt_image_and_keeps_finished_scores(make_run_config):
