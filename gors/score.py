@@ -26,7 +26,6 @@ from gors.store import SampleKey, SampleStore, StoreError, read_rows, sample_key
 from rewards import Reward
 from rewards.combined import build_reward, check_reward
 
-
 SETTINGS_FILE = "settings.json"  # the reward and options that filled a score folder
 
 
