@@ -35,6 +35,8 @@ class ToyOracleReward(Reward):
     name = "toy_oracle"
     default_model = None
     categories = ("toy",)
+    description = ("exact toy-world check by colour segmentation and shape geometry: the fraction of binding "
+                   "checks passed (checks='all' adds the relation)")
 
     def __init__(
         self,
