@@ -22,10 +22,9 @@ import torch
 from PIL import Image
 
 from gors.hub import from_pretrained
-from rewards.base import Reward, RewardOutput
+from rewards.base import MODEL_FLAG, Reward, RewardOutput
 from rewards.noun_phrases import MAX_QUESTIONS, Backend, vqa_questions
 
-MODEL_FLAG = "--reward_model_name_or_path"
 # The official code tokenises questions with truncation to 35 tokens.
 MAX_QUESTION_TOKENS = 35
 

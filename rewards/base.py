@@ -8,6 +8,9 @@ from typing import Any, ClassVar, Sequence
 import torch
 from PIL import Image
 
+# The option that sets a reward's model on the command line, named in load errors.
+MODEL_FLAG = "--reward_model_name_or_path"
+
 
 @dataclass
 class RewardOutput:

@@ -25,11 +25,10 @@ import torch
 from PIL import Image
 
 from gors.hub import from_pretrained
-from rewards.base import Reward, RewardOutput
+from rewards.base import MODEL_FLAG, Reward, RewardOutput
 from rewards.clip_score import DEFAULT_CLIP, CLIPEncoder, cosines_by_text
 from rewards.clip_text import cosine_to_score
 
-MODEL_FLAG = "--reward_model_name_or_path"
 CLIP_FLAG = "clip_model_name_or_path"
 CAPTION_PROMPT = "a picture of "
 

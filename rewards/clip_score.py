@@ -32,10 +32,9 @@ import torch
 from PIL import Image
 
 from gors.hub import from_pretrained
-from rewards.base import Reward, RewardOutput
+from rewards.base import MODEL_FLAG, Reward, RewardOutput
 from rewards.clip_text import cosine_to_score, split_adjectives
 
-MODEL_FLAG = "--reward_model_name_or_path"
 DEFAULT_CLIP = "openai/clip-vit-base-patch32"
 Preprocess = Literal["openai", "transformers"]
 

@@ -33,6 +33,7 @@ import torch
 from PIL import Image
 
 from gors.hub import from_pretrained
+from rewards.base import MODEL_FLAG, Reward
 
 GROUNDING_DINO_TYPES = ("grounding-dino", "mm-grounding-dino")
 OWL_TYPES = ("owlv2", "owlvit")
@@ -147,7 +148,7 @@ class ZeroShotDetector:
         device: str | torch.device,
         torch_dtype: torch.dtype = torch.float32,
         batch_size: int = 8,
-        flag: str = "--reward_model_name_or_path",
+        flag: str = MODEL_FLAG,
     ) -> None:
         from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
 
@@ -318,3 +319,13 @@ class ZeroShotDetector:
             boxes = _clip_boxes(_corners(center_boxes[row]) * scale, width, height)
             tables.append((probs[row, :, : len(image_labels)].numpy(), boxes))
         return tables
+
+
+def reward_detector(reward: Reward, detector: Detector | None) -> Detector:
+    """The detector of a detector-based reward: `detector` when given (the reward's
+    `model_name_or_path` then names it), else a `ZeroShotDetector` of `reward.model_name_or_path`
+    on the reward's device, dtype and batch size."""
+    if detector is None:
+        return ZeroShotDetector(str(reward.model_name_or_path), reward.device, reward.torch_dtype, reward.batch_size)
+    reward.model_name_or_path = getattr(detector, "model_name_or_path", "custom detector")
+    return detector

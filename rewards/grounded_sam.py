@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from gors.hub import from_pretrained
-from rewards.base import Reward, RewardOutput
+from rewards.base import MODEL_FLAG, Reward, RewardOutput
 from rewards.binding import (
     BindingPhrase,
     Segment,
@@ -26,7 +26,6 @@ from rewards.binding import (
 from rewards.detection import Detection, Detector, ZeroShotDetector
 from rewards.noun_phrases import Backend
 
-MODEL_FLAG = "--reward_model_name_or_path"
 SAM_FLAG = "sam_model_name_or_path"
 Box = tuple[float, float, float, float]
 # images, and per image its boxes (x0, y0, x1, y1 pixels) -> per image one boolean

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from rewards.base import Reward, RewardOutput
-from rewards.detection import Detector, ZeroShotDetector
+from rewards.detection import Detector, reward_detector
 from rewards.numeracy_rule import (
     OFFICIAL_RENAMES,
     NounList,
@@ -19,8 +19,6 @@ from rewards.numeracy_rule import (
     load_noun_list,
 )
 from rewards.spatial_rule import DETECTION_THRESHOLD
-
-MODEL_FLAG = "--reward_model_name_or_path"
 
 
 class NumeracyReward(Reward):
@@ -81,13 +79,7 @@ class NumeracyReward(Reward):
                 raise FileNotFoundError(f"noun_file={str(path)!r}: no such file (lines 'singular - plural')")
             self.nouns = NounList.parse(path.read_text(encoding="utf-8-sig").splitlines())
         self.renames = OFFICIAL_RENAMES if official_renames else {}
-        if detector is None:
-            detector = ZeroShotDetector(
-                str(self.model_name_or_path), self.device, self.torch_dtype, self.batch_size, flag=MODEL_FLAG
-            )
-        else:
-            self.model_name_or_path = getattr(detector, "model_name_or_path", "custom detector")
-        self.detector = detector
+        self.detector = reward_detector(self, detector)
 
     def _score(
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from rewards.base import Reward, RewardOutput
-from rewards.detection import Detector, ZeroShotDetector, detection_dict
+from rewards.detection import Detector, detection_dict, reward_detector
 from rewards.noun_phrases import Backend
 from rewards.spatial_rule import (
     DETECTION_THRESHOLD,
@@ -21,8 +21,6 @@ from rewards.spatial_rule import (
     pick_detections,
     spatial_objects,
 )
-
-MODEL_FLAG = "--reward_model_name_or_path"
 
 
 class SpatialRuleReward(Reward):
@@ -126,17 +124,7 @@ class SpatialRuleReward(Reward):
         )
         self.person_mapping = person_mapping
         self.noun_phrase_backend = noun_phrase_backend
-        if detector is None:
-            detector = ZeroShotDetector(
-                str(self.model_name_or_path),
-                self.device,
-                self.torch_dtype,
-                self.batch_size,
-                flag=MODEL_FLAG,
-            )
-        else:
-            self.model_name_or_path = getattr(detector, "model_name_or_path", "custom detector")
-        self.detector = detector
+        self.detector = reward_detector(self, detector)
 
     def _score(
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None

@@ -11,7 +11,7 @@ from PIL import Image
 
 from gors.hub import from_pretrained
 from rewards.base import Reward, RewardOutput
-from rewards.detection import Detection, Detector, ZeroShotDetector, detection_dict
+from rewards.detection import Detection, Detector, detection_dict, reward_detector
 from rewards.noun_phrases import Backend
 from rewards.spatial_3d_rule import (
     IOU_THRESHOLD_3D,
@@ -22,7 +22,6 @@ from rewards.spatial_3d_rule import (
 )
 from rewards.spatial_rule import DETECTION_THRESHOLD, spatial_objects
 
-MODEL_FLAG = "--reward_model_name_or_path"
 DEPTH_FLAG = "depth_model_name_or_path"
 DEFAULT_DEPTH_MODEL = "Intel/dpt-hybrid-midas"
 
@@ -162,13 +161,7 @@ class Spatial3DReward(Reward):
         self.transposed_depth = transposed_depth
         self.person_mapping = person_mapping
         self.noun_phrase_backend = noun_phrase_backend
-        if detector is None:
-            detector = ZeroShotDetector(
-                str(self.model_name_or_path), self.device, self.torch_dtype, self.batch_size, flag=MODEL_FLAG
-            )
-        else:
-            self.model_name_or_path = getattr(detector, "model_name_or_path", "custom detector")
-        self.detector = detector
+        self.detector = reward_detector(self, detector)
         if depth_model is None:
             depth_model = DepthEstimator(depth_model_name_or_path, self.device, self.torch_dtype, self.batch_size)
         self.depth_model = depth_model

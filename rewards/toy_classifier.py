@@ -18,9 +18,7 @@ import gors.toy
 from gors.hub import from_pretrained
 from gors.toy import world
 from gors.toy.classifier import COMBINATION_INDEX, COMBINATIONS, ToyClassifier, combination_name, predict_presence
-from rewards.base import Reward, RewardOutput
-
-MODEL_FLAG = "--reward_model_name_or_path"
+from rewards.base import MODEL_FLAG, Reward, RewardOutput
 
 
 def binding_score(probabilities: np.ndarray, prompt: world.ToyPrompt) -> tuple[float, dict[str, Any]]:

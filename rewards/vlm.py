@@ -28,8 +28,7 @@ import torch
 from PIL import Image
 
 from gors.hub import from_pretrained
-
-MODEL_FLAG = "--reward_model_name_or_path"
+from rewards.base import MODEL_FLAG
 
 
 @dataclass
