@@ -69,7 +69,7 @@ def main() -> None:
 
     model_path = args.model
     if model_path is None:
-        from gors.tiny.qwen3_vl import build_tiny_qwen3_vl
+        from gors.testing.qwen3_vl import build_tiny_qwen3_vl
 
         model_path = str(build_tiny_qwen3_vl(tempfile.mkdtemp(prefix="tiny_qwen3_vl_"), seed=0))
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)

@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from evaluators.base import Benchmark
+from gors.core import paper
 
 _BENCHMARKS = {
     "geneval": "evaluators.geneval:GenEvalBenchmark",
@@ -37,7 +38,6 @@ def get_benchmark(name: str, **kwargs: Any) -> Benchmark:
 
 # What "all" and a bare "t2i_compbench" stand for in a benchmark spec.
 ALL_BENCHMARKS = ("t2i_compbench", "geneval", "geneval2", "lpg_bench")
-T2I_COMPBENCH_CATEGORIES = ("color", "shape", "texture", "spatial", "non_spatial", "complex", "3d_spatial", "numeracy")
 
 
 def parse_benchmarks(spec: str) -> list[tuple[str, str | None]]:
@@ -69,7 +69,7 @@ def parse_benchmarks(spec: str) -> list[tuple[str, str | None]]:
     expanded = []
     for name, subset in parsed:
         if name == "t2i_compbench" and subset is None:
-            expanded += [(name, category) for category in T2I_COMPBENCH_CATEGORIES]
+            expanded += [(name, category) for category in paper.ALL_CATEGORIES]
         else:
             expanded.append((name, subset))
     return list(dict.fromkeys(expanded))

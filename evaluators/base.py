@@ -22,12 +22,12 @@ from typing import Any, ClassVar
 from accelerate import Accelerator
 from PIL import Image, UnidentifiedImageError
 
-from gors.distributed import make_accelerator
-from gors.generate import SamplingProtocol, generate_samples
-from gors.io import atomic_write_json, atomic_write_jsonl
-from gors.pipeline import inference_dtype, load_pipeline
-from gors.score import score_samples
-from gors.store import SampleStore, StoreError
+from gors.core.distributed import make_accelerator
+from gors.core.io import atomic_write_json, atomic_write_jsonl
+from gors.core.pipeline import inference_dtype, load_pipeline
+from gors.core.sampling import SamplingProtocol, generate_samples
+from gors.core.scoring import score_samples
+from gors.core.store import SampleStore, StoreError
 from rewards import Reward
 from rewards.combined import build_reward
 

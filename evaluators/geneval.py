@@ -18,7 +18,7 @@ seed: here image i gets seed 42 + i for every prompt (one CPU generator per imag
 is not bit-identical to the official script's sequential draws from the global CUDA generator).
 The official script fixes neither the resolution (the model's default, 512 for SD 1.x / 2-base)
 nor the scheduler (the checkpoint's own); we use the project defaults: 512 px and the DDIM
-scheduler of `gors.pipeline.load_pipeline`.
+scheduler of `gors.core.pipeline.load_pipeline`.
 
 Image folders (``--images``): GenEval's layout, ``<root>/<00000>/metadata.jsonl`` (the prompt's
 metadata row as one JSON object) and ``<root>/<00000>/samples/<0000>.png`` (any number of
@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete
-from gors.data import PinnedSource, fetch_pinned_file
-from gors.generate import SamplingProtocol
-from gors.io import atomic_write_bytes
+from gors.core.data import PinnedSource, fetch_pinned_file
+from gors.core.io import atomic_write_bytes
+from gors.core.sampling import SamplingProtocol
 from rewards.geneval_rules import TAGS, check_metadata
 
 METADATA_FILE = "evaluation_metadata.jsonl"

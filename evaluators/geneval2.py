@@ -35,9 +35,9 @@ from typing import Any
 
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete
 from evaluators.geneval2_tables import format_analysis, overall, per_atomicity_table, per_skill_table
-from gors.data import PinnedSource, fetch_pinned_file
-from gors.generate import SamplingProtocol
-from gors.io import atomic_write_bytes, atomic_write_json, atomic_write_jsonl
+from gors.core.data import PinnedSource, fetch_pinned_file
+from gors.core.io import atomic_write_bytes, atomic_write_json, atomic_write_jsonl
+from gors.core.sampling import SamplingProtocol
 from rewards.atoms import answer_variants, tifa_correct
 
 DATA_FILE = "geneval2_data.jsonl"

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from evaluators.base import Benchmark, BenchmarkPrompt
-from gors.generate import SamplingProtocol
+from gors.core.sampling import SamplingProtocol
 
 DATASET = "Moyao001/LPG-Bench"
 PROMPT_COLUMNS = ("prompt", "Prompt", "text", "long_prompt", "caption")

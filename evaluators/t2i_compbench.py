@@ -37,9 +37,10 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete
-from gors.generate import SamplingProtocol
-from gors.io import atomic_write_bytes
-from gors.prompts import ALL_CATEGORIES, fetch_t2i_compbench_file, read_prompt_file
+from gors.core import paper
+from gors.core.io import atomic_write_bytes
+from gors.core.prompts import fetch_t2i_compbench_file, read_prompt_file
+from gors.core.sampling import SamplingProtocol
 from rewards.three_in_one import SUBSPLIT_FILES, normalise_prompt, prompt_kind
 
 OFFICIAL_IMAGES_PER_PROMPT = 10
@@ -67,15 +68,21 @@ class CategorySpec:
 
 
 _BLIP = "annotation_blip/vqa_result.json"
+# Where the official scripts write each metric's per-image scores, relative to the output folder.
+OFFICIAL_FILES: dict[str, str] = {
+    "color": _BLIP,
+    "shape": _BLIP,
+    "texture": _BLIP,
+    "spatial": "labels/annotation_obj_detection_2d/vqa_result.json",
+    "3d_spatial": "labels/annotation_obj_detection_3d/vqa_result.json",
+    "numeracy": "annotation_num/vqa_result.json",
+    "non_spatial": "annotation_clip/vqa_result.json",
+    "complex": "annotation_3_in_1/vqa_result.json",
+}
 CATEGORIES: dict[str, CategorySpec] = {
-    "color": CategorySpec("Color", "B-VQA", "b_vqa", _BLIP, answer_as_text=True),
-    "shape": CategorySpec("Shape", "B-VQA", "b_vqa", _BLIP, answer_as_text=True),
-    "texture": CategorySpec("Texture", "B-VQA", "b_vqa", _BLIP, answer_as_text=True),
-    "spatial": CategorySpec("2D-Spatial", "UniDet", "spatial_rule", "labels/annotation_obj_detection_2d/vqa_result.json"),
-    "3d_spatial": CategorySpec("3D-Spatial", "UniDet", "spatial_3d", "labels/annotation_obj_detection_3d/vqa_result.json"),
-    "numeracy": CategorySpec("Numeracy", "UniDet", "numeracy", "annotation_num/vqa_result.json"),
-    "non_spatial": CategorySpec("Non-Spatial", "CLIPScore", "clip_score", "annotation_clip/vqa_result.json"),
-    "complex": CategorySpec("Complex", "3-in-1", "three_in_one", "annotation_3_in_1/vqa_result.json"),
+    category: CategorySpec(*paper.TABLE_LABELS[category], paper.METRIC_REWARD[category], OFFICIAL_FILES[category],
+                           answer_as_text=OFFICIAL_FILES[category] == _BLIP)
+    for category in paper.ALL_CATEGORIES
 }
 # Further metric columns of the paper's table: column name -> reward.
 COLUMNS: dict[str, str] = {"B-CLIP": "blip_clip", "CLIPScore": "clip_score"}
@@ -120,7 +127,7 @@ class T2ICompBenchBenchmark(Benchmark):
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
-            raise ValueError(f"category={self.category!r}; choose one of {', '.join(ALL_CATEGORIES)}")
+            raise ValueError(f"category={self.category!r}; choose one of {', '.join(paper.ALL_CATEGORIES)}")
         if self.images_per_prompt is not None and self.images_per_prompt < 1:
             raise ValueError(f"images_per_prompt must be >= 1 (or None for the official 10), got {self.images_per_prompt}")
         if self.max_prompts is not None and self.max_prompts < 1:

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from evaluators.base import Benchmark, BenchmarkPrompt
-from gors.generate import SamplingProtocol
-from gors.toy.world import ToyPrompt, split_prompts
+from gors.core.sampling import SamplingProtocol
+from gors.core.toy.world import ToyPrompt, split_prompts
 
 
 @dataclass

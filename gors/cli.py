@@ -66,27 +66,10 @@ def _read_yaml(path: str, cls: type) -> dict[str, Any]:
     return values
 
 
-def run_stages(config: RunConfig, accelerator) -> None:
-    """generate -> score -> select -> train in one run folder, on the given Accelerator."""
-    from gors.generate import generate
-    from gors.score import score
-    from gors.select import select
-    from gors.train import train
+def _run(config: RunConfig) -> None:
+    from gors.run import run
 
-    generate(config, accelerator)
-    score(config, accelerator)
-    select(config, write=accelerator.is_main_process)
-    accelerator.wait_for_everyone()
-    train(config, accelerator)
-
-
-def run(config: RunConfig) -> None:
-    """`gors run`: all four stages on one Accelerator set up for training."""
-    from gors.train import training_accelerator
-
-    accelerator = training_accelerator(config)
-    run_stages(config, accelerator)
-    accelerator.end_training()
+    run(config)
 
 
 def _generate(config: GenerateConfig) -> None:
@@ -102,7 +85,7 @@ def _score(config: ScoreConfig) -> None:
 
 
 def _select(config: SelectConfig) -> None:
-    from gors.distributed import process_state
+    from gors.core.distributed import process_state
     from gors.select import select
 
     state = process_state()
@@ -181,7 +164,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
     "score": (ScoreConfig, _score, "score every sample with a reward"),
     "select": (SelectConfig, _select, "keep samples with reward > tau"),
     "train": (TrainConfig, _train, "reward-weighted LoRA fine-tuning on the selection"),
-    "run": (RunConfig, run, "generate, score, select and train in one go"),
+    "run": (RunConfig, _run, "generate, score, select and train in one go"),
     "evaluate": (EvaluateConfig, _evaluate, "run benchmarks on a checkpoint, a LoRA or an image folder"),
 }
 

@@ -16,8 +16,8 @@ import torch
 from accelerate import Accelerator
 
 from gors.config import EvaluateConfig
-from gors.distributed import make_accelerator
-from gors.io import atomic_write_json
+from gors.core.distributed import make_accelerator
+from gors.core.io import atomic_write_json
 from gors.official_lora import resolve_lora
 
 

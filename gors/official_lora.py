@@ -24,22 +24,15 @@ from pathlib import Path
 
 import torch
 
-from gors.data import PinnedSource, cache_root, fetch_pinned_file
+from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
+from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
+from gors.core.prompts import T2I_COMPBENCH_COMMIT, T2I_COMPBENCH_REPOSITORY
 from gors.lora import LORA_WEIGHT_NAME, TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES
-from gors.prompts import CATEGORIES, T2I_COMPBENCH_COMMIT, T2I_COMPBENCH_REPOSITORY
 from gors.sd2_architecture import SD2_BASE, architecture_configs, empty_models
 
 OFFICIAL_PREFIX = "official:"
 # lora_diffusion names the text-encoder file after the U-Net one: <stem>.pt -> <stem>.text_encoder.pt.
 TEXT_ENCODER_SUFFIX = ".text_encoder.pt"
-OFFICIAL_CHECKPOINT_STEMS: dict[str, str] = {
-    "color": "lora_weight_e357_s124500",
-    "shape": "lora_weight_e180_s49000",
-    "texture": "lora_weight_e118_s63000",
-    "spatial": "spatial",
-    "non_spatial": "non_spatial",
-    "complex": "complex",
-}
 # sha256 of the files under GORS_finetune/checkpoint/ at T2I_COMPBENCH_COMMIT.
 OFFICIAL_LORA_SHA256: dict[str, str] = {
     "color/lora_weight_e357_s124500.pt": "aa383a5a81af07ac1fa5e9cc57db64cac09d1568d20593cd1cc5f6fd27bf6806",
@@ -98,7 +91,7 @@ def official_lora_files(category: str) -> tuple[Path, Path]:
     `category` is one of color, shape, texture, spatial, non_spatial, complex. With
     `GORS_DATA_DIR` set only that folder is read (`<dir>/<category>/<file>` or
     `<dir>/gors_checkpoints/<category>/<file>`); otherwise the files are downloaded once from
-    T2I-CompBench at the pinned commit into `$GORS_CACHE_DIR` (see `gors.data.fetch_pinned_file`).
+    T2I-CompBench at the pinned commit into `$GORS_CACHE_DIR` (see `gors.core.data.fetch_pinned_file`).
     """
     _check_category(category)
     stem = f"{category}/{OFFICIAL_CHECKPOINT_STEMS[category]}"

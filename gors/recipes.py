@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gors.cli import parse_config, run
+from gors.cli import parse_config
 from gors.config import RunConfig
-from gors.prompts import CATEGORIES
+from gors.core.paper import CATEGORIES
+from gors.run import run
 
 
 def recipe_defaults(category: str) -> dict[str, Any]:

@@ -16,8 +16,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from gors.io import atomic_write_bytes
-from gors.reference_numbers import PUBLISHED
+from gors.core.io import atomic_write_bytes
+from gors.core.paper import PUBLISHED
 
 
 def load_evaluation(folder: Path) -> dict[str, float] | None:

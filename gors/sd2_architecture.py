@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gors.hub import check_model_path
+from gors.core.hub import check_model_path
 
 logger = logging.getLogger(__name__)
 

@@ -12,14 +12,11 @@ from typing import Any, Callable
 import numpy as np
 
 from gors.config import SelectConfig
-from gors.generate import samples_dir
-from gors.io import atomic_write_json, atomic_write_jsonl, read_jsonl
-from gors.prompts import selection_threshold
-from gors.score import load_scores
-from gors.store import SampleStore, StoreError, sample_key
-
-SELECTION_FILE = "selection.jsonl"
-SUMMARY_FILE = "selection_summary.json"
+from gors.core.io import atomic_write_json, atomic_write_jsonl, read_jsonl
+from gors.core.paper import selection_threshold
+from gors.core.run_folder import SELECTION_FILE, SELECTION_SUMMARY_FILE, samples_dir
+from gors.core.scoring import load_scores
+from gors.core.store import SampleStore, StoreError, sample_key
 
 
 def threshold_fn(config: SelectConfig, prompt_set_category: str | None) -> tuple[Callable[[int], float], str]:
@@ -112,7 +109,7 @@ def select(config: SelectConfig, write: bool = True) -> dict[str, Any]:
     if not write:
         return summary
     atomic_write_jsonl(Path(config.output_dir) / SELECTION_FILE, kept)
-    atomic_write_json(Path(config.output_dir) / SUMMARY_FILE, summary)
+    atomic_write_json(Path(config.output_dir) / SELECTION_SUMMARY_FILE, summary)
     print(
         f"[select] kept {len(kept)} of {len(records)} samples ({tau_source}); "
         f"mean reward kept {summary['selected']['mean']:.3f}, all {summary['all']['mean']:.3f}"

@@ -17,18 +17,16 @@ from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 
 from gors.config import TrainConfig
-from gors.distributed import make_accelerator, progress_bar
-from gors.generate import samples_dir
-from gors.hub import check_model_path
+from gors.core.distributed import make_accelerator, progress_bar
+from gors.core.hub import check_model_path
+from gors.core.pipeline import cpu_generators
+from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, samples_dir
+from gors.core.store import SampleStore
 from gors.lora import add_lora, load_lora, lora_parameters, save_lora
 from gors.loss import diffusion_target, reward_weighted_loss
-from gors.pipeline import cpu_generators
 from gors.select import load_selection, reward_statistics
-from gors.store import SampleStore
-from gors.training_data import CACHE_DIR, BatchSchedule, cached_latent_distributions
+from gors.training_data import BatchSchedule, cached_latent_distributions
 from gors.validation import BenchmarkValidation
-
-CHECKPOINTS = "checkpoints"
 
 
 def training_accelerator(config: TrainConfig) -> Accelerator:
@@ -46,7 +44,7 @@ def _load_components(config: TrainConfig):
     from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTokenizer
 
-    from gors.hub import from_pretrained
+    from gors.core.hub import from_pretrained
 
     name = check_model_path(config.pretrained_model_name_or_path)
 
@@ -67,7 +65,7 @@ def _load_components(config: TrainConfig):
 
 def find_checkpoint(output_dir: str | Path, resume_from: str) -> Path | None:
     """The checkpoint folder to resume from: 'latest' (None when there is none yet) or a path."""
-    root = Path(output_dir) / CHECKPOINTS
+    root = Path(output_dir) / CHECKPOINTS_DIR
     if resume_from != "latest":
         path = Path(resume_from)
         path = path if path.is_dir() else root / resume_from
@@ -170,7 +168,7 @@ class GORSTrainer:
             SampleStore(samples_dir(config.output_dir)),
             self.vae,
             self.accelerator,
-            self.output_dir / CACHE_DIR,
+            self.output_dir / LATENT_CACHE_DIR,
             config.resolution,
             config.center_crop,
             config.pretrained_model_name_or_path,
@@ -386,7 +384,7 @@ class GORSTrainer:
 
     def save_checkpoint(self, step: int) -> Path:
         """Full training state (adapters, optimizer, LR scheduler, RNG) at `checkpoints/checkpoint-<step>`."""
-        root = self.output_dir / CHECKPOINTS
+        root = self.output_dir / CHECKPOINTS_DIR
         if self.accelerator.is_main_process:
             _prune_checkpoints(root, self.config.checkpoints_total_limit)
         self.accelerator.wait_for_everyone()

@@ -18,10 +18,8 @@ from accelerate import Accelerator
 from safetensors.torch import load_file, save_file
 from torchvision import transforms
 
-from gors.distributed import batches, my_share, progress_bar
-from gors.store import SampleStore
-
-CACHE_DIR = "latent_cache"
+from gors.core.distributed import batches, my_share, progress_bar
+from gors.core.store import SampleStore
 
 
 def image_transform(resolution: int, center_crop: bool) -> transforms.Compose:

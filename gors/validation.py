@@ -23,7 +23,7 @@ from accelerate import Accelerator
 from PIL import Image
 
 from gors.config import TrainConfig
-from gors.io import atomic_write_json, read_jsonl
+from gors.core.io import atomic_write_json, read_jsonl
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"

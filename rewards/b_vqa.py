@@ -21,7 +21,7 @@ from typing import Any, Literal
 import torch
 from PIL import Image
 
-from gors.hub import from_pretrained
+from gors.core.hub import from_pretrained
 from rewards.base import MODEL_FLAG, Reward, RewardOutput
 from rewards.noun_phrases import MAX_QUESTIONS, Backend, vqa_questions
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from gors.hub import from_pretrained
+from gors.core.hub import from_pretrained
 from rewards.base import MODEL_FLAG, Reward, RewardOutput
 from rewards.clip_score import DEFAULT_CLIP, CLIPEncoder, cosines_by_text
 from rewards.clip_text import cosine_to_score

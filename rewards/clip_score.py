@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 from PIL import Image
 
-from gors.hub import from_pretrained
+from gors.core.hub import from_pretrained
 from rewards.base import MODEL_FLAG, Reward, RewardOutput
 from rewards.clip_text import cosine_to_score, split_adjectives
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gors.hub import from_pretrained
+from gors.core.hub import from_pretrained
 from rewards.base import MODEL_FLAG, Reward
 
 GROUNDING_DINO_TYPES = ("grounding-dino", "mm-grounding-dino")

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from gors.hub import from_pretrained
+from gors.core.hub import from_pretrained
 from rewards.base import Reward, RewardOutput
 from rewards.geneval_rules import (
     COLORS,

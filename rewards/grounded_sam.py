@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gors.hub import from_pretrained
+from gors.core.hub import from_pretrained
 from rewards.base import MODEL_FLAG, Reward, RewardOutput
 from rewards.binding import (
     BindingPhrase,

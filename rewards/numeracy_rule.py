@@ -86,7 +86,7 @@ class NounList:
 
 def load_noun_list() -> NounList:
     """The official noun list (`new_objects.txt`, fetched pinned or from GORS_DATA_DIR)."""
-    from gors.prompts import fetch_t2i_compbench_file
+    from gors.core.prompts import fetch_t2i_compbench_file
 
     return NounList.parse(fetch_t2i_compbench_file(NOUN_FILE).read_text(encoding="utf-8-sig").splitlines())
 

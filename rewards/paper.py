@@ -6,26 +6,12 @@ so that a gain on the benchmark cannot come from gaming its metric.
 
 from __future__ import annotations
 
-# The category's T2I-CompBench metric.
-METRIC_REWARD: dict[str, str] = {
-    "color": "b_vqa",
-    "shape": "b_vqa",
-    "texture": "b_vqa",
-    "spatial": "spatial_rule",
-    "non_spatial": "clip_score",
-    "complex": "three_in_one",
-    "toy": "toy_oracle",
-}
-# The paper's unbiased rewards (the toy world's is a CNN that never sees the oracle's rules).
-UNBIASED_REWARD: dict[str, str] = {
-    "color": "grounded_sam",
-    "shape": "grounded_sam",
-    "texture": "grounded_sam",
-    "spatial": "grounded_detection",
-    "non_spatial": "blip_clip",
-    "complex": "unbiased_complex",
-    "toy": "toy_classifier",
-}
+from gors.core import paper
+
+# The paper's tables (`gors.core.paper`), plus the toy world's pair: its exact oracle is the
+# metric, and a CNN that never sees the oracle's rules is the unbiased reward.
+METRIC_REWARD: dict[str, str] = {**paper.METRIC_REWARD, "toy": "toy_oracle"}
+UNBIASED_REWARD: dict[str, str] = {**paper.UNBIASED_REWARD, "toy": "toy_classifier"}
 DEFAULT_REWARD = "b_vqa"
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gors.hub import from_pretrained
+from gors.core.hub import from_pretrained
 from rewards.base import Reward, RewardOutput
 from rewards.detection import Detection, Detector, detection_dict, reward_detector
 from rewards.noun_phrases import Backend

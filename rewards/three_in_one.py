@@ -61,7 +61,7 @@ def prompt_kind(prompt: str, spatial_keys: Collection[str], action_keys: Collect
 
 
 def _official_subsplits() -> dict[str, set[str]]:
-    from gors.prompts import fetch_t2i_compbench_file, read_prompt_file
+    from gors.core.prompts import fetch_t2i_compbench_file, read_prompt_file
 
     return {
         kind: {normalise_prompt(p) for name in files for p in read_prompt_file(fetch_t2i_compbench_file(name))}

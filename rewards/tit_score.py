@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 from PIL import Image
 
-from gors.hub import from_pretrained
+from gors.core.hub import from_pretrained
 from rewards.base import Reward, RewardOutput
 from rewards.tit_rules import (
     DESCRIPTION_PROMPT,

@@ -14,11 +14,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-import gors.toy
-from gors.hub import from_pretrained
-from gors.toy import world
-from gors.toy.classifier import COMBINATION_INDEX, COMBINATIONS, ToyClassifier, combination_name, predict_presence
+from gors.core.hub import from_pretrained
+from gors.core.toy import PRETRAINED_DIR, world
 from rewards.base import MODEL_FLAG, Reward, RewardOutput
+from rewards.toy_cnn import COMBINATION_INDEX, COMBINATIONS, ToyClassifier, combination_name, predict_presence
 
 
 def binding_score(probabilities: np.ndarray, prompt: world.ToyPrompt) -> tuple[float, dict[str, Any]]:
@@ -65,7 +64,7 @@ class ToyClassifierReward(Reward):
     """
 
     name = "toy_classifier"
-    default_model = str(Path(gors.toy.__file__).parent / "pretrained" / "classifier")
+    default_model = str(PRETRAINED_DIR / "classifier")
     categories = ("toy",)
 
     def __init__(

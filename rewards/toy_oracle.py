@@ -1,4 +1,4 @@
-"""The toy world's exact scorer as a reward: `gors.toy.oracle` behind the `Reward` protocol."""
+"""The toy world's exact scorer as a reward: `rewards.toy_rules` behind the `Reward` protocol."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-from gors.toy import oracle
-from gors.toy.world import ToyPrompt
+from gors.core.toy.world import ToyPrompt
+from rewards import toy_rules as oracle
 from rewards.base import Reward, RewardOutput
 
 
@@ -16,7 +16,7 @@ class ToyOracleReward(Reward):
     """Exact prompt-image agreement in the toy world, from colour segmentation and shape geometry.
 
     Each image is segmented into blobs of the palette colours and each blob's shape is named
-    (`gors.toy.oracle`). The prompt gives checks: one per object ("a red circle is present"), one
+    (`rewards.toy_rules`). The prompt gives checks: one per object ("a red circle is present"), one
     for the relation between the objects' centres if the prompt has one, and "no extra objects".
     The score is the fraction of checks passed, in [0, 1]: with `checks="binding"` (the default,
     the `toy` benchmark's metric, attribute binding) of the object and no-extra checks, with

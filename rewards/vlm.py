@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from gors.hub import from_pretrained
+from gors.core.hub import from_pretrained
 from rewards.base import MODEL_FLAG
 
 

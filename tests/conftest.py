@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from gors.distributed import reset_process_state  # noqa: E402
+from gors.core.distributed import reset_process_state  # noqa: E402
 
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 
@@ -31,7 +31,7 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def tiny_sd(tmp_path_factory) -> Path:
     """Folder of a tiny random StableDiffusionPipeline (32 x 32 images, real CLIP tokenizer)."""
-    from gors.tiny.sd import build_tiny_sd_pipeline
+    from gors.testing.sd import build_tiny_sd_pipeline
 
     path = tmp_path_factory.mktemp("tiny_sd")
     build_tiny_sd_pipeline(path, seed=0, resolution=32)
@@ -41,7 +41,7 @@ def tiny_sd(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_blip(tmp_path_factory) -> Path:
     """Folder of a tiny random BlipForQuestionAnswering with its processor."""
-    from gors.tiny.blip import build_tiny_blip_vqa
+    from gors.testing.blip import build_tiny_blip_vqa
 
     path = tmp_path_factory.mktemp("tiny_blip")
     build_tiny_blip_vqa(path, seed=0)

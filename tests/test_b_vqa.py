@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-import gors.tiny.blip as tiny_blip
-from gors.tiny.blip import build_tiny_blip_vqa
+import gors.testing.blip as tiny_blip
+from gors.testing.blip import build_tiny_blip_vqa
 from rewards import get_reward_class, load
 from rewards.b_vqa import BVQAReward
 

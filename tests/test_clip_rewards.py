@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from gors.tiny.blip import build_tiny_blip_captioner
-from gors.tiny.clip import build_tiny_clip
+from gors.testing.blip import build_tiny_blip_captioner
+from gors.testing.clip import build_tiny_clip
 from rewards import get_reward_class, load
 from rewards.blip_clip import BlipClipReward
 from rewards.clip_score import CLIPScoreReward

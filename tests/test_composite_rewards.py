@@ -19,10 +19,10 @@ BOTH = "a blue cat on the left of a dog that is holding a green ball"
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, str]:
-    from gors.tiny.blip import build_tiny_blip_captioner, build_tiny_blip_vqa
-    from gors.tiny.clip import build_tiny_clip
-    from gors.tiny.detection import build_tiny_grounding_dino, build_tiny_owlv2
-    from gors.tiny.sam import build_tiny_sam
+    from gors.testing.blip import build_tiny_blip_captioner, build_tiny_blip_vqa
+    from gors.testing.clip import build_tiny_clip
+    from gors.testing.detection import build_tiny_grounding_dino, build_tiny_owlv2
+    from gors.testing.sam import build_tiny_sam
 
     root = tmp_path_factory.mktemp("composite")
     return {

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from gors.tiny.detection import build_tiny_grounding_dino, build_tiny_owlv2
+from gors.testing.detection import build_tiny_grounding_dino, build_tiny_owlv2
 from rewards.detection import Detection, ZeroShotDetector, select_detections
 
 KINDS = ("grounding-dino", "mm-grounding-dino", "owlv2")
@@ -174,7 +174,7 @@ def test_detector_grayscale_and_rgba(detectors: dict[str, ZeroShotDetector]) -> 
 
 
 def test_detector_rejects_other_models_and_missing_paths(tmp_path: Path) -> None:
-    from gors.tiny.blip import build_tiny_blip_vqa
+    from gors.testing.blip import build_tiny_blip_vqa
 
     with pytest.raises(FileNotFoundError, match="--reward_model_name_or_path"):
         ZeroShotDetector(str(tmp_path / "missing"), device="cpu")

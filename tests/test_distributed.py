@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from gors.score import load_scores
-from gors.store import SampleStore
+from gors.core.scoring import load_scores
+from gors.core.store import SampleStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def test_two_process_evaluation_equals_one_process(tmp_path):
     """`gors evaluate` shards generation and scoring; the numbers do not depend on the process count."""
     import json
 
-    from gors.toy.pretrain import PRETRAINED_DIR
+    from gors.core.toy import PRETRAINED_DIR
 
     flags = ["--pretrained_model_name_or_path", str(PRETRAINED_DIR / "pipeline"), "--benchmarks", "toy:train",
              "--max_prompts", "6", "--images_per_prompt", "2"]

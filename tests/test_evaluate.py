@@ -9,9 +9,9 @@ import pytest
 from evaluators import build_benchmark, parse_benchmarks
 from gors.cli import main, parse_config
 from gors.config import EvaluateConfig
+from gors.core.store import StoreError
+from gors.core.toy import PRETRAINED_DIR
 from gors.evaluate import drop_unneeded, evaluate
-from gors.store import StoreError
-from gors.toy.pretrain import PRETRAINED_DIR
 from rewards.combined import build_reward
 
 TOY_MODEL = str(PRETRAINED_DIR / "pipeline")
@@ -107,10 +107,10 @@ def test_report_tables_and_plots_evaluations_and_training_runs(tmp_path):
 
 
 def test_scores_of_another_run_are_refused_and_unasked_ones_left_out(tmp_path):
-    from gors.distributed import make_accelerator
-    from gors.io import append_jsonl
-    from gors.score import score_samples
-    from gors.store import StoreError
+    from gors.core.distributed import make_accelerator
+    from gors.core.io import append_jsonl
+    from gors.core.scoring import score_samples
+    from gors.core.store import StoreError
     from rewards import RewardOutput
 
     class Samples:

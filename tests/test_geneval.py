@@ -20,8 +20,8 @@ from evaluators.geneval import (
     geneval_summary,
     load_geneval_metadata,
 )
-from gors.store import SampleStore, StoreError
-from gors.tiny.mask2former import build_tiny_mask2former, coco_instance_labels
+from gors.core.store import SampleStore, StoreError
+from gors.testing.mask2former import build_tiny_mask2former, coco_instance_labels
 from rewards import get_reward_class, load
 from rewards.geneval import (
     COLOR_TEMPLATES,

@@ -21,7 +21,7 @@ from evaluators.geneval2_tables import (
     per_atomicity_table,
     per_skill_table,
 )
-from gors.data import fetch_pinned_file
+from gors.core.data import fetch_pinned_file
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 
@@ -171,7 +171,7 @@ def test_read_images_missing_prompt_or_extra_key_is_a_clear_error(tmp_path, data
 
 @pytest.fixture(scope="module")
 def tiny_vlm(tmp_path_factory) -> Path:
-    from gors.tiny.qwen3_vl import build_tiny_qwen3_vl
+    from gors.testing.qwen3_vl import build_tiny_qwen3_vl
 
     return build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny_qwen3_vl"), seed=0)
 

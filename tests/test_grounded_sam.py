@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from gors.tiny.detection import build_tiny_grounding_dino
-from gors.tiny.sam import build_tiny_sam
+from gors.testing.detection import build_tiny_grounding_dino
+from gors.testing.sam import build_tiny_sam
 from rewards import get_reward_class, load
 from rewards.binding import box_mask
 from rewards.detection import Detection

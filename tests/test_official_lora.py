@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from gors import official_lora
-from gors.data import ChecksumError
+from gors.core.data import ChecksumError
 from gors.lora import add_lora, load_lora
 from gors.official_lora import (
     OFFICIAL_CHECKPOINT_STEMS,

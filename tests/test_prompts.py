@@ -1,4 +1,4 @@
-"""Offline tests for gors.prompts: verified fetching, caching, prompt parsing, GORS thresholds."""
+"""Offline tests for gors.core.prompts: verified fetching, caching, prompt parsing, GORS thresholds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gors import prompts as P
+from gors.core import paper
+from gors.core import prompts as P
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 needs_shared = pytest.mark.skipif(not (SHARED / "t2i_compbench").is_dir(), reason="shared/benchmarks not present")
@@ -149,16 +150,16 @@ def test_unknown_names() -> None:
     [("color", 0.92, 0.7), ("shape", 0.85, 0.6), ("texture", 0.9, 0.65)],
 )
 def test_two_level_thresholds(category: str, template: float, natural: float) -> None:
-    assert P.selection_threshold(category, 0) == template
-    assert P.selection_threshold(category, P.TEMPLATE_PROMPT_COUNT - 1) == template
-    assert P.selection_threshold(category, 560) == natural
+    assert paper.selection_threshold(category, 0) == template
+    assert paper.selection_threshold(category, paper.TEMPLATE_PROMPT_COUNT - 1) == template
+    assert paper.selection_threshold(category, 560) == natural
 
 
 @pytest.mark.parametrize("category, value", [("spatial", 0.8), ("non_spatial", 0.75), ("complex", 0.4)])
 def test_single_thresholds(category: str, value: float) -> None:
-    assert P.selection_threshold(category, 0) == P.selection_threshold(category, 699) == value
+    assert paper.selection_threshold(category, 0) == paper.selection_threshold(category, 699) == value
 
 
 def test_threshold_unknown_category() -> None:
     with pytest.raises(ValueError, match="non_spatial"):
-        P.selection_threshold("numeracy", 0)
+        paper.selection_threshold("numeracy", 0)

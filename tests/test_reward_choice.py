@@ -225,7 +225,7 @@ def test_gors_rewards_lists_every_builtin_with_its_role(capsys):
 
 
 def test_weighted_list_reaches_scoring_selection_and_training(make_run_config, tiny_blip):
-    from gors.cli import run
+    from gors.run import run
 
     Constant.built.clear()
     config = make_run_config(
@@ -247,7 +247,7 @@ def test_weighted_list_reaches_scoring_selection_and_training(make_run_config, t
 
 def test_unbiased_flag_reaches_scoring_and_training(make_run_config):
     """The toy category's unbiased reward is the packaged classifier: it must be the one that scores."""
-    from gors.cli import run
+    from gors.run import run
 
     config = make_run_config(reward=None, reward_model_name_or_path=None, unbiased=True, category="toy",
                              reward_threshold=0.0)

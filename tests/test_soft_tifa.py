@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from gors.tiny.qwen3_vl import build_tiny_qwen3_vl
+from gors.testing.qwen3_vl import build_tiny_qwen3_vl
 from rewards import get_reward_class, load
 from rewards.atoms import answer_variants, prompt_atoms, tifa_correct
 from rewards.soft_tifa import SoftTIFAReward, TIFAReward, VQAScoreReward

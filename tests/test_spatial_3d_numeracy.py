@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from gors.tiny.detection import build_tiny_owlv2
-from gors.tiny.dpt import build_tiny_dpt
+from gors.testing.detection import build_tiny_owlv2
+from gors.testing.dpt import build_tiny_dpt
 from rewards import get_reward_class
 from rewards.detection import Detection
 from rewards.numeracy import NumeracyReward

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from gors.core.io import atomic_write_jsonl
+from gors.core.scoring import load_scores
+from gors.core.store import SampleStore, StoreError, sample_seed
 from gors.generate import generate
-from gors.io import atomic_write_jsonl
-from gors.score import load_scores, score
+from gors.score import score
 from gors.select import select
-from gors.store import SampleStore, StoreError, sample_seed
 
 
 class Interrupt(RuntimeError):

@@ -4,8 +4,8 @@ import datasets
 import pytest
 from PIL import Image
 
-from gors.io import append_jsonl, read_jsonl
-from gors.store import SampleStore, StoreError, sample_file_name, sample_seed
+from gors.core.io import append_jsonl, read_jsonl
+from gors.core.store import SampleStore, StoreError, sample_file_name, sample_seed
 from gors.training_data import BatchSchedule
 
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 from evaluators import build_benchmark, get_benchmark
 from evaluators.t2i_compbench import CATEGORIES, T2ICompBenchBenchmark, paper_table, per_image_seed
-from gors.prompts import ALL_CATEGORIES
+from gors.core.paper import ALL_CATEGORIES
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 pytestmark = pytest.mark.skipif(not (SHARED / "t2i_compbench").is_dir(), reason="needs ../shared/benchmarks")
@@ -202,10 +202,10 @@ def test_write_official_vqa_result(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from gors.tiny.blip import build_tiny_blip_captioner, build_tiny_blip_vqa
-    from gors.tiny.clip import build_tiny_clip
-    from gors.tiny.detection import build_tiny_owlv2
-    from gors.tiny.dpt import build_tiny_dpt
+    from gors.testing.blip import build_tiny_blip_captioner, build_tiny_blip_vqa
+    from gors.testing.clip import build_tiny_clip
+    from gors.testing.detection import build_tiny_owlv2
+    from gors.testing.dpt import build_tiny_dpt
 
     root = tmp_path_factory.mktemp("t2i_compbench_models")
     return {

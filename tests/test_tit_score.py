@@ -74,8 +74,8 @@ def test_cosine_and_query_text():
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
-    from gors.tiny.qwen3_embedding import build_tiny_qwen3_chat, build_tiny_qwen3_embedding
-    from gors.tiny.qwen3_vl import build_tiny_qwen3_vl
+    from gors.testing.qwen3_embedding import build_tiny_qwen3_chat, build_tiny_qwen3_embedding
+    from gors.testing.qwen3_vl import build_tiny_qwen3_vl
 
     root = tmp_path_factory.mktemp("tiny_tit")
     return {

@@ -9,8 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from gors.toy import world
-from gors.toy.classifier import (
+from gors.core.toy import world
+from rewards import get_reward_class, load
+from rewards.toy_classifier import ToyClassifierReward
+from rewards.toy_cnn import (
     COMBINATIONS,
     ToyClassifier,
     images_to_tensor,
@@ -20,8 +22,6 @@ from gors.toy.classifier import (
     scene_labels,
     train_classifier,
 )
-from rewards import get_reward_class, load
-from rewards.toy_classifier import ToyClassifierReward
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_predict_presence_any_mode_and_size(model_dir: Path) -> None:
 def test_reward_loads_and_scores(model_dir: Path) -> None:
     assert get_reward_class("toy_classifier") is ToyClassifierReward
     assert ToyClassifierReward.categories == ("toy",)
-    assert ToyClassifierReward.default_model.endswith(str(Path("gors", "toy", "pretrained", "classifier")))
+    assert ToyClassifierReward.default_model.endswith(str(Path("gors", "core", "toy", "pretrained", "classifier")))
     reward = load("toy_classifier", model_name_or_path=str(model_dir), device="cpu", batch_size=2)
     rng = np.random.default_rng(0)
     prompt = world.ToyPrompt.parse("a red circle on the left of a blue square")

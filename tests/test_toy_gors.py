@@ -6,12 +6,12 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from gors.cli import run_stages
-from gors.pipeline import load_pipeline
+from gors.core.pipeline import load_pipeline
+from gors.core.toy import PRETRAINED_DIR
+from gors.core.toy.world import split_prompts
+from gors.run import run_stages
 from gors.toy.demo import ToyRunConfig, toy_defaults
 from gors.toy.demo import main as toy_main
-from gors.toy.pretrain import PRETRAINED_DIR
-from gors.toy.world import split_prompts
 from gors.train import training_accelerator
 
 

@@ -10,9 +10,9 @@ import pytest
 from PIL import Image, ImageFilter
 
 import rewards
-from gors.toy import world
-from gors.toy.oracle import Judgement, classify_shape, judge, judge_image, segment
-from gors.toy.world import PlacedObject, ToyObject, ToyPrompt
+from gors.core.toy import world
+from gors.core.toy.world import PlacedObject, ToyObject, ToyPrompt
+from rewards.toy_rules import Judgement, classify_shape, judge, judge_image, segment
 
 
 def _all_prompts() -> list[ToyPrompt]:

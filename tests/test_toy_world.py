@@ -4,9 +4,7 @@ import numpy as np
 import pytest
 
 from evaluators.toy import ToyBenchmark
-from gors.toy.model import MAX_TOKENS, toy_words, write_toy_tokenizer_files
-from gors.toy.pretrain import noisy_caption, pretraining_corpus
-from gors.toy.world import (
+from gors.core.toy.world import (
     HELD_OUT_COMBINATIONS,
     RELATIONS,
     ToyPrompt,
@@ -14,6 +12,8 @@ from gors.toy.world import (
     sample_scene,
     split_prompts,
 )
+from gors.toy.model import MAX_TOKENS, toy_words, write_toy_tokenizer_files
+from gors.toy.pretrain import noisy_caption, pretraining_corpus
 
 
 def test_prompts_round_trip_and_bad_prompts_are_explained():
@@ -65,7 +65,7 @@ def test_pretraining_corpus_has_every_composition_under_noisy_captions():
     # Like web data, pretraining has seen the held-out combinations inside compositions too.
     composed = {(o.colour, o.shape) for p in parsed if len(p.objects) == 2 for o in p.objects}
     assert HELD_OUT_COMBINATIONS <= composed
-    from gors.toy.oracle import judge_image
+    from rewards.toy_rules import judge_image
 
     wrong = [not judge_image(caption, image).correct for image, caption in zip(images, captions)]
     two_object = [len(p.objects) == 2 for p in parsed]

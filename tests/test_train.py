@@ -8,7 +8,7 @@ import torch
 from diffusers import StableDiffusionPipeline
 from safetensors.torch import load_file
 
-from gors.distributed import reset_process_state
+from gors.core.distributed import reset_process_state
 from gors.generate import generate
 from gors.score import score
 from gors.select import load_selection, select

@@ -21,8 +21,8 @@ from PIL import Image, ImageDraw
 
 from gors.cli import parse_config
 from gors.config import RunConfig
-from gors.toy.pretrain import PRETRAINED_DIR
-from gors.toy.world import split_prompts
+from gors.core.toy import PRETRAINED_DIR
+from gors.core.toy.world import split_prompts
 
 # tau per toy reward. The oracle scores the fraction of binding checks passed, so 0.99 keeps exactly
 # the images with every binding right; the classifier gives correct renders about 0.95, swapped ones about 0.
@@ -112,7 +112,7 @@ def before_after_grid(base_dir: Path, tuned_dir: Path, prompts: list[str], path:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     from evaluators.toy import ToyBenchmark
-    from gors.cli import run_stages
+    from gors.run import run_stages
     from gors.train import training_accelerator
 
     start = time.time()

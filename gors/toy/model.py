@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gors.toy.world import COLOURS, IMAGE_SIZE, RELATIONS, SHAPES
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from gors.core.toy.world import COLOURS, IMAGE_SIZE, RELATIONS, SHAPES
 
 MAX_TOKENS = 16  # the longest prompt, "a yellow triangle on the right of a green circle", is 11 words + 2
 LATENT_SCALE = 8  # pixels per latent cell along each side, as in Stable Diffusion
@@ -23,17 +25,11 @@ def toy_words() -> list[str]:
     return sorted(words)
 
 
-def _byte_symbols() -> list[str]:
-    from gors.tiny.sd import _byte_symbols as symbols
-
-    return symbols()
-
-
 def write_toy_tokenizer_files(save_dir: str | Path) -> tuple[Path, Path]:
     """CLIP BPE files whose merges spell each toy word as one token (other text falls back to bytes)."""
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
-    symbols = _byte_symbols()
+    symbols = list(bytes_to_unicode().values())  # CLIP's byte-level symbols, in vocabulary order
     vocab = symbols + [s + "</w>" for s in symbols]
     merges: list[tuple[str, str]] = []
     # Longer words first: their merge chains then outrank the shorter words' (e.g. "tr" + "i" in

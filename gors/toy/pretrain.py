@@ -26,9 +26,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gors.toy.world import RELATIONS, ToyObject, ToyPrompt, all_objects, render, sample_scene, split_prompts
-
-PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+from gors.core.toy import PRETRAINED_DIR
+from gors.core.toy.world import RELATIONS, ToyObject, ToyPrompt, all_objects, render, sample_scene, split_prompts
 
 
 @dataclass
@@ -151,8 +150,8 @@ def pretrain(config: ToyPretrainConfig) -> Path:
     """Train everything and save the pipeline (fp16 weights) and the classifier into `output_dir`."""
     from diffusers import StableDiffusionPipeline
 
-    from gors.toy.classifier import train_classifier
     from gors.toy.model import build_toy_components
+    from rewards.toy_cnn import train_classifier
 
     start = time.time()
     torch.manual_seed(config.seed)

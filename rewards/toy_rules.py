@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from gors.toy import world
+from gors.core.toy import world
 
 # The nearest palette colour decides between colours; this RGB (Euclidean) distance decides
 # whether a pixel is a palette colour at all. Every colour lies >= 240 from white, so 100 keeps

@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gors.data import ChecksumError, DownloadError, PinnedSource, fetch_pinned_file  # noqa: F401 (re-exported)
+from gors.core.data import ChecksumError, DownloadError, PinnedSource, fetch_pinned_file  # noqa: F401 (re-exported)
+from gors.core.paper import ALL_CATEGORIES
 
 T2I_COMPBENCH_REPOSITORY = "Karine-Huang/T2I-CompBench"
 T2I_COMPBENCH_COMMIT = "1b7094991a57f3c22abdd4f6e8ba6c1a15517073"
@@ -60,26 +61,9 @@ T2I_COMPBENCH_SHA256: dict[str, str] = {
     "texture_val_unseen.txt": "6035f7dd8fd9efd6fbeedef64b04e1f651e977b2a1b9c47365c9e4eed0edc27b",
 }
 
-# The GORS training categories; 3d_spatial and numeracy (T2I-CompBench++) have files but no
-# GORS thresholds in the paper.
-CATEGORIES = ("color", "shape", "texture", "spatial", "non_spatial", "complex")
-ALL_CATEGORIES = CATEGORIES + ("3d_spatial", "numeracy")
 NAME_PREFIX = "t2i_compbench:"
 # Names accepted by load_prompts: every prompt file stem (the licence is not a prompt list).
 PROMPT_FILE_STEMS = tuple(sorted(f[: -len(".txt")] for f in T2I_COMPBENCH_SHA256 if f != "LICENSE.txt"))
-
-# GORS selection thresholds, T2I-CompBench paper (Huang et al., NeurIPS 2023, Sec. 4 / appendix):
-# in each category's train file the first 560 prompts come from templates, the rest are natural
-# prompts; attribute-binding categories use a stricter threshold on template prompts.
-TEMPLATE_PROMPT_COUNT = 560
-SELECTION_THRESHOLDS: dict[str, tuple[float, float]] = {  # (template, natural)
-    "color": (0.92, 0.7),
-    "shape": (0.85, 0.6),
-    "texture": (0.9, 0.65),
-    "spatial": (0.8, 0.8),
-    "non_spatial": (0.75, 0.75),
-    "complex": (0.4, 0.4),
-}
 
 
 T2I_COMPBENCH = PinnedSource(
@@ -103,7 +87,7 @@ def fetch_t2i_compbench_file(filename: str) -> Path:
 
     With `GORS_DATA_DIR` set, only that folder is read (`<dir>/<filename>` or
     `<dir>/t2i_compbench/<filename>`); otherwise the file is cached under `$GORS_CACHE_DIR`
-    (see `gors.data.fetch_pinned_file`).
+    (see `gors.core.data.fetch_pinned_file`).
     """
     return fetch_pinned_file(T2I_COMPBENCH, filename)
 
@@ -165,14 +149,14 @@ def load_prompts(spec: str, split: str = "train") -> PromptSet:
     `spec` is a category (`color` -> `color_{split}.txt`), a file stem (`color_val`,
     `complex_val_spatial`), either optionally prefixed `t2i_compbench:`, or a path to a text file.
     Benchmark names win over a same-named file in the working directory; write `./color` for that.
-    `toy:train` and `toy:held_out` are the toy world's splits (see `gors.toy.world`).
+    `toy:train` and `toy:held_out` are the toy world's splits (see `gors.core.toy.world`).
     """
     if spec in TOY_SPLITS:
-        from gors.toy.world import split_prompts
+        from gors.core.toy.world import split_prompts
 
         train, held_out = split_prompts()
         chosen = train if spec == "toy:train" else held_out
-        return PromptSet(spec, [p.text for p in chosen], None, "gors.toy.world.split_prompts")
+        return PromptSet(spec, [p.text for p in chosen], None, "gors.core.toy.world.split_prompts")
     forced = spec.startswith(NAME_PREFIX)
     name = spec[len(NAME_PREFIX):] if forced else spec
     stem = _resolve_name(name, split)
@@ -190,19 +174,3 @@ def load_prompts(spec: str, split: str = "train") -> PromptSet:
         f"T2I-CompBench names: categories {', '.join(ALL_CATEGORIES)} (file <category>_<split>.txt) or "
         f"files {', '.join(PROMPT_FILE_STEMS)}."
     )
-
-
-def selection_threshold(category: str, prompt_index: int) -> float:
-    """GORS reward threshold for the `prompt_index`-th prompt (0-based) of a category's train file.
-
-    Source: T2I-CompBench (Huang et al., NeurIPS 2023), GORS sample selection. The first
-    `TEMPLATE_PROMPT_COUNT` (560) prompts are template prompts, the rest natural prompts:
-    color 0.92/0.7, shape 0.85/0.6, texture 0.9/0.65; spatial 0.8, non-spatial 0.75 and
-    complex 0.4 use one threshold for all prompts.
-    """
-    if category not in SELECTION_THRESHOLDS:
-        raise ValueError(f"No GORS threshold for category {category!r}; known categories: {', '.join(CATEGORIES)}")
-    if prompt_index < 0:
-        raise ValueError(f"prompt_index must be >= 0, got {prompt_index}")
-    template, natural = SELECTION_THRESHOLDS[category]
-    return template if prompt_index < TEMPLATE_PROMPT_COUNT else natural

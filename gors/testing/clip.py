@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from gors.tiny.blip import IMAGE_SIZE
-from gors.tiny.sd import CLIP_VOCAB_SIZE, write_clip_tokenizer_files
+from gors.testing.blip import IMAGE_SIZE
+from gors.testing.sd import CLIP_VOCAB_SIZE, write_clip_tokenizer_files
 
 CLIP_CONTEXT_LENGTH = 77
 

@@ -24,7 +24,7 @@ from diffusers.configuration_utils import register_to_config
 from PIL import Image
 from torch import nn
 
-from gors.toy import world
+from gors.core.toy import world
 
 # Label order of every logit / probability vector: world.all_objects() order.
 COMBINATIONS: list[tuple[str, str]] = [(o.colour, o.shape) for o in world.all_objects()]

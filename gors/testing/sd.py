@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -21,18 +20,11 @@ CLIP_VOCAB_SIZE = 49408
 _CLIP_MERGES = CLIP_VOCAB_SIZE - 512 - 2
 
 
-@lru_cache(maxsize=1)
-def _byte_symbols() -> list[str]:
-    """GPT-2/CLIP's reversible byte -> printable unicode mapping, in byte order of the vocabulary."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    symbols = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in symbols:
-            symbols[b] = chr(256 + extra)
-            extra += 1
-    return [symbols[b] for b in printable] + [symbols[b] for b in range(256) if b not in printable]
+def byte_symbols() -> list[str]:
+    """GPT-2/CLIP's reversible byte -> printable unicode mapping, in the vocabulary's order."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return list(bytes_to_unicode().values())
 
 
 def write_clip_tokenizer_files(save_dir: str | Path) -> Path:
@@ -44,7 +36,7 @@ def write_clip_tokenizer_files(save_dir: str | Path) -> Path:
     bpe_path = Path(open_clip.__file__).parent / "bpe_simple_vocab_16e6.txt.gz"
     lines = gzip.open(bpe_path, "rt", encoding="utf-8").read().split("\n")
     merges = [tuple(line.split()) for line in lines[1 : _CLIP_MERGES + 1]]
-    symbols = _byte_symbols()
+    symbols = byte_symbols()
     vocab = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges]
     vocab += ["<|startoftext|>", "<|endoftext|>"]
     (save_dir / "vocab.json").write_text(json.dumps({tok: i for i, tok in enumerate(vocab)}))

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from gors.tiny.blip import SPECIAL_TOKENS, tiny_vocab
-from gors.tiny.sd import write_clip_tokenizer_files
+from gors.testing.blip import SPECIAL_TOKENS, tiny_vocab
+from gors.testing.sd import write_clip_tokenizer_files
 
 # BERT (bert-base-uncased) ids that Grounding DINO's text masking relies on.
 _BERT_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103, ".": 1012, "?": 1029}
@@ -31,7 +31,7 @@ def grounding_dino_vocab() -> list[str]:
     """A WordPiece vocabulary with BERT's ids for the special tokens, "." and "?".
 
     Slots below 1030 that BERT uses for other words are filled with "[unusedN]" placeholders
-    (never produced by the tokenizer); the words and letters of `gors.tiny.blip.tiny_vocab`
+    (never produced by the tokenizer); the words and letters of `gors.testing.blip.tiny_vocab`
     follow, so every lower-case word is tokenisable.
     """
     size = max(_BERT_IDS.values()) + 1

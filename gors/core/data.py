@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gors.io import atomic_write_bytes
+from gors.core.io import atomic_write_bytes
 
 DOWNLOAD_TIMEOUT_S = 60.0
 GITHUB_RAW = "https://raw.githubusercontent.com/{repository}/{commit}/{path}"

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 from PIL import Image, UnidentifiedImageError
 
-from gors.io import append_jsonl, atomic_save_image, atomic_write_json, atomic_write_jsonl, read_jsonl
+from gors.core.io import append_jsonl, atomic_save_image, atomic_write_json, atomic_write_jsonl, read_jsonl
 
 SampleKey = tuple[int, int]
 METADATA = "metadata.jsonl"

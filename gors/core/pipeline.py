@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
-from gors.hub import from_pretrained
+from gors.core.hub import from_pretrained
 
 
 def inference_dtype(accelerator: Accelerator, mixed_precision: str | None) -> torch.dtype:

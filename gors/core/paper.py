@@ -1,0 +1,105 @@
+"""The T2I-CompBench paper's facts, in one place: every other module reads them from here.
+
+Source: T2I-CompBench (Huang et al., NeurIPS 2023) and its official repository
+(`Karine-Huang/T2I-CompBench`); 3d_spatial and numeracy come from T2I-CompBench++. Nothing here
+is ever used as a measured result: `PUBLISHED` is printed beside measured numbers in reports.
+"""
+
+from __future__ import annotations
+
+# The GORS training categories; 3d_spatial and numeracy (T2I-CompBench++) are evaluated but have
+# no GORS thresholds or checkpoints in the paper.
+CATEGORIES = ("color", "shape", "texture", "spatial", "non_spatial", "complex")
+ALL_CATEGORIES = CATEGORIES + ("3d_spatial", "numeracy")
+
+# Each category's evaluation metric as the paper's table names it (label, metric) and the reward
+# that computes it. Biased GORS trains with this reward.
+TABLE_LABELS: dict[str, tuple[str, str]] = {
+    "color": ("Color", "B-VQA"),
+    "shape": ("Shape", "B-VQA"),
+    "texture": ("Texture", "B-VQA"),
+    "spatial": ("2D-Spatial", "UniDet"),
+    "3d_spatial": ("3D-Spatial", "UniDet"),
+    "numeracy": ("Numeracy", "UniDet"),
+    "non_spatial": ("Non-Spatial", "CLIPScore"),
+    "complex": ("Complex", "3-in-1"),
+}
+METRIC_REWARD: dict[str, str] = {
+    "color": "b_vqa",
+    "shape": "b_vqa",
+    "texture": "b_vqa",
+    "spatial": "spatial_rule",
+    "non_spatial": "clip_score",
+    "complex": "three_in_one",
+    "3d_spatial": "spatial_3d",
+    "numeracy": "numeracy",
+}
+# GORS-unbiased: rewards disjoint from the evaluation metrics, so a gain cannot come from gaming them.
+UNBIASED_REWARD: dict[str, str] = {
+    "color": "grounded_sam",
+    "shape": "grounded_sam",
+    "texture": "grounded_sam",
+    "spatial": "grounded_detection",
+    "non_spatial": "blip_clip",
+    "complex": "unbiased_complex",
+}
+
+# GORS selection thresholds (Sec. 4 / appendix): in each category's train file the first 560
+# prompts come from templates, the rest are natural prompts; attribute binding is stricter on
+# template prompts.
+TEMPLATE_PROMPT_COUNT = 560
+SELECTION_THRESHOLDS: dict[str, tuple[float, float]] = {  # (template, natural)
+    "color": (0.92, 0.7),
+    "shape": (0.85, 0.6),
+    "texture": (0.9, 0.65),
+    "spatial": (0.8, 0.8),
+    "non_spatial": (0.75, 0.75),
+    "complex": (0.4, 0.4),
+}
+
+
+def selection_threshold(category: str, prompt_index: int) -> float:
+    """GORS reward threshold tau in [0, 1] for the `prompt_index`-th prompt (0-based) of a category's train file.
+
+    The first `TEMPLATE_PROMPT_COUNT` (560) prompts are template prompts, the rest natural prompts:
+    color 0.92/0.7, shape 0.85/0.6, texture 0.9/0.65; spatial 0.8, non-spatial 0.75 and complex
+    0.4 use one threshold for all prompts.
+    """
+    if category not in SELECTION_THRESHOLDS:
+        raise ValueError(f"No GORS threshold for category {category!r}; known categories: {', '.join(CATEGORIES)}")
+    if prompt_index < 0:
+        raise ValueError(f"prompt_index must be >= 0, got {prompt_index}")
+    template, natural = SELECTION_THRESHOLDS[category]
+    return template if prompt_index < TEMPLATE_PROMPT_COUNT else natural
+
+
+# The released GORS LoRAs, one per category: GORS_finetune/checkpoint/<category>/<stem>.pt.
+OFFICIAL_CHECKPOINT_STEMS: dict[str, str] = {
+    "color": "lora_weight_e357_s124500",
+    "shape": "lora_weight_e180_s49000",
+    "texture": "lora_weight_e118_s63000",
+    "spatial": "spatial",
+    "non_spatial": "non_spatial",
+    "complex": "complex",
+}
+
+# Table 2: Stable Diffusion v2 (`stable-diffusion-2-base`, the model GORS fine-tunes) and GORS,
+# each category's own metric; keys are `gors evaluate` labels.
+PUBLISHED: dict[str, dict[str, float]] = {
+    "SD-2-base (T2I-CompBench paper)": {
+        "t2i_compbench:color": 0.5065,
+        "t2i_compbench:shape": 0.4221,
+        "t2i_compbench:texture": 0.4922,
+        "t2i_compbench:spatial": 0.1342,
+        "t2i_compbench:non_spatial": 0.3096,
+        "t2i_compbench:complex": 0.3386,
+    },
+    "GORS (T2I-CompBench paper)": {
+        "t2i_compbench:color": 0.6603,
+        "t2i_compbench:shape": 0.4785,
+        "t2i_compbench:texture": 0.6287,
+        "t2i_compbench:spatial": 0.1815,
+        "t2i_compbench:non_spatial": 0.3193,
+        "t2i_compbench:complex": 0.3328,
+    },
+}

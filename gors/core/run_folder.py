@@ -1,0 +1,26 @@
+"""The layout of a run folder: where each stage reads and writes (see the README's "Output layout")."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SAMPLES_DIR = "samples"  # the sample store (`gors.core.store`)
+SCORES_DIR = "scores"  # one sub-folder of score shards per reward
+SELECTION_FILE = "selection.jsonl"
+SELECTION_SUMMARY_FILE = "selection_summary.json"
+CHECKPOINTS_DIR = "checkpoints"
+LATENT_CACHE_DIR = "latent_cache"
+
+
+def reward_key(reward: str) -> str:
+    """A file-name-safe name for a reward spec (e.g. 'my.module:MyReward' -> 'my.module_MyReward')."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", reward).strip("_")
+
+
+def samples_dir(output_dir: str | Path) -> Path:
+    return Path(output_dir) / SAMPLES_DIR
+
+
+def scores_dir(output_dir: str | Path, reward: str) -> Path:
+    return Path(output_dir) / SCORES_DIR / reward_key(reward)

@@ -1,1 +1,0 @@
-"""Tiny random-initialised models of the real classes, for the offline demo and the tests."""
