@@ -1,6 +1,7 @@
 # Set-up and everyday commands, in the style of diffusers/transformers.
 #   make test   create .venv if missing, install gors with its test extra, run the tests
 #   make demo   same environment, then GORS in the toy world on the packaged toy model (CPU, offline)
+#   make quality  ruff's lint and import order over the package, tests, recipes and speed scripts
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -26,6 +27,10 @@ test: install
 demo: install
 	HF_HUB_OFFLINE=1 $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml \
 		--main_process_port 0 recipes/gors_toy.py --output_dir $(DEMO_DIR)
+
+quality: install
+	$(PIP) install --quiet ruff
+	$(VENV)/bin/ruff check gors rewards evaluators tests recipes benchmarks
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache
