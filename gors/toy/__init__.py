@@ -1,6 +1,5 @@
-"""A toy compositional world where GORS measurably works on a CPU.
+"""The toy world's trainer side: `gors toy pretrain` (the packaged toy model) and the GORS demo.
 
-Scenes of one or two flat-coloured shapes on a white background, prompts in T2I-CompBench's
-style, an exact scorer, and a tiny Stable Diffusion of the real classes pretrained on rendered
-scenes (it draws shapes and colours but binds them imperfectly).
+The toy world itself (prompts, renderer, packaged weights) is data in `gors.core.toy`; its exact
+scorer and learned classifier are rewards (`rewards.toy_rules`, `rewards.toy_cnn`).
 """
