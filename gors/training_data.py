@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from safetensors.torch import load_file, save_file
 from torchvision import transforms
 
-from gors.core.distributed import batches, my_share, progress_bar
+from gors.core.distributed import batches, progress_bar
 from gors.core.store import SampleStore
 
 
@@ -64,16 +64,17 @@ def cached_latent_distributions(
         part = cache_root / f"{key}.part-{accelerator.process_index:05d}-of-{world:05d}.safetensors"
         if not part.exists():
             transform = image_transform(resolution, center_crop)
-            indices = my_share(range(len(selection)), accelerator)
             means, stds = [], []
-            bar = progress_bar(len(indices), accelerator, "encode latents")
-            for batch in batches(indices, batch_size):
-                pixels = torch.stack([transform(store.open_image(selection[i])) for i in batch])
-                dist = vae.encode(pixels.to(accelerator.device, vae.dtype)).latent_dist
-                means.append(dist.mean.float().cpu())
-                stds.append(dist.std.float().cpu())
-                bar.update(len(batch))
-            bar.close()
+            # A contiguous share of the selection per process; the merge below puts them back in order.
+            with accelerator.split_between_processes(list(range(len(selection)))) as indices:
+                bar = progress_bar(len(indices), accelerator, "encode latents")
+                for batch in batches(indices, batch_size):
+                    pixels = torch.stack([transform(store.open_image(selection[i])) for i in batch])
+                    dist = vae.encode(pixels.to(accelerator.device, vae.dtype)).latent_dist
+                    means.append(dist.mean.float().cpu())
+                    stds.append(dist.std.float().cpu())
+                    bar.update(len(batch))
+                bar.close()
             tensors = {"index": torch.tensor(indices, dtype=torch.long)}
             if indices:
                 tensors |= {"mean": torch.cat(means).contiguous(), "std": torch.cat(stds).contiguous()}

@@ -36,11 +36,6 @@ def _spacy_pipeline() -> Any | None:
         return None
 
 
-def spacy_available() -> bool:
-    """True when spaCy and ``en_core_web_sm`` can be loaded (then the official chunker is used)."""
-    return _spacy_pipeline() is not None
-
-
 def noun_phrases(prompt: str, backend: Backend = "auto") -> list[str]:
     """Noun phrases of `prompt`, each a substring of it, in order.
 

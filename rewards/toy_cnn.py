@@ -232,7 +232,7 @@ def random_scene_batch(
 
 
 # ---------------------------------------------------------------------------------------------
-# Training, evaluation and inference.
+# Training and inference.
 
 
 def train_classifier(
@@ -275,29 +275,6 @@ def train_classifier(
     finally:
         torch.set_num_threads(threads)
     return model.eval()
-
-
-@torch.no_grad()
-def evaluate_classifier(
-    model: ToyClassifier, num_scenes: int = 1000, seed: int = 12345, batch_size: int = 100, augment: bool = True
-) -> dict[str, float]:
-    """Accuracy on fresh random scenes (a seed unused by training): thresholds probabilities at 0.5.
-
-    Returns `exact_match` (fraction of scenes with all 12 presence labels right, in [0, 1]) and
-    `label_accuracy` (fraction of the 12 x num_scenes labels right, in [0, 1]).
-    """
-    rng = np.random.default_rng(seed)
-    device = next(model.parameters()).device
-    exact, correct, total = 0, 0, 0
-    model.eval()
-    for start in range(0, num_scenes, batch_size):
-        images, labels = random_scene_batch(rng, min(batch_size, num_scenes - start), augment=augment)
-        predicted = (model(images.to(device)).cpu() > 0).float()  # logit > 0 <=> probability > 0.5
-        right = predicted == labels
-        exact += int(right.all(dim=1).sum())
-        correct += int(right.sum())
-        total += right.numel()
-    return {"exact_match": exact / num_scenes, "label_accuracy": correct / total}
 
 
 @torch.no_grad()

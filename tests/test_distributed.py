@@ -4,14 +4,31 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from accelerate import PartialState
 from safetensors.torch import load_file
 
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_shares_are_contiguous_and_as_large_as_strided_ones(world):
+    """The stages split work with `split_between_processes`: every item once, in order, and each
+    process as many items as a strided split gave it (so batch sizes, and numbers, stay the same)."""
+    for count in range(12):
+        items = [f"item {i}" for i in range(count)]
+        shares = []
+        for rank in range(world):
+            layout = SimpleNamespace(num_processes=world, process_index=rank)  # what the split reads
+            with PartialState.split_between_processes(layout, items) as share:
+                shares.append(share)
+        assert [x for share in shares for x in share] == items
+        assert [len(share) for share in shares] == [len(items[rank::world]) for rank in range(world)]
 
 
 def _launch(args, cwd):

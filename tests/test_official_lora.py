@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from pinned_http import file_server, forbid_internet, github_url, local_source, record_retry_waits
 
 from gors import official_lora
 from gors.core.data import ChecksumError
@@ -258,40 +259,28 @@ def test_gors_load_lora_applies_the_official_lora(converted_dir):
 @needs_checkpoints
 def test_official_files_download_once_with_sha256_check(monkeypatch, tmp_path):
     monkeypatch.delenv("GORS_DATA_DIR")
-    served: list[str] = []
+    forbid_internet(monkeypatch)
+    waits = record_retry_waits(monkeypatch)
+    with file_server() as server:
+        monkeypatch.setattr(official_lora, "GORS_CHECKPOINTS", local_source(official_lora.GORS_CHECKPOINTS, server.url))
+        for name in official_lora.OFFICIAL_LORA_SHA256:
+            data = (CHECKPOINTS / name).read_bytes() if name.startswith("spatial/") else b"not the checkpoint"
+            server.put(official_lora.GORS_CHECKPOINTS, name, data)
+        unet_pt, text_pt = official_lora_files("spatial")
+        assert [github_url(path) for path in server.requests] == [
+            "https://raw.githubusercontent.com/Karine-Huang/T2I-CompBench/1b7094991a57f3c22abdd4f6e8ba6c1a15517073/"
+            f"GORS_finetune/checkpoint/spatial/spatial{suffix}" for suffix in (".pt", TEXT_ENCODER_SUFFIX)
+        ]
+        assert unet_pt.read_bytes() == (CHECKPOINTS / "spatial" / "spatial.pt").read_bytes()
+        assert str(text_pt).startswith(str(tmp_path / "cache"))
+        official_lora_files("spatial")
+        assert len(server.requests) == 2  # the cached copies are reused
 
-    class Response:
-        def __init__(self, data: bytes):
-            self.data = data
-
-        def read(self) -> bytes:
-            return self.data
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    def urlopen(url, timeout):
-        served.append(url)
-        return Response((CHECKPOINTS / url.split("/GORS_finetune/checkpoint/")[1]).read_bytes())
-
-    monkeypatch.setattr("urllib.request.urlopen", urlopen)
-    unet_pt, text_pt = official_lora_files("spatial")
-    assert served == [
-        "https://raw.githubusercontent.com/Karine-Huang/T2I-CompBench/1b7094991a57f3c22abdd4f6e8ba6c1a15517073/"
-        f"GORS_finetune/checkpoint/spatial/spatial{suffix}" for suffix in (".pt", TEXT_ENCODER_SUFFIX)
-    ]
-    assert unet_pt.read_bytes() == (CHECKPOINTS / "spatial" / "spatial.pt").read_bytes()
-    assert str(text_pt).startswith(str(tmp_path / "cache"))
-    official_lora_files("spatial")
-    assert len(served) == 2  # the cached copies are reused
-
-    monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: Response(b"not the checkpoint"))
-    with pytest.raises(ChecksumError, match="sha256"):
-        official_lora_files("complex")
-    assert not list((tmp_path / "cache").rglob("complex*"))  # a bad download never lands in the cache
+        with pytest.raises(ChecksumError, match="sha256"):
+            official_lora_files("complex")
+        assert len(server.requests) == 2 + 4 and waits == [1, 2, 3]  # a bad download is retried, then refused
+    # A bad download never lands in the cache, nor does its temporary file (pooch leaves the empty folder).
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and "complex" in str(p)]
 
 
 @needs_checkpoints

@@ -2,31 +2,38 @@
 
 from __future__ import annotations
 
-import io
 import shutil
-import urllib.error
-import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pinned_http import FileServer, file_server, forbid_internet, github_url, local_source, record_retry_waits
 
 from gors.core import paper
 from gors.core import prompts as P
+from gors.core.data import cache_root
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 needs_shared = pytest.mark.skipif(not (SHARED / "t2i_compbench").is_dir(), reason="shared/benchmarks not present")
+GITHUB_DATASET = f"https://raw.githubusercontent.com/Karine-Huang/T2I-CompBench/{P.T2I_COMPBENCH_COMMIT}/examples/dataset/"
 
 
 @pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Never touch the real cache or the network, whatever the caller's environment says."""
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[float]:
+    """Never touch the real cache or the network, whatever the caller's environment says; pooch's
+    waits between download attempts are instant, and the list of them is returned."""
     monkeypatch.delenv("GORS_DATA_DIR", raising=False)
     monkeypatch.setenv("GORS_CACHE_DIR", str(tmp_path / "cache"))
+    forbid_internet(monkeypatch)
+    return record_retry_waits(monkeypatch)
 
-    def no_network(*args: object, **kwargs: object) -> None:
-        raise AssertionError("network access attempted")
 
-    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FileServer]:
+    """T2I-CompBench downloads go to a server on 127.0.0.1, at the files' GitHub paths."""
+    with file_server() as running:
+        monkeypatch.setattr(P, "T2I_COMPBENCH", local_source(P.T2I_COMPBENCH, running.url))
+        yield running
 
 
 @needs_shared
@@ -73,43 +80,65 @@ def test_cache_hit_never_downloads(tmp_path: Path) -> None:
     cached = tmp_path / "cache" / "t2i_compbench" / P.T2I_COMPBENCH_COMMIT / "texture_val.txt"
     cached.parent.mkdir(parents=True)
     shutil.copy(SHARED / "t2i_compbench" / "texture_val.txt", cached)
-    assert P.fetch_t2i_compbench_file("texture_val.txt") == cached  # urlopen raises if called
+    assert P.fetch_t2i_compbench_file("texture_val.txt") == cached  # any request would fail the test
 
 
-def test_failed_download_says_how_to_go_offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    def offline(url: str, timeout: float) -> None:
-        raise urllib.error.URLError("no route to host")
-
-    monkeypatch.setattr(urllib.request, "urlopen", offline)
+def test_failed_download_says_how_to_go_offline(monkeypatch: pytest.MonkeyPatch, _isolated: list[float]) -> None:
+    with file_server() as gone:
+        pass  # nothing listens on its port any more: every connection is refused
+    monkeypatch.setattr(P, "T2I_COMPBENCH", local_source(P.T2I_COMPBENCH, gone.url))
     with pytest.raises(P.DownloadError) as err:
         P.load_prompts("spatial")
     message = str(err.value)
     assert P.t2i_compbench_url("spatial_train.txt") in message
     assert "GORS_DATA_DIR" in message and "--train_prompts" in message
+    assert _isolated == [1, 2, 3]  # tried four times, waiting longer each time
+    assert not list(cache_root().rglob("spatial_train.txt"))
 
 
 @needs_shared
-def test_download_is_verified_and_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_download_is_verified_and_cached(server: FileServer, _isolated: list[float]) -> None:
     payload = (SHARED / "t2i_compbench" / "color_val.txt").read_bytes()
-    calls: list[str] = []
-
-    def fake_urlopen(url: str, timeout: float) -> io.BytesIO:
-        calls.append(url)
-        return io.BytesIO(payload)
-
-    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
+    served = server.put(P.T2I_COMPBENCH, "color_val.txt", payload)
     path = P.fetch_t2i_compbench_file("color_val.txt")
-    assert calls == [P.t2i_compbench_url("color_val.txt")]
+    assert [github_url(p) for p in server.requests] == [GITHUB_DATASET + "color_val.txt"]
+    assert path == cache_root() / "t2i_compbench" / P.T2I_COMPBENCH_COMMIT / "color_val.txt"
     assert path.read_bytes() == payload
     assert [p.name for p in path.parent.iterdir()] == ["color_val.txt"]  # no temp file left behind
     P.fetch_t2i_compbench_file("color_val.txt")
-    assert len(calls) == 1  # second call served from the cache
+    assert server.requests == [served]  # second call served from the cache
 
-    # A corrupted download is rejected and never written to the cache.
-    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: io.BytesIO(b"junk"))
-    with pytest.raises(P.ChecksumError, match="shape_val.txt"):
+    # A corrupted cached copy is not trusted: it is downloaded again.
+    path.write_bytes(payload[:-5])
+    assert P.fetch_t2i_compbench_file("color_val.txt") == path
+    assert path.read_bytes() == payload and server.requests == [served, served]
+
+    # A corrupted download is rejected (after the retries) and never written to the cache.
+    bad = server.put(P.T2I_COMPBENCH, "shape_val.txt", b"junk")
+    with pytest.raises(P.ChecksumError, match="shape_val.txt") as err:
         P.fetch_t2i_compbench_file("shape_val.txt")
-    assert not (path.parent / "shape_val.txt").exists()
+    assert P.T2I_COMPBENCH_SHA256["shape_val.txt"] in str(err.value)
+    assert server.requests[2:] == [bad] * 4
+    assert [p.name for p in path.parent.iterdir()] == ["color_val.txt"]
+    assert _isolated == [1, 2, 3]
+
+
+@needs_shared
+def test_transient_failures_are_retried(server: FileServer, _isolated: list[float]) -> None:
+    payload = (SHARED / "t2i_compbench" / "texture_val.txt").read_bytes()
+    served = server.put(P.T2I_COMPBENCH, "texture_val.txt", payload)
+    server.failures = 2  # two 503 answers, then the file
+    assert P.fetch_t2i_compbench_file("texture_val.txt").read_bytes() == payload
+    assert server.requests == [served] * 3 and _isolated == [1, 2]
+
+    # A server that keeps failing: four attempts, then a DownloadError that names the URL; nothing cached.
+    server.failures = 10
+    server.put(P.T2I_COMPBENCH, "texture_train.txt", b"never served")
+    with pytest.raises(P.DownloadError, match="503") as err:
+        P.fetch_t2i_compbench_file("texture_train.txt")
+    assert P.t2i_compbench_url("texture_train.txt") in str(err.value)
+    assert len(server.requests) == 3 + 4
+    assert not (cache_root() / "t2i_compbench" / P.T2I_COMPBENCH_COMMIT / "texture_train.txt").exists()
 
 
 def test_read_prompt_file_crlf_and_blanks(tmp_path: Path) -> None:

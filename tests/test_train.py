@@ -1,6 +1,8 @@
 """Training on tiny models: only LoRA learns, the LoRA loads in diffusers, resume is exact."""
 
+import hashlib
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +41,12 @@ def _copy_run(selected_run, destination):
         source = f"{selected_run.output_dir}/{name}"
         (shutil.copytree if name != "selection.jsonl" else shutil.copy)(source, destination / name)
     return destination
+
+
+def _file_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file under `folder`, by relative path."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _config(make_run_config, run_dir, **overrides):
@@ -92,10 +100,13 @@ def test_flags_turn_each_side_off(selected_run, make_run_config, tmp_path):
 
 def test_saved_lora_loads_in_diffusers_and_changes_the_output(selected_run, make_run_config, tmp_path, tiny_sd):
     run_dir = _copy_run(selected_run, tmp_path / "run")
+    base_files = _file_hashes(tiny_sd)
+    assert any(name.endswith("diffusion_pytorch_model.safetensors") for name in base_files)
     # A large learning rate so that two steps visibly move the tiny model.
     lora_file = train(_config(make_run_config, run_dir, learning_rate=1e-1, text_encoder_learning_rate=1e-1))
     weights = load_file(str(lora_file))
     assert any(k.startswith("unet.") for k in weights) and any(k.startswith("text_encoder.") for k in weights)
+    assert all(".lora" in k for k in weights)  # adapters only (lora.down, lora.up, ...), no base weight
     pipeline = StableDiffusionPipeline.from_pretrained(str(tiny_sd), safety_checker=None)
     pipeline.set_progress_bar_config(disable=True)
 
@@ -107,10 +118,8 @@ def test_saved_lora_loads_in_diffusers_and_changes_the_output(selected_run, make
     pipeline.load_lora_weights(str(run_dir))
     after = render()
     assert np.abs(before - after).max() > 1e-3
-    # base weights are untouched: only adapters were trained
-    base = StableDiffusionPipeline.from_pretrained(str(tiny_sd)).unet.state_dict()
-    trained_base = load_file(str(tiny_sd / "unet" / "diffusion_pytorch_model.safetensors"))
-    assert all(torch.equal(base[k], trained_base[k]) for k in trained_base)
+    # The base model folder is byte for byte what it was before training: only adapters were saved.
+    assert _file_hashes(tiny_sd) == base_files
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-1", "checkpoint-2"]
     assert any((run_dir / "logs").rglob("events.out.tfevents*"))
 

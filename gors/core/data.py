@@ -6,22 +6,24 @@ copy of one file of a `PinnedSource`:
 - with `GORS_DATA_DIR` set, only that folder is read (`<dir>/<file>` or `<dir>/<source name>/<file>`)
   and the network is never touched;
 - otherwise `$GORS_CACHE_DIR` (default `~/.cache/gors`)`/<source name>/<commit>/<file>`, downloaded
-  there first if absent or corrupted, written atomically.
+  there first if absent or corrupted. `pooch` does the download: retried on failure, streamed to a
+  temporary file beside the target, hash-checked, then moved into place, so neither a partial nor
+  a bad download ever lands in the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import urllib.error
-import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gors.core.io import atomic_write_bytes
+import pooch
+import requests
 
-DOWNLOAD_TIMEOUT_S = 60.0
+DOWNLOAD_TIMEOUT_S = 60.0  # per connection attempt and per read, not for the whole file
+DOWNLOAD_RETRIES = 3  # after the first attempt; pooch waits 1, 2, 3 s between them
 GITHUB_RAW = "https://raw.githubusercontent.com/{repository}/{commit}/{path}"
 
 
@@ -54,6 +56,7 @@ class PinnedSource:
     url_pattern: str = GITHUB_RAW
 
     def url(self, filename: str) -> str:
+        """Where `filename` (relative to `folder`) is downloaded from."""
         return self.url_pattern.format(repository=self.repository, commit=self.commit, path=self.folder + filename)
 
 
@@ -63,16 +66,32 @@ def cache_root() -> Path:
 
 
 def sha256_of(data: bytes) -> str:
+    """The sha256 hex digest of `data`."""
     return hashlib.sha256(data).hexdigest()
 
 
-def _check_hash(source: PinnedSource, filename: str, data: bytes, where: str) -> None:
-    expected, actual = source.sha256[filename], sha256_of(data)
+def _check_hash(source: PinnedSource, filename: str, path: Path, where: str) -> None:
+    expected, actual = source.sha256[filename], pooch.file_hash(str(path), alg="sha256")
     if actual != expected:
         raise ChecksumError(
             f"{filename} ({where}) has sha256 {actual}, expected {expected}: the file is corrupted or "
             f"not from {source.repository} commit {source.commit}. Replace it with the official file."
         )
+
+
+def _verifying_downloader(source: PinnedSource, filename: str) -> Callable[[str, str, pooch.Pooch], None]:
+    """pooch's HTTP download, followed by our hash check of the temporary file.
+
+    pooch checks the hash too, but its error does not say which pinned commit the file should come
+    from; a `ChecksumError` is a `ValueError`, which pooch retries like its own hash mismatch.
+    """
+    http = pooch.HTTPDownloader(timeout=DOWNLOAD_TIMEOUT_S, progressbar=False)
+
+    def download(url: str, output_file: str, pup: pooch.Pooch) -> None:
+        http(url, output_file, pup)
+        _check_hash(source, filename, Path(output_file), url)
+
+    return download
 
 
 def fetch_pinned_file(source: PinnedSource, filename: str) -> Path:
@@ -84,25 +103,24 @@ def fetch_pinned_file(source: PinnedSource, filename: str) -> Path:
         candidates = [Path(data_dir) / filename, Path(data_dir) / source.name / filename]
         for path in candidates:
             if path.is_file():
-                _check_hash(source, filename, path.read_bytes(), str(path))
+                _check_hash(source, filename, path, str(path))
                 return path
         raise FileNotFoundError(
             f"GORS_DATA_DIR={data_dir!r} does not contain {filename}: looked for "
             f"{' and '.join(map(str, candidates))}. Copy the file there or unset GORS_DATA_DIR to download it."
         )
-    target = cache_root() / source.name / source.commit / filename
-    # A cached copy is trusted only if its hash still matches; a bad one is fetched again.
-    if target.is_file() and sha256_of(target.read_bytes()) == source.sha256[filename]:
-        return target
-    url = source.url(filename)
+    # pooch reuses a cached copy only if its hash still matches; a corrupted one is fetched again.
+    pup = pooch.create(
+        path=cache_root() / source.name / source.commit,
+        base_url=source.url(""),
+        registry={name: f"sha256:{digest}" for name, digest in source.sha256.items()},
+        urls={name: source.url(name) for name in source.sha256},
+        retry_if_failed=DOWNLOAD_RETRIES,
+    )
     try:
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
-            data = response.read()
-    except (urllib.error.URLError, OSError, TimeoutError) as err:
+        return Path(pup.fetch(filename, downloader=_verifying_downloader(source, filename)))
+    except requests.exceptions.RequestException as err:
         raise DownloadError(
-            f"Could not download {url}: {err}. To run offline, set GORS_DATA_DIR to a folder holding "
-            f"{filename}{'; ' + source.offline_hint if source.offline_hint else ''}."
+            f"Could not download {source.url(filename)}: {err}. To run offline, set GORS_DATA_DIR to a folder "
+            f"holding {filename}{'; ' + source.offline_hint if source.offline_hint else ''}."
         ) from err
-    _check_hash(source, filename, data, url)  # verify before caching so a bad download never lands on disk
-    atomic_write_bytes(target, data)  # concurrent readers never see a partial file
-    return target

@@ -1,4 +1,8 @@
-"""Small helpers for work split over Accelerate processes."""
+"""Small helpers for work split over Accelerate processes.
+
+Each stage hands every process its share with `accelerator.split_between_processes(items)`:
+contiguous slices whose sizes differ by at most one.
+"""
 
 from __future__ import annotations
 
@@ -27,18 +31,18 @@ def process_state() -> PartialState:
     return PartialState(cpu=_cpu_only())
 
 
-def my_share(items: Sequence[T], accelerator: Accelerator) -> list[T]:
-    """This process's items: a strided slice, so shares differ in size by at most one."""
-    return list(items[accelerator.process_index :: accelerator.num_processes])
-
-
 def batches(items: Sequence[T], size: int) -> Iterator[list[T]]:
+    """Consecutive lists of `size` items, the last one possibly shorter (`itertools.batched` needs Python 3.12)."""
     for start in range(0, len(items), size):
         yield list(items[start : start + size])
 
 
 def progress_bar(total: int, accelerator: Accelerator, desc: str) -> tqdm:
-    """A bar on the main process only; it counts the main process's share of the work."""
+    """A bar on the main process only; it counts the main process's share of the work.
+
+    Not `accelerate.utils.tqdm`: that one shows a bar on the first process of every node, and
+    neither says that the count is one process's share.
+    """
     suffix = f" (process 0 of {accelerator.num_processes})" if accelerator.num_processes > 1 else ""
     return tqdm(total=total, desc=desc + suffix, disable=not accelerator.is_main_process, dynamic_ncols=True)
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 from accelerate import Accelerator
 
-from gors.core.distributed import batches, my_share, progress_bar
+from gors.core.distributed import batches, progress_bar
 from gors.core.pipeline import cpu_generators
 from gors.core.store import SampleStore, StoreError, sample_file_name, sample_key, sample_seed
 
@@ -67,37 +67,38 @@ def generate_samples(
 
     done = {sample_key(record) for record in store.records()}
     todo = [(p, i) for p in range(len(prompts)) for i in range(protocol.images_per_prompt) if (p, i) not in done]
-    mine = my_share(todo, accelerator)
     if accelerator.is_main_process:
         print(f"[{desc}] {len(done)} samples exist, {len(todo)} to generate into {store.root}")
 
-    if mine:
-        pipeline = pipeline_loader()
-        bar = progress_bar(len(mine), accelerator, desc)
-        for batch in batches(mine, protocol.batch_size):
-            seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
-            with torch.inference_mode():
-                images = pipeline(
-                    prompt=[prompts[p] for p, _ in batch],
-                    height=protocol.resolution,
-                    width=protocol.resolution,
-                    num_inference_steps=protocol.num_inference_steps,
-                    guidance_scale=protocol.guidance_scale,
-                    generator=cpu_generators(seeds),
-                ).images
-            for (p, i), seed, image in zip(batch, seeds, images):
-                record = {
-                    "file_name": sample_file_name(p, i),
-                    "prompt": prompts[p],
-                    "prompt_index": p,
-                    "image_index": i,
-                    "seed": seed,
-                    "num_inference_steps": protocol.num_inference_steps,
-                    "guidance_scale": protocol.guidance_scale,
-                    "resolution": protocol.resolution,
-                }
-                store.append(accelerator.process_index, image, {**record, **(record_extras or {})})
-            bar.update(len(batch))
-        bar.close()
+    # A contiguous share per process; an image depends only on its seed, not on the process that makes it.
+    with accelerator.split_between_processes(todo) as mine:
+        if mine:
+            pipeline = pipeline_loader()
+            bar = progress_bar(len(mine), accelerator, desc)
+            for batch in batches(mine, protocol.batch_size):
+                seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
+                with torch.inference_mode():
+                    images = pipeline(
+                        prompt=[prompts[p] for p, _ in batch],
+                        height=protocol.resolution,
+                        width=protocol.resolution,
+                        num_inference_steps=protocol.num_inference_steps,
+                        guidance_scale=protocol.guidance_scale,
+                        generator=cpu_generators(seeds),
+                    ).images
+                for (p, i), seed, image in zip(batch, seeds, images):
+                    record = {
+                        "file_name": sample_file_name(p, i),
+                        "prompt": prompts[p],
+                        "prompt_index": p,
+                        "image_index": i,
+                        "seed": seed,
+                        "num_inference_steps": protocol.num_inference_steps,
+                        "guidance_scale": protocol.guidance_scale,
+                        "resolution": protocol.resolution,
+                    }
+                    store.append(accelerator.process_index, image, {**record, **(record_extras or {})})
+                bar.update(len(batch))
+            bar.close()
     accelerator.wait_for_everyone()
     return store

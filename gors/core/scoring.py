@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from accelerate import Accelerator
 from PIL import Image
 
-from gors.core.distributed import batches, my_share, progress_bar
+from gors.core.distributed import batches, progress_bar
 from gors.core.io import append_jsonl, atomic_write_json
 from gors.core.run_folder import scores_dir
 from gors.core.store import SampleKey, SampleStore, StoreError, read_rows, sample_key
@@ -94,25 +94,27 @@ def score_samples(
                 f"prompt is now {record['prompt']!r}: it belongs to another run. Use a new output folder."
             )
     todo = [record for record in records if sample_key(record) not in done]
-    mine = my_share(todo, accelerator)
     out_file = Path(scores_folder) / f"part-{accelerator.process_index:05d}.jsonl"
     if accelerator.is_main_process:
         print(f"[{desc}] {len(done)} samples scored, {len(todo)} to score")
-    if mine:
-        reward = make_reward()
-        bar = progress_bar(len(mine), accelerator, desc)
-        for batch in batches(mine, batch_size):
-            images = [store.open_image(record) for record in batch]
-            metadata = batch if prompt_metadata is None else [{**prompt_metadata[r["prompt_index"]], **r} for r in batch]
-            output = reward.score(images, [r["prompt"] for r in batch], metadata=metadata)
-            rows = [
-                {"prompt_index": r["prompt_index"], "image_index": r["image_index"], "path": r["path"],
-                 "prompt": r["prompt"], "reward": value, "details": details}
-                for r, value, details in zip(batch, output.scores, output.details)
-            ]
-            append_jsonl(out_file, rows)
-            bar.update(len(batch))
-        bar.close()
+    with accelerator.split_between_processes(todo) as mine:  # contiguous shares, sizes differ by at most one
+        if mine:
+            reward = make_reward()
+            bar = progress_bar(len(mine), accelerator, desc)
+            for batch in batches(mine, batch_size):
+                images = [store.open_image(record) for record in batch]
+                metadata = batch
+                if prompt_metadata is not None:
+                    metadata = [{**prompt_metadata[r["prompt_index"]], **r} for r in batch]
+                output = reward.score(images, [r["prompt"] for r in batch], metadata=metadata)
+                rows = [
+                    {"prompt_index": r["prompt_index"], "image_index": r["image_index"], "path": r["path"],
+                     "prompt": r["prompt"], "reward": value, "details": details}
+                    for r, value, details in zip(batch, output.scores, output.details)
+                ]
+                append_jsonl(out_file, rows)
+                bar.update(len(batch))
+            bar.close()
     accelerator.wait_for_everyone()
     wanted = {sample_key(record) for record in records}  # rows of samples no longer asked for stay on disk only
     return {key: row for key, row in read_score_rows(scores_folder).items() if key in wanted}
