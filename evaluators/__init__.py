@@ -1,15 +1,23 @@
 """Benchmarks as registered tasks: prompts, generation protocol, scorer and aggregation.
 
 `evaluators.get_benchmark("toy", split="held_out")` builds one; `Benchmark.evaluate` runs it on
-any checkpoint (with an optional LoRA).
+any checkpoint (with an optional LoRA). Name -> class, as for rewards (`rewards.registry`): the
+built-in table below, the `@register_benchmark` decorator, and the `gors.benchmarks` entry-point
+group of installed packages, e.g. in a plugin's pyproject.toml:
+
+    [project.entry-points."gors.benchmarks"]
+    my_benchmark = "my_package.benchmarks:MyBenchmark"
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Any
 
-from evaluators.base import Benchmark
+from evaluators.base import Benchmark, BenchmarkPrompt
+from evaluators.results import Metric
 from gors.core import paper
 
 _BENCHMARKS = {
@@ -19,17 +27,43 @@ _BENCHMARKS = {
     "t2i_compbench": "evaluators.t2i_compbench:T2ICompBenchBenchmark",
     "toy": "evaluators.toy:ToyBenchmark",
 }
+_REGISTERED: dict[str, type[Benchmark]] = {}
+ENTRY_POINT_GROUP = "gors.benchmarks"
+
+
+def _entry_points() -> dict[str, str]:
+    """Benchmarks that installed packages declare in the `gors.benchmarks` group: name -> "module:Class"."""
+    return {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def register_benchmark(name: str) -> Callable[[type[Benchmark]], type[Benchmark]]:
+    """Class decorator that makes a `Benchmark` subclass available as `name` (its `name` is set too)."""
+
+    def decorator(cls: type[Benchmark]) -> type[Benchmark]:
+        if not (isinstance(cls, type) and issubclass(cls, Benchmark)):
+            raise TypeError(f"@register_benchmark({name!r}) expects a Benchmark subclass, got {cls!r}")
+        cls.name = name
+        _REGISTERED[name] = cls
+        return cls
+
+    return decorator
 
 
 def available_benchmarks() -> list[str]:
-    return sorted(_BENCHMARKS)
+    return sorted(set(_BENCHMARKS) | set(_REGISTERED) | set(_entry_points()))
 
 
 def benchmark_class(name: str) -> type[Benchmark]:
-    if name not in _BENCHMARKS:
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    path = _BENCHMARKS.get(name) or _entry_points().get(name)
+    if path is None:
         raise ValueError(f"Unknown benchmark {name!r}; known: {', '.join(available_benchmarks())}")
-    module, _, cls = _BENCHMARKS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    module, _, cls = path.partition(":")
+    found = getattr(importlib.import_module(module), cls)
+    if not (isinstance(found, type) and issubclass(found, Benchmark)):
+        raise TypeError(f"benchmark {name!r} ({path}) is not a Benchmark subclass")
+    return found
 
 
 def get_benchmark(name: str, **kwargs: Any) -> Benchmark:
@@ -52,12 +86,13 @@ def parse_benchmarks(spec: str) -> list[tuple[str, str | None]]:
         raise ValueError(f"--benchmarks={spec!r}: name at least one of all, {', '.join(available_benchmarks())}")
     parsed: list[tuple[str, str | None]] = []
     current: str | None = None
+    known = set(available_benchmarks())
     for item in items:
         name, sep, subset = item.partition(":")
         if item == "all":
             parsed += [(b, None) for b in ALL_BENCHMARKS]
             current = None
-        elif name in _BENCHMARKS:
+        elif name in known:
             parsed.append((name, subset or None) if sep else (name, None))
             current = name if sep else None
         elif current is not None and not sep:
@@ -92,9 +127,12 @@ def benchmark_label(name: str, subset: str | None) -> str:
 
 __all__ = [
     "Benchmark",
+    "BenchmarkPrompt",
+    "Metric",
     "available_benchmarks",
     "benchmark_label",
     "build_benchmark",
     "get_benchmark",
     "parse_benchmarks",
+    "register_benchmark",
 ]

@@ -4,35 +4,54 @@
 over Accelerate processes, with an optional LoRA) or reads images already laid out as the
 benchmark's official tools expect (`images=`), scores them with the benchmark's scorer (a
 reward from the `rewards` registry, given each prompt's metadata), and writes per-image rows
-(`results.jsonl`), a summary (`summary.json`) and any official-format files.
+(`results.jsonl`), a summary (`summary.json`, with the `evaluators.results` schema beside the
+benchmark's own keys) and any official-format files.
 
-A subclass declares `name` and `scorer` and implements `prompts`, `protocol` and `summarize`;
+`Benchmark` is a dataclass holding the protocol fields every benchmark shares (max_prompts,
+images_per_prompt, num_inference_steps, guidance_scale, resolution, seed, batch_size) with
+their checks. A subclass is a dataclass too; it declares `name`, `scorer`, `primary_metric`,
+`metrics`, `official_images_per_prompt` and, where its official protocol differs, its own field
+defaults and `seed_fn`; it implements `prompts` (subsampled with `subsample`) and `summarize`.
 `read_images`, `judge`, `scorer_options`, `columns` (further metrics reported beside the main
-one, e.g. T2I-CompBench's B-CLIP and CLIPScore columns) and `write_official` are optional.
+one, e.g. T2I-CompBench's B-CLIP and CLIPScore columns), `data_version` and `write_official`
+are optional.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from accelerate import Accelerator
 from PIL import Image, UnidentifiedImageError
 
+import gors
+from evaluators.results import (
+    SCHEMA_VERSION,
+    Metric,
+    bootstrap,
+    bootstrap_settings,
+    group_by_prompt,
+    metric_results,
+    resampled_rows,
+)
+from gors.core.data import PinnedSource
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, atomic_write_jsonl
 from gors.core.pipeline import inference_dtype, load_pipeline
 from gors.core.sampling import SamplingProtocol, generate_samples
 from gors.core.scoring import score_samples
-from gors.core.store import SampleStore, StoreError
+from gors.core.store import SampleStore, StoreError, sample_seed
 from rewards import Reward
 from rewards.combined import build_reward
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
+T = TypeVar("T")
 
 
 ScorerKey = tuple[str, str, int, str, str]
@@ -110,16 +129,85 @@ def check_complete(entries: Sequence[ImageEntry], num_prompts: int, images_per_p
         )
 
 
+def every_nth(items: Sequence[T], max_prompts: int | None) -> list[T]:
+    """Every n-th item, n = ceil(len / max_prompts), so that at most `max_prompts` remain (all
+    of them without a limit): a quick run spread over the whole prompt list, in its order."""
+    if max_prompts and len(items) > max_prompts:
+        return list(items[:: -(-len(items) // max_prompts)])
+    return list(items)
+
+
+def pinned_data(source: PinnedSource, *files: str) -> dict[str, Any]:
+    """The data version of files of a `PinnedSource`: repository, commit and each file's sha256."""
+    return {"repository": source.repository, "commit": source.commit,
+            "files": {name: source.sha256[name] for name in files}}
+
+
+@dataclass
 class Benchmark:
-    """Base class of benchmarks; see the module docstring for what subclasses provide."""
+    """Base class of benchmarks: the shared protocol fields; see the module docstring.
+
+    Args:
+        max_prompts: evaluate every n-th prompt so that at most this many remain (quick runs);
+            None: all of them.
+        images_per_prompt: images per prompt; None is the benchmark's official number.
+        num_inference_steps, guidance_scale, resolution, seed, batch_size: the sampling protocol
+            (DDIM steps, classifier-free guidance, image side in pixels, base seed of `seed_fn`,
+            images per generation batch); the defaults are the project's evaluation default,
+            a subclass overrides them with its official protocol.
+    """
+
+    max_prompts: int | None = None
+    images_per_prompt: int | None = None
+    num_inference_steps: int = 30
+    guidance_scale: float = 7.5
+    resolution: int = 512
+    seed: int = 42
+    batch_size: int = 8
 
     name: ClassVar[str] = ""
     scorer: ClassVar[str] = ""  # a reward name (or weighted list) from the rewards registry
-    higher_is_better: ClassVar[bool] = True
     # The summary key that ranks checkpoints (validation keeps the best by it; reports lead with it).
     primary_metric: ClassVar[str] = "score"
+    # Every number the summary reports, declared once: key, direction, scale (see evaluators.results).
+    metrics: ClassVar[tuple[Metric, ...]] = ()
     # The constructor field that "name:value" sets in a benchmark spec, e.g. t2i_compbench:color.
     subset_field: ClassVar[str | None] = None
+    official_images_per_prompt: ClassVar[int] = 1
+    # (base seed, prompt index, image index) -> seed of that image; by default a seed per image.
+    # A staticmethod, so that `self.seed_fn` is the plain function, not a method bound to self.
+    seed_fn: ClassVar[Callable[[int, int, int], int]] = staticmethod(sample_seed)
+
+    def __post_init__(self) -> None:
+        if self.images_per_prompt is not None and self.images_per_prompt < 1:
+            raise ValueError(f"images_per_prompt must be >= 1 (or None for the official "
+                             f"{self.official_images_per_prompt}), got {self.images_per_prompt}")
+        if self.max_prompts is not None and self.max_prompts < 1:
+            raise ValueError(f"max_prompts must be >= 1 (or None for all prompts), got {self.max_prompts}")
+        for key in ("num_inference_steps", "resolution", "batch_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+
+    @property
+    def num_images(self) -> int:
+        """Images per prompt: `images_per_prompt`, or the official number when it is None."""
+        return self.images_per_prompt or self.official_images_per_prompt
+
+    @property
+    def higher_is_better(self) -> bool:
+        """The direction of the primary metric, as declared in `metrics`."""
+        return self.declared_metric(self.primary_metric).higher_is_better
+
+    def declared_metric(self, key: str) -> Metric:
+        """The declared metric of summary key `key`."""
+        for metric in self.metrics:
+            if metric.key == key:
+                return metric
+        raise KeyError(f"{self.name} declares no metric {key!r}; it declares {[m.key for m in self.metrics]}")
+
+    def subsample(self, items: Sequence[T]) -> list[T]:
+        """`items` (the benchmark's prompts, in order) cut to `max_prompts` with `every_nth`."""
+        return every_nth(items, self.max_prompts)
 
     def prompts(self) -> list[BenchmarkPrompt]:
         raise NotImplementedError
@@ -132,11 +220,49 @@ class Benchmark:
         return self.__dict__["_prompts"]
 
     def protocol(self) -> SamplingProtocol:
-        raise NotImplementedError
+        """How the images are generated: the protocol fields, `num_images` and `seed_fn`."""
+        return SamplingProtocol(self.num_images, self.num_inference_steps, self.guidance_scale,
+                                resolution=self.resolution, batch_size=self.batch_size, seed=self.seed,
+                                seed_fn=self.seed_fn)
 
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Aggregate per-image result rows into the benchmark's reported numbers."""
         raise NotImplementedError
+
+    def aggregate(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """`summarize`, plus the mean of every further column the rows carry under ``"columns"``
+        (each a mean reward, in [0, 1]). The bootstrap recomputes exactly this on resampled rows."""
+        summary = self.summarize(rows)
+        computed = list(rows[0].get("columns", {})) if rows else []
+        if computed:
+            summary["columns"] = summary.get("columns", {}) | {
+                column: sum(row["columns"][column] for row in rows) / len(rows) for column in computed
+            }
+        return summary
+
+    def data_version(self) -> dict[str, Any]:
+        """Which data the prompts come from (pinned commit and sha256, dataset revision, ...)."""
+        return {}
+
+    def results(self, rows: list[dict[str, Any]], summary: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``"results"`` block of summary.json (schema in `evaluators.results`), from the rows
+        that `summary` aggregates: versions, config, sample counts, and each declared metric with
+        its bootstrap standard error and 95% interval over prompts."""
+        groups = group_by_prompt(rows)
+        replicates = bootstrap(groups, lambda drawn: self.aggregate(resampled_rows(drawn)))
+        prompt_texts = "\n".join(p.text for p in self.cached_prompts())
+        # Through JSON so that an argument such as a Path in column_options is written as text.
+        config = json.loads(json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, default=str))
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "gors_version": gors.__version__,
+            "benchmark": self.name,
+            "data": {**self.data_version(), "prompts_sha256": hashlib.sha256(prompt_texts.encode()).hexdigest()},
+            "config": {**config, "seed_rule": self.seed_fn.__name__},
+            "samples": {"prompts": len(groups), "images": len(rows), "images_per_prompt": self.num_images},
+            "metrics": metric_results(self.metrics, summary, replicates),
+            "bootstrap": bootstrap_settings(),
+        }
 
     def scorer_options(self) -> dict[str, Any]:
         """Keyword arguments the protocol fixes for the scorer (user options are merged over them)."""
@@ -267,12 +393,9 @@ class Benchmark:
         summary = {
             "benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora,
             "images": str(images) if images is not None else None, "higher_is_better": self.higher_is_better,
-            **self.summarize(rows),
+            **self.aggregate(rows),
         }
-        if column_scores:
-            summary["columns"] = summary.get("columns", {}) | {
-                column: sum(row["columns"][column] for row in rows) / len(rows) for column in column_scores
-            }
+        summary["results"] = self.results(rows, summary)
         if accelerator.is_main_process:
             atomic_write_jsonl(output_dir / RESULTS_FILE, rows)
             atomic_write_json(output_dir / SUMMARY_FILE, summary)

@@ -41,17 +41,16 @@ from typing import Any
 
 import numpy as np
 
-from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete
+from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, pinned_data
+from evaluators.results import Metric
 from gors.core.data import PinnedSource, fetch_pinned_file
 from gors.core.io import atomic_write_bytes
-from gors.core.sampling import SamplingProtocol
 from rewards.geneval_rules import TAGS, check_metadata
 
 METADATA_FILE = "evaluation_metadata.jsonl"
 OBJECT_NAMES_FILE = "object_names.txt"
 RESULTS_FILE = "geneval_results.jsonl"
 SUMMARY_TEXT_FILE = "geneval_summary.txt"
-OFFICIAL_IMAGES_PER_PROMPT = 4
 GENEVAL = PinnedSource(
     name="geneval",
     repository="djghosh13/geneval",
@@ -87,59 +86,41 @@ def load_geneval_metadata() -> list[dict[str, Any]]:
     return rows
 
 
-def _every_nth(indices: list[int], max_prompts: int | None) -> list[int]:
-    """Every n-th index so that at most `max_prompts` remain (all of them without a limit)."""
-    if max_prompts and len(indices) > max_prompts:
-        return indices[:: -(-len(indices) // max_prompts)]
-    return indices
-
-
 @dataclass
 class GenEvalBenchmark(Benchmark):
     """GenEval (Ghosh et al., 2023): per-task and overall correctness, official protocol.
 
-    Args:
-        max_prompts: evaluate every n-th prompt so that at most this many remain (quick runs).
-        images_per_prompt: images per prompt; None is the official 4.
-        num_inference_steps, guidance_scale, seed: the official 50, 9.0 and 42 (see the module docstring).
-        resolution: image side in pixels (the official script uses the model's default; 512 here).
-        batch_size: images per generation pass.
+    The protocol fields are `Benchmark`'s, with the official defaults: 4 images per prompt, 50
+    steps, guidance 9.0, seed 42 + image index (see the module docstring); 512 px (the official
+    script uses the model's default); 4 images per generation batch.
     """
 
-    max_prompts: int | None = None
-    images_per_prompt: int | None = None
     num_inference_steps: int = 50
     guidance_scale: float = 9.0
-    resolution: int = 512
-    seed: int = 42
     batch_size: int = 4
 
     name = "geneval"
     scorer = "geneval"
     primary_metric = "overall"
-
-    def __post_init__(self) -> None:
-        if self.images_per_prompt is not None and self.images_per_prompt < 1:
-            raise ValueError(f"images_per_prompt must be >= 1 (or None for the official 4), got {self.images_per_prompt}")
-        if self.max_prompts is not None and self.max_prompts < 1:
-            raise ValueError(f"max_prompts must be >= 1 (or None for all 553), got {self.max_prompts}")
-
-    @property
-    def num_images(self) -> int:
-        return self.images_per_prompt or OFFICIAL_IMAGES_PER_PROMPT
+    official_images_per_prompt = 4
+    seed_fn = staticmethod(geneval_seed)
+    metrics = (
+        Metric("overall", help="mean of the task means of image correctness"),
+        Metric("correct_images", help="share of correct images"),
+        Metric("correct_prompts", help="share of prompts with at least one correct image"),
+        *(Metric(f"tasks.{tag}", help=f"share of correct images of the {tag} prompts") for tag in TAGS),
+    )
 
     def selected(self) -> list[tuple[int, dict[str, Any]]]:
         """(official prompt number, metadata row) of each evaluated prompt, in benchmark order."""
         rows = load_geneval_metadata()
-        return [(index, rows[index]) for index in _every_nth(list(range(len(rows))), self.max_prompts)]
+        return [(index, rows[index]) for index in self.subsample(range(len(rows)))]
 
     def prompts(self) -> list[BenchmarkPrompt]:
         return [BenchmarkPrompt(row["prompt"], row) for _, row in self.selected()]
 
-    def protocol(self) -> SamplingProtocol:
-        return SamplingProtocol(self.num_images, self.num_inference_steps, self.guidance_scale,
-                                resolution=self.resolution, batch_size=self.batch_size, seed=self.seed,
-                                seed_fn=geneval_seed)
+    def data_version(self) -> dict[str, Any]:
+        return pinned_data(GENEVAL, METADATA_FILE)
 
     def judge(self, row: dict[str, Any]) -> dict[str, Any]:
         """correct and reason (the official failure text, one line per failed clause), and the task."""

@@ -20,7 +20,8 @@ Official output (`write_official`): ``score_lists.json`` (per prompt, its atom s
 benchmark order, as ``evaluation.py`` writes them), ``image_paths.json``,
 ``benchmark_data.jsonl`` (the evaluated prompts' data rows, so ``soft_tifa_analysis.py
 --benchmark_data benchmark_data.jsonl --score_data score_lists.json`` reruns the official
-analysis on any subset) and ``soft_tifa_analysis.txt``.
+analysis on any subset) and ``soft_tifa_analysis.txt``; beside them ``soft_tifa_tables.md``,
+the same numbers as markdown tables with the x100 scale in every column header.
 
 GenEval 2 fixes no sampler; the protocol here is the project's evaluation default (DDIM,
 30 steps, guidance 7.5, 512 px, seed 42 + 100000 * prompt + image).
@@ -33,15 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete
-from evaluators.geneval2_tables import format_analysis, overall, per_atomicity_table, per_skill_table
-from gors.core.data import PinnedSource, fetch_pinned_file
+from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, pinned_data
+from evaluators.geneval2_tables import format_analysis, markdown_tables, overall, per_atomicity_table, per_skill_table
+from evaluators.results import Metric
+from gors.core.data import PinnedSource, fetch_pinned_file, sha256_of
 from gors.core.io import atomic_write_bytes, atomic_write_json, atomic_write_jsonl
-from gors.core.sampling import SamplingProtocol
 from rewards.atoms import answer_variants, tifa_correct
 
 DATA_FILE = "geneval2_data.jsonl"
 MAP_FILE = "image_paths.json"
+TABLES_FILE = "soft_tifa_tables.md"
 LICENCE = "CC BY-NC 4.0 (GenEval 2 data, facebookresearch/GenEval2): non-commercial use only"
 GENEVAL2 = PinnedSource(
     name="geneval2",
@@ -54,7 +56,7 @@ GENEVAL2 = PinnedSource(
     },
     offline_hint="(a copy of geneval2_data.jsonl from github.com/facebookresearch/GenEval2), or pass data_path",
 )
-OFFICIAL_IMAGES_PER_PROMPT = 1
+X100 = "x100"  # the official tools print every Soft-TIFA number in percent points
 
 
 def load_geneval2_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -84,49 +86,33 @@ def load_geneval2_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _subset(items: list[Any], max_prompts: int | None) -> list[Any]:
-    """Every n-th item so that at most `max_prompts` remain (all of them without a limit)."""
-    if max_prompts and len(items) > max_prompts:
-        return items[:: -(-len(items) // max_prompts)]
-    return items
-
-
 @dataclass
 class GenEval2Benchmark(Benchmark):
     """GenEval 2 with Soft-TIFA (GM per image; AM, per-skill and per-atomicity tables).
 
+    The protocol fields are `Benchmark`'s (1 image per prompt; GenEval 2 fixes no sampler, so
+    the project's evaluation default: DDIM 30 steps, guidance 7.5, 512 px, seed per image).
+
     Args:
-        max_prompts: evaluate every n-th prompt so that at most this many remain (quick runs).
-        images_per_prompt: images per prompt; None is the official 1.
         vlm_model_name_or_path: the Qwen3-VL judge of Soft-TIFA, TIFA and VQAScore (default
             `Qwen/Qwen3-VL-8B-Instruct`, GenEval 2's).
         data_path: a GenEval-2-format jsonl to use instead of the pinned official file.
-        num_inference_steps, guidance_scale, resolution, seed, batch_size: sampling protocol.
     """
 
-    max_prompts: int | None = None
-    images_per_prompt: int | None = None
     vlm_model_name_or_path: str | None = None
     data_path: str | None = None
-    num_inference_steps: int = 30
-    guidance_scale: float = 7.5
-    resolution: int = 512
-    seed: int = 42
-    batch_size: int = 8
 
     name = "geneval2"
     scorer = "soft_tifa"
     primary_metric = "soft_tifa_gm"
-
-    def __post_init__(self) -> None:
-        if self.images_per_prompt is not None and self.images_per_prompt < 1:
-            raise ValueError(f"images_per_prompt must be >= 1 (or None for the official 1), got {self.images_per_prompt}")
-        if self.max_prompts is not None and self.max_prompts < 1:
-            raise ValueError(f"max_prompts must be >= 1 (or None for all 800), got {self.max_prompts}")
-
-    @property
-    def num_images(self) -> int:
-        return self.images_per_prompt or OFFICIAL_IMAGES_PER_PROMPT
+    official_images_per_prompt = 1
+    metrics = (
+        Metric("soft_tifa_gm", scale=X100, help="Soft-TIFA GM: mean over images of the geometric mean of atom scores"),
+        Metric("soft_tifa_am", scale=X100, help="Soft-TIFA AM: mean over images of the mean atom score"),
+        Metric("tifa", scale=X100, help="TIFA: share of atoms answered as expected, mean over images"),
+        Metric("vqascore", scale=X100, help="VQAScore: probability of 'Yes' to the whole prompt, mean over images"),
+        Metric("all_atoms_correct", help="share of images with every atom answered as expected"),
+    )
 
     def _rows(self) -> list[dict[str, Any]]:
         return load_geneval2_rows(self.data_path or fetch_pinned_file(GENEVAL2, DATA_FILE))
@@ -134,12 +120,13 @@ class GenEval2Benchmark(Benchmark):
     def prompts(self) -> list[BenchmarkPrompt]:
         return [
             BenchmarkPrompt(row["prompt"], {key: value for key, value in row.items() if key != "prompt"})
-            for row in _subset(self._rows(), self.max_prompts)
+            for row in self.subsample(self._rows())
         ]
 
-    def protocol(self) -> SamplingProtocol:
-        return SamplingProtocol(self.num_images, self.num_inference_steps, self.guidance_scale,
-                                resolution=self.resolution, batch_size=self.batch_size, seed=self.seed)
+    def data_version(self) -> dict[str, Any]:
+        if self.data_path:
+            return {"path": str(Path(self.data_path).resolve()), "sha256": sha256_of(Path(self.data_path).read_bytes())}
+        return pinned_data(GENEVAL2, DATA_FILE)
 
     def _judge_options(self) -> dict[str, Any]:
         return {"model_name_or_path": self.vlm_model_name_or_path} if self.vlm_model_name_or_path else {}
@@ -166,28 +153,32 @@ class GenEval2Benchmark(Benchmark):
         return {"tifa": tifa, "correct": not failed, "reason": "; ".join(failed)}
 
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """Soft-TIFA GM (main) and AM, x100; per-skill AM and per-atomicity GM tables; TIFA and columns x100."""
-        prompts = self.cached_prompts()
+        """Soft-TIFA GM (main) and AM, x100; per-skill AM and per-atomicity GM tables; TIFA and columns x100.
+
+        ``columns`` holds TIFA and the scorer columns in [0, 1], as every benchmark's columns are
+        (`gors evaluate`'s table shows them beside the main metric).
+        """
+        # By prompt text (GenEval 2's prompts are unique), not by index: the bootstrap renumbers prompts.
+        atom_counts = {p.text: p.metadata["atom_count"] for p in self.cached_prompts()}
         score_lists = [row["details"]["atom_scores"] for row in rows]
         summary: dict[str, Any] = {
             **overall(score_lists),
             "per_skill_am": per_skill_table(score_lists, [row["details"]["skills"] for row in rows]),
             "per_atomicity_gm": {
-                str(k): v for k, v in per_atomicity_table(
-                    score_lists, [prompts[row["prompt_index"]].metadata["atom_count"] for row in rows]
-                ).items()
+                str(k): v
+                for k, v in per_atomicity_table(score_lists, [atom_counts[row["prompt"]] for row in rows]).items()
             },
         }
         tifa = sum(row["tifa"] for row in rows) / len(rows)
         summary["tifa"] = 100.0 * tifa
-        summary["columns"] = {"tifa": tifa}  # beside the scorer columns in `gors evaluate`'s table
+        summary["columns"] = {"tifa": tifa}
         for column in self.columns():
             if all(column in row.get("columns", {}) for row in rows):
                 summary[column] = 100.0 * sum(row["columns"][column] for row in rows) / len(rows)
         summary.update({
             "all_atoms_correct": sum(row["correct"] for row in rows) / len(rows),
             "num_images": len(rows), "num_prompts": len({row["prompt_index"] for row in rows}),
-            "images_per_prompt": self.num_images, "scale": "x100", "licence": LICENCE,
+            "images_per_prompt": self.num_images, "scale": X100, "licence": LICENCE,
         })
         return summary
 
@@ -241,6 +232,7 @@ class GenEval2Benchmark(Benchmark):
         per_atomicity = {int(k): v for k, v in summary["per_atomicity_gm"].items()}
         atomic_write_bytes(output_dir / "soft_tifa_analysis.txt",
                            format_analysis(summary["per_skill_am"], per_atomicity).encode())
+        atomic_write_bytes(output_dir / TABLES_FILE, markdown_tables(summary).encode())
 
 
 def _absolute(path: str, output_dir: Path) -> str:

@@ -13,6 +13,8 @@ CC BY-NC 4.0) compute them, all x100:
   the mean over the images of those prompts of each image's geometric mean (any zero atom makes
   it zero, as scipy's ``gmean``).
 
+`markdown_tables` shows them as markdown, the scale in every column header.
+
 Where the official script divides by zero (a skill or atomicity with nothing in it, e.g. on a
 `max_prompts` subset), the table holds None instead.
 """
@@ -20,7 +22,10 @@ Where the official script divides by zero (a skill or atomicity with nothing in 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tabulate import tabulate
 
 from rewards.atoms import aggregate
 
@@ -98,3 +103,22 @@ def format_analysis(per_skill: dict[str, float | None], per_atomicity: dict[int,
     for count in ATOMICITIES:
         lines += [f"Results for Atomicity={count}", value(per_atomicity.get(count))]
     return "\n".join(lines) + "\n"
+
+
+# Summary key -> column header of the overall table.
+OVERALL_COLUMNS = {"soft_tifa_gm": "Soft-TIFA GM", "soft_tifa_am": "Soft-TIFA AM", "tifa": "TIFA",
+                   "vqascore": "VQAScore"}
+_FORMAT: dict[str, Any] = {"tablefmt": "github", "floatfmt": ".2f", "missingval": "-"}
+
+
+def markdown_tables(summary: Mapping[str, Any]) -> str:
+    """The overall, per-skill and per-atomicity numbers of a GenEval 2 summary as three markdown
+    tables, every value x100 (said in each header), 2 decimals as the official script prints,
+    "-" for a number not computed (a column not scored, an empty skill or atomicity)."""
+    overall_table = tabulate([[summary.get(key) for key in OVERALL_COLUMNS]],
+                             headers=[f"{header} (x100)" for header in OVERALL_COLUMNS.values()], **_FORMAT)
+    skills = tabulate([[skill, summary["per_skill_am"].get(skill)] for skill in SKILLS],
+                      headers=["skill", "Soft-TIFA AM (x100)"], **_FORMAT)
+    atomicities = tabulate([[count, summary["per_atomicity_gm"].get(str(count))] for count in ATOMICITIES],
+                           headers=["atomicity", "Soft-TIFA GM (x100)"], **_FORMAT)
+    return f"{overall_table}\n\n{skills}\n\n{atomicities}\n"

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from evaluators.base import Benchmark, BenchmarkPrompt
-from gors.core.sampling import SamplingProtocol
+from evaluators.results import Metric
 
 DATASET = "Moyao001/LPG-Bench"
 PROMPT_COLUMNS = ("prompt", "Prompt", "text", "long_prompt", "caption")
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
-OFFICIAL_IMAGES_PER_PROMPT = 1
 METRIC_JUDGES = {"tit_score": "embedding", "tit_score_llm": "llm"}  # metric -> TITScoreReward's judge
 
 
@@ -74,9 +73,10 @@ def prompt_column_of(column_names: list[str], prompt_column: str | None = None) 
 class LPGBenchBenchmark(Benchmark):
     """LPG-Bench long prompts scored with TIT-Score (or TIT-Score-LLM).
 
+    The protocol fields are `Benchmark`'s (1 image per prompt, the project's evaluation default
+    DDIM 30 steps, guidance 7.5, 512 px, seed per image), with 4 images per generation batch.
+
     Args:
-        max_prompts: evaluate every n-th prompt so that at most this many remain (quick runs).
-        images_per_prompt: images per prompt; None is the official 1.
         dataset: Hub id (default `Moyao001/LPG-Bench`), local folder or data file.
         split, revision, data_files: passed to `datasets.load_dataset` (revision pins a Hub commit).
         prompt_column: the prompt column (default: found among PROMPT_COLUMNS).
@@ -84,11 +84,8 @@ class LPGBenchBenchmark(Benchmark):
         embedding_model_name_or_path: text-embedding model (default `Qwen/Qwen3-Embedding-8B`).
         metric: "tit_score" (embedding cosine) or "tit_score_llm" (LLM judge).
         judge_model_name_or_path: the LLM judge of TIT-Score-LLM (default `Qwen/Qwen3-8B`).
-        num_inference_steps, guidance_scale, resolution, seed, batch_size: sampling protocol.
     """
 
-    max_prompts: int | None = None
-    images_per_prompt: int | None = None
     dataset: str = DATASET
     split: str = "train"
     revision: str | None = None
@@ -98,25 +95,22 @@ class LPGBenchBenchmark(Benchmark):
     embedding_model_name_or_path: str | None = None
     metric: Literal["tit_score", "tit_score_llm"] = "tit_score"
     judge_model_name_or_path: str | None = None
-    num_inference_steps: int = 30
-    guidance_scale: float = 7.5
-    resolution: int = 512
-    seed: int = 42
     batch_size: int = 4
 
     name = "lpg_bench"
     scorer = "tit_score"
     primary_metric = "tit_score"
+    official_images_per_prompt = 1
+    metrics = (
+        Metric("tit_score", help="TIT-Score (or TIT-Score-LLM with metric='tit_score_llm'), mean over images"),
+        Metric("tit_score_cosine", scale="[-1, 1] (cosine)",
+               help="raw prompt-description cosine, mean over images (the number the paper reports)"),
+    )
 
     def __post_init__(self) -> None:
         if self.metric not in METRIC_JUDGES:
             raise ValueError(f"metric must be 'tit_score' or 'tit_score_llm', got {self.metric!r}")
-        if self.images_per_prompt is not None and self.images_per_prompt < 1:
-            raise ValueError(f"images_per_prompt must be >= 1 (or None for the official 1), got {self.images_per_prompt}")
-
-    @property
-    def num_images(self) -> int:
-        return self.images_per_prompt or OFFICIAL_IMAGES_PER_PROMPT
+        super().__post_init__()
 
     def prompts(self) -> list[BenchmarkPrompt]:
         rows = load_lpg_rows(self.dataset, self.split, self.revision, self.data_files)
@@ -130,13 +124,12 @@ class LPGBenchBenchmark(Benchmark):
             prompts.append(BenchmarkPrompt(text.strip(), extra))
         if not prompts:
             raise ValueError(f"{self.dataset!r} (split {self.split!r}) has no non-empty prompts in column {column!r}")
-        if self.max_prompts and len(prompts) > self.max_prompts:
-            prompts = prompts[:: -(-len(prompts) // self.max_prompts)]
-        return prompts
+        return self.subsample(prompts)
 
-    def protocol(self) -> SamplingProtocol:
-        return SamplingProtocol(self.num_images, self.num_inference_steps, self.guidance_scale,
-                                resolution=self.resolution, batch_size=self.batch_size, seed=self.seed)
+    def data_version(self) -> dict[str, Any]:
+        # No revision reads the dataset's latest version: the prompts' sha256 beside it says which.
+        return {"dataset": self.dataset, "revision": self.revision, "split": self.split,
+                "data_files": self.data_files}
 
     def scorer_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"judge": METRIC_JUDGES[self.metric]}

@@ -35,16 +35,14 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+from tabulate import tabulate
 
-from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete
+from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, pinned_data
+from evaluators.results import Metric
 from gors.core import paper
 from gors.core.io import atomic_write_bytes
-from gors.core.prompts import fetch_t2i_compbench_file, read_prompt_file
-from gors.core.sampling import SamplingProtocol
+from gors.core.prompts import T2I_COMPBENCH, fetch_t2i_compbench_file, read_prompt_file
 from rewards.three_in_one import SUBSPLIT_FILES, normalise_prompt, prompt_kind
-
-OFFICIAL_IMAGES_PER_PROMPT = 10
-OFFICIAL_SEED = 42
 
 
 @dataclass(frozen=True)
@@ -100,38 +98,35 @@ def per_image_seed(base_seed: int, prompt_index: int, image_index: int) -> int:
 class T2ICompBenchBenchmark(Benchmark):
     """One T2I-CompBench category (see the module docstring).
 
+    The protocol fields (max_prompts, images_per_prompt, num_inference_steps, guidance_scale,
+    resolution, seed, batch_size) are `Benchmark`'s, with the official defaults: 10 images per
+    prompt, DDIM 30 steps, guidance 7.5, 512 px, seeds 42 + image index. images_per_prompt is
+    also the index stride of an official folder for `read_images` (index = prompt *
+    images_per_prompt + image).
+
     Args:
         category: one of color, shape, texture, spatial, non_spatial, complex, 3d_spatial, numeracy.
-        max_prompts: evaluate every n-th prompt so that at most this many remain (quick runs).
-        images_per_prompt: images per prompt; None is the official 10. For `read_images` it is
-            also the folder's index stride (index = prompt * images_per_prompt + image).
-        num_inference_steps, guidance_scale, resolution, seed, batch_size: sampling protocol
-            (official DDIM 30 steps, 7.5, 512 px, seeds 42 + image index); batch_size is images
-            per generation batch.
         column_options: keyword arguments of each further column's reward, e.g.
             ``{"B-CLIP": {"model_name_or_path": ...}, "CLIPScore": {...}}``.
     """
 
     category: str = "color"
-    max_prompts: int | None = None
-    images_per_prompt: int | None = None
-    num_inference_steps: int = 30
-    guidance_scale: float = 7.5
-    resolution: int = 512
-    seed: int = OFFICIAL_SEED
-    batch_size: int = 8
     column_options: Mapping[str, Mapping[str, Any]] | None = None
 
     name = "t2i_compbench"
     subset_field = "category"
+    official_images_per_prompt = 10
+    seed_fn = staticmethod(per_image_seed)
+    metrics = (
+        Metric("score", help="the category's metric (B-VQA, UniDet, CLIPScore or 3-in-1), mean over images"),
+        Metric("columns.B-CLIP", help="BLIP caption vs prompt CLIP similarity, mean over images"),
+        Metric("columns.CLIPScore", help="CLIP image-prompt similarity, mean over images"),
+    )
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
             raise ValueError(f"category={self.category!r}; choose one of {', '.join(paper.ALL_CATEGORIES)}")
-        if self.images_per_prompt is not None and self.images_per_prompt < 1:
-            raise ValueError(f"images_per_prompt must be >= 1 (or None for the official 10), got {self.images_per_prompt}")
-        if self.max_prompts is not None and self.max_prompts < 1:
-            raise ValueError(f"max_prompts must be >= 1 (or None for all), got {self.max_prompts}")
+        super().__post_init__()
         unknown = set(self.column_options or {}) - set(COLUMNS)
         if unknown:
             raise ValueError(f"column_options for {sorted(unknown)}; the columns are {', '.join(COLUMNS)}")
@@ -144,10 +139,6 @@ class T2ICompBenchBenchmark(Benchmark):
     def scorer(self) -> str:  # type: ignore[override]  # per category, not per class
         return self.spec.scorer
 
-    @property
-    def num_images(self) -> int:
-        return self.images_per_prompt or OFFICIAL_IMAGES_PER_PROMPT
-
     # ------------------------------------------------------------------------------------------
     # Prompts, protocol, scorers.
 
@@ -158,11 +149,7 @@ class T2ICompBenchBenchmark(Benchmark):
 
     def selection(self) -> list[tuple[int, str]]:
         """(line index in the val file, prompt) of each prompt evaluated, in file order."""
-        chosen = list(enumerate(self.val_prompts()))
-        if self.max_prompts and len(chosen) > self.max_prompts:
-            stride = -(-len(chosen) // self.max_prompts)
-            chosen = chosen[::stride]
-        return chosen
+        return self.subsample(list(enumerate(self.val_prompts())))
 
     def prompts(self) -> list[BenchmarkPrompt]:
         chosen = [text for _, text in self.selection()]
@@ -176,11 +163,11 @@ class T2ICompBenchBenchmark(Benchmark):
         return [BenchmarkPrompt(text, {"three_in_one": prompt_kind(text, keys["spatial"], keys["action"])})
                 for text in chosen]
 
-    def protocol(self) -> SamplingProtocol:
-        return SamplingProtocol(
-            self.num_images, self.num_inference_steps, self.guidance_scale, resolution=self.resolution,
-            batch_size=self.batch_size, seed=self.seed, seed_fn=per_image_seed,
-        )
+    def data_version(self) -> dict[str, Any]:
+        files = [f"{self.category}_val.txt"]
+        if self.category == "complex":
+            files += [names[0] for names in SUBSPLIT_FILES.values()]
+        return pinned_data(T2I_COMPBENCH, *files)
 
     def scorer_options(self) -> dict[str, Any]:
         # The prompts' metadata carries each complex prompt's 3-in-1 kind (the official val lists).
@@ -286,15 +273,10 @@ def paper_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     """A markdown table with one row per category, in the paper's order: metric, score, columns.
 
     `summaries` are `T2ICompBenchBenchmark.evaluate` results (or `summarize` outputs) of any
-    categories; values are shown with 4 decimals, "-" when a column was not computed.
+    categories; every value is in [0, 1], shown with 4 decimals, "-" when a column was not computed.
     """
     rows = {summary["category"]: summary["table"][0] for summary in summaries}
-    lines = ["| category | metric | score | " + " | ".join(COLUMNS) + " |", "|---|---|---|" + "---|" * len(COLUMNS)]
-    for category in CATEGORIES:
-        if category not in rows:
-            continue
-        row = rows[category]
-        values = [row["score"]] + [row.get(column) for column in COLUMNS]
-        cells = ["-" if v is None else f"{v:.4f}" for v in values]
-        lines.append(f"| {row['category']} | {row['metric']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    table = [[rows[c]["category"], rows[c]["metric"], rows[c]["score"], *(rows[c].get(k) for k in COLUMNS)]
+             for c in CATEGORIES if c in rows]
+    return tabulate(table, headers=["category", "metric", "score", *COLUMNS], tablefmt="github", floatfmt=".4f",
+                    missingval="-")

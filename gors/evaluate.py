@@ -14,7 +14,10 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from tabulate import tabulate
 
+from evaluators import benchmark_label, build_benchmark, parse_benchmarks
+from evaluators.results import UNIT_SCALE
 from gors.config import EvaluateConfig
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json
@@ -26,13 +29,18 @@ def _format(value: Any) -> str:
 
 
 def summary_table(summaries: list[dict[str, Any]]) -> str:
-    """A markdown table: one row per benchmark (category), its primary metric and further columns."""
-    lines = ["| benchmark | metric | value | further columns |", "|---|---|---|---|"]
+    """A markdown table: one row per benchmark (category), its primary metric with the scale of that
+    value (from the summary's results block, e.g. "[0, 1]" or GenEval 2's "x100"), and the further
+    columns, which are always mean rewards in [0, 1] (said in their header)."""
+    rows = []
     for summary in summaries:
-        columns = ", ".join(f"{k} {_format(v)}" for k, v in (summary.get("columns") or {}).items()) or "-"
         metric = summary["primary_metric"]
-        lines.append(f"| {summary['label']} | {metric} | {_format(summary.get(metric))} | {columns} |")
-    return "\n".join(lines)
+        scale = summary["results"]["metrics"][metric]["scale"]
+        columns = ", ".join(f"{k} {_format(v)}" for k, v in (summary.get("columns") or {}).items()) or "-"
+        rows.append([summary["label"], metric, _format(summary.get(metric)), scale, columns])
+    # Values are formatted here (4 decimals) so that tabulate does not reformat them.
+    return tabulate(rows, headers=["benchmark", "metric", "value", "scale", f"further columns, in {UNIT_SCALE}"],
+                    tablefmt="github", disable_numparse=True)
 
 
 def drop_unneeded(scorers: dict, needed: set) -> None:
@@ -48,8 +56,6 @@ def drop_unneeded(scorers: dict, needed: set) -> None:
 
 def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
     """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json)."""
-    from evaluators import benchmark_label, build_benchmark, parse_benchmarks
-
     accelerator = accelerator or make_accelerator(mixed_precision=config.mixed_precision)
     specs = parse_benchmarks(config.benchmarks)
     if config.images is not None and len(specs) != 1:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
+from diffusers.utils import make_image_grid
 from PIL import Image
 
 from gors.config import TrainConfig
@@ -30,18 +31,18 @@ BEST_FILE = "best.json"
 
 
 @contextmanager
-def preserved_rng() -> Iterator[None]:
-    """Restore Python's, NumPy's, torch's and CUDA's global RNG states on exit."""
-    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+def preserved_rng(device: torch.device) -> Iterator[None]:
+    """Restore the global RNG states on exit: torch's CPU state and that of `device` when it is a
+    CUDA device (`torch.random.fork_rng`), and Python's and NumPy's, which fork_rng leaves alone."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    cuda_devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
     try:
-        yield
+        with torch.random.fork_rng(devices=cuda_devices):
+            yield
     finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
-        if states[3] is not None:
-            torch.cuda.set_rng_state_all(states[3])
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 def is_better(value: float, best: float | None, higher_is_better: bool) -> bool:
@@ -51,12 +52,15 @@ def is_better(value: float, best: float | None, higher_is_better: bool) -> bool:
 def image_grid(paths: list[Path], columns: int = 8, side: int = 128) -> np.ndarray:
     """Up to `columns` x 2 images side by side, each resized to `side` px: an (H, W, 3) uint8 array."""
     paths = paths[: columns * 2]
+    columns = min(columns, len(paths))
     rows = -(-len(paths) // columns)
-    grid = Image.new("RGB", (side * min(columns, len(paths)), side * rows), "white")
-    for k, path in enumerate(paths):
+    images = []
+    for path in paths:
         with Image.open(path) as image:
-            grid.paste(image.convert("RGB").resize((side, side)), ((k % columns) * side, (k // columns) * side))
-    return np.asarray(grid)
+            images.append(image.convert("RGB"))
+    # make_image_grid wants a full grid: the last row is filled up with white.
+    images += [Image.new("RGB", (side, side), "white")] * (rows * columns - len(images))
+    return np.asarray(make_image_grid(images, rows, columns, resize=side))
 
 
 class BenchmarkValidation:
@@ -96,7 +100,7 @@ class BenchmarkValidation:
         """Validate the pipeline at `step`; returns the benchmark summary (all processes call this)."""
         accelerator = self.accelerator
         folder = self.output_dir / "validation" / f"step-{step:06d}"
-        with preserved_rng():
+        with preserved_rng(accelerator.device):
             if self._scorer is None:
                 self._scorer = self.benchmark.make_scorer(accelerator, self.options)
             summary = self.benchmark.evaluate(

@@ -17,6 +17,11 @@ from rewards.combined import build_reward
 TOY_MODEL = str(PRETRAINED_DIR / "pipeline")
 
 
+def cells(line: str) -> list[str]:
+    """The cells of one markdown table line, without their padding."""
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
 def test_benchmark_specs():
     assert parse_benchmarks("geneval") == [("geneval", None)]
     assert parse_benchmarks("t2i_compbench:color,shape, geneval") == [
@@ -48,9 +53,13 @@ def test_evaluate_writes_one_folder_per_benchmark_and_resumes(tmp_path, capsys, 
     main(argv)
     assert built == ["toy_oracle"]  # both splits score with one oracle
     out = capsys.readouterr().out
-    assert "| toy:held_out | binding_accuracy |" in out and "| toy:train | binding_accuracy |" in out
+    table = [cells(line) for line in out.splitlines() if line.startswith("|")]
+    assert table[0] == ["benchmark", "metric", "value", "scale", "further columns, in [0, 1]"]
+    assert [row[:2] for row in table[2:]] == [["toy:held_out", "binding_accuracy"], ["toy:train", "binding_accuracy"]]
     combined = json.loads((tmp_path / "summary.json").read_text())
     assert [s["label"] for s in combined["summaries"]] == ["toy:held_out", "toy:train"]
+    for row, summary in zip(table[2:], combined["summaries"]):
+        assert row[2:4] == [f"{summary['binding_accuracy']:.4f}", "[0, 1]"]
     for split in ("held_out", "train"):
         rows = [json.loads(line) for line in (tmp_path / "toy" / split / "results.jsonl").open()]
         assert len(rows) == 3 and all({"score", "correct", "reason", "details"} <= row.keys() for row in rows)
@@ -82,9 +91,12 @@ def test_images_folder_for_a_benchmark_without_an_official_layout(tmp_path):
 def test_report_tables_and_plots_evaluations_and_training_runs(tmp_path):
     from gors.report import markdown_table, report
 
-    table = markdown_table({"mine": {"t2i_compbench:color": 0.61, "toy:train": 0.5}})
-    assert "| mine | 0.6100 | 0.5000 |" in table
-    assert "| *SD-2-base (T2I-CompBench paper)* | 0.5065 | - |" in table and "*GORS (T2I-CompBench paper)*" in table
+    table = [cells(line) for line in markdown_table({"mine": {"t2i_compbench:color": 0.61, "toy:train": 0.5}})
+             .splitlines()]
+    assert table[0] == ["checkpoint", "t2i_compbench:color", "toy:train"]
+    assert table[2] == ["mine", "0.6100", "0.5000"]
+    assert table[3] == ["*SD-2-base (T2I-CompBench paper)*", "0.5065", "-"]
+    assert table[4][0] == "*GORS (T2I-CompBench paper)*"
 
     evaluation = tmp_path / "eval_a"
     evaluation.mkdir()
@@ -99,7 +111,8 @@ def test_report_tables_and_plots_evaluations_and_training_runs(tmp_path):
             writer.add_scalar("validation/toy:train/binding_accuracy", 0.1 * step, step)
     path = report([evaluation, run], tmp_path / "report")
     text = path.read_text()
-    assert "| eval_a | 0.2500 |" in text and "training_curves.png" in text
+    assert ["eval_a", "0.2500"] in [cells(line) for line in text.splitlines() if line.startswith("|")]
+    assert "training_curves.png" in text
     assert (tmp_path / "report" / "benchmarks.png").stat().st_size > 0
     assert (tmp_path / "report" / "training_curves.png").stat().st_size > 0
     with pytest.raises(ValueError, match="neither a summary.json"):

@@ -14,6 +14,8 @@ from PIL import Image
 
 from evaluators import get_benchmark
 from evaluators.geneval import (
+    GENEVAL,
+    METADATA_FILE,
     RESULTS_FILE,
     SUMMARY_TEXT_FILE,
     GenEvalBenchmark,
@@ -279,6 +281,12 @@ def test_images_folder_in_the_official_layout(data_dir: Path, tmp_path: Path, mo
     assert [row["tag"] for row in rows[::2]] == [m["tag"] for _, m in benchmark.selected()]
     assert all(row["reason"].startswith("expected ") for row in rows if not row["correct"])
     assert summary["overall"] == pytest.approx(np.mean(list(summary["tasks"].values())))
+    results = summary["results"]
+    assert results["data"]["commit"] == GENEVAL.commit and METADATA_FILE in results["data"]["files"]
+    assert results["samples"] == {"prompts": 3, "images": 6, "images_per_prompt": 2}
+    assert results["config"]["seed_rule"] == "geneval_seed"
+    assert {f"tasks.{tag}" for tag in summary["tasks"]} | {"overall", "correct_images", "correct_prompts"} == set(
+        results["metrics"])
     # The official results file: the fields and JSON strings of evaluate_images.py.
     official = [json.loads(line) for line in (tmp_path / "out" / RESULTS_FILE).read_text().splitlines()]
     assert list(official[0]) == ["filename", "tag", "prompt", "correct", "reason", "metadata", "details"]

@@ -17,6 +17,7 @@ from evaluators.geneval2_tables import (
     ATOMICITIES,
     SKILLS,
     format_analysis,
+    markdown_tables,
     overall,
     per_atomicity_table,
     per_skill_table,
@@ -88,6 +89,22 @@ def test_overall_am_and_gm_and_analysis_text():
     assert "Per Atom Type Analysis (Soft-TIFA AM)\nObject:\n73.33\n" in text
     assert "Count:\nn/a" in text
     assert "Results for Atomicity=3\n60.36" in text
+
+
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_markdown_tables_say_x100_in_every_header():
+    summary = {"soft_tifa_gm": 60.3553, "soft_tifa_am": 70.0, "tifa": 50.0, "columns": {"tifa": 0.5},
+               "per_skill_am": {"object": 73.3333, "count": None}, "per_atomicity_gm": {"3": 60.3553, "4": None}}
+    overall_table, skills, atomicities = [t.splitlines() for t in markdown_tables(summary).strip().split("\n\n")]
+    assert cells(overall_table[0]) == ["Soft-TIFA GM (x100)", "Soft-TIFA AM (x100)", "TIFA (x100)", "VQAScore (x100)"]
+    assert cells(overall_table[2]) == ["60.36", "70.00", "50.00", "-"]  # VQAScore not scored
+    assert cells(skills[0]) == ["skill", "Soft-TIFA AM (x100)"] and len(skills) == 2 + len(SKILLS)
+    assert cells(skills[2]) == ["object", "73.33"] and cells(skills[4]) == ["count", "-"]
+    assert cells(atomicities[0]) == ["atomicity", "Soft-TIFA GM (x100)"] and len(atomicities) == 2 + len(ATOMICITIES)
+    assert cells(atomicities[2]) == ["3", "60.36"] and cells(atomicities[3]) == ["4", "-"]
 
 
 def test_judge_reads_tifa_from_the_soft_tifa_answers():
@@ -203,6 +220,14 @@ def test_end_to_end_generate_score_tables_and_images_map(tmp_path, tiny_sd, tiny
     assert [r["tifa"] for r in rows] == pytest.approx(tifa.scores)
     assert summary["tifa"] == pytest.approx(100 * sum(tifa.scores) / 3)
     assert set(summary["columns"]) == {"tifa", "vqascore"}  # both in gors evaluate's table
+    assert summary["columns"]["tifa"] == pytest.approx(summary["tifa"] / 100)  # columns are in [0, 1]
+    metrics = summary["results"]["metrics"]
+    assert {key: m["scale"] for key, m in metrics.items()} == {"soft_tifa_gm": "x100", "soft_tifa_am": "x100",
+                                                              "tifa": "x100", "vqascore": "x100",
+                                                              "all_atoms_correct": "[0, 1]"}
+    assert all(m["value"] == summary[key] for key, m in metrics.items())
+    assert summary["results"]["data"]["path"] == str(data_file.resolve())
+    assert summary["results"]["samples"] == {"prompts": 3, "images": 3, "images_per_prompt": 1}
     assert all(isinstance(row["correct"], bool) for row in rows)
     assert "CC BY-NC 4.0" in summary["licence"]
     # Official files: score lists in benchmark order, the image map and the data rows.
@@ -211,6 +236,7 @@ def test_end_to_end_generate_score_tables_and_images_map(tmp_path, tiny_sd, tiny
     assert list(image_map) == [row["prompt"] for row in ROWS]
     assert [json.loads(line) for line in (out / "benchmark_data.jsonl").read_text().splitlines()] == ROWS
     assert "Per Atomicity Analysis (Soft-TIFA GM)" in (out / "soft_tifa_analysis.txt").read_text()
+    assert (out / "soft_tifa_tables.md").read_text() == markdown_tables(summary)
 
     # The written map read back with --images: the same images give the same scores.
     folder = tmp_path / "images"

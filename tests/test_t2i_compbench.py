@@ -14,6 +14,7 @@ from PIL import Image
 from evaluators import build_benchmark, get_benchmark
 from evaluators.t2i_compbench import CATEGORIES, T2ICompBenchBenchmark, paper_table, per_image_seed
 from gors.core.paper import ALL_CATEGORIES
+from gors.core.prompts import T2I_COMPBENCH_COMMIT
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 pytestmark = pytest.mark.skipif(not (SHARED / "t2i_compbench").is_dir(), reason="needs ../shared/benchmarks")
@@ -163,6 +164,11 @@ def rows_of(scores: list[float], columns: dict[str, list[float]] | None = None) 
     return rows
 
 
+def cells(line: str) -> list[str]:
+    """The cells of one markdown table line, without their padding."""
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
 def test_summary_and_paper_table_on_hand_made_rows() -> None:
     color = T2ICompBenchBenchmark(category="color", images_per_prompt=2)
     summary = color.summarize(rows_of([0.2, 0.4, 0.6, 0.8], {"B-CLIP": [0.7, 0.7, 0.8, 0.8], "CLIPScore": [0.3] * 4}))
@@ -174,10 +180,10 @@ def test_summary_and_paper_table_on_hand_made_rows() -> None:
     ]
     numeracy = T2ICompBenchBenchmark(category="numeracy").summarize(rows_of([1.0, 0.5]))
     assert numeracy["table"][0]["B-CLIP"] is None  # columns not computed
-    table = paper_table([numeracy, summary]).splitlines()
-    assert table[0] == "| category | metric | score | B-CLIP | CLIPScore |"
-    assert table[2] == "| Color | B-VQA | 0.5000 | 0.7500 | 0.3000 |"  # the paper's order, not the input's
-    assert table[3] == "| Numeracy | UniDet | 0.7500 | - | - |"
+    table = [cells(line) for line in paper_table([numeracy, summary]).splitlines()]
+    assert table[0] == ["category", "metric", "score", "B-CLIP", "CLIPScore"]
+    assert table[2] == ["Color", "B-VQA", "0.5000", "0.7500", "0.3000"]  # the paper's order, not the input's
+    assert table[3] == ["Numeracy", "UniDet", "0.7500", "-", "-"]
     with pytest.raises(ValueError, match="no scored images"):
         color.summarize([])
 
@@ -247,6 +253,11 @@ def test_end_to_end_generate_score_and_read_back(
     for column in ("B-CLIP", "CLIPScore"):
         assert 0.0 <= table_row[column] <= 1.0
         assert summary["columns"][column] == pytest.approx(table_row[column])
+    results = summary["results"]
+    assert results["data"]["commit"] == T2I_COMPBENCH_COMMIT and f"{category}_val.txt" in results["data"]["files"]
+    assert list(results["metrics"]) == ["score", "columns.B-CLIP", "columns.CLIPScore"]
+    assert results["metrics"]["columns.B-CLIP"]["value"] == summary["columns"]["B-CLIP"]
+    assert results["samples"] == {"prompts": 2, "images": 4, "images_per_prompt": 2}
     if category != "color":
         assert all(row["reason"] for row in rows)  # the detector rules explain each score
     # The official seeds: image i of each prompt with 42 + i.

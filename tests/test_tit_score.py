@@ -221,4 +221,8 @@ def test_lpg_bench_end_to_end(tmp_path, tiny_sd, tiny_models, lpg_folder, one_to
     assert summary["tit_score"] == pytest.approx(sum(row["score"] for row in rows) / 2)
     assert summary["tit_score_cosine"] == pytest.approx(sum(row["details"]["cosine"] for row in rows) / 2)
     assert summary["metric"] == "tit_score" and summary["images_per_prompt"] == 1
+    results = summary["results"]
+    assert results["data"]["dataset"] == str(lpg_folder) and results["data"]["revision"] is None
+    assert set(results["metrics"]) == {"tit_score", "tit_score_cosine"}
+    assert results["metrics"]["tit_score_cosine"]["scale"] == "[-1, 1] (cosine)"
     assert all("description" in row["details"] for row in rows)

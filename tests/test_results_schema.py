@@ -1,0 +1,208 @@
+"""The results schema of summary.json: bootstrap statistics as pure functions (no model), the
+shared protocol fields of every benchmark, and the README's "Adding a benchmark" example run on
+the packaged toy model."""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evaluators import available_benchmarks, benchmark_class, build_benchmark
+from evaluators.base import every_nth
+from evaluators.geneval import geneval_summary
+from evaluators.results import (
+    Metric,
+    bootstrap,
+    bootstrap_draws,
+    group_by_prompt,
+    metric_results,
+    metric_value,
+    percentile_interval,
+    resampled_rows,
+    standard_error,
+)
+from gors.core.store import sample_seed
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def rows_of(prompt_scores: list[list[float]]) -> list[dict]:
+    """Result rows: image i of prompt p scores prompt_scores[p][i]."""
+    return [{"prompt_index": p, "image_index": i, "prompt": f"p{p}", "score": score}
+            for p, scores in enumerate(prompt_scores) for i, score in enumerate(scores)]
+
+
+def mean_score(drawn: list[list[dict]]) -> dict[str, float]:
+    rows = resampled_rows(drawn)
+    return {"score": float(np.mean([row["score"] for row in rows]))}
+
+
+# --------------------------------------------------------------------------------------------
+# Pure functions, against a reference.
+
+
+def test_stderr_of_a_plain_mean_is_the_standard_error_over_prompt_means() -> None:
+    rng = np.random.default_rng(7)
+    scores = rng.uniform(0, 1, size=(60, 4)).tolist()
+    groups = group_by_prompt(rows_of(scores))
+    replicates = [r["score"] for r in bootstrap(groups, mean_score, num_resamples=2000, seed=3)]
+    prompt_means = np.mean(scores, axis=1)
+    reference = np.std(prompt_means, ddof=1) / np.sqrt(len(prompt_means))
+    assert standard_error(replicates) == pytest.approx(reference, rel=0.1)
+    low, high = percentile_interval(replicates)
+    value = float(np.mean(scores))
+    assert low < value < high
+    # The normal interval of the mean, within Monte Carlo error.
+    assert (low, high) == pytest.approx((value - 1.96 * reference, value + 1.96 * reference), abs=0.3 * reference)
+
+
+def test_bootstrap_is_deterministic_for_a_fixed_seed() -> None:
+    groups = group_by_prompt(rows_of([[0.1], [0.9], [0.4], [0.7]]))
+    first = bootstrap(groups, mean_score, num_resamples=50, seed=11)
+    assert first == bootstrap(groups, mean_score, num_resamples=50, seed=11)
+    assert first != bootstrap(groups, mean_score, num_resamples=50, seed=12)
+    assert np.array_equal(bootstrap_draws(4, 50, 11), bootstrap_draws(4, 50, 11))
+    assert bootstrap_draws(4, 50, 11).shape == (50, 4)
+    with pytest.raises(ValueError, match="at least one group"):
+        bootstrap_draws(0)
+
+
+def test_a_prompt_drawn_twice_counts_twice() -> None:
+    """GenEval's share of prompts with a correct image, recomputed on a resample: the duplicate of a
+    prompt is a prompt of its own (it would vanish if resampled rows kept their prompt_index)."""
+    rows = [{"prompt_index": p, "tag": "single_object", "correct": p == 0} for p in range(2) for _ in range(2)]
+    groups = group_by_prompt(rows)
+    drawn = [groups[0], groups[0], groups[1]]
+    resampled = resampled_rows(drawn)
+    assert [row["prompt_index"] for row in resampled] == [0, 0, 1, 1, 2, 2]
+    assert geneval_summary(resampled)["correct_prompts"] == pytest.approx(2 / 3)
+    assert rows[0]["prompt_index"] == 0 and groups[1][0]["prompt_index"] == 1  # the inputs are left as they were
+
+
+def test_metric_block_lookup_absent_and_undefined_metrics() -> None:
+    summary = {"overall": 0.5, "columns": {"B-CLIP": 0.7}, "undefined": None}
+    replicates = [{"overall": v, "columns": {"B-CLIP": 0.7}, "undefined": None} for v in (0.4, 0.5, 0.6)]
+    metrics = (Metric("overall"), Metric("columns.B-CLIP"), Metric("columns.CLIPScore"),
+               Metric("undefined", higher_is_better=False, scale="x100"))
+    block = metric_results(metrics, summary, replicates)
+    assert list(block) == ["overall", "columns.B-CLIP", "undefined"]  # CLIPScore was not computed
+    assert block["overall"]["stderr"] == pytest.approx(0.1)
+    assert block["overall"]["ci95"] == pytest.approx([0.405, 0.595])
+    assert block["columns.B-CLIP"]["value"] == 0.7 and block["columns.B-CLIP"]["stderr"] == pytest.approx(0.0)
+    assert block["undefined"] == {"value": None, "higher_is_better": False, "scale": "x100", "stderr": None,
+                                  "ci95": None, "help": ""}
+    assert metric_value(summary, "columns.B-CLIP") == 0.7 and metric_value(summary, "columns.nothing") is None
+    # Resamples where a metric is undefined are left out; fewer than two defined values give no statistics.
+    assert standard_error([0.5, None, 0.7]) == pytest.approx(np.std([0.5, 0.7], ddof=1))
+    assert standard_error([0.5, None]) is None and percentile_interval([None, 0.5]) is None
+    with pytest.raises(ValueError, match="confidence"):
+        percentile_interval([0.1, 0.2], confidence=95)
+
+
+# --------------------------------------------------------------------------------------------
+# The shared protocol of the benchmarks.
+
+
+def test_every_benchmark_declares_its_primary_metric_and_protocol() -> None:
+    seeds = {}
+    for name in ("t2i_compbench", "geneval", "geneval2", "lpg_bench", "toy"):
+        assert name in available_benchmarks()
+        cls = benchmark_class(name)
+        bench = cls()
+        keys = [metric.key for metric in cls.metrics]
+        assert cls.primary_metric in keys and len(set(keys)) == len(keys), name
+        assert bench.higher_is_better is True
+        protocol = bench.protocol()
+        assert protocol.images_per_prompt == bench.num_images == cls.official_images_per_prompt
+        seeds[name] = [protocol.seed_fn(protocol.seed, p, i) for p, i in [(0, 0), (3, 1)]]
+    # T2I-CompBench and GenEval: seed 42 + image index for every prompt; the others: a seed per image.
+    assert seeds["t2i_compbench"] == seeds["geneval"] == [42, 43]
+    assert seeds["geneval2"] == seeds["lpg_bench"] == [sample_seed(42, 0, 0), sample_seed(42, 3, 1)]
+    assert seeds["toy"] == [sample_seed(2024, 0, 0), sample_seed(2024, 3, 1)]
+    official = {name: benchmark_class(name)().protocol() for name in ("t2i_compbench", "geneval", "toy")}
+    assert [(p.num_inference_steps, p.guidance_scale, p.resolution, p.batch_size) for p in official.values()] == [
+        (30, 7.5, 512, 8), (50, 9.0, 512, 4), (20, 4.0, 64, 32)]
+
+
+@pytest.mark.parametrize("name", ["t2i_compbench", "geneval", "geneval2", "lpg_bench", "toy"])
+@pytest.mark.parametrize("field, value", [("images_per_prompt", 0), ("max_prompts", 0), ("num_inference_steps", 0),
+                                          ("batch_size", 0), ("resolution", 0)])
+def test_protocol_fields_are_checked_once_for_every_benchmark(name: str, field: str, value: int) -> None:
+    with pytest.raises(ValueError, match=f"{field} must be >= 1"):
+        build_benchmark(name, **{field: value})
+
+
+def test_every_nth_keeps_at_most_max_prompts_spread_over_the_list() -> None:
+    assert every_nth(list(range(10)), 3) == [0, 4, 8]
+    assert every_nth(range(553), 6) == list(range(0, 553, 93))
+    assert every_nth([1, 2], 5) == [1, 2] and every_nth([1, 2], None) == [1, 2]
+
+
+# --------------------------------------------------------------------------------------------
+# The README's example.
+
+# Kept equal to the code block under "### Adding a benchmark" in README.md (checked below).
+EXAMPLE = '''
+from dataclasses import dataclass
+
+from evaluators import Benchmark, BenchmarkPrompt, Metric, get_benchmark, register_benchmark
+from gors.core.toy import PRETRAINED_DIR
+
+
+@register_benchmark("two_objects")  # now `gors evaluate --benchmarks two_objects` knows it too
+@dataclass
+class TwoObjectsBenchmark(Benchmark):
+    """Two toy-world prompts; each image is judged by the exact toy oracle."""
+
+    # The shared protocol fields, with this benchmark's official defaults.
+    num_inference_steps: int = 20
+    guidance_scale: float = 4.0
+    resolution: int = 64
+    official_images_per_prompt = 2  # what images_per_prompt=None means
+    scorer = "toy_oracle"  # a reward of the rewards registry scores every image
+    primary_metric = "accuracy"
+    metrics = (Metric("accuracy", higher_is_better=True, scale="[0, 1]", help="share of correctly bound images"),)
+
+    def prompts(self) -> list[BenchmarkPrompt]:
+        texts = ["a red circle and a blue triangle", "a yellow square on the left of a green triangle"]
+        return self.subsample([BenchmarkPrompt(text) for text in texts])  # honours max_prompts
+
+    def summarize(self, rows: list[dict]) -> dict:
+        return {"accuracy": sum(row["details"]["bound"] for row in rows) / len(rows), "num_images": len(rows)}
+
+
+summary = get_benchmark("two_objects").evaluate(str(PRETRAINED_DIR / "pipeline"), "eval/two_objects")
+print(summary["accuracy"], summary["results"]["metrics"]["accuracy"]["ci95"])
+'''.lstrip()
+
+
+def test_readme_example_runs_on_the_packaged_toy_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    script = tmp_path / "two_objects.py"
+    script.write_text(EXAMPLE)
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(script))
+    summary = json.loads((tmp_path / "eval" / "two_objects" / "summary.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "two_objects" / "results.jsonl").open()]
+    assert len(rows) == 4 and summary["num_images"] == 4
+    assert summary["accuracy"] == pytest.approx(np.mean([row["details"]["bound"] for row in rows]))
+    results = summary["results"]
+    assert results["samples"] == {"prompts": 2, "images": 4, "images_per_prompt": 2}
+    assert results["metrics"]["accuracy"]["value"] == summary["accuracy"]
+    low, high = results["metrics"]["accuracy"]["ci95"]
+    assert low <= summary["accuracy"] <= high
+    assert results["config"]["num_inference_steps"] == 20 and results["benchmark"] == "two_objects"
+    assert str(summary["accuracy"]) in capsys.readouterr().out
+
+
+def test_readme_example_is_the_tested_one() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert "### Adding a benchmark" in text
+    section = text.split("### Adding a benchmark", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert block is not None and block.group(1) == EXAMPLE
