@@ -1,30 +1,48 @@
-"""The `gors` command: one subcommand per stage, `run` for all four, `rewards` to list rewards.
+"""The `gors` command: one subcommand per stage, `run` for all four, and the tools around them.
 
-Every stage takes its config's flags, or `--config FILE.yaml` whose keys are the same names
-(flags given on the command line override the file). Run any stage under
-`accelerate launch -m gors.cli <stage> ...` (or `accelerate launch $(which gors) ...`) to use
-several processes.
+Every subcommand is a config dataclass parsed by `parse_config`: its flags, or `--config FILE.yaml`
+whose keys are the same names (flags given on the command line override the file). `COMMANDS`
+declares them all. Run any stage under `accelerate launch -m gors.cli <stage> ...` (or
+`accelerate launch $(which gors) ...`) to use several processes.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import sys
-from dataclasses import fields
-from typing import Any, Callable, Sequence, TypeVar
+from argparse import ArgumentParser
+from dataclasses import Field, dataclass, fields
+from typing import Any, Sequence, TypeVar, get_origin
 
 import yaml
 from transformers import HfArgumentParser
 
-from gors.config import (
-    EvaluateConfig,
-    GenerateConfig,
-    RunConfig,
-    ScoreConfig,
-    SelectConfig,
-    TrainConfig,
-)
+from gors.config import SelectConfig, TrainConfig
 
 C = TypeVar("C")
+
+
+class ConfigParser(HfArgumentParser):
+    """HfArgumentParser for gors configs, with two kinds of field it cannot express by itself.
+
+    - `metadata={"positional": True, ...}`: a positional argument (`gors report FOLDER...`); a list
+      field takes one or more values.
+    - a `dict[str, Any]` field: JSON/YAML text on the command line, which the config's
+      `__post_init__` parses into the mapping (a YAML config file gives the mapping itself).
+    """
+
+    @staticmethod
+    def _parse_dataclass_field(parser: ArgumentParser, field: Field) -> None:
+        options = dict(field.metadata)
+        if options.pop("positional", False):
+            parser.add_argument(field.name, nargs="+" if get_origin(field.type) is list else None, **options)
+        elif get_origin(field.type) is dict:
+            # HfArgumentParser would call dict(text) on the value.
+            parser.add_argument(f"--{field.name}", f"--{field.name.replace('_', '-')}",
+                                default=field.default_factory(), **options)
+        else:
+            HfArgumentParser._parse_dataclass_field(parser, field)
 
 
 def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict[str, Any] | None = None,
@@ -34,7 +52,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     Precedence: command-line flags > YAML file > `defaults` (e.g. a recipe's) > the dataclass defaults.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser(cls, prog=prog)
+    parser = ConfigParser(cls, prog=prog, description=inspect.getdoc(cls))
     parser.add_argument("--config", default=None, help="YAML file of flag values (flags on the command line win).")
     merged = dict(defaults or {})
     if "--config" in argv:
@@ -66,25 +84,8 @@ def _read_yaml(path: str, cls: type) -> dict[str, Any]:
     return values
 
 
-def _run(config: RunConfig) -> None:
-    from gors.run import run
-
-    run(config)
-
-
-def _generate(config: GenerateConfig) -> None:
-    from gors.generate import generate
-
-    generate(config)
-
-
-def _score(config: ScoreConfig) -> None:
-    from gors.score import score
-
-    score(config)
-
-
-def _select(config: SelectConfig) -> None:
+def run_select(config: SelectConfig) -> None:
+    """`gors select`: the main process writes the selection; every process waits for it."""
     from gors.core.distributed import process_state
     from gors.select import select
 
@@ -93,7 +94,8 @@ def _select(config: SelectConfig) -> None:
     state.wait_for_everyone()
 
 
-def _train(config: TrainConfig) -> None:
+def run_train(config: TrainConfig) -> None:
+    """`gors train`: training on an Accelerator set up for it, its trackers closed at the end."""
     from gors.train import train, training_accelerator
 
     accelerator = training_accelerator(config)
@@ -101,20 +103,9 @@ def _train(config: TrainConfig) -> None:
     accelerator.end_training()
 
 
-def _evaluate(config: EvaluateConfig) -> None:
-    from gors.evaluate import evaluate
-
-    evaluate(config)
-
-
-def _toy(argv: list[str]) -> None:
-    """`gors toy pretrain [flags]`: train the packaged toy model and classifier from scratch."""
-    from gors.toy.pretrain import ToyPretrainConfig, pretrain
-
-    if not argv or argv[0] != "pretrain":
-        raise SystemExit("usage: gors toy pretrain [--output_dir DIR] [--seed N] ... (gors toy pretrain --help)")
-    config = parse_config(ToyPretrainConfig, argv[1:], prog="gors toy pretrain")
-    print(f"[toy pretrain] wrote {pretrain(config)}")
+@dataclass
+class RewardsConfig:
+    """`gors rewards`: the registered rewards, their default models, score ranges and roles in the paper."""
 
 
 def reward_table() -> list[dict[str, str]]:
@@ -144,64 +135,81 @@ def reward_table() -> list[dict[str, str]]:
     return rows
 
 
-def list_rewards() -> None:
-    """Print the registered rewards (`gors rewards`)."""
+def list_rewards(config: RewardsConfig) -> None:
+    """Print the registered rewards (`gors rewards`), each with its description under it."""
+    from tabulate import tabulate
+
     rows = reward_table()
-    columns = [("name", "name"), ("model", "default model"), ("range", "range"), ("categories", "categories"),
-               ("role", "paper's GORS reward for")]
-    widths = {key: max(len(title), *(len(row[key]) for row in rows)) for key, title in columns}
-    print("  ".join(f"{title:<{widths[key]}}" for key, title in columns))
-    for row in rows:
-        print("  ".join(f"{row[key]:<{widths[key]}}" for key, _ in columns))
+    columns = {"name": "name", "model": "default model", "range": "range", "categories": "categories",
+               "role": "paper's GORS reward for"}
+    header, *lines = tabulate([[row[key] for key in columns] for row in rows], headers=list(columns.values()),
+                              tablefmt="plain", disable_numparse=True).splitlines()
+    print(header)
+    for line, row in zip(lines, rows):  # one line per row: no cell holds a line break
+        print(line)
         print(f"    {row['description']}")
     print("\nUse one with --reward NAME, mix them with --reward b_vqa:0.7,blip_clip:0.3, or pick the paper's unbiased "
           "reward with --unbiased. Your own: @rewards.register_reward('name'), a 'gors.rewards' entry point, or "
           "--reward my_module:MyReward.")
 
 
-COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
-    "generate": (GenerateConfig, _generate, "k images per training prompt into the sample store"),
-    "score": (ScoreConfig, _score, "score every sample with a reward"),
-    "select": (SelectConfig, _select, "keep samples with reward > tau"),
-    "train": (TrainConfig, _train, "reward-weighted LoRA fine-tuning on the selection"),
-    "run": (RunConfig, _run, "generate, score, select and train in one go"),
-    "evaluate": (EvaluateConfig, _evaluate, "run benchmarks on a checkpoint, a LoRA or an image folder"),
+@dataclass(frozen=True)
+class Command:
+    """A `gors` subcommand: its config dataclass and the function run on the parsed config.
+
+    Both are 'module:name' paths, imported only when the command runs, so that `gors --help` and
+    each command load only what they use (the toy pretraining and LoRA conversion import torch).
+    """
+
+    config: str
+    function: str
+    help: str
+
+
+COMMANDS: dict[str, Command] = {
+    "generate": Command("gors.config:GenerateConfig", "gors.generate:generate",
+                        "k images per training prompt into the sample store"),
+    "score": Command("gors.config:ScoreConfig", "gors.score:score", "score every sample with a reward"),
+    "select": Command("gors.config:SelectConfig", "gors.cli:run_select", "keep samples with reward > tau"),
+    "train": Command("gors.config:TrainConfig", "gors.cli:run_train",
+                     "reward-weighted LoRA fine-tuning on the selection"),
+    "run": Command("gors.config:RunConfig", "gors.run:run", "generate, score, select and train in one go"),
+    "evaluate": Command("gors.config:EvaluateConfig", "gors.evaluate:evaluate",
+                        "run benchmarks on a checkpoint, a LoRA or an image folder"),
+    "rewards": Command("gors.cli:RewardsConfig", "gors.cli:list_rewards", "list the registered rewards"),
+    "report": Command("gors.report:ReportConfig", "gors.report:write_report",
+                      "markdown table and plots of evaluation and training folders"),
+    "convert-lora": Command("gors.official_lora:ConvertLoraConfig", "gors.official_lora:convert",
+                            "official GORS (lora_diffusion) checkpoint -> diffusers LoRA folder"),
+    "toy pretrain": Command("gors.toy.pretrain:ToyPretrainConfig", "gors.toy.pretrain:pretrain_and_report",
+                            "toy world: train the packaged toy model and its classifier from scratch"),
 }
 
 
+def _load(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def usage() -> str:
+    """`gors --help`: the subcommands and what each does."""
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {command.help}" for name, command in COMMANDS.items()]
+    return "usage: gors COMMAND [flags]  (gors COMMAND --help for its flags)\n\n" + "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    """`gors COMMAND [flags]`: parse the command's config and run its function on it."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    names = ",".join([*COMMANDS, "rewards", "report", "convert-lora", "toy"])
-    usage = "usage: gors {" + names + "} [flags]  (gors COMMAND --help for its flags)\n\n"
-    usage += "\n".join(f"  {name:<9} {help_}" for name, (_, _, help_) in COMMANDS.items())
-    usage += "\n  rewards   list the registered rewards"
-    usage += "\n  report    markdown table and plots of evaluation and training folders"
-    usage += "\n  convert-lora  official GORS (lora_diffusion) checkpoint -> diffusers LoRA folder"
-    usage += "\n  toy       toy world: `gors toy pretrain` trains the packaged toy model"
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage)
+        print(usage())
         return
-    command, rest = argv[0], argv[1:]
-    if command == "rewards":
-        list_rewards()
-        return
-    if command == "toy":
-        _toy(rest)
-        return
-    if command == "report":
-        from gors.report import main as report_main
-
-        report_main(rest)
-        return
-    if command == "convert-lora":
-        from gors.official_lora import main as convert_main
-
-        convert_main(rest)
-        return
-    if command not in COMMANDS:
-        raise SystemExit(f"gors: unknown command {command!r}\n{usage}")
-    cls, function, _ = COMMANDS[command]
-    function(parse_config(cls, rest, prog=f"gors {command}"))
+    name = " ".join(argv[:2]) if " ".join(argv[:2]) in COMMANDS else argv[0]  # two words: `gors toy pretrain`
+    if name not in COMMANDS:
+        raise SystemExit(f"gors: unknown command {argv[0]!r}\n{usage()}")
+    command = COMMANDS[name]
+    config = parse_config(_load(command.config), argv[len(name.split()):], prog=f"gors {name}")
+    _load(command.function)(config)
 
 
 if __name__ == "__main__":

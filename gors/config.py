@@ -1,14 +1,21 @@
-"""One config dataclass per stage, with the paper's defaults and help text.
+"""One config dataclass per command, with the paper's defaults and help text.
 
 Flags follow diffusers' training scripts wherever one exists. Every config parses from the
 command line or a YAML file (see `gors.cli.parse_config`); `__post_init__` rejects bad values with
 a message that quotes them. Defaults come from the official T2I-CompBench GORS training script
 and paper (see DESIGN.md and the README's table of defaults).
+
+The stage configs are built from small field groups (`RunFolderFields`, `ModelFields`, ...) that
+share no base class: each config lists the groups it needs once, and checks each group's fields
+with the group's own `_check_*` method. `RunConfig` lists all of them, so `gors run` and the
+recipes take every stage's flags, and each stage function accepts it as it reads attributes only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import yaml
 
@@ -20,8 +27,13 @@ def _check(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def parse_mapping(value: str | dict | None, flag: str) -> dict:
-    """A mapping given as JSON/YAML text on the command line or as a mapping in a YAML config."""
+def _check_mixed_precision(value: str | None) -> None:
+    _check(value is None or value in MIXED_PRECISION_CHOICES,
+           f"--mixed_precision={value!r}; choose one of {MIXED_PRECISION_CHOICES}")
+
+
+def parse_mapping(value: Mapping[str, Any] | str | None, flag: str) -> dict[str, Any]:
+    """A mapping option: JSON/YAML text (the command line) or a mapping (a YAML config file, Python)."""
     if value is None:
         return {}
     if isinstance(value, str):
@@ -29,13 +41,16 @@ def parse_mapping(value: str | dict | None, flag: str) -> dict:
             value = yaml.safe_load(value)
         except yaml.YAMLError as err:
             raise ValueError(f"{flag}={value!r} is not valid JSON/YAML: {err}") from err
-    _check(isinstance(value, dict), f"{flag}={value!r}: expected a mapping such as '{{\"key\": \"value\"}}'")
-    return value
+    _check(isinstance(value, Mapping), f"{flag}={value!r}: expected a mapping such as '{{\"key\": \"value\"}}'")
+    return dict(value)
+
+
+# ---- field groups -------------------------------------------------------------------------------
 
 
 @dataclass
-class StageConfig:
-    """Fields every stage shares: where the run lives and how it is reproduced."""
+class RunFolderFields:
+    """Where the run lives and how it is reproduced: every stage."""
 
     output_dir: str = field(
         default="gors_output",
@@ -50,15 +65,14 @@ class StageConfig:
         },
     )
 
-    def __post_init__(self) -> None:
-        _check(
-            self.mixed_precision is None or self.mixed_precision in MIXED_PRECISION_CHOICES,
-            f"--mixed_precision={self.mixed_precision!r}; choose one of {MIXED_PRECISION_CHOICES}",
-        )
+    def _check_run_folder(self) -> None:
+        _check_mixed_precision(self.mixed_precision)
 
 
 @dataclass
-class ModelConfig(StageConfig):
+class ModelFields:
+    """The Stable Diffusion pipeline that generates and is trained: generate, train."""
+
     pretrained_model_name_or_path: str = field(
         default="stabilityai/stable-diffusion-2-base",
         metadata={"help": "Stable Diffusion 1.x/2.x pipeline: Hub id or local folder (GORS paper: SD-2-base)."},
@@ -66,14 +80,13 @@ class ModelConfig(StageConfig):
     revision: str | None = field(default=None, metadata={"help": "Hub revision of the base model."})
     resolution: int = field(default=512, metadata={"help": "Image side in pixels for generation and training."})
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def _check_model(self) -> None:
         _check(self.resolution >= 8 and self.resolution % 8 == 0, f"--resolution={self.resolution}: use a multiple of 8")
 
 
 @dataclass
-class GenerateConfig(ModelConfig):
-    """`gors generate`: k images per training prompt into the sample store."""
+class GenerationFields:
+    """The training prompts and how their samples are drawn: generate."""
 
     train_prompts: str = field(
         default="color",
@@ -89,8 +102,7 @@ class GenerateConfig(ModelConfig):
     guidance_scale: float = field(default=7.5, metadata={"help": "Classifier-free guidance (T2I-CompBench: 7.5)."})
     generation_batch_size: int = field(default=8, metadata={"help": "Images per pipeline call on each process."})
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def _check_generation(self) -> None:
         _check(self.images_per_prompt >= 1, f"--images_per_prompt={self.images_per_prompt}: must be >= 1")
         _check(self.num_inference_steps >= 1, f"--num_inference_steps={self.num_inference_steps}: must be >= 1")
         _check(self.generation_batch_size >= 1, f"--generation_batch_size={self.generation_batch_size}: must be >= 1")
@@ -98,7 +110,9 @@ class GenerateConfig(ModelConfig):
 
 
 @dataclass
-class RewardConfig(StageConfig):
+class RewardFields:
+    """Which reward judges the samples: score, select."""
+
     reward: str | None = field(
         default=None,
         metadata={
@@ -119,8 +133,7 @@ class RewardConfig(StageConfig):
         metadata={"help": "T2I-CompBench category whose reward and tau apply; default: the prompt set's."},
     )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def _check_reward(self) -> None:
         _check(
             not (self.reward is not None and self.unbiased),
             f"--reward={self.reward!r} and --unbiased both choose the reward; give one of them",
@@ -138,14 +151,14 @@ class RewardConfig(StageConfig):
 
 
 @dataclass
-class ScoreConfig(RewardConfig):
-    """`gors score`: one reward over every sample in the store."""
+class ScoringFields:
+    """How the reward model is loaded and run: score."""
 
     reward_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Model of the reward (Hub id or folder); default: the reward's own."}
     )
-    reward_options: str | None = field(
-        default=None,
+    reward_options: dict[str, Any] = field(
+        default_factory=dict,
         metadata={
             "help": "Keyword arguments of the reward as a JSON/YAML mapping, e.g. "
             "'{\"sam_model_name_or_path\": \"facebook/sam-vit-base\"}'; for a weighted list, keyed by member: "
@@ -154,15 +167,14 @@ class ScoreConfig(RewardConfig):
     )
     reward_batch_size: int = field(default=16, metadata={"help": "Images per reward call on each process."})
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def _check_scoring(self) -> None:
         _check(self.reward_batch_size >= 1, f"--reward_batch_size={self.reward_batch_size}: must be >= 1")
         self.reward_options = parse_mapping(self.reward_options, "--reward_options")
 
 
 @dataclass
-class SelectConfig(RewardConfig):
-    """`gors select`: keep the samples whose reward exceeds tau."""
+class SelectionFields:
+    """Which samples are kept: select."""
 
     reward_threshold: float | None = field(
         default=None,
@@ -173,8 +185,7 @@ class SelectConfig(RewardConfig):
         },
     )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def _check_selection(self) -> None:
         _check(
             self.reward_threshold is None or 0.0 <= self.reward_threshold <= 1.0,
             f"--reward_threshold={self.reward_threshold}: rewards lie in [0, 1]",
@@ -182,8 +193,8 @@ class SelectConfig(RewardConfig):
 
 
 @dataclass
-class TrainConfig(ModelConfig):
-    """`gors train`: reward-weighted LoRA fine-tuning on the selected samples."""
+class TrainingFields:
+    """Reward-weighted LoRA fine-tuning, its checkpoints and validation: train."""
 
     train_batch_size: int = field(default=2, metadata={"help": "Batch size per process (official: 2 x 8 GPUs)."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Steps to accumulate before an update."})
@@ -236,14 +247,12 @@ class TrainConfig(ModelConfig):
     validation_metric: str | None = field(
         default=None, metadata={"help": "Summary key that picks the best checkpoint; default: the benchmark's main metric."}
     )
-    validation_scorer_options: str | None = field(
-        default=None, metadata={"help": "Keyword arguments of the validation scorer (JSON/YAML mapping)."}
+    validation_scorer_options: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Keyword arguments of the validation scorer (JSON/YAML mapping)."}
     )
     report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker: tensorboard, wandb, all or none."})
-    dataloader_num_workers: int = field(default=0, metadata={"help": "DataLoader workers (latents are cached in memory)."})
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def _check_training(self) -> None:
         for flag in ("train_batch_size", "gradient_accumulation_steps", "max_train_steps", "rank", "checkpointing_steps",
                      "validation_steps"):
             value = getattr(self, flag)
@@ -266,13 +275,65 @@ class TrainConfig(ModelConfig):
                                     "category (e.g. t2i_compbench:color)")
 
 
+# ---- the commands' configs -----------------------------------------------------------------------
+# Bases are listed last-group-first: a dataclass orders its fields from the last base to the first,
+# so flags read run folder, model, then the stage's own.
+
+
 @dataclass
-class RunConfig(GenerateConfig, ScoreConfig, SelectConfig, TrainConfig):
-    """`gors run` and the recipes: generate -> score -> select -> train in one run folder."""
+class GenerateConfig(GenerationFields, ModelFields, RunFolderFields):
+    """`gors generate`: k images per training prompt into the sample store."""
 
     def __post_init__(self) -> None:
-        # Each parent's checks run once through the cooperative super() chain.
-        super().__post_init__()
+        self._check_run_folder()
+        self._check_model()
+        self._check_generation()
+
+
+@dataclass
+class ScoreConfig(ScoringFields, RewardFields, RunFolderFields):
+    """`gors score`: one reward over every sample in the store."""
+
+    def __post_init__(self) -> None:
+        self._check_run_folder()
+        self._check_reward()
+        self._check_scoring()
+
+
+@dataclass
+class SelectConfig(SelectionFields, RewardFields, RunFolderFields):
+    """`gors select`: keep the samples whose reward exceeds tau."""
+
+    def __post_init__(self) -> None:
+        self._check_run_folder()
+        self._check_reward()
+        self._check_selection()
+
+
+@dataclass
+class TrainConfig(TrainingFields, ModelFields, RunFolderFields):
+    """`gors train`: reward-weighted LoRA fine-tuning on the selected samples."""
+
+    def __post_init__(self) -> None:
+        self._check_run_folder()
+        self._check_model()
+        self._check_training()
+
+
+@dataclass
+class RunConfig(GenerationFields, ScoringFields, SelectionFields, RewardFields, TrainingFields, ModelFields,
+                RunFolderFields):
+    """`gors run` and the recipes: generate -> score -> select -> train in one run folder."""
+
+    # Every stage config's field groups, so that each stage function takes a RunConfig as it is.
+    def __post_init__(self) -> None:
+        self._check_run_folder()
+        self._check_model()
+        self._check_training()
+        self._check_reward()
+        self._check_selection()
+        self._check_scoring()
+        self._check_generation()
 
 
 @dataclass
@@ -313,8 +374,8 @@ class EvaluateConfig:
     images_per_prompt: int | None = field(
         default=None, metadata={"help": "Images per prompt; default: each benchmark's official number."}
     )
-    scorer_options: str | None = field(
-        default=None,
+    scorer_options: dict[str, Any] = field(
+        default_factory=dict,
         metadata={"help": "Keyword arguments of the scorers as a JSON/YAML mapping keyed by benchmark (or "
                           "benchmark:subset), e.g. '{\"geneval\": {\"model_name_or_path\": \"...\"}}'; a \"columns\" "
                           "entry gives the further metric columns' scorers theirs, keyed by column."},
@@ -322,7 +383,7 @@ class EvaluateConfig:
     scorer_batch_size: int = field(default=16, metadata={"help": "Images per scorer call on each process."})
 
     def __post_init__(self) -> None:
-        StageConfig.__post_init__(self)  # the --mixed_precision check
+        _check_mixed_precision(self.mixed_precision)
         _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
         _check(self.images_per_prompt is None or self.images_per_prompt >= 1,
                f"--images_per_prompt={self.images_per_prompt}: must be >= 1")

@@ -13,17 +13,18 @@ which this module reproduces (`lora_diffusion_targets`) to give every pair its m
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
 from gors.core.prompts import T2I_COMPBENCH_COMMIT, T2I_COMPBENCH_REPOSITORY
@@ -342,28 +343,35 @@ def resolve_lora(lora: str | None, pretrained_model_name_or_path: str = SD2_BASE
     return str(folder)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`gors convert-lora IN OUT [--pretrained_model_name_or_path M]`."""
-    parser = argparse.ArgumentParser(
-        prog="gors convert-lora",
-        description="Convert a lora_diffusion LoRA (the official GORS checkpoints of T2I-CompBench) into a "
-        f"diffusers LoRA folder (OUT/{LORA_WEIGHT_NAME}) for --lora or pipe.load_lora_weights(OUT).",
-    )
-    parser.add_argument(
-        "source", metavar="IN",
-        help=f"official:<category> ({', '.join(CATEGORIES)}; downloaded from {T2I_COMPBENCH_REPOSITORY} "
+@dataclass
+class ConvertLoraConfig:
+    """Convert a lora_diffusion LoRA (the official GORS checkpoints of T2I-CompBench) into a diffusers LoRA
+    folder (OUT/pytorch_lora_weights.safetensors) for --lora or pipe.load_lora_weights(OUT)."""
+
+    source: str = field(metadata={
+        "positional": True, "metavar": "IN",
+        "help": f"official:<category> ({', '.join(CATEGORIES)}; downloaded from {T2I_COMPBENCH_REPOSITORY} "
         f"at commit {T2I_COMPBENCH_COMMIT[:7]}, sha256-checked, GORS_DATA_DIR for offline copies), a folder "
         f"holding <name>.pt and <name>{TEXT_ENCODER_SUFFIX}, or the U-Net <name>.pt itself.",
-    )
-    parser.add_argument("output_dir", metavar="OUT", help="Folder to write the diffusers LoRA into.")
-    parser.add_argument(
-        "--pretrained_model_name_or_path", default=SD2_BASE,
-        help="Base model the LoRA was trained on; only its unet/ and text_encoder/ configs are read "
+    })
+    output_dir: str = field(metadata={
+        "positional": True, "metavar": "OUT", "help": "Folder to write the diffusers LoRA into.",
+    })
+    pretrained_model_name_or_path: str = field(default=SD2_BASE, metadata={
+        "help": "Base model the LoRA was trained on; only its unet/ and text_encoder/ configs are read "
         "(default: %(default)s, whose configs are built in when offline).",
-    )
-    args = parser.parse_args(argv)
+    })
+
+
+def convert(config: ConvertLoraConfig) -> None:
+    """`gors convert-lora IN OUT`: convert, and say how to use the result; bad input exits with its reason."""
     try:
-        path = convert_official_lora(args.source, args.output_dir, args.pretrained_model_name_or_path)
+        path = convert_official_lora(config.source, config.output_dir, config.pretrained_model_name_or_path)
     except (LoraConversionError, OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from err
-    print(f"Wrote {path}; use it with --lora {args.output_dir}")
+    print(f"Wrote {path}; use it with --lora {config.output_dir}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`gors convert-lora IN OUT [--pretrained_model_name_or_path M]`."""
+    convert(parse_config(ConvertLoraConfig, argv, prog="gors convert-lora"))

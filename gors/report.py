@@ -11,10 +11,12 @@ Each OUT_DIR is a `gors evaluate` output folder (its `summary.json`) and/or a tr
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from tabulate import tabulate
 
 from gors.core.io import atomic_write_bytes
 from gors.core.paper import PUBLISHED
@@ -55,11 +57,8 @@ def markdown_table(rows: dict[str, dict[str, float]], with_published: bool = Tru
             shown = {label: v for label, v in values.items() if label in columns}
             if shown:
                 table[f"*{name}*"] = shown
-    lines = ["| checkpoint | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for name, values in table.items():
-        cells = [f"{values[c]:.4f}" if c in values else "-" for c in columns]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    body = [[name, *(values.get(c) for c in columns)] for name, values in table.items()]
+    return tabulate(body, headers=["checkpoint", *columns], tablefmt="github", floatfmt=".4f", missingval="-")
 
 
 def _plot_bars(rows: dict[str, dict[str, float]], path: Path) -> None:
@@ -135,9 +134,16 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
     return path
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="gors report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", help="`gors evaluate` output folders and/or training run folders")
-    parser.add_argument("--output_dir", default="report", help="Where report.md and the PNGs go (default: report).")
-    args = parser.parse_args(argv)
-    print(f"[report] wrote {report(args.folders, args.output_dir)}")
+@dataclass
+class ReportConfig:
+    """`gors report OUT_DIR [OUT_DIR ...]`: a markdown table of checkpoints x benchmarks, and plots."""
+
+    folders: list[str] = field(
+        metadata={"positional": True, "help": "`gors evaluate` output folders and/or training run folders"}
+    )
+    output_dir: str = field(default="report", metadata={"help": "Where report.md and the PNGs go."})
+
+
+def write_report(config: ReportConfig) -> None:
+    """`gors report`: write the report and say where it is."""
+    print(f"[report] wrote {report(config.folders, config.output_dir)}")

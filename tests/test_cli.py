@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from gors.cli import main, parse_config
+from gors.cli import COMMANDS, main, parse_config
 from gors.config import RunConfig, TrainConfig
 from gors.generate import generate
 from gors.recipes import recipe_defaults
@@ -117,3 +117,67 @@ def test_user_reward_registered_with_a_decorator_works_in_score(make_run_config)
     generate(config)
     scores = score(config)
     assert len(scores) == 6 and all(0 <= row["reward"] <= 1 for row in scores.values())
+
+
+# ---- one parser for every subcommand ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_parses_its_config_and_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command.split(), "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: gors {command}") and "--config" in out
+
+
+def test_gors_help_lists_every_command(capsys):
+    main(["--help"])
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in COMMANDS)
+    with pytest.raises(SystemExit, match="unknown command 'toy'"):
+        main(["toy"])
+
+
+def test_positional_fields_and_yaml_for_report(tmp_path, capsys):
+    from gors.report import ReportConfig
+
+    config = parse_config(ReportConfig, ["a", "b", "--output_dir", "out"])
+    assert (config.folders, config.output_dir) == (["a", "b"], "out")
+    folder = tmp_path / "eval_a"
+    folder.mkdir()
+    (folder / "summary.json").write_text(
+        '{"summaries": [{"label": "toy:held_out", "primary_metric": "binding_accuracy", "binding_accuracy": 0.25}]}')
+    config_file = tmp_path / "report.yaml"
+    config_file.write_text(f"output_dir: {tmp_path / 'report'}\n")
+    main(["report", str(folder), "--config", str(config_file)])
+    assert f"[report] wrote {tmp_path / 'report' / 'report.md'}" in capsys.readouterr().out
+
+
+def test_mapping_options_are_dicts_from_flags_and_yaml(tmp_path):
+    from gors.config import EvaluateConfig
+
+    assert parse_config(RunConfig, []).reward_options == {}
+    config = parse_config(RunConfig, ["--validation_scorer_options", "{checks: all}"])
+    assert config.validation_scorer_options == {"checks": "all"}
+    config_file = tmp_path / "evaluate.yaml"
+    config_file.write_text("scorer_options:\n  geneval:\n    model_name_or_path: x\n")
+    config = parse_config(EvaluateConfig, ["--config", str(config_file)])
+    assert config.scorer_options == {"geneval": {"model_name_or_path": "x"}}
+    with pytest.raises(SystemExit, match="--scorer_options=3: expected a mapping"):
+        parse_config(EvaluateConfig, ["--scorer_options", "3"])
+
+
+def test_run_config_has_every_stage_flag_without_being_a_stage_config():
+    from dataclasses import fields
+
+    from gors.config import GenerateConfig, ScoreConfig, SelectConfig
+
+    run = parse_config(RunConfig, ["--images_per_prompt", "3", "--reward_threshold", "0.5", "--rank", "8"])
+    stages = (GenerateConfig, ScoreConfig, SelectConfig, TrainConfig)
+    assert {f.name for f in fields(RunConfig)} == {f.name for stage in stages for f in fields(stage)}
+    assert not any(issubclass(RunConfig, stage) for stage in stages)  # no diamond of stage configs
+    for stage in stages:  # each stage reads the same values from a RunConfig as from its own config
+        own = stage(**{f.name: getattr(run, f.name) for f in fields(stage)})
+        assert all(getattr(own, f.name) == getattr(run, f.name) for f in fields(stage))
+    assert "dataloader_num_workers" not in {f.name for f in fields(RunConfig)}

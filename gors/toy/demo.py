@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from diffusers.utils import make_image_grid
 from PIL import Image, ImageDraw
+from tabulate import tabulate
 
 from gors.cli import parse_config
 from gors.config import RunConfig
@@ -71,10 +73,6 @@ def toy_defaults(output_dir: str = "toy_output") -> dict:
 HEADER_LINES = 3  # the longest prompt, at 2x scale, wraps to three lines
 
 
-def _number(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
 def _label(image: Image.Image, text: str) -> Image.Image:
     canvas = Image.new("RGB", (image.width, image.height + 12), "white")
     canvas.paste(image, (0, 12))
@@ -85,27 +83,24 @@ def _label(image: Image.Image, text: str) -> Image.Image:
 def before_after_grid(base_dir: Path, tuned_dir: Path, prompts: list[str], path: Path, scale: int = 2) -> Path:
     """The prompts over two rows (base, GORS) of image 0 of each, each marked OK or X by its binding
     (the oracle's verdict on colours and shapes; the relation is not counted)."""
-    rows = []
+    tiles = []  # the base row, then the GORS row
     for folder, title in ((base_dir, "base"), (tuned_dir, "GORS")):
         results = {r["prompt"]: r for r in map(json.loads, (folder / "results.jsonl").read_text().splitlines())
                    if r["image_index"] == 0}
-        tiles = []
         for prompt in prompts:
             row = results[prompt]
             image = Image.open(folder / "samples" / row["path"]).convert("RGB")
             image = image.resize((image.width * scale, image.height * scale), Image.NEAREST)
             tiles.append(_label(image, f"{title} {'OK' if row['correct'] else 'X'}"))
-        rows.append(tiles)
-    width, height = rows[0][0].size
+    body = make_image_grid(tiles, rows=2, cols=len(prompts))
+    width = tiles[0].width
     header = 8 + 12 * HEADER_LINES  # the prompt above each column, wrapped to the tile width
-    grid = Image.new("RGB", (width * len(prompts), header + height * 2), "white")
+    grid = Image.new("RGB", (body.width, header + body.height), "white")
     draw = ImageDraw.Draw(grid)
     for c, prompt in enumerate(prompts):
         lines = textwrap.wrap(prompt, width=max(8, width // 6))[:HEADER_LINES]
         draw.multiline_text((c * width + 2, 2), "\n".join(lines), fill="black", spacing=1)
-    for r, tiles in enumerate(rows):
-        for c, tile in enumerate(tiles):
-            grid.paste(tile, (c * width, header + r * height))
+    grid.paste(body, (0, header))
     grid.save(path)
     return path
 
@@ -157,15 +152,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 for metric in ("binding_accuracy", "relation_accuracy", "full_accuracy"):
                     if summary[metric] is not None:
                         writer.add_scalar(f"toy_{config.eval_split}/{metric}_{name}", summary[metric], 0)
-        table = "\n".join(
-            f"  {title:<12}{_number(summary['binding_accuracy']):>9}{_number(summary['relation_accuracy']):>10}"
-            f"{_number(summary['full_accuracy']):>8}"
-            for title, summary in (("base model", base), ("after GORS", tuned))
+        table = tabulate(
+            [[title, summary["binding_accuracy"], summary["relation_accuracy"], summary["full_accuracy"]]
+             for title, summary in (("base model", base), ("after GORS", tuned))],
+            headers=["", "binding", "relation", "full"], tablefmt="plain", floatfmt=".3f", missingval="n/a",
         )
         print(
             f"\nToy world, {config.eval_split} prompts ({base['num_prompts']} prompts x "
             f"{config.eval_images_per_prompt} images), GORS with reward {reward}:\n"
-            f"  {'':<12}{'binding':>9}{'relation':>10}{'full':>8}\n{table}\n"
+            f"{textwrap.indent(table, '  ')}\n"
             f"  binding accuracy gain {results['gain']:+.3f}\n"
             f"  before/after grid  {grid}\n  results           {out / 'results.json'}\n"
             f"  TensorBoard       tensorboard --logdir {out / 'logs'}\n"

@@ -186,3 +186,8 @@ def pretrain(config: ToyPretrainConfig) -> Path:
             "total_seconds": round(time.time() - start, 1), "torch_threads": torch.get_num_threads()}
     (output_dir / "pretrain_info.json").write_text(json.dumps(info, indent=2) + "\n")
     return output_dir
+
+
+def pretrain_and_report(config: ToyPretrainConfig) -> None:
+    """`gors toy pretrain`: train everything, then say where it went."""
+    print(f"[toy pretrain] wrote {pretrain(config)}")
