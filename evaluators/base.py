@@ -129,6 +129,12 @@ def check_complete(entries: Sequence[ImageEntry], num_prompts: int, images_per_p
         )
 
 
+def image_index_seed(base_seed: int, prompt_index: int, image_index: int) -> int:
+    """Image i of every prompt uses `base_seed + i`: the official T2I-CompBench and GenEval
+    scripts re-seed with the same seed before each prompt (T2I-CompBench: 42 ... 51)."""
+    return base_seed + image_index
+
+
 def every_nth(items: Sequence[T], max_prompts: int | None) -> list[T]:
     """Every n-th item, n = ceil(len / max_prompts), so that at most `max_prompts` remain (all
     of them without a limit): a quick run spread over the whole prompt list, in its order."""

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, pinned_data
+from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, image_index_seed, pinned_data
 from evaluators.results import Metric
 from gors.core.data import PinnedSource, fetch_pinned_file
 from gors.core.io import atomic_write_bytes
@@ -64,12 +64,6 @@ GENEVAL = PinnedSource(
     offline_hint="(a copy of the prompts/ folder of github.com/djghosh13/geneval)",
 )
 _IMAGE_NAME = re.compile(r"\d+\.png")
-
-
-def geneval_seed(base_seed: int, prompt_index: int, image_index: int) -> int:
-    """Seed of image `image_index` of any prompt: `base_seed + image_index` (the official script
-    re-seeds with the same seed before every prompt)."""
-    return base_seed + image_index
 
 
 def load_geneval_metadata() -> list[dict[str, Any]]:
@@ -103,7 +97,7 @@ class GenEvalBenchmark(Benchmark):
     scorer = "geneval"
     primary_metric = "overall"
     official_images_per_prompt = 4
-    seed_fn = staticmethod(geneval_seed)
+    seed_fn = staticmethod(image_index_seed)
     metrics = (
         Metric("overall", help="mean of the task means of image correctness"),
         Metric("correct_images", help="share of correct images"),

@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 from tabulate import tabulate
 
-from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, pinned_data
+from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, image_index_seed, pinned_data
 from evaluators.results import Metric
 from gors.core import paper
 from gors.core.io import atomic_write_bytes
@@ -89,11 +89,6 @@ _FILE_NAME = re.compile(r"^(?P<prompt>.*)_(?P<index>\d+)\.png$")
 _FILE_HINT = "<prompt>_<index:06d>.png, index = prompt * images_per_prompt + image"
 
 
-def per_image_seed(base_seed: int, prompt_index: int, image_index: int) -> int:
-    """The official seeds: image i of every prompt uses `base_seed + i` (42 ... 51)."""
-    return base_seed + image_index
-
-
 @dataclass
 class T2ICompBenchBenchmark(Benchmark):
     """One T2I-CompBench category (see the module docstring).
@@ -116,7 +111,7 @@ class T2ICompBenchBenchmark(Benchmark):
     name = "t2i_compbench"
     subset_field = "category"
     official_images_per_prompt = 10
-    seed_fn = staticmethod(per_image_seed)
+    seed_fn = staticmethod(image_index_seed)
     metrics = (
         Metric("score", help="the category's metric (B-VQA, UniDet, CLIPScore or 3-in-1), mean over images"),
         Metric("columns.B-CLIP", help="BLIP caption vs prompt CLIP similarity, mean over images"),

@@ -284,7 +284,7 @@ def test_images_folder_in_the_official_layout(data_dir: Path, tmp_path: Path, mo
     results = summary["results"]
     assert results["data"]["commit"] == GENEVAL.commit and METADATA_FILE in results["data"]["files"]
     assert results["samples"] == {"prompts": 3, "images": 6, "images_per_prompt": 2}
-    assert results["config"]["seed_rule"] == "geneval_seed"
+    assert results["config"]["seed_rule"] == "image_index_seed"
     assert {f"tasks.{tag}" for tag in summary["tasks"]} | {"overall", "correct_images", "correct_prompts"} == set(
         results["metrics"])
     # The official results file: the fields and JSON strings of evaluate_images.py.

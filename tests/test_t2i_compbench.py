@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 
 from evaluators import build_benchmark, get_benchmark
-from evaluators.t2i_compbench import CATEGORIES, T2ICompBenchBenchmark, paper_table, per_image_seed
+from evaluators.base import image_index_seed
+from evaluators.t2i_compbench import CATEGORIES, T2ICompBenchBenchmark, paper_table
 from gors.core.paper import ALL_CATEGORIES
 from gors.core.prompts import T2I_COMPBENCH_COMMIT
 
@@ -51,7 +52,7 @@ def test_official_protocol() -> None:
     assert protocol.resolution == 512
     # Image i of every prompt: seed 42 + i.
     assert [protocol.seed_fn(protocol.seed, p, i) for p, i in [(0, 0), (7, 0), (7, 9), (299, 3)]] == [42, 42, 51, 45]
-    assert per_image_seed(42, 5, 2) == 44
+    assert image_index_seed(42, 5, 2) == 44
     assert T2ICompBenchBenchmark(images_per_prompt=2).protocol().images_per_prompt == 2
 
 
