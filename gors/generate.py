@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from accelerate import Accelerator
 
-from gors.config import GenerateConfig
+from gors.config import GenerateConfig, RunConfig
 from gors.core.distributed import make_accelerator
 from gors.core.pipeline import inference_dtype, load_pipeline
 from gors.core.prompts import load_prompts
@@ -13,7 +13,7 @@ from gors.core.sampling import SamplingProtocol, generate_samples
 from gors.core.store import SampleStore
 
 
-def generate(config: GenerateConfig, accelerator: Accelerator | None = None) -> SampleStore:
+def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None = None) -> SampleStore:
     """Stage 1: `config.images_per_prompt` images per training prompt into `<output_dir>/samples`."""
     accelerator = accelerator or make_accelerator()
     prompt_set = load_prompts(config.train_prompts)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from accelerate import Accelerator
 
-from gors.config import ScoreConfig
+from gors.config import RunConfig, ScoreConfig
 from gors.core.distributed import make_accelerator
 from gors.core.pipeline import inference_dtype
 from gors.core.run_folder import reward_key, samples_dir, scores_dir
@@ -21,7 +21,7 @@ from rewards import Reward
 from rewards.combined import build_reward, check_reward
 
 
-def score(config: ScoreConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:
+def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:
     """Stage 2: score every sample of the run with its reward; returns all its score rows.
 
     The reward is `config.reward_name(...)` for the store's prompt set: a name, a `module:Class`

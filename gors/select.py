@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gors.config import SelectConfig
+from gors.config import RunConfig, SelectConfig
 from gors.core.io import atomic_write_json, atomic_write_jsonl, read_jsonl
 from gors.core.paper import selection_threshold
 from gors.core.run_folder import SELECTION_FILE, SELECTION_SUMMARY_FILE, samples_dir
@@ -19,7 +19,8 @@ from gors.core.scoring import load_scores
 from gors.core.store import SampleStore, StoreError, sample_key
 
 
-def threshold_fn(config: SelectConfig, prompt_set_category: str | None) -> tuple[Callable[[int], float], str]:
+def threshold_fn(config: SelectConfig | RunConfig,
+                 prompt_set_category: str | None) -> tuple[Callable[[int], float], str]:
     """tau as a function of the prompt index, and a description of where it came from."""
     if config.reward_threshold is not None:
         return (lambda _index: config.reward_threshold), f"--reward_threshold={config.reward_threshold}"
@@ -56,7 +57,7 @@ def _histogram(values: list[float], bins: int = 10) -> str:
     return "\n".join(f"  [{edges[i]:.1f}, {edges[i + 1]:.1f}) {'#' * min(int(c), 50)} {int(c)}" for i, c in enumerate(counts))
 
 
-def select(config: SelectConfig, write: bool = True) -> dict[str, Any]:
+def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, Any]:
     """Select samples with reward > tau; returns the summary written to `selection_summary.json`.
 
     Read-only unless `write`: under several processes all of them select (and fail alike), one writes.

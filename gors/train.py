@@ -16,7 +16,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 
-from gors.config import TrainConfig
+from gors.config import RunConfig, TrainConfig
 from gors.core.distributed import make_accelerator, progress_bar
 from gors.core.hub import check_model_path
 from gors.core.pipeline import cpu_generators
@@ -29,7 +29,7 @@ from gors.training_data import BatchSchedule, cached_latent_distributions
 from gors.validation import BenchmarkValidation
 
 
-def training_accelerator(config: TrainConfig) -> Accelerator:
+def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:
     """The Accelerator of a training run: accumulation, precision, trackers and the run folder."""
     project = ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs"))
     return make_accelerator(
@@ -40,7 +40,7 @@ def training_accelerator(config: TrainConfig) -> Accelerator:
     )
 
 
-def _load_components(config: TrainConfig):
+def _load_components(config: TrainConfig | RunConfig):
     from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTokenizer
 
@@ -88,7 +88,7 @@ def _prune_checkpoints(root: Path, limit: int | None) -> None:
 class GORSTrainer:
     """Reward-weighted LoRA training on `selection.jsonl` of a run folder."""
 
-    def __init__(self, config: TrainConfig, accelerator: Accelerator | None = None) -> None:
+    def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator | None = None) -> None:
         self.config = config
         self.accelerator = accelerator or training_accelerator(config)
         self.output_dir = Path(config.output_dir)
@@ -393,6 +393,6 @@ class GORSTrainer:
         return path
 
 
-def train(config: TrainConfig, accelerator: Accelerator | None = None) -> Path:
+def train(config: TrainConfig | RunConfig, accelerator: Accelerator | None = None) -> Path:
     """Run GORS training for a run folder that has `selection.jsonl`; returns the LoRA file."""
     return GORSTrainer(config, accelerator).train()

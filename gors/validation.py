@@ -23,7 +23,7 @@ from accelerate import Accelerator
 from diffusers.utils import make_image_grid
 from PIL import Image
 
-from gors.config import TrainConfig
+from gors.config import RunConfig, TrainConfig
 from gors.core.io import atomic_write_json, read_jsonl
 
 BEST_DIR = "best"
@@ -66,7 +66,7 @@ def image_grid(paths: list[Path], columns: int = 8, side: int = 128) -> np.ndarr
 class BenchmarkValidation:
     """`--validation_benchmark` for one training run (see the module docstring)."""
 
-    def __init__(self, config: TrainConfig, accelerator: Accelerator) -> None:
+    def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator) -> None:
         from evaluators import benchmark_label, build_benchmark, parse_benchmarks
 
         name, subset = parse_benchmarks(config.validation_benchmark)[0]
