@@ -42,7 +42,7 @@ from evaluators.results import (
 from gors.core.data import PinnedSource
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, atomic_write_jsonl
-from gors.core.pipeline import inference_dtype, load_pipeline
+from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.sampling import SamplingProtocol, generate_samples
 from gors.core.scoring import score_samples
 from gors.core.store import SampleStore, StoreError, sample_seed
@@ -367,6 +367,7 @@ class Benchmark:
                 SampleStore(output_dir / "samples"), [p.text for p in prompts], self.protocol(),
                 pipeline_loader or load, accelerator,
                 prompt_info={"benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora},
+                settings=pipeline_settings(pretrained_model_name_or_path, inference_dtype(accelerator, None), lora=lora),
                 desc=f"{self.name}: generate",
             )
         metadata = [dict(p.metadata) for p in prompts]

@@ -6,7 +6,7 @@ from accelerate import Accelerator
 
 from gors.config import GenerateConfig, RunConfig
 from gors.core.distributed import make_accelerator
-from gors.core.pipeline import inference_dtype, load_pipeline
+from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.prompts import load_prompts
 from gors.core.run_folder import samples_dir
 from gors.core.sampling import SamplingProtocol, generate_samples
@@ -27,8 +27,9 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
         seed=config.seed,
     )
 
+    dtype = inference_dtype(accelerator, config.mixed_precision)
+
     def loader():
-        dtype = inference_dtype(accelerator, config.mixed_precision)
         return load_pipeline(config.pretrained_model_name_or_path, accelerator.device, dtype, config.revision)
 
     return generate_samples(
@@ -39,4 +40,5 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
         accelerator,
         prompt_info={"name": prompt_set.name, "category": prompt_set.category, "source": prompt_set.source},
         record_extras={"model": config.pretrained_model_name_or_path},
+        settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision),
     )

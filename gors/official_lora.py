@@ -26,6 +26,7 @@ import torch
 
 from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
+from gors.core.io import set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
 from gors.core.prompts import T2I_COMPBENCH_COMMIT, T2I_COMPBENCH_REPOSITORY
 from gors.lora import LORA_WEIGHT_NAME, TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES
@@ -282,7 +283,7 @@ def write_diffusers_lora(
             (staging / SOURCE_RECORD).write_text(json.dumps(source_record, indent=2) + "\n")
             os.replace(staging / SOURCE_RECORD, output_dir / SOURCE_RECORD)
         # The writer leaves a private (0600) file; a converted LoRA is as readable as any model file.
-        (staging / LORA_WEIGHT_NAME).chmod(0o644)
+        set_usual_permissions(staging / LORA_WEIGHT_NAME)
         os.replace(staging / LORA_WEIGHT_NAME, output_dir / LORA_WEIGHT_NAME)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -332,7 +333,7 @@ def resolve_lora(lora: str | None, pretrained_model_name_or_path: str = SD2_BASE
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{category}."))
     try:
         convert_official_lora(lora, staging, pretrained_model_name_or_path)
-        staging.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any model cache
+        set_usual_permissions(staging)  # mkdtemp makes it private; the cache is shared like any model cache
         try:
             os.rename(staging, folder)
         except OSError:

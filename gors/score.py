@@ -4,7 +4,7 @@ Scores go to `scores/<reward>/part-XXXXX.jsonl` (one line per image: the reward 
 its details, e.g. B-VQA's questions and probabilities), appended batch by batch, so an
 interruption loses at most the batch in flight. When every sample is scored, the reward is also
 added as a column `reward_<reward>` to the store's metadata. `settings.json` beside the scores
-records the reward and its options; scoring the folder with others is refused.
+records the reward and its options; scoring a folder that holds scores with others is refused.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
@@ -72,17 +73,32 @@ class Reward:
         prompts: Sequence[str],
         metadata: Sequence[dict[str, Any]] | None = None,
     ) -> RewardOutput:
-        """Score each image against its prompt; scores in [0, 1], one details dict per image."""
+        """Score each image against its prompt; scores in [0, 1], one details dict per image.
+
+        The output is checked: exactly one finite score in `score_range` and one details dict per
+        image, so that a faulty reward fails here instead of leaving samples unscored.
+        """
         if len(images) != len(prompts):
             raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
         if metadata is not None and len(metadata) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(metadata)} metadata entries")
         rgb = [image if image.mode == "RGB" else image.convert("RGB") for image in images]
         output = self._score(rgb, list(prompts), list(metadata) if metadata is not None else None)
+        name = type(self).__name__
+        if len(output.scores) != len(images) or len(output.details) != len(images):
+            raise RuntimeError(f"{name} returned {len(output.scores)} scores and {len(output.details)} details "
+                               f"for {len(images)} images; a reward returns one of each per image")
         low, high = self.score_range
-        for value in output.scores:
+        for index, value in enumerate(output.scores):
+            if not math.isfinite(value):
+                raise RuntimeError(f"{name} returned {value} for image {index} ({prompts[index]!r}), not a finite "
+                                   f"number")
             if not low - 1e-6 <= value <= high + 1e-6:
-                raise RuntimeError(f"{type(self).__name__} returned {value}, outside [{low}, {high}]")
+                raise RuntimeError(f"{name} returned {value}, outside [{low}, {high}]")
+        for index, details in enumerate(output.details):
+            if not isinstance(details, dict):
+                raise RuntimeError(f"{name} returned details of type {type(details).__name__} for image {index}; "
+                                   f"each image's details are a dict")
         return output
 
     def _score(

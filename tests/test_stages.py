@@ -62,7 +62,7 @@ def test_generate_resumes_without_duplicates_or_losses(make_run_config, tmp_path
     for got, want in zip(store.records(), reference.records()):
         a = np.asarray(store.open_image(got), dtype=int)
         b = np.asarray(reference.open_image(want), dtype=int)
-        assert np.abs(a - b).max() <= 2  # same seed, same image, whatever the batch it ran in
+        assert np.abs(a - b).max() <= 1  # same seed; another batch moves a pixel by at most 1/255
 
 
 def test_generate_refuses_a_store_of_other_prompts(make_run_config, tmp_path):

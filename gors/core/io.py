@@ -1,19 +1,44 @@
 """Crash-safe file writes: atomic replaces and append-only JSON lines.
 
 Every long stage writes through these helpers, so an interruption at any instant leaves either
-the old file or the new one, and at worst one torn last line in a jsonl log, which readers skip
-and the next append overwrites.
+the old file or the new one, and at worst one torn last line in a jsonl log. Readers report such
+a line and leave its record out; the stage that wrote the file cuts it (`repair_jsonl`) and
+writes the record again. Files get the usual permissions (0666 less the umask), as `open` gives
+them, not the owner-only ones of `tempfile`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from PIL import Image
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def _umask() -> int:
+    """The process umask. Reading it means setting it, so it is read once; the value set for that
+    instant is owner-only, so a file another thread creates meanwhile is at worst private."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def set_usual_permissions(path: str | Path) -> None:
+    """Give a file 0666 and a folder 0777, less the umask, as `open` and `mkdir` would.
+
+    `tempfile.mkstemp` and `mkdtemp` create owner-only entries; call this before renaming one into
+    place, so that images, metadata and LoRAs stay readable by colleagues and servers under umask 022.
+    """
+    path = Path(path)
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -26,6 +51,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        set_usual_permissions(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -50,18 +76,37 @@ def atomic_save_image(image: Image.Image, path: str | Path) -> None:
     os.close(fd)
     try:
         image.save(tmp)
+        set_usual_permissions(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a last line that an interrupted append left without its newline."""
+def _torn_tail_start(data: bytes) -> int | None:
+    """Offset of a last line without its newline (an interrupted append, a copy cut short), or None."""
+    if data and not data.endswith(b"\n"):
+        return data.rfind(b"\n") + 1
+    return None
+
+
+def repair_jsonl(path: str | Path) -> bool:
+    """Cut a torn last line from a jsonl file, with a warning; returns whether there was one.
+
+    One `truncate` of the same file, so a crash leaves it either torn or cut, and a handle
+    appending to it stays valid. Only the stage that writes the file calls this, while nothing
+    appends to it: the record of that line is missing afterwards and is written again.
+    """
+    path = Path(path)
     with open(path, "rb+") as handle:
-        data = handle.read()
-        if data and not data.endswith(b"\n"):
-            handle.truncate(data.rfind(b"\n") + 1)
+        start = _torn_tail_start(handle.read())
+        if start is None:
+            return False
+        handle.truncate(start)
+        handle.flush()
+        os.fsync(handle.fileno())
+    logger.warning("%s: cut its incomplete last line (an interrupted write); that record is written again", path)
+    return True
 
 
 def append_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -69,7 +114,7 @@ def append_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
-        _drop_torn_tail(path)
+        repair_jsonl(path)  # a torn line left in place would glue itself to the first new row
     with open(path, "a", encoding="utf-8") as handle:
         for row in rows:
             handle.write(json.dumps(row) + "\n")
@@ -77,12 +122,29 @@ def append_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
         os.fsync(handle.fileno())
 
 
+# (path, size) of torn files already reported by this process: a stage reads a file several times.
+_reported_torn: set[tuple[str, int]] = set()
+
+
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Yield the complete records of a jsonl file, skipping a torn last line."""
+    """Yield the complete records of a jsonl file.
+
+    A torn last line is left out with a warning (once per process and file state) and the file is
+    not touched: a reader cannot know whether a writer is still appending to it. A malformed line
+    before the last one is an error that names the file and line.
+    """
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.endswith("\n"):
-                return  # an append interrupted mid-line; the record was never finished
+                key = (str(path), os.fstat(handle.fileno()).st_size)
+                if key not in _reported_torn:
+                    _reported_torn.add(key)
+                    logger.warning(
+                        "%s:%d is incomplete (an interrupted write or a copy cut short): its record is left out. "
+                        "Rerun the stage that wrote the file (with the same --output_dir): it cuts the line and "
+                        "generates or scores that sample again.", path, number,
+                    )
+                return
             if line.strip():
                 try:
                     yield json.loads(line)

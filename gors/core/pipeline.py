@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from accelerate import Accelerator
 
 from gors.core.hub import from_pretrained
+
+# The scheduler `load_pipeline` sets, by its diffusers class name (recorded in a sample store's settings).
+SCHEDULER = "DDIMScheduler"
 
 
 def inference_dtype(accelerator: Accelerator, mixed_precision: str | None) -> torch.dtype:
@@ -30,7 +35,8 @@ def load_pipeline(
     The safety checker is not loaded: it replaces flagged images with black ones, which would
     silently become low-reward samples.
     """
-    from diffusers import DDIMScheduler, StableDiffusionPipeline
+    import diffusers
+    from diffusers import StableDiffusionPipeline
 
     pipeline = from_pretrained(
         StableDiffusionPipeline.from_pretrained,
@@ -41,11 +47,27 @@ def load_pipeline(
         safety_checker=None,
         requires_safety_checker=False,
     )
-    pipeline.scheduler = DDIMScheduler.from_config(pipeline.scheduler.config)
+    pipeline.scheduler = getattr(diffusers, SCHEDULER).from_config(pipeline.scheduler.config)
     if lora is not None:
         pipeline.load_lora_weights(lora)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline.to(device)
+
+
+def pipeline_settings(
+    pretrained_model_name_or_path: str | None,
+    dtype: torch.dtype,
+    revision: str | None = None,
+    lora: str | None = None,
+) -> dict[str, Any]:
+    """What `load_pipeline` with these arguments generates with, as a sample store records it."""
+    return {
+        "model": pretrained_model_name_or_path,
+        "revision": revision,
+        "lora": lora,
+        "scheduler": SCHEDULER,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
 
 
 def cpu_generators(seeds: list[int]) -> list[torch.Generator]:

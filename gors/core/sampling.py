@@ -1,17 +1,37 @@
-"""Sampling a prompt set into a sample store: k images per prompt, resumable, sharded over processes."""
+"""Sampling a prompt set into a sample store: k images per prompt, resumable, sharded over processes.
+
+What an image depends on: its prompt and seed, the settings the store records (model, revision,
+LoRA, scheduler, dtype, resolution, steps, guidance, seed rule, gors version), the device, the
+library versions and the number of CPU threads, and the batch it is generated in (its size and the
+prompts beside it: kernels split their work over the batch dimension), by one 1/255 step in a few
+pixels on CPU. Two runs on one machine that batch an image alike (the same missing samples, batch
+size, number of processes and threads) give it bit-identical; a resumed run or another number of
+processes may batch it differently. The README's "Output layout" says what was measured.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from accelerate import Accelerator
 
+import gors
 from gors.core.distributed import batches, progress_bar
 from gors.core.pipeline import cpu_generators
-from gors.core.store import SampleStore, StoreError, sample_file_name, sample_key, sample_seed
+from gors.core.store import (
+    SETTINGS,
+    SampleStore,
+    StoreError,
+    sample_file_name,
+    sample_key,
+    sample_seed,
+    settings_changes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +60,28 @@ class SamplingProtocol:
     seed: int = 42
     seed_fn: Callable[[int, int, int], int] = sample_seed  # (base seed, prompt index, image index) -> seed
 
+    def settings(self) -> dict[str, Any]:
+        """The fields that decide what an image is; not how many there are, nor the batch size."""
+        return {
+            "resolution": self.resolution,
+            "num_inference_steps": self.num_inference_steps,
+            "guidance_scale": self.guidance_scale,
+            "seed": self.seed,
+            "seed_rule": self.seed_fn.__name__,
+        }
+
+
+def _check_same_settings(store: SampleStore, wanted: dict[str, Any]) -> None:
+    """Refuse to add images made with other settings to a store (a store without settings is adopted)."""
+    recorded = store.load_settings()
+    changes = settings_changes(recorded, wanted) if recorded is not None else []
+    if changes:
+        raise StoreError(
+            f"{store.root} holds images generated with other settings ({'; '.join(changes)}). Generate into a "
+            f"new --output_dir, or rerun with the settings that made it ({store.root / SETTINGS} lists them); "
+            f"only --images_per_prompt and --max_prompts may change in a store."
+        )
+
 
 def generate_samples(
     store: SampleStore,
@@ -50,27 +92,47 @@ def generate_samples(
     prompt_info: dict[str, Any] | None = None,
     record_extras: dict[str, Any] | None = None,
     desc: str = "generate",
+    settings: Mapping[str, Any] | None = None,
 ) -> SampleStore:
     """Add the missing images of `protocol` for `prompts` to `store`, sharded over processes.
 
     Resumable: samples already in the store are skipped, so a rerun after an interruption only
     generates what is missing. The pipeline is loaded (by `pipeline_loader`) only if there is work.
+
+    `settings` describe the pipeline (model, revision, LoRA, scheduler, dtype: see
+    `gors.core.pipeline.pipeline_settings`); by default the `model` and `lora` of `prompt_info`.
+    With the protocol's settings and the gors version they are recorded in `settings.json`
+    before the first image, and a store that records other ones is refused, so that images of
+    two models or protocols never mix.
     """
-    _check_same_prompts(store, prompts)  # on every process, so all of them stop on a mismatch
+    if settings is None:
+        settings = {key: (prompt_info or {}).get(key) for key in ("model", "lora")}
+    wanted = json.loads(json.dumps(
+        {**protocol.settings(), "gors_version": gors.__version__, **settings}, sort_keys=True, default=str
+    ))
+    # On every process, so that all of them stop on a mismatch.
+    _check_same_prompts(store, prompts)
+    _check_same_settings(store, wanted)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        store.cut_torn_records()  # their images are generated again below, as their records are gone
         dropped = store.drop_records_without_image()
         if dropped:
             logger.warning("%d records had no image file and will be generated again", dropped)
+        if store.load_settings() is None and store.records():
+            logger.warning("%s was made before gors recorded generation settings; it is taken to have been made "
+                           "with the current ones: %s", store.root, json.dumps(wanted, sort_keys=True))
         store.save_prompts({**(prompt_info or {}), "prompts": prompts})
+        store.save_settings(wanted)
     accelerator.wait_for_everyone()
 
     done = {sample_key(record) for record in store.records()}
     todo = [(p, i) for p in range(len(prompts)) for i in range(protocol.images_per_prompt) if (p, i) not in done]
     if accelerator.is_main_process:
         print(f"[{desc}] {len(done)} samples exist, {len(todo)} to generate into {store.root}")
+    accelerator.wait_for_everyone()  # every process splits the same `todo`: none appends before all have read
 
-    # A contiguous share per process; an image depends only on its seed, not on the process that makes it.
+    # A contiguous share per process; the seed of an image never depends on the process (its batch may).
     with accelerator.split_between_processes(todo) as mine:
         if mine:
             pipeline = pipeline_loader()

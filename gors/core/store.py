@@ -4,13 +4,16 @@ Layout (every process writes only its own part, so no two processes touch one fi
 
     samples/
       prompts.json                 the prompt set the store was generated from
+      settings.json                what made its images: model, LoRA, dtype, scheduler, protocol, gors version
       part-00000/metadata.jsonl    one record per image: file_name, prompt, prompt_index, image_index, seed, ...
       part-00000/00000_000.png
       part-00001/...
 
 `datasets.load_dataset("imagefolder", data_dir="samples")` reads it. A sample is identified by
 (prompt_index, image_index); which part holds it depends only on the run that made it, so a
-rerun with another number of processes skips what exists and adds what is missing.
+rerun with another number of processes skips what exists and adds what is missing. A rerun with
+other settings is refused (`settings_changes`), so one store never holds images of two models or
+two protocols.
 """
 
 from __future__ import annotations
@@ -21,10 +24,18 @@ from typing import Any, Iterable
 
 from PIL import Image, UnidentifiedImageError
 
-from gors.core.io import append_jsonl, atomic_save_image, atomic_write_json, atomic_write_jsonl, read_jsonl
+from gors.core.io import (
+    append_jsonl,
+    atomic_save_image,
+    atomic_write_json,
+    atomic_write_jsonl,
+    read_jsonl,
+    repair_jsonl,
+)
 
 SampleKey = tuple[int, int]
 METADATA = "metadata.jsonl"
+SETTINGS = "settings.json"
 
 
 def sample_key(record: dict[str, Any]) -> SampleKey:
@@ -96,6 +107,13 @@ class SampleStore:
         atomic_save_image(image, part / record["file_name"])
         append_jsonl(part / METADATA, [record])
 
+    def cut_torn_records(self) -> int:
+        """Cut the torn last line of each metadata file (see `repair_jsonl`); returns how many.
+
+        Only while no process appends: the image of such a line is generated again, as its record is missing.
+        """
+        return sum(repair_jsonl(metadata) for metadata in self._metadata_files())
+
     def drop_records_without_image(self) -> int:
         """Forget records whose image file is gone (e.g. deleted because corrupt); returns how many."""
         dropped = 0
@@ -124,6 +142,24 @@ class SampleStore:
         if not path.exists():
             raise StoreError(f"No samples in {self.root}: run `gors generate --output_dir ...` first.")
         return json.loads(path.read_text())
+
+    # The generation settings, so that a rerun cannot add images of another model or protocol.
+    def save_settings(self, settings: dict[str, Any]) -> None:
+        atomic_write_json(self.root / SETTINGS, settings)
+
+    def load_settings(self) -> dict[str, Any] | None:
+        """The recorded generation settings; None for a new store or one made before gors recorded them."""
+        path = self.root / SETTINGS
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+def settings_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """The fields that differ, each as "name: old -> new" (a field one side lacks counts as None)."""
+    return [
+        f"{name}: {json.dumps(recorded.get(name))} -> {json.dumps(wanted.get(name))}"
+        for name in sorted(set(recorded) | set(wanted))
+        if recorded.get(name) != wanted.get(name)
+    ]
 
 
 def read_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:

@@ -1,0 +1,249 @@
+"""The sample store and score folders under faults: mixed settings, failed rewards, short or torn
+output, batch composition and file permissions (tiny models, one process)."""
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import gors
+from gors.core import io
+from gors.core.distributed import make_accelerator
+from gors.core.io import append_jsonl, atomic_save_image, atomic_write_json, read_jsonl, set_usual_permissions
+from gors.core.sampling import SamplingProtocol, generate_samples
+from gors.core.scoring import load_scores, score_samples
+from gors.core.store import SETTINGS, SampleStore, StoreError
+from gors.generate import generate
+from gors.score import score
+from gors.select import select
+from rewards import Reward, RewardOutput
+
+
+def _pixels(store):
+    return {(r["prompt_index"], r["image_index"]): np.asarray(store.open_image(r), dtype=int) for r in store.records()}
+
+
+def _tear_last_line(path: Path) -> None:
+    """Cut a file in the middle of its last line, as a kill during a write or a short copy would."""
+    data = path.read_bytes().rstrip(b"\n")
+    start = data.rfind(b"\n") + 1
+    path.write_bytes(data[: (start + len(data)) // 2])
+
+
+# ---- 3: one store, one set of generation settings ------------------------------------------------
+
+
+def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_sd):
+    store = generate(make_run_config(max_prompts=2))
+    settings = json.loads((store.root / SETTINGS).read_text())
+    assert settings == {
+        "model": str(tiny_sd), "revision": None, "lora": None, "scheduler": "DDIMScheduler", "dtype": "float32",
+        "resolution": 32, "num_inference_steps": 2, "guidance_scale": 7.5, "seed": 0, "seed_rule": "sample_seed",
+        "gors_version": gors.__version__,
+    }
+    # More images under another resolution and guidance: refused, each difference named, nothing written.
+    with pytest.raises(StoreError, match=r"resolution: 32 -> 16.*only --images_per_prompt and --max_prompts") as error:
+        generate(make_run_config(images_per_prompt=3, resolution=16, guidance_scale=5.0))
+    assert "guidance_scale: 7.5 -> 5.0" in str(error.value) and "seed:" not in str(error.value)
+    assert len(store.records()) == 4
+    with pytest.raises(StoreError, match=r"model: .* -> \"another/model\""):
+        generate(make_run_config(pretrained_model_name_or_path="another/model"))
+    # The same settings may ask for more images and more prompts.
+    store = generate(make_run_config(images_per_prompt=3))
+    assert len(store.records()) == 9 and json.loads((store.root / SETTINGS).read_text()) == settings
+
+
+def test_a_store_from_before_settings_is_adopted_with_a_warning(make_run_config, caplog):
+    store = generate(make_run_config())
+    recorded = (store.root / SETTINGS).read_text()
+    (store.root / SETTINGS).unlink()  # as an older gors left it
+    with caplog.at_level(logging.WARNING):
+        generate(make_run_config(images_per_prompt=3))
+    assert "made before gors recorded generation settings" in caplog.text
+    assert (store.root / SETTINGS).read_text() == recorded and len(store.records()) == 9
+
+
+def _fake_pipeline(**kwargs):
+    """Stands in for a pipeline: one grey image per prompt."""
+    return SimpleNamespace(images=[Image.new("RGB", (8, 8), (128, 128, 128)) for _ in kwargs["prompt"]])
+
+
+def test_benchmark_stores_record_the_model_and_lora_they_pass(tmp_path):
+    accelerator = make_accelerator()
+    store = SampleStore(tmp_path / "samples")
+    protocol = SamplingProtocol(images_per_prompt=1, num_inference_steps=2, guidance_scale=7.5, resolution=8)
+
+    def run(lora):
+        info = {"benchmark": "toy", "model": "base", "lora": lora}
+        generate_samples(store, ["a red circle"], protocol, lambda: _fake_pipeline, accelerator, prompt_info=info)
+
+    run(None)
+    assert json.loads((store.root / SETTINGS).read_text())["lora"] is None
+    run(None)  # the same evaluation resumes
+    with pytest.raises(StoreError, match=r"lora: null -> \"run/lora\""):
+        run("run/lora")
+
+
+# ---- 4: a reward that fails to build blocks nothing ----------------------------------------------
+
+
+def test_a_reward_that_fails_to_build_does_not_block_its_folder(make_run_config):
+    config = make_run_config()
+    generate(config)
+    with pytest.raises((TypeError, ValueError), match="foo"):
+        score(make_run_config(reward_options={"foo": 1}))
+    rows = score(config)  # refused before: "holds scores made with {... foo ...}"
+    assert len(rows) == 6
+    settings = json.loads((Path(config.output_dir) / "scores" / "b_vqa" / "settings.json").read_text())
+    assert settings["options"] == {}
+
+
+# ---- 6: one finite score and one details dict per image ------------------------------------------
+
+
+class _ShortReward(Reward):
+    def _score(self, images, prompts, metadata):
+        return RewardOutput([0.5] * (len(images) - 1))
+
+
+class _NaNReward(Reward):
+    def _score(self, images, prompts, metadata):
+        return RewardOutput([float("nan")] * len(images))
+
+
+def test_reward_refuses_a_missing_or_non_finite_score():
+    images = [Image.new("RGB", (8, 8))] * 2
+    with pytest.raises(RuntimeError, match=r"_ShortReward returned 1 scores and 1 details for 2 images"):
+        _ShortReward(device="cpu").score(images, ["a", "b"])
+    with pytest.raises(RuntimeError, match=r"_NaNReward returned nan for image 0 \('a'\), not a finite number"):
+        _NaNReward(device="cpu").score(images, ["a", "b"])
+
+
+class _Samples:
+    """A minimal store: two prompts, one image each."""
+
+    def records(self):
+        return [{"prompt_index": p, "image_index": 0, "prompt": f"prompt {p}", "path": f"{p}.png"} for p in range(2)]
+
+    def open_image(self, record):
+        return Image.new("RGB", (8, 8))
+
+
+def test_score_samples_refuses_a_scorer_that_returns_too_few_scores(tmp_path):
+    accelerator = make_accelerator()
+    short = SimpleNamespace(score=lambda images, prompts, metadata=None: RewardOutput([0.5]))
+    with pytest.raises(RuntimeError, match=r"SimpleNamespace returned 1 scores and 1 details for 2 images"):
+        score_samples(_Samples(), tmp_path, lambda: short, 2, accelerator)
+    assert not list(tmp_path.glob("part-*.jsonl"))  # nothing of the batch was written
+    full = SimpleNamespace(score=lambda images, prompts, metadata=None: RewardOutput([0.5] * len(images)))
+    assert len(score_samples(_Samples(), tmp_path, lambda: full, 2, accelerator)) == 2
+
+
+# ---- 7: a torn last line is reported and repaired ------------------------------------------------
+
+
+def test_a_torn_line_is_reported_once_and_the_file_is_left_alone(tmp_path, caplog):
+    path = tmp_path / "log.jsonl"
+    append_jsonl(path, [{"a": 1}, {"a": 2}])
+    _tear_last_line(path)
+    torn = path.read_bytes()
+    with caplog.at_level(logging.WARNING):
+        assert list(read_jsonl(path)) == [{"a": 1}]
+        assert list(read_jsonl(path)) == [{"a": 1}]
+    assert caplog.text.count(f"{path}:2 is incomplete") == 1 and "left out" in caplog.text
+    assert path.read_bytes() == torn  # a reader never writes: a writer may still be appending
+
+
+def test_generate_cuts_a_torn_record_and_generates_its_image_again(make_run_config, caplog):
+    store = generate(make_run_config())
+    before = _pixels(store)
+    metadata = store.part_dir(0) / "metadata.jsonl"
+    _tear_last_line(metadata)
+    with caplog.at_level(logging.WARNING):
+        assert len(store.records()) == 5
+        assert "metadata.jsonl:6 is incomplete" in caplog.text
+        generate(make_run_config())
+    assert "cut its incomplete last line" in caplog.text
+    assert metadata.read_bytes().endswith(b"\n") and len(metadata.read_bytes().splitlines()) == 6
+    after = _pixels(store)
+    assert sorted(after) == sorted(before)
+    assert np.abs(after[(2, 1)] - before[(2, 1)]).max() <= 1  # generated again, in a batch of its own
+
+
+def test_score_cuts_a_torn_row_and_scores_its_sample_again(make_run_config, caplog):
+    config = make_run_config()
+    generate(config)
+    rows = score(config)
+    part = Path(config.output_dir) / "scores" / "b_vqa" / "part-00000.jsonl"
+    _tear_last_line(part)
+    with pytest.raises(StoreError, match="1 of 6 samples have no 'b_vqa' score"):
+        select(config)
+    with caplog.at_level(logging.WARNING):
+        again = score(config)
+    assert "cut its incomplete last line" in caplog.text
+    assert len(part.read_text().splitlines()) == 6 and sorted(again) == sorted(rows)
+    assert again[(2, 1)]["reward"] == pytest.approx(rows[(2, 1)]["reward"], abs=1e-4)  # scored alone now
+    assert len(load_scores(config.output_dir, "b_vqa")) == 6
+
+
+def test_select_reports_a_sample_whose_record_is_torn(make_run_config, caplog):
+    config = make_run_config()
+    store = generate(config)
+    score(config)
+    _tear_last_line(store.part_dir(0) / "metadata.jsonl")
+    with caplog.at_level(logging.WARNING):
+        summary = select(config)
+    assert summary["num_samples"] == 5 and "metadata.jsonl:6 is incomplete" in caplog.text
+
+
+# ---- 8: what an image depends on -----------------------------------------------------------------
+
+
+def test_an_image_batched_alike_is_bit_identical(make_run_config, tmp_path):
+    first = _pixels(generate(make_run_config(output_dir=str(tmp_path / "first"))))
+    second = _pixels(generate(make_run_config(output_dir=str(tmp_path / "second"))))
+    assert all(np.array_equal(first[key], second[key]) for key in first)
+    # Another batch size changes an image by at most one 1/255 step per channel.
+    third = _pixels(generate(make_run_config(output_dir=str(tmp_path / "third"), generation_batch_size=3)))
+    assert max(np.abs(first[key] - third[key]).max() for key in first) <= 1
+
+
+# ---- 10: the usual permissions -------------------------------------------------------------------
+
+
+@pytest.fixture(params=[0o022, 0o077], ids=["umask022", "umask077"])
+def umask(request):
+    previous = os.umask(request.param)
+    io._umask.cache_clear()
+    yield request.param
+    os.umask(previous)
+    io._umask.cache_clear()
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_atomic_writes_respect_the_umask(tmp_path, umask):
+    atomic_write_json(tmp_path / "a.json", {"a": 1})
+    atomic_save_image(Image.new("RGB", (4, 4)), tmp_path / "a.png")
+    append_jsonl(tmp_path / "a.jsonl", [{"a": 1}])
+    for name in ("a.json", "a.png", "a.jsonl"):
+        assert _mode(tmp_path / name) == 0o666 & ~umask, name
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    set_usual_permissions(folder)
+    assert _mode(folder) == 0o777 & ~umask
+
+
+@pytest.mark.parametrize("umask", [0o022], indirect=True, ids=["umask022"])
+def test_generated_samples_are_readable_by_others(make_run_config, umask):
+    store = generate(make_run_config())
+    for path in [store.root / "prompts.json", store.root / SETTINGS, store.part_dir(0) / "metadata.jsonl",
+                 store.image_path(store.records()[0])]:
+        assert _mode(path) == 0o644, path
