@@ -3,11 +3,12 @@
 The order follows diffusers' `train_text_to_image_lora.py`: Accelerator with a project config,
 seed, freeze and cast, LoRA, optimizer, `prepare`, save/load hooks that keep only the adapters,
 steps gated on `sync_gradients`, checkpoints pruned past a limit, validation, `end_training`.
+Checkpoints are saved atomically and resumed only under the settings that made them
+(`gors.checkpoints`).
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,11 +17,12 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 
+from gors.checkpoints import check_resumable, checkpoint_step, find_checkpoint, training_fingerprint, write_checkpoint
 from gors.config import RunConfig, TrainConfig
 from gors.core.distributed import make_accelerator, progress_bar
 from gors.core.hub import check_model_path
 from gors.core.pipeline import cpu_generators
-from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, samples_dir
+from gors.core.run_folder import LATENT_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore
 from gors.lora import add_lora, load_lora, lora_parameters, save_lora
 from gors.loss import diffusion_target, reward_weighted_loss
@@ -61,28 +63,6 @@ def _load_components(config: TrainConfig | RunConfig):
         load(UNet2DConditionModel, "unet", dtype=torch.float32),
         load(DDPMScheduler, "scheduler"),
     )
-
-
-def find_checkpoint(output_dir: str | Path, resume_from: str) -> Path | None:
-    """The checkpoint folder to resume from: 'latest' (None when there is none yet) or a path."""
-    root = Path(output_dir) / CHECKPOINTS_DIR
-    if resume_from != "latest":
-        path = Path(resume_from)
-        path = path if path.is_dir() else root / resume_from
-        if not path.is_dir():
-            raise FileNotFoundError(f"--resume_from_checkpoint={resume_from!r}: no such checkpoint folder")
-        return path
-    found = sorted(root.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    return found[-1] if found else None
-
-
-def _prune_checkpoints(root: Path, limit: int | None) -> None:
-    """Delete the oldest checkpoints so that, with the one about to be saved, at most `limit` remain."""
-    if limit is None:
-        return
-    found = sorted(root.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    for old in found[: max(0, len(found) - limit + 1)]:
-        shutil.rmtree(old)
 
 
 class GORSTrainer:
@@ -293,6 +273,8 @@ class GORSTrainer:
         config, accelerator = self.config, self.accelerator
         set_seed(config.seed, device_specific=True)
         self.selection = load_selection(config.output_dir)  # fail before loading any model
+        self.fingerprint = training_fingerprint(config, self.selection, accelerator.num_processes)
+        checkpoint = self._checkpoint_to_resume()  # a refused resume, too, fails before loading any model
         self.validation = BenchmarkValidation(config, accelerator) if config.validation_benchmark else None
         self._setup_models()
         self._setup_optimizer()
@@ -311,14 +293,13 @@ class GORSTrainer:
         models = [getattr(self, n) for n in trained]
 
         global_step = 0
-        if config.resume_from_checkpoint:
-            checkpoint = find_checkpoint(config.output_dir, config.resume_from_checkpoint)
-            if checkpoint is None:
-                accelerator.print("[train] no checkpoint to resume from; starting at step 0")
-            else:
-                accelerator.load_state(str(checkpoint))
-                global_step = int(checkpoint.name.split("-")[1])
-                accelerator.print(f"[train] resumed from {checkpoint} at step {global_step}")
+        if checkpoint is not None:
+            accelerator.load_state(str(checkpoint))
+            global_step = checkpoint_step(checkpoint)
+            accelerator.print(f"[train] resumed from {checkpoint} at step {global_step}")
+            if global_step == config.max_train_steps:
+                accelerator.print(f"[train] the checkpoint is at --max_train_steps={global_step}: nothing to train; "
+                                  "saving its LoRA")
 
         if self.validation is not None:
             self.validation.start(resumed=global_step > 0)
@@ -382,15 +363,23 @@ class GORSTrainer:
         accelerator.trackers.clear()
         return self.output_dir / "pytorch_lora_weights.safetensors"
 
+    def _checkpoint_to_resume(self) -> Path | None:
+        """The checkpoint that `--resume_from_checkpoint` names, checked against this run; None to start at 0."""
+        config, accelerator = self.config, self.accelerator
+        if not config.resume_from_checkpoint:
+            return None
+        checkpoint = find_checkpoint(config.output_dir, config.resume_from_checkpoint,
+                                     warn=lambda message: accelerator.print(f"[train] warning: {message}"))
+        if checkpoint is None:
+            accelerator.print("[train] no checkpoint to resume from; starting at step 0")
+        else:
+            check_resumable(checkpoint, self.fingerprint, config.max_train_steps)
+        return checkpoint
+
     def save_checkpoint(self, step: int) -> Path:
         """Full training state (adapters, optimizer, LR scheduler, RNG) at `checkpoints/checkpoint-<step>`."""
-        root = self.output_dir / CHECKPOINTS_DIR
-        if self.accelerator.is_main_process:
-            _prune_checkpoints(root, self.config.checkpoints_total_limit)
-        self.accelerator.wait_for_everyone()
-        path = root / f"checkpoint-{step}"
-        self.accelerator.save_state(str(path))
-        return path
+        return write_checkpoint(self.accelerator, self.output_dir, step, self.fingerprint,
+                                self.config.checkpoints_total_limit)
 
 
 def train(config: TrainConfig | RunConfig, accelerator: Accelerator | None = None) -> Path:

@@ -1,7 +1,13 @@
 """Training on tiny models: only LoRA learns, the LoRA loads in diffusers, resume is exact."""
 
 import hashlib
+import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -220,3 +226,150 @@ def test_benchmark_validation_logs_keeps_the_best_and_leaves_training_unchanged(
 def test_unknown_validation_benchmark_is_a_clear_error(make_run_config):
     with pytest.raises(ValueError, match="--validation_benchmark.*unknown benchmark 'genevel'"):
         make_run_config(validation_benchmark="genevel")
+
+
+# `gors` that SIGKILLs itself while saving checkpoint-<step> (argv[1]): after the LoRA file, before the
+# optimizer's; a kill from inside hits the same instant on every run, where a timed one from outside may not.
+KILL_DURING_SAVE = '''
+import os
+import signal
+import sys
+
+import accelerate.accelerator
+
+from gors.cli import main
+
+step, argv = sys.argv[1], sys.argv[2:]
+save = accelerate.accelerator.save_accelerator_state
+
+
+def save_and_die(output_dir, *args, **kwargs):
+    if f"checkpoint-{step}" in os.path.basename(output_dir):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return save(output_dir, *args, **kwargs)
+
+
+accelerate.accelerator.save_accelerator_state = save_and_die
+main(argv)
+'''
+
+
+@pytest.mark.slow
+def test_a_kill_while_saving_a_checkpoint_resumes_from_the_previous_one(selected_run, make_run_config, tmp_path,
+                                                                       tiny_sd, monkeypatch):
+    settings = dict(max_train_steps=4, checkpointing_steps=2, checkpoints_total_limit=1, report_to="none")
+    reference = load_file(str(train(_config(make_run_config, _copy_run(selected_run, tmp_path / "reference"),
+                                            **settings))))
+    reset_process_state()
+
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    script = tmp_path / "kill_during_save.py"
+    script.write_text(KILL_DURING_SAVE)
+    flags = ["--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_sd), "--resolution", "32",
+             "--train_batch_size", "2", "--seed", "0", *[f"--{k}={v}" for k, v in settings.items()]]
+    killed = subprocess.run([sys.executable, str(script), "4", "train", *flags], capture_output=True, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-4000:]
+    # The limit of one did not delete checkpoint-2 before checkpoint-4 was complete, and the torn save
+    # is only a hidden temporary folder.
+    root = run_dir / "checkpoints"
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["checkpoint-2"]
+    assert (root / "checkpoint-2" / "checkpoint.json").is_file()
+
+    seen_steps = []
+    original = GORSTrainer._micro_batch_loss
+    monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", lambda self, m: (seen_steps.append(m), original(self, m))[1])
+    resumed = load_file(str(train(_config(make_run_config, run_dir, resume_from_checkpoint="latest", **settings))))
+    assert seen_steps == [2, 3]
+    assert reference.keys() == resumed.keys()
+    for key in reference:
+        assert torch.allclose(reference[key], resumed[key], atol=1e-6), key
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-4"]
+
+
+def test_resume_latest_passes_over_an_incomplete_checkpoint(selected_run, make_run_config, tmp_path, monkeypatch,
+                                                            capsys):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    train(_config(make_run_config, run_dir, report_to="none"))  # checkpoint-1 and checkpoint-2
+    (run_dir / "checkpoints" / "checkpoint-3").mkdir()  # what a kill mid-save left before checkpoints were atomic
+    reset_process_state()
+    capsys.readouterr()
+
+    seen_steps = []
+    original = GORSTrainer._micro_batch_loss
+    monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", lambda self, m: (seen_steps.append(m), original(self, m))[1])
+    train(_config(make_run_config, run_dir, max_train_steps=3, resume_from_checkpoint="latest", report_to="none"))
+    out = capsys.readouterr().out
+    assert "warning: ignoring incomplete checkpoints" in out and str(run_dir / "checkpoints" / "checkpoint-3") in out
+    assert seen_steps == [2]  # resumed from checkpoint-2
+    assert json.loads((run_dir / "checkpoints" / "checkpoint-3" / "checkpoint.json").read_text())["step"] == 3
+
+
+def test_checkpoints_total_limit_keeps_the_previous_checkpoint_until_the_new_one_is_complete(
+        selected_run, make_run_config, tmp_path, monkeypatch):
+    import accelerate.accelerator
+
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    root = run_dir / "checkpoints"
+    during_saves = []
+    original = accelerate.accelerator.save_accelerator_state
+    monkeypatch.setattr(accelerate.accelerator, "save_accelerator_state",
+                        lambda *args, **kwargs: (during_saves.append(sorted(p.name for p in root.iterdir())),
+                                                 original(*args, **kwargs))[1])
+    train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=1, checkpoints_total_limit=1,
+                  report_to="none"))
+    assert [[n for n in names if not n.startswith(".")] for names in during_saves] == [
+        [], ["checkpoint-1"], ["checkpoint-2"]]
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-3"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(selected_run, tmp_path_factory):
+    """`selected_run` trained for 2 steps with a checkpoint after each (shared: resume a copy)."""
+    config = replace(selected_run, output_dir=str(_copy_run(selected_run, tmp_path_factory.mktemp("trained"))),
+                     max_train_steps=2, checkpointing_steps=1, report_to="none")
+    train(config)
+    reset_process_state()
+    return config
+
+
+def _resume(trained_run, run_dir, **overrides):
+    shutil.copytree(trained_run.output_dir, run_dir)
+    return train(replace(trained_run, output_dir=str(run_dir), **{"resume_from_checkpoint": "latest"} | overrides))
+
+
+@pytest.mark.parametrize("overrides, error", [
+    # Caught before the adapters' shapes clash in `load_state`.
+    (dict(rank=8), r"checkpoint-2: it belongs to a run with other settings: rank 4 in the checkpoint, 8 now\. "
+                   r"Resume with the original settings, or .*new --output_dir"),
+    (dict(train_text_encoder=False), r"train_text_encoder True in the checkpoint, False now"),
+    (dict(max_train_steps=1), r"checkpoint-2: it is at step 2, past --max_train_steps=1\. "
+                              r"Pass --max_train_steps 2 or more"),
+    (dict(resume_from_checkpoint="run/latent_cache"), r"'run/latent_cache': run/latent_cache is not a checkpoint "
+                                                       r"folder: their names are checkpoint-<step>"),
+], ids=["rank", "train_text_encoder", "max_train_steps", "folder_name"])
+def test_resume_refuses_other_settings_a_later_checkpoint_and_other_folders(trained_run, tmp_path, overrides, error,
+                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a folder relative to the working directory, as typed on a command line
+    with pytest.raises(ValueError, match=error):
+        _resume(trained_run, tmp_path / "run", **overrides)
+
+
+def test_resume_after_a_reselection_is_refused(trained_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, run_dir)
+    lowest = min(row["reward"] for row in load_selection(run_dir))
+    reselected = replace(trained_run, output_dir=str(run_dir), reward_threshold=lowest)  # keeps reward > tau
+    select(reselected)
+    kept = len(load_selection(run_dir))
+    with pytest.raises(ValueError, match=rf"selection.jsonl changed since.*selection_rows 6 in the checkpoint, "
+                                         rf"{kept} now"):
+        train(replace(reselected, resume_from_checkpoint="latest"))
+
+
+def test_resume_at_max_train_steps_saves_the_checkpoint_lora(trained_run, tmp_path, capsys):
+    trained = load_file(str(Path(trained_run.output_dir) / "pytorch_lora_weights.safetensors"))
+    capsys.readouterr()
+    resumed = load_file(str(_resume(trained_run, tmp_path / "run")))
+    assert "nothing to train" in capsys.readouterr().out
+    assert trained.keys() == resumed.keys() and all(torch.equal(trained[k], resumed[k]) for k in trained)

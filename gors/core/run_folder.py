@@ -10,6 +10,8 @@ SCORES_DIR = "scores"  # one sub-folder of score shards per reward
 SELECTION_FILE = "selection.jsonl"
 SELECTION_SUMMARY_FILE = "selection_summary.json"
 CHECKPOINTS_DIR = "checkpoints"
+# Written last into a checkpoint folder: a `checkpoint-<step>` folder without it is incomplete.
+CHECKPOINT_MARKER = "checkpoint.json"
 LATENT_CACHE_DIR = "latent_cache"
 
 

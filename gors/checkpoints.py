@@ -1,0 +1,206 @@
+"""Training checkpoints that survive a kill at any instant, and resumes that refuse other settings.
+
+A checkpoint is saved into `checkpoints/.checkpoint-<step>.tmp` by every process (Accelerate's
+`save_state`: adapters, optimizer, LR scheduler, one RNG file per process). The main process then
+writes the marker `checkpoint.json` last and renames the folder to `checkpoint-<step>`, so a folder
+of that name is complete exactly when it holds the marker: a kill leaves at most the temporary
+folder, which the next save replaces. Older checkpoints are pruned only after the rename.
+
+The marker records the run's fingerprint (`training_fingerprint`): the selection and the settings
+a checkpoint only makes sense with. Resuming under another fingerprint is refused
+(`check_resumable`) instead of continuing a run on a mix of two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from accelerate import Accelerator
+
+import gors
+from gors.config import RunConfig, TrainConfig
+from gors.core.io import atomic_write_json
+from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
+from gors.lora import TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES
+
+logger = logging.getLogger(__name__)
+
+_NAME = re.compile(r"checkpoint-(\d+)")
+_INCOMPLETE = f"no {CHECKPOINT_MARKER}: an interrupted save, or one by gors 0.1"
+
+# Settings that a checkpoint is bound to: they shape the adapters and the optimizer state it holds
+# (a changed learning rate or Adam setting would be silently overwritten by the loaded optimizer),
+# or the data, batches and RNG streams of the steps it stands for.
+FINGERPRINT_FIELDS = (
+    "pretrained_model_name_or_path", "revision", "resolution", "center_crop", "rank", "train_unet",
+    "train_text_encoder", "train_batch_size", "gradient_accumulation_steps", "seed", "learning_rate",
+    "text_encoder_learning_rate", "adam_beta1", "adam_beta2", "adam_weight_decay", "adam_epsilon", "lr_scheduler",
+    "lr_warmup_steps",
+)
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The step of a `checkpoint-<step>` folder; a ValueError for any other name."""
+    match = _NAME.fullmatch(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path} is not a checkpoint folder: their names are checkpoint-<step>, e.g. checkpoint-500")
+    return int(match.group(1))
+
+
+def read_marker(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The marker of a complete checkpoint; None when the folder lacks one (an incomplete save)."""
+    try:
+        return json.loads((Path(checkpoint) / CHECKPOINT_MARKER).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+
+
+def _checkpoint_folders(root: Path) -> list[Path]:
+    """The `checkpoint-<step>` folders under `root`, complete or not, by step."""
+    found = [p for p in root.glob("checkpoint-*") if p.is_dir() and _NAME.fullmatch(p.name)]
+    return sorted(found, key=checkpoint_step)
+
+
+def find_checkpoint(output_dir: str | Path, resume_from: str,
+                    warn: Callable[[str], None] = logger.warning) -> Path | None:
+    """The complete checkpoint to resume from: 'latest' (None when there is none yet) or a folder.
+
+    'latest' passes over folders without a marker, naming them through `warn`; an explicit folder
+    without one is an error.
+    """
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    if resume_from == "latest":
+        folders = _checkpoint_folders(root)
+        incomplete = [p for p in folders if read_marker(p) is None]
+        if incomplete:
+            warn(f"ignoring incomplete checkpoints ({_INCOMPLETE}): {', '.join(str(p) for p in incomplete)}")
+        complete = [p for p in folders if p not in incomplete]
+        return complete[-1] if complete else None
+    flag = f"--resume_from_checkpoint={resume_from!r}"
+    path = Path(resume_from)
+    path = path if path.is_dir() else root / resume_from
+    if not path.is_dir():
+        raise FileNotFoundError(f"{flag}: no such checkpoint folder; pass 'latest' or a folder such as "
+                                f"{root / 'checkpoint-500'}")
+    try:
+        checkpoint_step(path)
+    except ValueError as err:
+        raise ValueError(f"{flag}: {err}; pass 'latest' or such a folder") from None
+    if read_marker(path) is None:
+        raise ValueError(f"{flag}: {path} is incomplete ({_INCOMPLETE}); pass 'latest' to resume from the newest "
+                         "complete checkpoint")
+    return path
+
+
+def selection_fingerprint(selection: list[dict[str, Any]]) -> str:
+    """A hash of the selection's rows (path and reward of each, in order): what the run trains on."""
+    payload = json.dumps([[row["path"], row["reward"]] for row in selection])
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def training_fingerprint(config: TrainConfig | RunConfig, selection: list[dict[str, Any]],
+                         num_processes: int) -> dict[str, Any]:
+    """What a checkpoint of this run is bound to: the selection, `FINGERPRINT_FIELDS`, the LoRA targets
+    and the number of processes (it sets the batches, and each process has its own RNG state)."""
+    fingerprint = {
+        "selection_rows": len(selection),
+        "selection_sha256": selection_fingerprint(selection),
+        **{name: getattr(config, name) for name in FINGERPRINT_FIELDS},
+        "unet_target_modules": list(UNET_TARGET_MODULES),
+        "text_encoder_target_modules": list(TEXT_ENCODER_TARGET_MODULES),
+        "num_processes": num_processes,
+    }
+    return json.loads(json.dumps(fingerprint))  # as the marker holds it, to compare like with like
+
+
+def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_steps: int) -> int:
+    """The step of `checkpoint`, after checking that this run may continue from it.
+
+    Refused, with each difference named: a checkpoint made under another fingerprint (its adapters
+    or optimizer would not load, or the run would continue on other data or settings), and one past
+    `max_train_steps` (its weights are already trained further than asked).
+    """
+    step = checkpoint_step(checkpoint)
+    recorded = read_marker(checkpoint)["fingerprint"]
+    differences = [f"{key} {recorded.get(key)!r} in the checkpoint, {fingerprint.get(key)!r} now"
+                   for key in sorted(recorded.keys() | fingerprint.keys()) if recorded.get(key) != fingerprint.get(key)]
+    if differences:
+        hint = " (selection.jsonl changed since, e.g. by another `gors select`)" if any(
+            d.startswith("selection_") for d in differences) else ""
+        raise ValueError(
+            f"cannot resume from {checkpoint}: it belongs to a run with other settings{hint}: {'; '.join(differences)}. "
+            f"Resume with the original settings, or train these ones from scratch: without --resume_from_checkpoint "
+            f"in a new --output_dir (or after moving {checkpoint.parent} away)."
+        )
+    if step > max_train_steps:
+        raise ValueError(
+            f"cannot resume from {checkpoint}: it is at step {step}, past --max_train_steps={max_train_steps}. "
+            f"Pass --max_train_steps {step} or more, or train the shorter run from scratch in a new --output_dir."
+        )
+    return step
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file or folder to disk: the rename must not publish data still only in the page cache."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """Rename the complete `staging` folder to `final`; an existing `final` (a partial folder of an
+    older gors, or a step redone after resuming from an earlier checkpoint) is deleted only after."""
+    for path in (*staging.rglob("*"), staging):
+        _fsync(path)
+    aside = final.with_name(f".{final.name}.old")
+    if final.exists():
+        final.rename(aside)
+    staging.rename(final)
+    _fsync(final.parent)
+    if aside.exists():
+        shutil.rmtree(aside)
+
+
+def _prune(root: Path, limit: int | None, keep: Path) -> None:
+    """Delete the oldest complete checkpoints so that, with `keep`, at most `limit` remain."""
+    if limit is None:
+        return
+    others = [p for p in _checkpoint_folders(root) if p != keep and read_marker(p) is not None]
+    for old in others[: max(0, len(others) - limit + 1)]:
+        shutil.rmtree(old)
+
+
+def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int, fingerprint: dict[str, Any],
+                     total_limit: int | None) -> Path:
+    """Save the full training state as `checkpoints/checkpoint-<step>`, atomically; call on every process."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    final = root / f"checkpoint-{step}"
+    # A deterministic name, so that every process writes into the same folder.
+    staging = root / f".{final.name}.tmp"
+    if accelerator.is_main_process:
+        for stale in root.glob(".checkpoint-*"):  # left by a run killed while saving
+            shutil.rmtree(stale)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging))
+    accelerator.wait_for_everyone()  # every process has written its RNG state
+    if accelerator.is_main_process:
+        atomic_write_json(staging / CHECKPOINT_MARKER, {
+            "step": step,
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "gors_version": gors.__version__,
+            "fingerprint": fingerprint,
+        })
+        _publish(staging, final)
+        _prune(root, total_limit, keep=final)
+    accelerator.wait_for_everyone()
+    return final

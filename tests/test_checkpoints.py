@@ -1,0 +1,92 @@
+"""Checkpoint folders: complete only with their marker, published atomically, resumed only under their settings.
+
+Training itself (kills, resumes, refusals on a real run) is tested in tests/test_train.py.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from gors.checkpoints import check_resumable, checkpoint_step, find_checkpoint, write_checkpoint
+from gors.core.run_folder import CHECKPOINT_MARKER
+
+
+def _checkpoint(root: Path, name: str, fingerprint: dict | None = None) -> Path:
+    """A checkpoint folder; complete (with its marker) when a fingerprint is given."""
+    path = root / "checkpoints" / name
+    path.mkdir(parents=True)
+    if fingerprint is not None:
+        (path / CHECKPOINT_MARKER).write_text(json.dumps({"fingerprint": fingerprint}))
+    return path
+
+
+def test_checkpoint_names():
+    assert checkpoint_step("runs/x/checkpoints/checkpoint-500") == 500
+    for name in ("checkpoint-best", "checkpoint-5-old", "best", ".checkpoint-5.tmp"):
+        with pytest.raises(ValueError, match="names are checkpoint-<step>"):
+            checkpoint_step(name)
+
+
+def test_latest_passes_over_incomplete_folders_and_names_them(tmp_path):
+    _checkpoint(tmp_path, "checkpoint-2", {})
+    newest = _checkpoint(tmp_path, "checkpoint-10", {})  # by step, not by name
+    _checkpoint(tmp_path, "checkpoint-12")  # e.g. `mkdir`, or a save killed by an older gors
+    _checkpoint(tmp_path, "checkpoint-best", {})  # not a checkpoint name: not a candidate
+    (tmp_path / "checkpoints" / ".checkpoint-14.tmp").mkdir()  # a save in progress or killed
+    warnings = []
+    assert find_checkpoint(tmp_path, "latest", warn=warnings.append) == newest
+    assert len(warnings) == 1 and "checkpoint-12" in warnings[0] and "incomplete" in warnings[0]
+    assert find_checkpoint(tmp_path / "no_run", "latest") is None
+
+
+def test_an_explicit_checkpoint_must_be_complete_and_well_named(tmp_path):
+    complete = _checkpoint(tmp_path, "checkpoint-4", {})
+    assert find_checkpoint(tmp_path, "checkpoint-4") == complete
+    assert find_checkpoint(tmp_path, str(complete)) == complete
+    _checkpoint(tmp_path, "checkpoint-6")
+    with pytest.raises(ValueError, match=r"checkpoint-6 is incomplete \(no checkpoint.json.*pass 'latest'"):
+        find_checkpoint(tmp_path, "checkpoint-6")
+    _checkpoint(tmp_path, "best", {})
+    with pytest.raises(ValueError, match=r"--resume_from_checkpoint='best': .*names are checkpoint-<step>"):
+        find_checkpoint(tmp_path, "best")
+    with pytest.raises(FileNotFoundError, match="no such checkpoint folder"):
+        find_checkpoint(tmp_path, "checkpoint-8")
+
+
+def test_a_resume_under_other_settings_or_past_max_train_steps_is_refused(tmp_path):
+    recorded = {"rank": 4, "selection_sha256": "aaaa", "num_processes": 2}
+    checkpoint = _checkpoint(tmp_path, "checkpoint-6", recorded)
+    assert check_resumable(checkpoint, recorded, max_train_steps=6) == 6
+    with pytest.raises(ValueError, match=r"rank 4 in the checkpoint, 8 now; selection_sha256 'aaaa' in the checkpoint, "
+                                         r"'bbbb' now.*new --output_dir"):
+        check_resumable(checkpoint, recorded | {"rank": 8, "selection_sha256": "bbbb"}, max_train_steps=6)
+    with pytest.raises(ValueError, match=r"at step 6, past --max_train_steps=5.*--max_train_steps 6 or more"):
+        check_resumable(checkpoint, recorded, max_train_steps=5)
+
+
+def test_write_checkpoint_publishes_a_complete_folder_and_prunes_only_then(tmp_path, monkeypatch):
+    import accelerate.accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters()))
+    root = tmp_path / "checkpoints"
+    _checkpoint(tmp_path, "checkpoint-2", {})
+    partial = _checkpoint(tmp_path, "checkpoint-3")  # what an older gors left when killed mid-save
+    (partial / "model.safetensors").write_bytes(b"torn")
+    (root / ".checkpoint-9.tmp").mkdir()  # a save killed earlier
+    during_save = []
+    original = accelerate.accelerator.save_accelerator_state
+    monkeypatch.setattr(accelerate.accelerator, "save_accelerator_state",
+                        lambda *args, **kwargs: (during_save.append(sorted(p.name for p in root.iterdir())),
+                                                 original(*args, **kwargs))[1])
+
+    path = write_checkpoint(accelerator, tmp_path, 3, {"rank": 4}, total_limit=1)
+    assert during_save == [[".checkpoint-3.tmp", "checkpoint-2", "checkpoint-3"]]  # the old one is kept meanwhile
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-3"]  # then pruned; nothing stale is left
+    marker = json.loads((path / CHECKPOINT_MARKER).read_text())
+    assert marker["step"] == 3 and marker["fingerprint"] == {"rank": 4}
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= {p.name for p in path.iterdir()}
+    assert (path / "model.safetensors").read_bytes() != b"torn"
