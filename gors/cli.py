@@ -4,21 +4,31 @@ Every subcommand is a config dataclass parsed by `parse_config`: its flags, or `
 whose keys are the same names (flags given on the command line override the file). `COMMANDS`
 declares them all. Run any stage under `accelerate launch -m gors.cli <stage> ...` (or
 `accelerate launch $(which gors) ...`) to use several processes.
+
+Expected errors (a bad flag, file or value, a run folder in use, an empty selection, Ctrl-C) end a
+command with one line `error: ...` from the main process and exit status 2 (`expected_errors`);
+anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import sys
+import time
 from argparse import ArgumentParser
+from contextlib import contextmanager, nullcontext
 from dataclasses import Field, dataclass, fields
-from typing import Any, Sequence, TypeVar, get_origin
+from typing import Any, Iterator, NoReturn, Sequence, TypeVar, get_origin
 
 import yaml
 from transformers import HfArgumentParser
 
 from gors.config import SelectConfig, TrainConfig
+from gors.core.data import ChecksumError, DownloadError
+from gors.core.lock import LockError, run_folder_lock
+from gors.core.store import StoreError
 
 C = TypeVar("C")
 
@@ -43,6 +53,10 @@ class ConfigParser(HfArgumentParser):
                                 default=field.default_factory(), **options)
         else:
             HfArgumentParser._parse_dataclass_field(parser, field)
+
+    def error(self, message: str) -> NoReturn:
+        """A bad flag: a SystemExit with one line (argparse would print the whole usage on every process)."""
+        raise SystemExit(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
 def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict[str, Any] | None = None,
@@ -159,23 +173,28 @@ class Command:
 
     Both are 'module:name' paths, imported only when the command runs, so that `gors --help` and
     each command load only what they use (the toy pretraining and LoRA conversion import torch).
+    `locks`: the stages of `--output_dir` the command holds for its whole run (`run_folder_lock`);
+    `gors run` takes its four in `run_stages`, which recipes share.
     """
 
     config: str
     function: str
     help: str
+    locks: tuple[str, ...] = ()
 
 
 COMMANDS: dict[str, Command] = {
     "generate": Command("gors.config:GenerateConfig", "gors.generate:generate",
-                        "k images per training prompt into the sample store"),
-    "score": Command("gors.config:ScoreConfig", "gors.score:score", "score every sample with a reward"),
-    "select": Command("gors.config:SelectConfig", "gors.cli:run_select", "keep samples with reward > tau"),
+                        "k images per training prompt into the sample store", locks=("generate",)),
+    "score": Command("gors.config:ScoreConfig", "gors.score:score", "score every sample with a reward",
+                     locks=("score",)),
+    "select": Command("gors.config:SelectConfig", "gors.cli:run_select", "keep samples with reward > tau",
+                      locks=("select",)),
     "train": Command("gors.config:TrainConfig", "gors.cli:run_train",
-                     "reward-weighted LoRA fine-tuning on the selection"),
+                     "reward-weighted LoRA fine-tuning on the selection", locks=("train",)),
     "run": Command("gors.config:RunConfig", "gors.run:run", "generate, score, select and train in one go"),
     "evaluate": Command("gors.config:EvaluateConfig", "gors.evaluate:evaluate",
-                        "run benchmarks on a checkpoint, a LoRA or an image folder"),
+                        "run benchmarks on a checkpoint, a LoRA or an image folder", locks=("evaluate",)),
     "rewards": Command("gors.cli:RewardsConfig", "gors.cli:list_rewards", "list the registered rewards"),
     "report": Command("gors.report:ReportConfig", "gors.report:write_report",
                       "markdown table and plots of evaluation and training folders"),
@@ -198,18 +217,70 @@ def usage() -> str:
     return "usage: gors COMMAND [flags]  (gors COMMAND --help for its flags)\n\n" + "\n".join(lines)
 
 
+# What users cause and can fix from the message alone; anything else is a bug and keeps its traceback.
+EXPECTED_ERRORS = (ValueError, FileNotFoundError, StoreError, LockError, ChecksumError, DownloadError)
+
+
+# How long a failing process other than the main one waits before it reports: when the main process
+# meets the same error, it says it, exits, and the launcher stops this process before it would repeat it.
+REPORT_GRACE_S = 3.0
+
+
+def _process_index() -> int:
+    from accelerate import PartialState
+
+    if PartialState._shared_state:  # the process group is up: it knows
+        return PartialState().process_index
+    return int(os.environ.get("RANK", "0"))  # before it: what the launcher said
+
+
+def _fail(message: str) -> NoReturn:
+    index = _process_index()
+    if index != 0:
+        time.sleep(REPORT_GRACE_S)
+        message = f"process {index}: {message}"  # still running: the error is this process's own
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+@contextmanager
+def expected_errors() -> Iterator[None]:
+    """End an expected error (`EXPECTED_ERRORS`, a SystemExit with a message, Ctrl-C) with one line
+    `error: <message>` on stderr and exit status 2, without a traceback: one line per launch, from the
+    main process (another process speaks only if the main one has not stopped within `REPORT_GRACE_S`).
+
+    `GORS_TRACEBACK=1` lets them through with their traceback, for debugging.
+    """
+    if os.environ.get("GORS_TRACEBACK") == "1":
+        yield
+        return
+    try:
+        yield
+    except KeyboardInterrupt:
+        _fail("interrupted")
+    except EXPECTED_ERRORS as err:
+        _fail(str(err))
+    except SystemExit as err:
+        if isinstance(err.code, str):  # SystemExit("message"), which Python would print on every process
+            _fail(err.code.removeprefix("error: "))
+        raise
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """`gors COMMAND [flags]`: parse the command's config and run its function on it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return
-    name = " ".join(argv[:2]) if " ".join(argv[:2]) in COMMANDS else argv[0]  # two words: `gors toy pretrain`
-    if name not in COMMANDS:
-        raise SystemExit(f"gors: unknown command {argv[0]!r}\n{usage()}")
-    command = COMMANDS[name]
-    config = parse_config(_load(command.config), argv[len(name.split()):], prog=f"gors {name}")
-    _load(command.function)(config)
+    with expected_errors():
+        name = " ".join(argv[:2]) if " ".join(argv[:2]) in COMMANDS else argv[0]  # two words: `gors toy pretrain`
+        if name not in COMMANDS:
+            raise SystemExit(f"gors: unknown command {argv[0]!r}\n{usage()}")
+        command = COMMANDS[name]
+        config = parse_config(_load(command.config), argv[len(name.split()):], prog=f"gors {name}")
+        locked = run_folder_lock(config.output_dir, command.locks, f"gors {name}") if command.locks else nullcontext()
+        with locked:
+            _load(command.function)(config)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gors.cli import parse_config
+from gors.cli import expected_errors, parse_config
 from gors.config import RunConfig
 from gors.core.paper import CATEGORIES
 from gors.run import run
@@ -25,8 +25,10 @@ def recipe_defaults(category: str) -> dict[str, Any]:
     }
 
 
+@expected_errors()  # one line `error: ...` and exit status 2, as in `gors`
 def run_recipe(category: str, argv: Sequence[str] | None = None) -> RunConfig:
     """Parse overrides on top of the category's paper defaults and run the whole GORS loop."""
-    config = parse_config(RunConfig, argv, defaults=recipe_defaults(category), prog=f"recipes/gors_{category}.py")
-    run(config)
+    script = f"recipes/gors_{category}.py"
+    config = parse_config(RunConfig, argv, defaults=recipe_defaults(category), prog=script)
+    run(config, command=script)
     return config

@@ -135,8 +135,10 @@ def test_gors_help_lists_every_command(capsys):
     main(["--help"])
     out = capsys.readouterr().out
     assert all(f"  {name} " in out for name in COMMANDS)
-    with pytest.raises(SystemExit, match="unknown command 'toy'"):
+    with pytest.raises(SystemExit) as exit_info:
         main(["toy"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: gors: unknown command 'toy'\nusage: gors COMMAND")
 
 
 def test_positional_fields_and_yaml_for_report(tmp_path, capsys):
@@ -181,3 +183,54 @@ def test_run_config_has_every_stage_flag_without_being_a_stage_config():
         own = stage(**{f.name: getattr(run, f.name) for f in fields(stage)})
         assert all(getattr(own, f.name) == getattr(run, f.name) for f in fields(stage))
     assert "dataloader_num_workers" not in {f.name for f in fields(RunConfig)}
+
+
+# ---- expected errors: one line, exit status 2; anything else keeps its traceback -----------------
+
+
+def one_error_line(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    return err
+
+
+def test_expected_errors_are_one_line_and_exit_2(make_run_config, tmp_path, capsys):
+    config = make_run_config()
+    run = ["--output_dir", config.output_dir]
+    message = one_error_line(capsys, ["generate", *run, "--train_prompts", str(tmp_path / "no" / "such.txt")])
+    assert "such.txt" in message
+    generate(config)
+    capsys.readouterr()
+    assert "Unknown reward 'nope'" in one_error_line(capsys, ["score", *run, "--reward", "nope"])
+    assert "no 'b_vqa' score" in one_error_line(capsys, ["select", *run, "--reward_threshold", "0.5"])
+    assert "--images_per_prompt=0" in one_error_line(capsys, ["generate", *run, "--images_per_prompt", "0"])
+    message = one_error_line(capsys, ["generate", "--no_such_flag", "1"])
+    assert message == "error: gors generate: unrecognized arguments: --no_such_flag 1 (see gors generate --help)\n"
+
+
+def test_interrupt_is_one_line(monkeypatch, capsys, tmp_path):
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("gors.report.write_report", interrupted)
+    assert one_error_line(capsys, ["report", str(tmp_path)]) == "error: interrupted\n"
+
+
+def test_unexpected_error_keeps_its_traceback(monkeypatch, tmp_path):
+    def broken(config):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("gors.report.write_report", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["report", str(tmp_path)])
+
+
+def test_expected_error_of_a_real_command_has_no_traceback(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "gors.cli", "select", "--output_dir", str(tmp_path / "run"),
+                             "--reward_threshold", "0.5"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

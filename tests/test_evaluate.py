@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -123,7 +124,6 @@ def test_scores_of_another_run_are_refused_and_unasked_ones_left_out(tmp_path):
     from gors.core.distributed import make_accelerator
     from gors.core.io import append_jsonl
     from gors.core.scoring import score_samples
-    from gors.core.store import StoreError
     from rewards import RewardOutput
 
     class Samples:
@@ -153,8 +153,11 @@ def test_scores_of_other_scorer_settings_are_refused(tmp_path, capsys):
     main(argv)
     settings = json.loads((tmp_path / "toy" / "held_out" / "scores" / "settings.json").read_text())
     assert settings == {"reward": "toy_oracle", "options": {}}
-    with pytest.raises(StoreError, match=r'holds scores made with .*"options": \{\}.*"checks": "all"'):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # an expected error: one line, exit 2
         main(argv + ["--scorer_options", '{"toy": {"checks": "all"}}'])
+    assert exit_info.value.code == 2
+    assert re.search(r'^error: .*holds scores made with .*"options": \{\}.*"checks": "all"', capsys.readouterr().err, re.M)
 
 
 def test_old_toy_scores_without_a_binding_verdict_are_a_clear_error():

@@ -21,7 +21,7 @@ from diffusers.utils import make_image_grid
 from PIL import Image, ImageDraw
 from tabulate import tabulate
 
-from gors.cli import parse_config
+from gors.cli import expected_errors, parse_config
 from gors.config import RunConfig
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import split_prompts
@@ -105,6 +105,7 @@ def before_after_grid(base_dir: Path, tuned_dir: Path, prompts: list[str], path:
     return path
 
 
+@expected_errors()  # one line `error: ...` and exit status 2, as in `gors`
 def main(argv: Sequence[str] | None = None) -> dict:
     from evaluators.toy import ToyBenchmark
     from gors.run import run_stages
@@ -124,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                              guidance_scale=config.guidance_scale,
                              num_inference_steps=config.num_inference_steps, max_prompts=config.eval_max_prompts)
     base = benchmark.evaluate(config.pretrained_model_name_or_path, out / "eval_base", accelerator=accelerator)
-    run_stages(config, accelerator)
+    run_stages(config, accelerator, command="recipes/gors_toy.py")
     tuned = benchmark.evaluate(config.pretrained_model_name_or_path, out / "eval_gors", lora=str(out),
                                accelerator=accelerator)
     results = {

@@ -1,0 +1,108 @@
+"""One writer per stage per run folder: `<folder>/.lock-<stage>`, held for the stage's whole duration.
+
+Two commands that write the same stage of one folder at once would both do all the work and record
+every sample twice, so the second is refused with the first one's identity. The lock is an OS file
+lock (`fcntl.flock`, which the OS drops when its holder dies, however it dies) plus a JSON record
+in the file (pid, host, stage, command line, start time) that only says who holds it. A record whose
+file lock is free is stale (its holder was killed): it is taken over with a note.
+
+Only the main process of a launch touches the file; it broadcasts the outcome so that every process
+of the launch stops with the same error when the folder is taken. The lock file is kept after use
+(emptied): deleting it would let a process that opened the old file and one that creates a new one
+both hold "the" lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+
+class LockError(RuntimeError):
+    """The run folder's stage is being written by another command; the message names it."""
+
+
+def lock_path(folder: str | Path, stage: str) -> Path:
+    """The lock file of `stage` in `folder`."""
+    return Path(folder) / f".lock-{stage}"
+
+
+def _describe(record: dict) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["started"]))
+    return f"`{record['command']}` (pid {record['pid']} on host {record['host']}, since {started})"
+
+
+def _read_record(fd: int) -> dict | None:
+    text = os.pread(fd, 1 << 16, 0).decode("utf-8", errors="replace")
+    try:
+        record = json.loads(text)
+    except ValueError:  # empty (released, or its holder has not written it yet) or cut short
+        return None
+    return record if isinstance(record, dict) and {"command", "pid", "host", "started"} <= record.keys() else None
+
+
+def _acquire(folder: Path, stage: str, command: str) -> int:
+    """Lock `stage` of `folder` in this process; returns the open lock file, or raises LockError."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path(folder, stage), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_record(fd)
+        os.close(fd)
+        who = _describe(holder) if holder else "another command"
+        raise LockError(f"{folder} is being written by {who}; wait for it or stop it. "
+                        "A stale lock is taken over automatically.") from None
+    stale = _read_record(fd)
+    if stale:
+        print(f"note: {folder}: taking over the lock of {_describe(stale)}, which is no longer running",
+              file=sys.stderr)
+    record = {"stage": stage, "command": command, "pid": os.getpid(), "host": socket.gethostname(),
+              "argv": sys.argv, "started": time.time()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    return fd
+
+
+def _release(fd: int) -> None:
+    # Emptied first: a record left behind would read as a stale lock to the next command.
+    os.ftruncate(fd, 0)
+    os.close(fd)  # drops the flock
+
+
+@contextmanager
+def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> Iterator[None]:
+    """Hold the locks of `stages` in `folder` for the body, in every process of the launch.
+
+    `command` names the holder in a refusal ("gors score"). The main process takes the locks and
+    tells the others whether it got them: all raise the same `LockError` when one is held. The locks
+    are released when the body ends, however it ends (and by the OS when the process dies).
+    """
+    # Here, not at the top: `gors.cli` imports this module and stays light for `gors --help`.
+    from accelerate.utils import broadcast_object_list
+
+    from gors.core.distributed import process_state
+
+    state = process_state()
+    with ExitStack() as held:
+        refusal = None
+        if state.is_main_process:
+            try:
+                for stage in stages:
+                    held.callback(_release, _acquire(Path(folder), stage, command))
+            except LockError as err:
+                refusal = str(err)
+        if state.num_processes > 1:
+            refusal = broadcast_object_list([refusal])[0]
+        if refusal is not None:
+            raise LockError(refusal)
+        yield
+        # Released only when every process is done writing; after an error the launcher stops them all.
+        state.wait_for_everyone()

@@ -1,0 +1,102 @@
+"""One writer per stage per run folder: a second writer is refused at once, a dead holder's lock is taken over."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gors.cli import main
+from gors.core.lock import LockError, lock_path, run_folder_lock
+from gors.core.store import SampleStore
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+# A lock holder in another process, as light as can be (no torch): it takes the lock and sleeps.
+HOLDER = ("import sys, time; from pathlib import Path; from gors.core.lock import _acquire; "
+          "_acquire(Path(sys.argv[1]), sys.argv[2], 'gors score'); print('held', flush=True); time.sleep(300)")
+
+
+def wait_for(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def holder_pid(folder: Path, stage: str) -> int | None:
+    try:
+        return json.loads(lock_path(folder, stage).read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def test_second_writer_in_one_process_is_refused_and_released_lock_is_empty(tmp_path):
+    run = tmp_path / "run"
+    with run_folder_lock(run, ["score"], "gors score"):
+        record = json.loads(lock_path(run, "score").read_text())
+        assert (record["stage"], record["command"], record["pid"]) == ("score", "gors score", os.getpid())
+        with pytest.raises(LockError, match=rf"{run} is being written by `gors score` \(pid {os.getpid()} on host "
+                                            r".*\); wait for it or stop it\. A stale lock is taken over"):
+            with run_folder_lock(run, ["generate", "score"], "gors run"):
+                pass
+        with run_folder_lock(run, ["generate"], "gors generate"):  # another stage of the folder is free
+            pass
+    assert lock_path(run, "score").read_text() == ""  # released: no record left to read as stale
+    # The refused `gors run` released the generate lock it had taken before meeting the held one.
+    with run_folder_lock(run, ["generate", "score"], "gors run"):
+        pass
+
+
+def test_lock_of_a_killed_holder_is_taken_over_with_a_note(tmp_path, capsys):
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), "score"], cwd=REPO, env=ENV,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(LockError, match=rf"`gors score` \(pid {holder.pid} "):
+            with run_folder_lock(run, ["score"], "gors score"):
+                pass
+        holder.kill()
+        holder.wait()
+        with run_folder_lock(run, ["score"], "gors score"):
+            assert holder_pid(run, "score") == os.getpid()
+        assert f"taking over the lock of `gors score` (pid {holder.pid} " in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.slow
+def test_two_gors_generate_on_one_folder(tiny_sd, prompts_file, tmp_path, capsys):
+    """The second `gors generate` is refused at once (one line, exit 2) and does nothing; the first,
+    paused meanwhile so that it surely still holds the folder, then finishes normally."""
+    run = tmp_path / "run"
+    flags = ["--output_dir", str(run), "--pretrained_model_name_or_path", str(tiny_sd), "--train_prompts",
+             str(prompts_file), "--images_per_prompt", "2", "--num_inference_steps", "2", "--resolution", "32",
+             "--generation_batch_size", "2", "--seed", "0"]
+    first = subprocess.Popen([sys.executable, "-m", "gors.cli", "generate", *flags], cwd=tmp_path, env=ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: holder_pid(run, "generate") == first.pid or first.poll() is not None)
+        first.send_signal(signal.SIGSTOP)
+        with pytest.raises(SystemExit) as refused:
+            main(["generate", *flags])
+        assert refused.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {run} is being written by `gors generate` (pid {first.pid} on host ")
+        assert "\n" not in err and "Traceback" not in err
+        first.send_signal(signal.SIGCONT)
+        assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
+    finally:
+        first.kill()
+        first.wait()
+        first.stderr.close()
+    keys = [(r["prompt_index"], r["image_index"]) for r in SampleStore(run / "samples").records()]
+    assert sorted(keys) == [(p, i) for p in range(3) for i in range(2)]  # each image once
