@@ -39,6 +39,7 @@ from evaluators.results import (
     metric_results,
     resampled_rows,
 )
+from gors.core.backbones import Backbone, SamplingDefaults, detect_backbone
 from gors.core.data import PinnedSource
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, atomic_write_jsonl
@@ -157,17 +158,18 @@ class Benchmark:
         max_prompts: evaluate every n-th prompt so that at most this many remain (quick runs);
             None: all of them.
         images_per_prompt: images per prompt; None is the benchmark's official number.
-        num_inference_steps, guidance_scale, resolution, seed, batch_size: the sampling protocol
-            (DDIM steps, classifier-free guidance, image side in pixels, base seed of `seed_fn`,
-            images per generation batch); the defaults are the project's evaluation default,
-            a subclass overrides them with its official protocol.
+        num_inference_steps, guidance_scale, resolution: sampling steps, classifier-free guidance
+            and image side in pixels; None: the benchmark's `official_sampling` for the model
+            families its protocol was written for (`protocol_families`, Stable Diffusion 1/2), the
+            model family's own defaults for any other (`gors.core.backbones`).
+        seed, batch_size: base seed of `seed_fn`, images per generation batch.
     """
 
     max_prompts: int | None = None
     images_per_prompt: int | None = None
-    num_inference_steps: int = 30
-    guidance_scale: float = 7.5
-    resolution: int = 512
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    resolution: int | None = None
     seed: int = 42
     batch_size: int = 8
 
@@ -180,6 +182,10 @@ class Benchmark:
     # The constructor field that "name:value" sets in a benchmark spec, e.g. t2i_compbench:color.
     subset_field: ClassVar[str | None] = None
     official_images_per_prompt: ClassVar[int] = 1
+    # The benchmark's sampling (DDIM steps, guidance, px) and the model families it was written for;
+    # by default the project's evaluation protocol, T2I-CompBench's (DDIM 30 steps, 7.5, 512 px).
+    official_sampling: ClassVar[SamplingDefaults] = SamplingDefaults(30, 7.5, 512, "DDIMScheduler")
+    protocol_families: ClassVar[tuple[str, ...]] = ("sd",)
     # (base seed, prompt index, image index) -> seed of that image; by default a seed per image.
     # A staticmethod, so that `self.seed_fn` is the plain function, not a method bound to self.
     seed_fn: ClassVar[Callable[[int, int, int], int]] = staticmethod(sample_seed)
@@ -191,7 +197,7 @@ class Benchmark:
         if self.max_prompts is not None and self.max_prompts < 1:
             raise ValueError(f"max_prompts must be >= 1 (or None for all prompts), got {self.max_prompts}")
         for key in ("num_inference_steps", "resolution", "batch_size"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
 
     @property
@@ -225,11 +231,20 @@ class Benchmark:
             self.__dict__["_prompts"] = self.prompts()
         return self.__dict__["_prompts"]
 
-    def protocol(self) -> SamplingProtocol:
-        """How the images are generated: the protocol fields, `num_images` and `seed_fn`."""
-        return SamplingProtocol(self.num_images, self.num_inference_steps, self.guidance_scale,
-                                resolution=self.resolution, batch_size=self.batch_size, seed=self.seed,
-                                seed_fn=self.seed_fn)
+    def protocol(self, backbone: Backbone | None = None) -> SamplingProtocol:
+        """How the images are generated for a model of family `backbone` (None: Stable Diffusion 1/2):
+        the protocol fields given, else the benchmark's official sampling where it was written for
+        that family, else the family's defaults; `num_images` and `seed_fn`."""
+        own = backbone is None or backbone.name in self.protocol_families
+        defaults = self.official_sampling if own else backbone.sampling
+        return SamplingProtocol(
+            self.num_images,
+            self.num_inference_steps if self.num_inference_steps is not None else defaults.num_inference_steps,
+            self.guidance_scale if self.guidance_scale is not None else defaults.guidance_scale,
+            resolution=self.resolution if self.resolution is not None else defaults.resolution,
+            batch_size=self.batch_size, seed=self.seed, seed_fn=self.seed_fn,
+            call_kwargs=backbone.call_kwargs if backbone is not None else {},
+        )
 
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Aggregate per-image result rows into the benchmark's reported numbers."""
@@ -250,7 +265,8 @@ class Benchmark:
         """Which data the prompts come from (pinned commit and sha256, dataset revision, ...)."""
         return {}
 
-    def results(self, rows: list[dict[str, Any]], summary: Mapping[str, Any]) -> dict[str, Any]:
+    def results(self, rows: list[dict[str, Any]], summary: Mapping[str, Any],
+                protocol: SamplingProtocol | None = None) -> dict[str, Any]:
         """The ``"results"`` block of summary.json (schema in `evaluators.results`), from the rows
         that `summary` aggregates: versions, config, sample counts, and each declared metric with
         its bootstrap standard error and 95% interval over prompts."""
@@ -258,7 +274,10 @@ class Benchmark:
         replicates = bootstrap(groups, lambda drawn: self.aggregate(resampled_rows(drawn)))
         prompt_texts = "\n".join(p.text for p in self.cached_prompts())
         # Through JSON so that an argument such as a Path in column_options is written as text.
-        config = json.loads(json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, default=str))
+        config = {f.name: getattr(self, f.name) for f in fields(self)}
+        protocol = protocol or self.protocol()  # the values the images were made with, family defaults resolved
+        config |= {key: getattr(protocol, key) for key in ("num_inference_steps", "guidance_scale", "resolution")}
+        config = json.loads(json.dumps(config, default=str))
         return {
             "schema_version": SCHEMA_VERSION,
             "gors_version": gors.__version__,
@@ -350,6 +369,7 @@ class Benchmark:
         if unknown:
             raise ValueError(f"options for columns {unknown} of {self.name}, which has {sorted(self.columns())}")
         prompts = self.cached_prompts()
+        protocol = None  # with `images`, the images were made elsewhere: the results record the fields as given
         if images is not None:
             folder = Path(images)
             if not folder.is_dir():
@@ -359,15 +379,21 @@ class Benchmark:
             if pipeline_loader is None and pretrained_model_name_or_path is None:
                 raise ValueError("give a model (pretrained_model_name_or_path) or an image folder (images)")
 
+            # The family decides the defaults before any weights load (validation's in-memory pipeline is SD's).
+            backbone = None if pipeline_loader else detect_backbone(pretrained_model_name_or_path)
+            protocol = self.protocol(backbone)
+
             def load():
                 dtype = inference_dtype(accelerator, None)
-                return load_pipeline(pretrained_model_name_or_path, accelerator.device, dtype, lora=lora)
+                return load_pipeline(pretrained_model_name_or_path, accelerator.device, dtype, lora=lora,
+                                     backbone=backbone)
 
             samples = generate_samples(
-                SampleStore(output_dir / "samples"), [p.text for p in prompts], self.protocol(),
+                SampleStore(output_dir / "samples"), [p.text for p in prompts], protocol,
                 pipeline_loader or load, accelerator,
                 prompt_info={"benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora},
-                settings=pipeline_settings(pretrained_model_name_or_path, inference_dtype(accelerator, None), lora=lora),
+                settings=pipeline_settings(pretrained_model_name_or_path, inference_dtype(accelerator, None), lora=lora,
+                                           backbone=backbone),
                 desc=f"{self.name}: generate",
             )
         metadata = [dict(p.metadata) for p in prompts]
@@ -402,7 +428,7 @@ class Benchmark:
             "images": str(images) if images is not None else None, "higher_is_better": self.higher_is_better,
             **self.aggregate(rows),
         }
-        summary["results"] = self.results(rows, summary)
+        summary["results"] = self.results(rows, summary, protocol)
         if accelerator.is_main_process:
             atomic_write_jsonl(output_dir / RESULTS_FILE, rows)
             atomic_write_json(output_dir / SUMMARY_FILE, summary)

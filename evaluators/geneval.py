@@ -43,6 +43,7 @@ import numpy as np
 
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, image_index_seed, pinned_data
 from evaluators.results import Metric
+from gors.core.backbones import SamplingDefaults
 from gors.core.data import PinnedSource, fetch_pinned_file
 from gors.core.io import atomic_write_bytes
 from rewards.geneval_rules import TAGS, check_metadata
@@ -89,14 +90,13 @@ class GenEvalBenchmark(Benchmark):
     script uses the model's default); 4 images per generation batch.
     """
 
-    num_inference_steps: int = 50
-    guidance_scale: float = 9.0
     batch_size: int = 4
 
     name = "geneval"
     scorer = "geneval"
     primary_metric = "overall"
     official_images_per_prompt = 4
+    official_sampling = SamplingDefaults(50, 9.0, 512, "DDIMScheduler")
     seed_fn = staticmethod(image_index_seed)
     metrics = (
         Metric("overall", help="mean of the task means of image correctness"),

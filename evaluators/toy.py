@@ -10,6 +10,7 @@ import numpy as np
 import gors
 from evaluators.base import Benchmark, BenchmarkPrompt
 from evaluators.results import Metric
+from gors.core.backbones import SamplingDefaults
 from gors.core.toy.world import ToyPrompt, split_prompts
 
 
@@ -27,9 +28,6 @@ class ToyBenchmark(Benchmark):
 
     split: str = "held_out"
     images_per_prompt: int | None = 4
-    num_inference_steps: int = 20
-    guidance_scale: float = 4.0
-    resolution: int = 64
     seed: int = 2024  # fixed by the protocol, apart from any training seed
     batch_size: int = 32
 
@@ -38,6 +36,7 @@ class ToyBenchmark(Benchmark):
     primary_metric = "binding_accuracy"
     subset_field = "split"
     official_images_per_prompt = 4
+    official_sampling = SamplingDefaults(20, 4.0, 64, "DDIMScheduler")  # the toy model's
     metrics = (
         Metric("binding_accuracy", help="share of images with every object in its own colour and shape, nothing else"),
         Metric("binding_accuracy_and", help="binding_accuracy of the prompts without a relation"),

@@ -71,17 +71,23 @@ class RunFolderFields:
 
 @dataclass
 class ModelFields:
-    """The Stable Diffusion pipeline that generates and is trained: generate, train."""
+    """The text-to-image pipeline that generates and is trained: generate, train."""
 
     pretrained_model_name_or_path: str = field(
         default="stabilityai/stable-diffusion-2-base",
-        metadata={"help": "Stable Diffusion 1.x/2.x pipeline: Hub id or local folder (GORS paper: SD-2-base)."},
+        metadata={"help": "A diffusers pipeline: Hub id or local folder with model_index.json (GORS paper: SD-2-base). "
+                          "Every pipeline generates; training supports Stable Diffusion 1.x/2.x."},
     )
     revision: str | None = field(default=None, metadata={"help": "Hub revision of the base model."})
-    resolution: int = field(default=512, metadata={"help": "Image side in pixels for generation and training."})
+    resolution: int | None = field(
+        default=None,
+        metadata={"help": "Image side in pixels for generation and training; default: the model family's "
+                          "(SD 1/2: 512, the GORS paper's; SDXL, SD3, FLUX.1: 1024)."},
+    )
 
     def _check_model(self) -> None:
-        _check(self.resolution >= 8 and self.resolution % 8 == 0, f"--resolution={self.resolution}: use a multiple of 8")
+        _check(self.resolution is None or (self.resolution >= 8 and self.resolution % 8 == 0),
+               f"--resolution={self.resolution}: use a multiple of 8")
 
 
 @dataclass
@@ -98,13 +104,19 @@ class GenerationFields:
     )
     max_prompts: int | None = field(default=None, metadata={"help": "Use only the first N prompts (quick runs)."})
     images_per_prompt: int = field(default=90, metadata={"help": "k images per prompt (GORS paper: 90)."})
-    num_inference_steps: int = field(default=30, metadata={"help": "DDIM steps (T2I-CompBench protocol: 30)."})
-    guidance_scale: float = field(default=7.5, metadata={"help": "Classifier-free guidance (T2I-CompBench: 7.5)."})
+    num_inference_steps: int | None = field(
+        default=None, metadata={"help": "Sampling steps; default: the model family's (SD 1/2: DDIM 30, the "
+                                        "T2I-CompBench protocol)."}
+    )
+    guidance_scale: float | None = field(
+        default=None, metadata={"help": "Classifier-free guidance; default: the model family's (SD 1/2: 7.5)."}
+    )
     generation_batch_size: int = field(default=8, metadata={"help": "Images per pipeline call on each process."})
 
     def _check_generation(self) -> None:
         _check(self.images_per_prompt >= 1, f"--images_per_prompt={self.images_per_prompt}: must be >= 1")
-        _check(self.num_inference_steps >= 1, f"--num_inference_steps={self.num_inference_steps}: must be >= 1")
+        _check(self.num_inference_steps is None or self.num_inference_steps >= 1,
+               f"--num_inference_steps={self.num_inference_steps}: must be >= 1")
         _check(self.generation_batch_size >= 1, f"--generation_batch_size={self.generation_batch_size}: must be >= 1")
         _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from accelerate import Accelerator
 
 from gors.config import GenerateConfig, RunConfig
+from gors.core.backbones import check_resolution, detect_backbone
 from gors.core.distributed import make_accelerator
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.prompts import load_prompts
@@ -18,19 +19,22 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
     accelerator = accelerator or make_accelerator()
     prompt_set = load_prompts(config.train_prompts)
     prompts = prompt_set.prompts[: config.max_prompts]
+    backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)  # no weights yet
     protocol = SamplingProtocol(
         images_per_prompt=config.images_per_prompt,
-        num_inference_steps=config.num_inference_steps,
-        guidance_scale=config.guidance_scale,
-        resolution=config.resolution,
+        num_inference_steps=_given(config.num_inference_steps, backbone.sampling.num_inference_steps),
+        guidance_scale=_given(config.guidance_scale, backbone.sampling.guidance_scale),
+        resolution=check_resolution(backbone, _given(config.resolution, backbone.sampling.resolution)),
         batch_size=config.generation_batch_size,
         seed=config.seed,
+        call_kwargs=backbone.call_kwargs,
     )
 
     dtype = inference_dtype(accelerator, config.mixed_precision)
 
     def loader():
-        return load_pipeline(config.pretrained_model_name_or_path, accelerator.device, dtype, config.revision)
+        return load_pipeline(config.pretrained_model_name_or_path, accelerator.device, dtype, config.revision,
+                             backbone=backbone)
 
     return generate_samples(
         SampleStore(samples_dir(config.output_dir)),
@@ -40,5 +44,10 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
         accelerator,
         prompt_info={"name": prompt_set.name, "category": prompt_set.category, "source": prompt_set.source},
         record_extras={"model": config.pretrained_model_name_or_path},
-        settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision),
+        settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision, backbone=backbone),
     )
+
+
+def _given(value, default):
+    """A flag's value, or the model family's default when the flag was not given."""
+    return default if value is None else value

@@ -19,6 +19,7 @@ from accelerate.utils import ProjectConfiguration, set_seed
 
 from gors.checkpoints import check_resumable, checkpoint_step, find_checkpoint, training_fingerprint, write_checkpoint
 from gors.config import RunConfig, TrainConfig
+from gors.core.backbones import check_resolution, check_trainable, detect_backbone
 from gors.core.distributed import make_accelerator, progress_bar
 from gors.core.hub import check_model_path
 from gors.core.pipeline import cpu_generators
@@ -69,6 +70,9 @@ class GORSTrainer:
     """Reward-weighted LoRA training on `selection.jsonl` of a run folder."""
 
     def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator | None = None) -> None:
+        backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
+        check_trainable(backbone, config.pretrained_model_name_or_path)  # before any weights load
+        self.resolution = check_resolution(backbone, config.resolution or backbone.sampling.resolution)
         self.config = config
         self.accelerator = accelerator or training_accelerator(config)
         self.output_dir = Path(config.output_dir)
@@ -149,7 +153,7 @@ class GORSTrainer:
             self.vae,
             self.accelerator,
             self.output_dir / LATENT_CACHE_DIR,
-            config.resolution,
+            self.resolution,
             config.center_crop,
             config.pretrained_model_name_or_path,
         )
@@ -253,8 +257,8 @@ class GORSTrainer:
         prompts = list(config.validation_prompts or [])
         images = pipeline(
             prompt=prompts,
-            height=config.resolution,
-            width=config.resolution,
+            height=self.resolution,
+            width=self.resolution,
             num_inference_steps=30,
             guidance_scale=7.5,
             generator=cpu_generators([config.seed + i for i in range(len(prompts))]),

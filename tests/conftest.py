@@ -39,6 +39,30 @@ def tiny_sd(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_sd3(tmp_path_factory) -> Path:
+    """Folder of a tiny random StableDiffusion3Pipeline (CLIP-L, bigG and a tiny T5)."""
+    from gors.testing.sd3 import build_tiny_sd3_pipeline
+
+    return build_tiny_sd3_pipeline(tmp_path_factory.mktemp("tiny_sd3"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_flux(tmp_path_factory) -> Path:
+    """Folder of a tiny random FluxPipeline, FLUX.1-dev style (guidance embedding, dynamic shift)."""
+    from gors.testing.flux import build_tiny_flux_pipeline
+
+    return build_tiny_flux_pipeline(tmp_path_factory.mktemp("tiny_flux"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_pixart(tmp_path_factory) -> Path:
+    """Folder of a tiny random PixArtSigmaPipeline: a family gors evaluates but does not train."""
+    from gors.testing.pixart import build_tiny_pixart_pipeline
+
+    return build_tiny_pixart_pipeline(tmp_path_factory.mktemp("tiny_pixart"), seed=0)
+
+
+@pytest.fixture(scope="session")
 def tiny_blip(tmp_path_factory) -> Path:
     """Folder of a tiny random BlipForQuestionAnswering with its processor."""
     from gors.testing.blip import build_tiny_blip_vqa

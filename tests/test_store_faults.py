@@ -2,6 +2,7 @@
 output, batch composition and file permissions (tiny models, one process)."""
 
 import json
+import shutil
 import logging
 import os
 import tempfile
@@ -39,7 +40,7 @@ def _tear_last_line(path: Path) -> None:
 # ---- 3: one store, one set of generation settings ------------------------------------------------
 
 
-def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_sd):
+def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_sd, tmp_path):
     store = generate(make_run_config(max_prompts=2))
     settings = json.loads((store.root / SETTINGS).read_text())
     assert settings == {
@@ -52,8 +53,9 @@ def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_
         generate(make_run_config(images_per_prompt=3, resolution=16, guidance_scale=5.0))
     assert "guidance_scale: 7.5 -> 5.0" in str(error.value) and "seed:" not in str(error.value)
     assert len(store.records()) == 4
-    with pytest.raises(StoreError, match=r"model: .* -> \"another/model\""):
-        generate(make_run_config(pretrained_model_name_or_path="another/model"))
+    another = shutil.copytree(tiny_sd, tmp_path / "another_model")  # the same weights, another model path
+    with pytest.raises(StoreError, match=r"model: .* -> \".*another_model\""):
+        generate(make_run_config(pretrained_model_name_or_path=str(another)))
     # The same settings may ask for more images and more prompts.
     store = generate(make_run_config(images_per_prompt=3))
     assert len(store.records()) == 9 and json.loads((store.root / SETTINGS).read_text()) == settings

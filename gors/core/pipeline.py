@@ -1,4 +1,4 @@
-"""Loading the Stable Diffusion pipeline that generates samples (SD 1.x and 2.x)."""
+"""Loading the text-to-image pipeline that generates samples: any diffusers pipeline, by its model family."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
+from gors.core.backbones import FAMILIES, Backbone, detect_backbone
 from gors.core.hub import from_pretrained
 
-# The scheduler `load_pipeline` sets, by its diffusers class name (recorded in a sample store's settings).
-SCHEDULER = "DDIMScheduler"
+# What a store records when the family samples with the checkpoint's own scheduler.
+CHECKPOINT_SCHEDULER = "the checkpoint's"
 
 
 def inference_dtype(accelerator: Accelerator, mixed_precision: str | None) -> torch.dtype:
@@ -27,27 +28,25 @@ def load_pipeline(
     dtype: torch.dtype = torch.float32,
     revision: str | None = None,
     lora: str | None = None,
+    backbone: Backbone | None = None,
 ):
-    """A `StableDiffusionPipeline` with a DDIM scheduler (the T2I-CompBench sampling protocol).
+    """The checkpoint's diffusers pipeline, with its family's sampler (`gors.core.backbones`).
 
-    `lora`: a folder with a diffusers-format LoRA (e.g. a gors run folder) to load on top.
-
-    The safety checker is not loaded: it replaces flagged images with black ones, which would
-    silently become low-reward samples.
+    Stable Diffusion 1/2 samples with DDIM (the T2I-CompBench protocol) and without its safety
+    checker, which replaces flagged images with black ones that would silently become low-reward
+    samples; other families keep the checkpoint's own scheduler. `lora`: a folder with a
+    diffusers-format LoRA (e.g. a gors run folder) loaded on top. `backbone`: the family when it
+    is already known (it is read from `model_index.json` otherwise).
     """
     import diffusers
-    from diffusers import StableDiffusionPipeline
 
-    pipeline = from_pretrained(
-        StableDiffusionPipeline.from_pretrained,
-        pretrained_model_name_or_path,
-        "--pretrained_model_name_or_path",
-        revision=revision,
-        dtype=dtype,
-        safety_checker=None,
-        requires_safety_checker=False,
-    )
-    pipeline.scheduler = getattr(diffusers, SCHEDULER).from_config(pipeline.scheduler.config)
+    backbone = backbone or detect_backbone(pretrained_model_name_or_path, revision)
+    pipeline_class = getattr(diffusers, backbone.pipeline_class)
+    pipeline = from_pretrained(pipeline_class.from_pretrained, pretrained_model_name_or_path,
+                               "--pretrained_model_name_or_path", revision=revision, dtype=dtype,
+                               **backbone.pipeline_kwargs)
+    if backbone.sampling.scheduler is not None:
+        pipeline.scheduler = getattr(diffusers, backbone.sampling.scheduler).from_config(pipeline.scheduler.config)
     if lora is not None:
         pipeline.load_lora_weights(lora)
     pipeline.set_progress_bar_config(disable=True)
@@ -59,13 +58,16 @@ def pipeline_settings(
     dtype: torch.dtype,
     revision: str | None = None,
     lora: str | None = None,
+    backbone: Backbone | None = None,
 ) -> dict[str, Any]:
-    """What `load_pipeline` with these arguments generates with, as a sample store records it."""
+    """What `load_pipeline` with these arguments generates with, as a sample store records it
+    (`backbone` None: Stable Diffusion 1/2, or a pipeline in memory)."""
+    scheduler = (backbone or FAMILIES["StableDiffusionPipeline"]).sampling.scheduler
     return {
         "model": pretrained_model_name_or_path,
         "revision": revision,
         "lora": lora,
-        "scheduler": SCHEDULER,
+        "scheduler": scheduler or CHECKPOINT_SCHEDULER,
         "dtype": str(dtype).removeprefix("torch."),
     }
 

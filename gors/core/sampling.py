@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -59,6 +59,8 @@ class SamplingProtocol:
     batch_size: int = 8
     seed: int = 42
     seed_fn: Callable[[int, int, int], int] = sample_seed  # (base seed, prompt index, image index) -> seed
+    # Further pipeline-call arguments the model family needs (e.g. PixArt's `use_resolution_binning`).
+    call_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def settings(self) -> dict[str, Any]:
         """The fields that decide what an image is; not how many there are, nor the batch size."""
@@ -147,6 +149,7 @@ def generate_samples(
                         num_inference_steps=protocol.num_inference_steps,
                         guidance_scale=protocol.guidance_scale,
                         generator=cpu_generators(seeds),
+                        **protocol.call_kwargs,
                     ).images
                 for (p, i), seed, image in zip(batch, seeds, images):
                     record = {

@@ -1,0 +1,182 @@
+"""Model families: which text-to-image backbone a checkpoint is, read from its `model_index.json`.
+
+A family is recognised from the pipeline class the checkpoint names (`_class_name`), never from
+its name string. It says how to load the pipeline and how to sample from it by default (the
+sampler, steps, guidance and resolution its authors recommend); benchmarks whose official
+protocol was written for a family (T2I-CompBench's DDIM 30 steps for Stable Diffusion 1/2) keep
+theirs for that family, and every value can be overridden. Training is implemented for the
+families marked `trainable`; every diffusers text-to-image pipeline generates and evaluates.
+
+| family | pipelines | sampler | steps | guidance | px | source of the defaults |
+|---|---|---|---|---|---|---|
+| sd | StableDiffusionPipeline | DDIM | 30 | 7.5 | 512 | T2I-CompBench protocol (GORS paper) |
+| sdxl | StableDiffusionXLPipeline | the checkpoint's (Euler) | 50 | 5.0 | 1024 | diffusers' pipeline defaults |
+| sd3 | StableDiffusion3Pipeline | the checkpoint's (flow-matching Euler) | 28 | 3.5 | 1024 | SD3.5 Large model card |
+| flux | FluxPipeline | the checkpoint's (flow-matching Euler) | 50 (schnell 4) | 3.5 (schnell 0) | 1024 | FLUX.1 [dev] / [schnell] model cards |
+| any other | its `_class_name` | the checkpoint's | the pipeline's `__call__` defaults | | from its configs | the pipeline's own |
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gors.core.hub import check_model_path
+
+MODEL_INDEX = "model_index.json"
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """A family's recommended sampling: steps, guidance scale, image side in pixels and sampler.
+
+    `scheduler` is the diffusers scheduler class to sample with, or None to keep the checkpoint's own.
+    """
+
+    num_inference_steps: int
+    guidance_scale: float
+    resolution: int
+    scheduler: str | None = None
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """One model family (see the module docstring).
+
+    Attributes:
+        name: the family's short name ("sd", "sdxl", "sd3", "flux", or "pipeline" for any other).
+        pipeline_class: the diffusers pipeline class the checkpoint names.
+        sampling: its default sampling.
+        trainable: whether `gors train` supports it.
+        resolution_multiple: image sides must be multiples of this (VAE factor x patch size).
+        pipeline_kwargs: extra `from_pretrained` arguments (Stable Diffusion: no safety checker, which
+            would silently turn flagged samples black and so into low-reward samples).
+        call_kwargs: extra arguments of every pipeline call.
+    """
+
+    name: str
+    pipeline_class: str
+    sampling: SamplingDefaults
+    trainable: bool = False
+    resolution_multiple: int = 8
+    pipeline_kwargs: dict[str, Any] = field(default_factory=dict)
+    call_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+_NO_SAFETY_CHECKER = {"safety_checker": None, "requires_safety_checker": False}
+FAMILIES: dict[str, Backbone] = {
+    "StableDiffusionPipeline": Backbone(
+        "sd", "StableDiffusionPipeline", SamplingDefaults(30, 7.5, 512, "DDIMScheduler"), trainable=True,
+        pipeline_kwargs=_NO_SAFETY_CHECKER,
+    ),
+    "StableDiffusionXLPipeline": Backbone("sdxl", "StableDiffusionXLPipeline", SamplingDefaults(50, 5.0, 1024)),
+    "StableDiffusion3Pipeline": Backbone(
+        "sd3", "StableDiffusion3Pipeline", SamplingDefaults(28, 3.5, 1024), resolution_multiple=16
+    ),
+    "FluxPipeline": Backbone("flux", "FluxPipeline", SamplingDefaults(50, 3.5, 1024), resolution_multiple=16),
+}
+FLUX_SCHNELL_SAMPLING = SamplingDefaults(4, 0.0, 1024)
+TRAINABLE = tuple(family.name for family in FAMILIES.values() if family.trainable)
+
+
+def read_model_index(pretrained_model_name_or_path: str, revision: str | None = None,
+                     flag: str = "--pretrained_model_name_or_path") -> dict[str, Any]:
+    """The checkpoint's `model_index.json` (a local folder's, or downloaded alone from the Hub)."""
+    name = check_model_path(pretrained_model_name_or_path, flag)
+    if os.path.isdir(name):
+        path = Path(name) / MODEL_INDEX
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{flag}={pretrained_model_name_or_path!r} has no {MODEL_INDEX}: it is not a diffusers pipeline "
+                f"folder. Pass a folder written by `pipeline.save_pretrained` or a Hub id of a diffusers pipeline."
+            )
+        return json.loads(path.read_text())
+    from diffusers import DiffusionPipeline
+
+    try:
+        return dict(DiffusionPipeline.load_config(name, revision=revision))
+    except (OSError, ValueError) as err:
+        raise OSError(
+            f"{flag}={pretrained_model_name_or_path!r}: could not read its {MODEL_INDEX} ({err}). Check the Hub id "
+            f"and your network (or HF_HUB_OFFLINE and the local cache), or pass a local pipeline folder."
+        ) from err
+
+
+def _component_config(name: str, subfolder: str, revision: str | None) -> dict[str, Any]:
+    from diffusers.configuration_utils import ConfigMixin
+
+    class _Config(ConfigMixin):
+        config_name = "config.json"
+
+    return dict(_Config.load_config(name, subfolder=subfolder, revision=revision))
+
+
+def _generic(class_name: str, name: str, revision: str | None) -> Backbone:
+    """Any other pipeline: its own scheduler, its `__call__` defaults, a side from its configs."""
+    import diffusers
+
+    pipeline_cls = getattr(diffusers, class_name, None)
+    if pipeline_cls is None:
+        raise ValueError(f"{MODEL_INDEX} names {class_name!r}, which this diffusers ({diffusers.__version__}) "
+                         "does not have; upgrade diffusers or pass another checkpoint.")
+    parameters = inspect.signature(pipeline_cls.__call__).parameters
+    steps = parameters["num_inference_steps"].default if "num_inference_steps" in parameters else 30
+    guidance = parameters["guidance_scale"].default if "guidance_scale" in parameters else 1.0
+    denoiser = "transformer" if _has(name, "transformer", revision) else "unet"
+    sample_size = _component_config(name, denoiser, revision).get("sample_size", 64)
+    vae_scale = 2 ** (len(_component_config(name, "vae", revision).get("block_out_channels", [0] * 4)) - 1)
+    side = (sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size) * vae_scale
+    # Resolution binning (PixArt, Sana) renders a nearby trained size and resizes the result; a benchmark's
+    # side is generated as it is instead (at the trained sizes, such as 1024, binning changes nothing).
+    call_kwargs = {"use_resolution_binning": False} if "use_resolution_binning" in parameters else {}
+    return Backbone("pipeline", class_name, SamplingDefaults(int(steps), float(guidance), int(side)),
+                    call_kwargs=call_kwargs)
+
+
+def _has(name: str, subfolder: str, revision: str | None) -> bool:
+    try:
+        _component_config(name, subfolder, revision)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def detect_backbone(pretrained_model_name_or_path: str, revision: str | None = None,
+                    flag: str = "--pretrained_model_name_or_path") -> Backbone:
+    """The family of a checkpoint, from the pipeline class its `model_index.json` names (no weights are read)."""
+    index = read_model_index(pretrained_model_name_or_path, revision, flag)
+    class_name = index.get("_class_name")
+    if not isinstance(class_name, str):
+        raise ValueError(f"{flag}={pretrained_model_name_or_path!r}: its {MODEL_INDEX} names no pipeline class "
+                         "(`_class_name`); it is not a diffusers pipeline.")
+    name = check_model_path(pretrained_model_name_or_path, flag)
+    if class_name not in FAMILIES:
+        return _generic(class_name, name, revision)
+    backbone = FAMILIES[class_name]
+    if backbone.name == "flux" and not _component_config(name, "transformer", revision).get("guidance_embeds", True):
+        backbone = replace(backbone, sampling=FLUX_SCHNELL_SAMPLING)  # schnell: distilled to 4 steps, no guidance
+    return backbone
+
+
+def check_resolution(backbone: Backbone, resolution: int) -> int:
+    """`resolution` if the family can take it (a multiple of its VAE factor x patch size), else a clear error."""
+    if resolution % backbone.resolution_multiple:
+        raise ValueError(
+            f"--resolution={resolution}: a {backbone.pipeline_class} needs a multiple of {backbone.resolution_multiple} "
+            f"(e.g. {resolution - resolution % backbone.resolution_multiple or backbone.resolution_multiple})."
+        )
+    return resolution
+
+
+def check_trainable(backbone: Backbone, flag_value: str) -> None:
+    """Refuse, before any weights load, a family `gors train` does not support yet."""
+    if not backbone.trainable:
+        raise ValueError(
+            f"--pretrained_model_name_or_path={flag_value!r} is a {backbone.pipeline_class} ({backbone.name} family); "
+            f"gors trains the {', '.join(TRAINABLE)} family (StableDiffusionPipeline: SD 1.x and 2.x) so far. It "
+            "generates and evaluates any diffusers pipeline: `gors generate` and `gors evaluate` work on it."
+        )

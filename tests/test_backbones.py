@@ -1,0 +1,121 @@
+"""Model families are read from model_index.json, and their defaults reach generation and benchmarks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from evaluators import build_benchmark
+from gors.core.backbones import FAMILIES, check_resolution, check_trainable, detect_backbone
+from gors.core.toy import PRETRAINED_DIR
+
+TOY_MODEL = PRETRAINED_DIR / "pipeline"
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
+
+
+def test_the_family_comes_from_the_class_in_model_index_not_from_the_name(tmp_path: Path) -> None:
+    assert detect_backbone(str(TOY_MODEL)).name == "sd"
+    renamed = tmp_path / "stable-diffusion-3.5-medium"  # a misleading name changes nothing
+    shutil.copytree(TOY_MODEL, renamed)
+    assert detect_backbone(str(renamed)).name == "sd"
+    index = json.loads((renamed / "model_index.json").read_text())
+    (renamed / "model_index.json").write_text(json.dumps({**index, "_class_name": "StableDiffusionXLPipeline"}))
+    assert detect_backbone(str(renamed)).name == "sdxl"
+
+
+def test_a_folder_without_model_index_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "unet").mkdir()
+    with pytest.raises(FileNotFoundError, match="has no model_index.json: it is not a diffusers pipeline folder"):
+        detect_backbone(str(tmp_path))
+
+
+def test_resolution_and_training_checks_name_the_family() -> None:
+    flux = FAMILIES["FluxPipeline"]
+    assert check_resolution(flux, 1024) == 1024
+    with pytest.raises(ValueError, match="FluxPipeline needs a multiple of 16"):
+        check_resolution(flux, 520)
+    check_trainable(FAMILIES["StableDiffusionPipeline"], "sd")
+    with pytest.raises(ValueError, match="gors trains the sd family .* generates and evaluates any diffusers pipeline"):
+        check_trainable(flux, "black-forest-labs/FLUX.1-dev")
+
+
+@pytest.mark.parametrize("name, official", [("t2i_compbench", (30, 7.5, 512)), ("geneval", (50, 9.0, 512)),
+                                            ("geneval2", (30, 7.5, 512)), ("toy", (20, 4.0, 64))])
+def test_benchmarks_keep_their_protocol_for_sd_and_take_the_family_defaults_elsewhere(name, official) -> None:
+    def values(protocol):
+        return protocol.num_inference_steps, protocol.guidance_scale, protocol.resolution
+
+    benchmark = build_benchmark(name)
+    assert values(benchmark.protocol()) == values(benchmark.protocol(FAMILIES["StableDiffusionPipeline"])) == official
+    assert values(benchmark.protocol(FAMILIES["StableDiffusion3Pipeline"])) == (28, 3.5, 1024)
+    assert values(benchmark.protocol(FAMILIES["FluxPipeline"])) == (50, 3.5, 1024)
+    given = build_benchmark(name, num_inference_steps=12, resolution=256)  # given values always win
+    assert values(given.protocol(FAMILIES["FluxPipeline"])) == (12, 3.5, 256)
+
+
+# ---- every family generates and evaluates; only trainable ones train ----------------------------
+
+
+@pytest.mark.parametrize("family", ["tiny_sd3", "tiny_flux"])
+@pytest.mark.skipif(not (SHARED / "t2i_compbench").is_dir(), reason="needs ../shared/benchmarks")
+def test_evaluate_runs_on_flow_matching_families_over_two_benchmarks(family, request, tmp_path, tiny_blip,
+                                                                     monkeypatch) -> None:
+    """`gors evaluate` on SD3 and FLUX.1: the family's own scheduler and defaults, the benchmark's protocol fields."""
+    monkeypatch.setenv("GORS_DATA_DIR", str(SHARED))
+    model = str(request.getfixturevalue(family))
+    backbone = detect_backbone(model)
+    assert backbone.name == family.removeprefix("tiny_") and backbone.sampling.scheduler is None
+    small = {"max_prompts": 2, "images_per_prompt": 1, "resolution": 32, "num_inference_steps": 2}
+    toy = build_benchmark("toy", **small).evaluate(model, tmp_path / "toy")
+    color = build_benchmark("t2i_compbench", "color", **small).evaluate(
+        model, tmp_path / "color", scorer_options={"model_name_or_path": str(tiny_blip)}, with_columns=False)
+    assert toy["num_images"] == 2 and 0.0 <= toy["binding_accuracy"] <= 1.0
+    assert color["num_images"] == 2 and 0.0 <= color["score"] <= 1.0
+    settings = json.loads((tmp_path / "toy" / "samples" / "settings.json").read_text())
+    assert settings["scheduler"] == "the checkpoint's" and settings["resolution"] == 32
+    # The family's guidance (not T2I-CompBench's 7.5, written for SD 1/2) where none was given.
+    assert color["results"]["config"]["guidance_scale"] == backbone.sampling.guidance_scale
+
+
+def test_a_pipeline_gors_cannot_train_still_evaluates(tiny_pixart, tmp_path) -> None:
+    backbone = detect_backbone(str(tiny_pixart))
+    assert (backbone.name, backbone.pipeline_class, backbone.trainable) == ("pipeline", "PixArtSigmaPipeline", False)
+    assert backbone.call_kwargs == {"use_resolution_binning": False}  # the protocol's side, not a binned one
+    summary = build_benchmark("toy", max_prompts=2, images_per_prompt=1, resolution=32, num_inference_steps=2) \
+        .evaluate(str(tiny_pixart), tmp_path / "toy")
+    assert summary["num_images"] == 2
+
+
+def test_train_on_another_family_stops_before_loading_weights(tiny_flux, make_run_config, tmp_path, capsys) -> None:
+    from gors.cli import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "selection.jsonl").write_text("kept\n")  # finished work that must survive the refusal
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_flux)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "is a FluxPipeline (flux family); gors trains the sd family" in err and "Traceback" not in err
+    assert (run_dir / "selection.jsonl").read_text() == "kept\n"
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_generate_takes_the_family_defaults_and_refuses_a_resolution_it_cannot_take(tiny_flux, tmp_path) -> None:
+    from gors.config import GenerateConfig
+    from gors.generate import generate
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    config = GenerateConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path=str(tiny_flux),
+                            train_prompts=str(prompts), images_per_prompt=1, resolution=40, num_inference_steps=2)
+    with pytest.raises(ValueError, match="--resolution=40: a FluxPipeline needs a multiple of 16"):
+        generate(config)
+    config.resolution = 32
+    store = generate(config)
+    settings = json.loads((store.root / "settings.json").read_text())
+    assert (settings["resolution"], settings["num_inference_steps"], settings["guidance_scale"]) == (32, 2, 3.5)
+    assert store.open_image(store.records()[0]).size == (32, 32)
