@@ -119,3 +119,20 @@ def test_generate_takes_the_family_defaults_and_refuses_a_resolution_it_cannot_t
     settings = json.loads((store.root / "settings.json").read_text())
     assert (settings["resolution"], settings["num_inference_steps"], settings["guidance_scale"]) == (32, 2, 3.5)
     assert store.open_image(store.records()[0]).size == (32, 32)
+
+
+def test_a_lora_of_another_family_is_refused_before_any_weights_load(tiny_flux, tmp_path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from gors.core.pipeline import load_pipeline
+
+    lora = tmp_path / "sd_lora"
+    lora.mkdir()
+    save_file({"unet.down_blocks.0.attentions.0.proj_in.lora_A.weight": torch.zeros(4, 8)},
+              str(lora / "pytorch_lora_weights.safetensors"))
+    with pytest.raises(ValueError, match="has weights for unet, but the FluxPipeline .* has no unet: the LoRA was "
+                                         "trained on another model family"):
+        load_pipeline(str(tiny_flux), torch.device("cpu"), lora=str(lora))
+    with pytest.raises(FileNotFoundError, match="holds no pytorch_lora_weights.safetensors"):
+        load_pipeline(str(tiny_flux), torch.device("cpu"), lora=str(tmp_path))

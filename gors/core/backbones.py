@@ -172,6 +172,39 @@ def check_resolution(backbone: Backbone, resolution: int) -> int:
     return resolution
 
 
+# Components a diffusers-format LoRA names its weights by ("unet.down_blocks...", "transformer.x...").
+LORA_COMPONENTS = ("unet", "transformer", "text_encoder", "text_encoder_2", "text_encoder_3")
+LORA_FILE = "pytorch_lora_weights.safetensors"
+
+
+def check_lora_fits(pretrained_model_name_or_path: str, lora: str, revision: str | None = None) -> None:
+    """Refuse, before any weights load, a local diffusers-format LoRA made for another model family:
+    one whose weights name components (`unet`, `transformer`, ...) the pipeline does not have.
+
+    Other formats (kohya, a Hub id) are left to diffusers' `load_lora_weights`, which converts them.
+    """
+    path = Path(lora).expanduser()
+    file = path / LORA_FILE if path.is_dir() else path
+    if not file.is_file():
+        if path.is_dir():
+            raise FileNotFoundError(f"--lora={lora!r} holds no {LORA_FILE}; pass a folder a gors run or "
+                                    "`save_lora_weights` wrote, or the .safetensors file itself.")
+        return
+    from safetensors import safe_open
+
+    with safe_open(str(file), "pt") as handle:
+        named = {key.split(".", 1)[0] for key in handle.keys()} & set(LORA_COMPONENTS)
+    index = read_model_index(pretrained_model_name_or_path, revision)
+    present = {name for name, value in index.items() if isinstance(value, list) and value and value[0] is not None}
+    foreign = sorted(named - present)
+    if foreign:
+        raise ValueError(
+            f"--lora={lora!r} has weights for {', '.join(sorted(named))}, but the {index.get('_class_name')} at "
+            f"{pretrained_model_name_or_path!r} has no {', '.join(foreign)}: the LoRA was trained on another model "
+            "family. Pass the base model it was trained on."
+        )
+
+
 def check_trainable(backbone: Backbone, flag_value: str) -> None:
     """Refuse, before any weights load, a family `gors train` does not support yet."""
     if not backbone.trainable:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from gors.core.backbones import FAMILIES, Backbone, detect_backbone
+from gors.core.backbones import FAMILIES, Backbone, check_lora_fits, detect_backbone
 from gors.core.hub import from_pretrained
 
 # What a store records when the family samples with the checkpoint's own scheduler.
@@ -41,6 +41,8 @@ def load_pipeline(
     import diffusers
 
     backbone = backbone or detect_backbone(pretrained_model_name_or_path, revision)
+    if lora is not None:
+        check_lora_fits(pretrained_model_name_or_path, lora, revision)  # before any weights load
     pipeline_class = getattr(diffusers, backbone.pipeline_class)
     pipeline = from_pretrained(pipeline_class.from_pretrained, pretrained_model_name_or_path,
                                "--pretrained_model_name_or_path", revision=revision, dtype=dtype,
