@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from gors.testing.sdxl import build_tiny_sdxl_vae
 from gors.testing.t5 import T5_D_MODEL, build_t5_tokenizer, build_tiny_t5_encoder
 
 
@@ -29,7 +30,7 @@ def build_tiny_pixart_pipeline(save_dir: str | Path, seed: int = 0) -> Path:
         save_dir: folder that `PixArtSigmaPipeline.from_pretrained` will load.
         seed: seed of the random initialisation (same seed, same weights).
     """
-    from diffusers import AutoencoderKL, DPMSolverMultistepScheduler, PixArtSigmaPipeline, PixArtTransformer2DModel
+    from diffusers import DPMSolverMultistepScheduler, PixArtSigmaPipeline, PixArtTransformer2DModel
 
     save_dir = Path(save_dir)
     torch.manual_seed(seed)
@@ -49,14 +50,7 @@ def build_tiny_pixart_pipeline(save_dir: str | Path, seed: int = 0) -> Path:
         norm_type="ada_norm_single",
         use_additional_conditions=False,
     )
-    vae = AutoencoderKL(
-        block_out_channels=(32, 64),
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        latent_channels=4,
-        sample_size=32,
-        scaling_factor=0.13025,
-    )
+    vae = build_tiny_sdxl_vae()  # PixArt-Sigma decodes with SDXL's VAE
     # The scheduler config of PixArt-Sigma-XL-2-1024-MS: DPM-Solver++ (2nd order) on linear betas.
     scheduler = DPMSolverMultistepScheduler(
         beta_start=0.0001,

@@ -73,6 +73,20 @@ def build_tiny_clip_text_encoder(hidden_size: int, with_projection: bool, pad_to
     return model_class(config).eval()
 
 
+def build_tiny_sdxl_vae():
+    """A tiny `AutoencoderKL` with SDXL's latent scaling (PixArt-Sigma uses SDXL's VAE too)."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        block_out_channels=(32, 64),
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        latent_channels=4,
+        sample_size=32,
+        scaling_factor=0.13025,
+    )
+
+
 def build_tiny_sdxl_pipeline(save_dir: str | Path, seed: int = 0) -> Path:
     """Create and save a tiny random `StableDiffusionXLPipeline`; return `save_dir`.
 
@@ -85,7 +99,7 @@ def build_tiny_sdxl_pipeline(save_dir: str | Path, seed: int = 0) -> Path:
         save_dir: folder that `StableDiffusionXLPipeline.from_pretrained` will load.
         seed: seed of the random initialisation (same seed, same weights).
     """
-    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
 
     save_dir = Path(save_dir)
     torch.manual_seed(seed)
@@ -110,14 +124,7 @@ def build_tiny_sdxl_pipeline(save_dir: str | Path, seed: int = 0) -> Path:
         addition_time_embed_dim=ADDITION_TIME_EMBED_DIM,
         projection_class_embeddings_input_dim=CLIP_G_HIDDEN + NUM_TIME_IDS * ADDITION_TIME_EMBED_DIM,
     )
-    vae = AutoencoderKL(
-        block_out_channels=(32, 64),
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        latent_channels=4,
-        sample_size=32,
-        scaling_factor=0.13025,
-    )
+    vae = build_tiny_sdxl_vae()
     # The scheduler config of stabilityai/stable-diffusion-xl-base-1.0.
     scheduler = EulerDiscreteScheduler(
         beta_start=0.00085,
