@@ -3,9 +3,10 @@
     python tests/stress/kill_resume.py --faults 30            # 2 processes, the packaged toy model
 
 A reference run goes uninterrupted first. Then, `--faults` times, a fresh run folder is started
-with the same command, every process of it (the launcher and its workers) is SIGKILLed at a
-random moment of the reference run's duration, as a power cut would, and the same command is run
-again until it succeeds (it resumes: `--resume_from_checkpoint latest`). Each resumed folder is
+with the same command and every process of it (the launcher and its workers) is SIGKILLed, as a
+power cut would, at a random moment (0 to 1.5 s) after the run enters a stage: generate, score,
+select and train in turn (a run that finishes first is not a fault and is started again); then the
+same command is run again until it succeeds (it resumes: `--resume_from_checkpoint latest`). Each resumed folder is
 compared with the reference:
 
 - lost: samples or scores of the reference missing from the resumed folder;
@@ -97,6 +98,15 @@ def stage_reached(run_dir: Path) -> str:
     return "generate"
 
 
+def wait_for_stage(process: subprocess.Popen, run_dir: Path, target: str) -> str | None:
+    """Wait until the run has reached `target` (or a later stage); None when it ended first."""
+    while process.poll() is None:
+        if STAGES.index(stage_reached(run_dir)) >= STAGES.index(target):
+            return target
+        time.sleep(0.1)
+    return None
+
+
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -115,7 +125,9 @@ def snapshot(run_dir: Path) -> dict:
     lora = load_file(str(run_dir / "pytorch_lora_weights.safetensors"))
     return {
         "keys": keys, "images": images, "scores": scores, "score_lines": len(score_rows),
-        "selection": (run_dir / "selection.jsonl").read_text(),
+        # Which part folder holds an image depends on the process that made it, so paths are left out.
+        "selection": [{k: v for k, v in json.loads(line).items() if k != "path"}
+                      for line in (run_dir / "selection.jsonl").read_text().splitlines()],
         "lora": {name: digest_tensor(tensor) for name, tensor in lora.items()},
     }
 
@@ -124,19 +136,18 @@ def digest_tensor(tensor) -> str:
     return hashlib.sha256(tensor.contiguous().numpy().tobytes()).hexdigest()
 
 
-def compare(reference: dict, found: dict) -> tuple[int, int, bool]:
-    """(lost, duplicated, identical) of a resumed folder against the reference."""
+def compare(reference: dict, found: dict) -> tuple[int, int, list[str]]:
+    """(lost, duplicated, the parts that differ) of a resumed folder against the reference."""
     lost = len(set(reference["images"]) - set(found["images"])) + len(set(reference["scores"]) - set(found["scores"]))
     duplicated = (len(found["keys"]) - len(set(found["keys"]))) + (found["score_lines"] - len(found["scores"]))
-    identical = all(reference[key] == found[key] for key in ("images", "scores", "selection", "lora"))
-    return lost, duplicated, identical
+    return lost, duplicated, [key for key in ("images", "scores", "selection", "lora") if reference[key] != found[key]]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--faults", type=int, default=30, help="How many runs to kill and resume.")
     parser.add_argument("--processes", type=int, default=2, help="Processes per run (gloo on a CPU).")
-    parser.add_argument("--seed", type=int, default=0, help="Seed of the kill times.")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the kill times within a stage.")
     parser.add_argument("--work_dir", default=None, help="Where the run folders go (default: a temporary folder).")
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -149,28 +160,36 @@ def main() -> None:
     print(f"reference run: {duration:.0f} s, {len(reference['keys'])} samples, {len(reference['lora'])} LoRA tensors")
 
     totals = {"resumed": 0, "lost": 0, "duplicated": 0, "identical": 0}
+    attempt = 0
     for fault in range(args.faults):
-        run_dir = work / f"fault-{fault:03d}"
-        delay = rng.uniform(1.0, duration)
-        with open(log, "a") as out:
-            process = subprocess.Popen(command(run_dir, args.processes), env=environment(), stdout=out, stderr=out)
-            try:
-                process.wait(timeout=delay)
-                killed = False  # it finished first: a fault that did not happen still has to compare equal
-            except subprocess.TimeoutExpired:
-                stage = stage_reached(run_dir)
+        target = STAGES[fault % len(STAGES)]  # every stage in turn
+        while True:  # until a run is killed inside its target stage
+            attempt += 1
+            run_dir = work / f"fault-{fault:03d}-{attempt}"
+            with open(log, "a") as out:
+                process = subprocess.Popen(command(run_dir, args.processes), env=environment(), stdout=out,
+                                           stderr=out)
+                stage = wait_for_stage(process, run_dir, target)
+                if stage is not None:
+                    time.sleep(rng.uniform(0.0, 1.5))  # somewhere inside the stage, not only at its start
+                    stage = stage_reached(run_dir) if process.poll() is None else None
+                if stage is None:  # it finished first: no fault, try again
+                    process.wait()
+                    shutil.rmtree(run_dir)
+                    continue
                 kill_all(process)
-                killed = True
+                break
         resumed = run_to_end(run_dir, args.processes, log)
-        lost, duplicated, identical = compare(reference, snapshot(run_dir))
+        lost, duplicated, differing = compare(reference, snapshot(run_dir))
         totals["resumed"] += 1
         totals["lost"] += lost
         totals["duplicated"] += duplicated
-        totals["identical"] += identical
-        what = f"killed at {delay:5.1f} s in {stage:<8}" if killed else f"finished before {delay:5.1f} s      "
-        print(f"fault {fault + 1:3d}: {what} resumed in {resumed:5.1f} s  lost {lost}  duplicated {duplicated}  "
-              f"identical {identical}", flush=True)
-        shutil.rmtree(run_dir)
+        totals["identical"] += not differing
+        print(f"fault {fault + 1:3d}: killed in {stage:<8} resumed in {resumed:5.1f} s  lost {lost}  duplicated "
+              f"{duplicated}  identical {not differing}{' (' + ', '.join(differing) + ' differ)' if differing else ''}",
+              flush=True)
+        if not differing:
+            shutil.rmtree(run_dir)  # a folder that differs stays, to be looked at
     print(f"faults {args.faults}, resumed {totals['resumed']}, lost {totals['lost']}, duplicated "
           f"{totals['duplicated']}, results identical {totals['identical']}")
 
