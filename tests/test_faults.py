@@ -113,6 +113,8 @@ def test_folder_in_use_stops_every_process_with_one_line(tmp_path, tiny_sd, prom
     errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-6000:]
     assert errors[0].startswith(f"error: {run} is being written by `gors generate` (pid {holder.pid} on host ")
-    assert result.returncode != 0 and "exitcode  : 2" in result.stderr  # the workers' expected-error status
+    # The launch fails. torchrun's summary names the first worker to end: usually one that exited with 2,
+    # sometimes one that gloo aborted (SIGABRT) while its peer's process group was being torn down.
+    assert result.returncode != 0 and ("exitcode  : 2" in result.stderr or "SIGABRT" in result.stderr)
     assert f"{REPO / 'gors'}/" not in result.stderr  # no traceback through gors (torchrun's own is not ours)
     assert not (run / "samples").exists()
