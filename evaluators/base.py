@@ -237,12 +237,9 @@ class Benchmark:
         that family, else the family's defaults; `num_images` and `seed_fn`."""
         own = backbone is None or backbone.name in self.protocol_families
         defaults = self.official_sampling if own else backbone.sampling
+        steps, guidance, resolution = defaults.resolve(self.num_inference_steps, self.guidance_scale, self.resolution)
         return SamplingProtocol(
-            self.num_images,
-            self.num_inference_steps if self.num_inference_steps is not None else defaults.num_inference_steps,
-            self.guidance_scale if self.guidance_scale is not None else defaults.guidance_scale,
-            resolution=self.resolution if self.resolution is not None else defaults.resolution,
-            batch_size=self.batch_size, seed=self.seed, seed_fn=self.seed_fn,
+            self.num_images, steps, guidance, resolution=resolution, batch_size=self.batch_size, seed=self.seed, seed_fn=self.seed_fn,
             call_kwargs=backbone.call_kwargs if backbone is not None else {},
         )
 

@@ -20,11 +20,13 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
     prompt_set = load_prompts(config.train_prompts)
     prompts = prompt_set.prompts[: config.max_prompts]
     backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)  # no weights yet
+    steps, guidance, resolution = backbone.sampling.resolve(config.num_inference_steps, config.guidance_scale,
+                                                            config.resolution)  # the family's where not given
     protocol = SamplingProtocol(
         images_per_prompt=config.images_per_prompt,
-        num_inference_steps=_given(config.num_inference_steps, backbone.sampling.num_inference_steps),
-        guidance_scale=_given(config.guidance_scale, backbone.sampling.guidance_scale),
-        resolution=check_resolution(backbone, _given(config.resolution, backbone.sampling.resolution)),
+        num_inference_steps=steps,
+        guidance_scale=guidance,
+        resolution=check_resolution(backbone, resolution),
         batch_size=config.generation_batch_size,
         seed=config.seed,
         call_kwargs=backbone.call_kwargs,
@@ -46,8 +48,3 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
         record_extras={"model": config.pretrained_model_name_or_path},
         settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision, backbone=backbone),
     )
-
-
-def _given(value, default):
-    """A flag's value, or the model family's default when the flag was not given."""
-    return default if value is None else value

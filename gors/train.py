@@ -72,7 +72,7 @@ class GORSTrainer:
     def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator | None = None) -> None:
         backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
         check_trainable(backbone, config.pretrained_model_name_or_path)  # before any weights load
-        self.resolution = check_resolution(backbone, config.resolution or backbone.sampling.resolution)
+        self.resolution = check_resolution(backbone, backbone.sampling.resolve(None, None, config.resolution)[2])
         self.config = config
         self.accelerator = accelerator or training_accelerator(config)
         self.output_dir = Path(config.output_dir)

@@ -42,6 +42,13 @@ class SamplingDefaults:
     resolution: int
     scheduler: str | None = None
 
+    def resolve(self, num_inference_steps: int | None, guidance_scale: float | None,
+                resolution: int | None) -> tuple[int, float, int]:
+        """(steps, guidance, side): each value given, else these defaults."""
+        return (self.num_inference_steps if num_inference_steps is None else num_inference_steps,
+                self.guidance_scale if guidance_scale is None else guidance_scale,
+                self.resolution if resolution is None else resolution)
+
 
 @dataclass(frozen=True)
 class Backbone:
