@@ -29,7 +29,6 @@ import gors
 from gors.config import RunConfig, TrainConfig
 from gors.core.io import atomic_write_json
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
-from gors.lora import TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES
 
 logger = logging.getLogger(__name__)
 
@@ -107,17 +106,20 @@ def selection_fingerprint(selection: list[dict[str, Any]]) -> str:
 
 
 def training_fingerprint(config: TrainConfig | RunConfig, selection: list[dict[str, Any]],
-                         num_processes: int) -> dict[str, Any]:
-    """What a checkpoint of this run is bound to: the selection, `FINGERPRINT_FIELDS`, the LoRA targets
-    and the number of processes (it sets the batches, and each process has its own RNG state)."""
+                         num_processes: int, family: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint of this run is bound to: the selection, `FINGERPRINT_FIELDS` (of the config
+    with the family's defaults filled in), the family's own (`TrainingFamily.fingerprint`: LoRA
+    targets, loss options) and the number of processes (it sets the batches, and each process has
+    its own RNG state)."""
     fingerprint = {
         "selection_rows": len(selection),
         "selection_sha256": selection_fingerprint(selection),
         **{name: getattr(config, name) for name in FINGERPRINT_FIELDS},
-        "unet_target_modules": list(UNET_TARGET_MODULES),
-        "text_encoder_target_modules": list(TEXT_ENCODER_TARGET_MODULES),
+        **family,
         "num_processes": num_processes,
     }
+    if config.use_8bit_adam:  # another optimizer state; absent otherwise, as in checkpoints made before the flag
+        fingerprint["use_8bit_adam"] = True
     return json.loads(json.dumps(fingerprint))  # as the marker holds it, to compare like with like
 
 

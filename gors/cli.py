@@ -40,6 +40,8 @@ class ConfigParser(HfArgumentParser):
       field takes one or more values.
     - a `dict[str, Any]` field: JSON/YAML text on the command line, which the config's
       `__post_init__` parses into the mapping (a YAML config file gives the mapping itself).
+    - a `bool | None` field whose None means "the model family's default": `--flag` and
+      `--no_flag` as for a plain bool (HfArgumentParser adds `--no_flag` only for default True).
     """
 
     @staticmethod
@@ -53,6 +55,8 @@ class ConfigParser(HfArgumentParser):
                                 default=field.default_factory(), **options)
         else:
             HfArgumentParser._parse_dataclass_field(parser, field)
+            if field.type == (bool | None) and field.default is None:
+                parser.add_argument(f"--no_{field.name}", action="store_false", dest=field.name)
 
     def error(self, message: str) -> NoReturn:
         """A bad flag: a SystemExit with one line (argparse would print the whole usage on every process)."""

@@ -76,7 +76,7 @@ class ModelFields:
     pretrained_model_name_or_path: str = field(
         default="stabilityai/stable-diffusion-2-base",
         metadata={"help": "A diffusers pipeline: Hub id or local folder with model_index.json (GORS paper: SD-2-base). "
-                          "Every pipeline generates; training supports Stable Diffusion 1.x/2.x."},
+                          "Every pipeline generates and evaluates; training supports SD 1.x/2.x, SDXL, SD3/3.5 and FLUX.1."},
     )
     revision: str | None = field(default=None, metadata={"help": "Hub revision of the base model."})
     resolution: int | None = field(
@@ -211,7 +211,9 @@ class TrainingFields:
     train_batch_size: int = field(default=2, metadata={"help": "Batch size per process (official: 2 x 8 GPUs)."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Steps to accumulate before an update."})
     max_train_steps: int = field(default=15000, metadata={"help": "Optimizer updates (official: 15 000)."})
-    learning_rate: float = field(default=1e-4, metadata={"help": "U-Net LoRA learning rate (official: 1e-4)."})
+    learning_rate: float = field(
+        default=1e-4, metadata={"help": "Denoiser (U-Net or transformer) LoRA learning rate (official: 1e-4; diffusers' "
+                                        "LoRA scripts use it for every family)."})
     text_encoder_learning_rate: float = field(
         default=5e-6, metadata={"help": "Text-encoder LoRA learning rate (official: 5e-6)."}
     )
@@ -219,14 +221,42 @@ class TrainingFields:
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
     adam_weight_decay: float = field(default=1e-2, metadata={"help": "AdamW weight decay."})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    use_8bit_adam: bool = field(
+        default=False, metadata={"help": "bitsandbytes' 8-bit AdamW (GPU; `pip install gors[bnb]`): optimizer state in "
+                                         "a quarter of the memory."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient-norm clip."})
     lr_scheduler: str = field(default="constant", metadata={"help": "diffusers' get_scheduler name."})
     lr_warmup_steps: int = field(default=0, metadata={"help": "Warm-up steps of the LR schedule."})
     rank: int = field(default=4, metadata={"help": "LoRA rank (official: 4; alpha = rank, scale 1)."})
-    train_unet: bool = field(default=True, metadata={"help": "LoRA on the U-Net's to_q, to_k, to_v, to_out.0."})
-    train_text_encoder: bool = field(
-        default=True, metadata={"help": "LoRA on the text encoder's q_proj, k_proj, v_proj, out_proj."}
+    train_unet: bool = field(
+        default=True, metadata={"help": "LoRA on the denoiser: the U-Net's to_q, to_k, to_v, to_out.0 (SD, SDXL) or "
+                                        "the transformer's attention projections (SD3, FLUX.1)."})
+    train_text_encoder: bool | None = field(
+        default=None,
+        metadata={"help": "LoRA on the CLIP text encoder's q_proj, k_proj, v_proj, out_proj; default: the family's "
+                          "(SD 1/2 and SDXL: on, as GORS; SD3: off, as diffusers; FLUX.1: not supported)."},
     )
+    train_text_encoder_2: bool | None = field(
+        default=None, metadata={"help": "LoRA on the second CLIP encoder (SDXL, SD3: OpenCLIP bigG); default: as "
+                                        "--train_text_encoder."})
+    cache_text_embeddings: bool = field(
+        default=True,
+        metadata={"help": "Encode the prompts once with every frozen text encoder and train on the cached outputs "
+                          "(T5 is then never loaded during training); --no_cache_text_embeddings runs them each step."},
+    )
+    max_sequence_length: int | None = field(
+        default=None, metadata={"help": "T5 tokens per prompt (SD3, FLUX.1); default: the pipeline's, which "
+                                        "generated the samples (SD3 256, FLUX.1 512)."})
+    weighting_scheme: str | None = field(
+        default=None,
+        metadata={"help": "Flow-matching timestep density / loss weighting (SD3, FLUX.1): logit_normal, mode, "
+                          "uniform (none), sigma_sqrt or cosmap; default: diffusers' script's (SD3 logit_normal, "
+                          "FLUX.1 none).",
+                  "choices": ["none", "uniform", "sigma_sqrt", "logit_normal", "mode", "cosmap"]},
+    )
+    logit_mean: float = field(default=0.0, metadata={"help": "Mean of the logit_normal density."})
+    logit_std: float = field(default=1.0, metadata={"help": "Standard deviation of the logit_normal density."})
+    mode_scale: float = field(default=1.29, metadata={"help": "Scale of the mode density."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Trade compute for memory."})
     center_crop: bool = field(default=True, metadata={"help": "Centre crop after resizing (official: yes)."})
     caption_dropout: float = field(
@@ -269,8 +299,10 @@ class TrainingFields:
                      "validation_steps"):
             value = getattr(self, flag)
             _check(value >= 1, f"--{flag}={value}: must be >= 1")
-        _check(self.train_unet or self.train_text_encoder,
+        _check(self.train_unet or self.train_text_encoder is not False or self.train_text_encoder_2,
                "--no_train_unet and --no_train_text_encoder together leave nothing to train")
+        _check(self.max_sequence_length is None or self.max_sequence_length >= 1,
+               f"--max_sequence_length={self.max_sequence_length}: must be >= 1")
         _check(self.learning_rate > 0 and self.text_encoder_learning_rate > 0, "learning rates must be > 0")
         _check(0.0 <= self.caption_dropout < 1.0, f"--caption_dropout={self.caption_dropout}: use a value in [0, 1)")
         _check(self.validation_num_prompts >= 1 and self.validation_images_per_prompt >= 1,

@@ -1,12 +1,18 @@
-"""LoRA on the U-Net and the text encoder, saved and loaded in the diffusers format.
+"""LoRA on a pipeline's denoiser and text encoders, saved and loaded in the diffusers format.
 
-The targets are the official GORS ones (T2I-CompBench trained with `lora_diffusion`): every
-attention projection of the U-Net (self- and cross-attention) and of the CLIP text encoder.
-Alpha equals the rank, so the LoRA scale is 1 as in the released checkpoints.
+The Stable Diffusion targets are the official GORS ones (T2I-CompBench trained with
+`lora_diffusion`): every attention projection of the U-Net (self- and cross-attention) and of the
+CLIP text encoder. Other families name theirs in `gors.families`. Alpha equals the rank, so the
+LoRA scale is 1 as in the released checkpoints.
+
+A LoRA file holds one block of weights per component, prefixed by the component's name in the
+pipeline (`unet.`, `transformer.`, `text_encoder.`, `text_encoder_2.`): the layout that the
+family's `Pipeline.save_lora_weights` writes and `Pipeline.load_lora_weights` reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -14,56 +20,69 @@ import torch
 UNET_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 TEXT_ENCODER_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "out_proj")
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+SD_PIPELINE = "StableDiffusionPipeline"
 
 
-def _lora_config(rank: int, targets: tuple[str, ...]):
+def _lora_config(rank: int, targets: Sequence[str]):
     from peft import LoraConfig
 
     return LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian", target_modules=list(targets))
 
 
-def add_lora(unet: torch.nn.Module | None, text_encoder: torch.nn.Module | None, rank: int) -> None:
-    """Inject rank-`rank` LoRA adapters; base weights are frozen, only the adapters train.
+def add_lora(module: torch.nn.Module, target_modules: Sequence[str], rank: int) -> None:
+    """Inject rank-`rank` LoRA adapters into `module`; its base weights are frozen, only the adapters train.
 
-    The text encoder gets its adapter from peft directly: transformers 5 refuses
-    `PreTrainedModel.add_adapter` with current peft releases.
+    diffusers models take theirs through `add_adapter`; transformers models from peft directly,
+    since transformers 5 refuses `PreTrainedModel.add_adapter` with current peft releases.
     """
     from peft import inject_adapter_in_model
 
-    if unet is not None:
-        unet.requires_grad_(False)
-        unet.add_adapter(_lora_config(rank, UNET_TARGET_MODULES))
-    if text_encoder is not None:
-        text_encoder.requires_grad_(False)
-        inject_adapter_in_model(_lora_config(rank, TEXT_ENCODER_TARGET_MODULES), text_encoder)
+    module.requires_grad_(False)
+    config = _lora_config(rank, target_modules)
+    if _is_diffusers_model(module):
+        module.add_adapter(config)
+    else:
+        inject_adapter_in_model(config, module)
+
+
+def _is_diffusers_model(module: torch.nn.Module) -> bool:
+    from diffusers import ModelMixin
+
+    return isinstance(module, ModelMixin)
 
 
 def lora_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for name, p in module.named_parameters() if "lora_" in name and p.requires_grad]
 
 
-def _diffusers_layers(module: torch.nn.Module | None) -> dict[str, torch.Tensor] | None:
-    if module is None:
-        return None
+def _pipeline_class(name: str):
+    import diffusers
+
+    return getattr(diffusers, name)
+
+
+def save_lora(save_dir: str | Path, modules: Mapping[str, torch.nn.Module], pipeline_class: str = SD_PIPELINE,
+              peft_names: bool = False) -> Path:
+    """Write `pytorch_lora_weights.safetensors` with the adapters of `modules` (component name -> module),
+    as `pipeline_class.load_lora_weights` reads it.
+
+    `peft_names`: keep peft's weight names (`lora_A`/`lora_B`), as diffusers' SD3 and FLUX scripts
+    save; otherwise diffusers' older names (`lora.down`/`lora.up`), as its SD and SDXL scripts save.
+    """
     from diffusers.utils import convert_state_dict_to_diffusers
     from peft.utils import get_peft_model_state_dict
 
-    return convert_state_dict_to_diffusers(get_peft_model_state_dict(module))
+    def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        state = get_peft_model_state_dict(module)
+        return state if peft_names else convert_state_dict_to_diffusers(state)
 
-
-def save_lora(save_dir: str | Path, unet: torch.nn.Module | None, text_encoder: torch.nn.Module | None) -> Path:
-    """Write `pytorch_lora_weights.safetensors` that `StableDiffusionPipeline.load_lora_weights` reads."""
-    from diffusers import StableDiffusionPipeline
-
-    StableDiffusionPipeline.save_lora_weights(
-        save_dir, unet_lora_layers=_diffusers_layers(unet), text_encoder_lora_layers=_diffusers_layers(text_encoder)
-    )
+    layers = {f"{name}_lora_layers": weights(module) for name, module in modules.items()}
+    _pipeline_class(pipeline_class).save_lora_weights(save_dir, **layers)
     return Path(save_dir) / LORA_WEIGHT_NAME
 
 
-def load_lora(load_dir: str | Path, unet: torch.nn.Module | None, text_encoder: torch.nn.Module | None) -> None:
+def load_lora(load_dir: str | Path, modules: Mapping[str, torch.nn.Module], pipeline_class: str = SD_PIPELINE) -> None:
     """Load a diffusers-format LoRA into modules that already carry adapters (see `add_lora`)."""
-    from diffusers import StableDiffusionPipeline
     from diffusers.utils import (
         convert_state_dict_to_diffusers,
         convert_state_dict_to_peft,
@@ -71,13 +90,17 @@ def load_lora(load_dir: str | Path, unet: torch.nn.Module | None, text_encoder: 
     )
     from peft.utils import set_peft_model_state_dict
 
-    state_dict, _alphas = StableDiffusionPipeline.lora_state_dict(str(load_dir))
+    loaded = _pipeline_class(pipeline_class).lora_state_dict(str(load_dir))
+    state_dict = loaded[0] if isinstance(loaded, tuple) else loaded  # some mixins also return the alphas
 
-    def part(prefix: str) -> dict[str, torch.Tensor]:
-        return {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
-
-    if unet is not None:
-        set_peft_model_state_dict(unet, convert_unet_state_dict_to_peft(part("unet.")), adapter_name="default")
-    if text_encoder is not None:
-        converted = convert_state_dict_to_peft(convert_state_dict_to_diffusers(part("text_encoder.")))
-        set_peft_model_state_dict(text_encoder, converted, adapter_name="default")
+    for name, module in modules.items():
+        prefix = f"{name}."
+        part = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if not part:
+            raise ValueError(f"{load_dir} has no LoRA weights for the {name}; it was saved by a run that did not "
+                             f"train it")
+        if _is_diffusers_model(module):
+            converted = convert_unet_state_dict_to_peft(part)
+        else:
+            converted = convert_state_dict_to_peft(convert_state_dict_to_diffusers(part))
+        set_peft_model_state_dict(module, converted, adapter_name="default")

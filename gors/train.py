@@ -5,6 +5,11 @@ seed, freeze and cast, LoRA, optimizer, `prepare`, save/load hooks that keep onl
 steps gated on `sync_gradients`, checkpoints pruned past a limit, validation, `end_training`.
 Checkpoints are saved atomically and resumed only under the settings that made them
 (`gors.checkpoints`).
+
+The loop is the same for every model family; what differs (the components, prompt encoding, the
+loss, the LoRA targets) is asked of the family (`gors.families`). Frozen text encoders run once
+over the selection's prompts and their outputs are cached, as the VAE latents are, so a frozen T5
+is never loaded while training.
 """
 
 from __future__ import annotations
@@ -19,16 +24,16 @@ from accelerate.utils import ProjectConfiguration, set_seed
 
 from gors.checkpoints import check_resumable, checkpoint_step, find_checkpoint, training_fingerprint, write_checkpoint
 from gors.config import RunConfig, TrainConfig
-from gors.core.backbones import check_resolution, check_trainable, detect_backbone
+from gors.core.backbones import check_trainable, detect_backbone
 from gors.core.distributed import make_accelerator, progress_bar
-from gors.core.hub import check_model_path
+from gors.core.hub import from_pretrained
 from gors.core.pipeline import cpu_generators
-from gors.core.run_folder import LATENT_CACHE_DIR, samples_dir
+from gors.core.run_folder import LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore
+from gors.families import Batch, TextEncoder, resolve_training
 from gors.lora import add_lora, load_lora, lora_parameters, save_lora
-from gors.loss import diffusion_target, reward_weighted_loss
 from gors.select import load_selection, reward_statistics
-from gors.training_data import BatchSchedule, cached_latent_distributions
+from gors.training_data import BatchSchedule, cached_latent_distributions, sharded_cache, text_cache_name
 from gors.validation import BenchmarkValidation
 
 
@@ -43,75 +48,73 @@ def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:
     )
 
 
-def _load_components(config: TrainConfig | RunConfig):
-    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
-    from transformers import CLIPTextModel, CLIPTokenizer
-
-    from gors.core.hub import from_pretrained
-
-    name = check_model_path(config.pretrained_model_name_or_path)
-
-    def load(cls, subfolder: str, **kwargs):
-        return from_pretrained(cls.from_pretrained, name, "--pretrained_model_name_or_path", subfolder=subfolder,
-                               revision=config.revision, **kwargs)
-
-    # Weights load in fp32 whatever dtype they were saved in (e.g. fp16 checkpoints); the trainer
-    # casts the frozen ones to the mixed-precision dtype itself.
-    return (
-        load(CLIPTokenizer, "tokenizer"),
-        load(CLIPTextModel, "text_encoder", dtype=torch.float32),
-        load(AutoencoderKL, "vae", dtype=torch.float32),
-        load(UNet2DConditionModel, "unet", dtype=torch.float32),
-        load(DDPMScheduler, "scheduler"),
-    )
+def _optimizer_class(use_8bit_adam: bool) -> type[torch.optim.Optimizer]:
+    if not use_8bit_adam:
+        return torch.optim.AdamW
+    try:
+        import bitsandbytes
+    except ImportError:
+        raise ImportError("--use_8bit_adam needs bitsandbytes: `pip install gors[bnb]` (or `pip install "
+                          "bitsandbytes`), or train without the flag.") from None
+    return bitsandbytes.optim.AdamW8bit
 
 
 class GORSTrainer:
-    """Reward-weighted LoRA training on `selection.jsonl` of a run folder."""
+    """Reward-weighted LoRA training on `selection.jsonl` of a run folder, for every trainable model family."""
 
     def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator | None = None) -> None:
         backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
-        check_trainable(backbone, config.pretrained_model_name_or_path)  # before any weights load
-        self.resolution = check_resolution(backbone, backbone.sampling.resolve(None, None, config.resolution)[2])
-        self.config = config
+        check_trainable(backbone, config.pretrained_model_name_or_path)  # every check before any weights load
+        self.config, self.family = resolve_training(config, backbone)
+        self.optimizer_class = _optimizer_class(config.use_8bit_adam)
+        self.backbone = backbone
+        self.resolution = self.config.resolution
         self.accelerator = accelerator or training_accelerator(config)
         self.output_dir = Path(config.output_dir)
 
     # ----- set-up -------------------------------------------------------------------------
     def _setup_models(self) -> None:
-        config, accelerator = self.config, self.accelerator
-        self.tokenizer, self.text_encoder, self.vae, self.unet, self.noise_scheduler = _load_components(config)
+        config, accelerator, family = self.config, self.accelerator, self.family
         self.weight_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision, torch.float32)
-        self.vae.requires_grad_(False)
-        self.text_encoder.requires_grad_(False)
-        self.unet.requires_grad_(False)
-        # Frozen weights in the compute dtype; the VAE only encodes once, in fp32 for an exact cache.
-        self.vae.to(accelerator.device)
-        for module in (self.unet, self.text_encoder):
-            module.to(accelerator.device)
-            if self.weight_dtype != torch.float32:
-                module.to(dtype=self.weight_dtype)
-        add_lora(
-            self.unet if config.train_unet else None,
-            self.text_encoder if config.train_text_encoder else None,
-            config.rank,
-        )
-        trained = [m for m, on in ((self.unet, config.train_unet), (self.text_encoder, config.train_text_encoder)) if on]
-        for module in trained:
+        # Weights load in fp32 whatever dtype they were saved in (e.g. fp16 checkpoints); frozen ones are then
+        # cast to the mixed-precision dtype (bf16 base weights), adapters stay fp32. The VAE only encodes
+        # once, in fp32 for an exact cache.
+        self.noise_scheduler = family.load_scheduler()
+        self.vae = family.load("vae").requires_grad_(False).to(accelerator.device)
+        self.denoiser = self._frozen(family.load(family.denoiser))
+        self.tokenizers = {e.tokenizer: family.load(e.tokenizer) for e in family.text_encoders}
+        trained = family.trained_text_encoders(config.train_text_encoder)
+        self.trained = ([family.denoiser] if config.train_unet else []) + [e.component for e in trained]
+        # Encoders that run every step: the trained ones, and all of them without --cache_text_embeddings.
+        self.text_encoders = {e.component: self._frozen(family.load(e.component)) for e in family.text_encoders
+                              if e in trained or not config.cache_text_embeddings}
+        if config.train_unet:
+            add_lora(self.denoiser, family.denoiser_lora_targets, config.rank)
+        for encoder in trained:
+            add_lora(self.text_encoders[encoder.component], family.text_encoder_lora_targets, config.rank)
+        for module in self.trained_modules().values():
             for param in lora_parameters(module):
                 param.data = param.data.float()  # adapters train in fp32 under mixed precision
         if config.gradient_checkpointing:
-            self.unet.enable_gradient_checkpointing()
-            self.text_encoder.gradient_checkpointing_enable()
+            self.denoiser.enable_gradient_checkpointing()
+            for encoder in trained:
+                self.text_encoders[encoder.component].gradient_checkpointing_enable()
+
+    def _frozen(self, module: torch.nn.Module) -> torch.nn.Module:
+        module.requires_grad_(False).to(self.accelerator.device)
+        return module.to(dtype=self.weight_dtype) if self.weight_dtype != torch.float32 else module
+
+    def trained_modules(self) -> dict[str, torch.nn.Module]:
+        """The modules that carry LoRA adapters, by component name (as prepared: maybe wrapped for DDP)."""
+        return {name: self.denoiser if name == self.family.denoiser else self.text_encoders[name]
+                for name in self.trained}
 
     def _setup_optimizer(self) -> None:
         config = self.config
-        groups = []
-        if config.train_unet:
-            groups.append({"params": lora_parameters(self.unet), "lr": config.learning_rate})
-        if config.train_text_encoder:
-            groups.append({"params": lora_parameters(self.text_encoder), "lr": config.text_encoder_learning_rate})
-        self.optimizer = torch.optim.AdamW(
+        groups = [{"params": lora_parameters(module),
+                   "lr": config.learning_rate if name == self.family.denoiser else config.text_encoder_learning_rate}
+                  for name, module in self.trained_modules().items()]
+        self.optimizer = self.optimizer_class(
             groups,
             betas=(config.adam_beta1, config.adam_beta2),
             weight_decay=config.adam_weight_decay,
@@ -129,17 +132,17 @@ class GORSTrainer:
         )
 
     def _register_hooks(self) -> None:
-        unet = self.unet if self.config.train_unet else None
-        text_encoder = self.text_encoder if self.config.train_text_encoder else None
+        modules = self.trained_modules()
+        pipeline_class = self.backbone.pipeline_class
         accelerator = self.accelerator
 
         def save_hook(models: list, weights: list, output_dir: str) -> None:
             if accelerator.is_main_process:
-                save_lora(output_dir, unet, text_encoder)
+                save_lora(output_dir, modules, pipeline_class, self.family.peft_lora_names)
             weights.clear()  # only the adapters are saved, never the frozen base weights
 
         def load_hook(models: list, input_dir: str) -> None:
-            load_lora(input_dir, unet, text_encoder)
+            load_lora(input_dir, modules, pipeline_class)
             models.clear()
 
         accelerator.register_save_state_pre_hook(save_hook)
@@ -158,44 +161,67 @@ class GORSTrainer:
             config.pretrained_model_name_or_path,
         )
         self.vae.to("cpu")  # not needed again during training
-        self.input_ids = self.tokenizer(
-            [row["prompt"] for row in self.selection],
-            padding="max_length",
-            max_length=self.tokenizer.model_max_length,
-            truncation=True,
-            return_tensors="pt",
-        ).input_ids
-        self.empty_ids = self.tokenizer(
-            [""], padding="max_length", max_length=self.tokenizer.model_max_length, return_tensors="pt"
-        ).input_ids
+        # Each distinct prompt once, and the empty prompt last (caption dropout).
+        self.prompts = sorted({row["prompt"] for row in self.selection}) + [""]
+        position = {prompt: i for i, prompt in enumerate(self.prompts)}
+        self.prompt_index = torch.tensor([position[row["prompt"]] for row in self.selection])
+        self.empty_index = len(self.prompts) - 1
+        self.tokens = {e.component: self.family.tokenize(e, self.tokenizers[e.tokenizer], self.prompts)
+                       for e in self.family.text_encoders}
+        self.cached = {e.component: self._cached_encoding(e) for e in self.family.text_encoders
+                       if e.component not in self.text_encoders}
         self.rewards = torch.tensor([row["reward"] for row in self.selection], dtype=torch.float32)
         self.schedule = BatchSchedule(
             len(self.selection), config.train_batch_size, self.accelerator.num_processes,
             self.accelerator.process_index, config.seed,
         )
 
+    @torch.no_grad()
+    def _cached_encoding(self, encoder: TextEncoder) -> dict[str, torch.Tensor]:
+        """A frozen encoder's outputs for every prompt, computed once (the encoder loaded only for that)."""
+        config, family = self.config, self.family
+        tokens = self.tokens[encoder.component]
+        name = text_cache_name(encoder.component, self.prompts, tokens, config.pretrained_model_name_or_path,
+                               config.revision, self.weight_dtype)
+        path = self.output_dir / TEXT_EMBEDDING_CACHE_DIR / name
+        model = None
+
+        def encode(indices: list[int]) -> dict[str, torch.Tensor]:
+            nonlocal model
+            if model is None:
+                model = self._frozen(family.load(encoder.component))
+            return family.encode(encoder, model, tokens[indices].to(self.accelerator.device))
+
+        cached = sharded_cache(path, len(self.prompts), encode, self.accelerator, batch_size=8,
+                               description=f"encode prompts ({encoder.component})")
+        del model
+        return cached
+
     # ----- one micro-batch ----------------------------------------------------------------
     def _micro_batch_loss(self, micro_batch: int) -> torch.Tensor:
-        device = self.accelerator.device
+        device, family = self.accelerator.device, self.family
         index = torch.tensor(self.schedule.indices(micro_batch))
         mean = self.latents["mean"][index].to(device)
         std = self.latents["std"][index].to(device)
         if self.config.sample_latents:
             mean = mean + std * torch.randn_like(mean)
-        latents = mean * self.vae.config.scaling_factor
-        noise = torch.randn_like(latents)
-        timesteps = torch.randint(0, self.noise_scheduler.config.num_train_timesteps, (len(index),), device=device)
-        noisy = self.noise_scheduler.add_noise(latents, noise, timesteps)
-        input_ids = self.input_ids[index]
+        latents = family.scale_latents(mean, self.vae.config)
+        noise, position = family.sample_noise(latents, self.noise_scheduler)
+        prompts = self.prompt_index[index]
         if self.config.caption_dropout > 0:
             dropped = torch.rand(len(index)) < self.config.caption_dropout
-            input_ids = torch.where(dropped[:, None], self.empty_ids, input_ids)
-        encoder_hidden_states = self.text_encoder(input_ids.to(device), return_dict=False)[0]
-        model_pred = self.unet(
-            noisy.to(self.weight_dtype), timesteps, encoder_hidden_states.to(self.weight_dtype), return_dict=False
-        )[0]
-        target = diffusion_target(self.noise_scheduler, latents, noise, timesteps)
-        return reward_weighted_loss(model_pred, target, self.rewards[index].to(device))
+            prompts = torch.where(dropped, self.empty_index, prompts)
+        encodings = {}
+        for encoder in family.text_encoders:
+            name = encoder.component
+            if name in self.cached:
+                encodings[name] = {k: v[prompts].to(device) for k, v in self.cached[name].items()}
+            else:
+                encodings[name] = family.encode(encoder, self.text_encoders[name], self.tokens[name][prompts].to(device))
+        batch = Batch(latents, self.rewards[index].to(device), self.latents["original_size"][index].to(device),
+                      self.latents["crop_top_left"][index].to(device))
+        conditioning = family.condition(encodings, batch, self.weight_dtype)
+        return family.loss(self.denoiser, self.noise_scheduler, batch, conditioning, noise, position, self.weight_dtype)
 
     # ----- logging --------------------------------------------------------------------------
     def _tensorboard(self):
@@ -213,36 +239,40 @@ class GORSTrainer:
             writer.add_histogram("selected/reward", np.asarray(values), 0)
 
     def _pipeline(self):
-        """A DDIM pipeline over the models being trained (the VAE moved to the device while it is used)."""
-        from diffusers import DDIMScheduler, StableDiffusionPipeline
+        """The family's pipeline over the models being trained (frozen encoders not in memory load from the
+        checkpoint; the VAE moves to the device while it is used), with the family's sampler."""
+        import diffusers
 
-        pipeline = StableDiffusionPipeline(
-            vae=self.vae.to(self.accelerator.device),
-            text_encoder=self.accelerator.unwrap_model(self.text_encoder),
-            tokenizer=self.tokenizer,
-            unet=self.accelerator.unwrap_model(self.unet),
-            scheduler=DDIMScheduler.from_config(self.noise_scheduler.config),
-            safety_checker=None,
-            feature_extractor=None,
-            requires_safety_checker=False,
-        )
+        unwrap = self.accelerator.unwrap_model
+        components = {self.family.denoiser: unwrap(self.denoiser), "vae": self.vae.to(self.accelerator.device)}
+        components |= {name: unwrap(module) for name, module in self.text_encoders.items()}
+        components |= self.tokenizers
+        scheduler = self.backbone.sampling.scheduler
+        if scheduler is not None:
+            components["scheduler"] = getattr(diffusers, scheduler).from_config(self.noise_scheduler.config)
+        pipeline_class = getattr(diffusers, self.backbone.pipeline_class)
+        pipeline = from_pretrained(pipeline_class.from_pretrained, self.config.pretrained_model_name_or_path,
+                                   "--pretrained_model_name_or_path", revision=self.config.revision,
+                                   dtype=self.weight_dtype, **self.backbone.pipeline_kwargs, **components)
         pipeline.set_progress_bar_config(disable=True)
-        return pipeline
+        return pipeline.to(self.accelerator.device)
 
     def _save_lora(self, directory: Path) -> Path:
         unwrap = self.accelerator.unwrap_model
-        return save_lora(
-            directory,
-            unwrap(self.unet) if self.config.train_unet else None,
-            unwrap(self.text_encoder) if self.config.train_text_encoder else None,
-        )
+        return save_lora(directory, {name: unwrap(module) for name, module in self.trained_modules().items()},
+                         self.backbone.pipeline_class, self.family.peft_lora_names)
+
+    def _eval_modules(self) -> dict[torch.nn.Module, bool]:
+        """Every module in the forward pass, put in eval mode; returns their training flags to restore."""
+        modes = {module: module.training for module in (self.denoiser, *self.text_encoders.values())}
+        for module in modes:
+            module.eval()
+        return modes
 
     @torch.no_grad()
     def validate_on_benchmark(self, step: int) -> dict:
         """`--validation_benchmark` with the current LoRA, on every process; see `gors.validation`."""
-        modes = {module: module.training for module in (self.unet, self.text_encoder)}
-        for module in modes:
-            module.eval()
+        modes = self._eval_modules()
         summary = self.validation.run(step, self._pipeline(), self._save_lora)
         self.vae.to("cpu")
         for module, training in modes.items():
@@ -255,13 +285,15 @@ class GORSTrainer:
         config = self.config
         pipeline = self._pipeline()
         prompts = list(config.validation_prompts or [])
+        steps, guidance, _ = self.backbone.sampling.resolve(None, getattr(config, "guidance_scale", None), None)
         images = pipeline(
             prompt=prompts,
             height=self.resolution,
             width=self.resolution,
-            num_inference_steps=30,
-            guidance_scale=7.5,
+            num_inference_steps=steps,
+            guidance_scale=guidance,
             generator=cpu_generators([config.seed + i for i in range(len(prompts))]),
+            **self.backbone.call_kwargs,
         ).images
         self.vae.to("cpu")
         writer = self._tensorboard()
@@ -277,7 +309,8 @@ class GORSTrainer:
         config, accelerator = self.config, self.accelerator
         set_seed(config.seed, device_specific=True)
         self.selection = load_selection(config.output_dir)  # fail before loading any model
-        self.fingerprint = training_fingerprint(config, self.selection, accelerator.num_processes)
+        self.fingerprint = training_fingerprint(config, self.selection, accelerator.num_processes,
+                                                self.family.fingerprint())
         checkpoint = self._checkpoint_to_resume()  # a refused resume, too, fails before loading any model
         self.validation = BenchmarkValidation(config, accelerator) if config.validation_benchmark else None
         self._setup_models()
@@ -285,16 +318,15 @@ class GORSTrainer:
         self._register_hooks()
         self._load_data()
 
-        trained = []
-        if config.train_unet:
-            trained.append("unet")
-        if config.train_text_encoder:
-            trained.append("text_encoder")
-        prepared = accelerator.prepare(*[getattr(self, n) for n in trained], self.optimizer, self.lr_scheduler)
+        trained = self.trained_modules()
+        prepared = accelerator.prepare(*trained.values(), self.optimizer, self.lr_scheduler)
         for name, module in zip(trained, prepared):
-            setattr(self, name, module)
+            if name == self.family.denoiser:
+                self.denoiser = module
+            else:
+                self.text_encoders[name] = module
         self.optimizer, self.lr_scheduler = prepared[-2:]
-        models = [getattr(self, n) for n in trained]
+        models = list(self.trained_modules().values())
 
         global_step = 0
         if checkpoint is not None:
@@ -342,7 +374,7 @@ class GORSTrainer:
             mean_loss = accelerator.gather(torch.stack(losses).mean()[None]).mean().item()
             lrs = self.lr_scheduler.get_last_lr()
             logs = {"train/loss": mean_loss}
-            logs |= {f"train/lr_{name}": lr for name, lr in zip(trained, lrs)}
+            logs |= {f"train/lr_{name}": lr for name, lr in zip(self.trained, lrs)}
             accelerator.log(logs, step=global_step)
             bar.set_postfix(loss=f"{mean_loss:.4f}")
 

@@ -1,4 +1,4 @@
-"""Training data: VAE latents of the selected samples, cached once, and a resumable batch order.
+"""Training data: VAE latents (and frozen text encodings) cached once, and a resumable batch order.
 
 The training loop never runs the VAE encoder: each selected image is encoded once, and its latent
 distribution (mean and std of the diagonal Gaussian) is cached. Every step draws a fresh latent
@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from accelerate import Accelerator
@@ -40,6 +40,74 @@ def _fingerprint(selection: list[dict[str, Any]], settings: dict[str, Any]) -> s
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def sharded_cache(
+    path: Path,
+    num_items: int,
+    compute: Callable[[list[int]], dict[str, torch.Tensor]],
+    accelerator: Accelerator,
+    batch_size: int,
+    description: str,
+) -> dict[str, torch.Tensor]:
+    """Tensors computed once per item, in item order, cached in the safetensors file `path`.
+
+    Each process computes a contiguous share of the items, `batch_size` at a time (`compute(indices)`
+    returns each named tensor with one row per index), and writes its part atomically; the main
+    process merges the parts into `path`. A kill at any point loses at most the unfinished parts:
+    a rerun reuses `path`, or the finished parts, and computes only the rest.
+    """
+    if not path.exists():
+        world = accelerator.num_processes
+        stem = path.name.removesuffix(".safetensors")
+        part = path.with_name(f"{stem}.part-{accelerator.process_index:05d}-of-{world:05d}.safetensors")
+        if not part.exists():
+            rows: dict[str, list[torch.Tensor]] = {}
+            with accelerator.split_between_processes(list(range(num_items))) as indices:
+                bar = progress_bar(len(indices), accelerator, description)
+                for batch in batches(indices, batch_size):
+                    for name, value in compute(batch).items():
+                        rows.setdefault(name, []).append(value.cpu())
+                    bar.update(len(batch))
+                bar.close()
+            tensors = {"index": torch.tensor(indices, dtype=torch.long)}
+            tensors |= {name: torch.cat(values).contiguous() for name, values in rows.items()}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = part.with_suffix(".tmp")
+            save_file(tensors, str(tmp))
+            tmp.replace(part)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            parts = sorted(path.parent.glob(f"{stem}.part-*-of-{world:05d}.safetensors"))
+            loaded = [t for t in (load_file(str(p)) for p in parts) if len(t) > 1]  # a process may have had none
+            order = torch.cat([t["index"] for t in loaded]).argsort()
+            if len(order) != num_items:
+                raise RuntimeError(f"{path}: {len(order)} rows computed for {num_items} items")
+            names = [name for name in loaded[0] if name != "index"]
+            merged = {name: torch.cat([t[name] for t in loaded])[order].contiguous() for name in names}
+            tmp = path.with_suffix(".tmp")
+            save_file(merged, str(tmp))
+            tmp.replace(path)
+            for p in parts:
+                p.unlink()
+        accelerator.wait_for_everyone()
+    return load_file(str(path))
+
+
+def text_cache_name(component: str, prompts: list[str], tokens: torch.Tensor, model_id: str, revision: str | None,
+                    dtype: torch.dtype) -> str:
+    """The cache file of one frozen text encoder's outputs: a hash of what they depend on."""
+    payload = json.dumps([component, prompts, tokens.shape[1], model_id, revision, str(dtype)])
+    return f"{component}-{hashlib.sha256(payload.encode()).hexdigest()[:16]}.safetensors"
+
+
+def crop_top_left(height: int, width: int, resolution: int, center_crop: bool) -> tuple[int, int]:
+    """Where `image_transform` crops an image of this size: (top, left) in the resized image's pixels."""
+    if not center_crop:
+        return 0, 0
+    scale = resolution / min(height, width)
+    resized = (int(resolution if height <= width else height * scale), int(resolution if width <= height else width * scale))
+    return int(round((resized[0] - resolution) / 2.0)), int(round((resized[1] - resolution) / 2.0))
+
+
 @torch.no_grad()
 def cached_latent_distributions(
     selection: list[dict[str, Any]],
@@ -52,52 +120,31 @@ def cached_latent_distributions(
     model_id: str,
     batch_size: int = 8,
 ) -> dict[str, torch.Tensor]:
-    """`{"mean", "std"}` of the VAE latent distribution of every selected image, in selection order.
+    """The VAE latent distribution of every selected image, in selection order.
 
-    Encoded once, sharded over the processes; reused on reruns while the selection, resolution,
-    crop and model are unchanged (the cache file name is a hash of them).
+    `mean` and `std` of the diagonal Gaussian, plus each image's `original_size` (height, width)
+    and `crop_top_left` (SDXL's micro-conditioning). Encoded once, sharded over the processes;
+    reused on reruns while the selection, resolution, crop and model are unchanged (the cache file
+    name is a hash of them).
     """
-    key = _fingerprint(selection, {"resolution": resolution, "center_crop": center_crop, "model": model_id})
-    final = cache_root / f"{key}.safetensors"
-    if not final.exists():
-        world = accelerator.num_processes
-        part = cache_root / f"{key}.part-{accelerator.process_index:05d}-of-{world:05d}.safetensors"
-        if not part.exists():
-            transform = image_transform(resolution, center_crop)
-            means, stds = [], []
-            # A contiguous share of the selection per process; the merge below puts them back in order.
-            with accelerator.split_between_processes(list(range(len(selection)))) as indices:
-                bar = progress_bar(len(indices), accelerator, "encode latents")
-                for batch in batches(indices, batch_size):
-                    pixels = torch.stack([transform(store.open_image(selection[i])) for i in batch])
-                    dist = vae.encode(pixels.to(accelerator.device, vae.dtype)).latent_dist
-                    means.append(dist.mean.float().cpu())
-                    stds.append(dist.std.float().cpu())
-                    bar.update(len(batch))
-                bar.close()
-            tensors = {"index": torch.tensor(indices, dtype=torch.long)}
-            if indices:
-                tensors |= {"mean": torch.cat(means).contiguous(), "std": torch.cat(stds).contiguous()}
-            cache_root.mkdir(parents=True, exist_ok=True)
-            tmp = part.with_suffix(".tmp")
-            save_file(tensors, str(tmp))
-            tmp.replace(part)
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            parts = sorted(cache_root.glob(f"{key}.part-*-of-{world:05d}.safetensors"))
-            loaded = [load_file(str(p)) for p in parts]
-            loaded = [t for t in loaded if "mean" in t]
-            order = torch.cat([t["index"] for t in loaded]).argsort()
-            merged = {name: torch.cat([t[name] for t in loaded])[order].contiguous() for name in ("mean", "std")}
-            if len(order) != len(selection):
-                raise RuntimeError(f"latent cache {key}: {len(order)} latents for {len(selection)} samples")
-            tmp = final.with_suffix(".tmp")
-            save_file(merged, str(tmp))
-            tmp.replace(final)
-            for p in parts:
-                p.unlink()
-        accelerator.wait_for_everyone()
-    return load_file(str(final))
+    settings = {"resolution": resolution, "center_crop": center_crop, "model": model_id, "sizes": True}
+    transform = image_transform(resolution, center_crop)
+
+    def encode(indices: list[int]) -> dict[str, torch.Tensor]:
+        images = [store.open_image(selection[i]) for i in indices]
+        pixels = torch.stack([transform(image) for image in images])
+        dist = vae.encode(pixels.to(accelerator.device, vae.dtype)).latent_dist
+        sizes = [(image.height, image.width) for image in images]
+        return {
+            "mean": dist.mean.float(),
+            "std": dist.std.float(),
+            "original_size": torch.tensor(sizes, dtype=torch.long),
+            "crop_top_left": torch.tensor([crop_top_left(h, w, resolution, center_crop) for h, w in sizes],
+                                          dtype=torch.long),
+        }
+
+    path = cache_root / f"{_fingerprint(selection, settings)}.safetensors"
+    return sharded_cache(path, len(selection), encode, accelerator, batch_size, "encode latents")
 
 
 @dataclass(frozen=True)

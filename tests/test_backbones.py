@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from evaluators import build_benchmark
-from gors.core.backbones import FAMILIES, check_resolution, check_trainable, detect_backbone
+from gors.core.backbones import FAMILIES, Backbone, SamplingDefaults, check_resolution, check_trainable, detect_backbone
 from gors.core.toy import PRETRAINED_DIR
 
 TOY_MODEL = PRETRAINED_DIR / "pipeline"
@@ -37,9 +37,12 @@ def test_resolution_and_training_checks_name_the_family() -> None:
     assert check_resolution(flux, 1024) == 1024
     with pytest.raises(ValueError, match="FluxPipeline needs a multiple of 16"):
         check_resolution(flux, 520)
-    check_trainable(FAMILIES["StableDiffusionPipeline"], "sd")
-    with pytest.raises(ValueError, match="gors trains the sd family .* generates and evaluates any diffusers pipeline"):
-        check_trainable(flux, "black-forest-labs/FLUX.1-dev")
+    for family in FAMILIES.values():
+        check_trainable(family, family.name)
+    sana = Backbone("pipeline", "SanaPipeline", SamplingDefaults(20, 4.5, 1024))
+    with pytest.raises(ValueError, match="gors trains the sd, sdxl, sd3, flux families .*StableDiffusionXLPipeline.* "
+                                         "generates and evaluates any diffusers pipeline"):
+        check_trainable(sana, "Efficient-Large-Model/Sana_600M_1024px_diffusers")
 
 
 @pytest.mark.parametrize("name, official", [("t2i_compbench", (30, 7.5, 512)), ("geneval", (50, 9.0, 512)),
@@ -89,17 +92,18 @@ def test_a_pipeline_gors_cannot_train_still_evaluates(tiny_pixart, tmp_path) -> 
     assert summary["num_images"] == 2
 
 
-def test_train_on_another_family_stops_before_loading_weights(tiny_flux, make_run_config, tmp_path, capsys) -> None:
+def test_train_on_another_family_stops_before_loading_weights(tiny_pixart, make_run_config, tmp_path, capsys) -> None:
     from gors.cli import main
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "selection.jsonl").write_text("kept\n")  # finished work that must survive the refusal
     with pytest.raises(SystemExit) as exit_info:
-        main(["train", "--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_flux)])
+        main(["train", "--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_pixart)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "is a FluxPipeline (flux family); gors trains the sd family" in err and "Traceback" not in err
+    assert "is a PixArtSigmaPipeline (pipeline family); gors trains the sd, sdxl, sd3, flux families" in err
+    assert "Traceback" not in err
     assert (run_dir / "selection.jsonl").read_text() == "kept\n"
     assert not (run_dir / "checkpoints").exists()
 

@@ -17,7 +17,7 @@ from pinned_http import file_server, forbid_internet, github_url, local_source, 
 
 from gors import official_lora
 from gors.core.data import ChecksumError
-from gors.lora import add_lora, load_lora
+from gors.lora import TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES, add_lora, load_lora
 from gors.official_lora import (
     OFFICIAL_CHECKPOINT_STEMS,
     TEXT_ENCODER_SUFFIX,
@@ -248,8 +248,9 @@ def test_pipeline_load_lora_weights_applies_the_official_lora(converted_dir):
 def test_gors_load_lora_applies_the_official_lora(converted_dir):
     unet, text_encoder = materialised_models()
     _prepare(unet, text_encoder)
-    add_lora(unet, text_encoder, rank=4)
-    load_lora(converted_dir, unet, text_encoder)
+    add_lora(unet, UNET_TARGET_MODULES, rank=4)
+    add_lora(text_encoder, TEXT_ENCODER_TARGET_MODULES, rank=4)
+    load_lora(converted_dir, {"unet": unet, "text_encoder": text_encoder})
     _check_probes(unet, text_encoder)
 
 

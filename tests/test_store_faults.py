@@ -2,9 +2,9 @@
 output, batch composition and file permissions (tiny models, one process)."""
 
 import json
-import shutil
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace

@@ -66,7 +66,7 @@ def test_only_lora_parameters_receive_gradients(selected_run, make_run_config, t
     trainer._setup_models()
     trainer._load_data()
     trainer._micro_batch_loss(0).backward()
-    with_grad = {name for module in (trainer.unet, trainer.text_encoder)
+    with_grad = {name for module in (trainer.denoiser, trainer.text_encoders["text_encoder"])
                  for name, p in module.named_parameters() if p.grad is not None}
     assert with_grad and all("lora_" in name for name in with_grad)
     assert any(n.startswith("down_blocks") or n.startswith("up_blocks") for n in with_grad)  # U-Net side
@@ -83,14 +83,16 @@ def test_caption_dropout_and_posterior_mean_latents(selected_run, make_run_confi
     trainer._setup_models()
     trainer._load_data()
     seen = []
-    monkeypatch.setattr(trainer.unet, "forward", lambda sample, t, states, **kw: (seen.append(sample), (sample,))[1])
+    monkeypatch.setattr(trainer.denoiser, "forward", lambda sample, t, states, **kw: (seen.append(sample), (sample,))[1])
     monkeypatch.setattr(trainer.noise_scheduler, "add_noise", lambda latents, noise, t: latents)
     captured = []
-    original_encoder = trainer.text_encoder.forward
-    monkeypatch.setattr(trainer.text_encoder, "forward",
-                        lambda ids, **kw: (captured.append(ids), original_encoder(ids, **kw))[1])
+    encoder = trainer.text_encoders["text_encoder"]
+    original_encoder = encoder.forward
+    monkeypatch.setattr(encoder, "forward", lambda ids, **kw: (captured.append(ids), original_encoder(ids, **kw))[1])
     trainer._micro_batch_loss(0)
-    assert torch.equal(captured[0], trainer.empty_ids.expand_as(captured[0]))  # every caption dropped
+    empty_ids = trainer.tokens["text_encoder"][trainer.empty_index]
+    assert trainer.prompts[trainer.empty_index] == ""
+    assert torch.equal(captured[0], empty_ids.expand_as(captured[0]))  # every caption dropped
     index = torch.tensor(trainer.schedule.indices(0))
     expected = trainer.latents["mean"][index] * trainer.vae.config.scaling_factor
     assert torch.allclose(seen[0], expected)  # the posterior mean, no sampling noise
@@ -100,8 +102,13 @@ def test_flags_turn_each_side_off(selected_run, make_run_config, tmp_path):
     run_dir = _copy_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(_config(make_run_config, run_dir, train_text_encoder=False, report_to="none"))
     trainer._setup_models()
-    assert not any("lora_" in n for n, _ in trainer.text_encoder.named_parameters())
-    assert any("lora_" in n for n, _ in trainer.unet.named_parameters())
+    assert trainer.trained == ["unet"]
+    assert trainer.text_encoders == {}  # frozen: its outputs are cached instead of running every step
+    assert any("lora_" in n for n, _ in trainer.denoiser.named_parameters())
+    trainer = GORSTrainer(_config(make_run_config, run_dir, train_unet=False, report_to="none"))
+    trainer._setup_models()
+    assert trainer.trained == ["text_encoder"]
+    assert not any("lora_" in n for n, _ in trainer.denoiser.named_parameters())
 
 
 def test_saved_lora_loads_in_diffusers_and_changes_the_output(selected_run, make_run_config, tmp_path, tiny_sd):

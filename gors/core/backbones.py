@@ -5,7 +5,7 @@ its name string. It says how to load the pipeline and how to sample from it by d
 sampler, steps, guidance and resolution its authors recommend); benchmarks whose official
 protocol was written for a family (T2I-CompBench's DDIM 30 steps for Stable Diffusion 1/2) keep
 theirs for that family, and every value can be overridden. Training is implemented for the
-families marked `trainable`; every diffusers text-to-image pipeline generates and evaluates.
+four families above (`gors.families`); every diffusers text-to-image pipeline generates and evaluates.
 
 | family | pipelines | sampler | steps | guidance | px | source of the defaults |
 |---|---|---|---|---|---|---|
@@ -80,11 +80,13 @@ FAMILIES: dict[str, Backbone] = {
         "sd", "StableDiffusionPipeline", SamplingDefaults(30, 7.5, 512, "DDIMScheduler"), trainable=True,
         pipeline_kwargs=_NO_SAFETY_CHECKER,
     ),
-    "StableDiffusionXLPipeline": Backbone("sdxl", "StableDiffusionXLPipeline", SamplingDefaults(50, 5.0, 1024)),
+    "StableDiffusionXLPipeline": Backbone("sdxl", "StableDiffusionXLPipeline", SamplingDefaults(50, 5.0, 1024),
+                                          trainable=True),
     "StableDiffusion3Pipeline": Backbone(
-        "sd3", "StableDiffusion3Pipeline", SamplingDefaults(28, 3.5, 1024), resolution_multiple=16
+        "sd3", "StableDiffusion3Pipeline", SamplingDefaults(28, 3.5, 1024), trainable=True, resolution_multiple=16
     ),
-    "FluxPipeline": Backbone("flux", "FluxPipeline", SamplingDefaults(50, 3.5, 1024), resolution_multiple=16),
+    "FluxPipeline": Backbone("flux", "FluxPipeline", SamplingDefaults(50, 3.5, 1024), trainable=True,
+                             resolution_multiple=16),
 }
 FLUX_SCHNELL_SAMPLING = SamplingDefaults(4, 0.0, 1024)
 TRAINABLE = tuple(family.name for family in FAMILIES.values() if family.trainable)
@@ -113,7 +115,8 @@ def read_model_index(pretrained_model_name_or_path: str, revision: str | None = 
         ) from err
 
 
-def _component_config(name: str, subfolder: str, revision: str | None) -> dict[str, Any]:
+def component_config(name: str, subfolder: str, revision: str | None) -> dict[str, Any]:
+    """The `config.json` of one component of a pipeline folder or Hub id (no weights are read)."""
     from diffusers.configuration_utils import ConfigMixin
 
     class _Config(ConfigMixin):
@@ -134,8 +137,8 @@ def _generic(class_name: str, name: str, revision: str | None) -> Backbone:
     steps = parameters["num_inference_steps"].default if "num_inference_steps" in parameters else 30
     guidance = parameters["guidance_scale"].default if "guidance_scale" in parameters else 1.0
     denoiser = "transformer" if _has(name, "transformer", revision) else "unet"
-    sample_size = _component_config(name, denoiser, revision).get("sample_size", 64)
-    vae_scale = 2 ** (len(_component_config(name, "vae", revision).get("block_out_channels", [0] * 4)) - 1)
+    sample_size = component_config(name, denoiser, revision).get("sample_size", 64)
+    vae_scale = 2 ** (len(component_config(name, "vae", revision).get("block_out_channels", [0] * 4)) - 1)
     side = (sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size) * vae_scale
     # Resolution binning (PixArt, Sana) renders a nearby trained size and resizes the result; a benchmark's
     # side is generated as it is instead (at the trained sizes, such as 1024, binning changes nothing).
@@ -146,7 +149,7 @@ def _generic(class_name: str, name: str, revision: str | None) -> Backbone:
 
 def _has(name: str, subfolder: str, revision: str | None) -> bool:
     try:
-        _component_config(name, subfolder, revision)
+        component_config(name, subfolder, revision)
     except (OSError, ValueError):
         return False
     return True
@@ -164,7 +167,7 @@ def detect_backbone(pretrained_model_name_or_path: str, revision: str | None = N
     if class_name not in FAMILIES:
         return _generic(class_name, name, revision)
     backbone = FAMILIES[class_name]
-    if backbone.name == "flux" and not _component_config(name, "transformer", revision).get("guidance_embeds", True):
+    if backbone.name == "flux" and not component_config(name, "transformer", revision).get("guidance_embeds", True):
         backbone = replace(backbone, sampling=FLUX_SCHNELL_SAMPLING)  # schnell: distilled to 4 steps, no guidance
     return backbone
 
@@ -213,10 +216,10 @@ def check_lora_fits(pretrained_model_name_or_path: str, lora: str, revision: str
 
 
 def check_trainable(backbone: Backbone, flag_value: str) -> None:
-    """Refuse, before any weights load, a family `gors train` does not support yet."""
+    """Refuse, before any weights load, a family `gors train` does not support."""
     if not backbone.trainable:
         raise ValueError(
             f"--pretrained_model_name_or_path={flag_value!r} is a {backbone.pipeline_class} ({backbone.name} family); "
-            f"gors trains the {', '.join(TRAINABLE)} family (StableDiffusionPipeline: SD 1.x and 2.x) so far. It "
-            "generates and evaluates any diffusers pipeline: `gors generate` and `gors evaluate` work on it."
+            f"gors trains the {', '.join(TRAINABLE)} families ({', '.join(f.pipeline_class for f in FAMILIES.values())}). "
+            "It generates and evaluates any diffusers pipeline: `gors generate` and `gors evaluate` work on it."
         )

@@ -13,6 +13,8 @@ CHECKPOINTS_DIR = "checkpoints"
 # Written last into a checkpoint folder: a `checkpoint-<step>` folder without it is incomplete.
 CHECKPOINT_MARKER = "checkpoint.json"
 LATENT_CACHE_DIR = "latent_cache"
+# The outputs of frozen text encoders over the selection's prompts (`--cache_text_embeddings`).
+TEXT_EMBEDDING_CACHE_DIR = "text_embedding_cache"
 
 
 def reward_key(reward: str) -> str:

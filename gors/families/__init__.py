@@ -1,0 +1,80 @@
+"""Training per model family: how each backbone encodes prompts, what its denoiser learns, where LoRA goes.
+
+| family | denoiser (LoRA targets) | text encoders (LoRA) | loss |
+|---|---|---|---|
+| sd | U-Net: to_q, to_k, to_v, to_out.0 | CLIP (q, k, v, out_proj; on by default) | DDPM, epsilon or v |
+| sdxl | U-Net: same | CLIP-L and bigG (each switchable; on by default) | DDPM, epsilon, size conditions |
+| sd3 | MMDiT: attention projections of both streams | CLIP-L and bigG (off by default); T5 frozen | flow matching |
+| flux | FLUX transformer: same | none (CLIP-L and T5 frozen) | flow matching, guidance input |
+
+`resolve_training` picks the class from the family `gors.core.backbones` recognised in the
+checkpoint's `model_index.json`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TypeVar
+
+from gors.core.backbones import Backbone, check_resolution
+from gors.families.base import Batch, TextEncoder, TrainingDefaults, TrainingFamily
+from gors.families.flux import FluxFamily
+from gors.families.sd import StableDiffusionFamily
+from gors.families.sd3 import StableDiffusion3Family
+from gors.families.sdxl import StableDiffusionXLFamily
+
+TRAINING_FAMILIES: dict[str, type[TrainingFamily]] = {
+    "sd": StableDiffusionFamily,
+    "sdxl": StableDiffusionXLFamily,
+    "sd3": StableDiffusion3Family,
+    "flux": FluxFamily,
+}
+
+
+C = TypeVar("C")
+
+
+def resolve_training(config: C, backbone: Backbone) -> tuple[C, TrainingFamily]:
+    """`config` with every family-dependent default filled in, and the family that trains it.
+
+    Settings the family cannot take are refused here, before any weights load: a text-encoder
+    LoRA on a family without a trainable one (FLUX.1), a second encoder on a family with one,
+    flow-matching options on a DDPM family, a T5 length without T5, a resolution off the family's grid.
+    """
+    cls = TRAINING_FAMILIES[backbone.name]
+    label = f"a {backbone.pipeline_class} ({backbone.name} family)"
+    clip = [encoder for encoder in cls.text_encoders if encoder.lora]
+    if not clip and (config.train_text_encoder or config.train_text_encoder_2):
+        raise ValueError(f"--train_text_encoder: gors trains only the transformer of {label}; its text encoders "
+                         "stay frozen (and cached). Leave the flag unset.")
+    if config.train_text_encoder_2 and len(clip) < 2:
+        raise ValueError(f"--train_text_encoder_2: {label} has no second CLIP text encoder; use --train_text_encoder.")
+    flow = cls.training_scheduler != "DDPMScheduler"
+    if config.weighting_scheme is not None and not flow:
+        raise ValueError(f"--weighting_scheme={config.weighting_scheme}: {label} trains with the DDPM loss; the "
+                         "flow-matching options apply to SD3 and FLUX.1.")
+    has_t5 = any(encoder.t5 for encoder in cls.text_encoders)
+    if config.max_sequence_length is not None and not has_t5:
+        raise ValueError(f"--max_sequence_length: {label} has no T5 encoder; its CLIP encoders take 77 tokens.")
+
+    first = cls.defaults.train_text_encoder if config.train_text_encoder is None else config.train_text_encoder
+    second = (first if config.train_text_encoder_2 is None else config.train_text_encoder_2) and len(clip) > 1
+    if not (config.train_unet or first or second):
+        raise ValueError(f"--no_train_unet leaves nothing to train on {label}: train its "
+                         f"{'text encoders' if clip else 'transformer'}.")
+    sampling = backbone.sampling.resolve(None, getattr(config, "guidance_scale", None), config.resolution)
+    resolved = replace(
+        config,
+        resolution=check_resolution(backbone, sampling[2]),
+        train_text_encoder=bool(first and clip),
+        train_text_encoder_2=bool(second),
+        weighting_scheme=(config.weighting_scheme or cls.defaults.weighting_scheme) if flow else None,
+        max_sequence_length=(config.max_sequence_length or cls.defaults.max_sequence_length) if has_t5 else None,
+    )
+    settings = {name: getattr(resolved, name) for name in (
+        "resolution", "train_text_encoder_2", "weighting_scheme", "logit_mean", "logit_std", "mode_scale",
+        "max_sequence_length")} | {"guidance_scale": sampling[1]}
+    return resolved, cls(backbone, resolved.pretrained_model_name_or_path, resolved.revision, settings)
+
+
+__all__ = ["TRAINING_FAMILIES", "Batch", "TextEncoder", "TrainingDefaults", "TrainingFamily", "resolve_training"]
