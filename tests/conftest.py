@@ -39,6 +39,14 @@ def tiny_sd(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_sdxl(tmp_path_factory) -> Path:
+    """Folder of a tiny random StableDiffusionXLPipeline (CLIP-L and bigG, size conditions)."""
+    from gors.testing.sdxl import build_tiny_sdxl_pipeline
+
+    return build_tiny_sdxl_pipeline(tmp_path_factory.mktemp("tiny_sdxl"), seed=0)
+
+
+@pytest.fixture(scope="session")
 def tiny_sd3(tmp_path_factory) -> Path:
     """Folder of a tiny random StableDiffusion3Pipeline (CLIP-L, bigG and a tiny T5)."""
     from gors.testing.sd3 import build_tiny_sd3_pipeline
