@@ -65,7 +65,8 @@ class GORSTrainer:
     def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator | None = None) -> None:
         backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
         check_trainable(backbone, config.pretrained_model_name_or_path)  # every check before any weights load
-        self.config, self.family = resolve_training(config, backbone)
+        generated = SampleStore(samples_dir(config.output_dir)).load_settings() or {}
+        self.config, self.family = resolve_training(config, backbone, generated.get("guidance_scale"))
         self.optimizer_class = _optimizer_class(config.use_8bit_adam)
         self.backbone = backbone
         self.resolution = self.config.resolution
@@ -285,13 +286,12 @@ class GORSTrainer:
         config = self.config
         pipeline = self._pipeline()
         prompts = list(config.validation_prompts or [])
-        steps, guidance, _ = self.backbone.sampling.resolve(None, getattr(config, "guidance_scale", None), None)
         images = pipeline(
             prompt=prompts,
             height=self.resolution,
             width=self.resolution,
-            num_inference_steps=steps,
-            guidance_scale=guidance,
+            num_inference_steps=self.backbone.sampling.num_inference_steps,
+            guidance_scale=self.family.settings["guidance_scale"],
             generator=cpu_generators([config.seed + i for i in range(len(prompts))]),
             **self.backbone.call_kwargs,
         ).images

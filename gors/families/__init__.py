@@ -34,8 +34,11 @@ TRAINING_FAMILIES: dict[str, type[TrainingFamily]] = {
 C = TypeVar("C")
 
 
-def resolve_training(config: C, backbone: Backbone) -> tuple[C, TrainingFamily]:
+def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | None = None) -> tuple[C, TrainingFamily]:
     """`config` with every family-dependent default filled in, and the family that trains it.
+
+    `sampled_guidance`: the guidance scale the selected samples were generated with (FLUX.1 [dev]
+    takes it as an input, as its pipeline passes it); None for the family's default.
 
     Settings the family cannot take are refused here, before any weights load: a text-encoder
     LoRA on a family without a trainable one (FLUX.1), a second encoder on a family with one,
@@ -62,7 +65,7 @@ def resolve_training(config: C, backbone: Backbone) -> tuple[C, TrainingFamily]:
     if not (config.train_unet or first or second):
         raise ValueError(f"--no_train_unet leaves nothing to train on {label}: train its "
                          f"{'text encoders' if clip else 'transformer'}.")
-    sampling = backbone.sampling.resolve(None, getattr(config, "guidance_scale", None), config.resolution)
+    sampling = backbone.sampling.resolve(None, sampled_guidance, config.resolution)
     resolved = replace(
         config,
         resolution=check_resolution(backbone, sampling[2]),

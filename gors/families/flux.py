@@ -51,6 +51,10 @@ class FluxFamily(FlowMatchingFamily):
         config = component_config(pretrained_model_name_or_path, "transformer", revision)
         self.guidance_embeds = bool(config.get("guidance_embeds", False))
 
+    def fingerprint(self):
+        guidance = {"guidance_scale": self.settings["guidance_scale"]} if self.guidance_embeds else {}
+        return super().fingerprint() | guidance
+
     def encode(self, encoder, model, input_ids):
         if encoder.t5:
             return {"hidden": model(input_ids, output_hidden_states=False)[0]}
