@@ -52,9 +52,9 @@ class TextEncoder:
 class TrainingDefaults:
     """A family's training defaults, used where the flag is left unset.
 
-    learning rates and rank are those of diffusers' LoRA scripts for the family (and GORS's for
-    Stable Diffusion 1/2); `train_text_encoder` follows GORS where diffusers trains the CLIP
-    encoders by default, and diffusers where it does not.
+    `train_text_encoder` is on for the U-Net families, as GORS trains its CLIP encoder, and off
+    for SD3/FLUX.1, as diffusers' scripts for them. Learning rates and rank need no per-family
+    default: GORS's (1e-4, 5e-6, rank 4) are diffusers' LoRA scripts' for every family.
     """
 
     train_text_encoder: bool
