@@ -29,7 +29,7 @@ class StableDiffusionXLFamily(DDPMFamily):
 
     def condition(self, encodings, batch, dtype):
         side = self.settings["resolution"]
-        target = torch.tensor([side, side]).expand(len(batch.latents), 2)
+        target = torch.tensor([side, side], device=batch.original_size.device).expand(len(batch.latents), 2)
         time_ids = torch.cat([batch.original_size, batch.crop_top_left, target], dim=1)
         hidden = torch.cat([encodings["text_encoder"]["hidden"], encodings["text_encoder_2"]["hidden"]], dim=-1)
         return {
