@@ -24,6 +24,7 @@ from typing import Any, Iterator, NoReturn, Sequence, TypeVar, get_origin
 
 import yaml
 from transformers import HfArgumentParser
+from transformers.hf_argparser import string_to_bool
 
 from gors.config import SelectConfig, TrainConfig
 from gors.core.data import ChecksumError, DownloadError
@@ -53,10 +54,13 @@ class ConfigParser(HfArgumentParser):
             # HfArgumentParser would call dict(text) on the value.
             parser.add_argument(f"--{field.name}", f"--{field.name.replace('_', '-')}",
                                 default=field.default_factory(), **options)
+        elif field.type == (bool | None) and field.default is None:
+            # HfArgumentParser would want a value after the flag.
+            parser.add_argument(f"--{field.name}", f"--{field.name.replace('_', '-')}", type=string_to_bool, nargs="?",
+                                const=True, default=None, **options)
+            parser.add_argument(f"--no_{field.name}", action="store_false", dest=field.name)
         else:
             HfArgumentParser._parse_dataclass_field(parser, field)
-            if field.type == (bool | None) and field.default is None:
-                parser.add_argument(f"--no_{field.name}", action="store_false", dest=field.name)
 
     def error(self, message: str) -> NoReturn:
         """A bad flag: a SystemExit with one line (argparse would print the whole usage on every process)."""

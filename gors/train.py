@@ -54,7 +54,7 @@ def _optimizer_class(use_8bit_adam: bool) -> type[torch.optim.Optimizer]:
     try:
         import bitsandbytes
     except ImportError:
-        raise ImportError("--use_8bit_adam needs bitsandbytes: `pip install gors[bnb]` (or `pip install "
+        raise ValueError("--use_8bit_adam needs bitsandbytes: `pip install gors[bnb]` (or `pip install "
                           "bitsandbytes`), or train without the flag.") from None
     return bitsandbytes.optim.AdamW8bit
 

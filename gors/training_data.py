@@ -103,9 +103,11 @@ def crop_top_left(height: int, width: int, resolution: int, center_crop: bool) -
     """Where `image_transform` crops an image of this size: (top, left) in the resized image's pixels."""
     if not center_crop:
         return 0, 0
-    scale = resolution / min(height, width)
-    resized = (int(resolution if height <= width else height * scale), int(resolution if width <= height else width * scale))
-    return int(round((resized[0] - resolution) / 2.0)), int(round((resized[1] - resolution) / 2.0))
+    short = min(height, width)
+    # torchvision's Resize(resolution): the short side to `resolution`, the long one int(resolution * long / short).
+    resized_height = resolution if height == short else int(resolution * height / short)
+    resized_width = resolution if width == short else int(resolution * width / short)
+    return int(round((resized_height - resolution) / 2.0)), int(round((resized_width - resolution) / 2.0))
 
 
 @torch.no_grad()

@@ -2,7 +2,7 @@
 latents, the rectified-flow loss.
 
 As `FluxPipeline` conditions: CLIP-L's pooled output is the pooled vector, T5's states
-(`--max_sequence_length` tokens, 512 by default, 256 for schnell) the text tokens with zero ids;
+(`--max_sequence_length` tokens, the pipeline's 512 by default) the text tokens with zero ids;
 latents are packed into 2 x 2 patches with (0, row, column) ids; the transformer takes the
 timestep / 1000 and, for guidance-distilled [dev], the guidance scale the samples were drawn with.
 Only the transformer trains: diffusers can train FLUX.1's CLIP encoder, gors does not (its pooled

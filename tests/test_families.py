@@ -1,0 +1,465 @@
+"""SDXL, SD3 and FLUX.1 train on what their diffusers pipelines condition on.
+
+Each family's prompt encodings, FLUX's packed latents and guidance input, and SDXL's size conditions
+are compared with the pipelines' own code; cached text encodings with live ones; and settings a
+family cannot take are refused before any weights load. The tiny pipelines come from
+tests/conftest.py; a selected run folder (generate, score, select at 32 px) is built once per
+family in this module and copied by the tests that train on it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import diffusers
+import numpy as np
+import pytest
+import torch
+from diffusers import FluxPipeline
+from PIL import Image
+from torchvision import transforms
+
+from gors.checkpoints import training_fingerprint
+from gors.config import RunConfig, TrainConfig
+from gors.core.backbones import detect_backbone
+from gors.core.distributed import reset_process_state
+from gors.core.run_folder import TEXT_EMBEDDING_CACHE_DIR
+from gors.families import Batch, resolve_training
+from gors.families.base import FlowMatchingFamily, TrainingFamily
+from gors.families.flux import latent_image_ids, pack_latents, unpack_latents
+from gors.generate import generate
+from gors.score import score
+from gors.select import load_selection, select
+from gors.train import GORSTrainer, train
+from gors.training_data import crop_top_left
+
+PROMPTS = ["a red circle and a blue square", "a green triangle"]
+RESOLUTION = 32
+
+
+@pytest.fixture(scope="module")
+def selected_runs(tmp_path_factory, tiny_blip):
+    """`selected(model)`: the RunConfig of a run folder of that model after generate, score and select,
+    built on first use (read-only: copy it with `_copy_run`)."""
+    prompts = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    prompts.write_text("a red circle and a blue square\na green triangle\na yellow circle\n")
+    runs = {}
+
+    def selected(model: Path) -> RunConfig:
+        if model not in runs:
+            config = RunConfig(
+                output_dir=str(tmp_path_factory.mktemp("selected")), pretrained_model_name_or_path=str(model),
+                train_prompts=str(prompts), images_per_prompt=2, num_inference_steps=2, resolution=RESOLUTION,
+                reward="b_vqa", reward_model_name_or_path=str(tiny_blip), reward_threshold=0.0, seed=0,
+            )
+            generate(config)
+            score(config)
+            select(config)
+            reset_process_state()
+            runs[model] = config
+        return runs[model]
+
+    return selected
+
+
+@pytest.fixture(scope="module")
+def pipelines():
+    """`pipeline(model)`: the model's diffusers pipeline, loaded once per module."""
+    loaded = {}
+
+    def pipeline(model: Path):
+        if model not in loaded:
+            backbone = detect_backbone(str(model))
+            loaded[model] = getattr(diffusers, backbone.pipeline_class).from_pretrained(str(model))
+        return loaded[model]
+
+    return pipeline
+
+
+def _copy_run(selected: RunConfig, destination: Path, **overrides) -> RunConfig:
+    """A copy of a selected run's samples, scores and selection, and its config there (no trackers)."""
+    destination.mkdir()
+    for name in ("samples", "scores"):
+        shutil.copytree(Path(selected.output_dir) / name, destination / name)
+    shutil.copy(Path(selected.output_dir) / "selection.jsonl", destination)
+    return replace(selected, output_dir=str(destination), report_to="none", **overrides)
+
+
+def _prepared_trainer(config: RunConfig) -> GORSTrainer:
+    """A trainer with its models set up and its data (latents, tokens, cached encodings) loaded."""
+    trainer = GORSTrainer(config)
+    trainer.selection = load_selection(config.output_dir)
+    trainer._setup_models()
+    trainer._load_data()
+    return trainer
+
+
+def _family(model: Path, **overrides):
+    """(resolved config, family) of a TrainConfig for `model` at 32 px (unless overridden)."""
+    config = TrainConfig(pretrained_model_name_or_path=str(model), **{"resolution": RESOLUTION} | overrides)
+    return resolve_training(config, detect_backbone(str(model)))
+
+
+@torch.no_grad()
+def _encodings(family: TrainingFamily, prompts: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """Every text encoder's outputs for `prompts`, one encoder at a time, as the trainer computes them."""
+    encodings = {}
+    for encoder in family.text_encoders:
+        ids = family.tokenize(encoder, family.load(encoder.tokenizer), prompts)
+        encodings[encoder.component] = family.encode(encoder, family.load(encoder.component), ids)
+    return encodings
+
+
+def _batch(size: int, original_size=(RESOLUTION, RESOLUTION), crop=(0, 0), channels: int = 16) -> Batch:
+    """A batch of zero latents (32 px through a VAE of factor 2) with these size conditions."""
+    side = RESOLUTION // 2
+    return Batch(torch.zeros(size, channels, side, side), torch.ones(size),
+                 torch.tensor([original_size] * size), torch.tensor([crop] * size))
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Make any load of a model component fail the test."""
+    def refuse(self, component, *args, **kwargs):
+        raise AssertionError(f"{component} was loaded before the settings were checked")
+
+    monkeypatch.setattr(TrainingFamily, "load", refuse)
+    monkeypatch.setattr(TrainingFamily, "load_scheduler", lambda self: refuse(self, "scheduler"))
+
+
+@pytest.fixture
+def loaded_components(monkeypatch):
+    """The components the families load, in order (tokenizers, encoders, denoiser, VAE)."""
+    loaded = []
+    original = TrainingFamily.load
+
+    def recording(self, component, *args, **kwargs):
+        loaded.append(component)
+        return original(self, component, *args, **kwargs)
+
+    monkeypatch.setattr(TrainingFamily, "load", recording)
+    return loaded
+
+
+# ---- prompt encodings and conditions, against the pipelines' own code ------------------------------
+
+
+def _pipeline_encoding(name: str, pipeline) -> dict[str, torch.Tensor]:
+    """`encode_prompt` of the family's pipeline on PROMPTS (no guidance), by the denoiser's argument names."""
+    if name == "sdxl":
+        hidden, _, pooled, _ = pipeline.encode_prompt(PROMPTS, device="cpu", do_classifier_free_guidance=False)
+        return {"encoder_hidden_states": hidden, "text_embeds": pooled}
+    if name == "sd3":
+        hidden, _, pooled, _ = pipeline.encode_prompt(PROMPTS, None, None, device="cpu",
+                                                      do_classifier_free_guidance=False, max_sequence_length=256)
+        return {"encoder_hidden_states": hidden, "pooled_projections": pooled}
+    hidden, pooled, text_ids = pipeline.encode_prompt(PROMPTS, None, device="cpu", max_sequence_length=512)
+    return {"encoder_hidden_states": hidden, "pooled_projections": pooled, "txt_ids": text_ids}
+
+
+@pytest.mark.parametrize("name, text_shape", [
+    ("sdxl", (2, 77, 32 + 64)),  # CLIP-L and bigG penultimate states side by side
+    ("sd3", (2, 77 + 256, 128)),  # CLIP states padded to T5's width, then 256 T5 tokens
+    ("flux", (2, 512, 128)),  # 512 T5 tokens
+])
+def test_family_encodings_equal_the_pipelines_encode_prompt(name, text_shape, request, pipelines):
+    model = request.getfixturevalue(f"tiny_{name}")
+    _, family = _family(model)
+    conditioning = family.condition(_encodings(family, PROMPTS), _batch(len(PROMPTS)), torch.float32)
+    with torch.no_grad():
+        expected = _pipeline_encoding(name, pipelines(model))
+    assert conditioning["encoder_hidden_states"].shape == text_shape
+    for key, value in expected.items():
+        assert conditioning[key].shape == value.shape, key
+        assert torch.allclose(conditioning[key], value, rtol=0, atol=1e-6), key
+
+
+def test_sdxl_time_ids_equal_the_pipelines(tiny_sdxl, pipelines):
+    _, family = _family(tiny_sdxl)
+    pipeline = pipelines(tiny_sdxl)
+    encodings = {"text_encoder": {"hidden": torch.zeros(2, 77, 32)},
+                 "text_encoder_2": {"hidden": torch.zeros(2, 77, 64), "pooled": torch.zeros(2, 64)}}
+    for original_size, crop in [((40, 56), (0, 6)), ((72, 40), (12, 0)), ((32, 32), (0, 0))]:
+        batch = _batch(2, original_size, crop, channels=4)
+        time_ids = family.condition(encodings, batch, torch.float32)["time_ids"]
+        expected = pipeline._get_add_time_ids(original_size, crop, (RESOLUTION, RESOLUTION), torch.float32,
+                                              text_encoder_projection_dim=pipeline.text_encoder_2.config.projection_dim)
+        assert torch.equal(time_ids, expected.expand(2, 6))
+
+
+# ---- cached text encodings -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, t5", [("sd3", "text_encoder_3"), ("flux", "text_encoder_2")])
+def test_cached_text_encodings_equal_the_live_encoders_and_are_reused(name, t5, request, selected_runs, tmp_path,
+                                                                     loaded_components):
+    selected = selected_runs(request.getfixturevalue(f"tiny_{name}"))
+    cached_config = _copy_run(selected, tmp_path / "cached")  # cache_text_embeddings=True, the default
+    cached = _prepared_trainer(cached_config)
+    components = [encoder.component for encoder in cached.family.text_encoders]
+    # Every encoder is frozen (SD3's CLIP ones by default, FLUX.1's always): none runs during training,
+    # and T5 was loaded once, to fill its cache.
+    assert cached.text_encoders == {} and sorted(cached.cached) == sorted(components)
+    assert loaded_components.count(t5) == 1
+    assert len(list((Path(cached_config.output_dir) / TEXT_EMBEDDING_CACHE_DIR).glob(f"{t5}-*.safetensors"))) == 1
+
+    live = _prepared_trainer(_copy_run(selected, tmp_path / "live", cache_text_embeddings=False))
+    assert live.cached == {} and sorted(live.text_encoders) == sorted(components)
+    with torch.no_grad():
+        for encoder in live.family.text_encoders:
+            component = encoder.component
+            expected = live.family.encode(encoder, live.text_encoders[component], live.tokens[component])
+            assert cached.cached[component].keys() == expected.keys()
+            for key, value in expected.items():
+                assert torch.allclose(cached.cached[component][key], value, rtol=0, atol=1e-6), (component, key)
+    losses = []
+    for trainer in (cached, live):
+        torch.manual_seed(0)  # the same latent sample, noise and timesteps
+        losses.append(trainer._micro_batch_loss(0))
+    assert torch.allclose(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+
+    loaded_components.clear()
+    again = _prepared_trainer(cached_config)
+    assert not set(loaded_components) & set(components)  # no text encoder loaded: the cache is read
+    assert all(torch.equal(again.cached[c][k], v) for c in components for k, v in cached.cached[c].items())
+
+
+# ---- FLUX.1: packed latents and the guidance input ----------------------------------------------------
+
+
+def test_flux_packing_equals_the_pipelines():
+    latents = torch.randn(2, 16, 8, 6, generator=torch.Generator().manual_seed(0))
+    packed = pack_latents(latents)
+    assert torch.equal(packed, FluxPipeline._pack_latents(latents, 2, 16, 8, 6))
+    # The pipeline unpacks from the image size in pixels and the VAE factor (8 in FLUX.1).
+    assert torch.equal(unpack_latents(packed, 8, 6), FluxPipeline._unpack_latents(packed, 8 * 8, 6 * 8, 8))
+    assert torch.equal(unpack_latents(packed, 8, 6), latents)
+    # Ids of the 4 x 3 patch grid the pipeline makes for 8 x 6 latents.
+    expected_ids = FluxPipeline._prepare_latent_image_ids(2, 8 // 2, 6 // 2, "cpu", torch.float32)
+    assert torch.equal(latent_image_ids(8, 6), expected_ids)
+
+
+def test_flux_dev_conditions_on_the_guidance_its_samples_were_drawn_with(tiny_flux, selected_runs, tmp_path):
+    encodings = {"text_encoder": {"pooled": torch.zeros(3, 32)}, "text_encoder_2": {"hidden": torch.zeros(3, 7, 128)}}
+    _, family = _family(tiny_flux)
+    guidance = family.condition(encodings, _batch(3), torch.float32)["guidance"]
+    assert torch.equal(guidance, torch.full((3,), 3.5))  # without samples: FLUX.1-dev's default sampling guidance
+
+    config = _copy_run(selected_runs(tiny_flux), tmp_path / "run")
+    settings = Path(config.output_dir) / "samples" / "settings.json"
+    assert json.loads(settings.read_text())["guidance_scale"] == 3.5
+    settings.write_text(json.dumps(json.loads(settings.read_text()) | {"guidance_scale": 5.0}))
+    family = GORSTrainer(config).family  # reads the store's settings; loads no weights
+    guidance = family.condition(encodings, _batch(3), torch.float32)["guidance"]
+    assert torch.equal(guidance, torch.full((3,), 5.0))
+    assert family.fingerprint()["guidance_scale"] == 5.0  # a resume at another guidance is refused
+
+
+def test_flux_schnell_has_no_guidance_input(tmp_path):
+    from gors.testing.flux import build_tiny_flux_pipeline
+
+    config, family = _family(build_tiny_flux_pipeline(tmp_path / "schnell", schnell=True))
+    # T5 reads as many tokens as when the samples were generated: the pipeline's default, for schnell too.
+    assert config.max_sequence_length == inspect.signature(FluxPipeline.__call__).parameters["max_sequence_length"].default
+    encodings = {"text_encoder": {"pooled": torch.zeros(3, 32)}, "text_encoder_2": {"hidden": torch.zeros(3, 7, 128)}}
+    assert "guidance" not in family.condition(encodings, _batch(3), torch.float32)
+    assert "guidance_scale" not in family.fingerprint()
+
+
+# ---- settings a family cannot take ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, overrides, error", [
+    ("tiny_flux", dict(train_text_encoder=True),
+     r"--train_text_encoder: gors trains only the transformer of a FluxPipeline \(flux family\); its text encoders "
+     r"stay frozen \(and cached\)\. Leave the flag unset\."),
+    ("tiny_sd", dict(train_text_encoder_2=True),
+     r"--train_text_encoder_2: a StableDiffusionPipeline \(sd family\) has no second CLIP text encoder; "
+     r"use --train_text_encoder\."),
+    ("tiny_sd", dict(weighting_scheme="logit_normal"),
+     r"--weighting_scheme=logit_normal: a StableDiffusionPipeline \(sd family\) trains with the DDPM loss; the "
+     r"flow-matching options apply to SD3 and FLUX\.1\."),
+    ("tiny_sdxl", dict(max_sequence_length=77),
+     r"--max_sequence_length: a StableDiffusionXLPipeline \(sdxl family\) has no T5 encoder; its CLIP encoders take "
+     r"77 tokens\."),
+    ("tiny_sd3", dict(resolution=40), r"--resolution=40: a StableDiffusion3Pipeline needs a multiple of 16 \(e\.g\. 32\)"),
+    ("tiny_flux", dict(train_unet=False),
+     r"--no_train_unet leaves nothing to train on a FluxPipeline \(flux family\): train its transformer\."),
+    ("tiny_sd3", dict(train_unet=False),  # its CLIP encoders are off by default
+     r"--no_train_unet leaves nothing to train on a StableDiffusion3Pipeline \(sd3 family\): train its text encoders\."),
+], ids=["flux_text_encoder", "sd_text_encoder_2", "sd_weighting", "sdxl_t5_length", "sd3_resolution",
+        "flux_nothing_to_train", "sd3_nothing_to_train"])
+def test_settings_a_family_cannot_take_are_refused_before_any_weights_load(model, overrides, error, request, tmp_path,
+                                                                         no_weights):
+    run_dir = tmp_path / "run"
+    config = TrainConfig(output_dir=str(run_dir), pretrained_model_name_or_path=str(request.getfixturevalue(model)),
+                         **{"resolution": RESOLUTION} | overrides)
+    with pytest.raises(ValueError, match=error):
+        train(config)
+    assert not run_dir.exists()  # refused before the selection is even read
+
+
+def test_8bit_adam_without_bitsandbytes_is_refused_before_any_weights_load(tiny_sd, tmp_path, monkeypatch, no_weights):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # `import bitsandbytes` raises ImportError
+    config = TrainConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path=str(tiny_sd),
+                         resolution=RESOLUTION, use_8bit_adam=True)
+    with pytest.raises(ValueError, match=r"--use_8bit_adam needs bitsandbytes: `pip install gors\[bnb\]` .*or train "
+                                          r"without the flag"):
+        train(config)
+
+
+def test_cli_refuses_8bit_adam_without_bitsandbytes_with_one_error_line(tiny_sd, tmp_path, capsys, monkeypatch,
+                                                                       no_weights):
+    from gors.cli import main
+
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--output_dir", str(tmp_path / "run"), "--pretrained_model_name_or_path", str(tiny_sd),
+              "--use_8bit_adam"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --use_8bit_adam needs bitsandbytes")
+
+
+@pytest.mark.parametrize("flag", [
+    ["--train_text_encoder", "true"],
+    ["--train_text_encoder"],
+], ids=["with_value", "bare"])
+def test_cli_refuses_a_text_encoder_lora_on_flux_with_one_error_line(flag, tiny_flux, tmp_path, capsys, no_weights):
+    from gors.cli import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "selection.jsonl").write_bytes(b"kept\r\n")  # finished work that must survive the refusal
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_flux), *flag])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: --train_text_encoder: gors trains only the transformer of a FluxPipeline (flux family); its text "
+        "encoders stay frozen (and cached). Leave the flag unset."]
+    assert "Traceback" not in err
+    assert (run_dir / "selection.jsonl").read_bytes() == b"kept\r\n"
+    assert not any((run_dir / name).exists() for name in ("checkpoints", "latent_cache", TEXT_EMBEDDING_CACHE_DIR))
+
+
+# ---- family defaults and checkpoint fingerprints ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, expected", [
+    # (train_text_encoder, train_text_encoder_2, weighting_scheme, max_sequence_length, resolution)
+    ("tiny_sd", (True, False, None, None, 512)),
+    ("tiny_sdxl", (True, True, None, None, 1024)),
+    ("tiny_sd3", (False, False, "logit_normal", 256, 1024)),
+    ("tiny_flux", (False, False, "none", 512, 1024)),
+])
+def test_unset_flags_take_the_family_defaults(model, expected, request):
+    config, _ = _family(request.getfixturevalue(model), resolution=None)
+    assert (config.train_text_encoder, config.train_text_encoder_2, config.weighting_scheme,
+            config.max_sequence_length, config.resolution) == expected
+
+
+def test_flags_given_win_over_the_family_defaults(tiny_sd3):
+    config, family = _family(tiny_sd3, weighting_scheme="mode", max_sequence_length=77, mode_scale=0.5)
+    assert (config.weighting_scheme, config.max_sequence_length, config.resolution) == ("mode", 77, RESOLUTION)
+    assert (family.settings["weighting_scheme"], family.settings["mode_scale"]) == ("mode", 0.5)
+
+
+@pytest.mark.parametrize("model, flags, trained", [
+    ("tiny_sdxl", dict(train_text_encoder=True), ["text_encoder", "text_encoder_2"]),
+    ("tiny_sdxl", dict(train_text_encoder=True, train_text_encoder_2=False), ["text_encoder"]),
+    ("tiny_sdxl", dict(train_text_encoder=False), []),
+    ("tiny_sdxl", dict(train_text_encoder=False, train_text_encoder_2=True), ["text_encoder_2"]),
+    ("tiny_sd3", dict(train_text_encoder=True), ["text_encoder", "text_encoder_2"]),
+    ("tiny_sd3", dict(), []),
+])
+def test_train_text_encoder_turns_on_both_clip_encoders_unless_the_second_is_off(model, flags, trained, request):
+    config, family = _family(request.getfixturevalue(model), **flags)
+    assert [e.component for e in family.trained_text_encoders(config.train_text_encoder)] == trained
+    assert family.settings["train_text_encoder_2"] == ("text_encoder_2" in trained)
+
+
+SELECTION = [{"path": "part-00000/00000_000.png", "reward": 0.5}]
+# The keys of SD checkpoints made before other families trained (gors 9911ce6^): those must still resume.
+SD_FINGERPRINT_KEYS = {
+    "selection_rows", "selection_sha256", "pretrained_model_name_or_path", "revision", "resolution", "center_crop",
+    "rank", "train_unet", "train_text_encoder", "train_batch_size", "gradient_accumulation_steps", "seed",
+    "learning_rate", "text_encoder_learning_rate", "adam_beta1", "adam_beta2", "adam_weight_decay", "adam_epsilon",
+    "lr_scheduler", "lr_warmup_steps", "unet_target_modules", "text_encoder_target_modules", "num_processes",
+}
+
+
+def test_sd_fingerprint_keeps_its_keys_and_flow_matching_adds_its_own(tiny_sd, tiny_flux):
+    config, family = _family(tiny_sd)
+    fingerprint = training_fingerprint(config, SELECTION, 1, family.fingerprint())
+    assert set(fingerprint) == SD_FINGERPRINT_KEYS
+    assert fingerprint["unet_target_modules"] == ["to_q", "to_k", "to_v", "to_out.0"]
+    assert fingerprint["text_encoder_target_modules"] == ["q_proj", "k_proj", "v_proj", "out_proj"]
+    assert fingerprint["train_text_encoder"] is True
+
+    config, family = _family(tiny_flux)
+    fingerprint = training_fingerprint(config, SELECTION, 1, family.fingerprint())
+    assert "unet_target_modules" not in fingerprint and fingerprint["guidance_scale"] == 3.5
+    assert fingerprint["transformer_target_modules"] == list(FlowMatchingFamily.denoiser_lora_targets)
+    assert {k: fingerprint[k] for k in ("weighting_scheme", "logit_mean", "logit_std", "mode_scale",
+                                        "max_sequence_length")} == {
+        "weighting_scheme": "none", "logit_mean": 0.0, "logit_std": 1.0, "mode_scale": 1.29, "max_sequence_length": 512}
+
+
+# ---- SDXL's size conditions from the sample store --------------------------------------------------------
+
+
+def _crop_offset(image: Image.Image) -> tuple[int, int]:
+    """(top, left) of the training crop in the resized image, found by matching pixels (not by formula)."""
+    resized = np.asarray(transforms.Resize(RESOLUTION)(image))
+    cropped = np.asarray(transforms.CenterCrop(RESOLUTION)(Image.fromarray(resized)))
+    offsets = [(top, left) for top in range(resized.shape[0] - RESOLUTION + 1)
+               for left in range(resized.shape[1] - RESOLUTION + 1)
+               if np.array_equal(resized[top:top + RESOLUTION, left:left + RESOLUTION], cropped)]
+    assert len(offsets) == 1
+    return offsets[0]
+
+
+def _noise_image(height: int, width: int, seed: int) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("height, width", [
+    (40, 56), (72, 40), (32, 32), (31, 45),
+    # torchvision resizes the long side to int(32 * 1127 / 784) = 46, where int(1127 * (32 / 784)) is 45.
+    (784, 1127),
+])
+def test_crop_top_left_is_where_the_training_transform_crops(height, width):
+    assert crop_top_left(height, width, RESOLUTION, True) == _crop_offset(_noise_image(height, width, 0))
+    assert crop_top_left(height, width, RESOLUTION, False) == (0, 0)  # resized to the square, nothing cropped
+
+
+def test_sdxl_trains_on_each_stored_images_size_and_crop(tiny_sdxl, selected_runs, tmp_path, monkeypatch):
+    config = _copy_run(selected_runs(tiny_sdxl), tmp_path / "run")
+    selection = load_selection(config.output_dir)
+    sizes = [(40, 56), (72, 40), (32, 32)]  # (height, width): wide, tall, as generated
+    expected = []
+    for i, row in enumerate(selection):
+        height, width = sizes[i % len(sizes)]
+        image = _noise_image(height, width, seed=i)
+        image.save(Path(config.output_dir) / "samples" / row["path"])
+        expected.append([height, width, *_crop_offset(image)])
+    trainer = _prepared_trainer(config)
+    recorded = torch.cat([trainer.latents["original_size"], trainer.latents["crop_top_left"]], dim=1)
+    assert recorded.tolist() == expected
+
+    seen = []
+    condition = trainer.family.condition
+
+    def recording(*args):
+        seen.append(condition(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(trainer.family, "condition", recording)
+    trainer._micro_batch_loss(0)
+    rows = trainer.schedule.indices(0)
+    assert seen[0]["time_ids"].tolist() == [expected[i] + [RESOLUTION, RESOLUTION] for i in rows]
