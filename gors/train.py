@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration, set_seed
 
 from gors.checkpoints import check_resumable, checkpoint_step, find_checkpoint, training_fingerprint, write_checkpoint
 from gors.config import RunConfig, TrainConfig
@@ -30,7 +30,7 @@ from gors.core.hub import from_pretrained
 from gors.core.pipeline import cpu_generators
 from gors.core.run_folder import LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore
-from gors.families import Batch, TextEncoder, resolve_training
+from gors.families import TRAINING_FAMILIES, Batch, TextEncoder, resolve_training
 from gors.lora import add_lora, load_lora, lora_parameters, save_lora
 from gors.select import load_selection, reward_statistics
 from gors.training_data import BatchSchedule, cached_latent_distributions, sharded_cache, text_cache_name
@@ -38,13 +38,20 @@ from gors.validation import BenchmarkValidation
 
 
 def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:
-    """The Accelerator of a training run: accumulation, precision, trackers and the run folder."""
+    """The Accelerator of a training run: accumulation, precision, trackers and the run folder.
+
+    DDP looks for parameters without a gradient only for families whose text-encoder adapters have
+    some (SDXL reads CLIP-L's penultimate layer, so the last layer's LoRA never gets one).
+    """
     project = ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs"))
+    family = TRAINING_FAMILIES.get(detect_backbone(config.pretrained_model_name_or_path, config.revision).name)
+    unused = family is not None and family.lora_without_gradient and config.train_text_encoder is not False
     return make_accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         mixed_precision=config.mixed_precision,
         log_with=None if config.report_to == "none" else config.report_to,
         project_config=project,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)] if unused else None,
     )
 
 

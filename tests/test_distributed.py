@@ -1,19 +1,14 @@
 """The whole pipeline on two CPU processes (gloo), launched as users launch it."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from accelerate import PartialState
 from safetensors.torch import load_file
+from two_processes import launch_gors
 
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -31,15 +26,6 @@ def test_shares_are_contiguous_and_as_large_as_strided_ones(world):
         assert [len(share) for share in shares] == [len(items[rank::world]) for rank in range(world)]
 
 
-def _launch(args, cwd):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(REPO / "accelerate_configs" / "cpu.yaml"), "--main_process_port", "0", "-m", "gors.cli", *args]
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return result
-
-
 @pytest.mark.slow
 def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd, tiny_blip, prompts_file):
     run_dir = tmp_path / "run"
@@ -50,7 +36,7 @@ def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd,
         "--reward_batch_size", "2", "--reward_threshold", "0.0", "--max_train_steps", "2",
         "--checkpointing_steps", "1", "--seed", "0",
     ]
-    _launch(["run", *flags], cwd=tmp_path)
+    launch_gors(["run", *flags], cwd=tmp_path)
 
     store = SampleStore(run_dir / "samples")
     keys = [(r["prompt_index"], r["image_index"]) for r in store.records()]
@@ -64,7 +50,7 @@ def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd,
                                                                               "random_states_1.pkl"]
 
     # A rerun on two processes finds everything done and duplicates nothing.
-    _launch(["generate", *flags[:14], "--seed", "0"], cwd=tmp_path)
+    launch_gors(["generate", *flags[:14], "--seed", "0"], cwd=tmp_path)
     assert len(SampleStore(run_dir / "samples").records()) == 9
 
 
@@ -77,7 +63,7 @@ def test_two_process_evaluation_equals_one_process(tmp_path):
 
     flags = ["--pretrained_model_name_or_path", str(PRETRAINED_DIR / "pipeline"), "--benchmarks", "toy:train",
              "--max_prompts", "6", "--images_per_prompt", "2"]
-    _launch(["evaluate", *flags, "--output_dir", str(tmp_path / "two")], cwd=tmp_path)
+    launch_gors(["evaluate", *flags, "--output_dir", str(tmp_path / "two")], cwd=tmp_path)
     from gors.cli import main
 
     main(["evaluate", *flags, "--output_dir", str(tmp_path / "one")])

@@ -105,4 +105,9 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
             raise LockError(refusal)
         yield
         # Released only when every process is done writing; after an error the launcher stops them all.
-        state.wait_for_everyone()
+        # A body that ended the process group (`accelerator.end_training()` after `gors train`) has
+        # passed its last barrier already: only the main process, which holds the locks, still writes.
+        import torch.distributed
+
+        if state.num_processes == 1 or torch.distributed.is_initialized():
+            state.wait_for_everyone()

@@ -19,6 +19,8 @@ class StableDiffusionXLFamily(DDPMFamily):
     denoiser_lora_targets = UNET_TARGET_MODULES
     text_encoders = (TextEncoder("text_encoder", "tokenizer"), TextEncoder("text_encoder_2", "tokenizer_2"))
     defaults = TrainingDefaults(train_text_encoder=True)
+    # CLIP-L's last layer feeds neither its penultimate state nor anything else SDXL reads.
+    lora_without_gradient = True
 
     def encode(self, encoder, model, input_ids):
         output = model(input_ids, output_hidden_states=True)

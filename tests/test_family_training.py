@@ -1,0 +1,138 @@
+"""GORS on SDXL, SD3 and FLUX.1: the whole loop on two CPU processes (gloo), launched as users launch it.
+
+One 2-process `gors run` per family (tiny random models, 2 prompts x 2 images, 2 training steps with a
+checkpoint after each) is shared by the tests of that family: what the run folder holds, that the LoRA
+loads in the family's own diffusers pipeline and changes its images, and that a 2-process resume from
+the first checkpoint ends on the same LoRA.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from two_processes import launch_gors
+
+from gors.core.run_folder import TEXT_EMBEDDING_CACHE_DIR
+from gors.core.scoring import load_scores
+from gors.core.store import SampleStore
+from gors.lora import LORA_WEIGHT_NAME
+from gors.select import load_selection
+
+PROMPTS = ("a red circle and a blue square", "a green triangle")
+IMAGES_PER_PROMPT = 2
+SAMPLE_KEYS = [(p, i) for p in range(len(PROMPTS)) for i in range(IMAGES_PER_PROMPT)]
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a family's run is expected to produce."""
+
+    model_fixture: str
+    pipeline_class: str
+    lora_components: frozenset[str]  # the prefixes of the LoRA file's keys
+    cached_encoders: tuple[str, ...]  # the frozen text encoders, whose outputs are cached
+
+
+FAMILIES = {
+    # Both CLIP encoders train by default, so nothing is cached.
+    "sdxl": Family("tiny_sdxl", "StableDiffusionXLPipeline", frozenset({"unet", "text_encoder", "text_encoder_2"}),
+                   ()),
+    # CLIP-L and bigG are frozen by default, T5 always.
+    "sd3": Family("tiny_sd3", "StableDiffusion3Pipeline", frozenset({"transformer"}),
+                  ("text_encoder", "text_encoder_2", "text_encoder_3")),
+    # CLIP-L and T5, both frozen.
+    "flux": Family("tiny_flux", "FluxPipeline", frozenset({"transformer"}), ("text_encoder", "text_encoder_2")),
+}
+
+
+@dataclass(frozen=True)
+class FamilyRun:
+    """A finished 2-process `gors run` of one family (read-only: tests that write copy it)."""
+
+    family: Family
+    model: Path
+    run_dir: Path
+
+    def train_flags(self, output_dir: Path) -> list[str]:
+        """The flags of `gors train` that the run trained with, in `output_dir`."""
+        return ["--output_dir", str(output_dir), "--pretrained_model_name_or_path", str(self.model),
+                "--resolution", "32", "--learning_rate", "0.1", "--max_train_steps", "2", "--checkpointing_steps",
+                "1", "--seed", "0", "--report_to", "none"]
+
+
+def _render(pipeline) -> np.ndarray:
+    """One prompt, 2 steps at 32 x 32, from a fixed CPU generator."""
+    return pipeline(PROMPTS[0], num_inference_steps=2, height=32, width=32, output_type="np",
+                    generator=torch.Generator().manual_seed(0)).images
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_run(request, tmp_path_factory, tiny_blip) -> FamilyRun:
+    """generate -> score -> select -> train of one family in one 2-process launch, with a large learning
+    rate so that two steps visibly move the tiny model."""
+    family = FAMILIES[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    prompts = root / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    run = FamilyRun(family, request.getfixturevalue(family.model_fixture), root / "run")
+    launch_gors(["run", *run.train_flags(run.run_dir), "--train_prompts", str(prompts), "--images_per_prompt",
+             str(IMAGES_PER_PROMPT), "--num_inference_steps", "2", "--generation_batch_size", "2",
+             "--reward_model_name_or_path", str(tiny_blip), "--reward_batch_size", "2", "--reward_threshold", "0.0"],
+            cwd=root)
+    return run
+
+
+@pytest.mark.slow
+def test_two_process_run_writes_each_sample_once_and_a_lora_of_the_family(family_run):
+    run_dir, family = family_run.run_dir, family_run.family
+    records = SampleStore(run_dir / "samples").records()
+    assert sorted((r["prompt_index"], r["image_index"]) for r in records) == SAMPLE_KEYS  # each image once
+    assert {r["path"].split("/")[0] for r in records} == {"part-00000", "part-00001"}  # both processes wrote
+    assert sorted(load_scores(run_dir, "b_vqa")) == SAMPLE_KEYS
+    assert len(load_selection(run_dir)) == len(SAMPLE_KEYS)  # tau 0 keeps every sample
+
+    weights = load_file(str(run_dir / LORA_WEIGHT_NAME))
+    assert {key.split(".")[0] for key in weights} == family.lora_components
+    assert all("lora" in key for key in weights)  # adapters only, no base weight
+    for step in (1, 2):
+        checkpoint = run_dir / "checkpoints" / f"checkpoint-{step}"
+        assert sorted(p.name for p in checkpoint.glob("random_states_*.pkl")) == ["random_states_0.pkl",
+                                                                                  "random_states_1.pkl"]
+    cached = sorted(p.name.split("-")[0] for p in (run_dir / TEXT_EMBEDDING_CACHE_DIR).glob("*"))
+    assert cached == sorted(family.cached_encoders)  # one merged file per frozen encoder
+    leftovers = [p for p in run_dir.rglob("*") if ".part-" in p.name or p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+@pytest.mark.slow
+def test_lora_loads_in_the_family_pipeline_and_changes_its_images(family_run):
+    import diffusers
+
+    pipeline = getattr(diffusers, family_run.family.pipeline_class).from_pretrained(str(family_run.model))
+    pipeline.set_progress_bar_config(disable=True)
+    before = _render(pipeline)
+    pipeline.load_lora_weights(str(family_run.run_dir))
+    assert set(pipeline.get_list_adapters()) == family_run.family.lora_components  # every part took its adapter
+    assert np.abs(_render(pipeline) - before).max() > 1e-3
+
+
+@pytest.mark.slow
+def test_two_process_resume_from_the_first_checkpoint_gives_the_same_lora(family_run, tmp_path):
+    resumed = tmp_path / "resumed"
+    shutil.copytree(family_run.run_dir, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "checkpoint-2")
+    (resumed / LORA_WEIGHT_NAME).unlink()
+
+    result = launch_gors(["train", *family_run.train_flags(resumed), "--resume_from_checkpoint", "latest"], cwd=tmp_path)
+    assert f"resumed from {resumed / 'checkpoints' / 'checkpoint-1'} at step 1" in result.stdout
+    original = load_file(str(family_run.run_dir / LORA_WEIGHT_NAME))
+    again = load_file(str(resumed / LORA_WEIGHT_NAME))
+    assert original.keys() == again.keys()
+    for key in original:
+        assert torch.allclose(original[key], again[key], atol=1e-6), key
