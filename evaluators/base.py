@@ -350,13 +350,14 @@ class Benchmark:
         with_columns: bool = True,
         column_options: Mapping[str, Mapping[str, Any]] | None = None,
         scorer_cache: dict[tuple[str, str, int], Reward] | None = None,
+        backbone: Backbone | None = None,
     ) -> dict[str, Any]:
         """Generate (or read `images`), score and summarise; returns the summary.
 
         Resumable: generated images and scores already in `output_dir` are kept. For validation
         during training, `pipeline_loader` replaces loading `pretrained_model_name_or_path` (+ `lora`)
-        with the pipeline in memory, `scorer` reuses a loaded scorer, and `with_columns=False`
-        skips the further metric columns. `column_options` gives a column's scorer keyword
+        with the pipeline in memory (of family `backbone`; None: Stable Diffusion 1/2), `scorer`
+        reuses a loaded scorer, and `with_columns=False` skips the further metric columns. `column_options` gives a column's scorer keyword
         arguments by column name. `scorer_cache` shares loaded scorers between evaluations (see
         `make_scorer`). A score folder made with other scorer settings is refused, not mixed in.
         """
@@ -376,8 +377,9 @@ class Benchmark:
             if pipeline_loader is None and pretrained_model_name_or_path is None:
                 raise ValueError("give a model (pretrained_model_name_or_path) or an image folder (images)")
 
-            # The family decides the defaults before any weights load (validation's in-memory pipeline is SD's).
-            backbone = None if pipeline_loader else detect_backbone(pretrained_model_name_or_path)
+            # The family decides the defaults before any weights load (validation names its pipeline's family).
+            if pipeline_loader is None:
+                backbone = detect_backbone(pretrained_model_name_or_path)
             protocol = self.protocol(backbone)
 
             def load():

@@ -319,7 +319,7 @@ class GORSTrainer:
         self.fingerprint = training_fingerprint(config, self.selection, accelerator.num_processes,
                                                 self.family.fingerprint())
         checkpoint = self._checkpoint_to_resume()  # a refused resume, too, fails before loading any model
-        self.validation = BenchmarkValidation(config, accelerator) if config.validation_benchmark else None
+        self.validation = BenchmarkValidation(config, accelerator, self.backbone) if config.validation_benchmark else None
         self._setup_models()
         self._setup_optimizer()
         self._register_hooks()

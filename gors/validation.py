@@ -24,6 +24,7 @@ from diffusers.utils import make_image_grid
 from PIL import Image
 
 from gors.config import RunConfig, TrainConfig
+from gors.core.backbones import Backbone
 from gors.core.io import atomic_write_json, read_jsonl
 
 BEST_DIR = "best"
@@ -66,7 +67,9 @@ def image_grid(paths: list[Path], columns: int = 8, side: int = 128) -> np.ndarr
 class BenchmarkValidation:
     """`--validation_benchmark` for one training run (see the module docstring)."""
 
-    def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator) -> None:
+    def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator, backbone: Backbone | None = None) -> None:
+        """`backbone`: the family of the model being trained, whose sampling the benchmark takes where it
+        fixes none for it (None: Stable Diffusion 1/2)."""
         from evaluators import benchmark_label, build_benchmark, parse_benchmarks
 
         name, subset = parse_benchmarks(config.validation_benchmark)[0]
@@ -78,6 +81,7 @@ class BenchmarkValidation:
         self.metric = config.validation_metric or self.benchmark.primary_metric
         self.options = config.validation_scorer_options
         self.accelerator = accelerator
+        self.backbone = backbone
         self.output_dir = Path(config.output_dir)
         self._scorer = None
         best_file = self.output_dir / BEST_DIR / BEST_FILE
@@ -105,7 +109,7 @@ class BenchmarkValidation:
                 self._scorer = self.benchmark.make_scorer(accelerator, self.options)
             summary = self.benchmark.evaluate(
                 None, folder, accelerator=accelerator, pipeline_loader=lambda: pipeline,
-                scorer=self._scorer, scorer_options=self.options, with_columns=False,
+                scorer=self._scorer, scorer_options=self.options, with_columns=False, backbone=self.backbone,
             )
         if self.metric not in summary:
             numeric = [k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]

@@ -26,7 +26,7 @@ from torchvision import transforms
 
 from gors.checkpoints import training_fingerprint
 from gors.config import RunConfig, TrainConfig
-from gors.core.backbones import detect_backbone
+from gors.core.backbones import FAMILIES, SamplingDefaults, detect_backbone
 from gors.core.distributed import reset_process_state
 from gors.core.run_folder import TEXT_EMBEDDING_CACHE_DIR
 from gors.families import Batch, resolve_training
@@ -463,3 +463,20 @@ def test_sdxl_trains_on_each_stored_images_size_and_crop(tiny_sdxl, selected_run
     trainer._micro_batch_loss(0)
     rows = trainer.schedule.indices(0)
     assert seen[0]["time_ids"].tolist() == [expected[i] + [RESOLUTION, RESOLUTION] for i in rows]
+
+
+def test_benchmark_validation_renders_with_the_trained_familys_sampling(tiny_sd3, selected_runs, tmp_path,
+                                                                        monkeypatch):
+    # The real SD3 default (28 steps at 1024 px) is more than the tiny model's 64 px position table holds.
+    tiny_defaults = replace(FAMILIES["StableDiffusion3Pipeline"], sampling=SamplingDefaults(2, 3.5, RESOLUTION))
+    monkeypatch.setitem(FAMILIES, "StableDiffusion3Pipeline", tiny_defaults)
+    config = _copy_run(selected_runs(tiny_sd3), tmp_path / "run", max_train_steps=1, checkpointing_steps=1,
+                       validation_benchmark="toy:train", validation_num_prompts=2, validation_steps=1)
+    train(config)
+    validation = Path(config.output_dir) / "validation" / "step-000001"
+    settings = json.loads((validation / "samples" / "settings.json").read_text())
+    # SD3's own sampling, not the toy benchmark's SD 1/2 protocol (DDIM, 20 steps, guidance 4, 64 px).
+    assert (settings["num_inference_steps"], settings["guidance_scale"], settings["resolution"]) == (2, 3.5, RESOLUTION)
+    assert settings["scheduler"] == "the checkpoint's"
+    assert json.loads((validation / "summary.json").read_text())["num_images"] == 2
+    assert (Path(config.output_dir) / "best" / "pytorch_lora_weights.safetensors").is_file()
