@@ -58,7 +58,8 @@ class ConfigParser(HfArgumentParser):
             # HfArgumentParser would want a value after the flag.
             parser.add_argument(f"--{field.name}", f"--{field.name.replace('_', '-')}", type=string_to_bool, nargs="?",
                                 const=True, default=None, **options)
-            parser.add_argument(f"--no_{field.name}", action="store_false", dest=field.name)
+            parser.add_argument(f"--no_{field.name}", action="store_false", dest=field.name, default=None,
+                                help=f"--{field.name} off.")
         else:
             HfArgumentParser._parse_dataclass_field(parser, field)
 
