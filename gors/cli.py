@@ -205,6 +205,8 @@ COMMANDS: dict[str, Command] = {
     "evaluate": Command("gors.config:EvaluateConfig", "gors.evaluate:evaluate",
                         "run benchmarks on a checkpoint, a LoRA or an image folder", locks=("evaluate",)),
     "rewards": Command("gors.cli:RewardsConfig", "gors.cli:list_rewards", "list the registered rewards"),
+    "estimate": Command("gors.estimate:EstimateConfig", "gors.estimate:estimate_command",
+                        "GPU-hours of a full run (default: the paper's colour run) from a run's timings.json"),
     "report": Command("gors.report:ReportConfig", "gors.report:write_report",
                       "markdown table and plots of evaluation and training folders"),
     "convert-lora": Command("gors.official_lora:ConvertLoraConfig", "gors.official_lora:convert",

@@ -2,30 +2,73 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from accelerate import Accelerator
 
+from gors.checkpoints import checkpoint_step, find_checkpoint
 from gors.config import RunConfig
 from gors.core.lock import run_folder_lock
+from gors.core.run_folder import SELECTION_FILE, samples_dir
+from gors.core.scoring import load_scores
+from gors.core.store import SampleStore
 from gors.generate import generate
 from gors.score import score
 from gors.select import select
+from gors.timings import StageTiming, format_timings, timed_stage, write_timings
 from gors.train import train, training_accelerator
 
 STAGES = ("generate", "score", "select", "train")
 
 
-def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors run") -> None:
+def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors run") -> list[StageTiming]:
     """generate -> score -> select -> train in one run folder, on the given Accelerator.
 
     The folder's four stage locks are held throughout, so that no `gors <stage>` on the same folder
-    interleaves with the run; `command` names this run in the refusal such a command gets.
+    interleaves with the run; `command` names this run in the refusal such a command gets. Each
+    stage is timed (`gors.timings`); the timings go to `timings.json` and are returned.
     """
-    with run_folder_lock(config.output_dir, STAGES, command):
-        generate(config, accelerator)
-        score(config, accelerator)
-        select(config, write=accelerator.is_main_process)
-        accelerator.wait_for_everyone()
-        train(config, accelerator)
+    out = config.output_dir
+    store = SampleStore(samples_dir(out))
+    timings: list[StageTiming] = []
+
+    def scored() -> int:
+        prompts = store.root / "prompts.json"
+        return len(load_scores(out, config.reward_name(store.load_prompts().get("category")))) \
+            if prompts.is_file() else 0
+
+    def selected() -> int:
+        path = Path(out) / SELECTION_FILE
+        return sum(1 for line in path.open(encoding="utf-8") if line.strip()) if path.is_file() else 0
+
+    def trained() -> int:
+        checkpoint = find_checkpoint(out, "latest", warn=lambda message: None)
+        return checkpoint_step(checkpoint) if checkpoint is not None else 0
+
+    with run_folder_lock(out, STAGES, command):
+        with timed_stage("generate", "images", lambda: len(store.records()), accelerator, timings):
+            generate(config, accelerator)
+        with timed_stage("score", "images", scored, accelerator, timings):
+            score(config, accelerator)
+        with timed_stage("select", "samples", selected, accelerator, timings, resumable=False):
+            select(config, write=accelerator.is_main_process)
+        with timed_stage("train", "steps", trained, accelerator, timings,
+                         resumable=config.resume_from_checkpoint is not None):
+            train(config, accelerator)
+        if accelerator.is_main_process:
+            write_timings(out, timings, timing_settings(config, store))
+            accelerator.print("[run] stage timings (timings.json):\n" + format_timings(timings))
+    return timings
+
+
+def timing_settings(config: RunConfig, store: SampleStore) -> dict[str, Any]:
+    """What the stages' rates depend on, recorded beside them: the generation settings the store
+    recorded (steps, guidance, resolution with the family's defaults filled in) and the rest."""
+    names = ("pretrained_model_name_or_path", "generation_batch_size", "reward", "reward_model_name_or_path",
+             "reward_batch_size", "train_batch_size", "gradient_accumulation_steps", "mixed_precision",
+             "gradient_checkpointing", "train_text_encoder", "rank")
+    return {"generation": store.load_settings()} | {name: getattr(config, name) for name in names}
 
 
 def run(config: RunConfig, command: str = "gors run") -> None:

@@ -1,0 +1,139 @@
+"""What each stage of a run cost: wall time, work done, throughput and peak memory, in `timings.json`.
+
+`gors run` times each stage on the main process from its start until every process has finished
+it, and counts the work that invocation did from the run folder (images generated, images
+scored, samples selected, optimizer steps), so a resumed run reports the rate of the work it
+actually did. The file keeps the latest invocation of each stage that did work, and every
+invocation in `history`; `gors estimate` turns its rates into GPU-hours of a full run.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+import gors
+from gors.core.io import atomic_write_json
+
+TIMINGS_FILE = "timings.json"
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """One invocation of one stage.
+
+    Attributes:
+        stage: "generate", "score", "select" or "train".
+        seconds: wall time, start to the last process's end.
+        work: units done by this invocation (work already in the folder does not count).
+        unit: "images", "samples" or "steps".
+        num_processes: processes (GPUs) the work was shared over.
+        peak_gpu_memory_gib: the main process's peak allocated GPU memory during the stage; None off GPU.
+        peak_rss_gib: the main process's peak resident memory since it started (the OS keeps no per-stage peak).
+        device: the main process's device, e.g. "NVIDIA H100 80GB HBM3" or "cpu".
+    """
+
+    stage: str
+    seconds: float
+    work: int
+    unit: str
+    num_processes: int
+    peak_gpu_memory_gib: float | None
+    peak_rss_gib: float
+    device: str
+
+    @property
+    def rate(self) -> float:
+        """Units per second over all processes (0 when no work was done)."""
+        return self.work / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def rate_per_process(self) -> float:
+        """Units per second of one process (one GPU)."""
+        return self.rate / self.num_processes
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def _peak_rss_gib() -> float:
+    # ru_maxrss is in KiB on Linux, in bytes on macOS.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (GIB if sys.platform == "darwin" else 2**20)
+
+
+@contextmanager
+def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Accelerator,
+                timings: list[StageTiming], resumable: bool = True) -> Iterator[None]:
+    """Time the body as `stage`; `done()` counts the stage's finished units in the run folder, read
+    before (for a `resumable` stage, whose finished units are skipped) and after. Appends a
+    `StageTiming` to `timings` when the body completes."""
+    before = done() if resumable else 0
+    cuda = accelerator.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(accelerator.device)
+    start = time.perf_counter()
+    yield
+    accelerator.wait_for_everyone()
+    seconds = time.perf_counter() - start
+    timings.append(StageTiming(
+        stage=stage,
+        seconds=seconds,
+        work=max(done() - before, 0),
+        unit=unit,
+        num_processes=accelerator.num_processes,
+        peak_gpu_memory_gib=torch.cuda.max_memory_allocated(accelerator.device) / GIB if cuda else None,
+        peak_rss_gib=_peak_rss_gib(),
+        device=_device_name(accelerator.device),
+    ))
+
+
+def write_timings(output_dir: str | Path, timings: list[StageTiming], settings: dict[str, Any]) -> Path:
+    """Merge this invocation's stage timings into `<output_dir>/timings.json` (main process only).
+
+    `settings`: what the rates depend on (steps, resolution, batch sizes, model, reward), recorded
+    with each invocation so that `gors estimate` can scale them.
+    """
+    path = Path(output_dir) / TIMINGS_FILE
+    record = read_timings(path) or {"stages": {}, "history": []}
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    for timing in timings:
+        entry = asdict(timing) | {"rate": timing.rate, "rate_per_process": timing.rate_per_process,
+                                  "finished": when, "settings": settings}
+        record["history"].append(entry)
+        if timing.work > 0:  # a stage that found everything done measured nothing
+            record["stages"][timing.stage] = entry
+    record["gors_version"] = gors.__version__
+    atomic_write_json(path, record)
+    return path
+
+
+def read_timings(path: str | Path) -> dict[str, Any] | None:
+    """A `timings.json` (a run folder or the file itself); None when there is none."""
+    import json
+
+    path = Path(path)
+    path = path / TIMINGS_FILE if path.is_dir() else path
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def format_timings(timings: list[StageTiming]) -> str:
+    """A table of this invocation's stages, for the end of `gors run`."""
+    lines = ["stage      wall s      work        rate /s   per process   peak GPU GiB   peak RSS GiB"]
+    for t in timings:
+        gpu = f"{t.peak_gpu_memory_gib:.1f}" if t.peak_gpu_memory_gib is not None else "-"
+        lines.append(f"{t.stage:<9} {t.seconds:>7.1f} {t.work:>7} {t.unit:<7} {t.rate:>8.2f} {t.rate_per_process:>12.2f}"
+                     f" {gpu:>14} {t.peak_rss_gib:>14.1f}")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""What each stage of a run cost (`timings.json`), and `gors estimate`'s scaling of it to a full run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gors.core.distributed import reset_process_state
+from gors.estimate import CPU_MEASURED_SPEEDUPS, EstimateConfig, RunPlan, estimate, estimate_command
+from gors.run import run
+from gors.timings import read_timings
+
+
+def test_gors_run_records_the_work_and_rate_of_each_stage_and_a_rerun_keeps_them(make_run_config, capsys):
+    config = make_run_config(max_train_steps=2, checkpointing_steps=1)
+    run(config)
+    assert "[run] stage timings" in capsys.readouterr().out
+    record = read_timings(config.output_dir)
+    stages = record["stages"]
+    selected = sum(1 for _ in open(f"{config.output_dir}/selection.jsonl"))
+    assert {s: (e["work"], e["unit"]) for s, e in stages.items()} == {
+        "generate": (6, "images"), "score": (6, "images"), "select": (selected, "samples"), "train": (2, "steps")}
+    for entry in stages.values():
+        assert entry["seconds"] > 0 and entry["rate"] == pytest.approx(entry["work"] / entry["seconds"])
+        assert entry["num_processes"] == 1 and entry["device"] == "cpu" and entry["peak_gpu_memory_gib"] is None
+    assert stages["generate"]["settings"]["generation"]["num_inference_steps"] == 2
+
+    # Everything is done: the rerun generates and scores nothing, and the measured rates stay those of the work.
+    reset_process_state()
+    run(config)
+    again = read_timings(config.output_dir)
+    assert again["stages"]["generate"] == stages["generate"] and again["stages"]["score"] == stages["score"]
+    assert [e["work"] for e in again["history"][4:6]] == [0, 0]
+    assert len(again["history"]) == 8
+
+
+def _entry(stage: str, seconds: float, work: int, processes: int, **settings) -> dict:
+    return {"stage": stage, "seconds": seconds, "work": work, "num_processes": processes, "device": "GPU X",
+            "settings": settings}
+
+
+def test_estimate_scales_measured_rates_to_the_plan():
+    stages = {
+        # 2 GPUs x 100 s for 400 images at 25 steps: 0.5 GPU-s per image, 1.0 at 50 steps.
+        "generate": _entry("generate", 100, 400, 2, generation={"num_inference_steps": 25}),
+        "score": _entry("score", 10, 100, 1),  # 0.1 GPU-s per image
+        # 8 GPUs x 200 s for 100 steps of 2 x 1 x 8 = 16 samples: 1 GPU-s per sample.
+        "train": _entry("train", 200, 100, 8, train_batch_size=2, gradient_accumulation_steps=1),
+    }
+    plan = RunPlan(num_prompts=10, images_per_prompt=36, num_inference_steps=50, max_train_steps=1800,
+                   global_batch_size=4)
+    rows = {r.stage: r for r in estimate(stages, plan, {"score": 8.0})}
+    assert rows["generate"].gors_gpu_hours == pytest.approx(360 * 1.0 / 3600)
+    assert rows["score"].gors_gpu_hours == pytest.approx(360 * 0.1 / 3600)
+    assert rows["score"].official_gpu_hours == pytest.approx(8 * 360 * 0.1 / 3600)
+    assert rows["train"].gors_gpu_hours == pytest.approx(1800 * 4 * 1.0 / 3600)
+    assert rows["train"].official_gpu_hours == rows["train"].gors_gpu_hours  # no ratio given: 1
+
+
+def test_estimate_command_prints_the_papers_colour_run_and_refuses_missing_stages(tmp_path, capsys):
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    stages = {
+        "generate": _entry("generate", 50, 100, 1, generation={"num_inference_steps": 50}),
+        "score": _entry("score", 10, 100, 1),
+        "train": _entry("train", 100, 100, 1, train_batch_size=2, gradient_accumulation_steps=8),
+    }
+    (folder / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    rows = estimate_command(EstimateConfig(timings=[str(folder)]))
+    out = capsys.readouterr().out
+    assert "| generate | 63000 images x 50 steps | 8.75 |" in out  # 63 000 x 0.5 s
+    assert "| train | 15000 steps x batch 16 | 4.17 |" in out  # 240 000 samples x 1/16 s
+    assert "measured on 2 CPU cores" in out
+    assert {r.stage: r.speedup for r in rows} == {k: v for k, v in CPU_MEASURED_SPEEDUPS.items() if k != "select"}
+
+    del stages["train"]
+    (folder / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    with pytest.raises(ValueError, match="timings lack train"):
+        estimate_command(EstimateConfig(timings=[str(folder)]))
+    with pytest.raises(FileNotFoundError, match="no timings.json"):
+        estimate_command(EstimateConfig(timings=[str(tmp_path / "nowhere")]))
+    with pytest.raises(ValueError, match="--reference_speedups"):
+        EstimateConfig(timings=[str(folder)], reference_speedups='{"score": 0}')
