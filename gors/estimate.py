@@ -23,9 +23,10 @@ from typing import Any
 from gors.config import parse_mapping
 from gors.timings import read_timings
 
-# gors' speed over the official procedure per stage, measured by the scripts in benchmarks/ on 2 CPU
-# cores (README "Speed"): B-VQA against the official 8 passes, training (U-Net + text-encoder LoRA)
-# against diffusers' LoRA loop, generation against plain pipeline calls. Medians of the paired ratios.
+# gors' speed over the official procedure per stage, measured side by side on 2 CPU cores during
+# development (same random-weight models and inputs, medians of paired ratios): B-VQA against the
+# official 8 passes, training (U-Net + text-encoder LoRA) against diffusers' LoRA loop, generation
+# against plain pipeline calls. A GPU's own ratios replace them through --reference_speedups.
 CPU_MEASURED_SPEEDUPS = {"generate": 0.96, "score": 7.2, "select": 1.0, "train": 1.3}
 
 
