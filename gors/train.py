@@ -106,7 +106,7 @@ class GORSTrainer:
         if config.gradient_checkpointing:
             self.denoiser.enable_gradient_checkpointing()
             for encoder in trained:
-                self.text_encoders[encoder.component].gradient_checkpointing_enable()
+                self.text_encoders[encoder.component].activation_checkpointing_enable()
 
     def _frozen(self, module: torch.nn.Module) -> torch.nn.Module:
         module.requires_grad_(False).to(self.accelerator.device)
