@@ -16,11 +16,11 @@ and read the distribution of the first answer token, as GenEval 2's ``evaluation
 Atom questions come from the metadata's ``vqa_list`` (GenEval 2's data: [question, expected
 answer] pairs, with optional ``skills``) when present, else from `rewards.atoms.prompt_atoms`.
 Differences from the official script, none of which changes a score on GenEval 2's data with
-Qwen3-VL: no ``generate`` (one forward pass per batch of questions, the image encoded once; the
-same distribution, see `rewards.vlm`); variant token ids are deduplicated; answers the data never
-hold (an expected "No", digits, counts above ten) get their own variants; an image without atoms
-scores 1.0; VQAScore formats the prompt once (the official code calls ``format`` twice, which
-only matters for a prompt with braces).
+Qwen3-VL: no ``generate`` (the image encoded once and its chat prefix run once, then its
+questions as one batch of continuations; the same distribution, see `rewards.vlm`); variant
+token ids are deduplicated; answers the data never hold (an expected "No", digits, counts above
+ten) get their own variants; an image without atoms scores 1.0; VQAScore formats the prompt
+once (the official code calls ``format`` twice, which only matters for a prompt with braces).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class _ChatVLMReward(Reward):
             `Qwen/Qwen3-VL-8B-Instruct`, GenEval 2's judge.
         device, torch_dtype: where and in which dtype the model runs (see `Reward`; GenEval 2
             loads the model in bfloat16, `torch_dtype=torch.bfloat16` matches it).
-        batch_size: questions per forward pass (questions of several images share a pass);
+        batch_size: questions of one image per continuation pass (after its shared prefix);
             images are encoded `batch_size` at a time, `4 * batch_size` images per window.
         multi_token: what an answer variant of several tokens adds (see
             `rewards.atoms.variant_token_ids`): "first" (official) or "skip".

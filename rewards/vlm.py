@@ -1,21 +1,35 @@
 """A chat VLM answering questions about images: the next-token distribution of each answer.
 
 GenEval 2's evaluator (Soft-TIFA, TIFA, VQAScore) sends a chat message "<image> question" to
-Qwen3-VL and reads the distribution of the first answer token (``generate`` with one new token).
-`ChatVLM` gives the same distribution without ``generate`` and without re-encoding the image:
+Qwen3-VL and reads the distribution of the first answer token (``generate`` with one new token),
+running the whole model, vision tower included, once per question. `ChatVLM` gives the same
+distribution, computing what the questions of an image share only once:
 
 1. each image is preprocessed and run through the vision tower once; Qwen3-VL's merged patch
    embeddings and its deepstack features (the vision layers' features that the first decoder
-   layers add at the image positions) are kept;
-2. questions are rendered with the processor's chat template, the image placeholder expanded to
-   the image's token count as the processor does, and tokenised;
-3. a batch of questions (of any images, right-padded) runs through the language model once,
-   with the kept features passed as ``mm_encoder_outputs`` (transformers then skips the vision
-   tower and places them, and the M-RoPE positions, exactly as in a full forward); the hidden
-   state at each question's last token goes through the LM head and a float32 softmax.
+   layers add at the image positions) are kept (`encode_images`);
+2. the chat prompt of a question is rendered with the processor's chat template, the image
+   placeholder expanded to the image's token count as the processor does, and tokenised. Its
+   first tokens, up to and including the image tokens, are the same for every question of the
+   image: the *shared prefix* (where it ends is found once, in `__init__`, from two rendered
+   questions: their longest common token prefix, cut back to just after the last added token
+   such as ``<|vision_end|>``, across which the tokenizer never merges);
+3. per image, the prefix runs through the language model once, with the kept features passed
+   as ``mm_encoder_outputs`` and the M-RoPE position ids of Qwen3-VL's ``get_rope_index``; its
+   key/value cache (a `DynamicCache`) is kept. The image tokens and the deepstack injection lie
+   in the prefix only, so nothing after it depends on the image except through that cache;
+4. the image's questions (their tokens after the prefix, right-padded) then run as one batch of
+   continuations on that cache, expanded to the batch as views (``Tensor.expand``, no copy up
+   front; `DynamicCache.update` then concatenates each layer's question keys and values to the
+   views, which materialises that layer's batch once, as any batched pass would); the
+   attention mask covers prefix and question, and the continuation's M-RoPE positions are text
+   positions from the prefix's largest position + 1 on, as ``get_rope_index`` numbers text after
+   an image. The hidden state at each question's last token goes through the LM head and a
+   float32 softmax.
 
-The result equals a plain full forward ``model(**processor.apply_chat_template(...))`` of each
-question alone (checked in the tests on a tiny random Qwen3-VL), up to float round-off.
+Each distribution equals that of a plain full forward ``model(**processor.apply_chat_template(
+...))`` of its question alone, and that of GenEval 2's ``generate(max_new_tokens=1)``, up to float
+round-off (checked in ``tests/test_vlm_prefix.py`` on a tiny random Qwen3-VL, to 1e-4 relative).
 """
 
 from __future__ import annotations
@@ -23,12 +37,20 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
 
 from gors.core.hub import from_pretrained
 from rewards.base import MODEL_FLAG
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedConfig
+
+# Two questions that differ from their first character on: their rendered prompts share
+# exactly the part of the template before the question.
+_PROBE_QUESTIONS = ("Is it red?", "How many?")
 
 
 @dataclass
@@ -46,44 +68,68 @@ class EncodedImage:
     deepstack: list[torch.Tensor]
 
 
+@dataclass
+class PrefixState:
+    """The shared prefix of one image's questions after the language model.
+
+    Attributes:
+        ids: the prefix's token ids (chat template start and image tokens).
+        cache: the language model's keys and values over the prefix (batch 1).
+        next_position: the M-RoPE position of the first token after the prefix (all three axes).
+    """
+
+    ids: list[int]
+    cache: DynamicCache
+    next_position: int
+
+
 class ChatVLM:
     """Qwen3-VL (`AutoModelForImageTextToText` + `AutoProcessor`) as a one-token answerer.
 
     Args:
-        model_name_or_path: Hub id or folder of a Qwen3-VL chat checkpoint, e.g.
-            `Qwen/Qwen3-VL-8B-Instruct`.
-        device, torch_dtype: where and in which dtype the model runs.
-        flag: the option name quoted in loading errors.
+        model: a loaded Qwen3-VL chat model (`Qwen3VLForConditionalGeneration`) on its device;
+            it is put in eval mode with gradients off.
+        processor: its processor (`Qwen3VLProcessor`), with a chat template.
+        name: what to call the checkpoint in errors.
+        flag: the option name quoted in errors.
+
+    `ChatVLM.from_pretrained` (or `load_chat_vlm`, which shares one copy) loads both from a
+    checkpoint; a model built in code (``benchmarks/soft_tifa_one_pass.py``) is wrapped directly.
+    ``prefix_tokens`` is the number of prompt tokens before the question with the image
+    placeholder unexpanded (an image of n tokens has a shared prefix of ``prefix_tokens + n - 1``).
     """
 
-    def __init__(
-        self,
-        model_name_or_path: str,
-        device: torch.device,
-        torch_dtype: torch.dtype,
-        flag: str = MODEL_FLAG,
-    ) -> None:
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-
-        self.device = device
-        self.processor = from_pretrained(AutoProcessor.from_pretrained, model_name_or_path, flag)
-        model = from_pretrained(
-            AutoModelForImageTextToText.from_pretrained, model_name_or_path, flag, dtype=torch_dtype
-        )
-        self.model = model.to(device).eval().requires_grad_(False)
-        self.tokenizer = self.processor.tokenizer
-        image_token = getattr(self.processor, "image_token", None)
-        merge_size = getattr(getattr(self.processor, "image_processor", None), "merge_size", None)
-        if image_token is None or merge_size is None or self.processor.chat_template is None:
+    def __init__(self, model: torch.nn.Module, processor: object, name: str = "", flag: str = MODEL_FLAG) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.device = model.device
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        image_token = getattr(processor, "image_token", None)
+        merge_size = getattr(getattr(processor, "image_processor", None), "merge_size", None)
+        if image_token is None or merge_size is None or processor.chat_template is None:
             raise ValueError(
-                f"{flag}={model_name_or_path!r} is not a Qwen3-VL chat checkpoint: its processor "
+                f"{flag}={name!r} is not a Qwen3-VL chat checkpoint: its processor "
                 "needs an image token, an image processor with a merge size, and a chat template "
                 "(e.g. Qwen/Qwen3-VL-8B-Instruct)."
             )
         self.image_token: str = image_token
         self.merge_size: int = merge_size
         if self.tokenizer.pad_token_id is None:
-            raise ValueError(f"{flag}={model_name_or_path!r}: the tokenizer has no pad token")
+            raise ValueError(f"{flag}={name!r}: the tokenizer has no pad token")
+        self.prefix_tokens = self._shared_prefix_tokens(name, flag)
+
+    @classmethod
+    def from_pretrained(
+        cls, model_name_or_path: str, device: torch.device, torch_dtype: torch.dtype, flag: str = MODEL_FLAG
+    ) -> ChatVLM:
+        """Load a Qwen3-VL chat checkpoint (Hub id or folder, e.g. `Qwen/Qwen3-VL-8B-Instruct`)."""
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        processor = from_pretrained(AutoProcessor.from_pretrained, model_name_or_path, flag)
+        model = from_pretrained(
+            AutoModelForImageTextToText.from_pretrained, model_name_or_path, flag, dtype=torch_dtype
+        )
+        return cls(model.to(device), processor, model_name_or_path, flag)
 
     def chat_text(self, question: str) -> str:
         """The chat prompt of one user turn "<image> question", ready for the first answer token."""
@@ -93,6 +139,29 @@ class ChatVLM:
         return self.processor.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )
+
+    def _shared_prefix_tokens(self, name: str, flag: str) -> int:
+        """Tokens before the question in a chat prompt with one (unexpanded) image placeholder.
+
+        The longest common token prefix of two rendered questions, cut back to just after its last
+        added token (Qwen3-VL: ``<|vision_end|>``): the tokenizer splits the text at added tokens
+        before BPE, so no question's first characters can merge with the prefix's last token.
+        """
+        first, second = (
+            self.tokenizer(self.chat_text(q), add_special_tokens=False).input_ids for q in _PROBE_QUESTIONS
+        )
+        common = next(
+            (i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second))
+        )
+        added = set(self.tokenizer.added_tokens_decoder)
+        cut = max((i + 1 for i in range(common) if first[i] in added), default=0)
+        image_id = self.tokenizer.convert_tokens_to_ids(self.image_token)
+        if image_id not in first[:cut]:
+            raise ValueError(
+                f"{flag}={name!r}: the chat template does not put the image before the question, "
+                "so questions of an image share no prefix with it"
+            )
+        return cut
 
     def encode_images(self, images: Sequence[Image.Image]) -> list[EncodedImage]:
         """Run the vision tower once over `images` (RGB); one `EncodedImage` each, in order."""
@@ -109,6 +178,10 @@ class ChatVLM:
             for i in range(len(images))
         ]
 
+    def image_tokens(self, image: EncodedImage) -> int:
+        """The number of image tokens (merged patches) of `image` in the prompt."""
+        return int(image.grid_thw.prod()) // self.merge_size**2
+
     def question_ids(self, question: str, image: EncodedImage) -> list[int]:
         """Token ids of `question` about `image`, the image placeholder expanded to its tokens."""
         text = self.chat_text(question)
@@ -118,8 +191,7 @@ class ChatVLM:
                 f"{self.image_token!r} for one image; expected exactly one"
             )
         # The processor's own expansion: one placeholder per merged patch.
-        tokens = int(image.grid_thw.prod()) // self.merge_size**2
-        text = text.replace(self.image_token, self.image_token * tokens)
+        text = text.replace(self.image_token, self.image_token * self.image_tokens(image))
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
     @torch.no_grad()
@@ -132,41 +204,97 @@ class ChatVLM:
         """Yield (k, P(first answer token)) for each ``questions[k] = (image index, question)``.
 
         Each distribution is a float32 vector over the vocabulary (on the model's device),
-        summing to 1. Questions run `batch_size` at a time, in order, questions of different
-        images together; the images are not re-encoded.
+        summing to 1. Questions are grouped by image (images in order of first appearance,
+        questions in order within an image, which is the order of the yields): each image's
+        shared prefix runs once, then its questions run `batch_size` at a time as continuations
+        of it. The images are not re-encoded.
         """
-        for start in range(0, len(questions), batch_size):
-            chunk = range(start, min(start + batch_size, len(questions)))
-            rows = [images[questions[k][0]] for k in chunk]
-            ids = [self.question_ids(questions[k][1], image) for k, image in zip(chunk, rows)]
-            probabilities = self._last_token_probabilities(ids, rows)
-            yield from zip(chunk, probabilities)
+        by_image: dict[int, list[int]] = {}
+        for k, (index, _) in enumerate(questions):
+            by_image.setdefault(index, []).append(k)
+        for index, members in by_image.items():
+            image = images[index]
+            ids = {k: self.question_ids(questions[k][1], image) for k in members}
+            length = self.prefix_tokens + self.image_tokens(image) - 1
+            prefix = self.run_prefix(image, ids[members[0]][:length])
+            for start in range(0, len(members), batch_size):
+                chunk = members[start : start + batch_size]
+                tails = [self._tail(ids[k], prefix) for k in chunk]
+                yield from zip(chunk, self.continuation_probabilities(prefix, tails))
 
-    def _last_token_probabilities(
-        self, ids: list[list[int]], rows: list[EncodedImage]
-    ) -> torch.Tensor:
-        """Softmax of the logits after each sequence's last token; (len(ids), vocab) float32."""
-        lengths = torch.tensor([len(x) for x in ids], device=self.device)
+    @staticmethod
+    def _tail(ids: list[int], prefix: PrefixState) -> list[int]:
+        """The tokens of a question's prompt after the shared prefix (at least one)."""
+        if ids[: len(prefix.ids)] != prefix.ids or len(ids) == len(prefix.ids):
+            raise ValueError("a question's chat prompt does not continue the image's shared prefix")
+        return ids[len(prefix.ids) :]
+
+    def run_prefix(self, image: EncodedImage, ids: list[int]) -> PrefixState:
+        """Run the shared prefix `ids` of `image`'s questions through the language model once."""
+        from transformers import DynamicCache
+
+        base = self.model.base_model
+        input_ids = torch.tensor([ids], device=self.device)
+        mm_token_type_ids = torch.tensor(self.processor.create_mm_token_type_ids([ids]), device=self.device)
+        grid = image.grid_thw[None]
+        # Qwen3-VL's own M-RoPE numbering, computed here (not left to the forward) so that the
+        # model's stored `rope_deltas` are not touched and the next position is known.
+        positions, _ = base.get_rope_index(input_ids, mm_token_type_ids, image_grid_thw=grid)
+        cache = DynamicCache(config=self.model.config)
+        base(
+            input_ids=input_ids,
+            position_ids=positions,
+            image_grid_thw=grid,
+            mm_token_type_ids=mm_token_type_ids,
+            mm_encoder_outputs={"image": _image_outputs([image])},
+            cache=cache,
+            use_cache=True,
+        )
+        return PrefixState(ids, cache, int(positions.max()) + 1)
+
+    def continuation_probabilities(self, prefix: PrefixState, tails: list[list[int]]) -> torch.Tensor:
+        """P(next token) after each prefix + tail, from one batched pass; (len(tails), vocab) float32."""
+        lengths = torch.tensor([len(x) for x in tails], device=self.device)
         width = int(lengths.max())
         pad = self.tokenizer.pad_token_id
         # Right padding: a causal model's real tokens never see the padding after them.
-        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=self.device)
-        attention_mask = (torch.arange(width, device=self.device) < lengths[:, None]).long()
-        mm_token_type_ids = torch.tensor(
-            self.processor.create_mm_token_type_ids(input_ids.tolist()), device=self.device
-        ) * attention_mask
-        image_outputs = _image_outputs(rows)
+        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in tails], device=self.device)
+        question_mask = (torch.arange(width, device=self.device) < lengths[:, None]).long()
+        attention_mask = torch.cat(
+            [question_mask.new_ones(len(tails), len(prefix.ids)), question_mask], dim=1
+        )
+        # Text after the image: the same position on all three M-RoPE axes, counting on from
+        # the prefix's largest position.
+        positions = prefix.next_position + torch.arange(width, device=self.device)
+        positions = positions.expand(3, len(tails), width)
         hidden = self.model.base_model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            image_grid_thw=torch.stack([row.grid_thw for row in rows]),
-            mm_token_type_ids=mm_token_type_ids,
-            mm_encoder_outputs={"image": image_outputs},
-            use_cache=False,
+            position_ids=positions,
+            cache=expanded_cache(prefix.cache, len(tails), self.model.config),
+            use_cache=True,
         ).last_hidden_state
-        last = hidden[torch.arange(len(ids), device=self.device), lengths - 1]
+        last = hidden[torch.arange(len(tails), device=self.device), lengths - 1]
         logits = self.model.get_output_embeddings()(last)
         return logits.float().softmax(dim=-1)
+
+
+def expanded_cache(cache: DynamicCache, batch: int, config: PreTrainedConfig) -> DynamicCache:
+    """A new `DynamicCache` whose keys and values are `batch` views of `cache`'s (batch 1).
+
+    ``Tensor.expand`` copies nothing, and `cache` itself is left as it is (the continuation
+    appends to the new cache), so several batches can continue the same prefix. The continuation
+    pass still materialises each layer's (batch, heads, prefix + question, head dim) keys and
+    values once, when `DynamicCache.update` concatenates the new tokens to the views.
+    """
+    from transformers import DynamicCache
+
+    expanded = DynamicCache(config=config)
+    for layer, source in zip(expanded.layers, cache.layers, strict=True):
+        layer.lazy_initialization(source.keys, source.values)
+        layer.keys = source.keys.expand(batch, -1, -1, -1)
+        layer.values = source.values.expand(batch, -1, -1, -1)
+    return expanded
 
 
 def _image_outputs(rows: list[EncodedImage]) -> object:
@@ -194,6 +322,6 @@ def load_chat_vlm(
     key = (str(model_name_or_path), str(torch.device(device)), torch_dtype)
     vlm = _LOADED.get(key)
     if vlm is None:
-        vlm = ChatVLM(model_name_or_path, device, torch_dtype, flag)
+        vlm = ChatVLM.from_pretrained(model_name_or_path, device, torch_dtype, flag)
         _LOADED[key] = vlm
     return vlm

@@ -1,0 +1,78 @@
+"""What every speed script shares: interleaved, repeated timing of a reference against gors, and its row.
+
+Each comparison times the reference exactly as the official code runs it and gors' path on the
+same inputs, alternating the two in one process (`paired_ratios`), so that a slow spell of the
+machine hits both; the ratio reference / gors of each pair is kept, and the table reports their
+minimum and median with an agreement check of the two outputs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(function: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    """(result, seconds) of one call, the device synchronised before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = function()
+    synchronize(device)
+    return result, time.perf_counter() - start
+
+
+def paired_ratios(reference: Callable[[], Any], gors: Callable[[], Any], device: torch.device, repeats: int,
+                  warmup: int = 1) -> tuple[list[float], Any, Any]:
+    """`repeats` ratios reference seconds / gors seconds, the two run alternately (the first of each
+    pair alternating too), after `warmup` untimed calls of each; returns the ratios and the last outputs."""
+    for _ in range(warmup):
+        reference()
+        gors()
+    ratios = []
+    reference_output = gors_output = None
+    for repeat in range(repeats):
+        if repeat % 2:
+            gors_output, gors_seconds = timed(gors, device)
+            reference_output, reference_seconds = timed(reference, device)
+        else:
+            reference_output, reference_seconds = timed(reference, device)
+            gors_output, gors_seconds = timed(gors, device)
+        ratios.append(reference_seconds / gors_seconds)
+    return ratios, reference_output, gors_output
+
+
+@dataclass(frozen=True)
+class SpeedResult:
+    """One comparison: what was timed, on what sizes, the paired ratios and how well the outputs agree."""
+
+    stage: str
+    reference: str
+    sizes: str
+    ratios: list[float]
+    agreement: str
+
+    @property
+    def minimum(self) -> float:
+        return min(self.ratios)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+    def row(self) -> str:
+        return (f"| {self.stage} | {self.reference} | {self.minimum:.2f}x / {self.median:.2f}x | {self.agreement} | "
+                f"{self.sizes} |")
+
+
+TABLE_HEADER = ("| stage | reference procedure | gors vs reference (min / median) | agreement | sizes |\n"
+                "|---|---|---|---|---|")

@@ -1,0 +1,242 @@
+"""`ChatVLM`'s shared-prefix path on a tiny random Qwen3-VL: one prefix pass per image, the
+questions as a batch of continuations on its cache, the same numbers as the plain procedures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gors.testing.qwen3_vl import build_tiny_qwen3_vl
+from rewards.atoms import QUESTION_SUFFIX, aggregate, answer_variants, variant_probability, variant_token_ids
+from rewards.soft_tifa import SoftTIFAReward
+from rewards.vlm import ChatVLM, _image_outputs, expanded_cache, load_chat_vlm
+
+# Relative tolerance on every probability of the vocabulary (float32 round-off of differently
+# shaped matrix products is about 1e-6 here).
+RTOL = 1e-4
+# Image shapes (height, width) in pixels: 4, 12, 16 and 4 image tokens (a 2 x 8 merged grid).
+SHAPES = [(16, 16), (24, 32), (32, 32), (8, 32)]
+# (image index, question): 1, 2, 4 and 3 questions of different lengths, images interleaved.
+QUESTIONS = [
+    (1, "How many cows are in the image? Answer in one word."),
+    (0, "Is it red? Answer in one word."),
+    (2, "Are the bicycles in front of the cows? Answer in one word."),
+    (1, "Is it?"),
+    (2, "a"),
+    (3, "Are there any dogs in the image? Answer in one word."),
+    (2, "How many cars are in the image? Answer in one word."),
+    (3, "Yes"),
+    (2, "Is the bench green?"),
+    (3, "Does this show a white cat on the left of a black dog? Answer with Yes or No."),
+]
+VQA_LIST = [
+    ["How many bicycles are in the image?", "four"],
+    ["Are the bicycles white?", "Yes"],
+    ["Are there any bicycles in the image?", "Yes"],
+    ["Are the bicycles in front of the cows?", "Yes"],
+    ["How many cows are in the image?", "three"],
+    ["Are the cows plastic?", "Yes"],
+    ["Are there any cows in the image?", "Yes"],
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny_qwen3_vl"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def vlm(model_dir: Path) -> ChatVLM:
+    return load_chat_vlm(str(model_dir), torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def plain(model_dir: Path):
+    """The model and processor as GenEval 2 loads them, for reference forwards."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    return (
+        AutoModelForImageTextToText.from_pretrained(model_dir).eval(),
+        AutoProcessor.from_pretrained(model_dir),
+    )
+
+
+def images(seed: int = 0) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8)) for shape in SHAPES]
+
+
+def chat_inputs(plain, image: Image.Image, question: str) -> dict:
+    model, processor = plain
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}
+    ]
+    return processor.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+    )
+
+
+@torch.no_grad()
+def forward_probabilities(plain, image: Image.Image, question: str) -> torch.Tensor:
+    """A plain full forward of the question alone: softmax of the last position's logits."""
+    return plain[0](**chat_inputs(plain, image, question)).logits[0, -1].float().softmax(-1)
+
+
+@torch.no_grad()
+def generate_probabilities(plain, image: Image.Image, question: str) -> torch.Tensor:
+    """GenEval 2's procedure: greedy ``generate`` of one token, softmax of its scores."""
+    output = plain[0].generate(
+        **chat_inputs(plain, image, question), max_new_tokens=1, do_sample=False,
+        output_scores=True, return_dict_in_generate=True,
+    )
+    return output.scores[0][0].float().softmax(-1)
+
+
+@torch.no_grad()
+def full_sequence_probabilities(vlm: ChatVLM, encoded, questions) -> list[torch.Tensor]:
+    """gors' previous procedure: every question's whole prompt, image tokens included, through
+    the language model in one right-padded batch, the vision features passed in (no cache)."""
+    ids = [vlm.question_ids(question, encoded[i]) for i, question in questions]
+    lengths = torch.tensor([len(x) for x in ids])
+    width = int(lengths.max())
+    input_ids = torch.tensor([x + [vlm.tokenizer.pad_token_id] * (width - len(x)) for x in ids])
+    attention_mask = (torch.arange(width) < lengths[:, None]).long()
+    rows = [encoded[i] for i, _ in questions]
+    hidden = vlm.model.base_model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        image_grid_thw=torch.stack([row.grid_thw for row in rows]),
+        mm_token_type_ids=torch.tensor(vlm.processor.create_mm_token_type_ids(input_ids.tolist())) * attention_mask,
+        mm_encoder_outputs={"image": _image_outputs(rows)},
+        use_cache=False,
+    ).last_hidden_state
+    logits = vlm.model.get_output_embeddings()(hidden[torch.arange(len(ids)), lengths - 1])
+    return list(logits.float().softmax(-1))
+
+
+def relative_difference(got: torch.Tensor, reference: torch.Tensor) -> float:
+    return float(((got - reference).abs() / reference).max())
+
+
+def test_shared_prefix_ends_after_the_image(vlm: ChatVLM) -> None:
+    """The split: the longest common token prefix of two rendered questions, at an added token."""
+    tokens = vlm.tokenizer.convert_ids_to_tokens(
+        vlm.tokenizer(vlm.chat_text("Is it red?"), add_special_tokens=False).input_ids
+    )
+    assert tokens[: vlm.prefix_tokens] == [
+        "<|im_start|>", "user", "Ċ", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
+    ]
+    encoded = vlm.encode_images(images())
+    for image in encoded:
+        length = vlm.prefix_tokens + vlm.image_tokens(image) - 1
+        first, second = (vlm.question_ids(q, image) for q, _ in VQA_LIST[:2])
+        common = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+        # Both questions start with "How"/"Are": the prefix still ends at <|vision_end|>.
+        assert common == length
+        assert vlm.tokenizer.convert_ids_to_tokens(first[length - 1]) == "<|vision_end|>"
+        assert first[length - 1 - vlm.image_tokens(image) : length - 1] == [
+            vlm.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        ] * vlm.image_tokens(image)
+
+
+def test_prefix_path_equals_full_forward_and_generate(vlm: ChatVLM, plain) -> None:
+    pictures = images(seed=1)
+    encoded = vlm.encode_images(pictures)
+    assert sorted({vlm.image_tokens(image) for image in encoded}) == [4, 12, 16]
+    got = list(vlm.next_token_probabilities(encoded, QUESTIONS, batch_size=3))
+    # Grouped by image (in order of first appearance), questions in order within an image.
+    order = sorted(range(len(QUESTIONS)), key=lambda k: ([1, 0, 2, 3].index(QUESTIONS[k][0]), k))
+    assert [k for k, _ in got] == order
+    for k, probs in got:
+        index, question = QUESTIONS[k]
+        assert probs.dtype == torch.float32 and probs.sum().item() == pytest.approx(1.0, abs=1e-5)
+        assert relative_difference(probs, forward_probabilities(plain, pictures[index], question)) <= RTOL
+        assert relative_difference(probs, generate_probabilities(plain, pictures[index], question)) <= RTOL
+
+
+def test_continuation_positions_matter(vlm: ChatVLM, plain) -> None:
+    """A negative control: the continuation's M-RoPE start shifted by one changes the answer."""
+    picture = images(seed=2)[2]
+    image = vlm.encode_images([picture])[0]
+    question = "How many cows are in the image? Answer in one word."
+    ids = vlm.question_ids(question, image)
+    length = vlm.prefix_tokens + vlm.image_tokens(image) - 1
+    prefix = vlm.run_prefix(image, ids[:length])
+    right = vlm.continuation_probabilities(prefix, [ids[length:]])[0]
+    reference = forward_probabilities(plain, picture, question)
+    assert relative_difference(right, reference) <= RTOL
+    # 4 text tokens, the 16 image tokens (a 4 x 4 merged grid: 4 positions), <|vision_end|>.
+    assert prefix.next_position == 4 + 4 + 1
+    prefix.next_position += 1
+    assert relative_difference(vlm.continuation_probabilities(prefix, [ids[length:]])[0], reference) > 1e-3
+
+
+def test_prefix_runs_once_per_image(vlm: ChatVLM) -> None:
+    """Language-model passes: one over each image's prefix (empty cache), then one per batch."""
+    encoded = vlm.encode_images(images(seed=3))
+    calls: list[tuple[int, int, int]] = []  # (batch, new tokens, cached tokens) of each pass
+
+    def record(module, args, kwargs) -> None:
+        cache = kwargs["cache"]
+        calls.append((*kwargs["inputs_embeds"].shape[:2], cache.get_seq_length()))
+
+    hook = vlm.model.base_model.language_model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        list(vlm.next_token_probabilities(encoded, QUESTIONS, batch_size=3))
+    finally:
+        hook.remove()
+    prefix = {i: vlm.prefix_tokens + vlm.image_tokens(image) - 1 for i, image in enumerate(encoded)}
+    # Images in order of first appearance (1, 0, 2, 3) with 2, 1, 4 and 3 questions: a prefix pass
+    # (batch 1, nothing cached), then batches of at most 3 continuations on its cache.
+    assert [(batch, cached) for batch, _, cached in calls] == [
+        (1, 0), (2, prefix[1]),
+        (1, 0), (1, prefix[0]),
+        (1, 0), (3, prefix[2]), (1, prefix[2]),
+        (1, 0), (3, prefix[3]),
+    ]
+    assert [tokens for _, tokens, cached in calls if cached == 0] == [prefix[i] for i in (1, 0, 2, 3)]
+
+
+def test_expanded_cache_is_a_view_and_the_prefix_stays(vlm: ChatVLM) -> None:
+    image = vlm.encode_images(images(seed=4)[:1])[0]
+    ids = vlm.question_ids("Is it red?", image)
+    length = vlm.prefix_tokens + vlm.image_tokens(image) - 1
+    prefix = vlm.run_prefix(image, ids[:length])
+    keys = prefix.cache.layers[0].keys
+    expanded = expanded_cache(prefix.cache, 5, vlm.model.config)
+    for layer, source in zip(expanded.layers, prefix.cache.layers, strict=True):
+        for view, tensor in ((layer.keys, source.keys), (layer.values, source.values)):
+            assert view.shape == (5, *tensor.shape[1:]) and view.stride(0) == 0
+            assert view.data_ptr() == tensor.data_ptr()  # the same memory, not a copy
+    # Two batches continue the same prefix: its cache is not extended by either.
+    first = vlm.continuation_probabilities(prefix, [ids[length:], ids[length:-2]])
+    second = vlm.continuation_probabilities(prefix, [ids[length:]])
+    assert prefix.cache.get_seq_length() == length and prefix.cache.layers[0].keys is keys
+    torch.testing.assert_close(first[0], second[0], rtol=RTOL, atol=0)
+
+
+def test_soft_tifa_scores_unchanged(vlm: ChatVLM, model_dir: Path) -> None:
+    """Soft-TIFA through the reward equals its scores from gors' previous full-sequence path."""
+    reward = SoftTIFAReward(model_name_or_path=str(model_dir), device="cpu", batch_size=3)
+    assert reward.vlm is vlm
+    pictures = images(seed=5)
+    prompts = ["four white bicycles in front of three plastic cows"] * 2 + ["a green bench and a red car"] * 2
+    metadata = [{"vqa_list": VQA_LIST}, {"vqa_list": VQA_LIST[:4]}, {}, {}]
+    output = reward.score(pictures, prompts, metadata)
+    encoded = vlm.encode_images(pictures)
+    for index, details in enumerate(output.details):
+        questions = [(index, q + QUESTION_SUFFIX) for q in details["questions"]]
+        reference = full_sequence_probabilities(vlm, encoded, questions)
+        atom_scores = []
+        for question, answer, probs in zip(details["questions"], details["expected_answers"], reference):
+            encoded_variants = [
+                vlm.tokenizer(v, add_special_tokens=False).input_ids for v in answer_variants(question, answer)
+            ]
+            atom_scores.append(variant_probability(probs, variant_token_ids(encoded_variants, "first")))
+        np.testing.assert_allclose(details["atom_scores"], atom_scores, rtol=RTOL, atol=0)
+        assert details["predicted"] == [vlm.tokenizer.decode([int(p.argmax())]) for p in reference]
+        assert output.scores[index] == pytest.approx(aggregate(atom_scores, "gm"), rel=RTOL)
