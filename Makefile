@@ -2,6 +2,7 @@
 #   make test   create .venv if missing, install gors with its test extra, run the tests
 #   make demo   same environment, then GORS in the toy world on the packaged toy model (CPU, offline)
 #   make quality  ruff's lint and import order over the package, tests, recipes and speed scripts
+#   make bench  every speed script against its reference procedure, one markdown table (CPU, < 15 min)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ PIP := $(VENV)/bin/pip
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 DEMO_DIR ?= toy_output
 
-.PHONY: install test demo quality clean
+.PHONY: install test demo quality bench clean
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +28,9 @@ test: install
 demo: install
 	HF_HUB_OFFLINE=1 $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml \
 		--main_process_port 0 recipes/gors_toy.py --output_dir $(DEMO_DIR)
+
+bench: install
+	$(PY) -m benchmarks --output benchmarks/results.md
 
 quality: install
 	$(PIP) install --quiet ruff

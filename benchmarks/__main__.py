@@ -1,0 +1,83 @@
+"""`python -m benchmarks` (or `make bench`): every speed script, one markdown table.
+
+Each script's `measure(argv)` times gors against the reference procedure as the official code runs
+it (see the script's docstring) and returns its rows; this runs them in turn with the same device
+flags and writes the table with the date and the machine, as the README's speed table shows it.
+
+    python -m benchmarks                                   # CPU, reduced sizes (under 15 minutes on 2 cores)
+    python -m benchmarks --device cuda --full-size         # the real architecture sizes on a GPU
+    python -m benchmarks --only b_vqa_passes,mask_boxes --output speed.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+# The scripts import each other's helpers as top-level modules, as they do when run by path.
+sys.path.insert(0, str(HERE))
+
+from common import TABLE_HEADER, SpeedResult  # noqa: E402
+
+SCRIPTS = ("b_vqa_passes", "soft_tifa_one_pass", "train_step", "generation", "mask_boxes")
+
+
+def machine(device: str) -> str:
+    """The processor (or GPU) and the library versions the table was measured with."""
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device))
+    else:
+        name = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    return f"{name}; torch {torch.__version__}, Python {platform.python_version()}"
+
+
+def run(scripts: list[str], device: str, full_size: bool) -> tuple[list[SpeedResult], dict[str, float]]:
+    """Every script's rows and its wall seconds."""
+    flags = ["--device", device] + (["--full-size"] if full_size else [])
+    results, seconds = [], {}
+    for name in scripts:
+        start = time.perf_counter()
+        module = importlib.import_module(name)
+        results += module.measure(flags)
+        seconds[name] = time.perf_counter() - start
+        print(f"[bench] {name}: {seconds[name]:.0f} s", file=sys.stderr)
+    return results, seconds
+
+
+def table(results: list[SpeedResult], seconds: dict[str, float], device: str, full_size: bool) -> str:
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    sizes = "the real architecture sizes" if full_size else "reduced sizes (see each row)"
+    lines = [f"Measured {when} on {machine(device)}, {sizes}; ratios are reference time / gors time of "
+             "interleaved pairs.", "", TABLE_HEADER, *(r.row() for r in results), "",
+             f"Wall time: {', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--full-size", action="store_true", help="the real architecture sizes (a GPU)")
+    parser.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(SCRIPTS)}")
+    parser.add_argument("--output", default=None, help="also write the table to this markdown file")
+    args = parser.parse_args(argv)
+    scripts = SCRIPTS if args.only is None else args.only.split(",")
+    unknown = sorted(set(scripts) - set(SCRIPTS))
+    if unknown:
+        parser.error(f"--only: unknown {unknown}; choose from {', '.join(SCRIPTS)}")
+    results, seconds = run(list(scripts), args.device, args.full_size)
+    text = table(results, seconds, args.device, args.full_size)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

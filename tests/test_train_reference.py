@@ -1,0 +1,113 @@
+"""gors' training steps against the reference loop they replace: same losses, same adapters.
+
+The reference is diffusers' `train_text_to_image_lora.py` loop as GORS ran it, written out in
+`benchmarks/train_step.py` (`ReferenceLoop`), which encodes each batch's images with the VAE
+every step and samples the posterior there; gors samples the same posterior from the latent mean
+and std it cached once. Both loops run three optimizer steps on the tiny SD pipeline, on the same
+selected samples in the same order (`BatchSchedule`'s, handed to the reference's data loader),
+from the same seed, with the same LoRA initialisation (gors' adapters copied into the
+reference's before the first step), both LoRAs on.
+
+The random numbers line up exactly: each step draws the posterior sample, then the noise, then
+the timesteps, in that order and with the same shapes on both sides (`latent_dist.sample()` is
+`mean + std * randn(shape)`, as gors' `mean + std * randn_like(mean)`). One thing differs: the
+reference draws its noise `randn_like` the VAE's output, which the CPU convolution leaves
+channels-last, and torch's CPU normal sampler fills a non-contiguous tensor element by element
+where it fills a contiguous one 16 values at a time, so the same seed gives other noise values.
+The test therefore runs both loops inside `same_draws()`, which makes `randn_like` draw
+contiguously; no noise or timestep is injected, every draw is the loops' own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def train_step():
+    """`benchmarks/train_step.py` as a module (the scripts import their helpers as top-level modules)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location("benchmark_train_step", BENCHMARKS / "train_step.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+@pytest.fixture(scope="module")
+def selected_run(tmp_path_factory, tiny_sd, tiny_blip):
+    """A run folder after generate, score and select (as tests/test_train.py builds it): 6 images, 32 px."""
+    from gors.config import RunConfig
+    from gors.core.distributed import reset_process_state
+    from gors.generate import generate
+    from gors.score import score
+    from gors.select import select
+
+    prompts = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    prompts.write_text("a red circle and a blue square\na green triangle\na yellow circle\n")
+    config = RunConfig(
+        output_dir=str(tmp_path_factory.mktemp("selected")), pretrained_model_name_or_path=str(tiny_sd),
+        train_prompts=str(prompts), images_per_prompt=2, num_inference_steps=2, resolution=32, reward="b_vqa",
+        reward_model_name_or_path=str(tiny_blip), reward_threshold=0.0, seed=0,
+    )
+    generate(config)
+    score(config)
+    select(config)
+    reset_process_state()
+    return Path(config.output_dir)
+
+
+def test_first_steps_match_the_reference_loop(train_step, selected_run, tiny_sd):
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    from gors.core.distributed import make_accelerator
+    from gors.core.run_folder import samples_dir
+    from gors.select import load_selection
+
+    accelerator = make_accelerator(mixed_precision="no")
+    trainer = train_step.gors_trainer(tiny_sd, selected_run, accelerator, train_text_encoder=True, resolution=32,
+                                      seed=0, mixed_precision="no")
+    ours = train_step.GorsLoop(trainer)  # the tiny checkpoint's weights, loaded by GORSTrainer itself
+    models = {  # the same checkpoint, loaded as the diffusers script loads it
+        "unet": UNet2DConditionModel.from_pretrained(tiny_sd, subfolder="unet"),
+        "vae": AutoencoderKL.from_pretrained(tiny_sd, subfolder="vae"),
+        "text_encoder": CLIPTextModel.from_pretrained(tiny_sd, subfolder="text_encoder"),
+    }
+    reference = train_step.ReferenceLoop(
+        models, CLIPTokenizer.from_pretrained(tiny_sd, subfolder="tokenizer"),
+        DDPMScheduler.from_pretrained(tiny_sd, subfolder="scheduler"), samples_dir(selected_run),
+        load_selection(selected_run), trainer.schedule.indices, accelerator, train_text_encoder=True, resolution=32)
+    assert reference.trained_modules().keys() == ours.trained_modules().keys() == {"unet", "text_encoder"}
+    train_step.copy_adapters(ours.trained_modules(), reference.trained_modules())
+    initial = train_step.adapter_weights(ours.trained_modules())
+
+    with train_step.same_draws():
+        torch.manual_seed(0)
+        reference_losses = [reference.step().item() for _ in range(STEPS)]
+        torch.manual_seed(0)
+        gors_losses = [ours.step().item() for _ in range(STEPS)]
+
+    assert gors_losses == pytest.approx(reference_losses, abs=1e-5)
+    assert len(set(gors_losses)) == STEPS  # three different batches, noises and timesteps
+    reference_weights = train_step.adapter_weights(reference.trained_modules())
+    gors_weights = train_step.adapter_weights(ours.trained_modules())
+    assert reference_weights.keys() == gors_weights.keys() == initial.keys()
+    assert any(k.startswith("text_encoder.") for k in gors_weights) and any(k.startswith("unet.") for k in gors_weights)
+    for key, value in gors_weights.items():
+        assert torch.allclose(value, reference_weights[key], atol=1e-5, rtol=0), key
+    # The steps moved the adapters of both models (a match of untouched weights would prove nothing).
+    for component in ("unet", "text_encoder"):
+        moved = max((gors_weights[k] - initial[k]).abs().max().item() for k in initial if k.startswith(component))
+        assert moved > 1e-6, component
