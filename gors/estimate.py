@@ -23,11 +23,12 @@ from typing import Any
 from gors.config import parse_mapping
 from gors.timings import read_timings
 
-# gors' speed over the official procedure per stage, measured side by side on 2 CPU cores during
-# development (same random-weight models and inputs, medians of paired ratios): B-VQA against the
-# official 8 passes, training (U-Net + text-encoder LoRA) against diffusers' LoRA loop, generation
-# against plain pipeline calls. A GPU's own ratios replace them through --reference_speedups.
-CPU_MEASURED_SPEEDUPS = {"generate": 0.96, "score": 7.2, "select": 1.0, "train": 1.3}
+# gors' speed over the official procedure per stage: the medians of the paired ratios that the
+# scripts in benchmarks/ measured on 2 shared CPU cores at reduced sizes (benchmarks/README.md):
+# B-VQA against T2I-CompBench's 8 passes, training (U-Net + text-encoder LoRA) against diffusers'
+# LoRA loop, generation against plain pipeline calls. A GPU's own ratios (`python -m benchmarks
+# --device cuda --full-size`) replace them through --reference_speedups.
+CPU_MEASURED_SPEEDUPS = {"generate": 1.04, "score": 6.14, "select": 1.0, "train": 1.34}
 
 
 @dataclass(frozen=True)
