@@ -43,7 +43,7 @@ def test_one_short_gors_round_selects_better_samples_and_trains_lora(tmp_path):
 
 
 def test_toy_recipe_reports_base_and_gors_accuracy(tmp_path):
-    results = toy_main(["--output_dir", str(tmp_path / "demo"), "--images_per_prompt", "2",
+    results = toy_main(["--output_dir", str(tmp_path / "demo"), "--max_prompts", "16", "--images_per_prompt", "2",
                         "--num_inference_steps", "8", "--max_train_steps", "2", "--checkpointing_steps", "2",
                         "--eval_max_prompts", "4", "--eval_images_per_prompt", "1", "--reward_threshold", "0.5",
                         "--validation_steps", "1"])
