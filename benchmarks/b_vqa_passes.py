@@ -72,7 +72,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import TABLE_HEADER, SpeedResult, paired_ratios
+from common import SpeedResult, paired_ratios, print_table
 from PIL import Image
 
 from rewards.b_vqa import BVQAReward
@@ -374,10 +374,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
 
 
 def main() -> None:
-    results = measure()
-    print()
-    print(TABLE_HEADER)
-    print("\n".join(result.row() for result in results))
+    print_table(measure())
 
 
 if __name__ == "__main__":

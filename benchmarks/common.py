@@ -76,3 +76,9 @@ class SpeedResult:
 
 TABLE_HEADER = ("| stage | reference procedure | gors vs reference (min / median) | agreement | sizes |\n"
                 "|---|---|---|---|---|")
+
+
+def print_table(results: list[SpeedResult]) -> None:
+    """A script's rows under the shared header, as `python -m benchmarks` prints them all."""
+    print(TABLE_HEADER)
+    print("\n".join(result.row() for result in results))

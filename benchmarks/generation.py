@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import TABLE_HEADER, SpeedResult, paired_ratios
+from common import SpeedResult, paired_ratios, print_table
 from train_memory import SPECS
 
 from gors.core.store import sample_seed
@@ -194,10 +194,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
 
 
 def main() -> None:
-    results = measure()
-    print(TABLE_HEADER)
-    for result in results:
-        print(result.row())
+    print_table(measure())
 
 
 if __name__ == "__main__":

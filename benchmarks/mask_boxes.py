@@ -32,7 +32,7 @@ import argparse
 import statistics
 
 import torch
-from common import TABLE_HEADER, SpeedResult, paired_ratios
+from common import SpeedResult, paired_ratios, print_table
 
 from rewards.geneval import mask_boxes
 
@@ -108,10 +108,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
 
 
 def main() -> None:
-    results = measure()
-    print()
-    print(TABLE_HEADER)
-    print("\n".join(result.row() for result in results))
+    print_table(measure())
 
 
 if __name__ == "__main__":

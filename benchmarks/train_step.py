@@ -73,7 +73,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import TABLE_HEADER, SpeedResult, paired_ratios, synchronize
+from common import SpeedResult, paired_ratios, print_table, synchronize
 from PIL import Image
 from torchvision import transforms
 from train_memory import SPECS
@@ -675,10 +675,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
 
 
 def main() -> None:
-    results = measure()
-    print(TABLE_HEADER)
-    for result in results:
-        print(result.row())
+    print_table(measure())
 
 
 if __name__ == "__main__":
