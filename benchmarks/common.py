@@ -8,6 +8,7 @@ minimum and median with an agreement check of the two outputs.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -15,6 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+
+def checked_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
+    """`args.device`, after refusing (as a usage error) CUDA where there is none and `--repeats` below 1."""
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available here")
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    return device
 
 
 def synchronize(device: torch.device) -> None:

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import SpeedResult, paired_ratios, print_table
+from common import SpeedResult, checked_device, paired_ratios, print_table
 from train_memory import SPECS
 
 from gors.core.store import sample_seed
@@ -116,11 +116,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     parser.add_argument("--guidance", type=float, default=7.5)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available here")
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
+    device = checked_device(parser, args)
     dtype = getattr(torch, args.dtype or ("float16" if device.type == "cuda" else "float32"))
     resolution = args.resolution or (512 if args.full_size else 32)
 

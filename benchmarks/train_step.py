@@ -73,7 +73,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import SpeedResult, paired_ratios, print_table, synchronize
+from common import SpeedResult, checked_device, paired_ratios, print_table, synchronize
 from PIL import Image
 from torchvision import transforms
 from train_memory import SPECS
@@ -592,11 +592,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                         help="also break a gors step with both LoRAs down by phase and print torch.profiler's top ops")
     parser.add_argument("--profile_steps", type=int, default=5, help="steps of each loop in the breakdown")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available here")
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
+    device = checked_device(parser, args)
 
     from gors.core.distributed import make_accelerator, reset_process_state
 
