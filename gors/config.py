@@ -85,9 +85,23 @@ class ModelFields:
                           "(SD 1/2: 512, the GORS paper's; SDXL, SD3, FLUX.1: 1024)."},
     )
 
+    torch_compile: str = field(
+        default="no",
+        metadata={"help": "torch.compile backend for the denoiser in generation and training: 'no' (as the official "
+                          "scripts) or 'inductor', which pays on GPUs over long runs (compiling takes minutes; samples "
+                          "and losses match the plain path up to float rounding). 'aot_eager' and 'eager' debug it."},
+    )
+
     def _check_model(self) -> None:
         _check(self.resolution is None or (self.resolution >= 8 and self.resolution % 8 == 0),
                f"--resolution={self.resolution}: use a multiple of 8")
+        if self.torch_compile != "no":
+            from torch._dynamo import list_backends
+
+            backends = list_backends(exclude_tags=())
+            _check(self.torch_compile in backends,
+                   f"--torch_compile={self.torch_compile!r} is not a torch.compile backend; use 'no' or one of "
+                   f"{', '.join(backends)}")
 
 
 @dataclass
@@ -221,6 +235,11 @@ class TrainingFields:
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
     adam_weight_decay: float = field(default=1e-2, metadata={"help": "AdamW weight decay."})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    fused_adam: bool = field(
+        default=True,
+        metadata={"help": "AdamW's fused kernel (one kernel over all adapters, on GPUs and CPUs; the same update up "
+                          "to float rounding); --no_fused_adam steps parameter by parameter, as the official script."},
+    )
     use_8bit_adam: bool = field(
         default=False, metadata={"help": "bitsandbytes' 8-bit AdamW (GPU; `pip install gors[bnb]`): optimizer state in "
                                          "a quarter of the memory."})

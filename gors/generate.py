@@ -36,7 +36,7 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
 
     def loader():
         return load_pipeline(config.pretrained_model_name_or_path, accelerator.device, dtype, config.revision,
-                             backbone=backbone)
+                             backbone=backbone, torch_compile=config.torch_compile)
 
     return generate_samples(
         SampleStore(samples_dir(config.output_dir)),

@@ -27,7 +27,7 @@ from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import check_trainable, detect_backbone
 from gors.core.distributed import make_accelerator, progress_bar
 from gors.core.hub import from_pretrained
-from gors.core.pipeline import cpu_generators
+from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore
 from gors.families import TRAINING_FAMILIES, Batch, TextEncoder, resolve_training
@@ -107,6 +107,7 @@ class GORSTrainer:
             self.denoiser.enable_gradient_checkpointing()
             for encoder in trained:
                 self.text_encoders[encoder.component].activation_checkpointing_enable()
+        compile_module(self.denoiser, config.torch_compile)
 
     def _frozen(self, module: torch.nn.Module) -> torch.nn.Module:
         module.requires_grad_(False).to(self.accelerator.device)
@@ -116,6 +117,14 @@ class GORSTrainer:
         """The modules that carry LoRA adapters, by component name (as prepared: maybe wrapped for DDP)."""
         return {name: self.denoiser if name == self.family.denoiser else self.text_encoders[name]
                 for name in self.trained}
+
+    def _fused_kwargs(self) -> dict[str, bool]:
+        """torch AdamW's fused kernel where asked for and the device has one (bitsandbytes' has its own)."""
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+        fused = (self.config.fused_adam and self.optimizer_class is torch.optim.AdamW
+                 and self.accelerator.device.type in _get_fused_kernels_supported_devices())
+        return {"fused": True} if fused else {}
 
     def _setup_optimizer(self) -> None:
         config = self.config
@@ -127,6 +136,7 @@ class GORSTrainer:
             betas=(config.adam_beta1, config.adam_beta2),
             weight_decay=config.adam_weight_decay,
             eps=config.adam_epsilon,
+            **self._fused_kwargs(),
         )
         from diffusers.optimization import get_scheduler
 

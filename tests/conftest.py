@@ -80,6 +80,30 @@ def tiny_blip(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def selected_run(tmp_path_factory, tiny_sd, tiny_blip):
+    """The RunConfig of a run folder after generate, score and select on the tiny SD pipeline (3 prompts x 2
+    images, 32 px), shared by the training tests: read-only, copy it to train."""
+    from gors.config import RunConfig
+    from gors.core.distributed import reset_process_state
+    from gors.generate import generate
+    from gors.score import score
+    from gors.select import select
+
+    prompts = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    prompts.write_text("a red circle and a blue square\na green triangle\na yellow circle\n")
+    config = RunConfig(
+        output_dir=str(tmp_path_factory.mktemp("selected")), pretrained_model_name_or_path=str(tiny_sd),
+        train_prompts=str(prompts), images_per_prompt=2, num_inference_steps=2, resolution=32, reward="b_vqa",
+        reward_model_name_or_path=str(tiny_blip), reward_threshold=0.0, seed=0,
+    )
+    generate(config)
+    score(config)
+    select(config)
+    reset_process_state()
+    return config
+
+
 @pytest.fixture
 def prompts_file(tmp_path) -> Path:
     """Three prompts with CRLF endings and a blank line, as users' files often have."""

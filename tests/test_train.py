@@ -17,29 +17,8 @@ from diffusers import StableDiffusionPipeline
 from safetensors.torch import load_file
 
 from gors.core.distributed import reset_process_state
-from gors.generate import generate
-from gors.score import score
 from gors.select import load_selection, select
 from gors.train import GORSTrainer, find_checkpoint, train
-
-
-@pytest.fixture(scope="module")
-def selected_run(tmp_path_factory, tiny_sd, tiny_blip):
-    """A run folder after generate, score and select, shared by the training tests (read-only)."""
-    from gors.config import RunConfig
-
-    prompts = tmp_path_factory.mktemp("prompts") / "prompts.txt"
-    prompts.write_text("a red circle and a blue square\na green triangle\na yellow circle\n")
-    config = RunConfig(
-        output_dir=str(tmp_path_factory.mktemp("selected")), pretrained_model_name_or_path=str(tiny_sd),
-        train_prompts=str(prompts), images_per_prompt=2, num_inference_steps=2, resolution=32, reward="b_vqa",
-        reward_model_name_or_path=str(tiny_blip), reward_threshold=0.0, seed=0,
-    )
-    generate(config)
-    score(config)
-    select(config)
-    reset_process_state()
-    return config
 
 
 def _copy_run(selected_run, destination):

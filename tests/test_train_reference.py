@@ -45,29 +45,6 @@ def train_step():
     return module
 
 
-@pytest.fixture(scope="module")
-def selected_run(tmp_path_factory, tiny_sd, tiny_blip):
-    """A run folder after generate, score and select (as tests/test_train.py builds it): 6 images, 32 px."""
-    from gors.config import RunConfig
-    from gors.core.distributed import reset_process_state
-    from gors.generate import generate
-    from gors.score import score
-    from gors.select import select
-
-    prompts = tmp_path_factory.mktemp("prompts") / "prompts.txt"
-    prompts.write_text("a red circle and a blue square\na green triangle\na yellow circle\n")
-    config = RunConfig(
-        output_dir=str(tmp_path_factory.mktemp("selected")), pretrained_model_name_or_path=str(tiny_sd),
-        train_prompts=str(prompts), images_per_prompt=2, num_inference_steps=2, resolution=32, reward="b_vqa",
-        reward_model_name_or_path=str(tiny_blip), reward_threshold=0.0, seed=0,
-    )
-    generate(config)
-    score(config)
-    select(config)
-    reset_process_state()
-    return Path(config.output_dir)
-
-
 def test_first_steps_match_the_reference_loop(train_step, selected_run, tiny_sd):
     from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTokenizer
@@ -76,8 +53,9 @@ def test_first_steps_match_the_reference_loop(train_step, selected_run, tiny_sd)
     from gors.core.run_folder import samples_dir
     from gors.select import load_selection
 
+    run_dir = Path(selected_run.output_dir)
     accelerator = make_accelerator(mixed_precision="no")
-    trainer = train_step.gors_trainer(tiny_sd, selected_run, accelerator, train_text_encoder=True, resolution=32,
+    trainer = train_step.gors_trainer(tiny_sd, run_dir, accelerator, train_text_encoder=True, resolution=32,
                                       seed=0, mixed_precision="no")
     ours = train_step.GorsLoop(trainer)  # the tiny checkpoint's weights, loaded by GORSTrainer itself
     models = {  # the same checkpoint, loaded as the diffusers script loads it
@@ -87,8 +65,8 @@ def test_first_steps_match_the_reference_loop(train_step, selected_run, tiny_sd)
     }
     reference = train_step.ReferenceLoop(
         models, CLIPTokenizer.from_pretrained(tiny_sd, subfolder="tokenizer"),
-        DDPMScheduler.from_pretrained(tiny_sd, subfolder="scheduler"), samples_dir(selected_run),
-        load_selection(selected_run), trainer.schedule.indices, accelerator, train_text_encoder=True, resolution=32)
+        DDPMScheduler.from_pretrained(tiny_sd, subfolder="scheduler"), samples_dir(run_dir),
+        load_selection(run_dir), trainer.schedule.indices, accelerator, train_text_encoder=True, resolution=32)
     assert reference.trained_modules().keys() == ours.trained_modules().keys() == {"unet", "text_encoder"}
     train_step.copy_adapters(ours.trained_modules(), reference.trained_modules())
     initial = train_step.adapter_weights(ours.trained_modules())

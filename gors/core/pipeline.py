@@ -29,6 +29,7 @@ def load_pipeline(
     revision: str | None = None,
     lora: str | None = None,
     backbone: Backbone | None = None,
+    torch_compile: str = "no",
 ):
     """The checkpoint's diffusers pipeline, with its family's sampler (`gors.core.backbones`).
 
@@ -36,7 +37,8 @@ def load_pipeline(
     checker, which replaces flagged images with black ones that would silently become low-reward
     samples; other families keep the checkpoint's own scheduler. `lora`: a folder with a
     diffusers-format LoRA (e.g. a gors run folder) loaded on top. `backbone`: the family when it
-    is already known (it is read from `model_index.json` otherwise).
+    is already known (it is read from `model_index.json` otherwise). `torch_compile`: a
+    `torch.compile` backend for the denoiser (`compile_module`), "no" for none.
     """
     import diffusers
 
@@ -52,7 +54,21 @@ def load_pipeline(
     if lora is not None:
         pipeline.load_lora_weights(lora)
     pipeline.set_progress_bar_config(disable=True)
-    return pipeline.to(device)
+    pipeline = pipeline.to(device)
+    compile_module(pipeline.unet if getattr(pipeline, "unet", None) is not None else pipeline.transformer,
+                   torch_compile)
+    return pipeline
+
+
+def compile_module(module: torch.nn.Module, backend: str) -> None:
+    """`torch.compile` the module in place with `backend` ("no": leave it as it is).
+
+    In place (`nn.Module.compile`), not wrapped: its class, state-dict keys and LoRA file names stay
+    the same, so saving adapters, DDP and pipelines see the module they know. Call it after the
+    adapters are added: the graph is traced on the first call.
+    """
+    if backend != "no":
+        module.compile(backend=backend)
 
 
 def pipeline_settings(

@@ -1,0 +1,112 @@
+"""The speed paths against the plain ones on the same inputs: a torch.compile'd denoiser in
+generation and training, and AdamW's fused kernel.
+
+The compiled runs use a backend registered here that counts the graphs dynamo hands it and
+compiles them with `aot_eager` (dynamo's capture and AOTAutograd's forward and backward graphs,
+the parts of `inductor` that decide what runs; inductor's own code generation takes minutes on a
+CPU): so each test also shows that the denoiser really ran compiled.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from gors.core.distributed import reset_process_state
+from gors.generate import generate
+from gors.train import GORSTrainer, train
+
+COMPILED: list[int] = []  # graphs compiled by the counting backend, over the whole test session
+
+
+@pytest.fixture(scope="module")
+def counting_backend() -> str:
+    from torch._dynamo import register_backend
+    from torch._dynamo.backends.registry import lookup_backend
+
+    name = "gors_test_counting_aot_eager"
+
+    def counting(graph_module, example_inputs):
+        COMPILED.append(len(graph_module.graph.nodes))
+        return lookup_backend("aot_eager")(graph_module, example_inputs)
+
+    register_backend(counting, name=name)
+    return name
+
+
+def _pixels(run_dir) -> dict[str, np.ndarray]:
+    return {p.name: np.asarray(Image.open(p)) for p in sorted((run_dir / "samples").rglob("*.png"))}
+
+
+def test_compiled_generation_draws_the_plain_samples(make_run_config, counting_backend, tmp_path):
+    plain_dir, compiled_dir = tmp_path / "plain", tmp_path / "compiled"
+    generate(make_run_config(output_dir=str(plain_dir)))
+    reset_process_state()
+    before = len(COMPILED)
+    generate(make_run_config(output_dir=str(compiled_dir), torch_compile=counting_backend))
+    assert len(COMPILED) > before  # the U-Net ran through dynamo
+    plain, compiled = _pixels(plain_dir), _pixels(compiled_dir)
+    assert plain.keys() == compiled.keys() and len(plain) == 6
+    for name, image in plain.items():  # the same samples, up to float rounding (a uint8 step at most)
+        assert np.abs(image.astype(int) - compiled[name].astype(int)).max() <= 1, name
+
+
+def _copy_selected(selected_run, destination):
+    shutil.copytree(f"{selected_run.output_dir}/samples", destination / "samples")
+    shutil.copytree(f"{selected_run.output_dir}/scores", destination / "scores")
+    shutil.copy(f"{selected_run.output_dir}/selection.jsonl", destination / "selection.jsonl")
+    return destination
+
+
+def _train(selected_run, make_run_config, run_dir, **overrides) -> dict[str, torch.Tensor]:
+    config = make_run_config(output_dir=str(_copy_selected(selected_run, run_dir)), max_train_steps=3,
+                             checkpointing_steps=100, report_to="none", learning_rate=1e-2,
+                             text_encoder_learning_rate=1e-2, **overrides)
+    weights = load_file(str(train(config)))
+    reset_process_state()
+    return weights
+
+
+def _assert_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys() and actual
+    for key, value in expected.items():
+        assert torch.allclose(actual[key], value, atol=1e-5, rtol=1e-4), key
+
+
+def test_compiled_training_learns_the_plain_adapters(selected_run, make_run_config, counting_backend, tmp_path):
+    plain = _train(selected_run, make_run_config, tmp_path / "plain")
+    before = len(COMPILED)
+    compiled = _train(selected_run, make_run_config, tmp_path / "compiled", torch_compile=counting_backend)
+    assert len(COMPILED) > before  # forward graphs of the U-Net (training, then the final save's none)
+    # Same file, same keys (the in-place compile adds no `_orig_mod.` prefix), same values.
+    _assert_close(compiled, plain)
+
+
+def test_fused_adamw_updates_as_the_loop_over_parameters(selected_run, make_run_config, tmp_path):
+    fused = _train(selected_run, make_run_config, tmp_path / "fused")
+    looped = _train(selected_run, make_run_config, tmp_path / "looped", fused_adam=False)
+    _assert_close(fused, looped)
+    # Three steps at lr 1e-2 moved the adapters: the match is of trained weights, not of the initial ones.
+    zero_init = {k: v for k, v in looped.items() if "lora_B" in k or "lora.up" in k}
+    assert zero_init and max(v.abs().max().item() for v in zero_init.values()) > 1e-3
+
+
+@pytest.mark.parametrize("fused_adam", [True, False])
+def test_the_optimizer_is_fused_exactly_when_asked(fused_adam, selected_run, make_run_config, tmp_path):
+    trainer = GORSTrainer(make_run_config(output_dir=str(_copy_selected(selected_run, tmp_path / "run")),
+                                          fused_adam=fused_adam, report_to="none"))
+    trainer._setup_models()
+    trainer._setup_optimizer()
+    assert all(group["fused"] is fused_adam or (group["fused"] is None and not fused_adam)
+               for group in trainer.optimizer.param_groups)
+
+
+def test_an_unknown_compile_backend_is_refused_before_any_work(make_run_config, tmp_path):
+    with pytest.raises(ValueError, match=r"--torch_compile='inductr' is not a torch.compile backend.*inductor"):
+        make_run_config(output_dir=str(tmp_path / "run"), torch_compile="inductr")
+    assert not (tmp_path / "run").exists()
