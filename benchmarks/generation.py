@@ -1,27 +1,30 @@
 """Generation: gors' `generate_samples` against plain `StableDiffusionPipeline` calls, same prompts and seeds.
 
-One batch of 8 images (4 prompts x 2 images), DDIM 30 steps, guidance 7.5, each image with its own
-CPU `torch.Generator` seeded as gors seeds it (`sample_seed`: base seed 42 + 100 000 x prompt
-index + image index), in one process, interleaved and repeated (`common.paired_ratios`); the script
-prints the min and median of the paired ratios reference time / gors time and whether the two
-give the same pixels.
+8 images (4 prompts x 2 images), DDIM 30 steps, guidance 7.5, each image with its own CPU
+`torch.Generator` seeded as gors seeds it (`sample_seed`: base seed 42 + 100 000 x prompt index +
+image index), in one process, interleaved and repeated (`common.paired_ratios`); the script prints
+the min and median of the paired ratios reference time / gors time and whether the two give the
+same pixels.
 
 - **Reference**: T2I-CompBench's sampling (`GORS_finetune/inference_eval.py`, read as facts, not
   copied): `StableDiffusionPipeline.from_pretrained` with `DDIMScheduler.from_pretrained(...,
-  subfolder="scheduler")`, then a plain pipeline call per batch (here the batch of 8 prompts with a
-  list of 8 generators instead of its one generator per batch, so that each image has its own seed
-  as in gors) and `image.save(...png)` per image.
-- **gors**: `gors.core.sampling.generate_samples` into a new sample store per batch, the pipeline
-  from `gors.core.pipeline.load_pipeline` (DDIM from the checkpoint's scheduler config, no safety
-  checker): the store's bookkeeping (settings, prompts, the records already there), the same
-  pipeline call under `torch.inference_mode()` (the reference under the pipeline's own `no_grad`:
-  on the tiny pipeline, 2 % apart, within the noise), an atomic PNG write and a metadata line per
-  image.
+  subfolder="scheduler")` (in float16 on a GPU), then one plain pipeline call per image, its
+  default `--batch_size 1`, each call with a generator of its own seed, and `image.save(...png)`
+  per image. `--reference_batch_size N` calls it with N images at once (there: N copies of one
+  prompt and one generator per call; here a list of N generators, so that each image keeps its seed).
+- **gors**: `gors.core.sampling.generate_samples` into a new sample store, 8 images per pipeline
+  call (`--generation_batch_size`'s default), the pipeline from `gors.core.pipeline.load_pipeline`
+  (DDIM from the checkpoint's scheduler config, no safety checker; `--torch_compile` compiles its
+  U-Net, as the flag of the same name does): the store's bookkeeping (settings, prompts, the records
+  already there), the pipeline call under `torch.inference_mode()` (the reference under the
+  pipeline's own `no_grad`: on the tiny pipeline, 2 % apart, within the noise), an atomic PNG write
+  and a metadata line per image.
 
 Both pipelines load from the same folder before timing (the load is not timed on either side:
-`generate_samples`' loader hands it the pipeline already loaded), with the progress bar off on
-both. Agreement: the uint8 pixels of gors' stored PNGs against the reference's images (max
-absolute difference; 0 is pixel-identical).
+`generate_samples`' loader hands it the pipeline already loaded; with `--torch_compile` the first
+untimed pair compiles), with the progress bar off on both. Agreement: the uint8 pixels of gors'
+stored PNGs against the reference's images (max absolute difference; 0 is pixel-identical; a
+batch of 8 and 8 batches of 1 may round a pixel apart).
 
 Sizes. By default (a CPU): the tiny SD pipeline of `gors.testing.sd` (real diffusers and
 transformers classes: a 2-level U-Net of widths 32 and 64, a 2-layer CLIP text encoder of width 32,
@@ -32,7 +35,8 @@ configs of `train_memory.py`) at 512 px with random weights, saved and loaded in
 default, as T2I-CompBench samples (a GPU).
 
     python benchmarks/generation.py                      # CPU, tiny pipeline, under a minute
-    python benchmarks/generation.py --device cuda --full-size --repeats 5
+    python benchmarks/generation.py --reduced --steps 10 --repeats 3   # CPU, SD-2-base widths / 4, minutes
+    python benchmarks/generation.py --device cuda --full-size --repeats 5 [--torch_compile inductor]
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import numpy as np
 import torch
 from common import SpeedResult, checked_device, paired_ratios, print_table
 from train_memory import SPECS
+from train_step import sizes_for
 
 from gors.core.store import sample_seed
 
@@ -66,19 +71,20 @@ def millions(module: torch.nn.Module) -> str:
     return f"{n / 1e6:.0f} M" if n >= 1e6 else f"{n / 1e3:.0f} k"
 
 
-def write_sd2_base_folder(folder: Path, device: torch.device, dtype: torch.dtype, seed: int) -> Path:
-    """SD-2-base's architecture with random weights, saved as a pipeline folder (weights in `dtype`)."""
+def write_sd2_base_folder(folder: Path, device: torch.device, dtype: torch.dtype, seed: int, reduced: bool) -> Path:
+    """SD-2-base's architecture with random weights, saved as a pipeline folder (weights in `dtype`);
+    `reduced`: `train_step.py`'s reduction (widths / 4, text encoder 3 of 23 layers)."""
     from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    from gors.sd2_architecture import SD2_BASE_TEXT_ENCODER_CONFIG, SD2_BASE_UNET_CONFIG
     from gors.testing.sd import write_clip_tokenizer_files
 
+    sizes = sizes_for(full_size=not reduced, resolution=None)
     torch.manual_seed(seed)
     with torch.device(device):
-        unet = UNet2DConditionModel.from_config(SD2_BASE_UNET_CONFIG)
-        text_encoder = CLIPTextModel(CLIPTextConfig(**SD2_BASE_TEXT_ENCODER_CONFIG))
-        vae = AutoencoderKL.from_config(SPECS["sd"].components["vae"].config)
+        unet = UNet2DConditionModel.from_config(sizes.unet)
+        text_encoder = CLIPTextModel(CLIPTextConfig(**sizes.text_encoder))
+        vae = AutoencoderKL.from_config(sizes.vae)
     files = write_clip_tokenizer_files(folder.parent / "_clip_files")
     tokenizer = CLIPTokenizer(str(files / "vocab.json"), str(files / "merges.txt"), model_max_length=77)
     pipeline = StableDiffusionPipeline(
@@ -109,16 +115,25 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=5, help="timed pairs of batches")
     parser.add_argument("--full-size", action="store_true", help="SD-2-base's real architecture at 512 px")
-    parser.add_argument("--resolution", type=int, default=None, help="image side; default 32 (tiny) / 512 (full)")
+    parser.add_argument("--reduced", action="store_true",
+                        help="SD-2-base's shape at widths / 4 (as train_step.py) at 128 px: a CPU-sized model whose "
+                             "compute, not Python, dominates")
+    parser.add_argument("--resolution", type=int, default=None,
+                        help="image side; default 32 (tiny) / 128 (reduced) / 512 (full)")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                         help="default: float16 on a GPU (as T2I-CompBench samples), float32 on a CPU")
     parser.add_argument("--steps", type=int, default=30, help="DDIM steps (T2I-CompBench: 30)")
     parser.add_argument("--guidance", type=float, default=7.5)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--reference_batch_size", type=int, default=1,
+                        help="images per reference pipeline call (T2I-CompBench's default: 1)")
+    parser.add_argument("--torch_compile", default="no", help="gors' torch.compile backend for the U-Net")
     args = parser.parse_args(argv)
     device = checked_device(parser, args)
     dtype = getattr(torch, args.dtype or ("float16" if device.type == "cuda" else "float32"))
-    resolution = args.resolution or (512 if args.full_size else 32)
+    if args.full_size and args.reduced:
+        parser.error("--full-size and --reduced: choose one")
+    resolution = args.resolution or (512 if args.full_size else 128 if args.reduced else 32)
 
     from gors.core.distributed import make_accelerator, reset_process_state
     from gors.core.pipeline import load_pipeline
@@ -135,18 +150,20 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     with tempfile.TemporaryDirectory(prefix="generation_") as tmp:
         root = Path(tmp)
         folder = root / "model"
-        if args.full_size:
-            log(f"[generation] building SD-2-base with random weights on {device} ...")
-            write_sd2_base_folder(folder, device, dtype, args.seed)
-            label = "SD-2-base"
+        if args.full_size or args.reduced:
+            label = "SD-2-base" if args.full_size else "SD-2-base shape, widths / 4, text encoder 3 of 23 layers"
+            log(f"[generation] building {label} with random weights on {device} ...")
+            write_sd2_base_folder(folder, device, dtype, args.seed, reduced=args.reduced)
         else:
             build_tiny_sd_pipeline(folder, seed=args.seed, resolution=resolution)
             label = "tiny SD (gors.testing.sd)"
         reference = reference_pipeline(folder, device, dtype)
-        ours = load_pipeline(str(folder), device, dtype)
+        ours = load_pipeline(str(folder), device, dtype, torch_compile=args.torch_compile)
         size_text = (f"{label}: U-Net {millions(ours.unet)}, text encoder {millions(ours.text_encoder)}, VAE "
                      f"{millions(ours.vae)}; {resolution} px, {args.steps} DDIM steps, guidance {args.guidance}, "
-                     f"batch {len(batch)}, {str(dtype).removeprefix('torch.')}, {device.type}")
+                     f"gors batch {len(batch)}, reference batch {args.reference_batch_size}, "
+                     f"{str(dtype).removeprefix('torch.')}, {device.type}"
+                     + ("" if args.torch_compile == "no" else f", gors' U-Net compiled ({args.torch_compile})"))
         reset_process_state()
         accelerator = make_accelerator()
         calls = {"reference": 0, "gors": 0}
@@ -155,9 +172,12 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
             out = root / f"reference-{calls['reference']}"
             out.mkdir()
             calls["reference"] += 1
-            images = reference(prompts, height=resolution, width=resolution, num_inference_steps=args.steps,
-                               guidance_scale=args.guidance,
-                               generator=[torch.Generator("cpu").manual_seed(s) for s in seeds]).images
+            images = []
+            for start in range(0, len(batch), args.reference_batch_size):
+                end = start + args.reference_batch_size
+                images += reference(prompts[start:end], height=resolution, width=resolution,
+                                    num_inference_steps=args.steps, guidance_scale=args.guidance,
+                                    generator=[torch.Generator("cpu").manual_seed(s) for s in seeds[start:end]]).images
             for (p, i), image in zip(batch, images):
                 image.save(out / f"{PROMPTS[p]}_{i:06d}.png")
             return images
@@ -183,10 +203,9 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
         log(f"[generation] {len(batch)} images, max |reference - gors| of the uint8 pixels: {difference}; ratios "
             f"{', '.join(f'{r:.2f}' for r in ratios)}")
         reset_process_state()
-    return [SpeedResult("generation, DDIM 30 steps, batch 8" if args.steps == 30 else
-                        f"generation, DDIM {args.steps} steps, batch 8",
-                        "plain `StableDiffusionPipeline` calls with per-image generators, PNGs saved",
-                        size_text, ratios, agreement)]
+    return [SpeedResult(f"generation, DDIM {args.steps} steps, 8 images",
+                        f"T2I-CompBench's sampling: plain `StableDiffusionPipeline` calls of {args.reference_batch_size} "
+                        "image(s), a generator per image, PNGs saved", size_text, ratios, agreement)]
 
 
 def main() -> None:

@@ -26,7 +26,9 @@ the U-Net and the text encoder (gors' default for SD 1/2, as GORS).
   `filter`, which clips nothing), optimizer step, LR-scheduler step, `zero_grad`.
 - **gors**: a `GORSTrainer` set up as `train()` sets it up (`_setup_models`, `_setup_optimizer`,
   `_load_data`, which encodes every selected image once and caches its latent mean and std, and,
-  without the text-encoder LoRA, the frozen encoder's outputs; then `accelerator.prepare`), and per
+  without the text-encoder LoRA, the frozen encoder's outputs; AdamW with its fused kernel, gors'
+  default `--fused_adam`; with `--torch_compile BACKEND` the U-Net compiled, the first untimed step
+  compiling it; then `accelerator.prepare`), and per
   step the body of its training loop: `_micro_batch_loss` (a latent drawn from the cached
   posterior, noise, timesteps, the text encoder if it trains, the U-Net, the loss), backward,
   clipping, optimizer and LR-scheduler steps, `zero_grad`, the loss gathered and `.item()`-ed. The
@@ -48,7 +50,10 @@ sanity check (`tests/test_train_reference.py` checks three steps within 1e-5).
 
     python benchmarks/train_step.py                         # CPU, reduced sizes, 2-4 minutes
     python benchmarks/train_step.py --repeats 3 --profile   # also profile a gors step with both LoRAs
-    python benchmarks/train_step.py --device cuda --full-size --repeats 10
+    python benchmarks/train_step.py --device cuda --full-size --repeats 10 [--torch_compile inductor]
+
+On a GPU both sides run in fp16 mixed precision by default, as GORS' `train.sh` launches its
+script (`accelerate launch --mixed_precision=fp16 --dynamo_backend=no`).
 """
 
 from __future__ import annotations
@@ -489,12 +494,12 @@ class GorsLoop:
 
 
 def gors_trainer(model_dir: Path, run_dir: Path, accelerator, *, train_text_encoder: bool, resolution: int,
-                 seed: int, mixed_precision: str):
+                 seed: int, mixed_precision: str, torch_compile: str = "no"):
     from gors.train import GORSTrainer
 
     config = TrainConfig(pretrained_model_name_or_path=str(model_dir), output_dir=str(run_dir), resolution=resolution,
                          train_batch_size=2, train_text_encoder=train_text_encoder, mixed_precision=mixed_precision,
-                         report_to="none", seed=seed, max_train_steps=15000)
+                         report_to="none", seed=seed, max_train_steps=15000, torch_compile=torch_compile)
     return GORSTrainer(config, accelerator)
 
 
@@ -585,14 +590,18 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     parser.add_argument("--repeats", type=int, default=5, help="timed pairs of steps per row")
     parser.add_argument("--full-size", action="store_true", help="SD-2-base's real U-Net, text encoder and VAE")
     parser.add_argument("--resolution", type=int, default=None, help="image side; default 192 (reduced) / 512 (full)")
-    parser.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default="no",
-                        help="both sides (GORS' official runs: no)")
+    parser.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None,
+                        help="both sides; default fp16 on a GPU (GORS' train.sh: accelerate launch "
+                             "--mixed_precision=fp16), no on a CPU")
+    parser.add_argument("--torch_compile", default="no",
+                        help="gors' torch.compile backend for the U-Net (the official train.sh: --dynamo_backend=no)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true",
                         help="also break a gors step with both LoRAs down by phase and print torch.profiler's top ops")
     parser.add_argument("--profile_steps", type=int, default=5, help="steps of each loop in the breakdown")
     args = parser.parse_args(argv)
     device = checked_device(parser, args)
+    args.mixed_precision = args.mixed_precision or ("fp16" if device.type == "cuda" else "no")
 
     from gors.core.distributed import make_accelerator, reset_process_state
 
@@ -610,13 +619,15 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
         base = build_models(sizes, device, args.seed)
         size_text = (f"{sizes.label}: U-Net {millions(base['unet'])}, text encoder {millions(base['text_encoder'])}, "
                      f"VAE {millions(base['vae'])}; {sizes.resolution} px, batch 2, {len(rows)} selected images, "
-                     f"{'fp32' if args.mixed_precision == 'no' else args.mixed_precision}, {device.type}")
+                     f"{'fp32' if args.mixed_precision == 'no' else args.mixed_precision}, {device.type}"
+                     + ("" if args.torch_compile == "no" else f", gors' U-Net compiled ({args.torch_compile})"))
         reset_process_state()
         accelerator = make_accelerator(mixed_precision=args.mixed_precision)
         for train_text_encoder in (False, True):
             label = "U-Net + text-encoder LoRA (gors' default)" if train_text_encoder else "U-Net LoRA only"
             trainer = gors_trainer(model_dir, run_dir, accelerator, train_text_encoder=train_text_encoder,
-                                   resolution=sizes.resolution, seed=args.seed, mixed_precision=args.mixed_precision)
+                                   resolution=sizes.resolution, seed=args.seed, mixed_precision=args.mixed_precision,
+                                   torch_compile=args.torch_compile)
             ours = GorsLoop(trainer, base)
             log(f"[train_step] {label}: gors' one-off caching (latents"
                 f"{'' if train_text_encoder else ' and text embeddings'}, {len(rows)} images): {ours.cache_seconds:.2f} s")
