@@ -6,6 +6,7 @@ flags and writes the table with the date and the machine, as the README's speed 
 
     python -m benchmarks                                   # CPU, reduced sizes (under 15 minutes on 2 cores)
     python -m benchmarks --device cuda --full-size         # the real architecture sizes on a GPU
+    python -m benchmarks --device cuda --full-size --torch_compile inductor
     python -m benchmarks --only b_vqa_passes,mask_boxes --output speed.md
 """
 
@@ -28,6 +29,9 @@ sys.path.insert(0, str(HERE))
 from common import TABLE_HEADER, SpeedResult  # noqa: E402
 
 SCRIPTS = ("b_vqa_passes", "soft_tifa_one_pass", "train_step", "generation", "mask_boxes")
+# On the CPU, generation runs at train_step's reduced sizes (the tiny default measures Python), shortened.
+CPU_FLAGS = {"generation": ["--reduced", "--steps", "10", "--repeats", "3"]}
+COMPILING = ("train_step", "generation")  # the scripts whose gors side takes --torch_compile
 
 
 def machine(device: str) -> str:
@@ -39,14 +43,18 @@ def machine(device: str) -> str:
     return f"{name}; torch {torch.__version__}, Python {platform.python_version()}"
 
 
-def run(scripts: list[str], device: str, full_size: bool) -> tuple[list[SpeedResult], dict[str, float]]:
+def run(scripts: list[str], device: str, full_size: bool,
+        torch_compile: str = "no") -> tuple[list[SpeedResult], dict[str, float]]:
     """Every script's rows and its wall seconds."""
     flags = ["--device", device] + (["--full-size"] if full_size else [])
     results, seconds = [], {}
     for name in scripts:
         start = time.perf_counter()
         module = importlib.import_module(name)
-        results += module.measure(flags)
+        extra = [] if full_size else CPU_FLAGS.get(name, [])
+        if torch_compile != "no" and name in COMPILING:
+            extra += ["--torch_compile", torch_compile]
+        results += module.measure(flags + extra)
         seconds[name] = time.perf_counter() - start
         print(f"[bench] {name}: {seconds[name]:.0f} s", file=sys.stderr)
     return results, seconds
@@ -67,12 +75,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--full-size", action="store_true", help="the real architecture sizes (a GPU)")
     parser.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(SCRIPTS)}")
     parser.add_argument("--output", default=None, help="also write the table to this markdown file")
+    parser.add_argument("--torch_compile", default="no",
+                        help=f"gors' torch.compile backend in {' and '.join(COMPILING)} (e.g. inductor on a GPU)")
     args = parser.parse_args(argv)
     scripts = SCRIPTS if args.only is None else args.only.split(",")
     unknown = sorted(set(scripts) - set(SCRIPTS))
     if unknown:
         parser.error(f"--only: unknown {unknown}; choose from {', '.join(SCRIPTS)}")
-    results, seconds = run(list(scripts), args.device, args.full_size)
+    results, seconds = run(list(scripts), args.device, args.full_size, args.torch_compile)
     text = table(results, seconds, args.device, args.full_size)
     print(text)
     if args.output:
