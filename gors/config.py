@@ -211,11 +211,23 @@ class SelectionFields:
         },
     )
 
+    select_top_fraction: float | None = field(
+        default=None,
+        metadata={"help": "Instead of a threshold, keep each prompt's best samples: the top fraction (0, 1] of its "
+                          "images by reward (at least one; ties go to the lower image index), e.g. 0.1."},
+    )
+
     def _check_selection(self) -> None:
         _check(
             self.reward_threshold is None or 0.0 <= self.reward_threshold <= 1.0,
             f"--reward_threshold={self.reward_threshold}: rewards lie in [0, 1]",
         )
+        if self.select_top_fraction is not None:
+            _check(0.0 < self.select_top_fraction <= 1.0,
+                   f"--select_top_fraction={self.select_top_fraction}: use a fraction in (0, 1], e.g. 0.1")
+            _check(self.reward_threshold is None,
+                   f"--select_top_fraction={self.select_top_fraction} and --reward_threshold="
+                   f"{self.reward_threshold}: select by one of them")
 
 
 @dataclass

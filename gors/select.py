@@ -1,11 +1,14 @@
-"""Stage 3, `gors select`: keep the samples whose reward exceeds tau.
+"""Stage 3, `gors select`: keep the samples whose reward exceeds tau (GORS), or each prompt's best.
 
-Writes `selection.jsonl` (one row per kept sample: path, prompt, reward, tau) and
-`selection_summary.json` (counts, thresholds, reward statistics of kept and dropped samples).
+Writes `selection.jsonl` (one row per kept sample: path, prompt, reward, and tau or the sample's
+rank among its prompt's images) and `selection_summary.json` (counts, the rule, reward statistics
+of kept and dropped samples).
 """
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +35,22 @@ def threshold_fn(config: SelectConfig | RunConfig,
         )
     selection_threshold(category, 0)  # an unknown category fails here, with the known ones listed
     return (lambda index: selection_threshold(category, index)), f"paper's tau for category {category!r}"
+
+
+def top_fraction(rewards: list[tuple[int, int, float]], fraction: float) -> set[tuple[int, int]]:
+    """The (prompt index, image index) pairs in the top `fraction` of each prompt's images by reward.
+
+    `rewards`: (prompt index, image index, reward in [0, 1]) triples. Each prompt keeps
+    ceil(fraction x its image count) images, at least one; equal rewards go to the lower image index.
+    """
+    by_prompt: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for prompt, image, value in rewards:
+        by_prompt[prompt].append((value, image))
+    kept = set()
+    for prompt, values in by_prompt.items():
+        best = sorted(values, key=lambda item: (-item[0], item[1]))[: max(1, math.ceil(fraction * len(values)))]
+        kept |= {(prompt, image) for _, image in best}
+    return kept
 
 
 def reward_statistics(values: list[float]) -> dict[str, float]:
@@ -73,21 +92,30 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
             f"{len(unscored)} of {len(records)} samples have no {reward!r} score (e.g. {unscored[0]}). "
             f"Run `gors score --output_dir {config.output_dir} --reward {reward}` first."
         )
-    tau, tau_source = threshold_fn(config, prompt_info.get("category"))
+    fraction = config.select_top_fraction
+    if fraction is None:
+        tau, tau_source = threshold_fn(config, prompt_info.get("category"))
+    else:
+        best = top_fraction([(r["prompt_index"], r["image_index"], scores[sample_key(r)]["reward"]) for r in records],
+                            fraction)
+        tau_source = f"--select_top_fraction={fraction} of each prompt's images"
 
     kept, dropped = [], []
     for record in records:
         value = scores[sample_key(record)]["reward"]
-        threshold = tau(record["prompt_index"])
         row = {
             "path": record["path"],
             "prompt": record["prompt"],
             "prompt_index": record["prompt_index"],
             "image_index": record["image_index"],
             "reward": value,
-            "threshold": threshold,
         }
-        (kept if value > threshold else dropped).append(row)
+        if fraction is None:
+            row["threshold"] = tau(record["prompt_index"])
+            keep = value > row["threshold"]
+        else:
+            keep = (record["prompt_index"], record["image_index"]) in best
+        (kept if keep else dropped).append(row)
 
     all_values = [row["reward"] for row in kept + dropped]
     if not kept:

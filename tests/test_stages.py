@@ -169,3 +169,34 @@ def test_select_refuses_unscored_samples(tmp_path, make_run_config):
     )
     with pytest.raises(StoreError, match="gors score"):
         select(make_run_config(output_dir=str(tmp_path)))
+
+
+def test_top_fraction_keeps_each_prompts_best_images():
+    from gors.select import top_fraction
+
+    rewards = [(0, 0, 0.2), (0, 1, 0.9), (0, 2, 0.5), (0, 3, 0.9), (1, 0, 0.1), (1, 1, 0.3)]
+    assert top_fraction(rewards, 0.5) == {(0, 1), (0, 3), (1, 1)}  # ceil(0.5 x 4) = 2 and ceil(0.5 x 2) = 1
+    assert top_fraction(rewards, 0.25) == {(0, 1), (1, 1)}  # a tie of 0.9: the lower image index
+    assert top_fraction(rewards, 0.01) == {(0, 1), (1, 1)}  # at least one per prompt
+    assert top_fraction(rewards, 1.0) == {(p, i) for p, i, _ in rewards}
+
+
+def test_select_top_fraction_ignores_tau(tmp_path, make_run_config):
+    # spatial's tau is 0.8: no sample passes it, but each prompt keeps its best
+    _fake_scored_run(tmp_path, "spatial", {0: 0.1, 1: 0.35})
+    summary = select(make_run_config(output_dir=str(tmp_path), reward_threshold=None, select_top_fraction=0.5))
+    kept = [json.loads(line) for line in (tmp_path / "selection.jsonl").read_text().splitlines()]
+    assert [(row["prompt_index"], row["reward"]) for row in kept] == [(0, 0.1), (1, 0.35)]
+    assert "threshold" not in kept[0]
+    assert summary["threshold"] == "--select_top_fraction=0.5 of each prompt's images" and summary["num_selected"] == 2
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.1, 1.5])
+def test_select_top_fraction_outside_0_1_is_refused(make_run_config, fraction):
+    with pytest.raises(ValueError, match=rf"--select_top_fraction={fraction}: use a fraction in \(0, 1\]"):
+        make_run_config(reward_threshold=None, select_top_fraction=fraction)
+
+
+def test_select_top_fraction_and_a_threshold_are_refused_together(make_run_config):
+    with pytest.raises(ValueError, match="select by one of them"):
+        make_run_config(reward_threshold=0.5, select_top_fraction=0.5)
