@@ -351,6 +351,7 @@ class Benchmark:
         column_options: Mapping[str, Mapping[str, Any]] | None = None,
         scorer_cache: dict[tuple[str, str, int], Reward] | None = None,
         backbone: Backbone | None = None,
+        torch_compile: str = "no",
     ) -> dict[str, Any]:
         """Generate (or read `images`), score and summarise; returns the summary.
 
@@ -359,7 +360,8 @@ class Benchmark:
         with the pipeline in memory (of family `backbone`; None: Stable Diffusion 1/2), `scorer`
         reuses a loaded scorer, and `with_columns=False` skips the further metric columns. `column_options` gives a column's scorer keyword
         arguments by column name. `scorer_cache` shares loaded scorers between evaluations (see
-        `make_scorer`). A score folder made with other scorer settings is refused, not mixed in.
+        `make_scorer`). `torch_compile`: a `torch.compile` backend for the loaded pipeline's denoiser.
+        A score folder made with other scorer settings is refused, not mixed in.
         """
         accelerator = accelerator or make_accelerator()
         output_dir = Path(output_dir)
@@ -385,7 +387,7 @@ class Benchmark:
             def load():
                 dtype = inference_dtype(accelerator, None)
                 return load_pipeline(pretrained_model_name_or_path, accelerator.device, dtype, lora=lora,
-                                     backbone=backbone)
+                                     backbone=backbone, torch_compile=torch_compile)
 
             samples = generate_samples(
                 SampleStore(output_dir / "samples"), [p.text for p in prompts], protocol,

@@ -32,6 +32,15 @@ def _check_mixed_precision(value: str | None) -> None:
            f"--mixed_precision={value!r}; choose one of {MIXED_PRECISION_CHOICES}")
 
 
+def _check_torch_compile(value: str) -> None:
+    if value != "no":
+        from torch._dynamo import list_backends
+
+        backends = list_backends(exclude_tags=())
+        _check(value in backends,
+               f"--torch_compile={value!r} is not a torch.compile backend; use 'no' or one of {', '.join(backends)}")
+
+
 def parse_mapping(value: Mapping[str, Any] | str | None, flag: str) -> dict[str, Any]:
     """A mapping option: JSON/YAML text (the command line) or a mapping (a YAML config file, Python)."""
     if value is None:
@@ -95,13 +104,7 @@ class ModelFields:
     def _check_model(self) -> None:
         _check(self.resolution is None or (self.resolution >= 8 and self.resolution % 8 == 0),
                f"--resolution={self.resolution}: use a multiple of 8")
-        if self.torch_compile != "no":
-            from torch._dynamo import list_backends
-
-            backends = list_backends(exclude_tags=())
-            _check(self.torch_compile in backends,
-                   f"--torch_compile={self.torch_compile!r} is not a torch.compile backend; use 'no' or one of "
-                   f"{', '.join(backends)}")
+        _check_torch_compile(self.torch_compile)
 
 
 @dataclass
@@ -456,9 +459,13 @@ class EvaluateConfig:
                           "entry gives the further metric columns' scorers theirs, keyed by column."},
     )
     scorer_batch_size: int = field(default=16, metadata={"help": "Images per scorer call on each process."})
+    torch_compile: str = field(
+        default="no", metadata={"help": "torch.compile backend for the denoiser that generates: 'no' or 'inductor' "
+                                        "(see `gors generate --help`)."})
 
     def __post_init__(self) -> None:
         _check_mixed_precision(self.mixed_precision)
+        _check_torch_compile(self.torch_compile)
         _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
         _check(self.images_per_prompt is None or self.images_per_prompt >= 1,
                f"--images_per_prompt={self.images_per_prompt}: must be >= 1")

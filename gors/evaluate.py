@@ -87,7 +87,7 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         summary = benchmark.evaluate(
             config.pretrained_model_name_or_path, folder, lora=lora, accelerator=accelerator,
             scorer_options=options, images=config.images, scorer_batch_size=config.scorer_batch_size,
-            column_options=column_options, scorer_cache=scorers,
+            column_options=column_options, scorer_cache=scorers, torch_compile=config.torch_compile,
         )
         summaries.append({"label": label, "primary_metric": benchmark.primary_metric, "folder": str(folder),
                           **summary})

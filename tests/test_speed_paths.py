@@ -110,3 +110,22 @@ def test_an_unknown_compile_backend_is_refused_before_any_work(make_run_config, 
     with pytest.raises(ValueError, match=r"--torch_compile='inductr' is not a torch.compile backend.*inductor"):
         make_run_config(output_dir=str(tmp_path / "run"), torch_compile="inductr")
     assert not (tmp_path / "run").exists()
+
+
+def test_evaluate_hands_the_compile_backend_to_the_pipeline_it_loads(tiny_sd, counting_backend, tmp_path, monkeypatch):
+    import evaluators.base
+    from gors.config import EvaluateConfig
+    from gors.evaluate import evaluate
+
+    class Loaded(Exception):
+        pass
+
+    def loading(*args, **kwargs):
+        raise Loaded(kwargs.get("torch_compile"))
+
+    monkeypatch.setattr(evaluators.base, "load_pipeline", loading)
+    with pytest.raises(Loaded, match=counting_backend):
+        evaluate(EvaluateConfig(output_dir=str(tmp_path), pretrained_model_name_or_path=str(tiny_sd),
+                                benchmarks="toy", max_prompts=1, images_per_prompt=1, torch_compile=counting_backend))
+    with pytest.raises(ValueError, match="not a torch.compile backend"):
+        EvaluateConfig(torch_compile="inductr")
