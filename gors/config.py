@@ -353,6 +353,60 @@ class TrainingFields:
                                     "category (e.g. t2i_compbench:color)")
 
 
+@dataclass
+class RoundFields:
+    """Online GORS: several rounds of generate -> score -> select -> train (`gors run`, the recipes)."""
+
+    rounds: int = field(
+        default=1,
+        metadata={"help": "Rounds of generate -> score -> select -> train (1: the paper's GORS). Round r generates "
+                          "--images_per_prompt new images per prompt with round r-1's LoRA and trains the same LoRA "
+                          "on, each round in <output_dir>/round-<r>/."},
+    )
+    steps_per_round: int | None = field(
+        default=None, metadata={"help": "Optimizer updates per round; default: --max_train_steps / --rounds."})
+    tau_schedule: list[float] | None = field(
+        default=None, metadata={"help": "One tau per round (e.g. 0.6 0.7 0.8), instead of --reward_threshold."})
+    replay: str = field(
+        default="none",
+        metadata={"help": "Earlier rounds' selected samples in round r's training pool: none, last (round r-1's) or "
+                          "all.", "choices": ["none", "last", "all"]},
+    )
+    reset_optimizer: bool = field(
+        default=False,
+        metadata={"help": "Start each round's training with a fresh AdamW state and LR schedule (the LoRA carries "
+                          "on); default: the optimizer state carries on too."},
+    )
+
+    def _check_rounds(self) -> None:
+        _check(self.rounds >= 1, f"--rounds={self.rounds}: must be >= 1 (1 is the paper's one-round GORS)")
+        if self.steps_per_round is not None:
+            _check(self.steps_per_round >= 1, f"--steps_per_round={self.steps_per_round}: must be >= 1")
+        else:
+            _check(self.max_train_steps % self.rounds == 0,
+                   f"--max_train_steps={self.max_train_steps} does not split into --rounds={self.rounds} equal "
+                   "rounds: give --steps_per_round, or a --max_train_steps that --rounds divides")
+        if self.tau_schedule is not None:
+            _check(len(self.tau_schedule) == self.rounds,
+                   f"--tau_schedule has {len(self.tau_schedule)} values for --rounds={self.rounds}: give one tau per "
+                   "round")
+            _check(all(0.0 <= tau <= 1.0 for tau in self.tau_schedule),
+                   f"--tau_schedule={self.tau_schedule}: rewards lie in [0, 1]")
+            _check(self.reward_threshold is None and self.select_top_fraction is None,
+                   "--tau_schedule and --reward_threshold or --select_top_fraction: select by one of them")
+        if self.rounds == 1:
+            _check(self.replay == "none" and not self.reset_optimizer,
+                   "--replay and --reset_optimizer act between rounds: they need --rounds >= 2")
+
+    def round_steps(self) -> int:
+        """Optimizer updates of each round."""
+        return self.steps_per_round or self.max_train_steps // self.rounds
+
+    def round_tau(self, index: int) -> float | None:
+        """Round `index`'s tau from --tau_schedule, else --reward_threshold (None: the paper's tau)."""
+        return self.tau_schedule[index] if self.tau_schedule is not None else self.reward_threshold
+
+
 # ---- the commands' configs -----------------------------------------------------------------------
 # Bases are listed last-group-first: a dataclass orders its fields from the last base to the first,
 # so flags read run folder, model, then the stage's own.
@@ -399,9 +453,9 @@ class TrainConfig(TrainingFields, ModelFields, RunFolderFields):
 
 
 @dataclass
-class RunConfig(GenerationFields, ScoringFields, SelectionFields, RewardFields, TrainingFields, ModelFields,
-                RunFolderFields):
-    """`gors run` and the recipes: generate -> score -> select -> train in one run folder."""
+class RunConfig(RoundFields, GenerationFields, ScoringFields, SelectionFields, RewardFields, TrainingFields,
+                ModelFields, RunFolderFields):
+    """`gors run` and the recipes: generate -> score -> select -> train in one run folder (per round)."""
 
     # Every stage config's field groups, so that each stage function takes a RunConfig as it is.
     def __post_init__(self) -> None:
@@ -412,6 +466,7 @@ class RunConfig(GenerationFields, ScoringFields, SelectionFields, RewardFields, 
         self._check_selection()
         self._check_scoring()
         self._check_generation()
+        self._check_rounds()
 
 
 @dataclass

@@ -14,8 +14,13 @@ from gors.core.sampling import SamplingProtocol, generate_samples
 from gors.core.store import SampleStore
 
 
-def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None = None) -> SampleStore:
-    """Stage 1: `config.images_per_prompt` images per training prompt into `<output_dir>/samples`."""
+def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None = None, lora: str | None = None,
+             seed: int | None = None) -> SampleStore:
+    """Stage 1: `config.images_per_prompt` images per training prompt into `<output_dir>/samples`.
+
+    `lora`: a folder whose LoRA the pipeline loads (online rounds: the previous round's); `seed`:
+    the base seed of the images instead of `config.seed` (online rounds: the round's).
+    """
     accelerator = accelerator or make_accelerator()
     prompt_set = load_prompts(config.train_prompts)
     prompts = prompt_set.prompts[: config.max_prompts]
@@ -28,7 +33,7 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
         guidance_scale=guidance,
         resolution=check_resolution(backbone, resolution),
         batch_size=config.generation_batch_size,
-        seed=config.seed,
+        seed=config.seed if seed is None else seed,
         call_kwargs=backbone.call_kwargs,
     )
 
@@ -36,7 +41,7 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
 
     def loader():
         return load_pipeline(config.pretrained_model_name_or_path, accelerator.device, dtype, config.revision,
-                             backbone=backbone, torch_compile=config.torch_compile)
+                             lora=lora, backbone=backbone, torch_compile=config.torch_compile)
 
     return generate_samples(
         SampleStore(samples_dir(config.output_dir)),
@@ -46,5 +51,6 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
         accelerator,
         prompt_info={"name": prompt_set.name, "category": prompt_set.category, "source": prompt_set.source},
         record_extras={"model": config.pretrained_model_name_or_path},
-        settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision, backbone=backbone),
+        settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision, lora=lora,
+                                   backbone=backbone),
     )

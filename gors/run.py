@@ -1,7 +1,9 @@
-"""`gors run`: generate -> score -> select -> train in one run folder, on one Accelerator."""
+"""`gors run`: generate -> score -> select -> train in one run folder, on one Accelerator
+(`--rounds N`: N times, see `gors.rounds`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -9,25 +11,39 @@ from accelerate import Accelerator
 
 from gors.checkpoints import checkpoint_step, find_checkpoint
 from gors.config import RunConfig
+from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
 from gors.core.run_folder import SELECTION_FILE, samples_dir
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
 from gors.generate import generate
 from gors.score import score
-from gors.select import select
+from gors.select import load_selection, select
 from gors.timings import StageTiming, format_timings, timed_stage, write_timings
 from gors.train import train, training_accelerator
 
 STAGES = ("generate", "score", "select", "train")
 
 
-def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors run") -> list[StageTiming]:
+@dataclass(frozen=True)
+class RoundInputs:
+    """What a round takes from the rounds before it; the defaults (nothing) are the paper's one round."""
+
+    lora: str | None = None  # the LoRA folder the samples are generated with
+    seed: int | None = None  # the images' base seed (None: the config's)
+    replay: list[dict[str, Any]] = field(default_factory=list)  # earlier selected rows added to the pool
+    continue_from: Path | None = None  # the checkpoint training goes on from
+    reset_optimizer: bool = False  # take only its adapters, not its optimizer state
+
+
+def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors run",
+               inputs: RoundInputs = RoundInputs()) -> list[StageTiming]:
     """generate -> score -> select -> train in one run folder, on the given Accelerator.
 
     The folder's four stage locks are held throughout, so that no `gors <stage>` on the same folder
     interleaves with the run; `command` names this run in the refusal such a command gets. Each
-    stage is timed (`gors.timings`); the timings go to `timings.json` and are returned.
+    stage is timed (`gors.timings`); the timings go to `timings.json` and are returned. `inputs`:
+    what an online round adds (`gors.rounds`).
     """
     out = config.output_dir
     store = SampleStore(samples_dir(out))
@@ -43,19 +59,21 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
         return sum(1 for line in path.open(encoding="utf-8") if line.strip()) if path.is_file() else 0
 
     def trained() -> int:
-        checkpoint = find_checkpoint(out, "latest", warn=lambda message: None)
+        checkpoint = find_checkpoint(out, "latest", warn=lambda message: None) or inputs.continue_from
         return checkpoint_step(checkpoint) if checkpoint is not None else 0
 
     with run_folder_lock(out, STAGES, command):
         with timed_stage("generate", "images", lambda: len(store.records()), accelerator, timings):
-            generate(config, accelerator)
+            generate(config, accelerator, lora=inputs.lora, seed=inputs.seed)
         with timed_stage("score", "images", scored, accelerator, timings):
             score(config, accelerator)
         with timed_stage("select", "samples", selected, accelerator, timings, resumable=False):
             select(config, write=accelerator.is_main_process)
+            if inputs.replay and accelerator.is_main_process:
+                atomic_write_jsonl(Path(out) / SELECTION_FILE, load_selection(out) + inputs.replay)
         with timed_stage("train", "steps", trained, accelerator, timings,
-                         resumable=config.resume_from_checkpoint is not None):
-            train(config, accelerator)
+                         resumable=config.resume_from_checkpoint is not None or inputs.continue_from is not None):
+            train(config, accelerator, continue_from=inputs.continue_from, reset_optimizer=inputs.reset_optimizer)
         if accelerator.is_main_process:
             write_timings(out, timings, timing_settings(config, store))
             accelerator.print("[run] stage timings (timings.json):\n" + format_timings(timings))
@@ -72,7 +90,12 @@ def timing_settings(config: RunConfig, store: SampleStore) -> dict[str, Any]:
 
 
 def run(config: RunConfig, command: str = "gors run") -> None:
-    """`gors run`: all four stages on one Accelerator set up for training."""
+    """`gors run`: all four stages on one Accelerator set up for training, once or `--rounds` times."""
+    from gors.rounds import run_rounds
+
     accelerator = training_accelerator(config)
-    run_stages(config, accelerator, command)
+    if config.rounds == 1:
+        run_stages(config, accelerator, command)
+    else:
+        run_rounds(config, accelerator, command)
     accelerator.end_training()

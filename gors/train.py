@@ -21,8 +21,16 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration, set_seed
+from PIL import Image
 
-from gors.checkpoints import check_resumable, checkpoint_step, find_checkpoint, training_fingerprint, write_checkpoint
+from gors.checkpoints import (
+    check_resumable,
+    checkpoint_step,
+    find_checkpoint,
+    read_marker,
+    training_fingerprint,
+    write_checkpoint,
+)
 from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import check_trainable, detect_backbone
 from gors.core.distributed import make_accelerator, progress_bar
@@ -69,7 +77,12 @@ def _optimizer_class(use_8bit_adam: bool) -> type[torch.optim.Optimizer]:
 class GORSTrainer:
     """Reward-weighted LoRA training on `selection.jsonl` of a run folder, for every trainable model family."""
 
-    def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator | None = None) -> None:
+    def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator | None = None,
+                 continue_from: Path | None = None, reset_optimizer: bool = False) -> None:
+        """`continue_from`: a checkpoint of another run folder (online GORS: the previous round's last) to
+        go on from, on this folder's selection: its adapters and step, and its optimizer, LR scheduler
+        and RNG state unless `reset_optimizer`. A checkpoint of this folder (`--resume_from_checkpoint`)
+        takes precedence."""
         backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
         check_trainable(backbone, config.pretrained_model_name_or_path)  # every check before any weights load
         generated = SampleStore(samples_dir(config.output_dir)).load_settings() or {}
@@ -79,6 +92,7 @@ class GORSTrainer:
         self.resolution = self.config.resolution
         self.accelerator = accelerator or training_accelerator(config)
         self.output_dir = Path(config.output_dir)
+        self.continue_from, self.reset_optimizer = continue_from, reset_optimizer
 
     # ----- set-up -------------------------------------------------------------------------
     def _setup_models(self) -> None:
@@ -163,14 +177,16 @@ class GORSTrainer:
             load_lora(input_dir, modules, pipeline_class)
             models.clear()
 
-        accelerator.register_save_state_pre_hook(save_hook)
-        accelerator.register_load_state_pre_hook(load_hook)
+        # Removed when training ends: a later training on the same Accelerator (the next online round)
+        # saves and loads its own modules.
+        self._hooks = [accelerator.register_save_state_pre_hook(save_hook),
+                       accelerator.register_load_state_pre_hook(load_hook)]
 
     def _load_data(self) -> None:
         config = self.config
         self.latents = cached_latent_distributions(
             self.selection,
-            SampleStore(samples_dir(config.output_dir)),
+            self._open_selected,
             self.vae,
             self.accelerator,
             self.output_dir / LATENT_CACHE_DIR,
@@ -195,6 +211,12 @@ class GORSTrainer:
         )
 
     @torch.no_grad()
+    def _open_selected(self, row: dict) -> Image.Image:
+        """A selected image: from this folder's sample store, or, for a row replayed from an earlier
+        round, from the store its `samples` field names (relative to this folder)."""
+        root = self.output_dir / row["samples"] if "samples" in row else samples_dir(self.output_dir)
+        return SampleStore(root).open_image(row)
+
     def _cached_encoding(self, encoder: TextEncoder) -> dict[str, torch.Tensor]:
         """A frozen encoder's outputs for every prompt, computed once (the encoder loaded only for that)."""
         config, family = self.config, self.family
@@ -248,13 +270,13 @@ class GORSTrainer:
                 return tracker.writer
         return None
 
-    def _log_selection(self) -> None:
+    def _log_selection(self, step: int) -> None:
         values = self.rewards.tolist()
         stats = reward_statistics(values)
-        self.accelerator.log({f"selected/reward_{k}": v for k, v in stats.items()}, step=0)
+        self.accelerator.log({f"selected/reward_{k}": v for k, v in stats.items()}, step=step)
         writer = self._tensorboard()
         if writer is not None:
-            writer.add_histogram("selected/reward", np.asarray(values), 0)
+            writer.add_histogram("selected/reward", np.asarray(values), step)
 
     def _pipeline(self):
         """The family's pipeline over the models being trained (frozen encoders not in memory load from the
@@ -353,14 +375,16 @@ class GORSTrainer:
             if global_step == config.max_train_steps:
                 accelerator.print(f"[train] the checkpoint is at --max_train_steps={global_step}: nothing to train; "
                                   "saving its LoRA")
+        elif self.continue_from is not None:
+            global_step = self._continue(self.continue_from)
 
         if self.validation is not None:
             self.validation.start(resumed=global_step > 0)
         if accelerator.is_main_process:
             tracker_config = {k: v for k, v in asdict(config).items() if isinstance(v, (int, float, str, bool))}
             accelerator.init_trackers("gors", config=tracker_config)
-        if global_step == 0:
-            self._log_selection()
+        if checkpoint is None:
+            self._log_selection(global_step)
         accelerator.print(
             f"[train] {len(self.selection)} selected samples, {config.max_train_steps} steps of "
             f"{config.train_batch_size} x {accelerator.num_processes} x {config.gradient_accumulation_steps}"
@@ -414,7 +438,31 @@ class GORSTrainer:
         for tracker in accelerator.trackers:
             tracker.finish()
         accelerator.trackers.clear()
+        for hook in self._hooks:
+            hook.remove()
         return self.output_dir / "pytorch_lora_weights.safetensors"
+
+    def _continue(self, checkpoint: Path) -> int:
+        """Go on from another folder's checkpoint (see `__init__`); returns its step."""
+        accelerator = self.accelerator
+        step = checkpoint_step(checkpoint)
+        recorded = read_marker(checkpoint)["fingerprint"]
+        differences = [f"{key} {recorded.get(key)!r} there, {self.fingerprint.get(key)!r} now"
+                       for key in sorted(recorded.keys() | self.fingerprint.keys())
+                       if not key.startswith("selection_") and recorded.get(key) != self.fingerprint.get(key)]
+        if differences:
+            raise ValueError(f"cannot continue training from {checkpoint}: it was trained with other settings "
+                             f"({'; '.join(differences)}). Use the settings of that run, or a new --output_dir.")
+        if step >= self.config.max_train_steps:
+            raise ValueError(f"{checkpoint} is at step {step}, not before this training's end at step "
+                             f"{self.config.max_train_steps}")
+        if self.reset_optimizer:
+            load_lora(checkpoint, self.trained_modules(), self.backbone.pipeline_class)
+        else:
+            accelerator.load_state(str(checkpoint))
+        state = "adapters only" if self.reset_optimizer else "adapters, optimizer, LR scheduler and RNG"
+        accelerator.print(f"[train] continuing from {checkpoint} at step {step} ({state})")
+        return step
 
     def _checkpoint_to_resume(self) -> Path | None:
         """The checkpoint that `--resume_from_checkpoint` names, checked against this run; None to start at 0."""
@@ -435,6 +483,8 @@ class GORSTrainer:
                                 self.config.checkpoints_total_limit)
 
 
-def train(config: TrainConfig | RunConfig, accelerator: Accelerator | None = None) -> Path:
-    """Run GORS training for a run folder that has `selection.jsonl`; returns the LoRA file."""
-    return GORSTrainer(config, accelerator).train()
+def train(config: TrainConfig | RunConfig, accelerator: Accelerator | None = None, continue_from: Path | None = None,
+          reset_optimizer: bool = False) -> Path:
+    """Run GORS training for a run folder that has `selection.jsonl`; returns the LoRA file (see
+    `GORSTrainer` for `continue_from` and `reset_optimizer`)."""
+    return GORSTrainer(config, accelerator, continue_from, reset_optimizer).train()

@@ -15,11 +15,11 @@ from typing import Any, Callable
 
 import torch
 from accelerate import Accelerator
+from PIL import Image
 from safetensors.torch import load_file, save_file
 from torchvision import transforms
 
 from gors.core.distributed import batches, progress_bar
-from gors.core.store import SampleStore
 
 
 def image_transform(resolution: int, center_crop: bool) -> transforms.Compose:
@@ -113,7 +113,7 @@ def crop_top_left(height: int, width: int, resolution: int, center_crop: bool) -
 @torch.no_grad()
 def cached_latent_distributions(
     selection: list[dict[str, Any]],
-    store: SampleStore,
+    open_image: Callable[[dict[str, Any]], Image.Image],
     vae: torch.nn.Module,
     accelerator: Accelerator,
     cache_root: Path,
@@ -122,7 +122,7 @@ def cached_latent_distributions(
     model_id: str,
     batch_size: int = 8,
 ) -> dict[str, torch.Tensor]:
-    """The VAE latent distribution of every selected image, in selection order.
+    """The VAE latent distribution of every selected image (`open_image(row)`), in selection order.
 
     `mean` and `std` of the diagonal Gaussian, plus each image's `original_size` (height, width)
     and `crop_top_left` (SDXL's micro-conditioning). Encoded once, sharded over the processes;
@@ -133,7 +133,7 @@ def cached_latent_distributions(
     transform = image_transform(resolution, center_crop)
 
     def encode(indices: list[int]) -> dict[str, torch.Tensor]:
-        images = [store.open_image(selection[i]) for i in indices]
+        images = [open_image(selection[i]) for i in indices]
         pixels = torch.stack([transform(image) for image in images])
         dist = vae.encode(pixels.to(accelerator.device, vae.dtype)).latent_dist
         sizes = [(image.height, image.width) for image in images]

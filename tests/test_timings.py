@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,8 @@ def test_gors_run_records_the_work_and_rate_of_each_stage_and_a_rerun_keeps_them
         assert entry["seconds"] > 0 and entry["rate"] == pytest.approx(entry["work"] / entry["seconds"])
         assert entry["num_processes"] == 1 and entry["device"] == "cpu" and entry["peak_gpu_memory_gib"] is None
     assert stages["generate"]["settings"]["generation"]["num_inference_steps"] == 2
+    run_dir = Path(config.output_dir)  # one round: the run folder as before online rounds
+    assert not list(run_dir.glob("round-*")) and not (run_dir / "rounds.json").exists()
 
     # Everything is done: the rerun generates and scores nothing, and the measured rates stay those of the work.
     reset_process_state()

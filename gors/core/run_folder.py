@@ -15,6 +15,7 @@ CHECKPOINT_MARKER = "checkpoint.json"
 LATENT_CACHE_DIR = "latent_cache"
 # The outputs of frozen text encoders over the selection's prompts (`--cache_text_embeddings`).
 TEXT_EMBEDDING_CACHE_DIR = "text_embedding_cache"
+ROUNDS_FILE = "rounds.json"  # online GORS: what each finished round did (`gors.rounds`)
 
 
 def reward_key(reward: str) -> str:
@@ -28,3 +29,8 @@ def samples_dir(output_dir: str | Path) -> Path:
 
 def scores_dir(output_dir: str | Path, reward: str) -> Path:
     return Path(output_dir) / SCORES_DIR / reward_key(reward)
+
+
+def round_dir(output_dir: str | Path, index: int) -> Path:
+    """Round `index`'s own run folder (samples, scores, selection, checkpoints, LoRA) in an online run."""
+    return Path(output_dir) / f"round-{index:03d}"

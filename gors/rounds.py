@@ -1,0 +1,140 @@
+"""Online GORS, `--rounds N`: generate -> score -> select -> train, N times, on the LoRA so far.
+
+The paper's GORS is one round: it selects only among the base model's samples. Iterated rejection
+sampling (RAFT, ReST-style loops) draws each round's samples from the model being trained, so
+every round selects among better samples. Round r (from 0):
+
+1. generates `--images_per_prompt` new images per prompt with round r-1's LoRA loaded (round 0:
+   the base model), image (p, i) seeded `sample_seed(round_seed(seed, r), p, i)`, a pure function
+   of (seed, round, prompt, image);
+2. scores them with the reward;
+3. selects with round r's tau (`--tau_schedule`, else `--reward_threshold` or the paper's tau) or
+   `--select_top_fraction`, and adds earlier rounds' selected samples (`--replay`);
+4. trains the same LoRA on from round r-1's last checkpoint (its optimizer state too, unless
+   `--reset_optimizer`) up to step (r + 1) x `--steps_per_round`.
+
+Each round is a run folder of its own, `<output_dir>/round-<r>/` (samples, scores, selection,
+checkpoints, LoRA, timings), resumable as a one-round run is; `rounds.json` records each finished
+round (reward of its samples, selected fraction, steps), and the final LoRA is copied to
+`<output_dir>` after every round, so the run folder always holds the latest finished round's. A
+run stopped in round r resumes in round r: the finished rounds are not run again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from gors.checkpoints import find_checkpoint
+from gors.config import RunConfig
+from gors.core.io import atomic_write_bytes, atomic_write_json
+from gors.core.lock import run_folder_lock
+from gors.core.run_folder import ROUNDS_FILE, SELECTION_SUMMARY_FILE, round_dir
+from gors.run import STAGES, RoundInputs, run_stages
+from gors.select import load_selection
+
+# Round r's images start 10^9 seeds after round r-1's: `sample_seed` spaces prompts 100 000 apart,
+# so rounds never share a seed for up to 10 000 prompts of up to 100 000 images.
+ROUND_SEED_STRIDE = 10**9
+LORA_FILE = "pytorch_lora_weights.safetensors"
+# The settings a finished round was made with; a rerun that changes one is refused.
+ROUND_SETTINGS = ("rounds", "images_per_prompt", "tau_schedule", "reward_threshold", "select_top_fraction",
+                  "replay", "reset_optimizer", "seed")
+
+
+def round_seed(seed: int, index: int) -> int:
+    """The base seed of round `index`'s images (round 0: the run's own, as one-round GORS)."""
+    return seed + ROUND_SEED_STRIDE * index
+
+
+def round_config(config: RunConfig, index: int) -> RunConfig:
+    """The one-round config of round `index`: its folder, its tau and its last training step."""
+    return replace(config, output_dir=str(round_dir(config.output_dir, index)),
+                   reward_threshold=config.round_tau(index), tau_schedule=None,
+                   max_train_steps=(index + 1) * config.round_steps(), rounds=1, steps_per_round=None,
+                   replay="none", reset_optimizer=False)
+
+
+def replayed_rows(output_dir: str | Path, index: int, replay: str) -> list[dict[str, Any]]:
+    """Earlier rounds' own selected rows for round `index`'s training pool (`replay`: none, last or
+    all), each with `samples`, its store's path relative to round `index`'s folder, and `round`."""
+    earlier = {"none": [], "last": [index - 1], "all": list(range(index))}[replay] if index > 0 else []
+    rows = []
+    for k in earlier:
+        folder = round_dir(output_dir, k)
+        rows += [{**row, "samples": f"../{folder.name}/samples", "round": k}
+                 for row in load_selection(folder) if "samples" not in row]  # a replayed row joins from its own round
+    return rows
+
+
+def finished_rounds(config: RunConfig) -> list[dict[str, Any]]:
+    """The rounds `rounds.json` records as finished, after checking they were made with this run's settings."""
+    path = Path(config.output_dir) / ROUNDS_FILE
+    record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"settings": None, "rounds": []}
+    wanted = {name: getattr(config, name) for name in ROUND_SETTINGS}
+    recorded = record["settings"]
+    if recorded is not None:
+        changed = [f"{name}: {recorded.get(name)!r} -> {wanted[name]!r}" for name in ROUND_SETTINGS
+                   if name != "rounds" and recorded.get(name) != wanted[name]]
+        if changed:
+            raise ValueError(f"{path}: finished rounds were made with other settings ({'; '.join(changed)}); rerun with "
+                             "theirs, or use a new --output_dir (only --rounds may grow)")
+    return record["rounds"]
+
+
+def round_summary(config: RunConfig, index: int) -> dict[str, Any]:
+    """What round `index` did: its samples' mean reward, the selected fraction, its pool and steps."""
+    folder = round_dir(config.output_dir, index)
+    selection = json.loads((folder / SELECTION_SUMMARY_FILE).read_text(encoding="utf-8"))
+    pool = load_selection(folder)
+    return {
+        "round": index,
+        "folder": folder.name,
+        "lora": None if index == 0 else round_dir(config.output_dir, index - 1).name,
+        "selection_rule": selection["threshold"],
+        "num_samples": selection["num_samples"],
+        "mean_reward": selection["all"]["mean"],
+        "num_selected": selection["num_selected"],
+        "selected_fraction": selection["num_selected"] / selection["num_samples"],
+        "mean_reward_selected": selection["selected"]["mean"],
+        "num_replayed": sum(1 for row in pool if "samples" in row),
+        "last_step": (index + 1) * config.round_steps(),
+    }
+
+
+def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors run") -> list[dict[str, Any]]:
+    """`--rounds N`: the rounds not yet finished, in order; returns every round's summary."""
+    out = Path(config.output_dir)
+    settings = {name: getattr(config, name) for name in ROUND_SETTINGS}
+    with run_folder_lock(out, STAGES, command):
+        rounds = finished_rounds(config)
+        for index in range(len(rounds), config.rounds):
+            previous = round_dir(out, index - 1) if index > 0 else None
+            accelerator.print(f"[rounds] round {index} of {config.rounds}"
+                              + (f", generating with the LoRA of {previous}" if previous else ", from the base model"))
+            inputs = RoundInputs(
+                lora=str(previous) if previous else None,
+                seed=round_seed(config.seed, index),
+                replay=replayed_rows(out, index, config.replay),
+                continue_from=find_checkpoint(previous, "latest") if previous else None,
+                reset_optimizer=config.reset_optimizer,
+            )
+            if previous is not None and inputs.continue_from is None:
+                raise FileNotFoundError(f"{previous} has no finished checkpoint to train round {index} on from")
+            run_stages(round_config(config, index), accelerator, command, inputs)
+            accelerator.free_memory()  # the round's prepared models and optimizer: the next round prepares its own
+            if accelerator.is_main_process:
+                rounds.append(round_summary(config, index))
+                atomic_write_bytes(out / LORA_FILE, (round_dir(out, index) / LORA_FILE).read_bytes())
+                atomic_write_json(out / ROUNDS_FILE, {"settings": settings, "rounds": rounds})
+                summary = rounds[-1]
+                accelerator.print(f"[rounds] round {index}: mean reward {summary['mean_reward']:.3f} over "
+                                  f"{summary['num_samples']} samples, {summary['num_selected']} selected "
+                                  f"({100 * summary['selected_fraction']:.0f} %), {summary['num_replayed']} replayed; "
+                                  f"trained to step {summary['last_step']}")
+            accelerator.wait_for_everyone()
+    return rounds

@@ -1,0 +1,146 @@
+"""Online GORS (`--rounds`) on tiny models: each round samples from the LoRA so far, selects, and
+trains the same LoRA on; a run stopped mid-round resumes there; bad settings fail before any work."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+from two_processes import launch_gors
+
+from gors.core.distributed import reset_process_state
+from gors.core.store import SampleStore, sample_seed
+from gors.generate import generate
+from gors.rounds import ROUND_SEED_STRIDE, round_seed
+from gors.run import run
+from gors.select import load_selection
+from gors.timings import read_timings
+from gors.train import GORSTrainer
+
+ROUNDS = dict(rounds=2, max_train_steps=4, checkpointing_steps=1, learning_rate=1e-1, text_encoder_learning_rate=1e-1,
+              replay="last", report_to="none")
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _pixels(store: SampleStore) -> dict[tuple[int, int], np.ndarray]:
+    return {(r["prompt_index"], r["image_index"]): np.asarray(store.open_image(r), dtype=np.int16)
+            for r in store.records()}
+
+
+@pytest.fixture(scope="module")
+def two_rounds(tmp_path_factory, tiny_sd, tiny_blip):
+    """`gors run --rounds 2` on two processes (3 prompts x 2 images a round, 2 steps a round)."""
+    root = tmp_path_factory.mktemp("rounds")
+    prompts = root / "prompts.txt"
+    prompts.write_text("a red circle and a blue square\na green triangle\na yellow circle\n")
+    flags = {"output_dir": root / "run", "pretrained_model_name_or_path": tiny_sd, "train_prompts": prompts,
+             "images_per_prompt": 2, "num_inference_steps": 2, "resolution": 32, "generation_batch_size": 2,
+             "reward_model_name_or_path": tiny_blip, "reward_batch_size": 2, "reward_threshold": 0.0,
+             "train_batch_size": 1, "seed": 0, **ROUNDS}
+    launch_gors(["run", *[part for name, value in flags.items() for part in (f"--{name}", str(value))]], cwd=root)
+    return root / "run"
+
+
+@pytest.mark.slow
+def test_each_round_samples_from_the_lora_so_far_and_trains_it_on(two_rounds, make_run_config, tmp_path):
+    run_dir = two_rounds
+    rounds = json.loads((run_dir / "rounds.json").read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1] and [r["last_step"] for r in rounds] == [2, 4]
+    assert rounds[0]["lora"] is None and rounds[1]["lora"] == "round-000"
+    assert all(r["num_samples"] == 6 and r["num_selected"] == 6 for r in rounds)  # tau 0 keeps all
+
+    # Round 1's images: new seeds, a pure function of (seed, round, prompt, image), and drawn with round 0's LoRA.
+    first, second = SampleStore(run_dir / "round-000" / "samples"), SampleStore(run_dir / "round-001" / "samples")
+    for store, index in ((first, 0), (second, 1)):
+        assert {(r["prompt_index"], r["image_index"]): r["seed"] for r in store.records()} == {
+            (p, i): sample_seed(round_seed(0, index), p, i) for p in range(3) for i in range(2)}
+        assert {r["path"].split("/")[0] for r in store.records()} == {"part-00000", "part-00001"}  # both processes
+    assert first.load_settings()["lora"] is None and second.load_settings()["lora"].endswith("round-000")
+    base = make_run_config(output_dir=str(tmp_path / "base"), seed=0, resolution=32)
+    generate(base, seed=round_seed(0, 1))  # the base model, round 1's seeds
+    reset_process_state()
+    with_lora, without = _pixels(second), _pixels(SampleStore(tmp_path / "base" / "samples"))
+    assert with_lora.keys() == without.keys()
+    assert max(np.abs(with_lora[k] - without[k]).max() for k in with_lora) > 8  # the LoRA changed the samples
+
+    # Round 1 trained the same LoRA on from round 0's last checkpoint (step 2), on its own and replayed samples.
+    assert sorted(p.name for p in (run_dir / "round-001" / "checkpoints").iterdir()) == ["checkpoint-3", "checkpoint-4"]
+    assert read_timings(run_dir / "round-001")["stages"]["train"]["work"] == 2  # the round's own steps
+    pool = load_selection(run_dir / "round-001")
+    replayed = [row for row in pool if "samples" in row]
+    assert len(pool) == 12 and len(replayed) == 6 and {row["samples"] for row in replayed} == {"../round-000/samples"}
+    final = (run_dir / "pytorch_lora_weights.safetensors").read_bytes()
+    assert final == (run_dir / "round-001" / "pytorch_lora_weights.safetensors").read_bytes()
+    round0, round1 = (load_file(str(run_dir / f"round-00{k}" / "pytorch_lora_weights.safetensors")) for k in (0, 1))
+    assert round0.keys() == round1.keys() and any((round0[k] != round1[k]).any() for k in round0)
+
+
+def test_a_run_stopped_in_round_1_resumes_there_as_if_never_stopped(make_run_config, tmp_path, monkeypatch):
+    settings = dict(ROUNDS, resume_from_checkpoint="latest")
+    reference_dir, stopped_dir = tmp_path / "reference", tmp_path / "stopped"
+    run(make_run_config(output_dir=str(reference_dir), **settings))
+    reset_process_state()
+
+    save = GORSTrainer.save_checkpoint
+
+    def stop_after_step_3(self, step):
+        path = save(self, step)
+        if step == 3:
+            raise KeyboardInterrupt("stopped in round 1")
+        return path
+
+    monkeypatch.setattr(GORSTrainer, "save_checkpoint", stop_after_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        run(make_run_config(output_dir=str(stopped_dir), **settings))
+    reset_process_state()
+    monkeypatch.setattr(GORSTrainer, "save_checkpoint", save)
+    assert len(json.loads((stopped_dir / "rounds.json").read_text())["rounds"]) == 1
+    round0 = _hashes(stopped_dir / "round-000")
+    run(make_run_config(output_dir=str(stopped_dir), **settings))
+    reset_process_state()
+    assert _hashes(stopped_dir / "round-000") == round0  # the finished round is not run again
+    assert load_file(str(stopped_dir / "pytorch_lora_weights.safetensors")).keys() == load_file(
+        str(reference_dir / "pytorch_lora_weights.safetensors")).keys()
+    assert (stopped_dir / "pytorch_lora_weights.safetensors").read_bytes() == (
+        reference_dir / "pytorch_lora_weights.safetensors").read_bytes()
+
+
+def test_a_fresh_optimizer_per_round_changes_round_1_only(make_run_config, tmp_path):
+    kept, reset = tmp_path / "kept", tmp_path / "reset"
+    run(make_run_config(output_dir=str(kept), **ROUNDS))
+    reset_process_state()
+    run(make_run_config(output_dir=str(reset), reset_optimizer=True, **ROUNDS))
+    reset_process_state()
+    assert (kept / "round-000" / "pytorch_lora_weights.safetensors").read_bytes() == (
+        reset / "round-000" / "pytorch_lora_weights.safetensors").read_bytes()
+    assert (kept / "round-001" / "pytorch_lora_weights.safetensors").read_bytes() != (
+        reset / "round-001" / "pytorch_lora_weights.safetensors").read_bytes()
+
+
+def test_round_seeds_do_not_meet_for_any_prompt_or_image():
+    assert round_seed(42, 0) == 42
+    last_of_round_0 = sample_seed(round_seed(42, 0), 9_999, 99_999)
+    assert last_of_round_0 < sample_seed(round_seed(42, 1), 0, 0) == 42 + ROUND_SEED_STRIDE
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(rounds=0), r"--rounds=0: must be >= 1"),
+    (dict(rounds=3, max_train_steps=4), r"--max_train_steps=4 does not split into --rounds=3"),
+    (dict(rounds=2, tau_schedule=[0.5]), r"--tau_schedule has 1 values for --rounds=2"),
+    (dict(rounds=2, tau_schedule=[0.5, 1.5]), r"rewards lie in \[0, 1\]"),
+    (dict(rounds=2, tau_schedule=[0.5, 0.6], reward_threshold=0.5), r"select by one of them"),
+    (dict(rounds=2, steps_per_round=0), r"--steps_per_round=0: must be >= 1"),
+    (dict(replay="all"), r"need --rounds >= 2"),
+])
+def test_bad_round_settings_fail_before_any_work(make_run_config, tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_run_config(output_dir=str(tmp_path / "run"), **overrides)
+    assert not (tmp_path / "run").exists()
