@@ -6,7 +6,10 @@ Each OUT_DIR is a `gors evaluate` output folder (its `summary.json`) and/or a tr
 - `report.md`: one row per evaluated folder and one column per benchmark (its main metric), with
   the published SD-2-base and GORS numbers beside them where the paper gives them;
 - `benchmarks.png`: grouped bars of the same table;
-- `training_curves.png`: the training loss and every validation metric over steps, per run.
+- `training_curves.png`: the training loss and every validation metric over steps, per run;
+- for online runs (`--rounds`, their `rounds.json`): a table of each round (the mean reward of its
+  samples, the share selected, the validation metrics at its last step) and `rounds.png`, the
+  reward and the validation metrics against the round.
 """
 
 from __future__ import annotations
@@ -46,6 +49,45 @@ def load_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
         for tag in accumulator.Tags().get("scalars", []):
             series.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
     return {tag: sorted(points) for tag, points in series.items()}
+
+
+def round_rows(folder: Path, scalars: dict[str, list[tuple[int, float]]]) -> list[dict[str, float]]:
+    """One row per finished round of an online run: its `rounds.json` entry and every validation
+    metric logged at the round's last step; [] for a one-round run."""
+    path = folder / "rounds.json"
+    if not path.is_file():
+        return []
+    rows = []
+    for entry in json.loads(path.read_text())["rounds"]:
+        row = {key: entry[key] for key in ("round", "mean_reward", "selected_fraction", "mean_reward_selected",
+                                           "num_replayed", "last_step")}
+        for tag, points in scalars.items():
+            if tag.startswith("validation/"):
+                row |= {tag: value for step, value in points if step == entry["last_step"]}
+        rows.append(row)
+    return rows
+
+
+def _plot_rounds(runs: dict[str, list[dict[str, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tags = ["mean_reward", "mean_reward_selected"] + sorted(
+        {t for rows in runs.values() for row in rows for t in row if t.startswith("validation/")})
+    figure, axes = plt.subplots(len(tags), 1, figsize=(6.0, 2.4 * len(tags)), squeeze=False)
+    for axis, tag in zip(axes[:, 0], tags):
+        for name, rows in runs.items():
+            points = [(row["round"], row[tag]) for row in rows if tag in row]
+            if points:
+                axis.plot(*zip(*points), marker="o", label=name)
+        axis.set_title(tag, fontsize="small")
+        axis.set_xlabel("round")
+        axis.legend(fontsize="x-small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def markdown_table(rows: dict[str, dict[str, float]], with_published: bool = True) -> str:
@@ -107,6 +149,7 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
     output_dir = Path(output_dir)
     evaluations: dict[str, dict[str, float]] = {}
     runs: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    rounds: dict[str, list[dict[str, float]]] = {}
     for folder in map(Path, folders):
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder (give `gors evaluate` or training output folders)")
@@ -118,6 +161,8 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
             scalars = load_scalars(folder)
             if scalars:
                 runs[name] = scalars
+        if round_rows(folder, runs.get(name, {})):
+            rounds[name] = round_rows(folder, runs.get(name, {}))
         if evaluation is None and name not in runs:
             raise ValueError(f"{folder} has neither a summary.json from `gors evaluate` nor TensorBoard logs")
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -129,6 +174,14 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
     if runs:
         parts += ["## Training", "", "![training curves](training_curves.png)", ""]
         _plot_curves(runs, output_dir / "training_curves.png")
+    if rounds:
+        parts += ["## Rounds", ""]
+        for name, rows in rounds.items():
+            columns = list(dict.fromkeys(key for row in rows for key in row))
+            parts += [f"### {name}", "", tabulate([[row.get(c) for c in columns] for row in rows], headers=columns,
+                                                    tablefmt="github", floatfmt=".4f", missingval="-"), ""]
+        parts += ["![rounds](rounds.png)", ""]
+        _plot_rounds(rounds, output_dir / "rounds.png")
     path = output_dir / "report.md"
     atomic_write_bytes(path, "\n".join(parts).encode("utf-8"))
     return path

@@ -106,6 +106,15 @@ def round_summary(config: RunConfig, index: int) -> dict[str, Any]:
     }
 
 
+def log_round(output_dir: Path, summary: dict[str, Any]) -> None:
+    """The round's reward and selection as TensorBoard scalars over rounds (`logs/rounds`)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(output_dir / "logs" / "rounds")) as writer:
+        for name in ("mean_reward", "selected_fraction", "mean_reward_selected"):
+            writer.add_scalar(f"rounds/{name}", summary[name], summary["round"])
+
+
 def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors run") -> list[dict[str, Any]]:
     """`--rounds N`: the rounds not yet finished, in order; returns every round's summary."""
     out = Path(config.output_dir)
@@ -122,6 +131,7 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
                 replay=replayed_rows(out, index, config.replay),
                 continue_from=find_checkpoint(previous, "latest") if previous else None,
                 reset_optimizer=config.reset_optimizer,
+                validation_dir=out,
             )
             if previous is not None and inputs.continue_from is None:
                 raise FileNotFoundError(f"{previous} has no finished checkpoint to train round {index} on from")
@@ -132,6 +142,8 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
                 atomic_write_bytes(out / LORA_FILE, (round_dir(out, index) / LORA_FILE).read_bytes())
                 atomic_write_json(out / ROUNDS_FILE, {"settings": settings, "rounds": rounds})
                 summary = rounds[-1]
+                if config.report_to in ("tensorboard", "all"):
+                    log_round(out, summary)
                 accelerator.print(f"[rounds] round {index}: mean reward {summary['mean_reward']:.3f} over "
                                   f"{summary['num_samples']} samples, {summary['num_selected']} selected "
                                   f"({100 * summary['selected_fraction']:.0f} %), {summary['num_replayed']} replayed; "

@@ -34,6 +34,7 @@ class RoundInputs:
     replay: list[dict[str, Any]] = field(default_factory=list)  # earlier selected rows added to the pool
     continue_from: Path | None = None  # the checkpoint training goes on from
     reset_optimizer: bool = False  # take only its adapters, not its optimizer state
+    validation_dir: Path | None = None  # where validation results and best/ go (None: the run folder)
 
 
 def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors run",
@@ -73,7 +74,8 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
                 atomic_write_jsonl(Path(out) / SELECTION_FILE, load_selection(out) + inputs.replay)
         with timed_stage("train", "steps", trained, accelerator, timings,
                          resumable=config.resume_from_checkpoint is not None or inputs.continue_from is not None):
-            train(config, accelerator, continue_from=inputs.continue_from, reset_optimizer=inputs.reset_optimizer)
+            train(config, accelerator, continue_from=inputs.continue_from, reset_optimizer=inputs.reset_optimizer,
+                  validation_dir=inputs.validation_dir)
         if accelerator.is_main_process:
             write_timings(out, timings, timing_settings(config, store))
             accelerator.print("[run] stage timings (timings.json):\n" + format_timings(timings))

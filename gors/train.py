@@ -78,11 +78,14 @@ class GORSTrainer:
     """Reward-weighted LoRA training on `selection.jsonl` of a run folder, for every trainable model family."""
 
     def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator | None = None,
-                 continue_from: Path | None = None, reset_optimizer: bool = False) -> None:
+                 continue_from: Path | None = None, reset_optimizer: bool = False,
+                 validation_dir: Path | None = None) -> None:
         """`continue_from`: a checkpoint of another run folder (online GORS: the previous round's last) to
         go on from, on this folder's selection: its adapters and step, and its optimizer, LR scheduler
         and RNG state unless `reset_optimizer`. A checkpoint of this folder (`--resume_from_checkpoint`)
-        takes precedence."""
+        takes precedence. `validation_dir`: where `--validation_benchmark` keeps its results and the
+        best LoRA instead of this folder (online GORS: the top folder, so that every round's LoRA
+        competes); given, the benchmark also validates the last step."""
         backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
         check_trainable(backbone, config.pretrained_model_name_or_path)  # every check before any weights load
         generated = SampleStore(samples_dir(config.output_dir)).load_settings() or {}
@@ -93,6 +96,7 @@ class GORSTrainer:
         self.accelerator = accelerator or training_accelerator(config)
         self.output_dir = Path(config.output_dir)
         self.continue_from, self.reset_optimizer = continue_from, reset_optimizer
+        self.validation_dir = validation_dir
 
     # ----- set-up -------------------------------------------------------------------------
     def _setup_models(self) -> None:
@@ -351,7 +355,8 @@ class GORSTrainer:
         self.fingerprint = training_fingerprint(config, self.selection, accelerator.num_processes,
                                                 self.family.fingerprint())
         checkpoint = self._checkpoint_to_resume()  # a refused resume, too, fails before loading any model
-        self.validation = BenchmarkValidation(config, accelerator, self.backbone) if config.validation_benchmark else None
+        self.validation = (BenchmarkValidation(config, accelerator, self.backbone, self.validation_dir)
+                           if config.validation_benchmark else None)
         self._setup_models()
         self._setup_optimizer()
         self._register_hooks()
@@ -421,7 +426,8 @@ class GORSTrainer:
 
             if global_step % config.checkpointing_steps == 0 or global_step == config.max_train_steps:
                 self.save_checkpoint(global_step)
-            if global_step % config.validation_steps == 0:
+            last = global_step == config.max_train_steps and self.validation_dir is not None
+            if global_step % config.validation_steps == 0 or last:
                 if config.validation_prompts and accelerator.is_main_process:
                     self.log_validation(global_step)
                 if self.validation is not None:
@@ -484,7 +490,7 @@ class GORSTrainer:
 
 
 def train(config: TrainConfig | RunConfig, accelerator: Accelerator | None = None, continue_from: Path | None = None,
-          reset_optimizer: bool = False) -> Path:
+          reset_optimizer: bool = False, validation_dir: Path | None = None) -> Path:
     """Run GORS training for a run folder that has `selection.jsonl`; returns the LoRA file (see
-    `GORSTrainer` for `continue_from` and `reset_optimizer`)."""
-    return GORSTrainer(config, accelerator, continue_from, reset_optimizer).train()
+    `GORSTrainer` for `continue_from`, `reset_optimizer` and `validation_dir`)."""
+    return GORSTrainer(config, accelerator, continue_from, reset_optimizer, validation_dir).train()

@@ -67,9 +67,11 @@ def image_grid(paths: list[Path], columns: int = 8, side: int = 128) -> np.ndarr
 class BenchmarkValidation:
     """`--validation_benchmark` for one training run (see the module docstring)."""
 
-    def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator, backbone: Backbone | None = None) -> None:
+    def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator, backbone: Backbone | None = None,
+                 output_dir: Path | None = None) -> None:
         """`backbone`: the family of the model being trained, whose sampling the benchmark takes where it
-        fixes none for it (None: Stable Diffusion 1/2)."""
+        fixes none for it (None: Stable Diffusion 1/2). `output_dir`: where `validation/` and `best/`
+        go (default: the run folder)."""
         from evaluators import benchmark_label, build_benchmark, parse_benchmarks
 
         name, subset = parse_benchmarks(config.validation_benchmark)[0]
@@ -82,7 +84,7 @@ class BenchmarkValidation:
         self.options = config.validation_scorer_options
         self.accelerator = accelerator
         self.backbone = backbone
-        self.output_dir = Path(config.output_dir)
+        self.output_dir = Path(output_dir or config.output_dir)
         self._scorer = None
         best_file = self.output_dir / BEST_DIR / BEST_FILE
         best = json.loads(best_file.read_text()) if best_file.is_file() else None

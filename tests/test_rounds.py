@@ -113,16 +113,33 @@ def test_a_run_stopped_in_round_1_resumes_there_as_if_never_stopped(make_run_con
         reference_dir / "pytorch_lora_weights.safetensors").read_bytes()
 
 
-def test_a_fresh_optimizer_per_round_changes_round_1_only(make_run_config, tmp_path):
+def test_a_fresh_optimizer_per_round_and_validation_at_each_rounds_end(make_run_config, tmp_path):
     kept, reset = tmp_path / "kept", tmp_path / "reset"
     run(make_run_config(output_dir=str(kept), **ROUNDS))
     reset_process_state()
-    run(make_run_config(output_dir=str(reset), reset_optimizer=True, **ROUNDS))
+    run(make_run_config(output_dir=str(reset), **{**ROUNDS, "report_to": "tensorboard"}, reset_optimizer=True,
+                        validation_benchmark="toy:train", validation_num_prompts=2, validation_steps=100))
     reset_process_state()
+    # Round 0 trains alike (validation leaves training as it is); round 1 starts from a fresh AdamW.
     assert (kept / "round-000" / "pytorch_lora_weights.safetensors").read_bytes() == (
         reset / "round-000" / "pytorch_lora_weights.safetensors").read_bytes()
     assert (kept / "round-001" / "pytorch_lora_weights.safetensors").read_bytes() != (
         reset / "round-001" / "pytorch_lora_weights.safetensors").read_bytes()
+
+    # Validated at each round's last step (not every 100), in the top folder, where the best LoRA of all rounds is.
+    assert sorted(p.name for p in (reset / "validation").iterdir()) == ["step-000002", "step-000004"]
+    best = json.loads((reset / "best" / "best.json").read_text())
+    assert best["step"] in (2, 4) and (reset / "best" / "pytorch_lora_weights.safetensors").is_file()
+    assert not (reset / "round-000" / "best").exists()
+
+    from gors.report import report
+
+    text = report([reset], tmp_path / "report").read_text()
+    assert "## Rounds" in text and (tmp_path / "report" / "rounds.png").is_file()
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert "validation/toy:train/binding_accuracy" in table[0] and len(table) == 4  # header, rule, 2 rounds
+    rounds = json.loads((reset / "rounds.json").read_text())["rounds"]
+    assert f"{rounds[1]['mean_reward']:.4f}" in table[3]
 
 
 def test_round_seeds_do_not_meet_for_any_prompt_or_image():
