@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -42,12 +43,17 @@ def test_one_short_gors_round_selects_better_samples_and_trains_lora(tmp_path):
     assert ups and any(v.abs().max() > 0 for v in ups)  # up-projections start at zero; training moved them
 
 
-def test_toy_recipe_reports_base_and_gors_accuracy(tmp_path):
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_toy_recipe_reports_base_and_gors_accuracy(tmp_path, rounds):
     results = toy_main(["--output_dir", str(tmp_path / "demo"), "--max_prompts", "16", "--images_per_prompt", "2",
                         "--num_inference_steps", "8", "--max_train_steps", "2", "--checkpointing_steps", "2",
                         "--eval_max_prompts", "4", "--eval_images_per_prompt", "1", "--reward_threshold", "0.5",
-                        "--validation_steps", "1"])
+                        "--validation_steps", "1", "--rounds", str(rounds)])
     assert 0 <= results["base_binding_accuracy"] <= 1 and 0 <= results["gors_binding_accuracy"] <= 1
+    # The accuracy after each round; the last is the run's.
+    assert [r["round"] for r in results["rounds"]] == list(range(rounds))
+    assert results["rounds"][-1]["binding_accuracy"] == results["gors_binding_accuracy"]
+    assert (tmp_path / "demo" / "round-000").is_dir() == (rounds > 1)
     from PIL import Image
 
     # Four prompts: a header of wrapped prompt text over two rows of 2x tiles, each with a 12 px label.

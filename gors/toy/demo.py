@@ -6,6 +6,9 @@
    train LoRA with the reward-weighted loss;
 3. evaluate the fine-tuned model on the same held-out prompts and seeds;
 4. print both accuracies, write `results.json`, a before/after grid PNG and TensorBoard scalars.
+
+With `--rounds N` (online GORS, `gors.rounds`), step 2 runs N rounds and step 3 evaluates every
+round's LoRA, so `results.json` and the printout hold the accuracy curve against the round.
 """
 
 from __future__ import annotations
@@ -108,13 +111,15 @@ def before_after_grid(base_dir: Path, tuned_dir: Path, prompts: list[str], path:
 @expected_errors()  # one line `error: ...` and exit status 2, as in `gors`
 def main(argv: Sequence[str] | None = None) -> dict:
     from evaluators.toy import ToyBenchmark
+    from gors.core.run_folder import round_dir
+    from gors.rounds import run_rounds
     from gors.run import run_stages
     from gors.train import training_accelerator
 
     start = time.time()
     config = parse_config(ToyRunConfig, argv, defaults=toy_defaults(), prog="recipes/gors_toy.py")
     reward = config.reward_name()
-    if config.reward_threshold is None:
+    if config.reward_threshold is None and config.tau_schedule is None and config.select_top_fraction is None:
         if reward not in TOY_THRESHOLDS:
             raise SystemExit(f"--reward {reward}: pass --reward_threshold (known taus: {TOY_THRESHOLDS})")
         config.reward_threshold = TOY_THRESHOLDS[reward]
@@ -125,9 +130,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
                              guidance_scale=config.guidance_scale,
                              num_inference_steps=config.num_inference_steps, max_prompts=config.eval_max_prompts)
     base = benchmark.evaluate(config.pretrained_model_name_or_path, out / "eval_base", accelerator=accelerator)
-    run_stages(config, accelerator, command="recipes/gors_toy.py")
+    if config.rounds == 1:
+        run_stages(config, accelerator, command="recipes/gors_toy.py")
+    else:
+        run_rounds(config, accelerator, command="recipes/gors_toy.py")
+    # Each round's LoRA but the last, then the run's (the last round's).
+    per_round = [benchmark.evaluate(config.pretrained_model_name_or_path, out / f"eval_{round_dir(out, r).name}",
+                                    lora=str(round_dir(out, r)), accelerator=accelerator)
+                 for r in range(config.rounds - 1)]
     tuned = benchmark.evaluate(config.pretrained_model_name_or_path, out / "eval_gors", lora=str(out),
                                accelerator=accelerator)
+    per_round.append(tuned)
     results = {
         "reward": reward,
         "eval_split": config.eval_split,
@@ -137,6 +150,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "gain": tuned["binding_accuracy"] - base["binding_accuracy"],
         "base_full_accuracy": base["full_accuracy"],
         "gors_full_accuracy": tuned["full_accuracy"],
+        "rounds": [{"round": r, **{metric: summary[metric] for metric in
+                                   ("binding_accuracy", "relation_accuracy", "full_accuracy")}}
+                   for r, summary in enumerate(per_round)],
         "base": base,
         "gors": tuned,
         "seconds": round(time.time() - start, 1),
@@ -153,9 +169,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 for metric in ("binding_accuracy", "relation_accuracy", "full_accuracy"):
                     if summary[metric] is not None:
                         writer.add_scalar(f"toy_{config.eval_split}/{metric}_{name}", summary[metric], 0)
+            for r, summary in enumerate(per_round):
+                writer.add_scalar(f"toy_{config.eval_split}/binding_accuracy_by_round", summary["binding_accuracy"], r)
+        rows = [("base model", base)] + ([(f"after round {r}", s) for r, s in enumerate(per_round)]
+                                         if config.rounds > 1 else [("after GORS", tuned)])
         table = tabulate(
             [[title, summary["binding_accuracy"], summary["relation_accuracy"], summary["full_accuracy"]]
-             for title, summary in (("base model", base), ("after GORS", tuned))],
+             for title, summary in rows],
             headers=["", "binding", "relation", "full"], tablefmt="plain", floatfmt=".3f", missingval="n/a",
         )
         print(
