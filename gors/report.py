@@ -69,21 +69,27 @@ def round_rows(folder: Path, scalars: dict[str, list[tuple[int, float]]]) -> lis
 
 
 def _plot_rounds(runs: dict[str, list[dict[str, float]]], path: Path) -> None:
+    tags = ["mean_reward", "mean_reward_selected"] + sorted(
+        {t for rows in runs.values() for row in rows for t in row if t.startswith("validation/")})
+    _plot_lines({tag: {name: [(row["round"], row[tag]) for row in rows if tag in row] for name, rows in runs.items()}
+                 for tag in tags}, "round", path)
+
+
+def _plot_lines(panels: dict[str, dict[str, list[tuple[float, float]]]], x_label: str, path: Path) -> None:
+    """One panel per title, one line per run name: (x, y) points against `x_label`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tags = ["mean_reward", "mean_reward_selected"] + sorted(
-        {t for rows in runs.values() for row in rows for t in row if t.startswith("validation/")})
-    figure, axes = plt.subplots(len(tags), 1, figsize=(6.0, 2.4 * len(tags)), squeeze=False)
-    for axis, tag in zip(axes[:, 0], tags):
-        for name, rows in runs.items():
-            points = [(row["round"], row[tag]) for row in rows if tag in row]
+    figure, axes = plt.subplots(len(panels), 1, figsize=(7.0, 2.6 * len(panels)), squeeze=False)
+    for axis, (title, lines) in zip(axes[:, 0], panels.items()):
+        for name, points in lines.items():
             if points:
-                axis.plot(*zip(*points), marker="o", label=name)
-        axis.set_title(tag, fontsize="small")
-        axis.set_xlabel("round")
+                xs, ys = zip(*points)
+                axis.plot(xs, ys, marker="." if len(xs) < 30 else None, label=name)
+        axis.set_title(title, fontsize="small")
+        axis.set_xlabel(x_label)
         axis.legend(fontsize="x-small")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -124,24 +130,8 @@ def _plot_bars(rows: dict[str, dict[str, float]], path: Path) -> None:
 
 
 def _plot_curves(runs: dict[str, dict[str, list[tuple[int, float]]]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     tags = sorted({t for series in runs.values() for t in series if t == "train/loss" or t.startswith("validation/")})
-    figure, axes = plt.subplots(len(tags), 1, figsize=(7.0, 2.6 * len(tags)), squeeze=False)
-    for axis, tag in zip(axes[:, 0], tags):
-        for name, series in runs.items():
-            if tag in series:
-                steps, values = zip(*series[tag])
-                axis.plot(steps, values, marker="." if len(steps) < 30 else None, label=name)
-        axis.set_title(tag, fontsize="small")
-        axis.set_xlabel("step")
-        axis.legend(fontsize="x-small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    _plot_lines({tag: {name: series.get(tag, []) for name, series in runs.items()} for tag in tags}, "step", path)
 
 
 def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> Path:
