@@ -41,9 +41,14 @@ from gors.select import load_selection
 # so rounds never share a seed for up to 10 000 prompts of up to 100 000 images.
 ROUND_SEED_STRIDE = 10**9
 LORA_FILE = "pytorch_lora_weights.safetensors"
-# The settings a finished round was made with; a rerun that changes one is refused.
+# The settings a finished round was made with; a rerun that changes one is refused (`round_settings`).
 ROUND_SETTINGS = ("rounds", "images_per_prompt", "tau_schedule", "reward_threshold", "select_top_fraction",
                   "replay", "reset_optimizer", "seed")
+
+
+def round_settings(config: RunConfig) -> dict[str, Any]:
+    """`ROUND_SETTINGS` of `config`, and its updates per round."""
+    return {name: getattr(config, name) for name in ROUND_SETTINGS} | {"steps_per_round": config.round_steps()}
 
 
 def round_seed(seed: int, index: int) -> int:
@@ -75,11 +80,11 @@ def finished_rounds(config: RunConfig) -> list[dict[str, Any]]:
     """The rounds `rounds.json` records as finished, after checking they were made with this run's settings."""
     path = Path(config.output_dir) / ROUNDS_FILE
     record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"settings": None, "rounds": []}
-    wanted = {name: getattr(config, name) for name in ROUND_SETTINGS}
+    wanted = round_settings(config)
     recorded = record["settings"]
     if recorded is not None:
-        changed = [f"{name}: {recorded.get(name)!r} -> {wanted[name]!r}" for name in ROUND_SETTINGS
-                   if name != "rounds" and recorded.get(name) != wanted[name]]
+        changed = [f"{name}: {recorded.get(name)!r} -> {value!r}" for name, value in wanted.items()
+                   if name != "rounds" and recorded.get(name) != value]
         if changed:
             raise ValueError(f"{path}: finished rounds were made with other settings ({'; '.join(changed)}); rerun with "
                              "theirs, or use a new --output_dir (only --rounds may grow)")
@@ -118,7 +123,7 @@ def log_round(output_dir: Path, summary: dict[str, Any]) -> None:
 def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors run") -> list[dict[str, Any]]:
     """`--rounds N`: the rounds not yet finished, in order; returns every round's summary."""
     out = Path(config.output_dir)
-    settings = {name: getattr(config, name) for name in ROUND_SETTINGS}
+    settings = round_settings(config)
     with run_folder_lock(out, STAGES, command):
         rounds = finished_rounds(config)
         for index in range(len(rounds), config.rounds):
