@@ -34,13 +34,13 @@ from gors.config import RunConfig
 from gors.core.io import atomic_write_bytes, atomic_write_json
 from gors.core.lock import run_folder_lock
 from gors.core.run_folder import ROUNDS_FILE, SELECTION_SUMMARY_FILE, round_dir
+from gors.lora import LORA_WEIGHT_NAME
 from gors.run import STAGES, RoundInputs, run_stages
 from gors.select import load_selection
 
 # Round r's images start 10^9 seeds after round r-1's: `sample_seed` spaces prompts 100 000 apart,
 # so rounds never share a seed for up to 10 000 prompts of up to 100 000 images.
 ROUND_SEED_STRIDE = 10**9
-LORA_FILE = "pytorch_lora_weights.safetensors"
 # The settings a finished round was made with; a rerun that changes one is refused (`round_settings`).
 ROUND_SETTINGS = ("rounds", "images_per_prompt", "tau_schedule", "reward_threshold", "select_top_fraction",
                   "replay", "reset_optimizer", "seed")
@@ -144,7 +144,7 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
             accelerator.free_memory()  # the round's prepared models and optimizer: the next round prepares its own
             if accelerator.is_main_process:
                 rounds.append(round_summary(config, index))
-                atomic_write_bytes(out / LORA_FILE, (round_dir(out, index) / LORA_FILE).read_bytes())
+                atomic_write_bytes(out / LORA_WEIGHT_NAME, (round_dir(out, index) / LORA_WEIGHT_NAME).read_bytes())
                 atomic_write_json(out / ROUNDS_FILE, {"settings": settings, "rounds": rounds})
                 summary = rounds[-1]
                 if config.report_to in ("tensorboard", "all"):
