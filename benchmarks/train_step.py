@@ -431,14 +431,7 @@ class GorsLoop:
         start = time.perf_counter()
         trainer._load_data()
         self.cache_seconds = time.perf_counter() - start
-        trained = trainer.trained_modules()
-        prepared = accelerator.prepare(*trained.values(), trainer.optimizer, trainer.lr_scheduler)
-        for name, module in zip(trained, prepared):
-            if name == trainer.family.denoiser:
-                trainer.denoiser = module
-            else:
-                trainer.text_encoders[name] = module
-        trainer.optimizer, trainer.lr_scheduler = prepared[-2:]
+        trainer.prepare()
         self.models = list(trainer.trained_modules().values())
         self.params = [p for m in self.models for p in m.parameters() if p.requires_grad]
         for module in self.models:

@@ -362,14 +362,7 @@ class GORSTrainer:
         self._register_hooks()
         self._load_data()
 
-        trained = self.trained_modules()
-        prepared = accelerator.prepare(*trained.values(), self.optimizer, self.lr_scheduler)
-        for name, module in zip(trained, prepared):
-            if name == self.family.denoiser:
-                self.denoiser = module
-            else:
-                self.text_encoders[name] = module
-        self.optimizer, self.lr_scheduler = prepared[-2:]
+        self.prepare()
         models = list(self.trained_modules().values())
 
         global_step = 0
@@ -447,6 +440,17 @@ class GORSTrainer:
         for hook in self._hooks:
             hook.remove()
         return self.output_dir / "pytorch_lora_weights.safetensors"
+
+    def prepare(self) -> None:
+        """`accelerator.prepare` the trained modules, the optimizer and the LR scheduler, in place."""
+        trained = self.trained_modules()
+        prepared = self.accelerator.prepare(*trained.values(), self.optimizer, self.lr_scheduler)
+        for name, module in zip(trained, prepared):
+            if name == self.family.denoiser:
+                self.denoiser = module
+            else:
+                self.text_encoders[name] = module
+        self.optimizer, self.lr_scheduler = prepared[-2:]
 
     def _continue(self, checkpoint: Path) -> int:
         """Go on from another folder's checkpoint (see `__init__`); returns its step."""
