@@ -10,6 +10,9 @@ PIP := $(VENV)/bin/pip
 # torch is pinned here only for set-up: these wheels lie on the development machines' disk.
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 DEMO_DIR ?= toy_output
+# The tests run with one torch thread each (tests/conftest.py), so one pytest worker per core; a module's
+# tests stay on one worker, so that its shared runs are made once.
+TEST_WORKERS ?= 2
 
 .PHONY: install test demo quality bench clean
 
@@ -23,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests
 
 demo: install
 	HF_HUB_OFFLINE=1 $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml \

@@ -7,7 +7,6 @@ from typing import Any, Sequence
 from gors.cli import expected_errors, parse_config
 from gors.config import RunConfig
 from gors.core.paper import CATEGORIES
-from gors.run import run
 
 
 def recipe_defaults(category: str) -> dict[str, Any]:
@@ -30,5 +29,7 @@ def run_recipe(category: str, argv: Sequence[str] | None = None) -> RunConfig:
     """Parse overrides on top of the category's paper defaults and run the whole GORS loop."""
     script = f"recipes/gors_{category}.py"
     config = parse_config(RunConfig, argv, defaults=recipe_defaults(category), prog=script)
+    from gors.run import run  # here, not above: `--help` answers without importing torch and diffusers
+
     run(config, command=script)
     return config

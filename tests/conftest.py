@@ -107,7 +107,10 @@ def selected_run(tmp_path_factory, tiny_sd, tiny_blip):
 @pytest.fixture
 def prompts_file(tmp_path) -> Path:
     """Three prompts with CRLF endings and a blank line, as users' files often have."""
-    path = tmp_path / "prompts.txt"
+    return _write_prompts(tmp_path / "prompts.txt")
+
+
+def _write_prompts(path: Path) -> Path:
     path.write_bytes(b"a red circle and a blue square\r\n\r\na green triangle\r\na yellow circle\r\n")
     return path
 
@@ -119,16 +122,15 @@ def _fresh_accelerate_state():
     reset_process_state()
 
 
-@pytest.fixture
-def make_run_config(tmp_path, tiny_sd, tiny_blip, prompts_file):
-    """Build the RunConfig of a complete but tiny GORS run (2 images per prompt, 32 px, 2 steps)."""
+def _run_config_maker(folder: Path, tiny_sd: Path, tiny_blip: Path, prompts: Path):
+    """The builder of `make_run_config`: a complete but tiny GORS run (2 images per prompt, 32 px, 2 steps)."""
     from gors.config import RunConfig
 
     def make(**overrides) -> RunConfig:
         values = dict(
-            output_dir=str(tmp_path / "run"),
+            output_dir=str(folder / "run"),
             pretrained_model_name_or_path=str(tiny_sd),
-            train_prompts=str(prompts_file),
+            train_prompts=str(prompts),
             images_per_prompt=2,
             num_inference_steps=2,
             resolution=32,
@@ -146,3 +148,16 @@ def make_run_config(tmp_path, tiny_sd, tiny_blip, prompts_file):
         return RunConfig(**values)
 
     return make
+
+
+@pytest.fixture
+def make_run_config(tmp_path, tiny_sd, tiny_blip, prompts_file):
+    """Build the RunConfig of a complete but tiny GORS run (2 images per prompt, 32 px, 2 steps)."""
+    return _run_config_maker(tmp_path, tiny_sd, tiny_blip, prompts_file)
+
+
+@pytest.fixture(scope="module")
+def make_module_run_config(tmp_path_factory, tiny_sd, tiny_blip):
+    """`make_run_config` for module fixtures: runs shared by a module's tests, in a folder of the module's."""
+    folder = tmp_path_factory.mktemp("module_run")
+    return _run_config_maker(folder, tiny_sd, tiny_blip, _write_prompts(folder / "prompts.txt"))

@@ -49,9 +49,13 @@ def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd,
     assert sorted(p.name for p in checkpoint.glob("random_states_*.pkl")) == ["random_states_0.pkl",
                                                                               "random_states_1.pkl"]
 
-    # A rerun on two processes finds everything done and duplicates nothing.
-    launch_gors(["generate", *flags[:14], "--seed", "0"], cwd=tmp_path)
+    # A rerun (here in one process, which reads both processes' parts) finds every image done and adds none.
+    from gors.cli import main
+
+    images = {p: p.stat().st_mtime_ns for p in (run_dir / "samples").rglob("*.png")}
+    main(["generate", *flags[:14], "--seed", "0"])
     assert len(SampleStore(run_dir / "samples").records()) == 9
+    assert {p: p.stat().st_mtime_ns for p in (run_dir / "samples").rglob("*.png")} == images
 
 
 @pytest.mark.slow

@@ -49,6 +49,15 @@ def two_rounds(tmp_path_factory, tiny_sd, tiny_blip):
     return root / "run"
 
 
+@pytest.fixture(scope="module")
+def one_process_rounds(make_module_run_config) -> Path:
+    """`run --rounds 2` uninterrupted in one process: the reference of the resume and optimizer tests (read-only)."""
+    config = make_module_run_config(**ROUNDS)
+    run(config)
+    reset_process_state()
+    return Path(config.output_dir)
+
+
 @pytest.mark.slow
 def test_each_round_samples_from_the_lora_so_far_and_trains_it_on(two_rounds, make_run_config, tmp_path):
     run_dir = two_rounds
@@ -83,11 +92,10 @@ def test_each_round_samples_from_the_lora_so_far_and_trains_it_on(two_rounds, ma
     assert round0.keys() == round1.keys() and any((round0[k] != round1[k]).any() for k in round0)
 
 
-def test_a_run_stopped_in_round_1_resumes_there_as_if_never_stopped(make_run_config, tmp_path, monkeypatch):
+def test_a_run_stopped_in_round_1_resumes_there_as_if_never_stopped(one_process_rounds, make_run_config, tmp_path,
+                                                                    monkeypatch):
     settings = dict(ROUNDS, resume_from_checkpoint="latest")
-    reference_dir, stopped_dir = tmp_path / "reference", tmp_path / "stopped"
-    run(make_run_config(output_dir=str(reference_dir), **settings))
-    reset_process_state()
+    reference_dir, stopped_dir = one_process_rounds, tmp_path / "stopped"
 
     save = GORSTrainer.save_checkpoint
 
@@ -116,10 +124,8 @@ def test_a_run_stopped_in_round_1_resumes_there_as_if_never_stopped(make_run_con
         reference_dir / "pytorch_lora_weights.safetensors").read_bytes()
 
 
-def test_a_fresh_optimizer_per_round_and_validation_at_each_rounds_end(make_run_config, tmp_path):
-    kept, reset = tmp_path / "kept", tmp_path / "reset"
-    run(make_run_config(output_dir=str(kept), **ROUNDS))
-    reset_process_state()
+def test_a_fresh_optimizer_per_round_and_validation_at_each_rounds_end(one_process_rounds, make_run_config, tmp_path):
+    kept, reset = one_process_rounds, tmp_path / "reset"
     run(make_run_config(output_dir=str(reset), **{**ROUNDS, "report_to": "tensorboard"}, reset_optimizer=True,
                         validation_benchmark="toy:train", validation_num_prompts=2, validation_steps=100))
     reset_process_state()
