@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from accelerate import Accelerator
 
 from gors.config import GenerateConfig, RunConfig
@@ -18,7 +20,8 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
              seed: int | None = None) -> SampleStore:
     """Stage 1: `config.images_per_prompt` images per training prompt into `<output_dir>/samples`.
 
-    `lora`: a folder whose LoRA the pipeline loads (online rounds: the previous round's); `seed`:
+    `lora`: a folder whose LoRA the pipeline loads (online rounds: the previous round's); the store
+    records it relative to `output_dir`, so that a run folder still resumes after it is moved. `seed`:
     the base seed of the images instead of `config.seed` (online rounds: the round's).
     """
     accelerator = accelerator or make_accelerator()
@@ -51,6 +54,6 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
         accelerator,
         prompt_info={"name": prompt_set.name, "category": prompt_set.category, "source": prompt_set.source},
         record_extras={"model": config.pretrained_model_name_or_path},
-        settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision, lora=lora,
-                                   backbone=backbone),
+        settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision,
+                                   lora=lora and os.path.relpath(lora, config.output_dir), backbone=backbone),
     )
