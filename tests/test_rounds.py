@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from two_processes import launch_gors
 
 from gors.core.distributed import reset_process_state
+from gors.core.run_folder import ROUNDS_FILE, SELECTION_FILE
 from gors.core.store import SampleStore, sample_seed
 from gors.generate import generate
 from gors.lora import LORA_WEIGHT_NAME
@@ -186,6 +187,26 @@ def test_a_fresh_optimizer_per_round_and_validation_at_each_rounds_end(one_proce
     assert "validation/toy:train/binding_accuracy" in table[0] and len(table) == 4  # header, rule, 2 rounds
     rounds = json.loads((reset / "rounds.json").read_text())["rounds"]
     assert f"{rounds[1]['mean_reward']:.4f}" in table[3]
+
+
+def test_one_round_is_the_papers_run_stage_by_stage(make_run_config, tmp_path):
+    """`--rounds 1` (the default) is GORS as published: the same files as the four stage commands in turn."""
+    from gors.score import score
+    from gors.select import select
+    from gors.train import train
+
+    one_round = make_run_config(output_dir=str(tmp_path / "one_round"), rounds=1, report_to="none")
+    run(one_round)
+    reset_process_state()
+    staged = make_run_config(output_dir=str(tmp_path / "staged"), report_to="none")
+    for stage in (generate, score, select, train):
+        stage(staged)
+        reset_process_state()
+    assert not list(Path(one_round.output_dir).glob("round-*")) and not (tmp_path / "one_round" / ROUNDS_FILE).exists()
+    for name in ("samples", "scores"):
+        assert _hashes(tmp_path / "one_round" / name) == _hashes(tmp_path / "staged" / name), name
+    for name in (SELECTION_FILE, LORA_WEIGHT_NAME):
+        assert (tmp_path / "one_round" / name).read_bytes() == (tmp_path / "staged" / name).read_bytes(), name
 
 
 def test_round_seeds_do_not_meet_for_any_prompt_or_image():
