@@ -2,8 +2,8 @@
 
 One 2-process `gors run` per family (tiny random models, 2 prompts x 2 images, 2 training steps with a
 checkpoint after each) is shared by the tests of that family: what the run folder holds, that the LoRA
-loads in the family's own diffusers pipeline and changes its images, and that a 2-process resume from
-the first checkpoint ends on the same LoRA.
+loads in the family's own diffusers pipeline and changes its images, and (SDXL and SD3; FLUX.1 trains its
+transformer as SD3 does) that a 2-process resume from the first checkpoint ends on the same LoRA.
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ def test_lora_loads_in_the_family_pipeline_and_changes_its_images(family_run):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("family_run", ["sdxl", "sd3"], indirect=True)  # FLUX.1 trains as SD3 does: a transformer
 def test_two_process_resume_from_the_first_checkpoint_gives_the_same_lora(family_run, tmp_path):
     resumed = tmp_path / "resumed"
     shutil.copytree(family_run.run_dir, resumed)
