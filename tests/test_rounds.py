@@ -23,7 +23,7 @@ from gors.lora import LORA_WEIGHT_NAME
 from gors.rounds import ROUND_SEED_STRIDE, round_seed
 from gors.run import run
 from gors.select import load_selection
-from gors.timings import read_timings
+from gors.timings import TIMINGS_FILE, read_timings
 from gors.train import GORSTrainer
 
 ROUNDS = dict(rounds=2, max_train_steps=4, checkpointing_steps=1, learning_rate=1e-1, text_encoder_learning_rate=1e-1,
@@ -75,7 +75,7 @@ def one_process_rounds(make_module_run_config) -> Path:
 @pytest.mark.slow
 def test_each_round_samples_from_the_lora_so_far_and_trains_it_on(two_rounds, make_run_config, tmp_path):
     run_dir = two_rounds
-    rounds = json.loads((run_dir / "rounds.json").read_text())["rounds"]
+    rounds = json.loads((run_dir / ROUNDS_FILE).read_text())["rounds"]
     assert [r["round"] for r in rounds] == [0, 1] and [r["last_step"] for r in rounds] == [2, 4]
     assert rounds[0]["lora"] is None and rounds[1]["lora"] == "round-000"
     assert all(r["num_samples"] == 6 and r["num_selected"] == 6 for r in rounds)  # tau 0 keeps all
@@ -86,7 +86,8 @@ def test_each_round_samples_from_the_lora_so_far_and_trains_it_on(two_rounds, ma
         assert {(r["prompt_index"], r["image_index"]): r["seed"] for r in store.records()} == {
             (p, i): sample_seed(round_seed(0, index), p, i) for p in range(3) for i in range(2)}
         assert {r["path"].split("/")[0] for r in store.records()} == {"part-00000", "part-00001"}  # both processes
-    assert first.load_settings()["lora"] is None and second.load_settings()["lora"] == "../round-000"  # relative: the folder can move
+    # The store records round 0's LoRA relative to itself, so that the run folder can move.
+    assert first.load_settings()["lora"] is None and second.load_settings()["lora"] == "../round-000"
     base = make_run_config(output_dir=str(tmp_path / "base"), seed=0, resolution=32)
     generate(base, seed=round_seed(0, 1))  # the base model, round 1's seeds
     reset_process_state()
@@ -113,17 +114,17 @@ def test_two_processes_stopped_in_round_1_resume_there_as_if_never_stopped(two_r
     stopped = tmp_path / "stopped"
     shutil.copytree(two_rounds, stopped)
     shutil.rmtree(stopped / "round-001" / "checkpoints" / "checkpoint-4")
-    for name in (LORA_WEIGHT_NAME, "timings.json"):
+    for name in (LORA_WEIGHT_NAME, TIMINGS_FILE):
         (stopped / "round-001" / name).unlink()
     shutil.copy(stopped / "round-000" / LORA_WEIGHT_NAME, stopped / LORA_WEIGHT_NAME)
-    record = json.loads((stopped / "rounds.json").read_text())
-    (stopped / "rounds.json").write_text(json.dumps({**record, "rounds": record["rounds"][:1]}))
+    record = json.loads((stopped / ROUNDS_FILE).read_text())
+    (stopped / ROUNDS_FILE).write_text(json.dumps({**record, "rounds": record["rounds"][:1]}))
     round0 = _hashes(stopped / "round-000")
 
     result = _launch_run({"output_dir": stopped, **two_process_flags, "resume_from_checkpoint": "latest"}, tmp_path)
     assert f"resumed from {stopped / 'round-001' / 'checkpoints' / 'checkpoint-3'} at step 3" in result.stdout
     assert _hashes(stopped / "round-000") == round0  # the finished round is not run again
-    assert [r["round"] for r in json.loads((stopped / "rounds.json").read_text())["rounds"]] == [0, 1]
+    assert [r["round"] for r in json.loads((stopped / ROUNDS_FILE).read_text())["rounds"]] == [0, 1]
     uninterrupted, resumed = (load_file(str(run / LORA_WEIGHT_NAME)) for run in (two_rounds, stopped))
     assert uninterrupted.keys() == resumed.keys()
     for key in uninterrupted:
@@ -148,7 +149,7 @@ def test_a_run_stopped_in_round_1_resumes_there_as_if_never_stopped(one_process_
         run(make_run_config(output_dir=str(stopped_dir), **settings))
     reset_process_state()
     monkeypatch.setattr(GORSTrainer, "save_checkpoint", save)
-    assert len(json.loads((stopped_dir / "rounds.json").read_text())["rounds"]) == 1
+    assert len(json.loads((stopped_dir / ROUNDS_FILE).read_text())["rounds"]) == 1
     round0 = _hashes(stopped_dir / "round-000")
     run(make_run_config(output_dir=str(stopped_dir), **settings))
     reset_process_state()
@@ -185,7 +186,7 @@ def test_a_fresh_optimizer_per_round_and_validation_at_each_rounds_end(one_proce
     assert "## Rounds" in text and (tmp_path / "report" / "rounds.png").is_file()
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert "validation/toy:train/binding_accuracy" in table[0] and len(table) == 4  # header, rule, 2 rounds
-    rounds = json.loads((reset / "rounds.json").read_text())["rounds"]
+    rounds = json.loads((reset / ROUNDS_FILE).read_text())["rounds"]
     assert f"{rounds[1]['mean_reward']:.4f}" in table[3]
 
 
