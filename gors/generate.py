@@ -52,7 +52,7 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
         protocol,
         loader,
         accelerator,
-        prompt_info={"name": prompt_set.name, "category": prompt_set.category, "source": prompt_set.source},
+        prompt_info=prompt_set.info(config.max_prompts),
         record_extras={"model": config.pretrained_model_name_or_path},
         settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision,
                                    lora=lora and os.path.relpath(lora, config.output_dir), backbone=backbone),

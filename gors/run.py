@@ -13,11 +13,12 @@ from gors.checkpoints import checkpoint_step, find_checkpoint
 from gors.config import RunConfig
 from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
+from gors.core.prompts import load_prompts
 from gors.core.run_folder import SELECTION_FILE, samples_dir
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
 from gors.generate import generate
-from gors.score import score
+from gors.score import check_prompt_metadata, score
 from gors.select import load_selection, select
 from gors.timings import StageTiming, format_timings, timed_stage, write_timings
 from gors.train import train, training_accelerator
@@ -91,10 +92,21 @@ def timing_settings(config: RunConfig, store: SampleStore) -> dict[str, Any]:
     return {"generation": store.load_settings()} | {name: getattr(config, name) for name in names}
 
 
+def check_run_inputs(config: RunConfig) -> None:
+    """What can fail on the prompts and the reward, checked before any image is generated: the
+    training prompts load, and the reward exists and gets the metadata it judges by (GenEval's
+    clauses for `geneval` and `geneval_graded`: a `.jsonl` prompt set)."""
+    prompt_set = load_prompts(config.train_prompts)
+    prompts = prompt_set.prompts[: config.max_prompts]
+    metadata = prompt_set.metadata[: config.max_prompts] if prompt_set.metadata is not None else None
+    check_prompt_metadata(config.reward_name(prompt_set.category), prompts, metadata)
+
+
 def run(config: RunConfig, command: str = "gors run") -> None:
     """`gors run`: all four stages on one Accelerator set up for training, once or `--rounds` times."""
     from gors.rounds import run_rounds
 
+    check_run_inputs(config)
     accelerator = training_accelerator(config)
     if config.rounds == 1:
         run_stages(config, accelerator, command)

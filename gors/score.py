@@ -5,9 +5,16 @@ its details, e.g. B-VQA's questions and probabilities), appended batch by batch,
 interruption loses at most the batch in flight. When every sample is scored, the reward is also
 added as a column `reward_<reward>` to the store's metadata. `settings.json` beside the scores
 records the reward and its options; scoring a folder that holds scores with others is refused.
+
+Per-prompt metadata (a `.jsonl` prompt set's rows, recorded in the store's `prompts.json`) reaches
+the reward with each image; a reward judged by GenEval's clauses (`geneval`, `geneval_graded`)
+refuses prompts without them here, before any model loads.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from accelerate import Accelerator
 
@@ -17,21 +24,33 @@ from gors.core.pipeline import inference_dtype
 from gors.core.run_folder import reward_key, samples_dir, scores_dir
 from gors.core.scoring import score_samples
 from gors.core.store import SampleKey, SampleStore
-from rewards import Reward
+from rewards import Reward, get_reward_class
 from rewards.combined import build_reward, check_reward
+from rewards.geneval import GenEvalReward
+from rewards.geneval_graded import check_geneval_prompts
+
+
+def check_prompt_metadata(reward: str, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:
+    """Fail before any work when `reward` (a name, `module:Class` or weighted list) cannot judge
+    the prompts: an unknown reward, or a GenEval-judged member without each prompt's clauses."""
+    for spec in check_reward(reward):
+        if issubclass(get_reward_class(spec.name), GenEvalReward):
+            check_geneval_prompts(prompts, metadata, spec.name)
 
 
 def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:
     """Stage 2: score every sample of the run with its reward; returns all its score rows.
 
     The reward is `config.reward_name(...)` for the store's prompt set: a name, a `module:Class`
-    path or a weighted list; its scores go to `scores/<reward_key>/`.
+    path or a weighted list; its scores go to `scores/<reward_key>/`. Each image's metadata for
+    the reward is its store record over its prompt's metadata row, when the prompt set has any.
     """
     accelerator = accelerator or make_accelerator()
     store = SampleStore(samples_dir(config.output_dir))
     prompt_info = store.load_prompts()  # fails clearly when nothing was generated
     reward = config.reward_name(prompt_info.get("category"))
-    check_reward(reward)  # an unknown name fails before any work
+    metadata = prompt_info.get("metadata")
+    check_prompt_metadata(reward, prompt_info["prompts"], metadata)  # before any work
 
     def make_reward() -> Reward:
         return build_reward(
@@ -46,6 +65,7 @@ def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = Non
     all_scores = score_samples(
         store, scores_dir(config.output_dir, reward), make_reward, config.reward_batch_size, accelerator,
         desc=f"score {reward}",
+        prompt_metadata=metadata,
         settings={"reward": reward, "model_name_or_path": config.reward_model_name_or_path,
                   "options": config.reward_options or {}},
     )

@@ -22,6 +22,7 @@ _BUILTIN: dict[str, str] = {
     "blip_clip": "rewards.blip_clip:BlipClipReward",
     "clip_score": "rewards.clip_score:CLIPScoreReward",
     "geneval": "rewards.geneval:GenEvalReward",
+    "geneval_graded": "rewards.geneval_graded:GenEvalGradedReward",
     "grounded_detection": "rewards.grounded_detection:GroundedDetectionReward",
     "grounded_sam": "rewards.grounded_sam:GroundedSAMReward",
     "numeracy": "rewards.numeracy:NumeracyReward",

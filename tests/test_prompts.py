@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,3 +193,37 @@ def test_single_thresholds(category: str, value: float) -> None:
 def test_threshold_unknown_category() -> None:
     with pytest.raises(ValueError, match="non_spatial"):
         paper.selection_threshold("numeracy", 0)
+
+
+def test_jsonl_prompts_carry_their_rows_as_metadata(tmp_path: Path) -> None:
+    rows = [
+        {"tag": "counting", "include": [{"class": "cup", "count": 2}], "exclude": [{"class": "cup", "count": 3}],
+         "prompt": "a photo of two cups"},
+        {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "red"}], "prompt": " a photo of a red car "},
+    ]
+    path = tmp_path / "geneval_train.jsonl"
+    path.write_text("\ufeff" + json.dumps(rows[0]) + "\r\n\n" + json.dumps(rows[1]) + "\n", encoding="utf-8")
+    prompt_set = P.load_prompts(str(path))
+    assert prompt_set.prompts == ["a photo of two cups", "a photo of a red car"]
+    assert prompt_set.metadata == rows and prompt_set.category is None
+    assert (prompt_set.name, prompt_set.source) == ("geneval_train", str(path))
+    assert prompt_set.info(1) == {"name": "geneval_train", "category": None, "source": str(path), "metadata": rows[:1]}
+    assert "metadata" not in P.PromptSet("x", ["a cat"], None, "x.txt").info()
+
+
+def test_jsonl_errors_name_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a cat"}\n{"prompt": "a dog"\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: not JSON"):
+        P.load_prompts(str(path))
+    path.write_text('{"prompt": "a cat"}\n\n{"tag": "colors"}\n')
+    with pytest.raises(ValueError, match=r"line 3: '\{\"tag\": \"colors\"\}' is not a JSON object with a non-empty"):
+        P.load_prompts(str(path))
+    path.write_text('["a cat"]\n')
+    with pytest.raises(ValueError, match="line 1"):
+        P.load_prompts(str(path))
+    path.write_text("\n \n")
+    with pytest.raises(ValueError, match="contains no prompts"):
+        P.load_prompts(str(path))
+    with pytest.raises(FileNotFoundError, match="nope.jsonl.*one JSON object per line"):
+        P.load_prompts(str(tmp_path / "nope.jsonl"))

@@ -3,13 +3,19 @@
 The benchmark files are not shipped with the package; they are fetched from GitHub on first use and
 cached. Offline machines point `GORS_DATA_DIR` at a folder holding the files (for example a copy of
 `shared/benchmarks`), or pass their own prompt file.
+
+A `.jsonl` file holds one JSON object per prompt, with the prompt under "prompt" and anything else
+a reward needs to judge it (e.g. GenEval's clauses: tag, include, exclude, as in GenEval's
+`evaluation_metadata.jsonl`); the rows travel with the prompt set as its per-prompt metadata.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gors.core.data import ChecksumError, DownloadError, PinnedSource, fetch_pinned_file  # noqa: F401 (re-exported)
 from gors.core.paper import ALL_CATEGORIES
@@ -108,17 +114,52 @@ def read_prompt_file(path: str | os.PathLike[str]) -> list[str]:
     return prompts
 
 
+def read_prompt_jsonl(path: str | os.PathLike[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """(prompts, metadata rows) of a JSON-lines file: one object per non-blank line, each with a
+    non-empty "prompt" string; the rows are kept whole (prompt included)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Prompt file {str(path)!r} does not exist: pass an existing .jsonl file with one "
+                                f"JSON object per line, each with a 'prompt'.")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {number}: not JSON ({err}); a .jsonl prompt file holds one JSON object "
+                             f"per line, e.g. {{\"prompt\": \"a photo of a cat\", ...}}") from err
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            raise ValueError(f"{path}, line {number}: {line.strip()[:80]!r} is not a JSON object with a non-empty "
+                             f"'prompt' string")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"Prompt file {str(path)!r} contains no prompts (only blank lines).")
+    return [row["prompt"].strip() for row in rows], rows
+
+
 @dataclass
 class PromptSet:
-    """A list of prompts with where it came from."""
+    """A list of prompts with where it came from, and per-prompt metadata when the source has any."""
 
     name: str
     prompts: list[str]
     category: str | None  # a T2I-CompBench category when known (drives the GORS threshold)
     source: str  # a file path, or the pinned URL for benchmark files
+    metadata: list[dict[str, Any]] | None = None  # one row per prompt (a .jsonl file's), for the reward
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+    def info(self, max_prompts: int | None = None) -> dict[str, Any]:
+        """What a sample store records of the set (`prompts.json`): name, category, source, and the
+        metadata of the first `max_prompts` prompts when there is any (the score stage hands it to
+        the reward)."""
+        info: dict[str, Any] = {"name": self.name, "category": self.category, "source": self.source}
+        if self.metadata is not None:
+            info["metadata"] = self.metadata[:max_prompts]
+        return info
 
 
 def category_of(stem: str) -> str | None:
@@ -147,7 +188,9 @@ def load_prompts(spec: str, split: str = "train") -> PromptSet:
     """Load a prompt set from a T2I-CompBench name or a text file.
 
     `spec` is a category (`color` -> `color_{split}.txt`), a file stem (`color_val`,
-    `complex_val_spatial`), either optionally prefixed `t2i_compbench:`, or a path to a text file.
+    `complex_val_spatial`), either optionally prefixed `t2i_compbench:`, a path to a text file, or
+    a path to a `.jsonl` file (one JSON object with a "prompt" per line: its rows become the set's
+    metadata).
     Benchmark names win over a same-named file in the working directory; write `./color` for that.
     `toy:train` and `toy:held_out` are the toy world's splits (see `gors.core.toy.world`).
     """
@@ -165,12 +208,16 @@ def load_prompts(spec: str, split: str = "train") -> PromptSet:
         path = fetch_t2i_compbench_file(filename)
         return PromptSet(stem, read_prompt_file(path), category_of(stem), t2i_compbench_url(filename))
     path = Path(name).expanduser()
+    if not forced and path.suffix == ".jsonl":
+        prompts, metadata = read_prompt_jsonl(path)
+        return PromptSet(path.stem, prompts, None, str(path), metadata)
     if not forced and path.is_file():
         category = category_of(path.stem) if path.name in T2I_COMPBENCH_SHA256 else None
         return PromptSet(path.stem, read_prompt_file(path), category, str(path))
     what = f"{spec!r} is not a T2I-CompBench name" if forced else f"Prompt file {spec!r} does not exist"
     raise FileNotFoundError(
-        f"{what} (split={split!r}). Pass an existing text file with one prompt per line, or one of the "
+        f"{what} (split={split!r}). Pass an existing text file with one prompt per line, a .jsonl file of "
+        f"prompts with metadata, or one of the "
         f"T2I-CompBench names: categories {', '.join(ALL_CATEGORIES)} (file <category>_<split>.txt) or "
         f"files {', '.join(PROMPT_FILE_STEMS)}."
     )

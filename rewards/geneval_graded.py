@@ -1,0 +1,74 @@
+"""GenEval with partial credit as a training reward: the `geneval` models, graded rules.
+
+The detector (Mask2Former COCO instances), the CLIP colour classifier, the thresholds and the
+position rule are the binary `geneval` reward's (`rewards.geneval`); the clauses earn per-clause
+credits that `rewards.geneval_graded_rules` combines into a score in [0, 1], 1.0 exactly when
+GenEval judges the image correct. Each image's metadata must carry GenEval's clauses (`tag`,
+`include`, `exclude`), e.g. a row of `evaluators.geneval_train_prompts`' training prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+from PIL import Image
+
+from rewards.base import RewardOutput
+from rewards.geneval import GenEvalReward
+from rewards.geneval_graded_rules import grade_image
+from rewards.geneval_rules import check_metadata
+
+HINT = (
+    "give each prompt GenEval's clauses (tag, include, exclude) as in GenEval's evaluation_metadata.jsonl: "
+    "train on a .jsonl of such rows with a 'prompt' each (`python -m evaluators.geneval_train_prompts` writes "
+    "one, recipes/gors_geneval.py uses it) or score through the geneval benchmark"
+)
+
+
+def check_geneval_prompts(prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None, reward: str) -> None:
+    """Raise ValueError naming the first prompt whose metadata is no GenEval clause set (or none at all).
+
+    Cheap and model-free, so that a run fails before generating or loading anything.
+    """
+    if metadata is None:
+        raise ValueError(f"the {reward} reward needs each prompt's GenEval clauses, but the prompts carry no "
+                         f"metadata: {HINT}")
+    if len(metadata) < len(prompts):
+        raise ValueError(f"the {reward} reward needs GenEval clauses for each of the {len(prompts)} prompts, but "
+                         f"only {len(metadata)} metadata rows came with them: {HINT}")
+    for index, (prompt, meta) in enumerate(zip(prompts, metadata)):
+        try:
+            check_metadata(meta)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"the {reward} reward, prompt {index} ({prompt!r}): {err}") from err
+
+
+class GenEvalGradedReward(GenEvalReward):
+    """GenEval with partial credit per clause (class, count, colour, position); scores in [0, 1].
+
+    The arguments are `GenEvalReward`'s (model, colour classifier, GenEval's thresholds). Per image
+    the details hold GenEval's verdict and reason (`correct`, `reason`), the graded `score`, the
+    credits and reason of each clause (`clauses`) and the kept detections.
+    """
+
+    name = "geneval_graded"
+    description = (
+        "GenEval with partial credit in [0, 1] (class, count, colour, position per clause; 1 = GenEval-correct): "
+        "Mask2Former COCO instances + CLIP ViT-L-14 colours (needs tag/include/exclude metadata)"
+    )
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        check_geneval_prompts(prompts, metadata, self.name)
+        # Nothing at or below the lower threshold can count, whatever the tag.
+        floor = min(self.rule_options["threshold"], self.rule_options["counting_threshold"])
+        detections = self.detector.detect(images, threshold=floor)
+        scores, details = [], []
+        for image, found, meta in zip(images, detections, metadata, strict=True):
+            graded = grade_image(found, meta, partial(self.classify_colors, image), **self.rule_options)
+            scores.append(graded.score)
+            details.append(graded.details)
+        return RewardOutput(scores=scores, details=details)
