@@ -10,12 +10,17 @@ The official metric runs BLIP VQA through LAVIS, which starts every question wit
 [ENC] instead of BERT's [CLS]; transformers' `BlipForQuestionAnswering.generate` keeps [CLS].
 We follow the official code by default (`question_start="enc"`), so numbers compare with the
 published tables; `question_start="cls"` gives transformers' behaviour.
+
+The questions come from a question table (`questions=TABLE.json`, see `rewards.question_table`)
+for the prompts it holds and from the configured noun-phrase parser for the others; each detail
+row records its `question_source`: the parser's name and version, and the table's sha256.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 from typing import Any, Literal
 
 import torch
@@ -23,7 +28,8 @@ from PIL import Image
 
 from gors.core.hub import from_pretrained
 from rewards.base import MODEL_FLAG, Reward, RewardOutput
-from rewards.noun_phrases import MAX_QUESTIONS, Backend, vqa_questions
+from rewards.noun_phrases import MAX_QUESTIONS, Backend, parser_record, vqa_questions
+from rewards.question_table import QuestionTable, load_question_table
 
 # The official code tokenises questions with truncation to 35 tokens.
 MAX_QUESTION_TOKENS = 35
@@ -42,6 +48,12 @@ class BVQAReward(Reward):
             chunker), "spacy" or "builtin"; see `rewards.noun_phrases`.
         question_start: "enc" (official: LAVIS replaces a question's first token by [ENC]) or
             "cls" (transformers' BLIP VQA inference).
+        questions: a question table (JSON, see `rewards.question_table`) whose questions are used
+            for every prompt it holds (capped at `max_questions`); other prompts are parsed.
+
+    Details per image: questions, phrases, p_yes (each in [0, 1]), score, and question_source
+    (``{"source": "table", "table_sha256": ..., "parser": {...}}`` or
+    ``{"source": "parser", "parser": {...}}``, see `rewards.noun_phrases.parser_record`).
     """
 
     name = "b_vqa"
@@ -57,12 +69,18 @@ class BVQAReward(Reward):
         max_questions: int = MAX_QUESTIONS,
         noun_phrase_backend: Backend = "auto",
         question_start: Literal["enc", "cls"] = "enc",
+        questions: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
         from transformers import BlipForQuestionAnswering, BlipProcessor
 
+        if max_questions < 0:
+            raise ValueError(f"max_questions must be >= 0, got {max_questions}")
         self.max_questions = max_questions
         self.noun_phrase_backend = noun_phrase_backend
+        # Both are checked before the model loads: a bad table or a missing spaCy model fails fast.
+        self.questions: QuestionTable | None = None if questions is None else load_question_table(questions)
+        self.parser_source = {"source": "parser", "parser": parser_record(noun_phrase_backend)}
         path = str(self.model_name_or_path)
         self.processor = from_pretrained(BlipProcessor.from_pretrained, path, MODEL_FLAG)
         model = from_pretrained(
@@ -95,22 +113,30 @@ class BVQAReward(Reward):
     def _score(
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
     ) -> RewardOutput:
-        questions = [
-            vqa_questions(p, self.max_questions, self.noun_phrase_backend) for p in prompts
-        ]
+        asked = [self.questions_of(p) for p in prompts]
+        questions = [qs for qs, _ in asked]
         flat = [(index, q) for index, qs in enumerate(questions) for q in qs]
         p_yes = self._answer_probabilities(images, flat)
         details, scores = [], []
         cursor = 0
-        for qs in questions:
+        for qs, (_, source) in zip(questions, asked, strict=True):
             probs = p_yes[cursor : cursor + len(qs)]
             cursor += len(qs)
             score = float(math.prod(probs))  # 1.0 for a prompt without questions
             scores.append(score)
             details.append(
-                {"questions": qs, "phrases": [q[:-1] for q in qs], "p_yes": probs, "score": score}
+                {"questions": qs, "phrases": [q[:-1] for q in qs], "p_yes": probs, "score": score,
+                 "question_source": source}
             )
         return RewardOutput(scores=scores, details=details)
+
+    def questions_of(self, prompt: str) -> tuple[list[str], dict[str, Any]]:
+        """The questions B-VQA asks about `prompt` and their `question_source` record."""
+        table = self.questions
+        found = table.lookup(prompt) if table is not None else None
+        if table is not None and found is not None:
+            return found[: self.max_questions], table.source()
+        return vqa_questions(prompt, self.max_questions, self.noun_phrase_backend), self.parser_source
 
     def _answer_probabilities(
         self, images: list[Image.Image], questions: list[tuple[int, str]]

@@ -9,20 +9,53 @@ giraffe") and is approximate on free-form sentences: it knows no parts of speech
 lists and a few positional rules (a word before a determiner is a verb, "-ing" after a noun is a
 verb, ...). Where spaCy's tagger itself errs on a template (it tags "rose" in "a red rose and a
 white lily" as a verb and drops "a red rose") the built-in chunker keeps the grammatical phrases.
+
+The official metric pins spaCy 3.5.3 and ``en_core_web_sm`` 3.5.0 (T2I-CompBench's requirements.txt);
+`OFFICIAL_INSTALL` installs exactly those, and `parser_record` says which parser a backend runs
+here, so that results can name it. A question table (`rewards.question_table`) carries the
+official questions to machines without spaCy.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 Backend = Literal["auto", "spacy", "builtin"]
+BACKENDS = ("auto", "spacy", "builtin")
 
 # The official evaluation drops exactly these chunk texts (an exact string match, so "the top"
 # and "the bottom" stay questions, as in T2I-CompBench's BLIP_vqa.py).
 EXCLUDED_PHRASES = ("top", "the side", "the left", "the right")
 MAX_QUESTIONS = 8
+
+SPACY_MODEL = "en_core_web_sm"
+# The official parser, as T2I-CompBench's requirements.txt pins it (at the commit of
+# gors.core.prompts.T2I_COMPBENCH_COMMIT): spacy==3.5.3 and the model wheel by URL and sha256.
+OFFICIAL_SPACY_VERSION = "3.5.3"
+OFFICIAL_MODEL_VERSION = "3.5.0"
+OFFICIAL_MODEL_WHEEL = (
+    "https://github.com/explosion/spacy-models/releases/download/"
+    "en_core_web_sm-3.5.0/en_core_web_sm-3.5.0-py3-none-any.whl"
+)
+OFFICIAL_MODEL_SHA256 = "0964370218b7e1672a30ac50d72cdc6b16f7c867496f1d60925691188f4d2510"
+OFFICIAL_PARSER: dict[str, str] = {
+    "name": "spacy",
+    "version": OFFICIAL_SPACY_VERSION,
+    "model": SPACY_MODEL,
+    "model_version": OFFICIAL_MODEL_VERSION,
+}
+# spaCy 3.5's compiled dependencies (thinc 8.1, blis 0.7) are built against NumPy 1: under NumPy 2
+# `import spacy` fails with "numpy.dtype size changed". pip checks the wheel's sha256 fragment.
+OFFICIAL_INSTALL = (
+    f'pip install "spacy=={OFFICIAL_SPACY_VERSION}" "numpy<2" '
+    f'"en-core-web-sm @ {OFFICIAL_MODEL_WHEEL}#sha256={OFFICIAL_MODEL_SHA256}"'
+)
+# Bump when the built-in chunker gives any prompt other phrases: results and question tables
+# record it, so that numbers made with different chunkers are told apart.
+BUILTIN_PARSER_VERSION = "1"
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,9 +64,53 @@ def _spacy_pipeline() -> Any | None:
     try:
         import spacy
 
-        return spacy.load("en_core_web_sm")
+        return spacy.load(SPACY_MODEL)
     except (ImportError, OSError):
         return None
+
+
+def _pipeline_for(backend: Backend) -> Any | None:
+    """The spaCy pipeline `backend` runs, or None for the built-in chunker."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be 'auto', 'spacy' or 'builtin', got {backend!r}")
+    nlp = _spacy_pipeline() if backend != "builtin" else None
+    if nlp is None and backend == "spacy":
+        raise ImportError(
+            f"backend='spacy' needs spaCy and its English model {SPACY_MODEL}; the official "
+            f"parser of T2I-CompBench installs with: {OFFICIAL_INSTALL}"
+        )
+    return nlp
+
+
+def spacy_record(nlp: Any) -> dict[str, str]:
+    """The parser record of a loaded spaCy pipeline: spaCy's version and the model's name and version."""
+    import spacy
+
+    meta = nlp.meta
+    return {
+        "name": "spacy",
+        "version": spacy.__version__,
+        "model": f"{meta['lang']}_{meta['name']}",
+        "model_version": str(meta["version"]),
+    }
+
+
+def parser_record(backend: Backend = "auto") -> dict[str, str]:
+    """Which parser `noun_phrases(..., backend)` runs on this machine, for results to record.
+
+    ``{"name": "spacy", "version": <spaCy>, "model": "en_core_web_sm", "model_version": <model>}``
+    or ``{"name": "builtin", "version": BUILTIN_PARSER_VERSION}``. Raises like `noun_phrases`
+    (ImportError for "spacy" without spaCy's model, ValueError for an unknown backend).
+    """
+    nlp = _pipeline_for(backend)
+    if nlp is not None:
+        return spacy_record(nlp)
+    return {"name": "builtin", "version": BUILTIN_PARSER_VERSION}
+
+
+def is_official_parser(record: Mapping[str, Any]) -> bool:
+    """Whether a parser record names the official parser (spaCy 3.5.3 with en_core_web_sm 3.5.0)."""
+    return all(record.get(key) == value for key, value in OFFICIAL_PARSER.items())
 
 
 def noun_phrases(prompt: str, backend: Backend = "auto") -> list[str]:
@@ -44,29 +121,22 @@ def noun_phrases(prompt: str, backend: Backend = "auto") -> list[str]:
         backend: "spacy" (noun chunks of ``en_core_web_sm``; raises when it is not installed),
             "builtin" (the rule-based chunker), or "auto" (spaCy when installed, else built-in).
     """
-    if backend not in ("auto", "spacy", "builtin"):
-        raise ValueError(f"backend must be 'auto', 'spacy' or 'builtin', got {backend!r}")
+    nlp = _pipeline_for(backend)
     text = prompt.strip()
-    nlp = _spacy_pipeline() if backend != "builtin" else None
     if nlp is not None:
         return [chunk.text for chunk in nlp(text).noun_chunks]
-    if backend == "spacy":
-        raise ImportError(
-            "backend='spacy' needs spaCy and its English model: "
-            "`pip install spacy && python -m spacy download en_core_web_sm`"
-        )
     return builtin_noun_phrases(text)
 
 
 def vqa_questions(
-    prompt: str, max_questions: int = MAX_QUESTIONS, backend: Backend = "auto"
+    prompt: str, max_questions: int | None = MAX_QUESTIONS, backend: Backend = "auto"
 ) -> list[str]:
     """T2I-CompBench's B-VQA questions: ``f"{phrase}?"`` per noun phrase, in prompt order.
 
     Phrases equal to one of `EXCLUDED_PHRASES` are dropped and at most `max_questions` (8 in the
-    official code) are kept. An empty list means the prompt has no noun phrase.
+    official code; None: all) are kept. An empty list means the prompt has no noun phrase.
     """
-    if max_questions < 0:
+    if max_questions is not None and max_questions < 0:
         raise ValueError(f"max_questions must be >= 0, got {max_questions}")
     phrases = [p for p in noun_phrases(prompt, backend) if p not in EXCLUDED_PHRASES]
     return [f"{phrase}?" for phrase in phrases[:max_questions]]

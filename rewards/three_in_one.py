@@ -10,6 +10,7 @@ spatial for the prompts in `complex_val_spatial.txt`, attribute and action for t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
@@ -80,6 +81,8 @@ class ThreeInOneReward(Reward):
             and checksummed, or from GORS_DATA_DIR) to pick each prompt's terms; "none" always
             averages all three. A metadata entry ``{"three_in_one": "spatial"|"action"|"all"}``
             overrides both for its image.
+        questions: a question table for the B-VQA term (see `rewards.question_table`); the same as
+            ``b_vqa={"questions": ...}``.
 
     Details per image: the kind, the terms used, each member's score and details.
     """
@@ -98,6 +101,7 @@ class ThreeInOneReward(Reward):
         spatial_rule: Mapping[str, Any] | None = None,
         clip_score: Mapping[str, Any] | None = None,
         subsplits: Literal["official", "none"] = "official",
+        questions: str | os.PathLike[str] | None = None,
     ) -> None:
         if model_name_or_path is not None:
             raise ValueError(
@@ -106,6 +110,11 @@ class ThreeInOneReward(Reward):
             )
         if subsplits not in ("official", "none"):
             raise ValueError(f"subsplits={subsplits!r}; choose 'official' or 'none'")
+        if questions is not None:
+            given = (b_vqa or {}).get("questions")
+            if given is not None and os.fspath(given) != os.fspath(questions):
+                raise ValueError(f"two question tables: questions={questions!r} and b_vqa questions={given!r}; give one")
+            b_vqa = {**(b_vqa or {}), "questions": questions}
         super().__init__(None, device, torch_dtype, batch_size)
         self.subsplits = _official_subsplits() if subsplits == "official" else {"spatial": set(), "action": set()}
         options = {"b_vqa": b_vqa, "spatial_rule": spatial_rule, "clip_score": clip_score}

@@ -11,10 +11,14 @@ import torch
 from PIL import Image
 
 import gors.testing.blip as tiny_blip
+import rewards.noun_phrases as noun_phrases
 from gors.testing.blip import build_tiny_blip_vqa
 from rewards import get_reward_class, load
 from rewards.b_vqa import BVQAReward
+from rewards.noun_phrases import BUILTIN_PARSER_VERSION
+from rewards.question_table import FORMAT, load_question_table, make_question_table, write_question_table
 
+BUILTIN = {"name": "builtin", "version": BUILTIN_PARSER_VERSION}
 PROMPTS = [
     "a green bench and a red car",
     "rubber gloves and a fluffy teddy bear",
@@ -78,7 +82,8 @@ def test_scores_details_and_product_rule(reward: BVQAReward) -> None:
     output = reward.score(images, PROMPTS)
     assert len(output.scores) == len(output.details) == len(PROMPTS)
     for score, details in zip(output.scores, output.details, strict=True):
-        assert set(details) == {"questions", "phrases", "p_yes", "score"}
+        assert set(details) == {"questions", "phrases", "p_yes", "score", "question_source"}
+        assert details["question_source"] == {"source": "parser", "parser": BUILTIN}
         assert details["questions"] == [f"{p}?" for p in details["phrases"]]
         assert len(details["p_yes"]) == len(details["questions"]) > 0
         assert all(0.0 <= p <= 1.0 for p in details["p_yes"])
@@ -178,7 +183,8 @@ def test_vision_once_per_image_and_questions_batched_across_images(reward: BVQAR
 def test_prompt_without_noun_phrase_scores_one(reward: BVQAReward) -> None:
     output = reward.score(random_images(2), ["", "is very blue"])
     assert output.scores == [1.0, 1.0]
-    assert output.details[0] == {"questions": [], "phrases": [], "p_yes": [], "score": 1.0}
+    assert output.details[0] == {"questions": [], "phrases": [], "p_yes": [], "score": 1.0,
+                                 "question_source": {"source": "parser", "parser": BUILTIN}}
 
 
 def test_non_rgb_images(reward: BVQAReward) -> None:
@@ -215,3 +221,75 @@ def test_yes_must_be_a_single_token(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     path = build_tiny_blip_vqa(tmp_path / "no_yes")
     with pytest.raises(ValueError, match="'yes'"):
         BVQAReward(model_name_or_path=str(path), device="cpu")
+
+
+def test_question_table_sets_what_blip_is_asked(reward: BVQAReward, model_dir: Path, tmp_path: Path) -> None:
+    """A table's questions reach the model for the prompts it holds; other prompts are parsed."""
+    content = make_question_table(["a green bench and a red car", "a blue cat and a red dog"])
+    # As if the official parser had asked one question only (as spaCy does on some prompts).
+    content["questions"]["a green bench and a red car"] = ["a red car?"]
+    path = tmp_path / "questions.json"
+    sha256 = write_question_table(path, content)
+    with_table = BVQAReward(model_name_or_path=str(model_dir), device="cpu", batch_size=4,
+                            noun_phrase_backend="builtin", questions=str(path))
+    images = random_images(3, seed=5)
+    prompts = ["a green bench and a red car", "a blue cat and a red dog", "rubber gloves and a fluffy teddy bear"]
+    output = with_table.score(images, prompts)
+    from_table = {"source": "table", "table_sha256": sha256, "parser": BUILTIN}
+    from_parser = {"source": "parser", "parser": BUILTIN}
+    assert [d["questions"] for d in output.details] == [
+        ["a red car?"], ["a blue cat?", "a red dog?"], ["rubber gloves?", "a fluffy teddy bear?"],
+    ]
+    assert [d["question_source"] for d in output.details] == [from_table, from_table, from_parser]
+    # The table's question is what BLIP answered: the same as asking it through the parser.
+    parsed = reward.score(images[:1], ["a red car"]).details[0]
+    assert parsed["questions"] == ["a red car?"]
+    assert output.details[0]["p_yes"] == pytest.approx(parsed["p_yes"], rel=1e-4, abs=1e-6)
+    assert output.scores[0] == pytest.approx(output.details[0]["p_yes"][0], rel=1e-12)
+    without = reward.score(images, prompts)
+    assert without.details[0]["questions"] == ["a green bench?", "a red car?"]
+    assert without.details[1:] == [{**d, "question_source": from_parser} for d in output.details[1:]]
+    assert load_question_table(path).sha256 == sha256
+
+
+def test_question_table_is_capped_at_max_questions(model_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "questions.json"
+    write_question_table(path, {"format": FORMAT, "format_version": 1, "parser": BUILTIN,
+                                "questions": {"a blue cat and a red dog": ["a blue cat?", "a red dog?"]}})
+    capped = BVQAReward(model_name_or_path=str(model_dir), device="cpu", max_questions=1,
+                        noun_phrase_backend="builtin", questions=path)
+    assert capped.score(random_images(1), ["a blue cat and a red dog"]).details[0]["questions"] == ["a blue cat?"]
+
+
+def test_bad_table_fails_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"questions": {}}', encoding="utf-8")
+    missing_model = str(tmp_path / "no_such_model")
+    with pytest.raises(ValueError, match="not a gors question table"):
+        BVQAReward(model_name_or_path=missing_model, device="cpu", questions=bad)
+    with pytest.raises(FileNotFoundError, match="gors questions"):
+        BVQAReward(model_name_or_path=missing_model, device="cpu", questions=tmp_path / "absent.json")
+    monkeypatch.setattr(noun_phrases, "_spacy_pipeline", lambda: None)  # as where spaCy's model is missing
+    with pytest.raises(ImportError, match="en_core_web_sm"):
+        BVQAReward(model_name_or_path=missing_model, device="cpu", noun_phrase_backend="spacy")
+
+
+def test_three_in_one_passes_the_table_to_b_vqa(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rewards.three_in_one as three_in_one
+
+    built: dict[str, dict] = {}
+
+    def recorder(name: str):
+        def build(**kwargs):
+            built[name] = kwargs
+        return build
+
+    monkeypatch.setattr(three_in_one, "get_reward_class", recorder)
+    three_in_one.ThreeInOneReward(device="cpu", subsplits="none", questions="table.json",
+                                  b_vqa={"model_name_or_path": "blip"})
+    assert built["b_vqa"] == {"device": torch.device("cpu"), "torch_dtype": torch.float32, "batch_size": 8,
+                              "model_name_or_path": "blip", "questions": "table.json"}
+    assert "questions" not in built["spatial_rule"] and "questions" not in built["clip_score"]
+    with pytest.raises(ValueError, match="two question tables"):
+        three_in_one.ThreeInOneReward(device="cpu", subsplits="none", questions="a.json",
+                                      b_vqa={"questions": "b.json"})

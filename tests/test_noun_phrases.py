@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -194,3 +195,95 @@ def test_phrases_are_substrings_in_order() -> None:
     position = 0
     for phrase in phrases:
         position = prompt.index(phrase, position) + len(phrase)
+
+
+def test_official_parser_pins() -> None:
+    """The pins of T2I-CompBench's requirements.txt (spacy==3.5.3, the en_core_web_sm 3.5.0 wheel by
+    URL and sha256), and an install command pip reads as exactly those requirements."""
+    from packaging.requirements import Requirement
+
+    assert np_module.OFFICIAL_PARSER == {
+        "name": "spacy", "version": "3.5.3", "model": "en_core_web_sm", "model_version": "3.5.0",
+    }
+    wheel = (
+        "https://github.com/explosion/spacy-models/releases/download/en_core_web_sm-3.5.0/"
+        "en_core_web_sm-3.5.0-py3-none-any.whl#sha256="
+        "0964370218b7e1672a30ac50d72cdc6b16f7c867496f1d60925691188f4d2510"
+    )
+    command = np_module.OFFICIAL_INSTALL
+    assert command.startswith("pip install ")
+    requirements = [Requirement(r) for r in re.findall(r'"([^"]+)"', command)]
+    assert [(r.name, str(r.specifier), r.url) for r in requirements] == [
+        ("spacy", "==3.5.3", None), ("numpy", "<2", None), ("en-core-web-sm", "", wheel),
+    ]
+    assert np_module.is_official_parser(np_module.OFFICIAL_PARSER)
+    assert not np_module.is_official_parser({**np_module.OFFICIAL_PARSER, "model_version": "3.8.0"})
+    assert not np_module.is_official_parser({"name": "builtin", "version": np_module.BUILTIN_PARSER_VERSION})
+
+
+def test_parser_record_without_spacy(no_spacy: None) -> None:
+    builtin = {"name": "builtin", "version": np_module.BUILTIN_PARSER_VERSION}
+    assert np_module.parser_record("builtin") == np_module.parser_record("auto") == builtin
+    with pytest.raises(ImportError, match=re.escape(np_module.OFFICIAL_INSTALL)):
+        np_module.parser_record("spacy")
+
+
+# A dependency parse per prompt, as en_core_web_sm would give it: (POS, head index, dep) per word.
+PARSES = {
+    "a green acorn and a brown leaf": [
+        ("DET", 2, "det"), ("ADJ", 2, "amod"), ("NOUN", 2, "ROOT"), ("CCONJ", 2, "cc"),
+        ("DET", 6, "det"), ("ADJ", 6, "amod"), ("NOUN", 2, "conj"),
+    ],
+    # A parse that misses the first chunk, as spaCy 3.8's model is reported to (issue #15).
+    "a green acorn and a brown leaf .": [
+        ("DET", 2, "det"), ("ADJ", 2, "amod"), ("VERB", 2, "ROOT"), ("CCONJ", 2, "cc"),
+        ("DET", 6, "det"), ("ADJ", 6, "amod"), ("NOUN", 2, "dobj"), ("PUNCT", 2, "punct"),
+    ],
+}
+
+
+@pytest.fixture
+def blank_spacy(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A real spaCy pipeline without the English model: `spacy.blank("en")` plus a component that
+    sets the parses of `PARSES`, posing as en_core_web_sm 3.5.0 in its meta."""
+    spacy = pytest.importorskip("spacy")
+    from spacy.language import Language
+    from spacy.tokens import Doc
+
+    if "gors_test_parse" not in Language.factories:
+
+        @Language.component("gors_test_parse")
+        def set_parse(doc: Doc) -> Doc:
+            parse = PARSES[doc.text]
+            return Doc(doc.vocab, words=[t.text for t in doc], pos=[p for p, _, _ in parse],
+                       heads=[h for _, h, _ in parse], deps=[d for _, _, d in parse])
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("gors_test_parse")
+    nlp.meta.update(name="core_web_sm", version="3.5.0")
+    monkeypatch.setattr(np_module, "_spacy_pipeline", lambda: nlp)
+    return nlp
+
+
+def test_spacy_backend_on_a_blank_pipeline(blank_spacy: Any) -> None:
+    import spacy
+
+    assert noun_phrases("a green acorn and a brown leaf\r\n", backend="spacy") == ["a green acorn", "a brown leaf"]
+    assert vqa_questions("a green acorn and a brown leaf .") == ["a brown leaf?"]  # "auto" takes spaCy
+    assert noun_phrases("a green acorn and a brown leaf .", backend="builtin") == ["a green acorn", "a brown leaf"]
+    record = {"name": "spacy", "version": spacy.__version__, "model": "en_core_web_sm", "model_version": "3.5.0"}
+    assert np_module.parser_record("spacy") == np_module.parser_record("auto") == record
+    assert np_module.is_official_parser(record) == (spacy.__version__ == "3.5.3")
+    blank_spacy.meta.update(name="core_web_md", version="3.8.0")
+    assert np_module.parser_record("spacy")["model"] == "en_core_web_md"
+    assert not np_module.is_official_parser(np_module.parser_record("spacy"))
+
+
+def test_question_table_from_a_spacy_pipeline(blank_spacy: Any, tmp_path: Path) -> None:
+    from rewards.question_table import load_question_table, make_question_table, write_question_table
+
+    path = tmp_path / "questions.json"
+    write_question_table(path, make_question_table(list(PARSES), backend="spacy"))
+    loaded = load_question_table(path)
+    assert loaded.parser == np_module.parser_record("spacy")
+    assert loaded.lookup("a green acorn and a brown leaf .") == ["a brown leaf?"]
