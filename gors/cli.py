@@ -211,6 +211,8 @@ COMMANDS: dict[str, Command] = {
                       "markdown table and plots of evaluation and training folders"),
     "convert-lora": Command("gors.official_lora:ConvertLoraConfig", "gors.official_lora:convert",
                             "official GORS (lora_diffusion) checkpoint -> diffusers LoRA folder"),
+    "questions": Command("gors.questions:QuestionsConfig", "gors.questions:questions_command",
+                         "B-VQA questions of a prompt set -> a question table for questions=TABLE.json"),
     "toy pretrain": Command("gors.toy.pretrain:ToyPretrainConfig", "gors.toy.pretrain:pretrain_and_report",
                             "toy world: train the packaged toy model and its classifier from scratch"),
 }
