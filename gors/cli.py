@@ -211,6 +211,9 @@ COMMANDS: dict[str, Command] = {
                       "markdown table and plots of evaluation and training folders"),
     "convert-lora": Command("gors.official_lora:ConvertLoraConfig", "gors.official_lora:convert",
                             "official GORS (lora_diffusion) checkpoint -> diffusers LoRA folder"),
+    "convert-detector": Command("gors.convert_detector:ConvertDetectorConfig", "gors.convert_detector:convert",
+                                "a benchmark's official detector checkpoint (GenEval: mmdetection Mask2Former) -> "
+                                "transformers folder"),
     "questions": Command("gors.questions:QuestionsConfig", "gors.questions:questions_command",
                          "B-VQA questions of a prompt set -> a question table for questions=TABLE.json"),
     "toy pretrain": Command("gors.toy.pretrain:ToyPretrainConfig", "gors.toy.pretrain:pretrain_and_report",

@@ -6,11 +6,16 @@ GenEval's `evaluation_metadata.jsonl`), which the GenEval benchmark passes along
 `rewards.geneval_rules`.
 
 The official evaluator (djghosh13/geneval `evaluation/evaluate_images.py`) runs mmdetection's
-Mask2Former Swin-S COCO instance model, which has no build for current PyTorch. We run the same
-architecture and training data from `transformers` (`facebook/mask2former-swin-small-coco-instance`)
-and reproduce mmdetection's test-time processing: images resized to a shortest edge of 800 and a
-longest of 1333 pixels (mmdetection's test scale; the Hub processor's own default is 384), the
-100 best (query, class) pairs, masks upsampled bilinearly to the image and thresholded at logit 0,
+Mask2Former Swin-S COCO instance model, which has no build for current PyTorch. We run it in
+`transformers`: `model_name_or_path="official"` downloads GenEval's own checkpoint (the file its
+`download_models.sh` fetches) and converts it once (`rewards.mmdet_mask2former`), so detections and
+numbers are GenEval's (same weights; only the resize kernel, PIL's bilinear where mmcv uses
+OpenCV's, and floating-point order differ); the default, the Hub's
+`facebook/mask2former-swin-small-coco-instance`, has the same architecture and training data but is
+another training run (detectron2's), so its numbers compare in kind, not to the decimal. Either way
+we reproduce mmdetection's test-time processing: images resized to a shortest edge of 800 and a
+longest of 1333 pixels (mmdetection's test scale; the Hub processor's own default is 384), the 100
+best (query, class) pairs, masks upsampled bilinearly to the image and thresholded at logit 0,
 confidence = class probability x mean mask probability inside the mask, box = the mask's extent.
 (transformers' processor rounds the resized sides up to a multiple of 32 where mmdetection pads;
 the two agree on GenEval's square 512-pixel images.)
@@ -47,6 +52,7 @@ from rewards.geneval_rules import (
     check_metadata,
     judge_image,
 )
+from rewards.mmdet_mask2former import OFFICIAL, official_detector_folder
 
 MODEL_FLAG = "geneval model_name_or_path"
 # Other names of GenEval's classes in COCO label sets (detectron2 / Hub checkpoints, VOC-style dumps).
@@ -151,7 +157,8 @@ class Mask2FormerDetector:
     """GenEval-class instances of a `transformers` Mask2Former COCO instance segmenter.
 
     Args:
-        model_name_or_path: Hub id or folder of a Mask2Former COCO instance checkpoint.
+        model_name_or_path: Hub id or folder of a Mask2Former COCO instance checkpoint, or "official"
+            for GenEval's own mmdetection checkpoint (downloaded and converted once into the cache).
         device, torch_dtype: where and in which dtype the model runs.
         image_size: (shortest, longest) edge in pixels the image is resized to, keeping its aspect
             ratio; default mmdetection's test scale (800, 1333); None keeps the checkpoint
@@ -170,6 +177,8 @@ class Mask2FormerDetector:
     ) -> None:
         from transformers import Mask2FormerForUniversalSegmentation, Mask2FormerImageProcessor
 
+        if model_name_or_path == OFFICIAL:
+            model_name_or_path = official_detector_folder()
         size = {} if image_size is None else {"size": {"shortest_edge": image_size[0], "longest_edge": image_size[1]}}
         self.processor = from_pretrained(Mask2FormerImageProcessor.from_pretrained, model_name_or_path, MODEL_FLAG, **size)
         model = from_pretrained(
@@ -297,8 +306,11 @@ class GenEvalReward(Reward):
     """GenEval correctness of each image against its metadata's clauses; scores in {0.0, 1.0}.
 
     Args:
-        model_name_or_path: Mask2Former COCO instance checkpoint (Hub id or folder); default
-            `facebook/mask2former-swin-small-coco-instance` (the official detector's architecture).
+        model_name_or_path: Mask2Former COCO instance checkpoint (Hub id or folder); "official" for
+            GenEval's own detector (mmdetection's checkpoint, downloaded from download.openmmlab.com
+            and converted once: GenEval's numbers); default
+            `facebook/mask2former-swin-small-coco-instance` (the official detector's architecture and
+            training data, another training run: numbers that compare in kind).
         device, torch_dtype, batch_size: see `Reward`; `batch_size` is images per detector pass.
         clip_model, clip_pretrained: the colour classifier's open_clip model (official "ViT-L-14",
             "openai"; a local checkpoint file works as `clip_pretrained`).
