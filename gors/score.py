@@ -26,16 +26,14 @@ from gors.core.scoring import score_samples
 from gors.core.store import SampleKey, SampleStore
 from rewards import Reward, get_reward_class
 from rewards.combined import build_reward, check_reward
-from rewards.geneval import GenEvalReward
-from rewards.geneval_graded import check_geneval_prompts
 
 
 def check_prompt_metadata(reward: str, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:
     """Fail before any work when `reward` (a name, `module:Class` or weighted list) cannot judge
-    the prompts: an unknown reward, or a GenEval-judged member without each prompt's clauses."""
+    the prompts: an unknown reward, or a member whose `Reward.check_prompts` refuses them (e.g. a
+    GenEval-judged one without each prompt's clauses)."""
     for spec in check_reward(reward):
-        if issubclass(get_reward_class(spec.name), GenEvalReward):
-            check_geneval_prompts(prompts, metadata, spec.name)
+        get_reward_class(spec.name).check_prompts(prompts, metadata)
 
 
 def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:

@@ -52,6 +52,12 @@ class Reward:
     score_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     description: ClassVar[str] = ""
 
+    @classmethod
+    def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:
+        """Raise ValueError when this reward cannot judge `prompts` with their per-prompt `metadata`
+        (None: the prompts carry none). Model-free, so that a run fails before it generates or loads
+        anything; rewards that judge by metadata (e.g. GenEval's clauses) override it."""
+
     def __init__(
         self,
         model_name_or_path: str | None = None,

@@ -55,6 +55,11 @@ from rewards.geneval_rules import (
 from rewards.mmdet_mask2former import OFFICIAL, official_detector_folder
 
 MODEL_FLAG = "geneval model_name_or_path"
+CLAUSES_HINT = (
+    "give each prompt GenEval's clauses (tag, include, exclude) as in GenEval's evaluation_metadata.jsonl: "
+    "train on a .jsonl of such rows with a 'prompt' each (`python -m evaluators.geneval_train_prompts` writes "
+    "one, recipes/gors_geneval.py uses it) or score through the geneval benchmark"
+)
 # Other names of GenEval's classes in COCO label sets (detectron2 / Hub checkpoints, VOC-style dumps).
 CLASS_ALIASES = {
     "mouse": "computer mouse", "remote": "tv remote", "keyboard": "computer keyboard", "tvmonitor": "tv",
@@ -362,19 +367,25 @@ class GenEvalReward(Reward):
             clip_model, clip_pretrained, self.device, self.torch_dtype, background, batch_size=16
         )
 
-    def _score(
-        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
-    ) -> RewardOutput:
+    @classmethod
+    def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:
+        """Raise ValueError naming the first prompt whose metadata is no GenEval clause set (or none at all)."""
         if metadata is None:
-            raise ValueError(
-                "the geneval reward needs each image's GenEval clauses as metadata (tag, include, exclude); "
-                "score through the geneval benchmark, or pass metadata rows from evaluation_metadata.jsonl"
-            )
-        for index, meta in enumerate(metadata):
+            raise ValueError(f"the {cls.name} reward needs each prompt's GenEval clauses, but the prompts carry no "
+                             f"metadata: {CLAUSES_HINT}")
+        if len(metadata) < len(prompts):
+            raise ValueError(f"the {cls.name} reward needs GenEval clauses for each of the {len(prompts)} prompts, "
+                             f"but only {len(metadata)} metadata rows came with them: {CLAUSES_HINT}")
+        for index, (prompt, meta) in enumerate(zip(prompts, metadata)):
             try:
                 check_metadata(meta)
             except (ValueError, TypeError) as err:
-                raise ValueError(f"image {index} ({prompts[index]!r}): {err}") from err
+                raise ValueError(f"the {cls.name} reward, prompt {index} ({prompt!r}): {err}") from err
+
+    def _score(
+        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
+    ) -> RewardOutput:
+        self.check_prompts(prompts, metadata)
         # Nothing at or below the lower threshold can count, whatever the tag.
         floor = min(self.rule_options["threshold"], self.rule_options["counting_threshold"])
         detections = self.detector.detect(images, threshold=floor)

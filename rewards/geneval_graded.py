@@ -9,7 +9,6 @@ GenEval judges the image correct. Each image's metadata must carry GenEval's cla
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -18,31 +17,6 @@ from PIL import Image
 from rewards.base import RewardOutput
 from rewards.geneval import GenEvalReward
 from rewards.geneval_graded_rules import grade_image
-from rewards.geneval_rules import check_metadata
-
-HINT = (
-    "give each prompt GenEval's clauses (tag, include, exclude) as in GenEval's evaluation_metadata.jsonl: "
-    "train on a .jsonl of such rows with a 'prompt' each (`python -m evaluators.geneval_train_prompts` writes "
-    "one, recipes/gors_geneval.py uses it) or score through the geneval benchmark"
-)
-
-
-def check_geneval_prompts(prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None, reward: str) -> None:
-    """Raise ValueError naming the first prompt whose metadata is no GenEval clause set (or none at all).
-
-    Cheap and model-free, so that a run fails before generating or loading anything.
-    """
-    if metadata is None:
-        raise ValueError(f"the {reward} reward needs each prompt's GenEval clauses, but the prompts carry no "
-                         f"metadata: {HINT}")
-    if len(metadata) < len(prompts):
-        raise ValueError(f"the {reward} reward needs GenEval clauses for each of the {len(prompts)} prompts, but "
-                         f"only {len(metadata)} metadata rows came with them: {HINT}")
-    for index, (prompt, meta) in enumerate(zip(prompts, metadata)):
-        try:
-            check_metadata(meta)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"the {reward} reward, prompt {index} ({prompt!r}): {err}") from err
 
 
 class GenEvalGradedReward(GenEvalReward):
@@ -62,7 +36,7 @@ class GenEvalGradedReward(GenEvalReward):
     def _score(
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
     ) -> RewardOutput:
-        check_geneval_prompts(prompts, metadata, self.name)
+        self.check_prompts(prompts, metadata)
         # Nothing at or below the lower threshold can count, whatever the tag.
         floor = min(self.rule_options["threshold"], self.rule_options["counting_threshold"])
         detections = self.detector.detect(images, threshold=floor)

@@ -202,9 +202,9 @@ def test_default_thresholds_reject_a_random_detector(models: dict[str, str]) -> 
 
 
 def test_reward_without_clauses_is_a_clear_error(reward: GenEvalReward) -> None:
-    with pytest.raises(ValueError, match="needs each image's GenEval clauses"):
+    with pytest.raises(ValueError, match="needs each prompt's GenEval clauses"):
         reward.score(random_images(1), ["a photo of a dog"])
-    with pytest.raises(ValueError, match=r"image 0 \('a photo of a dog'\).*lacks include"):
+    with pytest.raises(ValueError, match=r"prompt 0 \('a photo of a dog'\).*lacks include"):
         reward.score(random_images(1), ["a photo of a dog"], [{"tag": "single_object"}])
 
 

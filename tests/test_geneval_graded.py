@@ -14,7 +14,7 @@ from PIL import Image
 
 from rewards import load
 from rewards.geneval import GenEvalReward
-from rewards.geneval_graded import GenEvalGradedReward, check_geneval_prompts
+from rewards.geneval_graded import GenEvalGradedReward
 from rewards.geneval_graded_rules import (
     exclude_credit,
     grade_image,
@@ -181,15 +181,15 @@ def test_score_is_one_exactly_when_geneval_judges_correct_with_the_same_reasons(
     json.dumps(graded.details)
 
 
-def test_check_geneval_prompts_names_the_problem() -> None:
+def test_check_prompts_names_the_problem_before_any_model_loads() -> None:
     good = {"tag": "single_object", "include": [{"class": "dog", "count": 1}]}
-    check_geneval_prompts(["a photo of a dog"], [good], "geneval_graded")
-    with pytest.raises(ValueError, match="carry no metadata.*evaluators.geneval_train_prompts"):
-        check_geneval_prompts(["a dog"], None, "geneval_graded")
-    with pytest.raises(ValueError, match=r"prompt 1 \('a cat'\): GenEval metadata lacks tag, include"):
-        check_geneval_prompts(["a dog", "a cat"], [good, {"prompt": "a cat"}], "geneval")
+    GenEvalGradedReward.check_prompts(["a photo of a dog"], [good])
+    with pytest.raises(ValueError, match="geneval_graded reward.*carry no metadata.*evaluators.geneval_train_prompts"):
+        GenEvalGradedReward.check_prompts(["a dog"], None)
+    with pytest.raises(ValueError, match=r"geneval reward, prompt 1 \('a cat'\): GenEval metadata lacks tag, include"):
+        GenEvalReward.check_prompts(["a dog", "a cat"], [good, {"prompt": "a cat"}])
     with pytest.raises(ValueError, match="for each of the 2 prompts, but only 1"):
-        check_geneval_prompts(["a dog", "a cat"], [good], "geneval")
+        GenEvalReward.check_prompts(["a dog", "a cat"], [good])
 
 
 # ---- the reward on tiny models ----
@@ -354,7 +354,7 @@ def test_geneval_rewards_refuse_prompts_without_clauses_before_any_work(
     # `gors run` checks before generating: nothing is written, no model loads.
     monkeypatch.setattr("gors.run.training_accelerator", no_model)
     config = RunConfig(output_dir=str(tmp_path / "fresh"), train_prompts=str(text), reward=GRADED)
-    with pytest.raises(ValueError, match="GenEvalGradedReward reward needs each prompt's GenEval clauses"):
+    with pytest.raises(ValueError, match="geneval_graded reward needs each prompt's GenEval clauses"):
         run(config)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(geneval_rows()[0]) + "\n" + json.dumps({"tag": "colors", "prompt": "a red car"}) + "\n")
