@@ -13,8 +13,9 @@ their checks. A subclass is a dataclass too; it declares `name`, `scorer`, `prim
 `metrics`, `official_images_per_prompt` and, where its official protocol differs, its own field
 defaults and `seed_fn`; it implements `prompts` (subsampled with `subsample`) and `summarize`.
 `read_images`, `judge`, `scorer_options`, `columns` (further metrics reported beside the main
-one, e.g. T2I-CompBench's B-CLIP and CLIPScore columns), `data_version` and `write_official`
-are optional.
+one, e.g. T2I-CompBench's B-CLIP and CLIPScore columns), `optional_columns` (further metrics
+computed only when asked for, e.g. T2I-CompBench's slow MLLM-CoT judge), `data_version` and
+`write_official` are optional.
 """
 
 from __future__ import annotations
@@ -258,6 +259,11 @@ class Benchmark:
             }
         return summary
 
+    def provenance(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """How the scores were made, beyond the protocol (e.g. which parser made B-VQA's questions):
+        keys added to summary.json once, not recomputed by the bootstrap. None by default."""
+        return {}
+
     def data_version(self) -> dict[str, Any]:
         """Which data the prompts come from (pinned commit and sha256, dataset revision, ...)."""
         return {}
@@ -294,6 +300,21 @@ class Benchmark:
         """Further metrics: column name -> (reward name, its keyword arguments). None by default."""
         return {}
 
+    def optional_columns(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Further metrics computed only when `evaluate` names them in `extra_columns` (slow ones), as
+        `columns`. None by default."""
+        return {}
+
+    def computed_columns(self, extra_columns: Sequence[str] = ()) -> list[str]:
+        """The further columns `evaluate` computes: every one of `columns`, then those of `extra_columns`
+        (each an optional column of this benchmark, else a ValueError)."""
+        optional = self.optional_columns()
+        unknown = [column for column in extra_columns if column not in optional]
+        if unknown:
+            raise ValueError(f"extra columns {unknown}: {self.name} has the optional columns "
+                             f"{sorted(optional) or 'none'}")
+        return [*self.columns(), *(column for column in optional if column in extra_columns)]
+
     def judge(self, row: dict[str, Any]) -> dict[str, Any]:
         """Extra fields of one result row, e.g. ``{"correct": ..., "reason": ...}``; none by default."""
         return {}
@@ -308,14 +329,17 @@ class Benchmark:
     def scorer_spec(self, options: Mapping[str, Any] | None = None,
                     column: str | None = None) -> tuple[str, dict[str, Any]]:
         """(reward, keyword arguments) of the main scorer or of `column`: user `options` over the benchmark's."""
-        reward, fixed = (self.scorer, self.scorer_options()) if column is None else self.columns()[column]
+        reward, fixed = (self.scorer, self.scorer_options()) if column is None else (
+            {**self.columns(), **self.optional_columns()}[column])
         return reward, {**fixed, **(options or {})}
 
     def scorer_keys(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None, batch_size: int = 16,
-                    column_options: Mapping[str, Mapping[str, Any]] | None = None) -> set[ScorerKey]:
+                    column_options: Mapping[str, Mapping[str, Any]] | None = None,
+                    extra_columns: Sequence[str] = ()) -> set[ScorerKey]:
         """The `make_scorer` cache keys of every scorer `evaluate` builds with these arguments."""
         specs = [self.scorer_spec(options)]
-        specs += [self.scorer_spec((column_options or {}).get(column), column) for column in self.columns()]
+        specs += [self.scorer_spec((column_options or {}).get(column), column)
+                  for column in self.computed_columns(extra_columns)]
         return {scorer_key(reward, merged, batch_size, accelerator) for reward, merged in specs}
 
     def make_scorer(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None,
@@ -352,6 +376,7 @@ class Benchmark:
         scorer_cache: dict[tuple[str, str, int], Reward] | None = None,
         backbone: Backbone | None = None,
         torch_compile: str = "no",
+        extra_columns: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Generate (or read `images`), score and summarise; returns the summary.
 
@@ -361,13 +386,16 @@ class Benchmark:
         reuses a loaded scorer, and `with_columns=False` skips the further metric columns. `column_options` gives a column's scorer keyword
         arguments by column name. `scorer_cache` shares loaded scorers between evaluations (see
         `make_scorer`). `torch_compile`: a `torch.compile` backend for the loaded pipeline's denoiser.
+        `extra_columns`: optional columns (`optional_columns`) to compute too, unless `with_columns` is False.
         A score folder made with other scorer settings is refused, not mixed in.
         """
         accelerator = accelerator or make_accelerator()
         output_dir = Path(output_dir)
-        unknown = sorted(set(column_options or {}) - set(self.columns()))
+        known = {**self.columns(), **self.optional_columns()}
+        unknown = sorted(set(column_options or {}) - set(known))
         if unknown:
-            raise ValueError(f"options for columns {unknown} of {self.name}, which has {sorted(self.columns())}")
+            raise ValueError(f"options for columns {unknown} of {self.name}, which has {sorted(known)}")
+        computed = self.computed_columns(extra_columns) if with_columns else []
         prompts = self.cached_prompts()
         protocol = None  # with `images`, the images were made elsewhere: the results record the fields as given
         if images is not None:
@@ -414,7 +442,7 @@ class Benchmark:
                 prompt_metadata=metadata,
                 settings=scorer_settings(*self.scorer_spec((column_options or {}).get(column), column)),
             )
-            for column in (self.columns() if with_columns else {})
+            for column in computed
         }
         rows = []
         for key in sorted(scores):
@@ -428,6 +456,7 @@ class Benchmark:
             "benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora,
             "images": str(images) if images is not None else None, "higher_is_better": self.higher_is_better,
             **self.aggregate(rows),
+            **self.provenance(rows),
         }
         summary["results"] = self.results(rows, summary, protocol)
         if accelerator.is_main_process:

@@ -20,7 +20,9 @@ Metric per category (a metric is a reward from `rewards`):
 | numeracy | UniDet rule (numeracy) | `numeracy` |
 
 Every category also reports B-CLIP (`blip_clip`) and CLIPScore (`clip_score`) columns, as the
-paper's table does. The detector-based metrics run on an open-vocabulary detector instead of
+paper's table does, and, only when asked for (``extra_columns=["MLLM-CoT"]``, ``gors evaluate
+--columns MLLM-CoT``: it generates two or more answers per image), the paper's MLLM
+chain-of-thought score (`mllm_cot`, the category's official questions, on Qwen3-VL). The detector-based metrics run on an open-vocabulary detector instead of
 UniDet (see `rewards.spatial`, `rewards.spatial_3d`, `rewards.numeracy`).
 """
 
@@ -40,8 +42,11 @@ from tabulate import tabulate
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, image_index_seed, pinned_data
 from evaluators.results import Metric
 from gors.core import paper
+from gors.core.distributed import process_state
 from gors.core.io import atomic_write_bytes
 from gors.core.prompts import T2I_COMPBENCH, fetch_t2i_compbench_file, read_prompt_file
+from rewards.question_differences import BVQA_CATEGORIES, warn_unofficial_questions
+from rewards.question_table import question_provenance
 from rewards.three_in_one import SUBSPLIT_FILES, normalise_prompt, prompt_kind
 
 
@@ -84,6 +89,8 @@ CATEGORIES: dict[str, CategorySpec] = {
 }
 # Further metric columns of the paper's table: column name -> reward.
 COLUMNS: dict[str, str] = {"B-CLIP": "blip_clip", "CLIPScore": "clip_score"}
+# Columns computed only on request (slow): column name -> reward, given the category's questions.
+OPTIONAL_COLUMNS: dict[str, str] = {"MLLM-CoT": "mllm_cot"}
 # The official file names: "<prompt>_<index>.png" (the index is zero-padded to 6 digits).
 _FILE_NAME = re.compile(r"^(?P<prompt>.*)_(?P<index>\d+)\.png$")
 _FILE_HINT = "<prompt>_<index:06d>.png, index = prompt * images_per_prompt + image"
@@ -102,7 +109,7 @@ class T2ICompBenchBenchmark(Benchmark):
     Args:
         category: one of color, shape, texture, spatial, non_spatial, complex, 3d_spatial, numeracy.
         column_options: keyword arguments of each further column's reward, e.g.
-            ``{"B-CLIP": {"model_name_or_path": ...}, "CLIPScore": {...}}``.
+            ``{"B-CLIP": {"model_name_or_path": ...}, "CLIPScore": {...}, "MLLM-CoT": {...}}``.
     """
 
     category: str = "color"
@@ -116,15 +123,18 @@ class T2ICompBenchBenchmark(Benchmark):
         Metric("score", help="the category's metric (B-VQA, UniDet, CLIPScore or 3-in-1), mean over images"),
         Metric("columns.B-CLIP", help="BLIP caption vs prompt CLIP similarity, mean over images"),
         Metric("columns.CLIPScore", help="CLIP image-prompt similarity, mean over images"),
+        Metric("columns.MLLM-CoT", help="MLLM chain-of-thought judge's 0-100 rating / 100, mean over images "
+                                        "(only when asked for)"),
     )
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
             raise ValueError(f"category={self.category!r}; choose one of {', '.join(paper.ALL_CATEGORIES)}")
         super().__post_init__()
-        unknown = set(self.column_options or {}) - set(COLUMNS)
+        unknown = set(self.column_options or {}) - set(COLUMNS) - set(OPTIONAL_COLUMNS)
         if unknown:
-            raise ValueError(f"column_options for {sorted(unknown)}; the columns are {', '.join(COLUMNS)}")
+            raise ValueError(f"column_options for {sorted(unknown)}; the columns are "
+                             f"{', '.join([*COLUMNS, *OPTIONAL_COLUMNS])}")
 
     @property
     def spec(self) -> CategorySpec:
@@ -172,6 +182,12 @@ class T2ICompBenchBenchmark(Benchmark):
         options = self.column_options or {}
         return {column: (reward, dict(options.get(column, {}))) for column, reward in COLUMNS.items()}
 
+    def optional_columns(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        # The judge asks the questions of this category.
+        options = self.column_options or {}
+        return {column: (reward, {"category": self.category, **options.get(column, {})})
+                for column, reward in OPTIONAL_COLUMNS.items()}
+
     def judge(self, row: dict[str, Any]) -> dict[str, Any]:
         """The scorer's reason, when it gives one (the detector rules do)."""
         reason = row["details"].get("reason")
@@ -189,6 +205,9 @@ class T2ICompBenchBenchmark(Benchmark):
         for column in COLUMNS:
             values = [row["columns"][column] for row in rows if column in row.get("columns", {})]
             table_row[column] = float(np.mean(values)) if len(values) == len(rows) else None
+        for column in OPTIONAL_COLUMNS:  # in the row only where computed
+            if all(column in row.get("columns", {}) for row in rows):
+                table_row[column] = float(np.mean([row["columns"][column] for row in rows]))
         return {
             "category": self.category,
             "metric": self.spec.metric,
@@ -197,6 +216,17 @@ class T2ICompBenchBenchmark(Benchmark):
             "num_prompts": len({row["prompt_index"] for row in rows}),
             "table": [table_row],
         }
+
+    def provenance(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """B-VQA categories (color, shape, texture, complex): `questions`, which parser (name and
+        version, or question table by sha256) made the questions, with its number of images. The main
+        process warns once when they are not the official parser's (see `rewards.question_differences`)."""
+        if self.category not in BVQA_CATEGORIES:
+            return {}
+        questions = question_provenance(row["details"] for row in rows)
+        if process_state().is_main_process:
+            warn_unofficial_questions(self.category, questions)
+        return {"questions": questions}
 
     def write_official(self, rows: list[dict[str, Any]], summary: dict[str, Any], output_dir: Path) -> None:
         """The official script's ``vqa_result.json``: [{"question_id": index, "answer": score}, ...].
@@ -269,9 +299,11 @@ def paper_table(summaries: Sequence[Mapping[str, Any]]) -> str:
 
     `summaries` are `T2ICompBenchBenchmark.evaluate` results (or `summarize` outputs) of any
     categories; every value is in [0, 1], shown with 4 decimals, "-" when a column was not computed.
+    An optional column (MLLM-CoT) is shown when at least one category computed it.
     """
     rows = {summary["category"]: summary["table"][0] for summary in summaries}
-    table = [[rows[c]["category"], rows[c]["metric"], rows[c]["score"], *(rows[c].get(k) for k in COLUMNS)]
+    columns = [*COLUMNS, *(k for k in OPTIONAL_COLUMNS if any(k in row for row in rows.values()))]
+    table = [[rows[c]["category"], rows[c]["metric"], rows[c]["score"], *(rows[c].get(k) for k in columns)]
              for c in CATEGORIES if c in rows]
-    return tabulate(table, headers=["category", "metric", "score", *COLUMNS], tablefmt="github", floatfmt=".4f",
+    return tabulate(table, headers=["category", "metric", "score", *columns], tablefmt="github", floatfmt=".4f",
                     missingval="-")

@@ -517,8 +517,16 @@ class EvaluateConfig:
     torch_compile: str = field(
         default="no", metadata={"help": "torch.compile backend for the denoiser that generates: 'no' or 'inductor' "
                                         "(see `gors generate --help`)."})
+    columns: str = field(
+        default="default",
+        metadata={"help": "Further metric columns: 'default' (each benchmark's own, e.g. T2I-CompBench's B-CLIP and "
+                          "CLIPScore), 'none', 'all' (also the slow optional ones), or optional columns to add to "
+                          "the defaults, comma-separated, e.g. 'MLLM-CoT' (T2I-CompBench's MLLM judge on Qwen3-VL)."},
+    )
 
     def __post_init__(self) -> None:
+        _check(bool(self.extra_columns) or self.columns in ("default", "none", "all"),
+               f"--columns={self.columns!r}: give default, none, all or comma-separated column names, e.g. MLLM-CoT")
         _check_mixed_precision(self.mixed_precision)
         _check_torch_compile(self.torch_compile)
         _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
@@ -526,3 +534,10 @@ class EvaluateConfig:
                f"--images_per_prompt={self.images_per_prompt}: must be >= 1")
         _check(self.scorer_batch_size >= 1, f"--scorer_batch_size={self.scorer_batch_size}: must be >= 1")
         self.scorer_options = parse_mapping(self.scorer_options, "--scorer_options")
+
+    @property
+    def extra_columns(self) -> list[str]:
+        """The optional column names `columns` lists (empty for default, none and all)."""
+        if self.columns in ("default", "none", "all"):
+            return []
+        return [name.strip() for name in self.columns.split(",") if name.strip()]

@@ -3,7 +3,9 @@
 Each benchmark (and T2I-CompBench category) gets its own folder under `--output_dir` with
 `samples/`, `scores/`, `results.jsonl` (per image: score, pass/fail, reason, details) and
 `summary.json`; `summary.json` at the top collects them. Everything is resumable and runs on
-any number of processes under `accelerate launch`.
+any number of processes under `accelerate launch`. `--columns` chooses the further metric columns:
+each benchmark's default ones, none, all, or the defaults plus optional (slow) ones by name, such as
+T2I-CompBench's MLLM-CoT.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from accelerate import Accelerator
 from tabulate import tabulate
 
 from evaluators import benchmark_label, build_benchmark, parse_benchmarks
+from evaluators.base import Benchmark
 from evaluators.results import UNIT_SCALE
 from gors.config import EvaluateConfig
 from gors.core.distributed import make_accelerator
@@ -54,6 +57,20 @@ def drop_unneeded(scorers: dict, needed: set) -> None:
             torch.cuda.empty_cache()
 
 
+def extra_columns(config: EvaluateConfig, benchmarks: list[Benchmark]) -> list[list[str]]:
+    """The optional columns each benchmark computes under `config.columns` (a name applies to the
+    benchmarks that have it); a name no benchmark evaluated has is refused, naming those there are."""
+    if config.columns == "all":
+        return [list(benchmark.optional_columns()) for benchmark in benchmarks]
+    available = {column for benchmark in benchmarks for column in benchmark.optional_columns()}
+    unknown = [name for name in config.extra_columns if name not in available]
+    if unknown:
+        raise ValueError(f"--columns={config.columns!r}: no benchmark evaluated has the optional column(s) {unknown}; "
+                         f"they have {sorted(available) or 'none'}")
+    return [[name for name in config.extra_columns if name in benchmark.optional_columns()]
+            for benchmark in benchmarks]
+
+
 def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
     """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json)."""
     accelerator = accelerator or make_accelerator(mixed_precision=config.mixed_precision)
@@ -70,24 +87,27 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         raise ValueError(f"--scorer_options for {unknown}, which are not among the benchmarks evaluated")
     benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts,
                                          images_per_prompt=config.images_per_prompt)) for spec in specs]
+    extras = extra_columns(config, [benchmark for _, benchmark in benchmarks])
     lora = resolve_lora(config.lora)  # official:<category> -> the converted release, downloaded once
     runs = []
-    for (name, _), benchmark in benchmarks:
+    for ((name, _), benchmark), extra in zip(benchmarks, extras):
         # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.
         subset = getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
         label = benchmark_label(name, subset)
         options = {**config.scorer_options.get(name, {}), **config.scorer_options.get(label, {})}
         column_options = options.pop("columns", None)
-        keys = benchmark.scorer_keys(accelerator, options, config.scorer_batch_size, column_options)
-        runs.append((label, Path(config.output_dir) / name / (subset or ""), benchmark, options, column_options, keys))
+        keys = benchmark.scorer_keys(accelerator, options, config.scorer_batch_size, column_options, extra)
+        runs.append((label, Path(config.output_dir) / name / (subset or ""), benchmark, options, column_options, extra,
+                     keys))
     summaries = []
     scorers: dict = {}  # a reward model used by several benchmarks (e.g. B-VQA, CLIP) is loaded once
-    for index, (label, folder, benchmark, options, column_options, _) in enumerate(runs):
+    for index, (label, folder, benchmark, options, column_options, extra, _) in enumerate(runs):
         accelerator.print(f"[evaluate] {label} -> {folder}")
         summary = benchmark.evaluate(
             config.pretrained_model_name_or_path, folder, lora=lora, accelerator=accelerator,
             scorer_options=options, images=config.images, scorer_batch_size=config.scorer_batch_size,
             column_options=column_options, scorer_cache=scorers, torch_compile=config.torch_compile,
+            with_columns=config.columns != "none", extra_columns=extra,
         )
         summaries.append({"label": label, "primary_metric": benchmark.primary_metric, "folder": str(folder),
                           **summary})

@@ -69,7 +69,7 @@ def _spacy_pipeline() -> Any | None:
         return None
 
 
-def _pipeline_for(backend: Backend) -> Any | None:
+def pipeline_for(backend: Backend) -> Any | None:
     """The spaCy pipeline `backend` runs, or None for the built-in chunker."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto', 'spacy' or 'builtin', got {backend!r}")
@@ -102,7 +102,7 @@ def parser_record(backend: Backend = "auto") -> dict[str, str]:
     or ``{"name": "builtin", "version": BUILTIN_PARSER_VERSION}``. Raises like `noun_phrases`
     (ImportError for "spacy" without spaCy's model, ValueError for an unknown backend).
     """
-    nlp = _pipeline_for(backend)
+    nlp = pipeline_for(backend)
     if nlp is not None:
         return spacy_record(nlp)
     return {"name": "builtin", "version": BUILTIN_PARSER_VERSION}
@@ -121,7 +121,7 @@ def noun_phrases(prompt: str, backend: Backend = "auto") -> list[str]:
         backend: "spacy" (noun chunks of ``en_core_web_sm``; raises when it is not installed),
             "builtin" (the rule-based chunker), or "auto" (spaCy when installed, else built-in).
     """
-    nlp = _pipeline_for(backend)
+    nlp = pipeline_for(backend)
     text = prompt.strip()
     if nlp is not None:
         return [chunk.text for chunk in nlp(text).noun_chunks]

@@ -25,6 +25,7 @@ _BUILTIN: dict[str, str] = {
     "geneval_graded": "rewards.geneval_graded:GenEvalGradedReward",
     "grounded_detection": "rewards.grounded_detection:GroundedDetectionReward",
     "grounded_sam": "rewards.grounded_sam:GroundedSAMReward",
+    "mllm_cot": "rewards.mllm_cot:MLLMCoTReward",
     "numeracy": "rewards.numeracy:NumeracyReward",
     "soft_tifa": "rewards.soft_tifa:SoftTIFAReward",
     "spatial_3d": "rewards.spatial_3d:Spatial3DReward",

@@ -246,7 +246,7 @@ class ChatVLM:
             position_ids=positions,
             image_grid_thw=grid,
             mm_token_type_ids=mm_token_type_ids,
-            mm_encoder_outputs={"image": _image_outputs([image])},
+            mm_encoder_outputs={"image": image_outputs([image])},
             cache=cache,
             use_cache=True,
         )
@@ -297,7 +297,7 @@ def expanded_cache(cache: DynamicCache, batch: int, config: PreTrainedConfig) ->
     return expanded
 
 
-def _image_outputs(rows: list[EncodedImage]) -> object:
+def image_outputs(rows: list[EncodedImage]) -> object:
     """The vision-tower output of a batch whose row i shows `rows[i]`, in the model's format."""
     from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 

@@ -179,3 +179,34 @@ def test_scorers_are_shared_only_with_equal_options_and_dropped_when_no_longer_n
     cache = {"a": object(), "b": object()}
     drop_unneeded(cache, {"b", "c"})
     assert list(cache) == ["b"]
+
+
+def test_columns_flag_adds_optional_columns_where_a_benchmark_has_them(tmp_path):
+    from gors.evaluate import extra_columns
+
+    color, toy = build_benchmark("t2i_compbench", "color"), build_benchmark("toy")
+    assert extra_columns(EvaluateConfig(), [color, toy]) == [[], []]  # default: today's columns only
+    assert extra_columns(EvaluateConfig(columns="none"), [color, toy]) == [[], []]
+    assert extra_columns(EvaluateConfig(columns="all"), [color, toy]) == [["MLLM-CoT"], []]
+    config = parse_config(EvaluateConfig, ["--benchmarks", "t2i_compbench:color,toy", "--columns", "MLLM-CoT"])
+    assert config.extra_columns == ["MLLM-CoT"]
+    assert extra_columns(config, [color, toy]) == [["MLLM-CoT"], []]
+    with pytest.raises(ValueError, match="--columns"):
+        EvaluateConfig(columns=" , ")
+    # A column no benchmark evaluated has is refused before anything is generated.
+    with pytest.raises(ValueError, match=r"no benchmark evaluated has the optional column\(s\) \['MLLM-CoT'\]"):
+        evaluate(EvaluateConfig(benchmarks="toy", columns="MLLM-CoT", output_dir=str(tmp_path)))
+    assert not any(tmp_path.iterdir())
+
+
+def test_columns_none_skips_the_default_columns(tmp_path, monkeypatch):
+    import evaluators.base
+
+    calls = []
+    original = evaluators.base.Benchmark.evaluate
+    monkeypatch.setattr(evaluators.base.Benchmark, "evaluate",
+                        lambda self, *args, **kwargs: calls.append(kwargs) or original(self, *args, **kwargs))
+    for columns in ("none", "default"):
+        evaluate(EvaluateConfig(pretrained_model_name_or_path=TOY_MODEL, benchmarks="toy", max_prompts=2,
+                                images_per_prompt=1, output_dir=str(tmp_path / columns), columns=columns))
+    assert [(c["with_columns"], c["extra_columns"]) for c in calls] == [(False, []), (True, [])]

@@ -16,6 +16,9 @@ from evaluators.base import image_index_seed
 from evaluators.t2i_compbench import CATEGORIES, T2ICompBenchBenchmark, paper_table
 from gors.core.paper import ALL_CATEGORIES
 from gors.core.prompts import T2I_COMPBENCH_COMMIT
+from rewards import question_differences
+from rewards.noun_phrases import parser_record
+from rewards.question_differences import builtin_differences
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 pytestmark = pytest.mark.skipif(not (SHARED / "t2i_compbench").is_dir(), reason="needs ../shared/benchmarks")
@@ -189,6 +192,23 @@ def test_summary_and_paper_table_on_hand_made_rows() -> None:
         color.summarize([])
 
 
+def test_unofficial_questions_warn_once_and_name_the_known_differences(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(question_differences, "_warned", set())  # as in a fresh process
+    color = T2ICompBenchBenchmark(category="color", images_per_prompt=2)
+    builtin = {"source": "parser", "parser": parser_record("builtin")}
+    rows = [{**row, "details": {"question_source": builtin}} for row in rows_of([0.2, 0.4, 0.6, 0.8])]
+    with caplog.at_level("WARNING"):
+        first = color.provenance(rows)
+        assert color.provenance(rows) == first == {"questions": [{**builtin, "images": 4}]}
+    warnings = [r.getMessage() for r in caplog.records if "not all the official parser's" in r.getMessage()]
+    assert len(warnings) == 1  # once per process and category, however often the summary is made
+    assert f"known to ask differently on {builtin_differences('color')} of this category's val prompts" in warnings[0]
+    assert "gors questions color_val" in warnings[0]
+    assert T2ICompBenchBenchmark(category="spatial").provenance(rows) == {}
+
+
 def test_write_official_vqa_result(tmp_path: Path) -> None:
     color = T2ICompBenchBenchmark(category="color", max_prompts=2, images_per_prompt=2)
     rows = rows_of([0.12345, 0.5, 0.25, 1.0])
@@ -261,6 +281,14 @@ def test_end_to_end_generate_score_and_read_back(
     assert results["samples"] == {"prompts": 2, "images": 4, "images_per_prompt": 2}
     if category != "color":
         assert all(row["reason"] for row in rows)  # the detector rules explain each score
+    # Which parser made B-VQA's questions, once in summary.json (the built-in one: spaCy's model is not here).
+    written = json.loads((out / "summary.json").read_text())
+    if category == "color":
+        builtin = {"source": "parser", "parser": parser_record("builtin")}
+        assert written["questions"] == summary["questions"] == [{**builtin, "images": 4}]
+        assert all(row["details"]["question_source"] == builtin for row in rows)
+    else:
+        assert "questions" not in written
     # The official seeds: image i of each prompt with 42 + i.
     metadata = [json.loads(line) for p in (out / "samples").rglob("metadata*.jsonl") for line in p.read_text().splitlines()]
     assert sorted((m["image_index"], m["seed"]) for m in metadata) == [(0, 42), (0, 42), (1, 43), (1, 43)]
@@ -284,3 +312,70 @@ def test_end_to_end_generate_score_and_read_back(
     target.write_bytes(b"not a png")
     with pytest.raises(ValueError, match="not a readable PNG"):
         bench.evaluate(None, tmp_path / "corrupt", scorer_options=options, images=folder.parent)
+
+
+# --------------------------------------------------------------------------------------------
+# The optional MLLM-CoT column.
+
+
+def test_mllm_cot_is_an_optional_column_of_every_category_with_its_questions() -> None:
+    from evaluators.t2i_compbench import OPTIONAL_COLUMNS
+
+    assert OPTIONAL_COLUMNS == {"MLLM-CoT": "mllm_cot"}
+    for category in ALL_CATEGORIES:
+        bench = T2ICompBenchBenchmark(category=category, column_options={"MLLM-CoT": {"max_new_tokens": 64}})
+        assert bench.optional_columns() == {"MLLM-CoT": ("mllm_cot", {"category": category, "max_new_tokens": 64})}
+        assert "MLLM-CoT" not in bench.columns()  # off by default
+        assert bench.computed_columns() == ["B-CLIP", "CLIPScore"]
+        assert bench.computed_columns(["MLLM-CoT"]) == ["B-CLIP", "CLIPScore", "MLLM-CoT"]
+        assert bench.scorer_spec({"model_name_or_path": "x"}, "MLLM-CoT") == (
+            "mllm_cot", {"category": category, "max_new_tokens": 64, "model_name_or_path": "x"})
+    with pytest.raises(ValueError, match=r"extra columns \['MLLM'\].*MLLM-CoT"):
+        T2ICompBenchBenchmark().computed_columns(["MLLM"])
+
+
+def test_summary_and_paper_table_show_mllm_cot_only_where_computed() -> None:
+    color = T2ICompBenchBenchmark(category="color", images_per_prompt=2)
+    rows = rows_of([0.2, 0.4, 0.6, 0.8], {"B-CLIP": [0.5] * 4, "CLIPScore": [0.3] * 4, "MLLM-CoT": [0.1, 0.2, 0.3, 0.4]})
+    summary = color.aggregate(rows)
+    assert summary["table"][0]["MLLM-CoT"] == pytest.approx(0.25)
+    assert summary["columns"]["MLLM-CoT"] == pytest.approx(0.25)
+    plain = T2ICompBenchBenchmark(category="numeracy").summarize(rows_of([1.0, 0.5]))
+    assert "MLLM-CoT" not in plain["table"][0]
+    table = [cells(line) for line in paper_table([plain, summary]).splitlines()]
+    assert table[0] == ["category", "metric", "score", "B-CLIP", "CLIPScore", "MLLM-CoT"]
+    assert table[2] == ["Color", "B-VQA", "0.5000", "0.5000", "0.3000", "0.2500"]
+    assert table[3] == ["Numeracy", "UniDet", "0.7500", "-", "-", "-"]
+    assert "MLLM-CoT" not in paper_table([plain])
+
+
+def test_mllm_cot_column_end_to_end_on_an_official_folder(
+    tmp_path: Path, tiny_models: dict[str, str], one_torch_thread
+) -> None:
+    from gors.testing.qwen3_vl import build_tiny_qwen3_vl
+
+    judge = str(build_tiny_qwen3_vl(tmp_path / "qwen3_vl", seed=0))
+    columns = {"B-CLIP": {"model_name_or_path": tiny_models["blip_caption"],
+                          "clip_model_name_or_path": tiny_models["clip"], "max_length": 12},
+               "CLIPScore": {"model_name_or_path": tiny_models["clip"]},
+               "MLLM-CoT": {"model_name_or_path": judge, "max_new_tokens": 6}}
+    bench = T2ICompBenchBenchmark(category="non_spatial", max_prompts=2, images_per_prompt=2, column_options=columns)
+    folder = official_folder(tmp_path / "images", bench)
+    options = {"model_name_or_path": tiny_models["clip"]}
+    summary = bench.evaluate(None, tmp_path / "run", scorer_options=options, images=folder, scorer_batch_size=4,
+                             extra_columns=["MLLM-CoT"])
+    rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert all(set(row["columns"]) == {"B-CLIP", "CLIPScore", "MLLM-CoT"} for row in rows)
+    assert all(0.0 <= row["columns"]["MLLM-CoT"] <= 1.0 for row in rows)
+    assert summary["table"][0]["MLLM-CoT"] == pytest.approx(np.mean([row["columns"]["MLLM-CoT"] for row in rows]))
+    assert list(summary["results"]["metrics"]) == ["score", "columns.B-CLIP", "columns.CLIPScore", "columns.MLLM-CoT"]
+    scored = [json.loads(line) for line in (tmp_path / "run" / "columns" / "MLLM-CoT" / "part-00000.jsonl")
+              .read_text().splitlines()]
+    assert len(scored) == 4 and all(row["details"]["category"] == "non_spatial" for row in scored)
+    assert all(len(row["details"]["answers"]) == 1 and row["details"]["reason"] for row in scored)
+    # Without extra_columns (the default) and in validation (with_columns=False) it is not computed.
+    default = bench.evaluate(None, tmp_path / "default", scorer_options=options, images=folder, scorer_batch_size=4)
+    assert "MLLM-CoT" not in default["columns"] and "MLLM-CoT" not in default["table"][0]
+    validation = bench.evaluate(None, tmp_path / "validation", scorer_options=options, images=folder,
+                                scorer_batch_size=4, with_columns=False, extra_columns=["MLLM-CoT"])
+    assert "columns" not in validation and not (tmp_path / "validation" / "columns").exists()

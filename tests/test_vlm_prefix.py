@@ -13,7 +13,7 @@ from PIL import Image
 from gors.testing.qwen3_vl import build_tiny_qwen3_vl
 from rewards.atoms import QUESTION_SUFFIX, aggregate, answer_variants, variant_probability, variant_token_ids
 from rewards.soft_tifa import SoftTIFAReward
-from rewards.vlm import ChatVLM, _image_outputs, expanded_cache, load_chat_vlm
+from rewards.vlm import ChatVLM, expanded_cache, image_outputs, load_chat_vlm
 
 # Relative tolerance on every probability of the vocabulary (float32 round-off of differently
 # shaped matrix products is about 1e-6 here).
@@ -111,7 +111,7 @@ def full_sequence_probabilities(vlm: ChatVLM, encoded, questions) -> list[torch.
         attention_mask=attention_mask,
         image_grid_thw=torch.stack([row.grid_thw for row in rows]),
         mm_token_type_ids=torch.tensor(vlm.processor.create_mm_token_type_ids(input_ids.tolist())) * attention_mask,
-        mm_encoder_outputs={"image": _image_outputs(rows)},
+        mm_encoder_outputs={"image": image_outputs(rows)},
         use_cache=False,
     ).last_hidden_state
     logits = vlm.model.get_output_embeddings()(hidden[torch.arange(len(ids)), lengths - 1])

@@ -1,0 +1,171 @@
+"""MLLM-CoT: gors' batched two-turn judge against a plain ``generate`` per image and turn, as the official scripts run.
+
+Both run in one process on the same random-weight model of Qwen3-VL-8B's proportions (the model of
+``soft_tifa_one_pass.py``: the published config, scaled down in depth only by default), the same
+images and the same T2I-CompBench questions (`rewards.mllm_cot_prompts`), interleaved and
+repeated; the script prints the min and median of the paired time ratios and whether the two
+give the same answers and parsed scores.
+
+- **Reference, the official procedure** (``MLLM_eval/ShareGPT4V-CoT_eval/Share_eval.py`` of
+  Karine-Huang/T2I-CompBench, and MiniGPT-4-CoT's ``chat.answer``, read as facts): image by image
+  and turn by turn, the whole conversation so far is rendered and tokenised, the image is
+  preprocessed, and ``model.generate`` runs it from scratch (vision tower included) with greedy
+  decoding and at most ``max_new_tokens`` new tokens; the answer is appended to the conversation.
+- **gors**: `MLLMCoTReward.score` on all the images at once: the vision tower once per image,
+  the first turn's prompts as one batch, greedy decoding of all rows together, and each later
+  turn appended to the kept key/value cache (see `rewards.mllm_cot`).
+
+Random weights rarely write the end-of-answer token, so every answer runs to ``max_new_tokens``
+(both sides alike; a trained judge stops earlier, at different lengths per image, which the
+batched side handles by masking finished rows). The scores are then 0 with the reason "no whole
+number": the agreement is checked on the answer texts, which decide the scores.
+
+    python benchmarks/mllm_cot.py                                    # CPU, float32, 2 images, 3 pairs
+    python benchmarks/mllm_cot.py --images 4 --max_new_tokens 64
+    python benchmarks/mllm_cot.py --device cuda --full-size --images 8   # bfloat16, 36 + 27 layers
+
+On 2 shared CPU cores the default run takes about 4 minutes (measured: min 1.74x, median 2.52x over
+3 pairs, 4 of 4 answers equal; the vision tower and the first turn's prefill are not repeated,
+and the rows decode together). `python -m benchmarks` calls `measure`
+with ``--device`` and ``--full-size`` and puts its row in the common table. The answers must be
+equal in float32; in bfloat16 batched and one-at-a-time products round differently, so greedy
+answers may part after a near tie, and the number of equal answers is only reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from common import SpeedResult, paired_ratios, print_table
+from PIL import Image
+from soft_tifa_one_pass import QWEN3_VL_8B_TEXT, QWEN3_VL_8B_VISION, build_model, parameter_counts
+
+from rewards.mllm_cot import ChatJudge, MLLMCoTReward
+from rewards.mllm_cot_prompts import category_questions
+from rewards.vlm import ChatVLM
+
+# Prompts of T2I-CompBench's complex_val.txt (one scoring question each) and color_val.txt (one
+# per noun phrase).
+PROMPTS = {
+    "complex": ["The black chair is on the left of the wooden table",
+                "A blue bowl sits on top of a white plate"],
+    "color": ["a green bench and a blue bowl", "a red apple and a yellow banana"],
+}
+
+
+@torch.no_grad()
+def official_conversation(model, processor, image: Image.Image, questions: list[str], max_new_tokens: int,
+                          eos: list[int]) -> list[str]:
+    """The official procedure for one image: every turn re-renders the conversation and runs a
+    plain greedy ``generate`` on it, image included; the stripped answers, in order."""
+    messages: list[dict] = []
+    answers = []
+    for k, question in enumerate(questions):
+        content = ([{"type": "image"}] if k == 0 else []) + [{"type": "text", "text": question}]
+        messages.append({"role": "user", "content": content})
+        text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        inputs = processor(text=[text], images=[image], return_tensors="pt").to(model.device)
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+                                pad_token_id=processor.tokenizer.pad_token_id)
+        answer = processor.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        answers.append(answer.strip())
+        messages.append({"role": "assistant", "content": answers[-1]})
+    return answers
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="default float32 on the CPU, bfloat16 on a GPU")
+    parser.add_argument("--full-size", action="store_true", help="all 36 text and 27 vision layers")
+    parser.add_argument("--text_layers", type=int, default=2, help="of 36 in Qwen3-VL-8B")
+    parser.add_argument("--vision_layers", type=int, default=2, help="of 27 in Qwen3-VL-8B")
+    parser.add_argument("--category", default="complex", choices=sorted(PROMPTS))
+    parser.add_argument("--images", type=int, default=2, help="images judged (one batch on the gors side)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed pairs")
+    parser.add_argument("--size", type=int, default=512, help="image side in pixels")
+    parser.add_argument("--max_new_tokens", type=int, default=None,
+                        help="longest answer per turn; default 24 on the CPU, 300 (official) with --full-size")
+    args = parser.parse_args(argv)
+    if args.full_size:
+        args.text_layers, args.vision_layers = QWEN3_VL_8B_TEXT["num_hidden_layers"], QWEN3_VL_8B_VISION["depth"]
+    if args.dtype is None:
+        args.dtype = "float32" if args.device == "cpu" else "bfloat16"
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 300 if args.full_size else 24
+    if min(args.images, args.repeats, args.max_new_tokens) < 1:
+        parser.error("--images, --repeats and --max_new_tokens must be >= 1")
+    return args
+
+
+def measure(argv: list[str] | None = None) -> list[SpeedResult]:
+    """Build the model, time both procedures in interleaved pairs, print the details; one row."""
+    args = parse(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    from gors.testing.qwen3_vl import build_tiny_qwen3_vl
+
+    workdir = Path(tempfile.mkdtemp(prefix="mllm_cot_bench_"))
+    tiny = build_tiny_qwen3_vl(workdir / "tiny", seed=0)  # its tokenizer; a reward needs a checkpoint
+    start = time.perf_counter()
+    model, processor = build_model(tiny, args.text_layers, args.vision_layers, device, dtype)
+    built_s = time.perf_counter() - start
+    reward = MLLMCoTReward(model_name_or_path=str(tiny), device=device, batch_size=args.images,
+                           category=args.category, max_new_tokens=args.max_new_tokens, noun_phrase_backend="builtin")
+    # The reward's judge swapped for the real-proportion model (same tokenizer and chat template).
+    reward.judge = ChatJudge(ChatVLM(model, processor, "Qwen3-VL-8B proportions"), args.max_new_tokens)
+    eos = sorted(reward.judge.eos_ids)
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (args.size, args.size, 3), dtype=np.uint8))
+              for _ in range(args.images)]
+    prompts = [PROMPTS[args.category][i % len(PROMPTS[args.category])] for i in range(args.images)]
+    turns = [[q.describe, *q.rate] for q in (category_questions(args.category, p, "builtin") for p in prompts)]
+    image_tokens = reward.judge.vlm.image_tokens(reward.judge.vlm.encode_images(images[:1])[0])
+    counts = parameter_counts(model)
+    print(f"model: Qwen3-VL-8B proportions, {args.text_layers} text layers of 36, {args.vision_layers} vision "
+          f"layers of 27, random weights, built in {built_s:.0f} s; {args.dtype} on {device}")
+    print(f"inputs: {args.images} image(s) of {args.size} x {args.size} px ({image_tokens} image tokens each), "
+          f"{args.category}: {len(turns[0])} turns per image, at most {args.max_new_tokens} new tokens per answer; "
+          f"{args.repeats} pairs", flush=True)
+
+    def reference() -> list[list[str]]:
+        return [official_conversation(model, processor, image, questions, args.max_new_tokens, eos)
+                for image, questions in zip(images, turns)]
+
+    def ours() -> list[list[str]]:
+        details = reward.score(images, prompts).details
+        return [[d["description"], *d["answers"]] for d in details]
+
+    ratios, official, batched = paired_ratios(reference, ours, device, args.repeats)
+    answers = sum(len(a) for a in official)
+    equal = sum(o == b for conv_o, conv_b in zip(official, batched) for o, b in zip(conv_o, conv_b))
+    print(f"speed-up (official / gors, {len(ratios)} interleaved pairs): "
+          f"min {min(ratios):.2f}x, median {statistics.median(ratios):.2f}x")
+    print(f"agreement: {equal} of {answers} answers equal")
+    if dtype == torch.float32 and equal != answers:
+        raise SystemExit("the two procedures give different answers")
+    sizes = (f"{args.text_layers}/36 text, {args.vision_layers}/27 vision layers, "
+             f"{sum(counts.values()) / 1e9:.2f} B parameters, {args.images} images of {args.size} px "
+             f"({image_tokens} image tokens), {len(turns[0])} turns of <= {args.max_new_tokens} tokens, {args.dtype}")
+    return [SpeedResult(
+        stage="MLLM-CoT judge, Qwen3-VL-8B proportions",
+        reference="plain greedy `generate` per image and turn on the re-rendered conversation",
+        sizes=sizes,
+        ratios=ratios,
+        agreement=f"{equal}/{answers} answers equal",
+    )]
+
+
+def main() -> None:
+    print_table(measure())
+
+
+if __name__ == "__main__":
+    main()
