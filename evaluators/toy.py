@@ -11,7 +11,7 @@ import gors
 from evaluators.base import Benchmark, BenchmarkPrompt
 from evaluators.results import Metric
 from gors.core.backbones import SamplingDefaults
-from gors.core.toy.world import ToyPrompt, split_prompts
+from gors.core.toy.world import ToyPrompt, prompts_of_split
 
 
 @dataclass
@@ -23,7 +23,8 @@ class ToyBenchmark(Benchmark):
     32 images per generation batch.
 
     Args:
-        split: "held_out" (prompts with colour-shape combinations never seen in training) or "train".
+        split: "held_out" (prompts with colour-shape combinations never seen in training), "train",
+            or "fit" / "val", the train prompts split the same way (for choosing settings).
     """
 
     split: str = "held_out"
@@ -48,10 +49,7 @@ class ToyBenchmark(Benchmark):
     )
 
     def prompts(self) -> list[BenchmarkPrompt]:
-        train, held_out = split_prompts()
-        if self.split not in ("train", "held_out"):
-            raise ValueError(f"split={self.split!r}; choose 'train' or 'held_out'")
-        return [BenchmarkPrompt(p.text) for p in self.subsample(train if self.split == "train" else held_out)]
+        return [BenchmarkPrompt(p.text) for p in self.subsample(prompts_of_split(self.split))]
 
     def data_version(self) -> dict[str, Any]:
         # The toy world is code (gors.core.toy.world): it changes only with gors itself.

@@ -4,13 +4,19 @@ import numpy as np
 import pytest
 
 from evaluators.toy import ToyBenchmark
+from gors.core.prompts import load_prompts
 from gors.core.toy.world import (
+    COLOURS,
     HELD_OUT_COMBINATIONS,
     RELATIONS,
+    SHAPES,
+    VALIDATION_COMBINATIONS,
     ToyPrompt,
+    prompts_of_split,
     relation_holds,
     sample_scene,
     split_prompts,
+    split_train_for_validation,
 )
 from gors.toy.model import MAX_TOKENS, toy_words, write_toy_tokenizer_files
 from gors.toy.pretrain import noisy_caption, pretraining_corpus
@@ -35,6 +41,22 @@ def test_held_out_combinations_never_appear_in_train_prompts():
     assert {c for c, _ in train_combinations} == {c for c, _ in HELD_OUT_COMBINATIONS} | {"yellow"}
     assert {s for _, s in train_combinations} == {s for _, s in HELD_OUT_COMBINATIONS}
     assert len(train) == 210 and len(held_out) == 150
+
+
+def test_fit_and_val_split_the_train_prompts_as_train_and_held_out_split_all():
+    train, _ = split_prompts()
+    fit, val = split_train_for_validation()
+    assert sorted(p.text for p in fit + val) == sorted(p.text for p in train) and not set(fit) & set(val)
+    fit_combinations = {(o.colour, o.shape) for p in fit for o in p.objects}
+    assert not fit_combinations & (VALIDATION_COMBINATIONS | HELD_OUT_COMBINATIONS)
+    assert all(any((o.colour, o.shape) in VALIDATION_COMBINATIONS for o in p.objects) for p in val)
+    # every colour and shape is still in the fit prompts, only not in the validation pairings
+    assert {c for c, _ in fit_combinations} == set(COLOURS) and {s for _, s in fit_combinations} == set(SHAPES)
+    assert (len(fit), len(val)) == (100, 110)
+    assert load_prompts("toy:val").prompts == [p.text for p in prompts_of_split("val")] == [p.text for p in val]
+    assert ToyBenchmark(split="fit").prompts()[0].text == fit[0].text
+    with pytest.raises(ValueError, match="toy split 'dev'; choose one of train, held_out, fit, val"):
+        ToyBenchmark(split="dev").prompts()
 
 
 @pytest.mark.parametrize("relation", RELATIONS)

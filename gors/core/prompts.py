@@ -181,7 +181,7 @@ def _resolve_name(name: str, split: str) -> str | None:
     return name if name in PROMPT_FILE_STEMS else None
 
 
-TOY_SPLITS = ("toy:train", "toy:held_out")
+TOY_SPLITS = ("toy:train", "toy:held_out", "toy:fit", "toy:val")
 
 
 def load_prompts(spec: str, split: str = "train") -> PromptSet:
@@ -192,14 +192,14 @@ def load_prompts(spec: str, split: str = "train") -> PromptSet:
     a path to a `.jsonl` file (one JSON object with a "prompt" per line: its rows become the set's
     metadata).
     Benchmark names win over a same-named file in the working directory; write `./color` for that.
-    `toy:train` and `toy:held_out` are the toy world's splits (see `gors.core.toy.world`).
+    `toy:train` and `toy:held_out` are the toy world's splits, and `toy:fit` / `toy:val` the train
+    prompts split the same way for choosing settings (see `gors.core.toy.world`).
     """
     if spec in TOY_SPLITS:
-        from gors.core.toy.world import split_prompts
+        from gors.core.toy.world import prompts_of_split
 
-        train, held_out = split_prompts()
-        chosen = train if spec == "toy:train" else held_out
-        return PromptSet(spec, [p.text for p in chosen], None, "gors.core.toy.world.split_prompts")
+        chosen = prompts_of_split(spec.removeprefix("toy:"))
+        return PromptSet(spec, [p.text for p in chosen], None, "gors.core.toy.world.prompts_of_split")
     forced = spec.startswith(NAME_PREFIX)
     name = spec[len(NAME_PREFIX):] if forced else spec
     stem = _resolve_name(name, split)

@@ -42,7 +42,9 @@ class ToyRunConfig(RunConfig):
     eval_max_prompts: int | None = field(default=None, metadata={"help": "Evaluate on at most N prompts."})
     eval_split: str = field(
         default="held_out",
-        metadata={"help": "'held_out' (the reported number) or 'train' (for choosing settings without peeking)."},
+        metadata={"help": "'held_out' (the reported number); for choosing settings without peeking: 'val' with "
+                          "--train_prompts toy:fit (GORS on the fit prompts, measured on colour-shape pairs they "
+                          "lack, as held-out prompts measure the train prompts), or 'train'."},
     )
 
 

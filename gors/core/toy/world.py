@@ -28,6 +28,11 @@ RELATIONS = ("on the left of", "on the right of", "above", "below")
 # Held out of every training prompt (and of pretraining): one shape per colour for three colours,
 # so each colour and each shape is still seen, just not in these combinations.
 HELD_OUT_COMBINATIONS = frozenset({("red", "triangle"), ("green", "circle"), ("blue", "square")})
+# The same construction inside the train prompts, for choosing settings without the held-out prompts:
+# GORS on the "fit" prompts (none of these combinations), measured on the "val" prompts (train
+# prompts with one of them). Every colour and shape is still in the fit prompts.
+VALIDATION_COMBINATIONS = frozenset({("red", "square"), ("green", "triangle"), ("yellow", "circle")})
+SPLITS = ("train", "held_out", "fit", "val")
 
 _OBJECT = r"an? (\w+) (\w+)"
 _PROMPT = re.compile(rf"^{_OBJECT}(?: (and|{'|'.join(RELATIONS)}) {_OBJECT})?$")
@@ -173,3 +178,21 @@ def split_prompts() -> tuple[list[ToyPrompt], list[ToyPrompt]]:
     train = [p for p in prompts if not is_held_out(p)]
     held_out = [p for p in prompts if is_held_out(p)]
     return train, held_out
+
+
+def split_train_for_validation() -> tuple[list[ToyPrompt], list[ToyPrompt]]:
+    """(fit, val) of the train prompts: val prompts contain a `VALIDATION_COMBINATIONS` pair, which
+    no fit prompt has, as held-out prompts contain a pair no train prompt has."""
+    train, _ = split_prompts()
+    is_val = [any((o.colour, o.shape) in VALIDATION_COMBINATIONS for o in p.objects) for p in train]
+    return [p for p, v in zip(train, is_val) if not v], [p for p, v in zip(train, is_val) if v]
+
+
+def prompts_of_split(split: str) -> list[ToyPrompt]:
+    """The prompts of a toy split: "train" and "held_out" (`split_prompts`), or "fit" and "val"
+    (`split_train_for_validation`, for choosing settings on the train prompts alone)."""
+    if split not in SPLITS:
+        raise ValueError(f"toy split {split!r}; choose one of {', '.join(SPLITS)}")
+    if split in ("train", "held_out"):
+        return split_prompts()[split == "held_out"]
+    return split_train_for_validation()[split == "val"]
