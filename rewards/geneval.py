@@ -48,6 +48,7 @@ from rewards.geneval_rules import (
     MAX_OBJECTS,
     POSITION_THRESHOLD,
     THRESHOLD,
+    ColorClassifier,
     GenEvalObject,
     check_metadata,
     judge_image,
@@ -389,9 +390,12 @@ class GenEvalReward(Reward):
         # Nothing at or below the lower threshold can count, whatever the tag.
         floor = min(self.rule_options["threshold"], self.rule_options["counting_threshold"])
         detections = self.detector.detect(images, threshold=floor)
-        scores, details = [], []
-        for image, found, meta in zip(images, detections, metadata, strict=True):
-            judgement = judge_image(found, meta, partial(self.classify_colors, image), **self.rule_options)
-            scores.append(1.0 if judgement.correct else 0.0)
-            details.append(judgement.details)
-        return RewardOutput(scores=scores, details=details)
+        judged = [self.judge(found, meta, partial(self.classify_colors, image))
+                  for image, found, meta in zip(images, detections, metadata, strict=True)]
+        return RewardOutput(scores=[score for score, _ in judged], details=[details for _, details in judged])
+
+    def judge(self, detections: Mapping[str, Sequence[GenEvalObject]], metadata: Mapping[str, Any],
+              classify_colors: ColorClassifier) -> tuple[float, dict[str, Any]]:
+        """One image's score, 1.0 when GenEval judges it correct and 0.0 otherwise, and its details."""
+        judgement = judge_image(detections, metadata, classify_colors, **self.rule_options)
+        return (1.0 if judgement.correct else 0.0), judgement.details

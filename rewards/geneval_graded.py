@@ -9,14 +9,12 @@ GenEval judges the image correct. Each image's metadata must carry GenEval's cla
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from PIL import Image
-
-from rewards.base import RewardOutput
 from rewards.geneval import GenEvalReward
 from rewards.geneval_graded_rules import grade_image
+from rewards.geneval_rules import ColorClassifier, GenEvalObject
 
 
 class GenEvalGradedReward(GenEvalReward):
@@ -33,16 +31,8 @@ class GenEvalGradedReward(GenEvalReward):
         "Mask2Former COCO instances + CLIP ViT-L-14 colours (needs tag/include/exclude metadata)"
     )
 
-    def _score(
-        self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
-    ) -> RewardOutput:
-        self.check_prompts(prompts, metadata)
-        # Nothing at or below the lower threshold can count, whatever the tag.
-        floor = min(self.rule_options["threshold"], self.rule_options["counting_threshold"])
-        detections = self.detector.detect(images, threshold=floor)
-        scores, details = [], []
-        for image, found, meta in zip(images, detections, metadata, strict=True):
-            graded = grade_image(found, meta, partial(self.classify_colors, image), **self.rule_options)
-            scores.append(graded.score)
-            details.append(graded.details)
-        return RewardOutput(scores=scores, details=details)
+    def judge(self, detections: Mapping[str, Sequence[GenEvalObject]], metadata: Mapping[str, Any],
+              classify_colors: ColorClassifier) -> tuple[float, dict[str, Any]]:
+        """One image's graded score in [0, 1] (1.0 exactly when GenEval judges it correct) and its details."""
+        graded = grade_image(detections, metadata, classify_colors, **self.rule_options)
+        return graded.score, graded.details
