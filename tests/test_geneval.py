@@ -23,7 +23,8 @@ from evaluators.geneval import (
     load_geneval_metadata,
 )
 from gors.core.store import SampleStore, StoreError
-from gors.testing.mask2former import build_tiny_mask2former, coco_instance_labels
+from gors.testing.geneval import build_tiny_geneval_models
+from gors.testing.mask2former import coco_instance_labels
 from rewards import get_reward_class, load
 from rewards.geneval import (
     COLOR_TEMPLATES,
@@ -46,23 +47,7 @@ GRAY = (153, 153, 153)  # "#999"
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A tiny Mask2Former folder, and a tiny open_clip architecture registered with a local checkpoint."""
-    import open_clip
-
-    root = tmp_path_factory.mktemp("geneval_models")
-    detector = build_tiny_mask2former(root / "mask2former", seed=0)
-    config_dir = root / "open_clip_configs"
-    config_dir.mkdir()
-    config = {
-        "embed_dim": 16,
-        "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
-        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
-    }
-    (config_dir / f"{TINY_CLIP}.json").write_text(json.dumps(config))
-    open_clip.add_model_config(config_dir)
-    torch.manual_seed(0)
-    checkpoint = root / "tiny_clip.pt"
-    torch.save(open_clip.create_model(TINY_CLIP).state_dict(), checkpoint)
-    return {"model_name_or_path": str(detector), "clip_model": TINY_CLIP, "clip_pretrained": str(checkpoint)}
+    return build_tiny_geneval_models(tmp_path_factory.mktemp("geneval_models"), TINY_CLIP)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from gors.testing.geneval import build_tiny_geneval_models
 from rewards import load
 from rewards.geneval import GenEvalReward
 from rewards.geneval_graded import GenEvalGradedReward
@@ -196,28 +197,9 @@ def test_check_prompts_names_the_problem_before_any_model_loads() -> None:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A tiny Mask2Former folder, and a tiny open_clip architecture registered with a local checkpoint."""
-    import open_clip
-
-    from gors.testing.mask2former import build_tiny_mask2former
-
-    root = tmp_path_factory.mktemp("geneval_graded_models")
-    detector = build_tiny_mask2former(root / "mask2former", seed=0)
-    config_dir = root / "open_clip_configs"
-    config_dir.mkdir()
-    config = {
-        "embed_dim": 16,
-        "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
-        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
-    }
-    (config_dir / f"{TINY_CLIP}.json").write_text(json.dumps(config))
-    open_clip.add_model_config(config_dir)
-    torch.manual_seed(0)
-    checkpoint = root / "tiny_clip.pt"
-    torch.save(open_clip.create_model(TINY_CLIP).state_dict(), checkpoint)
-    # Thresholds 0: a random detector's confidences are tiny; every detection then counts.
-    return {"model_name_or_path": str(detector), "clip_model": TINY_CLIP, "clip_pretrained": str(checkpoint),
-            "threshold": 0.0, "counting_threshold": 0.0, "detector_image_size": None}
+    """The tiny GenEval models, thresholds 0: a random detector's confidences are tiny; every detection then counts."""
+    built = build_tiny_geneval_models(tmp_path_factory.mktemp("geneval_graded_models"), TINY_CLIP)
+    return {**built, "threshold": 0.0, "counting_threshold": 0.0, "detector_image_size": None}
 
 
 def random_images(count: int, size: tuple[int, int] = (48, 40), seed: int = 0) -> list[Image.Image]:
