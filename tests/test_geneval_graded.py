@@ -363,3 +363,35 @@ def test_the_recipe_s_tau_keeps_what_its_comment_says() -> None:
     assert not kept([{"class": 1.0}, {"class": 0.0}])  # two_object, one missing
     assert not kept([{"class": 1.0, "color": 0.0}])  # colors, wrong colour
     assert not kept([{"class": 1.0}, {"class": 1.0, "position": 0.0}])  # position, wrong relation
+
+
+def test_the_geneval_recipe_runs_end_to_end_at_tiny_size(
+    models: dict[str, str], tiny_sd: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread
+) -> None:
+    """recipes/gors_geneval.py's config on tiny models: its generated train prompts and their clauses
+    through generate and score to geneval_graded, selection and training. (Its GenEval validation
+    runs the benchmark's 512-px, 50-step protocol, too slow here; the benchmark has its own tests.)"""
+    from dataclasses import replace
+
+    from gors.recipes import geneval_recipe_config
+    from gors.run import run
+
+    # GenEval's test prompts, which the generated train prompts must avoid.
+    monkeypatch.setenv("GORS_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "benchmarks"))
+    options = {k: v for k, v in models.items() if k != "model_name_or_path"}
+    out = tmp_path / "run"
+    config = geneval_recipe_config([
+        "--output_dir", str(out), "--pretrained_model_name_or_path", str(tiny_sd), "--max_prompts", "3",
+        "--images_per_prompt", "2", "--num_inference_steps", "2", "--resolution", "32", "--reward_batch_size", "6",
+        "--reward_model_name_or_path", models["model_name_or_path"], "--reward_options", json.dumps(options),
+        "--reward_threshold", "0.0", "--max_train_steps", "2", "--train_batch_size", "2",
+    ])
+    run(replace(config, validation_benchmark=None))
+    rows = [json.loads(line) for line in (out / "geneval_train_prompts.jsonl").read_text().splitlines()][:3]
+    scores = [json.loads(line) for path in sorted((out / "scores").rglob("*.jsonl")) for line in
+              path.read_text().splitlines()]
+    assert len(scores) == 6 and all(0.0 <= row["reward"] <= 1.0 for row in scores)
+    # Each sample was judged by its own prompt's clauses.
+    assert sorted({(row["prompt"], row["details"]["tag"]) for row in scores}) == sorted(
+        (row["prompt"], row["tag"]) for row in rows)
+    assert (out / "pytorch_lora_weights.safetensors").is_file()
