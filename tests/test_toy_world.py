@@ -50,9 +50,10 @@ def test_fit_and_val_split_the_train_prompts_as_train_and_held_out_split_all():
     fit_combinations = {(o.colour, o.shape) for p in fit for o in p.objects}
     assert not fit_combinations & (VALIDATION_COMBINATIONS | HELD_OUT_COMBINATIONS)
     assert all(any((o.colour, o.shape) in VALIDATION_COMBINATIONS for o in p.objects) for p in val)
-    # every colour and shape is still in the fit prompts, only not in the validation pairings
-    assert {c for c, _ in fit_combinations} == set(COLOURS) and {s for _, s in fit_combinations} == set(SHAPES)
-    assert (len(fit), len(val)) == (100, 110)
+    # every colour has two shapes in the fit prompts, as in the train prompts (but yellow's three)
+    shapes_per_colour = {c: len({s for cc, s in fit_combinations if cc == c}) for c in COLOURS}
+    assert shapes_per_colour == dict.fromkeys(COLOURS, 2) and {s for _, s in fit_combinations} == set(SHAPES)
+    assert (len(fit), len(val)) == (170, 40)
     assert load_prompts("toy:val").prompts == [p.text for p in prompts_of_split("val")] == [p.text for p in val]
     assert ToyBenchmark(split="fit").prompts()[0].text == fit[0].text
     with pytest.raises(ValueError, match="toy split 'dev'; choose one of train, held_out, fit, val"):

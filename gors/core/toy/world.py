@@ -29,9 +29,11 @@ RELATIONS = ("on the left of", "on the right of", "above", "below")
 # so each colour and each shape is still seen, just not in these combinations.
 HELD_OUT_COMBINATIONS = frozenset({("red", "triangle"), ("green", "circle"), ("blue", "square")})
 # The same construction inside the train prompts, for choosing settings without the held-out prompts:
-# GORS on the "fit" prompts (none of these combinations), measured on the "val" prompts (train
-# prompts with one of them). Every colour and shape is still in the fit prompts.
-VALIDATION_COMBINATIONS = frozenset({("red", "square"), ("green", "triangle"), ("yellow", "circle")})
+# GORS on the "fit" prompts (without this combination), measured on the "val" prompts (the train
+# prompts with it). In the train prompts every colour has two shapes but yellow, which has three;
+# holding out one of yellow's keeps that structure in the fit prompts, where holding out one pair
+# of another colour would leave that colour a single shape, which GORS then learns as a rule.
+VALIDATION_COMBINATIONS = frozenset({("yellow", "circle")})
 SPLITS = ("train", "held_out", "fit", "val")
 
 _OBJECT = r"an? (\w+) (\w+)"
