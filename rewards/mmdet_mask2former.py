@@ -45,6 +45,7 @@ import torch
 
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
 from gors.core.io import set_usual_permissions
+from rewards.geneval_rules import GENEVAL_CLASSES
 
 if TYPE_CHECKING:
     from transformers import Mask2FormerConfig
@@ -65,18 +66,10 @@ OFFICIAL_CHECKPOINT = PinnedSource(
     f"{CHECKPOINT_FILE})",
     url_pattern="https://download.openmmlab.com/{repository}/{path}",
 )
-# mmdet 2.x `CocoDataset.CLASSES`: the label order of the checkpoint's class head.
-MMDET_COCO_CLASSES: tuple[str, ...] = (
-    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
-    "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog", "horse", "sheep", "cow",
-    "elephant", "bear", "zebra", "giraffe", "backpack", "umbrella", "handbag", "tie", "suitcase", "frisbee",
-    "skis", "snowboard", "sports ball", "kite", "baseball bat", "baseball glove", "skateboard", "surfboard",
-    "tennis racket", "bottle", "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple",
-    "sandwich", "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch",
-    "potted plant", "bed", "dining table", "toilet", "tv", "laptop", "mouse", "remote", "keyboard", "cell phone",
-    "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase", "scissors", "teddy bear",
-    "hair drier", "toothbrush",
-)
+# mmdet 2.x `CocoDataset.CLASSES`, the label order of the checkpoint's class head: GenEval's
+# `object_names.txt` order (GenEval reads the labels by index), under mmdet's three shorter names.
+MMDET_NAMES = {"computer mouse": "mouse", "tv remote": "remote", "computer keyboard": "keyboard"}
+MMDET_COCO_CLASSES: tuple[str, ...] = tuple(MMDET_NAMES.get(name, name) for name in GENEVAL_CLASSES)
 # Sizes the tensor shapes do not reveal: mmdet's Mask2Former config (attention heads of the pixel
 # decoder's deformable attention and of the transformer decoder, sampling points, feature levels).
 ATTENTION_HEADS = 8

@@ -190,6 +190,9 @@ def test_the_configs_sizes_are_mmdets():
 
 
 def test_the_labels_are_mmdets_coco_order_which_geneval_reads():
+    # mmdet 2.x CocoDataset.CLASSES, spot-checked where its names differ from GenEval's and at both ends.
+    assert len(MMDET_COCO_CLASSES) == 80 and (MMDET_COCO_CLASSES[0], MMDET_COCO_CLASSES[-1]) == ("person", "toothbrush")
+    assert MMDET_COCO_CLASSES[62:67] == ("tv", "laptop", "mouse", "remote", "keyboard")
     id2label = hf_config().id2label
     assert [id2label[i] for i in range(80)] == list(MMDET_COCO_CLASSES)
     assert geneval.geneval_label_names(id2label) == dict(enumerate(GENEVAL_CLASSES))
