@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 
 from common import TABLE_HEADER, SpeedResult  # noqa: E402
 
-SCRIPTS = ("b_vqa_passes", "soft_tifa_one_pass", "mllm_cot", "train_step", "generation", "mask_boxes")
+SCRIPTS = ("b_vqa_passes", "soft_tifa_one_pass", "mllm_cot", "train_step", "generation", "overlap", "mask_boxes")
 # On the CPU, generation runs at train_step's reduced sizes (the tiny default measures Python), shortened.
 CPU_FLAGS = {"generation": ["--reduced", "--steps", "10", "--repeats", "3"]}
 COMPILING = ("train_step", "generation")  # the scripts whose gors side takes --torch_compile

@@ -354,6 +354,18 @@ class TrainingFields:
 
 
 @dataclass
+class PipelineFields:
+    """How `gors run` chains its stages (the stage commands run one stage each)."""
+
+    overlap_scoring: bool = field(
+        default=False,
+        metadata={"help": "Score each generated batch on a second thread while the next one generates (on a GPU on "
+                          "its own CUDA stream): the reward model's work overlaps the denoiser's, with both models in "
+                          "memory. Same scores as scoring afterwards. Timed as one stage, generate+score."},
+    )
+
+
+@dataclass
 class RoundFields:
     """Online GORS: several rounds of generate -> score -> select -> train (`gors run`, the recipes)."""
 
@@ -453,8 +465,8 @@ class TrainConfig(TrainingFields, ModelFields, RunFolderFields):
 
 
 @dataclass
-class RunConfig(RoundFields, GenerationFields, ScoringFields, SelectionFields, RewardFields, TrainingFields,
-                ModelFields, RunFolderFields):
+class RunConfig(RoundFields, PipelineFields, GenerationFields, ScoringFields, SelectionFields, RewardFields,
+                TrainingFields, ModelFields, RunFolderFields):
     """`gors run` and the recipes: generate -> score -> select -> train in one run folder (per round)."""
 
     # Every stage config's field groups, so that each stage function takes a RunConfig as it is.

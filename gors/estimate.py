@@ -69,6 +69,10 @@ def estimate(stages: dict[str, dict[str, Any]], plan: RunPlan, speedups: dict[st
     `speedups[stage]`: how many times faster gors is than the official procedure (1 where absent).
     """
     missing = [stage for stage in ("generate", "score", "train") if stage not in stages]
+    if missing and "generate+score" in stages and "train" in stages:
+        raise ValueError("timings hold generate+score, one rate for both stages of a run with --overlap_scoring; "
+                         "the comparison with the official procedures needs each stage's own rate: calibrate "
+                         "without --overlap_scoring")
     if missing:
         raise ValueError(f"timings lack {', '.join(missing)}: give timings.json files of runs that did every "
                          "stage (a calibration `gors run` writes all four)")

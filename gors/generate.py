@@ -12,17 +12,18 @@ from gors.core.distributed import make_accelerator
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.prompts import load_prompts
 from gors.core.run_folder import samples_dir
-from gors.core.sampling import SamplingProtocol, generate_samples
+from gors.core.sampling import SampleSink, SamplingProtocol, generate_samples
 from gors.core.store import SampleStore
 
 
 def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None = None, lora: str | None = None,
-             seed: int | None = None) -> SampleStore:
+             seed: int | None = None, sink: SampleSink | None = None) -> SampleStore:
     """Stage 1: `config.images_per_prompt` images per training prompt into `<output_dir>/samples`.
 
     `lora`: a folder whose LoRA the pipeline loads (online rounds: the previous round's); the store
     records it relative to `output_dir`, so that a run folder still resumes after it is moved. `seed`:
-    the base seed of the images instead of `config.seed` (online rounds: the round's).
+    the base seed of the images instead of `config.seed` (online rounds: the round's). `sink` gets each
+    batch as it lands in the store (`gors run --overlap_scoring`: the reward scores it meanwhile).
     """
     accelerator = accelerator or make_accelerator()
     prompt_set = load_prompts(config.train_prompts)
@@ -56,4 +57,5 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
         record_extras={"model": config.pretrained_model_name_or_path},
         settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision,
                                    lora=lora and os.path.relpath(lora, config.output_dir), backbone=backbone),
+        sink=sink,
     )

@@ -18,7 +18,7 @@ from gors.core.run_folder import SELECTION_FILE, samples_dir
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
 from gors.generate import generate
-from gors.score import check_prompt_metadata, score
+from gors.score import check_prompt_metadata, score, scoring_while_generating
 from gors.select import load_selection, select
 from gors.timings import StageTiming, format_timings, timed_stage, write_timings
 from gors.train import train, training_accelerator
@@ -65,8 +65,13 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
         return checkpoint_step(checkpoint) if checkpoint is not None else 0
 
     with run_folder_lock(out, STAGES, command):
-        with timed_stage("generate", "images", lambda: len(store.records()), accelerator, timings):
-            generate(config, accelerator, lora=inputs.lora, seed=inputs.seed)
+        if config.overlap_scoring:  # one stage in time: its rate is of generating and scoring together
+            with timed_stage("generate+score", "images", lambda: len(store.records()), accelerator, timings):
+                with scoring_while_generating(config, accelerator) as sink:
+                    generate(config, accelerator, lora=inputs.lora, seed=inputs.seed, sink=sink)
+        else:
+            with timed_stage("generate", "images", lambda: len(store.records()), accelerator, timings):
+                generate(config, accelerator, lora=inputs.lora, seed=inputs.seed)
         with timed_stage("score", "images", scored, accelerator, timings):
             score(config, accelerator)
         with timed_stage("select", "samples", selected, accelerator, timings, resumable=False):
@@ -88,7 +93,7 @@ def timing_settings(config: RunConfig, store: SampleStore) -> dict[str, Any]:
     recorded (steps, guidance, resolution with the family's defaults filled in) and the rest."""
     names = ("pretrained_model_name_or_path", "generation_batch_size", "reward", "reward_model_name_or_path",
              "reward_batch_size", "train_batch_size", "gradient_accumulation_steps", "mixed_precision",
-             "gradient_checkpointing", "train_text_encoder", "rank")
+             "gradient_checkpointing", "train_text_encoder", "rank", "overlap_scoring")
     return {"generation": store.load_settings()} | {name: getattr(config, name) for name in names}
 
 

@@ -9,20 +9,26 @@ records the reward and its options; scoring a folder that holds scores with othe
 Per-prompt metadata (a `.jsonl` prompt set's rows, recorded in the store's `prompts.json`) reaches
 the reward with each image; a reward judged by GenEval's clauses (`geneval`, `geneval_graded`)
 refuses prompts without them here, before any model loads.
+
+`gors run --overlap_scoring` scores each generated batch while the next one generates
+(`scoring_while_generating`, `gors.core.background_scoring`); this stage then scores what is left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from accelerate import Accelerator
 
 from gors.config import RunConfig, ScoreConfig
+from gors.core.background_scoring import BackgroundScorer
 from gors.core.distributed import make_accelerator
 from gors.core.pipeline import inference_dtype
+from gors.core.prompts import load_prompts
 from gors.core.run_folder import reward_key, samples_dir, scores_dir
-from gors.core.scoring import score_samples
+from gors.core.scoring import open_score_folder, score_samples
 from gors.core.store import SampleKey, SampleStore
 from rewards import Reward, get_reward_class
 from rewards.combined import build_reward, check_reward
@@ -34,6 +40,28 @@ def check_prompt_metadata(reward: str, prompts: Sequence[str], metadata: Sequenc
     GenEval-judged one without each prompt's clauses)."""
     for spec in check_reward(reward):
         get_reward_class(spec.name).check_prompts(prompts, metadata)
+
+
+def reward_builder(config: ScoreConfig | RunConfig, accelerator: Accelerator, reward: str) -> Callable[[], Reward]:
+    """What builds `reward` (a name, `module:Class` or weighted list) on this process's device."""
+
+    def make_reward() -> Reward:
+        return build_reward(
+            reward,
+            model_name_or_path=config.reward_model_name_or_path,
+            options=config.reward_options,
+            device=accelerator.device,
+            torch_dtype=inference_dtype(accelerator, config.mixed_precision),
+            batch_size=config.reward_batch_size,
+        )
+
+    return make_reward
+
+
+def score_settings(config: ScoreConfig | RunConfig, reward: str) -> dict[str, Any]:
+    """What a score folder records about the scorer that fills it."""
+    return {"reward": reward, "model_name_or_path": config.reward_model_name_or_path,
+            "options": config.reward_options or {}}
 
 
 def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:
@@ -49,26 +77,38 @@ def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = Non
     reward = config.reward_name(prompt_info.get("category"))
     metadata = prompt_info.get("metadata")
     check_prompt_metadata(reward, prompt_info["prompts"], metadata)  # before any work
-
-    def make_reward() -> Reward:
-        return build_reward(
-            reward,
-            model_name_or_path=config.reward_model_name_or_path,
-            options=config.reward_options,
-            device=accelerator.device,
-            torch_dtype=inference_dtype(accelerator, config.mixed_precision),
-            batch_size=config.reward_batch_size,
-        )
-
     all_scores = score_samples(
-        store, scores_dir(config.output_dir, reward), make_reward, config.reward_batch_size, accelerator,
+        store, scores_dir(config.output_dir, reward), reward_builder(config, accelerator, reward),
+        config.reward_batch_size, accelerator,
         desc=f"score {reward}",
         prompt_metadata=metadata,
-        settings={"reward": reward, "model_name_or_path": config.reward_model_name_or_path,
-                  "options": config.reward_options or {}},
+        settings=score_settings(config, reward),
     )
     if accelerator.is_main_process:
         column = f"reward_{reward_key(reward)}"
         store.add_columns({key: {column: row["reward"]} for key, row in all_scores.items()})
     accelerator.wait_for_everyone()
     return all_scores
+
+
+@contextmanager
+def scoring_while_generating(config: RunConfig, accelerator: Accelerator) -> Iterator[BackgroundScorer]:
+    """`gors run --overlap_scoring`: a sink for `generate` that scores each batch as it lands.
+
+    Every process makes the score folder ready first (a collective call, as `score` does); on
+    leaving, what is queued is scored and the worker stops, also when generation failed. The
+    score stage that follows finds these rows and scores only what is left (e.g. images generated
+    before an interruption).
+    """
+    prompt_set = load_prompts(config.train_prompts)
+    reward = config.reward_name(prompt_set.category)
+    metadata = prompt_set.metadata[: config.max_prompts] if prompt_set.metadata is not None else None
+    folder = scores_dir(config.output_dir, reward)
+    store = SampleStore(samples_dir(config.output_dir))
+    done = open_score_folder(folder, store.records(), accelerator, score_settings(config, reward))
+    scorer = BackgroundScorer(folder, reward_builder(config, accelerator, reward), config.reward_batch_size,
+                              accelerator.process_index, accelerator.device, prompt_metadata=metadata, done=done)
+    try:
+        yield scorer
+    finally:
+        scorer.close()

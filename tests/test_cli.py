@@ -176,11 +176,12 @@ def test_run_config_has_every_stage_flag_without_being_a_stage_config():
     from gors.config import GenerateConfig, ScoreConfig, SelectConfig
 
     run = parse_config(RunConfig, ["--images_per_prompt", "3", "--reward_threshold", "0.5", "--rank", "8"])
-    from gors.config import RoundFields
+    from gors.config import PipelineFields, RoundFields
 
     stages = (GenerateConfig, ScoreConfig, SelectConfig, TrainConfig)
-    # Every stage's flags, and the online rounds' own (`gors run` only).
-    assert {f.name for f in fields(RunConfig)} == {f.name for stage in (*stages, RoundFields) for f in fields(stage)}
+    # Every stage's flags, and `gors run`'s own: the online rounds and how the stages chain.
+    own = (RoundFields, PipelineFields)
+    assert {f.name for f in fields(RunConfig)} == {f.name for stage in (*stages, *own) for f in fields(stage)}
     assert not any(issubclass(RunConfig, stage) for stage in stages)  # no diamond of stage configs
     for stage in stages:  # each stage reads the same values from a RunConfig as from its own config
         own = stage(**{f.name: getattr(run, f.name) for f in fields(stage)})

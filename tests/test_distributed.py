@@ -1,5 +1,6 @@
 """The whole pipeline on two CPU processes (gloo), launched as users launch it."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -36,13 +37,17 @@ def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd,
         "--reward_batch_size", "2", "--reward_threshold", "0.0", "--max_train_steps", "2",
         "--checkpointing_steps", "1", "--seed", "0",
     ]
-    launch_gors(["run", *flags], cwd=tmp_path)
+    # Scoring overlapped with generation here; the two-round run of test_rounds scores after it.
+    launch_gors(["run", *flags, "--overlap_scoring"], cwd=tmp_path)
 
     store = SampleStore(run_dir / "samples")
     keys = [(r["prompt_index"], r["image_index"]) for r in store.records()]
     assert keys == [(p, i) for p in range(3) for i in range(3)]  # each image exactly once
     assert {r["path"].split("/")[0] for r in store.records()} == {"part-00000", "part-00001"}  # both wrote
     assert sorted(load_scores(run_dir, "b_vqa")) == keys
+    scores = {path.name: len(path.read_text().splitlines()) for path in (run_dir / "scores" / "b_vqa").glob("part-*")}
+    assert scores == {"part-00000.jsonl": 5, "part-00001.jsonl": 4}  # each process scored its own images
+    assert "generate+score" in json.loads((run_dir / "timings.json").read_text())["stages"]
     assert len(list(run_dir.glob("*.safetensors"))) == 1
     assert any(k.startswith("unet.") for k in load_file(str(run_dir / "pytorch_lora_weights.safetensors")))
     checkpoint = run_dir / "checkpoints" / "checkpoint-2"

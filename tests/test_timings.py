@@ -77,6 +77,10 @@ def test_estimate_command_prints_the_papers_colour_run_and_refuses_missing_stage
     assert "measured on 2 CPU cores" in out
     assert {r.stage: r.speedup for r in rows} == {k: v for k, v in CPU_MEASURED_SPEEDUPS.items() if k != "select"}
 
+    overlapped = {"generate+score": stages["generate"] | {"stage": "generate+score"}, "train": stages["train"]}
+    (folder / "timings.json").write_text(json.dumps({"stages": overlapped, "history": []}))
+    with pytest.raises(ValueError, match="calibrate without --overlap_scoring"):
+        estimate_command(EstimateConfig(timings=[str(folder)]))
     del stages["train"]
     (folder / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
     with pytest.raises(ValueError, match="timings lack train"):

@@ -15,10 +15,11 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 from accelerate import Accelerator
+from PIL import Image
 
 import gors
 from gors.core.distributed import batches, progress_bar
@@ -46,6 +47,16 @@ def _check_same_prompts(store: SampleStore, prompts: list[str]) -> None:
                 f"{store.root} holds samples of another prompt set (prompt {index}: {record['prompt']!r}, "
                 f"now {found!r}). Use a new --output_dir, or the --train_prompts that made this store."
             )
+
+
+class SampleSink(Protocol):
+    """Takes each generated batch as it lands in the store (e.g. `gors.core.background_scoring`)."""
+
+    def open(self) -> None:
+        """This process has images to generate; called before the pipeline loads."""
+
+    def add(self, records: list[dict[str, Any]], images: list[Image.Image]) -> None:
+        """A batch is in the store: its records (with their `path` in the store) and images."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,7 @@ def generate_samples(
     record_extras: dict[str, Any] | None = None,
     desc: str = "generate",
     settings: Mapping[str, Any] | None = None,
+    sink: SampleSink | None = None,
 ) -> SampleStore:
     """Add the missing images of `protocol` for `prompts` to `store`, sharded over processes.
 
@@ -106,6 +118,8 @@ def generate_samples(
     With the protocol's settings and the gors version they are recorded in `settings.json`
     before the first image, and a store that records other ones is refused, so that images of
     two models or protocols never mix.
+
+    `sink` gets every batch once it is in the store (its `open` first, on processes with work).
     """
     if settings is None:
         settings = {key: (prompt_info or {}).get(key) for key in ("model", "lora")}
@@ -137,6 +151,8 @@ def generate_samples(
     # A contiguous share per process; the seed of an image never depends on the process (its batch may).
     with accelerator.split_between_processes(todo) as mine:
         if mine:
+            if sink is not None:
+                sink.open()
             pipeline = pipeline_loader()
             bar = progress_bar(len(mine), accelerator, desc)
             for batch in batches(mine, protocol.batch_size):
@@ -151,6 +167,7 @@ def generate_samples(
                         generator=cpu_generators(seeds),
                         **protocol.call_kwargs,
                     ).images
+                written = []
                 for (p, i), seed, image in zip(batch, seeds, images):
                     record = {
                         "file_name": sample_file_name(p, i),
@@ -162,7 +179,11 @@ def generate_samples(
                         "guidance_scale": protocol.guidance_scale,
                         "resolution": protocol.resolution,
                     }
-                    store.append(accelerator.process_index, image, {**record, **(record_extras or {})})
+                    record |= record_extras or {}
+                    store.append(accelerator.process_index, image, record)
+                    written.append(record | {"path": store.relative_path(accelerator.process_index, record)})
+                if sink is not None:
+                    sink.add(written, images)
                 bar.update(len(batch))
             bar.close()
     accelerator.wait_for_everyone()

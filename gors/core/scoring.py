@@ -66,6 +66,71 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
     return True
 
 
+def open_score_folder(
+    scores_folder: Path,
+    records: Sequence[dict[str, Any]],
+    accelerator: Accelerator,
+    settings: Mapping[str, Any] | None = None,
+) -> dict[SampleKey, dict]:
+    """Make a score folder ready for appending, on every process (a collective call); returns its rows.
+
+    Refuses a folder whose scores were made with other `settings` (JSON-able: the reward and its
+    options) or belong to other prompts; on the main process cuts torn rows (their samples are
+    scored again) and records `settings`. No process appends before all of them have read the rows.
+    """
+    done = read_score_rows(scores_folder)
+    as_json = json.loads(json.dumps(settings, sort_keys=True, default=str)) if settings is not None else None
+    record_settings = as_json is not None and check_settings(scores_folder, as_json, scored=bool(done))
+    for record in records:
+        row = done.get(sample_key(record))
+        if row is not None and row["prompt"] != record["prompt"]:
+            raise StoreError(
+                f"{scores_folder} holds a score of prompt {row['prompt']!r} for sample {sample_key(record)}, whose "
+                f"prompt is now {record['prompt']!r}: it belongs to another run. Use a new output folder."
+            )
+    if accelerator.is_main_process:
+        for part in sorted(Path(scores_folder).glob("part-*.jsonl")):
+            repair_jsonl(part)
+        if record_settings:
+            atomic_write_json(Path(scores_folder) / SETTINGS_FILE, as_json)
+    accelerator.wait_for_everyone()
+    return done
+
+
+def score_part(scores_folder: Path, process_index: int) -> Path:
+    """The file one process appends its score rows to."""
+    return Path(scores_folder) / f"part-{process_index:05d}.jsonl"
+
+
+def score_rows(
+    reward: Scorer,
+    records: Sequence[dict[str, Any]],
+    images: Sequence[Image.Image],
+    prompt_metadata: Sequence[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """Score one batch of store records (with their `path`) and their images; one row per sample.
+
+    Each sample's metadata for the reward is its record, merged over `prompt_metadata[prompt_index]`
+    when given (e.g. a benchmark's per-prompt clauses). A scorer that does not return one score and
+    one details dict per image is an error, and nothing of the batch is returned.
+    """
+    metadata = list(records)
+    if prompt_metadata is not None:
+        metadata = [{**prompt_metadata[r["prompt_index"]], **r} for r in records]
+    output = reward.score(images, [r["prompt"] for r in records], metadata=metadata)
+    if not len(output.scores) == len(output.details) == len(records):
+        raise RuntimeError(
+            f"{type(reward).__name__} returned {len(output.scores)} scores and {len(output.details)} "
+            f"details for {len(records)} images; a scorer returns one score and one details dict per "
+            f"image. Nothing of this batch was written; fix the scorer and score again."
+        )
+    return [
+        {"prompt_index": r["prompt_index"], "image_index": r["image_index"], "path": r["path"],
+         "prompt": r["prompt"], "reward": value, "details": details}
+        for r, value, details in zip(records, output.scores, output.details)
+    ]
+
+
 def score_samples(
     store: SampleStore | Any,
     scores_folder: Path,
@@ -79,56 +144,23 @@ def score_samples(
     """Score the store's unscored samples into `scores_folder/part-<rank>.jsonl`; returns all rows.
 
     Resumable: samples with a row are skipped; rows are appended batch by batch. The reward is
-    built (by `make_reward`) only on processes that have work. Each sample's metadata for the
-    reward is its store record, merged over `prompt_metadata[prompt_index]` when given (e.g. a
-    benchmark's per-prompt clauses). `store` is anything with `records()` and `open_image(record)`.
-    `settings` (JSON-able: the reward and its options) are recorded in the folder; a folder that
-    holds scores made with other settings is refused, so scores of two configurations never mix.
+    built (by `make_reward`) only on processes that have work. `prompt_metadata`: see
+    `score_rows`. `store` is anything with `records()` and `open_image(record)`. `settings` are
+    recorded in the folder (`open_score_folder`), so scores of two configurations never mix.
     """
-    done = read_score_rows(scores_folder)
-    as_json = json.loads(json.dumps(settings, sort_keys=True, default=str)) if settings is not None else None
-    record_settings = as_json is not None and check_settings(scores_folder, as_json, scored=bool(done))
     records = store.records()
-    for record in records:
-        row = done.get(sample_key(record))
-        if row is not None and row["prompt"] != record["prompt"]:
-            raise StoreError(
-                f"{scores_folder} holds a score of prompt {row['prompt']!r} for sample {sample_key(record)}, whose "
-                f"prompt is now {record['prompt']!r}: it belongs to another run. Use a new output folder."
-            )
+    done = open_score_folder(scores_folder, records, accelerator, settings)
     todo = [record for record in records if sample_key(record) not in done]
-    out_file = Path(scores_folder) / f"part-{accelerator.process_index:05d}.jsonl"
     if accelerator.is_main_process:
         print(f"[{desc}] {len(done)} samples scored, {len(todo)} to score")
-        for part in sorted(Path(scores_folder).glob("part-*.jsonl")):
-            repair_jsonl(part)  # a torn row's sample is in `todo`: it is scored again
-        if record_settings:
-            atomic_write_json(Path(scores_folder) / SETTINGS_FILE, as_json)
-    # Nothing is appended before every process has read the rows (they split the same `todo`)
-    # and torn rows are cut.
-    accelerator.wait_for_everyone()
+    out_file = score_part(scores_folder, accelerator.process_index)
     with accelerator.split_between_processes(todo) as mine:  # contiguous shares, sizes differ by at most one
         if mine:
             reward = make_reward()
             bar = progress_bar(len(mine), accelerator, desc)
             for batch in batches(mine, batch_size):
                 images = [store.open_image(record) for record in batch]
-                metadata = batch
-                if prompt_metadata is not None:
-                    metadata = [{**prompt_metadata[r["prompt_index"]], **r} for r in batch]
-                output = reward.score(images, [r["prompt"] for r in batch], metadata=metadata)
-                if not len(output.scores) == len(output.details) == len(batch):
-                    raise RuntimeError(
-                        f"{type(reward).__name__} returned {len(output.scores)} scores and {len(output.details)} "
-                        f"details for {len(batch)} images; a scorer returns one score and one details dict per "
-                        f"image. Nothing of this batch was written; fix the scorer and score again."
-                    )
-                rows = [
-                    {"prompt_index": r["prompt_index"], "image_index": r["image_index"], "path": r["path"],
-                     "prompt": r["prompt"], "reward": value, "details": details}
-                    for r, value, details in zip(batch, output.scores, output.details)
-                ]
-                append_jsonl(out_file, rows)
+                append_jsonl(out_file, score_rows(reward, batch, images, prompt_metadata))
                 bar.update(len(batch))
             bar.close()
     accelerator.wait_for_everyone()

@@ -101,6 +101,10 @@ class SampleStore:
                 f"--output_dir: only the missing images are generated again, and finished work is kept."
             ) from err
 
+    def relative_path(self, rank: int, record: dict[str, Any]) -> str:
+        """Where process `rank` keeps a record's image, relative to the root: a record's `path`."""
+        return f"{self.part_dir(rank).name}/{record['file_name']}"
+
     def append(self, rank: int, image: Image.Image, record: dict[str, Any]) -> None:
         """Write one image, then its metadata line: a record exists only once its image does."""
         part = self.part_dir(rank)

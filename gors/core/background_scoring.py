@@ -1,0 +1,145 @@
+"""Scoring overlapped with generation: each finished batch of images is scored on a second thread
+while the pipeline generates the next.
+
+The generation loop hands every batch it has written to the store to `BackgroundScorer.add`; a
+worker thread scores the images in the order they came, in batches of the reward's batch size,
+and appends the rows to the process's score part, exactly as `gors score` would. On a fresh run
+the images arrive in the order `gors score` would take them, so the batches, and the scores, are
+the same as scoring after generation (tested). The images are scored from memory: a PNG is
+lossless, so they are the pixels `gors score` would read back.
+
+What it buys: the reward model's kernels run while the denoiser's do (on a GPU on a stream of
+their own), and the PNG decode of a separate scoring pass is gone. What it costs: both models in
+memory at once. A queue of `max_pending` batches bounds the images held; when the reward is the
+slower of the two, generation waits for it.
+
+Resumable as the stages are: an image is in the store before it is queued, and a row is appended
+only once its batch is scored, so after a crash `gors score` (the next stage of `gors run`)
+scores whatever has no row yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from gors.core.io import append_jsonl
+from gors.core.scoring import Scorer, score_part, score_rows
+from gors.core.store import SampleKey, sample_key
+
+_DONE = object()  # the queue's end marker
+
+
+class BackgroundScorer:
+    """Scores the images of a generation loop on a worker thread (see the module docstring).
+
+    Args:
+        scores_folder: the score folder, already made ready by `gors.core.scoring.open_score_folder`.
+        make_reward: builds the reward; called by `open`, on the calling thread, so that a reward
+            that cannot be built fails before the first image is generated.
+        batch_size: images per reward call.
+        process_index: which score part this process appends to.
+        device: the reward's device; on CUDA the worker runs on a stream of its own.
+        prompt_metadata: per-prompt metadata merged under each record (see `score_rows`).
+        done: samples that already have a row; they are not scored again.
+        max_pending: generation batches that may wait for the worker before `add` blocks.
+    """
+
+    def __init__(self, scores_folder: Path, make_reward: Callable[[], Scorer], batch_size: int,
+                 process_index: int, device: torch.device, prompt_metadata: Sequence[dict[str, Any]] | None = None,
+                 done: Collection[SampleKey] = (), max_pending: int = 2) -> None:
+        self.out_file = score_part(scores_folder, process_index)
+        self.make_reward = make_reward
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.prompt_metadata = prompt_metadata
+        self.done = set(done)
+        self.scored = 0  # images scored and written by this process
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._error_raised = False
+
+    def open(self) -> None:
+        """Build the reward and start the worker; generation calls it once this process has work."""
+        if self._thread is not None:
+            return
+        reward = self.make_reward()
+        self._thread = threading.Thread(target=self._work, args=(reward,), name="gors-background-scoring",
+                                        daemon=True)
+        self._thread.start()
+
+    def add(self, records: Sequence[dict[str, Any]], images: Sequence[Image.Image]) -> None:
+        """Queue a batch that is in the store (records with their `path`); blocks while the queue is full.
+
+        Raises the worker's error, if it failed, so that generation stops at the next batch.
+        """
+        self._raise_worker_error()
+        if self._thread is None:
+            raise RuntimeError("BackgroundScorer.add before open()")
+        while True:
+            try:
+                self._queue.put((list(records), list(images)), timeout=1.0)
+                return
+            except queue.Full:  # a worker that died leaves the queue full: look again
+                self._raise_worker_error()
+
+    def close(self) -> None:
+        """Score what is queued, stop the worker, and raise its error if it failed (and `add` did not)."""
+        if self._thread is None:
+            return
+        while self._thread.is_alive():
+            try:
+                self._queue.put(_DONE, timeout=1.0)
+                break
+            except queue.Full:
+                continue
+        self._thread.join()
+        self._thread = None
+        self._raise_worker_error()
+
+    def _raise_worker_error(self) -> None:
+        if self._error is not None and not self._error_raised:
+            self._error_raised = True
+            raise RuntimeError(
+                f"scoring overlapped with generation failed: {self._error}. The images generated so far are in the "
+                f"store and every finished score row in {self.out_file}; fix the cause and rerun: only what is "
+                f"missing is generated and scored."
+            ) from self._error
+
+    def _work(self, reward: Scorer) -> None:
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights copied on the default stream
+        records: list[dict[str, Any]] = []
+        images: list[Image.Image] = []
+        try:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                while True:
+                    item = self._queue.get()
+                    finished = item is _DONE
+                    if not finished:
+                        for record, image in zip(*item, strict=True):
+                            if sample_key(record) not in self.done:
+                                records.append(record)
+                                images.append(image)
+                    while len(records) >= self.batch_size or (finished and records):
+                        batch, records = records[: self.batch_size], records[self.batch_size :]
+                        batch_images, images = images[: self.batch_size], images[self.batch_size :]
+                        append_jsonl(self.out_file, score_rows(reward, batch, batch_images, self.prompt_metadata))
+                        self.scored += len(batch)
+                    if finished:
+                        return
+        except BaseException as err:  # handed to the generation thread by `add` or `close`
+            self._error = err
+            # Unblock a producer waiting on a full queue: it then sees the error.
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._queue.get_nowait()

@@ -1,0 +1,141 @@
+"""`gors run --overlap_scoring`: scoring each batch while the next one generates, on tiny models.
+
+The overlapped path must give the rows `gors score` gives after generation, stop generation when
+the reward fails, and leave a resumable run folder after a crash.
+"""
+
+import shutil
+
+import pytest
+
+import rewards.combined
+from gors.core.distributed import make_accelerator
+from gors.core.run_folder import samples_dir, scores_dir
+from gors.core.scoring import load_scores
+from gors.core.store import SampleStore
+from gors.generate import generate
+from gors.run import run
+from gors.score import score, scoring_while_generating
+from gors.timings import read_timings
+
+
+class Interrupt(RuntimeError):
+    pass
+
+
+def _overlapped(config):
+    with scoring_while_generating(config, make_accelerator()) as sink:
+        generate(config, sink=sink)
+    return load_scores(config.output_dir, config.reward)
+
+
+def _sequential(config):
+    generate(config)
+    return score(config)
+
+
+def _count_reward_builds(monkeypatch):
+    built = []
+    original = rewards.combined.build_reward
+
+    def counting(*args, **kwargs):
+        built.append(args[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr("gors.score.build_reward", counting)
+    return built
+
+
+@pytest.mark.parametrize("generation_batch_size, reward_batch_size", [(2, 2), (4, 3)])
+def test_overlapped_scores_equal_scoring_after_generation(make_run_config, tmp_path, generation_batch_size,
+                                                          reward_batch_size, monkeypatch):
+    sizes = dict(generation_batch_size=generation_batch_size, reward_batch_size=reward_batch_size)
+    expected = _sequential(make_run_config(output_dir=str(tmp_path / "sequential"), **sizes))
+    built = _count_reward_builds(monkeypatch)
+    config = make_run_config(**sizes)
+    overlapped = _overlapped(config)
+    assert len(built) == 1
+    assert overlapped == expected  # every row: reward, B-VQA's questions and probabilities, paths
+    # The score stage after it finds every sample scored and builds no reward.
+    assert score(config) == expected
+    assert len(built) == 1
+
+
+def test_a_reward_that_cannot_be_built_fails_before_any_image(make_run_config):
+    config = make_run_config(reward_model_name_or_path="/nonexistent/blip")
+    with pytest.raises(Exception, match="nonexistent"):
+        _overlapped(config)
+    assert SampleStore(samples_dir(config.output_dir)).records() == []
+
+
+def test_a_reward_failing_mid_run_stops_generation_and_keeps_finished_work(make_run_config, monkeypatch):
+    from rewards.b_vqa import BVQAReward
+
+    config = make_run_config()  # 6 images in batches of 2, scored in batches of 2
+    calls = {"n": 0}
+    original = BVQAReward._score
+
+    def fails_on_the_second_batch(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise Interrupt("the reward broke")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BVQAReward, "_score", fails_on_the_second_batch)
+    with pytest.raises(RuntimeError, match="scoring overlapped with generation failed: the reward broke"):
+        _overlapped(config)
+    # Generation stopped at the next batch it handed over, or at the end if it was ahead (timing);
+    # every image it wrote is complete, and the first batch's rows are kept.
+    store = SampleStore(samples_dir(config.output_dir))
+    assert len(store.records()) >= 2
+    assert len(load_scores(config.output_dir, "b_vqa")) == 2
+
+    monkeypatch.setattr(BVQAReward, "_score", original)
+    _overlapped(config)  # the rerun generates what is missing and scores it meanwhile...
+    assert len(store.records()) == 6
+    assert len(score(config)) == 6  # ... and the score stage scores the images the failure left unscored
+
+
+def test_a_crash_in_generation_scores_what_is_queued_and_the_rerun_completes(make_run_config, tmp_path,
+                                                                             monkeypatch):
+    config = make_run_config()
+    appended = {"n": 0}
+    original = SampleStore.append
+
+    def crash_on_the_fourth_image(self, *args, **kwargs):
+        appended["n"] += 1
+        if appended["n"] == 4:
+            raise Interrupt("killed")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SampleStore, "append", crash_on_the_fourth_image)
+    with pytest.raises(Interrupt):
+        _overlapped(config)
+    # Images 1-3 are in the store; the first batch (2 images) was handed over and scored.
+    assert len(SampleStore(samples_dir(config.output_dir)).records()) == 3
+    assert len(load_scores(config.output_dir, "b_vqa")) == 2
+    monkeypatch.setattr(SampleStore, "append", original)
+    _overlapped(config)
+    resumed = score(config)
+    # The same store scored afresh after generation: the same rows (up to the reward's float noise
+    # between batch compositions: the resumed run scored image 3 alone).
+    fresh = make_run_config(output_dir=str(tmp_path / "fresh"))
+    shutil.copytree(samples_dir(config.output_dir), samples_dir(fresh.output_dir))
+    expected = score(fresh)
+    assert resumed.keys() == expected.keys()
+    for key, row in expected.items():
+        assert resumed[key]["details"]["questions"] == row["details"]["questions"]
+        assert resumed[key]["reward"] == pytest.approx(row["reward"], abs=1e-6)
+
+
+def test_gors_run_with_overlap_times_one_stage_and_trains_on_the_same_scores(make_run_config, tmp_path):
+    sequential = make_run_config(output_dir=str(tmp_path / "sequential"))
+    run(sequential)
+    config = make_run_config(overlap_scoring=True)
+    run(config)
+    assert load_scores(config.output_dir, "b_vqa") == load_scores(sequential.output_dir, "b_vqa")
+    stages = read_timings(config.output_dir)["stages"]
+    assert set(stages) == {"generate+score", "select", "train"}  # the score stage found nothing left
+    assert stages["generate+score"]["work"] == 6
+    assert stages["generate+score"]["settings"]["overlap_scoring"] is True
+    assert (scores_dir(config.output_dir, "b_vqa") / "settings.json").is_file()
