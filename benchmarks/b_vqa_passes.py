@@ -277,29 +277,34 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def measure(argv: list[str] | None = None) -> list[SpeedResult]:
-    """Build the model, time both procedures in interleaved pairs, print the details; one row."""
-    args = parse(argv)
-    device, dtype = torch.device(args.device), torch.float32  # the official evaluation runs in float32
+def save_model(folder: Path, vision_layers: int, text_layers: int) -> dict[str, int]:
+    """Write a BLIP VQA model of `build_model`'s architecture at these depths (of 12), with its
+    processor at 480 px, to `folder` for `BVQAReward` to load; returns its parameter counts."""
     from transformers import BlipImageProcessor, BlipProcessor
 
     from gors.testing.blip import build_tiny_blip_vqa
 
-    with tempfile.TemporaryDirectory(prefix="b_vqa_bench_") as workdir:
-        # The tiny test model's folder gives the tokenizer files; the reward loads the built model
-        # and the processor from a folder of their own.
-        tiny = build_tiny_blip_vqa(Path(workdir) / "tiny", seed=0)
+    with tempfile.TemporaryDirectory(prefix="b_vqa_tokenizer_") as workdir:
+        tiny = build_tiny_blip_vqa(Path(workdir) / "tiny", seed=0)  # its folder gives the tokenizer files
         processor = BlipProcessor(
             image_processor=BlipImageProcessor(size={"height": OFFICIAL_IMAGE_SIZE, "width": OFFICIAL_IMAGE_SIZE}),
             tokenizer=BlipProcessor.from_pretrained(tiny).tokenizer,
         )
+    model = build_model(processor.tokenizer, vision_layers, text_layers)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return parameter_counts(model)
+
+
+def measure(argv: list[str] | None = None) -> list[SpeedResult]:
+    """Build the model, time both procedures in interleaved pairs, print the details; one row."""
+    args = parse(argv)
+    device, dtype = torch.device(args.device), torch.float32  # the official evaluation runs in float32
+
+    with tempfile.TemporaryDirectory(prefix="b_vqa_bench_") as workdir:
         start = time.perf_counter()
-        model = build_model(processor.tokenizer, args.vision_layers, args.text_layers)
-        counts = parameter_counts(model)
         folder = Path(workdir) / "model"
-        model.save_pretrained(folder)
-        processor.save_pretrained(folder)
-        del model
+        counts = save_model(folder, args.vision_layers, args.text_layers)
         reward = BVQAReward(model_name_or_path=str(folder), device=device, torch_dtype=dtype,
                             batch_size=args.batch_size, noun_phrase_backend="builtin")
         built_s = time.perf_counter() - start
