@@ -335,11 +335,11 @@ class Benchmark:
 
     def scorer_keys(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None, batch_size: int = 16,
                     column_options: Mapping[str, Mapping[str, Any]] | None = None,
-                    extra_columns: Sequence[str] = ()) -> set[ScorerKey]:
+                    extra_columns: Sequence[str] = (), with_columns: bool = True) -> set[ScorerKey]:
         """The `make_scorer` cache keys of every scorer `evaluate` builds with these arguments."""
         specs = [self.scorer_spec(options)]
         specs += [self.scorer_spec((column_options or {}).get(column), column)
-                  for column in self.computed_columns(extra_columns)]
+                  for column in (self.computed_columns(extra_columns) if with_columns else [])]
         return {scorer_key(reward, merged, batch_size, accelerator) for reward, merged in specs}
 
     def make_scorer(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None,

@@ -10,6 +10,7 @@ import pytest
 from evaluators import build_benchmark, parse_benchmarks
 from gors.cli import main, parse_config
 from gors.config import EvaluateConfig
+from gors.core.distributed import make_accelerator
 from gors.core.store import StoreError
 from gors.core.toy import PRETRAINED_DIR
 from gors.evaluate import drop_unneeded, evaluate
@@ -191,6 +192,11 @@ def test_columns_flag_adds_optional_columns_where_a_benchmark_has_them(tmp_path)
     config = parse_config(EvaluateConfig, ["--benchmarks", "t2i_compbench:color,toy", "--columns", "MLLM-CoT"])
     assert config.extra_columns == ["MLLM-CoT"]
     assert extra_columns(config, [color, toy]) == [["MLLM-CoT"], []]
+    # The scorers kept loaded between benchmarks: the main one, the columns', and without columns the main one only.
+    accelerator = make_accelerator()
+    assert len(color.scorer_keys(accelerator)) == 1 + len(color.columns())
+    assert len(color.scorer_keys(accelerator, extra_columns=["MLLM-CoT"])) == 2 + len(color.columns())
+    assert len(color.scorer_keys(accelerator, extra_columns=["MLLM-CoT"], with_columns=False)) == 1
     with pytest.raises(ValueError, match="--columns"):
         EvaluateConfig(columns=" , ")
     # A column no benchmark evaluated has is refused before anything is generated.
