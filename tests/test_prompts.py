@@ -92,7 +92,7 @@ def test_failed_download_says_how_to_go_offline(monkeypatch: pytest.MonkeyPatch,
         P.load_prompts("spatial")
     message = str(err.value)
     assert P.t2i_compbench_url("spatial_train.txt") in message
-    assert "GORS_DATA_DIR" in message and "--train_prompts" in message
+    assert "GORS_DATA_DIR" in message and "the path of a prompt file instead of the T2I-CompBench name" in message
     assert _isolated == [1, 2, 3]  # tried four times, waiting longer each time
     assert not list(cache_root().rglob("spatial_train.txt"))
 

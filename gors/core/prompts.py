@@ -78,8 +78,9 @@ T2I_COMPBENCH = PinnedSource(
     commit=T2I_COMPBENCH_COMMIT,
     folder=T2I_COMPBENCH_FOLDER,
     sha256=T2I_COMPBENCH_SHA256,
-    offline_hint="(e.g. a copy of the T2I-CompBench examples/dataset/ folder), or pass your own prompt file "
-    "with --train_prompts FILE",
+    # Said by every command that takes a T2I-CompBench name (gors run's --train_prompts, gors questions' PROMPTS).
+    offline_hint="(e.g. a copy of the T2I-CompBench examples/dataset/ folder), or give the path of a prompt file "
+    "instead of the T2I-CompBench name",
 )
 
 
