@@ -11,6 +11,17 @@ The official metric runs BLIP VQA through LAVIS, which starts every question wit
 We follow the official code by default (`question_start="enc"`), so numbers compare with the
 published tables; `question_start="cls"` gives transformers' behaviour.
 
+The official metric runs the fine-tuned checkpoint (``model_base_vqa_capfilt_large.pth``) at
+480 x 480 px (BLIP's ``configs/vqa.yaml``), 30 x 30 patches. The Hub's
+``Salesforce/blip-vqa-capfilt-large`` is that checkpoint converted by transformers'
+``convert_blip_original_pytorch_to_hf.py``, which loaded it at 384 px: BLIP's loader interpolated
+its position embeddings to 24 x 24 (bicubic), and the Hub processor resizes to 384. With that
+model gors runs at the official 480 px by default: images resized to 480 (bicubic, as both do) and
+the position embeddings interpolated back to 30 x 30 the same way, once at load. The vision
+encoder then sees the official 901 tokens; the one difference left is the round trip of the
+position embeddings (30 -> 24 -> 30), which could not be measured here (no weights offline).
+`image_size=384` gives the Hub's own set-up; other checkpoints run at their processor's size.
+
 The questions come from a question table (`questions=TABLE.json`, see `rewards.question_table`)
 for the prompts it holds and from the configured noun-phrase parser for the others; each detail
 row records its `question_source`: the parser's name and version, and the table's sha256.
@@ -33,6 +44,8 @@ from rewards.question_table import QuestionTable, load_question_table
 
 # The official code tokenises questions with truncation to 35 tokens.
 MAX_QUESTION_TOKENS = 35
+# The official metric's input size (BLIP's configs/vqa.yaml), for its checkpoint, the reward's default model.
+OFFICIAL_IMAGE_SIZE = 480
 
 
 class BVQAReward(Reward):
@@ -50,6 +63,9 @@ class BVQAReward(Reward):
             "cls" (transformers' BLIP VQA inference).
         questions: a question table (JSON, see `rewards.question_table`) whose questions are used
             for every prompt it holds (capped at `max_questions`); other prompts are parsed.
+        image_size: input side in pixels; the position embeddings are interpolated to it at load
+            when the checkpoint has another. Default: 480 (the official metric's) for the default
+            model, the processor's size for any other checkpoint.
 
     Details per image: questions, phrases, p_yes (each in [0, 1]), score, and question_source
     (``{"source": "table", "table_sha256": ..., "parser": {...}}`` or
@@ -70,6 +86,7 @@ class BVQAReward(Reward):
         noun_phrase_backend: Backend = "auto",
         question_start: Literal["enc", "cls"] = "enc",
         questions: str | os.PathLike[str] | None = None,
+        image_size: int | None = None,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
         from transformers import BlipForQuestionAnswering, BlipProcessor
@@ -87,6 +104,12 @@ class BVQAReward(Reward):
             BlipForQuestionAnswering.from_pretrained, path, MODEL_FLAG, dtype=self.torch_dtype
         )
         self.model = model.to(self.device).eval().requires_grad_(False)
+        if image_size is None and self.model_name_or_path == self.default_model:
+            image_size = OFFICIAL_IMAGE_SIZE
+        if image_size is not None:
+            resize_position_embeddings(self.model.vision_model, image_size)
+        self.image_size = self.model.vision_model.config.image_size
+        self.processor.image_processor.size = {"height": self.image_size, "width": self.image_size}
         self.yes_id = self._single_token_id("yes")
         self.no_id = self._single_token_id("no")
         if question_start not in ("enc", "cls"):
@@ -224,3 +247,24 @@ class BVQAReward(Reward):
         # P(yes) / (P(yes) + P(no)) of a softmax is sigmoid(logit_yes - logit_no): the
         # normaliser cancels, and no tiny probabilities are divided.
         return torch.sigmoid(logits[:, self.yes_id] - logits[:, self.no_id]).tolist()
+
+
+def resize_position_embeddings(vision_model: torch.nn.Module, image_size: int) -> None:
+    """Let a BLIP vision model take `image_size` px inputs: its patch position embeddings
+    interpolated to the new grid (bicubic, `align_corners=False`, as BLIP's checkpoint loader and
+    transformers' `interpolate_pos_encoding` do), the class token's kept; in place, config updated."""
+    embeddings = vision_model.embeddings
+    config = vision_model.config
+    if image_size % config.patch_size:
+        raise ValueError(f"image_size={image_size}: must be a multiple of the patch size {config.patch_size}")
+    if image_size == config.image_size:
+        return
+    table = embeddings.position_embedding.data
+    old_grid, new_grid = config.image_size // config.patch_size, image_size // config.patch_size
+    patches = table[:, 1:].reshape(1, old_grid, old_grid, -1).permute(0, 3, 1, 2).float()
+    patches = torch.nn.functional.interpolate(patches, size=(new_grid, new_grid), mode="bicubic", align_corners=False)
+    patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, -1).to(table.dtype)
+    embeddings.position_embedding = torch.nn.Parameter(torch.cat([table[:, :1], patches], dim=1), requires_grad=False)
+    embeddings.image_size = config.image_size = image_size
+    embeddings.num_patches = new_grid * new_grid
+    embeddings.num_positions = new_grid * new_grid + 1

@@ -14,7 +14,7 @@ import gors.testing.blip as tiny_blip
 import rewards.noun_phrases as noun_phrases
 from gors.testing.blip import build_tiny_blip_vqa
 from rewards import get_reward_class, load
-from rewards.b_vqa import BVQAReward
+from rewards.b_vqa import OFFICIAL_IMAGE_SIZE, BVQAReward, resize_position_embeddings
 from rewards.noun_phrases import BUILTIN_PARSER_VERSION
 from rewards.question_table import FORMAT, load_question_table, make_question_table, write_question_table
 
@@ -178,6 +178,39 @@ def test_vision_once_per_image_and_questions_batched_across_images(reward: BVQAR
     assert sum(vision_batches) == 6  # each image with questions exactly once
     assert vision_batches == [4, 2]
     assert decoder_batches == [4, 4, 4]  # 12 questions of 6 images in chunks of batch_size
+
+
+def test_resized_position_embeddings_equal_transformers_interpolation(model_dir: Path) -> None:
+    from transformers import BlipForQuestionAnswering
+
+    model = BlipForQuestionAnswering.from_pretrained(model_dir).eval()
+    pixels = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        interpolated = model.vision_model(pixel_values=pixels, interpolate_pos_encoding=True).last_hidden_state
+        resize_position_embeddings(model.vision_model, 64)  # 4 x 4 patches of 8 px -> 8 x 8
+        resized = model.vision_model(pixel_values=pixels).last_hidden_state
+    assert model.vision_model.embeddings.position_embedding.shape == (1, 65, 32)
+    assert model.config.vision_config.image_size == 64
+    torch.testing.assert_close(resized, interpolated, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="multiple of the patch size 8"):
+        resize_position_embeddings(model.vision_model, 60)
+
+
+def test_image_size_default_is_480_for_the_official_checkpoint_only(model_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    own = BVQAReward(model_name_or_path=str(model_dir), device="cpu", noun_phrase_backend="builtin")
+    assert own.image_size == tiny_blip.IMAGE_SIZE  # another checkpoint: its processor's size
+    bigger = BVQAReward(model_name_or_path=str(model_dir), device="cpu", noun_phrase_backend="builtin",
+                        image_size=64)
+    image = Image.new("RGB", (100, 100), "red")
+    assert bigger.processor.image_processor([image], return_tensors="pt").pixel_values.shape[-1] == 64
+    assert 0.0 <= bigger.score([image], ["a red car"]).scores[0] <= 1.0
+    # The default model (here the tiny one standing in for Salesforce/blip-vqa-capfilt-large) runs at 480 px.
+    monkeypatch.setattr(BVQAReward, "default_model", str(model_dir))
+    official = BVQAReward(device="cpu", noun_phrase_backend="builtin")
+    assert official.image_size == OFFICIAL_IMAGE_SIZE
+    assert official.model.vision_model.embeddings.position_embedding.shape[1] == (480 // 8) ** 2 + 1
+    assert official.processor.image_processor([image], return_tensors="pt").pixel_values.shape[-2:] == (480, 480)
 
 
 def test_prompt_without_noun_phrase_scores_one(reward: BVQAReward) -> None:
