@@ -23,6 +23,20 @@ class Interrupt(RuntimeError):
     pass
 
 
+def _fail_on_call(monkeypatch, owner, name, call, message):
+    """Make `owner.name` raise `Interrupt(message)` on call number `call` (only that one)."""
+    original = getattr(owner, name)
+    calls = {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise Interrupt(message)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapped)
+
+
 def _overlapped(config):
     with scoring_while_generating(config, make_accelerator()) as sink:
         generate(config, sink=sink)
@@ -72,16 +86,7 @@ def test_a_reward_failing_mid_run_stops_generation_and_keeps_finished_work(make_
     from rewards.b_vqa import BVQAReward
 
     config = make_run_config()  # 6 images in batches of 2, scored in batches of 2
-    calls = {"n": 0}
-    original = BVQAReward._score
-
-    def fails_on_the_second_batch(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise Interrupt("the reward broke")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(BVQAReward, "_score", fails_on_the_second_batch)
+    _fail_on_call(monkeypatch, BVQAReward, "_score", 2, "the reward broke")
     with pytest.raises(RuntimeError, match="scoring overlapped with generation failed: the reward broke"):
         _overlapped(config)
     # Generation stopped at the next batch it handed over, or at the end if it was ahead (timing);
@@ -90,7 +95,7 @@ def test_a_reward_failing_mid_run_stops_generation_and_keeps_finished_work(make_
     assert len(store.records()) >= 2
     assert len(load_scores(config.output_dir, "b_vqa")) == 2
 
-    monkeypatch.setattr(BVQAReward, "_score", original)
+    monkeypatch.undo()
     _overlapped(config)  # the rerun generates what is missing and scores it meanwhile...
     assert len(store.records()) == 6
     assert len(score(config)) == 6  # ... and the score stage scores the images the failure left unscored
@@ -99,22 +104,13 @@ def test_a_reward_failing_mid_run_stops_generation_and_keeps_finished_work(make_
 def test_a_crash_in_generation_scores_what_is_queued_and_the_rerun_completes(make_run_config, tmp_path,
                                                                              monkeypatch):
     config = make_run_config()
-    appended = {"n": 0}
-    original = SampleStore.append
-
-    def crash_on_the_fourth_image(self, *args, **kwargs):
-        appended["n"] += 1
-        if appended["n"] == 4:
-            raise Interrupt("killed")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(SampleStore, "append", crash_on_the_fourth_image)
+    _fail_on_call(monkeypatch, SampleStore, "append", 4, "killed")  # the fourth image
     with pytest.raises(Interrupt):
         _overlapped(config)
     # Images 1-3 are in the store; the first batch (2 images) was handed over and scored.
     assert len(SampleStore(samples_dir(config.output_dir)).records()) == 3
     assert len(load_scores(config.output_dir, "b_vqa")) == 2
-    monkeypatch.setattr(SampleStore, "append", original)
+    monkeypatch.undo()
     _overlapped(config)
     resumed = score(config)
     # The same store scored afresh after generation: the same rows (up to the reward's float noise
