@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU measurements issue #13 asks for, as one prepared run for a short lease of a GPU machine
+# that has PyTorch but no internet and not all of gors' dependencies (the workplace's H200 image
+# lacks diffusers, pooch and platformdirs, and holds an older transformers; its huggingface_hub,
+# 1.33, suits both).
+#
+#   benchmarks/gpu_session.sh prepare     # here, with the package registry: the missing wheels into .whl/
+#   benchmarks/gpu_session.sh run         # there (carry .whl): install them, measure, write to $OUT
+#
+# `run` measures, in order of what #13 still lacks, each under its own time limit so that one slow
+# script does not cost the others: the speed scripts at the real architecture sizes (Soft-TIFA,
+# B-VQA, training, generation, overlapped scoring), then the training memory of SD 2 at 512 px.
+# Every script writes its table as it finishes; the logs and tables land in $OUT (or ./gpu_out).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Pure-Python wheels the device lacks, at the versions gors is tested with (pyproject.toml, the venv).
+WHEELS=(diffusers==0.42.1 transformers==5.24.0 pooch==1.8.2 platformdirs==4.3.8
+        importlib_metadata==8.7.0 zipp==3.23.0)
+
+prepare() {
+    grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation py \
+        --platform any -d .whl "${WHEELS[@]}"
+    du -sh .whl
+}
+
+measure() {  # measure NAME SECONDS COMMAND...: one measurement, its log in $out, its failure not fatal
+    local name=$1 seconds=$2
+    shift 2
+    echo "[gpu_session] $name (at most ${seconds} s)"
+    if ! timeout "$seconds" "$@" > "$out/$name.log" 2>&1; then
+        echo "[gpu_session] $name did not finish (exit $?); its log: $name.log"
+    fi
+    tail -n 20 "$out/$name.log"
+}
+
+run() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+    out=${OUT:-gpu_out}
+    mkdir -p "$out"
+    nvidia-smi > "$out/nvidia-smi.txt"
+    python3 -c "import torch, transformers, diffusers; print(torch.__version__, transformers.__version__, diffusers.__version__)"
+    # Seconds per script: 540 in all, inside one command's 10 minutes with the install and start-up.
+    for entry in soft_tifa_one_pass:120 b_vqa_passes:60 train_step:120 generation:90 overlap:90; do
+        script=${entry%%:*}
+        measure "$script" "${entry##*:}" python3 -m benchmarks --device cuda --full-size --only "$script" \
+            --output "$out/$script.md"
+    done
+    measure train_memory 60 python3 benchmarks/train_memory.py --device cuda --families sd
+    cat "$out"/*.md 2>/dev/null || true
+}
+
+case "${1:-}" in
+    prepare) prepare ;;
+    run) run ;;
+    *) echo "usage: $0 prepare|run" >&2; exit 2 ;;
+esac
