@@ -65,7 +65,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     from gors.core.distributed import make_accelerator, reset_process_state
     from gors.core.pipeline import load_pipeline
     from gors.core.sampling import SamplingProtocol, generate_samples
-    from gors.core.scoring import open_score_folder, score_samples
+    from gors.core.scoring import open_score_folder, read_score_rows, score_samples
     from gors.core.store import SampleStore
     from rewards.b_vqa import BVQAReward
 
@@ -98,8 +98,6 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                 return score_samples(store, scores, lambda: reward, args.reward_batch_size, accelerator)
 
         def run_overlapped() -> dict:
-            from gors.core.scoring import read_score_rows
-
             with contextlib.redirect_stdout(sys.stderr):
                 run = root / f"gors-{calls['gors']}"
                 open_score_folder(run / "scores", [], accelerator)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,13 +66,11 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
         return checkpoint_step(checkpoint) if checkpoint is not None else 0
 
     with run_folder_lock(out, STAGES, command):
-        if config.overlap_scoring:  # one stage in time: its rate is of generating and scoring together
-            with timed_stage("generate+score", "images", lambda: len(store.records()), accelerator, timings):
-                with scoring_while_generating(config, accelerator) as sink:
-                    generate(config, accelerator, lora=inputs.lora, seed=inputs.seed, sink=sink)
-        else:
-            with timed_stage("generate", "images", lambda: len(store.records()), accelerator, timings):
-                generate(config, accelerator, lora=inputs.lora, seed=inputs.seed)
+        # Overlapped, scoring runs inside generation: one stage in time, its rate that of both together.
+        overlapped = scoring_while_generating(config, accelerator) if config.overlap_scoring else nullcontext()
+        with timed_stage("generate+score" if config.overlap_scoring else "generate", "images",
+                         lambda: len(store.records()), accelerator, timings), overlapped as sink:
+            generate(config, accelerator, lora=inputs.lora, seed=inputs.seed, sink=sink)
         with timed_stage("score", "images", scored, accelerator, timings):
             score(config, accelerator)
         with timed_stage("select", "samples", selected, accelerator, timings, resumable=False):

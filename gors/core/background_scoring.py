@@ -61,7 +61,6 @@ class BackgroundScorer:
         self.device = torch.device(device)
         self.prompt_metadata = prompt_metadata
         self.done = set(done)
-        self.scored = 0  # images scored and written by this process
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -134,7 +133,6 @@ class BackgroundScorer:
                         batch, records = records[: self.batch_size], records[self.batch_size :]
                         batch_images, images = images[: self.batch_size], images[self.batch_size :]
                         append_jsonl(self.out_file, score_rows(reward, batch, batch_images, self.prompt_metadata))
-                        self.scored += len(batch)
                     if finished:
                         return
         except BaseException as err:  # handed to the generation thread by `add` or `close`
