@@ -1,7 +1,7 @@
 """Soft-TIFA: gors' shared-prefix answering against GenEval 2's official per-question procedure.
 
 Both run in one process on the same random-weight model of Qwen3-VL-8B's proportions, the same
-images (files) and the same questions, interleaved image by image (the order alternating) and
+images (files) and the same questions, interleaved batch by batch (the order alternating) and
 repeated; the script prints the min and median of the paired time ratios and how far the
 answer probabilities of the two differ.
 
@@ -14,9 +14,11 @@ answer probabilities of the two differ.
   output_scores=True, return_dict_in_generate=True)``; the atom scores the sum of
   ``softmax(scores[0])[tokenizer.encode(variant)[0]]`` over the answer variants. So every question
   runs the vision tower and the whole language model over the image tokens again.
-- **gors**: `SoftTIFAReward.score` on the image read once from its file: the vision tower once
-  per image, the chat prefix up to the image tokens through the language model once, the
-  image's questions as one batch of continuations on its cache (see `rewards.vlm`).
+- **gors**: `SoftTIFAReward.score` on a batch of images (``--images``, 4 by default), each read
+  once from its file, as gors' evaluators and GORS' score stage call a reward: the vision tower
+  once per image, the chat prefix up to the image tokens through the language model once, the
+  image's questions as one packed prefix tree of continuations on its cache, and the LM head
+  once for the batch's questions (see `rewards.vlm`).
 
 The model: `Qwen3VLForConditionalGeneration` built in code from Qwen/Qwen3-VL-8B-Instruct's
 published ``config.json`` (values below), scaled down in depth only (by default 2 text layers of
@@ -31,12 +33,12 @@ so the text parts of the prompts have about the real token counts; the image pro
 published one's (``preprocessor_config.json``: patch 16, merge 2, temporal patch 2, pixels from
 65536 to 16777216, mean and std 0.5).
 
-    python benchmarks/soft_tifa_one_pass.py                      # CPU, float32, 3 pairs
-    python benchmarks/soft_tifa_one_pass.py --images 4 --repeats 3
+    python benchmarks/soft_tifa_one_pass.py                      # CPU, float32, 4 images, 3 pairs
+    python benchmarks/soft_tifa_one_pass.py --images 1 --repeats 5
     python benchmarks/soft_tifa_one_pass.py --device cuda --full-size --images 8   # bfloat16, 36 + 27 layers
 
-On 2 shared CPU cores the default run takes 4-7 minutes (the model is built in about 30 s; a pair
-of runs takes about 1-2 minutes). `python -m benchmarks` calls `measure` with ``--device`` and
+On 2 idle CPU cores the default run takes about 3 minutes (the model is built in about 30 s; a
+pair of runs over 4 images takes about 45 s). `python -m benchmarks` calls `measure` with ``--device`` and
 ``--full-size`` and puts its row in the common table.
 
 The agreement must be within 1e-4 (relative) in float32; in bfloat16 the two procedures' matrix
@@ -49,7 +51,6 @@ import argparse
 import statistics
 import tempfile
 import time
-from itertools import cycle
 from pathlib import Path
 
 import numpy as np
@@ -222,10 +223,11 @@ def official_atom_scores(tokenizer, probabilities: list[torch.Tensor]) -> list[f
     ]
 
 
-def gors_atom_scores(reward: SoftTIFAReward, image_path: str) -> list[float]:
-    """gors: the reward on the image read once from its file."""
-    image = Image.open(image_path).convert("RGB")
-    return reward.score([image], [PROMPT], [{"vqa_list": VQA_LIST}]).details[0]["atom_scores"]
+def gors_atom_scores(reward: SoftTIFAReward, image_paths: list[str]) -> list[list[float]]:
+    """gors: the reward on a batch of images, each read once from its file; atom scores per image."""
+    images = [Image.open(path).convert("RGB") for path in image_paths]
+    output = reward.score(images, [PROMPT] * len(images), [{"vqa_list": VQA_LIST}] * len(images))
+    return [details["atom_scores"] for details in output.details]
 
 
 def relative_difference(got, reference) -> float:
@@ -241,8 +243,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--full-size", action="store_true", help="all 36 text and 27 vision layers")
     parser.add_argument("--text_layers", type=int, default=2, help="of 36 in Qwen3-VL-8B")
     parser.add_argument("--vision_layers", type=int, default=2, help="of 27 in Qwen3-VL-8B")
-    parser.add_argument("--images", type=int, default=1, help="distinct images (files)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes over the images")
+    parser.add_argument("--images", type=int, default=4, help="distinct images (files): gors' batch")
+    parser.add_argument("--repeats", type=int, default=3, help="timed pairs of passes over the images")
     parser.add_argument("--size", type=int, default=512, help="image side in pixels")
     parser.add_argument("--batch_size", type=int, default=8, help="questions per continuation pass")
     args = parser.parse_args(argv)
@@ -297,41 +299,43 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
         asked = [(0, question + QUESTION_SUFFIX) for question, _ in VQA_LIST]
         gors_probabilities = [p for _, p in reward.vlm.next_token_probabilities([encoded], asked, args.batch_size)]
 
-        # Both sides walk through the images in step, so pair k is image k % images on both. Each
-        # side's seconds are taken inside (their results are on the host, so the device is done).
-        official_paths, gors_paths = cycle(paths), cycle(paths)
-        official_runs: list[tuple[list[torch.Tensor], list[float], float]] = []
-        gors_runs: list[tuple[list[float], float]] = []
+        # A pair: each side over all images, gors in one call. Each side's seconds are taken
+        # inside (their results are on the host, so the device is done).
+        official_runs: list[tuple[list[torch.Tensor], list[list[float]], float]] = []
+        gors_runs: list[tuple[list[list[float]], float]] = []
 
         def reference() -> None:
             start = time.perf_counter()
-            probabilities = official_probabilities(model, processor, next(official_paths), VQA_LIST)
-            scores = official_atom_scores(processor.tokenizer, probabilities)
-            official_runs.append((probabilities, scores, time.perf_counter() - start))
+            probabilities, scores = [], []
+            for path in paths:
+                probabilities.append(official_probabilities(model, processor, path, VQA_LIST))
+                scores.append(official_atom_scores(processor.tokenizer, probabilities[-1]))
+            official_runs.append((probabilities[0], scores, time.perf_counter() - start))
 
         def ours() -> None:
             start = time.perf_counter()
-            scores = gors_atom_scores(reward, next(gors_paths))
+            scores = gors_atom_scores(reward, paths)
             gors_runs.append((scores, time.perf_counter() - start))
 
-        ratios, _, _ = paired_ratios(reference, ours, device, args.images * args.repeats, warmup=0)
+        ratios, _, _ = paired_ratios(reference, ours, device, args.repeats, warmup=0)
 
     for k, (official_run, gors_run) in enumerate(zip(official_runs, gors_runs, strict=True)):
-        print(f"  pair {k} (image {k % args.images}): GenEval 2 {official_run[2]:7.2f} s, gors {gors_run[1]:6.2f} s")
+        print(f"  pair {k} ({args.images} images): GenEval 2 {official_run[2]:7.2f} s, gors {gors_run[1]:6.2f} s")
 
     atom_difference = max(relative_difference(g[0], o[1]) for g, o in zip(gors_runs, official_runs, strict=True))
     vocabulary_difference = max(
         relative_difference(g, o) for g, o in zip(gors_probabilities, official_runs[0][0], strict=True)
     )
-    official_s = statistics.median(run[2] for run in official_runs)
-    gors_s = statistics.median(run[1] for run in gors_runs)
+    official_s = statistics.median(run[2] for run in official_runs) / args.images
+    gors_s = statistics.median(run[1] for run in gors_runs) / args.images
     questions = len(VQA_LIST)
     print()
     print(f"| procedure ({questions} questions per image) | s per image (median) | s per question (median) |")
     print("|---|---|---|")
     print(f"| GenEval 2: generate(max_new_tokens=1) per question, image from its file | {official_s:.2f} | "
           f"{official_s / questions:.3f} |")
-    print(f"| gors: vision and chat prefix once per image, questions batched on its cache | {gors_s:.2f} | "
+    print(f"| gors: vision and prefix once per image, questions packed on its cache, one LM head per batch "
+          f"| {gors_s:.2f} | "
           f"{gors_s / questions:.3f} |")
     # Checked in float32 only: in half precision the batched and one-at-a-time matrix products
     # round differently by about 1e-2 of a logit, so the bound there is only reported.

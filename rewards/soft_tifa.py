@@ -17,7 +17,7 @@ Atom questions come from the metadata's ``vqa_list`` (GenEval 2's data: [questio
 answer] pairs, with optional ``skills``) when present, else from `rewards.atoms.prompt_atoms`.
 Differences from the official script, none of which changes a score on GenEval 2's data with
 Qwen3-VL: no ``generate`` (the image encoded once and its chat prefix run once, then its
-questions as one batch of continuations; the same distribution, see `rewards.vlm`); variant
+questions as one packed row of continuations; the same distribution, see `rewards.vlm`); variant
 token ids are deduplicated; answers the data never hold (an expected "No", digits, counts above
 ten) get their own variants; an image without atoms scores 1.0; VQAScore formats the prompt
 once (the official code calls ``format`` twice, which only matters for a prompt with braces).

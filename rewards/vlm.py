@@ -18,14 +18,19 @@ distribution, computing what the questions of an image share only once:
    as ``mm_encoder_outputs`` and the M-RoPE position ids of Qwen3-VL's ``get_rope_index``; its
    key/value cache (a `DynamicCache`) is kept. The image tokens and the deepstack injection lie
    in the prefix only, so nothing after it depends on the image except through that cache;
-4. the image's questions (their tokens after the prefix, right-padded) then run as one batch of
-   continuations on that cache, expanded to the batch as views (``Tensor.expand``, no copy up
-   front; `DynamicCache.update` then concatenates each layer's question keys and values to the
-   views, which materialises that layer's batch once, as any batched pass would); the
-   attention mask covers prefix and question, and the continuation's M-RoPE positions are text
-   positions from the prefix's largest position + 1 on, as ``get_rope_index`` numbers text after
-   an image. The hidden state at each question's last token goes through the LM head and a
-   float32 softmax.
+4. the image's questions (their tokens after the prefix) then run as one packed row of
+   continuations on that cache: a prefix tree (`QuestionTree`) of their token sequences, so that
+   leading tokens several questions share ("Are the", "How many") are computed once and no row
+   is padded. Each token attends to the prefix and to its own question's earlier tokens (its
+   ancestors in the tree), through a 4D attention mask; its M-RoPE position is a text position
+   (the same on all three axes) counting on from the prefix's largest position + 1 by its depth
+   in the tree, as ``get_rope_index`` numbers text after an image. The continuation appends to a
+   branch of the prefix's cache that shares its tensors (`branch_cache`), so the prefix's cache
+   is left as it is for the image's next batch of questions;
+5. the hidden state at each question's last token goes through the LM head and a float32
+   softmax, the rows of several images in one product: the head's weight (vocabulary x hidden
+   size, 2.5 GB for Qwen3-VL-8B in float32) is then read once for all of them, where a product
+   of a few rows is bound by that read.
 
 Each distribution equals that of a plain full forward ``model(**processor.apply_chat_template(
 ...))`` of its question alone, and that of GenEval 2's ``generate(max_new_tokens=1)``, up to float
@@ -51,6 +56,10 @@ if TYPE_CHECKING:
 # Two questions that differ from their first character on: their rendered prompts share
 # exactly the part of the template before the question.
 _PROBE_QUESTIONS = ("Is it red?", "How many?")
+# Rows gathered for one LM-head product (see step 5 of the module docstring): enough to share
+# the weight's read among several images' questions, few enough that the float32 distributions
+# (64 x 151936 x 4 bytes = 39 MB for Qwen3-VL) stay small.
+HEAD_ROWS = 64
 
 
 @dataclass
@@ -206,12 +215,14 @@ class ChatVLM:
         Each distribution is a float32 vector over the vocabulary (on the model's device),
         summing to 1. Questions are grouped by image (images in order of first appearance,
         questions in order within an image, which is the order of the yields): each image's
-        shared prefix runs once, then its questions run `batch_size` at a time as continuations
-        of it. The images are not re-encoded.
+        shared prefix runs once, then its questions run `batch_size` at a time as one packed
+        continuation of it; the LM head runs once per `HEAD_ROWS` questions or so, across images.
+        The images are not re-encoded.
         """
         by_image: dict[int, list[int]] = {}
         for k, (index, _) in enumerate(questions):
             by_image.setdefault(index, []).append(k)
+        pending: list[tuple[int, torch.Tensor]] = []
         for index, members in by_image.items():
             image = images[index]
             ids = {k: self.question_ids(questions[k][1], image) for k in members}
@@ -220,7 +231,16 @@ class ChatVLM:
             for start in range(0, len(members), batch_size):
                 chunk = members[start : start + batch_size]
                 tails = [self._tail(ids[k], prefix) for k in chunk]
-                yield from zip(chunk, self.continuation_probabilities(prefix, tails))
+                pending += zip(chunk, self.continuation_hidden(prefix, tails))
+                if len(pending) >= HEAD_ROWS:
+                    yield from self._answer(pending)
+                    pending = []
+        yield from self._answer(pending)
+
+    def _answer(self, pending: list[tuple[int, torch.Tensor]]) -> Iterator[tuple[int, torch.Tensor]]:
+        if pending:
+            keys, rows = zip(*pending)
+            yield from zip(keys, self.answer_probabilities(torch.stack(rows)))
 
     @staticmethod
     def _tail(ids: list[int], prefix: PrefixState) -> list[int]:
@@ -252,49 +272,105 @@ class ChatVLM:
         )
         return PrefixState(ids, cache, int(positions.max()) + 1)
 
-    def continuation_probabilities(self, prefix: PrefixState, tails: list[list[int]]) -> torch.Tensor:
-        """P(next token) after each prefix + tail, from one batched pass; (len(tails), vocab) float32."""
-        lengths = torch.tensor([len(x) for x in tails], device=self.device)
-        width = int(lengths.max())
-        pad = self.tokenizer.pad_token_id
-        # Right padding: a causal model's real tokens never see the padding after them.
-        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in tails], device=self.device)
-        question_mask = (torch.arange(width, device=self.device) < lengths[:, None]).long()
-        attention_mask = torch.cat(
-            [question_mask.new_ones(len(tails), len(prefix.ids)), question_mask], dim=1
-        )
-        # Text after the image: the same position on all three M-RoPE axes, counting on from
-        # the prefix's largest position.
-        positions = prefix.next_position + torch.arange(width, device=self.device)
-        positions = positions.expand(3, len(tails), width)
+    def continuation_hidden(self, prefix: PrefixState, tails: list[list[int]]) -> torch.Tensor:
+        """The language model's final hidden state after each prefix + tail, from one packed pass.
+
+        Returns (len(tails), text hidden size), in the model's dtype; `answer_probabilities`
+        turns it into next-token distributions. `prefix`'s cache is not extended.
+        """
+        tree = QuestionTree.from_tails(tails)
+        dtype, nodes = self.model.dtype, len(tree.tokens)
+        blocked = torch.finfo(dtype).min
+        # Additive, as eager attention adds it; SDPA takes the same mask.
+        mask = torch.zeros(1, 1, nodes, len(prefix.ids) + nodes, dtype=dtype, device=self.device)
+        mask[..., len(prefix.ids) :] = torch.where(tree.ancestry().to(self.device), 0.0, blocked).to(dtype)
+        # Text after the image: the same position on all three M-RoPE axes, counting on from the
+        # prefix's largest position by the token's place in its own question.
+        positions = prefix.next_position + torch.tensor(tree.depths(), device=self.device)
         hidden = self.model.base_model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            cache=expanded_cache(prefix.cache, len(tails), self.model.config),
+            input_ids=torch.tensor([tree.tokens], device=self.device),
+            attention_mask=mask,
+            position_ids=positions.expand(3, 1, nodes),
+            cache=branch_cache(prefix.cache, self.model.config),
             use_cache=True,
         ).last_hidden_state
-        last = hidden[torch.arange(len(tails), device=self.device), lengths - 1]
-        logits = self.model.get_output_embeddings()(last)
-        return logits.float().softmax(dim=-1)
+        return hidden[0, tree.ends]
+
+    def answer_probabilities(self, hidden: torch.Tensor) -> torch.Tensor:
+        """P(next token) of each row of `hidden` (rows, text hidden size): (rows, vocabulary) float32."""
+        return self.model.get_output_embeddings()(hidden).float().softmax(dim=-1)
 
 
-def expanded_cache(cache: DynamicCache, batch: int, config: PreTrainedConfig) -> DynamicCache:
-    """A new `DynamicCache` whose keys and values are `batch` views of `cache`'s (batch 1).
+@dataclass(frozen=True)
+class QuestionTree:
+    """Token sequences that continue one prefix, as a prefix tree (trie) packed in one row.
 
-    ``Tensor.expand`` copies nothing, and `cache` itself is left as it is (the continuation
-    appends to the new cache), so several batches can continue the same prefix. The continuation
-    pass still materialises each layer's (batch, heads, prefix + question, head dim) keys and
-    values once, when `DynamicCache.update` concatenates the new tokens to the views.
+    Sequences that begin alike share those nodes, so each distinct (history, token) is computed
+    once. Node i attends to the prefix and to its ancestors and itself (`ancestry`), and sits at
+    depth `depths()[i]` after the prefix: in that pass every sequence sees exactly what it would
+    see alone after the prefix.
+
+    Attributes:
+        tokens: the token id of each node; a parent comes before its children.
+        parents: each node's parent, -1 for a node right after the prefix.
+        ends: for each sequence, the node of its last token (sequences that are equal, or one a
+            start of another, may end at the same node or inside another's path).
+    """
+
+    tokens: list[int]
+    parents: list[int]
+    ends: list[int]
+
+    @classmethod
+    def from_tails(cls, tails: Sequence[Sequence[int]]) -> QuestionTree:
+        """The tree of `tails` (each at least one token), nodes in order of first appearance."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        ends: list[int] = []
+        children: dict[tuple[int, int], int] = {}
+        for tail in tails:
+            if not tail:
+                raise ValueError("every continuation needs at least one token")
+            node = -1
+            for token in tail:
+                if (node, token) not in children:
+                    children[node, token] = len(tokens)
+                    tokens.append(token)
+                    parents.append(node)
+                node = children[node, token]
+            ends.append(node)
+        return cls(tokens, parents, ends)
+
+    def depths(self) -> list[int]:
+        """Each node's distance from the prefix: 0 for the first token of a sequence."""
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(0 if parent < 0 else depths[parent] + 1)
+        return depths
+
+    def ancestry(self) -> torch.Tensor:
+        """(nodes, nodes) bool: [i, j] is True where node j is node i or one of its ancestors."""
+        nodes = len(self.tokens)
+        seen = torch.eye(nodes, dtype=torch.bool)
+        for i, parent in enumerate(self.parents):
+            if parent >= 0:
+                seen[i] |= seen[parent]
+        return seen
+
+
+def branch_cache(cache: DynamicCache, config: PreTrainedConfig) -> DynamicCache:
+    """A new `DynamicCache` over the same key and value tensors as `cache`, copying nothing.
+
+    A continuation appends to the branch (`DynamicCache.update` concatenates into new tensors)
+    and leaves `cache` as it was, so several continuations can follow the same prefix.
     """
     from transformers import DynamicCache
 
-    expanded = DynamicCache(config=config)
-    for layer, source in zip(expanded.layers, cache.layers, strict=True):
+    branch = DynamicCache(config=config)
+    for layer, source in zip(branch.layers, cache.layers, strict=True):
         layer.lazy_initialization(source.keys, source.values)
-        layer.keys = source.keys.expand(batch, -1, -1, -1)
-        layer.values = source.values.expand(batch, -1, -1, -1)
-    return expanded
+        layer.keys, layer.values = source.keys, source.values
+    return branch
 
 
 def image_outputs(rows: list[EncodedImage]) -> object:

@@ -1,5 +1,6 @@
 """`ChatVLM`'s shared-prefix path on a tiny random Qwen3-VL: one prefix pass per image, the
-questions as a batch of continuations on its cache, the same numbers as the plain procedures."""
+questions as one packed prefix tree of continuations on its cache, the LM head across images,
+the same numbers as the plain procedures."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from PIL import Image
 from gors.testing.qwen3_vl import build_tiny_qwen3_vl
 from rewards.atoms import QUESTION_SUFFIX, aggregate, answer_variants, variant_probability, variant_token_ids
 from rewards.soft_tifa import SoftTIFAReward
-from rewards.vlm import ChatVLM, expanded_cache, image_outputs, load_chat_vlm
+from rewards.vlm import ChatVLM, QuestionTree, branch_cache, image_outputs, load_chat_vlm
 
 # Relative tolerance on every probability of the vocabulary (float32 round-off of differently
 # shaped matrix products is about 1e-6 here).
@@ -158,6 +159,47 @@ def test_prefix_path_equals_full_forward_and_generate(vlm: ChatVLM, plain) -> No
         assert relative_difference(probs, generate_probabilities(plain, pictures[index], question)) <= RTOL
 
 
+def test_question_tree_shares_leading_tokens() -> None:
+    tails = [[1, 2, 3], [1, 2, 4], [1, 5], [1, 2], [6], [1, 2, 3]]
+    tree = QuestionTree.from_tails(tails)
+    assert tree.tokens == [1, 2, 3, 4, 5, 6]
+    assert tree.parents == [-1, 0, 1, 1, 0, -1]
+    # A repeated sequence ends where the first did; [1, 2] ends inside [1, 2, 3]'s path.
+    assert tree.ends == [2, 3, 4, 1, 5, 2]
+    assert tree.depths() == [0, 1, 2, 2, 1, 0]
+    ancestry = tree.ancestry().int().tolist()
+    assert ancestry == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0],  # token 4 does not see its sibling 3
+        [1, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 0, 1],  # a new sequence sees nothing of the others
+    ]
+    with pytest.raises(ValueError, match="at least one token"):
+        QuestionTree.from_tails([[1], []])
+
+
+def continuation(vlm: ChatVLM, prefix, tails) -> torch.Tensor:
+    return vlm.answer_probabilities(vlm.continuation_hidden(prefix, tails))
+
+
+def test_shared_repeated_and_nested_questions_match_the_full_forward(vlm: ChatVLM, plain) -> None:
+    """Questions that share leading tokens, repeat, or are the start of another, in one pass."""
+    picture = images(seed=6)[1]
+    image = vlm.encode_images([picture])[0]
+    questions = ["Is it red?", "Is it red? Answer in one word.", "Is it blue?", "Is it red?", "How many?"]
+    length = vlm.prefix_tokens + vlm.image_tokens(image) - 1
+    ids = [vlm.question_ids(q, image) for q in questions]
+    prefix = vlm.run_prefix(image, ids[0][:length])
+    tails = [x[length:] for x in ids]
+    tree = QuestionTree.from_tails(tails)
+    assert len(tree.tokens) < sum(len(t) for t in tails) - len(tails[3])  # shared nodes, not just the repeat
+    got = continuation(vlm, prefix, tails)
+    for question, probs in zip(questions, got, strict=True):
+        assert relative_difference(probs, forward_probabilities(plain, picture, question)) <= RTOL
+
+
 def test_continuation_positions_matter(vlm: ChatVLM, plain) -> None:
     """A negative control: the continuation's M-RoPE start shifted by one changes the answer."""
     picture = images(seed=2)[2]
@@ -166,55 +208,84 @@ def test_continuation_positions_matter(vlm: ChatVLM, plain) -> None:
     ids = vlm.question_ids(question, image)
     length = vlm.prefix_tokens + vlm.image_tokens(image) - 1
     prefix = vlm.run_prefix(image, ids[:length])
-    right = vlm.continuation_probabilities(prefix, [ids[length:]])[0]
+    right = continuation(vlm, prefix, [ids[length:]])[0]
     reference = forward_probabilities(plain, picture, question)
     assert relative_difference(right, reference) <= RTOL
     # 4 text tokens, the 16 image tokens (a 4 x 4 merged grid: 4 positions), <|vision_end|>.
     assert prefix.next_position == 4 + 4 + 1
     prefix.next_position += 1
-    assert relative_difference(vlm.continuation_probabilities(prefix, [ids[length:]])[0], reference) > 1e-3
+    assert relative_difference(continuation(vlm, prefix, [ids[length:]])[0], reference) > 1e-3
 
 
-def test_prefix_runs_once_per_image(vlm: ChatVLM) -> None:
-    """Language-model passes: one over each image's prefix (empty cache), then one per batch."""
+def test_continuation_mask_matters(vlm: ChatVLM, plain) -> None:
+    """A negative control: were sibling questions visible to each other, answers would change."""
+    picture = images(seed=2)[0]
+    image = vlm.encode_images([picture])[0]
+    questions = ["Is it red? Answer in one word.", "How many cows are in the image? Answer in one word."]
+    ids = [vlm.question_ids(q, image) for q in questions]
+    length = vlm.prefix_tokens + vlm.image_tokens(image) - 1
+    prefix = vlm.run_prefix(image, ids[0][:length])
+    tails = [x[length:] for x in ids]
+    reference = forward_probabilities(plain, picture, questions[1])
+    assert relative_difference(continuation(vlm, prefix, tails)[1], reference) <= RTOL
+    # The second question read as a continuation of the first (what a plain causal mask over the
+    # packed row would do).
+    joined = continuation(vlm, prefix, [tails[0] + tails[1]])[0]
+    assert relative_difference(joined, reference) > 1e-3
+
+
+def test_prefix_runs_once_per_image_and_the_head_once(vlm: ChatVLM) -> None:
+    """Language-model passes: one over each image's prefix (empty cache), then one packed row per
+    batch of questions; the LM head once for all images' questions."""
     encoded = vlm.encode_images(images(seed=3))
     calls: list[tuple[int, int, int]] = []  # (batch, new tokens, cached tokens) of each pass
+    head_rows: list[int] = []
 
     def record(module, args, kwargs) -> None:
         cache = kwargs["cache"]
         calls.append((*kwargs["inputs_embeds"].shape[:2], cache.get_seq_length()))
 
-    hook = vlm.model.base_model.language_model.register_forward_pre_hook(record, with_kwargs=True)
+    hooks = [
+        vlm.model.base_model.language_model.register_forward_pre_hook(record, with_kwargs=True),
+        vlm.model.get_output_embeddings().register_forward_pre_hook(lambda m, a: head_rows.append(a[0].shape[0])),
+    ]
     try:
         list(vlm.next_token_probabilities(encoded, QUESTIONS, batch_size=3))
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     prefix = {i: vlm.prefix_tokens + vlm.image_tokens(image) - 1 for i, image in enumerate(encoded)}
     # Images in order of first appearance (1, 0, 2, 3) with 2, 1, 4 and 3 questions: a prefix pass
-    # (batch 1, nothing cached), then batches of at most 3 continuations on its cache.
+    # (nothing cached), then rows of at most 3 questions on its cache; everything batch 1.
     assert [(batch, cached) for batch, _, cached in calls] == [
-        (1, 0), (2, prefix[1]),
+        (1, 0), (1, prefix[1]),
         (1, 0), (1, prefix[0]),
-        (1, 0), (3, prefix[2]), (1, prefix[2]),
-        (1, 0), (3, prefix[3]),
+        (1, 0), (1, prefix[2]), (1, prefix[2]),
+        (1, 0), (1, prefix[3]),
     ]
     assert [tokens for _, tokens, cached in calls if cached == 0] == [prefix[i] for i in (1, 0, 2, 3)]
+    # Each continuation row holds the distinct tokens of its questions' tails.
+    by_image = {i: [q for j, q in QUESTIONS if j == i] for i in (1, 0, 2, 3)}
+    expected = []
+    for i, asked in by_image.items():
+        tails = [vlm.question_ids(q, encoded[i])[prefix[i]:] for q in asked]
+        expected += [len(QuestionTree.from_tails(tails[s : s + 3]).tokens) for s in range(0, len(tails), 3)]
+    assert [tokens for _, tokens, cached in calls if cached] == expected
+    assert head_rows == [len(QUESTIONS)]
 
 
-def test_expanded_cache_is_a_view_and_the_prefix_stays(vlm: ChatVLM) -> None:
+def test_branch_cache_shares_and_the_prefix_stays(vlm: ChatVLM) -> None:
     image = vlm.encode_images(images(seed=4)[:1])[0]
     ids = vlm.question_ids("Is it red?", image)
     length = vlm.prefix_tokens + vlm.image_tokens(image) - 1
     prefix = vlm.run_prefix(image, ids[:length])
     keys = prefix.cache.layers[0].keys
-    expanded = expanded_cache(prefix.cache, 5, vlm.model.config)
-    for layer, source in zip(expanded.layers, prefix.cache.layers, strict=True):
-        for view, tensor in ((layer.keys, source.keys), (layer.values, source.values)):
-            assert view.shape == (5, *tensor.shape[1:]) and view.stride(0) == 0
-            assert view.data_ptr() == tensor.data_ptr()  # the same memory, not a copy
-    # Two batches continue the same prefix: its cache is not extended by either.
-    first = vlm.continuation_probabilities(prefix, [ids[length:], ids[length:-2]])
-    second = vlm.continuation_probabilities(prefix, [ids[length:]])
+    branch = branch_cache(prefix.cache, vlm.model.config)
+    for layer, source in zip(branch.layers, prefix.cache.layers, strict=True):
+        assert layer.keys is source.keys and layer.values is source.values  # shared, not copied
+    # Two passes continue the same prefix: its cache is not extended by either.
+    first = continuation(vlm, prefix, [ids[length:], ids[length:-2]])
+    second = continuation(vlm, prefix, [ids[length:]])
     assert prefix.cache.get_seq_length() == length and prefix.cache.layers[0].keys is keys
     torch.testing.assert_close(first[0], second[0], rtol=RTOL, atol=0)
 
