@@ -30,8 +30,9 @@ from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import split_prompts
 
 # tau per toy reward. The oracle scores the fraction of binding checks passed, so 0.99 keeps exactly
-# the images with every binding right; the classifier gives correct renders about 0.95, swapped ones about 0.
-TOY_THRESHOLDS = {"toy_oracle": 0.99, "toy_classifier": 0.5}
+# the images with every binding right. The classifier gives correct renders about 0.95 and swapped
+# ones about 0; 0.9 rather than 0.5 was chosen on the validation split of the train prompts (README).
+TOY_THRESHOLDS = {"toy_oracle": 0.99, "toy_classifier": 0.9}
 
 
 @dataclass
@@ -62,8 +63,9 @@ def toy_defaults(output_dir: str = "toy_output") -> dict:
         "reward_batch_size": 64,
         "train_batch_size": 16,
         "sample_latents": False,  # the toy model was pretrained on posterior means
-        # A model this small moves only with toy-scale steps: chosen on the train split (README).
-        "max_train_steps": 2400,
+        # A model this small moves only with toy-scale steps and LR; the length was chosen on the
+        # validation split of the train prompts (README): shorter runs lose on unseen pairs first.
+        "max_train_steps": 4800,
         "learning_rate": 1e-3,
         "text_encoder_learning_rate": 1e-3,
         "rank": 8,
