@@ -60,6 +60,8 @@ _PROBE_QUESTIONS = ("Is it red?", "How many?")
 # the weight's read among several images' questions, few enough that the float32 distributions
 # (64 x 151936 x 4 bytes = 39 MB for Qwen3-VL) stay small.
 HEAD_ROWS = 64
+# Attention implementations that apply a 4D additive mask as given.
+MASKED_ATTENTION = ("sdpa", "eager")
 
 
 @dataclass
@@ -125,6 +127,14 @@ class ChatVLM:
         self.merge_size: int = merge_size
         if self.tokenizer.pad_token_id is None:
             raise ValueError(f"{flag}={name!r}: the tokenizer has no pad token")
+        attention = self.model.config.get_text_config()._attn_implementation
+        if attention not in MASKED_ATTENTION:
+            # Other kernels (flash attention) would drop the questions' 4D mask without a word.
+            raise ValueError(
+                f"{flag}={name!r} is loaded with attn_implementation={attention!r}, but an image's "
+                f"questions run packed under a 4D attention mask, which only {' and '.join(MASKED_ATTENTION)} "
+                "take: load it with attn_implementation='sdpa'."
+            )
         self.prefix_tokens = self._shared_prefix_tokens(name, flag)
 
     @classmethod

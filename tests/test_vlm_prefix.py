@@ -274,6 +274,21 @@ def test_prefix_runs_once_per_image_and_the_head_once(vlm: ChatVLM) -> None:
     assert head_rows == [len(QUESTIONS)]
 
 
+def test_eager_attention_gives_the_same_answers_and_flash_attention_is_refused(model_dir: Path, plain) -> None:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    eager = ChatVLM(AutoModelForImageTextToText.from_pretrained(model_dir, attn_implementation="eager"), processor)
+    pictures = images(seed=7)
+    got = dict(eager.next_token_probabilities(eager.encode_images(pictures), QUESTIONS[:4], batch_size=3))
+    for k, (index, question) in enumerate(QUESTIONS[:4]):
+        assert relative_difference(got[k], forward_probabilities(plain, pictures[index], question)) <= RTOL
+    flash = AutoModelForImageTextToText.from_pretrained(model_dir)
+    flash.config.get_text_config()._attn_implementation_internal = "flash_attention_2"
+    with pytest.raises(ValueError, match="attn_implementation='flash_attention_2'.*load it with attn_implementation='sdpa'"):
+        ChatVLM(flash, processor, "tiny")
+
+
 def test_branch_cache_shares_and_the_prefix_stays(vlm: ChatVLM) -> None:
     image = vlm.encode_images(images(seed=4)[:1])[0]
     ids = vlm.question_ids("Is it red?", image)
