@@ -131,3 +131,36 @@ def test_toy_benchmark_summary_on_hand_made_rows():
     assert benchmark.judge(rows[2]) == {"correct": True, "relation_correct": False, "all_correct": False,
                                         "reason": "wrong"}
     assert ToyBenchmark(max_prompts=10).prompts() == ToyBenchmark().prompts()[::15]
+
+
+def test_pretraining_targets_follow_the_prediction_type(tmp_path, monkeypatch):
+    """`gors toy pretrain --prediction_type v_prediction`: the U-Net learns the velocity, and the
+    saved pipeline's scheduler samples with it."""
+    import torch
+
+    import gors.toy.pretrain as pretrain
+    from gors.toy.model import build_toy_components
+    from gors.toy.pretrain import ToyPretrainConfig, denoising_target, set_prediction_type, train_text_to_image
+
+    components = build_toy_components(tmp_path, seed=0)
+    scheduler = components["noise_scheduler"]
+    x0, noise, t = torch.randn(3, 4, 8, 8), torch.randn(3, 4, 8, 8), torch.tensor([10, 500, 990])
+    assert torch.equal(denoising_target(scheduler, x0, noise, t), noise)
+    set_prediction_type(components, "v_prediction")
+    assert components["scheduler"].config.prediction_type == "v_prediction"
+    alpha = scheduler.alphas_cumprod[t].sqrt().view(-1, 1, 1, 1)
+    sigma = (1 - scheduler.alphas_cumprod[t]).sqrt().view(-1, 1, 1, 1)
+    torch.testing.assert_close(denoising_target(scheduler, x0, noise, t), alpha * noise - sigma * x0)
+
+    # The training loop's loss target is that velocity.
+    targets, losses = [], []
+    monkeypatch.setattr(pretrain, "denoising_target", lambda *a: targets.append(denoising_target(*a)) or targets[-1])
+    monkeypatch.setattr(torch.nn.functional, "mse_loss", lambda p, target: losses.append(target) or (p - target).pow(2).mean())
+    config = ToyPretrainConfig(output_dir=str(tmp_path), unet_steps=1, batch_size=2, prediction_type="v_prediction")
+    train_text_to_image(components, torch.randn(6, 4, 8, 8), ["a red circle"] * 6, config, torch.Generator().manual_seed(0))
+    assert len(targets) == 1 and losses[0] is targets[0]
+
+    with pytest.raises(ValueError, match="choose one of epsilon, v_prediction"):
+        ToyPretrainConfig(prediction_type="sample")
+    with pytest.raises(ValueError, match="must be > 0"):
+        ToyPretrainConfig(token_embedding_std=0.0)

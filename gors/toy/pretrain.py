@@ -29,6 +29,8 @@ from tqdm.auto import tqdm
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import RELATIONS, ToyObject, ToyPrompt, all_objects, render, sample_scene, split_prompts
 
+PREDICTION_TYPES = ("epsilon", "v_prediction")
+
 
 @dataclass
 class ToyPretrainConfig:
@@ -48,6 +50,21 @@ class ToyPretrainConfig:
         default=0.3, metadata={"help": "Chance that a caption's relation word is replaced by another relation."}
     )
     classifier_steps: int = field(default=1500, metadata={"help": "Toy classifier training steps."})
+    prediction_type: str = field(
+        default="epsilon",
+        metadata={"help": "What the U-Net learns to predict: 'epsilon' (the packaged model) or 'v_prediction'."},
+    )
+    token_embedding_std: float | None = field(
+        default=None,
+        metadata={"help": "Re-initialise the text encoder's token embeddings from N(0, std) (default: CLIP's own "
+                          "initialisation, std 0.02); larger values separate the relation words from the start."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.prediction_type not in PREDICTION_TYPES:
+            raise ValueError(f"--prediction_type {self.prediction_type!r}: choose one of {', '.join(PREDICTION_TYPES)}")
+        if self.token_embedding_std is not None and not self.token_embedding_std > 0:
+            raise ValueError(f"--token_embedding_std {self.token_embedding_std}: must be > 0 (or left unset)")
 
 
 def swapped_colours(prompt: ToyPrompt) -> ToyPrompt:
@@ -114,7 +131,11 @@ def encode_corpus(vae, pixels: torch.Tensor, scaling_factor: float) -> torch.Ten
 
 def train_text_to_image(components: dict, latents: torch.Tensor, captions: list[str], config: ToyPretrainConfig,
                         generator: torch.Generator) -> None:
-    """Epsilon-prediction training of U-Net and text encoder from scratch."""
+    """Denoising training of U-Net and text encoder from scratch.
+
+    The target is the noise or the velocity, as `components["noise_scheduler"]`'s
+    ``prediction_type`` says (`set_prediction_type`).
+    """
     unet, text_encoder, tokenizer = components["unet"], components["text_encoder"], components["tokenizer"]
     scheduler = components["noise_scheduler"]
     ids = tokenizer(captions, padding="max_length", max_length=tokenizer.model_max_length, return_tensors="pt").input_ids
@@ -135,7 +156,7 @@ def train_text_to_image(components: dict, latents: torch.Tensor, captions: list[
         noise = torch.randn(x0.shape, generator=generator)
         t = torch.randint(0, scheduler.config.num_train_timesteps, (config.batch_size,), generator=generator)
         prediction = unet(scheduler.add_noise(x0, noise, t), t, text_encoder(batch_ids)[0]).sample
-        loss = torch.nn.functional.mse_loss(prediction, noise)
+        loss = torch.nn.functional.mse_loss(prediction, denoising_target(scheduler, x0, noise, t))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
@@ -144,6 +165,19 @@ def train_text_to_image(components: dict, latents: torch.Tensor, captions: list[
         bar.set_postfix(loss=f"{loss.item():.4f}")
     unet.eval()
     text_encoder.eval()
+
+
+def denoising_target(scheduler, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """What the U-Net should predict for `x0` noised with `noise` at timesteps `t`."""
+    if scheduler.config.prediction_type == "v_prediction":
+        return scheduler.get_velocity(x0, noise, t)
+    return noise
+
+
+def set_prediction_type(components: dict, prediction_type: str) -> None:
+    """Train (noise scheduler) and sample (pipeline scheduler) with the same `prediction_type`."""
+    for key in ("noise_scheduler", "scheduler"):
+        components[key].register_to_config(prediction_type=prediction_type)
 
 
 def pretrain(config: ToyPretrainConfig) -> Path:
@@ -159,6 +193,11 @@ def pretrain(config: ToyPretrainConfig) -> Path:
     rng = np.random.default_rng(config.seed)
     output_dir = Path(config.output_dir)
     components = build_toy_components(output_dir / "_work", seed=config.seed)
+    set_prediction_type(components, config.prediction_type)
+    if config.token_embedding_std is not None:
+        embedding = components["text_encoder"].embeddings.token_embedding.weight
+        with torch.no_grad():
+            embedding.normal_(0.0, config.token_embedding_std, generator=torch.Generator().manual_seed(config.seed + 1))
     images, captions = pretraining_corpus(config.num_scenes, config.caption_swap_rate, config.relation_noise_rate, rng)
     pixels = _to_tensor(images)
     timings = {}
