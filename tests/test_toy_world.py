@@ -164,3 +164,25 @@ def test_pretraining_targets_follow_the_prediction_type(tmp_path, monkeypatch):
         ToyPretrainConfig(prediction_type="sample")
     with pytest.raises(ValueError, match="must be > 0"):
         ToyPretrainConfig(token_embedding_std=0.0)
+
+
+def test_pretraining_unet_channels_set_the_depth_of_the_toy_unet(tmp_path):
+    """`gors toy pretrain --unet_channels 32 64 64`: one more cross-attention block, whose 2 x 2 grid
+    is where the U-Net can tell left from right; bad widths are refused at parse time."""
+    import torch
+
+    from gors.cli import parse_config
+    from gors.toy.model import build_toy_components
+    from gors.toy.pretrain import ToyPretrainConfig
+
+    config = parse_config(ToyPretrainConfig, ["--unet_channels", "32", "64", "64"])
+    assert config.unet_channels == [32, 64, 64] and ToyPretrainConfig().unet_channels == [32, 64]
+    unet = build_toy_components(tmp_path, seed=0, unet_channels=config.unet_channels)["unet"]
+    assert len(unet.down_blocks) == 3 and unet.config.block_out_channels == (32, 64, 64)
+    grids = []
+    unet.mid_block.register_forward_hook(lambda module, args, out: grids.append(tuple(out.shape[-2:])))
+    out = unet(torch.randn(1, 4, 8, 8), 10, torch.randn(1, 16, 64)).sample
+    assert out.shape == (1, 4, 8, 8) and grids == [(2, 2)]
+    for bad in ([], [32, 40], [32, 64, 64, 64, 64]):
+        with pytest.raises(ValueError, match="--unet_channels"):
+            ToyPretrainConfig(unet_channels=bad)

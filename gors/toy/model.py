@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Sequence
 
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -49,8 +50,12 @@ def write_toy_tokenizer_files(save_dir: str | Path) -> tuple[Path, Path]:
     return vocab_file, merges_file
 
 
-def build_toy_components(work_dir: str | Path, seed: int = 0) -> dict:
-    """Randomly initialised tokenizer, text encoder, VAE, U-Net and schedulers of the toy model."""
+def build_toy_components(work_dir: str | Path, seed: int = 0, unet_channels: Sequence[int] = (32, 64)) -> dict:
+    """Randomly initialised tokenizer, text encoder, VAE, U-Net and schedulers of the toy model.
+
+    `unet_channels` gives one cross-attention block per entry (each but the last halves the 8 x 8
+    latent grid), so its length sets how coarse the U-Net's deepest grid is.
+    """
     import torch
     from diffusers import AutoencoderKL, DDIMScheduler, DDPMScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
@@ -86,10 +91,10 @@ def build_toy_components(work_dir: str | Path, seed: int = 0) -> dict:
         sample_size=IMAGE_SIZE // LATENT_SCALE,
         in_channels=4,
         out_channels=4,
-        block_out_channels=(32, 64),
+        block_out_channels=tuple(unet_channels),
         layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+        down_block_types=("CrossAttnDownBlock2D",) * len(unet_channels),
+        up_block_types=("CrossAttnUpBlock2D",) * len(unet_channels),
         cross_attention_dim=64,
         attention_head_dim=8,
         norm_num_groups=16,

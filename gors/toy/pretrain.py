@@ -50,6 +50,11 @@ class ToyPretrainConfig:
         default=0.3, metadata={"help": "Chance that a caption's relation word is replaced by another relation."}
     )
     classifier_steps: int = field(default=1500, metadata={"help": "Toy classifier training steps."})
+    unet_channels: list[int] = field(
+        default_factory=lambda: [32, 64],
+        metadata={"help": "U-Net channels, one cross-attention block each; every block but the last halves the "
+                          "8 x 8 latent grid (32 64: down to 4 x 4; 32 64 64: down to 2 x 2)."},
+    )
     prediction_type: str = field(
         default="epsilon",
         metadata={"help": "What the U-Net learns to predict: 'epsilon' (the packaged model) or 'v_prediction'."},
@@ -63,6 +68,9 @@ class ToyPretrainConfig:
     def __post_init__(self) -> None:
         if self.prediction_type not in PREDICTION_TYPES:
             raise ValueError(f"--prediction_type {self.prediction_type!r}: choose one of {', '.join(PREDICTION_TYPES)}")
+        if not 1 <= len(self.unet_channels) <= 4 or any(c <= 0 or c % 16 for c in self.unet_channels):
+            raise ValueError(f"--unet_channels {self.unet_channels}: give 1 to 4 positive multiples of 16 "
+                             "(the U-Net's group norm has 16 groups; 4 blocks take the 8 x 8 grid to 1 x 1)")
         if self.token_embedding_std is not None and not self.token_embedding_std > 0:
             raise ValueError(f"--token_embedding_std {self.token_embedding_std}: must be > 0 (or left unset)")
 
@@ -192,7 +200,7 @@ def pretrain(config: ToyPretrainConfig) -> Path:
     generator = torch.Generator().manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     output_dir = Path(config.output_dir)
-    components = build_toy_components(output_dir / "_work", seed=config.seed)
+    components = build_toy_components(output_dir / "_work", seed=config.seed, unet_channels=config.unet_channels)
     set_prediction_type(components, config.prediction_type)
     if config.token_embedding_std is not None:
         embedding = components["text_encoder"].embeddings.token_embedding.weight
