@@ -186,3 +186,71 @@ def test_pretraining_unet_channels_set_the_depth_of_the_toy_unet(tmp_path):
     for bad in ([], [32, 40], [32, 64, 64, 64, 64]):
         with pytest.raises(ValueError, match="--unet_channels"):
             ToyPretrainConfig(unet_channels=bad)
+
+
+def test_pretraining_stages_draw_from_their_own_streams_on_fixed_threads(tmp_path, monkeypatch):
+    """The U-Net stage's random stream does not depend on how long the VAE trained, pretraining
+    runs on `--num_threads` threads, records them, and gives the caller's thread count back."""
+    import json
+
+    import torch
+
+    import gors.toy.pretrain as pretrain
+    from gors.toy.pretrain import ToyPretrainConfig
+    from rewards.toy_cnn import ToyClassifier
+
+    first_draws, threads_seen = [], []
+
+    def record_stream(components, latents, captions, config, generator):
+        threads_seen.append(torch.get_num_threads())
+        first_draws.append(torch.randint(1 << 30, (4,), generator=generator))
+
+    monkeypatch.setattr(pretrain, "train_text_to_image", record_stream)
+    monkeypatch.setattr("rewards.toy_cnn.train_classifier", lambda steps, seed: ToyClassifier())
+    for vae_steps in (1, 2):
+        config = ToyPretrainConfig(output_dir=str(tmp_path / f"vae{vae_steps}"), num_scenes=40, vae_steps=vae_steps,
+                                   num_threads=2)
+        pretrain.pretrain(config)
+    assert torch.equal(first_draws[0], first_draws[1])
+    assert threads_seen == [2, 2] and torch.get_num_threads() == 1  # conftest's one thread, restored
+    info = json.loads((tmp_path / "vae1" / "pretrain_info.json").read_text())
+    assert info["config"]["num_threads"] == 2 and info["torch_threads"] == 2
+    with pytest.raises(ValueError, match="--num_threads 0"):
+        ToyPretrainConfig(num_threads=0)
+
+
+def test_pretraining_keeps_a_given_vae_and_refuses_a_wrong_one(tmp_path, monkeypatch):
+    """`gors toy pretrain --vae FOLDER`: no VAE training, the U-Net learns that VAE's latents and
+    the saved pipeline ships it; a folder without a VAE, or one of other latents, is refused."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    import gors.toy.pretrain as pretrain
+    from gors.toy.model import build_toy_components
+    from gors.toy.pretrain import ToyPretrainConfig, encode_corpus
+    from rewards.toy_cnn import ToyClassifier
+
+    given = build_toy_components(tmp_path / "c", seed=3)["vae"]
+    given.register_to_config(scaling_factor=0.5)
+    given.to(torch.float16).save_pretrained(tmp_path / "vae")
+    seen = {}
+    monkeypatch.setattr(pretrain, "train_vae", lambda *a: pytest.fail("--vae must skip VAE training"))
+    monkeypatch.setattr(pretrain, "train_text_to_image", lambda components, latents, *a: seen.update(latents=latents))
+    monkeypatch.setattr("rewards.toy_cnn.train_classifier", lambda steps, seed: ToyClassifier())
+    config = ToyPretrainConfig(output_dir=str(tmp_path / "out"), num_scenes=40, vae=str(tmp_path / "vae"))
+    out = pretrain.pretrain(config)
+
+    loaded = AutoencoderKL.from_pretrained(tmp_path / "vae", torch_dtype=torch.float32)
+    shipped = AutoencoderKL.from_pretrained(out / "pipeline" / "vae", torch_dtype=torch.float16)
+    assert shipped.config.scaling_factor == 0.5
+    for (name, a), b in zip(loaded.state_dict().items(), shipped.state_dict().values()):
+        assert torch.equal(a.half(), b), name
+    images, _ = pretrain.pretraining_corpus(40, config.caption_swap_rate, config.relation_noise_rate,
+                                            np.random.default_rng(config.seed))
+    torch.testing.assert_close(seen["latents"], encode_corpus(loaded.eval(), pretrain._to_tensor(images), 0.5))
+
+    with pytest.raises(ValueError, match="--vae .*no config.json"):
+        ToyPretrainConfig(vae=str(tmp_path))
+    AutoencoderKL(latent_channels=2, block_out_channels=(16,), norm_num_groups=8).save_pretrained(tmp_path / "wrong")
+    with pytest.raises(ValueError, match="encodes 64 x 64 scenes to latents"):
+        pretrain.pretrain(ToyPretrainConfig(output_dir=str(tmp_path / "out2"), num_scenes=40, vae=str(tmp_path / "wrong")))

@@ -1,6 +1,8 @@
 """`gors toy pretrain`: train the toy model (and the toy classifier reward) from scratch on renders.
 
-Stages, all reproducible by seed on the same hardware:
+Stages, each drawing from its own generator seeded with `seed` (so changing one stage's steps
+leaves the next stage's random stream as it was), all reproducible by seed and thread count on
+the same hardware:
 
 1. the VAE learns to reconstruct rendered scenes (64 x 64 pixels <-> 8 x 8 x 4 latents);
 2. the U-Net and the text encoder learn text-to-image on rendered scenes of every two-object
@@ -17,7 +19,6 @@ held-out colour-shape combinations (as T2I-CompBench's unseen split is unseen by
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from gors.core.io import atomic_write_json
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import RELATIONS, ToyObject, ToyPrompt, all_objects, render, sample_scene, split_prompts
 
@@ -34,20 +36,26 @@ PREDICTION_TYPES = ("epsilon", "v_prediction")
 
 @dataclass
 class ToyPretrainConfig:
-    """`gors toy pretrain` settings; the defaults made the packaged model."""
+    """`gors toy pretrain` settings. The defaults with `--vae gors/core/toy/pretrained/pipeline/vae`
+    made the packaged model (README, "The toy world")."""
 
     output_dir: str = field(default=str(PRETRAINED_DIR), metadata={"help": "Where the pipeline and classifier go."})
     seed: int = field(default=0, metadata={"help": "Seed of data, initialisation and training."})
+    vae: str | None = field(
+        default=None,
+        metadata={"help": "A trained toy VAE to keep (a toy pipeline's vae folder, e.g. the packaged "
+                          "gors/core/toy/pretrained/pipeline/vae): stage 1 is skipped and the U-Net learns its latents."},
+    )
     num_scenes: int = field(default=10000, metadata={"help": "Rendered training scenes (encoded once)."})
     vae_steps: int = field(default=800, metadata={"help": "VAE training steps (batch 32)."})
-    unet_steps: int = field(default=4000, metadata={"help": "U-Net + text-encoder steps."})
+    unet_steps: int = field(default=6000, metadata={"help": "U-Net + text-encoder steps."})
     batch_size: int = field(default=64, metadata={"help": "U-Net batch size."})
     learning_rate: float = field(default=1e-3, metadata={"help": "U-Net + text-encoder AdamW learning rate."})
     caption_swap_rate: float = field(
         default=0.3, metadata={"help": "Chance that a two-object caption names the two colours the wrong way round."}
     )
     relation_noise_rate: float = field(
-        default=0.3, metadata={"help": "Chance that a caption's relation word is replaced by another relation."}
+        default=0.1, metadata={"help": "Chance that a caption's relation word is replaced by another relation."}
     )
     classifier_steps: int = field(default=1500, metadata={"help": "Toy classifier training steps."})
     unet_channels: list[int] = field(
@@ -56,13 +64,19 @@ class ToyPretrainConfig:
                           "8 x 8 latent grid (32 64: down to 4 x 4; 32 64 64: down to 2 x 2)."},
     )
     prediction_type: str = field(
-        default="epsilon",
-        metadata={"help": "What the U-Net learns to predict: 'epsilon' (the packaged model) or 'v_prediction'."},
+        default="v_prediction",
+        metadata={"help": "What the U-Net learns to predict: 'v_prediction' (the packaged model; its targets carry "
+                          "the layout at the high noise levels where sampling decides it) or 'epsilon'."},
+    )
+    num_threads: int = field(
+        default=1,
+        metadata={"help": "Torch CPU threads. The trained model depends on it (it sets the order of summation, and "
+                          "whether the toy U-Net learns the relation depends on such details), so the default fixes it."},
     )
     token_embedding_std: float | None = field(
-        default=None,
-        metadata={"help": "Re-initialise the text encoder's token embeddings from N(0, std) (default: CLIP's own "
-                          "initialisation, std 0.02); larger values separate the relation words from the start."},
+        default=1.0,
+        metadata={"help": "Re-initialise the text encoder's token embeddings from N(0, std), which separates the "
+                          "relation words from the start (null in a --config YAML: CLIP's own initialisation, std 0.02)."},
     )
 
     def __post_init__(self) -> None:
@@ -71,8 +85,13 @@ class ToyPretrainConfig:
         if not 1 <= len(self.unet_channels) <= 4 or any(c <= 0 or c % 16 for c in self.unet_channels):
             raise ValueError(f"--unet_channels {self.unet_channels}: give 1 to 4 positive multiples of 16 "
                              "(the U-Net's group norm has 16 groups; 4 blocks take the 8 x 8 grid to 1 x 1)")
+        if self.vae is not None and not (Path(self.vae) / "config.json").is_file():
+            raise ValueError(f"--vae {self.vae}: no config.json there; give the vae folder of a toy pipeline, e.g. "
+                             f"{PRETRAINED_DIR / 'pipeline' / 'vae'}")
+        if self.num_threads < 1:
+            raise ValueError(f"--num_threads {self.num_threads}: must be >= 1")
         if self.token_embedding_std is not None and not self.token_embedding_std > 0:
-            raise ValueError(f"--token_embedding_std {self.token_embedding_std}: must be > 0 (or left unset)")
+            raise ValueError(f"--token_embedding_std {self.token_embedding_std}: must be > 0 (or null in a --config YAML)")
 
 
 def swapped_colours(prompt: ToyPrompt) -> ToyPrompt:
@@ -127,14 +146,16 @@ def train_vae(vae, pixels: torch.Tensor, steps: int, generator: torch.Generator)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     vae.eval()
-    with torch.no_grad():
-        sample = torch.cat([vae.encode(pixels[i : i + 256]).latent_dist.mean for i in range(0, 2048, 256)])
-    return float(1.0 / sample.std())
+    return float(1.0 / _latent_means(vae, pixels[:2048]).std())
 
 
 @torch.no_grad()
+def _latent_means(vae, pixels: torch.Tensor) -> torch.Tensor:
+    return torch.cat([vae.encode(pixels[i : i + 256]).latent_dist.mean for i in range(0, len(pixels), 256)])
+
+
 def encode_corpus(vae, pixels: torch.Tensor, scaling_factor: float) -> torch.Tensor:
-    return torch.cat([vae.encode(pixels[i : i + 256]).latent_dist.mean for i in range(0, len(pixels), 256)]) * scaling_factor
+    return _latent_means(vae, pixels) * scaling_factor
 
 
 def train_text_to_image(components: dict, latents: torch.Tensor, captions: list[str], config: ToyPretrainConfig,
@@ -182,6 +203,20 @@ def denoising_target(scheduler, x0: torch.Tensor, noise: torch.Tensor, t: torch.
     return noise
 
 
+def load_toy_vae(path: str, unet):
+    """The VAE in `path` (fp32, eval mode), checked to make the latents `unet` denoises."""
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL.from_pretrained(path, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        shape = tuple(vae.encode(torch.zeros(1, 3, 64, 64)).latent_dist.mean.shape[1:])
+    wanted = (unet.config.in_channels, unet.config.sample_size, unet.config.sample_size)
+    if shape != wanted:
+        raise ValueError(f"--vae {path}: encodes 64 x 64 scenes to latents {shape}, the toy U-Net denoises {wanted}; "
+                         "give a toy pipeline's vae folder")
+    return vae
+
+
 def set_prediction_type(components: dict, prediction_type: str) -> None:
     """Train (noise scheduler) and sample (pipeline scheduler) with the same `prediction_type`."""
     for key in ("noise_scheduler", "scheduler"):
@@ -189,7 +224,17 @@ def set_prediction_type(components: dict, prediction_type: str) -> None:
 
 
 def pretrain(config: ToyPretrainConfig) -> Path:
-    """Train everything and save the pipeline (fp16 weights) and the classifier into `output_dir`."""
+    """Train everything and save the pipeline (fp16 weights) and the classifier into `output_dir`,
+    on `config.num_threads` torch threads (the caller's count is restored afterwards)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.num_threads)
+    try:
+        return _pretrain(config)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _pretrain(config: ToyPretrainConfig) -> Path:
     from diffusers import StableDiffusionPipeline
 
     from gors.toy.model import build_toy_components
@@ -197,7 +242,6 @@ def pretrain(config: ToyPretrainConfig) -> Path:
 
     start = time.time()
     torch.manual_seed(config.seed)
-    generator = torch.Generator().manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     output_dir = Path(config.output_dir)
     components = build_toy_components(output_dir / "_work", seed=config.seed, unet_channels=config.unet_channels)
@@ -209,11 +253,14 @@ def pretrain(config: ToyPretrainConfig) -> Path:
     images, captions = pretraining_corpus(config.num_scenes, config.caption_swap_rate, config.relation_noise_rate, rng)
     pixels = _to_tensor(images)
     timings = {}
-    scaling_factor = train_vae(components["vae"], pixels, config.vae_steps, generator)
-    components["vae"].register_to_config(scaling_factor=scaling_factor)
+    if config.vae is None:
+        scaling_factor = train_vae(components["vae"], pixels, config.vae_steps, torch.Generator().manual_seed(config.seed))
+        components["vae"].register_to_config(scaling_factor=scaling_factor)
+    else:
+        components["vae"] = load_toy_vae(config.vae, components["unet"])
     timings["vae_s"] = time.time() - start
-    latents = encode_corpus(components["vae"], pixels, scaling_factor)
-    train_text_to_image(components, latents, captions, config, generator)
+    latents = encode_corpus(components["vae"], pixels, components["vae"].config.scaling_factor)
+    train_text_to_image(components, latents, captions, config, torch.Generator().manual_seed(config.seed))
     timings["unet_s"] = time.time() - start - timings["vae_s"]
 
     pipeline = StableDiffusionPipeline(
@@ -231,7 +278,7 @@ def pretrain(config: ToyPretrainConfig) -> Path:
     settings = {k: v for k, v in asdict(config).items() if k != "output_dir"}
     info = {"config": settings, "seconds": {k: round(v, 1) for k, v in timings.items()},
             "total_seconds": round(time.time() - start, 1), "torch_threads": torch.get_num_threads()}
-    (output_dir / "pretrain_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    atomic_write_json(output_dir / "pretrain_info.json", info)
     return output_dir
 
 
