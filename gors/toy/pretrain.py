@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from gors.core.io import atomic_write_json
 from gors.core.toy import PRETRAINED_DIR
-from gors.core.toy.world import RELATIONS, ToyObject, ToyPrompt, all_objects, render, sample_scene, split_prompts
+from gors.core.toy.world import IMAGE_SIZE, RELATIONS, ToyObject, ToyPrompt, all_objects, render, sample_scene, split_prompts
 
 PREDICTION_TYPES = ("epsilon", "v_prediction")
 
@@ -203,13 +203,13 @@ def denoising_target(scheduler, x0: torch.Tensor, noise: torch.Tensor, t: torch.
     return noise
 
 
-def load_toy_vae(path: str, unet):
-    """The VAE in `path` (fp32, eval mode), checked to make the latents `unet` denoises."""
+def load_toy_vae(path: str, unet: torch.nn.Module) -> torch.nn.Module:
+    """The `AutoencoderKL` in `path` (fp32, eval mode), checked to make the latents `unet` denoises."""
     from diffusers import AutoencoderKL
 
     vae = AutoencoderKL.from_pretrained(path, torch_dtype=torch.float32).eval()
     with torch.no_grad():
-        shape = tuple(vae.encode(torch.zeros(1, 3, 64, 64)).latent_dist.mean.shape[1:])
+        shape = tuple(vae.encode(torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE)).latent_dist.mean.shape[1:])
     wanted = (unet.config.in_channels, unet.config.sample_size, unet.config.sample_size)
     if shape != wanted:
         raise ValueError(f"--vae {path}: encodes 64 x 64 scenes to latents {shape}, the toy U-Net denoises {wanted}; "
