@@ -34,6 +34,7 @@ import statistics
 import torch
 from common import SpeedResult, paired_ratios, print_table
 
+from gors.core.threads import torch_threads
 from rewards.geneval import mask_boxes
 
 
@@ -83,9 +84,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     default_threads = torch.get_num_threads()
     thread_counts = [default_threads] + ([1] if device.type == "cpu" and default_threads > 1 else [])
     results = []
-    try:
-        for threads in thread_counts:
-            torch.set_num_threads(threads)
+    for threads in thread_counts:
+        with torch_threads(threads):
             ratios, reference, ours = paired_ratios(lambda: mmdet_mask2bbox(masks), lambda: mask_boxes(masks),
                                                     device, args.repeats, warmup=3)
             if not torch.equal(reference, ours):
@@ -102,8 +102,6 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                 ratios=ratios,
                 agreement="identical",
             ))
-    finally:
-        torch.set_num_threads(default_threads)
     return results
 
 

@@ -24,6 +24,7 @@ from diffusers.configuration_utils import register_to_config
 from PIL import Image
 from torch import nn
 
+from gors.core.threads import torch_threads
 from gors.core.toy import world
 
 # Label order of every logit / probability vector: world.all_objects() order.
@@ -261,9 +262,7 @@ def train_classifier(
     bar = tqdm(range(steps), desc="toy classifier", disable=not progress, dynamic_ncols=True)
     # These tensors are tiny: one intra-op thread is as fast as several, and far faster when
     # another process shares the cores (measured 0.07 s vs 0.4-0.7 s a step on 2 busy cores).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         for _ in bar:
             images, labels = random_scene_batch(rng, batch_size)
             loss = F.binary_cross_entropy_with_logits(model(images.to(device)), labels.to(device))
@@ -272,8 +271,6 @@ def train_classifier(
             optimizer.step()
             schedule.step()
             bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-    finally:
-        torch.set_num_threads(threads)
     return model.eval()
 
 

@@ -20,12 +20,10 @@ SHARED_BENCHMARKS = Path(__file__).resolve().parents[1].parent / "shared" / "ben
 def one_torch_thread():
     """One intra-op thread: on a small CPU torch's pool oversubscribes the cores (and other jobs'),
     and the tiny models gain nothing from more threads."""
-    import torch
+    from gors.core.threads import torch_threads
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -28,8 +28,18 @@ import torch
 from tqdm.auto import tqdm
 
 from gors.core.io import atomic_write_json
+from gors.core.threads import torch_threads
 from gors.core.toy import PRETRAINED_DIR
-from gors.core.toy.world import IMAGE_SIZE, RELATIONS, ToyObject, ToyPrompt, all_objects, render, sample_scene, split_prompts
+from gors.core.toy.world import (
+    IMAGE_SIZE,
+    RELATIONS,
+    ToyObject,
+    ToyPrompt,
+    all_objects,
+    render,
+    sample_scene,
+    split_prompts,
+)
 
 PREDICTION_TYPES = ("epsilon", "v_prediction")
 
@@ -226,12 +236,8 @@ def set_prediction_type(components: dict, prediction_type: str) -> None:
 def pretrain(config: ToyPretrainConfig) -> Path:
     """Train everything and save the pipeline (fp16 weights) and the classifier into `output_dir`,
     on `config.num_threads` torch threads (the caller's count is restored afterwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.num_threads)
-    try:
+    with torch_threads(config.num_threads):
         return _pretrain(config)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _pretrain(config: ToyPretrainConfig) -> Path:
