@@ -11,7 +11,9 @@ every round selects among better samples. Round r (from 0):
 3. selects with round r's tau (`--tau_schedule`, else `--reward_threshold` or the paper's tau) or
    `--select_top_fraction`, and adds earlier rounds' selected samples (`--replay`);
 4. trains the same LoRA on from round r-1's last checkpoint (its optimizer state too, unless
-   `--reset_optimizer`) up to step (r + 1) x `--steps_per_round`.
+   `--reset_optimizer`) up to step (r + 1) x `--steps_per_round`. The LR schedule
+   (`--lr_scheduler`) runs once over all rounds' steps, as in one round of as many steps; with
+   `--reset_optimizer` it starts again, over `--steps_per_round`, with each round's fresh optimizer.
 
 Each round is a run folder of its own, `<output_dir>/round-<r>/` (samples, scores, selection,
 checkpoints, LoRA, timings), resumable as a one-round run is; `rounds.json` records each finished
@@ -137,6 +139,7 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
                 continue_from=find_checkpoint(previous, "latest") if previous else None,
                 reset_optimizer=config.reset_optimizer,
                 validation_dir=out,
+                schedule_steps=config.round_steps() * (1 if config.reset_optimizer else config.rounds),
             )
             if previous is not None and inputs.continue_from is None:
                 raise FileNotFoundError(f"{previous} has no finished checkpoint to train round {index} on from")

@@ -37,6 +37,7 @@ class RoundInputs:
     continue_from: Path | None = None  # the checkpoint training goes on from
     reset_optimizer: bool = False  # take only its adapters, not its optimizer state
     validation_dir: Path | None = None  # where validation results and best/ go (None: the run folder)
+    schedule_steps: int | None = None  # the LR schedule's length (None: the config's --max_train_steps)
 
 
 def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors run",
@@ -80,7 +81,7 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
         with timed_stage("train", "steps", trained, accelerator, timings,
                          resumable=config.resume_from_checkpoint is not None or inputs.continue_from is not None):
             train(config, accelerator, continue_from=inputs.continue_from, reset_optimizer=inputs.reset_optimizer,
-                  validation_dir=inputs.validation_dir)
+                  validation_dir=inputs.validation_dir, schedule_steps=inputs.schedule_steps)
         if accelerator.is_main_process:
             write_timings(out, timings, timing_settings(config, store))
             accelerator.print("[run] stage timings (timings.json):\n" + format_timings(timings))

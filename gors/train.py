@@ -79,13 +79,15 @@ class GORSTrainer:
 
     def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator | None = None,
                  continue_from: Path | None = None, reset_optimizer: bool = False,
-                 validation_dir: Path | None = None) -> None:
+                 validation_dir: Path | None = None, schedule_steps: int | None = None) -> None:
         """`continue_from`: a checkpoint of another run folder (online GORS: the previous round's last) to
         go on from, on this folder's selection: its adapters and step, and its optimizer, LR scheduler
         and RNG state unless `reset_optimizer`. A checkpoint of this folder (`--resume_from_checkpoint`)
         takes precedence. `validation_dir`: where `--validation_benchmark` keeps its results and the
         best LoRA instead of this folder (online GORS: the top folder, so that every round's LoRA
-        competes); given, the benchmark also validates the last step."""
+        competes); given, the benchmark also validates the last step. `schedule_steps`: the length of
+        the LR schedule in optimizer updates (default `--max_train_steps`); online rounds pass the
+        whole run's, so that a decaying schedule runs once across the rounds."""
         backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
         check_trainable(backbone, config.pretrained_model_name_or_path)  # every check before any weights load
         generated = SampleStore(samples_dir(config.output_dir)).load_settings() or {}
@@ -97,6 +99,7 @@ class GORSTrainer:
         self.output_dir = Path(config.output_dir)
         self.continue_from, self.reset_optimizer = continue_from, reset_optimizer
         self.validation_dir = validation_dir
+        self.schedule_steps = schedule_steps or self.config.max_train_steps
 
     # ----- set-up -------------------------------------------------------------------------
     def _setup_models(self) -> None:
@@ -164,7 +167,7 @@ class GORSTrainer:
             config.lr_scheduler,
             optimizer=self.optimizer,
             num_warmup_steps=config.lr_warmup_steps * n,
-            num_training_steps=config.max_train_steps * n,
+            num_training_steps=self.schedule_steps * n,
         )
 
     def _register_hooks(self) -> None:
@@ -494,7 +497,7 @@ class GORSTrainer:
 
 
 def train(config: TrainConfig | RunConfig, accelerator: Accelerator | None = None, continue_from: Path | None = None,
-          reset_optimizer: bool = False, validation_dir: Path | None = None) -> Path:
+          reset_optimizer: bool = False, validation_dir: Path | None = None, schedule_steps: int | None = None) -> Path:
     """Run GORS training for a run folder that has `selection.jsonl`; returns the LoRA file (see
-    `GORSTrainer` for `continue_from`, `reset_optimizer` and `validation_dir`)."""
-    return GORSTrainer(config, accelerator, continue_from, reset_optimizer, validation_dir).train()
+    `GORSTrainer` for `continue_from`, `reset_optimizer`, `validation_dir` and `schedule_steps`)."""
+    return GORSTrainer(config, accelerator, continue_from, reset_optimizer, validation_dir, schedule_steps).train()

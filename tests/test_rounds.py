@@ -229,3 +229,18 @@ def test_bad_round_settings_fail_before_any_work(make_run_config, tmp_path, over
     with pytest.raises(ValueError, match=message):
         make_run_config(output_dir=str(tmp_path / "run"), **overrides)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_lr_schedule_runs_once_over_all_rounds_or_again_with_each_fresh_optimizer(make_run_config, tmp_path):
+    # A linear decay over 4 steps in 2 rounds: continued, the LR after steps 1-4 is that of one
+    # 4-step run; with a fresh optimizer per round, each round decays over its own 2 steps.
+    for reset, expected in ((False, [0.75, 0.5, 0.25, 0.0]), (True, [0.5, 0.0, 0.5, 0.0])):
+        out = tmp_path / f"reset-{reset}"
+        run(make_run_config(output_dir=str(out), **{**ROUNDS, "lr_scheduler": "linear"}, reset_optimizer=reset))
+        reset_process_state()
+        lrs = []
+        for step in range(1, 5):
+            state = torch.load(out / f"round-00{(step - 1) // 2}" / "checkpoints" / f"checkpoint-{step}" / "scheduler.bin",
+                               weights_only=False)
+            lrs.append(state["_last_lr"][0] / state["base_lrs"][0])
+        assert lrs == pytest.approx(expected), f"reset_optimizer={reset}"
