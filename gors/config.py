@@ -259,7 +259,9 @@ class TrainingFields:
         default=False, metadata={"help": "bitsandbytes' 8-bit AdamW (GPU; `pip install gors[bnb]`): optimizer state in "
                                          "a quarter of the memory."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient-norm clip."})
-    lr_scheduler: str = field(default="constant", metadata={"help": "diffusers' get_scheduler name."})
+    lr_scheduler: str = field(default="constant", metadata={
+        "help": "diffusers' get_scheduler name (constant, linear, cosine, ...). With --rounds it runs once over all "
+                "rounds' steps (with --reset_optimizer, again over each round's)."})
     lr_warmup_steps: int = field(default=0, metadata={"help": "Warm-up steps of the LR schedule."})
     rank: int = field(default=4, metadata={"help": "LoRA rank (official: 4; alpha = rank, scale 1)."})
     train_unet: bool = field(

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from two_processes import launch_gors
 
 from gors.core.distributed import reset_process_state
-from gors.core.run_folder import ROUNDS_FILE, SELECTION_FILE
+from gors.core.run_folder import CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_FILE, round_dir
 from gors.core.store import SampleStore, sample_seed
 from gors.generate import generate
 from gors.lora import LORA_WEIGHT_NAME
@@ -240,7 +240,7 @@ def test_the_lr_schedule_runs_once_over_all_rounds_or_again_with_each_fresh_opti
         reset_process_state()
         lrs = []
         for step in range(1, 5):
-            state = torch.load(out / f"round-00{(step - 1) // 2}" / "checkpoints" / f"checkpoint-{step}" / "scheduler.bin",
-                               weights_only=False)
+            checkpoint = round_dir(out, (step - 1) // 2) / CHECKPOINTS_DIR / f"checkpoint-{step}"
+            state = torch.load(checkpoint / "scheduler.bin", weights_only=False)
             lrs.append(state["_last_lr"][0] / state["base_lrs"][0])
         assert lrs == pytest.approx(expected), f"reset_optimizer={reset}"

@@ -222,7 +222,7 @@ def load_toy_vae(path: str, unet: torch.nn.Module) -> torch.nn.Module:
         shape = tuple(vae.encode(torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE)).latent_dist.mean.shape[1:])
     wanted = (unet.config.in_channels, unet.config.sample_size, unet.config.sample_size)
     if shape != wanted:
-        raise ValueError(f"--vae {path}: encodes 64 x 64 scenes to latents {shape}, the toy U-Net denoises {wanted}; "
+        raise ValueError(f"--vae {path}: encodes {IMAGE_SIZE} x {IMAGE_SIZE} scenes to latents {shape}, the toy U-Net denoises {wanted}; "
                          "give a toy pipeline's vae folder")
     return vae
 
