@@ -4,13 +4,14 @@ import numpy as np
 import pytest
 
 from evaluators.toy import ToyBenchmark
-from gors.core.prompts import load_prompts
+from gors.core.prompts import TOY_SPLITS, load_prompts
 from gors.core.toy.world import (
     COLOURS,
     HELD_OUT_COMBINATIONS,
     RELATIONS,
     SHAPES,
-    VALIDATION_COMBINATIONS,
+    SPLITS,
+    VALIDATION_FOLDS,
     ToyPrompt,
     prompts_of_split,
     relation_holds,
@@ -43,21 +44,31 @@ def test_held_out_combinations_never_appear_in_train_prompts():
     assert len(train) == 210 and len(held_out) == 150
 
 
-def test_fit_and_val_split_the_train_prompts_as_train_and_held_out_split_all():
+@pytest.mark.parametrize("fold", list(VALIDATION_FOLDS))
+def test_each_fold_splits_the_train_prompts_as_train_and_held_out_split_all(fold):
     train, _ = split_prompts()
-    fit, val = split_train_for_validation()
+    fit, val = split_train_for_validation(fold)
+    pair = VALIDATION_FOLDS[fold]
     assert sorted(p.text for p in fit + val) == sorted(p.text for p in train) and not set(fit) & set(val)
     fit_combinations = {(o.colour, o.shape) for p in fit for o in p.objects}
-    assert not fit_combinations & (VALIDATION_COMBINATIONS | HELD_OUT_COMBINATIONS)
-    assert all(any((o.colour, o.shape) in VALIDATION_COMBINATIONS for o in p.objects) for p in val)
+    assert not fit_combinations & ({pair} | HELD_OUT_COMBINATIONS)
+    assert all(any((o.colour, o.shape) == pair for o in p.objects) for p in val)
     # every colour has two shapes in the fit prompts, as in the train prompts (but yellow's three)
     shapes_per_colour = {c: len({s for cc, s in fit_combinations if cc == c}) for c in COLOURS}
     assert shapes_per_colour == dict.fromkeys(COLOURS, 2) and {s for _, s in fit_combinations} == set(SHAPES)
     assert (len(fit), len(val)) == (170, 40)
-    assert load_prompts("toy:val").prompts == [p.text for p in prompts_of_split("val")] == [p.text for p in val]
-    assert ToyBenchmark(split="fit").prompts()[0].text == fit[0].text
-    with pytest.raises(ValueError, match="toy split 'dev'; choose one of train, held_out, fit, val"):
+    assert load_prompts(f"toy:val{fold}").prompts == [p.text for p in prompts_of_split(f"val{fold}")] == [
+        p.text for p in val]
+    assert ToyBenchmark(split=f"fit{fold}").prompts()[0].text == fit[0].text
+
+
+def test_the_folds_hold_out_each_yellow_shape_once_and_bad_names_are_refused():
+    assert sorted(VALIDATION_FOLDS.values()) == [("yellow", s) for s in SHAPES]
+    assert TOY_SPLITS == tuple(f"toy:{s}" for s in SPLITS)
+    with pytest.raises(ValueError, match="toy split 'dev'; choose one of train, held_out, fit, val, fit_square"):
         ToyBenchmark(split="dev").prompts()
+    with pytest.raises(ValueError, match="validation fold '_circle'"):
+        split_train_for_validation("_circle")
 
 
 @pytest.mark.parametrize("relation", RELATIONS)

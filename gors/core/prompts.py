@@ -182,7 +182,8 @@ def _resolve_name(name: str, split: str) -> str | None:
     return name if name in PROMPT_FILE_STEMS else None
 
 
-TOY_SPLITS = ("toy:train", "toy:held_out", "toy:fit", "toy:val")
+TOY_SPLITS = ("toy:train", "toy:held_out", "toy:fit", "toy:val", "toy:fit_square", "toy:val_square",
+              "toy:fit_triangle", "toy:val_triangle")  # gors.core.toy.world.SPLITS (tested equal)
 
 
 def load_prompts(spec: str, split: str = "train") -> PromptSet:
@@ -194,7 +195,8 @@ def load_prompts(spec: str, split: str = "train") -> PromptSet:
     metadata).
     Benchmark names win over a same-named file in the working directory; write `./color` for that.
     `toy:train` and `toy:held_out` are the toy world's splits, and `toy:fit` / `toy:val` the train
-    prompts split the same way for choosing settings (see `gors.core.toy.world`).
+    prompts split the same way for choosing settings, with two more folds `toy:fit_square` /
+    `toy:val_square` and `toy:fit_triangle` / `toy:val_triangle` (see `gors.core.toy.world`).
     """
     if spec in TOY_SPLITS:
         from gors.core.toy.world import prompts_of_split

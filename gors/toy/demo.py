@@ -45,7 +45,8 @@ class ToyRunConfig(RunConfig):
         default="held_out",
         metadata={"help": "'held_out' (the reported number); for choosing settings without peeking: 'val' with "
                           "--train_prompts toy:fit (GORS on the fit prompts, measured on colour-shape pairs they "
-                          "lack, as held-out prompts measure the train prompts), or 'train'."},
+                          "lack, as held-out prompts measure the train prompts), and the other folds 'val_square' "
+                          "with toy:fit_square and 'val_triangle' with toy:fit_triangle; or 'train'."},
     )
 
 

@@ -33,8 +33,16 @@ HELD_OUT_COMBINATIONS = frozenset({("red", "triangle"), ("green", "circle"), ("b
 # prompts with it). In the train prompts every colour has two shapes but yellow, which has three;
 # holding out one of yellow's keeps that structure in the fit prompts, where holding out one pair
 # of another colour would leave that colour a single shape, which GORS then learns as a rule.
-VALIDATION_COMBINATIONS = frozenset({("yellow", "circle")})
-SPLITS = ("train", "held_out", "fit", "val")
+# One pair is a small sample of "an unseen pair" (the toy:val ranking of settings has disagreed with
+# the held-out one), so each of yellow's three shapes gives a fold: "fit" / "val" hold out the yellow
+# circle, "fit_square" / "val_square" the yellow square, "fit_triangle" / "val_triangle" the yellow
+# triangle. A setting's validation score is its mean over the folds.
+VALIDATION_FOLDS: dict[str, tuple[str, str]] = {
+    "": ("yellow", "circle"),
+    "_square": ("yellow", "square"),
+    "_triangle": ("yellow", "triangle"),
+}
+SPLITS = ("train", "held_out") + tuple(f"{part}{fold}" for fold in VALIDATION_FOLDS for part in ("fit", "val"))
 
 _OBJECT = r"an? (\w+) (\w+)"
 _PROMPT = re.compile(rf"^{_OBJECT}(?: (and|{'|'.join(RELATIONS)}) {_OBJECT})?$")
@@ -182,19 +190,23 @@ def split_prompts() -> tuple[list[ToyPrompt], list[ToyPrompt]]:
     return train, held_out
 
 
-def split_train_for_validation() -> tuple[list[ToyPrompt], list[ToyPrompt]]:
-    """(fit, val) of the train prompts: val prompts contain a `VALIDATION_COMBINATIONS` pair, which
+def split_train_for_validation(fold: str = "") -> tuple[list[ToyPrompt], list[ToyPrompt]]:
+    """(fit, val) of the train prompts: val prompts contain the fold's pair (`VALIDATION_FOLDS`), which
     no fit prompt has, as held-out prompts contain a pair no train prompt has."""
+    if fold not in VALIDATION_FOLDS:
+        raise ValueError(f"validation fold {fold!r}; choose one of {', '.join(map(repr, VALIDATION_FOLDS))}")
     train, _ = split_prompts()
-    is_val = [any((o.colour, o.shape) in VALIDATION_COMBINATIONS for o in p.objects) for p in train]
+    is_val = [any((o.colour, o.shape) == VALIDATION_FOLDS[fold] for o in p.objects) for p in train]
     return [p for p, v in zip(train, is_val) if not v], [p for p, v in zip(train, is_val) if v]
 
 
 def prompts_of_split(split: str) -> list[ToyPrompt]:
-    """The prompts of a toy split: "train" and "held_out" (`split_prompts`), or "fit" and "val"
+    """The prompts of a toy split: "train" and "held_out" (`split_prompts`), or "fit" and "val" and
+    their folds "fit_square", "val_square", "fit_triangle", "val_triangle"
     (`split_train_for_validation`, for choosing settings on the train prompts alone)."""
     if split not in SPLITS:
         raise ValueError(f"toy split {split!r}; choose one of {', '.join(SPLITS)}")
     if split in ("train", "held_out"):
         return split_prompts()[split == "held_out"]
-    return split_train_for_validation()[split == "val"]
+    part, fold = split[:3], split[3:]
+    return split_train_for_validation(fold)[part == "val"]
