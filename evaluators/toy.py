@@ -24,7 +24,8 @@ class ToyBenchmark(Benchmark):
 
     Args:
         split: "held_out" (prompts with colour-shape combinations never seen in training), "train",
-            or "fit" / "val", the train prompts split the same way (for choosing settings).
+            or "fit" / "val" (and the folds "fit_square" / "val_square", "fit_triangle" / "val_triangle"), the
+            train prompts split the same way (for choosing settings).
     """
 
     split: str = "held_out"
