@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from evaluators.toy import ToyBenchmark
-from gors.core.prompts import TOY_SPLITS, load_prompts
+from gors.core.prompts import load_prompts
 from gors.core.toy.world import (
     COLOURS,
     HELD_OUT_COMBINATIONS,
@@ -64,7 +64,9 @@ def test_each_fold_splits_the_train_prompts_as_train_and_held_out_split_all(fold
 
 def test_the_folds_hold_out_each_yellow_shape_once_and_bad_names_are_refused():
     assert sorted(VALIDATION_FOLDS.values()) == [("yellow", s) for s in SHAPES]
-    assert TOY_SPLITS == tuple(f"toy:{s}" for s in SPLITS)
+    assert [load_prompts(f"toy:{s}").name for s in SPLITS] == [f"toy:{s}" for s in SPLITS]
+    with pytest.raises(ValueError, match="toy split 'dev'; choose one of train, held_out, fit, val, fit_square"):
+        load_prompts("toy:dev")
     with pytest.raises(ValueError, match="toy split 'dev'; choose one of train, held_out, fit, val, fit_square"):
         ToyBenchmark(split="dev").prompts()
     with pytest.raises(ValueError, match="validation fold '_circle'"):
