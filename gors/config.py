@@ -115,7 +115,7 @@ class GenerationFields:
         default="color",
         metadata={
             "help": "A T2I-CompBench category or file stem (color, shape, texture, spatial, non_spatial, complex, "
-            "color_val, ...; downloaded and checksummed), toy:train / toy:held_out (the toy world; toy:fit / toy:val split the train prompts for choosing settings), or a text "
+            "color_val, ...; downloaded and checksummed), toy:train / toy:held_out (the toy world; toy:fit / toy:val and the folds toy:fit_square / toy:val_square, toy:fit_triangle / toy:val_triangle split the train prompts for choosing settings), or a text "
             "file with one prompt per line."
         },
     )
