@@ -12,6 +12,7 @@ from evaluators.base import Benchmark, BenchmarkPrompt
 from evaluators.results import Metric
 from gors.core.backbones import SamplingDefaults
 from gors.core.toy.world import ToyPrompt, prompts_of_split
+from rewards.toy_rules import BINDING_ERRORS
 
 
 @dataclass
@@ -47,6 +48,16 @@ class ToyBenchmark(Benchmark):
         Metric("full_accuracy", help="share of images with binding and relation right"),
         Metric("mean_score", help="mean oracle score (fraction of binding checks passed)"),
         Metric("prompts_with_a_correct_image", help="share of prompts with at least one correctly bound image"),
+        Metric("binding_errors.exchanged", higher_is_better=False,
+               help="share of images with the two colours each drawn in the other's shape"),
+        Metric("binding_errors.wrong_shape", higher_is_better=False,
+               help="share of images with an object's colour in another shape (not an exchange)"),
+        Metric("binding_errors.shapeless", higher_is_better=False,
+               help="share of images with an object's colour drawn only as a shapeless blob"),
+        Metric("binding_errors.missing", higher_is_better=False,
+               help="share of images with nothing of an object's colour"),
+        Metric("binding_errors.extra", higher_is_better=False,
+               help="share of images with a blob no prompt object explains"),
     )
 
     def prompts(self) -> list[BenchmarkPrompt]:
@@ -64,7 +75,9 @@ class ToyBenchmark(Benchmark):
                 "toy_oracle. Delete the scores/ folder of this evaluation (or use a new output folder) to score again."
             )
         return {"correct": details["bound"], "relation_correct": details["relation_holds"],
-                "all_correct": details["correct"], "reason": "; ".join(details["reasons"])}
+                "all_correct": details["correct"], "reason": "; ".join(details["reasons"]),
+                # None in scores written before the oracle named its errors: those still give every accuracy.
+                "errors": details.get("errors")}
 
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Shares of images, each in [0, 1]:
@@ -76,7 +89,9 @@ class ToyBenchmark(Benchmark):
           relation holds (0.5 is chance for a model that ignores the relation word);
         - full_accuracy: binding and relation both right;
         - prompts_with_a_correct_image: prompts with at least one image whose binding is right;
-        - mean_score: the mean oracle score (by default the fraction of binding checks passed).
+        - mean_score: the mean oracle score (by default the fraction of binding checks passed);
+        - binding_errors: for each kind of `rewards.toy_rules.BINDING_ERRORS`, the share of images
+          with it (an image can have several); None for scores that predate them.
         """
         correct = np.array([row["correct"] for row in rows], dtype=float)
         relation = np.array([ToyPrompt.parse(row["prompt"]).relation is not None for row in rows])
@@ -93,7 +108,16 @@ class ToyBenchmark(Benchmark):
             "full_accuracy": float(np.mean([row["all_correct"] for row in rows])),
             "mean_score": float(np.mean([row["score"] for row in rows])),
             "prompts_with_a_correct_image": float(np.mean([max(v) for v in by_prompt.values()])),
+            "binding_errors": error_shares([row.get("errors") for row in rows]),
             "num_images": len(rows),
             "num_prompts": len(by_prompt),
             "split": self.split,
         }
+
+
+def error_shares(errors: list[list[str] | None]) -> dict[str, float] | None:
+    """For each kind of `BINDING_ERRORS`, the share in [0, 1] of images whose error list names it;
+    None when any image has no error list (scored before the oracle named its errors)."""
+    if not errors or any(kinds is None for kinds in errors):
+        return None
+    return {kind: sum(kind in kinds for kinds in errors) / len(errors) for kind in BINDING_ERRORS}

@@ -72,6 +72,7 @@ class ToyOracleReward(Reward):
                     "correct": judgement.correct,
                     "reasons": list(judgement.reasons),
                     "found": list(judgement.found),
+                    "errors": list(judgement.errors),
                     "checks": [[check, bool(passed)] for check, passed in judgement.checks],
                 }
             )

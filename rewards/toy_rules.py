@@ -44,6 +44,16 @@ MIN_FILL = 0.35
 # to <= 0.37 (GaussianBlur(1)) or <= 0.48 (GaussianBlur(1.5)); 0.6 leaves room on both sides.
 TRIANGLE_MAX_TAPER = 0.6
 
+# Kinds of binding error, in the order they are reported; an image can have several, each once.
+# A missing object is explained by the largest unmatched blob of its colour:
+#   exchanged    the prompt's two colours each drawn in the other's shape ("a red circle and a blue
+#                square" drawn as a red square and a blue circle): the attribute-binding error itself
+#   wrong_shape  an object's colour drawn in another shape, other than by such an exchange
+#   shapeless    an object's colour drawn only as blobs of no shape
+#   missing      nothing (left) of an object's colour
+#   extra        a blob that no prompt object explains: an object too many, or a stray colour
+BINDING_ERRORS = ("exchanged", "wrong_shape", "shapeless", "missing", "extra")
+
 
 @dataclass(frozen=True)
 class Blob:
@@ -89,6 +99,7 @@ class Judgement:
         relation_holds: whether the relation holds between the matched objects; None when the
             prompt has no relation or an object is missing.
         relation_check: the name of the relation's check in `checks` (None without a relation).
+        errors: the kinds of binding error found (`BINDING_ERRORS`, in that order); empty when bound.
     """
 
     correct: bool
@@ -98,6 +109,7 @@ class Judgement:
     found: list[str] = field(default_factory=list)
     relation_holds: bool | None = None
     relation_check: str | None = None
+    errors: list[str] = field(default_factory=list)
 
     @property
     def binding_checks(self) -> list[tuple[str, bool]]:
@@ -253,7 +265,30 @@ def judge(prompt: world.ToyPrompt, blobs: list[Blob]) -> Judgement:
         found=[blob.describe() for blob in matched if blob is not None],
         relation_holds=holds,
         relation_check=relation_check,
+        errors=binding_errors(prompt, matched, unused),
     )
+
+
+def binding_errors(prompt: world.ToyPrompt, matched: list[Blob | None], unused: list[Blob]) -> list[str]:
+    """The kinds of binding error (`BINDING_ERRORS`) of an image, given the blob matched to each prompt
+    object (None when absent) and the blobs left unmatched, largest first."""
+    unexplained = list(unused)
+    stand_ins: list[tuple[world.ToyObject, Blob | None]] = []
+    for obj, blob in zip(prompt.objects, matched):
+        if blob is None:
+            # The largest blob of its colour stands for it; any others of that colour are extras.
+            stand_in = next((b for b in unexplained if b.colour == obj.colour), None)
+            if stand_in is not None:
+                unexplained.remove(stand_in)
+            stand_ins.append((obj, stand_in))
+    errors = {"missing" if blob is None else "wrong_shape" if blob.shape else "shapeless" for _, blob in stand_ins}
+    if len(stand_ins) == 2 and all(blob is not None for _, blob in stand_ins):
+        (a, drawn_a), (b, drawn_b) = stand_ins
+        if a.colour != b.colour and a.shape != b.shape and (drawn_a.shape, drawn_b.shape) == (b.shape, a.shape):
+            errors = {"exchanged"}
+    if unexplained:
+        errors.add("extra")
+    return [kind for kind in BINDING_ERRORS if kind in errors]
 
 
 def to_rgb_array(image: Image.Image | np.ndarray) -> np.ndarray:

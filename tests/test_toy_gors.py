@@ -44,7 +44,7 @@ def test_one_short_gors_round_selects_better_samples_and_trains_lora(tmp_path):
 
 
 @pytest.mark.parametrize("rounds", [1, 2])
-def test_toy_recipe_reports_base_and_gors_accuracy(tmp_path, rounds):
+def test_toy_recipe_reports_base_and_gors_accuracy(tmp_path, rounds, capsys):
     results = toy_main(["--output_dir", str(tmp_path / "demo"), "--max_prompts", "16", "--images_per_prompt", "2",
                         "--num_inference_steps", "8", "--max_train_steps", "2", "--checkpointing_steps", "2",
                         "--eval_max_prompts", "4", "--eval_images_per_prompt", "1", "--reward_threshold", "0.5",
@@ -62,3 +62,8 @@ def test_toy_recipe_reports_base_and_gors_accuracy(tmp_path, rounds):
     assert saved["gain"] == results["gors_binding_accuracy"] - results["base_binding_accuracy"]
     assert saved["base"]["num_prompts"] == 4
     assert 0 <= saved["base_full_accuracy"] <= saved["base_binding_accuracy"]  # full = binding and relation
+    # Every wrongly bound image has at least one kind of binding error, and the printout shows their shares.
+    errors = saved["base"]["binding_errors"]
+    assert set(errors) == {"exchanged", "wrong_shape", "shapeless", "missing", "extra"}
+    assert sum(errors.values()) >= 1 - saved["base_binding_accuracy"] - 1e-9
+    assert "share of images with each binding error:" in capsys.readouterr().out

@@ -40,7 +40,7 @@ def test_every_rendered_scene_is_judged_correct():
             judgement = judge_image(prompt, world.render(world.sample_scene(prompt, rng)))
             judged += 1
             exact = judgement.correct and judgement.bound and judgement.binding_score == 1.0
-            if not (exact and judgement.score == 1.0 and not judgement.reasons):
+            if not (exact and judgement.score == 1.0 and not judgement.reasons and not judgement.errors):
                 failures.append((prompt.text, judgement.reasons))
             assert len(judgement.found) == len(prompt.objects)
     assert judged == 744
@@ -66,6 +66,31 @@ def test_swapped_colours_are_caught_for_both_objects():
     assert "no red circle: the red object is a square" in judgement.reasons
     assert "no blue square: the blue object is a circle" in judgement.reasons
     assert any(r.startswith("unexpected") and "blue circle" in r and "red square" in r for r in judgement.reasons)
+    assert judgement.errors == ["exchanged"]  # the two drawn objects stand for the missing ones: no extras
+
+
+def test_binding_error_kinds():
+    rng = np.random.default_rng(1)
+    prompt = ToyPrompt.parse("a red circle and a blue square")
+    a, b = world.sample_scene(prompt, rng)
+
+    def errors(*objects: PlacedObject, bar: str | None = None) -> list[str]:
+        image = np.array(world.render(list(objects)))
+        if bar is not None:  # a 3 x 24 px bar: no shape of the world (aspect 8)
+            image[2:5, 2:26] = world.COLOURS[bar]
+        judgement = judge_image(prompt, image)
+        assert judgement.bound == (not judgement.errors)  # every binding failure has a kind
+        return judgement.errors
+
+    assert errors(a, b) == []
+    assert errors(replace(a, shape="triangle"), b) == ["wrong_shape"]
+    assert errors(replace(a, shape="square"), replace(b, shape="triangle")) == ["wrong_shape"]  # not an exchange
+    assert errors(b, bar="red") == ["shapeless"]
+    assert errors(b) == ["missing"]
+    assert errors(a, b, bar="green") == ["extra"]
+    swapped = [replace(a, colour=b.colour), replace(b, colour=a.colour)]
+    assert errors(*swapped, bar="blue") == ["exchanged", "extra"]  # the larger blue blob stands for the square
+    assert errors(replace(a, shape="triangle"), bar="blue") == ["wrong_shape", "shapeless"]
 
 
 def test_moved_objects_fail_only_the_relation():
@@ -75,6 +100,7 @@ def test_moved_objects_fail_only_the_relation():
     assert judgement.reasons == ["green triangle is not on the left of yellow circle"]
     assert judgement.score == pytest.approx(3 / 4)  # both objects present, no extras
     assert judgement.bound and judgement.binding_score == 1.0 and judgement.relation_holds is False
+    assert judgement.errors == []  # the relation is no binding error
     assert [found.split(" at ")[0] for found in judgement.found] == ["green triangle", "yellow circle"]
     assert dict(judgement.checks)["green triangle on the left of yellow circle"] is False
 
@@ -96,6 +122,7 @@ def test_an_extra_object_is_caught():
     assert judgement.checks == [("a red circle is present", True), ("no extra objects", False)]
     assert len(judgement.reasons) == 1 and judgement.reasons[0].startswith("unexpected green triangle at (")
     assert judgement.score == 0.5
+    assert judgement.errors == ["extra"]
 
 
 def test_an_empty_image_passes_nothing_but_the_extras_check():
@@ -151,6 +178,7 @@ def test_reward_scores_with_details():
         "correct": True,
         "reasons": [],
         "found": output.details[0]["found"],
+        "errors": [],
         "checks": [
             ["a blue triangle is present", True],
             ["a yellow square is present", True],
@@ -159,6 +187,7 @@ def test_reward_scores_with_details():
         ],
     }
     assert output.details[1]["correct"] is False and "no yellow square: nothing yellow" in output.details[1]["reasons"]
+    assert output.details[1]["errors"] == ["missing"]
     json.dumps(output.details)
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from evaluators.toy import ToyBenchmark
+from rewards.toy_rules import BINDING_ERRORS
 from gors.core.prompts import load_prompts
 from gors.core.toy.world import (
     COLOURS,
@@ -141,8 +142,14 @@ def test_toy_benchmark_summary_on_hand_made_rows():
     assert summary["relation_accuracy"] == 0.0 and summary["full_accuracy"] == 0.25
     assert summary["mean_score"] == 0.75
     assert summary["prompts_with_a_correct_image"] == 1.0
+    assert summary["binding_errors"] is None  # rows scored before the oracle named its errors
     assert benchmark.judge(rows[2]) == {"correct": True, "relation_correct": False, "all_correct": False,
-                                        "reason": "wrong"}
+                                        "reason": "wrong", "errors": None}
+    named = [{**r, "details": {**r["details"], "errors": errors}}
+             for r, errors in zip(rows, [[], ["exchanged", "extra"], [], ["missing"]])]
+    errors = benchmark.summarize([{**r, **benchmark.judge(r)} for r in named])["binding_errors"]
+    assert errors == {"exchanged": 0.25, "wrong_shape": 0.0, "shapeless": 0.0, "missing": 0.25, "extra": 0.25}
+    assert list(errors) == list(BINDING_ERRORS)
     assert ToyBenchmark(max_prompts=10).prompts() == ToyBenchmark().prompts()[::15]
 
 

@@ -115,6 +115,18 @@ def before_after_grid(base_dir: Path, tuned_dir: Path, prompts: list[str], path:
     return path
 
 
+def error_table(rows: Sequence[tuple[str, dict]]) -> str:
+    """What the binding errors were: per (title, toy summary) row, the share of images with each kind
+    of `rewards.toy_rules.BINDING_ERRORS` (an image can have several); empty if a summary lacks them."""
+    if any(summary["binding_errors"] is None for _, summary in rows):
+        return ""
+    kinds = list(rows[0][1]["binding_errors"])
+    return "share of images with each binding error:\n" + tabulate(
+        [[title, *summary["binding_errors"].values()] for title, summary in rows],
+        headers=["", *(kind.replace("_", " ") for kind in kinds)], tablefmt="plain", floatfmt=".3f",
+    )
+
+
 @expected_errors()  # one line `error: ...` and exit status 2, as in `gors`
 def main(argv: Sequence[str] | None = None) -> dict:
     from evaluators.toy import ToyBenchmark
@@ -185,11 +197,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
              for title, summary in rows],
             headers=["", "binding", "relation", "full"], tablefmt="plain", floatfmt=".3f", missingval="n/a",
         )
+        errors = error_table(rows)
+        errors = textwrap.indent(errors, "  ") + "\n" if errors else ""
         print(
             f"\nToy world, {config.eval_split} prompts ({base['num_prompts']} prompts x "
             f"{config.eval_images_per_prompt} images), GORS with reward {reward}:\n"
             f"{textwrap.indent(table, '  ')}\n"
             f"  binding accuracy gain {results['gain']:+.3f}\n"
+            f"{errors}"
             f"  before/after grid  {grid}\n  results           {out / 'results.json'}\n"
             f"  TensorBoard       tensorboard --logdir {out / 'logs'}\n"
             f"  took {results['seconds']:.0f} s on {accelerator.num_processes} process(es)"
