@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from evaluators.toy import ToyBenchmark
-from rewards.toy_rules import BINDING_ERRORS
 from gors.core.prompts import load_prompts
 from gors.core.toy.world import (
     COLOURS,
@@ -22,6 +21,7 @@ from gors.core.toy.world import (
 )
 from gors.toy.model import MAX_TOKENS, toy_words, write_toy_tokenizer_files
 from gors.toy.pretrain import noisy_caption, pretraining_corpus
+from rewards.toy_rules import BINDING_ERRORS
 
 
 def test_prompts_round_trip_and_bad_prompts_are_explained():
