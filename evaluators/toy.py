@@ -48,17 +48,8 @@ class ToyBenchmark(Benchmark):
         Metric("full_accuracy", help="share of images with binding and relation right"),
         Metric("mean_score", help="mean oracle score (fraction of binding checks passed)"),
         Metric("prompts_with_a_correct_image", help="share of prompts with at least one correctly bound image"),
-        Metric("binding_errors.exchanged", higher_is_better=False,
-               help="share of images with the two colours each drawn in the other's shape"),
-        Metric("binding_errors.wrong_shape", higher_is_better=False,
-               help="share of images with an object's colour in another shape (not an exchange)"),
-        Metric("binding_errors.shapeless", higher_is_better=False,
-               help="share of images with an object's colour drawn only as a shapeless blob"),
-        Metric("binding_errors.missing", higher_is_better=False,
-               help="share of images with nothing of an object's colour"),
-        Metric("binding_errors.extra", higher_is_better=False,
-               help="share of images with a blob no prompt object explains"),
-    )
+    ) + tuple(Metric(f"binding_errors.{kind}", higher_is_better=False, help=f"share of images with {meaning}")
+              for kind, meaning in BINDING_ERRORS.items())
 
     def prompts(self) -> list[BenchmarkPrompt]:
         return [BenchmarkPrompt(p.text) for p in self.subsample(prompts_of_split(self.split))]

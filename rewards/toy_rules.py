@@ -44,15 +44,17 @@ MIN_FILL = 0.35
 # to <= 0.37 (GaussianBlur(1)) or <= 0.48 (GaussianBlur(1.5)); 0.6 leaves room on both sides.
 TRIANGLE_MAX_TAPER = 0.6
 
-# Kinds of binding error, in the order they are reported; an image can have several, each once.
-# A missing object is explained by the largest unmatched blob of its colour:
-#   exchanged    the prompt's two colours each drawn in the other's shape ("a red circle and a blue
-#                square" drawn as a red square and a blue circle): the attribute-binding error itself
-#   wrong_shape  an object's colour drawn in another shape, other than by such an exchange
-#   shapeless    an object's colour drawn only as blobs of no shape
-#   missing      nothing (left) of an object's colour
-#   extra        a blob that no prompt object explains: an object too many, or a stray colour
-BINDING_ERRORS = ("exchanged", "wrong_shape", "shapeless", "missing", "extra")
+# Kinds of binding error, in the order they are reported, with what each means; an image can have
+# several, each once. A missing object is explained by the largest unmatched blob of its colour.
+# An exchange ("a red circle and a blue square" drawn as a red square and a blue circle) is the
+# attribute-binding error itself; a colour drawn in another shape otherwise is a wrong shape.
+BINDING_ERRORS = {
+    "exchanged": "the two colours each drawn in the other's shape",
+    "wrong_shape": "an object's colour in another shape (not an exchange)",
+    "shapeless": "an object's colour drawn only as a shapeless blob",
+    "missing": "nothing of an object's colour",
+    "extra": "a blob no prompt object explains",
+}
 
 
 @dataclass(frozen=True)
