@@ -293,6 +293,11 @@ class TrainingFields:
     logit_mean: float = field(default=0.0, metadata={"help": "Mean of the logit_normal density."})
     logit_std: float = field(default=1.0, metadata={"help": "Standard deviation of the logit_normal density."})
     mode_scale: float = field(default=1.29, metadata={"help": "Scale of the mode density."})
+    timestep_range: list[int] | None = field(
+        default=None,
+        metadata={"help": "Train only at DDPM timesteps in [BEGIN, END) (SD 1/2, SDXL), e.g. 500 1000 for the noisier "
+                          "half, where the layout and the binding of attributes are decided; default: all (official)."},
+    )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Trade compute for memory."})
     center_crop: bool = field(default=True, metadata={"help": "Centre crop after resizing (official: yes)."})
     caption_dropout: float = field(
@@ -341,6 +346,10 @@ class TrainingFields:
                f"--max_sequence_length={self.max_sequence_length}: must be >= 1")
         _check(self.learning_rate > 0 and self.text_encoder_learning_rate > 0, "learning rates must be > 0")
         _check(0.0 <= self.caption_dropout < 1.0, f"--caption_dropout={self.caption_dropout}: use a value in [0, 1)")
+        if self.timestep_range is not None:
+            _check(len(self.timestep_range) == 2 and 0 <= self.timestep_range[0] < self.timestep_range[1],
+                   f"--timestep_range={' '.join(map(str, self.timestep_range))}: give BEGIN END with 0 <= BEGIN < END, "
+                   "e.g. --timestep_range 500 1000")
         _check(self.validation_num_prompts >= 1 and self.validation_images_per_prompt >= 1,
                "--validation_num_prompts and --validation_images_per_prompt must be >= 1")
         self.validation_scorer_options = parse_mapping(self.validation_scorer_options, "--validation_scorer_options")

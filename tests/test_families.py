@@ -292,8 +292,11 @@ def test_flux_schnell_has_no_guidance_input(tmp_path):
      r"--no_train_unet leaves nothing to train on a FluxPipeline \(flux family\): train its transformer\."),
     ("tiny_sd3", dict(train_unet=False),  # its CLIP encoders are off by default
      r"--no_train_unet leaves nothing to train on a StableDiffusion3Pipeline \(sd3 family\): train its text encoders\."),
+    ("tiny_sd3", dict(timestep_range=[500, 1000]),
+     r"--timestep_range: a StableDiffusion3Pipeline \(sd3 family\) trains a rectified flow, whose timesteps come from "
+     r"--weighting_scheme; --timestep_range applies to the DDPM families \(SD 1/2, SDXL\)\."),
 ], ids=["flux_text_encoder", "sd_text_encoder_2", "sd_weighting", "sdxl_t5_length", "sd3_resolution",
-        "flux_nothing_to_train", "sd3_nothing_to_train"])
+        "flux_nothing_to_train", "sd3_nothing_to_train", "sd3_timestep_range"])
 def test_settings_a_family_cannot_take_are_refused_before_any_weights_load(model, overrides, error, request, tmp_path,
                                                                          no_weights):
     run_dir = tmp_path / "run"
@@ -408,6 +411,33 @@ def test_sd_fingerprint_keeps_its_keys_and_flow_matching_adds_its_own(tiny_sd, t
     assert {k: fingerprint[k] for k in ("weighting_scheme", "logit_mean", "logit_std", "mode_scale",
                                         "max_sequence_length")} == {
         "weighting_scheme": "none", "logit_mean": 0.0, "logit_std": 1.0, "mode_scale": 1.29, "max_sequence_length": 512}
+
+
+@pytest.mark.parametrize("value", [[500], [1000, 500], [-1, 500], [500, 500, 1000]])
+def test_a_malformed_timestep_range_is_refused(value):
+    with pytest.raises(ValueError, match=r"--timestep_range=.*: give BEGIN END with 0 <= BEGIN < END"):
+        TrainConfig(timestep_range=value)
+
+
+def test_timestep_range_bounds_the_ddpm_timesteps_and_leaves_the_default_draws_alone(tiny_sd):
+    latents = torch.zeros(4096, 1)
+    config, family = _family(tiny_sd)
+    scheduler = family.load_scheduler()
+    torch.manual_seed(0)
+    default = family.sample_noise(latents, scheduler)[1]
+    torch.manual_seed(0)  # the draws the trainer made before the option: the noise, then the timesteps
+    torch.randn_like(latents)
+    assert torch.equal(default, torch.randint(0, scheduler.config.num_train_timesteps, (4096,)))
+    assert "timestep_range" not in family.fingerprint()  # checkpoints made before the option still resume
+
+    config, family = _family(tiny_sd, timestep_range=[500, 1000])
+    timesteps = family.sample_noise(latents, scheduler)[1]
+    assert timesteps.min() == 500 and timesteps.max() == 999
+    assert family.fingerprint()["timestep_range"] == [500, 1000]
+
+    config, family = _family(tiny_sd, timestep_range=[0, scheduler.config.num_train_timesteps + 1])
+    with pytest.raises(ValueError, match=r"schedule has 1000 timesteps; give an END <= 1000"):
+        family.sample_noise(latents, scheduler)
 
 
 # ---- SDXL's size conditions from the sample store --------------------------------------------------------

@@ -172,8 +172,25 @@ class DDPMFamily(TrainingFamily):
 
     def sample_noise(self, latents, scheduler):
         noise = torch.randn_like(latents)
-        timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (len(latents),), device=latents.device)
+        begin, end = self.timestep_range(scheduler)
+        timesteps = torch.randint(begin, end, (len(latents),), device=latents.device)
         return noise, timesteps
+
+    def timestep_range(self, scheduler) -> tuple[int, int]:
+        """[begin, end) of the uniform training timesteps: `--timestep_range`, or all of the schedule's."""
+        num_timesteps = scheduler.config.num_train_timesteps
+        if self.settings["timestep_range"] is None:
+            return 0, num_timesteps
+        begin, end = self.settings["timestep_range"]
+        if end > num_timesteps:
+            raise ValueError(f"--timestep_range {begin} {end}: the model's noise schedule has {num_timesteps} "
+                             f"timesteps; give an END <= {num_timesteps}")
+        return begin, end
+
+    def fingerprint(self) -> dict[str, Any]:
+        # Only when set, so that checkpoints made before the option still resume.
+        timestep_range = self.settings["timestep_range"]
+        return super().fingerprint() | ({"timestep_range": timestep_range} if timestep_range else {})
 
     def loss(self, denoiser, scheduler, batch, conditioning, noise, position, dtype):
         noisy = scheduler.add_noise(batch.latents, noise, position)
