@@ -12,7 +12,8 @@ family's `Pipeline.save_lora_weights` writes and `Pipeline.load_lora_weights` re
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -49,6 +50,21 @@ def _is_diffusers_model(module: torch.nn.Module) -> bool:
     from diffusers import ModelMixin
 
     return isinstance(module, ModelMixin)
+
+
+@contextmanager
+def adapters_disabled(*modules: torch.nn.Module) -> Iterator[None]:
+    """Run `modules` as their base models: every LoRA layer in them off inside the block, on again after."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [layer for module in modules for layer in module.modules() if isinstance(layer, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
 
 
 def lora_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -39,7 +39,7 @@ from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore
 from gors.families import TRAINING_FAMILIES, Batch, TextEncoder, resolve_training
-from gors.lora import add_lora, load_lora, lora_parameters, save_lora
+from gors.lora import adapters_disabled, add_lora, load_lora, lora_parameters, save_lora
 from gors.select import load_selection, reward_statistics
 from gors.training_data import BatchSchedule, cached_latent_distributions, sharded_cache, text_cache_name
 from gors.validation import BenchmarkValidation
@@ -258,17 +258,42 @@ class GORSTrainer:
         if self.config.caption_dropout > 0:
             dropped = torch.rand(len(index)) < self.config.caption_dropout
             prompts = torch.where(dropped, self.empty_index, prompts)
+        batch = Batch(latents, self.rewards[index].to(device), self.latents["original_size"][index].to(device),
+                      self.latents["crop_top_left"][index].to(device))
+        conditioning = family.condition(self._encodings(prompts), batch, self.weight_dtype)
+        return family.loss(self.denoiser, self.noise_scheduler, batch, conditioning, noise, position, self.weight_dtype,
+                           base_prediction=self._base_prediction(prompts, batch))
+
+    def _encodings(self, prompts: torch.Tensor, models: dict[str, torch.nn.Module] | None = None
+                   ) -> dict[str, dict[str, torch.Tensor]]:
+        """Every text encoder's outputs for these prompt indices: cached, or run by `models` (default
+        `self.text_encoders`, as prepared)."""
+        device, family = self.accelerator.device, self.family
+        models = models or self.text_encoders
         encodings = {}
         for encoder in family.text_encoders:
             name = encoder.component
             if name in self.cached:
                 encodings[name] = {k: v[prompts].to(device) for k, v in self.cached[name].items()}
             else:
-                encodings[name] = family.encode(encoder, self.text_encoders[name], self.tokens[name][prompts].to(device))
-        batch = Batch(latents, self.rewards[index].to(device), self.latents["original_size"][index].to(device),
-                      self.latents["crop_top_left"][index].to(device))
-        conditioning = family.condition(encodings, batch, self.weight_dtype)
-        return family.loss(self.denoiser, self.noise_scheduler, batch, conditioning, noise, position, self.weight_dtype)
+                encodings[name] = family.encode(encoder, models[name], self.tokens[name][prompts].to(device))
+        return encodings
+
+    def _base_prediction(self, prompts: torch.Tensor, batch: Batch):
+        """`--anchor_below`'s target: the base model's prediction for some rows of the micro-batch, the
+        adapters of the denoiser and of the text encoders off."""
+        def predict(noisy: torch.Tensor, timesteps: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            # Unwrapped: a DDP forward would run collectives that the other processes, whose rows differ,
+            # do not run.
+            unwrap = self.accelerator.unwrap_model
+            encoders = {name: unwrap(module) for name, module in self.text_encoders.items()}
+            denoiser = unwrap(self.denoiser)
+            with torch.no_grad(), adapters_disabled(denoiser, *encoders.values()):
+                encodings = self._encodings(prompts[rows.cpu()], encoders)
+                conditioning = self.family.condition(encodings, batch.rows(rows), self.weight_dtype)
+                return self.family.predict(denoiser, noisy, timesteps, conditioning)
+
+        return predict
 
     # ----- logging --------------------------------------------------------------------------
     def _tensorboard(self):

@@ -37,8 +37,9 @@ def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd,
         "--reward_batch_size", "2", "--reward_threshold", "0.0", "--max_train_steps", "2",
         "--checkpointing_steps", "1", "--seed", "0",
     ]
-    # Scoring overlapped with generation here; the two-round run of test_rounds scores after it.
-    launch_gors(["run", *flags, "--overlap_scoring"], cwd=tmp_path)
+    # Scoring overlapped with generation here; the two-round run of test_rounds scores after it. The
+    # processes anchor different rows to the base model (--anchor_below), so its forward must be their own.
+    launch_gors(["run", *flags, "--overlap_scoring", "--anchor_below", "500"], cwd=tmp_path)
 
     store = SampleStore(run_dir / "samples")
     keys = [(r["prompt_index"], r["image_index"]) for r in store.records()]

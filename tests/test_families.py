@@ -31,6 +31,7 @@ from gors.core.distributed import reset_process_state
 from gors.core.run_folder import TEXT_EMBEDDING_CACHE_DIR
 from gors.families import Batch, resolve_training
 from gors.families.base import FlowMatchingFamily, TrainingFamily
+from gors.loss import diffusion_target
 from gors.families.flux import latent_image_ids, pack_latents, unpack_latents
 from gors.generate import generate
 from gors.score import score
@@ -292,11 +293,14 @@ def test_flux_schnell_has_no_guidance_input(tmp_path):
      r"--no_train_unet leaves nothing to train on a FluxPipeline \(flux family\): train its transformer\."),
     ("tiny_sd3", dict(train_unet=False),  # its CLIP encoders are off by default
      r"--no_train_unet leaves nothing to train on a StableDiffusion3Pipeline \(sd3 family\): train its text encoders\."),
+    ("tiny_flux", dict(anchor_below=500),
+     r"--anchor_below: a FluxPipeline \(flux family\) trains a rectified flow, whose timesteps come from "
+     r"--weighting_scheme; --anchor_below applies to the DDPM families \(SD 1/2, SDXL\)\."),
     ("tiny_sd3", dict(timestep_range=[500, 1000]),
      r"--timestep_range: a StableDiffusion3Pipeline \(sd3 family\) trains a rectified flow, whose timesteps come from "
      r"--weighting_scheme; --timestep_range applies to the DDPM families \(SD 1/2, SDXL\)\."),
 ], ids=["flux_text_encoder", "sd_text_encoder_2", "sd_weighting", "sdxl_t5_length", "sd3_resolution",
-        "flux_nothing_to_train", "sd3_nothing_to_train", "sd3_timestep_range"])
+        "flux_nothing_to_train", "sd3_nothing_to_train", "flux_anchor", "sd3_timestep_range"])
 def test_settings_a_family_cannot_take_are_refused_before_any_weights_load(model, overrides, error, request, tmp_path,
                                                                          no_weights):
     run_dir = tmp_path / "run"
@@ -438,6 +442,72 @@ def test_timestep_range_bounds_the_ddpm_timesteps_and_leaves_the_default_draws_a
     config, family = _family(tiny_sd, timestep_range=[0, scheduler.config.num_train_timesteps + 1])
     with pytest.raises(ValueError, match=r"schedule has 1000 timesteps; give an END <= 1000"):
         family.sample_noise(latents, scheduler)
+
+
+def test_anchor_below_replaces_the_target_of_the_less_noisy_rows_by_the_base_prediction(tiny_sd):
+    """The loss with `--anchor_below`, on a stub denoiser that predicts 0 and a base model that predicts 1."""
+    config, family = _family(tiny_sd, anchor_below=500)
+    scheduler = family.load_scheduler()
+    timesteps = torch.tensor([0, 499, 500, 999])
+    batch = Batch(torch.randn(4, 4, 2, 2), torch.tensor([1.0, 0.5, 1.0, 0.25]), torch.zeros(4, 2), torch.zeros(4, 2))
+    noise = torch.randn_like(batch.latents)
+    calls = []
+
+    def base_prediction(noisy, steps, rows):
+        calls.append((steps.tolist(), rows.tolist()))
+        return torch.ones_like(noisy)
+
+    def zero_denoiser(noisy, steps, states, return_dict):
+        return (torch.zeros_like(noisy),)
+
+    loss = family.loss(zero_denoiser, scheduler, batch, {"encoder_hidden_states": None}, noise, timesteps,
+                       torch.float32, base_prediction)
+    assert calls == [([0, 499], [True, True, False, False])]
+    target = diffusion_target(scheduler, batch.latents, noise, timesteps)
+    per_sample = torch.stack([torch.tensor(1.0), torch.tensor(1.0), target[2].pow(2).mean(), target[3].pow(2).mean()])
+    assert torch.allclose(loss, (batch.rewards * per_sample).mean())
+    assert "anchor_below" in family.fingerprint() and "anchor_below" not in _family(tiny_sd)[1].fingerprint()
+
+
+def test_anchor_below_trains_the_lora_towards_the_base_model(tiny_sd, selected_runs, tmp_path):
+    """All rows anchored: the loss is 0 at the LoRA's zero init and is the LoRA's distance from the base
+    model once it moves; the adapters (and their gradients) are on again after the base pass."""
+    config = _copy_run(selected_runs(tiny_sd), tmp_path / "run", anchor_below=1000)
+    trainer = _prepared_trainer(config)
+    torch.manual_seed(0)
+    assert trainer._micro_batch_loss(0).item() == 0.0  # lora_B starts at zero: the LoRA model is the base model
+
+    plain = _prepared_trainer(_copy_run(selected_runs(tiny_sd), tmp_path / "plain"))
+    torch.manual_seed(0)
+    assert plain._micro_batch_loss(0).item() > 0  # the same draws against the samples' targets
+
+    lora_b = [p for n, p in trainer.denoiser.named_parameters() if "lora_B" in n]
+    with torch.no_grad():
+        for p in lora_b:
+            p.normal_(std=0.1)
+    torch.manual_seed(0)
+    loss = trainer._micro_batch_loss(0)
+    assert loss.item() > 0
+    loss.backward()
+    assert all(p.requires_grad and p.grad is not None and p.grad.abs().sum() > 0 for p in lora_b)
+
+
+def test_adapters_disabled_runs_the_base_model_and_restores_the_adapters():
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from gors.lora import adapters_disabled
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+    base = model(x)
+    inject_adapter_in_model(LoraConfig(r=2, target_modules=["0"], init_lora_weights=False), model)
+    tuned = model(x)
+    assert not torch.allclose(tuned, base)
+    with adapters_disabled(model):
+        assert torch.equal(model(x), base)
+    assert torch.equal(model(x), tuned)
+    assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
 
 
 # ---- SDXL's size conditions from the sample store --------------------------------------------------------

@@ -42,7 +42,7 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
 
     Settings the family cannot take are refused here, before any weights load: a text-encoder
     LoRA on a family without a trainable one (FLUX.1), a second encoder on a family with one,
-    flow-matching options on a DDPM family and a timestep range on a flow, a T5 length without T5, a
+    flow-matching options on a DDPM family and DDPM timestep options on a flow, a T5 length without T5, a
     resolution off the family's grid.
     """
     cls = TRAINING_FAMILIES[backbone.name]
@@ -57,9 +57,10 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
     if config.weighting_scheme is not None and not flow:
         raise ValueError(f"--weighting_scheme={config.weighting_scheme}: {label} trains with the DDPM loss; the "
                          "flow-matching options apply to SD3 and FLUX.1.")
-    if config.timestep_range is not None and flow:
-        raise ValueError(f"--timestep_range: {label} trains a rectified flow, whose timesteps come from "
-                         "--weighting_scheme; --timestep_range applies to the DDPM families (SD 1/2, SDXL).")
+    for flag in ("timestep_range", "anchor_below"):
+        if getattr(config, flag) is not None and flow:
+            raise ValueError(f"--{flag}: {label} trains a rectified flow, whose timesteps come from "
+                             f"--weighting_scheme; --{flag} applies to the DDPM families (SD 1/2, SDXL).")
     has_t5 = any(encoder.t5 for encoder in cls.text_encoders)
     if config.max_sequence_length is not None and not has_t5:
         raise ValueError(f"--max_sequence_length: {label} has no T5 encoder; its CLIP encoders take 77 tokens.")
@@ -80,7 +81,7 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
     )
     settings = {name: getattr(resolved, name) for name in (
         "resolution", "train_text_encoder_2", "weighting_scheme", "logit_mean", "logit_std", "mode_scale",
-        "max_sequence_length", "timestep_range")} | {"guidance_scale": sampling[1]}
+        "max_sequence_length", "timestep_range", "anchor_below")} | {"guidance_scale": sampling[1]}
     return resolved, cls(backbone, resolved.pretrained_model_name_or_path, resolved.revision, settings)
 
 

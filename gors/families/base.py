@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -70,6 +70,13 @@ class Batch:
     rewards: torch.Tensor
     original_size: torch.Tensor  # (B, 2) height, width of the stored image
     crop_top_left: torch.Tensor  # (B, 2)
+
+    def rows(self, index: torch.Tensor) -> Batch:
+        return Batch(self.latents[index], self.rewards[index], self.original_size[index], self.crop_top_left[index])
+
+
+# (noisy latents, timesteps, boolean row mask of the micro-batch) of some rows -> the base model's prediction
+BasePrediction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class TrainingFamily:
@@ -142,8 +149,10 @@ class TrainingFamily:
         raise NotImplementedError
 
     def loss(self, denoiser: torch.nn.Module, scheduler, batch: Batch, conditioning: dict[str, torch.Tensor],
-             noise: torch.Tensor, position: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The reward-weighted loss of one micro-batch (a scalar, float32)."""
+             noise: torch.Tensor, position: torch.Tensor, dtype: torch.dtype,
+             base_prediction: BasePrediction | None = None) -> torch.Tensor:
+        """The reward-weighted loss of one micro-batch (a scalar, float32). `base_prediction`: the base
+        model's output for some rows (`--anchor_below`, DDPM families)."""
         raise NotImplementedError
 
     def predict(self, denoiser: torch.nn.Module, noisy: torch.Tensor, timesteps: torch.Tensor,
@@ -188,14 +197,20 @@ class DDPMFamily(TrainingFamily):
         return begin, end
 
     def fingerprint(self) -> dict[str, Any]:
-        # Only when set, so that checkpoints made before the option still resume.
-        timestep_range = self.settings["timestep_range"]
-        return super().fingerprint() | ({"timestep_range": timestep_range} if timestep_range else {})
+        # Only when set, so that checkpoints made before the options still resume.
+        options = {k: self.settings[k] for k in ("timestep_range", "anchor_below") if self.settings[k] is not None}
+        return super().fingerprint() | options
 
-    def loss(self, denoiser, scheduler, batch, conditioning, noise, position, dtype):
+    def loss(self, denoiser, scheduler, batch, conditioning, noise, position, dtype, base_prediction=None):
         noisy = scheduler.add_noise(batch.latents, noise, position)
-        prediction = self.predict(denoiser, noisy.to(dtype), position, conditioning)
         target = diffusion_target(scheduler, batch.latents, noise, position)
+        if self.settings["anchor_below"] is not None:
+            # Before the trained forward: the base pass switches the adapters off and on again.
+            rows = position < self.settings["anchor_below"]
+            if rows.any():
+                target = target.clone()
+                target[rows] = base_prediction(noisy[rows].to(dtype), position[rows], rows).to(target.dtype)
+        prediction = self.predict(denoiser, noisy.to(dtype), position, conditioning)
         return reward_weighted_loss(prediction, target, batch.rewards)
 
 
@@ -216,7 +231,7 @@ class FlowMatchingFamily(TrainingFamily):
         u = timestep_density(s["weighting_scheme"], len(latents), s["logit_mean"], s["logit_std"], s["mode_scale"])
         return noise, u
 
-    def loss(self, denoiser, scheduler, batch, conditioning, noise, position, dtype):
+    def loss(self, denoiser, scheduler, batch, conditioning, noise, position, dtype, base_prediction=None):
         timesteps, sigmas = flow_matching_sigmas(scheduler, position)
         timesteps, sigmas = timesteps.to(noise.device), sigmas.to(noise.device)
         noisy = flow_matching_noisy(batch.latents, noise, sigmas)
