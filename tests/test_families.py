@@ -31,9 +31,9 @@ from gors.core.distributed import reset_process_state
 from gors.core.run_folder import TEXT_EMBEDDING_CACHE_DIR
 from gors.families import Batch, resolve_training
 from gors.families.base import FlowMatchingFamily, TrainingFamily
-from gors.loss import diffusion_target
 from gors.families.flux import latent_image_ids, pack_latents, unpack_latents
 from gors.generate import generate
+from gors.loss import diffusion_target
 from gors.score import score
 from gors.select import load_selection, select
 from gors.train import GORSTrainer, train

@@ -67,3 +67,14 @@ def test_toy_recipe_reports_base_and_gors_accuracy(tmp_path, rounds, capsys):
     assert set(errors) == {"exchanged", "wrong_shape", "shapeless", "missing", "extra"}
     assert sum(errors.values()) >= 1 - saved["base_binding_accuracy"] - 1e-9
     assert "share of images with each binding error:" in capsys.readouterr().out
+
+
+def test_lora_by_step_variants_name_the_steps_the_adapters_are_on():
+    from gors.toy.lora_by_step import STEPS, steps_on
+
+    assert [s for s in range(STEPS) if steps_on("first10")(s)] == list(range(10))
+    assert [s for s in range(STEPS) if steps_on("last5")(s)] == list(range(15, 20))
+    assert all(steps_on("all")(s) and not steps_on("base")(s) for s in range(STEPS))
+    for bad in ("first", "middle3", "lastx"):
+        with pytest.raises(SystemExit, match=f"variant '{bad}'; use base, all, firstK or lastK"):
+            steps_on(bad)
