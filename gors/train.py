@@ -38,7 +38,7 @@ from gors.core.hub import from_pretrained
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore
-from gors.families import TRAINING_FAMILIES, Batch, TextEncoder, resolve_training
+from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder, resolve_training
 from gors.lora import adapters_disabled, add_lora, load_lora, lora_parameters, save_lora
 from gors.select import load_selection, reward_statistics
 from gors.training_data import BatchSchedule, cached_latent_distributions, sharded_cache, text_cache_name
@@ -279,7 +279,7 @@ class GORSTrainer:
                 encodings[name] = family.encode(encoder, models[name], self.tokens[name][prompts].to(device))
         return encodings
 
-    def _base_prediction(self, prompts: torch.Tensor, batch: Batch):
+    def _base_prediction(self, prompts: torch.Tensor, batch: Batch) -> BasePrediction:
         """`--anchor_below`'s target: the base model's prediction for some rows of the micro-batch, the
         adapters of the denoiser and of the text encoders off."""
         def predict(noisy: torch.Tensor, timesteps: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from gors.core.backbones import Backbone, check_resolution
-from gors.families.base import Batch, TextEncoder, TrainingDefaults, TrainingFamily
+from gors.families.base import BasePrediction, Batch, TextEncoder, TrainingDefaults, TrainingFamily
 from gors.families.flux import FluxFamily
 from gors.families.sd import StableDiffusionFamily
 from gors.families.sd3 import StableDiffusion3Family
@@ -85,4 +85,4 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
     return resolved, cls(backbone, resolved.pretrained_model_name_or_path, resolved.revision, settings)
 
 
-__all__ = ["TRAINING_FAMILIES", "Batch", "TextEncoder", "TrainingDefaults", "TrainingFamily", "resolve_training"]
+__all__ = ["TRAINING_FAMILIES", "BasePrediction", "Batch", "TextEncoder", "TrainingDefaults", "TrainingFamily", "resolve_training"]
