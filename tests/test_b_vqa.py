@@ -281,7 +281,13 @@ def test_question_table_sets_what_blip_is_asked(reward: BVQAReward, model_dir: P
     assert output.scores[0] == pytest.approx(output.details[0]["p_yes"][0], rel=1e-12)
     without = reward.score(images, prompts)
     assert without.details[0]["questions"] == ["a green bench?", "a red car?"]
-    assert without.details[1:] == [{**d, "question_source": from_parser} for d in output.details[1:]]
+    # The same rows, up to float noise between batch compositions (the first image asks more questions here;
+    # some CPUs' kernels round differently by batch size).
+    for row, expected in zip(without.details[1:], output.details[1:], strict=True):
+        assert {k: v for k, v in row.items() if k not in ("p_yes", "score")} == {
+            **{k: v for k, v in expected.items() if k not in ("p_yes", "score")}, "question_source": from_parser}
+        assert row["p_yes"] == pytest.approx(expected["p_yes"], rel=1e-4, abs=1e-6)
+        assert row["score"] == pytest.approx(expected["score"], rel=1e-4, abs=1e-6)
     assert load_question_table(path).sha256 == sha256
 
 

@@ -121,7 +121,7 @@ def test_a_crash_in_generation_scores_what_is_queued_and_the_rerun_completes(mak
     assert resumed.keys() == expected.keys()
     for key, row in expected.items():
         assert resumed[key]["details"]["questions"] == row["details"]["questions"]
-        assert resumed[key]["reward"] == pytest.approx(row["reward"], abs=1e-6)
+        assert resumed[key]["reward"] == pytest.approx(row["reward"], rel=1e-4, abs=1e-6)
 
 
 def test_gors_run_with_overlap_times_one_stage_and_trains_on_the_same_scores(make_run_config, tmp_path):
