@@ -85,4 +85,5 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
     return resolved, cls(backbone, resolved.pretrained_model_name_or_path, resolved.revision, settings)
 
 
-__all__ = ["TRAINING_FAMILIES", "BasePrediction", "Batch", "TextEncoder", "TrainingDefaults", "TrainingFamily", "resolve_training"]
+__all__ = ["TRAINING_FAMILIES", "BasePrediction", "Batch", "TextEncoder", "TrainingDefaults", "TrainingFamily",
+           "resolve_training"]

@@ -179,22 +179,21 @@ class TrainingFamily:
 class DDPMFamily(TrainingFamily):
     """U-Net families trained on the DDPM forward process: uniform integer timesteps, epsilon or v target."""
 
-    def sample_noise(self, latents, scheduler):
-        noise = torch.randn_like(latents)
-        begin, end = self.timestep_range(scheduler)
-        timesteps = torch.randint(begin, end, (len(latents),), device=latents.device)
-        return noise, timesteps
-
-    def timestep_range(self, scheduler) -> tuple[int, int]:
-        """[begin, end) of the uniform training timesteps: `--timestep_range`, or all of the schedule's."""
+    def load_scheduler(self):
+        """The schedule, after checking that `--timestep_range` lies in it (before any weights load)."""
+        scheduler = super().load_scheduler()
         num_timesteps = scheduler.config.num_train_timesteps
-        if self.settings["timestep_range"] is None:
-            return 0, num_timesteps
-        begin, end = self.settings["timestep_range"]
-        if end > num_timesteps:
+        if self.settings["timestep_range"] is not None and self.settings["timestep_range"][1] > num_timesteps:
+            begin, end = self.settings["timestep_range"]
             raise ValueError(f"--timestep_range {begin} {end}: the model's noise schedule has {num_timesteps} "
                              f"timesteps; give an END <= {num_timesteps}")
-        return begin, end
+        return scheduler
+
+    def sample_noise(self, latents, scheduler):
+        noise = torch.randn_like(latents)
+        begin, end = self.settings["timestep_range"] or (0, scheduler.config.num_train_timesteps)
+        timesteps = torch.randint(begin, end, (len(latents),), device=latents.device)
+        return noise, timesteps
 
     def fingerprint(self) -> dict[str, Any]:
         # Only when set, so that checkpoints made before the options still resume.

@@ -13,13 +13,13 @@ README's toy results: a LoRA used so is not what `load_lora_weights` gives.
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
 from tabulate import tabulate
 
-from gors.core.pipeline import load_pipeline
+from evaluators.toy import error_shares
+from gors.core.pipeline import cpu_generators, load_pipeline
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import split_prompts
 from rewards.toy_rules import BINDING_ERRORS, judge_image
@@ -48,11 +48,11 @@ def embeddings(pipe, texts: list[str], lora: bool) -> torch.Tensor:
 def evaluate(pipe, variant: str) -> dict[str, float]:
     on = steps_on(variant)
     prompts = split_prompts()[1]
-    counts, images = Counter(), 0
+    bound, errors = [], []
     for start in range(0, len(prompts), PROMPTS_PER_CALL):
-        texts = [p.text for p in prompts[start:start + PROMPTS_PER_CALL] for _ in range(IMAGES_PER_PROMPT)]
-        generators = [torch.Generator().manual_seed(10_000 + 100 * (start + n // IMAGES_PER_PROMPT) + n % IMAGES_PER_PROMPT)
-                      for n in range(len(texts))]
+        batch = range(start, min(start + PROMPTS_PER_CALL, len(prompts)))
+        texts = [prompts[p].text for p in batch for _ in range(IMAGES_PER_PROMPT)]
+        generators = cpu_generators([10_000 + 100 * p + i for p in batch for i in range(IMAGES_PER_PROMPT)])
         with_lora, without = embeddings(pipe, texts, True), embeddings(pipe, texts, False)
 
         def switch(step: int) -> torch.Tensor:
@@ -68,10 +68,9 @@ def evaluate(pipe, variant: str) -> dict[str, float]:
                       callback_on_step_end=next_step, callback_on_step_end_tensor_inputs=["prompt_embeds"])
         for text, image in zip(texts, result.images):
             judgement = judge_image(text, image)
-            counts["binding"] += judgement.bound
-            counts.update(set(judgement.errors))
-            images += 1
-    return {key: counts[key] / images for key in ("binding", *BINDING_ERRORS)}
+            bound.append(judgement.bound)
+            errors.append(judgement.errors)
+    return {"binding": sum(bound) / len(bound), **error_shares(errors)}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
