@@ -211,6 +211,12 @@ class GORSTrainer:
                        for e in self.family.text_encoders}
         self.cached = {e.component: self._cached_encoding(e) for e in self.family.text_encoders
                        if e.component not in self.text_encoders}
+        # `--anchor_below`'s base pass needs the base encoders' outputs, which no training changes: once per
+        # prompt here instead of a text-encoder forward every step.
+        self.base_encodings = {}
+        if self.family.settings["anchor_below"] is not None:
+            self.base_encodings = {e.component: self.cached[e.component] if e.component in self.cached
+                                   else self._cached_encoding(e) for e in self.family.text_encoders}
         self.rewards = torch.tensor([row["reward"] for row in self.selection], dtype=torch.float32)
         self.schedule = BatchSchedule(
             len(self.selection), config.train_batch_size, self.accelerator.num_processes,
@@ -264,32 +270,30 @@ class GORSTrainer:
         return family.loss(self.denoiser, self.noise_scheduler, batch, conditioning, noise, position, self.weight_dtype,
                            base_prediction=self._base_prediction(prompts, batch))
 
-    def _encodings(self, prompts: torch.Tensor, models: dict[str, torch.nn.Module] | None = None
+    def _encodings(self, prompts: torch.Tensor, cached: dict[str, dict[str, torch.Tensor]] | None = None
                    ) -> dict[str, dict[str, torch.Tensor]]:
-        """Every text encoder's outputs for these prompt indices: cached, or run by `models` (default
-        `self.text_encoders`, as prepared)."""
+        """Every text encoder's outputs for these prompt indices: taken from `cached` (default
+        `self.cached`), or run by the encoders as prepared."""
         device, family = self.accelerator.device, self.family
-        models = models or self.text_encoders
+        cached = self.cached if cached is None else cached
         encodings = {}
         for encoder in family.text_encoders:
             name = encoder.component
-            if name in self.cached:
-                encodings[name] = {k: v[prompts].to(device) for k, v in self.cached[name].items()}
+            if name in cached:
+                encodings[name] = {k: v[prompts].to(device) for k, v in cached[name].items()}
             else:
-                encodings[name] = family.encode(encoder, models[name], self.tokens[name][prompts].to(device))
+                encodings[name] = family.encode(encoder, self.text_encoders[name], self.tokens[name][prompts].to(device))
         return encodings
 
     def _base_prediction(self, prompts: torch.Tensor, batch: Batch) -> BasePrediction:
         """`--anchor_below`'s target: the base model's prediction for some rows of the micro-batch, the
-        adapters of the denoiser and of the text encoders off."""
+        adapters of the denoiser off and the base text encoders' outputs."""
         def predict(noisy: torch.Tensor, timesteps: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
             # Unwrapped: a DDP forward would run collectives that the other processes, whose rows differ,
             # do not run.
-            unwrap = self.accelerator.unwrap_model
-            encoders = {name: unwrap(module) for name, module in self.text_encoders.items()}
-            denoiser = unwrap(self.denoiser)
-            with torch.no_grad(), adapters_disabled(denoiser, *encoders.values()):
-                encodings = self._encodings(prompts[rows.cpu()], encoders)
+            denoiser = self.accelerator.unwrap_model(self.denoiser)
+            with torch.no_grad(), adapters_disabled(denoiser):
+                encodings = self._encodings(prompts[rows.cpu()], self.base_encodings)
                 conditioning = self.family.condition(encodings, batch.rows(rows), self.weight_dtype)
                 return self.family.predict(denoiser, noisy, timesteps, conditioning)
 

@@ -33,6 +33,7 @@ from gors.families import Batch, resolve_training
 from gors.families.base import FlowMatchingFamily, TrainingFamily
 from gors.families.flux import latent_image_ids, pack_latents, unpack_latents
 from gors.generate import generate
+from gors.lora import adapters_disabled
 from gors.loss import diffusion_target
 from gors.score import score
 from gors.select import load_selection, select
@@ -481,7 +482,9 @@ def test_anchor_below_trains_the_lora_towards_the_base_model(tiny_sd, selected_r
     torch.manual_seed(0)
     assert plain._micro_batch_loss(0).item() > 0  # the same draws against the samples' targets
 
-    lora_b = [p for n, p in trainer.denoiser.named_parameters() if "lora_B" in n]
+    lora_b = [p for module in trainer.trained_modules().values() for n, p in module.named_parameters()
+              if "lora_B" in n]
+    assert set(trainer.trained) == {trainer.family.denoiser, "text_encoder"}  # both LoRAs train
     with torch.no_grad():
         for p in lora_b:
             p.normal_(std=0.1)
@@ -491,11 +494,21 @@ def test_anchor_below_trains_the_lora_towards_the_base_model(tiny_sd, selected_r
     loss.backward()
     assert all(p.requires_grad and p.grad is not None and p.grad.abs().sum() > 0 for p in lora_b)
 
+    # The base pass's text encodings, cached once before training: the base encoder's, not the moved LoRA's.
+    for encoder in trainer.family.text_encoders:
+        module = trainer.accelerator.unwrap_model(trainer.text_encoders[encoder.component])
+        tokens = trainer.tokens[encoder.component]
+        with torch.no_grad():
+            tuned = trainer.family.encode(encoder, module, tokens)
+            with adapters_disabled(module):
+                base = trainer.family.encode(encoder, module, tokens)
+        for key, value in trainer.base_encodings[encoder.component].items():
+            assert torch.allclose(value, base[key], rtol=1e-4, atol=1e-6)
+            assert not torch.allclose(value, tuned[key], rtol=1e-4, atol=1e-6)
+
 
 def test_adapters_disabled_runs_the_base_model_and_restores_the_adapters():
     from peft import LoraConfig, inject_adapter_in_model
-
-    from gors.lora import adapters_disabled
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
