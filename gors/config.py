@@ -302,8 +302,8 @@ class TrainingFields:
         default=None,
         metadata={"help": "Below this DDPM timestep (SD 1/2, SDXL), train the adapters to reproduce the base model's "
                           "prediction (adapters off) instead of the sample's target, so that the LoRA changes the "
-                          "noisier steps only, e.g. 500; default: off (official). Costs a forward of the base model "
-                          "on those samples."},
+                          "noisier steps only, e.g. 500; default: off (official), and 0 turns off a recipe's default "
+                          "(the toy demo's). Costs a forward of the base model on those samples."},
     )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Trade compute for memory."})
     center_crop: bool = field(default=True, metadata={"help": "Centre crop after resizing (official: yes)."})
@@ -353,8 +353,10 @@ class TrainingFields:
                f"--max_sequence_length={self.max_sequence_length}: must be >= 1")
         _check(self.learning_rate > 0 and self.text_encoder_learning_rate > 0, "learning rates must be > 0")
         _check(0.0 <= self.caption_dropout < 1.0, f"--caption_dropout={self.caption_dropout}: use a value in [0, 1)")
-        _check(self.anchor_below is None or self.anchor_below >= 1,
-               f"--anchor_below={self.anchor_below}: give a timestep >= 1, e.g. --anchor_below 500")
+        _check(self.anchor_below is None or self.anchor_below >= 0,
+               f"--anchor_below={self.anchor_below}: give a timestep >= 1, e.g. --anchor_below 500, or 0 for off")
+        if self.anchor_below == 0:
+            self.anchor_below = None  # no timestep lies below 0: the official loss, and no fingerprint key
         if self.timestep_range is not None:
             _check(len(self.timestep_range) == 2 and 0 <= self.timestep_range[0] < self.timestep_range[1],
                    f"--timestep_range={' '.join(map(str, self.timestep_range))}: give BEGIN END with 0 <= BEGIN < END, "

@@ -40,11 +40,17 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
         (["--resolution", "500"], "--resolution=500"),
         (["--no_train_unet", "--no_train_text_encoder"], "nothing to train"),
         (["--caption_dropout", "1.0"], "--caption_dropout=1.0"),
+        (["--anchor_below", "-1"], "--anchor_below=-1: give a timestep >= 1"),
     ],
 )
 def test_bad_values_name_the_flag(flags, message):
     with pytest.raises(SystemExit, match=message):
         parse_config(RunConfig, flags)
+
+
+def test_anchor_below_0_turns_a_default_anchor_off():
+    assert parse_config(RunConfig, ["--anchor_below", "0"], defaults={"anchor_below": 500}).anchor_below is None
+    assert parse_config(RunConfig, [], defaults={"anchor_below": 500}).anchor_below == 500
 
 
 def test_recipes_carry_the_paper_defaults():
