@@ -499,7 +499,9 @@ class GORSTrainer:
             raise ValueError(f"{checkpoint} is at step {step}, not before this training's end at step "
                              f"{self.config.max_train_steps}")
         if self.reset_optimizer:
-            load_lora(checkpoint, self.trained_modules(), self.backbone.pipeline_class)
+            unwrap = accelerator.unwrap_model  # the adapters' names are the bare modules', not DDP's
+            load_lora(checkpoint, {name: unwrap(module) for name, module in self.trained_modules().items()},
+                      self.backbone.pipeline_class)
         else:
             accelerator.load_state(str(checkpoint))
         state = "adapters only" if self.reset_optimizer else "adapters, optimizer, LR scheduler and RNG"

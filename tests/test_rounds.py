@@ -131,6 +131,17 @@ def test_two_processes_stopped_in_round_1_resume_there_as_if_never_stopped(two_r
         assert torch.allclose(uninterrupted[key], resumed[key], atol=1e-6), key
 
 
+@pytest.mark.slow
+def test_two_processes_with_reset_optimizer_continue_the_adapters_of_round_0(two_process_flags, tmp_path):
+    # Round 1 loads round 0's adapters into the DDP-wrapped modules (the one-process test below has no wrapper).
+    run_dir = tmp_path / "reset"
+    result = _launch_run({"output_dir": run_dir, **two_process_flags, "reset_optimizer": True}, tmp_path)
+    assert "at step 2 (adapters only)" in result.stdout
+    assert [r["last_step"] for r in json.loads((run_dir / ROUNDS_FILE).read_text())["rounds"]] == [2, 4]
+    round0, round1 = (load_file(str(run_dir / f"round-00{k}" / LORA_WEIGHT_NAME)) for k in (0, 1))
+    assert round0.keys() == round1.keys() and any((round0[k] != round1[k]).any() for k in round0)
+
+
 def test_a_run_stopped_in_round_1_resumes_there_as_if_never_stopped(one_process_rounds, make_run_config, tmp_path,
                                                                     monkeypatch):
     settings = dict(ROUNDS, resume_from_checkpoint="latest")
