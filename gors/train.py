@@ -139,6 +139,10 @@ class GORSTrainer:
         return {name: self.denoiser if name == self.family.denoiser else self.text_encoders[name]
                 for name in self.trained}
 
+    def _bare_trained_modules(self) -> dict[str, torch.nn.Module]:
+        """`trained_modules` without DDP's wrappers: the names that LoRA files use."""
+        return {name: self.accelerator.unwrap_model(module) for name, module in self.trained_modules().items()}
+
     def _fused_kwargs(self) -> dict[str, bool]:
         """torch AdamW's fused kernel where asked for and the device has one (bitsandbytes' has its own)."""
         from torch.optim.optimizer import _get_fused_kernels_supported_devices
@@ -215,8 +219,10 @@ class GORSTrainer:
         # prompt here instead of a text-encoder forward every step.
         self.base_encodings = {}
         if self.family.settings["anchor_below"] is not None:
+            unwrap = self.accelerator.unwrap_model
             self.base_encodings = {e.component: self.cached[e.component] if e.component in self.cached
-                                   else self._cached_encoding(e) for e in self.family.text_encoders}
+                                   else self._cached_encoding(e, unwrap(self.text_encoders[e.component]))
+                                   for e in self.family.text_encoders}
         self.rewards = torch.tensor([row["reward"] for row in self.selection], dtype=torch.float32)
         self.schedule = BatchSchedule(
             len(self.selection), config.train_batch_size, self.accelerator.num_processes,
@@ -230,20 +236,22 @@ class GORSTrainer:
         root = self.output_dir / row["samples"] if "samples" in row else samples_dir(self.output_dir)
         return SampleStore(root).open_image(row)
 
-    def _cached_encoding(self, encoder: TextEncoder) -> dict[str, torch.Tensor]:
-        """A frozen encoder's outputs for every prompt, computed once (the encoder loaded only for that)."""
+    def _cached_encoding(self, encoder: TextEncoder, loaded: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+        """The base encoder's outputs for every prompt, computed once: by `loaded` (an encoder being trained,
+        its adapters off), or by a frozen copy loaded only for that."""
         config, family = self.config, self.family
         tokens = self.tokens[encoder.component]
         name = text_cache_name(encoder.component, self.prompts, tokens, config.pretrained_model_name_or_path,
                                config.revision, self.weight_dtype)
         path = self.output_dir / TEXT_EMBEDDING_CACHE_DIR / name
-        model = None
+        model = loaded
 
         def encode(indices: list[int]) -> dict[str, torch.Tensor]:
             nonlocal model
             if model is None:
                 model = self._frozen(family.load(encoder.component))
-            return family.encode(encoder, model, tokens[indices].to(self.accelerator.device))
+            with torch.no_grad(), adapters_disabled(model):
+                return family.encode(encoder, model, tokens[indices].to(self.accelerator.device))
 
         cached = sharded_cache(path, len(self.prompts), encode, self.accelerator, batch_size=8,
                                description=f"encode prompts ({encoder.component})")
@@ -334,9 +342,8 @@ class GORSTrainer:
         return pipeline.to(self.accelerator.device)
 
     def _save_lora(self, directory: Path) -> Path:
-        unwrap = self.accelerator.unwrap_model
-        return save_lora(directory, {name: unwrap(module) for name, module in self.trained_modules().items()},
-                         self.backbone.pipeline_class, self.family.peft_lora_names)
+        return save_lora(directory, self._bare_trained_modules(), self.backbone.pipeline_class,
+                         self.family.peft_lora_names)
 
     def _eval_modules(self) -> dict[torch.nn.Module, bool]:
         """Every module in the forward pass, put in eval mode; returns their training flags to restore."""
@@ -499,9 +506,7 @@ class GORSTrainer:
             raise ValueError(f"{checkpoint} is at step {step}, not before this training's end at step "
                              f"{self.config.max_train_steps}")
         if self.reset_optimizer:
-            unwrap = accelerator.unwrap_model  # the adapters' names are the bare modules', not DDP's
-            load_lora(checkpoint, {name: unwrap(module) for name, module in self.trained_modules().items()},
-                      self.backbone.pipeline_class)
+            load_lora(checkpoint, self._bare_trained_modules(), self.backbone.pipeline_class)
         else:
             accelerator.load_state(str(checkpoint))
         state = "adapters only" if self.reset_optimizer else "adapters, optimizer, LR scheduler and RNG"
