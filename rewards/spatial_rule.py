@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from rewards.detection import Detection
 from rewards.noun_phrases import Backend, noun_phrases
 
 Box = tuple[float, float, float, float]
+# In the official order: the first one found in the prompt wins, wherever it stands.
 Relation = Literal[
     "on side of",
     "next to",
@@ -53,17 +54,7 @@ Relation = Literal[
     "on top of",
 ]
 
-# The official order: the first one found in the prompt wins, wherever it stands.
-RELATIONS: tuple[Relation, ...] = (
-    "on side of",
-    "next to",
-    "near",
-    "on the left of",
-    "on the right of",
-    "on the bottom of",
-    "on the top of",
-    "on top of",
-)
+RELATIONS: tuple[Relation, ...] = get_args(Relation)
 PROXIMITY_RELATIONS = ("near", "next to", "on side of")
 # Prepositions the official complex parser looks for, as whole words of the prompt.
 COMPLEX_PREPOSITIONS = (
