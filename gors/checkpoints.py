@@ -44,6 +44,12 @@ FINGERPRINT_FIELDS = (
     "text_encoder_learning_rate", "adam_beta1", "adam_beta2", "adam_weight_decay", "adam_epsilon", "lr_scheduler",
     "lr_warmup_steps",
 )
+# Bound too, but recorded only where they differ from the default, as checkpoints made before they
+# were recorded hold them at their defaults: the objective and its RNG draws (caption dropout, drawn
+# or mean latents) and the update (the gradient clip).
+FINGERPRINT_FIELDS_IF_SET = {"caption_dropout": 0.0, "sample_latents": True, "max_grad_norm": 1.0}
+# Schedules whose LR does not depend on the run's length.
+LENGTHLESS_SCHEDULES = ("constant", "constant_with_warmup")
 
 
 def checkpoint_step(path: str | Path) -> int:
@@ -106,18 +112,24 @@ def selection_fingerprint(selection: list[dict[str, Any]]) -> str:
 
 
 def training_fingerprint(config: TrainConfig | RunConfig, selection: list[dict[str, Any]],
-                         num_processes: int, family: dict[str, Any]) -> dict[str, Any]:
+                         num_processes: int, family: dict[str, Any], schedule_steps: int | None = None) -> dict[str, Any]:
     """What a checkpoint of this run is bound to: the selection, `FINGERPRINT_FIELDS` (of the config
-    with the family's defaults filled in), the family's own (`TrainingFamily.fingerprint`: LoRA
-    targets, loss options) and the number of processes (it sets the batches, and each process has
-    its own RNG state)."""
+    with the family's defaults filled in) and `FINGERPRINT_FIELDS_IF_SET`, the family's own
+    (`TrainingFamily.fingerprint`: LoRA targets, loss options), the number of processes (it sets the
+    batches, and each process has its own RNG state) and, for a decaying LR schedule, its length in
+    updates (`schedule_steps`, default `max_train_steps`): the saved scheduler holds only its step, so
+    a resume under another length would jump to another LR."""
     fingerprint = {
         "selection_rows": len(selection),
         "selection_sha256": selection_fingerprint(selection),
         **{name: getattr(config, name) for name in FINGERPRINT_FIELDS},
+        **{name: getattr(config, name) for name, default in FINGERPRINT_FIELDS_IF_SET.items()
+           if getattr(config, name) != default},
         **family,
         "num_processes": num_processes,
     }
+    if config.lr_scheduler not in LENGTHLESS_SCHEDULES:
+        fingerprint["lr_schedule_steps"] = schedule_steps or config.max_train_steps
     if config.use_8bit_adam:  # another optimizer state; absent otherwise, as in checkpoints made before the flag
         fingerprint["use_8bit_adam"] = True
     return json.loads(json.dumps(fingerprint))  # as the marker holds it, to compare like with like
@@ -137,6 +149,9 @@ def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_ste
     if differences:
         hint = " (selection.jsonl changed since, e.g. by another `gors select`)" if any(
             d.startswith("selection_") for d in differences) else ""
+        if any(d.startswith("lr_schedule_steps") for d in differences):
+            hint += (f" (--lr_scheduler {fingerprint.get('lr_scheduler')} decays over the run's --max_train_steps: "
+                     "resume with the number the run started with)")
         raise ValueError(
             f"cannot resume from {checkpoint}: it belongs to a run with other settings{hint}: {'; '.join(differences)}. "
             f"Resume with the original settings, or train these ones from scratch: without --resume_from_checkpoint "

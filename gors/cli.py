@@ -78,11 +78,9 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     parser = ConfigParser(cls, prog=prog, description=inspect.getdoc(cls))
     parser.add_argument("--config", default=None, help="YAML file of flag values (flags on the command line win).")
     merged = dict(defaults or {})
-    if "--config" in argv:
-        position = argv.index("--config")
-        if position + 1 >= len(argv):
-            raise SystemExit("--config needs a YAML file path")
-        merged |= _read_yaml(argv[position + 1], cls)
+    config_file = _config_file(argv)
+    if config_file is not None:
+        merged |= _read_yaml(config_file, cls)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(merged) - known)
     if unknown:
@@ -94,6 +92,19 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
         return cls(**values)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from err
+
+
+def _config_file(argv: Sequence[str]) -> str | None:
+    """The file that `--config FILE` or `--config=FILE` names (the last one wins, as for any flag)."""
+    found = None
+    for position, arg in enumerate(argv):
+        if arg == "--config":
+            if position + 1 >= len(argv) or argv[position + 1].startswith("--"):
+                raise SystemExit("--config needs a YAML file path")
+            found = argv[position + 1]
+        elif arg.startswith("--config="):
+            found = arg.removeprefix("--config=")
+    return found
 
 
 def _read_yaml(path: str, cls: type) -> dict[str, Any]:

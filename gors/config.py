@@ -14,7 +14,7 @@ recipes take every stage's flags, and each stage function accepts it as it reads
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import yaml
@@ -25,6 +25,16 @@ MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+def _check_choices(config: Any) -> None:
+    """Every field with `choices` holds one of them (None: unset). argparse checks them only for flags
+    typed on the command line, not for values from a YAML file, a recipe or Python."""
+    for spec in fields(config):
+        choices = spec.metadata.get("choices")
+        value = getattr(config, spec.name)
+        if choices is not None and value is not None and value not in choices:
+            raise ValueError(f"--{spec.name}={value!r}; choose one of {', '.join(map(str, choices))}")
 
 
 def _check_mixed_precision(value: str | None) -> None:
@@ -398,7 +408,9 @@ class RoundFields:
                           "on, each round in <output_dir>/round-<r>/."},
     )
     steps_per_round: int | None = field(
-        default=None, metadata={"help": "Optimizer updates per round; default: --max_train_steps / --rounds."})
+        default=None, metadata={"help": "Optimizer updates per round; default: --max_train_steps / --rounds. Given, "
+                                        "the run trains --rounds x --steps_per_round updates in all and "
+                                        "--max_train_steps is not used."})
     tau_schedule: list[float] | None = field(
         default=None, metadata={"help": "One tau per round (e.g. 0.6 0.7 0.8), instead of --reward_threshold."})
     replay: str = field(
@@ -414,6 +426,16 @@ class RoundFields:
 
     def _check_rounds(self) -> None:
         _check(self.rounds >= 1, f"--rounds={self.rounds}: must be >= 1 (1 is the paper's one-round GORS)")
+        if self.rounds == 1:
+            _check(self.replay == "none" and not self.reset_optimizer,
+                   "--replay and --reset_optimizer act between rounds: they need --rounds >= 2")
+            _check(self.tau_schedule is None and self.steps_per_round is None,
+                   "--tau_schedule and --steps_per_round set each round's tau and updates: they need --rounds >= 2 "
+                   "(one round: --reward_threshold and --max_train_steps)")
+        else:
+            _check(self.resume_from_checkpoint in (None, "latest"),
+                   f"--resume_from_checkpoint={self.resume_from_checkpoint!r}: with --rounds each round resumes from "
+                   "its own checkpoints; pass 'latest'")
         if self.steps_per_round is not None:
             _check(self.steps_per_round >= 1, f"--steps_per_round={self.steps_per_round}: must be >= 1")
         else:
@@ -428,9 +450,6 @@ class RoundFields:
                    f"--tau_schedule={self.tau_schedule}: rewards lie in [0, 1]")
             _check(self.reward_threshold is None and self.select_top_fraction is None,
                    "--tau_schedule and --reward_threshold or --select_top_fraction: select by one of them")
-        if self.rounds == 1:
-            _check(self.replay == "none" and not self.reset_optimizer,
-                   "--replay and --reset_optimizer act between rounds: they need --rounds >= 2")
 
     def round_steps(self) -> int:
         """Optimizer updates of each round."""
@@ -451,6 +470,7 @@ class GenerateConfig(GenerationFields, ModelFields, RunFolderFields):
     """`gors generate`: k images per training prompt into the sample store."""
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         self._check_run_folder()
         self._check_model()
         self._check_generation()
@@ -461,6 +481,7 @@ class ScoreConfig(ScoringFields, RewardFields, RunFolderFields):
     """`gors score`: one reward over every sample in the store."""
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         self._check_run_folder()
         self._check_reward()
         self._check_scoring()
@@ -471,6 +492,7 @@ class SelectConfig(SelectionFields, RewardFields, RunFolderFields):
     """`gors select`: keep the samples whose reward exceeds tau."""
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         self._check_run_folder()
         self._check_reward()
         self._check_selection()
@@ -481,6 +503,7 @@ class TrainConfig(TrainingFields, ModelFields, RunFolderFields):
     """`gors train`: reward-weighted LoRA fine-tuning on the selected samples."""
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         self._check_run_folder()
         self._check_model()
         self._check_training()
@@ -493,6 +516,7 @@ class RunConfig(RoundFields, PipelineFields, GenerationFields, ScoringFields, Se
 
     # Every stage config's field groups, so that each stage function takes a RunConfig as it is.
     def __post_init__(self) -> None:
+        _check_choices(self)
         self._check_run_folder()
         self._check_model()
         self._check_training()

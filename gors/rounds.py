@@ -31,7 +31,7 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from gors.checkpoints import find_checkpoint
+from gors.checkpoints import LENGTHLESS_SCHEDULES, find_checkpoint
 from gors.config import RunConfig
 from gors.core.io import atomic_write_bytes, atomic_write_json
 from gors.core.lock import run_folder_lock
@@ -90,6 +90,11 @@ def finished_rounds(config: RunConfig) -> list[dict[str, Any]]:
         if changed:
             raise ValueError(f"{path}: finished rounds were made with other settings ({'; '.join(changed)}); rerun with "
                              "theirs, or use a new --output_dir (only --rounds may grow)")
+        grown = recorded["rounds"] != config.rounds
+        if grown and config.lr_scheduler not in LENGTHLESS_SCHEDULES and not config.reset_optimizer:
+            raise ValueError(f"{path}: the finished rounds ran --lr_scheduler {config.lr_scheduler} laid out over "
+                             f"--rounds={recorded['rounds']}; --rounds={config.rounds} would give their steps another LR. "
+                             f"Rerun with --rounds={recorded['rounds']}, or use a new --output_dir")
     return record["rounds"]
 
 

@@ -392,7 +392,7 @@ class GORSTrainer:
         set_seed(config.seed, device_specific=True)
         self.selection = load_selection(config.output_dir)  # fail before loading any model
         self.fingerprint = training_fingerprint(config, self.selection, accelerator.num_processes,
-                                                self.family.fingerprint())
+                                                self.family.fingerprint(), self.schedule_steps)
         checkpoint = self._checkpoint_to_resume()  # a refused resume, too, fails before loading any model
         self.validation = (BenchmarkValidation(config, accelerator, self.backbone, self.validation_dir)
                            if config.validation_benchmark else None)

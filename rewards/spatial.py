@@ -20,6 +20,7 @@ from rewards.spatial_rule import (
     judge_spatial,
     pick_detections,
     spatial_objects,
+    to_official_frame,
 )
 
 
@@ -63,7 +64,8 @@ class SpatialRuleReward(Reward):
             counts for its best label.
         complex: object parsing of complex prompts (3-in-1) instead of simple ones.
         floor: scores below it become 0 (official 0.5).
-        iou_threshold, distance_threshold: of the position rule (official 0.1 and 150 px).
+        iou_threshold, distance_threshold: of the position rule (official 0.1, and 150 px of the
+            official script's detection frame: 479 x 479 for a 512 x 512 image, `official_frame`).
         fix_on_top_of: score "on top of" like "on the top of" (official: position 0).
         distinct_same_name: an object named twice takes the two most confident detections.
         person_mapping: girl/boy/man/woman are detected as "person" (official).
@@ -156,8 +158,11 @@ class SpatialRuleReward(Reward):
                 first, second = pick_detections(
                     detections[i], names, self.distinct_same_name  # type: ignore[arg-type]
                 )
+                # Judged where the official script detects, so that 150 px is the same share of
+                # any image; the details keep the boxes in the image's own pixels.
+                in_frame = [to_official_frame(d, *images[i].size) if d else None for d in (first, second)]
                 verdict = judge_spatial(
-                    relation, first, second, self.floor, self.iou_threshold,
+                    relation, *in_frame, self.floor, self.iou_threshold,
                     self.distance_threshold, self.fix_on_top_of,
                 )
             elif relation is None:

@@ -13,7 +13,11 @@ Follows the official ``UniDet_eval/2D_spatial_eval.py`` of ``Karine-Huang/T2I-Co
 `position_score` is the official soft position rule, with box centres c1 (first object) and c2,
 ``dx = c2.x - c1.x`` and ``dy = c2.y - c1.y`` in pixels (y grows downwards):
 
-- "near" / "next to" / "on side of": 1 when |dx| < 150 or |dy| < 150, else 150 / max(|dx|, |dy|).
+- "near" / "next to" / "on side of": 1 when |dx| < 150 or |dy| < 150, else 150 / max(|dx|, |dy|),
+  in pixels of the frame the official script detects in: it resizes every image with
+  torchvision's ``Resize(size=479, max_size=480)`` first (`official_frame`; 479 x 479 for the
+  benchmark's 512 x 512 images), so the reward maps boxes into that frame (`to_official_frame`)
+  and the threshold is the same share of any image, 1024-px ones included.
 - "on the left of" needs dx > 0, "on the right of" dx < 0, "on the top of" dy > 0,
   "on the bottom of" dy < 0, and the relation's axis must dominate (|dx| > |dy| for left/right,
   |dy| > |dx| for top/bottom); then 1 when IoU < 0.1, else 0.1 / IoU; otherwise 0.
@@ -35,7 +39,7 @@ gives "cutter" where spaCy's first NOUN is "pizza"), and a prompt without a rela
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 from rewards.detection import Detection
@@ -70,13 +74,33 @@ COMPLEX_PREPOSITIONS = (
 _FIXED_PREPOSITIONS = ("on the top of", "on the bottom of")
 PERSON_WORDS = ("girl", "boy", "man", "woman")
 IOU_THRESHOLD = 0.1
-DISTANCE_THRESHOLD = 150.0  # pixels, on the benchmark's 512 x 512 images
+DISTANCE_THRESHOLD = 150.0  # pixels of the official detection frame (`official_frame`)
+# UniDet_eval's `Resize(size=479, max_size=480)`: the shorter side to 479, the longer at most 480.
+OFFICIAL_SHORT_SIDE, OFFICIAL_MAX_SIDE = 479, 480
 DETECTION_THRESHOLD = 0.5  # UniDet's confidence threshold in the official evaluation
 SCORE_FLOOR = 0.5
 # Noun phrases that are the relation itself ("the left" in "on the left of"), never objects.
 _RELATION_NOUNS = frozenset(("top", "bottom", "left", "right", "side"))
 _DETERMINERS = frozenset(("a", "an", "the"))
 _PRONOUNS = frozenset(("it", "they", "them", "he", "she", "him", "her", "we", "us", "you"))
+
+
+def official_frame(width: int, height: int) -> tuple[int, int]:
+    """(width, height) in pixels of a `width` x `height` image after the official evaluation's
+    resize (torchvision's ``Resize(size=479, max_size=480)``, rounding as torchvision does)."""
+    short, long = min(width, height), max(width, height)
+    new_short, new_long = OFFICIAL_SHORT_SIDE, int(OFFICIAL_SHORT_SIDE * long / short)
+    if new_long > OFFICIAL_MAX_SIDE:
+        new_short, new_long = int(OFFICIAL_MAX_SIDE * new_short / new_long), OFFICIAL_MAX_SIDE
+    return (new_short, new_long) if width <= height else (new_long, new_short)
+
+
+def to_official_frame(detection: Detection, width: int, height: int) -> Detection:
+    """`detection` of a `width` x `height` image with its box in pixels of `official_frame`."""
+    frame_width, frame_height = official_frame(width, height)
+    sx, sy = frame_width / width, frame_height / height
+    x0, y0, x1, y1 = detection.box
+    return replace(detection, box=(x0 * sx, y0 * sy, x1 * sx, y1 * sy))
 
 
 def find_relation(prompt: str) -> Relation | None:
@@ -110,7 +134,8 @@ def position_judgement(
 
     Args:
         relation: one of `RELATIONS` (None or another string scores 0, as officially).
-        box1, box2: boxes of object 1 and object 2, (x_min, y_min, x_max, y_max) in pixels.
+        box1, box2: boxes of object 1 and object 2, (x_min, y_min, x_max, y_max) in pixels of the
+            official detection frame (`official_frame`), where `distance_threshold` applies.
         iou_threshold: overlap above which a directional relation gets iou_threshold / IoU.
         distance_threshold: centre distance in pixels within which a proximity relation holds.
         fix_on_top_of: score "on top of" like "on the top of" (official: 0).

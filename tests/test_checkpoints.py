@@ -4,13 +4,15 @@ Training itself (kills, resumes, refusals on a real run) is tested in tests/test
 """
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from accelerate import Accelerator
 
-from gors.checkpoints import check_resumable, checkpoint_step, find_checkpoint, write_checkpoint
+from gors.checkpoints import check_resumable, checkpoint_step, find_checkpoint, training_fingerprint, write_checkpoint
+from gors.config import TrainConfig
 from gors.core.run_folder import CHECKPOINT_MARKER
 
 
@@ -65,6 +67,32 @@ def test_a_resume_under_other_settings_or_past_max_train_steps_is_refused(tmp_pa
         check_resumable(checkpoint, recorded | {"rank": 8, "selection_sha256": "bbbb"}, max_train_steps=6)
     with pytest.raises(ValueError, match=r"at step 6, past --max_train_steps=5.*--max_train_steps 6 or more"):
         check_resumable(checkpoint, recorded, max_train_steps=5)
+
+
+def test_a_decaying_lr_schedule_binds_a_checkpoint_to_the_runs_length(tmp_path):
+    # diffusers' schedulers save only their step: resumed under another length, a cosine would jump
+    selection = [{"path": "part-00000/00000_000.png", "reward": 0.9}]
+    cosine = TrainConfig(output_dir=str(tmp_path), lr_scheduler="cosine", max_train_steps=100)
+    recorded = training_fingerprint(cosine, selection, 1, {})
+    assert recorded["lr_schedule_steps"] == 100
+    assert training_fingerprint(cosine, selection, 1, {}, schedule_steps=300)["lr_schedule_steps"] == 300
+    checkpoint = _checkpoint(tmp_path, "checkpoint-90", recorded)
+    longer = training_fingerprint(replace(cosine, max_train_steps=200), selection, 1, {})
+    with pytest.raises(ValueError, match=r"--lr_scheduler cosine decays over the run's --max_train_steps: resume "
+                                         r"with the number the run started with\): lr_schedule_steps 100 in the "
+                                         r"checkpoint, 200 now"):
+        check_resumable(checkpoint, longer, max_train_steps=200)
+    constant = replace(cosine, lr_scheduler="constant")  # its LR is the same at any length: runs may grow
+    assert "lr_schedule_steps" not in training_fingerprint(constant, selection, 1, {})
+
+
+def test_objective_settings_bind_a_checkpoint_only_where_they_are_set(tmp_path):
+    selection = [{"path": "part-00000/00000_000.png", "reward": 0.9}]
+    default = training_fingerprint(TrainConfig(output_dir=str(tmp_path)), selection, 1, {})
+    assert not {"caption_dropout", "sample_latents", "max_grad_norm"} & default.keys()  # as before they were recorded
+    set_ = training_fingerprint(TrainConfig(output_dir=str(tmp_path), caption_dropout=0.1, sample_latents=False,
+                                            max_grad_norm=0.5), selection, 1, {})
+    assert (set_["caption_dropout"], set_["sample_latents"], set_["max_grad_norm"]) == (0.1, False, 0.5)
 
 
 def test_write_checkpoint_publishes_a_complete_folder_and_prunes_only_then(tmp_path, monkeypatch):

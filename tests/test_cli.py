@@ -24,6 +24,22 @@ def test_flags_override_yaml_which_overrides_defaults(tmp_path):
     assert config.text_encoder_learning_rate == 5e-6  # paper default untouched
 
 
+def test_config_file_given_with_an_equals_sign(tmp_path):
+    config_file = tmp_path / "train.yaml"
+    config_file.write_text("max_train_steps: 7\n")
+    assert parse_config(TrainConfig, [f"--config={config_file}"]).max_train_steps == 7
+    with pytest.raises(SystemExit, match="--config needs a YAML file path"):
+        parse_config(TrainConfig, ["--config", "--learning_rate", "0.5"])
+
+
+def test_yaml_values_are_checked_against_the_flags_choices(tmp_path):
+    # argparse checks `choices` only on flags typed on the command line
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("weighting_scheme: logit-normal\n")
+    with pytest.raises(SystemExit, match=r"--weighting_scheme='logit-normal'; choose one of .*logit_normal"):
+        parse_config(RunConfig, ["--config", str(config_file)])
+
+
 def test_unknown_yaml_key_is_rejected(tmp_path):
     config_file = tmp_path / "bad.yaml"
     config_file.write_text("max_train_step: 7\n")

@@ -11,6 +11,7 @@ from PIL import Image
 
 from gors.testing.detection import build_tiny_grounding_dino, build_tiny_owlv2
 from rewards.detection import Detection, ZeroShotDetector, select_detections
+from rewards.spatial_rule import position_score, to_official_frame
 
 KINDS = ("grounding-dino", "mm-grounding-dino", "owlv2")
 
@@ -265,6 +266,19 @@ def test_rewards_with_known_detections() -> None:
     assert fake.calls[-1][2] == 0.35
 
 
+def test_near_is_judged_in_the_official_detection_frame() -> None:
+    # Centres 155 px apart on both axes of a 512-px image: 145 px of the official 479-px frame,
+    # so near (the image's own pixels would give 150 / 155); on a 1024-px image 300 px are 140.
+    for side, offset in ((512, 155.0), (1024, 300.0)):
+        fake = FakeDetector({"cat": [Detection("cat", 0.9, (0.0, 0.0, 20.0, 20.0))],
+                             "dog": [Detection("dog", 0.8, (offset, offset, offset + 20, offset + 20))]})
+        metric = rewards_on(fake)["spatial_rule"]
+        out = metric.score([Image.new("RGB", (side, side))], ["a cat near a dog"])
+        assert out.details[0]["position"] == 1.0, side
+        assert out.scores == pytest.approx([0.25 * 0.9 + 0.25 * 0.8 + 0.5])
+        assert out.details[0]["second"]["box"] == [offset, offset, offset + 20, offset + 20]  # the image's pixels
+
+
 def test_rewards_one_object_and_on_top_of() -> None:
     fake = FakeDetector(
         {"hat": [Detection("hat", 1.0, TOP)], "rack": [Detection("rack", 0.6, BOTTOM)]}
@@ -355,8 +369,12 @@ def test_rewards_on_tiny_models(detector_dirs: dict[str, Path], kind: str, rewar
         expected = 0.25 * (details["first"]["score"] + details["second"]["score"])
         assert score == pytest.approx(expected + 0.5 * details["position"])
     assert out.details[1]["objects"] == ["person", "frog"]
-    # Tiny images: every proximity relation holds (centres < 150 px apart).
-    assert out.details[2]["position"] == out.details[3]["position"] == 1.0
+    # Proximity is judged in the official 479-px detection frame, whatever the image's size.
+    for i in (2, 3):
+        first, second = (out.details[i][k] for k in ("first", "second"))
+        boxes = [to_official_frame(Detection(d["label"], d["score"], tuple(d["box"])), *images[i].size).box
+                 for d in (first, second)]
+        assert out.details[i]["position"] == pytest.approx(position_score(out.details[i]["relation"], *boxes))
 
 
 def test_reward_missing_model_path(tmp_path: Path) -> None:

@@ -235,6 +235,9 @@ def test_round_seeds_do_not_meet_for_any_prompt_or_image():
     (dict(rounds=2, tau_schedule=[0.5, 0.6], reward_threshold=0.5), r"select by one of them"),
     (dict(rounds=2, steps_per_round=0), r"--steps_per_round=0: must be >= 1"),
     (dict(replay="all"), r"need --rounds >= 2"),
+    (dict(tau_schedule=[0.5]), r"--tau_schedule and --steps_per_round .* need --rounds >= 2"),
+    (dict(steps_per_round=10), r"--tau_schedule and --steps_per_round .* need --rounds >= 2"),
+    (dict(rounds=2, replay="evrything"), r"--replay='evrything'; choose one of none, last, all"),
 ])
 def test_bad_round_settings_fail_before_any_work(make_run_config, tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -255,3 +258,8 @@ def test_the_lr_schedule_runs_once_over_all_rounds_or_again_with_each_fresh_opti
             state = torch.load(checkpoint / "scheduler.bin", weights_only=False)
             lrs.append(state["_last_lr"][0] / state["base_lrs"][0])
         assert lrs == pytest.approx(expected), f"reset_optimizer={reset}"
+    # More rounds would lay the decay out over more steps, under the finished rounds' too: refused
+    grown = make_run_config(output_dir=str(tmp_path / "reset-False"),
+                            **{**ROUNDS, "lr_scheduler": "linear", "rounds": 3, "max_train_steps": 6})
+    with pytest.raises(ValueError, match=r"--lr_scheduler linear laid out over --rounds=2; --rounds=3 would"):
+        run(grown)

@@ -10,10 +10,12 @@ from rewards.spatial_rule import (
     box_iou,
     find_relation,
     judge_spatial,
+    official_frame,
     pick_detections,
     position_judgement,
     position_score,
     spatial_objects,
+    to_official_frame,
 )
 
 # 512 x 512 image; boxes (x_min, y_min, x_max, y_max).
@@ -129,6 +131,26 @@ def test_proximity(relation: str) -> None:
     assert position_score(relation, (300.0, 400.0, 320.0, 420.0), a) == pytest.approx(150 / 400)
     # The threshold is a parameter (pixels).
     assert position_score(relation, a, (300.0, 400.0, 320.0, 420.0), distance_threshold=500) == 1.0
+
+
+def test_official_frame_is_torchvisions_resize_479_at_most_480() -> None:
+    torchvision = pytest.importorskip("torchvision.transforms.functional")
+    for width, height in ((512, 512), (1024, 1024), (1024, 768), (768, 1344), (479, 2000), (300, 301)):
+        official_height, official_width = torchvision._compute_resized_output_size((height, width), [479], 480)
+        assert official_frame(width, height) == (official_width, official_height), (width, height)
+    assert official_frame(512, 512) == (479, 479)
+    assert official_frame(1024, 768) == (480, 360)
+
+
+def test_proximity_is_judged_in_the_official_frame() -> None:
+    # 300 px apart on both axes of a 1024-px image are 140 px of the official 479-px frame: near.
+    a, b = det("cat", 1.0, (0.0, 0.0, 20.0, 20.0)), det("dog", 1.0, (300.0, 300.0, 320.0, 320.0))
+    moved = to_official_frame(b, 1024, 1024)
+    assert moved.box == pytest.approx((300 * 479 / 1024, 300 * 479 / 1024, 320 * 479 / 1024, 320 * 479 / 1024))
+    assert (moved.label, moved.score) == ("dog", 1.0)
+    assert judge_spatial("near", a, b).position == pytest.approx(150 / 300)  # in the image's own pixels
+    in_frame = judge_spatial("near", to_official_frame(a, 1024, 1024), moved)
+    assert in_frame.position == 1.0
 
 
 # --------------------------------------------------------------------------------------------
