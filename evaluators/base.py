@@ -45,7 +45,7 @@ from gors.core.data import PinnedSource
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, atomic_write_jsonl
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
-from gors.core.sampling import SamplingProtocol, generate_samples
+from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
 from gors.core.scoring import score_samples
 from gors.core.store import SampleStore, StoreError, sample_seed
 from rewards import Reward
@@ -129,6 +129,10 @@ def check_complete(entries: Sequence[ImageEntry], num_prompts: int, images_per_p
             f"{folder}: expected {num_prompts} prompts x {images_per_prompt} images, found {len(found)}; "
             f"{'; '.join(parts)}. Complete the folder, or generate the images with `gors evaluate` without --images."
         )
+
+
+# A quick run's prompts are every n-th one (`every_nth`): another --max_prompts is another prompt set.
+EVALUATION_FLAGS = StoreFlags(prompts="the --max_prompts that made it", may_change="--images_per_prompt")
 
 
 def image_index_seed(base_seed: int, prompt_index: int, image_index: int) -> int:
@@ -272,14 +276,17 @@ class Benchmark:
                 protocol: SamplingProtocol | None = None) -> dict[str, Any]:
         """The ``"results"`` block of summary.json (schema in `evaluators.results`), from the rows
         that `summary` aggregates: versions, config, sample counts, and each declared metric with
-        its bootstrap standard error and 95% interval over prompts."""
+        its bootstrap standard error and 95% interval over prompts. `protocol`: how the images were
+        generated; None for images made elsewhere, recorded as ``"images": "external"``."""
         groups = group_by_prompt(rows)
         replicates = bootstrap(groups, lambda drawn: self.aggregate(resampled_rows(drawn)))
         prompt_texts = "\n".join(p.text for p in self.cached_prompts())
         # Through JSON so that an argument such as a Path in column_options is written as text.
         config = {f.name: getattr(self, f.name) for f in fields(self)}
-        protocol = protocol or self.protocol()  # the values the images were made with, family defaults resolved
-        config |= {key: getattr(protocol, key) for key in ("num_inference_steps", "guidance_scale", "resolution")}
+        if protocol is not None:  # the values the images were made with, family defaults resolved
+            config |= {key: getattr(protocol, key) for key in ("num_inference_steps", "guidance_scale", "resolution")}
+        else:  # images made elsewhere (`images`): what made them is unknown, the fields stay as given
+            config["images"] = "external"
         config = json.loads(json.dumps(config, default=str))
         return {
             "schema_version": SCHEMA_VERSION,
@@ -424,6 +431,7 @@ class Benchmark:
                 settings=pipeline_settings(pretrained_model_name_or_path, inference_dtype(accelerator, None), lora=lora,
                                            backbone=backbone),
                 desc=f"{self.name}: generate",
+                flags=EVALUATION_FLAGS,
             )
         metadata = [dict(p.metadata) for p in prompts]
         scores = score_samples(

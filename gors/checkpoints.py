@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 from datetime import datetime, timezone
@@ -27,7 +26,7 @@ from accelerate import Accelerator
 
 import gors
 from gors.config import RunConfig, TrainConfig
-from gors.core.io import atomic_write_json
+from gors.core.io import atomic_write_json, publish_folder
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
 
 logger = logging.getLogger(__name__)
@@ -135,6 +134,33 @@ def training_fingerprint(config: TrainConfig | RunConfig, selection: list[dict[s
     return json.loads(json.dumps(fingerprint))  # as the marker holds it, to compare like with like
 
 
+def fingerprint_differences(recorded: dict[str, Any], fingerprint: dict[str, Any], there: str = "in the checkpoint",
+                            with_selection: bool = True) -> list[str]:
+    """Each setting that differs between a checkpoint's fingerprint and this run's, as "name old there, new now"."""
+    return [f"{key} {recorded.get(key)!r} {there}, {fingerprint.get(key)!r} now"
+            for key in sorted(recorded.keys() | fingerprint.keys())
+            if recorded.get(key) != fingerprint.get(key) and (with_selection or not key.startswith("selection_"))]
+
+
+def check_fresh_start(output_dir: str | Path, fingerprint: dict[str, Any]) -> None:
+    """Refuse to train from step 0 beside complete checkpoints of another training.
+
+    Their steps would stand next to this run's, and `--resume_from_checkpoint latest` would later
+    pick one of theirs. Checkpoints of the same fingerprint are the steps this run will reach again
+    (training is a function of the seed and the step), and are simply replaced.
+    """
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    for folder in reversed(_checkpoint_folders(root)):
+        marker = read_marker(folder)
+        differences = fingerprint_differences(marker["fingerprint"], fingerprint) if marker is not None else []
+        if differences:
+            raise ValueError(
+                f"{root} holds {folder.name} of a training with other settings ({'; '.join(differences)}). Resume "
+                f"it with --resume_from_checkpoint latest and its settings, or, to train these ones from step 0, "
+                f"move {root} away or use a new --output_dir."
+            )
+
+
 def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_steps: int) -> int:
     """The step of `checkpoint`, after checking that this run may continue from it.
 
@@ -143,9 +169,7 @@ def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_ste
     `max_train_steps` (its weights are already trained further than asked).
     """
     step = checkpoint_step(checkpoint)
-    recorded = read_marker(checkpoint)["fingerprint"]
-    differences = [f"{key} {recorded.get(key)!r} in the checkpoint, {fingerprint.get(key)!r} now"
-                   for key in sorted(recorded.keys() | fingerprint.keys()) if recorded.get(key) != fingerprint.get(key)]
+    differences = fingerprint_differences(read_marker(checkpoint)["fingerprint"], fingerprint)
     if differences:
         hint = " (selection.jsonl changed since, e.g. by another `gors select`)" if any(
             d.startswith("selection_") for d in differences) else ""
@@ -163,29 +187,6 @@ def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_ste
             f"Pass --max_train_steps {step} or more, or train the shorter run from scratch in a new --output_dir."
         )
     return step
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file or folder to disk: the rename must not publish data still only in the page cache."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _publish(staging: Path, final: Path) -> None:
-    """Rename the complete `staging` folder to `final`; an existing `final` (a partial folder of an
-    older gors, or a step redone after resuming from an earlier checkpoint) is deleted only after."""
-    for path in (*staging.rglob("*"), staging):
-        _fsync(path)
-    aside = final.with_name(f".{final.name}.old")
-    if final.exists():
-        final.rename(aside)
-    staging.rename(final)
-    _fsync(final.parent)
-    if aside.exists():
-        shutil.rmtree(aside)
 
 
 def _prune(root: Path, limit: int | None, keep: Path) -> None:
@@ -217,7 +218,7 @@ def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int
             "gors_version": gors.__version__,
             "fingerprint": fingerprint,
         })
-        _publish(staging, final)
+        publish_folder(staging, final)
         _prune(root, total_limit, keep=final)
     accelerator.wait_for_everyone()
     return final

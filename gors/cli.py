@@ -206,8 +206,9 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "generate": Command("gors.config:GenerateConfig", "gors.generate:generate",
                         "k images per training prompt into the sample store", locks=("generate",)),
+    # score rewrites the store's metadata files (its reward column), which generate appends to
     "score": Command("gors.config:ScoreConfig", "gors.score:score", "score every sample with a reward",
-                     locks=("score",)),
+                     locks=("generate", "score")),
     "select": Command("gors.config:SelectConfig", "gors.cli:run_select", "keep samples with reward > tau",
                       locks=("select",)),
     "train": Command("gors.config:TrainConfig", "gors.cli:run_train",

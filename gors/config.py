@@ -357,6 +357,8 @@ class TrainingFields:
                      "validation_steps"):
             value = getattr(self, flag)
             _check(value >= 1, f"--{flag}={value}: must be >= 1")
+        _check(self.checkpoints_total_limit is None or self.checkpoints_total_limit >= 1,
+               f"--checkpoints_total_limit={self.checkpoints_total_limit}: keep at least 1 (or omit it to keep all)")
         _check(self.train_unet or self.train_text_encoder is not False or self.train_text_encoder_2,
                "--no_train_unet and --no_train_text_encoder together leave nothing to train")
         _check(self.max_sequence_length is None or self.max_sequence_length >= 1,

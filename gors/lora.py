@@ -12,11 +12,15 @@ family's `Pipeline.save_lora_weights` writes and `Pipeline.load_lora_weights` re
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from gors.core.io import publish_files
 
 UNET_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 TEXT_ENCODER_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "out_proj")
@@ -93,8 +97,15 @@ def save_lora(save_dir: str | Path, modules: Mapping[str, torch.nn.Module], pipe
         return state if peft_names else convert_state_dict_to_diffusers(state)
 
     layers = {f"{name}_lora_layers": weights(module) for name, module in modules.items()}
-    _pipeline_class(pipeline_class).save_lora_weights(save_dir, **layers)
-    return Path(save_dir) / LORA_WEIGHT_NAME
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    for stale in save_dir.glob(".lora-*"):  # left by a save killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    # Written beside and then moved in, so a kill mid-write leaves the previous LoRA whole.
+    with tempfile.TemporaryDirectory(dir=save_dir, prefix=".lora-") as staging:
+        _pipeline_class(pipeline_class).save_lora_weights(staging, **layers)
+        publish_files(staging, save_dir)
+    return save_dir / LORA_WEIGHT_NAME
 
 
 def load_lora(load_dir: str | Path, modules: Mapping[str, torch.nn.Module], pipeline_class: str = SD_PIPELINE) -> None:

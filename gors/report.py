@@ -134,16 +134,31 @@ def _plot_curves(runs: dict[str, dict[str, list[tuple[int, float]]]], path: Path
     _plot_lines({tag: {name: series.get(tag, []) for name, series in runs.items()} for tag in tags}, "step", path)
 
 
+def labels(folders: Sequence[Path]) -> list[str]:
+    """A name per folder for tables and legends: the shortest tail of its path that no other folder
+    shares (`runA/eval` and `runB/eval` stay apart); a folder given twice is an error."""
+    parts = [folder.resolve().parts for folder in folders]
+    if len(set(parts)) < len(parts):
+        raise ValueError(f"a folder is given twice: {' '.join(map(str, folders))}")
+    names = []
+    for mine in parts:
+        depth = 1
+        while depth < len(mine) and sum(other[-depth:] == mine[-depth:] for other in parts) > 1:
+            depth += 1
+        names.append("/".join(mine[-depth:]))
+    return names
+
+
 def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> Path:
     """Write report.md (+ PNGs) for the given evaluation and run folders; returns report.md's path."""
     output_dir = Path(output_dir)
     evaluations: dict[str, dict[str, float]] = {}
     runs: dict[str, dict[str, list[tuple[int, float]]]] = {}
     rounds: dict[str, list[dict[str, float]]] = {}
-    for folder in map(Path, folders):
+    paths = [Path(folder) for folder in folders]
+    for folder, name in zip(paths, labels(paths)):
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder (give `gors evaluate` or training output folders)")
-        name = folder.name
         evaluation = load_evaluation(folder)
         if evaluation:
             evaluations[name] = evaluation

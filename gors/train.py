@@ -24,22 +24,24 @@ from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 from PIL import Image
 
 from gors.checkpoints import (
+    check_fresh_start,
     check_resumable,
     checkpoint_step,
     find_checkpoint,
+    fingerprint_differences,
     read_marker,
     training_fingerprint,
     write_checkpoint,
 )
 from gors.config import RunConfig, TrainConfig
-from gors.core.backbones import check_trainable, detect_backbone
+from gors.core.backbones import check_trainable, detect_backbone, half_precision_warning
 from gors.core.distributed import make_accelerator, progress_bar
 from gors.core.hub import from_pretrained
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore
 from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder, resolve_training
-from gors.lora import adapters_disabled, add_lora, load_lora, lora_parameters, save_lora
+from gors.lora import LORA_WEIGHT_NAME, adapters_disabled, add_lora, load_lora, lora_parameters, save_lora
 from gors.select import load_selection, reward_statistics
 from gors.training_data import BatchSchedule, cached_latent_distributions, sharded_cache, text_cache_name
 from gors.validation import BenchmarkValidation
@@ -105,6 +107,9 @@ class GORSTrainer:
     def _setup_models(self) -> None:
         config, accelerator, family = self.config, self.accelerator, self.family
         self.weight_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision, torch.float32)
+        warning = half_precision_warning(self.backbone, self.weight_dtype)
+        if warning is not None:
+            accelerator.print(f"[train] warning: {warning}")
         # Weights load in fp32 whatever dtype they were saved in (e.g. fp16 checkpoints); frozen ones are then
         # cast to the mixed-precision dtype (bf16 base weights), adapters stay fp32. The VAE only encodes
         # once, in fp32 for an exact cache.
@@ -145,8 +150,10 @@ class GORSTrainer:
 
     def _fused_kwargs(self) -> dict[str, bool]:
         """torch AdamW's fused kernel where asked for and the device has one (bitsandbytes' has its own)."""
-        from torch.optim.optimizer import _get_fused_kernels_supported_devices
-
+        try:  # private torch API: without it, the plain per-parameter update
+            from torch.optim.optimizer import _get_fused_kernels_supported_devices
+        except ImportError:
+            return {}
         fused = (self.config.fused_adam and self.optimizer_class is torch.optim.AdamW
                  and self.accelerator.device.type in _get_fused_kernels_supported_devices())
         return {"fused": True} if fused else {}
@@ -478,7 +485,7 @@ class GORSTrainer:
         accelerator.trackers.clear()
         for hook in self._hooks:
             hook.remove()
-        return self.output_dir / "pytorch_lora_weights.safetensors"
+        return self.output_dir / LORA_WEIGHT_NAME
 
     def prepare(self) -> None:
         """`accelerator.prepare` the trained modules, the optimizer and the LR scheduler, in place."""
@@ -495,10 +502,9 @@ class GORSTrainer:
         """Go on from another folder's checkpoint (see `__init__`); returns its step."""
         accelerator = self.accelerator
         step = checkpoint_step(checkpoint)
-        recorded = read_marker(checkpoint)["fingerprint"]
-        differences = [f"{key} {recorded.get(key)!r} there, {self.fingerprint.get(key)!r} now"
-                       for key in sorted(recorded.keys() | self.fingerprint.keys())
-                       if not key.startswith("selection_") and recorded.get(key) != self.fingerprint.get(key)]
+        # Its selection is another folder's: the settings must match, the data may not.
+        differences = fingerprint_differences(read_marker(checkpoint)["fingerprint"], self.fingerprint, "there",
+                                              with_selection=False)
         if differences:
             raise ValueError(f"cannot continue training from {checkpoint}: it was trained with other settings "
                              f"({'; '.join(differences)}). Use the settings of that run, or a new --output_dir.")
@@ -517,11 +523,13 @@ class GORSTrainer:
         """The checkpoint that `--resume_from_checkpoint` names, checked against this run; None to start at 0."""
         config, accelerator = self.config, self.accelerator
         if not config.resume_from_checkpoint:
+            check_fresh_start(config.output_dir, self.fingerprint)
             return None
         checkpoint = find_checkpoint(config.output_dir, config.resume_from_checkpoint,
                                      warn=lambda message: accelerator.print(f"[train] warning: {message}"))
         if checkpoint is None:
-            accelerator.print("[train] no checkpoint to resume from; starting at step 0")
+            start = "its LoRA so far" if self.continue_from is not None else "step 0"
+            accelerator.print(f"[train] no checkpoint of this folder to resume from; starting from {start}")
         else:
             check_resumable(checkpoint, self.fingerprint, config.max_train_steps)
         return checkpoint

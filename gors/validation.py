@@ -23,9 +23,11 @@ from accelerate import Accelerator
 from diffusers.utils import make_image_grid
 from PIL import Image
 
+from evaluators.results import metric_value
+
 from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import Backbone
-from gors.core.io import atomic_write_json, read_jsonl
+from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
@@ -81,11 +83,18 @@ class BenchmarkValidation:
         )
         self.label = benchmark_label(name, subset)
         self.metric = config.validation_metric or self.benchmark.primary_metric
+        declared = [metric.key for metric in self.benchmark.metrics]
+        if self.metric not in declared:  # before any weights load
+            raise ValueError(f"--validation_metric={self.metric!r} is not a metric of {self.label}; choose one of "
+                             f"{', '.join(declared)}")
+        self.higher_is_better = self.benchmark.declared_metric(self.metric).higher_is_better
         self.options = config.validation_scorer_options
         self.accelerator = accelerator
         self.backbone = backbone
         self.output_dir = Path(output_dir or config.output_dir)
         self._scorer = None
+        if accelerator.is_main_process:
+            recover_folder(self.output_dir / BEST_DIR)
         best_file = self.output_dir / BEST_DIR / BEST_FILE
         best = json.loads(best_file.read_text()) if best_file.is_file() else None
         # A best LoRA of another benchmark or metric (an earlier run in this folder) does not compete.
@@ -113,20 +122,24 @@ class BenchmarkValidation:
                 None, folder, accelerator=accelerator, pipeline_loader=lambda: pipeline,
                 scorer=self._scorer, scorer_options=self.options, with_columns=False, backbone=self.backbone,
             )
-        if self.metric not in summary:
-            numeric = [k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            raise ValueError(f"--validation_metric={self.metric!r} is not in the {self.label} summary; choose one "
-                             f"of {numeric}")
-        value = float(summary[self.metric])
+        value = metric_value(summary, self.metric)
+        if value is None:  # e.g. a share of relation images when no validation prompt has a relation
+            raise ValueError(f"--validation_metric={self.metric!r} is undefined on these {self.label} validation "
+                             "prompts; raise --validation_num_prompts or choose another metric")
+        value = float(value)
         logs = {f"validation/{self.label}/{k}": v for k, v in summary.items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
         accelerator.log(logs, step=step)
         if accelerator.is_main_process:
             self._log_images(folder, step)
-            if is_better(value, self.best and self.best["value"], self.benchmark.higher_is_better):
-                save_lora(self.output_dir / BEST_DIR)
+            if is_better(value, self.best and self.best["value"], self.higher_is_better):
+                # The LoRA and its record are published together: a kill leaves the old pair or the new one.
+                staging = self.output_dir / f".{BEST_DIR}.tmp"
+                shutil.rmtree(staging, ignore_errors=True)
+                save_lora(staging)
                 self.best = {"step": step, "benchmark": self.label, "metric": self.metric, "value": value}
-                atomic_write_json(self.output_dir / BEST_DIR / BEST_FILE, self.best)
+                atomic_write_json(staging / BEST_FILE, self.best)
+                publish_folder(staging, self.output_dir / BEST_DIR)
                 accelerator.print(f"[validation] step {step}: {self.metric} {value:.4f}, the best so far")
             else:
                 accelerator.print(f"[validation] step {step}: {self.metric} {value:.4f} "

@@ -18,9 +18,13 @@ The official metric runs the fine-tuned checkpoint (``model_base_vqa_capfilt_lar
 its position embeddings to 24 x 24 (bicubic), and the Hub processor resizes to 384. With that
 model gors runs at the official 480 px by default: images resized to 480 (bicubic, as both do) and
 the position embeddings interpolated back to 30 x 30 the same way, once at load. The vision
-encoder then sees the official 901 tokens; the one difference left is the round trip of the
-position embeddings (30 -> 24 -> 30), which could not be measured here (no weights offline).
-`image_size=384` gives the Hub's own set-up; other checkpoints run at their processor's size.
+encoder then sees the official 901 tokens; the main difference left is the round trip of the
+position embeddings (30 -> 24 -> 30), which could not be measured here (no weights offline). Two
+small ones: the processor resizes with torchvision on tensors where BLIP resizes the PIL image
+(about two grey levels at most on random images), and the official script rounds each image's
+score to 4 decimals before the mean. `image_size=384` gives the Hub's own set-up; other
+checkpoints run at their processor's size, with a warning when that is below the official 480
+(a local copy of the default model is not recognised by its path: pass `image_size=480`).
 
 The questions come from a question table (`questions=TABLE.json`, see `rewards.question_table`)
 for the prompts it holds and from the configured noun-phrase parser for the others; each detail
@@ -30,6 +34,7 @@ row records its `question_source`: the parser's name and version, and the table'
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 from typing import Any, Literal
@@ -46,6 +51,7 @@ from rewards.question_table import QuestionTable, load_question_table
 MAX_QUESTION_TOKENS = 35
 # The official metric's input size (BLIP's configs/vqa.yaml), for its checkpoint, the reward's default model.
 OFFICIAL_IMAGE_SIZE = 480
+logger = logging.getLogger(__name__)
 
 
 class BVQAReward(Reward):
@@ -106,6 +112,10 @@ class BVQAReward(Reward):
         self.model = model.to(self.device).eval().requires_grad_(False)
         if image_size is None and self.model_name_or_path == self.default_model:
             image_size = OFFICIAL_IMAGE_SIZE
+        elif image_size is None and self.model.vision_model.config.image_size < OFFICIAL_IMAGE_SIZE:
+            logger.warning("B-VQA on %s runs at its processor's %d px; the official metric runs BLIP VQA at %d px. "
+                           "If it is Salesforce/blip-vqa-capfilt-large (e.g. a local copy), pass image_size=%d.",
+                           path, self.model.vision_model.config.image_size, OFFICIAL_IMAGE_SIZE, OFFICIAL_IMAGE_SIZE)
         if image_size is not None:
             resize_position_embeddings(self.model.vision_model, image_size)
         self.image_size = self.model.vision_model.config.image_size

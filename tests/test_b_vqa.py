@@ -196,10 +196,12 @@ def test_resized_position_embeddings_equal_transformers_interpolation(model_dir:
         resize_position_embeddings(model.vision_model, 60)
 
 
-def test_image_size_default_is_480_for_the_official_checkpoint_only(model_dir: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    own = BVQAReward(model_name_or_path=str(model_dir), device="cpu", noun_phrase_backend="builtin")
-    assert own.image_size == tiny_blip.IMAGE_SIZE  # another checkpoint: its processor's size
+def test_image_size_default_is_480_for_the_official_checkpoint_only(model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="rewards.b_vqa"):
+        own = BVQAReward(model_name_or_path=str(model_dir), device="cpu", noun_phrase_backend="builtin")
+    assert own.image_size == tiny_blip.IMAGE_SIZE  # another checkpoint: its processor's size, with a warning
+    assert f"runs at its processor's {tiny_blip.IMAGE_SIZE} px" in caplog.text and "pass image_size=480" in caplog.text
     bigger = BVQAReward(model_name_or_path=str(model_dir), device="cpu", noun_phrase_backend="builtin",
                         image_size=64)
     image = Image.new("RGB", (100, 100), "red")

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from evaluators import build_benchmark
-from gors.core.backbones import FAMILIES, Backbone, SamplingDefaults, check_resolution, check_trainable, detect_backbone
+from gors.core.backbones import (
+    FAMILIES,
+    Backbone,
+    SamplingDefaults,
+    check_resolution,
+    check_trainable,
+    detect_backbone,
+    half_precision_warning,
+)
 from gors.core.toy import PRETRAINED_DIR
 
 TOY_MODEL = PRETRAINED_DIR / "pipeline"
@@ -24,6 +32,30 @@ def test_the_family_comes_from_the_class_in_model_index_not_from_the_name(tmp_pa
     index = json.loads((renamed / "model_index.json").read_text())
     (renamed / "model_index.json").write_text(json.dumps({**index, "_class_name": "StableDiffusionXLPipeline"}))
     assert detect_backbone(str(renamed)).name == "sdxl"
+
+
+def _config_only_pipeline(folder: Path, class_name: str, denoiser: str, sample_size: int, vae: dict) -> Path:
+    """A pipeline folder with configs and no weights: all that family detection reads."""
+    folder.mkdir()
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": class_name, denoiser: ["diffusers", "X"],
+                                                          "vae": ["diffusers", "Y"]}))
+    for component, config in ((denoiser, {"sample_size": sample_size}), ("vae", vae)):
+        (folder / component).mkdir()
+        (folder / component / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_the_default_side_is_the_checkpoints_own(tmp_path: Path) -> None:
+    assert detect_backbone(str(TOY_MODEL)).sampling.resolution == 64  # 8 latent pixels x 8
+    sd_vae = {"block_out_channels": [128, 256, 512, 512]}
+    sd2_768 = _config_only_pipeline(tmp_path / "sd21", "StableDiffusionPipeline", "unet", 96, sd_vae)
+    assert detect_backbone(str(sd2_768)).sampling.resolution == 768
+    sd2_base = _config_only_pipeline(tmp_path / "sd2base", "StableDiffusionPipeline", "unet", 64, sd_vae)
+    assert detect_backbone(str(sd2_base)).sampling.resolution == 512  # the paper's
+    # A DC-AE (Sana) names its levels encoder_block_out_channels: 32 x downsampling
+    dc_ae = {"encoder_block_out_channels": [128, 256, 512, 512, 1024, 1024]}
+    sana = _config_only_pipeline(tmp_path / "sana", "SanaPipeline", "transformer", 32, dc_ae)
+    assert detect_backbone(str(sana)).sampling.resolution == 1024
 
 
 def test_a_folder_without_model_index_is_a_clear_error(tmp_path: Path) -> None:
@@ -140,3 +172,12 @@ def test_a_lora_of_another_family_is_refused_before_any_weights_load(tiny_flux, 
         load_pipeline(str(tiny_flux), torch.device("cpu"), lora=str(lora))
     with pytest.raises(FileNotFoundError, match="holds no pytorch_lora_weights.safetensors"):
         load_pipeline(str(tiny_flux), torch.device("cpu"), lora=str(tmp_path))
+
+
+def test_fp16_on_the_t5_families_is_warned_of() -> None:
+    import torch
+
+    for class_name in ("StableDiffusion3Pipeline", "FluxPipeline"):
+        assert "pass --mixed_precision bf16" in half_precision_warning(FAMILIES[class_name], torch.float16)
+        assert half_precision_warning(FAMILIES[class_name], torch.bfloat16) is None
+    assert half_precision_warning(FAMILIES["StableDiffusionPipeline"], torch.float16) is None  # GORS' own fp16

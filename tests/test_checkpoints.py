@@ -11,8 +11,16 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from gors.checkpoints import check_resumable, checkpoint_step, find_checkpoint, training_fingerprint, write_checkpoint
+from gors.checkpoints import (
+    check_fresh_start,
+    check_resumable,
+    checkpoint_step,
+    find_checkpoint,
+    training_fingerprint,
+    write_checkpoint,
+)
 from gors.config import TrainConfig
+from gors.core.io import publish_folder, recover_folder
 from gors.core.run_folder import CHECKPOINT_MARKER
 
 
@@ -69,6 +77,17 @@ def test_a_resume_under_other_settings_or_past_max_train_steps_is_refused(tmp_pa
         check_resumable(checkpoint, recorded, max_train_steps=5)
 
 
+def test_a_fresh_start_is_refused_only_beside_checkpoints_of_other_settings(tmp_path):
+    fingerprint = {"rank": 4, "selection_sha256": "aaaa"}
+    check_fresh_start(tmp_path, fingerprint)  # no checkpoints
+    _checkpoint(tmp_path, "checkpoint-2", fingerprint)
+    _checkpoint(tmp_path, "checkpoint-3")  # incomplete: no fingerprint to hold against this run
+    check_fresh_start(tmp_path, fingerprint)  # the same run's steps, reached again
+    with pytest.raises(ValueError, match=r"holds checkpoint-2 of a training with other settings \(rank 4 in the "
+                                         r"checkpoint, 8 now\)"):
+        check_fresh_start(tmp_path, fingerprint | {"rank": 8})
+
+
 def test_a_decaying_lr_schedule_binds_a_checkpoint_to_the_runs_length(tmp_path):
     # diffusers' schedulers save only their step: resumed under another length, a cosine would jump
     selection = [{"path": "part-00000/00000_000.png", "reward": 0.9}]
@@ -118,3 +137,21 @@ def test_write_checkpoint_publishes_a_complete_folder_and_prunes_only_then(tmp_p
     assert marker["step"] == 3 and marker["fingerprint"] == {"rank": 4}
     assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= {p.name for p in path.iterdir()}
     assert (path / "model.safetensors").read_bytes() != b"torn"
+
+
+def test_a_published_folder_is_the_old_one_or_the_new_one(tmp_path):
+    final = tmp_path / "best"
+    final.mkdir()
+    (final / "best.json").write_text("old")
+    staging = tmp_path / ".best.tmp"
+    staging.mkdir()
+    (staging / "best.json").write_text("new")
+    publish_folder(staging, final)
+    assert (final / "best.json").read_text() == "new" and not staging.exists()
+    assert not (tmp_path / ".best.old").exists()
+    # Killed between its two renames: no folder, the old one aside, which recovery puts back.
+    final.rename(tmp_path / ".best.old")
+    recover_folder(final)
+    assert (final / "best.json").read_text() == "new" and not (tmp_path / ".best.old").exists()
+    recover_folder(final)  # nothing to recover: nothing changes
+    assert (final / "best.json").read_text() == "new"

@@ -68,6 +68,10 @@ def test_evaluate_writes_one_folder_per_benchmark_and_resumes(tmp_path, capsys, 
         assert all(row["correct"] == (row["reason"] == "") for row in rows)
     main(argv)  # everything exists: nothing is generated or scored again
     assert "0 to generate" in capsys.readouterr().out
+    # Another --max_prompts is another subset of the prompts (every n-th): refused, naming that flag.
+    with pytest.raises(SystemExit):
+        main([*argv[:-4], "--max_prompts", "5", *argv[-2:]])
+    assert "Use a new --output_dir, or the --max_prompts that made it." in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -119,6 +123,17 @@ def test_report_tables_and_plots_evaluations_and_training_runs(tmp_path):
     assert (tmp_path / "report" / "training_curves.png").stat().st_size > 0
     with pytest.raises(ValueError, match="neither a summary.json"):
         report([tmp_path / "report"], tmp_path / "other")
+    # Two folders of one name (each run's eval/) keep a row each, named by the tail that tells them apart.
+    for run_name, value in (("runA", 0.25), ("runB", 0.75)):
+        folder = tmp_path / run_name / "eval"
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"summaries": [
+            {"label": "toy:held_out", "primary_metric": "binding_accuracy", "binding_accuracy": value}]}))
+    rows = [cells(line) for line in report([tmp_path / "runA" / "eval", tmp_path / "runB" / "eval"],
+                                           tmp_path / "both").read_text().splitlines() if line.startswith("|")]
+    assert ["runA/eval", "0.2500"] in rows and ["runB/eval", "0.7500"] in rows
+    with pytest.raises(ValueError, match="a folder is given twice"):
+        report([evaluation, evaluation], tmp_path / "twice")
 
 
 def test_scores_of_another_run_are_refused_and_unasked_ones_left_out(tmp_path):

@@ -54,6 +54,16 @@ def test_second_writer_in_one_process_is_refused_and_released_lock_is_empty(tmp_
         pass
 
 
+def test_gors_score_is_refused_while_gors_generate_writes_the_folder(tmp_path, capsys):
+    # score rewrites the metadata files that generate appends to: a line added meanwhile would be lost
+    run = tmp_path / "run"
+    with run_folder_lock(run, ["generate"], "gors generate"):
+        with pytest.raises(SystemExit) as refused:
+            main(["score", "--output_dir", str(run)])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: {run} is being written by `gors generate`")
+
+
 def test_lock_of_a_killed_holder_is_taken_over_with_a_note(tmp_path, capsys):
     run = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), "score"], cwd=REPO, env=ENV,

@@ -306,6 +306,10 @@ def test_end_to_end_generate_score_and_read_back(
                            scorer_batch_size=4, with_columns=False)
     assert again["score"] == pytest.approx(summary["score"], abs=1e-5)
     assert again["table"][0]["B-CLIP"] is None
+    # Made elsewhere: the results claim no sampling settings for them.
+    assert again["results"]["config"]["images"] == "external"
+    assert again["results"]["config"]["guidance_scale"] is None  # not given: not the protocol's 7.5
+    assert summary["results"]["config"]["guidance_scale"] == 7.5 and "images" not in summary["results"]["config"]
 
     # A corrupt PNG in the folder is refused before any scoring.
     target = min(folder.iterdir())

@@ -17,6 +17,7 @@ from diffusers import StableDiffusionPipeline
 from safetensors.torch import load_file
 
 from gors.core.distributed import reset_process_state
+from gors.lora import LORA_WEIGHT_NAME
 from gors.select import load_selection, select
 from gors.train import GORSTrainer, find_checkpoint, train
 
@@ -209,6 +210,22 @@ def test_benchmark_validation_logs_keeps_the_best_and_leaves_training_unchanged(
     assert all(torch.equal(plain[k], validated[k]) for k in plain)
 
 
+def test_the_validation_metric_is_a_declared_one_with_its_own_direction(make_run_config, tmp_path):
+    from gors.core.distributed import make_accelerator
+    from gors.validation import BenchmarkValidation
+
+    def validation(metric):
+        config = make_run_config(output_dir=str(tmp_path), validation_benchmark="toy:train", validation_metric=metric)
+        return BenchmarkValidation(config, make_accelerator())
+
+    assert validation(None).higher_is_better and validation(None).metric == "binding_accuracy"
+    exchanged = validation("binding_errors.exchanged")  # a share of bad images: the lowest is the best
+    assert exchanged.higher_is_better is False
+    with pytest.raises(ValueError, match=r"--validation_metric='binding_acuracy' is not a metric of toy:train; "
+                                         r"choose one of binding_accuracy, "):
+        validation("binding_acuracy")
+
+
 def test_unknown_validation_benchmark_is_a_clear_error(make_run_config):
     with pytest.raises(ValueError, match="--validation_benchmark.*unknown benchmark 'genevel'"):
         make_run_config(validation_benchmark="genevel")
@@ -351,6 +368,33 @@ def test_resume_after_a_reselection_is_refused(trained_run, tmp_path):
     with pytest.raises(ValueError, match=rf"selection.jsonl changed since.*selection_rows 6 in the checkpoint, "
                                          rf"{kept} now"):
         train(replace(reselected, resume_from_checkpoint="latest"))
+
+
+def test_a_fresh_training_beside_checkpoints_of_other_settings_is_refused(trained_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, run_dir)
+    lora = (run_dir / LORA_WEIGHT_NAME).read_bytes()
+    with pytest.raises(ValueError, match=r"checkpoints holds checkpoint-2 of a training with other settings \(rank 4 "
+                                         r"in the checkpoint, 8 now\)\. Resume it .* move .*checkpoints away"):
+        train(replace(trained_run, output_dir=str(run_dir), rank=8))
+    assert (run_dir / LORA_WEIGHT_NAME).read_bytes() == lora  # nothing touched
+
+
+def test_the_lora_file_is_replaced_whole_or_not_at_all(trained_run, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, run_dir)
+    lora = (run_dir / LORA_WEIGHT_NAME).read_bytes()
+
+    def killed_mid_write(save_directory, **layers):
+        (Path(save_directory) / LORA_WEIGHT_NAME).write_bytes(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(StableDiffusionPipeline, "save_lora_weights", staticmethod(killed_mid_write))
+    with pytest.raises(KeyboardInterrupt):
+        train(replace(trained_run, output_dir=str(run_dir), resume_from_checkpoint="latest"))
+    reset_process_state()
+    assert (run_dir / LORA_WEIGHT_NAME).read_bytes() == lora
+    assert not list(run_dir.glob(".lora-*"))
 
 
 def test_resume_at_max_train_steps_saves_the_checkpoint_lora(trained_run, tmp_path, capsys):

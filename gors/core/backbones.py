@@ -89,6 +89,16 @@ FAMILIES: dict[str, Backbone] = {
                              resolution_multiple=16),
 }
 FLUX_SCHNELL_SAMPLING = SamplingDefaults(4, 0.0, 1024)
+# Families whose T5 encoder and transformer activations leave fp16's range (diffusers runs them in bf16).
+BF16_FAMILIES = ("sd3", "flux")
+
+
+def half_precision_warning(backbone: Backbone, dtype: Any) -> str | None:
+    """A warning for fp16 on a family that wants bf16, else None (`dtype`: a torch dtype)."""
+    if backbone.name in BF16_FAMILIES and str(dtype) == "torch.float16":
+        return (f"fp16 on a {backbone.pipeline_class}: its T5 encoder and transformer activations can overflow fp16 "
+                "(washed-out or black samples, NaN losses); pass --mixed_precision bf16")
+    return None
 TRAINABLE = tuple(family.name for family in FAMILIES.values() if family.trainable)
 
 
@@ -137,14 +147,22 @@ def _generic(class_name: str, name: str, revision: str | None) -> Backbone:
     steps = parameters["num_inference_steps"].default if "num_inference_steps" in parameters else 30
     guidance = parameters["guidance_scale"].default if "guidance_scale" in parameters else 1.0
     denoiser = "transformer" if _has(name, "transformer", revision) else "unet"
-    sample_size = component_config(name, denoiser, revision).get("sample_size", 64)
-    vae_scale = 2 ** (len(component_config(name, "vae", revision).get("block_out_channels", [0] * 4)) - 1)
-    side = (sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size) * vae_scale
+    side = native_side(name, denoiser, revision)
     # Resolution binning (PixArt, Sana) renders a nearby trained size and resizes the result; a benchmark's
     # side is generated as it is instead (at the trained sizes, such as 1024, binning changes nothing).
     call_kwargs = {"use_resolution_binning": False} if "use_resolution_binning" in parameters else {}
     return Backbone("pipeline", class_name, SamplingDefaults(int(steps), float(guidance), int(side)),
                     call_kwargs=call_kwargs)
+
+
+def native_side(name: str, denoiser: str, revision: str | None) -> int:
+    """The image side in pixels the checkpoint was trained at: its denoiser's `sample_size` (latent
+    pixels) times the VAE's downsampling, 2^(levels - 1) (`block_out_channels`, or a DC-AE's
+    `encoder_block_out_channels`: Sana's 32)."""
+    sample_size = component_config(name, denoiser, revision).get("sample_size", 64)
+    vae = component_config(name, "vae", revision)
+    levels = len(vae.get("block_out_channels") or vae.get("encoder_block_out_channels") or [0] * 4)
+    return (sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size) * 2 ** (levels - 1)
 
 
 def _has(name: str, subfolder: str, revision: str | None) -> bool:
@@ -167,6 +185,8 @@ def detect_backbone(pretrained_model_name_or_path: str, revision: str | None = N
     if class_name not in FAMILIES:
         return _generic(class_name, name, revision)
     backbone = FAMILIES[class_name]
+    if backbone.name == "sd":  # SD 1.x and SD-2-base: 512; SD 2.x 768-v: 768
+        backbone = replace(backbone, sampling=replace(backbone.sampling, resolution=native_side(name, "unet", revision)))
     if backbone.name == "flux" and not component_config(name, "transformer", revision).get("guidance_embeds", True):
         backbone = replace(backbone, sampling=FLUX_SCHNELL_SAMPLING)  # schnell: distilled to 4 steps, no guidance
     return backbone

@@ -5,6 +5,12 @@ the old file or the new one, and at worst one torn last line in a jsonl log. Rea
 a line and leave its record out; the stage that wrote the file cuts it (`repair_jsonl`) and
 writes the record again. Files get the usual permissions (0666 less the umask), as `open` gives
 them, not the owner-only ones of `tempfile`.
+
+"Any instant" is any moment a process can be killed (`kill -9` included). A power cut can also
+lose what the OS had not yet written: the jsonl logs, atomic writes and published folders are
+flushed (fsync) before they count, while images are not (one flush per image would slow
+generation), so after a power cut an image whose record survived may be empty; reading it then
+fails with a message that says to delete it, and the next run generates it again.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -81,6 +88,54 @@ def atomic_save_image(image: Image.Image, path: str | Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush a file or folder to disk: a rename must not publish data still only in the page cache."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def publish_folder(staging: str | Path, final: str | Path) -> None:
+    """Rename the complete folder `staging` to `final`, replacing any folder there only after.
+
+    An existing `final` is renamed aside (`.<name>.old`) first and deleted last; a kill between the
+    two renames leaves no `final` and the aside copy, which `recover_folder` puts back.
+    """
+    staging, final = Path(staging), Path(final)
+    for path in (*staging.rglob("*"), staging):
+        fsync_path(path)
+    aside = final.with_name(f".{final.name}.old")
+    if final.exists():
+        if aside.exists():
+            shutil.rmtree(aside)
+        final.rename(aside)
+    staging.rename(final)
+    fsync_path(final.parent)
+    if aside.exists():
+        shutil.rmtree(aside)
+
+
+def recover_folder(final: str | Path) -> None:
+    """Put back the folder that an interrupted `publish_folder` left renamed aside, if any."""
+    final = Path(final)
+    aside = final.with_name(f".{final.name}.old")
+    if not final.exists() and aside.is_dir():
+        aside.rename(final)
+
+
+def publish_files(staging: str | Path, folder: str | Path) -> None:
+    """Move every file of the folder `staging` into `folder`, each by an atomic `os.replace` after
+    flushing it: a reader finds each file whole, the old one or the new one."""
+    folder = Path(folder)
+    for path in sorted(Path(staging).iterdir()):
+        fsync_path(path)
+        set_usual_permissions(path)
+        os.replace(path, folder / path.name)
+    fsync_path(folder)
 
 
 def _torn_tail_start(data: bytes) -> int | None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 
-from gors.core.backbones import FAMILIES, Backbone, check_lora_fits, detect_backbone
+from gors.core.backbones import FAMILIES, Backbone, check_lora_fits, detect_backbone, half_precision_warning
 from gors.core.hub import from_pretrained
+
+logger = logging.getLogger(__name__)
 
 # What a store records when the family samples with the checkpoint's own scheduler.
 CHECKPOINT_SCHEDULER = "the checkpoint's"
@@ -43,6 +46,9 @@ def load_pipeline(
     import diffusers
 
     backbone = backbone or detect_backbone(pretrained_model_name_or_path, revision)
+    warning = half_precision_warning(backbone, dtype)
+    if warning is not None:
+        logger.warning(warning)
     if lora is not None:
         check_lora_fits(pretrained_model_name_or_path, lora, revision)  # before any weights load
     pipeline_class = getattr(diffusers, backbone.pipeline_class)
@@ -55,8 +61,12 @@ def load_pipeline(
         pipeline.load_lora_weights(lora)
     pipeline.set_progress_bar_config(disable=True)
     pipeline = pipeline.to(device)
-    compile_module(pipeline.unet if getattr(pipeline, "unet", None) is not None else pipeline.transformer,
-                   torch_compile)
+    if torch_compile != "no":
+        denoiser = getattr(pipeline, "unet", None) or getattr(pipeline, "transformer", None)
+        if denoiser is None:
+            raise ValueError(f"--torch_compile={torch_compile!r}: a {backbone.pipeline_class} has no unet or "
+                             "transformer to compile; generate without the flag")
+        compile_module(denoiser, torch_compile)
     return pipeline
 
 

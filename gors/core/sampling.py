@@ -37,7 +37,16 @@ from gors.core.store import (
 logger = logging.getLogger(__name__)
 
 
-def _check_same_prompts(store: SampleStore, prompts: list[str]) -> None:
+@dataclass(frozen=True)
+class StoreFlags:
+    """What a refusal tells the user to change: the flags that chose the prompts, and those a
+    store may change (the defaults are `gors generate`'s; `gors evaluate` passes its own)."""
+
+    prompts: str = "the --train_prompts that made this store"
+    may_change: str = "--images_per_prompt and --max_prompts"
+
+
+def _check_same_prompts(store: SampleStore, prompts: list[str], flags: StoreFlags) -> None:
     """Refuse to mix samples of two prompt sets in one store."""
     for record in store.records():
         index = record["prompt_index"]
@@ -45,7 +54,7 @@ def _check_same_prompts(store: SampleStore, prompts: list[str]) -> None:
             found = prompts[index] if index < len(prompts) else "<no such prompt>"
             raise StoreError(
                 f"{store.root} holds samples of another prompt set (prompt {index}: {record['prompt']!r}, "
-                f"now {found!r}). Use a new --output_dir, or the --train_prompts that made this store."
+                f"now {found!r}). Use a new --output_dir, or {flags.prompts}."
             )
 
 
@@ -84,7 +93,7 @@ class SamplingProtocol:
         }
 
 
-def _check_same_settings(store: SampleStore, wanted: dict[str, Any]) -> None:
+def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: StoreFlags) -> None:
     """Refuse to add images made with other settings to a store (a store without settings is adopted)."""
     recorded = store.load_settings()
     changes = settings_changes(recorded, wanted) if recorded is not None else []
@@ -92,7 +101,7 @@ def _check_same_settings(store: SampleStore, wanted: dict[str, Any]) -> None:
         raise StoreError(
             f"{store.root} holds images generated with other settings ({'; '.join(changes)}). Generate into a "
             f"new --output_dir, or rerun with the settings that made it ({store.root / SETTINGS} lists them); "
-            f"only --images_per_prompt and --max_prompts may change in a store."
+            f"only {flags.may_change} may change in a store."
         )
 
 
@@ -107,6 +116,7 @@ def generate_samples(
     desc: str = "generate",
     settings: Mapping[str, Any] | None = None,
     sink: SampleSink | None = None,
+    flags: StoreFlags = StoreFlags(),
 ) -> SampleStore:
     """Add the missing images of `protocol` for `prompts` to `store`, sharded over processes.
 
@@ -120,6 +130,7 @@ def generate_samples(
     two models or protocols never mix.
 
     `sink` gets every batch once it is in the store (its `open` first, on processes with work).
+    `flags` name, in a refusal, the flags to change.
     """
     if settings is None:
         settings = {key: (prompt_info or {}).get(key) for key in ("model", "lora")}
@@ -127,8 +138,8 @@ def generate_samples(
         {**protocol.settings(), "gors_version": gors.__version__, **settings}, sort_keys=True, default=str
     ))
     # On every process, so that all of them stop on a mismatch.
-    _check_same_prompts(store, prompts)
-    _check_same_settings(store, wanted)
+    _check_same_prompts(store, prompts, flags)
+    _check_same_settings(store, wanted, flags)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         store.cut_torn_records()  # their images are generated again below, as their records are gone
