@@ -380,7 +380,7 @@ class Benchmark:
         scorer: Reward | None = None,
         with_columns: bool = True,
         column_options: Mapping[str, Mapping[str, Any]] | None = None,
-        scorer_cache: dict[tuple[str, str, int], Reward] | None = None,
+        scorer_cache: dict[ScorerKey, Reward] | None = None,
         backbone: Backbone | None = None,
         torch_compile: str = "no",
         extra_columns: Sequence[str] = (),

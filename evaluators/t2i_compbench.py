@@ -8,6 +8,10 @@ its generator with 42 + n before the n-th image). The official tools read images
 (prompt p, image i -> p * 10 + i); `read_images` reads that layout, and `write_official` writes
 each metric's ``vqa_result.json`` where the official scripts put it.
 
+Sampling differs from the official script in two ways (the README's "Sampling differences"): the
+initial noise comes from a CPU generator (the script seeds a CUDA one, whose noise for a seed is
+another), and generation runs in fp32 unless `--mixed_precision fp16` is given (the script: fp16).
+
 Metric per category (a metric is a reward from `rewards`):
 
 | category | metric | reward |

@@ -101,7 +101,8 @@ class ModelFields:
     resolution: int | None = field(
         default=None,
         metadata={"help": "Image side in pixels for generation and training; default: the model family's "
-                          "(SD 1/2: 512, the GORS paper's; SDXL, SD3, FLUX.1: 1024)."},
+                          "(SD 1/2: the checkpoint's own, 512 for SD-2-base as in the GORS paper, 768 for SD 2.x "
+                          "768-v; SDXL, SD3, FLUX.1: 1024)."},
     )
 
     torch_compile: str = field(
@@ -546,7 +547,7 @@ class EvaluateConfig:
     )
     pretrained_model_name_or_path: str | None = field(
         default="stabilityai/stable-diffusion-2-base",
-        metadata={"help": "Stable Diffusion pipeline to evaluate (Hub id or folder); unused with --images."},
+        metadata={"help": "Any diffusers text-to-image pipeline to evaluate (Hub id or folder); unused with --images."},
     )
     lora: str | None = field(
         default=None,

@@ -19,12 +19,13 @@ from accelerate import Accelerator
 from tabulate import tabulate
 
 from evaluators import benchmark_label, build_benchmark, parse_benchmarks
-from evaluators.base import Benchmark
+from evaluators.base import Benchmark, ScorerKey
 from evaluators.results import UNIT_SCALE
 from gors.config import EvaluateConfig
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json
 from gors.official_lora import resolve_lora
+from rewards import Reward
 
 
 def _format(value: Any) -> str:
@@ -46,7 +47,7 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
                     tablefmt="github", disable_numparse=True)
 
 
-def drop_unneeded(scorers: dict, needed: set) -> None:
+def drop_unneeded(scorers: dict[ScorerKey, Reward], needed: set[ScorerKey]) -> None:
     """Free the cached scorers whose keys are not in `needed` (no later benchmark uses them)."""
     unneeded = [key for key in scorers if key not in needed]
     for key in unneeded:

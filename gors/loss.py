@@ -70,8 +70,10 @@ def timestep_density(scheme: str, batch_size: int, logit_mean: float = 0.0, logi
 def flow_matching_sigmas(scheduler, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(timesteps, sigmas) of the scheduler's training table at the positions `u` in [0, 1].
 
-    Index `floor(u * num_train_timesteps)` of the scheduler's `timesteps` and `sigmas` (its shift
-    included, as the pipeline samples), as diffusers' scripts index them.
+    Index `floor(u * num_train_timesteps)` of the scheduler's `timesteps` and `sigmas`, as diffusers'
+    scripts index them: with its static `shift` included (SD3, as the pipeline samples); a
+    scheduler with `use_dynamic_shifting` (FLUX.1) holds unshifted sigmas here, where the pipeline
+    shifts by resolution at sampling time, as in diffusers' FLUX script too.
     """
     indices = (u * scheduler.config.num_train_timesteps).long().clamp(max=len(scheduler.timesteps) - 1)
     return scheduler.timesteps[indices], scheduler.sigmas[indices]

@@ -211,6 +211,7 @@ class GORSTrainer:
             self.resolution,
             config.center_crop,
             config.pretrained_model_name_or_path,
+            revision=config.revision,
         )
         self.vae.to("cpu")  # not needed again during training
         # Each distinct prompt once, and the empty prompt last (caption dropout).

@@ -121,15 +121,18 @@ def cached_latent_distributions(
     center_crop: bool,
     model_id: str,
     batch_size: int = 8,
+    revision: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """The VAE latent distribution of every selected image (`open_image(row)`), in selection order.
 
     `mean` and `std` of the diagonal Gaussian, plus each image's `original_size` (height, width)
     and `crop_top_left` (SDXL's micro-conditioning). Encoded once, sharded over the processes;
-    reused on reruns while the selection, resolution, crop and model are unchanged (the cache file
-    name is a hash of them).
+    reused on reruns while the selection, resolution, crop and model (and its `revision`) are
+    unchanged (the cache file name is a hash of them).
     """
     settings = {"resolution": resolution, "center_crop": center_crop, "model": model_id, "sizes": True}
+    if revision is not None:  # absent otherwise, so that caches made before it was recorded stay valid
+        settings["revision"] = revision
     transform = image_transform(resolution, center_crop)
 
     def encode(indices: list[int]) -> dict[str, torch.Tensor]:

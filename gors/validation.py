@@ -24,7 +24,6 @@ from diffusers.utils import make_image_grid
 from PIL import Image
 
 from evaluators.results import metric_value
-
 from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import Backbone
 from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder

@@ -221,16 +221,17 @@ class Mask2FormerDetector:
         return results
 
     def _objects(self, predictions: InstancePredictions, threshold: float) -> dict[str, list[GenEvalObject]]:
-        masks = predictions.masks.cpu().numpy()
+        # One copy of the small tensors to the host, and only the kept objects' full-size masks.
+        order = predictions.scores.argsort(descending=True, stable=True).cpu().tolist()
+        scores = predictions.scores.float().cpu().tolist()
+        labels = predictions.labels.cpu().tolist()
+        boxes = predictions.boxes.float().cpu().tolist()
+        mask_index = predictions.mask_index.cpu().tolist()
+        kept = [k for k in order if scores[k] > threshold and labels[k] in self.class_names]
+        masks = predictions.masks[[mask_index[k] for k in kept]].cpu().numpy() if kept else []
         objects: dict[str, list[GenEvalObject]] = {}
-        order = predictions.scores.argsort(descending=True, stable=True).tolist()
-        for k in order:
-            score, label = float(predictions.scores[k]), int(predictions.labels[k])
-            if score <= threshold or label not in self.class_names:
-                continue
-            box = tuple(float(v) for v in predictions.boxes[k])
-            mask = masks[int(predictions.mask_index[k])]
-            objects.setdefault(self.class_names[label], []).append(GenEvalObject(box, score, mask))
+        for k, mask in zip(kept, masks):
+            objects.setdefault(self.class_names[labels[k]], []).append(GenEvalObject(tuple(boxes[k]), scores[k], mask))
         return objects
 
 

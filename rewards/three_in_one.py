@@ -126,6 +126,8 @@ class ThreeInOneReward(Reward):
             )
 
     def kind_of(self, prompt: str, metadata: Mapping[str, Any] | None) -> Kind:
+        """Which term scores `prompt`: its metadata's `three_in_one` when given, else the official
+        split of the complex prompts (spatial, action or all)."""
         if metadata and metadata.get("three_in_one") is not None:
             kind = metadata["three_in_one"]
             if kind not in TERMS:

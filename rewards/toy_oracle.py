@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from PIL import Image
@@ -44,7 +44,7 @@ class ToyOracleReward(Reward):
         device: str | torch.device | None = None,
         torch_dtype: torch.dtype | None = None,
         batch_size: int = 8,
-        checks: str = "binding",
+        checks: Literal["binding", "all"] = "binding",
     ) -> None:
         if model_name_or_path is not None:
             raise ValueError(

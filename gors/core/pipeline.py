@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator
 
 from gors.core.backbones import FAMILIES, Backbone, check_lora_fits, detect_backbone, half_precision_warning
 from gors.core.hub import from_pretrained
+
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +36,7 @@ def load_pipeline(
     lora: str | None = None,
     backbone: Backbone | None = None,
     torch_compile: str = "no",
-):
+) -> DiffusionPipeline:
     """The checkpoint's diffusers pipeline, with its family's sampler (`gors.core.backbones`).
 
     Stable Diffusion 1/2 samples with DDIM (the T2I-CompBench protocol) and without its safety

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
@@ -25,6 +25,9 @@ from gors.loss import (
     reward_weighted_loss,
     timestep_density,
 )
+
+if TYPE_CHECKING:
+    from diffusers import SchedulerMixin
 
 # One text encoder's outputs, by name ("hidden", "pooled", ...), one row per prompt.
 Encoding = dict[str, torch.Tensor]
@@ -103,7 +106,7 @@ class TrainingFamily:
         self.settings = settings
 
     # ----- loading ----------------------------------------------------------------------------
-    def load(self, component: str, dtype: torch.dtype = torch.float32):
+    def load(self, component: str, dtype: torch.dtype = torch.float32) -> Any:
         """One component of the checkpoint, by the class its `model_index.json` names (as diffusers loads it)."""
         library, class_name = read_model_index(self.name_or_path, self.revision)[component]
         cls = getattr(importlib.import_module(library), class_name)
@@ -111,7 +114,7 @@ class TrainingFamily:
         return from_pretrained(cls.from_pretrained, self.name_or_path, "--pretrained_model_name_or_path",
                                subfolder=component, revision=self.revision, **kwargs)
 
-    def load_scheduler(self):
+    def load_scheduler(self) -> SchedulerMixin:
         """The noise schedule that training samples from: the checkpoint's scheduler config, read by the
         family's training scheduler class (as diffusers' scripts read it)."""
         import diffusers
@@ -189,7 +192,7 @@ class DDPMFamily(TrainingFamily):
                              f"timesteps; give an END <= {num_timesteps}")
         return scheduler
 
-    def sample_noise(self, latents, scheduler):
+    def sample_noise(self, latents: torch.Tensor, scheduler) -> tuple[torch.Tensor, torch.Tensor]:
         noise = torch.randn_like(latents)
         begin, end = self.settings["timestep_range"] or (0, scheduler.config.num_train_timesteps)
         timesteps = torch.randint(begin, end, (len(latents),), device=latents.device)
@@ -200,7 +203,9 @@ class DDPMFamily(TrainingFamily):
         options = {k: self.settings[k] for k in ("timestep_range", "anchor_below") if self.settings[k] is not None}
         return super().fingerprint() | options
 
-    def loss(self, denoiser, scheduler, batch, conditioning, noise, position, dtype, base_prediction=None):
+    def loss(self, denoiser: torch.nn.Module, scheduler, batch: Batch, conditioning: dict[str, torch.Tensor],
+             noise: torch.Tensor, position: torch.Tensor, dtype: torch.dtype,
+             base_prediction: BasePrediction | None = None) -> torch.Tensor:
         noisy = scheduler.add_noise(batch.latents, noise, position)
         target = diffusion_target(scheduler, batch.latents, noise, position)
         if self.settings["anchor_below"] is not None:
@@ -220,17 +225,20 @@ class FlowMatchingFamily(TrainingFamily):
     training_scheduler = "FlowMatchEulerDiscreteScheduler"
     peft_lora_names = True
     # The attention projections of the joint (MMDiT) blocks, image and text streams, as in diffusers'
-    # SD3 script; single-stream FLUX blocks match the first four.
+    # SD3 script; in FLUX's single-stream blocks only q, k and v match (their attention has no
+    # output projection: the block's proj_out follows, untrained).
     denoiser_lora_targets = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                              "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
 
-    def sample_noise(self, latents, scheduler):
+    def sample_noise(self, latents: torch.Tensor, scheduler) -> tuple[torch.Tensor, torch.Tensor]:
         noise = torch.randn_like(latents)
         s = self.settings
         u = timestep_density(s["weighting_scheme"], len(latents), s["logit_mean"], s["logit_std"], s["mode_scale"])
         return noise, u
 
-    def loss(self, denoiser, scheduler, batch, conditioning, noise, position, dtype, base_prediction=None):
+    def loss(self, denoiser: torch.nn.Module, scheduler, batch: Batch, conditioning: dict[str, torch.Tensor],
+             noise: torch.Tensor, position: torch.Tensor, dtype: torch.dtype,
+             base_prediction: BasePrediction | None = None) -> torch.Tensor:
         timesteps, sigmas = flow_matching_sigmas(scheduler, position)
         timesteps, sigmas = timesteps.to(noise.device), sigmas.to(noise.device)
         noisy = flow_matching_noisy(batch.latents, noise, sigmas)

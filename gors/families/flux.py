@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from gors.core.backbones import component_config
-from gors.families.base import FlowMatchingFamily, TextEncoder, TrainingDefaults
+from gors.families.base import Batch, Encoding, FlowMatchingFamily, TextEncoder, TrainingDefaults
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -55,12 +55,12 @@ class FluxFamily(FlowMatchingFamily):
         guidance = {"guidance_scale": self.settings["guidance_scale"]} if self.guidance_embeds else {}
         return super().fingerprint() | guidance
 
-    def encode(self, encoder, model, input_ids):
+    def encode(self, encoder: TextEncoder, model: torch.nn.Module, input_ids: torch.Tensor) -> Encoding:
         if encoder.t5:
             return {"hidden": model(input_ids, output_hidden_states=False)[0]}
         return {"pooled": model(input_ids, output_hidden_states=False).pooler_output}
 
-    def condition(self, encodings, batch, dtype):
+    def condition(self, encodings: dict[str, Encoding], batch: Batch, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         hidden = encodings["text_encoder_2"]["hidden"]
         b, _, h, w = batch.latents.shape
         device = batch.latents.device
@@ -74,7 +74,8 @@ class FluxFamily(FlowMatchingFamily):
             conditioning["guidance"] = torch.full((b,), float(self.settings["guidance_scale"]), device=device)
         return conditioning
 
-    def predict(self, denoiser, noisy, timesteps, conditioning):
+    def predict(self, denoiser: torch.nn.Module, noisy: torch.Tensor, timesteps: torch.Tensor,
+                conditioning: dict[str, torch.Tensor]) -> torch.Tensor:
         _, _, h, w = noisy.shape
         tokens = denoiser(hidden_states=pack_latents(noisy), timestep=timesteps.to(noisy.dtype) / 1000,
                           return_dict=False, **conditioning)[0]

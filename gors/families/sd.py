@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gors.families.base import DDPMFamily, TextEncoder, TrainingDefaults
+import torch
+
+from gors.families.base import Batch, DDPMFamily, Encoding, TextEncoder, TrainingDefaults
 from gors.lora import UNET_TARGET_MODULES
 
 
@@ -13,11 +15,12 @@ class StableDiffusionFamily(DDPMFamily):
     text_encoders = (TextEncoder("text_encoder", "tokenizer"),)
     defaults = TrainingDefaults(train_text_encoder=True)
 
-    def encode(self, encoder, model, input_ids):
+    def encode(self, encoder: TextEncoder, model: torch.nn.Module, input_ids: torch.Tensor) -> Encoding:
         return {"hidden": model(input_ids, return_dict=False)[0]}  # the last hidden state, as the pipeline
 
-    def condition(self, encodings, batch, dtype):
+    def condition(self, encodings: dict[str, Encoding], batch: Batch, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         return {"encoder_hidden_states": encodings["text_encoder"]["hidden"].to(dtype)}
 
-    def predict(self, denoiser, noisy, timesteps, conditioning):
+    def predict(self, denoiser: torch.nn.Module, noisy: torch.Tensor, timesteps: torch.Tensor,
+                conditioning: dict[str, torch.Tensor]) -> torch.Tensor:
         return denoiser(noisy, timesteps, conditioning["encoder_hidden_states"], return_dict=False)[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gors.families.base import FlowMatchingFamily, TextEncoder, TrainingDefaults
+from gors.families.base import Batch, Encoding, FlowMatchingFamily, TextEncoder, TrainingDefaults
 
 
 class StableDiffusion3Family(FlowMatchingFamily):
@@ -23,13 +23,13 @@ class StableDiffusion3Family(FlowMatchingFamily):
     # diffusers' SD3 LoRA script: logit-normal timesteps, text encoders frozen unless asked.
     defaults = TrainingDefaults(train_text_encoder=False, weighting_scheme="logit_normal", max_sequence_length=256)
 
-    def encode(self, encoder, model, input_ids):
+    def encode(self, encoder: TextEncoder, model: torch.nn.Module, input_ids: torch.Tensor) -> Encoding:
         if encoder.t5:
             return {"hidden": model(input_ids)[0]}
         output = model(input_ids, output_hidden_states=True)
         return {"hidden": output.hidden_states[-2], "pooled": output[0]}
 
-    def condition(self, encodings, batch, dtype):
+    def condition(self, encodings: dict[str, Encoding], batch: Batch, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         clip = torch.cat([encodings["text_encoder"]["hidden"], encodings["text_encoder_2"]["hidden"]], dim=-1)
         t5 = encodings["text_encoder_3"]["hidden"]
         clip = F.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
@@ -37,5 +37,6 @@ class StableDiffusion3Family(FlowMatchingFamily):
         return {"encoder_hidden_states": torch.cat([clip, t5.to(clip.dtype)], dim=-2).to(dtype),
                 "pooled_projections": pooled.to(dtype)}
 
-    def predict(self, denoiser, noisy, timesteps, conditioning):
+    def predict(self, denoiser: torch.nn.Module, noisy: torch.Tensor, timesteps: torch.Tensor,
+                conditioning: dict[str, torch.Tensor]) -> torch.Tensor:
         return denoiser(hidden_states=noisy, timestep=timesteps, return_dict=False, **conditioning)[0]

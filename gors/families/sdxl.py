@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gors.families.base import DDPMFamily, TextEncoder, TrainingDefaults
+from gors.families.base import Batch, DDPMFamily, Encoding, TextEncoder, TrainingDefaults
 from gors.lora import UNET_TARGET_MODULES
 
 
@@ -22,14 +22,14 @@ class StableDiffusionXLFamily(DDPMFamily):
     # CLIP-L's last layer feeds neither its penultimate state nor anything else SDXL reads.
     lora_without_gradient = True
 
-    def encode(self, encoder, model, input_ids):
+    def encode(self, encoder: TextEncoder, model: torch.nn.Module, input_ids: torch.Tensor) -> Encoding:
         output = model(input_ids, output_hidden_states=True)
         encoding = {"hidden": output.hidden_states[-2]}
         if encoder.component == "text_encoder_2":
             encoding["pooled"] = output[0]  # the projected pooled vector (`text_embeds`)
         return encoding
 
-    def condition(self, encodings, batch, dtype):
+    def condition(self, encodings: dict[str, Encoding], batch: Batch, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         side = self.settings["resolution"]
         target = torch.tensor([side, side], device=batch.original_size.device).expand(len(batch.latents), 2)
         time_ids = torch.cat([batch.original_size, batch.crop_top_left, target], dim=1)
@@ -40,7 +40,8 @@ class StableDiffusionXLFamily(DDPMFamily):
             "time_ids": time_ids.to(batch.latents.device, dtype),
         }
 
-    def predict(self, denoiser, noisy, timesteps, conditioning):
+    def predict(self, denoiser: torch.nn.Module, noisy: torch.Tensor, timesteps: torch.Tensor,
+                conditioning: dict[str, torch.Tensor]) -> torch.Tensor:
         added = {"text_embeds": conditioning["text_embeds"], "time_ids": conditioning["time_ids"]}
         return denoiser(noisy, timesteps, encoder_hidden_states=conditioning["encoder_hidden_states"],
                         added_cond_kwargs=added, return_dict=False)[0]
