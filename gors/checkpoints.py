@@ -142,23 +142,30 @@ def fingerprint_differences(recorded: dict[str, Any], fingerprint: dict[str, Any
             if recorded.get(key) != fingerprint.get(key) and (with_selection or not key.startswith("selection_"))]
 
 
-def check_fresh_start(output_dir: str | Path, fingerprint: dict[str, Any]) -> None:
-    """Refuse to train from step 0 beside complete checkpoints of another training.
+def own_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_train_steps: int) -> Path | None:
+    """The checkpoint a run without `--resume_from_checkpoint` goes on from: the newest complete one of
+    this very training (same fingerprint) at or before `max_train_steps`; None when there is none.
 
-    Their steps would stand next to this run's, and `--resume_from_checkpoint latest` would later
-    pick one of theirs. Checkpoints of the same fingerprint are the steps this run will reach again
-    (training is a function of the seed and the step), and are simply replaced.
+    Training is a function of the seed and the step, so going on from it gives what starting again
+    would, without redoing its steps. Complete checkpoints of another training are refused instead:
+    their steps would stand next to this run's, and `latest` would later pick one of theirs.
     """
     root = Path(output_dir) / CHECKPOINTS_DIR
+    own = None
     for folder in reversed(_checkpoint_folders(root)):
         marker = read_marker(folder)
-        differences = fingerprint_differences(marker["fingerprint"], fingerprint) if marker is not None else []
+        if marker is None:
+            continue
+        differences = fingerprint_differences(marker["fingerprint"], fingerprint)
         if differences:
             raise ValueError(
                 f"{root} holds {folder.name} of a training with other settings ({'; '.join(differences)}). Resume "
                 f"it with --resume_from_checkpoint latest and its settings, or, to train these ones from step 0, "
                 f"move {root} away or use a new --output_dir."
             )
+        if own is None and checkpoint_step(folder) <= max_train_steps:
+            own = folder
+    return own
 
 
 def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_steps: int) -> int:

@@ -9,9 +9,14 @@ GPU-hours of each stage, for gors and for the official procedures at given speed
 Scaling rules (pure functions below, tested without models):
 - generation time per image is proportional to the denoising steps (fixed costs such as the VAE
   decode scale too, so scaling up from fewer steps slightly overestimates);
-- scoring time is per image;
+- scoring and selection time is per image;
 - training time is per sample seen (steps x global batch), from the measured steps/s at the
   measured global batch (per-process batch x accumulation x processes);
+- each stage's one-off set-up (loading the pipeline or the reward model, building the trainer and
+  caching the calibration selection's latents: `setup_seconds`) is counted once, not scaled; a
+  full selection's latents cost about one VAE encode per selected image more, and
+  `--torch_compile`'s compiling, which happens in the first batch or step, is scaled as work, so
+  calibrate without it;
 - GPU-hours count every process: the measured wall time x processes.
 """
 
@@ -56,11 +61,15 @@ class StageEstimate:
     speedup: float  # official / gors
 
 
-def gpu_seconds_per_unit(entry: dict[str, Any]) -> float:
-    """GPU-seconds per unit of a timings entry: wall seconds x processes / units done."""
+def gpu_seconds(entry: dict[str, Any], units: float, unit_scale: float = 1.0) -> float:
+    """GPU-seconds (wall seconds x processes) of `units` units at a timings entry's pace: its set-up
+    once (`setup_seconds`; absent in timings of gors before it was recorded), then each unit at the
+    measured time per unit x `unit_scale` (e.g. the ratio of denoising steps)."""
     if entry["work"] <= 0:
         raise ValueError(f"the {entry['stage']} timing did no work; rerun the calibration with that stage to do")
-    return entry["seconds"] * entry["num_processes"] / entry["work"]
+    setup = entry.get("setup_seconds", 0.0)
+    per_unit = (entry["seconds"] - setup) / entry["work"]
+    return (setup + per_unit * unit_scale * units) * entry["num_processes"]
 
 
 def estimate(stages: dict[str, dict[str, Any]], plan: RunPlan, speedups: dict[str, float]) -> list[StageEstimate]:
@@ -79,17 +88,17 @@ def estimate(stages: dict[str, dict[str, Any]], plan: RunPlan, speedups: dict[st
     rows = []
     generate = stages["generate"]
     measured_steps = generate["settings"]["generation"]["num_inference_steps"]
-    seconds = gpu_seconds_per_unit(generate) * plan.num_inference_steps / measured_steps * plan.images
-    rows.append(("generate", f"{plan.images} images x {plan.num_inference_steps} steps", seconds))
-    rows.append(("score", f"{plan.images} images", gpu_seconds_per_unit(stages["score"]) * plan.images))
-    if "select" in stages:
-        rows.append(("select", f"{plan.images} samples", gpu_seconds_per_unit(stages["select"]) * plan.images))
+    rows.append(("generate", f"{plan.images} images x {plan.num_inference_steps} steps",
+                 gpu_seconds(generate, plan.images, plan.num_inference_steps / measured_steps)))
+    rows.append(("score", f"{plan.images} images", gpu_seconds(stages["score"], plan.images)))
+    if "select" in stages and stages["select"].get("unit") == "images":  # older timings counted selected samples
+        rows.append(("select", f"{plan.images} images", gpu_seconds(stages["select"], plan.images)))
     train = stages["train"]
     settings = train["settings"]
     measured_batch = settings["train_batch_size"] * settings["gradient_accumulation_steps"] * train["num_processes"]
-    per_sample = gpu_seconds_per_unit(train) / measured_batch
+    # Per sample seen: a step of the measured global batch, scaled to the plan's.
     rows.append(("train", f"{plan.max_train_steps} steps x batch {plan.global_batch_size}",
-                 per_sample * plan.max_train_steps * plan.global_batch_size))
+                 gpu_seconds(train, plan.max_train_steps, plan.global_batch_size / measured_batch)))
     return [StageEstimate(stage, work, s / 3600, s / 3600 * speedups.get(stage, 1.0), speedups.get(stage, 1.0))
             for stage, work, s in rows]
 

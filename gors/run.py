@@ -58,9 +58,6 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
         return len(load_scores(out, config.reward_name(store.load_prompts().get("category")))) \
             if prompts.is_file() else 0
 
-    def selected() -> int:
-        path = Path(out) / SELECTION_FILE
-        return sum(1 for line in path.open(encoding="utf-8") if line.strip()) if path.is_file() else 0
 
     def trained() -> int:
         checkpoint = find_checkpoint(out, "latest", warn=lambda message: None) or inputs.continue_from
@@ -74,12 +71,12 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
             generate(config, accelerator, lora=inputs.lora, seed=inputs.seed, sink=sink)
         with timed_stage("score", "images", scored, accelerator, timings):
             score(config, accelerator)
-        with timed_stage("select", "samples", selected, accelerator, timings, resumable=False):
+        # select reads every image's score: its work is the images it went through
+        with timed_stage("select", "images", lambda: len(store.records()), accelerator, timings, resumable=False):
             select(config, write=accelerator.is_main_process)
             if inputs.replay and accelerator.is_main_process:
                 atomic_write_jsonl(Path(out) / SELECTION_FILE, load_selection(out) + inputs.replay)
-        with timed_stage("train", "steps", trained, accelerator, timings,
-                         resumable=config.resume_from_checkpoint is not None or inputs.continue_from is not None):
+        with timed_stage("train", "steps", trained, accelerator, timings):
             train(config, accelerator, continue_from=inputs.continue_from, reset_optimizer=inputs.reset_optimizer,
                   validation_dir=inputs.validation_dir, schedule_steps=inputs.schedule_steps)
         if accelerator.is_main_process:

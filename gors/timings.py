@@ -23,6 +23,7 @@ import torch
 from accelerate import Accelerator
 
 import gors
+from gors.core.clock import listening
 from gors.core.io import atomic_write_json
 
 TIMINGS_FILE = "timings.json"
@@ -34,8 +35,11 @@ class StageTiming:
     """One invocation of one stage.
 
     Attributes:
-        stage: "generate", "score", "select" or "train".
+        stage: "generate", "score", "select", "train", or "generate+score" (`--overlap_scoring`).
         seconds: wall time, start to the last process's end.
+        setup_seconds: of `seconds`, the main process's one-off set-up before its first unit of work
+            (loading the pipeline or reward model, building the trainer: `gors.core.clock`); 0 when
+            the stage had nothing to do or marks no set-up.
         work: units done by this invocation (work already in the folder does not count).
         unit: "images", "samples" or "steps".
         num_processes: processes (GPUs) the work was shared over.
@@ -52,10 +56,11 @@ class StageTiming:
     peak_gpu_memory_gib: float | None
     peak_rss_gib: float
     device: str
+    setup_seconds: float = 0.0
 
     @property
     def rate(self) -> float:
-        """Units per second over all processes (0 when no work was done)."""
+        """Units per second over all processes, set-up included (0 when no work was done)."""
         return self.work / self.seconds if self.seconds > 0 else 0.0
 
     @property
@@ -85,7 +90,8 @@ def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Acc
     if cuda:
         torch.cuda.reset_peak_memory_stats(accelerator.device)
     start = time.perf_counter()
-    yield
+    with listening() as work_started:
+        yield
     accelerator.wait_for_everyone()
     seconds = time.perf_counter() - start
     timings.append(StageTiming(
@@ -97,6 +103,7 @@ def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Acc
         peak_gpu_memory_gib=torch.cuda.max_memory_allocated(accelerator.device) / GIB if cuda else None,
         peak_rss_gib=_peak_rss_gib(),
         device=_device_name(accelerator.device),
+        setup_seconds=work_started[0] - start if work_started else 0.0,
     ))
 
 
@@ -131,9 +138,9 @@ def read_timings(path: str | Path) -> dict[str, Any] | None:
 
 def format_timings(timings: list[StageTiming]) -> str:
     """A table of this invocation's stages, for the end of `gors run`."""
-    lines = ["stage      wall s      work        rate /s   per process   peak GPU GiB   peak RSS GiB"]
+    lines = ["stage      wall s   set-up s      work        rate /s   per process   peak GPU GiB   peak RSS GiB"]
     for t in timings:
         gpu = f"{t.peak_gpu_memory_gib:.1f}" if t.peak_gpu_memory_gib is not None else "-"
-        lines.append(f"{t.stage:<9} {t.seconds:>7.1f} {t.work:>7} {t.unit:<7} {t.rate:>8.2f} {t.rate_per_process:>12.2f}"
-                     f" {gpu:>14} {t.peak_rss_gib:>14.1f}")
+        lines.append(f"{t.stage:<9} {t.seconds:>7.1f} {t.setup_seconds:>10.1f} {t.work:>7} {t.unit:<7} {t.rate:>8.2f} "
+                     f"{t.rate_per_process:>12.2f} {gpu:>14} {t.peak_rss_gib:>14.1f}")
     return "\n".join(lines)

@@ -24,17 +24,18 @@ from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 from PIL import Image
 
 from gors.checkpoints import (
-    check_fresh_start,
     check_resumable,
     checkpoint_step,
     find_checkpoint,
     fingerprint_differences,
+    own_checkpoint,
     read_marker,
     training_fingerprint,
     write_checkpoint,
 )
 from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import check_trainable, detect_backbone, half_precision_warning
+from gors.core.clock import work_starts
 from gors.core.distributed import make_accelerator, progress_bar
 from gors.core.hub import from_pretrained
 from gors.core.pipeline import compile_module, cpu_generators
@@ -441,6 +442,7 @@ class GORSTrainer:
         bar.update(global_step)
         for module in models:
             module.train()
+        work_starts()
         while global_step < config.max_train_steps:
             losses = []
             for micro in range(accumulation):
@@ -521,11 +523,16 @@ class GORSTrainer:
         return step
 
     def _checkpoint_to_resume(self) -> Path | None:
-        """The checkpoint that `--resume_from_checkpoint` names, checked against this run; None to start at 0."""
+        """The checkpoint to go on from, checked against this run: the one `--resume_from_checkpoint`
+        names, or, without the flag, the newest of this same training (`own_checkpoint`); None to
+        start at step 0 (or from `continue_from`)."""
         config, accelerator = self.config, self.accelerator
         if not config.resume_from_checkpoint:
-            check_fresh_start(config.output_dir, self.fingerprint)
-            return None
+            checkpoint = own_checkpoint(config.output_dir, self.fingerprint, config.max_train_steps)
+            if checkpoint is not None:
+                accelerator.print(f"[train] {checkpoint} is a checkpoint of this same training (settings and "
+                                  "selection): going on from it")
+            return checkpoint
         checkpoint = find_checkpoint(config.output_dir, config.resume_from_checkpoint,
                                      warn=lambda message: accelerator.print(f"[train] warning: {message}"))
         if checkpoint is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
@@ -95,17 +96,28 @@ class Reward:
             raise RuntimeError(f"{name} returned {len(output.scores)} scores and {len(output.details)} details "
                                f"for {len(images)} images; a reward returns one of each per image")
         low, high = self.score_range
+        scores = []
         for index, value in enumerate(output.scores):
+            where = f"for image {index} ({prompts[index]!r})"
+            try:
+                value = float(value)  # a numpy or 0-d torch number is written as a plain float
+            except (TypeError, ValueError):
+                raise RuntimeError(f"{name} returned {value!r} {where}, not a number") from None
             if not math.isfinite(value):
-                raise RuntimeError(f"{name} returned {value} for image {index} ({prompts[index]!r}), not a finite "
-                                   f"number")
+                raise RuntimeError(f"{name} returned {value} {where}, not a finite number")
             if not low - 1e-6 <= value <= high + 1e-6:
-                raise RuntimeError(f"{name} returned {value}, outside [{low}, {high}]")
+                raise RuntimeError(f"{name} returned {value} {where}, outside [{low}, {high}]")
+            scores.append(value)
         for index, details in enumerate(output.details):
             if not isinstance(details, dict):
                 raise RuntimeError(f"{name} returned details of type {type(details).__name__} for image {index}; "
                                    f"each image's details are a dict")
-        return output
+            try:
+                json.dumps(details)
+            except (TypeError, ValueError) as err:
+                raise RuntimeError(f"{name}'s details for image {index} cannot be written as JSON ({err}); give "
+                                   "plain numbers, strings, lists and dicts (e.g. float(x), array.tolist())") from None
+        return RewardOutput(scores=scores, details=output.details)
 
     def _score(
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None

@@ -12,10 +12,10 @@ import torch
 from accelerate import Accelerator
 
 from gors.checkpoints import (
-    check_fresh_start,
     check_resumable,
     checkpoint_step,
     find_checkpoint,
+    own_checkpoint,
     training_fingerprint,
     write_checkpoint,
 )
@@ -77,15 +77,17 @@ def test_a_resume_under_other_settings_or_past_max_train_steps_is_refused(tmp_pa
         check_resumable(checkpoint, recorded, max_train_steps=5)
 
 
-def test_a_fresh_start_is_refused_only_beside_checkpoints_of_other_settings(tmp_path):
+def test_a_run_goes_on_from_its_own_checkpoint_and_refuses_another_trainings(tmp_path):
     fingerprint = {"rank": 4, "selection_sha256": "aaaa"}
-    check_fresh_start(tmp_path, fingerprint)  # no checkpoints
+    assert own_checkpoint(tmp_path, fingerprint, max_train_steps=10) is None  # no checkpoints
     _checkpoint(tmp_path, "checkpoint-2", fingerprint)
-    _checkpoint(tmp_path, "checkpoint-3")  # incomplete: no fingerprint to hold against this run
-    check_fresh_start(tmp_path, fingerprint)  # the same run's steps, reached again
-    with pytest.raises(ValueError, match=r"holds checkpoint-2 of a training with other settings \(rank 4 in the "
+    newest = _checkpoint(tmp_path, "checkpoint-4", fingerprint)
+    _checkpoint(tmp_path, "checkpoint-6")  # incomplete: passed over
+    assert own_checkpoint(tmp_path, fingerprint, max_train_steps=10) == newest
+    assert own_checkpoint(tmp_path, fingerprint, max_train_steps=3).name == "checkpoint-2"  # a shorter run
+    with pytest.raises(ValueError, match=r"holds checkpoint-4 of a training with other settings \(rank 4 in the "
                                          r"checkpoint, 8 now\)"):
-        check_fresh_start(tmp_path, fingerprint | {"rank": 8})
+        own_checkpoint(tmp_path, fingerprint | {"rank": 8}, max_train_steps=10)
 
 
 def test_a_decaying_lr_schedule_binds_a_checkpoint_to_the_runs_length(tmp_path):

@@ -59,6 +59,9 @@ def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_
     # The same settings may ask for more images and more prompts.
     store = generate(make_run_config(images_per_prompt=3))
     assert len(store.records()) == 9 and json.loads((store.root / SETTINGS).read_text()) == settings
+    # Fewer prompts than the store holds: the later stages would use them all, so it is refused.
+    with pytest.raises(StoreError, match=r"holds samples of 3 prompts and 2 are asked for.*--max_prompts 3"):
+        generate(make_run_config(images_per_prompt=3, max_prompts=2))
 
 
 def test_a_store_from_before_settings_is_adopted_with_a_warning(make_run_config, caplog):
@@ -125,6 +128,34 @@ def test_reward_refuses_a_missing_or_non_finite_score():
         _ShortReward(device="cpu").score(images, ["a", "b"])
     with pytest.raises(RuntimeError, match=r"_NaNReward returned nan for image 0 \('a'\), not a finite number"):
         _NaNReward(device="cpu").score(images, ["a", "b"])
+
+
+class _NoneReward(Reward):
+    def _score(self, images, prompts, metadata):
+        return RewardOutput([None] * len(images))
+
+
+class _NumpyReward(Reward):
+    """What a plug-in reward easily returns: numpy numbers, and an array in its details."""
+
+    def __init__(self, details, **kwargs):
+        super().__init__(**kwargs)
+        self.details = details
+
+    def _score(self, images, prompts, metadata):
+        return RewardOutput([np.float32(0.25)] * len(images), [dict(self.details) for _ in images])
+
+
+def test_reward_numbers_become_floats_and_details_must_be_json():
+    images = [Image.new("RGB", (8, 8))] * 2
+    out = _NumpyReward({"p": [0.5]}, device="cpu").score(images, ["a", "b"])
+    assert out.scores == [0.25, 0.25] and all(type(v) is float for v in out.scores)
+    json.dumps(out.scores)  # writable as a score row
+    with pytest.raises(RuntimeError, match=r"_NumpyReward's details for image 0 cannot be written as JSON .*"
+                                           r"array\.tolist\(\)"):
+        _NumpyReward({"p": np.array([0.5])}, device="cpu").score(images, ["a", "b"])
+    with pytest.raises(RuntimeError, match=r"_NoneReward returned None for image 0 \('a'\), not a number"):
+        _NoneReward(device="cpu").score(images, ["a", "b"])
 
 
 class _Samples:

@@ -19,12 +19,15 @@ def test_gors_run_records_the_work_and_rate_of_each_stage_and_a_rerun_keeps_them
     assert "[run] stage timings" in capsys.readouterr().out
     record = read_timings(config.output_dir)
     stages = record["stages"]
-    selected = sum(1 for _ in open(f"{config.output_dir}/selection.jsonl"))
     assert {s: (e["work"], e["unit"]) for s, e in stages.items()} == {
-        "generate": (6, "images"), "score": (6, "images"), "select": (selected, "samples"), "train": (2, "steps")}
+        "generate": (6, "images"), "score": (6, "images"), "select": (6, "images"), "train": (2, "steps")}
     for entry in stages.values():
         assert entry["seconds"] > 0 and entry["rate"] == pytest.approx(entry["work"] / entry["seconds"])
         assert entry["num_processes"] == 1 and entry["device"] == "cpu" and entry["peak_gpu_memory_gib"] is None
+    # Loading the pipeline, the reward model and the trainer is set-up, apart from the work; select has none.
+    for stage in ("generate", "score", "train"):
+        assert 0 < stages[stage]["setup_seconds"] < stages[stage]["seconds"], stage
+    assert stages["select"]["setup_seconds"] == 0
     assert stages["generate"]["settings"]["generation"]["num_inference_steps"] == 2
     run_dir = Path(config.output_dir)  # one round: the run folder as before online rounds
     assert not list(run_dir.glob("round-*")) and not (run_dir / "rounds.json").exists()
@@ -38,9 +41,9 @@ def test_gors_run_records_the_work_and_rate_of_each_stage_and_a_rerun_keeps_them
     assert len(again["history"]) == 8
 
 
-def _entry(stage: str, seconds: float, work: int, processes: int, **settings) -> dict:
+def _entry(stage: str, seconds: float, work: int, processes: int, setup: float = 0.0, **settings) -> dict:
     return {"stage": stage, "seconds": seconds, "work": work, "num_processes": processes, "device": "GPU X",
-            "settings": settings}
+            "settings": settings, "setup_seconds": setup}
 
 
 def test_estimate_scales_measured_rates_to_the_plan():
@@ -59,6 +62,21 @@ def test_estimate_scales_measured_rates_to_the_plan():
     assert rows["score"].official_gpu_hours == pytest.approx(8 * 360 * 0.1 / 3600)
     assert rows["train"].gors_gpu_hours == pytest.approx(1800 * 4 * 1.0 / 3600)
     assert rows["train"].official_gpu_hours == rows["train"].gors_gpu_hours  # no ratio given: 1
+
+
+def test_estimate_counts_each_stages_set_up_once():
+    # 30 s of the 130 s loaded the reward model: 1 s per image after it, and 30 s once in the plan.
+    stages = {"generate": _entry("generate", 100, 400, 1, generation={"num_inference_steps": 25}),
+              "score": _entry("score", 130, 100, 1, setup=30.0),
+              "select": _entry("select", 2, 100, 1) | {"unit": "images"},
+              "train": _entry("train", 200, 100, 8, setup=100.0, train_batch_size=2, gradient_accumulation_steps=1)}
+    plan = RunPlan(num_prompts=10, images_per_prompt=36, num_inference_steps=25, max_train_steps=1800,
+                   global_batch_size=16)
+    rows = {r.stage: r for r in estimate(stages, plan, {})}
+    assert rows["score"].gors_gpu_hours == pytest.approx((30 + 360 * 1.0) / 3600)
+    assert rows["select"].gors_gpu_hours == pytest.approx(360 * 0.02 / 3600)  # per image it went through
+    # 8 GPUs: 100 s of set-up, then 1 s per step of the same global batch of 16
+    assert rows["train"].gors_gpu_hours == pytest.approx(8 * (100 + 1800 * 1.0) / 3600)
 
 
 def test_estimate_command_prints_the_papers_colour_run_and_refuses_missing_stages(tmp_path, capsys):

@@ -22,6 +22,7 @@ from accelerate import Accelerator
 from PIL import Image
 
 import gors
+from gors.core.clock import work_starts
 from gors.core.distributed import batches, progress_bar
 from gors.core.pipeline import cpu_generators
 from gors.core.store import (
@@ -48,7 +49,15 @@ class StoreFlags:
 
 def _check_same_prompts(store: SampleStore, prompts: list[str], flags: StoreFlags) -> None:
     """Refuse to mix samples of two prompt sets in one store."""
-    for record in store.records():
+    records = store.records()
+    held = 1 + max((record["prompt_index"] for record in records), default=-1)
+    if held > len(prompts) and all(prompts[r["prompt_index"]] == r["prompt"] for r in records
+                                   if r["prompt_index"] < len(prompts)):
+        raise StoreError(
+            f"{store.root} holds samples of {held} prompts and {len(prompts)} are asked for: the later stages would "
+            f"use all {held}. Pass --max_prompts {held} (or more), or use a new --output_dir."
+        )
+    for record in records:
         index = record["prompt_index"]
         if index >= len(prompts) or prompts[index] != record["prompt"]:
             found = prompts[index] if index < len(prompts) else "<no such prompt>"
@@ -154,6 +163,10 @@ def generate_samples(
     accelerator.wait_for_everyone()
 
     done = {sample_key(record) for record in store.records()}
+    most = 1 + max((i for _, i in done), default=-1)
+    if most > protocol.images_per_prompt and accelerator.is_main_process:
+        logger.warning("%s holds up to %d images per prompt, more than --images_per_prompt=%d; the stages after this "
+                       "one use all of them", store.root, most, protocol.images_per_prompt)
     todo = [(p, i) for p in range(len(prompts)) for i in range(protocol.images_per_prompt) if (p, i) not in done]
     if accelerator.is_main_process:
         print(f"[{desc}] {len(done)} samples exist, {len(todo)} to generate into {store.root}")
@@ -165,6 +178,7 @@ def generate_samples(
             if sink is not None:
                 sink.open()
             pipeline = pipeline_loader()
+            work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
             for batch in batches(mine, protocol.batch_size):
                 seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from accelerate import Accelerator
 from PIL import Image
 
+from gors.core.clock import work_starts
 from gors.core.distributed import batches, progress_bar
 from gors.core.io import append_jsonl, atomic_write_json, repair_jsonl
 from gors.core.run_folder import scores_dir
@@ -157,6 +158,7 @@ def score_samples(
     with accelerator.split_between_processes(todo) as mine:  # contiguous shares, sizes differ by at most one
         if mine:
             reward = make_reward()
+            work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
             for batch in batches(mine, batch_size):
                 images = [store.open_image(record) for record in batch]

@@ -1,0 +1,36 @@
+"""When a stage's setup ends and its work begins, for the stage timings of `gors run`.
+
+A stage's wall time holds one-off setup (loading the pipeline or the reward model, building the
+trainer, caching latents) beside its work. `gors estimate` scales the work to a full run and
+counts the setup once, so the stages say when their setup is over by calling `work_starts()`;
+`gors.timings.timed_stage` listens through `listening()`. Outside a timed stage the call does
+nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+_marks: ContextVar[list[float] | None] = ContextVar("gors_stage_work_starts", default=None)
+
+
+def work_starts() -> None:
+    """Mark now as the end of the current timed stage's setup (the first mark counts)."""
+    marks = _marks.get()
+    if marks is not None and not marks:
+        marks.append(time.perf_counter())
+
+
+@contextmanager
+def listening() -> Iterator[list[float]]:
+    """Collect the `work_starts` marks of the block: a list holding the first one's
+    `time.perf_counter()`, or empty when the block marked none (it had no work)."""
+    marks: list[float] = []
+    token = _marks.set(marks)
+    try:
+        yield marks
+    finally:
+        _marks.reset(token)
