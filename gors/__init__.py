@@ -6,7 +6,13 @@ sampling and scoring, the paper's facts), `rewards`, `evaluators`, then the trai
 (`gors.*`), then `recipes/`.
 """
 
-from gors import _moved
+import os
+
+# The process that started this one, read before anything heavy is imported: a launcher that dies
+# meanwhile is then still noticed (`gors.core.distributed.die_with_launcher`).
+PARENT_AT_START = os.getppid()
+
+from gors import _moved  # noqa: E402  (after the parent is read)
 
 __version__ = "0.1.0"
 

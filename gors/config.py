@@ -142,7 +142,9 @@ class GenerationFields:
     generation_batch_size: int = field(default=8, metadata={"help": "Images per pipeline call on each process."})
 
     def _check_generation(self) -> None:
-        _check(self.images_per_prompt >= 1, f"--images_per_prompt={self.images_per_prompt}: must be >= 1")
+        # Image i of prompt p is seeded seed + 100 000 p + i (`gors.core.store.sample_seed`).
+        _check(1 <= self.images_per_prompt < 100_000,
+               f"--images_per_prompt={self.images_per_prompt}: must be in [1, 99 999] (each image has its own seed)")
         _check(self.num_inference_steps is None or self.num_inference_steps >= 1,
                f"--num_inference_steps={self.num_inference_steps}: must be >= 1")
         _check(self.generation_batch_size >= 1, f"--generation_batch_size={self.generation_batch_size}: must be >= 1")

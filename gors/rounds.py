@@ -35,7 +35,9 @@ from gors.checkpoints import LENGTHLESS_SCHEDULES, find_checkpoint
 from gors.config import RunConfig
 from gors.core.io import atomic_write_bytes, atomic_write_json
 from gors.core.lock import run_folder_lock
+from gors.core.prompts import load_prompts
 from gors.core.run_folder import ROUNDS_FILE, SELECTION_SUMMARY_FILE, round_dir
+from gors.core.store import SAMPLE_SEED_STRIDE
 from gors.lora import LORA_WEIGHT_NAME
 from gors.run import STAGES, RoundInputs, run_stages
 from gors.select import load_selection
@@ -132,6 +134,10 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
     out = Path(config.output_dir)
     settings = round_settings(config)
     with run_folder_lock(out, STAGES, command):
+        num_prompts = len(load_prompts(config.train_prompts).prompts[: config.max_prompts])
+        if num_prompts * SAMPLE_SEED_STRIDE >= ROUND_SEED_STRIDE:
+            raise ValueError(f"--rounds with {num_prompts} prompts: rounds share image seeds beyond "
+                             f"{ROUND_SEED_STRIDE // SAMPLE_SEED_STRIDE} prompts; pass --max_prompts or fewer prompts")
         rounds = finished_rounds(config)
         for index in range(len(rounds), config.rounds):
             previous = round_dir(out, index - 1) if index > 0 else None

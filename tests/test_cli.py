@@ -40,6 +40,24 @@ def test_yaml_values_are_checked_against_the_flags_choices(tmp_path):
         parse_config(RunConfig, ["--config", str(config_file)])
 
 
+def test_load_failures_say_whether_the_model_was_missing_or_of_another_kind(tmp_path, monkeypatch):
+    from gors.core.hub import from_pretrained
+
+    class Loader:
+        @classmethod
+        def from_pretrained(cls, name, **kwargs):
+            raise exception
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    exception = OSError("not in the cache")
+    with pytest.raises(OSError, match=r"--model='org/name' could not be loaded: not in the cache\nHF_HUB_OFFLINE=1"):
+        from_pretrained(Loader.from_pretrained, "org/name", "--model")
+    exception = ValueError("unrecognized configuration class")
+    with pytest.raises(ValueError, match=r"--model='org/name' was found but could not be loaded as Loader: "
+                                         r"unrecognized configuration class\. Check that it is a checkpoint"):
+        from_pretrained(Loader.from_pretrained, "org/name", "--model")
+
+
 def test_unknown_yaml_key_is_rejected(tmp_path):
     config_file = tmp_path / "bad.yaml"
     config_file.write_text("max_train_step: 7\n")
@@ -51,6 +69,7 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
     "flags, message",
     [
         (["--images_per_prompt", "0"], "--images_per_prompt=0"),
+        (["--images_per_prompt", "100000"], r"--images_per_prompt=100000: must be in \[1, 99 999\]"),
         (["--mixed_precision", "fp8"], "--mixed_precision='fp8'"),
         (["--reward_threshold", "1.5"], "--reward_threshold=1.5"),
         (["--resolution", "500"], "--resolution=500"),

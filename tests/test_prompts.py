@@ -119,6 +119,7 @@ def test_download_is_verified_and_cached(server: FileServer, _isolated: list[flo
     with pytest.raises(P.ChecksumError, match="shape_val.txt") as err:
         P.fetch_t2i_compbench_file("shape_val.txt")
     assert P.T2I_COMPBENCH_SHA256["shape_val.txt"] in str(err.value)
+    assert "The server sent another file" in str(err.value) and "GORS_DATA_DIR" in str(err.value)
     assert server.requests[2:] == [bad] * 4
     assert [p.name for p in path.parent.iterdir()] == ["color_val.txt"]
     assert _isolated == [1, 2, 3]

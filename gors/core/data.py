@@ -76,13 +76,15 @@ def sha256_matches(actual: str, pinned: str) -> bool:
     return len(pinned) >= 8 and actual.lower().startswith(pinned.lower())
 
 
-def _check_hash(source: PinnedSource, filename: str, path: Path, where: str) -> None:
+def _check_hash(source: PinnedSource, filename: str, path: Path, where: str, downloaded: bool = False) -> None:
     expected, actual = source.sha256[filename], pooch.file_hash(str(path), alg="sha256")
     if not sha256_matches(actual, expected):
+        fix = (f"The server sent another file: download it from {source.repository} at commit {source.commit} "
+               "yourself and point GORS_DATA_DIR at its folder" if downloaded
+               else "Replace it with the official file")
         raise ChecksumError(
             f"{filename} ({where}) has sha256 {actual}, expected {expected}{'...' if len(expected) < 64 else ''}: "
-            f"the file is corrupted or not from {source.repository} commit {source.commit}. Replace it with the "
-            "official file."
+            f"the file is corrupted or not from {source.repository} commit {source.commit}. {fix}."
         )
 
 
@@ -96,7 +98,7 @@ def _verifying_downloader(source: PinnedSource, filename: str) -> Callable[[str,
 
     def download(url: str, output_file: str, pup: pooch.Pooch) -> None:
         http(url, output_file, pup)
-        _check_hash(source, filename, Path(output_file), url)
+        _check_hash(source, filename, Path(output_file), url, downloaded=True)
 
     return download
 

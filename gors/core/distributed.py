@@ -23,10 +23,10 @@ import torch
 from accelerate import Accelerator, PartialState
 from tqdm.auto import tqdm
 
+import gors
+
 T = TypeVar("T")
 
-# The launcher that started this process, seen as early as gors looks (see `die_with_launcher`).
-_PARENT_AT_IMPORT = os.getppid()
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _watching_launcher = False
 
@@ -54,13 +54,14 @@ def die_with_launcher() -> None:
 
     Linux: the kernel sends SIGKILL on the parent's death (`prctl(PR_SET_PDEATHSIG)`); elsewhere a
     daemon thread polls the parent id every second. A launcher that died before this call (while
-    Python started) is caught by comparing the parent with the one seen at import.
+    Python started and imported torch) is caught by comparing the parent with the one seen when
+    `gors` was first imported.
     """
     global _watching_launcher
     if _watching_launcher or not started_by_launcher():
         return
     _watching_launcher = True
-    parent = _PARENT_AT_IMPORT
+    parent = gors.PARENT_AT_START  # read when gors was first imported, before torch
     try:
         if not sys.platform.startswith("linux"):
             raise OSError("PR_SET_PDEATHSIG is Linux-only")

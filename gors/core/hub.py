@@ -34,7 +34,7 @@ def from_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: An
     name = check_model_path(name, flag)
     try:
         return loader(name, **kwargs)
-    except (OSError, ValueError, EnvironmentError) as err:
+    except OSError as err:  # not found, not downloadable, not readable
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = (
             "HF_HUB_OFFLINE=1 is set, so only the local cache is searched: download the model on a "
@@ -44,3 +44,11 @@ def from_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: An
             "on an offline machine pass a local folder."
         )
         raise OSError(f"{flag}={name!r} could not be loaded: {err}\n{hint}") from err
+    except ValueError as err:  # found, but not a checkpoint this loader reads (another class, a bad config)
+        raise ValueError(f"{flag}={name!r} was found but could not be loaded as {_loader_name(loader)}: {err}. "
+                         "Check that it is a checkpoint of that kind.") from err
+
+
+def _loader_name(loader: Callable[..., Any]) -> str:
+    owner = getattr(loader, "__self__", None)
+    return getattr(owner, "__name__", None) or getattr(loader, "__qualname__", "this model class")

@@ -46,13 +46,17 @@ def sample_file_name(prompt_index: int, image_index: int) -> str:
     return f"{prompt_index:05d}_{image_index:03d}.png"
 
 
+# Seeds between prompt p's first image and prompt p + 1's (`sample_seed`).
+SAMPLE_SEED_STRIDE = 100_000
+
+
 def sample_seed(base_seed: int, prompt_index: int, image_index: int) -> int:
     """Seed of one image: a function of (prompt index, image index) only, never of the process layout.
 
     Image i of prompt p uses `base_seed + 100_000 * p + i`, so with k < 100 000 images per prompt
     every image has its own seed, and growing k later keeps the seeds of the existing images.
     """
-    return base_seed + 100_000 * prompt_index + image_index
+    return base_seed + SAMPLE_SEED_STRIDE * prompt_index + image_index
 
 
 class StoreError(RuntimeError):
