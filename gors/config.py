@@ -333,7 +333,9 @@ class TrainingFields:
     checkpointing_steps: int = field(default=500, metadata={"help": "Save the full training state every N updates."})
     checkpoints_total_limit: int | None = field(default=None, metadata={"help": "Keep at most N checkpoints."})
     resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": "'latest' or a checkpoint folder: restores optimizer, scheduler, RNG and step."}
+        default=None, metadata={"help": "'latest' or a checkpoint folder: restores optimizer, scheduler, RNG and step, "
+                                        "and fails if it was made with other settings. Without it a rerun goes on "
+                                        "from the newest checkpoint of the same training anyway."}
     )
     validation_prompts: list[str] | None = field(
         default=None, metadata={"help": "Prompts rendered with the current LoRA and logged every --validation_steps."}

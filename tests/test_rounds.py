@@ -162,7 +162,7 @@ def test_a_run_stopped_in_round_1_resumes_there_as_if_never_stopped(one_process_
     monkeypatch.setattr(GORSTrainer, "save_checkpoint", save)
     assert len(json.loads((stopped_dir / ROUNDS_FILE).read_text())["rounds"]) == 1
     round0 = _hashes(stopped_dir / "round-000")
-    run(make_run_config(output_dir=str(stopped_dir), **settings))
+    run(make_run_config(output_dir=str(stopped_dir), **ROUNDS))  # the same command: no flag needed to go on
     reset_process_state()
     assert _hashes(stopped_dir / "round-000") == round0  # the finished round is not run again
     with pytest.raises(ValueError, match=r"finished rounds were made with other settings \(steps_per_round: 2 -> 3"):
