@@ -72,7 +72,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import SpeedResult, paired_ratios, print_table
+from common import SpeedResult, paired_ratios, positive_int, print_table
 from PIL import Image
 
 from rewards.b_vqa import BVQAReward
@@ -267,7 +267,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--vision_layers", type=int, default=2, help="of 12 in BLIP ViT-B/16")
     parser.add_argument("--text_layers", type=int, default=2, help="of 12 (text encoder and decoder each)")
     parser.add_argument("--images", type=int, default=8, help="images (and prompts, cycled)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed pairs")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed pairs")
     parser.add_argument("--batch_size", type=int, default=16,
                         help="gors' batch (gors run's --reward_batch_size, default 16)")
     args = parser.parse_args(argv)

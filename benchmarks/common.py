@@ -42,6 +42,14 @@ def timed(function: Callable[[], Any], device: torch.device) -> tuple[Any, float
     return result, time.perf_counter() - start
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (e.g. `--repeats`; 0 pairs would give no ratio)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give 1 or more")
+    return value
+
+
 def paired_ratios(reference: Callable[[], Any], gors: Callable[[], Any], device: torch.device, repeats: int,
                   warmup: int = 1) -> tuple[list[float], Any, Any]:
     """`repeats` ratios reference seconds / gors seconds, the two run alternately (the first of each

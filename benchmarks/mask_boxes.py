@@ -32,7 +32,7 @@ import argparse
 import statistics
 
 import torch
-from common import SpeedResult, paired_ratios, print_table
+from common import SpeedResult, paired_ratios, positive_int, print_table
 
 from gors.core.threads import torch_threads
 from rewards.geneval import mask_boxes
@@ -71,7 +71,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="accepted for the common runner; the default sizes are already GenEval's")
     parser.add_argument("--masks", type=int, default=100, help="Mask2Former's 100 queries")
     parser.add_argument("--size", type=int, default=512, help="mask side in pixels (GenEval's images)")
-    parser.add_argument("--repeats", type=int, default=100, help="timed pairs")
+    parser.add_argument("--repeats", type=positive_int, default=100, help="timed pairs")
     return parser.parse_args(argv)
 
 

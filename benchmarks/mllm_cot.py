@@ -7,10 +7,12 @@ repeated; the script prints the min and median of the paired time ratios and whe
 give the same answers and parsed scores.
 
 - **Reference, the official procedure** (``MLLM_eval/ShareGPT4V-CoT_eval/Share_eval.py`` of
-  Karine-Huang/T2I-CompBench, and MiniGPT-4-CoT's ``chat.answer``, read as facts): image by image
-  and turn by turn, the whole conversation so far is rendered and tokenised, the image is
-  preprocessed, and ``model.generate`` runs it from scratch (vision tower included) with greedy
-  decoding and at most ``max_new_tokens`` new tokens; the answer is appended to the conversation.
+  Karine-Huang/T2I-CompBench, read as facts): the image is preprocessed once; then turn by turn the
+  whole conversation so far is rendered and tokenised and ``model.generate`` runs it from scratch
+  (vision tower included) with greedy decoding and at most ``max_new_tokens`` new tokens; the
+  answer is appended to the conversation. MiniGPT-4-CoT's ``chat.answer`` differs in one way: it
+  encodes the image once and reuses its embeddings in every turn, so against it the ratio would be
+  lower by the vision tower's share of a turn (not measured here).
 - **gors**: `MLLMCoTReward.score` on all the images at once: the vision tower once per image,
   the first turn's prompts as one batch, greedy decoding of all rows together, and each later
   turn appended to the kept key/value cache (see `rewards.mllm_cot`).
@@ -24,9 +26,8 @@ number": the agreement is checked on the answer texts, which decide the scores.
     python benchmarks/mllm_cot.py --images 4 --max_new_tokens 64
     python benchmarks/mllm_cot.py --device cuda --full-size --images 8   # bfloat16, 36 + 27 layers
 
-On 2 shared CPU cores the default run takes about 4 minutes (measured: min 1.74x, median 2.52x over
-3 pairs, 4 of 4 answers equal; the vision tower and the first turn's prefill are not repeated,
-and the rows decode together). `python -m benchmarks` calls `measure`
+On 2 shared CPU cores the default run takes a few minutes (its measured ratios: benchmarks/README.md;
+the vision tower and the first turn's prefill are not repeated, and the rows decode together). `python -m benchmarks` calls `measure`
 with ``--device`` and ``--full-size`` and puts its row in the common table. The answers must be
 equal in float32; in bfloat16 batched and one-at-a-time products round differently, so greedy
 answers may part after a near tie, and the number of equal answers is only reported.
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import SpeedResult, paired_ratios, print_table
+from common import SpeedResult, paired_ratios, positive_int, print_table
 from PIL import Image
 from soft_tifa_one_pass import QWEN3_VL_8B_TEXT, QWEN3_VL_8B_VISION, build_model, parameter_counts
 
@@ -66,11 +67,18 @@ def official_conversation(model, processor, image: Image.Image, questions: list[
     plain greedy ``generate`` on it, image included; the stripped answers, in order."""
     messages: list[dict] = []
     answers = []
+    # The image is preprocessed once, as both official scripts do; the processor's own expansion of its
+    # placeholder and token types then give exactly what `processor(text, images)` gives each turn.
+    image_inputs = processor.image_processor(images=[image], return_tensors="pt")
+    image_tokens = processor.replace_image_token(image_inputs, 0)
     for k, question in enumerate(questions):
         content = ([{"type": "image"}] if k == 0 else []) + [{"type": "text", "text": question}]
         messages.append({"role": "user", "content": content})
         text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        inputs = processor(text=[text], images=[image], return_tensors="pt").to(model.device)
+        tokens = processor.tokenizer([text.replace(processor.image_token, image_tokens, 1)], return_tensors="pt")
+        token_types = torch.as_tensor(processor.create_mm_token_type_ids(tokens["input_ids"].tolist()))
+        inputs = {**tokens, "mm_token_type_ids": token_types, **image_inputs}
+        inputs = {name: value.to(model.device) for name, value in inputs.items()}
         output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
                                 pad_token_id=processor.tokenizer.pad_token_id)
         answer = processor.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -89,7 +97,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--vision_layers", type=int, default=2, help="of 27 in Qwen3-VL-8B")
     parser.add_argument("--category", default="complex", choices=sorted(PROMPTS))
     parser.add_argument("--images", type=int, default=2, help="images judged (one batch on the gors side)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed pairs")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed pairs")
     parser.add_argument("--size", type=int, default=512, help="image side in pixels")
     parser.add_argument("--max_new_tokens", type=int, default=None,
                         help="longest answer per turn; default 24 on the CPU, 300 (official) with --full-size")

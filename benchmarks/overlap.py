@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 from b_vqa_passes import save_model
-from common import SpeedResult, checked_device, paired_ratios, print_table
+from common import SpeedResult, checked_device, paired_ratios, positive_int, print_table
 from generation import PROMPTS, write_sd2_base_folder
 
 IMAGES_PER_PROMPT = 4
@@ -50,7 +50,7 @@ def log(message: str) -> None:
 def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     parser = argparse.ArgumentParser(prog="overlap.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=3, help="timed pairs")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed pairs")
     parser.add_argument("--full-size", action="store_true", help="SD-2-base at 512 px and the 12 + 12-layer BLIP")
     parser.add_argument("--steps", type=int, default=None, help="DDIM steps; default 10 (CPU) / 50 (--full-size)")
     parser.add_argument("--generation_batch_size", type=int, default=8)
@@ -111,9 +111,14 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
 
         ratios, expected, overlapped = paired_ratios(run_reference, run_overlapped, device, args.repeats)
         strip = lambda rows: {key: {k: v for k, v in row.items() if k != "path"} for key, row in rows.items()}  # noqa: E731
+        if set(expected) != set(overlapped):
+            raise SystemExit(f"[overlap] the overlapped run scored {len(overlapped)} images, the plain run "
+                             f"{len(expected)}: not the same images")
         same = strip(expected) == strip(overlapped)
         differences = [abs(expected[key]["reward"] - overlapped[key]["reward"]) for key in expected]
         agreement = "identical score rows" if same else f"max |reward difference| {max(differences):.1e}"
+        if max(differences, default=0.0) > 1e-6:
+            raise SystemExit(f"[overlap] the overlapped run's scores are not the plain run's ({agreement})")
         log(f"[overlap] {len(expected)} images; ratios {', '.join(f'{r:.2f}' for r in ratios)}; {agreement}")
         for path in root.glob("*-*"):
             shutil.rmtree(path)
@@ -123,8 +128,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
              f"{str(generation_dtype).removeprefix('torch.')}; B-VQA BLIP ViT-B/16 widths at 480 px, {layers} + "
              f"{layers} layers ({sum(counts.values()) / 1e6:.0f} M), batch {args.reward_batch_size}; "
              f"{len(PROMPTS) * IMAGES_PER_PROMPT} images, {device.type}")
-    return [SpeedResult("generate + score, overlapped", "generate, then score (gors run without --overlap_scoring; "
-                        "the official sampling script, then B-VQA)", sizes, ratios, agreement)]
+    return [SpeedResult("generate + score, overlapped", "gors run without --overlap_scoring: gors' generation, "
+                        "then gors' B-VQA scoring (gors against itself)", sizes, ratios, agreement)]
 
 
 def main() -> None:

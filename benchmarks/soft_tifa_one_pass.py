@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import SpeedResult, paired_ratios, print_table
+from common import SpeedResult, paired_ratios, positive_int, print_table
 from PIL import Image
 
 from rewards.atoms import QUESTION_SUFFIX, answer_variants
@@ -244,7 +244,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--text_layers", type=int, default=2, help="of 36 in Qwen3-VL-8B")
     parser.add_argument("--vision_layers", type=int, default=2, help="of 27 in Qwen3-VL-8B")
     parser.add_argument("--images", type=int, default=4, help="distinct images (files): gors' batch")
-    parser.add_argument("--repeats", type=int, default=3, help="timed pairs of passes over the images")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed pairs of passes over the images")
     parser.add_argument("--size", type=int, default=512, help="image side in pixels")
     parser.add_argument("--batch_size", type=int, default=8, help="questions per continuation pass")
     args = parser.parse_args(argv)

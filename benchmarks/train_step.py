@@ -16,8 +16,9 @@ the U-Net and the text encoder (gors' default for SD 1/2, as GORS).
   as gors: transformers 5 refuses `add_adapter` with current peft); AdamW with GORS' learning
   rates (U-Net 1e-4, text encoder 5e-6); a constant LR schedule; `accelerator.prepare`. Data: a
   map-style dataset whose items open the image file (PIL, RGB), resize, centre crop, `ToTensor`,
-  normalise to [-1, 1] and tokenise the caption (padded to 77), batched by a `DataLoader` in the
-  main process (the script's default `--dataloader_num_workers=0`). Each step: the next batch,
+  normalise to [-1, 1] and tokenise the caption (padded to 77), batched by a `DataLoader` with one
+  worker process, as GORS' script hard-codes (`num_workers=1`; diffusers' script defaults to
+  none, loading in the main process). Each step: the next batch,
   `vae.encode(pixel_values).latent_dist.sample() * scaling_factor`, `noise = randn_like`, uniform
   integer timesteps, `noise_scheduler.add_noise`, the text encoder on the batch's input ids (frozen
   or with its LoRA), the U-Net, GORS' reward-weighted MSE against the epsilon target, the loss
@@ -78,7 +79,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import SpeedResult, checked_device, paired_ratios, print_table, synchronize
+from common import SpeedResult, checked_device, paired_ratios, positive_int, print_table, synchronize
 from PIL import Image
 from torchvision import transforms
 from train_memory import SPECS
@@ -90,6 +91,9 @@ from gors.sd2_architecture import SD2_BASE_TEXT_ENCODER_CONFIG, SD2_BASE_UNET_CO
 
 UNET_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]  # diffusers' script
 TEXT_ENCODER_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]  # GORS (and diffusers' SDXL LoRA script)
+# Relative difference allowed between the two loops' first-step losses: float rounding of the same
+# operations in other orders (tests/test_train_reference.py holds fp32 to 1e-5), and half precision's.
+LOSS_TOLERANCE = {"no": 1e-5, "fp16": 1e-2, "bf16": 5e-2}
 
 # ----- sizes --------------------------------------------------------------------------------------
 SD2_BASE_VAE_CONFIG = dict(SPECS["sd"].components["vae"].config)
@@ -332,7 +336,7 @@ class ReferenceLoop:
         optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.999), weight_decay=1e-2, eps=1e-8)
         dataset = SelectedImages(store_root, rows, tokenizer, resolution)
         loader = torch.utils.data.DataLoader(dataset, batch_sampler=BatchOrder(order), collate_fn=collate,
-                                             num_workers=0)
+                                             num_workers=1)  # GORS' train_text_to_image.py
         n = accelerator.num_processes
         lr_scheduler = get_scheduler("constant", optimizer=optimizer, num_warmup_steps=0,
                                      num_training_steps=max_train_steps * n)
@@ -580,7 +584,7 @@ def profile(loop: GorsLoop, steps: int, rows: int) -> None:
 def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     parser = argparse.ArgumentParser(prog="train_step.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=5, help="timed pairs of steps per row")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed pairs of steps per row")
     parser.add_argument("--full-size", action="store_true", help="SD-2-base's real U-Net, text encoder and VAE")
     parser.add_argument("--resolution", type=int, default=None, help="image side; default 192 (reduced) / 512 (full)")
     parser.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None,
@@ -639,6 +643,11 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                 gors_loss = ours.step().item()
             log(f"[train_step] {label}: first step from seed {args.seed}, same LoRA init and draws: reference loss "
                 f"{reference_loss:.7f}, gors loss {gors_loss:.7f}")
+            # The same first step of the same models on the same batch: the losses agree to float rounding.
+            difference = abs(reference_loss - gors_loss) / max(abs(reference_loss), 1e-12)
+            if difference > LOSS_TOLERANCE[args.mixed_precision]:
+                raise SystemExit(f"[train_step] {label}: the first-step losses differ by {difference:.1e} (relative), "
+                                 f"more than {LOSS_TOLERANCE[args.mixed_precision]:g}: the two loops do not train alike")
             seconds = {"reference": [], "gors": []}
 
             def clocked(name: str, step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -659,8 +668,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                 f"ratios {', '.join(f'{r:.2f}' for r in ratios)}")
             results.append(SpeedResult(
                 f"training step, {label}",
-                "diffusers' `train_text_to_image_lora.py` loop as GORS ran it (images loaded and VAE-encoded every "
-                "step)", size_text, ratios, "-"))
+                "diffusers' `train_text_to_image_lora.py` loop as GORS ran it (images loaded by one worker and "
+                "VAE-encoded every step)", size_text, ratios, f"first-step loss {difference:.0e}"))
             if args.profile and train_text_encoder:
                 medians = breakdown({"gors": ours, "reference": reference}, args.profile_steps)
                 print_breakdown(f"gors step, both LoRAs, by phase (medians of {args.profile_steps})", *medians["gors"])

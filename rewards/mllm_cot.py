@@ -27,7 +27,8 @@ each answer equals that of a plain ``generate`` on the re-rendered conversation 
 scripts run for every answer) up to float round-off; ``tests/test_mllm_cot.py`` checks the texts
 against ``generate`` per image on a tiny Qwen3-VL, and ``benchmarks/mllm_cot.py`` times the two
 (2 CPU cores, Qwen3-VL-8B's proportions at 2 text and 2 vision layers, 2 images of 512 px, two
-turns of at most 24 tokens: 1.7x-2.5x faster, the same answers; not yet measured on a GPU).
+turns of at most 24 tokens; the measured ratios are in benchmarks/README.md; not yet measured on
+a GPU).
 """
 
 from __future__ import annotations
