@@ -7,13 +7,25 @@ from pathlib import Path
 
 import pytest
 
-# Set before anything imports huggingface_hub, which reads it once: tests never reach the Hub.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Set before anything imports huggingface_hub, which reads it once: tests never reach the Hub, whatever
+# the caller's environment says.
+os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from gors.core.distributed import reset_process_state  # noqa: E402
 
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With GORS_REQUIRE_SHARED=1 (CI, which has ../shared beside the checkout), a test skipped for
+    want of the reference copies in ../shared fails instead: coverage is not lost silently."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("GORS_REQUIRE_SHARED") == "1" and report.skipped and "shared" in str(report.longrepr):
+        report.outcome = "failed"
+        report.longrepr = f"GORS_REQUIRE_SHARED=1, but the test was skipped: {report.longrepr}"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -143,21 +143,30 @@ def test_reward_model_path_that_does_not_exist(make_run_config, tmp_path):
         score(config)
 
 
-def test_user_reward_registered_with_a_decorator_works_in_score(make_run_config):
+def test_user_reward_registered_with_a_decorator_works_in_score(make_run_config, monkeypatch):
     import numpy as np
 
+    import rewards.registry
+    from gors.core.run_folder import samples_dir
+    from gors.core.store import SampleStore, sample_key
     from rewards import Reward, RewardOutput, register_reward
 
-    @register_reward("test_brightness")
+    monkeypatch.setattr(rewards.registry, "_REGISTERED", {})  # the registration stays in this test
+
+    @register_reward("test_cli_brightness")
     class Brightness(Reward):
         def _score(self, images, prompts, metadata):
             values = [float(np.asarray(image).mean() / 255) for image in images]
             return RewardOutput(values, [{"brightness": v} for v in values])
 
-    config = make_run_config(reward="test_brightness")
+    config = make_run_config(reward="test_cli_brightness")
     generate(config)
     scores = score(config)
-    assert len(scores) == 6 and all(0 <= row["reward"] <= 1 for row in scores.values())
+    assert len(scores) == 6
+    store = SampleStore(samples_dir(config.output_dir))
+    for record in store.records():  # the registered class scored each image: its mean brightness
+        expected = np.asarray(store.open_image(record).convert("RGB")).mean() / 255
+        assert scores[sample_key(record)]["reward"] == pytest.approx(expected)
 
 
 # ---- one parser for every subcommand ------------------------------------------------------------
@@ -254,6 +263,23 @@ def test_expected_errors_are_one_line_and_exit_2(make_run_config, tmp_path, caps
     assert "--images_per_prompt=0" in one_error_line(capsys, ["generate", *run, "--images_per_prompt", "0"])
     message = one_error_line(capsys, ["generate", "--no_such_flag", "1"])
     assert message == "error: gors generate: unrecognized arguments: --no_such_flag 1 (see gors generate --help)\n"
+
+
+def test_another_process_names_itself_and_gors_traceback_lets_errors_through(monkeypatch, capsys, tmp_path):
+    import gors.cli
+
+    def refused(config):
+        raise ValueError("a bad value")
+
+    monkeypatch.setattr("gors.report.write_report", refused)
+    # Process 1 of a launch: it speaks only after the grace period, naming itself (the main process,
+    # meeting the same error, would have spoken and stopped the launch by then).
+    monkeypatch.setattr(gors.cli, "_process_index", lambda: 1)
+    monkeypatch.setattr(gors.cli, "REPORT_GRACE_S", 0.0)
+    assert one_error_line(capsys, ["report", str(tmp_path)]) == "error: process 1: a bad value\n"
+    monkeypatch.setenv("GORS_TRACEBACK", "1")  # debugging: the error as raised, with its traceback
+    with pytest.raises(ValueError, match="a bad value"):
+        main(["report", str(tmp_path)])
 
 
 def test_interrupt_is_one_line(monkeypatch, capsys, tmp_path):

@@ -20,7 +20,7 @@ from gors.core.run_folder import CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_FILE, r
 from gors.core.store import SampleStore, sample_seed
 from gors.generate import generate
 from gors.lora import LORA_WEIGHT_NAME
-from gors.rounds import ROUND_SEED_STRIDE, round_seed
+from gors.rounds import ROUND_SEED_STRIDE, replayed_rows, round_config, round_seed
 from gors.run import run
 from gors.select import load_selection
 from gors.timings import TIMINGS_FILE, read_timings
@@ -219,6 +219,23 @@ def test_one_round_is_the_papers_run_stage_by_stage(make_run_config, tmp_path):
         assert _hashes(tmp_path / "one_round" / name) == _hashes(tmp_path / "staged" / name), name
     for name in (SELECTION_FILE, LORA_WEIGHT_NAME):
         assert (tmp_path / "one_round" / name).read_bytes() == (tmp_path / "staged" / name).read_bytes(), name
+
+
+def test_each_round_takes_its_tau_and_the_replay_asked_for(make_run_config, tmp_path):
+    config = make_run_config(output_dir=str(tmp_path), rounds=3, max_train_steps=6, reward_threshold=None,
+                             tau_schedule=[0.2, 0.5, 0.8], replay="all")
+    assert [round_config(config, r).reward_threshold for r in range(3)] == [0.2, 0.5, 0.8]
+    assert [round_config(config, r).max_train_steps for r in range(3)] == [2, 4, 6]  # each round trains on
+    for r in range(2):  # two finished rounds' selections
+        folder = round_dir(tmp_path, r)
+        folder.mkdir()
+        rows = [{"path": f"part-00000/{r}_{i}.png", "reward": 0.9} for i in range(r + 1)]
+        (folder / SELECTION_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    everything = replayed_rows(tmp_path, 2, "all")
+    assert [(row["round"], row["samples"]) for row in everything] == [(0, "../round-000/samples")] + [
+        (1, "../round-001/samples")] * 2
+    assert [row["round"] for row in replayed_rows(tmp_path, 2, "last")] == [1, 1]
+    assert replayed_rows(tmp_path, 2, "none") == [] and replayed_rows(tmp_path, 0, "all") == []
 
 
 def test_round_seeds_do_not_meet_for_any_prompt_or_image():

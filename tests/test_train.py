@@ -148,6 +148,35 @@ def test_resume_after_interruption_continues_from_the_saved_step(selected_run, m
         assert torch.allclose(reference[key], resumed[key], atol=1e-6), key
 
 
+def test_bf16_trains_fp32_adapters_over_bf16_frozen_weights(selected_run, make_run_config, tmp_path):
+    from gors.lora import lora_parameters
+
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    trainer = GORSTrainer(_config(make_run_config, run_dir, max_train_steps=2, checkpointing_steps=2,
+                                  mixed_precision="bf16", report_to="none"))
+    weights = load_file(str(trainer.train()))
+    reset_process_state()
+    assert trainer.weight_dtype == torch.bfloat16
+    modules = trainer._bare_trained_modules()
+    frozen = [p for m in modules.values() for p in m.parameters() if not p.requires_grad]
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+    assert all(p.dtype == torch.float32 for m in modules.values() for p in lora_parameters(m))
+    assert weights and all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_gradient_accumulation_counts_updates_not_micro_batches(selected_run, make_run_config, tmp_path):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    config = _config(make_run_config, run_dir, max_train_steps=2, checkpointing_steps=1, gradient_accumulation_steps=2,
+                     lr_scheduler="linear", report_to="none")
+    train(config)
+    reset_process_state()
+    # Two updates of two micro-batches each: checkpoints at updates 1 and 2, and a linear decay over 2
+    # updates at half its start after the first.
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-1", "checkpoint-2"]
+    state = torch.load(run_dir / "checkpoints" / "checkpoint-1" / "scheduler.bin", weights_only=False)
+    assert state["_last_lr"][0] / state["base_lrs"][0] == pytest.approx(0.5)
+
+
 def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config, tmp_path):
     run_dir = _copy_run(selected_run, tmp_path / "run")
     train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=1, checkpoints_total_limit=2,
@@ -224,6 +253,35 @@ def test_the_validation_metric_is_a_declared_one_with_its_own_direction(make_run
     with pytest.raises(ValueError, match=r"--validation_metric='binding_acuracy' is not a metric of toy:train; "
                                          r"choose one of binding_accuracy, "):
         validation("binding_acuracy")
+
+
+def test_the_best_lora_is_the_best_value_by_the_metrics_direction_and_survives_a_resume(make_run_config, tmp_path,
+                                                                                       monkeypatch):
+    from gors.core.distributed import make_accelerator
+    from gors.validation import BenchmarkValidation
+
+    def validate(metric, values, resumed=False):
+        """Validate at steps 1, 2, ... with the benchmark's summaries giving `values`; the saved LoRA
+        file holds its step."""
+        config = make_run_config(output_dir=str(tmp_path), validation_benchmark="toy:train", validation_metric=metric)
+        validation = BenchmarkValidation(config, make_accelerator())
+        validation.start(resumed=resumed)
+        validation._scorer = object()  # the stubbed benchmark scores nothing
+        key, _, sub = metric.partition(".")
+        summaries = iter([{key: {sub: v}} if sub else {key: v} for v in values])
+        monkeypatch.setattr(validation.benchmark, "evaluate", lambda *args, **kwargs: next(summaries))
+        first = 1 + (json.loads((tmp_path / "best" / "best.json").read_text())["step"] if resumed else 0)
+        for step in range(first, first + len(values)):
+            validation.run(step, None, lambda folder, step=step: (folder.mkdir(parents=True, exist_ok=True),
+                                                                  (folder / "lora").write_text(str(step))))
+        return json.loads((tmp_path / "best" / "best.json").read_text()), (tmp_path / "best" / "lora").read_text()
+
+    best, lora = validate("binding_accuracy", [0.3, 0.5, 0.4])
+    assert (best["step"], best["value"], lora) == (2, 0.5, "2")  # the highest, its LoRA with it
+    best, lora = validate("binding_accuracy", [0.45], resumed=True)  # a resumed run competes with the earlier best
+    assert (best["step"], lora) == (2, "2")
+    best, lora = validate("binding_errors.exchanged", [0.3, 0.1, 0.2])  # a share of errors: the lowest
+    assert (best["step"], best["value"], best["metric"], lora) == (2, 0.1, "binding_errors.exchanged", "2")
 
 
 def test_unknown_validation_benchmark_is_a_clear_error(make_run_config):
