@@ -142,30 +142,41 @@ def fingerprint_differences(recorded: dict[str, Any], fingerprint: dict[str, Any
             if recorded.get(key) != fingerprint.get(key) and (with_selection or not key.startswith("selection_"))]
 
 
+def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any]) -> tuple[Path, list[str]] | None:
+    """Rename `checkpoints/` to `checkpoints.previous-<n>/` when it holds complete checkpoints of
+    another training (other settings or selection); returns (where, the differences), else None.
+
+    A run that was not asked to resume then starts beside nothing of another training's: their
+    steps would otherwise stand next to its own, and `latest` would later pick one of theirs. They
+    are kept, not deleted (main process only, before any other process looks).
+    """
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    for folder in reversed(_checkpoint_folders(root)):
+        marker = read_marker(folder)
+        differences = fingerprint_differences(marker["fingerprint"], fingerprint) if marker is not None else []
+        if differences:
+            number = 1
+            while (aside := root.with_name(f"{CHECKPOINTS_DIR}.previous-{number}")).exists():
+                number += 1
+            root.rename(aside)
+            return aside, differences
+    return None
+
+
 def own_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_train_steps: int) -> Path | None:
     """The checkpoint a run without `--resume_from_checkpoint` goes on from: the newest complete one of
     this very training (same fingerprint) at or before `max_train_steps`; None when there is none.
 
     Training is a function of the seed and the step, so going on from it gives what starting again
-    would, without redoing its steps. Complete checkpoints of another training are refused instead:
-    their steps would stand next to this run's, and `latest` would later pick one of theirs.
+    would, without redoing its steps.
     """
     root = Path(output_dir) / CHECKPOINTS_DIR
-    own = None
     for folder in reversed(_checkpoint_folders(root)):
         marker = read_marker(folder)
-        if marker is None:
-            continue
-        differences = fingerprint_differences(marker["fingerprint"], fingerprint)
-        if differences:
-            raise ValueError(
-                f"{root} holds {folder.name} of a training with other settings ({'; '.join(differences)}). Resume "
-                f"it with --resume_from_checkpoint latest and its settings, or, to train these ones from step 0, "
-                f"move {root} away or use a new --output_dir."
-            )
-        if own is None and checkpoint_step(folder) <= max_train_steps:
-            own = folder
-    return own
+        if (marker is not None and not fingerprint_differences(marker["fingerprint"], fingerprint)
+                and checkpoint_step(folder) <= max_train_steps):
+            return folder
+    return None
 
 
 def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_steps: int) -> int:

@@ -30,6 +30,7 @@ from gors.checkpoints import (
     fingerprint_differences,
     own_checkpoint,
     read_marker,
+    set_aside_other_trainings,
     training_fingerprint,
     write_checkpoint,
 )
@@ -39,7 +40,7 @@ from gors.core.clock import work_starts
 from gors.core.distributed import make_accelerator, progress_bar
 from gors.core.hub import from_pretrained
 from gors.core.pipeline import compile_module, cpu_generators
-from gors.core.run_folder import LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
+from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore
 from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder, resolve_training
 from gors.lora import LORA_WEIGHT_NAME, adapters_disabled, add_lora, load_lora, lora_parameters, save_lora
@@ -524,10 +525,17 @@ class GORSTrainer:
 
     def _checkpoint_to_resume(self) -> Path | None:
         """The checkpoint to go on from, checked against this run: the one `--resume_from_checkpoint`
-        names, or, without the flag, the newest of this same training (`own_checkpoint`); None to
-        start at step 0 (or from `continue_from`)."""
+        names, or, without the flag, the newest of this same training (`own_checkpoint`, after
+        another training's checkpoints are set aside); None to start at step 0 (or from
+        `continue_from`)."""
         config, accelerator = self.config, self.accelerator
         if not config.resume_from_checkpoint:
+            if accelerator.is_main_process:
+                moved = set_aside_other_trainings(config.output_dir, self.fingerprint)
+                if moved is not None:
+                    accelerator.print(f"[train] {CHECKPOINTS_DIR}/ held checkpoints of a training with other settings "
+                                      f"({'; '.join(moved[1])}): moved to {moved[0]}")
+            accelerator.wait_for_everyone()
             checkpoint = own_checkpoint(config.output_dir, self.fingerprint, config.max_train_steps)
             if checkpoint is not None:
                 accelerator.print(f"[train] {checkpoint} is a checkpoint of this same training (settings and "

@@ -16,6 +16,7 @@ from gors.checkpoints import (
     checkpoint_step,
     find_checkpoint,
     own_checkpoint,
+    set_aside_other_trainings,
     training_fingerprint,
     write_checkpoint,
 )
@@ -77,17 +78,22 @@ def test_a_resume_under_other_settings_or_past_max_train_steps_is_refused(tmp_pa
         check_resumable(checkpoint, recorded, max_train_steps=5)
 
 
-def test_a_run_goes_on_from_its_own_checkpoint_and_refuses_another_trainings(tmp_path):
+def test_a_run_goes_on_from_its_own_checkpoint_and_sets_another_trainings_aside(tmp_path):
     fingerprint = {"rank": 4, "selection_sha256": "aaaa"}
     assert own_checkpoint(tmp_path, fingerprint, max_train_steps=10) is None  # no checkpoints
     _checkpoint(tmp_path, "checkpoint-2", fingerprint)
     newest = _checkpoint(tmp_path, "checkpoint-4", fingerprint)
     _checkpoint(tmp_path, "checkpoint-6")  # incomplete: passed over
+    assert set_aside_other_trainings(tmp_path, fingerprint) is None  # the same training: nothing moves
     assert own_checkpoint(tmp_path, fingerprint, max_train_steps=10) == newest
     assert own_checkpoint(tmp_path, fingerprint, max_train_steps=3).name == "checkpoint-2"  # a shorter run
-    with pytest.raises(ValueError, match=r"holds checkpoint-4 of a training with other settings \(rank 4 in the "
-                                         r"checkpoint, 8 now\)"):
-        own_checkpoint(tmp_path, fingerprint | {"rank": 8}, max_train_steps=10)
+    other = fingerprint | {"rank": 8}
+    aside, differences = set_aside_other_trainings(tmp_path, other)
+    assert aside == tmp_path / "checkpoints.previous-1" and differences == ["rank 4 in the checkpoint, 8 now"]
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]  # kept
+    assert own_checkpoint(tmp_path, other, max_train_steps=10) is None
+    _checkpoint(tmp_path, "checkpoint-2", fingerprint)
+    assert set_aside_other_trainings(tmp_path, other)[0] == tmp_path / "checkpoints.previous-2"  # never overwritten
 
 
 def test_a_decaying_lr_schedule_binds_a_checkpoint_to_the_runs_length(tmp_path):

@@ -428,14 +428,18 @@ def test_resume_after_a_reselection_is_refused(trained_run, tmp_path):
         train(replace(reselected, resume_from_checkpoint="latest"))
 
 
-def test_a_fresh_training_beside_checkpoints_of_other_settings_is_refused(trained_run, tmp_path):
+def test_a_training_with_other_settings_sets_the_folders_checkpoints_aside(trained_run, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run.output_dir, run_dir)
-    lora = (run_dir / LORA_WEIGHT_NAME).read_bytes()
-    with pytest.raises(ValueError, match=r"checkpoints holds checkpoint-2 of a training with other settings \(rank 4 "
-                                         r"in the checkpoint, 8 now\)\. Resume it .* move .*checkpoints away"):
-        train(replace(trained_run, output_dir=str(run_dir), rank=8))
-    assert (run_dir / LORA_WEIGHT_NAME).read_bytes() == lora  # nothing touched
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    capsys.readouterr()
+    train(replace(trained_run, output_dir=str(run_dir), rank=8))
+    reset_process_state()
+    assert "held checkpoints of a training with other settings (rank 4 in the checkpoint, 8 now): moved to" in (
+        capsys.readouterr().out)
+    assert sorted(p.name for p in (run_dir / "checkpoints.previous-1").iterdir()) == before  # kept whole
+    markers = [json.loads((p / "checkpoint.json").read_text()) for p in (run_dir / "checkpoints").iterdir()]
+    assert markers and all(m["fingerprint"]["rank"] == 8 for m in markers)  # only this training's
 
 
 def test_the_lora_file_is_replaced_whole_or_not_at_all(trained_run, tmp_path, monkeypatch):
