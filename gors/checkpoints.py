@@ -20,7 +20,7 @@ import re
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from accelerate import Accelerator
 
@@ -142,6 +142,14 @@ def fingerprint_differences(recorded: dict[str, Any], fingerprint: dict[str, Any
             if recorded.get(key) != fingerprint.get(key) and (with_selection or not key.startswith("selection_"))]
 
 
+def _complete_newest_first(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(folder, recorded fingerprint) of each complete checkpoint under `root`, newest first."""
+    for folder in reversed(_checkpoint_folders(root)):
+        marker = read_marker(folder)
+        if marker is not None:
+            yield folder, marker["fingerprint"]
+
+
 def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any]) -> tuple[Path, list[str]] | None:
     """Rename `checkpoints/` to `checkpoints.previous-<n>/` when it holds complete checkpoints of
     another training (other settings or selection); returns (where, the differences), else None.
@@ -151,9 +159,8 @@ def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any
     are kept, not deleted (main process only, before any other process looks).
     """
     root = Path(output_dir) / CHECKPOINTS_DIR
-    for folder in reversed(_checkpoint_folders(root)):
-        marker = read_marker(folder)
-        differences = fingerprint_differences(marker["fingerprint"], fingerprint) if marker is not None else []
+    for _, recorded in _complete_newest_first(root):
+        differences = fingerprint_differences(recorded, fingerprint)
         if differences:
             number = 1
             while (aside := root.with_name(f"{CHECKPOINTS_DIR}.previous-{number}")).exists():
@@ -170,13 +177,9 @@ def own_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_trai
     Training is a function of the seed and the step, so going on from it gives what starting again
     would, without redoing its steps.
     """
-    root = Path(output_dir) / CHECKPOINTS_DIR
-    for folder in reversed(_checkpoint_folders(root)):
-        marker = read_marker(folder)
-        if (marker is not None and not fingerprint_differences(marker["fingerprint"], fingerprint)
-                and checkpoint_step(folder) <= max_train_steps):
-            return folder
-    return None
+    return next((folder for folder, recorded in _complete_newest_first(Path(output_dir) / CHECKPOINTS_DIR)
+                 if not fingerprint_differences(recorded, fingerprint) and checkpoint_step(folder) <= max_train_steps),
+                None)
 
 
 def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_steps: int) -> int:

@@ -82,11 +82,12 @@ class BenchmarkValidation:
         )
         self.label = benchmark_label(name, subset)
         self.metric = config.validation_metric or self.benchmark.primary_metric
-        declared = [metric.key for metric in self.benchmark.metrics]
-        if self.metric not in declared:  # before any weights load
+        try:  # before any weights load
+            self.higher_is_better = self.benchmark.declared_metric(self.metric).higher_is_better
+        except KeyError:
+            declared = ", ".join(metric.key for metric in self.benchmark.metrics)
             raise ValueError(f"--validation_metric={self.metric!r} is not a metric of {self.label}; choose one of "
-                             f"{', '.join(declared)}")
-        self.higher_is_better = self.benchmark.declared_metric(self.metric).higher_is_better
+                             f"{declared}") from None
         self.options = config.validation_scorer_options
         self.accelerator = accelerator
         self.backbone = backbone
