@@ -5,7 +5,10 @@ at a uniform integer timestep and the model predicts the noise (or the velocity)
 FLUX.1 are rectified flows: `x_sigma = (1 - sigma) x0 + sigma noise` at a sigma of the
 scheduler's table drawn from a timestep density, and the model predicts `noise - x0`. The
 densities and loss weightings are those of diffusers' DreamBooth-LoRA SD3 and FLUX scripts
-(`diffusers.training_utils`), written out here so they are tested against their formulas.
+(`diffusers.training_utils`), written out here so they are tested against their formulas. The
+target is the unpreconditioned `noise - x0` of the FLUX script and the SD3 paper. diffusers' SD3
+script defaults instead to `--precondition_outputs 1`: it compares `x_sigma - sigma * pred` with
+`x0`, which is this loss times sigma^2 per sample (less weight on the less noisy samples); gors does not.
 """
 
 from __future__ import annotations

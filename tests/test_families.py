@@ -26,12 +26,13 @@ from torchvision import transforms
 
 from gors.checkpoints import training_fingerprint
 from gors.config import RunConfig, TrainConfig
-from gors.core.backbones import FAMILIES, SamplingDefaults, detect_backbone
+from gors.core.backbones import FAMILIES, FLUX_SCHNELL_SAMPLING, SamplingDefaults, detect_backbone
 from gors.core.distributed import reset_process_state
-from gors.core.run_folder import TEXT_EMBEDDING_CACHE_DIR
+from gors.core.run_folder import TEXT_EMBEDDING_CACHE_DIR, samples_dir
+from gors.core.store import SampleStore
 from gors.families import Batch, resolve_training
 from gors.families.base import FlowMatchingFamily, TrainingFamily
-from gors.families.flux import latent_image_ids, pack_latents, unpack_latents
+from gors.families.flux import FluxFamily, latent_image_ids, pack_latents, unpack_latents
 from gors.generate import generate
 from gors.lora import adapters_disabled
 from gors.loss import diffusion_target
@@ -286,6 +287,9 @@ def test_flux_schnell_has_no_guidance_input(tmp_path):
     ("tiny_sd", dict(weighting_scheme="logit_normal"),
      r"--weighting_scheme=logit_normal: a StableDiffusionPipeline \(sd family\) trains with the DDPM loss; the "
      r"flow-matching options apply to SD3 and FLUX\.1\."),
+    ("tiny_sd3", dict(max_sequence_length=77),
+     r"--max_sequence_length=77: gors samples a StableDiffusion3Pipeline \(sd3 family\) with the pipeline's default "
+     r"256 T5 tokens .*a conditioning no sampler uses\. Leave the flag unset\."),
     ("tiny_sdxl", dict(max_sequence_length=77),
      r"--max_sequence_length: a StableDiffusionXLPipeline \(sdxl family\) has no T5 encoder; its CLIP encoders take "
      r"77 tokens\."),
@@ -300,7 +304,7 @@ def test_flux_schnell_has_no_guidance_input(tmp_path):
     ("tiny_sd3", dict(timestep_range=[500, 1000]),
      r"--timestep_range: a StableDiffusion3Pipeline \(sd3 family\) trains a rectified flow, whose timesteps come from "
      r"--weighting_scheme; --timestep_range applies to the DDPM families \(SD 1/2, SDXL\)\."),
-], ids=["flux_text_encoder", "sd_text_encoder_2", "sd_weighting", "sdxl_t5_length", "sd3_resolution",
+], ids=["flux_text_encoder", "sd_text_encoder_2", "sd_weighting", "sd3_t5_length", "sdxl_t5_length", "sd3_resolution",
         "flux_nothing_to_train", "sd3_nothing_to_train", "flux_anchor", "sd3_timestep_range"])
 def test_settings_a_family_cannot_take_are_refused_before_any_weights_load(model, overrides, error, request, tmp_path,
                                                                          no_weights):
@@ -355,6 +359,72 @@ def test_cli_refuses_a_text_encoder_lora_on_flux_with_one_error_line(flag, tiny_
     assert not any((run_dir / name).exists() for name in ("checkpoints", "latent_cache", TEXT_EMBEDDING_CACHE_DIR))
 
 
+def _edit_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+@pytest.mark.parametrize("edm_scheduler, latent_statistics, error", [
+    (True, False, r"its scheduler is EDMDPMSolverMultistepScheduler \(EDM\), as in an EDM-trained SDXL"),
+    (False, True, r"its VAE config has latents_mean and latents_std, as in an EDM-trained SDXL"),
+    (True, True, r"EDMDPMSolverMultistepScheduler \(EDM\) and its VAE config has latents_mean and latents_std"),
+], ids=["scheduler", "vae", "both"])
+def test_an_edm_sdxl_is_refused_for_training_before_any_weights_load(tiny_sdxl, tmp_path, no_weights, edm_scheduler,
+                                                                   latent_statistics, error):
+    # As Playground v2.5: diffusers' SDXL script trains it with EDM and per-channel latent statistics.
+    model = tmp_path / "edm_sdxl"
+    shutil.copytree(tiny_sdxl, model)
+    if edm_scheduler:
+        _edit_json(model / "model_index.json", scheduler=["diffusers", "EDMDPMSolverMultistepScheduler"])
+        _edit_json(model / "scheduler" / "scheduler_config.json", _class_name="EDMDPMSolverMultistepScheduler")
+    if latent_statistics:
+        _edit_json(model / "vae" / "config.json", latents_mean=[-1.6, 1.9, -1.4, 2.5], latents_std=[8.5, 5.9, 6.5, 5.2])
+    run_dir = tmp_path / "run"
+    config = TrainConfig(output_dir=str(run_dir), pretrained_model_name_or_path=str(model), resolution=RESOLUTION)
+    with pytest.raises(ValueError, match=error + r".*gors trains DDPM-type SDXL checkpoints only"):
+        train(config)
+    assert not run_dir.exists()
+
+
+def _store_made_by(run_dir: Path, model: Path, **settings) -> Path:
+    """A run folder whose sample store records these generation settings (no images: enough for the checks)."""
+    SampleStore(samples_dir(run_dir)).save_settings({"model": str(model), "revision": None, "guidance_scale": 3.5,
+                                                     "resolution": RESOLUTION} | settings)
+    return run_dir
+
+
+def test_training_defaults_to_the_resolution_the_samples_were_generated_at(tiny_sd3, tmp_path, no_weights):
+    run_dir = _store_made_by(tmp_path / "run", tiny_sd3)
+    config = TrainConfig(output_dir=str(run_dir), pretrained_model_name_or_path=str(tiny_sd3))
+    trainer = GORSTrainer(config)  # SD3's own default would be 1024
+    assert trainer.resolution == trainer.config.resolution == trainer.family.settings["resolution"] == RESOLUTION
+    with pytest.raises(ValueError, match=r"--resolution=64: the samples were generated at 32 px "
+                                         r"\(samples/settings.json\); .*Leave --resolution unset \(or pass 32\)"):
+        GORSTrainer(replace(config, resolution=64))
+
+
+def test_training_another_model_than_the_one_that_generated_the_samples_is_refused(tiny_sd, tiny_sdxl, tmp_path,
+                                                                                   no_weights):
+    run_dir = _store_made_by(tmp_path / "run", tiny_sd)
+    config = TrainConfig(output_dir=str(run_dir), pretrained_model_name_or_path=str(tiny_sdxl))
+    with pytest.raises(ValueError, match=rf"--pretrained_model_name_or_path='{tiny_sdxl}': the samples in .* were "
+                                         rf"generated by '{tiny_sd}' \(samples/settings.json\).*"
+                                         rf"--pretrained_model_name_or_path {tiny_sd}\)"):
+        GORSTrainer(config)
+    same = TrainConfig(output_dir=str(run_dir), pretrained_model_name_or_path=str(tiny_sd) + "/")  # one folder
+    assert GORSTrainer(same).backbone.name == "sd"
+
+
+def test_flux_guidance_input_defaults_to_none_as_in_diffusers(tiny_flux, tmp_path):
+    model = tmp_path / "flux"
+    shutil.copytree(tiny_flux, model)
+    config = json.loads((model / "transformer" / "config.json").read_text())
+    del config["guidance_embeds"]  # diffusers' FluxTransformer2DModel default: False
+    (model / "transformer" / "config.json").write_text(json.dumps(config))
+    assert detect_backbone(str(model)).sampling == FLUX_SCHNELL_SAMPLING
+    _, family = _family(model)
+    assert isinstance(family, FluxFamily) and not family.guidance_embeds
+
+
 # ---- family defaults and checkpoint fingerprints ---------------------------------------------------------
 
 
@@ -372,8 +442,8 @@ def test_unset_flags_take_the_family_defaults(model, expected, request):
 
 
 def test_flags_given_win_over_the_family_defaults(tiny_sd3):
-    config, family = _family(tiny_sd3, weighting_scheme="mode", max_sequence_length=77, mode_scale=0.5)
-    assert (config.weighting_scheme, config.max_sequence_length, config.resolution) == ("mode", 77, RESOLUTION)
+    config, family = _family(tiny_sd3, weighting_scheme="mode", max_sequence_length=256, mode_scale=0.5)
+    assert (config.weighting_scheme, config.max_sequence_length, config.resolution) == ("mode", 256, RESOLUTION)
     assert (family.settings["weighting_scheme"], family.settings["mode_scale"]) == ("mode", 0.5)
 
 
@@ -576,6 +646,32 @@ def test_sdxl_trains_on_each_stored_images_size_and_crop(tiny_sdxl, selected_run
     trainer._micro_batch_loss(0)
     rows = trainer.schedule.indices(0)
     assert seen[0]["time_ids"].tolist() == [expected[i] + [RESOLUTION, RESOLUTION] for i in rows]
+
+
+def test_sdxl_caption_dropout_trains_the_zero_embeddings_its_pipeline_samples_with(tiny_sdxl, selected_runs,
+                                                                                   tmp_path, monkeypatch):
+    # StableDiffusionXLPipeline with force_zeros_for_empty_prompt (SDXL base) and no negative prompt: the
+    # unconditional branch is zero text embeddings and zero pooled ones, with the same size conditions.
+    assert json.loads((tiny_sdxl / "model_index.json").read_text())["force_zeros_for_empty_prompt"] is True
+    trainer = _prepared_trainer(_copy_run(selected_runs(tiny_sdxl), tmp_path / "run", caption_dropout=0.999))
+    seen = []
+    monkeypatch.setattr(trainer.family, "loss", lambda denoiser, scheduler, batch, conditioning, *args, **kwargs: (
+        seen.append(conditioning), torch.zeros(()))[1])
+    trainer._micro_batch_loss(0)
+    conditioning = seen[0]
+    assert not conditioning["encoder_hidden_states"].any() and not conditioning["text_embeds"].any()
+    assert conditioning["time_ids"].tolist() == [[RESOLUTION, RESOLUTION, 0, 0, RESOLUTION, RESOLUTION]] * 2  # sizes stay
+
+    # Without the option, the dropped rows keep the encoding of "" (as SD 1/2's always do).
+    _, family = _family(tiny_sdxl)
+    conditioning = {"encoder_hidden_states": torch.ones(3, 4, 2), "text_embeds": torch.ones(3, 2),
+                    "time_ids": torch.ones(3, 6)}
+    dropped = torch.tensor([True, False, True])
+    zeroed = family.drop_captions(conditioning, dropped)
+    assert zeroed["encoder_hidden_states"].sum(dim=(1, 2)).tolist() == [0, 8, 0]
+    assert zeroed["text_embeds"].sum(dim=1).tolist() == [0, 2, 0] and torch.equal(zeroed["time_ids"], torch.ones(3, 6))
+    family.zeros_for_empty_prompt = False
+    assert family.drop_captions(conditioning, dropped) is conditioning
 
 
 def test_benchmark_validation_renders_with_the_trained_familys_sampling(tiny_sd3, selected_runs, tmp_path,

@@ -7,6 +7,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from gors.rounds import ROUND_SEED_STRIDE, replayed_rows, round_config, round_se
 from gors.run import run
 from gors.select import load_selection
 from gors.timings import TIMINGS_FILE, read_timings
-from gors.train import GORSTrainer
+from gors.train import GORSTrainer, train
 
 ROUNDS = dict(rounds=2, max_train_steps=4, checkpointing_steps=1, learning_rate=1e-1, text_encoder_learning_rate=1e-1,
               replay="last", report_to="none")
@@ -172,6 +173,25 @@ def test_a_run_stopped_in_round_1_resumes_there_as_if_never_stopped(one_process_
         str(reference_dir / "pytorch_lora_weights.safetensors")).keys()
     assert (stopped_dir / "pytorch_lora_weights.safetensors").read_bytes() == (
         reference_dir / "pytorch_lora_weights.safetensors").read_bytes()
+
+
+def test_a_refused_continue_leaves_the_rounds_own_checkpoints_in_place(one_process_rounds, make_run_config,
+                                                                       tmp_path):
+    # Round 1 with settings round 0's checkpoint was not trained with (as another --num_processes would be):
+    # refused before its own checkpoints are set aside, so the rerun with the original settings goes on from them.
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_process_rounds, run_dir)
+    config = make_run_config(output_dir=str(run_dir), **ROUNDS)
+    checkpoints = round_dir(run_dir, 1) / CHECKPOINTS_DIR
+    before = _hashes(checkpoints)
+    previous = round_dir(run_dir, 0) / CHECKPOINTS_DIR / "checkpoint-2"
+    with pytest.raises(ValueError, match=rf"cannot continue training from {previous}: it was trained with other "
+                                         r"settings \(rank 4 there, 8 now\)"):
+        train(replace(round_config(config, 1), rank=8), continue_from=previous,
+              schedule_steps=config.round_steps() * config.rounds)
+    reset_process_state()
+    assert _hashes(checkpoints) == before
+    assert not list(round_dir(run_dir, 1).glob(f"{CHECKPOINTS_DIR}.previous-*"))
 
 
 def test_a_fresh_optimizer_per_round_and_validation_at_each_rounds_end(one_process_rounds, make_run_config, tmp_path):

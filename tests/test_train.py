@@ -164,6 +164,22 @@ def test_bf16_trains_fp32_adapters_over_bf16_frozen_weights(selected_run, make_r
     assert weights and all(torch.isfinite(w).all() for w in weights.values())
 
 
+def test_validation_prompts_render_under_bf16_with_only_the_text_encoder_trained(selected_run, make_run_config,
+                                                                                   tmp_path):
+    # The untrained U-Net is bf16 beside the fp32 VAE: the pipeline runs under autocast, as diffusers' scripts.
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    trainer = GORSTrainer(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1,
+                                  mixed_precision="bf16", train_unet=False, validation_prompts=["a red circle"],
+                                  validation_steps=1, report_to="none"))
+    rendered = []
+    log_validation = trainer.log_validation
+    trainer.log_validation = lambda step: rendered.extend(log_validation(step))
+    trainer.train()
+    reset_process_state()
+    assert trainer.trained == ["text_encoder"] and len(rendered) == 1
+    assert rendered[0].size == (32, 32)
+
+
 def test_gradient_accumulation_counts_updates_not_micro_batches(selected_run, make_run_config, tmp_path):
     run_dir = _copy_run(selected_run, tmp_path / "run")
     config = _config(make_run_config, run_dir, max_train_steps=2, checkpointing_steps=1, gradient_accumulation_steps=2,
@@ -187,6 +203,25 @@ def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config,
 def test_train_without_selection_says_what_to_run(make_run_config, tmp_path):
     with pytest.raises(FileNotFoundError, match="gors select"):
         train(_config(make_run_config, tmp_path / "empty", report_to="none"))
+
+
+@pytest.mark.parametrize("sharding", ["DEEPSPEED", "FSDP"])
+def test_a_sharded_launch_is_refused_before_any_model_loads(selected_run, make_run_config, tmp_path, monkeypatch,
+                                                            sharding):
+    """DeepSpeed takes one model per Accelerator and LoRA saving does not gather FSDP shards: refused up front."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    import gors.train
+
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    loaded = []
+    monkeypatch.setattr(gors.train.GORSTrainer, "_setup_models", lambda self: loaded.append(True))
+    launch = SimpleNamespace(distributed_type=getattr(DistributedType, sharding))
+    with pytest.raises(ValueError, match=r"DDP\) only.*accelerate_configs/multi_gpu.yaml"):
+        train(_config(make_run_config, run_dir, report_to="none"), accelerator=launch)
+    assert not loaded and not (run_dir / "checkpoints").exists()
 
 
 def test_vae_encodes_each_image_once_and_the_cache_is_reused(selected_run, make_run_config, tmp_path, monkeypatch):
@@ -253,6 +288,17 @@ def test_the_validation_metric_is_a_declared_one_with_its_own_direction(make_run
     with pytest.raises(ValueError, match=r"--validation_metric='binding_acuracy' is not a metric of toy:train; "
                                          r"choose one of binding_accuracy, "):
         validation("binding_acuracy")
+
+
+def test_validation_scorer_options_are_checked_before_training(make_run_config, tmp_path):
+    from gors.core.distributed import make_accelerator
+    from gors.validation import BenchmarkValidation
+
+    config = make_run_config(output_dir=str(tmp_path), validation_benchmark="toy:train",
+                             validation_scorer_options={"treshold": 0.5})
+    with pytest.raises(ValueError, match=r"--validation_scorer_options: toy:train's scorer 'toy_oracle' has no "
+                                         r"option 'treshold'; its options: "):
+        BenchmarkValidation(config, make_accelerator())
 
 
 def test_the_best_lora_is_the_best_value_by_the_metrics_direction_and_survives_a_resume(make_run_config, tmp_path,
@@ -440,6 +486,38 @@ def test_a_training_with_other_settings_sets_the_folders_checkpoints_aside(train
     assert sorted(p.name for p in (run_dir / "checkpoints.previous-1").iterdir()) == before  # kept whole
     markers = [json.loads((p / "checkpoint.json").read_text()) for p in (run_dir / "checkpoints").iterdir()]
     assert markers and all(m["fingerprint"]["rank"] == 8 for m in markers)  # only this training's
+
+
+@pytest.mark.parametrize("setting, value, error", [
+    ("lr_scheduler", "cosin", r"--lr_scheduler='cosin'.* one of linear, "),
+    ("adam_beta1", 2.0, r"--adam_beta1"),
+])
+def test_a_training_refused_for_a_bad_optimizer_setting_leaves_the_checkpoints_where_they_were(
+        trained_run, tmp_path, setting, value, error):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, run_dir)
+    before = _file_hashes(run_dir / "checkpoints")
+    config = replace(trained_run, output_dir=str(run_dir))
+    setattr(config, setting, value)  # past the config's own checks: the trainer refuses it too
+    with pytest.raises(ValueError, match=error):
+        train(config)
+    reset_process_state()
+    assert _file_hashes(run_dir / "checkpoints") == before and not list(run_dir.glob("checkpoints.previous-*"))
+    # The corrected rerun (here: the same settings) finds its checkpoints: nothing left to train.
+    train(replace(trained_run, output_dir=str(run_dir)))
+    assert _file_hashes(run_dir / "checkpoints") == before
+
+
+def test_the_trainer_checks_the_optimizer_settings_itself(selected_run, make_run_config, tmp_path):
+    trainer = GORSTrainer(_config(make_run_config, _copy_run(selected_run, tmp_path / "run"), report_to="none"))
+    trainer.config.lr_scheduler = "cosin"  # past the config's checks (e.g. a config changed after them)
+    with pytest.raises(ValueError, match=r"--lr_scheduler='cosin': 'cosin' is not a valid SchedulerType\. Use one "
+                                         r"of linear, cosine, "):
+        trainer._check_optimizer()
+    trainer.config.lr_scheduler, trainer.config.adam_beta2 = "constant", -0.5
+    with pytest.raises(ValueError, match=r"--adam_beta1/--adam_beta2/--adam_epsilon/--adam_weight_decay: Invalid beta "
+                                         r"parameter at index 1: -0\.5\. The betas lie in \[0, 1\)"):
+        trainer._check_optimizer()
 
 
 def test_the_lora_file_is_replaced_whole_or_not_at_all(trained_run, tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gors.core.hub import check_model_path
+from gors.core.hub import ModelLoadError, check_model_path, load_hint
 
 MODEL_INDEX = "model_index.json"
 
@@ -119,9 +119,8 @@ def read_model_index(pretrained_model_name_or_path: str, revision: str | None = 
     try:
         return dict(DiffusionPipeline.load_config(name, revision=revision))
     except (OSError, ValueError) as err:
-        raise OSError(
-            f"{flag}={pretrained_model_name_or_path!r}: could not read its {MODEL_INDEX} ({err}). Check the Hub id "
-            f"and your network (or HF_HUB_OFFLINE and the local cache), or pass a local pipeline folder."
+        raise ModelLoadError(
+            f"{flag}={pretrained_model_name_or_path!r}: could not read its {MODEL_INDEX} ({err}). {load_hint(name)}"
         ) from err
 
 
@@ -165,6 +164,12 @@ def native_side(name: str, denoiser: str, revision: str | None) -> int:
     return (sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size) * 2 ** (levels - 1)
 
 
+def flux_guidance_embeds(name: str, revision: str | None) -> bool:
+    """Whether a FLUX transformer takes the guidance scale as an input (guidance-distilled [dev]); a config
+    without `guidance_embeds` has none, as diffusers' `FluxTransformer2DModel` defaults to False ([schnell])."""
+    return bool(component_config(name, "transformer", revision).get("guidance_embeds", False))
+
+
 def _has(name: str, subfolder: str, revision: str | None) -> bool:
     try:
         component_config(name, subfolder, revision)
@@ -187,7 +192,7 @@ def detect_backbone(pretrained_model_name_or_path: str, revision: str | None = N
     backbone = FAMILIES[class_name]
     if backbone.name == "sd":  # SD 1.x and SD-2-base: 512; SD 2.x 768-v: 768
         backbone = replace(backbone, sampling=replace(backbone.sampling, resolution=native_side(name, "unet", revision)))
-    if backbone.name == "flux" and not component_config(name, "transformer", revision).get("guidance_embeds", True):
+    if backbone.name == "flux" and not flux_guidance_embeds(name, revision):
         backbone = replace(backbone, sampling=FLUX_SCHNELL_SAMPLING)  # schnell: distilled to 4 steps, no guidance
     return backbone
 

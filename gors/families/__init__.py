@@ -34,18 +34,23 @@ TRAINING_FAMILIES: dict[str, type[TrainingFamily]] = {
 C = TypeVar("C")
 
 
-def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | None = None) -> tuple[C, TrainingFamily]:
+def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | None = None,
+                     sampled_resolution: int | None = None) -> tuple[C, TrainingFamily]:
     """`config` with every family-dependent default filled in, and the family that trains it.
 
     `sampled_guidance`: the guidance scale the selected samples were generated with (FLUX.1 [dev]
     takes it as an input, as its pipeline passes it); None for the family's default.
+    `sampled_resolution`: the image side (pixels) they were generated at, the default of
+    `--resolution`; None for the family's default.
 
-    Settings the family cannot take are refused here, before any weights load: a text-encoder
-    LoRA on a family without a trainable one (FLUX.1), a second encoder on a family with one,
-    flow-matching options on a DDPM family and DDPM timestep options on a flow, a T5 length without T5, a
-    resolution off the family's grid.
+    Settings the family cannot take are refused here, before any weights load: a checkpoint of the
+    family that gors cannot train (an EDM SDXL), a text-encoder LoRA on a family without a trainable
+    one (FLUX.1), a second encoder on a family with one, flow-matching options on a DDPM family and
+    DDPM timestep options on a flow, a T5 length without T5 or other than the one gors samples with,
+    a resolution off the family's grid or other than the samples'.
     """
     cls = TRAINING_FAMILIES[backbone.name]
+    cls.check_checkpoint(config.pretrained_model_name_or_path, config.revision)
     label = f"a {backbone.pipeline_class} ({backbone.name} family)"
     clip = [encoder for encoder in cls.text_encoders if encoder.lora]
     if not clip and (config.train_text_encoder or config.train_text_encoder_2):
@@ -64,13 +69,24 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
     has_t5 = any(encoder.t5 for encoder in cls.text_encoders)
     if config.max_sequence_length is not None and not has_t5:
         raise ValueError(f"--max_sequence_length: {label} has no T5 encoder; its CLIP encoders take 77 tokens.")
+    sampled_length = cls.defaults.max_sequence_length
+    if has_t5 and config.max_sequence_length not in (None, sampled_length):
+        raise ValueError(f"--max_sequence_length={config.max_sequence_length}: gors samples {label} with the "
+                         f"pipeline's default {sampled_length} T5 tokens (generation, evaluation, validation); training "
+                         "on another length would train a conditioning no sampler uses. Leave the flag unset.")
+    if None not in (config.resolution, sampled_resolution) and config.resolution != sampled_resolution:
+        raise ValueError(f"--resolution={config.resolution}: the samples were generated at {sampled_resolution} px "
+                         "(samples/settings.json); training at another side would resize every image. Leave "
+                         f"--resolution unset (or pass {sampled_resolution}), or generate again at "
+                         f"{config.resolution} in a new --output_dir.")
 
     first = cls.defaults.train_text_encoder if config.train_text_encoder is None else config.train_text_encoder
     second = (first if config.train_text_encoder_2 is None else config.train_text_encoder_2) and len(clip) > 1
     if not (config.train_unet or first or second):
         raise ValueError(f"--no_train_unet leaves nothing to train on {label}: train its "
                          f"{'text encoders' if clip else 'transformer'}.")
-    sampling = backbone.sampling.resolve(None, sampled_guidance, config.resolution)
+    resolution = sampled_resolution if config.resolution is None else config.resolution
+    sampling = backbone.sampling.resolve(None, sampled_guidance, resolution)
     resolved = replace(
         config,
         resolution=check_resolution(backbone, sampling[2]),

@@ -105,6 +105,10 @@ class TrainingFamily:
         self.revision = revision
         self.settings = settings
 
+    @classmethod
+    def check_checkpoint(cls, pretrained_model_name_or_path: str, revision: str | None) -> None:
+        """Refuse, from its configs (no weights), a checkpoint of the family that this training does not fit."""
+
     # ----- loading ----------------------------------------------------------------------------
     def load(self, component: str, dtype: torch.dtype = torch.float32) -> Any:
         """One component of the checkpoint, by the class its `model_index.json` names (as diffusers loads it)."""
@@ -139,6 +143,11 @@ class TrainingFamily:
     def condition(self, encodings: dict[str, Encoding], batch: Batch, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The denoiser's conditioning, from every encoder's outputs (by component), in the compute dtype."""
         raise NotImplementedError
+
+    def drop_captions(self, conditioning: dict[str, torch.Tensor], dropped: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The conditioning with caption dropout's rows (`dropped`, a boolean row mask) as the pipeline's
+        unconditional branch has them. By default they already are: the encoding of "" (their prompt)."""
+        return conditioning
 
     # ----- latents and loss -------------------------------------------------------------------
     def scale_latents(self, latents: torch.Tensor, vae_config) -> torch.Tensor:

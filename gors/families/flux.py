@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from gors.core.backbones import component_config
+from gors.core.backbones import flux_guidance_embeds
 from gors.families.base import Batch, Encoding, FlowMatchingFamily, TextEncoder, TrainingDefaults
 
 
@@ -48,8 +48,7 @@ class FluxFamily(FlowMatchingFamily):
 
     def __init__(self, backbone, pretrained_model_name_or_path, revision, settings):
         super().__init__(backbone, pretrained_model_name_or_path, revision, settings)
-        config = component_config(pretrained_model_name_or_path, "transformer", revision)
-        self.guidance_embeds = bool(config.get("guidance_embeds", False))
+        self.guidance_embeds = flux_guidance_embeds(pretrained_model_name_or_path, revision)
 
     def fingerprint(self):
         guidance = {"guidance_scale": self.settings["guidance_scale"]} if self.guidance_embeds else {}

@@ -20,7 +20,9 @@ class StableDiffusion3Family(FlowMatchingFamily):
         TextEncoder("text_encoder_2", "tokenizer_2"),
         TextEncoder("text_encoder_3", "tokenizer_3", lora=False, t5=True),
     )
-    # diffusers' SD3 LoRA script: logit-normal timesteps, text encoders frozen unless asked.
+    # diffusers' SD3 LoRA script: logit-normal timesteps, text encoders frozen unless asked. Its default
+    # `--precondition_outputs 1` (target x0, i.e. the loss times sigma^2) is not taken: the target is
+    # `noise - x0`, as in the FLUX script and the SD3 paper (`gors.loss`).
     defaults = TrainingDefaults(train_text_encoder=False, weighting_scheme="logit_normal", max_sequence_length=256)
 
     def encode(self, encoder: TextEncoder, model: torch.nn.Module, input_ids: torch.Tensor) -> Encoding:
