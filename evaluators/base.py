@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import torch
 from accelerate import Accelerator
 from PIL import Image, UnidentifiedImageError
 
@@ -43,13 +44,15 @@ from evaluators.results import (
 from gors.core.backbones import Backbone, SamplingDefaults, detect_backbone
 from gors.core.data import PinnedSource
 from gors.core.distributed import make_accelerator
-from gors.core.io import atomic_write_json, atomic_write_jsonl
+from gors.core.io import atomic_write_json, atomic_write_jsonl, read_json
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
+from gors.core.scoring import SETTINGS_FILE as SCORE_SETTINGS
 from gors.core.scoring import score_samples
 from gors.core.store import SampleStore, StoreError, sample_seed
 from rewards import Reward
-from rewards.combined import build_reward
+from rewards.combined import build_reward, is_single, parse_reward_list
+from rewards.registry import get_reward_class
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -59,15 +62,43 @@ T = TypeVar("T")
 ScorerKey = tuple[str, str, int, str, str]
 
 
+def scorer_dtype(reward: str, accelerator: Accelerator) -> torch.dtype:
+    """The dtype a benchmark scores in: on CUDA the reward's `official_dtype` (the one its benchmark
+    runs it in, e.g. GenEval 2's bfloat16 Qwen3-VL) where it declares one, else the generation
+    precision; float32 on CPU. A reward list runs in the generation precision."""
+    if accelerator.device.type == "cuda" and is_single(parse_reward_list(reward), reward):
+        official = get_reward_class(reward).official_dtype
+        if official is not None:
+            return official
+    return inference_dtype(accelerator, None)
+
+
 def scorer_key(reward: str, options: Mapping[str, Any], batch_size: int, accelerator: Accelerator) -> ScorerKey:
     """What makes two scorers interchangeable: reward, options, batch size, device and dtype."""
-    dtype = inference_dtype(accelerator, None)
+    dtype = scorer_dtype(reward, accelerator)
     return reward, json.dumps(options, sort_keys=True, default=str), batch_size, str(accelerator.device), str(dtype)
 
 
-def scorer_settings(reward: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """What a score folder records about the scorer that filled it (see `gors.score.score_samples`)."""
-    return {"reward": reward, "options": dict(options)}
+def scorer_settings(reward: str, options: Mapping[str, Any], dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """What a score folder records about the scorer that filled it (see `gors.score.score_samples`):
+    the reward, its options and the dtype it ran in (None: not recorded)."""
+    settings = {"reward": reward, "options": dict(options)}
+    return settings if dtype is None else settings | {"dtype": str(dtype).removeprefix("torch.")}
+
+
+# Score-folder settings keys a later gors added (`resumable_settings`).
+LATER_SCORER_SETTINGS = ("dtype",)
+
+
+def resumable_settings(scores_folder: Path, wanted: dict[str, Any]) -> dict[str, Any]:
+    """`wanted`, less the keys a score folder's settings file from an older gors lacks (the dtype):
+    such a folder resumes, its scores taken to have been made in the current dtype."""
+    path = scores_folder / SCORE_SETTINGS
+    recorded = read_json(path, "the scorer settings gors wrote there (delete that scores folder to score again)") \
+        if path.is_file() else None
+    if not isinstance(recorded, dict):
+        return wanted
+    return {key: value for key, value in wanted.items() if key in recorded or key not in LATER_SCORER_SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -330,39 +361,68 @@ class Benchmark:
         """The images of `folder` in this benchmark's official layout."""
         raise NotImplementedError(f"{self.name} cannot read an image folder; generate its images instead")
 
+    @classmethod
+    def reads_images(cls) -> bool:
+        """Whether the benchmark reads an image folder (`evaluate(images=...)`): it has `read_images`."""
+        return cls.read_images is not Benchmark.read_images
+
+    def check_images_readable(self) -> None:
+        """Refuse, before any work, `--images` on a benchmark that cannot read an image folder."""
+        if not self.reads_images():
+            from evaluators import available_benchmarks, benchmark_class  # here: `evaluators` imports this module
+
+            readers = [name for name in available_benchmarks() if benchmark_class(name).reads_images()]
+            raise ValueError(f"--images: {self.name} cannot read an image folder; use --images with "
+                             f"{', '.join(readers)}, or generate {self.name}'s images without --images")
+
     def write_official(self, rows: list[dict[str, Any]], summary: dict[str, Any], output_dir: Path) -> None:
         """Write files in the benchmark's own format beside results.jsonl (none by default)."""
 
-    def scorer_spec(self, options: Mapping[str, Any] | None = None,
-                    column: str | None = None) -> tuple[str, dict[str, Any]]:
-        """(reward, keyword arguments) of the main scorer or of `column`: user `options` over the benchmark's."""
-        reward, fixed = (self.scorer, self.scorer_options()) if column is None else (
-            {**self.columns(), **self.optional_columns()}[column])
-        return reward, {**fixed, **(options or {})}
+    def column_defaults(self, column: str, main_options: Mapping[str, Any]) -> dict[str, Any]:
+        """Keyword arguments `column`'s scorer takes from the main scorer's user options (e.g. GenEval 2's
+        judge model), under the column's own options; none by default."""
+        return {}
+
+    def scorer_spec(self, options: Mapping[str, Any] | None = None, column: str | None = None,
+                    main_options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """(reward, keyword arguments) of the main scorer or of `column`: user `options` over the benchmark's
+        (for a column, over what it takes from the main scorer's user `main_options`: `column_defaults`)."""
+        if column is None:
+            return self.scorer, {**self.scorer_options(), **(options or {})}
+        reward, fixed = {**self.columns(), **self.optional_columns()}[column]
+        return reward, {**fixed, **self.column_defaults(column, main_options or {}), **(options or {})}
 
     def scorer_keys(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None, batch_size: int = 16,
                     column_options: Mapping[str, Mapping[str, Any]] | None = None,
                     extra_columns: Sequence[str] = (), with_columns: bool = True) -> set[ScorerKey]:
         """The `make_scorer` cache keys of every scorer `evaluate` builds with these arguments."""
         specs = [self.scorer_spec(options)]
-        specs += [self.scorer_spec((column_options or {}).get(column), column)
+        specs += [self.scorer_spec((column_options or {}).get(column), column, options)
                   for column in (self.computed_columns(extra_columns) if with_columns else [])]
         return {scorer_key(reward, merged, batch_size, accelerator) for reward, merged in specs}
 
+    def _column_settings(self, accelerator: Accelerator, column_options: Mapping[str, Mapping[str, Any]] | None,
+                         column: str, main_options: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The settings `column`'s score folder records (`scorer_settings`)."""
+        reward, merged = self.scorer_spec((column_options or {}).get(column), column, main_options)
+        return scorer_settings(reward, merged, scorer_dtype(reward, accelerator))
+
     def make_scorer(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None,
                     batch_size: int = 16, column: str | None = None,
-                    cache: dict[ScorerKey, Reward] | None = None) -> Reward:
-        """The main scorer (or the scorer of `column`), user `options` merged over the benchmark's.
+                    cache: dict[ScorerKey, Reward] | None = None,
+                    main_options: Mapping[str, Any] | None = None) -> Reward:
+        """The main scorer (or the scorer of `column`), user `options` merged over the benchmark's
+        (a column's also over what it takes from the main scorer's user `main_options`).
 
         With `cache`, a scorer of the same reward, options, batch size, device and dtype built
         before (e.g. by another T2I-CompBench category) is reused instead of loading its models again.
         """
-        reward, merged = self.scorer_spec(options, column)
+        reward, merged = self.scorer_spec(options, column, main_options)
         key = scorer_key(reward, merged, batch_size, accelerator)
         if cache is not None and key in cache:
             return cache[key]
         built = build_reward(reward, options=merged, device=accelerator.device,
-                             torch_dtype=inference_dtype(accelerator, None), batch_size=batch_size)
+                             torch_dtype=scorer_dtype(reward, accelerator), batch_size=batch_size)
         if cache is not None:
             cache[key] = built
         return built
@@ -406,6 +466,7 @@ class Benchmark:
         prompts = self.cached_prompts()
         protocol = None  # with `images`, the images were made elsewhere: the results record the fields as given
         if images is not None:
+            self.check_images_readable()
             folder = Path(images)
             if not folder.is_dir():
                 raise FileNotFoundError(f"--images {folder}: no such folder")
@@ -434,21 +495,27 @@ class Benchmark:
                 flags=EVALUATION_FLAGS,
             )
         metadata = [dict(p.metadata) for p in prompts]
+        main_spec = self.scorer_spec(scorer_options)
+        main_dtype = scorer.torch_dtype if scorer is not None else scorer_dtype(main_spec[0], accelerator)
         scores = score_samples(
             samples, output_dir / "scores",
             lambda: scorer or self.make_scorer(accelerator, scorer_options, scorer_batch_size, cache=scorer_cache),
             batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: score",
-            prompt_metadata=metadata, settings=scorer_settings(*self.scorer_spec(scorer_options)),
+            prompt_metadata=metadata,
+            settings=resumable_settings(output_dir / "scores", scorer_settings(*main_spec, main_dtype)),
         )
         column_scores = {
             column: score_samples(
                 samples, output_dir / "columns" / column,
                 lambda column=column: self.make_scorer(
-                    accelerator, (column_options or {}).get(column), scorer_batch_size, column, scorer_cache
+                    accelerator, (column_options or {}).get(column), scorer_batch_size, column, scorer_cache,
+                    scorer_options,
                 ),
                 batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: {column}",
                 prompt_metadata=metadata,
-                settings=scorer_settings(*self.scorer_spec((column_options or {}).get(column), column)),
+                settings=resumable_settings(output_dir / "columns" / column,
+                                            self._column_settings(accelerator, column_options, column,
+                                                                  scorer_options)),
             )
             for column in computed
         }

@@ -30,6 +30,7 @@ GenEval 2 fixes no sampler; the protocol here is the project's evaluation defaul
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,12 @@ class GenEval2Benchmark(Benchmark):
 
     def columns(self) -> dict[str, tuple[str, dict[str, Any]]]:
         return {"vqascore": ("vqascore", self._judge_options())}
+
+    def column_defaults(self, column: str, main_options: Mapping[str, Any]) -> dict[str, Any]:
+        """The VQAScore column asks the judge Soft-TIFA asks: a `model_name_or_path` given in the
+        scorer options is the column's too (its own column options still override it)."""
+        judge = main_options.get("model_name_or_path")
+        return {"model_name_or_path": judge} if column == "vqascore" and judge else {}
 
     def judge(self, row: dict[str, Any]) -> dict[str, Any]:
         """tifa: the fraction of atoms whose most probable answer is the expected one, in [0, 1]

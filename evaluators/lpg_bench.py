@@ -11,9 +11,13 @@ prompt text in a column named ``prompt`` (else the first of ``Prompt``, ``text``
 columns (e.g. an id) travel as prompt metadata. If the repository mixes files (prompts and
 generated images), ``data_files`` picks the prompt file.
 
-The scorer is `rewards.tit_score` (TIT-Score by default, TIT-Score-LLM with ``metric="tit_score_llm"``);
-the summary reports the mean score in [0, 1] and, for TIT-Score, the mean raw cosine (the
-number the paper reports). Note that CLIP-based text encoders (Stable Diffusion 1/2) read only
+The scorer is `rewards.tit_score` (TIT-Score by default, TIT-Score-LLM with ``metric="tit_score_llm"``
+or the scorer option ``judge: llm``; the summary's ``metric`` names the judge that scored). It
+follows the reference code: the prompt is embedded as given (not stripped; an empty one is
+skipped) and each TIT-Score is rounded to 4 decimals. The summary reports the mean score in [0, 1]
+and, for TIT-Score, the mean raw cosine. That cosine is comparable with the paper's numbers only
+with the same describer: the reference describes with Qwen2.5-VL-72B-Instruct, gors by default
+with Qwen3-VL-8B-Instruct (``vlm_model_name_or_path`` picks another). Note that CLIP-based text encoders (Stable Diffusion 1/2) read only
 the first 77 tokens of these prompts. The sampling protocol is the project's evaluation
 default (DDIM, 30 steps, guidance 7.5, 512 px, seed 42 + 100000 * prompt + image); LPG-Bench
 itself collects one image per prompt and model.
@@ -69,6 +73,14 @@ def prompt_column_of(column_names: list[str], prompt_column: str | None = None) 
     )
 
 
+def judged_metric(rows: list[dict[str, Any]], default: str) -> str:
+    """The metric the rows were scored for: "tit_score_llm" when the LLM judge replied (its rows carry
+    `judge_reply`), "tit_score" when the embedding judge did; `default` without rows."""
+    if not rows:
+        return default
+    return "tit_score_llm" if "judge_reply" in rows[0]["details"] else "tit_score"
+
+
 @dataclass
 class LPGBenchBenchmark(Benchmark):
     """LPG-Bench long prompts scored with TIT-Score (or TIT-Score-LLM).
@@ -102,9 +114,10 @@ class LPGBenchBenchmark(Benchmark):
     primary_metric = "tit_score"
     official_images_per_prompt = 1
     metrics = (
-        Metric("tit_score", help="TIT-Score (or TIT-Score-LLM with metric='tit_score_llm'), mean over images"),
+        Metric("tit_score", help="TIT-Score (or TIT-Score-LLM with the LLM judge), mean over images"),
         Metric("tit_score_cosine", scale="[-1, 1] (cosine)",
-               help="raw prompt-description cosine, mean over images (the number the paper reports)"),
+               help="raw prompt-description cosine (4 decimals per image, as the reference code), mean over "
+                    "images; comparable with the paper's only with its describer, Qwen2.5-VL-72B-Instruct"),
     )
 
     def __post_init__(self) -> None:
@@ -121,7 +134,7 @@ class LPGBenchBenchmark(Benchmark):
             if not isinstance(text, str) or not text.strip():
                 continue
             extra = {k: v for k, v in row.items() if k != column and isinstance(v, (str, int, float, bool))}
-            prompts.append(BenchmarkPrompt(text.strip(), extra))
+            prompts.append(BenchmarkPrompt(text, extra))  # as given: the reference embeds it unstripped
         if not prompts:
             raise ValueError(f"{self.dataset!r} (split {self.split!r}) has no non-empty prompts in column {column!r}")
         return self.subsample(prompts)
@@ -141,14 +154,19 @@ class LPGBenchBenchmark(Benchmark):
         return options
 
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """tit_score: mean score in [0, 1]; tit_score_cosine: mean raw cosine (TIT-Score only)."""
+        """tit_score: mean score in [0, 1]; tit_score_cosine: mean raw cosine (TIT-Score only).
+
+        `metric` names the judge that scored the rows, read from their details (an LLM judge's carry its
+        reply), not the `metric` field: `--scorer_options '{"lpg_bench": {"judge": "llm"}}'` picks it too.
+        """
         n = len(rows)
-        summary: dict[str, Any] = {"metric": self.metric, "tit_score": sum(row["score"] for row in rows) / n}
+        metric = judged_metric(rows, self.metric)
+        summary: dict[str, Any] = {"metric": metric, "tit_score": sum(row["score"] for row in rows) / n}
         cosines = [row["details"]["cosine"] for row in rows if "cosine" in row["details"]]
         if cosines:
             summary["tit_score_cosine"] = sum(cosines) / len(cosines)
         unparsed = sum(not row["details"].get("parsed", True) for row in rows)
-        if self.metric == "tit_score_llm":
+        if metric == "tit_score_llm":
             summary["judge_replies_without_rating"] = unparsed
         summary.update({
             "mean_description_words": sum(row["details"]["description_words"] for row in rows) / n,

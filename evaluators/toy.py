@@ -11,7 +11,7 @@ import gors
 from evaluators.base import Benchmark, BenchmarkPrompt
 from evaluators.results import Metric
 from gors.core.backbones import SamplingDefaults
-from gors.core.toy.world import ToyPrompt, prompts_of_split
+from gors.core.toy.world import SPLITS, ToyPrompt, prompts_of_split
 from rewards.toy_rules import BINDING_ERRORS
 
 
@@ -50,6 +50,11 @@ class ToyBenchmark(Benchmark):
         Metric("prompts_with_a_correct_image", help="share of prompts with at least one correctly bound image"),
     ) + tuple(Metric(f"binding_errors.{kind}", higher_is_better=False, help=f"share of images with {meaning}")
               for kind, meaning in BINDING_ERRORS.items())
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.split not in SPLITS:  # here, so that a mistyped `toy:NAME` stops before any generation
+            raise ValueError(f"toy split {self.split!r}; choose one of {', '.join(SPLITS)} (as in toy:held_out)")
 
     def prompts(self) -> list[BenchmarkPrompt]:
         return [BenchmarkPrompt(p.text) for p in self.subsample(prompts_of_split(self.split))]

@@ -24,6 +24,7 @@ from evaluators.results import UNIT_SCALE
 from gors.config import EvaluateConfig
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json
+from gors.core.pipeline import check_lora_path
 from gors.official_lora import resolve_lora
 from rewards import Reward
 
@@ -83,13 +84,21 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         )
     if config.images is None and config.pretrained_model_name_or_path is None:
         raise ValueError("give --pretrained_model_name_or_path to generate, or --images to score existing images")
+    if config.images is not None and config.lora is not None:
+        # The images are scored as they are: a LoRA would be ignored, yet recorded in summary.json.
+        raise ValueError(f"--lora={config.lora!r} with --images: existing images are scored as they are; drop "
+                         "--lora, or drop --images to generate with the LoRA")
     unknown = sorted(set(config.scorer_options) - {name for name, _ in specs} - {benchmark_label(*s) for s in specs})
     if unknown:
         raise ValueError(f"--scorer_options for {unknown}, which are not among the benchmarks evaluated")
     benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts,
                                          images_per_prompt=config.images_per_prompt)) for spec in specs]
+    if config.images is not None:
+        benchmarks[0][1].check_images_readable()
     extras = extra_columns(config, [benchmark for _, benchmark in benchmarks])
     lora = resolve_lora(config.lora)  # official:<category> -> the converted release, downloaded once
+    if lora is not None:
+        check_lora_path(lora)  # before any store records settings or any weights load
     runs = []
     for ((name, _), benchmark), extra in zip(benchmarks, extras):
         # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.

@@ -9,7 +9,7 @@ from accelerate import Accelerator
 from gors.config import GenerateConfig, RunConfig
 from gors.core.backbones import check_resolution, detect_backbone
 from gors.core.distributed import make_accelerator
-from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
+from gors.core.pipeline import check_lora_path, inference_dtype, load_pipeline, pipeline_settings
 from gors.core.prompts import load_prompts
 from gors.core.run_folder import samples_dir
 from gors.core.sampling import SampleSink, SamplingProtocol, generate_samples
@@ -25,6 +25,8 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
     the base seed of the images instead of `config.seed` (online rounds: the round's). `sink` gets each
     batch as it lands in the store (`gors run --overlap_scoring`: the reward scores it meanwhile).
     """
+    if lora is not None:
+        check_lora_path(lora)  # before the store records settings or anything loads
     accelerator = accelerator or make_accelerator()
     prompt_set = load_prompts(config.train_prompts)
     prompts = prompt_set.prompts[: config.max_prompts]
@@ -55,7 +57,8 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
         accelerator,
         prompt_info=prompt_set.info(config.max_prompts),
         record_extras={"model": config.pretrained_model_name_or_path},
-        settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision,
-                                   lora=lora and os.path.relpath(lora, config.output_dir), backbone=backbone),
+        settings=pipeline_settings(config.pretrained_model_name_or_path, dtype, config.revision, lora=lora,
+                                   backbone=backbone,
+                                   recorded_lora=lora and os.path.relpath(lora, config.output_dir)),
         sink=sink,
     )

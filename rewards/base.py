@@ -45,6 +45,10 @@ class Reward:
     - `categories`: the T2I-CompBench categories the reward suits.
     - `score_range`: the closed interval every score lies in.
     - `description`: one line for `gors rewards`: what is measured, and with which models.
+    - `official_dtype`: the dtype the benchmark this reward implements runs its model in on a GPU
+      (e.g. GenEval 2 loads Qwen3-VL in its checkpoint's bfloat16); a benchmark scores in it on CUDA
+      instead of the generation precision (`evaluators.base.scorer_dtype`). None: the generation
+      precision. On CPU every reward runs in float32.
     """
 
     name: ClassVar[str] = ""
@@ -52,6 +56,7 @@ class Reward:
     categories: ClassVar[tuple[str, ...]] = ()
     score_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     description: ClassVar[str] = ""
+    official_dtype: ClassVar[torch.dtype | None] = None
 
     @classmethod
     def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:

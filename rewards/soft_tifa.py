@@ -56,7 +56,8 @@ class _ChatVLMReward(Reward):
         model_name_or_path: Qwen3-VL chat checkpoint (Hub id or folder); default
             `Qwen/Qwen3-VL-8B-Instruct`, GenEval 2's judge.
         device, torch_dtype: where and in which dtype the model runs (see `Reward`; GenEval 2
-            loads the model in bfloat16, `torch_dtype=torch.bfloat16` matches it).
+            loads the model in bfloat16, `torch_dtype=torch.bfloat16` matches it, and benchmarks
+            score in it on a GPU: `official_dtype`).
         batch_size: questions of one image per continuation pass (after its shared prefix);
             images are encoded `batch_size` at a time, `4 * batch_size` images per window.
         multi_token: what an answer variant of several tokens adds (see
@@ -64,6 +65,8 @@ class _ChatVLMReward(Reward):
     """
 
     default_model = "Qwen/Qwen3-VL-8B-Instruct"
+    # GenEval 2's evaluation.py loads Qwen3-VL with dtype="auto": the checkpoint's bfloat16.
+    official_dtype = torch.bfloat16
 
     def __init__(
         self,

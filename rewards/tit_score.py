@@ -12,7 +12,9 @@ Following the TIT-Score reference code (README of `IntMeGroup/TIT-Score`, MIT; p
 2. **Compare**, TIT-Score (``judge="embedding"``, default): the prompt and the description are
    embedded by a text-embedding model (default `Qwen/Qwen3-Embedding-8B`, loaded with
    ``AutoModel``; tokenizer with left padding, its own special tokens, truncation at 8192
-   tokens), pooled at the last token, L2-normalised; the TIT-Score is their cosine. No
+   tokens), pooled at the last token, L2-normalised; the TIT-Score is their cosine, rounded to
+   4 decimals per image as the reference does (``round(final_score, 4)``). The prompt is
+   embedded as given, not stripped (as in the reference code). No
    instruction prefix is added (as in the reference code); ``query_instruction`` adds
    Qwen3-Embedding's "Instruct: ...\\nQuery:" prefix to the prompt if wanted.
    The reward is the cosine mapped to [0, 1] by `rewards.tit_rules.cosine_to_score`
@@ -178,7 +180,8 @@ class TITScoreReward(Reward):
         generation_kwargs: further ``generate`` arguments for the description (default greedy).
 
     Details per image: description, description_words, and either cosine (raw TIT-Score in
-    [-1, 1]) and mapping, or judge_reply, judge_rating (0-100 or None) and parsed; score.
+    [-1, 1], rounded to 4 decimals as the reference code rounds it) and mapping, or judge_reply,
+    judge_rating (0-100 or None) and parsed; score.
     """
 
     name = "tit_score"
@@ -186,6 +189,9 @@ class TITScoreReward(Reward):
     default_embedding_model = "Qwen/Qwen3-Embedding-8B"
     default_judge_model = "Qwen/Qwen3-8B"
     categories = ("complex",)
+    # The reference loads its describer in bfloat16 (as its checkpoints are); on a GPU benchmarks score
+    # in it rather than the generation precision. The embedder and the LLM judge share the dtype.
+    official_dtype = torch.bfloat16
     description = (
         "TIT-Score (LPG-Bench): cosine between the prompt and Qwen3-VL's description of the image, "
         "embedded by Qwen3-Embedding; TIT-Score-LLM with an LLM judge"
@@ -249,7 +255,8 @@ class TITScoreReward(Reward):
         if self.llm is None:
             return [
                 {"cosine": cosine, "mapping": self.mapping, "score": cosine_to_score(cosine, self.mapping)}
-                for cosine in self.similarities(prompts, descriptions)
+                # The reference rounds each TIT-Score to 4 decimals (`round(final_score, 4)`).
+                for cosine in (round(value, 4) for value in self.similarities(prompts, descriptions))
             ]
         results = []
         for reply in self.llm.replies(prompts, descriptions):

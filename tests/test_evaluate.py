@@ -78,20 +78,45 @@ def test_evaluate_writes_one_folder_per_benchmark_and_resumes(tmp_path, capsys, 
     "overrides, message",
     [({"images": "somewhere", "benchmarks": "toy,toy:train"}, "name exactly one"),
      ({"scorer_options": '{"geneval": {}}'}, "not among the benchmarks"),
-     ({"pretrained_model_name_or_path": None}, "--pretrained_model_name_or_path")],
+     ({"pretrained_model_name_or_path": None}, "--pretrained_model_name_or_path"),
+     ({"benchmarks": "toy,toy:nope"}, r"toy split 'nope'; choose one of train, held_out, ")],
 )
 def test_bad_evaluate_input(tmp_path, overrides, message):
     values = {"benchmarks": "toy", "output_dir": str(tmp_path), **overrides}
     with pytest.raises(ValueError, match=message):
         evaluate(EvaluateConfig(**values))
+    assert not (tmp_path / "toy").exists()  # refused before the first benchmark generates
 
 
 def test_images_folder_for_a_benchmark_without_an_official_layout(tmp_path):
     (tmp_path / "images").mkdir()
     config = parse_config(EvaluateConfig, ["--benchmarks", "toy", "--images", str(tmp_path / "images"),
                                            "--output_dir", str(tmp_path / "out")])
-    with pytest.raises(NotImplementedError, match="cannot read an image folder"):
+    # Refused before any work, naming the benchmarks that do read a folder.
+    with pytest.raises(ValueError, match="toy cannot read an image folder; use --images with geneval, geneval2, "
+                                         "t2i_compbench"):
         evaluate(config)
+    assert not (tmp_path / "out").exists()
+
+
+def test_lora_with_images_is_refused_before_any_work(tmp_path):
+    (tmp_path / "images").mkdir()
+    config = parse_config(EvaluateConfig, ["--benchmarks", "t2i_compbench:color", "--images", str(tmp_path / "images"),
+                                           "--lora", str(tmp_path), "--output_dir", str(tmp_path / "out")])
+    with pytest.raises(ValueError, match="--lora=.* with --images: existing images are scored as they are; drop"):
+        evaluate(config)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("make, message", [(lambda path: None, "no such file or folder"),
+                                           (lambda path: path.mkdir(), "is not a LoRA folder")])
+def test_a_missing_or_non_lora_folder_is_refused_before_any_store_is_written(tmp_path, make, message):
+    make(tmp_path / "lora")
+    config = parse_config(EvaluateConfig, ["--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy",
+                                           "--lora", str(tmp_path / "lora"), "--output_dir", str(tmp_path / "out")])
+    with pytest.raises(FileNotFoundError, match=message):
+        evaluate(config)
+    assert not (tmp_path / "out").exists()
 
 
 def test_report_tables_and_plots_evaluations_and_training_runs(tmp_path):
@@ -168,7 +193,7 @@ def test_scores_of_other_scorer_settings_are_refused(tmp_path, capsys):
             "--images_per_prompt", "1", "--output_dir", str(tmp_path)]
     main(argv)
     settings = json.loads((tmp_path / "toy" / "held_out" / "scores" / "settings.json").read_text())
-    assert settings == {"reward": "toy_oracle", "options": {}}
+    assert settings == {"reward": "toy_oracle", "options": {}, "dtype": "float32"}  # CPU: float32
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:  # an expected error: one line, exit 2
         main(argv + ["--scorer_options", '{"toy": {"checks": "all"}}'])
@@ -231,3 +256,36 @@ def test_columns_none_skips_the_default_columns(tmp_path, monkeypatch):
         evaluate(EvaluateConfig(pretrained_model_name_or_path=TOY_MODEL, benchmarks="toy", max_prompts=2,
                                 images_per_prompt=1, output_dir=str(tmp_path / columns), columns=columns))
     assert [(c["with_columns"], c["extra_columns"]) for c in calls] == [(False, []), (True, [])]
+
+
+def test_score_folder_from_before_the_dtype_was_recorded_resumes(tmp_path, capsys):
+    argv = ["evaluate", "--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy", "--max_prompts", "2",
+            "--images_per_prompt", "1", "--output_dir", str(tmp_path)]
+    main(argv)
+    settings = tmp_path / "toy" / "held_out" / "scores" / "settings.json"
+    settings.write_text(json.dumps({"reward": "toy_oracle", "options": {}}))  # as an older gors wrote it
+    main(argv)  # no error: a missing dtype matches
+    assert json.loads(settings.read_text()) == {"reward": "toy_oracle", "options": {}}
+    capsys.readouterr()
+    settings.write_text(json.dumps({"reward": "toy_oracle", "options": {}, "dtype": "bfloat16"}))
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "holds scores made with" in capsys.readouterr().err
+
+
+def test_scorers_run_in_their_benchmarks_dtype_on_cuda_and_in_float32_on_cpu():
+    import torch
+
+    from evaluators.base import scorer_dtype, scorer_key
+
+    class Fake:
+        def __init__(self, device, mixed_precision):
+            self.device, self.mixed_precision = torch.device(device), mixed_precision
+
+    gpu = Fake("cuda", "fp16")
+    assert scorer_dtype("soft_tifa", gpu) == torch.bfloat16  # GenEval 2 loads Qwen3-VL in bf16
+    assert scorer_dtype("vqascore", gpu) == scorer_dtype("tifa", gpu) == torch.bfloat16
+    assert scorer_dtype("tit_score", gpu) == torch.bfloat16
+    assert scorer_dtype("toy_oracle", gpu) == torch.float16  # no official dtype: the generation precision
+    assert scorer_dtype("soft_tifa", Fake("cpu", "fp16")) == torch.float32
+    assert scorer_key("soft_tifa", {}, 8, gpu)[-1] == "torch.bfloat16"

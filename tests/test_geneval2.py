@@ -245,3 +245,22 @@ def test_end_to_end_generate_score_tables_and_images_map(tmp_path, tiny_sd, tiny
     (folder / "image_paths.json").write_text(json.dumps(image_map))
     again = bench.evaluate(None, tmp_path / "from_map", images=folder, scorer_batch_size=4)
     assert again["soft_tifa_gm"] == pytest.approx(summary["soft_tifa_gm"], abs=1e-4)
+
+
+def test_the_vqascore_column_asks_the_judge_the_scorer_options_name():
+    bench = GenEval2Benchmark()
+    judge = {"model_name_or_path": "my/qwen3-vl"}
+    assert bench.scorer_spec(judge) == ("soft_tifa", {"aggregation": "gm", **judge})
+    assert bench.scorer_spec(None, "vqascore", judge) == ("vqascore", judge)
+    # The column's own options still override it; without a judge option the default judge stays.
+    assert bench.scorer_spec({"model_name_or_path": "other"}, "vqascore", judge) == (
+        "vqascore", {"model_name_or_path": "other"})
+    assert bench.scorer_spec(None, "vqascore", {"aggregation": "am"}) == ("vqascore", {})
+
+
+def test_the_judges_declare_geneval2s_bfloat16():
+    import torch
+
+    from rewards.soft_tifa import SoftTIFAReward, TIFAReward, VQAScoreReward
+
+    assert SoftTIFAReward.official_dtype == TIFAReward.official_dtype == VQAScoreReward.official_dtype == torch.bfloat16

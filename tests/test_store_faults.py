@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import gors
@@ -44,7 +45,8 @@ def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_
     store = generate(make_run_config(max_prompts=2))
     settings = json.loads((store.root / SETTINGS).read_text())
     assert settings == {
-        "model": str(tiny_sd), "revision": None, "lora": None, "scheduler": "DDIMScheduler", "dtype": "float32",
+        "model": str(tiny_sd), "revision": None, "lora": None, "lora_sha256": None, "scheduler": "DDIMScheduler",
+        "dtype": "float32",
         "resolution": 32, "num_inference_steps": 2, "guidance_scale": 7.5, "seed": 0, "seed_rule": "sample_seed",
         "gors_version": gors.__version__,
     }
@@ -93,6 +95,93 @@ def test_benchmark_stores_record_the_model_and_lora_they_pass(tmp_path):
     run(None)  # the same evaluation resumes
     with pytest.raises(StoreError, match=r"lora: null -> \"run/lora\""):
         run("run/lora")
+
+
+def _lora_run(store, lora, protocol=None, pipeline=_fake_pipeline):
+    """Generate one image of one prompt into `store` as a benchmark does with `lora` (a local file)."""
+    from gors.core.pipeline import pipeline_settings
+
+    protocol = protocol or SamplingProtocol(images_per_prompt=1, num_inference_steps=2, guidance_scale=7.5,
+                                            resolution=8)
+    generate_samples(store, ["a red circle"], protocol, lambda: pipeline, make_accelerator(),
+                     settings=pipeline_settings("base", torch.float32, lora=lora and str(lora)))
+
+
+def test_a_store_without_records_takes_corrected_settings(tmp_path):
+    store = SampleStore(tmp_path / "samples")
+    protocol = SamplingProtocol(images_per_prompt=1, num_inference_steps=2, guidance_scale=7.5, resolution=8)
+
+    def interrupted(**kwargs):
+        raise KeyboardInterrupt  # Ctrl-C before the first image: the settings are written, no record
+
+    with pytest.raises(KeyboardInterrupt):
+        _lora_run(store, None, protocol, interrupted)
+    assert (store.root / SETTINGS).is_file() and not store.records()
+    corrected = SamplingProtocol(images_per_prompt=1, num_inference_steps=3, guidance_scale=7.5, resolution=8)
+    _lora_run(store, None, corrected)  # not refused: the empty store takes the new settings
+    assert json.loads((store.root / SETTINGS).read_text())["num_inference_steps"] == 3
+    assert len(store.records()) == 1
+    with pytest.raises(StoreError, match="num_inference_steps: 3 -> 2"):  # with a record it is bound to them
+        _lora_run(store, None, protocol)
+
+
+def test_a_seed_torch_cannot_take_is_refused_before_anything_is_written(tmp_path):
+    store = SampleStore(tmp_path / "samples")
+    protocol = SamplingProtocol(images_per_prompt=2, num_inference_steps=2, guidance_scale=7.5, resolution=8,
+                                seed=2**64 - 1)
+    with pytest.raises(ValueError, match=r"--seed=18446744073709551615 gives image seeds .* pass a --seed in "
+                                         r"\[-9223372036854775808, 18446744073709551614\]"):
+        _lora_run(store, None, protocol)
+    assert not store.root.exists()
+
+
+def test_a_lora_retrained_at_the_same_path_is_other_settings(tmp_path, caplog):
+    lora = tmp_path / "lora.safetensors"
+    lora.write_bytes(b"first weights")
+    store = SampleStore(tmp_path / "samples")
+    _lora_run(store, lora)
+    recorded = json.loads((store.root / SETTINGS).read_text())
+    assert recorded["lora"] == str(lora) and len(recorded["lora_sha256"]) == 64
+    _lora_run(store, lora)  # the same LoRA resumes
+    lora.write_bytes(b"retrained weights")
+    with pytest.raises(StoreError, match=r"lora_sha256: \"[0-9a-f]{64}\" -> \"[0-9a-f]{64}\""):
+        _lora_run(store, lora)
+    # A store from before the sha256 was recorded takes the current LoRA's, with a warning.
+    del recorded["lora_sha256"]
+    atomic_write_json(store.root / SETTINGS, recorded)
+    with caplog.at_level(logging.WARNING):
+        _lora_run(store, lora)
+    assert "made before gors recorded lora_sha256" in caplog.text
+    assert json.loads((store.root / SETTINGS).read_text())["lora_sha256"] is not None
+
+
+def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path):
+    from gors.core.pipeline import check_lora_path, lora_sha256
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with pytest.raises(FileNotFoundError, match="is not a LoRA folder"):
+        check_lora_path(str(folder))
+    (folder / "pytorch_lora_weights.safetensors").write_bytes(b"w")
+    check_lora_path(str(folder))
+    (folder / "other.txt").write_text("not part of the LoRA")
+    assert lora_sha256(str(folder)) == lora_sha256(str(folder / "pytorch_lora_weights.safetensors"))
+    assert lora_sha256(None) is None and lora_sha256("user/hub-lora") is None
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        check_lora_path(str(tmp_path / "missing"))
+
+
+def test_a_lora_of_another_base_model_is_one_line(tmp_path):
+    from gors.core.pipeline import load_lora
+
+    class Pipeline:
+        def load_lora_weights(self, lora):
+            raise RuntimeError("Error(s) in loading state_dict for UNet2DConditionModel:\n\tsize mismatch for "
+                               "down_blocks.0.attentions.0.proj_in.lora_A.weight: copying a param with shape ...")
+
+    with pytest.raises(ValueError, match=r"^LoRA x was trained on another base model \(down_blocks.0.attentions.0."
+                                         r"proj_in.lora_A.weight\); pass the model it was trained on$"):
+        load_lora(Pipeline(), "x")
 
 
 # ---- 4: a reward that fails to build blocks nothing ----------------------------------------------

@@ -140,8 +140,8 @@ def test_reward_scores_in_unit_interval_with_generated_descriptions(reward):
         assert -1.0 <= details["cosine"] <= 1.0
         assert score == cosine_to_score(details["cosine"])
         assert details["description_words"] == len(details["description"].split())
-    # The score is the cosine of the prompt and the description that was generated.
-    assert [d["cosine"] for d in output.details] == pytest.approx(reward.similarities(PROMPTS, descriptions), abs=1e-6)
+    # The score is the cosine of the prompt and the description that was generated, to 4 decimals.
+    assert [d["cosine"] for d in output.details] == [round(c, 4) for c in reward.similarities(PROMPTS, descriptions)]
     # Greedy generation: the same image gets the same description, alone or in a batch.
     assert reward.describer.describe(images[1:2]) == descriptions[1:2]
     assert reward.describer.instruction == DESCRIPTION_PROMPT
@@ -181,7 +181,28 @@ def test_bad_options_are_clear_errors():
 
 
 # ---------------------------------------------------------------------------------------------
+def test_each_tit_score_is_rounded_to_4_decimals_as_the_reference(reward):
+    descriptions = ["a white dog", "yellow cars in the sky at night", "the sun"]
+    raw = reward.similarities(PROMPTS, descriptions)
+    compared = reward._compare(PROMPTS, descriptions)
+    assert [row["cosine"] for row in compared] == [round(value, 4) for value in raw]
+    assert [row["score"] for row in compared] == [max(round(value, 4), 0.0) for value in raw]
+
+
 # LPG-Bench.
+
+
+def _lpg_row(details: dict) -> dict:
+    return {"prompt_index": 0, "score": 0.5, "details": {"description_words": 3, **details}}
+
+
+def test_lpg_summary_names_the_judge_that_scored_the_rows():
+    bench = LPGBenchBenchmark()  # metric "tit_score", while --scorer_options chose the LLM judge
+    llm = bench.summarize([_lpg_row({"judge_reply": "no idea", "parsed": False, "judge_rating": None})])
+    assert llm["metric"] == "tit_score_llm" and llm["judge_replies_without_rating"] == 1
+    embedding = bench.summarize([_lpg_row({"cosine": 0.5, "mapping": "clip"})])
+    assert embedding["metric"] == "tit_score" and "judge_replies_without_rating" not in embedding
+    assert "comparable with the paper's only with its describer" in bench.declared_metric("tit_score_cosine").help
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +217,8 @@ def lpg_folder(tmp_path_factory) -> Path:
 def test_lpg_prompts_from_folder_file_and_columns(lpg_folder, tmp_path):
     prompts = LPGBenchBenchmark(dataset=str(lpg_folder)).prompts()
     assert [p.metadata["id"] for p in prompts] == ["p0", "p1", "p2", "p3"]
-    assert prompts[0].text == "a red cat on the house. a red cat on the house. a red cat on the house."
+    # As given, trailing space included: the reference embeds the prompt unstripped.
+    assert prompts[0].text == "a red cat on the house. a red cat on the house. a red cat on the house. "
     assert [p.metadata["id"] for p in LPGBenchBenchmark(dataset=str(lpg_folder), max_prompts=2).prompts()] == ["p0", "p2"]
     csv = tmp_path / "prompts.csv"
     csv.write_text("Prompt,theme\nA long prompt about a cat,cats\n")

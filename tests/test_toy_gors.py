@@ -78,3 +78,63 @@ def test_lora_by_step_variants_name_the_steps_the_adapters_are_on():
     for bad in ("first", "middle3", "lastx"):
         with pytest.raises(SystemExit, match=f"variant '{bad}'; use base, all, firstK or lastK"):
             steps_on(bad)
+
+
+def test_lora_by_step_refuses_a_missing_or_non_lora_folder_in_one_line(tmp_path):
+    from gors.toy.lora_by_step import main
+
+    with pytest.raises(SystemExit, match=r"^error: --lora='/nonexistent': no such file or folder"):
+        main(["--lora", "/nonexistent"])
+    with pytest.raises(SystemExit, match=r"is not a LoRA folder \(it holds no pytorch_lora_weights.safetensors\)"):
+        main(["--lora", str(tmp_path)])
+
+
+def test_toy_recipe_checks_the_reward_before_the_base_evaluation(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        toy_main(["--output_dir", str(tmp_path / "demo"), "--reward", "toy_oracl", "--reward_threshold", "0.5"])
+    assert exit_info.value.code == 2 and "toy_oracl" in capsys.readouterr().err
+    assert not (tmp_path / "demo" / "eval_base").exists()
+
+
+class _StoreBenchmark:
+    """Evaluates as a benchmark does, with a stand-in pipeline: one image into a store recording the LoRA."""
+
+    def evaluate(self, model, folder, lora=None, accelerator=None):
+        from PIL import Image
+
+        from gors.core.lock import lock_path
+        from gors.core.pipeline import pipeline_settings
+        from gors.core.sampling import SamplingProtocol, generate_samples
+        from gors.core.store import SampleStore
+
+        def pipeline(**kwargs):
+            return type("Out", (), {"images": [Image.new("RGB", (8, 8)) for _ in kwargs["prompt"]]})
+
+        protocol = SamplingProtocol(images_per_prompt=1, num_inference_steps=2, guidance_scale=7.5, resolution=8)
+        generate_samples(SampleStore(folder / "samples"), ["a red circle"], protocol, lambda: pipeline, accelerator,
+                         settings=pipeline_settings(model, torch.float32, lora=lora))
+        return {"locked": bool(lock_path(folder, "evaluate").read_text())}
+
+
+def test_toy_evaluation_of_a_retrained_lora_sets_the_old_one_aside(tmp_path, capsys):
+    from gors.core.distributed import make_accelerator
+    from gors.core.lock import LockError, run_folder_lock
+    from gors.core.store import SampleStore
+    from gors.toy.demo import evaluate_lora
+
+    accelerator, eval_dir = make_accelerator(), tmp_path / "eval_gors"
+    (tmp_path / "pytorch_lora_weights.safetensors").write_bytes(b"first training")
+    assert evaluate_lora(_StoreBenchmark(), "toy", eval_dir, str(tmp_path), accelerator) == {"locked": True}
+    first = SampleStore(eval_dir / "samples").load_settings()["lora_sha256"]
+    evaluate_lora(_StoreBenchmark(), "toy", eval_dir, str(tmp_path), accelerator)  # the same LoRA: resumed
+    assert not (tmp_path / "eval_gors.previous-1").exists()
+    (tmp_path / "pytorch_lora_weights.safetensors").write_bytes(b"second training")  # the rerun trained again
+    assert evaluate_lora(_StoreBenchmark(), "toy", eval_dir, str(tmp_path), accelerator) == {"locked": True}
+    assert "moved it to " + str(tmp_path / "eval_gors.previous-1") in capsys.readouterr().out
+    assert SampleStore(tmp_path / "eval_gors.previous-1" / "samples").load_settings()["lora_sha256"] == first
+    assert SampleStore(eval_dir / "samples").load_settings()["lora_sha256"] != first
+    assert len(SampleStore(eval_dir / "samples").records()) == 1
+    # Another launch evaluating the folder holds its lock: refused, not recorded twice.
+    with run_folder_lock(eval_dir, ("evaluate",), "another launch"):
+        with pytest.raises(LockError, match="is being written by `another launch`"):
+            evaluate_lora(_StoreBenchmark(), "toy", eval_dir, str(tmp_path), accelerator)

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator
 
-from gors.core.backbones import FAMILIES, Backbone, check_lora_fits, detect_backbone, half_precision_warning
+from gors.core.backbones import (
+    FAMILIES,
+    LORA_FILE,
+    Backbone,
+    check_lora_fits,
+    detect_backbone,
+    half_precision_warning,
+)
 from gors.core.hub import from_pretrained
 
 if TYPE_CHECKING:
@@ -61,7 +71,7 @@ def load_pipeline(
     if backbone.sampling.scheduler is not None:
         pipeline.scheduler = getattr(diffusers, backbone.sampling.scheduler).from_config(pipeline.scheduler.config)
     if lora is not None:
-        pipeline.load_lora_weights(lora)
+        load_lora(pipeline, lora)
     pipeline.set_progress_bar_config(disable=True)
     pipeline = pipeline.to(device)
     if torch_compile != "no":
@@ -71,6 +81,51 @@ def load_pipeline(
                              "transformer to compile; generate without the flag")
         compile_module(denoiser, torch_compile)
     return pipeline
+
+
+def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
+    """`pipeline.load_lora_weights(lora)`, with one line instead of torch's 60-line size-mismatch error
+    when the LoRA was trained on another base model of the same family (other widths or ranks)."""
+    try:
+        pipeline.load_lora_weights(lora)
+    except RuntimeError as err:
+        mismatch = re.search(r"size mismatch for ([^:\s]+)", str(err))
+        if mismatch is None:
+            raise
+        raise ValueError(f"LoRA {lora} was trained on another base model ({mismatch.group(1)}); pass the model it "
+                         "was trained on") from err
+
+
+# The files `load_lora_weights(folder)` reads, in its order: a gors LoRA is the first.
+LORA_WEIGHT_FILES = (LORA_FILE, "pytorch_lora_weights.bin")
+
+
+def check_lora_path(lora: str, flag: str = "--lora") -> None:
+    """Refuse, before any work, a LoRA path that does not exist or a folder that holds no LoRA weights."""
+    path = Path(lora).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"{flag}={lora!r}: no such file or folder; pass a LoRA folder (e.g. a gors run "
+                                f"folder, which holds {LORA_FILE}) or the weights file itself")
+    if path.is_dir() and not any((path / name).is_file() for name in LORA_WEIGHT_FILES):
+        raise FileNotFoundError(f"{flag}={lora!r} is not a LoRA folder (it holds no {LORA_FILE}); pass a folder "
+                                "a gors run or `save_lora_weights` wrote, or the weights file itself")
+
+
+def lora_sha256(lora: str | None) -> str | None:
+    """sha256 of a local LoRA's weights (the file, or a folder's weight files), so that a sample store
+    notices a LoRA retrained at the same path; None without a LoRA or for one that is not local."""
+    if lora is None:
+        return None
+    path = Path(lora).expanduser()
+    files = [path] if path.is_file() else [path / name for name in LORA_WEIGHT_FILES if (path / name).is_file()]
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        with open(file, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def compile_module(module: torch.nn.Module, backend: str) -> None:
@@ -90,14 +145,18 @@ def pipeline_settings(
     revision: str | None = None,
     lora: str | None = None,
     backbone: Backbone | None = None,
+    recorded_lora: str | None = None,
 ) -> dict[str, Any]:
     """What `load_pipeline` with these arguments generates with, as a sample store records it
-    (`backbone` None: Stable Diffusion 1/2, or a pipeline in memory)."""
+    (`backbone` None: Stable Diffusion 1/2, or a pipeline in memory). The LoRA is recorded by its
+    path (`recorded_lora` where given, e.g. relative to a run folder) and by the sha256 of its weights,
+    so that images of a LoRA retrained at the same path are never mixed with the new LoRA's."""
     scheduler = (backbone or FAMILIES["StableDiffusionPipeline"]).sampling.scheduler
     return {
         "model": pretrained_model_name_or_path,
         "revision": revision,
-        "lora": lora,
+        "lora": recorded_lora if recorded_lora is not None else lora,
+        "lora_sha256": lora_sha256(lora),
         "scheduler": scheduler or CHECKPOINT_SCHEDULER,
         "dtype": str(dtype).removeprefix("torch."),
     }

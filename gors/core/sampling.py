@@ -102,16 +102,46 @@ class SamplingProtocol:
         }
 
 
-def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: StoreFlags) -> None:
-    """Refuse to add images made with other settings to a store (a store without settings is adopted)."""
+# Settings keys a later gors added: a store recorded before it lacks them and is taken
+# to have been made with the current value (as a store without settings is), with a warning.
+LATER_SETTINGS = ("lora_sha256",)
+
+
+def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: StoreFlags) -> list[str]:
+    """Refuse to add images made with other settings to a store; returns the keys the recorded settings
+    lacked and take from `wanted` (`LATER_SETTINGS`).
+
+    A store without settings is adopted; so is one without records (the settings file is written
+    before the first image, so a run stopped before it, or one that failed on a bad seed or LoRA,
+    must not bind a corrected rerun to its settings).
+    """
     recorded = store.load_settings()
-    changes = settings_changes(recorded, wanted) if recorded is not None else []
+    if recorded is None or not store.records():
+        return []
+    adopted = [key for key in LATER_SETTINGS if key not in recorded and wanted.get(key) is not None]
+    changes = settings_changes({**{key: wanted.get(key) for key in LATER_SETTINGS}, **recorded}, wanted)
     if changes:
         raise StoreError(
             f"{store.root} holds images generated with other settings ({'; '.join(changes)}). Generate into a "
             f"new --output_dir, or rerun with the settings that made it ({store.root / SETTINGS} lists them); "
             f"only {flags.may_change} may change in a store."
         )
+    return adopted
+
+
+# What `torch.Generator.manual_seed` accepts.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def check_seed_range(protocol: SamplingProtocol, num_prompts: int) -> None:
+    """Refuse, before anything is written, a base seed that gives some image a seed torch cannot take."""
+    seeds = [protocol.seed_fn(protocol.seed, p, i)
+             for p in (0, num_prompts - 1) for i in (0, protocol.images_per_prompt - 1)]
+    low, high = SEED_RANGE
+    if min(seeds) < low or max(seeds) > high:
+        least, most = low - (min(seeds) - protocol.seed), high - (max(seeds) - protocol.seed)
+        raise ValueError(f"--seed={protocol.seed} gives image seeds in [{min(seeds)}, {max(seeds)}], outside the "
+                         f"[{low}, {high}] torch accepts; pass a --seed in [{least}, {most}]")
 
 
 def generate_samples(
@@ -147,8 +177,9 @@ def generate_samples(
         {**protocol.settings(), "gors_version": gors.__version__, **settings}, sort_keys=True, default=str
     ))
     # On every process, so that all of them stop on a mismatch.
+    check_seed_range(protocol, len(prompts))
     _check_same_prompts(store, prompts, flags)
-    _check_same_settings(store, wanted, flags)
+    adopted = _check_same_settings(store, wanted, flags)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         store.cut_torn_records()  # their images are generated again below, as their records are gone
@@ -158,6 +189,10 @@ def generate_samples(
         if store.load_settings() is None and store.records():
             logger.warning("%s was made before gors recorded generation settings; it is taken to have been made "
                            "with the current ones: %s", store.root, json.dumps(wanted, sort_keys=True))
+        if adopted:
+            logger.warning("%s was made before gors recorded %s; its images are taken to have been made with the "
+                           "current value: %s", store.root, ", ".join(adopted),
+                           json.dumps({key: wanted[key] for key in adopted}))
         store.save_prompts({**(prompt_info or {}), "prompts": prompts})
         store.save_settings(wanted)
     accelerator.wait_for_everyone()

@@ -18,7 +18,7 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from diffusers.utils import make_image_grid
 from PIL import Image, ImageDraw
@@ -26,6 +26,9 @@ from tabulate import tabulate
 
 from gors.cli import expected_errors, parse_config
 from gors.config import RunConfig
+from gors.core.lock import run_folder_lock
+from gors.core.pipeline import lora_sha256
+from gors.core.store import SampleStore
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import split_prompts
 
@@ -130,12 +133,50 @@ def error_table(rows: Sequence[tuple[str, dict]]) -> str:
     )
 
 
+COMMAND = "recipes/gors_toy.py"
+EVALUATE = ("evaluate",)  # the lock `gors evaluate` holds on its --output_dir
+
+
+def holds_other_lora(eval_dir: Path, lora: str) -> bool:
+    """Whether `eval_dir` holds images generated with another LoRA than the one now at `lora` (its
+    weights' sha256 differs, or the store predates recording it): the LoRA was trained again there."""
+    store = SampleStore(eval_dir / "samples")
+    recorded = store.load_settings()
+    return recorded is not None and bool(store.records()) and recorded.get("lora_sha256") != lora_sha256(lora)
+
+
+def set_aside(folder: Path) -> Path:
+    """Rename `folder` to the first free `<name>.previous-<n>`; nothing is deleted."""
+    number = 1
+    while (aside := folder.with_name(f"{folder.name}.previous-{number}")).exists():
+        number += 1
+    folder.rename(aside)
+    return aside
+
+
+def evaluate_lora(benchmark: Any, model: str, eval_dir: Path, lora: str, accelerator: Any) -> dict:
+    """`benchmark.evaluate` of `lora` into `eval_dir` under its evaluate lock. A rerun in one folder
+    trains the LoRA again at the same path: an evaluation of the former LoRA there is set aside and
+    this one's images generated (a store refuses images of other LoRA weights, `gors evaluate` too)."""
+    with run_folder_lock(eval_dir, EVALUATE, COMMAND):
+        if not holds_other_lora(eval_dir, lora):
+            return benchmark.evaluate(model, eval_dir, lora=lora, accelerator=accelerator)
+        accelerator.wait_for_everyone()  # every process has looked before the folder moves
+        if accelerator.is_main_process:
+            aside = set_aside(eval_dir)
+            print(f"note: {eval_dir} held the evaluation of an earlier LoRA at {lora}; moved it to {aside} and "
+                  "evaluating the LoRA trained now")
+        accelerator.wait_for_everyone()
+        with run_folder_lock(eval_dir, EVALUATE, COMMAND):  # the new folder; the old lock moved with the old one
+            return benchmark.evaluate(model, eval_dir, lora=lora, accelerator=accelerator)
+
+
 @expected_errors()  # one line `error: ...` and exit status 2, as in `gors`
 def main(argv: Sequence[str] | None = None) -> dict:
     from evaluators.toy import ToyBenchmark
     from gors.core.run_folder import round_dir
     from gors.rounds import run_rounds
-    from gors.run import run_stages
+    from gors.run import check_run_inputs, run_stages
     from gors.train import training_accelerator
 
     start = time.time()
@@ -145,23 +186,25 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if reward not in TOY_THRESHOLDS:
             raise SystemExit(f"--reward {reward}: pass --reward_threshold (known taus: {TOY_THRESHOLDS})")
         config.reward_threshold = TOY_THRESHOLDS[reward]
+    check_run_inputs(config)  # a mistyped --reward fails here, before the base model's evaluation
     out = Path(config.output_dir)
     accelerator = training_accelerator(config)
 
     benchmark = ToyBenchmark(split=config.eval_split, images_per_prompt=config.eval_images_per_prompt,
                              guidance_scale=config.guidance_scale,
                              num_inference_steps=config.num_inference_steps, max_prompts=config.eval_max_prompts)
-    base = benchmark.evaluate(config.pretrained_model_name_or_path, out / "eval_base", accelerator=accelerator)
+    with run_folder_lock(out / "eval_base", EVALUATE, COMMAND):
+        base = benchmark.evaluate(config.pretrained_model_name_or_path, out / "eval_base", accelerator=accelerator)
     if config.rounds == 1:
-        run_stages(config, accelerator, command="recipes/gors_toy.py")
+        run_stages(config, accelerator, command=COMMAND)
     else:
-        run_rounds(config, accelerator, command="recipes/gors_toy.py")
+        run_rounds(config, accelerator, command=COMMAND)
     # Each round's LoRA but the last, then the run's (the last round's).
-    per_round = [benchmark.evaluate(config.pretrained_model_name_or_path, out / f"eval_{round_dir(out, r).name}",
-                                    lora=str(round_dir(out, r)), accelerator=accelerator)
+    model = config.pretrained_model_name_or_path
+    per_round = [evaluate_lora(benchmark, model, out / f"eval_{round_dir(out, r).name}", str(round_dir(out, r)),
+                               accelerator)
                  for r in range(config.rounds - 1)]
-    tuned = benchmark.evaluate(config.pretrained_model_name_or_path, out / "eval_gors", lora=str(out),
-                               accelerator=accelerator)
+    tuned = evaluate_lora(benchmark, model, out / "eval_gors", str(out), accelerator)
     per_round.append(tuned)
     results = {
         "reward": reward,

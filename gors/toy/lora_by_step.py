@@ -19,7 +19,7 @@ import torch
 from tabulate import tabulate
 
 from evaluators.toy import error_shares
-from gors.core.pipeline import cpu_generators, load_pipeline
+from gors.core.pipeline import check_lora_path, cpu_generators, load_pipeline
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import split_prompts
 from rewards.toy_rules import BINDING_ERRORS, judge_image
@@ -81,6 +81,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     variants = args.variants.split(",")
     for variant in variants:
         steps_on(variant)  # every name checked before any image
+    try:
+        check_lora_path(args.lora)  # one line, not diffusers' traceback about weight_name
+    except FileNotFoundError as err:
+        raise SystemExit(f"error: {err}") from None
     torch.set_num_threads(1)  # the README's numbers were drawn on one thread; the summation order moves pixels
     pipe = load_pipeline(str(PRETRAINED_DIR / "pipeline"), torch.device("cpu"), lora=args.lora)
     pipe.set_progress_bar_config(disable=True)
