@@ -20,7 +20,8 @@ import time
 from argparse import ArgumentParser
 from contextlib import contextmanager, nullcontext
 from dataclasses import Field, dataclass, fields
-from typing import Any, Iterator, NoReturn, Sequence, TypeVar, get_origin
+from types import UnionType
+from typing import Any, Iterator, NoReturn, Sequence, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 from transformers import HfArgumentParser
@@ -28,6 +29,8 @@ from transformers.hf_argparser import string_to_bool
 
 from gors.config import SelectConfig, TrainConfig
 from gors.core.data import ChecksumError, DownloadError
+from gors.core.hub import ModelLoadError
+from gors.core.io import PathError
 from gors.core.lock import LockError, run_folder_lock
 from gors.core.store import StoreError
 
@@ -80,11 +83,12 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     merged = dict(defaults or {})
     config_file = _config_file(argv)
     if config_file is not None:
-        merged |= _read_yaml(config_file, cls)
+        merged |= _check_yaml_values(_read_yaml(config_file, cls), cls, config_file)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(merged) - known)
     if unknown:
         raise SystemExit(f"Unknown config keys {unknown} for {cls.__name__}; see --help for the valid names.")
+    _positionals_optional(parser, merged)
     parser.set_defaults(**merged)
     namespace = parser.parse_args(argv)
     values = {name: getattr(namespace, name) for name in known}
@@ -113,9 +117,73 @@ def _read_yaml(path: str, cls: type) -> dict[str, Any]:
             values = yaml.safe_load(handle) or {}
     except FileNotFoundError:
         raise SystemExit(f"--config {path}: no such file") from None
+    except (IsADirectoryError, PermissionError) as err:
+        raise SystemExit(f"--config {path}: {err.strerror.lower()}; pass a YAML file you can read") from None
+    except UnicodeDecodeError:
+        raise SystemExit(f"--config {path}: not a UTF-8 text file; pass a YAML file") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SystemExit(f"--config {path}:{where}: YAML syntax error: {problem}") from None
     if not isinstance(values, dict):
         raise SystemExit(f"--config {path}: expected a mapping of {cls.__name__} fields, got {type(values).__name__}")
     return values
+
+
+def _positionals_optional(parser: ArgumentParser, values: dict[str, Any]) -> None:
+    """A positional argument the YAML file (or a recipe) gives: the command line may leave it out."""
+    for action in parser._actions:
+        if not action.option_strings and action.dest in values:
+            action.nargs = "*" if action.nargs == "+" else "?"
+            action.required = False
+
+
+def _check_yaml_values(values: dict[str, Any], cls: type, path: str) -> dict[str, Any]:
+    """The YAML file's values, each of its field's type: argparse converts only the flags typed on the
+    command line, so `images_per_prompt: 2.5` or a string for a list would reach the config as they are."""
+    hints = get_type_hints(cls)
+    specs = {spec.name: spec for spec in fields(cls)}
+    return {name: _yaml_value(value, hints[name], specs[name], path) if name in specs else value
+            for name, value in values.items()}
+
+
+def _yaml_value(value: Any, hint: Any, spec: Field, path: str) -> Any:
+    """`value` of field `spec` (typed `hint`), checked; YAML 1.1's `no` (False) back to "no" for a
+    string field that takes "no" (`mixed_precision: no`)."""
+    where = f"--config {path}: {spec.name}: {value!r}"
+    args = get_args(hint)
+    if value is None:
+        if type(None) in args or hint is Any:
+            return None
+        raise SystemExit(f"{where} (null) is not allowed: give a value or leave the key out")
+    kind = next(arg for arg in args if arg is not type(None)) if get_origin(hint) in (Union, UnionType) else hint
+    if get_origin(kind) is list:
+        if not isinstance(value, list):
+            raise SystemExit(f"{where} is not a list: use a YAML list, e.g. [{value!r}] or one '- item' per line")
+        return [_yaml_scalar(item, get_args(kind)[0], spec, f"{where}, item {item!r}") for item in value]
+    if get_origin(kind) is dict or kind is Any:
+        return value  # a mapping (or its JSON text): the config's __post_init__ checks it
+    return _yaml_scalar(value, kind, spec, where)
+
+
+# What each scalar field type takes from YAML, in words for the error.
+_YAML_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+
+
+def _yaml_scalar(value: Any, kind: Any, spec: Field, where: str) -> Any:
+    if kind is str and isinstance(value, bool):
+        takes_no = "no" in (spec.metadata.get("choices") or ()) or "'no'" in spec.metadata.get("help", "")
+        if value is False and takes_no:
+            return "no"
+        raise SystemExit(f"{where} reads as the YAML boolean {str(value).lower()}: quote the text you meant, "
+                         f"e.g. {spec.name}: \"off\"")
+    ok = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
+          float: isinstance(value, (int, float)) and not isinstance(value, bool), str: isinstance(value, str)}
+    if not ok.get(kind, True):
+        raise SystemExit(f"{where} is not {_YAML_KINDS[kind]}: give {_YAML_KINDS[kind]} (quote text), or leave the "
+                         "key out for its default")
+    return float(value) if kind is float else value
 
 
 def run_select(config: SelectConfig) -> None:
@@ -211,8 +279,9 @@ COMMANDS: dict[str, Command] = {
                      locks=("generate", "score")),
     "select": Command("gors.config:SelectConfig", "gors.cli:run_select", "keep samples with reward > tau",
                       locks=("select",)),
+    # train reads selection.jsonl on every process while it runs, which select rewrites
     "train": Command("gors.config:TrainConfig", "gors.cli:run_train",
-                     "reward-weighted LoRA fine-tuning on the selection", locks=("train",)),
+                     "reward-weighted LoRA fine-tuning on the selection", locks=("select", "train")),
     "run": Command("gors.config:RunConfig", "gors.run:run", "generate, score, select and train in one go"),
     "evaluate": Command("gors.config:EvaluateConfig", "gors.evaluate:evaluate",
                         "run benchmarks on a checkpoint, a LoRA or an image folder", locks=("evaluate",)),
@@ -246,7 +315,8 @@ def usage() -> str:
 
 
 # What users cause and can fix from the message alone; anything else is a bug and keeps its traceback.
-EXPECTED_ERRORS = (ValueError, FileNotFoundError, StoreError, LockError, ChecksumError, DownloadError)
+EXPECTED_ERRORS = (ValueError, FileNotFoundError, StoreError, LockError, ChecksumError, DownloadError, ModelLoadError,
+                   PathError)
 
 
 # How long a failing process other than the main one waits before it reports: when the main process
@@ -257,10 +327,12 @@ REPORT_GRACE_S = 10.0
 
 
 def _process_index() -> int:
-    from accelerate import PartialState
-
-    if PartialState._shared_state:  # the process group is up: it knows
-        return PartialState().process_index
+    # Not imported here: a Ctrl-C during a first import of accelerate would meet it half-imported.
+    # Not yet imported, it has set up no process group either.
+    accelerate = sys.modules.get("accelerate")
+    state = getattr(accelerate, "PartialState", None)
+    if state is not None and state._shared_state:  # the process group is up: it knows
+        return state().process_index
     return int(os.environ.get("RANK", "0"))  # before it: what the launcher said
 
 

@@ -85,6 +85,7 @@ class RunFolderFields:
     )
 
     def _check_run_folder(self) -> None:
+        _check(bool(self.output_dir.strip()), "--output_dir='': give the run folder, e.g. --output_dir gors_output")
         _check_mixed_precision(self.mixed_precision)
 
 
@@ -102,7 +103,8 @@ class ModelFields:
         default=None,
         metadata={"help": "Image side in pixels for generation and training; default: the model family's "
                           "(SD 1/2: the checkpoint's own, 512 for SD-2-base as in the GORS paper, 768 for SD 2.x "
-                          "768-v; SDXL, SD3, FLUX.1: 1024)."},
+                          "768-v; SDXL, SD3, FLUX.1: 1024). Training defaults to the side the samples were "
+                          "generated at and refuses another."},
     )
 
     torch_compile: str = field(
@@ -149,6 +151,8 @@ class GenerationFields:
                f"--num_inference_steps={self.num_inference_steps}: must be >= 1")
         _check(self.generation_batch_size >= 1, f"--generation_batch_size={self.generation_batch_size}: must be >= 1")
         _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
+        _check(self.guidance_scale is None or self.guidance_scale >= 0,
+               f"--guidance_scale={self.guidance_scale}: must be >= 0 (1 or less turns guidance off)")
 
 
 @dataclass
@@ -294,8 +298,8 @@ class TrainingFields:
                           "(T5 is then never loaded during training); --no_cache_text_embeddings runs them each step."},
     )
     max_sequence_length: int | None = field(
-        default=None, metadata={"help": "T5 tokens per prompt (SD3, FLUX.1); default: the pipeline's, which "
-                                        "generated the samples (SD3 256, FLUX.1 512)."})
+        default=None, metadata={"help": "T5 tokens per prompt (SD3, FLUX.1): the pipeline's, which "
+                                        "generated the samples (SD3 256, FLUX.1 512); another is refused."})
     weighting_scheme: str | None = field(
         default=None,
         metadata={"help": "Flow-matching timestep density / loss weighting (SD3, FLUX.1): logit_normal, mode, "
@@ -323,7 +327,8 @@ class TrainingFields:
     caption_dropout: float = field(
         default=0.0,
         metadata={"help": "Share of training captions replaced by the empty prompt, which keeps the unconditional "
-                          "branch of classifier-free guidance anchored (official GORS: 0)."},
+                          "branch of classifier-free guidance anchored (official GORS: 0). SDXL with "
+                          "force_zeros_for_empty_prompt trains a dropped caption on zero embeddings, as it samples."},
     )
     sample_latents: bool = field(
         default=True,
@@ -357,6 +362,21 @@ class TrainingFields:
     )
     report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker: tensorboard, wandb, all or none."})
 
+    def _check_optimizer(self) -> None:
+        """AdamW's and the LR schedule's values, which torch and diffusers would take silently or refuse
+        only after the models load (a negative --max_grad_norm would even climb the loss)."""
+        for flag in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, flag)
+            _check(0.0 <= value < 1.0, f"--{flag}={value}: use a value in [0, 1), e.g. 0.9")
+        _check(self.adam_epsilon > 0, f"--adam_epsilon={self.adam_epsilon}: must be > 0, e.g. 1e-8")
+        _check(self.adam_weight_decay >= 0, f"--adam_weight_decay={self.adam_weight_decay}: must be >= 0")
+        _check(self.lr_warmup_steps >= 0, f"--lr_warmup_steps={self.lr_warmup_steps}: must be >= 0")
+        _check(self.max_grad_norm > 0, f"--max_grad_norm={self.max_grad_norm}: must be > 0, e.g. 1.0")
+        from diffusers.optimization import SchedulerType
+
+        names = [kind.value for kind in SchedulerType]
+        _check(self.lr_scheduler in names, f"--lr_scheduler={self.lr_scheduler!r}; choose one of {', '.join(names)}")
+
     def _check_training(self) -> None:
         for flag in ("train_batch_size", "gradient_accumulation_steps", "max_train_steps", "rank", "checkpointing_steps",
                      "validation_steps"):
@@ -369,6 +389,7 @@ class TrainingFields:
         _check(self.max_sequence_length is None or self.max_sequence_length >= 1,
                f"--max_sequence_length={self.max_sequence_length}: must be >= 1")
         _check(self.learning_rate > 0 and self.text_encoder_learning_rate > 0, "learning rates must be > 0")
+        self._check_optimizer()
         _check(0.0 <= self.caption_dropout < 1.0, f"--caption_dropout={self.caption_dropout}: use a value in [0, 1)")
         _check(self.anchor_below is None or self.anchor_below >= 0,
                f"--anchor_below={self.anchor_below}: give a timestep >= 1, e.g. --anchor_below 500, or 0 for off")
@@ -599,6 +620,10 @@ class EvaluateConfig:
                f"--images_per_prompt={self.images_per_prompt}: must be >= 1")
         _check(self.scorer_batch_size >= 1, f"--scorer_batch_size={self.scorer_batch_size}: must be >= 1")
         self.scorer_options = parse_mapping(self.scorer_options, "--scorer_options")
+        for key, value in self.scorer_options.items():
+            _check(isinstance(value, Mapping),
+                   f"--scorer_options: {key!r} maps to {value!r}; give that benchmark's scorer options as a mapping, "
+                   f"e.g. '{{\"{key}\": {{\"model_name_or_path\": \"...\"}}}}'")
 
     @property
     def extra_columns(self) -> list[str]:

@@ -144,7 +144,12 @@ class EstimateConfig:
     )
 
     def __post_init__(self) -> None:
-        self.reference_speedups = parse_mapping(self.reference_speedups, "--reference_speedups")
+        given = parse_mapping(self.reference_speedups, "--reference_speedups")
+        unknown = sorted(set(given) - set(CPU_MEASURED_SPEEDUPS))
+        if unknown:
+            raise ValueError(f"--reference_speedups: unknown stage {', '.join(map(repr, unknown))}; the stages are "
+                             f"{', '.join(CPU_MEASURED_SPEEDUPS)}")
+        self.reference_speedups = CPU_MEASURED_SPEEDUPS | given  # a stage left out keeps its default ratio
         for name in ("num_prompts", "images_per_prompt", "num_inference_steps", "max_train_steps", "global_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name}={getattr(self, name)}: must be >= 1")
@@ -161,7 +166,8 @@ def estimate_command(config: EstimateConfig) -> list[StageEstimate]:
     speedups = {k: float(v) for k, v in config.reference_speedups.items()}
     rows = estimate(stages, plan, speedups)
     print(format_estimate(rows, devices))
-    if speedups == CPU_MEASURED_SPEEDUPS:
-        print("\nofficial / gors per stage: the ratios measured on 2 CPU cores; pass --reference_speedups with the "
-              "benchmarks/ scripts' ratios on this GPU for its own.")
+    defaults = [stage for stage, ratio in CPU_MEASURED_SPEEDUPS.items() if speedups[stage] == ratio]
+    if defaults:
+        print(f"\nofficial / gors for {', '.join(defaults)}: the ratios measured on 2 CPU cores; pass "
+              "--reference_speedups with the benchmarks/ scripts' ratios on this GPU for its own.")
     return rows

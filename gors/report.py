@@ -14,14 +14,13 @@ Each OUT_DIR is a `gors evaluate` output folder (its `summary.json`) and/or a tr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tabulate import tabulate
 
-from gors.core.io import atomic_write_bytes
+from gors.core.io import atomic_write_bytes, make_folder, read_json
 from gors.core.paper import PUBLISHED
 
 
@@ -30,8 +29,8 @@ def load_evaluation(folder: Path) -> dict[str, float] | None:
     path = folder / "summary.json"
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
-    if "summaries" not in data:
+    data = read_json(path, "the summary.json of `gors evaluate`")
+    if not isinstance(data, dict) or "summaries" not in data:
         raise ValueError(f"{path} is not a `gors evaluate` summary (no 'summaries' list)")
     return {
         s["label"]: float(s[s["primary_metric"]]) for s in data["summaries"] if s.get(s["primary_metric"]) is not None
@@ -58,7 +57,10 @@ def round_rows(folder: Path, scalars: dict[str, list[tuple[int, float]]]) -> lis
     if not path.is_file():
         return []
     rows = []
-    for entry in json.loads(path.read_text())["rounds"]:
+    record = read_json(path, "the rounds.json of an online `gors run`")
+    if not isinstance(record, dict) or not isinstance(record.get("rounds"), list):
+        raise ValueError(f"{path}: not a rounds file (no 'rounds' list); expected the rounds.json of an online run")
+    for entry in record["rounds"]:
         row = {key: entry[key] for key in ("round", "mean_reward", "selected_fraction", "mean_reward_selected",
                                            "num_replayed", "last_step")}
         for tag, points in scalars.items():
@@ -170,7 +172,7 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
             rounds[name] = round_rows(folder, runs.get(name, {}))
         if evaluation is None and name not in runs:
             raise ValueError(f"{folder} has neither a summary.json from `gors evaluate` nor TensorBoard logs")
-    output_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(output_dir, "--output_dir")
     parts = ["# gors report", ""]
     if evaluations:
         parts += ["## Benchmarks (main metric of each; published numbers in italics)", "",

@@ -12,17 +12,21 @@ from accelerate import Accelerator
 
 from gors.checkpoints import checkpoint_step, find_checkpoint
 from gors.config import RunConfig
+from gors.core.backbones import check_trainable, detect_backbone
 from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import load_prompts
 from gors.core.run_folder import SELECTION_FILE, samples_dir
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
+from gors.families import resolve_training
 from gors.generate import generate
 from gors.score import check_prompt_metadata, score, scoring_while_generating
 from gors.select import load_selection, select
 from gors.timings import StageTiming, format_timings, timed_stage, write_timings
-from gors.train import train, training_accelerator
+from gors.train import _optimizer_class, check_data_parallel, train, training_accelerator
+from gors.validation import validation_target
+from rewards.combined import check_reward_options
 
 STAGES = ("generate", "score", "select", "train")
 
@@ -95,13 +99,23 @@ def timing_settings(config: RunConfig, store: SampleStore) -> dict[str, Any]:
 
 
 def check_run_inputs(config: RunConfig) -> None:
-    """What can fail on the prompts and the reward, checked before any image is generated: the
-    training prompts load, and the reward exists and gets the metadata it judges by (GenEval's
-    clauses for `geneval` and `geneval_graded`: a `.jsonl` prompt set)."""
+    """What can fail on the prompts, the reward and training, checked before any image is generated:
+    the training prompts load, the reward exists and gets the metadata it judges by (GenEval's
+    clauses for `geneval` and `geneval_graded`: a `.jsonl` prompt set), and training would take the
+    model's family and the flags given for it (as `gors train` checks them, hours later)."""
+    # Local files first, then the model's config (which may need the Hub).
     prompt_set = load_prompts(config.train_prompts)
     prompts = prompt_set.prompts[: config.max_prompts]
     metadata = prompt_set.metadata[: config.max_prompts] if prompt_set.metadata is not None else None
-    check_prompt_metadata(config.reward_name(prompt_set.category), prompts, metadata)
+    reward = config.reward_name(prompt_set.category)
+    check_prompt_metadata(reward, prompts, metadata)
+    check_reward_options(reward, config.reward_options)
+    _optimizer_class(config.use_8bit_adam)
+    backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
+    check_trainable(backbone, config.pretrained_model_name_or_path)
+    resolve_training(config, backbone, config.guidance_scale)  # the samples are generated with this guidance
+    if config.validation_benchmark:
+        validation_target(config)
 
 
 def run(config: RunConfig, command: str = "gors run") -> None:
@@ -110,6 +124,7 @@ def run(config: RunConfig, command: str = "gors run") -> None:
 
     check_run_inputs(config)
     accelerator = training_accelerator(config)
+    check_data_parallel(accelerator)
     if config.rounds == 1:
         run_stages(config, accelerator, command)
     else:

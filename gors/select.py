@@ -8,6 +8,7 @@ of kept and dropped samples).
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
@@ -17,7 +18,7 @@ import numpy as np
 from gors.config import RunConfig, SelectConfig
 from gors.core.io import atomic_write_json, atomic_write_jsonl, read_jsonl
 from gors.core.paper import selection_threshold
-from gors.core.run_folder import SELECTION_FILE, SELECTION_SUMMARY_FILE, samples_dir
+from gors.core.run_folder import SCORES_DIR, SELECTION_FILE, SELECTION_SUMMARY_FILE, reward_key, samples_dir
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore, StoreError, sample_key
 
@@ -76,6 +77,31 @@ def _histogram(values: list[float], bins: int = 10) -> str:
     return "\n".join(f"  [{edges[i]:.1f}, {edges[i + 1]:.1f}) {'#' * min(int(c), 50)} {int(c)}" for i, c in enumerate(counts))
 
 
+def _scored_hint(config: SelectConfig | RunConfig, reward: str) -> str:
+    """What to run when `reward` has no scores: score with it, or, when the reward was not chosen
+    (`--reward` left out), select by a reward the folder has scores of."""
+    command = f"Run `gors score --output_dir {config.output_dir} --reward {reward}` first"
+    folder = Path(config.output_dir) / SCORES_DIR
+    scored = sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name != reward_key(reward)) \
+        if folder.is_dir() else []
+    if config.reward is not None or config.unbiased or not scored:
+        return command + "."
+    return f"{reward} is the default reward; this folder has scores of {', '.join(scored)}: pass --reward " \
+           f"{scored[0]}, or {command[0].lower()}{command[1:]}."
+
+
+def _check_zero_rewards(kept: list[dict[str, Any]], reward: str, warn: bool) -> None:
+    """The loss is weighted by the reward: a kept sample whose reward is 0 trains nothing."""
+    zeros = sum(row["reward"] <= 0 for row in kept)
+    if zeros == len(kept):
+        raise ValueError(f"every one of the {len(kept)} samples --select_top_fraction keeps has {reward} 0, and the "
+                         "loss is weighted by the reward: training would learn nothing. Generate more images per "
+                         "prompt, or select by another reward.")
+    if zeros and warn:
+        print(f"[select] warning: {zeros} of the {len(kept)} kept samples have {reward} 0 and train nothing (the "
+              "loss is weighted by the reward)", file=sys.stderr)
+
+
 def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, Any]:
     """Select samples with reward > tau; returns the summary written to `selection_summary.json`.
 
@@ -84,13 +110,15 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
     store = SampleStore(samples_dir(config.output_dir))
     prompt_info = store.load_prompts()
     records = store.records()
+    if not records:
+        raise StoreError(f"no samples in {store.root}: run `gors generate --output_dir {config.output_dir}` first.")
     reward = config.reward_name(prompt_info.get("category"))
     scores = load_scores(config.output_dir, reward)
     unscored = [r["path"] for r in records if sample_key(r) not in scores]
     if unscored:
         raise StoreError(
             f"{len(unscored)} of {len(records)} samples have no {reward!r} score (e.g. {unscored[0]}). "
-            f"Run `gors score --output_dir {config.output_dir} --reward {reward}` first."
+            f"{_scored_hint(config, reward)}"
         )
     fraction = config.select_top_fraction
     if fraction is None:
@@ -117,6 +145,8 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
             keep = (record["prompt_index"], record["image_index"]) in best
         (kept if keep else dropped).append(row)
 
+    if fraction is not None:
+        _check_zero_rewards(kept, reward, write)
     all_values = [row["reward"] for row in kept + dropped]
     if not kept:
         raise ValueError(

@@ -24,7 +24,7 @@ from accelerate import Accelerator
 
 import gors
 from gors.core.clock import listening
-from gors.core.io import atomic_write_json
+from gors.core.io import atomic_write_json, read_json
 
 TIMINGS_FILE = "timings.json"
 GIB = 2**30
@@ -114,12 +114,17 @@ def write_timings(output_dir: str | Path, timings: list[StageTiming], settings: 
     with each invocation so that `gors estimate` can scale them.
     """
     path = Path(output_dir) / TIMINGS_FILE
-    record = read_timings(path) or {"stages": {}, "history": []}
+    try:
+        record = read_timings(path) or {"stages": {}, "history": []}
+    except ValueError as err:  # the run's work is done: keep the unreadable file aside, not the run's result
+        path.replace(path.with_name(path.name + ".bad"))
+        print(f"warning: {err}; moved it to {path.name}.bad and started a new one", file=sys.stderr)
+        record = {"stages": {}, "history": []}
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for timing in timings:
         entry = asdict(timing) | {"rate": timing.rate, "rate_per_process": timing.rate_per_process,
                                   "finished": when, "settings": settings}
-        record["history"].append(entry)
+        record.setdefault("history", []).append(entry)
         if timing.work > 0:  # a stage that found everything done measured nothing
             record["stages"][timing.stage] = entry
     record["gors_version"] = gors.__version__
@@ -128,12 +133,18 @@ def write_timings(output_dir: str | Path, timings: list[StageTiming], settings: 
 
 
 def read_timings(path: str | Path) -> dict[str, Any] | None:
-    """A `timings.json` (a run folder or the file itself); None when there is none."""
-    import json
-
+    """A `timings.json` (a run folder or the file itself); None when there is none, a ValueError
+    naming the file when it is no timings file."""
     path = Path(path)
     path = path / TIMINGS_FILE if path.is_dir() else path
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if not path.is_file():
+        return None
+    what = f"a {TIMINGS_FILE} that `gors run` wrote"
+    record = read_json(path, what)
+    if not (isinstance(record, dict) and isinstance(record.get("stages"), dict)
+            and all(isinstance(entry, dict) for entry in record["stages"].values())):
+        raise ValueError(f"{path}: not a timings file (no 'stages' mapping); expected {what}")
+    return record
 
 
 def format_timings(timings: list[StageTiming]) -> str:

@@ -14,8 +14,9 @@ import random
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +28,11 @@ from evaluators.results import metric_value
 from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import Backbone
 from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder
+from rewards import get_reward_class
+from rewards.combined import check_options
+
+if TYPE_CHECKING:
+    from evaluators.base import Benchmark
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
@@ -65,6 +71,38 @@ def image_grid(paths: list[Path], columns: int = 8, side: int = 128) -> np.ndarr
     return np.asarray(make_image_grid(images, rows, columns, resize=side))
 
 
+@dataclass(frozen=True)
+class ValidationTarget:
+    """What `--validation_benchmark` measures: the benchmark, its label, the metric and its direction."""
+
+    benchmark: Benchmark
+    label: str
+    metric: str
+    higher_is_better: bool
+
+
+def validation_target(config: TrainConfig | RunConfig) -> ValidationTarget:
+    """The benchmark, metric and scorer options of `--validation_*`, checked: a metric the benchmark
+    does not declare, or a scorer option its scorer does not take, is a ValueError before any weights
+    load (`gors run` calls this before generating, the trainer before training)."""
+    from evaluators import benchmark_label, build_benchmark, parse_benchmarks
+
+    name, subset = parse_benchmarks(config.validation_benchmark)[0]
+    benchmark = build_benchmark(name, subset, max_prompts=config.validation_num_prompts,
+                                images_per_prompt=config.validation_images_per_prompt)
+    label = benchmark_label(name, subset)
+    metric = config.validation_metric or benchmark.primary_metric
+    try:
+        higher_is_better = benchmark.declared_metric(metric).higher_is_better
+    except KeyError:
+        declared = ", ".join(declared.key for declared in benchmark.metrics)
+        raise ValueError(f"--validation_metric={metric!r} is not a metric of {label}; choose one of "
+                         f"{declared}") from None
+    reward, options = benchmark.scorer_spec(config.validation_scorer_options)
+    check_options(get_reward_class(reward), options, f"{label}'s scorer {reward!r}", "--validation_scorer_options")
+    return ValidationTarget(benchmark, label, metric, higher_is_better)
+
+
 class BenchmarkValidation:
     """`--validation_benchmark` for one training run (see the module docstring)."""
 
@@ -73,21 +111,9 @@ class BenchmarkValidation:
         """`backbone`: the family of the model being trained, whose sampling the benchmark takes where it
         fixes none for it (None: Stable Diffusion 1/2). `output_dir`: where `validation/` and `best/`
         go (default: the run folder)."""
-        from evaluators import benchmark_label, build_benchmark, parse_benchmarks
-
-        name, subset = parse_benchmarks(config.validation_benchmark)[0]
-        self.benchmark = build_benchmark(
-            name, subset, max_prompts=config.validation_num_prompts,
-            images_per_prompt=config.validation_images_per_prompt,
-        )
-        self.label = benchmark_label(name, subset)
-        self.metric = config.validation_metric or self.benchmark.primary_metric
-        try:  # before any weights load
-            self.higher_is_better = self.benchmark.declared_metric(self.metric).higher_is_better
-        except KeyError:
-            declared = ", ".join(metric.key for metric in self.benchmark.metrics)
-            raise ValueError(f"--validation_metric={self.metric!r} is not a metric of {self.label}; choose one of "
-                             f"{declared}") from None
+        target = validation_target(config)
+        self.benchmark, self.label = target.benchmark, target.label
+        self.metric, self.higher_is_better = target.metric, target.higher_is_better
         self.options = config.validation_scorer_options
         self.accelerator = accelerator
         self.backbone = backbone

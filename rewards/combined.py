@@ -7,6 +7,7 @@ a `module:Class` path or a weighted list) into a ready `Reward`.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import torch
 from PIL import Image
 
 from rewards.base import Reward, RewardOutput
-from rewards.registry import get_reward_class
+from rewards.registry import available_rewards, get_reward_class
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,11 @@ def _split_weight(item: str) -> tuple[str, float | None]:
     try:
         return name, float(tail)
     except ValueError:
-        return item, None  # the colon belongs to a `module:Class` path
+        pass
+    # The colon belongs to a `module:Class` path, unless what precedes it is a whole name already.
+    if ":" in name or name in available_rewards() or not tail.isidentifier():
+        raise ValueError(f"weight {tail!r} of {name!r} is not a number; expected 'name:weight', e.g. '{name}:0.5'")
+    return item, None
 
 
 def parse_reward_list(text: str) -> list[RewardSpec]:
@@ -55,7 +60,10 @@ def parse_reward_list(text: str) -> list[RewardSpec]:
         item = raw.strip()
         if not item:
             raise ValueError(f"--reward={text!r}: empty item (stray comma?); expected 'name[:weight],...'")
-        name, weight = _split_weight(item)
+        try:
+            name, weight = _split_weight(item)
+        except ValueError as err:
+            raise ValueError(f"--reward={text!r}: {err}") from None
         if not name or name.endswith(":"):
             raise ValueError(f"--reward={text!r}: {item!r} has no reward name; expected 'name:weight'")
         if any(spec.name == name for spec in specs):
@@ -113,6 +121,9 @@ class WeightedReward(Reward):
                 f"reward options for {unknown}, which are not in the reward list "
                 f"{[spec.name for spec in specs]}; key the options by member name"
             )
+        for spec in specs:  # before any member loads its model
+            check_options(get_reward_class(spec.name), options.get(spec.name, {}), f"reward {spec.name!r}",
+                          "--reward_options")
         total = sum(spec.weight for spec in specs)
         self.weights = {spec.name: spec.weight / total for spec in specs}
         self.members = {
@@ -150,6 +161,50 @@ class WeightedReward(Reward):
         return self.weights
 
 
+# Keyword arguments gors itself passes (from --mixed_precision, --reward_batch_size, the process's device).
+SET_BY_GORS = ("device", "torch_dtype", "batch_size")
+
+
+def accepted_options(cls: type) -> list[str] | None:
+    """The keyword arguments `cls(...)` takes, from its `__init__` and the bases it passes `**kwargs`
+    on to; None when it takes any."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]  # not self
+        names += [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return sorted(set(names))
+    return None
+
+
+def check_options(cls: type, options: Mapping[str, Any], what: str, flag: str) -> None:
+    """Refuse, before anything loads, an option `cls` does not take, listing the ones it does.
+    `what` names the class in the message (e.g. "reward 'b_vqa'"), `flag` the option that gave it."""
+    accepted = accepted_options(cls)
+    accepted = None if accepted is None else [name for name in accepted if name not in SET_BY_GORS]
+    unknown = sorted(set(options) - set(options if accepted is None else accepted))
+    if unknown:
+        raise ValueError(f"{flag}: {what} has no option {', '.join(map(repr, unknown))}; its options: "
+                         f"{', '.join(accepted) or 'none'}")
+
+
+def check_reward_options(text: str, options: Mapping[str, Any] | None, flag: str = "--reward_options") -> None:
+    """Refuse options that no member of the `--reward` value `text` takes (`--reward_options`)."""
+    specs = check_reward(text)
+    options = dict(options or {})
+    if is_single(specs, text):
+        check_options(get_reward_class(specs[0].name), options, f"reward {specs[0].name!r}", flag)
+        return
+    for spec in specs:
+        member = options.get(spec.name, {})
+        if not isinstance(member, Mapping):
+            raise ValueError(f"{flag}: the options of {spec.name!r} are {member!r}; give a mapping, e.g. "
+                             f"'{{\"{spec.name}\": {{\"model_name_or_path\": \"...\"}}}}'")
+        check_options(get_reward_class(spec.name), member, f"reward {spec.name!r}", flag)
+
+
 def check_reward(text: str) -> list[RewardSpec]:
     """Parse `text` and import every member class, so a bad name fails before any work."""
     specs = parse_reward_list(text)
@@ -175,6 +230,7 @@ def build_reward(
     specs = check_reward(text)
     options = dict(options or {})
     if is_single(specs, text):
+        check_options(get_reward_class(specs[0].name), options, f"reward {specs[0].name!r}", "--reward_options")
         if model_name_or_path is not None:
             if options.get("model_name_or_path", model_name_or_path) != model_name_or_path:
                 raise ValueError(

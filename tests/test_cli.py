@@ -41,7 +41,8 @@ def test_yaml_values_are_checked_against_the_flags_choices(tmp_path):
 
 
 def test_load_failures_say_whether_the_model_was_missing_or_of_another_kind(tmp_path, monkeypatch):
-    from gors.core.hub import from_pretrained
+    from gors.cli import EXPECTED_ERRORS
+    from gors.core.hub import ModelLoadError, from_pretrained
 
     class Loader:
         @classmethod
@@ -50,8 +51,13 @@ def test_load_failures_say_whether_the_model_was_missing_or_of_another_kind(tmp_
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     exception = OSError("not in the cache")
-    with pytest.raises(OSError, match=r"--model='org/name' could not be loaded: not in the cache\nHF_HUB_OFFLINE=1"):
+    with pytest.raises(ModelLoadError, match=r"--model='org/name' could not be loaded: not in the cache HF_HUB_OFFLINE=1"):
         from_pretrained(Loader.from_pretrained, "org/name", "--model")
+    # A local folder that is no model: no advice about the Hub, which was never asked.
+    with pytest.raises(ModelLoadError) as refused:
+        from_pretrained(Loader.from_pretrained, str(tmp_path), "--model")
+    assert "HF_HUB_OFFLINE" not in str(refused.value) and "Hub id" in str(refused.value)
+    assert ModelLoadError in EXPECTED_ERRORS
     exception = ValueError("unrecognized configuration class")
     with pytest.raises(ValueError, match=r"--model='org/name' was found but could not be loaded as Loader: "
                                          r"unrecognized configuration class\. Check that it is a checkpoint"):
@@ -76,6 +82,15 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
         (["--no_train_unet", "--no_train_text_encoder"], "nothing to train"),
         (["--caption_dropout", "1.0"], "--caption_dropout=1.0"),
         (["--anchor_below", "-1"], "--anchor_below=-1: give a timestep >= 1"),
+        (["--lr_scheduler", "cosin"], "--lr_scheduler='cosin'; choose one of linear, cosine, "),
+        (["--adam_beta1", "1.0"], r"--adam_beta1=1.0: use a value in \[0, 1\)"),
+        (["--adam_beta2", "-0.1"], "--adam_beta2=-0.1"),
+        (["--adam_epsilon", "0"], "--adam_epsilon=0.0: must be > 0"),
+        (["--adam_weight_decay", "-1"], "--adam_weight_decay=-1.0: must be >= 0"),
+        (["--lr_warmup_steps", "-1"], "--lr_warmup_steps=-1: must be >= 0"),
+        (["--max_grad_norm", "-1"], "--max_grad_norm=-1.0: must be > 0"),
+        (["--max_grad_norm", "0"], "--max_grad_norm=0.0: must be > 0"),
+        (["--guidance_scale", "-2"], "--guidance_scale=-2.0: must be >= 0"),
     ],
 )
 def test_bad_values_name_the_flag(flags, message):
@@ -204,6 +219,10 @@ def test_positional_fields_and_yaml_for_report(tmp_path, capsys):
     config_file.write_text(f"output_dir: {tmp_path / 'report'}\n")
     main(["report", str(folder), "--config", str(config_file)])
     assert f"[report] wrote {tmp_path / 'report' / 'report.md'}" in capsys.readouterr().out
+    # a positional field in the YAML file: the command line may leave it out, or give it instead
+    config_file.write_text(f"folders: [{folder}]\n")
+    assert parse_config(ReportConfig, ["--config", str(config_file)]).folders == [str(folder)]
+    assert parse_config(ReportConfig, ["x", "--config", str(config_file)]).folders == ["x"]
 
 
 def test_mapping_options_are_dicts_from_flags_and_yaml(tmp_path):
@@ -305,3 +324,50 @@ def test_expected_error_of_a_real_command_has_no_traceback(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    message = one_error_line(capsys, ["select", "--output_dir", str(a_file), "--reward_threshold", "0.5"])
+    assert f"--output_dir='{a_file}' is a file, not a folder" in message
+    evaluation = tmp_path / "eval"
+    evaluation.mkdir()
+    (evaluation / "summary.json").write_text('{"summaries": []}')
+    message = one_error_line(capsys, ["report", str(evaluation), "--output_dir", str(a_file / "x")])
+    assert f"--output_dir='{a_file / 'x'}' lies under a file" in message
+    assert f"--config {tmp_path}: is a directory" in one_error_line(capsys, ["select", "--config", str(tmp_path)])
+    assert "--output_dir='': give the run folder" in one_error_line(capsys, ["select", "--output_dir", ""])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("max_train_steps: {a: b\n", r"bad.yaml: line 2, column 1: YAML syntax error"),
+    ("validation_prompts: a red circle\n", "validation_prompts: 'a red circle' is not a list: use a YAML list"),
+    ("images_per_prompt: 2.5\n", "images_per_prompt: 2.5 is not a whole number"),
+    ("images_per_prompt: [1, 2]\n", r"images_per_prompt: \[1, 2\] is not a whole number"),
+    ("images_per_prompt: null\n", r"images_per_prompt: None \(null\) is not allowed"),
+    ("lr_scheduler: no\n", "lr_scheduler: False reads as the YAML boolean false: quote the text"),
+    ("train_unet: 1\n", "train_unet: 1 is not true or false"),
+])
+def test_yaml_values_are_checked_against_the_field_types(tmp_path, text, message):
+    config_file = tmp_path / "bad.yaml"
+    config_file.write_text(text)
+    with pytest.raises(SystemExit, match=message):
+        parse_config(RunConfig, ["--config", str(config_file)])
+
+
+def test_yaml_no_is_no_and_numbers_are_floats_for_float_fields(tmp_path):
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("mixed_precision: no\ntorch_compile: no\nreward_threshold: 1\n"
+                           "validation_prompts: [a red circle]\n")
+    config = parse_config(RunConfig, ["--config", str(config_file)])
+    assert (config.mixed_precision, config.torch_compile, config.reward_threshold) == ("no", "no", 1.0)
+    assert config.validation_prompts == ["a red circle"]
+
+
+def test_interrupt_before_accelerate_is_imported_is_one_line(monkeypatch, capsys, tmp_path):
+    import gors.cli
+
+    monkeypatch.delitem(sys.modules, "accelerate", raising=False)
+    assert gors.cli._process_index() == 0
+    assert "accelerate" not in sys.modules  # the handler imports nothing

@@ -8,6 +8,7 @@ from accelerate import PartialState
 from safetensors.torch import load_file
 from two_processes import launch_gors
 
+from gors.core.io import NotSharedError
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
 
@@ -82,3 +83,39 @@ def test_two_process_evaluation_equals_one_process(tmp_path):
     summaries = [json.loads((tmp_path / run / "toy" / "train" / "summary.json").read_text()) for run in ("one", "two")]
     assert summaries[0]["num_images"] == summaries[1]["num_images"] == 12
     assert summaries[0]["binding_accuracy"] == summaries[1]["binding_accuracy"]
+
+
+def test_a_folder_other_processes_cannot_see_is_refused_at_the_start(tmp_path, monkeypatch):
+    """Process 1 of a launch whose --output_dir is node-local sees nothing the main process writes:
+    the check names it and its host instead of a later "no samples" error."""
+    import accelerate.utils
+
+    from gors.core import distributed
+
+    written = tmp_path / "main-node"
+    written.mkdir()
+    elsewhere = tmp_path / "other-node"  # the same path on another node: an empty local folder
+    elsewhere.mkdir()
+    broadcast: list = []
+
+    def fake_broadcast(objects):
+        broadcast.extend(objects)
+        return objects
+
+    def fake_gather(objects):  # both processes' answers, as all_gather_object returns them
+        return [(0, "node-a", True), *objects]
+
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", fake_broadcast)
+    monkeypatch.setattr(accelerate.utils, "gather_object", fake_gather)
+    main = SimpleNamespace(num_processes=2, is_main_process=True, process_index=0, wait_for_everyone=lambda: None)
+    other = SimpleNamespace(num_processes=2, is_main_process=False, process_index=1, wait_for_everyone=lambda: None)
+
+    # The main process writes the token; a process that sees the same folder finds it.
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda objects: objects)
+    distributed.check_shared_folder(written, main)
+    assert not (written / distributed.SHARED_CHECK_FILE).exists()  # removed after the check
+
+    monkeypatch.setattr(accelerate.utils, "gather_object", fake_gather)
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda objects: broadcast[-1:])
+    with pytest.raises(NotSharedError, match=r"process 1 on .*cannot see.*--output_dir must be on"):
+        distributed.check_shared_folder(elsewhere, other, wait_s=0.0)

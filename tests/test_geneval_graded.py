@@ -345,9 +345,13 @@ def test_geneval_rewards_refuse_prompts_without_clauses_before_any_work(
     with pytest.raises(ValueError, match="Unknown reward 'genevall'"):
         run(RunConfig(output_dir=str(tmp_path / "fresh"), train_prompts=str(bad), reward="genevall"))
     assert not (tmp_path / "fresh").exists()
-    # --max_prompts 1 keeps only the valid row: the check passes and the run goes on to start.
+    # --max_prompts 1 keeps only the valid row: the check passes and the run goes on to start (on a
+    # local model: the checks read the model's config after the prompts').
+    from gors.core.toy import PRETRAINED_DIR
+
     with pytest.raises(AssertionError, match="no reward may load"):
-        run(RunConfig(output_dir=str(tmp_path / "fresh"), train_prompts=str(bad), reward="geneval", max_prompts=1))
+        run(RunConfig(output_dir=str(tmp_path / "fresh"), train_prompts=str(bad), reward="geneval", max_prompts=1,
+                      pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline")))
 
 
 def test_the_recipe_s_tau_keeps_what_its_comment_says() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,8 +144,10 @@ def test_recipe_help_runs() -> None:
 
 
 def test_recipe_config_writes_the_training_prompts_once(tmp_path: Path) -> None:
+    from gors.core.toy import PRETRAINED_DIR
     from gors.recipes import GENEVAL_TAU, geneval_recipe_config
     from gors.run import check_run_inputs
+
     out = tmp_path / "run"
     config = geneval_recipe_config(["--output_dir", str(out), "--images_per_prompt", "4"])
     path = out / "geneval_train_prompts.jsonl"
@@ -154,7 +157,8 @@ def test_recipe_config_writes_the_training_prompts_once(tmp_path: Path) -> None:
     assert config.pretrained_model_name_or_path == "stabilityai/stable-diffusion-2-base"
     written = [json.loads(line) for line in path.read_text().splitlines()]
     assert written == generate_train_prompts(700, seed=0)
-    check_run_inputs(config)  # the run's up-front check passes on them
+    # The run's up-front check passes on them (on a local model of the same family: no Hub here).
+    check_run_inputs(replace(config, pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline")))
     # A resumed run keeps the prompts it started with; other --train_prompts pass unchanged.
     path.write_text(json.dumps(written[0]) + "\n")
     assert geneval_recipe_config(["--output_dir", str(out)]).train_prompts == str(path)

@@ -166,6 +166,24 @@ def test_empty_and_missing_files(tmp_path: Path) -> None:
         P.read_prompt_file(tmp_path / "nope.txt")
 
 
+def test_an_existing_file_named_with_its_suffix_wins_over_a_benchmark_name(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("color.txt").write_text("my own prompt\n")
+    prompt_set = P.load_prompts("color.txt")  # no download: the file here, not T2I-CompBench's color_train.txt
+    assert (prompt_set.prompts, prompt_set.source) == (["my own prompt"], "color.txt")
+
+
+def test_a_folder_or_non_utf8_prompt_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=f"Prompt file '{tmp_path}' is a folder"):
+        P.load_prompts(str(tmp_path))
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("un cube rouge \xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=f"Prompt file '{latin}' is not UTF-8 text"):
+        P.load_prompts(str(latin))
+    with pytest.raises(ValueError, match="latin.jsonl' is not UTF-8 text"):
+        P.load_prompts(str(latin.rename(tmp_path / "latin.jsonl")))
+
+
 def test_unknown_names() -> None:
     with pytest.raises(FileNotFoundError, match="does not exist") as err:
         P.load_prompts("colour")

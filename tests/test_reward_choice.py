@@ -18,6 +18,7 @@ from rewards.combined import (
     RewardSpec,
     WeightedReward,
     build_reward,
+    check_reward_options,
     parse_reward_list,
     weighted_mean,
 )
@@ -64,7 +65,8 @@ def test_parse_reward_list():
     "text, message",
     [("", "give a reward name"), ("b_vqa,,clip_score", "empty item"), ("b_vqa:0", "must be > 0"),
      ("b_vqa:-1", "must be > 0"), ("b_vqa:nan", "must be > 0"), (":0.5", "no reward name"),
-     ("b_vqa,b_vqa:2", "appears twice")],
+     ("b_vqa,b_vqa:2", "appears twice"), ("toy_oracle:abc", "weight 'abc' of 'toy_oracle' is not a number"),
+     ("my.mod:MyReward:x", "weight 'x' of 'my.mod:MyReward' is not a number"), ("b_vqa:0.x", "weight '0.x'")],
 )
 def test_weight_lists_that_do_not_parse(text, message):
     with pytest.raises(ValueError, match=message):
@@ -185,6 +187,29 @@ def test_build_reward_rejects_ambiguous_or_unknown_input():
         build_reward("test_constant,test_brightness", options={"b_vqa": {}})
     with pytest.raises(ValueError, match=r"Unknown reward 'bvqa'.*b_vqa"):
         build_reward("test_constant:1,bvqa:1")
+
+
+def test_unknown_reward_options_are_refused_with_the_accepted_ones_before_any_model_loads():
+    built = len(Constant.built)
+    accepted = "its options: model_name_or_path, value$"
+    with pytest.raises(ValueError, match=rf"--reward_options: reward 'test_constant' has no option 'nope'; {accepted}"):
+        build_reward("test_constant", options={"nope": 1}, device="cpu")
+    with pytest.raises(ValueError, match=rf"reward 'test_constant' has no option 'device'; {accepted}"):
+        check_reward_options("test_constant", {"device": "cpu"})  # gors sets it
+    with pytest.raises(ValueError, match="reward 'test_constant' has no option 'nope'"):
+        build_reward("test_brightness,test_constant", options={"test_constant": {"nope": 1}}, device="cpu")
+    with pytest.raises(ValueError, match="the options of 'test_constant' are 5; give a mapping"):
+        check_reward_options("test_brightness,test_constant", {"test_constant": 5})
+    assert len(Constant.built) == built  # nothing was built
+    check_reward_options("test_constant", {"value": 0.3, "model_name_or_path": "x"})
+
+
+def test_evaluate_scorer_options_of_a_benchmark_must_be_a_mapping():
+    from gors.config import EvaluateConfig
+
+    with pytest.raises(SystemExit, match="--scorer_options: 'toy' maps to 5; give that benchmark's scorer options as a "
+                                         "mapping"):
+        parse_config(EvaluateConfig, ["--scorer_options", '{"toy": 5}'])
 
 
 def test_non_rgb_images_are_converted_for_every_member():

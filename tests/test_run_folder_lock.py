@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gors.cli import main
+from gors.cli import COMMANDS, main
 from gors.core.lock import LockError, lock_path, run_folder_lock
 from gors.core.store import SampleStore
 
@@ -110,3 +110,14 @@ def test_two_gors_generate_on_one_folder(tiny_sd, prompts_file, tmp_path, capsys
         first.stderr.close()
     keys = [(r["prompt_index"], r["image_index"]) for r in SampleStore(run / "samples").records()]
     assert sorted(keys) == [(p, i) for p in range(3) for i in range(2)]  # each image once
+
+
+def test_gors_select_is_refused_while_gors_train_reads_the_selection(tmp_path, capsys):
+    # train's processes read selection.jsonl while it runs: a select meanwhile would change it under them
+    run = tmp_path / "run"
+    assert COMMANDS["train"].locks == ("select", "train")
+    with run_folder_lock(run, COMMANDS["train"].locks, "gors train"):
+        with pytest.raises(SystemExit) as refused:
+            main(["select", "--output_dir", str(run), "--reward_threshold", "0.5"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: {run} is being written by `gors train`")

@@ -171,6 +171,31 @@ def test_select_refuses_unscored_samples(tmp_path, make_run_config):
         select(make_run_config(output_dir=str(tmp_path)))
 
 
+def test_select_on_an_empty_store_says_to_generate(tmp_path, make_run_config):
+    SampleStore(tmp_path / "samples").save_prompts({"name": "x", "category": None, "source": "test", "prompts": ["p"]})
+    with pytest.raises(StoreError, match=f"no samples in {tmp_path / 'samples'}: run `gors generate"):
+        select(make_run_config(output_dir=str(tmp_path)))
+
+
+def test_select_without_reward_names_the_rewards_the_folder_has_scores_of(tmp_path, make_run_config):
+    _fake_scored_run(tmp_path, None, {0: 0.9})
+    (tmp_path / "scores" / "b_vqa").rename(tmp_path / "scores" / "toy_oracle")
+    with pytest.raises(StoreError, match="b_vqa is the default reward; this folder has scores of toy_oracle: pass "
+                                         "--reward toy_oracle"):
+        select(make_run_config(output_dir=str(tmp_path), reward=None))
+    with pytest.raises(StoreError, match=r"Run `gors score --output_dir .* --reward b_vqa` first\.$"):
+        select(make_run_config(output_dir=str(tmp_path), reward="b_vqa"))  # chosen: no other suggestion
+
+
+def test_select_top_fraction_warns_of_zero_rewards_and_refuses_only_zeros(tmp_path, make_run_config, capsys):
+    _fake_scored_run(tmp_path, None, {0: 0.0, 1: 0.5})
+    select(make_run_config(output_dir=str(tmp_path), reward_threshold=None, select_top_fraction=1.0))
+    assert "1 of the 2 kept samples have b_vqa 0 and train nothing" in capsys.readouterr().err
+    _fake_scored_run(tmp_path / "zeros", None, {0: 0.0, 1: 0.0})
+    with pytest.raises(ValueError, match="every one of the 2 samples --select_top_fraction keeps has b_vqa 0"):
+        select(make_run_config(output_dir=str(tmp_path / "zeros"), reward_threshold=None, select_top_fraction=1.0))
+
+
 def test_top_fraction_keeps_each_prompts_best_images():
     from gors.select import top_fraction
 
@@ -200,3 +225,38 @@ def test_select_top_fraction_outside_0_1_is_refused(make_run_config, fraction):
 def test_select_top_fraction_and_a_threshold_are_refused_together(make_run_config):
     with pytest.raises(ValueError, match="select by one of them"):
         make_run_config(reward_threshold=0.5, select_top_fraction=0.5)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"weighting_scheme": "mode"}, "--weighting_scheme=mode: .* trains with the DDPM loss"),
+    ({"train_text_encoder_2": True}, "--train_text_encoder_2: .* has no second CLIP text encoder"),
+    ({"max_sequence_length": 77}, "--max_sequence_length: .* has no T5 encoder"),
+    ({"reward_options": {"nope": 1}}, "--reward_options: reward 'b_vqa' has no option 'nope'"),
+    ({"validation_benchmark": "toy:train", "validation_scorer_options": {"nope": 1}},
+     "--validation_scorer_options: toy:train's scorer 'toy_oracle' has no option 'nope'"),
+    ({"validation_benchmark": "toy:train", "validation_metric": "acuracy"},
+     "--validation_metric='acuracy' is not a metric of toy:train"),
+])
+def test_run_refuses_what_training_would_before_generating(make_run_config, overrides, message):
+    from gors.run import run
+
+    config = make_run_config(**overrides)
+    with pytest.raises(ValueError, match=message):
+        run(config)
+    assert not (Path(config.output_dir) / "samples").exists()  # refused before any image
+
+
+@pytest.mark.parametrize("sharding", ["DEEPSPEED", "FSDP"])
+def test_run_refuses_a_sharded_launch_before_generating(make_run_config, monkeypatch, sharding):
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    import gors.run
+
+    monkeypatch.setattr(gors.run, "training_accelerator",
+                        lambda config: SimpleNamespace(distributed_type=getattr(DistributedType, sharding)))
+    config = make_run_config()
+    with pytest.raises(ValueError, match=r"data parallelism \(DDP\) only.*multi_gpu.yaml"):
+        gors.run.run(config)
+    assert not (Path(config.output_dir) / "samples").exists()

@@ -107,3 +107,36 @@ def test_estimate_command_prints_the_papers_colour_run_and_refuses_missing_stage
         estimate_command(EstimateConfig(timings=[str(tmp_path / "nowhere")]))
     with pytest.raises(ValueError, match="--reference_speedups"):
         EstimateConfig(timings=[str(folder)], reference_speedups='{"score": 0}')
+
+
+def test_reference_speedups_merge_over_the_defaults_and_refuse_unknown_stages():
+    config = EstimateConfig(timings=["x"], reference_speedups='{"train": 3}')
+    assert config.reference_speedups == CPU_MEASURED_SPEEDUPS | {"train": 3}
+    with pytest.raises(ValueError, match="unknown stage 'training'; the stages are generate, score, select, train"):
+        EstimateConfig(timings=["x"], reference_speedups='{"training": 3}')
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{}", "not a timings file"), ("[1, 2]", "not a timings file"), ('{"stages": 3}', "not a timings file"),
+    ('{"stages": {', r"not valid JSON \(Expecting"),
+])
+def test_estimate_and_report_name_a_file_that_is_no_timings_or_summary(tmp_path, text, message):
+    from gors.report import report
+
+    path = tmp_path / "timings.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"{path}: {message}"):
+        estimate_command(EstimateConfig(timings=[str(path)]))
+    (tmp_path / "summary.json").write_text(text)
+    with pytest.raises(ValueError, match=f"{tmp_path / 'summary.json'}:? (is )?not"):
+        report([tmp_path], tmp_path / "report")
+
+
+def test_an_unreadable_timings_file_is_moved_aside_when_a_run_writes_its_timings(tmp_path, capsys):
+    from gors.timings import write_timings
+
+    (tmp_path / "timings.json").write_text("{")
+    write_timings(tmp_path, [], {})
+    assert (tmp_path / "timings.json.bad").read_text() == "{"
+    assert read_timings(tmp_path)["stages"] == {}
+    assert "moved it to timings.json.bad" in capsys.readouterr().err

@@ -14,9 +14,11 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Iterator, Sequence, TypeVar
 
 import torch
@@ -29,6 +31,10 @@ T = TypeVar("T")
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _watching_launcher = False
+SHARED_CHECK_FILE = ".shared-check"
+# How long another node may take to see a file the main process wrote (network filesystems publish
+# new files with a delay); every stage relies on the same visibility after its barriers.
+SHARED_CHECK_WAIT_S = 30.0
 
 
 def _cpu_only() -> bool:
@@ -84,6 +90,53 @@ def process_state() -> PartialState:
     """The process layout without an Accelerator, for stages that train nothing."""
     die_with_launcher()
     return PartialState(cpu=_cpu_only())
+
+
+def _sees(path: Path, token: str, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if path.read_text() == token:
+                return True
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
+def check_shared_folder(folder: str | Path, state: PartialState, wait_s: float = SHARED_CHECK_WAIT_S) -> None:
+    """Refuse, on every process, a run folder that some processes do not share with the main one.
+
+    Each stage's main process writes files (prompts, settings, scores, checkpoints) that all
+    processes read after a barrier, so every node must see one folder (a shared filesystem). On
+    node-local folders a run would fail much later with a misleading "no samples" error; this fails
+    at the start, naming the processes and hosts that could not see the folder. A collective call.
+    """
+    if state.num_processes == 1:
+        return
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    from gors.core.io import NotSharedError, atomic_write_bytes
+
+    path = Path(folder) / SHARED_CHECK_FILE
+    token = None
+    if state.is_main_process:
+        token = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+        atomic_write_bytes(path, token.encode())
+    token = broadcast_object_list([token])[0]
+    seen = state.is_main_process or _sees(path, token, wait_s)
+    blind = [f"process {index} on {host}"
+             for index, host, ok in gather_object([(state.process_index, socket.gethostname(), seen)]) if not ok]
+    state.wait_for_everyone()
+    if state.is_main_process:
+        path.unlink(missing_ok=True)
+    if blind:
+        raise NotSharedError(
+            f"{folder} is not shared by every process of this launch: {', '.join(blind)} cannot see what the main "
+            f"process (on {token.split(':')[0]}) writes there. On several nodes, --output_dir must be on a "
+            "filesystem every node mounts (NFS, Lustre, ...), at the same path."
+        )
 
 
 def batches(items: Sequence[T], size: int) -> Iterator[list[T]]:

@@ -8,6 +8,23 @@ from typing import Any, Callable, TypeVar
 T = TypeVar("T")
 
 
+class ModelLoadError(OSError):
+    """A model named by a flag could not be loaded; the message names the flag and what to do.
+    An expected error of the `gors` command (one line, no traceback): raise it for any model a
+    flag names (`gors.core.backbones` for a pipeline's model_index.json)."""
+
+
+def load_hint(name: str) -> str:
+    """What to do when `name` could not be loaded: for a local folder, check it; for a Hub id, the network."""
+    if looks_like_local_path(name):
+        return "Pass a local model folder with the files its loader needs, or a Hugging Face Hub id."
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return ("HF_HUB_OFFLINE=1 is set, so only the local cache is searched: download the model on a "
+                "machine with internet (`hf download NAME`) or pass a local folder.")
+    return ("Check the id on huggingface.co, your network, and `hf auth login` for gated models; "
+            "on an offline machine pass a local folder.")
+
+
 def looks_like_local_path(name: str) -> bool:
     """True when `name` is meant as a folder on disk rather than a Hub id such as `org/model`."""
     return (
@@ -35,15 +52,8 @@ def from_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: An
     try:
         return loader(name, **kwargs)
     except OSError as err:  # not found, not downloadable, not readable
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        hint = (
-            "HF_HUB_OFFLINE=1 is set, so only the local cache is searched: download the model on a "
-            "machine with internet (`hf download NAME`) or pass a local folder."
-            if offline
-            else "Check the id on huggingface.co, your network, and `hf auth login` for gated models; "
-            "on an offline machine pass a local folder."
-        )
-        raise OSError(f"{flag}={name!r} could not be loaded: {err}\n{hint}") from err
+        message = " ".join(str(err).split())  # one line: huggingface_hub's messages span several
+        raise ModelLoadError(f"{flag}={name!r} could not be loaded: {message} {load_hint(name)}") from err
     except ValueError as err:  # found, but not a checkpoint this loader reads (another class, a bad config)
         raise ValueError(f"{flag}={name!r} was found but could not be loaded as {_loader_name(loader)}: {err}. "
                          "Check that it is a checkpoint of that kind.") from err

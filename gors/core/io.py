@@ -28,6 +28,42 @@ from PIL import Image
 
 logger = logging.getLogger(__name__)
 
+# What the OS says when a path given by the user is unusable: a file where a folder belongs (or the
+# reverse), or no permission. The user fixes these from the message; any other OSError is a fault.
+UNUSABLE_PATH = (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+class PathError(OSError):
+    """A path the user gave cannot be used as given; the message names it, and the flag when known."""
+
+
+class NotSharedError(PathError):
+    """Some processes of a launch do not see the run folder the main process writes (not a shared filesystem)."""
+
+
+def unusable_path(err: OSError, path: str | Path, flag: str | None = None) -> PathError:
+    """`err` (one of `UNUSABLE_PATH`) as one line naming the path, the flag that gave it and the fix."""
+    given = f"{flag}={str(path)!r}" if flag else str(path)
+    if isinstance(err, FileExistsError):
+        problem = "is a file, not a folder"
+    elif isinstance(err, NotADirectoryError):
+        problem = "lies under a file, not a folder"
+    elif isinstance(err, IsADirectoryError):
+        problem = "is a folder, not a file"
+    else:
+        problem = f"cannot be written: {err.strerror.lower()} on {err.filename or path}"
+    return PathError(f"{given} {problem}; pass a folder path that you can write to")
+
+
+def make_folder(folder: str | Path, flag: str | None = None) -> Path:
+    """Create `folder` and its parents if missing; a `PathError` naming it (and `flag`) when it cannot be."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except UNUSABLE_PATH as err:
+        raise unusable_path(err, folder, flag) from None
+    return folder
+
 
 @functools.cache
 def _umask() -> int:
@@ -48,11 +84,26 @@ def set_usual_permissions(path: str | Path) -> None:
     os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
+def read_json(path: str | Path, what: str) -> Any:
+    """The JSON value in `path`, or a ValueError naming the file and saying what it should be (`what`)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg}, line {err.lineno}); expected {what}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a UTF-8 text file; expected {what}") from None
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder and `os.replace`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    make_folder(path.parent)
+    if path.is_dir():  # os.replace would fail only after the data is written
+        raise PathError(f"{path}: is a folder, where a file is to be written; move it away or pass another path")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except UNUSABLE_PATH as err:
+        raise unusable_path(err, path.parent) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

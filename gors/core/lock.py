@@ -24,6 +24,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from gors.core.io import UNUSABLE_PATH, PathError, make_folder, unusable_path
+
 
 class LockError(RuntimeError):
     """The run folder's stage is being written by another command; the message names it."""
@@ -50,8 +52,11 @@ def _read_record(fd: int) -> dict | None:
 
 def _acquire(folder: Path, stage: str, command: str) -> int:
     """Lock `stage` of `folder` in this process; returns the open lock file, or raises LockError."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path(folder, stage), os.O_RDWR | os.O_CREAT, 0o644)
+    make_folder(folder, "--output_dir")  # every command that locks a folder takes it from --output_dir
+    try:
+        fd = os.open(lock_path(folder, stage), os.O_RDWR | os.O_CREAT, 0o644)
+    except UNUSABLE_PATH as err:
+        raise unusable_path(err, folder, "--output_dir") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -82,13 +87,15 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
     """Hold the locks of `stages` in `folder` for the body, in every process of the launch.
 
     `command` names the holder in a refusal ("gors score"). The main process takes the locks and
-    tells the others whether it got them: all raise the same `LockError` when one is held. The locks
-    are released when the body ends, however it ends (and by the OS when the process dies).
+    tells the others whether it got them: all raise the same `LockError` when one is held (or the
+    same `PathError` when the folder cannot be made). With several processes it then checks that
+    all of them see the folder (`check_shared_folder`). The locks are released when the body ends,
+    however it ends (and by the OS when the process dies).
     """
     # Here, not at the top: `gors.cli` imports this module and stays light for `gors --help`.
     from accelerate.utils import broadcast_object_list
 
-    from gors.core.distributed import process_state
+    from gors.core.distributed import check_shared_folder, process_state
 
     state = process_state()
     with ExitStack() as held:
@@ -97,12 +104,15 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
             try:
                 for stage in stages:
                     held.callback(_release, _acquire(Path(folder), stage, command))
-            except LockError as err:
-                refusal = str(err)
+            except (LockError, PathError) as err:
+                refusal = (type(err).__name__, str(err))
         if state.num_processes > 1:
             refusal = broadcast_object_list([refusal])[0]
         if refusal is not None:
-            raise LockError(refusal)
+            kind, message = refusal
+            raise (PathError if kind == "PathError" else LockError)(message)
+        if state.num_processes > 1:
+            check_shared_folder(folder, state)
         yield
         # Released only when every process is done writing; after an error the launcher stops them all.
         # A body that ended the process group (`accelerator.end_training()` after `gors train`) has

@@ -99,16 +99,26 @@ def fetch_t2i_compbench_file(filename: str) -> Path:
     return fetch_pinned_file(T2I_COMPBENCH, filename)
 
 
+def _read_text(path: Path) -> str:
+    """A prompt file's text, with errors that name the file: a folder, or not UTF-8 text."""
+    if path.is_dir():
+        raise FileNotFoundError(f"Prompt file {str(path)!r} is a folder: pass a text file with one prompt per line.")
+    try:
+        # utf-8-sig drops a byte-order mark that editors on Windows like to add.
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"Prompt file {str(path)!r} is not UTF-8 text (byte {err.start}): save it as UTF-8.") from None
+
+
 def read_prompt_file(path: str | os.PathLike[str]) -> list[str]:
     """Read one prompt per line (CRLF or LF), stripping surrounding whitespace and skipping blank lines."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(
             f"Prompt file {str(path)!r} does not exist: pass an existing text file with one prompt per "
             f"line, or a T2I-CompBench name such as 'color'."
         )
-    # utf-8-sig drops a byte-order mark that editors on Windows like to add.
-    prompts = [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines()]
+    prompts = [line.strip() for line in _read_text(path).splitlines()]
     prompts = [p for p in prompts if p]
     if not prompts:
         raise ValueError(f"Prompt file {str(path)!r} contains no prompts (only blank lines).")
@@ -119,11 +129,11 @@ def read_prompt_jsonl(path: str | os.PathLike[str]) -> tuple[list[str], list[dic
     """(prompts, metadata rows) of a JSON-lines file: one object per non-blank line, each with a
     non-empty "prompt" string; the rows are kept whole (prompt included)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"Prompt file {str(path)!r} does not exist: pass an existing .jsonl file with one "
                                 f"JSON object per line, each with a 'prompt'.")
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -192,7 +202,8 @@ def load_prompts(spec: str, split: str = "train") -> PromptSet:
     `complex_val_spatial`), either optionally prefixed `t2i_compbench:`, a path to a text file, or
     a path to a `.jsonl` file (one JSON object with a "prompt" per line: its rows become the set's
     metadata).
-    Benchmark names win over a same-named file in the working directory; write `./color` for that.
+    Benchmark names win over a same-named file in the working directory (write `./color` for that),
+    except a name with a suffix that is an existing path (`color.txt`): that file.
     `toy:train` and `toy:held_out` are the toy world's splits, and `toy:fit` / `toy:val` the train
     prompts split the same way for choosing settings, with two more folds `toy:fit_square` /
     `toy:val_square` and `toy:fit_triangle` / `toy:val_triangle` (see `gors.core.toy.world`).
@@ -204,16 +215,17 @@ def load_prompts(spec: str, split: str = "train") -> PromptSet:
         return PromptSet(spec, [p.text for p in chosen], None, "gors.core.toy.world.prompts_of_split")
     forced = spec.startswith(NAME_PREFIX)
     name = spec[len(NAME_PREFIX):] if forced else spec
-    stem = _resolve_name(name, split)
+    path = Path(name).expanduser()
+    # A file name with its suffix that exists here is that file, not the benchmark's of the same stem.
+    stem = None if not forced and path.suffix and path.exists() else _resolve_name(name, split)
     if stem is not None:
         filename = stem + ".txt"
         path = fetch_t2i_compbench_file(filename)
         return PromptSet(stem, read_prompt_file(path), category_of(stem), t2i_compbench_url(filename))
-    path = Path(name).expanduser()
     if not forced and path.suffix == ".jsonl":
         prompts, metadata = read_prompt_jsonl(path)
         return PromptSet(path.stem, prompts, None, str(path), metadata)
-    if not forced and path.is_file():
+    if not forced and path.exists():  # a folder or non-text file: `read_prompt_file` says which
         category = category_of(path.stem) if path.name in T2I_COMPBENCH_SHA256 else None
         return PromptSet(path.stem, read_prompt_file(path), category, str(path))
     what = f"{spec!r} is not a T2I-CompBench name" if forced else f"Prompt file {spec!r} does not exist"
