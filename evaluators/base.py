@@ -44,10 +44,9 @@ from evaluators.results import (
 from gors.core.backbones import Backbone, SamplingDefaults, detect_backbone
 from gors.core.data import PinnedSource
 from gors.core.distributed import make_accelerator
-from gors.core.io import atomic_write_json, atomic_write_jsonl, read_json
+from gors.core.io import atomic_write_json, atomic_write_jsonl
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
-from gors.core.scoring import SETTINGS_FILE as SCORE_SETTINGS
 from gors.core.scoring import score_samples
 from gors.core.store import SampleStore, StoreError, sample_seed
 from rewards import Reward
@@ -84,21 +83,6 @@ def scorer_settings(reward: str, options: Mapping[str, Any], dtype: torch.dtype 
     the reward, its options and the dtype it ran in (None: not recorded)."""
     settings = {"reward": reward, "options": dict(options)}
     return settings if dtype is None else settings | {"dtype": str(dtype).removeprefix("torch.")}
-
-
-# Score-folder settings keys a later gors added (`resumable_settings`).
-LATER_SCORER_SETTINGS = ("dtype",)
-
-
-def resumable_settings(scores_folder: Path, wanted: dict[str, Any]) -> dict[str, Any]:
-    """`wanted`, less the keys a score folder's settings file from an older gors lacks (the dtype):
-    such a folder resumes, its scores taken to have been made in the current dtype."""
-    path = scores_folder / SCORE_SETTINGS
-    recorded = read_json(path, "the scorer settings gors wrote there (delete that scores folder to score again)") \
-        if path.is_file() else None
-    if not isinstance(recorded, dict):
-        return wanted
-    return {key: value for key, value in wanted.items() if key in recorded or key not in LATER_SCORER_SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -502,7 +486,7 @@ class Benchmark:
             lambda: scorer or self.make_scorer(accelerator, scorer_options, scorer_batch_size, cache=scorer_cache),
             batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: score",
             prompt_metadata=metadata,
-            settings=resumable_settings(output_dir / "scores", scorer_settings(*main_spec, main_dtype)),
+            settings=scorer_settings(*main_spec, main_dtype),
         )
         column_scores = {
             column: score_samples(
@@ -513,9 +497,7 @@ class Benchmark:
                 ),
                 batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: {column}",
                 prompt_metadata=metadata,
-                settings=resumable_settings(output_dir / "columns" / column,
-                                            self._column_settings(accelerator, column_options, column,
-                                                                  scorer_options)),
+                settings=self._column_settings(accelerator, column_options, column, scorer_options),
             )
             for column in computed
         }

@@ -172,6 +172,10 @@ _YAML_KINDS = {bool: "true or false", int: "a whole number", float: "a number", 
 
 
 def _yaml_scalar(value: Any, kind: Any, spec: Field, where: str) -> Any:
+    """`value` as field type `kind`. Number text is a number: PyYAML (YAML 1.1) reads `1e-4` (no dot)
+    as the string '1e-4', and argparse would take it from the command line."""
+    if kind in (int, float) and isinstance(value, str):
+        value = _number_text(value, kind)
     if kind is str and isinstance(value, bool):
         takes_no = "no" in (spec.metadata.get("choices") or ()) or "'no'" in spec.metadata.get("help", "")
         if value is False and takes_no:
@@ -184,6 +188,14 @@ def _yaml_scalar(value: Any, kind: Any, spec: Field, where: str) -> Any:
         raise SystemExit(f"{where} is not {_YAML_KINDS[kind]}: give {_YAML_KINDS[kind]} (quote text), or leave the "
                          "key out for its default")
     return float(value) if kind is float else value
+
+
+def _number_text(text: str, kind: type) -> Any:
+    """`text` as a `kind` (int or float) where it reads as one, else `text` unchanged (refused after)."""
+    try:
+        return kind(text)
+    except ValueError:
+        return text
 
 
 def run_select(config: SelectConfig) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,22 @@ def check_generating_model(config: TrainConfig | RunConfig, generated: dict[str,
         f"images. Pass the model that generated them (--pretrained_model_name_or_path {model}"
         + (f" --revision {revision}" if revision else "") + "), or generate again with this one in a new --output_dir."
     )
+
+
+class AutocastPipeline:
+    """A pipeline whose calls run under `autocast()` (a context-manager factory); its attributes are the
+    pipeline's. Validation hands this to a benchmark so that generation autocasts and scoring does not."""
+
+    def __init__(self, pipeline: Any, autocast: Callable[[], contextlib.AbstractContextManager]) -> None:
+        self.pipeline = pipeline
+        self.autocast = autocast
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.autocast():
+            return self.pipeline(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pipeline, name)
 
 
 class GORSTrainer:
@@ -438,8 +455,8 @@ class GORSTrainer:
     def validate_on_benchmark(self, step: int) -> dict:
         """`--validation_benchmark` with the current LoRA, on every process; see `gors.validation`."""
         modes = self._eval_modules()
-        with self._autocast():
-            summary = self.validation.run(step, self._pipeline(), self._save_lora)
+        # Only generation autocasts: the benchmark's scorer runs in its own (official) dtype.
+        summary = self.validation.run(step, AutocastPipeline(self._pipeline(), self._autocast), self._save_lora)
         self.vae.to("cpu")
         for module, training in modes.items():
             module.train(training)

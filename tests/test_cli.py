@@ -348,6 +348,8 @@ def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):
     ("images_per_prompt: null\n", r"images_per_prompt: None \(null\) is not allowed"),
     ("lr_scheduler: no\n", "lr_scheduler: False reads as the YAML boolean false: quote the text"),
     ("train_unet: 1\n", "train_unet: 1 is not true or false"),
+    ("learning_rate: 1e-4x\n", "learning_rate: '1e-4x' is not a number"),
+    ("images_per_prompt: '2.5'\n", "images_per_prompt: '2.5' is not a whole number"),
 ])
 def test_yaml_values_are_checked_against_the_field_types(tmp_path, text, message):
     config_file = tmp_path / "bad.yaml"
@@ -363,6 +365,14 @@ def test_yaml_no_is_no_and_numbers_are_floats_for_float_fields(tmp_path):
     config = parse_config(RunConfig, ["--config", str(config_file)])
     assert (config.mixed_precision, config.torch_compile, config.reward_threshold) == ("no", "no", 1.0)
     assert config.validation_prompts == ["a red circle"]
+
+
+def test_yaml_number_text_is_a_number(tmp_path):
+    # PyYAML reads 1e-4 (no dot) as text; the command line's --learning_rate 1e-4 is a number too.
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("learning_rate: 1e-4\nimages_per_prompt: '3'\n")
+    config = parse_config(RunConfig, ["--config", str(config_file)])
+    assert (config.learning_rate, config.images_per_prompt) == (1e-4, 3)
 
 
 def test_interrupt_before_accelerate_is_imported_is_one_line(monkeypatch, capsys, tmp_path):

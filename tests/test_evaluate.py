@@ -258,14 +258,19 @@ def test_columns_none_skips_the_default_columns(tmp_path, monkeypatch):
     assert [(c["with_columns"], c["extra_columns"]) for c in calls] == [(False, []), (True, [])]
 
 
-def test_score_folder_from_before_the_dtype_was_recorded_resumes(tmp_path, capsys):
+def test_score_folder_from_before_the_dtype_was_recorded_resumes(tmp_path, capsys, caplog):
     argv = ["evaluate", "--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy", "--max_prompts", "2",
             "--images_per_prompt", "1", "--output_dir", str(tmp_path)]
     main(argv)
     settings = tmp_path / "toy" / "held_out" / "scores" / "settings.json"
     settings.write_text(json.dumps({"reward": "toy_oracle", "options": {}}))  # as an older gors wrote it
-    main(argv)  # no error: a missing dtype matches
-    assert json.loads(settings.read_text()) == {"reward": "toy_oracle", "options": {}}
+    main(argv)  # no error: a missing dtype is adopted, said and recorded
+    assert "scored before gors recorded the scorer's dtype" in caplog.text
+    assert json.loads(settings.read_text()) == {"reward": "toy_oracle", "options": {}, "dtype": "float32"}
+    settings.write_text(json.dumps({"reward": "toy_oracle", "options": {"other": 1}}))
+    with pytest.raises(SystemExit):  # an older folder with other settings is still refused
+        main(argv)
+    assert "holds scores made with" in capsys.readouterr().err
     capsys.readouterr()
     settings.write_text(json.dumps({"reward": "toy_oracle", "options": {}, "dtype": "bfloat16"}))
     with pytest.raises(SystemExit):

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from gors.core.distributed import reset_process_state
 from gors.lora import LORA_WEIGHT_NAME
 from gors.select import load_selection, select
-from gors.train import GORSTrainer, find_checkpoint, train
+from gors.train import AutocastPipeline, GORSTrainer, find_checkpoint, train
 
 
 def _copy_run(selected_run, destination):
@@ -543,3 +543,17 @@ def test_resume_at_max_train_steps_saves_the_checkpoint_lora(trained_run, tmp_pa
     resumed = load_file(str(_resume(trained_run, tmp_path / "run")))
     assert "nothing to train" in capsys.readouterr().out
     assert trained.keys() == resumed.keys() and all(torch.equal(trained[k], resumed[k]) for k in trained)
+
+
+def test_validation_autocasts_generation_only():
+    # The trainer hands the benchmark this wrapper: the pipeline call autocasts, the scorer after it does not.
+    class Pipeline:
+        scheduler = "the pipeline's own"
+
+        def __call__(self, prompt):
+            return torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+
+    wrapped = AutocastPipeline(Pipeline(), lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert wrapped(prompt=["a red circle"]) == (True, torch.bfloat16)
+    assert wrapped.scheduler == "the pipeline's own"
+    assert not torch.is_autocast_enabled("cpu")

@@ -9,6 +9,7 @@ the folder holds scores.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,7 +19,7 @@ from PIL import Image
 
 from gors.core.clock import work_starts
 from gors.core.distributed import batches, progress_bar
-from gors.core.io import append_jsonl, atomic_write_json, repair_jsonl
+from gors.core.io import append_jsonl, atomic_write_json, read_json, repair_jsonl
 from gors.core.run_folder import scores_dir
 from gors.core.store import SampleKey, SampleStore, StoreError, read_rows, sample_key
 
@@ -37,6 +38,8 @@ class Scorer(Protocol):
 
 SETTINGS_FILE = "settings.json"  # the reward and options that filled a score folder
 
+logger = logging.getLogger(__name__)
+
 
 def read_score_rows(folder: Path) -> dict[SampleKey, dict]:
     """Every score row in a folder of `part-*.jsonl` files, by sample key."""
@@ -48,22 +51,34 @@ def load_scores(output_dir: str | Path, reward: str) -> dict[SampleKey, dict]:
     return read_score_rows(scores_dir(output_dir, reward))
 
 
+# Settings keys a later gors added: a score folder recorded before it lacks them and is taken to
+# have been scored with the current value (as a folder without settings is), with a warning.
+LATER_SCORE_SETTINGS = ("dtype",)
+
+
 def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool) -> bool:
     """Refuse a folder holding scores made with other scorer settings; returns whether to record `wanted`.
 
     A settings file without any score row (e.g. left by a reward that failed to build) blocks nothing:
-    it is replaced. A folder with scores but no settings file (an older gors) takes `wanted`.
+    it is replaced. A folder with scores but no settings file, or one that lacks a key of
+    `LATER_SCORE_SETTINGS` (an older gors), takes `wanted` with a warning.
     """
     path = Path(scores_folder) / SETTINGS_FILE
-    recorded = json.loads(path.read_text()) if path.is_file() else None
+    recorded = read_json(path, "the scorer settings gors wrote there (delete that scores folder to score again)") \
+        if path.is_file() else None
     if recorded == wanted:
         return False
-    if recorded is not None and scored:
+    if not scored or recorded is None:
+        return True
+    adopted = [key for key in LATER_SCORE_SETTINGS if key in wanted and key not in recorded]
+    if recorded != {key: value for key, value in wanted.items() if key not in adopted}:
         raise StoreError(
             f"{scores_folder} holds scores made with {json.dumps(recorded, sort_keys=True)}, not the "
             f"{json.dumps(wanted, sort_keys=True)} asked for now. Use a new output folder, or delete "
             f"{scores_folder} to score again."
         )
+    logger.warning("%s was scored before gors recorded the scorer's %s; its scores are taken to have been made "
+                   "with %s", scores_folder, ", ".join(adopted), ", ".join(f"{k}={wanted[k]}" for k in adopted))
     return True
 
 
