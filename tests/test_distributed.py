@@ -113,9 +113,36 @@ def test_a_folder_other_processes_cannot_see_is_refused_at_the_start(tmp_path, m
     # The main process writes the token; a process that sees the same folder finds it.
     monkeypatch.setattr(accelerate.utils, "gather_object", lambda objects: objects)
     distributed.check_shared_folder(written, main)
-    assert not (written / distributed.SHARED_CHECK_FILE).exists()  # removed after the check
+    name = broadcast[0]
+    assert name.startswith(distributed.SHARED_CHECK_PREFIX) and not (written / name).exists()  # removed after
+    distributed.check_shared_folder(written, main)
+    assert broadcast[2] != name  # each check its own file: two commands on one folder do not collide
 
     monkeypatch.setattr(accelerate.utils, "gather_object", fake_gather)
-    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda objects: broadcast[-1:])
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda objects: broadcast[-2:])
     with pytest.raises(NotSharedError, match=r"process 1 on .*cannot see.*--output_dir must be on"):
         distributed.check_shared_folder(elsewhere, other, wait_s=0.0)
+
+
+def test_a_folder_the_main_process_cannot_write_stops_every_process(tmp_path, monkeypatch):
+    """A full or read-only disk on the main process is told to all: none is left waiting for the others."""
+    import accelerate.utils
+
+    from gors.core import distributed, io, lock
+
+    told: list = []
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda objects: told.append(objects) or objects)
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(io, "atomic_write_bytes", no_space)
+    main = SimpleNamespace(num_processes=2, is_main_process=True, process_index=0, wait_for_everyone=lambda: None)
+    with pytest.raises(io.PathError, match="cannot be written: No space left on device"):
+        distributed.check_shared_folder(tmp_path, main)
+    assert len(told) == 1 and "No space" in told[0][1]  # the refusal is what the others receive
+
+    monkeypatch.setattr(lock, "_acquire", no_space)
+    with pytest.raises(io.PathError, match="cannot be locked: No space left on device"):
+        with lock.run_folder_lock(tmp_path, ["score"], "gors score"):
+            pass

@@ -11,6 +11,7 @@ that watch (`die_with_launcher`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -31,7 +32,7 @@ T = TypeVar("T")
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _watching_launcher = False
-SHARED_CHECK_FILE = ".shared-check"
+SHARED_CHECK_PREFIX = ".shared-check-"  # + host, pid and time of the command that checks
 # How long another node may take to see a file the main process wrote (network filesystems publish
 # new files with a delay); every stage relies on the same visibility after its barriers.
 SHARED_CHECK_WAIT_S = 30.0
@@ -117,25 +118,33 @@ def check_shared_folder(folder: str | Path, state: PartialState, wait_s: float =
         return
     from accelerate.utils import broadcast_object_list, gather_object
 
-    from gors.core.io import NotSharedError, atomic_write_bytes
+    from gors.core.io import NotSharedError, PathError, atomic_write_bytes
 
-    path = Path(folder) / SHARED_CHECK_FILE
-    token = None
+    # Named per command: two commands checking one folder at once must not read each other's file.
+    name = failure = None
     if state.is_main_process:
-        token = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
-        atomic_write_bytes(path, token.encode())
-    token = broadcast_object_list([token])[0]
-    seen = state.is_main_process or _sees(path, token, wait_s)
-    blind = [f"process {index} on {host}"
-             for index, host, ok in gather_object([(state.process_index, socket.gethostname(), seen)]) if not ok]
+        name = f"{SHARED_CHECK_PREFIX}{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
+        try:
+            atomic_write_bytes(Path(folder) / name, name.encode())
+        except OSError as err:  # told to every process: the others would otherwise wait in the broadcast
+            failure = (f"--output_dir={str(folder)!r} cannot be written: {err.strerror or err}; pass a folder "
+                       "you can write to")
+    name, failure = broadcast_object_list([name, failure])
+    if failure is not None:
+        raise PathError(failure)
+    path = Path(folder) / name
+    seen = state.is_main_process or _sees(path, name, wait_s)
+    answers = gather_object([(state.process_index, socket.gethostname(), seen)])
+    blind = [f"process {index} on {host}" for index, host, ok in answers if not ok]
     state.wait_for_everyone()
     if state.is_main_process:
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
     if blind:
         raise NotSharedError(
             f"{folder} is not shared by every process of this launch: {', '.join(blind)} cannot see what the main "
-            f"process (on {token.split(':')[0]}) writes there. On several nodes, --output_dir must be on a "
-            "filesystem every node mounts (NFS, Lustre, ...), at the same path."
+            f"process (on {answers[0][1]}) writes there. On several nodes, --output_dir must be on a filesystem "
+            "every node mounts (NFS, Lustre, ...), at the same path."
         )
 
 

@@ -88,7 +88,7 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
 
     `command` names the holder in a refusal ("gors score"). The main process takes the locks and
     tells the others whether it got them: all raise the same `LockError` when one is held (or the
-    same `PathError` when the folder cannot be made). With several processes it then checks that
+    same `PathError` when the folder cannot be made or written). With several processes it then checks that
     all of them see the folder (`check_shared_folder`). The locks are released when the body ends,
     however it ends (and by the OS when the process dies).
     """
@@ -106,6 +106,9 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
                     held.callback(_release, _acquire(Path(folder), stage, command))
             except (LockError, PathError) as err:
                 refusal = (type(err).__name__, str(err))
+            except OSError as err:  # e.g. a full or read-only disk: said to every process, none left waiting
+                refusal = ("PathError", f"--output_dir={str(folder)!r} cannot be locked: {err.strerror or err} "
+                                        f"on {err.filename or folder}; pass a folder you can write to")
         if state.num_processes > 1:
             refusal = broadcast_object_list([refusal])[0]
         if refusal is not None:
