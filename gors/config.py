@@ -362,9 +362,10 @@ class TrainingFields:
     )
     report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker: tensorboard, wandb, all or none."})
 
-    def _check_optimizer(self) -> None:
+    def check_optimizer(self) -> None:
         """AdamW's and the LR schedule's values, which torch and diffusers would take silently or refuse
-        only after the models load (a negative --max_grad_norm would even climb the loss)."""
+        only after the models load (a negative --max_grad_norm would even climb the loss). The trainer
+        checks again before it may set checkpoints aside: a config changed after it was made."""
         for flag in ("adam_beta1", "adam_beta2"):
             value = getattr(self, flag)
             _check(0.0 <= value < 1.0, f"--{flag}={value}: use a value in [0, 1), e.g. 0.9")
@@ -374,7 +375,8 @@ class TrainingFields:
         _check(self.max_grad_norm > 0, f"--max_grad_norm={self.max_grad_norm}: must be > 0, e.g. 1.0")
         from diffusers.optimization import SchedulerType
 
-        names = [kind.value for kind in SchedulerType]
+        # piecewise_constant needs step rules that no flag gives.
+        names = [kind.value for kind in SchedulerType if kind != SchedulerType.PIECEWISE_CONSTANT]
         _check(self.lr_scheduler in names, f"--lr_scheduler={self.lr_scheduler!r}; choose one of {', '.join(names)}")
 
     def _check_training(self) -> None:
@@ -389,7 +391,7 @@ class TrainingFields:
         _check(self.max_sequence_length is None or self.max_sequence_length >= 1,
                f"--max_sequence_length={self.max_sequence_length}: must be >= 1")
         _check(self.learning_rate > 0 and self.text_encoder_learning_rate > 0, "learning rates must be > 0")
-        self._check_optimizer()
+        self.check_optimizer()
         _check(0.0 <= self.caption_dropout < 1.0, f"--caption_dropout={self.caption_dropout}: use a value in [0, 1)")
         _check(self.anchor_below is None or self.anchor_below >= 0,
                f"--anchor_below={self.anchor_below}: give a timestep >= 1, e.g. --anchor_below 500, or 0 for off")

@@ -245,23 +245,6 @@ class GORSTrainer:
         self.optimizer = self._optimizer(groups, **self._fused_kwargs())
         self.lr_scheduler = self._lr_schedule(self.optimizer)
 
-    def _check_optimizer(self) -> None:
-        """Build the optimizer and LR schedule over a stand-in parameter, so that a bad value (--adam_beta1 2,
-        --lr_scheduler cosin) is refused before any checkpoint is set aside or any model loads."""
-        from diffusers.optimization import SchedulerType
-
-        config = self.config
-        try:
-            optimizer = self._optimizer([{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": config.learning_rate}])
-        except ValueError as err:
-            raise ValueError(f"--adam_beta1/--adam_beta2/--adam_epsilon/--adam_weight_decay: {err}. The betas lie in "
-                             "[0, 1), epsilon and the weight decay are >= 0.") from None
-        try:
-            self._lr_schedule(optimizer)
-        except ValueError as err:
-            raise ValueError(f"--lr_scheduler={config.lr_scheduler!r}: {err}. Use one of "
-                             f"{', '.join(kind.value for kind in SchedulerType)}.") from None
-
     def _register_hooks(self) -> None:
         modules = self.trained_modules()
         pipeline_class = self.backbone.pipeline_class
@@ -500,7 +483,7 @@ class GORSTrainer:
         # Every check that can refuse comes before `_checkpoint_to_resume` may set this folder's checkpoints
         # aside: a refused run leaves them where they were, and a corrected rerun goes on from them.
         self._check_continue_from()
-        self._check_optimizer()
+        config.check_optimizer()  # again: a config changed after it was made
         self.noise_scheduler = self.family.load_scheduler()  # checks --timestep_range against the schedule
         self.validation = (BenchmarkValidation(config, accelerator, self.backbone, self.validation_dir)
                            if config.validation_benchmark else None)

@@ -83,6 +83,7 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
         (["--caption_dropout", "1.0"], "--caption_dropout=1.0"),
         (["--anchor_below", "-1"], "--anchor_below=-1: give a timestep >= 1"),
         (["--lr_scheduler", "cosin"], "--lr_scheduler='cosin'; choose one of linear, cosine, "),
+        (["--lr_scheduler", "piecewise_constant"], "--lr_scheduler='piecewise_constant'; choose one of"),
         (["--adam_beta1", "1.0"], r"--adam_beta1=1.0: use a value in \[0, 1\)"),
         (["--adam_beta2", "-0.1"], "--adam_beta2=-0.1"),
         (["--adam_epsilon", "0"], "--adam_epsilon=0.0: must be > 0"),
