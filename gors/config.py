@@ -569,8 +569,10 @@ class EvaluateConfig:
     )
     mixed_precision: str | None = field(
         default=None,
-        metadata={"help": "'no', 'fp16' or 'bf16' for generation and scoring on GPU; default: the accelerate "
-                          "config's. On CPU everything runs in fp32."},
+        metadata={"help": "'no', 'fp16' or 'bf16' for generation on GPU, and for the scorers whose benchmark "
+                          "fixes no dtype (Soft-TIFA, TIFA, VQAScore and TIT-Score score in bf16 on GPU whatever "
+                          "this says, as their official code does); default: the accelerate config's. On CPU "
+                          "everything runs in fp32."},
     )
     pretrained_model_name_or_path: str | None = field(
         default="stabilityai/stable-diffusion-2-base",

@@ -661,6 +661,8 @@ def test_sdxl_caption_dropout_trains_the_zero_embeddings_its_pipeline_samples_wi
     conditioning = seen[0]
     assert not conditioning["encoder_hidden_states"].any() and not conditioning["text_embeds"].any()
     assert conditioning["time_ids"].tolist() == [[RESOLUTION, RESOLUTION, 0, 0, RESOLUTION, RESOLUTION]] * 2  # sizes stay
+    # The checkpoints say so: one that dropped captions to the encoding of "" (an older gors) does not resume.
+    assert trainer.family.fingerprint()["dropped_captions"] == "zero embeddings"
 
     # Without the option, the dropped rows keep the encoding of "" (as SD 1/2's always do).
     _, family = _family(tiny_sdxl)
@@ -670,6 +672,7 @@ def test_sdxl_caption_dropout_trains_the_zero_embeddings_its_pipeline_samples_wi
     zeroed = family.drop_captions(conditioning, dropped)
     assert zeroed["encoder_hidden_states"].sum(dim=(1, 2)).tolist() == [0, 8, 0]
     assert zeroed["text_embeds"].sum(dim=1).tolist() == [0, 2, 0] and torch.equal(zeroed["time_ids"], torch.ones(3, 6))
+    assert "dropped_captions" not in family.fingerprint()  # no caption dropout: checkpoints as before
     family.zeros_for_empty_prompt = False
     assert family.drop_captions(conditioning, dropped) is conditioning
 

@@ -97,7 +97,7 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
     )
     settings = {name: getattr(resolved, name) for name in (
         "resolution", "train_text_encoder_2", "weighting_scheme", "logit_mean", "logit_std", "mode_scale",
-        "max_sequence_length", "timestep_range", "anchor_below")} | {"guidance_scale": sampling[1]}
+        "max_sequence_length", "timestep_range", "anchor_below", "caption_dropout")} | {"guidance_scale": sampling[1]}
     return resolved, cls(backbone, resolved.pretrained_model_name_or_path, resolved.revision, settings)
 
 

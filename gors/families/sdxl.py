@@ -54,6 +54,12 @@ class StableDiffusionXLFamily(DDPMFamily):
                 "latents times scaling_factor); training this one would use the wrong noise schedule and latent "
                 "scale. `gors generate` and `gors evaluate` work on it; train an SDXL with a DDPM-type scheduler.")
 
+    def fingerprint(self) -> dict[str, Any]:
+        # Dropped captions train on zero embeddings since 0.2 (before: the encoding of ""); a checkpoint
+        # that dropped captions the other way must not resume into this objective.
+        zeros = self.zeros_for_empty_prompt and self.settings["caption_dropout"] > 0
+        return super().fingerprint() | ({"dropped_captions": "zero embeddings"} if zeros else {})
+
     def encode(self, encoder: TextEncoder, model: torch.nn.Module, input_ids: torch.Tensor) -> Encoding:
         output = model(input_ids, output_hidden_states=True)
         encoding = {"hidden": output.hidden_states[-2]}
