@@ -239,8 +239,9 @@ class SelectionFields:
 
     def _check_selection(self) -> None:
         _check(
-            self.reward_threshold is None or 0.0 <= self.reward_threshold <= 1.0,
-            f"--reward_threshold={self.reward_threshold}: rewards lie in [0, 1]",
+            self.reward_threshold is None or 0.0 <= self.reward_threshold < 1.0,
+            f"--reward_threshold={self.reward_threshold}: use a tau in [0, 1) (rewards lie in [0, 1] and a sample "
+            "is kept when its reward is above tau)",
         )
         if self.select_top_fraction is not None:
             _check(0.0 < self.select_top_fraction <= 1.0,
@@ -476,8 +477,9 @@ class RoundFields:
             _check(len(self.tau_schedule) == self.rounds,
                    f"--tau_schedule has {len(self.tau_schedule)} values for --rounds={self.rounds}: give one tau per "
                    "round")
-            _check(all(0.0 <= tau <= 1.0 for tau in self.tau_schedule),
-                   f"--tau_schedule={self.tau_schedule}: rewards lie in [0, 1]")
+            _check(all(0.0 <= tau < 1.0 for tau in self.tau_schedule),
+                   f"--tau_schedule={self.tau_schedule}: use taus in [0, 1) (rewards lie in [0, 1] and a sample is "
+                   "kept when its reward is above tau)")
             _check(self.reward_threshold is None and self.select_top_fraction is None,
                    "--tau_schedule and --reward_threshold or --select_top_fraction: select by one of them")
 

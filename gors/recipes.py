@@ -52,11 +52,11 @@ GENEVAL_TAU = 0.7
 
 def geneval_recipe_defaults() -> dict[str, Any]:
     """GORS on GenEval-style prompts: SD-2-base (the paper's base, as in the other recipes),
-    `GENEVAL_TRAIN_PROMPTS`, the `geneval_graded` reward, tau `GENEVAL_TAU`, and GenEval as validation."""
+    `GENEVAL_TRAIN_PROMPTS`, the `geneval_graded` reward and GenEval as validation. Its tau,
+    `GENEVAL_TAU`, is set after parsing, where no selection flag is given (`geneval_recipe_config`)."""
     return {
         "train_prompts": GENEVAL_TRAIN_PROMPTS,
         "reward": "geneval_graded",
-        "reward_threshold": GENEVAL_TAU,
         "validation_benchmark": "geneval",
         "output_dir": "runs/gors_geneval",
     }
@@ -80,6 +80,9 @@ def with_geneval_train_prompts(config: RunConfig) -> RunConfig:
 def geneval_recipe_config(argv: Sequence[str] | None = None, prog: str = "recipes/gors_geneval.py") -> RunConfig:
     """The GenEval recipe's config: overrides on top of `geneval_recipe_defaults`, training prompts in place."""
     config = parse_config(RunConfig, argv, defaults=geneval_recipe_defaults(), prog=prog)
+    # A default, not a parser default: --select_top_fraction or --tau_schedule replace it.
+    if config.reward_threshold is None and config.select_top_fraction is None and config.tau_schedule is None:
+        config = replace(config, reward_threshold=GENEVAL_TAU)
     return with_geneval_train_prompts(config)
 
 

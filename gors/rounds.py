@@ -24,16 +24,18 @@ run stopped in round r resumes in round r: the finished rounds are not run again
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 
-from gors.checkpoints import LENGTHLESS_SCHEDULES, find_checkpoint
+from gors.checkpoints import FINGERPRINT_FIELDS, FINGERPRINT_FIELDS_IF_SET, LENGTHLESS_SCHEDULES, find_checkpoint
 from gors.config import RunConfig
-from gors.core.io import atomic_write_bytes, atomic_write_json
+from gors.core.io import atomic_write_bytes, atomic_write_json, read_json
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import load_prompts
 from gors.core.run_folder import ROUNDS_FILE, SELECTION_SUMMARY_FILE, round_dir
@@ -42,17 +44,34 @@ from gors.lora import LORA_WEIGHT_NAME
 from gors.run import STAGES, RoundInputs, run_stages
 from gors.select import load_selection
 
+logger = logging.getLogger(__name__)
+
 # Round r's images start 10^9 seeds after round r-1's: `sample_seed` spaces prompts 100 000 apart,
 # so rounds never share a seed for up to 10 000 prompts of up to 100 000 images.
 ROUND_SEED_STRIDE = 10**9
-# The settings a finished round was made with; a rerun that changes one is refused (`round_settings`).
+# The settings a finished round was made with; a rerun that changes one is refused (`round_settings`)
+# before the next round generates: the rounds' own, what each round generates with and scores with,
+# and what its training's checkpoints are bound to (`gors.checkpoints`).
 ROUND_SETTINGS = ("rounds", "images_per_prompt", "tau_schedule", "reward_threshold", "select_top_fraction",
-                  "replay", "reset_optimizer", "seed")
+                  "replay", "reset_optimizer", "num_inference_steps", "guidance_scale", "reward", "unbiased",
+                  "category", "reward_model_name_or_path", "reward_options", *FINGERPRINT_FIELDS,
+                  *FINGERPRINT_FIELDS_IF_SET)
 
 
-def round_settings(config: RunConfig) -> dict[str, Any]:
-    """`ROUND_SETTINGS` of `config`, and its updates per round."""
-    return {name: getattr(config, name) for name in ROUND_SETTINGS} | {"steps_per_round": config.round_steps()}
+def round_settings(config: RunConfig, num_processes: int, prompts: list[str]) -> dict[str, Any]:
+    """`ROUND_SETTINGS` of `config`, its updates per round, the number of processes and the sha256 of
+    the training prompts (their text, not their file's path), as JSON holds them."""
+    settings = {name: getattr(config, name) for name in ROUND_SETTINGS} | {
+        "steps_per_round": config.round_steps(), "num_processes": num_processes,
+        "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest()}
+    return json.loads(json.dumps(settings))
+
+
+def _changed(name: str, recorded: Any, wanted: Any) -> bool:
+    # A tau schedule grows with --rounds: the finished rounds' taus must stay, and new ones may follow.
+    if name == "tau_schedule" and isinstance(recorded, list) and isinstance(wanted, list):
+        return wanted[: len(recorded)] != recorded
+    return recorded != wanted
 
 
 def round_seed(seed: int, index: int) -> int:
@@ -80,15 +99,25 @@ def replayed_rows(output_dir: str | Path, index: int, replay: str) -> list[dict[
     return rows
 
 
-def finished_rounds(config: RunConfig) -> list[dict[str, Any]]:
-    """The rounds `rounds.json` records as finished, after checking they were made with this run's settings."""
+def finished_rounds(config: RunConfig, num_processes: int, prompts: list[str]) -> list[dict[str, Any]]:
+    """The rounds `rounds.json` records as finished, after checking they were made with this run's settings.
+
+    A setting that file lacks (written by an older gors) is taken to be this run's, with a warning.
+    """
     path = Path(config.output_dir) / ROUNDS_FILE
-    record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"settings": None, "rounds": []}
-    wanted = round_settings(config)
+    record = read_json(path, "the rounds gors recorded there") if path.is_file() else {"settings": None, "rounds": []}
+    wanted = round_settings(config, num_processes, prompts)
     recorded = record["settings"]
     if recorded is not None:
-        changed = [f"{name}: {recorded.get(name)!r} -> {value!r}" for name, value in wanted.items()
-                   if name != "rounds" and recorded.get(name) != value]
+        if len(record["rounds"]) > config.rounds:
+            raise ValueError(f"{path}: {len(record['rounds'])} rounds are finished, more than --rounds={config.rounds}; "
+                             f"rerun with --rounds={len(record['rounds'])} or more, or use a new --output_dir")
+        missing = [name for name in wanted if name not in recorded]
+        if missing:
+            logger.warning("%s does not record %s (an older gors): its rounds are taken to have been made with this "
+                           "run's", path, ", ".join(missing))
+        changed = [f"{name}: {recorded[name]!r} -> {value!r}" for name, value in wanted.items()
+                   if name != "rounds" and name in recorded and _changed(name, recorded[name], value)]
         if changed:
             raise ValueError(f"{path}: finished rounds were made with other settings ({'; '.join(changed)}); rerun with "
                              "theirs, or use a new --output_dir (only --rounds may grow)")
@@ -132,13 +161,14 @@ def log_round(output_dir: Path, summary: dict[str, Any]) -> None:
 def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors run") -> list[dict[str, Any]]:
     """`--rounds N`: the rounds not yet finished, in order; returns every round's summary."""
     out = Path(config.output_dir)
-    settings = round_settings(config)
     with run_folder_lock(out, STAGES, command):
-        num_prompts = len(load_prompts(config.train_prompts).prompts[: config.max_prompts])
+        prompts = load_prompts(config.train_prompts).prompts[: config.max_prompts]
+        num_prompts = len(prompts)
         if num_prompts * SAMPLE_SEED_STRIDE >= ROUND_SEED_STRIDE:
             raise ValueError(f"--rounds with {num_prompts} prompts: rounds share image seeds beyond "
                              f"{ROUND_SEED_STRIDE // SAMPLE_SEED_STRIDE} prompts; pass --max_prompts or fewer prompts")
-        rounds = finished_rounds(config)
+        settings = round_settings(config, accelerator.num_processes, prompts)
+        rounds = finished_rounds(config, accelerator.num_processes, prompts)
         for index in range(len(rounds), config.rounds):
             previous = round_dir(out, index - 1) if index > 0 else None
             accelerator.print(f"[rounds] round {index} of {config.rounds}"

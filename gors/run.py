@@ -16,13 +16,13 @@ from gors.core.backbones import check_trainable, detect_backbone
 from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import load_prompts
-from gors.core.run_folder import SELECTION_FILE, samples_dir
+from gors.core.run_folder import ROUNDS_FILE, SELECTION_FILE, samples_dir
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
 from gors.families import resolve_training
 from gors.generate import generate
 from gors.score import check_prompt_metadata, score, scoring_while_generating
-from gors.select import load_selection, select
+from gors.select import load_selection, select, threshold_fn
 from gors.timings import StageTiming, format_timings, timed_stage, write_timings
 from gors.train import _optimizer_class, check_data_parallel, train, training_accelerator
 from gors.validation import validation_target
@@ -110,6 +110,8 @@ def check_run_inputs(config: RunConfig) -> None:
     reward = config.reward_name(prompt_set.category)
     check_prompt_metadata(reward, prompts, metadata)
     check_reward_options(reward, config.reward_options)
+    if config.select_top_fraction is None and config.tau_schedule is None:
+        threshold_fn(config, prompt_set.category)  # no tau, or an unknown --category
     _optimizer_class(config.use_8bit_adam)
     backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
     check_trainable(backbone, config.pretrained_model_name_or_path)
@@ -123,6 +125,9 @@ def run(config: RunConfig, command: str = "gors run") -> None:
     from gors.rounds import run_rounds
 
     check_run_inputs(config)
+    if config.rounds == 1 and (Path(config.output_dir) / ROUNDS_FILE).is_file():
+        raise ValueError(f"{config.output_dir} holds a --rounds run ({ROUNDS_FILE}); one round there would train over "
+                         "its rounds' LoRA. Rerun with its --rounds, or use a new --output_dir")
     accelerator = training_accelerator(config)
     check_data_parallel(accelerator)
     if config.rounds == 1:

@@ -49,7 +49,9 @@ def top_fraction(rewards: list[tuple[int, int, float]], fraction: float) -> set[
         by_prompt[prompt].append((value, image))
     kept = set()
     for prompt, values in by_prompt.items():
-        best = sorted(values, key=lambda item: (-item[0], item[1]))[: max(1, math.ceil(fraction * len(values)))]
+        # Rounded first: 0.07 x 100 is 7.000000000000001 in floating point, which ceil would make 8.
+        count = max(1, math.ceil(round(fraction * len(values), 9)))
+        best = sorted(values, key=lambda item: (-item[0], item[1]))[:count]
         kept |= {(prompt, image) for _, image in best}
     return kept
 

@@ -78,6 +78,7 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
         (["--images_per_prompt", "100000"], r"--images_per_prompt=100000: must be in \[1, 99 999\]"),
         (["--mixed_precision", "fp8"], "--mixed_precision='fp8'"),
         (["--reward_threshold", "1.5"], "--reward_threshold=1.5"),
+        (["--reward_threshold", "1.0"], r"--reward_threshold=1.0: use a tau in \[0, 1\)"),
         (["--resolution", "500"], "--resolution=500"),
         (["--no_train_unet", "--no_train_text_encoder"], "nothing to train"),
         (["--caption_dropout", "1.0"], "--caption_dropout=1.0"),
@@ -361,10 +362,10 @@ def test_yaml_values_are_checked_against_the_field_types(tmp_path, text, message
 
 def test_yaml_no_is_no_and_numbers_are_floats_for_float_fields(tmp_path):
     config_file = tmp_path / "run.yaml"
-    config_file.write_text("mixed_precision: no\ntorch_compile: no\nreward_threshold: 1\n"
+    config_file.write_text("mixed_precision: no\ntorch_compile: no\nreward_threshold: 0\n"
                            "validation_prompts: [a red circle]\n")
     config = parse_config(RunConfig, ["--config", str(config_file)])
-    assert (config.mixed_precision, config.torch_compile, config.reward_threshold) == ("no", "no", 1.0)
+    assert (config.mixed_precision, config.torch_compile, config.reward_threshold) == ("no", "no", 0.0)
     assert config.validation_prompts == ["a red circle"]
 
 

@@ -165,3 +165,8 @@ def test_recipe_config_writes_the_training_prompts_once(tmp_path: Path) -> None:
     assert path.read_text() == json.dumps(written[0]) + "\n"
     own = geneval_recipe_config(["--output_dir", str(tmp_path / "b"), "--train_prompts", "mine.jsonl"])
     assert own.train_prompts == "mine.jsonl" and not (tmp_path / "b").exists()
+    # tau 0.7 is the recipe's default selection, not a flag: the other selections replace it.
+    top = geneval_recipe_config(["--output_dir", str(out), "--select_top_fraction", "0.1"])
+    assert (top.reward_threshold, top.select_top_fraction) == (None, 0.1)
+    scheduled = geneval_recipe_config(["--output_dir", str(out), "--rounds", "2", "--tau_schedule", "0.6", "0.8"])
+    assert (scheduled.reward_threshold, scheduled.tau_schedule) == (None, [0.6, 0.8])

@@ -300,3 +300,55 @@ def test_the_lr_schedule_runs_once_over_all_rounds_or_again_with_each_fresh_opti
                             **{**ROUNDS, "lr_scheduler": "linear", "rounds": 3, "max_train_steps": 6})
     with pytest.raises(ValueError, match=r"--lr_scheduler linear laid out over --rounds=2; --rounds=3 would"):
         run(grown)
+
+
+def test_a_changed_training_setting_is_refused_before_the_next_round_generates(one_process_rounds, make_run_config,
+                                                                             tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_process_rounds, run_dir)
+    grown = {**ROUNDS, "rounds": 3, "max_train_steps": 6}
+    with pytest.raises(ValueError, match=r"other settings \(learning_rate: 0\.1 -> 0\.05\)"):
+        run(make_run_config(output_dir=str(run_dir), **{**grown, "learning_rate": 5e-2}))
+    reset_process_state()
+    assert not round_dir(run_dir, 2).exists()  # nothing generated for round 2
+    with pytest.raises(ValueError, match=r"holds a --rounds run \(rounds\.json\); one round there would train over"):
+        run(make_run_config(output_dir=str(run_dir), **{**ROUNDS, "rounds": 1, "replay": "none"}))
+    reset_process_state()
+
+
+PROMPTS = ["a red circle", "a blue square"]
+
+
+def _recorded_rounds(config, count: int, **settings) -> None:
+    from gors.rounds import round_settings
+
+    recorded = round_settings(config, 1, PROMPTS) | settings
+    rounds = [{"round": index} for index in range(count)]
+    (Path(config.output_dir) / ROUNDS_FILE).write_text(json.dumps({"settings": recorded, "rounds": rounds}))
+
+
+def test_rounds_json_checks_shrinking_a_growing_tau_schedule_and_older_files(make_run_config, tmp_path, caplog):
+    from gors.rounds import finished_rounds
+
+    config = make_run_config(output_dir=str(tmp_path), **{**ROUNDS, "rounds": 3, "max_train_steps": 6})
+    Path(config.output_dir).mkdir(exist_ok=True)
+    _recorded_rounds(config, 3, rounds=3)
+    with pytest.raises(ValueError, match=r"3 rounds are finished, more than --rounds=2; rerun with --rounds=3"):
+        finished_rounds(replace(config, rounds=2, max_train_steps=4), 1, PROMPTS)
+
+    scheduled = replace(config, reward_threshold=None, tau_schedule=[0.2, 0.5, 0.8])
+    _recorded_rounds(scheduled, 2, rounds=2, tau_schedule=[0.2, 0.5])
+    assert len(finished_rounds(scheduled, 1, PROMPTS)) == 2  # the finished rounds' taus stay: --rounds may grow
+    with pytest.raises(ValueError, match=r"tau_schedule: \[0\.2, 0\.5\] -> \[0\.3, 0\.5, 0\.8\]"):
+        finished_rounds(replace(scheduled, tau_schedule=[0.3, 0.5, 0.8]), 1, PROMPTS)
+    with pytest.raises(ValueError, match=r"num_processes: 1 -> 2"):
+        finished_rounds(scheduled, 2, PROMPTS)
+
+    _recorded_rounds(config, 2, rounds=2)
+    record = json.loads((tmp_path / ROUNDS_FILE).read_text())
+    del record["settings"]["learning_rate"], record["settings"]["reward"]  # as an older gors wrote it
+    (tmp_path / ROUNDS_FILE).write_text(json.dumps(record))
+    assert len(finished_rounds(config, 1, PROMPTS)) == 2
+    with pytest.raises(ValueError, match=r"prompts_sha256: "):
+        finished_rounds(config, 1, PROMPTS[:1])
+    assert "does not record reward, learning_rate (an older gors)" in caplog.text

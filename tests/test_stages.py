@@ -204,6 +204,8 @@ def test_top_fraction_keeps_each_prompts_best_images():
     assert top_fraction(rewards, 0.25) == {(0, 1), (1, 1)}  # a tie of 0.9: the lower image index
     assert top_fraction(rewards, 0.01) == {(0, 1), (1, 1)}  # at least one per prompt
     assert top_fraction(rewards, 1.0) == {(p, i) for p, i, _ in rewards}
+    hundred = [(0, i, i / 100) for i in range(100)]
+    assert len(top_fraction(hundred, 0.07)) == 7  # 0.07 x 100 is 7.000000000000001 in floating point
 
 
 def test_select_top_fraction_ignores_tau(tmp_path, make_run_config):
@@ -236,6 +238,8 @@ def test_select_top_fraction_and_a_threshold_are_refused_together(make_run_confi
      "--validation_scorer_options: toy:train's scorer 'toy_oracle' has no option 'nope'"),
     ({"validation_benchmark": "toy:train", "validation_metric": "acuracy"},
      "--validation_metric='acuracy' is not a metric of toy:train"),
+    ({"reward_threshold": None}, "No threshold: the prompts are not a T2I-CompBench category"),
+    ({"reward_threshold": None, "category": "colour"}, "colour"),
 ])
 def test_run_refuses_what_training_would_before_generating(make_run_config, overrides, message):
     from gors.run import run
