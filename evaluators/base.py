@@ -147,7 +147,22 @@ def check_complete(entries: Sequence[ImageEntry], num_prompts: int, images_per_p
 
 
 # A quick run's prompts are every n-th one (`every_nth`): another --max_prompts is another prompt set.
-EVALUATION_FLAGS = StoreFlags(prompts="the --max_prompts that made it", may_change="--images_per_prompt")
+EVALUATION_FLAGS = StoreFlags(prompts="the --max_prompts that made it", may_change="--images_per_prompt",
+                              extra_images="the evaluation scores the first --images_per_prompt of each prompt")
+
+
+class FirstImages:
+    """The first `count` images of each prompt in a sample store: what a benchmark scores, as its
+    official scripts score a fixed number per prompt, when an earlier evaluation left more there."""
+
+    def __init__(self, store: SampleStore, count: int) -> None:
+        self.store, self.count = store, count
+
+    def records(self) -> list[dict[str, Any]]:
+        return [record for record in self.store.records() if record["image_index"] < self.count]
+
+    def open_image(self, record: dict[str, Any]) -> Image.Image:
+        return self.store.open_image(record)
 
 
 def image_index_seed(base_seed: int, prompt_index: int, image_index: int) -> int:
@@ -469,7 +484,7 @@ class Benchmark:
                 return load_pipeline(pretrained_model_name_or_path, accelerator.device, dtype, lora=lora,
                                      backbone=backbone, torch_compile=torch_compile)
 
-            samples = generate_samples(
+            store = generate_samples(
                 SampleStore(output_dir / "samples"), [p.text for p in prompts], protocol,
                 pipeline_loader or load, accelerator,
                 prompt_info={"benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora},
@@ -478,6 +493,7 @@ class Benchmark:
                 desc=f"{self.name}: generate",
                 flags=EVALUATION_FLAGS,
             )
+            samples = FirstImages(store, protocol.images_per_prompt)
         metadata = [dict(p.metadata) for p in prompts]
         main_spec = self.scorer_spec(scorer_options)
         main_dtype = scorer.torch_dtype if scorer is not None else scorer_dtype(main_spec[0], accelerator)

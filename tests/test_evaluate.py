@@ -294,3 +294,18 @@ def test_scorers_run_in_their_benchmarks_dtype_on_cuda_and_in_float32_on_cpu():
     assert scorer_dtype("toy_oracle", gpu) == torch.float16  # no official dtype: the generation precision
     assert scorer_dtype("soft_tifa", Fake("cpu", "fp16")) == torch.float32
     assert scorer_key("soft_tifa", {}, 8, gpu)[-1] == "torch.bfloat16"
+
+
+def test_an_evaluation_scores_its_own_number_of_images_per_prompt(tmp_path, caplog):
+    # A folder an earlier evaluation filled with 2 images per prompt, evaluated again at 1: the official
+    # scripts score a fixed number per prompt, so the second summary counts 1 per prompt, not 2.
+    argv = ["evaluate", "--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy", "--max_prompts", "2",
+            "--output_dir", str(tmp_path)]
+    main(argv + ["--images_per_prompt", "2"])
+    main(argv + ["--images_per_prompt", "1"])
+    folder = tmp_path / "toy" / "held_out"
+    rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["prompt_index"], r["image_index"]) for r in rows) == [(0, 0), (1, 0)]
+    results = json.loads((folder / "summary.json").read_text())["results"]["samples"]
+    assert (results["images"], results["images_per_prompt"]) == (2, 1)
+    assert "the evaluation scores the first --images_per_prompt of each prompt" in caplog.text

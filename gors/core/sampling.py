@@ -45,6 +45,7 @@ class StoreFlags:
 
     prompts: str = "the --train_prompts that made this store"
     may_change: str = "--images_per_prompt and --max_prompts"
+    extra_images: str = "the stages after this one use all of them"  # what happens to images beyond the count
 
 
 def _check_same_prompts(store: SampleStore, prompts: list[str], flags: StoreFlags) -> None:
@@ -200,8 +201,8 @@ def generate_samples(
     done = {sample_key(record) for record in store.records()}
     most = 1 + max((i for _, i in done), default=-1)
     if most > protocol.images_per_prompt and accelerator.is_main_process:
-        logger.warning("%s holds up to %d images per prompt, more than --images_per_prompt=%d; the stages after this "
-                       "one use all of them", store.root, most, protocol.images_per_prompt)
+        logger.warning("%s holds up to %d images per prompt, more than --images_per_prompt=%d; %s", store.root, most,
+                       protocol.images_per_prompt, flags.extra_images)
     todo = [(p, i) for p in range(len(prompts)) for i in range(protocol.images_per_prompt) if (p, i) not in done]
     if accelerator.is_main_process:
         print(f"[{desc}] {len(done)} samples exist, {len(todo)} to generate into {store.root}")
