@@ -7,7 +7,10 @@ LoRA scale is 1 as in the released checkpoints.
 
 A LoRA file holds one block of weights per component, prefixed by the component's name in the
 pipeline (`unet.`, `transformer.`, `text_encoder.`, `text_encoder_2.`): the layout that the
-family's `Pipeline.save_lora_weights` writes and `Pipeline.load_lora_weights` reads.
+family's `Pipeline.save_lora_weights` writes and `Pipeline.load_lora_weights` reads. A CLIP text
+encoder's layers are named under `text_model.` as transformers 4 builds it, in Hub LoRAs and in
+diffusers' loaders; transformers 5 builds `CLIPTextModel` without that wrapper, so its names get
+the prefix on save and lose it on load (`TEXT_MODEL_PREFIX`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,20 @@ UNET_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 TEXT_ENCODER_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "out_proj")
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 SD_PIPELINE = "StableDiffusionPipeline"
+TEXT_MODEL_PREFIX = "text_model."
+
+
+def _unwrapped_clip(module: torch.nn.Module) -> bool:
+    """A `CLIPTextModel` built without its `text_model` wrapper (transformers 5)."""
+    from transformers import CLIPTextModel
+
+    return isinstance(module, CLIPTextModel) and not hasattr(module, "text_model")
+
+
+def with_text_model_prefix(state: Mapping[str, torch.Tensor], module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`module`'s LoRA weights named as in a LoRA file (`text_model.encoder...` for a CLIP text encoder)."""
+    prefix = TEXT_MODEL_PREFIX if _unwrapped_clip(module) else ""
+    return {prefix + key: value for key, value in state.items()}
 
 
 def _lora_config(rank: int, targets: Sequence[str]):
@@ -94,7 +111,7 @@ def save_lora(save_dir: str | Path, modules: Mapping[str, torch.nn.Module], pipe
 
     def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         state = get_peft_model_state_dict(module)
-        return state if peft_names else convert_state_dict_to_diffusers(state)
+        return with_text_model_prefix(state if peft_names else convert_state_dict_to_diffusers(state), module)
 
     layers = {f"{name}_lora_layers": weights(module) for name, module in modules.items()}
     save_dir = Path(save_dir)
@@ -109,7 +126,11 @@ def save_lora(save_dir: str | Path, modules: Mapping[str, torch.nn.Module], pipe
 
 
 def load_lora(load_dir: str | Path, modules: Mapping[str, torch.nn.Module], pipeline_class: str = SD_PIPELINE) -> None:
-    """Load a diffusers-format LoRA into modules that already carry adapters (see `add_lora`)."""
+    """Load a diffusers-format LoRA into modules that already carry adapters (see `add_lora`).
+
+    Every adapter weight of `modules` must come from the file and every weight of the file must
+    find its adapter: a `ValueError` names the first ones otherwise (peft alone would skip them).
+    """
     from diffusers.utils import (
         convert_state_dict_to_diffusers,
         convert_state_dict_to_peft,
@@ -129,5 +150,13 @@ def load_lora(load_dir: str | Path, modules: Mapping[str, torch.nn.Module], pipe
         if _is_diffusers_model(module):
             converted = convert_unet_state_dict_to_peft(part)
         else:
+            if _unwrapped_clip(module):
+                part = {key.removeprefix(TEXT_MODEL_PREFIX): value for key, value in part.items()}
             converted = convert_state_dict_to_peft(convert_state_dict_to_diffusers(part))
-        set_peft_model_state_dict(module, converted, adapter_name="default")
+        result = set_peft_model_state_dict(module, converted, adapter_name="default")
+        missing = [key for key in result.missing_keys if "lora_" in key]
+        if result.unexpected_keys or missing:
+            found = ", ".join(f"{what} {keys[0]} ({len(keys)} in all)"
+                              for what, keys in (("unexpected", result.unexpected_keys), ("missing", missing)) if keys)
+            raise ValueError(f"{load_dir}: its {name} LoRA does not fit the {name}'s adapters: {found}. It was "
+                             "saved for another model, other LoRA targets or another layer naming.")

@@ -29,7 +29,7 @@ from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
 from gors.core.io import set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
 from gors.core.prompts import T2I_COMPBENCH_COMMIT, T2I_COMPBENCH_REPOSITORY
-from gors.lora import LORA_WEIGHT_NAME, TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES
+from gors.lora import LORA_WEIGHT_NAME, TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES, with_text_model_prefix
 from gors.sd2_architecture import SD2_BASE, architecture_configs, empty_models
 
 OFFICIAL_PREFIX = "official:"
@@ -63,7 +63,7 @@ GORS_CHECKPOINTS = PinnedSource(
 UNET_ATTENTION_CLASSES = ("CrossAttention", "Attention")
 TEXT_ENCODER_ATTENTION_CLASSES = ("CLIPAttention",)
 # Bump when the converted file changes, so stale conversions in the cache are not reused.
-CONVERSION_VERSION = "diffusers-v1"
+CONVERSION_VERSION = "diffusers-v2"  # v2: text-encoder layers under text_model., as Hub LoRAs
 SOURCE_RECORD = "gors_lora_source.json"
 
 
@@ -303,6 +303,7 @@ def convert_official_lora(
     unet_pt, text_pt = checkpoint_pair(source)
     unet, text_encoder = empty_models(*architecture_configs(pretrained_model_name_or_path))
     unet_state, text_state = convert_lora_diffusion(unet_pt, text_pt, unet, text_encoder)
+    text_state = with_text_model_prefix(text_state, text_encoder)  # the Hub's layout, whichever transformers
     record = {
         "source": str(source) if not isinstance(source, tuple) else [str(p) for p in source],
         "files": {str(p): _sha256_file(p) for p in (unet_pt, text_pt)},
