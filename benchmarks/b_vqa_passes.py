@@ -35,7 +35,8 @@ script prints the min and median of the paired time ratios and how far the score
   reloading the model in every pass, reading and decoding the image files (the images are handed
   over in memory, the transform still runs every pass), spaCy (both sides use gors' built-in
   noun-phrase chunker, which gives the same phrases on these prompts), the JSON files, and the
-  4-decimal rounding (left out so that the agreement measures the computation, not the format).
+  4-decimal rounding (left out on both sides, gors' with ``decimals=None``, so that the agreement
+  measures the computation, not the format).
 - **gors**: `BVQAReward.score` (``rewards/b_vqa.py``) on the same images and prompts: the vision
   model once per image, then only the prompts' real questions (no empty ones), batched across
   images (``--batch_size`` 16, as `gors score` builds the reward: ``--reward_batch_size``, default
@@ -306,7 +307,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
         folder = Path(workdir) / "model"
         counts = save_model(folder, args.vision_layers, args.text_layers)
         reward = BVQAReward(model_name_or_path=str(folder), device=device, torch_dtype=dtype,
-                            batch_size=args.batch_size, noun_phrase_backend="builtin")
+                            batch_size=args.batch_size, noun_phrase_backend="builtin", decimals=None)
         built_s = time.perf_counter() - start
     official = OfficialBVQA(reward.model, reward.processor.tokenizer, device, dtype)
 

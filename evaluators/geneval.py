@@ -18,7 +18,10 @@ seed: here image i gets seed 42 + i for every prompt (one CPU generator per imag
 is not bit-identical to the official script's sequential draws from the global CUDA generator).
 The official script fixes neither the resolution (the model's default, 512 for SD 1.x / 2-base)
 nor the scheduler (the checkpoint's own); we use the project defaults: 512 px and the DDIM
-scheduler of `gors.core.pipeline.load_pipeline`.
+scheduler of `gors.core.pipeline.load_pipeline`. The official script also keeps the pipeline's
+safety checker (SD 1.x ships one), which blacks out the images it flags, and those count as
+wrong; gors loads every pipeline without it, so a model whose images the checker would flag scores
+a little higher here. Pass `--images` with the official script's images to compare exactly.
 
 Image folders (``--images``): GenEval's layout, ``<root>/<00000>/metadata.jsonl`` (the prompt's
 metadata row as one JSON object) and ``<root>/<00000>/samples/<0000>.png`` (any number of

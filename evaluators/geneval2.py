@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, pinned_data
-from evaluators.geneval2_tables import format_analysis, markdown_tables, overall, per_atomicity_table, per_skill_table
+from evaluators.geneval2_tables import (
+    ATOMICITIES,
+    SKILLS,
+    format_analysis,
+    markdown_tables,
+    overall,
+    per_atomicity_table,
+    per_skill_table,
+)
 from evaluators.results import Metric
 from gors.core.data import PinnedSource, fetch_pinned_file, sha256_of
 from gors.core.io import atomic_write_bytes, atomic_write_json, atomic_write_jsonl
@@ -61,21 +69,31 @@ X100 = "x100"  # the official tools print every Soft-TIFA number in percent poin
 
 
 def load_geneval2_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a GenEval-2-format jsonl, each checked: prompt, atom_count, vqa_list, skills."""
+    """The rows of a GenEval-2-format jsonl, each checked before any image is scored: prompt,
+    atom_count (3..10, the official analysis's range), vqa_list, and one of GenEval 2's skills per
+    question."""
     rows = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {number}: not valid JSON ({err.msg}); each line must look like GenEval "
+                             f"2's {DATA_FILE}") from None
         problem = None
-        if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+        if not isinstance(row, dict):
+            problem = f"a {type(row).__name__}, not an object"
+        elif not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
             problem = "no 'prompt' text"
-        elif not isinstance(row.get("atom_count"), int):
-            problem = "no integer 'atom_count'"
+        elif not isinstance(row.get("atom_count"), int) or row["atom_count"] not in ATOMICITIES:
+            problem = f"'atom_count' {row.get('atom_count')!r} is not a whole number in 3..10"
         elif not isinstance(row.get("vqa_list"), list) or not row["vqa_list"]:
             problem = "no 'vqa_list' of [question, answer] pairs"
         elif not isinstance(row.get("skills"), list) or len(row["skills"]) != len(row["vqa_list"]):
             problem = "'skills' must list one skill per vqa_list entry"
+        elif unknown := sorted({str(skill) for skill in row["skills"]} - set(SKILLS)):
+            problem = f"unknown skill {unknown[0]!r}; GenEval 2's skills are {', '.join(SKILLS)}"
         if problem:
             raise ValueError(f"{path}, line {number}: {problem}; each line must look like GenEval 2's {DATA_FILE}")
         rows.append(row)

@@ -572,9 +572,9 @@ class EvaluateConfig:
     mixed_precision: str | None = field(
         default=None,
         metadata={"help": "'no', 'fp16' or 'bf16' for generation on GPU, and for the scorers whose benchmark "
-                          "fixes no dtype (Soft-TIFA, TIFA, VQAScore and TIT-Score score in bf16 on GPU whatever "
-                          "this says, as their official code does); default: the accelerate config's. On CPU "
-                          "everything runs in fp32."},
+                          "fixes no dtype (on GPU Soft-TIFA, TIFA, VQAScore and TIT-Score score in bf16 and "
+                          "CLIPScore in fp16 whatever this says, as their official code does); default: the "
+                          "accelerate config's. On CPU everything runs in fp32."},
     )
     pretrained_model_name_or_path: str | None = field(
         default="stabilityai/stable-diffusion-2-base",

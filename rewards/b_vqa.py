@@ -21,8 +21,10 @@ the position embeddings interpolated back to 30 x 30 the same way, once at load.
 encoder then sees the official 901 tokens; the main difference left is the round trip of the
 position embeddings (30 -> 24 -> 30), which could not be measured here (no weights offline). Two
 small ones: the processor resizes with torchvision on tensors where BLIP resizes the PIL image
-(about two grey levels at most on random images), and the official script rounds each image's
-score to 4 decimals before the mean. `image_size=384` gives the Hub's own set-up; other
+(about two grey levels at most on random images), and the official script multiplies in float32
+where gors multiplies in float64. Like the official code, each question's probability is rounded
+to 4 decimals (BLIP's ``'{:.4f}'`` answer) before the product and the product to 4 decimals
+again (``decimals=None`` keeps them unrounded). `image_size=384` gives the Hub's own set-up; other
 checkpoints run at their processor's size, with a warning when that is below the official 480
 (a local copy of the default model is not recognised by its path: pass `image_size=480`).
 
@@ -72,8 +74,10 @@ class BVQAReward(Reward):
         image_size: input side in pixels; the position embeddings are interpolated to it at load
             when the checkpoint has another. Default: 480 (the official metric's) for the default
             model, the processor's size for any other checkpoint.
+        decimals: each question's probability and the image's score are rounded to this many
+            decimals, as the official code writes them (4); None: unrounded.
 
-    Details per image: questions, phrases, p_yes (each in [0, 1]), score, and question_source
+    Details per image: questions, phrases, p_yes (each in [0, 1], unrounded), score, and question_source
     (``{"source": "table", "table_sha256": ..., "parser": {...}}`` or
     ``{"source": "parser", "parser": {...}}``, see `rewards.noun_phrases.parser_record`).
     """
@@ -93,8 +97,12 @@ class BVQAReward(Reward):
         question_start: Literal["enc", "cls"] = "enc",
         questions: str | os.PathLike[str] | None = None,
         image_size: int | None = None,
+        decimals: int | None = 4,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
+        if decimals is not None and decimals < 0:
+            raise ValueError(f"decimals must be >= 0 or None, got {decimals}")
+        self.decimals = decimals
         from transformers import BlipForQuestionAnswering, BlipProcessor
 
         if max_questions < 0:
@@ -155,13 +163,17 @@ class BVQAReward(Reward):
         for qs, (_, source) in zip(questions, asked, strict=True):
             probs = p_yes[cursor : cursor + len(qs)]
             cursor += len(qs)
-            score = float(math.prod(probs))  # 1.0 for a prompt without questions
+            score = float(math.prod(self._rounded(p) for p in probs))  # 1.0 for a prompt without questions
+            score = self._rounded(score)
             scores.append(score)
             details.append(
                 {"questions": qs, "phrases": [q[:-1] for q in qs], "p_yes": probs, "score": score,
                  "question_source": source}
             )
         return RewardOutput(scores=scores, details=details)
+
+    def _rounded(self, value: float) -> float:
+        return value if self.decimals is None else round(value, self.decimals)
 
     def questions_of(self, prompt: str) -> tuple[list[str], dict[str, Any]]:
         """The questions B-VQA asks about `prompt` and their `question_source` record."""

@@ -10,8 +10,8 @@ removed from the prompt first (`rewards.clip_text.remove_adjectives`).
 Differences from ``clip.load("ViT-B/32")`` + ``clip.tokenize``, checked against their code:
 
 - Weights: `openai/clip-vit-base-patch32` is the conversion of the same checkpoint. The official
-  code runs it in fp16 on a GPU (``clip.load`` keeps fp16 weights off the CPU); the default here
-  is float32, `torch_dtype=torch.float16` reproduces it.
+  code runs it in fp16 on a GPU (``clip.load`` keeps fp16 weights off the CPU): so do the
+  benchmarks on CUDA (`official_dtype`); as a training reward it runs in the dtype it is given.
 - Images: with `preprocess="openai"` (default) exactly CLIP's transform (torchvision `Resize` of
   the shortest side with PIL bicubic, `CenterCrop` with rounded offsets, `ToTensor`,
   `Normalize`), sizes and mean/std read from the checkpoint's processor. transformers 5's
@@ -167,6 +167,7 @@ class CLIPScoreReward(Reward):
 
     name = "clip_score"
     default_model = DEFAULT_CLIP
+    official_dtype = torch.float16
     categories = ("non_spatial", "complex")
     description = "T2I-CompBench CLIPScore: raw cosine of CLIP ViT-B/32 image and prompt embeddings"
 

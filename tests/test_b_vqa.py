@@ -88,7 +88,8 @@ def test_scores_details_and_product_rule(reward: BVQAReward) -> None:
         assert len(details["p_yes"]) == len(details["questions"]) > 0
         assert all(0.0 <= p <= 1.0 for p in details["p_yes"])
         assert 0.0 <= score <= 1.0 and details["score"] == score
-        assert score == pytest.approx(math.prod(details["p_yes"]), rel=1e-12)
+        # As the official code: each probability and the product written with 4 decimals.
+        assert score == round(math.prod(round(p, 4) for p in details["p_yes"]), 4)
     assert output.details[2]["phrases"] == ["a balloon", "the top", "a giraffe"]
     assert output.details[4]["phrases"] == ["a horse", "a man"]  # "the right" is filtered out
     # A random model still answers differently for different questions and images.
@@ -280,7 +281,7 @@ def test_question_table_sets_what_blip_is_asked(reward: BVQAReward, model_dir: P
     parsed = reward.score(images[:1], ["a red car"]).details[0]
     assert parsed["questions"] == ["a red car?"]
     assert output.details[0]["p_yes"] == pytest.approx(parsed["p_yes"], rel=1e-4, abs=1e-6)
-    assert output.scores[0] == pytest.approx(output.details[0]["p_yes"][0], rel=1e-12)
+    assert output.scores[0] == round(output.details[0]["p_yes"][0], 4)
     without = reward.score(images, prompts)
     assert without.details[0]["questions"] == ["a green bench?", "a red car?"]
     # The same rows, up to float noise between batch compositions (the first image asks more questions here;
@@ -334,3 +335,12 @@ def test_three_in_one_passes_the_table_to_b_vqa(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(ValueError, match="two question tables"):
         three_in_one.ThreeInOneReward(device="cpu", subsplits="none", questions="a.json",
                                       b_vqa={"questions": "b.json"})
+
+
+def test_unrounded_scores_on_request(model_dir: Path) -> None:
+    reward = BVQAReward(model_name_or_path=str(model_dir), device="cpu", noun_phrase_backend="builtin", decimals=None)
+    output = reward.score(random_images(2), PROMPTS[:2])
+    for score, details in zip(output.scores, output.details, strict=True):
+        assert score == pytest.approx(math.prod(details["p_yes"]), rel=1e-12)
+    with pytest.raises(ValueError, match="decimals must be >= 0 or None"):
+        BVQAReward(model_name_or_path=str(model_dir), device="cpu", decimals=-1)

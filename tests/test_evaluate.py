@@ -291,6 +291,7 @@ def test_scorers_run_in_their_benchmarks_dtype_on_cuda_and_in_float32_on_cpu():
     assert scorer_dtype("soft_tifa", gpu) == torch.bfloat16  # GenEval 2 loads Qwen3-VL in bf16
     assert scorer_dtype("vqascore", gpu) == scorer_dtype("tifa", gpu) == torch.bfloat16
     assert scorer_dtype("tit_score", gpu) == torch.bfloat16
+    assert scorer_dtype("clip_score", Fake("cuda", "no")) == torch.float16  # clip.load keeps fp16 on a GPU
     assert scorer_dtype("toy_oracle", gpu) == torch.float16  # no official dtype: the generation precision
     assert scorer_dtype("soft_tifa", Fake("cpu", "fp16")) == torch.float32
     assert scorer_key("soft_tifa", {}, 8, gpu)[-1] == "torch.bfloat16"

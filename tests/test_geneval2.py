@@ -134,10 +134,18 @@ def test_official_data_pinned_and_subset_covers_atomicities(monkeypatch):
     assert set(prompts[0].metadata) == {"atom_count", "vqa_list", "skills"}
 
 
-def test_bad_data_line_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("line, message", [
+    (json.dumps({**ROWS[0], "skills": ["count"]}), "line 2: 'skills' must list one skill per vqa_list entry"),
+    ('{"prompt": "a cat"', r"line 2: not valid JSON \(Expecting"),
+    ("[1, 2]", "line 2: a list, not an object"),
+    (json.dumps({**ROWS[0], "atom_count": 2}), "line 2: 'atom_count' 2 is not a whole number in 3..10"),
+    (json.dumps({**ROWS[0], "skills": ["spatial"] * len(ROWS[0]["vqa_list"])}), "line 2: unknown skill 'spatial'"),
+])
+def test_bad_data_line_is_a_clear_error_before_any_scoring(tmp_path, line, message):
+    # The official analysis would fail on these only after every image was judged.
     path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps({**ROWS[0], "skills": ["count"]}) + "\n")
-    with pytest.raises(ValueError, match="line 1: 'skills' must list one skill per vqa_list entry"):
+    path.write_text(json.dumps(ROWS[1]) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=f"bad.jsonl, {message}"):
         load_geneval2_rows(path)
 
 
