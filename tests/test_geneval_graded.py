@@ -351,7 +351,7 @@ def test_geneval_rewards_refuse_prompts_without_clauses_before_any_work(
 
     with pytest.raises(AssertionError, match="no reward may load"):
         run(RunConfig(output_dir=str(tmp_path / "fresh"), train_prompts=str(bad), reward="geneval", max_prompts=1,
-                      pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline")))
+                      reward_threshold=0.5, pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline")))
 
 
 def test_the_recipe_s_tau_keeps_what_its_comment_says() -> None:
