@@ -50,7 +50,7 @@ from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
 from gors.core.scoring import score_samples
 from gors.core.store import SampleStore, StoreError, sample_seed
 from rewards import Reward
-from rewards.combined import build_reward, is_single, parse_reward_list
+from rewards.combined import build_reward, is_single, parse_reward_list, versioned
 from rewards.registry import get_reward_class
 
 RESULTS_FILE = "results.jsonl"
@@ -80,9 +80,11 @@ def scorer_key(reward: str, options: Mapping[str, Any], batch_size: int, acceler
 
 def scorer_settings(reward: str, options: Mapping[str, Any], dtype: torch.dtype | None = None) -> dict[str, Any]:
     """What a score folder records about the scorer that filled it (see `gors.score.score_samples`):
-    the reward, its options and the dtype it ran in (None: not recorded)."""
+    the reward, its options, the dtype it ran in (None: not recorded) and its scoring versions."""
     settings = {"reward": reward, "options": dict(options)}
-    return settings if dtype is None else settings | {"dtype": str(dtype).removeprefix("torch.")}
+    if dtype is not None:
+        settings["dtype"] = str(dtype).removeprefix("torch.")
+    return settings | versioned(reward)
 
 
 @dataclass(frozen=True)

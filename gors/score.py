@@ -31,7 +31,7 @@ from gors.core.run_folder import reward_key, samples_dir, scores_dir
 from gors.core.scoring import open_score_folder, score_samples
 from gors.core.store import SampleKey, SampleStore
 from rewards import Reward, get_reward_class
-from rewards.combined import build_reward, check_reward
+from rewards.combined import build_reward, check_reward, versioned
 
 
 def check_prompt_metadata(reward: str, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:
@@ -61,7 +61,7 @@ def reward_builder(config: ScoreConfig | RunConfig, accelerator: Accelerator, re
 def score_settings(config: ScoreConfig | RunConfig, reward: str) -> dict[str, Any]:
     """What a score folder records about the scorer that fills it."""
     return {"reward": reward, "model_name_or_path": config.reward_model_name_or_path,
-            "options": config.reward_options or {}}
+            "options": config.reward_options or {}} | versioned(reward)
 
 
 def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:

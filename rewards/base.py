@@ -49,6 +49,9 @@ class Reward:
       (e.g. GenEval 2 loads Qwen3-VL in its checkpoint's bfloat16); a benchmark scores in it on CUDA
       instead of the generation precision (`evaluators.base.scorer_dtype`). None: the generation
       precision. On CPU every reward runs in float32.
+    - `scoring_version`: raised when a release changes the reward's scores for the same options;
+      a score folder records it (when above 1) and refuses scores of another version
+      (`rewards.combined.scoring_versions`).
     """
 
     name: ClassVar[str] = ""
@@ -57,6 +60,7 @@ class Reward:
     score_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     description: ClassVar[str] = ""
     official_dtype: ClassVar[torch.dtype | None] = None
+    scoring_version: ClassVar[int] = 1
 
     @classmethod
     def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:

@@ -75,6 +75,20 @@ def parse_reward_list(text: str) -> list[RewardSpec]:
     return specs
 
 
+def scoring_versions(reward: str) -> dict[str, int]:
+    """The `Reward.scoring_version` of each reward `reward` names (a name or a weighted list) whose
+    version is above 1: what a score folder records so that scores of two versions never mix."""
+    versions = {spec.name: get_reward_class(spec.name).scoring_version for spec in parse_reward_list(reward)}
+    return {name: version for name, version in versions.items() if version > 1}
+
+
+def versioned(reward: str) -> dict[str, Any]:
+    """`{"scoring_versions": ...}` for a score folder's settings, or nothing when every version is 1
+    (so that folders made before versions were recorded keep resuming)."""
+    versions = scoring_versions(reward)
+    return {"scoring_versions": versions} if versions else {}
+
+
 def is_single(specs: Sequence[RewardSpec], text: str) -> bool:
     """True when `text` names one reward without a weight (it is then built as itself)."""
     return len(specs) == 1 and _split_weight(text.strip())[1] is None

@@ -18,7 +18,9 @@ How a box gets its label and score, per model family:
 without `text_threshold` each box keeps its best label (OWL's rule); with it, a box whose best
 probability reaches `threshold` is reported for every label whose probability reaches
 `text_threshold` (Grounding DINO's phrase rule, where one box can name several phrases), always
-with the box's best probability as its score.
+with the box's best probability as its score. `per_class_detections` is detectron2's rule, which
+the T2I-CompBench UniDet metrics run: every (box, label) pair above the threshold, scored by its
+own probability, then non-maximum suppression per label (`detect(..., nms_iou=...)`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Detector(Protocol):
         labels: list[list[str]],
         threshold: float,
         text_threshold: float | None = None,
+        nms_iou: float | None = None,
     ) -> list[list[Detection]]: ...
 
 
@@ -114,6 +117,37 @@ def select_detections(
         box_tuple = tuple(float(v) for v in boxes[index])
         found += [Detection(labels[k], score, box_tuple) for k in chosen]  # type: ignore[arg-type]
     return sorted(found, key=lambda d: -d.score)
+
+
+def per_class_detections(
+    probabilities: np.ndarray,
+    boxes: np.ndarray,
+    labels: Sequence[str],
+    threshold: float,
+    nms_iou: float,
+) -> list[Detection]:
+    """detectron2's `fast_rcnn_inference` on a (boxes x labels) probability table, most confident first.
+
+    Every (box, label) pair whose probability is above `threshold` (strictly, as detectron2) is a
+    detection scored by that probability, so one box may name several labels; then, per label,
+    a detection overlapping a more confident one by IoU above `nms_iou` is dropped
+    (`torchvision.ops.batched_nms`, as detectron2). Shapes as in `select_detections`.
+    """
+    from torchvision.ops import batched_nms
+
+    probabilities = np.asarray(probabilities, dtype=np.float64)
+    if probabilities.shape != (len(boxes), len(labels)):
+        raise ValueError(
+            f"probabilities has shape {probabilities.shape}, expected ({len(boxes)}, {len(labels)})"
+        )
+    rows, columns = np.nonzero(probabilities > threshold)
+    if not len(rows):
+        return []
+    scores = torch.from_numpy(probabilities[rows, columns])
+    kept = batched_nms(torch.as_tensor(np.asarray(boxes, dtype=np.float64)[rows]), scores,
+                       torch.from_numpy(columns), nms_iou)
+    return [Detection(labels[columns[k]], float(scores[k]), tuple(float(v) for v in boxes[rows[k]]))
+            for k in kept.tolist()]  # batched_nms returns them by decreasing score
 
 
 def _clip_boxes(corners: torch.Tensor, width: int, height: int) -> np.ndarray:
@@ -180,6 +214,7 @@ class ZeroShotDetector:
         labels: list[list[str]],
         threshold: float,
         text_threshold: float | None = None,
+        nms_iou: float | None = None,
     ) -> list[list[Detection]]:
         """Per image: detections of its labels with score >= threshold, most confident first.
 
@@ -189,12 +224,17 @@ class ZeroShotDetector:
                 strings. Duplicates are queried once; an empty list gives no detections.
             threshold: minimum confidence in [0, 1].
             text_threshold: see `select_detections`; None reports each box once.
+            nms_iou: detectron2's rule instead (`per_class_detections`): every (box, label) pair
+                above `threshold`, suppressed per label above this IoU. Not with `text_threshold`.
         """
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} label lists")
-        for name, value in (("threshold", threshold), ("text_threshold", text_threshold)):
+        for name, value in (("threshold", threshold), ("text_threshold", text_threshold), ("nms_iou", nms_iou)):
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if nms_iou is not None and text_threshold is not None:
+            raise ValueError("nms_iou (detectron2's per-class rule) and text_threshold (Grounding DINO's phrase "
+                             "rule) are two ways to label boxes: give one of them")
         queries = [list(dict.fromkeys(image_labels)) for image_labels in labels]
         for image_labels in queries:
             for label in image_labels:
@@ -220,7 +260,9 @@ class ZeroShotDetector:
             else:
                 tables = self._owl_tables(chunk_images, chunk_labels)
             for i, image_labels, (probs, boxes) in zip(chunk, chunk_labels, tables, strict=True):
-                results[i] = select_detections(probs, boxes, image_labels, threshold, text_threshold)
+                results[i] = (select_detections(probs, boxes, image_labels, threshold, text_threshold)
+                              if nms_iou is None else per_class_detections(probs, boxes, image_labels, threshold,
+                                                                           nms_iou))
         return results
 
     # ----------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from rewards.numeracy_rule import (
     judge_numeracy,
     load_noun_list,
 )
-from rewards.spatial_rule import DETECTION_THRESHOLD
+from rewards.spatial_rule import DETECTION_THRESHOLD, resolve_nms_iou
 
 
 class NumeracyReward(Reward):
@@ -31,7 +31,8 @@ class NumeracyReward(Reward):
     Differences from the official code: the detector (UniDet in the official code, not
     installable) is the 2D spatial rule's, OWLv2 `google/owlv2-base-patch16-ensemble` by default
     (any Grounding DINO / MM-Grounding-DINO / OWLv2 checkpoint can be given), queried with the
-    asked object names at UniDet's 0.5 threshold; its confidences are on another scale, so
+    asked object names with UniDet's rule (every (box, label) pair above 0.1, non-maximum
+    suppression per label at IoU 0.5); its confidences are on another scale, so
     numbers are comparable in kind, not digit for digit. See `rewards.numeracy_rule` for the
     prompt parsing.
 
@@ -39,8 +40,12 @@ class NumeracyReward(Reward):
         model_name_or_path: detector checkpoint (Hub id or folder); default OWLv2.
         device, torch_dtype, batch_size: see `Reward`; batch_size is images per detector pass.
         detector: an already-built detector (`ZeroShotDetector.detect`'s signature).
-        threshold: detector confidence threshold (official, UniDet: 0.5).
-        text_threshold: Grounding DINO phrase threshold; None: each box counts once, for its best label.
+        threshold: detector confidence threshold (official, UniDet: 0.1, see
+            `rewards.spatial_rule.DETECTION_THRESHOLD`).
+        text_threshold: Grounding DINO phrase threshold; None: every (box, label) pair above
+            `threshold` counts, suppressed per label (`nms_iou`).
+        nms_iou: the per-label non-maximum suppression IoU (official, detectron2: 0.5; 1 keeps
+            every box); not with `text_threshold`.
         noun_file: a "singular - plural" noun list; None reads the official `new_objects.txt`
             (downloaded pinned and checksummed, or from GORS_DATA_DIR).
         official_renames: detect boy/girl/man/woman as "person", ship as "boat" and so on, as the
@@ -48,6 +53,7 @@ class NumeracyReward(Reward):
     """
 
     name = "numeracy"
+    scoring_version = 2  # 2: UniDet's 0.1 threshold and per-class NMS (1: a 0.5 threshold, no NMS)
     default_model = "google/owlv2-base-patch16-ensemble"
     categories = ("numeracy",)
     description = (
@@ -64,6 +70,7 @@ class NumeracyReward(Reward):
         detector: Detector | None = None,
         threshold: float = DETECTION_THRESHOLD,
         text_threshold: float | None = None,
+        nms_iou: float | None = None,
         noun_file: str | Path | None = None,
         official_renames: bool = True,
     ) -> None:
@@ -71,6 +78,7 @@ class NumeracyReward(Reward):
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1], got {threshold}")
         self.threshold, self.text_threshold = threshold, text_threshold
+        self.nms_iou = resolve_nms_iou(text_threshold, nms_iou)
         if noun_file is None:
             self.nouns = load_noun_list()
         else:
@@ -91,6 +99,7 @@ class NumeracyReward(Reward):
             [list(dict.fromkeys(obj.name for obj in objects[i])) for i in todo],
             threshold=self.threshold,
             text_threshold=self.text_threshold,
+            nms_iou=self.nms_iou,
         )
         detections = {i: deduplicate(image_detections) for i, image_detections in zip(todo, found, strict=True)}
         scores, details = [], []

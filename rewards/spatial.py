@@ -19,6 +19,7 @@ from rewards.spatial_rule import (
     find_relation,
     judge_spatial,
     pick_detections,
+    resolve_nms_iou,
     spatial_objects,
     to_official_frame,
 )
@@ -40,8 +41,8 @@ class SpatialRuleReward(Reward):
       detector than the unbiased `grounded_detection` reward's (MM-Grounding-DINO).
     - Confidence calibration. UniDet's scores are closed-set class probabilities; an
       open-vocabulary detector's scores are text-box matching probabilities on another scale
-      (OWLv2's are typically lower), yet the same 0.5 detection threshold and 0.5 score floor are
-      applied. Numbers are therefore comparable in kind, not digit for digit, with published ones.
+      (OWLv2's are typically lower), yet UniDet's rule (every (box, label) pair above 0.1,
+      non-maximum suppression per label at IoU 0.5) and the 0.5 score floor are applied. Numbers are therefore comparable in kind, not digit for digit, with published ones.
     - Object names come from the head nouns of `rewards.noun_phrases` (spaCy's English model is
       not installable here) instead of spaCy's POS tags: "a pizza cutter" is "cutter", where
       spaCy's first NOUN would be "pizza". On the 1000 spatial prompts the names equal the
@@ -59,9 +60,12 @@ class SpatialRuleReward(Reward):
         device, torch_dtype, batch_size: see `Reward`; batch_size is images per detector pass.
         detector: an already-built detector (anything with `ZeroShotDetector.detect`'s
             signature); `model_name_or_path` is then not loaded.
-        threshold: detector confidence threshold (official, UniDet: 0.5).
-        text_threshold: Grounding DINO phrase threshold (see `rewards.detection`); None: each box
-            counts for its best label.
+        threshold: detector confidence threshold (official, UniDet: 0.1, see
+            `rewards.spatial_rule.DETECTION_THRESHOLD`).
+        text_threshold: Grounding DINO phrase threshold (see `rewards.detection`); None: every
+            (box, label) pair above `threshold` counts, suppressed per label (`nms_iou`).
+        nms_iou: the per-label non-maximum suppression IoU (official, detectron2: 0.5; 1 keeps
+            every box); not with `text_threshold`.
         complex: object parsing of complex prompts (3-in-1) instead of simple ones.
         floor: scores below it become 0 (official 0.5).
         iou_threshold, distance_threshold: of the position rule (official 0.1, and 150 px of the
@@ -73,6 +77,7 @@ class SpatialRuleReward(Reward):
     """
 
     name = "spatial_rule"
+    scoring_version = 2  # 2: UniDet's 0.1 threshold and per-class NMS (1: a 0.5 threshold, no NMS)
     default_model = "google/owlv2-base-patch16-ensemble"
     categories = ("spatial",)
     description = (
@@ -94,6 +99,7 @@ class SpatialRuleReward(Reward):
         detector: Detector | None = None,
         threshold: float | None = None,
         text_threshold: float | None = None,
+        nms_iou: float | None = None,
         complex: bool = False,
         floor: float | None = None,
         iou_threshold: float = IOU_THRESHOLD,
@@ -115,6 +121,7 @@ class SpatialRuleReward(Reward):
                 f"{distance_threshold}"
             )
         self.text_threshold = text_threshold
+        self.nms_iou = resolve_nms_iou(text_threshold, nms_iou)
         self.complex = complex
         self.iou_threshold = iou_threshold
         self.distance_threshold = distance_threshold
@@ -149,6 +156,7 @@ class SpatialRuleReward(Reward):
             [list(dict.fromkeys(objects[i])) for i in todo],  # type: ignore[arg-type]
             threshold=self.threshold,
             text_threshold=self.text_threshold,
+            nms_iou=self.nms_iou,
         )
         detections = dict(zip(todo, found, strict=True))
         scores, details = [], []

@@ -20,7 +20,7 @@ from rewards.spatial_3d_rule import (
     judge_spatial_3d,
     pick_detections_3d,
 )
-from rewards.spatial_rule import DETECTION_THRESHOLD, spatial_objects
+from rewards.spatial_rule import DETECTION_THRESHOLD, resolve_nms_iou, spatial_objects
 
 DEPTH_FLAG = "depth_model_name_or_path"
 DEFAULT_DEPTH_MODEL = "Intel/dpt-hybrid-midas"
@@ -106,7 +106,8 @@ class Spatial3DReward(Reward):
     - Detector: the official UniDet has no installable implementation; the default here is the
       2D rule's (`spatial_rule`), OWLv2 `google/owlv2-base-patch16-ensemble`, queried with the
       two object names; any Grounding DINO / MM-Grounding-DINO / OWLv2 checkpoint can be given.
-      Its confidences are on another scale than UniDet's while the 0.5 threshold is kept, so
+      Its confidences are on another scale than UniDet's while UniDet's rule is kept (every
+      (box, label) pair above 0.1, non-maximum suppression per label at IoU 0.5), so
       numbers are comparable in kind, not digit for digit (see `rewards.spatial.SpatialRuleReward`).
     - Depth: the same MiDaS DPT-Hybrid weights through transformers (see `DepthEstimator`).
     - The official script resizes images to 479 x 479 before detection and depth; here both run
@@ -119,8 +120,12 @@ class Spatial3DReward(Reward):
         depth_model_name_or_path: depth checkpoint; default `Intel/dpt-hybrid-midas`.
         detector: an already-built detector (`ZeroShotDetector.detect`'s signature).
         depth_model: an already-built depth model (`DepthEstimator.predict`'s signature).
-        threshold: detector confidence threshold (official, UniDet: 0.5).
-        text_threshold: Grounding DINO phrase threshold; None: each box counts for its best label.
+        threshold: detector confidence threshold (official, UniDet: 0.1, see
+            `rewards.spatial_rule.DETECTION_THRESHOLD`).
+        text_threshold: Grounding DINO phrase threshold; None: every (box, label) pair above
+            `threshold` counts, suppressed per label (`nms_iou`).
+        nms_iou: the per-label non-maximum suppression IoU (official, detectron2: 0.5; 1 keeps
+            every box); not with `text_threshold`.
         iou_threshold: the depth rule's IoU threshold (official 0.5).
         transposed_depth: cut box regions from the depth map with x as the row index, as the
             official code does (False: the box itself).
@@ -129,6 +134,7 @@ class Spatial3DReward(Reward):
     """
 
     name = "spatial_3d"
+    scoring_version = 2  # 2: UniDet's 0.1 threshold and per-class NMS (1: a 0.5 threshold, no NMS)
     default_model = "google/owlv2-base-patch16-ensemble"
     categories = ("3d_spatial",)
     description = (
@@ -147,6 +153,7 @@ class Spatial3DReward(Reward):
         depth_model: DepthModel | None = None,
         threshold: float = DETECTION_THRESHOLD,
         text_threshold: float | None = None,
+        nms_iou: float | None = None,
         iou_threshold: float = IOU_THRESHOLD_3D,
         transposed_depth: bool = True,
         person_mapping: bool = True,
@@ -158,6 +165,7 @@ class Spatial3DReward(Reward):
         if not 0.0 < iou_threshold <= 1.0:
             raise ValueError(f"iou_threshold must be in (0, 1], got {iou_threshold}")
         self.threshold, self.text_threshold, self.iou_threshold = threshold, text_threshold, iou_threshold
+        self.nms_iou = resolve_nms_iou(text_threshold, nms_iou)
         self.transposed_depth = transposed_depth
         self.person_mapping = person_mapping
         self.noun_phrase_backend = noun_phrase_backend
@@ -180,6 +188,7 @@ class Spatial3DReward(Reward):
             [list(dict.fromkeys(objects[i])) for i in todo],  # type: ignore[arg-type]
             threshold=self.threshold,
             text_threshold=self.text_threshold,
+            nms_iou=self.nms_iou,
         )
         picked = {
             i: pick_detections_3d(detections, objects[i])  # type: ignore[arg-type]

@@ -77,7 +77,22 @@ IOU_THRESHOLD = 0.1
 DISTANCE_THRESHOLD = 150.0  # pixels of the official detection frame (`official_frame`)
 # UniDet_eval's `Resize(size=479, max_size=480)`: the shorter side to 479, the longer at most 480.
 OFFICIAL_SHORT_SIDE, OFFICIAL_MAX_SIDE = 479, 480
-DETECTION_THRESHOLD = 0.5  # UniDet's confidence threshold in the official evaluation
+# UniDet in the official evaluation keeps every (box, class) above 0.1 (hard-coded in
+# `UnifiedCascadeROIHeads._forward_box`; the scripts' --confidence-threshold 0.5 never reaches it),
+# then suppresses per class at detectron2's default IoU 0.5 (`per_class_detections`).
+DETECTION_THRESHOLD = 0.1
+NMS_IOU = 0.5
+
+
+def resolve_nms_iou(text_threshold: float | None, nms_iou: float | None) -> float | None:
+    """The per-class NMS IoU a detector-based rule runs with: `nms_iou`, by default `NMS_IOU`;
+    None with a `text_threshold` (Grounding DINO's phrase rule labels the boxes instead)."""
+    if nms_iou is not None and text_threshold is not None:
+        raise ValueError("nms_iou and text_threshold are two ways to label boxes (detectron2's per-class rule, "
+                         "Grounding DINO's phrase rule): give one of them")
+    if nms_iou is not None and not 0.0 <= nms_iou <= 1.0:
+        raise ValueError(f"nms_iou must be in [0, 1] (1 keeps every box), got {nms_iou}")
+    return None if text_threshold is not None else (NMS_IOU if nms_iou is None else nms_iou)
 SCORE_FLOOR = 0.5
 # Noun phrases that are the relation itself ("the left" in "on the left of"), never objects.
 _RELATION_NOUNS = frozenset(("top", "bottom", "left", "right", "side"))

@@ -88,6 +88,7 @@ class ThreeInOneReward(Reward):
     """
 
     name = "three_in_one"
+    scoring_version = 2  # 2: UniDet's 0.1 threshold and per-class NMS (1: a 0.5 threshold, no NMS)
     categories = ("complex",)
     description = "T2I-CompBench complex metric: mean of B-VQA, the spatial rule and adjective-free CLIPScore"
 

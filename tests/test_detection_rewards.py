@@ -64,6 +64,34 @@ def test_select_detections_text_threshold_reports_every_label_above_it() -> None
     assert [(d.label, d.score) for d in found] == [("a", 0.6), ("b", 0.6)]
 
 
+def test_per_class_detections_follow_detectron2() -> None:
+    from rewards.detection import per_class_detections
+
+    # Box 0 and box 1 overlap (IoU 0.6); box 2 lies apart. Every (box, label) pair above the
+    # threshold is a detection with its own probability; per label, NMS at IoU 0.5.
+    boxes = np.array([[0, 0, 10, 10], [0, 2, 10, 12], [50, 50, 60, 60]], dtype=float)
+    probs = np.array([[0.8, 0.3], [0.6, 0.05], [0.1, 0.7]])
+    found = per_class_detections(probs, boxes, ["dog", "cat"], threshold=0.1, nms_iou=0.5)
+    assert [(d.label, d.score, d.box[0]) for d in found] == [("dog", 0.8, 0.0), ("cat", 0.7, 50.0),
+                                                             ("cat", 0.3, 0.0)]
+    # Box 1's dog (0.6) is suppressed by box 0's; box 2's dog at exactly 0.1 is not above it;
+    # box 0 names both labels, each with its own score. Without suppression both dogs stay.
+    kept = per_class_detections(probs, boxes, ["dog", "cat"], threshold=0.1, nms_iou=1.0)
+    assert [(d.label, d.score) for d in kept if d.label == "dog"] == [("dog", 0.8), ("dog", 0.6)]
+    assert per_class_detections(np.zeros((0, 2)), np.zeros((0, 4)), ["dog", "cat"], 0.1, 0.5) == []
+
+
+def test_the_unidet_rule_is_the_detector_rewards_default_and_excludes_text_threshold() -> None:
+    from rewards.numeracy import NumeracyReward
+    from rewards.spatial import SpatialRuleReward
+
+    fake = FakeDetector({})
+    assert SpatialRuleReward(detector=fake, device="cpu").nms_iou == 0.5
+    assert SpatialRuleReward(detector=fake, device="cpu", text_threshold=0.25).nms_iou is None
+    with pytest.raises(ValueError, match="nms_iou and text_threshold are two ways to label boxes"):
+        NumeracyReward(detector=fake, device="cpu", text_threshold=0.25, nms_iou=0.5, noun_file=None)
+
+
 def test_select_detections_checks_shape() -> None:
     with pytest.raises(ValueError, match="expected"):
         select_detections(np.zeros((2, 2)), np.zeros((3, 4)), ["a", "b"], 0.5)
@@ -161,6 +189,21 @@ def test_detector_input_checks(detectors: dict[str, ZeroShotDetector]) -> None:
         detector.detect(random_images(1), [["dog"]], threshold=1.5)
     with pytest.raises(ValueError, match="non-empty"):
         detector.detect(random_images(1), [[" . "]], threshold=0.5)
+    with pytest.raises(ValueError, match="give one of them"):
+        detector.detect(random_images(1), [["dog"]], threshold=0.1, text_threshold=0.2, nms_iou=0.5)
+
+
+def test_detector_per_class_rule_keeps_no_overlapping_pair_of_one_label(
+        detectors: dict[str, ZeroShotDetector]) -> None:
+    from torchvision.ops import box_iou
+
+    found = detectors["owlv2"].detect(random_images(1), [["dog", "cat"]], threshold=0.0, nms_iou=0.5)[0]
+    assert found and [d.score for d in found] == sorted((d.score for d in found), reverse=True)
+    for label in ("dog", "cat"):
+        boxes = torch.tensor([d.box for d in found if d.label == label])
+        if len(boxes) > 1:
+            overlaps = box_iou(boxes, boxes).nan_to_num(0.0).fill_diagonal_(0)  # zero-area boxes: no IoU
+            assert overlaps.max() <= 0.5
 
 
 def test_detector_grayscale_and_rgba(detectors: dict[str, ZeroShotDetector]) -> None:
@@ -208,7 +251,7 @@ class FakeDetector:
         self.detections = detections
         self.calls: list[tuple[int, list[list[str]], float]] = []
 
-    def detect(self, images, labels, threshold, text_threshold=None):
+    def detect(self, images, labels, threshold, text_threshold=None, nms_iou=None):
         self.calls.append((len(images), labels, threshold))
         return [
             sorted(
@@ -253,7 +296,7 @@ def test_rewards_with_known_detections() -> None:
     metric, reward = rewards_on(fake).values()
     out = metric.score(images, prompts)
     assert out.scores == pytest.approx([0.25 * 0.9 + 0.25 * 0.8 + 0.5, 0.0])
-    assert fake.calls[-1] == (2, [["cat", "dog"], ["cat", "dog"]], 0.5)
+    assert fake.calls[-1] == (2, [["cat", "dog"], ["cat", "dog"]], 0.1)  # UniDet's, hard-coded in its ROI heads
     details = out.details[0]
     assert details["relation"] == "on the left of" and details["objects"] == ["cat", "dog"]
     assert details["first"] == {"label": "cat", "score": 0.9, "box": list(LEFT)}

@@ -310,3 +310,16 @@ def test_an_evaluation_scores_its_own_number_of_images_per_prompt(tmp_path, capl
     results = json.loads((folder / "summary.json").read_text())["results"]["samples"]
     assert (results["images"], results["images_per_prompt"]) == (2, 1)
     assert "the evaluation scores the first --images_per_prompt of each prompt" in caplog.text
+
+
+def test_score_folders_record_scoring_versions_and_refuse_older_scores(tmp_path):
+    from evaluators.base import scorer_settings
+    from gors.core.scoring import check_settings
+    from gors.core.store import StoreError
+
+    assert scorer_settings("b_vqa", {}) == {"reward": "b_vqa", "options": {}}  # version 1: as before
+    settings = scorer_settings("b_vqa:0.5,spatial_rule:0.5", {})
+    assert settings["scoring_versions"] == {"spatial_rule": 2}  # UniDet's 0.1 threshold and per-class NMS
+    (tmp_path / "settings.json").write_text(json.dumps({"reward": "b_vqa:0.5,spatial_rule:0.5", "options": {}}))
+    with pytest.raises(StoreError, match="delete .* to score again"):  # scored with the 0.5 threshold
+        check_settings(tmp_path, settings, scored=True)

@@ -64,7 +64,7 @@ class FakeDetector:
         self.found = found
         self.calls: list[tuple[list[list[str]], float, float | None]] = []
 
-    def detect(self, images, labels, threshold, text_threshold=None):
+    def detect(self, images, labels, threshold, text_threshold=None, nms_iou=None):
         self.calls.append((labels, threshold, text_threshold))
         results = []
         for image_labels in labels:

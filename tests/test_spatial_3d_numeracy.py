@@ -214,7 +214,7 @@ class FakeDetector:
     def __init__(self, detections: list[Detection]) -> None:
         self.detections, self.calls = detections, []
 
-    def detect(self, images, labels, threshold, text_threshold=None):
+    def detect(self, images, labels, threshold, text_threshold=None, nms_iou=None):
         self.calls.append(labels)
         return [[d for d in self.detections if d.label in wanted and d.score >= threshold] for wanted in labels]
 
@@ -273,7 +273,8 @@ def test_numeracy_reward_on_an_injected_detector(tmp_path: Path) -> None:
     detector = FakeDetector(found)
     reward = NumeracyReward(detector=detector, noun_file=noun_file, device="cpu")
     out = reward.score(images(3), ["two dogs and two cats", "a boy", "a table"])
-    assert out.scores == pytest.approx([0.5 + 0.25, 0.0, 0.0])  # the duplicate dog box is merged
+    # The duplicate dog box is merged; the person at 0.3 counts, above UniDet's 0.1.
+    assert out.scores == pytest.approx([0.5 + 0.25, 1.0, 0.0])
     assert out.details[0]["objects"][0] == {"noun": "dog", "name": "dog", "count": 2, "detected": 2}
     assert len(out.details[0]["detections"]) == 3
     assert detector.calls == [[["dog", "cat"], ["person"]]]  # "a table" names nothing countable
