@@ -78,7 +78,8 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     Precedence: command-line flags > YAML file > `defaults` (e.g. a recipe's) > the dataclass defaults.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = ConfigParser(cls, prog=prog, description=inspect.getdoc(cls))
+    # No abbreviations: `--conf FILE` would otherwise parse as --config without being read as one.
+    parser = ConfigParser(cls, prog=prog, description=inspect.getdoc(cls), allow_abbrev=False)
     parser.add_argument("--config", default=None, help="YAML file of flag values (flags on the command line win).")
     merged = dict(defaults or {})
     config_file = _config_file(argv)

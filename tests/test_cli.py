@@ -383,3 +383,12 @@ def test_interrupt_before_accelerate_is_imported_is_one_line(monkeypatch, capsys
     monkeypatch.delitem(sys.modules, "accelerate", raising=False)
     assert gors.cli._process_index() == 0
     assert "accelerate" not in sys.modules  # the handler imports nothing
+
+
+def test_abbreviated_flags_are_refused(tmp_path):
+    # argparse would take --conf for --config, which the YAML reader looks for by its full name.
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("images_per_prompt: 7\n")
+    with pytest.raises(SystemExit, match="unrecognized arguments: --conf"):
+        parse_config(RunConfig, ["--conf", str(config_file)])
+    assert parse_config(RunConfig, ["--config", str(config_file)]).images_per_prompt == 7

@@ -274,3 +274,10 @@ def test_pretraining_keeps_a_given_vae_and_refuses_a_wrong_one(tmp_path, monkeyp
     AutoencoderKL(latent_channels=2, block_out_channels=(16,), norm_num_groups=8).save_pretrained(tmp_path / "wrong")
     with pytest.raises(ValueError, match="encodes 64 x 64 scenes to latents"):
         pretrain.pretrain(ToyPretrainConfig(output_dir=str(tmp_path / "out2"), num_scenes=40, vae=str(tmp_path / "wrong")))
+    assert not (tmp_path / "out2").exists()  # nothing published by a failed run
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    with pytest.raises(ValueError, match="encodes 64 x 64 scenes to latents"):
+        pretrain.pretrain(ToyPretrainConfig(output_dir=str(out), num_scenes=40, vae=str(tmp_path / "wrong")))
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # a model there stays whole
+    with pytest.raises(ValueError, match="--output_dir='': give the folder"):
+        ToyPretrainConfig(output_dir="")

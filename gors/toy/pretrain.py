@@ -19,6 +19,7 @@ held-out colour-shape combinations (as T2I-CompBench's unseen split is unseen by
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gors.core.io import atomic_write_json
+from gors.core.io import atomic_write_json, make_folder, publish_folder, recover_folder
 from gors.core.threads import torch_threads
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import (
@@ -49,7 +50,12 @@ class ToyPretrainConfig:
     """`gors toy pretrain` settings. The defaults with `--vae gors/core/toy/pretrained/pipeline/vae`
     made the packaged model (README, "The toy world")."""
 
-    output_dir: str = field(default=str(PRETRAINED_DIR), metadata={"help": "Where the pipeline and classifier go."})
+    output_dir: str = field(
+        default="toy_model",
+        metadata={"help": "Where the pipeline and classifier go; the folder is replaced whole when all is trained "
+                          "(a stopped run leaves it as it was). Not the packaged model's folder unless you mean to "
+                          f"replace it ({PRETRAINED_DIR})."},
+    )
     seed: int = field(default=0, metadata={"help": "Seed of data, initialisation and training."})
     vae: str | None = field(
         default=None,
@@ -90,6 +96,8 @@ class ToyPretrainConfig:
     )
 
     def __post_init__(self) -> None:
+        if not str(self.output_dir).strip():
+            raise ValueError("--output_dir='': give the folder the toy model goes to, e.g. toy_model")
         if self.prediction_type not in PREDICTION_TYPES:
             raise ValueError(f"--prediction_type {self.prediction_type!r}: choose one of {', '.join(PREDICTION_TYPES)}")
         if not 1 <= len(self.unet_channels) <= 4 or any(c <= 0 or c % 16 for c in self.unet_channels):
@@ -249,7 +257,12 @@ def _pretrain(config: ToyPretrainConfig) -> Path:
     start = time.time()
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
-    output_dir = Path(config.output_dir)
+    final = Path(config.output_dir)
+    recover_folder(final)
+    # Built beside and published whole: a stopped run leaves the folder (perhaps the packaged model) as it was.
+    output_dir = final.with_name(f".{final.name}.pretraining")
+    shutil.rmtree(output_dir, ignore_errors=True)
+    make_folder(output_dir, "--output_dir")
     components = build_toy_components(output_dir / "_work", seed=config.seed, unet_channels=config.unet_channels)
     set_prediction_type(components, config.prediction_type)
     if config.token_embedding_std is not None:
@@ -285,7 +298,8 @@ def _pretrain(config: ToyPretrainConfig) -> Path:
     info = {"config": settings, "seconds": {k: round(v, 1) for k, v in timings.items()},
             "total_seconds": round(time.time() - start, 1), "torch_threads": torch.get_num_threads()}
     atomic_write_json(output_dir / "pretrain_info.json", info)
-    return output_dir
+    publish_folder(output_dir, final)
+    return final
 
 
 def pretrain_and_report(config: ToyPretrainConfig) -> None:
