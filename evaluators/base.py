@@ -50,7 +50,7 @@ from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
 from gors.core.scoring import score_samples
 from gors.core.store import SampleStore, StoreError, sample_seed
 from rewards import Reward
-from rewards.combined import build_reward, is_single, parse_reward_list, versioned
+from rewards.combined import build_reward, check_options, is_single, parse_reward_list, versioned
 from rewards.registry import get_reward_class
 
 RESULTS_FILE = "results.jsonl"
@@ -397,10 +397,29 @@ class Benchmark:
                     column_options: Mapping[str, Mapping[str, Any]] | None = None,
                     extra_columns: Sequence[str] = (), with_columns: bool = True) -> set[ScorerKey]:
         """The `make_scorer` cache keys of every scorer `evaluate` builds with these arguments."""
-        specs = [self.scorer_spec(options)]
-        specs += [self.scorer_spec((column_options or {}).get(column), column, options)
+        specs = self.scorer_specs(options, column_options, extra_columns, with_columns)
+        return {scorer_key(reward, merged, batch_size, accelerator) for _, reward, merged in specs}
+
+    def scorer_specs(self, options: Mapping[str, Any] | None = None,
+                     column_options: Mapping[str, Mapping[str, Any]] | None = None,
+                     extra_columns: Sequence[str] = (), with_columns: bool = True,
+                     ) -> list[tuple[str | None, str, dict[str, Any]]]:
+        """(column, or None for the main scorer; reward; its merged options) of every scorer `evaluate`
+        builds with these arguments."""
+        specs: list[tuple[str | None, str, dict[str, Any]]] = [(None, *self.scorer_spec(options))]
+        specs += [(column, *self.scorer_spec((column_options or {}).get(column), column, options))
                   for column in (self.computed_columns(extra_columns) if with_columns else [])]
-        return {scorer_key(reward, merged, batch_size, accelerator) for reward, merged in specs}
+        return specs
+
+    def check_scorer_options(self, label: str, options: Mapping[str, Any] | None = None,
+                             column_options: Mapping[str, Mapping[str, Any]] | None = None,
+                             extra_columns: Sequence[str] = (), with_columns: bool = True,
+                             flag: str = "--scorer_options") -> None:
+        """Refuse, before any image is generated, an option that one of the scorers does not take
+        (`flag`: the option that gave them)."""
+        for column, reward, merged in self.scorer_specs(options, column_options, extra_columns, with_columns):
+            what = f"{label}'s scorer {reward!r}" if column is None else f"{label}'s {column} scorer {reward!r}"
+            check_options(get_reward_class(reward), merged, what, flag)
 
     def _column_settings(self, accelerator: Accelerator, column_options: Mapping[str, Mapping[str, Any]] | None,
                          column: str, main_options: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -106,6 +106,7 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         label = benchmark_label(name, subset)
         options = {**config.scorer_options.get(name, {}), **config.scorer_options.get(label, {})}
         column_options = options.pop("columns", None)
+        benchmark.check_scorer_options(label, options, column_options, extra, with_columns=config.columns != "none")
         keys = benchmark.scorer_keys(accelerator, options, config.scorer_batch_size, column_options, extra,
                                      with_columns=config.columns != "none")
         runs.append((label, Path(config.output_dir) / name / (subset or ""), benchmark, options, column_options, extra,

@@ -28,8 +28,6 @@ from evaluators.results import metric_value
 from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import Backbone
 from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder
-from rewards import get_reward_class
-from rewards.combined import check_options
 
 if TYPE_CHECKING:
     from evaluators.base import Benchmark
@@ -98,8 +96,8 @@ def validation_target(config: TrainConfig | RunConfig) -> ValidationTarget:
         declared = ", ".join(declared.key for declared in benchmark.metrics)
         raise ValueError(f"--validation_metric={metric!r} is not a metric of {label}; choose one of "
                          f"{declared}") from None
-    reward, options = benchmark.scorer_spec(config.validation_scorer_options)
-    check_options(get_reward_class(reward), options, f"{label}'s scorer {reward!r}", "--validation_scorer_options")
+    benchmark.check_scorer_options(label, config.validation_scorer_options, with_columns=False,
+                                   flag="--validation_scorer_options")
     return ValidationTarget(benchmark, label, metric, higher_is_better)
 
 

@@ -323,3 +323,12 @@ def test_score_folders_record_scoring_versions_and_refuse_older_scores(tmp_path)
     (tmp_path / "settings.json").write_text(json.dumps({"reward": "b_vqa:0.5,spatial_rule:0.5", "options": {}}))
     with pytest.raises(StoreError, match="delete .* to score again"):  # scored with the 0.5 threshold
         check_settings(tmp_path, settings, scored=True)
+
+
+def test_an_option_no_scorer_takes_is_refused_before_any_image(tmp_path):
+
+    config = EvaluateConfig(pretrained_model_name_or_path=TOY_MODEL, benchmarks="toy", max_prompts=2,
+                            images_per_prompt=1, output_dir=str(tmp_path), scorer_options={"toy": {"bogus": 1}})
+    with pytest.raises(ValueError, match=r"--scorer_options: toy:held_out's scorer 'toy_oracle' has no option 'bogus'"):
+        evaluate(config)
+    assert not list(tmp_path.rglob("*.png"))
