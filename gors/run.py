@@ -67,25 +67,29 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
         checkpoint = find_checkpoint(out, "latest", warn=lambda message: None) or inputs.continue_from
         return checkpoint_step(checkpoint) if checkpoint is not None else 0
 
+    def record(timing: StageTiming) -> None:
+        # Each stage's timing is kept as soon as it ends: a run stopped in training still has its generation's.
+        if accelerator.is_main_process:
+            write_timings(out, [timing], timing_settings(config, store))
+
     with run_folder_lock(out, STAGES, command):
         # Overlapped, scoring runs inside generation: one stage in time, its rate that of both together.
         overlapped = scoring_while_generating(config, accelerator) if config.overlap_scoring else nullcontext()
         with timed_stage("generate+score" if config.overlap_scoring else "generate", "images",
-                         lambda: len(store.records()), accelerator, timings), overlapped as sink:
+                         lambda: len(store.records()), accelerator, timings, on_finish=record), overlapped as sink:
             generate(config, accelerator, lora=inputs.lora, seed=inputs.seed, sink=sink)
-        with timed_stage("score", "images", scored, accelerator, timings):
+        with timed_stage("score", "images", scored, accelerator, timings, on_finish=record):
             score(config, accelerator)
         # select reads every image's score: its work is the images it went through
-        with timed_stage("select", "images", lambda: len(store.records()), accelerator, timings, resumable=False):
+        with timed_stage("select", "images", lambda: len(store.records()), accelerator, timings, resumable=False,
+                         on_finish=record):
             select(config, write=accelerator.is_main_process)
             if inputs.replay and accelerator.is_main_process:
                 atomic_write_jsonl(Path(out) / SELECTION_FILE, load_selection(out) + inputs.replay)
-        with timed_stage("train", "steps", trained, accelerator, timings):
+        with timed_stage("train", "steps", trained, accelerator, timings, on_finish=record):
             train(config, accelerator, continue_from=inputs.continue_from, reset_optimizer=inputs.reset_optimizer,
                   validation_dir=inputs.validation_dir, schedule_steps=inputs.schedule_steps)
-        if accelerator.is_main_process:
-            write_timings(out, timings, timing_settings(config, store))
-            accelerator.print("[run] stage timings (timings.json):\n" + format_timings(timings))
+        accelerator.print("[run] stage timings (timings.json):\n" + format_timings(timings))
     return timings
 
 

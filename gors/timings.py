@@ -81,10 +81,12 @@ def _peak_rss_gib() -> float:
 
 @contextmanager
 def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Accelerator,
-                timings: list[StageTiming], resumable: bool = True) -> Iterator[None]:
+                timings: list[StageTiming], resumable: bool = True,
+                on_finish: Callable[[StageTiming], None] | None = None) -> Iterator[None]:
     """Time the body as `stage`; `done()` counts the stage's finished units in the run folder, read
     before (for a `resumable` stage, whose finished units are skipped) and after. Appends a
-    `StageTiming` to `timings` when the body completes."""
+    `StageTiming` to `timings` when the body completes, and hands it to `on_finish` (e.g. to record
+    it at once, so that a run stopped in a later stage keeps it)."""
     before = done() if resumable else 0
     cuda = accelerator.device.type == "cuda"
     if cuda:
@@ -105,6 +107,8 @@ def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Acc
         device=_device_name(accelerator.device),
         setup_seconds=work_started[0] - start if work_started else 0.0,
     ))
+    if on_finish is not None:
+        on_finish(timings[-1])
 
 
 def write_timings(output_dir: str | Path, timings: list[StageTiming], settings: dict[str, Any]) -> Path:

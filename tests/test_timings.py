@@ -41,6 +41,21 @@ def test_gors_run_records_the_work_and_rate_of_each_stage_and_a_rerun_keeps_them
     assert len(again["history"]) == 8
 
 
+def test_a_run_stopped_in_training_keeps_the_timings_of_the_stages_before(make_run_config, monkeypatch):
+    import gors.run
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt("stopped in training")
+
+    config = make_run_config(max_train_steps=2)
+    monkeypatch.setattr(gors.run, "train", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run(config)
+    reset_process_state()
+    stages = read_timings(config.output_dir)["stages"]  # `gors estimate` can use them after the rerun trains
+    assert {s: e["work"] for s, e in stages.items()} == {"generate": 6, "score": 6, "select": 6}
+
+
 def _entry(stage: str, seconds: float, work: int, processes: int, setup: float = 0.0, **settings) -> dict:
     return {"stage": stage, "seconds": seconds, "work": work, "num_processes": processes, "device": "GPU X",
             "settings": settings, "setup_seconds": setup}
