@@ -617,6 +617,7 @@ class EvaluateConfig:
     )
 
     def __post_init__(self) -> None:
+        _check(bool(self.output_dir.strip()), "--output_dir='': give the evaluation folder, e.g. --output_dir eval_output")
         _check(bool(self.extra_columns) or self.columns in ("default", "none", "all"),
                f"--columns={self.columns!r}: give default, none, all or comma-separated column names, e.g. MLLM-CoT")
         _check_mixed_precision(self.mixed_precision)

@@ -22,7 +22,9 @@ Scaling rules (pure functions below, tested without models):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gors.config import parse_mapping
@@ -109,7 +111,10 @@ def merge_timings(paths: list[str]) -> tuple[dict[str, dict[str, Any]], list[str
     for path in paths:
         record = read_timings(path)
         if record is None:
-            raise FileNotFoundError(f"{path}: no timings.json; pass a run folder of `gors run` or the file itself")
+            rounds = sorted(Path(path).glob("round-*/timings.json"))
+            hint = (f"; a --rounds run keeps them per round, e.g. {rounds[0].parent}" if rounds else
+                    "; pass a run folder of `gors run` or the file itself")
+            raise FileNotFoundError(f"{path}: no timings.json{hint}")
         stages |= record["stages"]
     return stages, sorted({entry["device"] for entry in stages.values()})
 
@@ -134,7 +139,9 @@ class EstimateConfig:
                                                                       "calibration runs (later ones win per stage)"})
     num_prompts: int = field(default=700, metadata={"help": "Training prompts (paper, colour: 700)."})
     images_per_prompt: int = field(default=90, metadata={"help": "Images per prompt (paper: 90)."})
-    num_inference_steps: int = field(default=50, metadata={"help": "Denoising steps per image."})
+    num_inference_steps: int = field(
+        default=50, metadata={"help": "Denoising steps per image (the paper's colour run: 50; `gors run` and the "
+                                      "recipes sample SD 1/2 with 30, so pass 30 to price them)."})
     max_train_steps: int = field(default=15000, metadata={"help": "Optimizer steps (paper: 15 000)."})
     global_batch_size: int = field(default=16, metadata={"help": "Samples per step over all GPUs (paper: 2 x 8)."})
     reference_speedups: dict[str, Any] = field(
@@ -153,7 +160,8 @@ class EstimateConfig:
         for name in ("num_prompts", "images_per_prompt", "num_inference_steps", "max_train_steps", "global_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name}={getattr(self, name)}: must be >= 1")
-        bad = {k: v for k, v in self.reference_speedups.items() if not isinstance(v, (int, float)) or v <= 0}
+        bad = {k: v for k, v in self.reference_speedups.items()
+               if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0}
         if bad:
             raise ValueError(f"--reference_speedups: {bad}: each stage's ratio must be a number > 0")
 

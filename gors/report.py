@@ -203,6 +203,10 @@ class ReportConfig:
     )
     output_dir: str = field(default="report", metadata={"help": "Where report.md and the PNGs go."})
 
+    def __post_init__(self) -> None:
+        if not self.output_dir.strip():
+            raise ValueError("--output_dir='': give the folder the report goes to, e.g. --output_dir report")
+
 
 def write_report(config: ReportConfig) -> None:
     """`gors report`: write the report and say where it is."""

@@ -340,6 +340,10 @@ def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):
     assert f"--output_dir='{a_file / 'x'}' lies under a file" in message
     assert f"--config {tmp_path}: is a directory" in one_error_line(capsys, ["select", "--config", str(tmp_path)])
     assert "--output_dir='': give the run folder" in one_error_line(capsys, ["select", "--output_dir", ""])
+    assert "--output_dir='': give the evaluation folder" in one_error_line(
+        capsys, ["evaluate", "--benchmarks", "toy", "--output_dir", ""])
+    assert "--output_dir='': give the folder the report" in one_error_line(
+        capsys, ["report", str(evaluation), "--output_dir", " "])
 
 
 @pytest.mark.parametrize("text, message", [
@@ -392,3 +396,11 @@ def test_abbreviated_flags_are_refused(tmp_path):
     with pytest.raises(SystemExit, match="unrecognized arguments: --conf"):
         parse_config(RunConfig, ["--conf", str(config_file)])
     assert parse_config(RunConfig, ["--config", str(config_file)]).images_per_prompt == 7
+
+
+def test_a_corrupt_store_file_is_named(tmp_path, capsys):
+    samples = tmp_path / "run" / "samples"
+    samples.mkdir(parents=True)
+    (samples / "prompts.json").write_text('{"prompts": [')
+    message = one_error_line(capsys, ["select", "--output_dir", str(tmp_path / "run"), "--reward_threshold", "0.5"])
+    assert f"{samples / 'prompts.json'}: not valid JSON" in message and "the prompt set `gors generate` recorded" in message

@@ -129,6 +129,9 @@ def test_reference_speedups_merge_over_the_defaults_and_refuse_unknown_stages():
     assert config.reference_speedups == CPU_MEASURED_SPEEDUPS | {"train": 3}
     with pytest.raises(ValueError, match="unknown stage 'training'; the stages are generate, score, select, train"):
         EstimateConfig(timings=["x"], reference_speedups='{"training": 3}')
+    for bad in ('{"train": true}', '{"train": NaN}'):  # JSON true is no ratio, and NaN is not > 0
+        with pytest.raises(ValueError, match="each stage's ratio must be a number > 0"):
+            EstimateConfig(timings=["x"], reference_speedups=bad)
 
 
 @pytest.mark.parametrize("text, message", [

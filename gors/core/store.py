@@ -29,6 +29,7 @@ from gors.core.io import (
     atomic_save_image,
     atomic_write_json,
     atomic_write_jsonl,
+    read_json,
     read_jsonl,
     repair_jsonl,
 )
@@ -149,7 +150,8 @@ class SampleStore:
         path = self.root / "prompts.json"
         if not path.exists():
             raise StoreError(f"No samples in {self.root}: run `gors generate --output_dir ...` first.")
-        return json.loads(path.read_text())
+        return read_json(path, "the prompt set `gors generate` recorded (generate into a new --output_dir, or "
+                               "restore the file)")
 
     # The generation settings, so that a rerun cannot add images of another model or protocol.
     def save_settings(self, settings: dict[str, Any]) -> None:
@@ -158,7 +160,8 @@ class SampleStore:
     def load_settings(self) -> dict[str, Any] | None:
         """The recorded generation settings; None for a new store or one made before gors recorded them."""
         path = self.root / SETTINGS
-        return json.loads(path.read_text()) if path.is_file() else None
+        return read_json(path, "the generation settings `gors generate` recorded (generate into a new --output_dir, "
+                               "or restore the file)") if path.is_file() else None
 
 
 def settings_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
