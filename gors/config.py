@@ -379,6 +379,9 @@ class TrainingFields:
         # piecewise_constant needs step rules that no flag gives.
         names = [kind.value for kind in SchedulerType if kind != SchedulerType.PIECEWISE_CONSTANT]
         _check(self.lr_scheduler in names, f"--lr_scheduler={self.lr_scheduler!r}; choose one of {', '.join(names)}")
+        # diffusers' polynomial schedule decays to 1e-7 and refuses a learning rate at or below it.
+        _check(self.lr_scheduler != "polynomial" or min(self.learning_rate, self.text_encoder_learning_rate) > 1e-7,
+               "--lr_scheduler=polynomial decays to 1e-7: give learning rates above it")
 
     def _check_training(self) -> None:
         for flag in ("train_batch_size", "gradient_accumulation_steps", "max_train_steps", "rank", "checkpointing_steps",

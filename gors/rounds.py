@@ -43,6 +43,7 @@ from gors.core.store import SAMPLE_SEED_STRIDE
 from gors.lora import LORA_WEIGHT_NAME
 from gors.run import STAGES, RoundInputs, run_stages
 from gors.select import load_selection
+from rewards.combined import scoring_versions
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +56,21 @@ ROUND_SEED_STRIDE = 10**9
 ROUND_SETTINGS = ("rounds", "images_per_prompt", "tau_schedule", "reward_threshold", "select_top_fraction",
                   "replay", "reset_optimizer", "num_inference_steps", "guidance_scale", "reward", "unbiased",
                   "category", "reward_model_name_or_path", "reward_options", *FINGERPRINT_FIELDS,
-                  *FINGERPRINT_FIELDS_IF_SET)
+                  *FINGERPRINT_FIELDS_IF_SET, "use_8bit_adam", "train_text_encoder_2", "weighting_scheme",
+                  "logit_mean", "logit_std", "mode_scale", "max_sequence_length", "timestep_range", "anchor_below")
+# Recorded settings whose absence (a rounds.json of an older gors) means this value, not "adopt the
+# run's": rounds scored before scoring versions were recorded were scored by version 1 of every reward.
+RECORDED_DEFAULTS: dict[str, Any] = {"scoring_versions": {}}
 
 
-def round_settings(config: RunConfig, num_processes: int, prompts: list[str]) -> dict[str, Any]:
-    """`ROUND_SETTINGS` of `config`, its updates per round, the number of processes and the sha256 of
-    the training prompts (their text, not their file's path), as JSON holds them."""
+def round_settings(config: RunConfig, num_processes: int, prompts: list[str], reward: str) -> dict[str, Any]:
+    """`ROUND_SETTINGS` of `config`, its updates per round, the number of processes, the sha256 of
+    the training prompts (their text, not their file's path) and the scoring versions of `reward`
+    (the resolved reward name), as JSON holds them."""
     settings = {name: getattr(config, name) for name in ROUND_SETTINGS} | {
         "steps_per_round": config.round_steps(), "num_processes": num_processes,
-        "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest()}
+        "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest(),
+        "scoring_versions": scoring_versions(reward)}
     return json.loads(json.dumps(settings))
 
 
@@ -99,16 +106,17 @@ def replayed_rows(output_dir: str | Path, index: int, replay: str) -> list[dict[
     return rows
 
 
-def finished_rounds(config: RunConfig, num_processes: int, prompts: list[str]) -> list[dict[str, Any]]:
+def finished_rounds(config: RunConfig, num_processes: int, prompts: list[str], reward: str) -> list[dict[str, Any]]:
     """The rounds `rounds.json` records as finished, after checking they were made with this run's settings.
 
     A setting that file lacks (written by an older gors) is taken to be this run's, with a warning.
     """
     path = Path(config.output_dir) / ROUNDS_FILE
     record = read_json(path, "the rounds gors recorded there") if path.is_file() else {"settings": None, "rounds": []}
-    wanted = round_settings(config, num_processes, prompts)
+    wanted = round_settings(config, num_processes, prompts, reward)
     recorded = record["settings"]
     if recorded is not None:
+        recorded = RECORDED_DEFAULTS | recorded
         if len(record["rounds"]) > config.rounds:
             raise ValueError(f"{path}: {len(record['rounds'])} rounds are finished, more than --rounds={config.rounds}; "
                              f"rerun with --rounds={len(record['rounds'])} or more, or use a new --output_dir")
@@ -162,13 +170,15 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
     """`--rounds N`: the rounds not yet finished, in order; returns every round's summary."""
     out = Path(config.output_dir)
     with run_folder_lock(out, STAGES, command):
-        prompts = load_prompts(config.train_prompts).prompts[: config.max_prompts]
+        prompt_set = load_prompts(config.train_prompts)
+        prompts = prompt_set.prompts[: config.max_prompts]
+        reward = config.reward_name(prompt_set.category)
         num_prompts = len(prompts)
         if num_prompts * SAMPLE_SEED_STRIDE >= ROUND_SEED_STRIDE:
             raise ValueError(f"--rounds with {num_prompts} prompts: rounds share image seeds beyond "
                              f"{ROUND_SEED_STRIDE // SAMPLE_SEED_STRIDE} prompts; pass --max_prompts or fewer prompts")
-        settings = round_settings(config, accelerator.num_processes, prompts)
-        rounds = finished_rounds(config, accelerator.num_processes, prompts)
+        settings = round_settings(config, accelerator.num_processes, prompts, reward)
+        rounds = finished_rounds(config, accelerator.num_processes, prompts, reward)
         for index in range(len(rounds), config.rounds):
             previous = round_dir(out, index - 1) if index > 0 else None
             accelerator.print(f"[rounds] round {index} of {config.rounds}"

@@ -78,9 +78,9 @@ class ToyClassifierReward(Reward):
         path = str(self.model_name_or_path)
         if path == self.default_model and not Path(path).is_dir():
             raise FileNotFoundError(
-                f"The packaged toy classifier weights are missing ({path}). Run `gors toy pretrain` "
-                f"to train them, or pass model_name_or_path ({MODEL_FLAG}) with a folder saved by "
-                "ToyClassifier.save_pretrained."
+                f"The packaged toy classifier weights are missing ({path}). Restore them (git checkout "
+                f"gors/core/toy/pretrained), or train a toy model with `gors toy pretrain --output_dir toy_model` and "
+                f"pass model_name_or_path ({MODEL_FLAG}) toy_model/classifier."
             )
         model = from_pretrained(ToyClassifier.from_pretrained, path, MODEL_FLAG, dtype=self.torch_dtype)
         self.model = model.to(self.device).eval().requires_grad_(False)

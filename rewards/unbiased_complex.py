@@ -30,6 +30,7 @@ class UnbiasedComplexReward(WeightedReward):
     """
 
     name = "unbiased_complex"
+    scoring_version = 2  # 2: its grounded_detection member suppresses per class (1: no NMS)
     categories = ("complex",)
     description = "unbiased complex reward: mean of grounded_sam, grounded_detection and blip_clip"
 

@@ -281,3 +281,8 @@ def test_pretraining_keeps_a_given_vae_and_refuses_a_wrong_one(tmp_path, monkeyp
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # a model there stays whole
     with pytest.raises(ValueError, match="--output_dir='': give the folder"):
         ToyPretrainConfig(output_dir="")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds files that are not a toy model"):  # it would be replaced whole
+        pretrain.pretrain(ToyPretrainConfig(output_dir=str(tmp_path / "notes"), num_scenes=40, vae=str(tmp_path / "vae")))
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"

@@ -257,8 +257,11 @@ def _pretrain(config: ToyPretrainConfig) -> Path:
     start = time.time()
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
-    final = Path(config.output_dir)
+    final = Path(config.output_dir).resolve()
     recover_folder(final)
+    if final.is_dir() and any(final.iterdir()) and not (final / "pretrain_info.json").is_file():
+        raise ValueError(f"--output_dir={config.output_dir!r} holds files that are not a toy model; the trained model "
+                         "replaces the folder whole, so give a new or empty folder (or a toy model's to replace)")
     # Built beside and published whole: a stopped run leaves the folder (perhaps the packaged model) as it was.
     output_dir = final.with_name(f".{final.name}.pretraining")
     shutil.rmtree(output_dir, ignore_errors=True)
