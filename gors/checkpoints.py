@@ -26,7 +26,7 @@ from accelerate import Accelerator
 
 import gors
 from gors.config import RunConfig, TrainConfig
-from gors.core.io import atomic_write_json, publish_folder
+from gors.core.io import atomic_write_json, publish_folder, recover_folder
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
 
 logger = logging.getLogger(__name__)
@@ -227,6 +227,8 @@ def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int
     # A deterministic name, so that every process writes into the same folder.
     staging = root / f".{final.name}.tmp"
     if accelerator.is_main_process:
+        for aside in root.glob(".checkpoint-*.old"):  # a checkpoint a killed save had set aside: put back
+            recover_folder(root / aside.name.removeprefix(".").removesuffix(".old"))
         for stale in root.glob(".checkpoint-*"):  # left by a run killed while saving
             shutil.rmtree(stale)
     accelerator.wait_for_everyone()

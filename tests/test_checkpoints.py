@@ -132,6 +132,8 @@ def test_write_checkpoint_publishes_a_complete_folder_and_prunes_only_then(tmp_p
     partial = _checkpoint(tmp_path, "checkpoint-3")  # what an older gors left when killed mid-save
     (partial / "model.safetensors").write_bytes(b"torn")
     (root / ".checkpoint-9.tmp").mkdir()  # a save killed earlier
+    aside = _checkpoint(tmp_path, "checkpoint-1", {})
+    aside.rename(root / ".checkpoint-1.old")  # a re-save of step 1 killed between publish_folder's renames
     during_save = []
     original = accelerate.accelerator.save_accelerator_state
     monkeypatch.setattr(accelerate.accelerator, "save_accelerator_state",
@@ -139,7 +141,8 @@ def test_write_checkpoint_publishes_a_complete_folder_and_prunes_only_then(tmp_p
                                                  original(*args, **kwargs))[1])
 
     path = write_checkpoint(accelerator, tmp_path, 3, {"rank": 4}, total_limit=1)
-    assert during_save == [[".checkpoint-3.tmp", "checkpoint-2", "checkpoint-3"]]  # the old one is kept meanwhile
+    # The old one is kept meanwhile, and the one set aside is back in place rather than deleted.
+    assert during_save == [[".checkpoint-3.tmp", "checkpoint-1", "checkpoint-2", "checkpoint-3"]]
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint-3"]  # then pruned; nothing stale is left
     marker = json.loads((path / CHECKPOINT_MARKER).read_text())
     assert marker["step"] == 3 and marker["fingerprint"] == {"rank": 4}
