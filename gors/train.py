@@ -159,6 +159,8 @@ class GORSTrainer:
         self.optimizer_class = _optimizer_class(config.use_8bit_adam)
         self.backbone = backbone
         self.resolution = self.config.resolution
+        # Validation renders as the samples were generated (their steps; guidance and side are resolved above).
+        self.sampling_steps = generated.get("num_inference_steps") or backbone.sampling.num_inference_steps
         self.accelerator = accelerator or training_accelerator(config)
         check_data_parallel(self.accelerator)
         self.output_dir = Path(config.output_dir)
@@ -458,11 +460,10 @@ class GORSTrainer:
                 prompt=prompts,
                 height=self.resolution,
                 width=self.resolution,
-                num_inference_steps=self.backbone.sampling.num_inference_steps,
+                num_inference_steps=self.sampling_steps,
                 guidance_scale=self.family.settings["guidance_scale"],
                 generator=cpu_generators([config.seed + i for i in range(len(prompts))]),
-                **({"max_sequence_length": length} if length is not None else {}),
-                **self.backbone.call_kwargs,
+                **(self.backbone.call_kwargs | ({"max_sequence_length": length} if length is not None else {})),
             ).images
         self.vae.to("cpu")
         writer = self._tensorboard()

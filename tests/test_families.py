@@ -267,8 +267,10 @@ def test_flux_schnell_has_no_guidance_input(tmp_path):
     from gors.testing.flux import build_tiny_flux_pipeline
 
     config, family = _family(build_tiny_flux_pipeline(tmp_path / "schnell", schnell=True))
-    # T5 reads as many tokens as when the samples were generated: the pipeline's default, for schnell too.
-    assert config.max_sequence_length == inspect.signature(FluxPipeline.__call__).parameters["max_sequence_length"].default
+    # T5 reads as many tokens as schnell's samples are generated with: 256, not the pipeline's default 512 ([dev]'s).
+    assert config.max_sequence_length == 256 < inspect.signature(FluxPipeline.__call__).parameters[
+        "max_sequence_length"].default
+    assert detect_backbone(str(tmp_path / "schnell")).call_kwargs == {"max_sequence_length": 256}
     encodings = {"text_encoder": {"pooled": torch.zeros(3, 32)}, "text_encoder_2": {"hidden": torch.zeros(3, 7, 128)}}
     assert "guidance" not in family.condition(encodings, _batch(3), torch.float32)
     assert "guidance_scale" not in family.fingerprint()
@@ -288,7 +290,7 @@ def test_flux_schnell_has_no_guidance_input(tmp_path):
      r"--weighting_scheme=logit_normal: a StableDiffusionPipeline \(sd family\) trains with the DDPM loss; the "
      r"flow-matching options apply to SD3 and FLUX\.1\."),
     ("tiny_sd3", dict(max_sequence_length=77),
-     r"--max_sequence_length=77: gors samples a StableDiffusion3Pipeline \(sd3 family\) with the pipeline's default "
+     r"--max_sequence_length=77: gors samples a StableDiffusion3Pipeline \(sd3 family\) with the "
      r"256 T5 tokens .*a conditioning no sampler uses\. Leave the flag unset\."),
     ("tiny_sdxl", dict(max_sequence_length=77),
      r"--max_sequence_length: a StableDiffusionXLPipeline \(sdxl family\) has no T5 encoder; its CLIP encoders take "

@@ -178,6 +178,9 @@ def test_validation_prompts_render_under_bf16_with_only_the_text_encoder_trained
     reset_process_state()
     assert trainer.trained == ["text_encoder"] and len(rendered) == 1
     assert rendered[0].size == (32, 32)
+    # Rendered with the samples' steps (the store's), not the family's default 30.
+    assert trainer.sampling_steps == json.loads((run_dir / "samples" / "settings.json").read_text())[
+        "num_inference_steps"] != 30
 
 
 def test_gradient_accumulation_counts_updates_not_micro_batches(selected_run, make_run_config, tmp_path):

@@ -89,6 +89,9 @@ FAMILIES: dict[str, Backbone] = {
                              resolution_multiple=16),
 }
 FLUX_SCHNELL_SAMPLING = SamplingDefaults(4, 0.0, 1024)
+# FLUX.1 [schnell] reads 256 T5 tokens (Black Forest Labs' reference and diffusers' docs; the
+# pipeline's default, 512, is [dev]'s).
+FLUX_SCHNELL_T5_TOKENS = 256
 # Families whose T5 encoder and transformer activations leave fp16's range (diffusers runs them in bf16).
 BF16_FAMILIES = ("sd3", "flux")
 
@@ -193,7 +196,9 @@ def detect_backbone(pretrained_model_name_or_path: str, revision: str | None = N
     if backbone.name == "sd":  # SD 1.x and SD-2-base: 512; SD 2.x 768-v: 768
         backbone = replace(backbone, sampling=replace(backbone.sampling, resolution=native_side(name, "unet", revision)))
     if backbone.name == "flux" and not flux_guidance_embeds(name, revision):
-        backbone = replace(backbone, sampling=FLUX_SCHNELL_SAMPLING)  # schnell: distilled to 4 steps, no guidance
+        # schnell: distilled to 4 steps without guidance, on 256 T5 tokens
+        backbone = replace(backbone, sampling=FLUX_SCHNELL_SAMPLING,
+                           call_kwargs={"max_sequence_length": FLUX_SCHNELL_T5_TOKENS})
     return backbone
 
 

@@ -100,12 +100,12 @@ class SamplingProtocol:
             "guidance_scale": self.guidance_scale,
             "seed": self.seed,
             "seed_rule": self.seed_fn.__name__,
-        }
+        } | ({"call_kwargs": dict(self.call_kwargs)} if self.call_kwargs else {})
 
 
 # Settings keys a later gors added: a store recorded before it lacks them and is taken
 # to have been made with the current value (as a store without settings is), with a warning.
-LATER_SETTINGS = ("lora_sha256",)
+LATER_SETTINGS = ("lora_sha256", "call_kwargs")
 
 
 def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: StoreFlags) -> list[str]:

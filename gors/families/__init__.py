@@ -69,10 +69,10 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
     has_t5 = any(encoder.t5 for encoder in cls.text_encoders)
     if config.max_sequence_length is not None and not has_t5:
         raise ValueError(f"--max_sequence_length: {label} has no T5 encoder; its CLIP encoders take 77 tokens.")
-    sampled_length = cls.defaults.max_sequence_length
+    sampled_length = backbone.call_kwargs.get("max_sequence_length", cls.defaults.max_sequence_length)
     if has_t5 and config.max_sequence_length not in (None, sampled_length):
         raise ValueError(f"--max_sequence_length={config.max_sequence_length}: gors samples {label} with the "
-                         f"pipeline's default {sampled_length} T5 tokens (generation, evaluation, validation); training "
+                         f"{sampled_length} T5 tokens (generation, evaluation, validation); training "
                          "on another length would train a conditioning no sampler uses. Leave the flag unset.")
     if None not in (config.resolution, sampled_resolution) and config.resolution != sampled_resolution:
         raise ValueError(f"--resolution={config.resolution}: the samples were generated at {sampled_resolution} px "
@@ -93,7 +93,7 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
         train_text_encoder=bool(first and clip),
         train_text_encoder_2=bool(second),
         weighting_scheme=(config.weighting_scheme or cls.defaults.weighting_scheme) if flow else None,
-        max_sequence_length=(config.max_sequence_length or cls.defaults.max_sequence_length) if has_t5 else None,
+        max_sequence_length=(config.max_sequence_length or sampled_length) if has_t5 else None,
     )
     settings = {name: getattr(resolved, name) for name in (
         "resolution", "train_text_encoder_2", "weighting_scheme", "logit_mean", "logit_std", "mode_scale",
