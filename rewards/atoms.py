@@ -249,7 +249,7 @@ _ATTRIBUTES = _words(
     fluffy furry fuzzy shiny smooth rough soft hard hairy silky glossy matte transparent sparkly
     prickly bumpy spiky spotted striped checkered sparkling dotted
     round square oval triangular rectangular circular spherical cylindrical conical cubic
-    pyramidal hexagonal
+    pyramidal hexagonal oblong teardrop pentagonal crescent
     big small large tiny huge little tall short long wide thin thick narrow giant
     old new young happy sad cute"""
 )
@@ -386,7 +386,8 @@ def prompt_atoms(prompt: str) -> list[Atom]:
     - "Is the {noun} {relation} the {next object}?" -> "Yes", when words other than "and" join
       the object to the next one ("in front of": skill "position"; "playing with": "verb").
 
-    Exact on GenEval 2's templates ("four white bicycles in front of three plastic cows") and
+    Exact on GenEval 2's templates ("four white bicycles in front of three plastic cows") but for
+    the plural of a single sheep (GenEval 2's data asks "How many sheeps ...", gors "sheep"), and
     T2I-CompBench's ("a green bench and a red car", "a horse on the right of a man");
     approximate on free-form sentences, like the chunker it is built on.
     """

@@ -7,11 +7,12 @@ Following the TIT-Score reference code (README of `IntMeGroup/TIT-Score`, MIT; p
    gets one user turn, the image then "Please provide a detailed, single-paragraph description
    of the image in English, using between 250 and 350 words.", and generates up to 512 new
    tokens (a real ``generate`` call, greedy by default so scores are reproducible; the
-   reference samples with the model's generation config, which for Qwen2.5-VL is top-k 1,
-   i.e. greedy too).
+   reference runs the model's own generation config, which for Qwen2.5-VL is top-k 1, i.e.
+   greedy too, with a repetition penalty of 1.05 that plain greedy leaves out:
+   ``generation_kwargs={"repetition_penalty": 1.05}`` adds it).
 2. **Compare**, TIT-Score (``judge="embedding"``, default): the prompt and the description are
    embedded by a text-embedding model (default `Qwen/Qwen3-Embedding-8B`, loaded with
-   ``AutoModel``; tokenizer with left padding, its own special tokens, truncation at 8192
+   ``AutoModel`` in float32, as the reference loads it without a dtype; tokenizer with left padding, its own special tokens, truncation at 8192
    tokens), pooled at the last token, L2-normalised; the TIT-Score is their cosine, rounded to
    4 decimals per image as the reference does (``round(final_score, 4)``). The prompt is
    embedded as given, not stripped (as in the reference code). No
@@ -190,7 +191,8 @@ class TITScoreReward(Reward):
     default_judge_model = "Qwen/Qwen3-8B"
     categories = ("complex",)
     # The reference loads its describer in bfloat16 (as its checkpoints are); on a GPU benchmarks score
-    # in it rather than the generation precision. The embedder and the LLM judge share the dtype.
+    # in it rather than the generation precision. The LLM judge shares that dtype; the embedder is
+    # float32, as the reference loads it (no dtype given).
     official_dtype = torch.bfloat16
     description = (
         "TIT-Score (LPG-Bench): cosine between the prompt and Qwen3-VL's description of the image, "
@@ -226,7 +228,7 @@ class TITScoreReward(Reward):
         self.llm: LLMJudge | None = None
         if judge == "embedding":
             self.embedder = TextEmbedder(embedding_model_name_or_path or self.default_embedding_model,
-                                         self.device, self.torch_dtype, max_length)
+                                         self.device, torch.float32, max_length)
         else:
             self.llm = LLMJudge(judge_model_name_or_path or self.default_judge_model, self.device, self.torch_dtype)
 

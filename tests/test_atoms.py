@@ -259,3 +259,10 @@ def test_atoms_from_vqa_list() -> None:
     assert [a.skill for a in atoms[:3]] == ["count", "attribute", "unspecified"]
     with pytest.raises(ValueError, match=r"vqa_list\[0\]"):
         atoms_from_vqa_list([["only a question"]])
+
+
+def test_shape_words_of_t2i_compbench_are_attributes():
+    # As GenEval 2 asks colours apart from the noun: "Is the cucumber oblong?", "How many cucumbers ...".
+    questions = [atom.question for atom in prompt_atoms("an oblong cucumber and a teardrop plum")]
+    assert "Is the cucumber oblong?" in questions and "Is the plum teardrop?" in questions
+    assert "How many cucumbers are in the image?" in questions
