@@ -25,7 +25,10 @@ answer are masked out of the attention. A turn's new tokens are the full convers
 template renders it, after the longest common token prefix with what the cache already holds, so
 each answer equals that of a plain ``generate`` on the re-rendered conversation (what the official
 scripts run for every answer) up to float round-off; ``tests/test_mllm_cot.py`` checks the texts
-against ``generate`` per image on a tiny Qwen3-VL, and ``benchmarks/mllm_cot.py`` times the two
+against ``generate`` per image on a tiny Qwen3-VL (in float32; in bfloat16 the round-off depends
+on the batch, and on the tiny random model one of four images batched together got another answer
+text than alone, so pass ``batch_size=1`` where one-image-at-a-time answers matter), and
+``benchmarks/mllm_cot.py`` times the two
 (2 CPU cores, Qwen3-VL-8B's proportions at 2 text and 2 vision layers, 2 images of 512 px, two
 turns of at most 24 tokens; the measured ratios are in benchmarks/README.md; not yet measured on
 a GPU).
