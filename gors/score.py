@@ -96,9 +96,10 @@ def scoring_while_generating(config: RunConfig, accelerator: Accelerator) -> Ite
     """`gors run --overlap_scoring`: a sink for `generate` that scores each batch as it lands.
 
     Every process makes the score folder ready first (a collective call, as `score` does); on
-    leaving, what is queued is scored and the worker stops, also when generation failed. The
-    score stage that follows finds these rows and scores only what is left (e.g. images generated
-    before an interruption).
+    leaving, what is queued is scored and the worker stops. When generation failed or was
+    interrupted, the queue is dropped and the worker stopped at once, generation's error raised (a
+    scorer error beside it is logged). The score stage that follows finds the rows written and
+    scores only what is left.
     """
     prompt_set = load_prompts(config.train_prompts)
     reward = config.reward_name(prompt_set.category)
@@ -110,5 +111,7 @@ def scoring_while_generating(config: RunConfig, accelerator: Accelerator) -> Ite
                               accelerator.process_index, accelerator.device, prompt_metadata=metadata, done=done)
     try:
         yield scorer
-    finally:
-        scorer.close()
+    except BaseException:
+        scorer.abandon()  # generation's error (or Ctrl-C) is the one to see, at once
+        raise
+    scorer.close()

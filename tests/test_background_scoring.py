@@ -101,15 +101,15 @@ def test_a_reward_failing_mid_run_stops_generation_and_keeps_finished_work(make_
     assert len(score(config)) == 6  # ... and the score stage scores the images the failure left unscored
 
 
-def test_a_crash_in_generation_scores_what_is_queued_and_the_rerun_completes(make_run_config, tmp_path,
-                                                                             monkeypatch):
+def test_a_crash_in_generation_stops_at_once_and_the_rerun_completes(make_run_config, tmp_path, monkeypatch):
     config = make_run_config()
     _fail_on_call(monkeypatch, SampleStore, "append", 4, "killed")  # the fourth image
-    with pytest.raises(Interrupt):
+    with pytest.raises(Interrupt, match="killed"):  # generation's error, not one of the scorer's
         _overlapped(config)
-    # Images 1-3 are in the store; the first batch (2 images) was handed over and scored.
+    # Images 1-3 are in the store; the first batch (2 images) was handed over: scored if the worker
+    # had taken it, dropped from the queue if not (the score stage scores it on the rerun).
     assert len(SampleStore(samples_dir(config.output_dir)).records()) == 3
-    assert len(load_scores(config.output_dir, "b_vqa")) == 2
+    assert len(load_scores(config.output_dir, "b_vqa")) in (0, 2)
     monkeypatch.undo()
     _overlapped(config)
     resumed = score(config)

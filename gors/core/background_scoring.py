@@ -21,6 +21,7 @@ scores whatever has no row yet.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 from collections.abc import Callable, Collection, Sequence
@@ -35,6 +36,7 @@ from gors.core.scoring import Scorer, score_part, score_rows
 from gors.core.store import SampleKey, sample_key
 
 _DONE = object()  # the queue's end marker
+logger = logging.getLogger(__name__)
 
 
 class BackgroundScorer:
@@ -104,6 +106,20 @@ class BackgroundScorer:
         self._thread = None
         self._raise_worker_error()
 
+    def abandon(self) -> None:
+        """Stop the worker without scoring what is still queued (the score stage scores it on the
+        rerun): after generation failed or was interrupted, its error is the one to see, so the
+        worker's own error, if any, is logged rather than raised."""
+        if self._thread is None:
+            return
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._queue.get_nowait()
+        try:
+            self.close()
+        except RuntimeError as err:
+            logger.warning("%s", err)
+
     def _raise_worker_error(self) -> None:
         if self._error is not None and not self._error_raised:
             self._error_raised = True
@@ -114,6 +130,8 @@ class BackgroundScorer:
             ) from self._error
 
     def _work(self, reward: Scorer) -> None:
+        if self.device.type == "cuda":  # a new thread starts on GPU 0: this process's GPU, for code that assumes it
+            torch.cuda.set_device(self.device)
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights copied on the default stream
