@@ -106,14 +106,14 @@ def replayed_rows(output_dir: str | Path, index: int, replay: str) -> list[dict[
     return rows
 
 
-def finished_rounds(config: RunConfig, num_processes: int, prompts: list[str], reward: str) -> list[dict[str, Any]]:
+def finished_rounds(config: RunConfig, wanted: dict[str, Any]) -> list[dict[str, Any]]:
     """The rounds `rounds.json` records as finished, after checking they were made with this run's settings.
 
-    A setting that file lacks (written by an older gors) is taken to be this run's, with a warning.
+    `wanted`: this run's `round_settings`. A setting that file lacks (written by an older gors) is
+    taken to be this run's, with a warning.
     """
     path = Path(config.output_dir) / ROUNDS_FILE
     record = read_json(path, "the rounds gors recorded there") if path.is_file() else {"settings": None, "rounds": []}
-    wanted = round_settings(config, num_processes, prompts, reward)
     recorded = record["settings"]
     if recorded is not None:
         recorded = RECORDED_DEFAULTS | recorded
@@ -178,7 +178,7 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
             raise ValueError(f"--rounds with {num_prompts} prompts: rounds share image seeds beyond "
                              f"{ROUND_SEED_STRIDE // SAMPLE_SEED_STRIDE} prompts; pass --max_prompts or fewer prompts")
         settings = round_settings(config, accelerator.num_processes, prompts, reward)
-        rounds = finished_rounds(config, accelerator.num_processes, prompts, reward)
+        rounds = finished_rounds(config, settings)
         for index in range(len(rounds), config.rounds):
             previous = round_dir(out, index - 1) if index > 0 else None
             accelerator.print(f"[rounds] round {index} of {config.rounds}"

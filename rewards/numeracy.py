@@ -40,12 +40,8 @@ class NumeracyReward(Reward):
         model_name_or_path: detector checkpoint (Hub id or folder); default OWLv2.
         device, torch_dtype, batch_size: see `Reward`; batch_size is images per detector pass.
         detector: an already-built detector (`ZeroShotDetector.detect`'s signature).
-        threshold: detector confidence threshold (official, UniDet: 0.1, see
-            `rewards.spatial_rule.DETECTION_THRESHOLD`).
-        text_threshold: Grounding DINO phrase threshold; None: every (box, label) pair above
-            `threshold` counts, suppressed per label (`nms_iou`).
-        nms_iou: the per-label non-maximum suppression IoU (official, detectron2: 0.5; 1 keeps
-            every box); not with `text_threshold`.
+        threshold, text_threshold, nms_iou: how boxes are kept and labelled, as for
+            `rewards.spatial.SpatialRuleReward` (official: UniDet's 0.1, per-label NMS at IoU 0.5).
         noun_file: a "singular - plural" noun list; None reads the official `new_objects.txt`
             (downloaded pinned and checksummed, or from GORS_DATA_DIR).
         official_renames: detect boy/girl/man/woman as "person", ship as "boat" and so on, as the

@@ -120,12 +120,8 @@ class Spatial3DReward(Reward):
         depth_model_name_or_path: depth checkpoint; default `Intel/dpt-hybrid-midas`.
         detector: an already-built detector (`ZeroShotDetector.detect`'s signature).
         depth_model: an already-built depth model (`DepthEstimator.predict`'s signature).
-        threshold: detector confidence threshold (official, UniDet: 0.1, see
-            `rewards.spatial_rule.DETECTION_THRESHOLD`).
-        text_threshold: Grounding DINO phrase threshold; None: every (box, label) pair above
-            `threshold` counts, suppressed per label (`nms_iou`).
-        nms_iou: the per-label non-maximum suppression IoU (official, detectron2: 0.5; 1 keeps
-            every box); not with `text_threshold`.
+        threshold, text_threshold, nms_iou: how boxes are kept and labelled, as for
+            `rewards.spatial.SpatialRuleReward` (official: UniDet's 0.1, per-label NMS at IoU 0.5).
         iou_threshold: the depth rule's IoU threshold (official 0.5).
         transposed_depth: cut box regions from the depth map with x as the row index, as the
             official code does (False: the box itself).

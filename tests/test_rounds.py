@@ -319,6 +319,12 @@ def test_a_changed_training_setting_is_refused_before_the_next_round_generates(o
 PROMPTS = ["a red circle", "a blue square"]
 
 
+def _finished(config, num_processes: int, prompts: list[str], reward: str) -> list:
+    from gors.rounds import finished_rounds, round_settings
+
+    return finished_rounds(config, round_settings(config, num_processes, prompts, reward))
+
+
 def _recorded_rounds(config, count: int, **settings) -> None:
     from gors.rounds import round_settings
 
@@ -328,34 +334,32 @@ def _recorded_rounds(config, count: int, **settings) -> None:
 
 
 def test_rounds_json_checks_shrinking_a_growing_tau_schedule_and_older_files(make_run_config, tmp_path, caplog):
-    from gors.rounds import finished_rounds
-
     config = make_run_config(output_dir=str(tmp_path), **{**ROUNDS, "rounds": 3, "max_train_steps": 6})
     Path(config.output_dir).mkdir(exist_ok=True)
     _recorded_rounds(config, 3, rounds=3)
     with pytest.raises(ValueError, match=r"3 rounds are finished, more than --rounds=2; rerun with --rounds=3"):
-        finished_rounds(replace(config, rounds=2, max_train_steps=4), 1, PROMPTS, "b_vqa")
+        _finished(replace(config, rounds=2, max_train_steps=4), 1, PROMPTS, "b_vqa")
 
     scheduled = replace(config, reward_threshold=None, tau_schedule=[0.2, 0.5, 0.8])
     _recorded_rounds(scheduled, 2, rounds=2, tau_schedule=[0.2, 0.5])
-    assert len(finished_rounds(scheduled, 1, PROMPTS, "b_vqa")) == 2  # the finished rounds' taus stay: --rounds may grow
+    assert len(_finished(scheduled, 1, PROMPTS, "b_vqa")) == 2  # the finished rounds' taus stay: --rounds may grow
     with pytest.raises(ValueError, match=r"tau_schedule: \[0\.2, 0\.5\] -> \[0\.3, 0\.5, 0\.8\]"):
-        finished_rounds(replace(scheduled, tau_schedule=[0.3, 0.5, 0.8]), 1, PROMPTS, "b_vqa")
+        _finished(replace(scheduled, tau_schedule=[0.3, 0.5, 0.8]), 1, PROMPTS, "b_vqa")
     with pytest.raises(ValueError, match=r"num_processes: 1 -> 2"):
-        finished_rounds(scheduled, 2, PROMPTS, "b_vqa")
+        _finished(scheduled, 2, PROMPTS, "b_vqa")
 
     _recorded_rounds(config, 2, rounds=2)
     record = json.loads((tmp_path / ROUNDS_FILE).read_text())
     del record["settings"]["learning_rate"], record["settings"]["reward"]  # as an older gors wrote it
     (tmp_path / ROUNDS_FILE).write_text(json.dumps(record))
-    assert len(finished_rounds(config, 1, PROMPTS, "b_vqa")) == 2
+    assert len(_finished(config, 1, PROMPTS, "b_vqa")) == 2
     with pytest.raises(ValueError, match=r"prompts_sha256: "):
-        finished_rounds(config, 1, PROMPTS[:1], "b_vqa")
+        _finished(config, 1, PROMPTS[:1], "b_vqa")
     assert "does not record reward, learning_rate (an older gors)" in caplog.text
     # Rounds recorded before scoring versions were scored by version 1 of every reward: a reward whose
     # scores changed since (the UniDet rule of spatial_rule) is refused, the others go on.
     del record["settings"]["scoring_versions"]
     (tmp_path / ROUNDS_FILE).write_text(json.dumps(record))
-    assert len(finished_rounds(config, 1, PROMPTS, "b_vqa")) == 2
+    assert len(_finished(config, 1, PROMPTS, "b_vqa")) == 2
     with pytest.raises(ValueError, match=r"scoring_versions: \{\} -> \{'spatial_rule': 2\}"):
-        finished_rounds(config, 1, PROMPTS, "spatial_rule")
+        _finished(config, 1, PROMPTS, "spatial_rule")
