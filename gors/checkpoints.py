@@ -28,6 +28,7 @@ import gors
 from gors.config import RunConfig, TrainConfig
 from gors.core.io import atomic_write_json, publish_folder, recover_folder
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
+from gors.core.store import selection_identity
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +106,8 @@ def find_checkpoint(output_dir: str | Path, resume_from: str,
 
 
 def selection_fingerprint(selection: list[dict[str, Any]]) -> str:
-    """A hash of the selection's rows (path and reward of each, in order): what the run trains on."""
-    payload = json.dumps([[row["path"], row["reward"]] for row in selection])
+    """A hash of the selection's rows (`selection_identity`, in order): what the run trains on."""
+    payload = json.dumps(selection_identity(selection))
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -1,7 +1,8 @@
 """Stage 2, `gors score`: one reward over every sample in the store.
 
-Scores go to `scores/<reward>/part-XXXXX.jsonl` (one line per image: the reward in [0, 1] and
-its details, e.g. B-VQA's questions and probabilities), appended batch by batch, so an
+Scores go to `scores/<reward>/part-XXXXX.jsonl` (one line per image: the reward in [0, 1], its
+details, e.g. B-VQA's questions and probabilities, and the image's `image_sha256` from its
+record, so that an image generated again is scored again), appended batch by batch, so an
 interruption loses at most the batch in flight. When every sample is scored, the reward is also
 added as a column `reward_<reward>` to the store's metadata. `settings.json` beside the scores
 records the reward and its options; scoring a folder that holds scores with others is refused.

@@ -1,8 +1,8 @@
 """Stage 3, `gors select`: keep the samples whose reward exceeds tau (GORS), or each prompt's best.
 
-Writes `selection.jsonl` (one row per kept sample: path, prompt, reward, and tau or the sample's
-rank among its prompt's images) and `selection_summary.json` (counts, the rule, reward statistics
-of kept and dropped samples).
+Writes `selection.jsonl` (one row per kept sample: path, image_sha256, prompt, prompt and image
+index, reward, and tau, none with --select_top_fraction) and `selection_summary.json` (counts, the
+rule, reward statistics of kept and dropped samples).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gors.core.io import atomic_write_json, atomic_write_jsonl, read_jsonl
 from gors.core.paper import selection_threshold
 from gors.core.run_folder import SCORES_DIR, SELECTION_FILE, SELECTION_SUMMARY_FILE, reward_key, samples_dir
 from gors.core.scoring import load_scores
-from gors.core.store import SampleStore, StoreError, sample_key
+from gors.core.store import IMAGE_HASH, SampleStore, StoreError, sample_key
 
 
 def threshold_fn(config: SelectConfig | RunConfig,
@@ -115,7 +115,7 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
     if not records:
         raise StoreError(f"no samples in {store.root}: run `gors generate --output_dir {config.output_dir}` first.")
     reward = config.reward_name(prompt_info.get("category"))
-    scores = load_scores(config.output_dir, reward)
+    scores = load_scores(config.output_dir, reward, records)
     unscored = [r["path"] for r in records if sample_key(r) not in scores]
     if unscored:
         raise StoreError(
@@ -135,6 +135,7 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
         value = scores[sample_key(record)]["reward"]
         row = {
             "path": record["path"],
+            IMAGE_HASH: record.get(IMAGE_HASH),
             "prompt": record["prompt"],
             "prompt_index": record["prompt_index"],
             "image_index": record["image_index"],

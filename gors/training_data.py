@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from torchvision import transforms
 
 from gors.core.distributed import batches, progress_bar
+from gors.core.store import selection_identity
 
 
 def image_transform(resolution: int, center_crop: bool) -> transforms.Compose:
@@ -36,7 +37,7 @@ def image_transform(resolution: int, center_crop: bool) -> transforms.Compose:
 
 
 def _fingerprint(selection: list[dict[str, Any]], settings: dict[str, Any]) -> str:
-    payload = json.dumps([[row["path"], row["reward"]] for row in selection] + [settings], sort_keys=True)
+    payload = json.dumps(selection_identity(selection) + [settings], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -4,11 +4,14 @@ The overlapped path must give the rows `gors score` gives after generation, stop
 the reward fails, and leave a resumable run folder after a crash.
 """
 
+import logging
 import shutil
 
 import pytest
+from PIL import Image
 
 import rewards.combined
+from gors.core.background_scoring import BackgroundScorer
 from gors.core.distributed import make_accelerator
 from gors.core.run_folder import samples_dir, scores_dir
 from gors.core.scoring import load_scores
@@ -122,6 +125,36 @@ def test_a_crash_in_generation_stops_at_once_and_the_rerun_completes(make_run_co
     for key, row in expected.items():
         assert resumed[key]["details"]["questions"] == row["details"]["questions"]
         assert resumed[key]["reward"] == pytest.approx(row["reward"], rel=1e-4, abs=1e-6)
+
+
+def test_a_sample_generated_again_while_scoring_overlaps_is_scored_again(make_run_config, monkeypatch, caplog):
+    config = make_run_config()
+    first = _overlapped(config)
+    store = SampleStore(samples_dir(config.output_dir))
+    lost = next(r for r in store.records() if (r["prompt_index"], r["image_index"]) == (2, 1))
+    store.image_path(lost).unlink()
+    original = SampleStore.append
+
+    def black(self, rank, image, record):  # the image made again differs from the lost one
+        return original(self, rank, Image.new("RGB", image.size, "black"), record)
+
+    monkeypatch.setattr(SampleStore, "append", black)
+    again = _overlapped(config)
+    monkeypatch.undo()
+    [new] = [r for r in store.records() if (r["prompt_index"], r["image_index"]) == (2, 1)]
+    assert again[(2, 1)]["image_sha256"] == new["image_sha256"] != first[(2, 1)]["image_sha256"]
+    assert {k: v for k, v in again.items() if k != (2, 1)} == {k: v for k, v in first.items() if k != (2, 1)}
+    part = scores_dir(config.output_dir, "b_vqa") / "part-00000.jsonl"
+    assert len(part.read_text().splitlines()) == 7  # the stale row stays until the score stage opens the folder
+    with caplog.at_level(logging.WARNING):
+        assert score(config) == again  # nothing left to score
+    assert "held 1 scores not of the samples' current image files" in caplog.text
+    assert len(part.read_text().splitlines()) == 6
+
+
+def test_done_must_be_the_rows_not_a_set_of_keys(tmp_path):
+    with pytest.raises(TypeError, match="not a set of keys"):
+        BackgroundScorer(tmp_path, lambda: None, 2, 0, "cpu", done={(0, 0)})
 
 
 def test_gors_run_with_overlap_times_one_stage_and_trains_on_the_same_scores(make_run_config, tmp_path):

@@ -126,8 +126,9 @@ def _fake_scored_run(tmp_path, category, rewards_by_prompt):
     rows = []
     for p, reward in rewards_by_prompt.items():
         record = {"file_name": f"{p:05d}_000.png", "prompt": f"p{p}", "prompt_index": p, "image_index": 0, "seed": p}
-        store.append(0, Image.new("RGB", (8, 8)), record)
-        rows.append({"prompt_index": p, "image_index": 0, "path": f"part-00000/{p:05d}_000.png", "reward": reward})
+        stored = store.append(0, Image.new("RGB", (8, 8)), record)
+        rows.append({"prompt_index": p, "image_index": 0, "path": f"part-00000/{p:05d}_000.png", "reward": reward,
+                     "image_sha256": stored["image_sha256"]})
     atomic_write_jsonl(tmp_path / "scores" / "b_vqa" / "part-00000.jsonl", rows)
 
 

@@ -1,3 +1,4 @@
+import hashlib
 import json
 
 import datasets
@@ -5,7 +6,7 @@ import pytest
 from PIL import Image
 
 from gors.core.io import append_jsonl, read_jsonl
-from gors.core.store import SampleStore, StoreError, sample_file_name, sample_seed
+from gors.core.store import SampleStore, StoreError, sample_file_name, sample_seed, selection_identity
 from gors.training_data import BatchSchedule
 
 
@@ -35,6 +36,22 @@ def test_records_merge_parts_sorted_and_load_as_imagefolder(tmp_path):
     dataset = datasets.load_dataset("imagefolder", data_dir=str(store.root), split="train")
     assert dataset.num_rows == 4
     assert sorted(dataset["seed"]) == sorted(r["seed"] for r in records)
+
+
+def test_a_record_holds_the_hash_of_its_image_file(tmp_path):
+    store = SampleStore(tmp_path / "samples")
+    stored = store.append(0, Image.new("RGB", (8, 8), "red"), _record(0, 0))
+    [record] = store.records()
+    assert record["image_sha256"] == stored["image_sha256"] == \
+        hashlib.sha256(store.image_path(record).read_bytes()).hexdigest()
+    assert store.open_image(record).getpixel((0, 0)) == (255, 0, 0)
+
+
+def test_selection_identity_adds_the_image_hash_only_where_recorded():
+    before = [{"path": "part-00000/00000_000.png", "reward": 0.5}]
+    assert selection_identity(before) == [["part-00000/00000_000.png", 0.5]]  # as before gors recorded hashes
+    assert selection_identity([before[0] | {"image_sha256": None}]) == selection_identity(before)
+    assert selection_identity([before[0] | {"image_sha256": "ab"}]) == [["part-00000/00000_000.png", 0.5, "ab"]]
 
 
 def test_torn_last_line_is_skipped_and_overwritten(tmp_path):

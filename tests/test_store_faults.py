@@ -314,6 +314,46 @@ def test_score_cuts_a_torn_row_and_scores_its_sample_again(make_run_config, capl
     assert len(load_scores(config.output_dir, "b_vqa")) == 6
 
 
+def test_a_sample_generated_again_loses_its_old_score_and_is_scored_again(make_run_config, caplog):
+    config = make_run_config()
+    store = generate(config)
+    rows = score(config)
+    old = next(r for r in store.records() if (r["prompt_index"], r["image_index"]) == (2, 1))
+    size = store.open_image(old).size
+    # Its file lost (deleted, or empty after a power cut), then made anew: the new image is another file.
+    store.image_path(old).unlink()
+    assert store.drop_records_without_image() == 1
+    record = {k: v for k, v in old.items() if k not in ("path", "image_sha256")}
+    new = store.append(0, Image.new("RGB", size, "black"), record)
+    assert new["image_sha256"] != old["image_sha256"]
+    with pytest.raises(StoreError, match="1 of 6 samples have no 'b_vqa' score"):
+        select(config)  # the old image's score is not the new image's
+    with caplog.at_level(logging.WARNING):
+        again = score(config)
+    assert "held 1 scores not of the samples' current image files" in caplog.text
+    assert again[(2, 1)]["image_sha256"] == new["image_sha256"] != rows[(2, 1)]["image_sha256"]
+    on_disk = list(read_jsonl(Path(config.output_dir) / "scores" / "b_vqa" / "part-00000.jsonl"))
+    assert len(on_disk) == 6 and sum((row["prompt_index"], row["image_index"]) == (2, 1) for row in on_disk) == 1
+    assert {key: row for key, row in again.items() if key != (2, 1)} == \
+        {key: row for key, row in rows.items() if key != (2, 1)}  # the other scores are kept, not redone
+    assert select(config)["num_samples"] == 6
+
+
+def test_a_sample_generated_again_with_the_same_pixels_keeps_its_score(make_run_config):
+    config = make_run_config()
+    store = generate(config)
+    rows = score(config)
+    old = next(r for r in store.records() if (r["prompt_index"], r["image_index"]) == (2, 1))
+    image = store.open_image(old)
+    store.image_path(old).unlink()
+    store.drop_records_without_image()
+    # Made again by another process (e.g. the rerun had more): same bytes, another part of the store.
+    store.append(1, image, {k: v for k, v in old.items() if k not in ("path", "image_sha256")})
+    again = score(config)  # the same bytes, the same hash: nothing to score again, the path follows the image
+    assert again[(2, 1)]["path"] == "part-00001/00002_001.png" and store.image_path(again[(2, 1)]).is_file()
+    assert again == rows | {(2, 1): rows[(2, 1)] | {"path": "part-00001/00002_001.png"}}
+
+
 def test_select_reports_a_sample_whose_record_is_torn(make_run_config, caplog):
     config = make_run_config()
     store = generate(config)

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from PIL import Image
 
 from gors.core.io import append_jsonl
 from gors.core.scoring import Scorer, score_part, score_rows
-from gors.core.store import SampleKey, sample_key
+from gors.core.store import SampleKey, same_image, sample_key
 
 _DONE = object()  # the queue's end marker
 logger = logging.getLogger(__name__)
@@ -50,19 +50,22 @@ class BackgroundScorer:
         process_index: which score part this process appends to.
         device: the reward's device; on CUDA the worker runs on a stream of its own.
         prompt_metadata: per-prompt metadata merged under each record (see `score_rows`).
-        done: samples that already have a row; they are not scored again.
+        done: the rows already in the folder, by sample key (`open_score_folder`'s); a sample with a row
+            of its image file is not scored again, one generated anew since is.
         max_pending: generation batches that may wait for the worker before `add` blocks.
     """
 
     def __init__(self, scores_folder: Path, make_reward: Callable[[], Scorer], batch_size: int,
                  process_index: int, device: torch.device, prompt_metadata: Sequence[dict[str, Any]] | None = None,
-                 done: Collection[SampleKey] = (), max_pending: int = 2) -> None:
+                 done: Mapping[SampleKey, dict] | None = None, max_pending: int = 2) -> None:
         self.out_file = score_part(scores_folder, process_index)
         self.make_reward = make_reward
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.prompt_metadata = prompt_metadata
-        self.done = set(done)
+        if done is not None and not isinstance(done, Mapping):
+            raise TypeError("done: the rows already scored, by sample key (`open_score_folder`'s), not a set of keys")
+        self.done = dict(done or {})
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -144,7 +147,8 @@ class BackgroundScorer:
                     finished = item is _DONE
                     if not finished:
                         for record, image in zip(*item, strict=True):
-                            if sample_key(record) not in self.done:
+                            row = self.done.get(sample_key(record))
+                            if row is None or not same_image(row, record):
                                 records.append(record)
                                 images.append(image)
                     while len(records) >= self.batch_size or (finished and records):

@@ -16,6 +16,8 @@ fails with a message that says to delete it, and the next run generates it again
 from __future__ import annotations
 
 import functools
+import hashlib
+import io
 import json
 import logging
 import os
@@ -126,19 +128,23 @@ def atomic_write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None
     atomic_write_bytes(path, "".join(json.dumps(row) + "\n" for row in rows).encode())
 
 
-def atomic_save_image(image: Image.Image, path: str | Path) -> None:
-    """Save a PIL image atomically (format from the suffix)."""
+def atomic_save_image(image: Image.Image, path: str | Path) -> str:
+    """Save a PIL image atomically (format from the suffix); returns the sha256 (hex) of the file's bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    encoded = io.BytesIO()
+    image.save(encoded, format=Image.registered_extensions()[path.suffix.lower()])
+    data = encoded.getvalue()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    os.close(fd)
     try:
-        image.save(tmp)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
         set_usual_permissions(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return hashlib.sha256(data).hexdigest()
 
 
 def fsync_path(path: str | Path) -> None:

@@ -241,8 +241,8 @@ def generate_samples(
                         "resolution": protocol.resolution,
                     }
                     record |= record_extras or {}
-                    store.append(accelerator.process_index, image, record)
-                    written.append(record | {"path": store.relative_path(accelerator.process_index, record)})
+                    stored = store.append(accelerator.process_index, image, record)
+                    written.append(stored | {"path": store.relative_path(accelerator.process_index, record)})
                 if sink is not None:
                     sink.add(written, images)
                 bar.update(len(batch))

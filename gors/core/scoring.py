@@ -1,8 +1,8 @@
 """Scoring a sample store with a reward: resumable score shards, one per process, with their settings.
 
-Scores go to `<folder>/part-XXXXX.jsonl` (one line per image: the reward in [0, 1] and its
-details), appended batch by batch, so an interruption loses at most the batch in flight.
-`settings.json` beside them records the scorer that made them; other settings are refused once
+Scores go to `<folder>/part-XXXXX.jsonl` (one line per image: the reward in [0, 1], its details
+and the hash of the image file scored), appended batch by batch, so an interruption loses at most
+the batch in flight. `settings.json` beside them records the scorer that made them; other settings are refused once
 the folder holds scores.
 """
 
@@ -19,9 +19,9 @@ from PIL import Image
 
 from gors.core.clock import work_starts
 from gors.core.distributed import batches, progress_bar
-from gors.core.io import append_jsonl, atomic_write_json, read_json, repair_jsonl
-from gors.core.run_folder import scores_dir
-from gors.core.store import SampleKey, SampleStore, StoreError, read_rows, sample_key
+from gors.core.io import append_jsonl, atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, repair_jsonl
+from gors.core.run_folder import samples_dir, scores_dir
+from gors.core.store import IMAGE_HASH, SampleKey, SampleStore, StoreError, read_rows, same_image, sample_key
 
 
 class ScoreOutput(Protocol):
@@ -41,14 +41,39 @@ SETTINGS_FILE = "settings.json"  # the reward and options that filled a score fo
 logger = logging.getLogger(__name__)
 
 
-def read_score_rows(folder: Path) -> dict[SampleKey, dict]:
-    """Every score row in a folder of `part-*.jsonl` files, by sample key."""
-    return {sample_key(row): row for row in read_rows(sorted(Path(folder).glob("part-*.jsonl")))}
+def _score_parts(folder: Path) -> list[Path]:
+    return sorted(Path(folder).glob("part-*.jsonl"))
 
 
-def load_scores(output_dir: str | Path, reward: str) -> dict[SampleKey, dict]:
-    """Every score row written so far for `reward` in a run folder, by sample key."""
-    return read_score_rows(scores_dir(output_dir, reward))
+def _rows_by_key(folder: Path) -> dict[SampleKey, list[dict]]:
+    rows: dict[SampleKey, list[dict]] = {}
+    for row in read_rows(_score_parts(folder)):
+        rows.setdefault(sample_key(row), []).append(row)
+    return rows
+
+
+def read_score_rows(folder: Path, records: Sequence[dict[str, Any]]) -> dict[SampleKey, dict]:
+    """The score rows of `records` (a store's) in a folder of `part-*.jsonl` files, by sample key.
+
+    Only a row of the record's own image file counts (`same_image`): a sample generated again
+    since it was scored has no score until it is scored again.
+    """
+    rows = _rows_by_key(folder)
+    return {
+        sample_key(record): row | {"path": record["path"]}  # the image, made again with the same bytes, may have moved
+        for record in records
+        for row in rows.get(sample_key(record), ())
+        if same_image(row, record)
+    }
+
+
+def load_scores(output_dir: str | Path, reward: str,
+                records: Sequence[dict[str, Any]] | None = None) -> dict[SampleKey, dict]:
+    """The score rows written so far for `reward` in a run folder, by sample key: of `records`, by
+    default every record of the run's sample store (`read_score_rows`)."""
+    if records is None:
+        records = SampleStore(samples_dir(output_dir)).records()
+    return read_score_rows(scores_dir(output_dir, reward), records)
 
 
 # Settings keys a later gors added: a score folder recorded before it lacks them and is taken to
@@ -91,26 +116,48 @@ def open_score_folder(
     """Make a score folder ready for appending, on every process (a collective call); returns its rows.
 
     Refuses a folder whose scores were made with other `settings` (JSON-able: the reward and its
-    options) or belong to other prompts; on the main process cuts torn rows (their samples are
-    scored again) and records `settings`. No process appends before all of them have read the rows.
+    options) or belong to other prompts; on the main process cuts torn rows and removes the rows of
+    images generated again since they were scored (`same_image`): those samples are scored again.
+    Records `settings`. The main process changes no file, and no process appends, before all of them
+    have read the rows.
     """
-    done = read_score_rows(scores_folder)
+    rows = _rows_by_key(scores_folder)
     as_json = json.loads(json.dumps(settings, sort_keys=True, default=str)) if settings is not None else None
-    record_settings = as_json is not None and check_settings(scores_folder, as_json, scored=bool(done))
-    for record in records:
-        row = done.get(sample_key(record))
-        if row is not None and row["prompt"] != record["prompt"]:
-            raise StoreError(
-                f"{scores_folder} holds a score of prompt {row['prompt']!r} for sample {sample_key(record)}, whose "
-                f"prompt is now {record['prompt']!r}: it belongs to another run. Use a new output folder."
-            )
+    record_settings = as_json is not None and check_settings(scores_folder, as_json, scored=bool(rows))
+    by_key = {sample_key(record): record for record in records}
+    done, stale = {}, 0
+    for key, record in by_key.items():
+        for row in rows.get(key, ()):
+            if row["prompt"] != record["prompt"]:
+                raise StoreError(
+                    f"{scores_folder} holds a score of prompt {row['prompt']!r} for sample {key}, whose prompt is "
+                    f"now {record['prompt']!r}: it belongs to another run. Use a new output folder."
+                )
+            if same_image(row, record):
+                done[key] = row | {"path": record["path"]}
+            else:
+                stale += 1
+    accelerator.wait_for_everyone()  # every process has read the parts before the main process replaces them
     if accelerator.is_main_process:
-        for part in sorted(Path(scores_folder).glob("part-*.jsonl")):
+        for part in _score_parts(scores_folder):
             repair_jsonl(part)
+            if stale:
+                _drop_rows(part, lambda row: sample_key(row) in by_key and not same_image(row, by_key[sample_key(row)]))
+        if stale:
+            logger.warning("%s held %d scores not of the samples' current image files (generated again since, or "
+                           "scored by a gors that did not record image hashes); those samples are scored again",
+                           scores_folder, stale)
         if record_settings:
             atomic_write_json(Path(scores_folder) / SETTINGS_FILE, as_json)
     accelerator.wait_for_everyone()
     return done
+
+
+def _drop_rows(part: Path, drop: Callable[[dict], bool]) -> None:
+    rows = list(read_jsonl(part))
+    kept = [row for row in rows if not drop(row)]
+    if len(kept) != len(rows):
+        atomic_write_jsonl(part, kept)
 
 
 def score_part(scores_folder: Path, process_index: int) -> Path:
@@ -142,7 +189,7 @@ def score_rows(
         )
     return [
         {"prompt_index": r["prompt_index"], "image_index": r["image_index"], "path": r["path"],
-         "prompt": r["prompt"], "reward": value, "details": details}
+         IMAGE_HASH: r.get(IMAGE_HASH), "prompt": r["prompt"], "reward": value, "details": details}
         for r, value, details in zip(records, output.scores, output.details)
     ]
 
@@ -159,7 +206,7 @@ def score_samples(
 ) -> dict[SampleKey, dict]:
     """Score the store's unscored samples into `scores_folder/part-<rank>.jsonl`; returns all rows.
 
-    Resumable: samples with a row are skipped; rows are appended batch by batch. The reward is
+    Resumable: samples with a row of their current image file are skipped; rows are appended batch by batch. The reward is
     built (by `make_reward`) only on processes that have work. `prompt_metadata`: see
     `score_rows`. `store` is anything with `records()` and `open_image(record)`. `settings` are
     recorded in the folder (`open_score_folder`), so scores of two configurations never mix.
@@ -181,5 +228,4 @@ def score_samples(
                 bar.update(len(batch))
             bar.close()
     accelerator.wait_for_everyone()
-    wanted = {sample_key(record) for record in records}  # rows of samples no longer asked for stay on disk only
-    return {key: row for key, row in read_score_rows(scores_folder).items() if key in wanted}
+    return read_score_rows(scores_folder, records)  # rows of samples no longer asked for stay on disk only

@@ -5,7 +5,8 @@ Layout (every process writes only its own part, so no two processes touch one fi
     samples/
       prompts.json                 the prompt set the store was generated from
       settings.json                what made its images: model, LoRA, dtype, scheduler, protocol, gors version
-      part-00000/metadata.jsonl    one record per image: file_name, prompt, prompt_index, image_index, seed, ...
+      part-00000/metadata.jsonl    one record per image: file_name, prompt, prompt_index, image_index, seed,
+                                   image_sha256, ...
       part-00000/00000_000.png
       part-00001/...
 
@@ -37,6 +38,8 @@ from gors.core.io import (
 SampleKey = tuple[int, int]
 METADATA = "metadata.jsonl"
 SETTINGS = "settings.json"
+# A record's hash of its image file's bytes; stores made before gors recorded it lack the field.
+IMAGE_HASH = "image_sha256"
 
 
 def sample_key(record: dict[str, Any]) -> SampleKey:
@@ -110,11 +113,16 @@ class SampleStore:
         """Where process `rank` keeps a record's image, relative to the root: a record's `path`."""
         return f"{self.part_dir(rank).name}/{record['file_name']}"
 
-    def append(self, rank: int, image: Image.Image, record: dict[str, Any]) -> None:
-        """Write one image, then its metadata line: a record exists only once its image does."""
+    def append(self, rank: int, image: Image.Image, record: dict[str, Any]) -> dict[str, Any]:
+        """Write one image, then its metadata line: a record exists only once its image does.
+
+        Returns the record as stored, with `image_sha256` (the file's hash): score rows copy it, so a
+        score is known to be of this very file, not of an image generated before under the same key.
+        """
         part = self.part_dir(rank)
-        atomic_save_image(image, part / record["file_name"])
-        append_jsonl(part / METADATA, [record])
+        stored = record | {IMAGE_HASH: atomic_save_image(image, part / record["file_name"])}
+        append_jsonl(part / METADATA, [stored])
+        return stored
 
     def cut_torn_records(self) -> int:
         """Cut the torn last line of each metadata file (see `repair_jsonl`); returns how many.
@@ -162,6 +170,21 @@ class SampleStore:
         path = self.root / SETTINGS
         return read_json(path, "the generation settings `gors generate` recorded (generate into a new --output_dir, "
                                "or restore the file)") if path.is_file() else None
+
+
+def same_image(row: dict[str, Any], record: dict[str, Any]) -> bool:
+    """Whether a row made from a sample (a score, a selection) is of the record's image file as it is now.
+
+    A sample generated again (its file lost, then made anew) has a new hash, so rows of the old
+    file no longer count. Rows and records from before gors recorded the hash match each other.
+    """
+    return row.get(IMAGE_HASH) == record.get(IMAGE_HASH)
+
+
+def selection_identity(selection: Iterable[dict[str, Any]]) -> list[list[Any]]:
+    """What identifies selected samples for training: each row's path and reward, and its image hash where recorded
+    (rows from before gors recorded it keep the identity, and so the caches and checkpoints, they had)."""
+    return [[row["path"], row["reward"]] + ([row[IMAGE_HASH]] if row.get(IMAGE_HASH) else []) for row in selection]
 
 
 def settings_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
