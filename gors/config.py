@@ -3,7 +3,7 @@
 Flags follow diffusers' training scripts wherever one exists. Every config parses from the
 command line or a YAML file (see `gors.cli.parse_config`); `__post_init__` rejects bad values with
 a message that quotes them. Defaults come from the official T2I-CompBench GORS training script
-and paper (see DESIGN.md and the README's table of defaults).
+and paper (see the README's "Defaults and their sources").
 
 The stage configs are built from small field groups (`RunFolderFields`, `ModelFields`, ...) that
 share no base class: each config lists the groups it needs once, and checks each group's fields
