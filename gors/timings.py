@@ -96,6 +96,8 @@ def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Acc
         yield
     accelerator.wait_for_everyone()
     seconds = time.perf_counter() - start
+    if work_started and work_started[0][1] is not None:
+        before = work_started[0][1]
     timings.append(StageTiming(
         stage=stage,
         seconds=seconds,
@@ -105,7 +107,7 @@ def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Acc
         peak_gpu_memory_gib=torch.cuda.max_memory_allocated(accelerator.device) / GIB if cuda else None,
         peak_rss_gib=_peak_rss_gib(),
         device=_device_name(accelerator.device),
-        setup_seconds=work_started[0] - start if work_started else 0.0,
+        setup_seconds=work_started[0][0] - start if work_started else 0.0,
     ))
     if on_finish is not None:
         on_finish(timings[-1])

@@ -526,7 +526,7 @@ class GORSTrainer:
         bar.update(global_step)
         for module in models:
             module.train()
-        work_starts()
+        work_starts(done_before=global_step)  # not the folder's latest checkpoint: another training's, set aside
         while global_step < config.max_train_steps:
             losses = []
             for micro in range(accumulation):

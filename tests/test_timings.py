@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,17 @@ def test_a_run_stopped_in_training_keeps_the_timings_of_the_stages_before(make_r
 def _entry(stage: str, seconds: float, work: int, processes: int, setup: float = 0.0, **settings) -> dict:
     return {"stage": stage, "seconds": seconds, "work": work, "num_processes": processes, "device": "GPU X",
             "settings": settings, "setup_seconds": setup}
+
+
+def test_another_training_in_the_folder_counts_all_its_steps(make_run_config):
+    # The second training (another learning rate) sets the first one's checkpoints aside and starts at step 0:
+    # its work is its 3 steps, not the 1 past the first training's latest checkpoint.
+    config = make_run_config(max_train_steps=2, checkpointing_steps=1)
+    run(config)
+    reset_process_state()
+    run(replace(config, learning_rate=config.learning_rate * 2, max_train_steps=3))
+    history = read_timings(config.output_dir)["history"]
+    assert [entry["work"] for entry in history if entry["stage"] == "train"] == [2, 3]
 
 
 def test_estimate_scales_measured_rates_to_the_plan():
