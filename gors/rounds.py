@@ -39,7 +39,7 @@ from gors.core.io import atomic_write_bytes, atomic_write_json, read_json
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import load_prompts
 from gors.core.run_folder import ROUNDS_FILE, SELECTION_SUMMARY_FILE, round_dir
-from gors.core.store import SAMPLE_SEED_STRIDE
+from gors.core.store import SAMPLE_SEED_STRIDE, adopt_later_settings
 from gors.lora import LORA_WEIGHT_NAME
 from gors.run import STAGES, RoundInputs, run_stages
 from gors.select import load_selection
@@ -116,16 +116,15 @@ def finished_rounds(config: RunConfig, wanted: dict[str, Any]) -> list[dict[str,
     record = read_json(path, "the rounds gors recorded there") if path.is_file() else {"settings": None, "rounds": []}
     recorded = record["settings"]
     if recorded is not None:
-        recorded = RECORDED_DEFAULTS | recorded
+        recorded, missing = adopt_later_settings(RECORDED_DEFAULTS | recorded, wanted, wanted)
         if len(record["rounds"]) > config.rounds:
             raise ValueError(f"{path}: {len(record['rounds'])} rounds are finished, more than --rounds={config.rounds}; "
                              f"rerun with --rounds={len(record['rounds'])} or more, or use a new --output_dir")
-        missing = [name for name in wanted if name not in recorded]
         if missing:
             logger.warning("%s does not record %s (an older gors): its rounds are taken to have been made with this "
                            "run's", path, ", ".join(missing))
         changed = [f"{name}: {recorded[name]!r} -> {value!r}" for name, value in wanted.items()
-                   if name != "rounds" and name in recorded and _changed(name, recorded[name], value)]
+                   if name != "rounds" and _changed(name, recorded[name], value)]
         if changed:
             raise ValueError(f"{path}: finished rounds were made with other settings ({'; '.join(changed)}); rerun with "
                              "theirs, or use a new --output_dir (only --rounds may grow)")

@@ -6,7 +6,14 @@ import pytest
 from PIL import Image
 
 from gors.core.io import append_jsonl, read_jsonl
-from gors.core.store import SampleStore, StoreError, sample_file_name, sample_seed, selection_identity
+from gors.core.store import (
+    SampleStore,
+    StoreError,
+    adopt_later_settings,
+    sample_file_name,
+    sample_seed,
+    selection_identity,
+)
 from gors.training_data import BatchSchedule
 
 
@@ -52,6 +59,15 @@ def test_selection_identity_adds_the_image_hash_only_where_recorded():
     assert selection_identity(before) == [["part-00000/00000_000.png", 0.5]]  # as before gors recorded hashes
     assert selection_identity([before[0] | {"image_sha256": None}]) == selection_identity(before)
     assert selection_identity([before[0] | {"image_sha256": "ab"}]) == [["part-00000/00000_000.png", 0.5, "ab"]]
+
+
+def test_later_settings_are_adopted_only_where_the_record_lacks_them():
+    recorded = {"model": "a", "dtype": "fp16"}
+    completed, adopted = adopt_later_settings(recorded, {"model": "b", "dtype": "bf16", "lora": None, "call": {"n": 1}},
+                                              ("dtype", "lora", "call", "absent"))
+    # A recorded value is never replaced (a change stays a change); an unset adoption is not worth a warning.
+    assert completed == {"model": "a", "dtype": "fp16", "lora": None, "call": {"n": 1}}
+    assert adopted == ["call"] and recorded == {"model": "a", "dtype": "fp16"}
 
 
 def test_torn_last_line_is_skipped_and_overwritten(tmp_path):

@@ -29,6 +29,7 @@ from gors.core.store import (
     SETTINGS,
     SampleStore,
     StoreError,
+    adopt_later_settings,
     sample_file_name,
     sample_key,
     sample_seed,
@@ -119,8 +120,8 @@ def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: Stor
     recorded = store.load_settings()
     if recorded is None or not store.records():
         return []
-    adopted = [key for key in LATER_SETTINGS if key not in recorded and wanted.get(key) is not None]
-    changes = settings_changes({**{key: wanted.get(key) for key in LATER_SETTINGS}, **recorded}, wanted)
+    recorded, adopted = adopt_later_settings(recorded, wanted, LATER_SETTINGS)
+    changes = settings_changes(recorded, wanted)
     if changes:
         raise StoreError(
             f"{store.root} holds images generated with other settings ({'; '.join(changes)}). Generate into a "

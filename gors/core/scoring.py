@@ -21,7 +21,16 @@ from gors.core.clock import work_starts
 from gors.core.distributed import batches, progress_bar
 from gors.core.io import append_jsonl, atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, repair_jsonl
 from gors.core.run_folder import samples_dir, scores_dir
-from gors.core.store import IMAGE_HASH, SampleKey, SampleStore, StoreError, read_rows, same_image, sample_key
+from gors.core.store import (
+    IMAGE_HASH,
+    SampleKey,
+    SampleStore,
+    StoreError,
+    adopt_later_settings,
+    read_rows,
+    same_image,
+    sample_key,
+)
 
 
 class ScoreOutput(Protocol):
@@ -95,15 +104,16 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
         return False
     if not scored or recorded is None:
         return True
-    adopted = [key for key in LATER_SCORE_SETTINGS if key in wanted and key not in recorded]
-    if recorded != {key: value for key, value in wanted.items() if key not in adopted}:
+    completed, adopted = adopt_later_settings(recorded, dict(wanted), LATER_SCORE_SETTINGS)
+    if completed != wanted:
         raise StoreError(
             f"{scores_folder} holds scores made with {json.dumps(recorded, sort_keys=True)}, not the "
             f"{json.dumps(wanted, sort_keys=True)} asked for now. Use a new output folder, or delete "
             f"{scores_folder} to score again."
         )
-    logger.warning("%s was scored before gors recorded the scorer's %s; its scores are taken to have been made "
-                   "with %s", scores_folder, ", ".join(adopted), ", ".join(f"{k}={wanted[k]}" for k in adopted))
+    if adopted:
+        logger.warning("%s was scored before gors recorded the scorer's %s; its scores are taken to have been made "
+                       "with %s", scores_folder, ", ".join(adopted), ", ".join(f"{k}={wanted[k]}" for k in adopted))
     return True
 
 

@@ -187,6 +187,18 @@ def selection_identity(selection: Iterable[dict[str, Any]]) -> list[list[Any]]:
     return [[row["path"], row["reward"]] + ([row[IMAGE_HASH]] if row.get(IMAGE_HASH) else []) for row in selection]
 
 
+def adopt_later_settings(recorded: dict[str, Any], wanted: dict[str, Any],
+                         later: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+    """`recorded` completed with the keys of `later` it lacks, taken from `wanted`; and those of them whose value is set.
+
+    Later versions of gors record settings earlier ones did not: a folder recorded before a key
+    existed is taken to have been made with its current value, as a folder without any settings is.
+    The caller warns with the names returned (adopting an unset value changes nothing worth a warning).
+    """
+    adopted = [key for key in later if key not in recorded and key in wanted]
+    return {**recorded, **{key: wanted[key] for key in adopted}}, [key for key in adopted if wanted[key] is not None]
+
+
 def settings_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """The fields that differ, each as "name: old -> new" (a field one side lacks counts as None)."""
     return [
