@@ -54,6 +54,18 @@ def test_a_record_holds_the_hash_of_its_image_file(tmp_path):
     assert store.open_image(record).getpixel((0, 0)) == (255, 0, 0)
 
 
+def test_a_file_whose_bytes_differ_from_its_record_is_refused(tmp_path):
+    store = SampleStore(tmp_path / "samples")
+    store.append(0, Image.new("RGB", (8, 8), "red"), _record(0, 0))
+    [record] = store.records()
+    Image.new("RGB", (8, 8), "blue").save(store.image_path(record))  # replaced by hand, or generated again
+    with pytest.raises(StoreError, match="is not the image this row was made from .*rerun `gors score` and "
+                                         "`gors select`"):
+        store.open_image(record)
+    unhashed = {k: v for k, v in record.items() if k != "image_sha256"}  # a row from before hashes were recorded
+    assert store.open_image(unhashed).getpixel((0, 0)) == (0, 0, 255)
+
+
 def test_selection_identity_adds_the_image_hash_only_where_recorded():
     before = [{"path": "part-00000/00000_000.png", "reward": 0.5}]
     assert selection_identity(before) == [["part-00000/00000_000.png", 0.5]]  # as before gors recorded hashes

@@ -24,6 +24,7 @@ from gors.core.store import SETTINGS, SampleStore, StoreError
 from gors.generate import generate
 from gors.score import score
 from gors.select import select
+from gors.train import train
 from rewards import Reward, RewardOutput
 
 
@@ -337,6 +338,22 @@ def test_a_sample_generated_again_loses_its_old_score_and_is_scored_again(make_r
     assert {key: row for key, row in again.items() if key != (2, 1)} == \
         {key: row for key, row in rows.items() if key != (2, 1)}  # the other scores are kept, not redone
     assert select(config)["num_samples"] == 6
+
+
+def test_training_refuses_a_selection_made_before_an_image_was_generated_again(make_run_config):
+    config = make_run_config(max_train_steps=1, report_to="none")
+    store = generate(config)
+    score(config)
+    kept = select(config, write=True)
+    assert kept["num_selected"] > 0
+    first = json.loads((Path(config.output_dir) / "selection.jsonl").read_text().splitlines()[0])
+    old = next(r for r in store.records() if r["path"] == first["path"])
+    size = store.open_image(old).size
+    store.image_path(old).unlink()
+    store.drop_records_without_image()
+    store.append(0, Image.new("RGB", size, "black"), {k: v for k, v in old.items() if k not in ("path", "image_sha256")})
+    with pytest.raises(StoreError, match="is not the image this row was made from"):
+        train(config)  # the stale selection would train the new image with the old one's reward
 
 
 def test_a_sample_generated_again_with_the_same_pixels_keeps_its_score(make_run_config):

@@ -19,6 +19,8 @@ two protocols.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 from pathlib import Path
 from typing import Any, Iterable
@@ -98,16 +100,29 @@ class SampleStore:
         return self.root / record["path"]
 
     def open_image(self, record: dict[str, Any]) -> Image.Image:
-        """Load a sample as RGB, with an error that names the file and how to regenerate it."""
+        """Load a sample as RGB, with an error that names the file and how to regenerate it.
+
+        `record` is a store record or a row made from one (a selection row); when it holds the image's
+        hash, a file whose bytes differ (replaced, damaged, or generated again since the row was
+        made) is refused rather than read as the image the row describes.
+        """
         path = self.image_path(record)
+        regenerate = ("rerun `gors generate` with the same --output_dir: only the missing images are generated again, "
+                      "and finished work is kept.")
         try:
-            with Image.open(path) as image:
-                return image.convert("RGB")
+            data = path.read_bytes()
+            with Image.open(io.BytesIO(data)) as image:
+                rgb = image.convert("RGB")
         except (OSError, UnidentifiedImageError) as err:
+            raise StoreError(f"{path} is not a readable image ({err}). Delete it and {regenerate}") from err
+        expected = record.get(IMAGE_HASH)
+        if expected is not None and hashlib.sha256(data).hexdigest() != expected:
             raise StoreError(
-                f"{path} is not a readable image ({err}). Delete it and rerun `gors generate` with the same "
-                f"--output_dir: only the missing images are generated again, and finished work is kept."
-            ) from err
+                f"{path} is not the image this row was made from (its sha256 differs from the recorded "
+                f"{expected[:12]}...): the file was replaced, damaged or generated again since. If it was generated "
+                f"again, rerun `gors score` and `gors select` (or `gors run`) on the run folder; otherwise delete it and {regenerate}"
+            )
+        return rgb
 
     def relative_path(self, rank: int, record: dict[str, Any]) -> str:
         """Where process `rank` keeps a record's image, relative to the root: a record's `path`."""
