@@ -49,7 +49,10 @@ def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd,
     assert sorted(load_scores(run_dir, "b_vqa")) == keys
     scores = {path.name: len(path.read_text().splitlines()) for path in (run_dir / "scores" / "b_vqa").glob("part-*")}
     assert scores == {"part-00000.jsonl": 5, "part-00001.jsonl": 4}  # each process scored its own images
-    assert "generate+score" in json.loads((run_dir / "timings.json").read_text())["stages"]
+    stages = json.loads((run_dir / "timings.json").read_text())["stages"]
+    # Both processes' images counted once, the steps once (not per process), on the two processes.
+    assert (stages["generate+score"]["work"], stages["train"]["work"]) == (9, 2)
+    assert stages["generate+score"]["num_processes"] == stages["train"]["num_processes"] == 2
     assert len(list(run_dir.glob("*.safetensors"))) == 1
     assert any(k.startswith("unet.") for k in load_file(str(run_dir / "pytorch_lora_weights.safetensors")))
     checkpoint = run_dir / "checkpoints" / "checkpoint-2"
