@@ -3,8 +3,9 @@
 A calibration `gors run` at the real sizes (the base model at its resolution, the real reward
 model, a few prompts, a few hundred steps) writes each stage's rate to `timings.json`
 (`gors.timings`). This module scales those rates to a planned run (by default the paper's colour
-run: 700 prompts x 90 images, 50 DDIM steps, B-VQA, 15 000 steps of batch 16) and prints the
-GPU-hours of each stage, for gors and for the official procedures at given speed ratios.
+run, `gors.core.paper`: 700 prompts x 90 images, 30 DDIM steps, B-VQA, 15 000 steps of batch 16)
+and prints the GPU-hours of each stage, for gors and for the official procedures at given speed
+ratios.
 
 Scaling rules (pure functions below, tested without models):
 - generation time per image is proportional to the denoising steps (fixed costs such as the VAE
@@ -13,41 +14,54 @@ Scaling rules (pure functions below, tested without models):
 - training time is per sample seen (steps x global batch), from the measured steps/s at the
   measured global batch (per-process batch x accumulation x processes);
 - each stage's one-off set-up (loading the pipeline or the reward model, building the trainer and
-  caching the calibration selection's latents: `setup_seconds`) is counted once, not scaled; a
+  caching the calibration selection's latents: `setup_seconds`) is counted once, not scaled, and
+  not multiplied by the speed ratio either (the official procedures load their models too); a
   full selection's latents cost about one VAE encode per selected image more, and
   `--torch_compile`'s compiling, which happens in the first batch or step, is scaled as work, so
   calibrate without it;
+- training's time includes its validation and checkpoint saving, which are scaled as steps too:
+  calibrate with validation off and one checkpoint (a warning says when the calibration did not);
 - GPU-hours count every process: the measured wall time x processes.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gors.config import parse_mapping
-from gors.timings import read_timings
+from gors.core.paper import (
+    GORS_GLOBAL_BATCH,
+    GORS_IMAGES_PER_PROMPT,
+    GORS_RUN_SOURCES,
+    GORS_SAMPLING_STEPS,
+    GORS_TRAIN_PROMPTS,
+    GORS_TRAIN_STEPS,
+)
+from gors.timings import TIMINGS_FILE, read_timings
 
 # gors' speed over the official procedure per stage: the medians of the paired ratios that the
 # scripts in benchmarks/ measured on 2 CPU cores at reduced sizes (benchmarks/README.md): B-VQA
 # against T2I-CompBench's 8 passes, training (U-Net + text-encoder LoRA) against diffusers' LoRA
 # loop, generation in batches of 8 against T2I-CompBench's one image per pipeline call. A GPU's
 # own ratios (`python -m benchmarks --device cuda --full-size`) replace them through
-# --reference_speedups.
-CPU_MEASURED_SPEEDUPS = {"generate": 2.26, "score": 7.11, "select": 1.0, "train": 1.37}
+# --reference_speedups. Selection has no official counterpart that was measured: its ratio is 1.
+CPU_MEASURED_SPEEDUPS = {"generate": 2.26, "score": 7.11, "train": 1.37}
+SPEEDUP_STAGES = ("generate", "score", "select", "train")
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """The run to estimate. Defaults: the paper's colour run."""
+    """The run to estimate. Defaults: the paper's colour run (`gors.core.paper`)."""
 
-    num_prompts: int = 700
-    images_per_prompt: int = 90
-    num_inference_steps: int = 50
-    max_train_steps: int = 15000
-    global_batch_size: int = 16
+    num_prompts: int = GORS_TRAIN_PROMPTS
+    images_per_prompt: int = GORS_IMAGES_PER_PROMPT
+    num_inference_steps: int = GORS_SAMPLING_STEPS
+    max_train_steps: int = GORS_TRAIN_STEPS
+    global_batch_size: int = GORS_GLOBAL_BATCH
 
     @property
     def images(self) -> int:
@@ -60,24 +74,70 @@ class StageEstimate:
     work: str  # what the plan asks of the stage, in words
     gors_gpu_hours: float
     official_gpu_hours: float
-    speedup: float  # official / gors
+    speedup: float  # gors' speed over the official procedure, applied to the per-unit work (not the set-up)
 
 
-def gpu_seconds(entry: dict[str, Any], units: float, unit_scale: float = 1.0) -> float:
-    """GPU-seconds (wall seconds x processes) of `units` units at a timings entry's pace: its set-up
-    once (`setup_seconds`; absent in timings of gors before it was recorded), then each unit at the
-    measured time per unit x `unit_scale` (e.g. the ratio of denoising steps)."""
+def _number(value: Any) -> bool:
+    """A finite JSON number (true and false are no numbers)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _entry_problems(stage: str, entry: dict[str, Any]) -> list[str]:
+    """What makes a timings entry unusable for the estimate, in words; [] when it is usable."""
+    problems = [f"'{key}' is missing" for key in ("seconds", "work", "num_processes", "device") if key not in entry]
+    seconds, setup = entry.get("seconds"), entry.get("setup_seconds", 0.0)
+    seconds_ok = _number(seconds) and seconds > 0
+    if "seconds" in entry and not seconds_ok:
+        problems.append(f"seconds={seconds!r} is not a number > 0")
+    if not _number(setup) or setup < 0:
+        problems.append(f"setup_seconds={setup!r} is not a number >= 0")
+    elif seconds_ok and setup > seconds:
+        problems.append(f"setup_seconds={setup} is more than seconds={seconds}")
+    for key in ("work", "num_processes"):
+        if key in entry and not (_number(entry[key]) and entry[key] >= 1):
+            problems.append(f"{key}={entry[key]!r} is not a number >= 1")
+    if "device" in entry and not isinstance(entry["device"], str):
+        problems.append(f"device={entry['device']!r} is not a device name")
+    settings = entry.get("settings")
+    needed = {"generate": [("generation", "num_inference_steps")],
+              "train": [("train_batch_size",), ("gradient_accumulation_steps",)]}.get(stage, [])
+    for keys in needed:
+        value: Any = settings
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if not (_number(value) and value >= 1):
+            problems.append(f"settings.{'.'.join(keys)}={value!r} is not a number >= 1")
+    return problems
+
+
+def check_stages(stages: dict[str, dict[str, Any]], sources: dict[str, str]) -> None:
+    """Refuse, naming the file and the stage, a timings entry the estimate cannot use (a missing or
+    non-numeric field, no work, set-up longer than the stage, no processes, a needed setting < 1)."""
+    for stage, entry in stages.items():
+        problems = _entry_problems(stage, entry)
+        if problems:
+            raise ValueError(f"{sources.get(stage, 'timings')}: the {stage!r} timing is unusable: "
+                             f"{'; '.join(problems)}. Give the timings.json that a calibration `gors run` wrote, "
+                             "or rerun the calibration to write it again")
+
+
+def gpu_seconds(entry: dict[str, Any], units: float, unit_scale: float = 1.0) -> tuple[float, float]:
+    """GPU-seconds (wall seconds x processes) of `units` units at a timings entry's pace, as (set-up,
+    work): its set-up once (`setup_seconds`; absent in timings of gors before it was recorded), then
+    each unit at the measured time per unit x `unit_scale` (e.g. the ratio of denoising steps)."""
     if entry["work"] <= 0:
-        raise ValueError(f"the {entry['stage']} timing did no work; rerun the calibration with that stage to do")
+        raise ValueError(f"the {entry['stage']} timing did no work; rerun the calibration so that it does "
+                         f"{entry['stage']} work (a stage it found already done is not timed)")
     setup = entry.get("setup_seconds", 0.0)
     per_unit = (entry["seconds"] - setup) / entry["work"]
-    return (setup + per_unit * unit_scale * units) * entry["num_processes"]
+    return setup * entry["num_processes"], per_unit * unit_scale * units * entry["num_processes"]
 
 
 def estimate(stages: dict[str, dict[str, Any]], plan: RunPlan, speedups: dict[str, float]) -> list[StageEstimate]:
     """GPU-hours of each stage of `plan`, from `timings.json` entries by stage (see the module docstring).
 
-    `speedups[stage]`: how many times faster gors is than the official procedure (1 where absent).
+    `speedups[stage]`: how many times faster gors is than the official procedure (1 where absent);
+    it multiplies the per-unit work only, as the official procedure has a set-up of its own.
     """
     missing = [stage for stage in ("generate", "score", "train") if stage not in stages]
     if missing and "generate+score" in stages and "train" in stages:
@@ -101,13 +161,16 @@ def estimate(stages: dict[str, dict[str, Any]], plan: RunPlan, speedups: dict[st
     # Per sample seen: a step of the measured global batch, scaled to the plan's.
     rows.append(("train", f"{plan.max_train_steps} steps x batch {plan.global_batch_size}",
                  gpu_seconds(train, plan.max_train_steps, plan.global_batch_size / measured_batch)))
-    return [StageEstimate(stage, work, s / 3600, s / 3600 * speedups.get(stage, 1.0), speedups.get(stage, 1.0))
-            for stage, work, s in rows]
+    return [StageEstimate(stage, work, (setup + per_unit) / 3600,
+                          (setup + per_unit * speedups.get(stage, 1.0)) / 3600, speedups.get(stage, 1.0))
+            for stage, work, (setup, per_unit) in rows]
 
 
 def merge_timings(paths: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """The latest entry of each stage over several `timings.json` (later paths win), and the devices they ran on."""
+    """The latest entry of each stage over several `timings.json` (later paths win), and the devices they
+    ran on; an entry the estimate cannot use is refused, naming its file and stage (`check_stages`)."""
     stages: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}
     for path in paths:
         record = read_timings(path)
         if record is None:
@@ -116,19 +179,95 @@ def merge_timings(paths: list[str]) -> tuple[dict[str, dict[str, Any]], list[str
                     "; pass a run folder of `gors run` or the file itself")
             raise FileNotFoundError(f"{path}: no timings.json{hint}")
         stages |= record["stages"]
+        file = Path(path) / TIMINGS_FILE if Path(path).is_dir() else Path(path)
+        sources |= dict.fromkeys(record["stages"], str(file))
+    check_stages(stages, sources)
     return stages, sorted({entry["device"] for entry in stages.values()})
+
+
+def _events_in(work: int, last_step: int, every: int) -> int:
+    """How many multiples of `every` the steps (last_step - work, last_step] hold."""
+    return last_step // every - (last_step - work) // every
+
+
+def _training_warning(train: dict[str, Any]) -> str | None:
+    """Whether the calibration's training validated or saved more than one checkpoint in its timed steps,
+    both timed as training and so scaled per step; None when it did neither."""
+    settings = train.get("settings") if isinstance(train.get("settings"), dict) else {}
+    if not all(_number(settings.get(key)) and settings[key] >= 1
+               for key in ("validation_steps", "checkpointing_steps", "max_train_steps")):
+        return ("the calibration's training timings do not record its validation and checkpoint settings (a gors "
+                "before they were recorded): check that it ran with validation off and --checkpointing_steps above "
+                "--max_train_steps, or the estimate counts validation and checkpoint saving as training")
+    # The timed steps end at --max_train_steps (a training is timed only when it finishes).
+    last = int(settings["max_train_steps"])
+    work = min(int(train["work"]), last)
+    done = []
+    if settings.get("validation_benchmark") or settings.get("num_validation_prompts"):
+        # At each multiple of --validation_steps, and at the last step (the final LoRA is a best/ candidate).
+        every = settings["validation_steps"]
+        done.append(f"ran validation {_events_in(work, last, every) + bool(last % every)} time(s)")
+    # A checkpoint at each multiple of --checkpointing_steps, and one at --max_train_steps.
+    saves = _events_in(work, last, settings["checkpointing_steps"]) + bool(last % settings["checkpointing_steps"])
+    if saves > 1:
+        done.append(f"saved {saves} checkpoints")
+    if not done:
+        return None
+    return (f"the calibration's training {' and '.join(done)} in its {work} steps, timed as training and so scaled "
+            "per step: the estimate is too high. Calibrate with validation off and --checkpointing_steps above "
+            "--max_train_steps")
+
+
+def calibration_warnings(stages: dict[str, dict[str, Any]]) -> list[str]:
+    """What in the calibration makes the estimate too high: training that validated or saved more than one
+    checkpoint, and compiling (`--torch_compile`, whose compiling is timed as work)."""
+    warnings = [_training_warning(stages["train"])] if "train" in stages else []
+    compiled = sorted(stage for stage, entry in stages.items() if isinstance(entry.get("settings"), dict)
+                      and entry["settings"].get("torch_compile") not in (None, "no"))
+    if compiled:
+        warnings.append(f"the calibration's {', '.join(compiled)} ran with --torch_compile: compiling falls in the "
+                        "first batch or step and is scaled as work. Calibrate without --torch_compile")
+    return [warning for warning in warnings if warning]
 
 
 def format_estimate(rows: list[StageEstimate], devices: list[str]) -> str:
     """A markdown table, with the totals and the ratio of the two."""
     lines = [f"GPU-hours on {', '.join(devices)} (rates measured there, scaled to the plan)", "",
-             "| stage | work | gors GPU-h | official GPU-h | official / gors |", "|---|---|---|---|---|"]
+             "| stage | work | gors GPU-h | official GPU-h | official / gors, per unit |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.stage} | {r.work} | {r.gors_gpu_hours:.2f} | {r.official_gpu_hours:.2f} | {r.speedup:.2f}x |")
     gors_total = sum(r.gors_gpu_hours for r in rows)
     official_total = sum(r.official_gpu_hours for r in rows)
-    lines.append(f"| total | | {gors_total:.2f} | {official_total:.2f} | {official_total / gors_total:.2f}x |")
+    lines.append(f"| total | | {gors_total:.2f} | {official_total:.2f} | {official_total / gors_total:.2f}x overall |")
     return "\n".join(lines)
+
+
+def format_plan(plan: RunPlan, stages: dict[str, dict[str, Any]]) -> str:
+    """The plan's values with where each comes from (the paper's run, or given), and the calibration's
+    denoising steps beside the plan's."""
+    defaults = RunPlan()
+    lines = ["plan:"]
+    for name, value in vars(plan).items():
+        source = GORS_RUN_SOURCES[name] if value == getattr(defaults, name) else "given"
+        lines.append(f"  {name} = {value} ({source})")
+    measured = stages["generate"]["settings"]["generation"]["num_inference_steps"]
+    lines.append(f"  the calibration sampled with {measured} denoising steps; generation time is scaled by "
+                 f"{plan.num_inference_steps} / {measured}")
+    return "\n".join(lines)
+
+
+def speedup_note(rows: list[StageEstimate], given: set[str]) -> str | None:
+    """Which ratios in the table are the 2-CPU-core defaults (those the user did not give), and that
+    selection's is a placeholder; None when every ratio was given."""
+    shown = [r.stage for r in rows if r.stage not in given]
+    measured = [stage for stage in shown if stage in CPU_MEASURED_SPEEDUPS]
+    parts = []
+    if measured:
+        parts.append(f"official / gors for {', '.join(measured)}: the ratios measured on 2 CPU cores; pass "
+                     "--reference_speedups with the benchmarks/ scripts' ratios on this GPU for its own.")
+    if "select" in shown:
+        parts.append("select: 1.00x is a placeholder, no official selection was measured.")
+    return "\n".join(parts) or None
 
 
 @dataclass
@@ -137,25 +276,33 @@ class EstimateConfig:
 
     timings: list[str] = field(metadata={"positional": True, "help": "timings.json files or run folders of "
                                                                       "calibration runs (later ones win per stage)"})
-    num_prompts: int = field(default=700, metadata={"help": "Training prompts (paper, colour: 700)."})
-    images_per_prompt: int = field(default=90, metadata={"help": "Images per prompt (paper: 90)."})
+    num_prompts: int = field(default=GORS_TRAIN_PROMPTS,
+                             metadata={"help": f"Training prompts (paper, per category: {GORS_TRAIN_PROMPTS})."})
+    images_per_prompt: int = field(default=GORS_IMAGES_PER_PROMPT,
+                                   metadata={"help": f"Images per prompt (paper: {GORS_IMAGES_PER_PROMPT})."})
     num_inference_steps: int = field(
-        default=50, metadata={"help": "Denoising steps per image (the paper's colour run: 50; `gors run` and the "
-                                      "recipes sample SD 1/2 with 30, so pass 30 to price them)."})
-    max_train_steps: int = field(default=15000, metadata={"help": "Optimizer steps (paper: 15 000)."})
-    global_batch_size: int = field(default=16, metadata={"help": "Samples per step over all GPUs (paper: 2 x 8)."})
+        default=GORS_SAMPLING_STEPS,
+        metadata={"help": f"Denoising steps per image (default {GORS_SAMPLING_STEPS}, as `gors run` samples SD 1/2: "
+                          "the official repository does not say how many its training samples took)."})
+    max_train_steps: int = field(default=GORS_TRAIN_STEPS,
+                                 metadata={"help": f"Optimizer steps (official: {GORS_TRAIN_STEPS})."})
+    global_batch_size: int = field(default=GORS_GLOBAL_BATCH,
+                                   metadata={"help": "Samples per step over all GPUs (official: 2 x 8)."})
     reference_speedups: dict[str, Any] = field(
-        default_factory=lambda: dict(CPU_MEASURED_SPEEDUPS),
+        default_factory=dict,
         metadata={"help": "gors' speed over the official procedure per stage (JSON), e.g. from the scripts in "
-                          "benchmarks/ run on your GPU; default: the ratios measured on 2 CPU cores."},
+                          "benchmarks/ run on your GPU; a stage left out keeps its default, the ratio measured on "
+                          "2 CPU cores (select: 1)."},
     )
 
     def __post_init__(self) -> None:
         given = parse_mapping(self.reference_speedups, "--reference_speedups")
-        unknown = sorted(set(given) - set(CPU_MEASURED_SPEEDUPS))
+        unknown = sorted(set(given) - set(SPEEDUP_STAGES))
         if unknown:
             raise ValueError(f"--reference_speedups: unknown stage {', '.join(map(repr, unknown))}; the stages are "
-                             f"{', '.join(CPU_MEASURED_SPEEDUPS)}")
+                             f"{', '.join(SPEEDUP_STAGES)}")
+        # Remembered so that the closing note names only the ratios that are defaults.
+        self.given_speedups = set(given)
         self.reference_speedups = CPU_MEASURED_SPEEDUPS | given  # a stage left out keeps its default ratio
         for name in ("num_prompts", "images_per_prompt", "num_inference_steps", "max_train_steps", "global_batch_size"):
             if getattr(self, name) < 1:
@@ -167,15 +314,17 @@ class EstimateConfig:
 
 
 def estimate_command(config: EstimateConfig) -> list[StageEstimate]:
-    """`gors estimate`: print the table."""
+    """`gors estimate`: print the table, the plan and its sources; warnings about the calibration on stderr."""
     stages, devices = merge_timings(config.timings)
     plan = RunPlan(config.num_prompts, config.images_per_prompt, config.num_inference_steps, config.max_train_steps,
                    config.global_batch_size)
     speedups = {k: float(v) for k, v in config.reference_speedups.items()}
     rows = estimate(stages, plan, speedups)
     print(format_estimate(rows, devices))
-    defaults = [stage for stage, ratio in CPU_MEASURED_SPEEDUPS.items() if speedups[stage] == ratio]
-    if defaults:
-        print(f"\nofficial / gors for {', '.join(defaults)}: the ratios measured on 2 CPU cores; pass "
-              "--reference_speedups with the benchmarks/ scripts' ratios on this GPU for its own.")
+    print("\n" + format_plan(plan, stages))
+    note = speedup_note(rows, config.given_speedups)
+    if note:
+        print("\n" + note)
+    for warning in calibration_warnings(stages):
+        print(f"warning: {warning}", file=sys.stderr)
     return rows

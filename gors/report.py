@@ -6,22 +6,33 @@ Each OUT_DIR is a `gors evaluate` output folder (its `summary.json`) and/or a tr
 - `report.md`: one row per evaluated folder and one column per benchmark (its main metric), with
   the published SD-2-base and GORS numbers beside them where the paper gives them;
 - `benchmarks.png`: grouped bars of the same table;
-- `training_curves.png`: the training loss and every validation metric over steps, per run;
-- for online runs (`--rounds`, their `rounds.json`): a table of each round (the mean reward of its
-  samples, the share selected, the validation metrics at its last step) and `rounds.png`, the
-  reward and the validation metrics against the round.
+- `training_curves.png`: the training loss and every validation metric over steps, per run (one
+  point per step: a resumed run's repeated steps keep the latest event); a run whose logs hold
+  neither is named as such, without a plot;
+- for online runs (`--rounds`, their `rounds.json`, with or without logs): a table of each round
+  (the mean reward of its samples, the share selected, the validation metrics at its last step)
+  and `rounds.png`, the reward and the validation metrics against the round.
+
+PNGs are written atomically, and those of an earlier report in the folder that this one does not
+write are removed.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tabulate import tabulate
 
 from gors.core.io import atomic_write_bytes, make_folder, read_json
 from gors.core.paper import PUBLISHED
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def load_evaluation(folder: Path) -> dict[str, float] | None:
@@ -30,24 +41,42 @@ def load_evaluation(folder: Path) -> dict[str, float] | None:
     if not path.is_file():
         return None
     data = read_json(path, "the summary.json of `gors evaluate`")
-    if not isinstance(data, dict) or "summaries" not in data:
+    if not isinstance(data, dict) or not isinstance(data.get("summaries"), list):
         raise ValueError(f"{path} is not a `gors evaluate` summary (no 'summaries' list)")
-    return {
-        s["label"]: float(s[s["primary_metric"]]) for s in data["summaries"] if s.get(s["primary_metric"]) is not None
-    }
+    values = {}
+    for index, summary in enumerate(data["summaries"]):
+        missing = [key for key in ("label", "primary_metric")
+                   if not isinstance(summary, dict) or not isinstance(summary.get(key), str)]
+        if missing:
+            raise ValueError(f"{path}: summaries[{index}] has no {' or '.join(map(repr, missing))}; expected the "
+                             "summary.json of `gors evaluate` (rerun it to write one)")
+        value = summary.get(summary["primary_metric"])
+        if value is not None and not _is_number(value):
+            raise ValueError(f"{path}: summaries[{index}] ({summary['label']}): its main metric "
+                             f"{summary['primary_metric']!r} is {value!r}, not a number")
+        if value is not None:
+            values[summary["label"]] = float(value)
+    return values
 
 
 def load_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series in the TensorBoard logs under `folder/logs`: tag -> [(step, value)]."""
+    """Every scalar series in the TensorBoard logs under `folder/logs`: tag -> [(step, value)], one point
+    per step. A resumed run logs the steps after its checkpoint again: the latest (by wall time) is kept."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    series: dict[str, list[tuple[int, float]]] = {}
+    latest: dict[str, dict[int, tuple[float, float]]] = {}  # tag -> step -> (wall time, value)
     for events in sorted((folder / "logs").rglob("events.out.tfevents.*")):
         accumulator = EventAccumulator(str(events))
         accumulator.Reload()
         for tag in accumulator.Tags().get("scalars", []):
-            series.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
-    return {tag: sorted(points) for tag, points in series.items()}
+            points = latest.setdefault(tag, {})
+            for event in accumulator.Scalars(tag):
+                if event.step not in points or event.wall_time >= points[event.step][0]:
+                    points[event.step] = (event.wall_time, event.value)
+    return {tag: [(step, value) for step, (_, value) in sorted(points.items())] for tag, points in latest.items()}
+
+
+ROUND_KEYS = ("round", "mean_reward", "selected_fraction", "mean_reward_selected", "num_replayed", "last_step")
 
 
 def round_rows(folder: Path, scalars: dict[str, list[tuple[int, float]]]) -> list[dict[str, float]]:
@@ -60,14 +89,28 @@ def round_rows(folder: Path, scalars: dict[str, list[tuple[int, float]]]) -> lis
     record = read_json(path, "the rounds.json of an online `gors run`")
     if not isinstance(record, dict) or not isinstance(record.get("rounds"), list):
         raise ValueError(f"{path}: not a rounds file (no 'rounds' list); expected the rounds.json of an online run")
-    for entry in record["rounds"]:
-        row = {key: entry[key] for key in ("round", "mean_reward", "selected_fraction", "mean_reward_selected",
-                                           "num_replayed", "last_step")}
+    for index, entry in enumerate(record["rounds"]):
+        _check_round(entry, index, path)
+        row = {key: entry[key] for key in ROUND_KEYS}
         for tag, points in scalars.items():
             if tag.startswith("validation/"):
                 row |= {tag: value for step, value in points if step == entry["last_step"]}
         rows.append(row)
     return rows
+
+
+def _check_round(entry: Any, index: int, path: Path) -> None:
+    """Refuse, naming the file, a rounds.json entry without the numbers the table and plot need."""
+    missing = [key for key in ROUND_KEYS if key not in entry] if isinstance(entry, dict) else list(ROUND_KEYS)
+    if missing:
+        raise ValueError(f"{path}: rounds[{index}] lacks {', '.join(missing)}; expected the rounds.json that an "
+                         "online `gors run --rounds N` writes")
+    # mean_reward_selected is null for a round that selected nothing.
+    bad = [key for key in ROUND_KEYS if not _is_number(entry[key]) and not (key == "mean_reward_selected"
+                                                                             and entry[key] is None)]
+    if bad:
+        raise ValueError(f"{path}: rounds[{index}]: {', '.join(f'{key}={entry[key]!r}' for key in bad)} "
+                         "is not a number")
 
 
 def _plot_rounds(runs: dict[str, list[dict[str, float]]], path: Path) -> None:
@@ -78,7 +121,7 @@ def _plot_rounds(runs: dict[str, list[dict[str, float]]], path: Path) -> None:
 
 
 def _plot_lines(panels: dict[str, dict[str, list[tuple[float, float]]]], x_label: str, path: Path) -> None:
-    """One panel per title, one line per run name: (x, y) points against `x_label`."""
+    """One panel per title, one line per run name: (x, y) points against `x_label`; `panels` not empty."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,8 +137,20 @@ def _plot_lines(panels: dict[str, dict[str, list[tuple[float, float]]]], x_label
         axis.set_xlabel(x_label)
         axis.legend(fontsize="x-small")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    _save_figure(figure, path)
+
+
+def _save_figure(figure: Any, path: Path) -> None:
+    """Write a figure as PNG atomically (rendered in memory first): a report stopped while plotting
+    leaves the earlier PNG, never a torn one."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    try:
+        figure.savefig(buffer, format="png", dpi=120)
+    finally:
+        plt.close(figure)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def markdown_table(rows: dict[str, dict[str, float]], with_published: bool = True) -> str:
@@ -127,13 +182,18 @@ def _plot_bars(rows: dict[str, dict[str, float]], path: Path) -> None:
     axis.set_ylabel("main metric")
     axis.legend(fontsize="small")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    _save_figure(figure, path)
+
+
+def curve_tags(runs: dict[str, dict[str, list[tuple[int, float]]]]) -> list[str]:
+    """The tags `training_curves.png` plots: the loss and every validation metric that some run logged
+    (none for a run stopped before its first step, or logs of rounds/* only)."""
+    return sorted({t for series in runs.values() for t in series if t == "train/loss" or t.startswith("validation/")})
 
 
 def _plot_curves(runs: dict[str, dict[str, list[tuple[int, float]]]], path: Path) -> None:
-    tags = sorted({t for series in runs.values() for t in series if t == "train/loss" or t.startswith("validation/")})
-    _plot_lines({tag: {name: series.get(tag, []) for name, series in runs.items()} for tag in tags}, "step", path)
+    _plot_lines({tag: {name: series.get(tag, []) for name, series in runs.items()} for tag in curve_tags(runs)},
+                "step", path)
 
 
 def labels(folders: Sequence[Path]) -> list[str]:
@@ -149,6 +209,10 @@ def labels(folders: Sequence[Path]) -> list[str]:
             depth += 1
         names.append("/".join(mine[-depth:]))
     return names
+
+
+# Every PNG a report may write: those this report does not write are an earlier report's, and go.
+PLOTS = ("benchmarks.png", "training_curves.png", "rounds.png")
 
 
 def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> Path:
@@ -168,19 +232,31 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
             scalars = load_scalars(folder)
             if scalars:
                 runs[name] = scalars
-        if round_rows(folder, runs.get(name, {})):
-            rounds[name] = round_rows(folder, runs.get(name, {}))
-        if evaluation is None and name not in runs:
-            raise ValueError(f"{folder} has neither a summary.json from `gors evaluate` nor TensorBoard logs")
+        rows = round_rows(folder, runs.get(name, {}))
+        if rows:  # a --rounds run made with --report_to none has its rounds.json and no logs
+            rounds[name] = rows
+        if evaluation is None and name not in runs and name not in rounds:
+            raise ValueError(f"{folder} has neither a summary.json from `gors evaluate` nor TensorBoard logs nor "
+                             "the rounds.json of a --rounds run; give such folders")
     make_folder(output_dir, "--output_dir")
     parts = ["# gors report", ""]
+    written = []
     if evaluations:
         parts += ["## Benchmarks (main metric of each; published numbers in italics)", "",
                   markdown_table(evaluations), "", "![benchmarks](benchmarks.png)", ""]
         _plot_bars(evaluations, output_dir / "benchmarks.png")
+        written.append("benchmarks.png")
     if runs:
-        parts += ["## Training", "", "![training curves](training_curves.png)", ""]
-        _plot_curves(runs, output_dir / "training_curves.png")
+        parts += ["## Training", ""]
+        # Logs without a loss or validation point (a run stopped before its first step, or rounds/* only)
+        # have no curve: said in words, and no empty plot.
+        parts += [f"{name}: no training loss or validation metric in its logs" for name, series in runs.items()
+                  if not curve_tags({name: series})]
+        if curve_tags(runs):
+            parts += ["", "![training curves](training_curves.png)"]
+            _plot_curves(runs, output_dir / "training_curves.png")
+            written.append("training_curves.png")
+        parts += [""]
     if rounds:
         parts += ["## Rounds", ""]
         for name, rows in rounds.items():
@@ -189,8 +265,11 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
                                                     tablefmt="github", floatfmt=".4f", missingval="-"), ""]
         parts += ["![rounds](rounds.png)", ""]
         _plot_rounds(rounds, output_dir / "rounds.png")
+        written.append("rounds.png")
     path = output_dir / "report.md"
     atomic_write_bytes(path, "\n".join(parts).encode("utf-8"))
+    for stale in set(PLOTS) - set(written):  # after report.md, which no longer shows them
+        (output_dir / stale).unlink(missing_ok=True)
     return path
 
 

@@ -95,11 +95,18 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
 
 def timing_settings(config: RunConfig, store: SampleStore) -> dict[str, Any]:
     """What the stages' rates depend on, recorded beside them: the generation settings the store
-    recorded (steps, guidance, resolution with the family's defaults filled in) and the rest."""
+    recorded (steps, guidance, resolution with the family's defaults filled in) and the rest.
+
+    Training's time includes its validation and checkpoint saving, so their settings are recorded for
+    `gors estimate` to say when a calibration's training was slowed by them; and `--torch_compile`,
+    whose compiling is timed as work.
+    """
     names = ("pretrained_model_name_or_path", "generation_batch_size", "reward", "reward_model_name_or_path",
              "reward_batch_size", "train_batch_size", "gradient_accumulation_steps", "mixed_precision",
-             "gradient_checkpointing", "train_text_encoder", "rank", "overlap_scoring")
-    return {"generation": store.load_settings()} | {name: getattr(config, name) for name in names}
+             "gradient_checkpointing", "train_text_encoder", "rank", "overlap_scoring", "torch_compile",
+             "max_train_steps", "checkpointing_steps", "validation_benchmark", "validation_steps")
+    return {"generation": store.load_settings()} | {name: getattr(config, name) for name in names} | {
+        "num_validation_prompts": len(config.validation_prompts or [])}
 
 
 def check_run_inputs(config: RunConfig) -> None:

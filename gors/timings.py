@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from tabulate import tabulate
 
 import gors
 from gors.core.clock import listening
@@ -65,8 +66,15 @@ class StageTiming:
 
     @property
     def rate_per_process(self) -> float:
-        """Units per second of one process (one GPU)."""
+        """Units per second of one process (one GPU), set-up included."""
         return self.rate / self.num_processes
+
+    @property
+    def work_rate(self) -> float:
+        """Units per second over all processes after the set-up: the pace `gors estimate` scales (0 when
+        no work was done or no time was left after the set-up)."""
+        busy = self.seconds - self.setup_seconds
+        return self.work / busy if busy > 0 else 0.0
 
 
 def _device_name(device: torch.device) -> str:
@@ -154,10 +162,12 @@ def read_timings(path: str | Path) -> dict[str, Any] | None:
 
 
 def format_timings(timings: list[StageTiming]) -> str:
-    """A table of this invocation's stages, for the end of `gors run`."""
-    lines = ["stage      wall s   set-up s      work        rate /s   per process   peak GPU GiB   peak RSS GiB"]
-    for t in timings:
-        gpu = f"{t.peak_gpu_memory_gib:.1f}" if t.peak_gpu_memory_gib is not None else "-"
-        lines.append(f"{t.stage:<9} {t.seconds:>7.1f} {t.setup_seconds:>10.1f} {t.work:>7} {t.unit:<7} {t.rate:>8.2f} "
-                     f"{t.rate_per_process:>12.2f} {gpu:>14} {t.peak_rss_gib:>14.1f}")
-    return "\n".join(lines)
+    """A table of this invocation's stages, for the end of `gors run`: "rate" is the work over the wall
+    time, set-up included; "work rate" the work over the time after the set-up (both over all processes)."""
+    headers = ["stage", "wall s", "set-up s", "work", "unit", "rate /s (incl. set-up)", "work rate /s",
+               "per process /s (incl. set-up)", "peak GPU GiB", "peak RSS GiB"]
+    # Columns sized to the longest cell ("generate+score"); no peak GPU memory off GPU shows as "-".
+    body = [[t.stage, t.seconds, t.setup_seconds, t.work, t.unit, t.rate, t.work_rate, t.rate_per_process,
+             t.peak_gpu_memory_gib, t.peak_rss_gib] for t in timings]
+    return tabulate(body, headers=headers, tablefmt="simple", floatfmt=(None, ".1f", ".1f", None, None, ".2f", ".2f",
+                                                                        ".2f", ".1f", ".1f"), missingval="-")

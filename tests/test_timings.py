@@ -9,9 +9,16 @@ from pathlib import Path
 import pytest
 
 from gors.core.distributed import reset_process_state
-from gors.estimate import CPU_MEASURED_SPEEDUPS, EstimateConfig, RunPlan, estimate, estimate_command
+from gors.estimate import (
+    CPU_MEASURED_SPEEDUPS,
+    EstimateConfig,
+    RunPlan,
+    calibration_warnings,
+    estimate,
+    estimate_command,
+)
 from gors.run import run
-from gors.timings import read_timings
+from gors.timings import StageTiming, format_timings, read_timings
 
 
 def test_gors_run_records_the_work_and_rate_of_each_stage_and_a_rerun_keeps_them(make_run_config, capsys):
@@ -30,6 +37,16 @@ def test_gors_run_records_the_work_and_rate_of_each_stage_and_a_rerun_keeps_them
         assert 0 < stages[stage]["setup_seconds"] < stages[stage]["seconds"], stage
     assert stages["select"]["setup_seconds"] == 0
     assert stages["generate"]["settings"]["generation"]["num_inference_steps"] == 2
+    # What slows training without being training is recorded, and `gors estimate` says so: 2 checkpoints in 2 steps.
+    train_settings = stages["train"]["settings"]
+    assert {key: train_settings[key] for key in ("max_train_steps", "checkpointing_steps", "validation_benchmark",
+                                                  "num_validation_prompts", "torch_compile")} == {
+        "max_train_steps": 2, "checkpointing_steps": 1, "validation_benchmark": None, "num_validation_prompts": 0,
+        "torch_compile": "no"}
+    assert train_settings["validation_steps"] == config.validation_steps
+    assert calibration_warnings(stages) == [
+        "the calibration's training saved 2 checkpoints in its 2 steps, timed as training and so scaled per step: "
+        "the estimate is too high. Calibrate with validation off and --checkpointing_steps above --max_train_steps"]
     run_dir = Path(config.output_dir)  # one round: the run folder as before online rounds
     assert not list(run_dir.glob("round-*")) and not (run_dir / "rounds.json").exists()
 
@@ -117,10 +134,13 @@ def test_estimate_command_prints_the_papers_colour_run_and_refuses_missing_stage
     (folder / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
     rows = estimate_command(EstimateConfig(timings=[str(folder)]))
     out = capsys.readouterr().out
-    assert "| generate | 63000 images x 50 steps | 8.75 |" in out  # 63 000 x 0.5 s
+    # The plan samples with 50 steps (gors.core.paper), as the calibration did: 63 000 x 0.5 s.
+    assert "| generate | 63000 images x 50 steps | 8.75 |" in out
+    assert "the calibration sampled with 50 denoising steps; generation time is scaled by 50 / 50" in out
+    assert "num_inference_steps = 50 (source unclear:" in out and "num_prompts = 700 (each category's" in out
     assert "| train | 15000 steps x batch 16 | 4.17 |" in out  # 240 000 samples x 1/16 s
-    assert "measured on 2 CPU cores" in out
-    assert {r.stage: r.speedup for r in rows} == {k: v for k, v in CPU_MEASURED_SPEEDUPS.items() if k != "select"}
+    assert "official / gors for generate, score, train: the ratios measured on 2 CPU cores" in out
+    assert {r.stage: r.speedup for r in rows} == CPU_MEASURED_SPEEDUPS
 
     overlapped = {"generate+score": stages["generate"] | {"stage": "generate+score"}, "train": stages["train"]}
     (folder / "timings.json").write_text(json.dumps({"stages": overlapped, "history": []}))
@@ -139,6 +159,7 @@ def test_estimate_command_prints_the_papers_colour_run_and_refuses_missing_stage
 def test_reference_speedups_merge_over_the_defaults_and_refuse_unknown_stages():
     config = EstimateConfig(timings=["x"], reference_speedups='{"train": 3}')
     assert config.reference_speedups == CPU_MEASURED_SPEEDUPS | {"train": 3}
+    assert config.given_speedups == {"train"} and EstimateConfig(timings=["x"]).given_speedups == set()
     with pytest.raises(ValueError, match="unknown stage 'training'; the stages are generate, score, select, train"):
         EstimateConfig(timings=["x"], reference_speedups='{"training": 3}')
     for bad in ('{"train": true}', '{"train": NaN}'):  # JSON true is no ratio, and NaN is not > 0
@@ -170,3 +191,54 @@ def test_an_unreadable_timings_file_is_moved_aside_when_a_run_writes_its_timings
     assert (tmp_path / "timings.json.bad").read_text() == "{"
     assert read_timings(tmp_path)["stages"] == {}
     assert "moved it to timings.json.bad" in capsys.readouterr().err
+
+
+def test_the_official_column_scales_the_work_by_the_ratio_and_not_the_set_up():
+    # 30 s loading the reward model, then 1 s per image: the official procedure loads its model too.
+    stages = {"generate": _entry("generate", 100, 400, 1, generation={"num_inference_steps": 25}),
+              "score": _entry("score", 130, 100, 1, setup=30.0),
+              "train": _entry("train", 200, 100, 1, setup=100.0, train_batch_size=2, gradient_accumulation_steps=1)}
+    plan = RunPlan(num_prompts=10, images_per_prompt=36, num_inference_steps=25, max_train_steps=10,
+                   global_batch_size=2)
+    rows = {r.stage: r for r in estimate(stages, plan, {"score": 8.0, "train": 2.0})}
+    assert rows["score"].official_gpu_hours == pytest.approx((30 + 8 * 360 * 1.0) / 3600)
+    assert rows["train"].official_gpu_hours == pytest.approx((100 + 2 * 10 * 1.0) / 3600)
+
+
+def test_the_closing_note_names_only_the_default_ratios_and_not_selects_placeholder(tmp_path, capsys):
+    stages = {"generate": _entry("generate", 50, 100, 1, generation={"num_inference_steps": 30}),
+              "score": _entry("score", 10, 100, 1), "select": _entry("select", 1, 100, 1) | {"unit": "images"},
+              "train": _entry("train", 100, 100, 1, train_batch_size=2, gradient_accumulation_steps=8)}
+    (tmp_path / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    # The user's train ratio equals the default: it is theirs, not "measured on 2 CPU cores".
+    estimate_command(EstimateConfig(timings=[str(tmp_path)],
+                                    reference_speedups=json.dumps({"train": CPU_MEASURED_SPEEDUPS["train"]})))
+    out = capsys.readouterr().out
+    assert "official / gors for generate, score: the ratios measured on 2 CPU cores" in out
+    assert "select: 1.00x is a placeholder" in out
+    estimate_command(EstimateConfig(timings=[str(tmp_path)],
+                                    reference_speedups='{"generate": 2, "score": 3, "select": 1, "train": 4}'))
+    out = capsys.readouterr().out
+    assert "measured on 2 CPU cores" not in out and "placeholder" not in out
+
+
+def test_the_stage_table_stays_aligned_with_generate_and_score_and_shows_the_rate_after_set_up():
+    timings = [StageTiming("generate+score", 110.0, 400, "images", 1, None, 2.3, "cpu", setup_seconds=10.0),
+               StageTiming("train", 12.5, 2, "steps", 8, 40.1, 12.0, "cuda", setup_seconds=2.5)]
+    lines = format_timings(timings).splitlines()
+    assert len({len(line) for line in lines}) == 1  # every column ends where its header does
+    header = lines[0]
+    assert "rate /s (incl. set-up)" in header and "work rate /s" in header
+    end = header.index("work rate /s") + len("work rate /s")
+    assert [line[:end].split()[-1] for line in lines[2:]] == ["4.00", "0.20"]  # 400 / 100 s and 2 / 10 s
+
+
+def test_a_rounds_calibration_records_its_validation_and_estimate_warns(make_run_config):
+    # Validation every 100 steps never falls in a round's 2 steps, but a round validates at its last step.
+    config = make_run_config(rounds=2, max_train_steps=4, checkpointing_steps=100, validation_benchmark="toy:train",
+                             validation_num_prompts=2, validation_steps=100, report_to="none")
+    run(config)
+    stages = read_timings(Path(config.output_dir) / "round-001")["stages"]
+    assert stages["train"]["work"] == 2 and stages["train"]["settings"]["validation_benchmark"] == "toy:train"
+    [warning] = calibration_warnings(stages)
+    assert warning.startswith("the calibration's training ran validation 1 time(s) in its 2 steps")

@@ -103,3 +103,28 @@ PUBLISHED: dict[str, dict[str, float]] = {
         "t2i_compbench:complex": 0.3328,
     },
 }
+
+
+# The GORS training run of one category, as published: what `gors estimate` prices by default. Each
+# value's source is below; `GORS_RUN_SOURCES` repeats it in words for the printed estimate.
+GORS_TRAIN_PROMPTS = 700  # lines of each category's <category>_train.txt in the official dataset
+GORS_IMAGES_PER_PROMPT = 90  # k, the images generated per prompt (the T2I-CompBench paper's GORS)
+# The denoising steps of the training samples: neither the paper nor the official repository states
+# them (the repository releases no script that generates the training samples). Its sampling script
+# GORS_finetune/inference.py defaults to 50, the plan issue #13 prices; its metric images take 30
+# (inference_eval.py), as `gors run` and the recipes sample SD 1/2 (`--num_inference_steps 30`
+# prices that).
+GORS_SAMPLING_STEPS = 50
+GORS_TRAIN_STEPS = 15000  # official GORS_finetune/train_text_to_image.py, --max_train_steps default
+GORS_TRAIN_BATCH_PER_GPU = 2  # the same script's --train_batch_size default (no gradient accumulation)
+GORS_TRAIN_GPUS = 8  # official GORS_finetune/train.sh: accelerate launch --num_processes=8
+GORS_GLOBAL_BATCH = GORS_TRAIN_BATCH_PER_GPU * GORS_TRAIN_GPUS
+GORS_RUN_SOURCES: dict[str, str] = {
+    "num_prompts": "each category's train file in the official dataset",
+    "images_per_prompt": "the T2I-CompBench paper's GORS",
+    "num_inference_steps": "source unclear: the official repository has no script for the training samples; 50 "
+                           "is its sampling script's default (inference.py); gors samples with 30, its metric "
+                           "images' DDIM steps (pass --num_inference_steps 30 to price that)",
+    "max_train_steps": "official train_text_to_image.py",
+    "global_batch_size": "official train_text_to_image.py and train.sh: 2 per GPU x 8 GPUs",
+}

@@ -1,0 +1,157 @@
+"""`gors estimate` on the timings it is given: malformed entries refused by file and stage, and warnings
+about what in a calibration makes the estimate too high. Pure functions; no model runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gors.core.paper import GORS_RUN_SOURCES
+from gors.estimate import EstimateConfig, RunPlan, calibration_warnings, estimate, estimate_command, format_plan
+
+
+def _entry(stage: str, seconds: float, work: int, processes: int = 1, setup: float = 0.0, **settings) -> dict:
+    return {"stage": stage, "seconds": seconds, "work": work, "unit": "images", "num_processes": processes,
+            "device": "GPU X", "settings": settings, "setup_seconds": setup}
+
+
+def _stages() -> dict[str, dict]:
+    return {
+        "generate": _entry("generate", 100, 400, setup=10, generation={"num_inference_steps": 30}),
+        "score": _entry("score", 50, 400, setup=5),
+        "select": _entry("select", 1, 400),
+        "train": _entry("train", 200, 100, setup=20, train_batch_size=2, gradient_accumulation_steps=1) | {
+            "unit": "steps"},
+    }
+
+
+def _set(path: tuple[str, ...], value):
+    def change(stages):
+        target = stages
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return change
+
+
+def _drop(path: tuple[str, ...]):
+    def change(stages):
+        target = stages
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+    return change
+
+
+def _all_seconds_zero(stages):
+    for entry in stages.values():
+        entry.update(seconds=0, setup_seconds=0)
+
+
+@pytest.mark.parametrize("change, stage, problem", [
+    (_drop(("score", "work")), "score", "'work' is missing"),
+    (_drop(("train", "settings", "train_batch_size")), "train", "settings.train_batch_size=None is not a number >= 1"),
+    (_drop(("generate", "device")), "generate", "'device' is missing"),
+    (_set(("score", "work"), "400"), "score", "work='400' is not a number >= 1"),
+    (_set(("train", "work"), 0), "train", "work=0 is not a number >= 1"),
+    (_set(("generate", "settings", "generation", "num_inference_steps"), 0), "generate",
+     "settings.generation.num_inference_steps=0 is not a number >= 1"),
+    (_set(("train", "num_processes"), 0), "train", "num_processes=0 is not a number >= 1"),
+    (_all_seconds_zero, "generate", "seconds=0 is not a number > 0"),
+    (_set(("train", "seconds"), -5), "train", "seconds=-5 is not a number > 0"),
+    (_set(("score", "setup_seconds"), 80), "score", "setup_seconds=80 is more than seconds=50"),
+    (_set(("score", "setup_seconds"), -1), "score", "setup_seconds=-1 is not a number >= 0"),
+    (_set(("score", "seconds"), float("nan")), "score", "seconds=nan is not a number > 0"),
+])
+def test_an_unusable_timing_is_refused_naming_its_file_and_stage(tmp_path, change, stage, problem):
+    stages = _stages()
+    change(stages)
+    (tmp_path / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    with pytest.raises(ValueError) as caught:
+        estimate_command(EstimateConfig(timings=[str(tmp_path)]))
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'timings.json'}: the {stage!r} timing is unusable: ")
+    assert problem in message
+
+
+def test_a_later_file_replaces_an_unusable_entry_of_an_earlier_one(tmp_path, capsys):
+    broken, fixed = tmp_path / "broken", tmp_path / "fixed"
+    for folder in (broken, fixed):
+        folder.mkdir()
+    stages = _stages()
+    (fixed / "timings.json").write_text(json.dumps({"stages": {"score": stages["score"]}, "history": []}))
+    stages["score"]["work"] = 0
+    (broken / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    estimate_command(EstimateConfig(timings=[str(broken), str(fixed)]))  # the earlier file's score is not used
+    assert "| score | 63000 images |" in capsys.readouterr().out
+
+
+def _train(work: int, **settings) -> dict[str, dict]:
+    defaults = dict(max_train_steps=work, checkpointing_steps=1000, validation_steps=500, validation_benchmark=None,
+                    num_validation_prompts=0, torch_compile="no")
+    return {"train": _entry("train", 100, work, **(defaults | settings))}
+
+
+def test_no_warning_for_a_calibration_without_validation_and_with_one_checkpoint():
+    assert calibration_warnings(_train(200, checkpointing_steps=1000)) == []
+    assert calibration_warnings(_train(200, checkpointing_steps=200)) == []  # the end's only
+
+
+@pytest.mark.parametrize("settings, work, said", [
+    (dict(checkpointing_steps=50), 200, "saved 4 checkpoints in its 200 steps"),
+    (dict(checkpointing_steps=60), 200, "saved 4 checkpoints in its 200 steps"),  # 60, 120, 180 and the end
+    (dict(validation_benchmark="toy:train", validation_steps=100), 200, "ran validation 2 time(s) in its 200 steps"),
+    (dict(num_validation_prompts=2, validation_steps=60), 200, "ran validation 4 time(s)"),  # 60, 120, 180, the end
+    (dict(validation_benchmark="toy:train"), 200, "ran validation 1 time(s)"),  # every 500: at the last step only
+    (dict(validation_benchmark="toy:train", validation_steps=100, checkpointing_steps=100), 200,
+     "ran validation 2 time(s) and saved 2 checkpoints"),
+])
+def test_validation_and_checkpoints_in_the_calibrations_training_are_warned_of(settings, work, said):
+    warnings = calibration_warnings(_train(work, **settings))
+    assert len(warnings) == 1 and said in warnings[0]
+    assert "Calibrate with validation off and --checkpointing_steps above --max_train_steps" in warnings[0]
+
+
+def test_a_resumed_training_counts_only_the_checkpoints_of_its_own_steps():
+    # Steps 151-200 of 200 (resumed at 150), a checkpoint every 100: 200 only.
+    stages = _train(50, max_train_steps=200, checkpointing_steps=100)
+    assert calibration_warnings(stages) == []
+
+
+def test_old_timings_and_compiled_calibrations_are_warned_of():
+    old = {"train": _entry("train", 100, 200, train_batch_size=2, gradient_accumulation_steps=1)}
+    assert "do not record its validation and checkpoint settings" in calibration_warnings(old)[0]
+    compiled = _train(200) | {"generate": _entry("generate", 10, 4, torch_compile="inductor")}
+    compiled["train"]["settings"]["torch_compile"] = "inductor"
+    assert calibration_warnings(compiled) == [
+        "the calibration's generate, train ran with --torch_compile: compiling falls in the first batch or step "
+        "and is scaled as work. Calibrate without --torch_compile"]
+
+
+def test_the_warnings_go_to_stderr_apart_from_the_table(tmp_path, capsys):
+    stages = _stages()
+    stages["train"]["settings"] |= dict(max_train_steps=100, checkpointing_steps=10, validation_steps=500,
+                                        validation_benchmark=None, num_validation_prompts=0, torch_compile="no")
+    (tmp_path / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    estimate_command(EstimateConfig(timings=[str(tmp_path)]))
+    captured = capsys.readouterr()
+    assert "warning: the calibration's training saved 10 checkpoints" in captured.err
+    assert "warning" not in captured.out
+
+
+def test_the_plan_says_where_each_value_comes_from_and_which_were_given():
+    stages = {"generate": _entry("generate", 10, 4, generation={"num_inference_steps": 30})}
+    text = format_plan(RunPlan(max_train_steps=3000), stages)
+    assert f"images_per_prompt = 90 ({GORS_RUN_SOURCES['images_per_prompt']})" in text
+    assert "max_train_steps = 3000 (given)" in text
+    assert "num_inference_steps = 50 (source unclear" in text
+    assert "the calibration sampled with 30 denoising steps; generation time is scaled by 50 / 30" in text
+
+
+def test_a_stage_that_did_no_work_says_what_to_rerun():
+    stages = _stages()
+    stages["train"]["work"] = 0  # estimate() called on entries no file check has seen
+    with pytest.raises(ValueError, match="the train timing did no work; rerun the calibration so that it does train "
+                                         "work"):
+        estimate(stages, RunPlan(), {})

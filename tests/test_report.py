@@ -1,0 +1,147 @@
+"""`gors report` on the folders runs really leave: rounds without logs, logs without curves, resumed
+runs' repeated steps, malformed files; and its PNGs written atomically, an earlier report's removed."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import gors.report
+from gors.report import load_scalars, report
+
+ROUNDS = {"settings": {}, "rounds": [
+    {"round": 0, "mean_reward": 0.5, "selected_fraction": 0.2, "mean_reward_selected": 0.8, "num_replayed": 0,
+     "last_step": 2},
+    {"round": 1, "mean_reward": 0.6, "selected_fraction": 0.0, "mean_reward_selected": None, "num_replayed": 3,
+     "last_step": 4}]}
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
+
+
+def _log(folder: Path, points: dict[str, list[tuple[int, float]]], walltime: float = 1000.0) -> None:
+    """TensorBoard scalars in a new event file under `folder/logs/gors`, at `walltime` (+ step) seconds."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(folder / "logs" / "gors"), filename_suffix=f".{walltime:.0f}") as writer:
+        for tag, series in points.items():
+            for step, value in series:
+                writer.add_scalar(tag, value, step, walltime=walltime + step)
+
+
+def _evaluation(folder: Path, value: float = 0.25) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "summary.json").write_text(json.dumps({"summaries": [
+        {"label": "toy:held_out", "primary_metric": "binding_accuracy", "binding_accuracy": value}]}))
+    return folder
+
+
+def test_a_rounds_run_without_logs_is_reported_from_its_rounds_json(tmp_path):
+    run = tmp_path / "run"  # `--rounds 2 --report_to none`: rounds.json, no TensorBoard logs
+    run.mkdir()
+    (run / "rounds.json").write_text(json.dumps(ROUNDS))
+    text = report([run], tmp_path / "report").read_text()
+    rows = _table_rows(text)
+    assert rows[0][:2] == ["round", "mean_reward"] and [row[1] for row in rows[2:]] == ["0.5000", "0.6000"]
+    assert (tmp_path / "report" / "rounds.png").stat().st_size > 0
+    assert "## Training" not in text
+
+
+@pytest.mark.parametrize("points", [
+    {"selected/reward_mean": [(0, 0.7)]},  # a run stopped at step 0: its selection logged, no loss yet
+    {"rounds/mean_reward": [(0, 0.5), (1, 0.6)]},  # a rounds run whose logs hold rounds/* only
+])
+def test_logs_without_a_loss_or_validation_curve_give_no_empty_plot(tmp_path, points):
+    run = tmp_path / "run"
+    _log(run, points)
+    (run / "rounds.json").write_text(json.dumps(ROUNDS))
+    text = report([run], tmp_path / "report").read_text()
+    assert "run: no training loss or validation metric in its logs" in text
+    assert "training_curves.png" not in text and not (tmp_path / "report" / "training_curves.png").exists()
+    assert (tmp_path / "report" / "rounds.png").is_file()
+
+
+def test_each_folders_rounds_are_read_once(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    _log(run, {"train/loss": [(2, 1.0), (4, 0.5)]})
+    (run / "rounds.json").write_text(json.dumps(ROUNDS))
+    calls = []
+    real = gors.report.round_rows
+    monkeypatch.setattr(gors.report, "round_rows", lambda *args: calls.append(args) or real(*args))
+    report([run], tmp_path / "report")
+    assert len(calls) == 1
+
+
+def _two_sources(tmp_path: Path) -> tuple[Path, Path]:
+    """An evaluation folder and a rounds run with a loss curve: a report of them writes all three PNGs."""
+    evaluation, run = _evaluation(tmp_path / "eval"), tmp_path / "run"
+    _log(run, {"train/loss": [(1, 1.0), (2, 0.5)]})
+    (run / "rounds.json").write_text(json.dumps(ROUNDS))
+    return evaluation, run
+
+
+def test_the_pngs_are_rendered_in_memory_and_written_atomically(tmp_path, monkeypatch):
+    evaluation, run = _two_sources(tmp_path)
+    out = tmp_path / "report"
+    written = []
+    real = gors.report.atomic_write_bytes
+    monkeypatch.setattr(gors.report, "atomic_write_bytes", lambda path, data: written.append(Path(path).name)
+                        or real(path, data))
+    report([evaluation, run], out)
+    # Through a temporary file and a rename: a report stopped while plotting never leaves a torn PNG.
+    assert sorted(written) == ["benchmarks.png", "report.md", "rounds.png", "training_curves.png"]
+    assert all((out / name).read_bytes().startswith(b"\x89PNG") for name in written if name.endswith(".png"))
+    assert sorted(p.name for p in out.iterdir()) == sorted(written)  # no temporary file left
+
+
+def test_an_earlier_reports_pngs_that_this_one_does_not_write_are_removed(tmp_path):
+    evaluation, run = _two_sources(tmp_path)
+    out = tmp_path / "report"
+    report([evaluation, run], out)
+    (out / "mine.png").write_bytes(b"a picture of the user's, not the report's")
+    report([evaluation], out)  # the same folder, evaluations only
+    assert sorted(p.name for p in out.iterdir()) == ["benchmarks.png", "mine.png", "report.md"]
+    assert "training_curves.png" not in (out / "report.md").read_text()
+
+
+def test_a_resumed_runs_repeated_steps_keep_the_latest_event(tmp_path):
+    run = tmp_path / "run"
+    _log(run, {"train/loss": [(1, 0.9), (2, 0.8), (3, 0.7)], "validation/toy:train/binding_accuracy": [(2, 0.1)]},
+         walltime=1000.0)
+    # Stopped after step 3 with its checkpoint at 1: the resumed run logs steps 2 and 3 again, later.
+    _log(run, {"train/loss": [(2, 0.4), (3, 0.3), (4, 0.2)], "validation/toy:train/binding_accuracy": [(2, 0.5)]},
+         walltime=2000.0)
+    scalars = load_scalars(run)
+    assert scalars["train/loss"] == [(1, pytest.approx(0.9)), (2, pytest.approx(0.4)), (3, pytest.approx(0.3)),
+                                     (4, pytest.approx(0.2))]
+    assert scalars["validation/toy:train/binding_accuracy"] == [(2, pytest.approx(0.5))]
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("summary.json", {"summaries": 3}, "is not a `gors evaluate` summary"),
+    ("summary.json", {"summaries": [{"label": "x"}]}, r"summaries\[0\] has no 'primary_metric'"),
+    ("summary.json", {"summaries": ["x"]}, r"summaries\[0\] has no 'label' or 'primary_metric'"),
+    ("summary.json", {"summaries": [{"label": "x", "primary_metric": "m", "m": "high"}]},
+     r"summaries\[0\] \(x\): its main metric 'm' is 'high', not a number"),
+    ("rounds.json", {"rounds": [{"round": 0}]},
+     r"rounds\[0\] lacks mean_reward, selected_fraction, mean_reward_selected, num_replayed, last_step"),
+    ("rounds.json", {"rounds": [ROUNDS["rounds"][0] | {"mean_reward": None}]},
+     r"rounds\[0\]: mean_reward=None is not a number"),
+    ("rounds.json", {"rounds": [3]}, r"rounds\[0\] lacks round, mean_reward"),
+])
+def test_a_malformed_summary_or_rounds_file_is_an_error_naming_it(tmp_path, name, content, message):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / name).write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(folder / name))}:? {message}"):
+        report([folder], tmp_path / "report")
+
+
+def test_a_folder_with_nothing_to_report_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="nor TensorBoard logs nor the rounds.json of a --rounds run"):
+        report([tmp_path / "empty"], tmp_path / "report")
