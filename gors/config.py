@@ -346,7 +346,9 @@ class TrainingFields:
     validation_prompts: list[str] | None = field(
         default=None, metadata={"help": "Prompts rendered with the current LoRA and logged every --validation_steps."}
     )
-    validation_steps: int = field(default=500, metadata={"help": "Run validation every N updates."})
+    validation_steps: int = field(
+        default=500, metadata={"help": "Run validation every N updates, and after the last one (with "
+                                        "--validation_benchmark and/or --validation_prompts)."})
     validation_benchmark: str | None = field(
         default=None,
         metadata={"help": "Benchmark run with the current LoRA every --validation_steps (any one of `gors evaluate "
@@ -356,7 +358,9 @@ class TrainingFields:
     validation_num_prompts: int = field(default=16, metadata={"help": "Validation prompts (spread over the benchmark)."})
     validation_images_per_prompt: int = field(default=1, metadata={"help": "Validation images per prompt."})
     validation_metric: str | None = field(
-        default=None, metadata={"help": "Summary key that picks the best checkpoint; default: the benchmark's main metric."}
+        default=None, metadata={"help": "Summary key that picks the best checkpoint (a metric the benchmark declares, "
+                                        "not a further column such as columns.B-CLIP); default: the benchmark's main "
+                                        "metric."}
     )
     validation_scorer_options: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "Keyword arguments of the validation scorer (JSON/YAML mapping)."}
@@ -383,6 +387,20 @@ class TrainingFields:
         _check(self.lr_scheduler != "polynomial" or min(self.learning_rate, self.text_encoder_learning_rate) > 1e-7,
                "--lr_scheduler=polynomial decays to 1e-7: give learning rates above it")
 
+    def _check_benchmark_validation_flags(self) -> None:
+        """Refuse flags of benchmark validation without `--validation_benchmark`: they would be taken and
+        do nothing (a value differing from its default counts as given)."""
+        if self.validation_benchmark is not None:
+            return
+        defaults = {f.name: f.default for f in fields(TrainingFields)}
+        given = [name for name in ("validation_metric", "validation_num_prompts", "validation_images_per_prompt")
+                 if getattr(self, name) != defaults[name]]
+        given += ["validation_scorer_options"] if self.validation_scorer_options else []
+        _check(not given, f"{', '.join(f'--{name}' for name in given)} without --validation_benchmark: "
+                          f"{'it sets' if len(given) == 1 else 'they set'} up benchmark validation, which is off. "
+                          "Name the benchmark (e.g. --validation_benchmark t2i_compbench:color), or drop "
+                          f"{'it' if len(given) == 1 else 'them'}")
+
     def _check_training(self) -> None:
         for flag in ("train_batch_size", "gradient_accumulation_steps", "max_train_steps", "rank", "checkpointing_steps",
                      "validation_steps"):
@@ -408,6 +426,7 @@ class TrainingFields:
         _check(self.validation_num_prompts >= 1 and self.validation_images_per_prompt >= 1,
                "--validation_num_prompts and --validation_images_per_prompt must be >= 1")
         self.validation_scorer_options = parse_mapping(self.validation_scorer_options, "--validation_scorer_options")
+        self._check_benchmark_validation_flags()
         if self.validation_benchmark is not None:
             from evaluators import parse_benchmarks
 

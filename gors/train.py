@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,14 @@ from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder,
 from gors.lora import LORA_WEIGHT_NAME, adapters_disabled, add_lora, load_lora, lora_parameters, save_lora
 from gors.select import load_selection, reward_statistics
 from gors.training_data import BatchSchedule, cached_latent_distributions, sharded_cache, text_cache_name
-from gors.validation import BenchmarkValidation
+from gors.validation import (
+    BEST_DIR,
+    VALIDATION_DIR,
+    BenchmarkValidation,
+    discard_validation_results,
+    preserved_rng,
+    training_identity,
+)
 
 
 def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:
@@ -147,9 +154,9 @@ class GORSTrainer:
         and RNG state unless `reset_optimizer`. A checkpoint of this folder (`--resume_from_checkpoint`)
         takes precedence. `validation_dir`: where `--validation_benchmark` keeps its results and the
         best LoRA instead of this folder (online GORS: the top folder, so that every round's LoRA
-        competes); given, the benchmark also validates the last step. `schedule_steps`: the length of
-        the LR schedule in optimizer updates (default `--max_train_steps`); online rounds pass the
-        whole run's, so that a decaying schedule runs once across the rounds."""
+        competes). `schedule_steps`: the length of the LR schedule in optimizer updates (default
+        `--max_train_steps`); online rounds pass the whole run's, so that a decaying schedule runs once
+        across the rounds."""
         backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
         check_trainable(backbone, config.pretrained_model_name_or_path)  # every check before any weights load
         generated = SampleStore(samples_dir(config.output_dir)).load_settings() or {}
@@ -422,12 +429,21 @@ class GORSTrainer:
         return save_lora(directory, self._bare_trained_modules(), self.backbone.pipeline_class,
                          self.family.peft_lora_names)
 
-    def _eval_modules(self) -> dict[torch.nn.Module, bool]:
-        """Every module in the forward pass, put in eval mode; returns their training flags to restore."""
+    @contextlib.contextmanager
+    def _validating(self) -> Iterator[None]:
+        """Validation's surroundings: every module in the forward pass in eval mode (no dropout) and the
+        global RNG streams saved, both restored on exit, and the VAE back on the CPU; so that validating
+        leaves the training exactly as it was."""
         modes = {module: module.training for module in (self.denoiser, *self.text_encoders.values())}
         for module in modes:
             module.eval()
-        return modes
+        try:
+            with preserved_rng(self.accelerator.device):
+                yield
+        finally:
+            self.vae.to("cpu")
+            for module, training in modes.items():
+                module.train(training)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         """Autocast to the mixed-precision dtype for a validation pipeline, as diffusers' scripts validate:
@@ -439,33 +455,30 @@ class GORSTrainer:
     @torch.no_grad()
     def validate_on_benchmark(self, step: int) -> dict:
         """`--validation_benchmark` with the current LoRA, on every process; see `gors.validation`."""
-        modes = self._eval_modules()
-        # Only generation autocasts: the benchmark's scorer runs in its own (official) dtype.
-        summary = self.validation.run(step, AutocastPipeline(self._pipeline(), self._autocast), self._save_lora)
-        self.vae.to("cpu")
-        for module, training in modes.items():
-            module.train(training)
-        return summary
+        with self._validating():
+            # Only generation autocasts: the benchmark's scorer runs in its own (official) dtype.
+            return self.validation.run(step, AutocastPipeline(self._pipeline(), self._autocast), self._save_lora)
 
     @torch.no_grad()
     def log_validation(self, step: int) -> list:
-        """Render `--validation_prompts` with the current LoRA (own generators: the training RNG is untouched)."""
+        """Render `--validation_prompts` with the current LoRA (own generators, and the training RNG and
+        modes restored: `_validating`)."""
         config = self.config
-        pipeline = self._pipeline()
         prompts = list(config.validation_prompts or [])
         # T5 families: the length trained on (`resolve_training` keeps it the pipeline's default).
         length = self.family.settings["max_sequence_length"]
-        with self._autocast():
-            images = pipeline(
-                prompt=prompts,
-                height=self.resolution,
-                width=self.resolution,
-                num_inference_steps=self.sampling_steps,
-                guidance_scale=self.family.settings["guidance_scale"],
-                generator=cpu_generators([config.seed + i for i in range(len(prompts))]),
-                **(self.backbone.call_kwargs | ({"max_sequence_length": length} if length is not None else {})),
-            ).images
-        self.vae.to("cpu")
+        with self._validating():
+            pipeline = self._pipeline()
+            with self._autocast():
+                images = pipeline(
+                    prompt=prompts,
+                    height=self.resolution,
+                    width=self.resolution,
+                    num_inference_steps=self.sampling_steps,
+                    guidance_scale=self.family.settings["guidance_scale"],
+                    generator=cpu_generators([config.seed + i for i in range(len(prompts))]),
+                    **(self.backbone.call_kwargs | ({"max_sequence_length": length} if length is not None else {})),
+                ).images
         writer = self._tensorboard()
         if writer is not None:
             writer.add_images("validation", np.stack([np.asarray(im) for im in images]), step, dataformats="NHWC")
@@ -508,8 +521,7 @@ class GORSTrainer:
         elif self.continue_from is not None:
             global_step = self._continue(self.continue_from)
 
-        if self.validation is not None:
-            self.validation.start(resumed=global_step > 0)
+        self._start_validation(global_step)
         if accelerator.is_main_process:
             tracker_config = {k: v for k, v in asdict(config).items() if isinstance(v, (int, float, str, bool))}
             accelerator.init_trackers("gors", config=tracker_config)
@@ -552,8 +564,8 @@ class GORSTrainer:
 
             if global_step % config.checkpointing_steps == 0 or global_step == config.max_train_steps:
                 self.save_checkpoint(global_step)
-            last = global_step == config.max_train_steps and self.validation_dir is not None
-            if global_step % config.validation_steps == 0 or last:
+            # The last step too: the final LoRA is a best/ candidate even off the --validation_steps grid.
+            if global_step % config.validation_steps == 0 or global_step == config.max_train_steps:
                 if config.validation_prompts and accelerator.is_main_process:
                     self.log_validation(global_step)
                 if self.validation is not None:
@@ -573,6 +585,19 @@ class GORSTrainer:
         for hook in self._hooks:
             hook.remove()
         return self.output_dir / LORA_WEIGHT_NAME
+
+    def _start_validation(self, step: int) -> None:
+        """Set up `--validation_benchmark` for a run at `step` (see `BenchmarkValidation.start`). Without it,
+        a fresh start (step 0) still discards the folder's earlier validation results: a later resume of
+        this training with validation on must not find another training's best LoRA there."""
+        folder = self.validation_dir or self.output_dir
+        if self.validation is not None:
+            # Online rounds (`validation_dir`) train one LoRA on one selection per round: one training.
+            self.validation.start(step, training_identity(self.fingerprint, with_selection=self.validation_dir is None))
+        elif step == 0:
+            if self.accelerator.is_main_process:
+                discard_validation_results(folder)
+            self.accelerator.wait_for_everyone()
 
     def prepare(self) -> None:
         """`accelerator.prepare` the trained modules, the optimizer and the LR scheduler, in place."""
@@ -615,6 +640,17 @@ class GORSTrainer:
         accelerator.print(f"[train] continuing from {checkpoint} at step {step} ({state})")
         return step
 
+    def _set_aside_validation_results(self, aside: Path) -> list[str]:
+        """Move the run folder's `best/` and `validation/` into `aside`, where another training's checkpoints
+        were just set aside: they are that training's, kept as its checkpoints are. Returns the names moved.
+        (Online rounds keep them in the top folder, for the whole run: not moved.)"""
+        moved = []
+        for name in (BEST_DIR, VALIDATION_DIR):
+            if self.validation_dir is None and (self.output_dir / name).is_dir():
+                (self.output_dir / name).rename(aside / name)
+                moved.append(name)
+        return moved
+
     def _checkpoint_to_resume(self) -> Path | None:
         """The checkpoint to go on from, checked against this run: the one `--resume_from_checkpoint`
         names, or, without the flag, the newest of this same training (`own_checkpoint`, after
@@ -625,8 +661,10 @@ class GORSTrainer:
             if accelerator.is_main_process:
                 moved = set_aside_other_trainings(config.output_dir, self.fingerprint)
                 if moved is not None:
+                    kept = self._set_aside_validation_results(moved[0])
                     accelerator.print(f"[train] {CHECKPOINTS_DIR}/ held checkpoints of a training with other settings "
-                                      f"({'; '.join(moved[1])}): moved to {moved[0]}")
+                                      f"({'; '.join(moved[1])}): moved to {moved[0]}"
+                                      + (f", with its {' and '.join(kept)}/" if kept else ""))
             accelerator.wait_for_everyone()
             checkpoint = own_checkpoint(config.output_dir, self.fingerprint, config.max_train_steps)
             if checkpoint is not None:

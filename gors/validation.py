@@ -1,14 +1,21 @@
 """Benchmark validation during training: metrics of the current LoRA, and the best LoRA kept.
 
-Every `--validation_steps` the trainer hands the in-memory pipeline to `BenchmarkValidation.run`:
-the benchmark generates its (few) validation images on every process (sharded), scores them,
-logs every numeric summary value and an image grid, and saves the LoRA to `<output_dir>/best`
-when `--validation_metric` improves. The training RNG streams are saved and restored around it,
+Every `--validation_steps`, and at the last step, the trainer hands the in-memory pipeline to
+`BenchmarkValidation.run`: the benchmark generates its (few) validation images on every process
+(sharded), scores them, logs every metric it declares and an image grid, and saves the LoRA to
+`<output_dir>/best` when `--validation_metric` improves. The training RNG streams are saved and restored around it,
 so a run with validation trains exactly as one without.
+
+`best/best.json` records whose best it is: the training (`training_identity` of its checkpoint
+fingerprint) and the validation settings (benchmark, metric, prompts, images, scorer options). A
+resumed run competes only with a record of its own training and settings; a run that starts at
+step 0 discards the folder's `best/` and `validation/` (`discard_validation_results`), and a resumed
+one the validation steps after its checkpoint, which a killed run left.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -34,6 +41,10 @@ if TYPE_CHECKING:
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
+VALIDATION_DIR = "validation"
+_STEP_FOLDER = "step-"
+# The summary key under which a benchmark reports its further columns (`Metric.key` "columns.B-CLIP").
+_COLUMNS = "columns"
 
 
 @contextmanager
@@ -53,6 +64,49 @@ def preserved_rng(device: torch.device) -> Iterator[None]:
 
 def is_better(value: float, best: float | None, higher_is_better: bool) -> bool:
     return best is None or (value > best if higher_is_better else value < best)
+
+
+def training_identity(fingerprint: dict[str, Any], with_selection: bool = True) -> str:
+    """A hash (16 hex digits) of a training's checkpoint fingerprint (`gors.checkpoints.training_fingerprint`):
+    which training a best LoRA belongs to. `with_selection=False` leaves the selection out, for online
+    rounds: one LoRA trained on one selection per round, whose rounds' fingerprints differ only there."""
+    kept = {key: value for key, value in fingerprint.items() if with_selection or not key.startswith("selection_")}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def discard_folder(folder: Path) -> None:
+    """Delete `folder`, and the copy of it that an interrupted `publish_folder` left aside (`.<name>.old`,
+    which `recover_folder` would put back). Each is renamed to `.<name>.discarded` before it is deleted:
+    a kill leaves the folder whole or gone, never half deleted (the next discard deletes the rest)."""
+    trash = folder.with_name(f".{folder.name}.discarded")
+    shutil.rmtree(trash, ignore_errors=True)
+    for path in (folder.with_name(f".{folder.name}.old"), folder):
+        if path.exists():
+            path.rename(trash)
+            shutil.rmtree(trash)
+
+
+def discard_validation_results(folder: Path) -> None:
+    """Discard the validation results in `folder` (a run folder, or the top folder of online rounds):
+    `best/` (and its staging folder) and `validation/`. A training that starts at step 0 calls this, with
+    validation on or off, so that no earlier training's best LoRA or step results pass for its own."""
+    shutil.rmtree(folder / f".{BEST_DIR}.tmp", ignore_errors=True)
+    discard_folder(folder / BEST_DIR)
+    discard_folder(folder / VALIDATION_DIR)
+
+
+def discard_steps_after(folder: Path, step: int) -> list[int]:
+    """Discard `folder/validation/step-*` after `step`, the step a run resumes at: a killed run left them,
+    and the resumed LoRA must be validated there anew, not credited with the killed one's results.
+    Returns the steps discarded."""
+    discarded = []
+    root = folder / VALIDATION_DIR
+    for path in sorted(root.glob(f"{_STEP_FOLDER}*")) if root.is_dir() else []:
+        number = path.name[len(_STEP_FOLDER):]
+        if number.isdigit() and int(number) > step:
+            discard_folder(path)
+            discarded.append(int(number))
+    return discarded
 
 
 def image_grid(paths: list[Path], columns: int = 8, side: int = 128) -> np.ndarray:
@@ -79,10 +133,16 @@ class ValidationTarget:
     higher_is_better: bool
 
 
+def _is_column(key: str) -> bool:
+    """Whether summary key `key` is a further column's (e.g. T2I-CompBench's "columns.B-CLIP")."""
+    return key.partition(".")[0] == _COLUMNS
+
+
 def validation_target(config: TrainConfig | RunConfig) -> ValidationTarget:
     """The benchmark, metric and scorer options of `--validation_*`, checked: a metric the benchmark
-    does not declare, or a scorer option its scorer does not take, is a ValueError before any weights
-    load (`gors run` calls this before generating, the trainer before training)."""
+    does not declare or validation does not compute (a further column), or a scorer option its scorer
+    does not take, is a ValueError before any weights load (`gors run` calls this before generating,
+    the trainer before training)."""
     from evaluators import benchmark_label, build_benchmark, parse_benchmarks
 
     name, subset = parse_benchmarks(config.validation_benchmark)[0]
@@ -90,12 +150,21 @@ def validation_target(config: TrainConfig | RunConfig) -> ValidationTarget:
                                 images_per_prompt=config.validation_images_per_prompt)
     label = benchmark_label(name, subset)
     metric = config.validation_metric or benchmark.primary_metric
+    choices = ", ".join(declared.key for declared in benchmark.metrics if not _is_column(declared.key))
+    if _is_column(metric):
+        # Validation scores with the benchmark's main scorer only: a column's model would load beside the
+        # one being trained, every --validation_steps.
+        column = metric.partition(".")[2]
+        optional = f" --columns {column}" if column in benchmark.optional_columns() else ""
+        raise ValueError(f"--validation_metric={metric!r} is a further column of {label}, which validation during "
+                         f"training does not compute; choose one of {choices} (and score the column afterwards: "
+                         f"`gors evaluate --lora <output_dir>/best --benchmarks {config.validation_benchmark}"
+                         f"{optional}`)")
     try:
         higher_is_better = benchmark.declared_metric(metric).higher_is_better
     except KeyError:
-        declared = ", ".join(declared.key for declared in benchmark.metrics)
         raise ValueError(f"--validation_metric={metric!r} is not a metric of {label}; choose one of "
-                         f"{declared}") from None
+                         f"{choices}") from None
     benchmark.check_scorer_options(label, config.validation_scorer_options, with_columns=False,
                                    flag="--validation_scorer_options")
     return ValidationTarget(benchmark, label, metric, higher_is_better)
@@ -108,37 +177,56 @@ class BenchmarkValidation:
                  output_dir: Path | None = None) -> None:
         """`backbone`: the family of the model being trained, whose sampling the benchmark takes where it
         fixes none for it (None: Stable Diffusion 1/2). `output_dir`: where `validation/` and `best/`
-        go (default: the run folder)."""
+        go (default: the run folder). Only checks: the folder is read by `start`."""
         target = validation_target(config)
         self.benchmark, self.label = target.benchmark, target.label
         self.metric, self.higher_is_better = target.metric, target.higher_is_better
         self.options = config.validation_scorer_options
+        # What makes two validations' values comparable; a best LoRA is kept only against its like.
+        self.settings: dict[str, Any] = json.loads(json.dumps({
+            "benchmark": self.label, "metric": self.metric, "num_prompts": config.validation_num_prompts,
+            "images_per_prompt": config.validation_images_per_prompt, "scorer_options": self.options,
+        }, sort_keys=True))
         self.accelerator = accelerator
         self.backbone = backbone
         self.output_dir = Path(output_dir or config.output_dir)
         self._scorer = None
-        if accelerator.is_main_process:
-            recover_folder(self.output_dir / BEST_DIR)
-        best_file = self.output_dir / BEST_DIR / BEST_FILE
-        best = json.loads(best_file.read_text()) if best_file.is_file() else None
-        # A best LoRA of another benchmark or metric (an earlier run in this folder) does not compete.
-        same = best is not None and (best.get("benchmark"), best.get("metric")) == (self.label, self.metric)
-        self.best: dict[str, Any] | None = best if same else None
+        self.training: str | None = None
+        self.best: dict[str, Any] | None = None
 
-    def start(self, resumed: bool) -> None:
-        """A run that starts at step 0 drops an earlier run's validation results in this folder,
-        which would otherwise be resumed as if they were this run's (a resumed run keeps them)."""
-        if resumed:
-            return
-        self.best = None
-        if self.accelerator.is_main_process:
-            shutil.rmtree(self.output_dir / "validation", ignore_errors=True)
-        self.accelerator.wait_for_everyone()
+    def start(self, step: int, training: str) -> None:
+        """Set up for a run at `step` (0: a fresh start; more: resumed or continued there) of the training
+        `training` (`training_identity`), on every process. A fresh start discards the folder's
+        validation results (`discard_validation_results`); a resumed run discards those after `step`
+        (`discard_steps_after`) and competes with the recorded best LoRA only when it is of this training
+        and these validation settings: another's value does not compare, and the first validation
+        replaces it."""
+        accelerator = self.accelerator
+        self.training = training
+        if accelerator.is_main_process:
+            if step == 0:
+                discard_validation_results(self.output_dir)
+            else:
+                recover_folder(self.output_dir / BEST_DIR)
+                discarded = discard_steps_after(self.output_dir, step)
+                if discarded:
+                    accelerator.print(f"[validation] discarded the results of steps {discarded}, after step {step}: "
+                                      "a killed run's, of a LoRA this run trains again")
+        accelerator.wait_for_everyone()
+        best_file = self.output_dir / BEST_DIR / BEST_FILE
+        best = json.loads(best_file.read_text()) if step > 0 and best_file.is_file() else None
+        if best is not None and (best.get("training"), best.get("validation")) != (training, self.settings):
+            accelerator.print(f"[validation] {best_file} is of another training or other validation settings: "
+                              "this run's first validation replaces it")
+            best = None
+        self.best = best
 
     def run(self, step: int, pipeline: Any, save_lora: Callable[[Path], Any]) -> dict[str, Any]:
         """Validate the pipeline at `step`; returns the benchmark summary (all processes call this)."""
+        if self.training is None:
+            raise RuntimeError("BenchmarkValidation.run before start(): call start(step, training) first")
         accelerator = self.accelerator
-        folder = self.output_dir / "validation" / f"step-{step:06d}"
+        folder = self.output_dir / VALIDATION_DIR / f"{_STEP_FOLDER}{step:06d}"
         with preserved_rng(accelerator.device):
             if self._scorer is None:
                 self._scorer = self.benchmark.make_scorer(accelerator, self.options)
@@ -151,9 +239,7 @@ class BenchmarkValidation:
             raise ValueError(f"--validation_metric={self.metric!r} is undefined on these {self.label} validation "
                              "prompts; raise --validation_num_prompts or choose another metric")
         value = float(value)
-        logs = {f"validation/{self.label}/{k}": v for k, v in summary.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        accelerator.log(logs, step=step)
+        accelerator.log(self.metric_logs(summary), step=step)
         if accelerator.is_main_process:
             self._log_images(folder, step)
             if is_better(value, self.best and self.best["value"], self.higher_is_better):
@@ -161,7 +247,8 @@ class BenchmarkValidation:
                 staging = self.output_dir / f".{BEST_DIR}.tmp"
                 shutil.rmtree(staging, ignore_errors=True)
                 save_lora(staging)
-                self.best = {"step": step, "benchmark": self.label, "metric": self.metric, "value": value}
+                self.best = {"step": step, "benchmark": self.label, "metric": self.metric, "value": value,
+                             "training": self.training, "validation": self.settings}
                 atomic_write_json(staging / BEST_FILE, self.best)
                 publish_folder(staging, self.output_dir / BEST_DIR)
                 accelerator.print(f"[validation] step {step}: {self.metric} {value:.4f}, the best so far")
@@ -170,6 +257,16 @@ class BenchmarkValidation:
                                   f"(best {self.best['value']:.4f} at step {self.best['step']})")
         accelerator.wait_for_everyone()
         return summary
+
+    def metric_logs(self, summary: dict[str, Any]) -> dict[str, float]:
+        """Every metric the benchmark declares that `summary` holds a number for (nested ones such as
+        `binding_errors.exchanged` too; counts such as `num_images` are no metric), by tracker tag."""
+        logs = {}
+        for declared in self.benchmark.metrics:
+            value = metric_value(summary, declared.key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                logs[f"validation/{self.label}/{declared.key}"] = float(value)
+        return logs
 
     def _log_images(self, folder: Path, step: int) -> None:
         writers = [tracker.writer for tracker in self.accelerator.trackers if tracker.name == "tensorboard"]

@@ -232,7 +232,8 @@ def test_mapping_options_are_dicts_from_flags_and_yaml(tmp_path):
     from gors.config import EvaluateConfig
 
     assert parse_config(RunConfig, []).reward_options == {}
-    config = parse_config(RunConfig, ["--validation_scorer_options", "{checks: all}"])
+    config = parse_config(RunConfig, ["--validation_benchmark", "toy:train", "--validation_scorer_options",
+                                      "{checks: all}"])
     assert config.validation_scorer_options == {"checks": "all"}
     config_file = tmp_path / "evaluate.yaml"
     config_file.write_text("scorer_options:\n  geneval:\n    model_name_or_path: x\n")

@@ -269,7 +269,10 @@ def test_benchmark_validation_logs_keeps_the_best_and_leaves_training_unchanged(
     assert best["benchmark"] == "toy:train" and best["metric"] == "binding_accuracy" and best["step"] in (1, 2)
     assert (validated_dir / "best" / "pytorch_lora_weights.safetensors").is_file()
     events = list((validated_dir / "logs").rglob("events.out.tfevents.*"))
-    assert events and any(b"validation/toy:train/binding_accuracy" in e.read_bytes() for e in events)
+    logged = b"".join(e.read_bytes() for e in events)
+    # Every declared metric, nested ones too; counts are no metric.
+    assert b"validation/toy:train/binding_accuracy" in logged and b"validation/toy:train/binding_errors." in logged
+    assert b"validation/toy:train/num_images" not in logged
     # Validation samples and scores with its own generators and restores the RNG: same training.
     plain = load_file(plain_dir / "pytorch_lora_weights.safetensors")
     validated = load_file(validated_dir / "pytorch_lora_weights.safetensors")
@@ -310,17 +313,17 @@ def test_the_best_lora_is_the_best_value_by_the_metrics_direction_and_survives_a
     from gors.validation import BenchmarkValidation
 
     def validate(metric, values, resumed=False):
-        """Validate at steps 1, 2, ... with the benchmark's summaries giving `values`; the saved LoRA
-        file holds its step."""
+        """Validate at steps 1, 2, ... (resumed: after the recorded best's step) with the benchmark's
+        summaries giving `values`; the saved LoRA file holds its step."""
         config = make_run_config(output_dir=str(tmp_path), validation_benchmark="toy:train", validation_metric=metric)
         validation = BenchmarkValidation(config, make_accelerator())
-        validation.start(resumed=resumed)
+        resumed_at = json.loads((tmp_path / "best" / "best.json").read_text())["step"] if resumed else 0
+        validation.start(resumed_at, training="one training")
         validation._scorer = object()  # the stubbed benchmark scores nothing
         key, _, sub = metric.partition(".")
         summaries = iter([{key: {sub: v}} if sub else {key: v} for v in values])
         monkeypatch.setattr(validation.benchmark, "evaluate", lambda *args, **kwargs: next(summaries))
-        first = 1 + (json.loads((tmp_path / "best" / "best.json").read_text())["step"] if resumed else 0)
-        for step in range(first, first + len(values)):
+        for step in range(resumed_at + 1, resumed_at + 1 + len(values)):
             validation.run(step, None, lambda folder, step=step: (folder.mkdir(parents=True, exist_ok=True),
                                                                   (folder / "lora").write_text(str(step))))
         return json.loads((tmp_path / "best" / "best.json").read_text()), (tmp_path / "best" / "lora").read_text()

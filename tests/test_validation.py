@@ -1,0 +1,241 @@
+"""Validation during training (`gors.validation`): whose best LoRA `best/` holds, what killed and
+earlier trainings leave behind, the metrics logged, the flags refused, and validation leaving the
+training exactly as it was."""
+
+import json
+import random
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from gors.core.distributed import make_accelerator, reset_process_state
+from gors.core.io import recover_folder
+from gors.lora import LORA_WEIGHT_NAME
+from gors.train import GORSTrainer, train
+from gors.validation import BenchmarkValidation, discard_validation_results, training_identity, validation_target
+
+
+def _copy_run(selected_run, destination: Path) -> Path:
+    for name in ("samples", "scores", "selection.jsonl"):
+        source = f"{selected_run.output_dir}/{name}"
+        (shutil.copytree if name != "selection.jsonl" else shutil.copy)(source, destination / name)
+    return destination
+
+
+def _best(folder: Path) -> dict:
+    return json.loads((folder / "best" / "best.json").read_text())
+
+
+def _summary(folder: Path, step: int) -> dict:
+    return json.loads((folder / "validation" / f"step-{step:06d}" / "summary.json").read_text())
+
+
+def _stubbed(make_run_config, folder: Path, monkeypatch, values: list[float], **overrides) -> BenchmarkValidation:
+    """toy:train validation in `folder` whose benchmark 'scores' `values` (binding_accuracy) in turn."""
+    config = make_run_config(output_dir=str(folder), validation_benchmark="toy:train", **overrides)
+    validation = BenchmarkValidation(config, make_accelerator())
+    validation._scorer = object()  # the stubbed benchmark scores nothing
+    summaries = iter([{"binding_accuracy": v} for v in values])
+    monkeypatch.setattr(validation.benchmark, "evaluate", lambda *args, **kwargs: next(summaries))
+    return validation
+
+
+def _validate(validation: BenchmarkValidation, steps: range) -> None:
+    """Run `validation` at `steps`; the LoRA it saves is a file holding its step."""
+    for step in steps:
+        validation.run(step, None, lambda folder, step=step: (folder.mkdir(parents=True, exist_ok=True),
+                                                              (folder / "lora").write_text(str(step))))
+
+
+def test_a_resumed_run_competes_only_with_the_best_of_its_own_training_and_validation_settings(
+        make_run_config, tmp_path, monkeypatch):
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.9, 0.5])
+    validation.start(0, training="A")
+    _validate(validation, range(1, 3))
+    assert (_best(tmp_path)["step"], _best(tmp_path)["training"]) == (1, "A")
+    # Training B resumed at step 2 (best/ is A's, as it was before a fresh start discarded it): A's 0.9 does
+    # not compare, B's first value replaces it, however low.
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.1])
+    validation.start(2, training="B")
+    _validate(validation, range(3, 4))
+    assert (_best(tmp_path)["step"], _best(tmp_path)["value"], (tmp_path / "best" / "lora").read_text()) == (
+        3, 0.1, "3")
+    # B resumed with other validation prompts: values on other prompts do not compare either.
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.05], validation_num_prompts=8)
+    validation.start(3, training="B")
+    _validate(validation, range(4, 5))
+    assert (_best(tmp_path)["step"], _best(tmp_path)["validation"]["num_prompts"]) == (4, 8)
+    # B resumed with the same settings competes with its best: 0.01 is no better than 0.05.
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.01], validation_num_prompts=8)
+    validation.start(4, training="B")
+    _validate(validation, range(5, 6))
+    assert _best(tmp_path)["step"] == 4 and (tmp_path / "best" / "lora").read_text() == "4"
+
+
+def test_online_rounds_are_one_training_across_their_selections():
+    # Round r continues round r-1's checkpoint on its own selection (the rest of the fingerprint must match):
+    # their best LoRAs compete. A single training's identity includes its selection.
+    round_0 = {"selection_rows": 6, "selection_sha256": "aaa", "rank": 4, "learning_rate": 1e-4}
+    round_1 = round_0 | {"selection_rows": 5, "selection_sha256": "bbb"}
+    assert training_identity(round_0, with_selection=False) == training_identity(round_1, with_selection=False)
+    assert training_identity(round_0) != training_identity(round_1)
+    assert training_identity(round_0, False) != training_identity(round_0 | {"rank": 8}, False)
+
+
+def test_discarding_validation_results_leaves_nothing_half_deleted_or_to_put_back(tmp_path, monkeypatch):
+    for folder in ("best", ".best.old", ".best.tmp", "validation/step-000001/samples"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "file").write_text(folder)
+    real_rmtree = shutil.rmtree
+
+    def killed_while_deleting(path, ignore_errors=False):
+        if not ignore_errors:
+            raise KeyboardInterrupt
+        real_rmtree(path, ignore_errors=True)
+
+    monkeypatch.setattr(shutil, "rmtree", killed_while_deleting)
+    with pytest.raises(KeyboardInterrupt):
+        discard_validation_results(tmp_path)
+    monkeypatch.undo()
+    # Killed while deleting the copy a kill mid-publish left aside: best/ is whole, the copy will not come back.
+    assert (tmp_path / "best" / "file").read_text() == "best" and not (tmp_path / ".best.old").exists()
+    discard_validation_results(tmp_path)
+    recover_folder(tmp_path / "best")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_fresh_training_sets_an_earlier_trainings_best_lora_aside_with_validation_on_or_off(
+        selected_run, make_run_config, tmp_path):
+    run = _copy_run(selected_run, tmp_path / "run")
+    common = dict(output_dir=str(run), validation_num_prompts=2, report_to="none")
+    validated = dict(common, validation_benchmark="toy:train")
+    train(make_run_config(**validated, max_train_steps=2, checkpointing_steps=2, validation_steps=1))
+    reset_process_state()
+    assert (run / "best").is_dir()
+    a_best = load_file(run / "best" / LORA_WEIGHT_NAME)
+    # Training B (another learning rate) starts at step 0 without validation, and is stopped after step 1.
+    train(make_run_config(output_dir=str(run), report_to="none", learning_rate=1e-2, max_train_steps=1,
+                          checkpointing_steps=1))
+    reset_process_state()
+    assert not (run / "best").exists() and not (run / "validation").exists()
+    # A's best LoRA and validation results are kept with its checkpoints, not deleted.
+    aside = run / "checkpoints.previous-1"
+    assert (aside / "checkpoint-2").is_dir() and (aside / "validation" / "step-000001").is_dir()
+    kept = load_file(aside / "best" / LORA_WEIGHT_NAME)
+    assert kept.keys() == a_best.keys() and all(torch.equal(kept[k], a_best[k]) for k in kept)
+    # B resumed with validation: best/ is B's LoRA at step 2, its last.
+    train(make_run_config(**validated, learning_rate=1e-2, max_train_steps=2, checkpointing_steps=1,
+                          validation_steps=2))
+    reset_process_state()
+    assert _best(run)["step"] == 2
+    best, final = load_file(run / "best" / LORA_WEIGHT_NAME), load_file(run / LORA_WEIGHT_NAME)
+    assert best.keys() == final.keys() and all(torch.equal(best[k], final[k]) for k in best)
+
+
+@pytest.mark.parametrize("num_prompts", [2, 3], ids=["same_settings", "other_num_prompts"])
+def test_a_resumed_run_validates_again_the_steps_a_killed_run_validated_after_its_checkpoint(
+        selected_run, make_run_config, tmp_path, num_prompts):
+    run = _copy_run(selected_run, tmp_path / "run")
+    common = dict(output_dir=str(run), validation_benchmark="toy:train", validation_steps=1, checkpointing_steps=2,
+                  report_to="none")
+    train(make_run_config(**common, max_train_steps=3, validation_num_prompts=2))
+    reset_process_state()
+    # As if killed after step 3's validation, before its checkpoint: a rerun resumes at step 2.
+    shutil.rmtree(run / "checkpoints" / "checkpoint-3")
+    (run / "validation" / "step-000003" / "killed_runs").write_text("")
+    train(make_run_config(**common, max_train_steps=4, validation_num_prompts=num_prompts))
+    reset_process_state()
+    assert not (run / "validation" / "step-000003" / "killed_runs").exists()
+    assert [_summary(run, step)["num_prompts"] for step in (1, 2, 3, 4)] == [2, 2, num_prompts, num_prompts]
+    assert _best(run)["validation"]["num_prompts"] == num_prompts
+    if num_prompts != 2:  # another validation: the best of the steps before does not compare
+        assert _best(run)["step"] in (3, 4)
+
+
+def test_the_last_step_is_validated_off_the_validation_steps_grid(selected_run, make_run_config, tmp_path):
+    run = _copy_run(selected_run, tmp_path / "run")
+    trainer = GORSTrainer(make_run_config(output_dir=str(run), max_train_steps=3, checkpointing_steps=3,
+                                          validation_steps=2, validation_benchmark="toy:train",
+                                          validation_num_prompts=2, validation_prompts=["a red circle"],
+                                          report_to="none"))
+    rendered = []
+    log_validation = trainer.log_validation
+    trainer.log_validation = lambda step: rendered.append(step) or log_validation(step)
+    trainer.train()
+    reset_process_state()
+    assert sorted(p.name for p in (run / "validation").iterdir()) == ["step-000002", "step-000003"]
+    assert rendered == [2, 3] and _best(run)["step"] in (2, 3)
+
+
+def test_validation_logs_every_declared_metric_nested_ones_too_and_no_counts(make_run_config, tmp_path,
+                                                                             monkeypatch):
+    config = make_run_config(output_dir=str(tmp_path), validation_benchmark="toy:train",
+                             validation_metric="binding_errors.exchanged")
+    validation = BenchmarkValidation(config, make_accelerator())
+    validation.start(0, training="A")
+    validation._scorer = object()
+    summary = {"binding_accuracy": 0.5, "binding_errors": {"exchanged": 0.25, "missing": 0.0},
+               "relation_accuracy": None, "num_images": 2, "num_prompts": 2, "higher_is_better": True}
+    monkeypatch.setattr(validation.benchmark, "evaluate", lambda *args, **kwargs: summary)
+    logged = []
+    monkeypatch.setattr(validation.accelerator, "log", lambda values, step: logged.append(values))
+    _validate(validation, range(1, 2))
+    assert logged == [{"validation/toy:train/binding_accuracy": 0.5,
+                       "validation/toy:train/binding_errors.exchanged": 0.25,
+                       "validation/toy:train/binding_errors.missing": 0.0}]
+
+
+def test_a_column_metric_is_refused_before_any_weights_load(make_run_config, tmp_path):
+    # Validation scores with the main scorer only: a column (T2I-CompBench's B-CLIP) would never be computed.
+    config = make_run_config(output_dir=str(tmp_path), pretrained_model_name_or_path=str(tmp_path / "no model"),
+                             validation_benchmark="t2i_compbench:color", validation_metric="columns.B-CLIP")
+    with pytest.raises(ValueError, match=r"--validation_metric='columns.B-CLIP' is a further column of "
+                                         r"t2i_compbench:color, which validation during training does not compute; "
+                                         r"choose one of score \(and score the column afterwards: `gors evaluate"):
+        validation_target(config)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (dict(validation_metric="binding_accuracy"), "--validation_metric"),
+    (dict(validation_num_prompts=4), "--validation_num_prompts"),
+    (dict(validation_images_per_prompt=2), "--validation_images_per_prompt"),
+    (dict(validation_scorer_options={"threshold": 0.5}), "--validation_scorer_options"),
+    (dict(validation_metric="binding_accuracy", validation_num_prompts=4),
+     "--validation_metric, --validation_num_prompts"),
+], ids=["metric", "num_prompts", "images_per_prompt", "scorer_options", "two"])
+def test_benchmark_validation_flags_without_a_benchmark_are_refused(make_run_config, flags, named):
+    with pytest.raises(ValueError, match=rf"^{named} without --validation_benchmark: .* Name the benchmark "
+                                         r"\(e\.g\. --validation_benchmark t2i_compbench:color\), or drop"):
+        make_run_config(**flags)
+    make_run_config(**flags, validation_benchmark="toy:train")  # with one, they are taken
+
+
+def test_rendering_the_validation_prompts_runs_in_eval_mode_and_leaves_the_rngs_as_they_were(
+        selected_run, make_run_config, tmp_path, monkeypatch):
+    run = _copy_run(selected_run, tmp_path / "run")
+    trainer = GORSTrainer(make_run_config(output_dir=str(run), validation_prompts=["a red circle", "a green triangle"],
+                                          report_to="none"))
+    trainer._setup_models()
+    modules = [trainer.denoiser, *trainer.text_encoders.values()]
+    for module in modules:
+        module.train()
+    modes_while_rendering = []
+
+    def pipeline(prompt, **kwargs):
+        modes_while_rendering.extend(module.training for module in modules)
+        torch.rand(1), random.random(), np.random.rand()  # e.g. dropout, or a sampler drawing from the global RNG
+        return SimpleNamespace(images=[Image.new("RGB", (32, 32))] * len(prompt))
+
+    monkeypatch.setattr(trainer, "_pipeline", lambda: pipeline)
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    assert len(trainer.log_validation(1)) == 2
+    assert modes_while_rendering and not any(modes_while_rendering)
+    assert all(module.training for module in modules)
+    assert torch.equal(torch.get_rng_state(), states[0]) and random.getstate() == states[1]
+    assert np.array_equal(np.random.get_state()[1], states[2])
