@@ -27,7 +27,7 @@ import yaml
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
-from gors.config import SelectConfig, TrainConfig
+from gors.config import SelectConfig, TrainConfig, load_yaml
 from gors.core.data import ChecksumError, DownloadError
 from gors.core.hub import ModelLoadError
 from gors.core.io import PathError
@@ -115,7 +115,7 @@ def _config_file(argv: Sequence[str]) -> str | None:
 def _read_yaml(path: str, cls: type) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
-            values = yaml.safe_load(handle) or {}
+            values = load_yaml(handle) or {}
     except FileNotFoundError:
         raise SystemExit(f"--config {path}: no such file") from None
     except (IsADirectoryError, PermissionError) as err:

@@ -13,9 +13,10 @@ recipes take every stage's flags, and each stage function accepts it as it reads
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -51,13 +52,28 @@ def _check_torch_compile(value: str) -> None:
                f"--torch_compile={value!r} is not a torch.compile backend; use 'no' or one of {', '.join(backends)}")
 
 
+class _NumberLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading `1e-4` as the number JSON and YAML 1.2 read (YAML 1.1, PyYAML's,
+    reads a float without a dot as text)."""
+
+
+_NumberLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str | IO[str]) -> Any:
+    """YAML (or JSON) text as Python values, `1e-4` a number wherever it stands (see `_NumberLoader`)."""
+    return yaml.load(text, Loader=_NumberLoader)  # noqa: S506 (a SafeLoader)
+
+
 def parse_mapping(value: Mapping[str, Any] | str | None, flag: str) -> dict[str, Any]:
     """A mapping option: JSON/YAML text (the command line) or a mapping (a YAML config file, Python)."""
     if value is None:
         return {}
     if isinstance(value, str):
         try:
-            value = yaml.safe_load(value)
+            value = load_yaml(value)
         except yaml.YAMLError as err:
             raise ValueError(f"{flag}={value!r} is not valid JSON/YAML: {err}") from err
     _check(isinstance(value, Mapping), f"{flag}={value!r}: expected a mapping such as '{{\"key\": \"value\"}}'")

@@ -228,6 +228,18 @@ def test_positional_fields_and_yaml_for_report(tmp_path, capsys):
     assert parse_config(ReportConfig, ["x", "--config", str(config_file)]).folders == ["x"]
 
 
+def test_numbers_in_exponent_form_are_numbers_in_mapping_flags_and_yaml_files(tmp_path):
+    from gors.estimate import EstimateConfig
+
+    # JSON's and YAML 1.2's reading; PyYAML (YAML 1.1) alone reads 1e2 as text, which was then refused as no number.
+    config = parse_config(EstimateConfig, ["runs/x", "--reference_speedups", '{"train": 1e2, "score": 1.5E1}'])
+    assert config.reference_speedups["train"] == 100.0 and config.reference_speedups["score"] == 15.0
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("learning_rate: 3e-4\nreward_options:\n  weight: 1e-3\n  name: '1e-3'\n")
+    config = parse_config(RunConfig, ["--config", str(config_file)])
+    assert config.learning_rate == 3e-4 and config.reward_options == {"weight": 1e-3, "name": "1e-3"}  # quoted: text
+
+
 def test_mapping_options_are_dicts_from_flags_and_yaml(tmp_path):
     from gors.config import EvaluateConfig
 
