@@ -50,7 +50,7 @@ from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
 from gors.core.scoring import score_samples
 from gors.core.store import SampleStore, StoreError, sample_seed
 from rewards import Reward
-from rewards.combined import build_reward, check_options, is_single, parse_reward_list, versioned
+from rewards.combined import build_reward, check_options, reward_dtype, versioned
 from rewards.registry import get_reward_class
 
 RESULTS_FILE = "results.jsonl"
@@ -62,14 +62,10 @@ ScorerKey = tuple[str, str, int, str, str]
 
 
 def scorer_dtype(reward: str, accelerator: Accelerator) -> torch.dtype:
-    """The dtype a benchmark scores in: on CUDA the reward's `official_dtype` (the one its benchmark
-    runs it in, e.g. GenEval 2's bfloat16 Qwen3-VL) where it declares one, else the generation
-    precision; float32 on CPU. A reward list runs in the generation precision."""
-    if accelerator.device.type == "cuda" and is_single(parse_reward_list(reward), reward):
-        official = get_reward_class(reward).official_dtype
-        if official is not None:
-            return official
-    return inference_dtype(accelerator, None)
+    """The dtype a benchmark scores in (`rewards.combined.reward_dtype`): on CUDA the reward's
+    `official_dtype` (the one its benchmark runs it in, e.g. GenEval 2's bfloat16 Qwen3-VL) where it
+    declares one, else the generation precision; float32 on CPU."""
+    return reward_dtype(reward, accelerator.device, inference_dtype(accelerator, None), benchmark=True)
 
 
 def scorer_key(reward: str, options: Mapping[str, Any], batch_size: int, accelerator: Accelerator) -> ScorerKey:

@@ -96,7 +96,8 @@ class RunFolderFields:
         default=None,
         metadata={
             "help": "'no', 'fp16' or 'bf16'; default: the accelerate config's. Generation and scoring use "
-            "this dtype on GPU; on CPU everything runs in fp32."
+            "this dtype on GPU (a reward whose model runs in bf16 officially, such as Qwen3-VL's, in bf16 "
+            "under 'fp16', where it overflows); on CPU everything runs in fp32."
         },
     )
 
@@ -610,8 +611,9 @@ class EvaluateConfig:
     mixed_precision: str | None = field(
         default=None,
         metadata={"help": "'no', 'fp16' or 'bf16' for generation on GPU, and for the scorers whose benchmark "
-                          "fixes no dtype (on GPU Soft-TIFA, TIFA, VQAScore and TIT-Score score in bf16 and "
-                          "CLIPScore in fp16 whatever this says, as their official code does); default: the "
+                          "fixes no dtype (on GPU Soft-TIFA, TIFA, VQAScore and TIT-Score score in bf16, "
+                          "CLIPScore in fp16, B-VQA, GenEval and the UniDet rules in fp32 whatever this says, as "
+                          "their official code does); default: the "
                           "accelerate config's. On CPU everything runs in fp32."},
     )
     pretrained_model_name_or_path: str | None = field(

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from accelerate import Accelerator
 
 from gors.config import RunConfig, ScoreConfig
@@ -32,7 +33,7 @@ from gors.core.run_folder import reward_key, samples_dir, scores_dir
 from gors.core.scoring import open_score_folder, score_samples
 from gors.core.store import SampleKey, SampleStore
 from rewards import Reward, get_reward_class
-from rewards.combined import build_reward, check_reward, versioned
+from rewards.combined import build_reward, check_reward, reward_dtype, versioned
 
 
 def check_prompt_metadata(reward: str, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:
@@ -41,6 +42,13 @@ def check_prompt_metadata(reward: str, prompts: Sequence[str], metadata: Sequenc
     GenEval-judged one without each prompt's clauses)."""
     for spec in check_reward(reward):
         get_reward_class(spec.name).check_prompts(prompts, metadata)
+
+
+def training_reward_dtype(config: ScoreConfig | RunConfig, accelerator: Accelerator, reward: str) -> torch.dtype:
+    """The dtype `reward` scores a run's samples in (`rewards.combined.reward_dtype`): the generation
+    precision, but never float16 for a model its benchmark runs in bfloat16; float32 on the CPU."""
+    return reward_dtype(reward, accelerator.device, inference_dtype(accelerator, config.mixed_precision),
+                        benchmark=False)
 
 
 def reward_builder(config: ScoreConfig | RunConfig, accelerator: Accelerator, reward: str) -> Callable[[], Reward]:
@@ -52,17 +60,19 @@ def reward_builder(config: ScoreConfig | RunConfig, accelerator: Accelerator, re
             model_name_or_path=config.reward_model_name_or_path,
             options=config.reward_options,
             device=accelerator.device,
-            torch_dtype=inference_dtype(accelerator, config.mixed_precision),
+            torch_dtype=training_reward_dtype(config, accelerator, reward),
             batch_size=config.reward_batch_size,
         )
 
     return make_reward
 
 
-def score_settings(config: ScoreConfig | RunConfig, reward: str) -> dict[str, Any]:
-    """What a score folder records about the scorer that fills it."""
+def score_settings(config: ScoreConfig | RunConfig, accelerator: Accelerator, reward: str) -> dict[str, Any]:
+    """What a score folder records about the scorer that fills it (the dtype too: scores in another
+    precision differ, so they are refused rather than mixed)."""
     return {"reward": reward, "model_name_or_path": config.reward_model_name_or_path,
-            "options": config.reward_options or {}} | versioned(reward)
+            "options": config.reward_options or {}, "dtype": str(training_reward_dtype(config, accelerator, reward))} \
+        | versioned(reward)
 
 
 def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:
@@ -83,7 +93,7 @@ def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = Non
         config.reward_batch_size, accelerator,
         desc=f"score {reward}",
         prompt_metadata=metadata,
-        settings=score_settings(config, reward),
+        settings=score_settings(config, accelerator, reward),
     )
     if accelerator.is_main_process:
         column = f"reward_{reward_key(reward)}"
@@ -107,7 +117,7 @@ def scoring_while_generating(config: RunConfig, accelerator: Accelerator) -> Ite
     metadata = prompt_set.metadata[: config.max_prompts] if prompt_set.metadata is not None else None
     folder = scores_dir(config.output_dir, reward)
     store = SampleStore(samples_dir(config.output_dir))
-    done = open_score_folder(folder, store.records(), accelerator, score_settings(config, reward))
+    done = open_score_folder(folder, store.records(), accelerator, score_settings(config, accelerator, reward))
     scorer = BackgroundScorer(folder, reward_builder(config, accelerator, reward), config.reward_batch_size,
                               accelerator.process_index, accelerator.device, prompt_metadata=metadata, done=done)
     try:

@@ -183,18 +183,17 @@ class GORSTrainer:
         warning = half_precision_warning(self.backbone, self.weight_dtype)
         if warning is not None:
             accelerator.print(f"[train] warning: {warning}")
-        # Weights load in fp32 whatever dtype they were saved in (e.g. fp16 checkpoints); frozen ones are then
-        # cast to the mixed-precision dtype (bf16 base weights), adapters stay fp32. The VAE only encodes
-        # once, in fp32 for an exact cache.
+        # Base weights load in the mixed-precision dtype (`_load_frozen`), adapters train in fp32. The VAE
+        # only encodes once, in fp32 for an exact cache.
         if self.noise_scheduler is None:
             self.noise_scheduler = family.load_scheduler()
         self.vae = family.load("vae").requires_grad_(False).to(accelerator.device)
-        self.denoiser = self._frozen(family.load(family.denoiser))
+        self.denoiser = self._load_frozen(family.denoiser)
         self.tokenizers = {e.tokenizer: family.load(e.tokenizer) for e in family.text_encoders}
         trained = family.trained_text_encoders(config.train_text_encoder)
         self.trained = ([family.denoiser] if config.train_unet else []) + [e.component for e in trained]
         # Encoders that run every step: the trained ones, and all of them without --cache_text_embeddings.
-        self.text_encoders = {e.component: self._frozen(family.load(e.component)) for e in family.text_encoders
+        self.text_encoders = {e.component: self._load_frozen(e.component) for e in family.text_encoders
                               if e in trained or not config.cache_text_embeddings}
         if config.train_unet:
             add_lora(self.denoiser, family.denoiser_lora_targets, config.rank)
@@ -209,9 +208,14 @@ class GORSTrainer:
                 self.text_encoders[encoder.component].activation_checkpointing_enable()
         compile_module(self.denoiser, config.torch_compile)
 
-    def _frozen(self, module: torch.nn.Module) -> torch.nn.Module:
-        module.requires_grad_(False).to(self.accelerator.device)
-        return module.to(dtype=self.weight_dtype) if self.weight_dtype != torch.float32 else module
+    def _load_frozen(self, component: str) -> torch.nn.Module:
+        """A component's base weights: frozen, in the mixed-precision dtype, on this process's device.
+
+        Loaded in that dtype, converted as they load, so that no copy of the whole model in fp32 is ever
+        made (FLUX.1's transformer is 48 GB in fp32, 24 GB in bf16) and transformers keeps in fp32 what it
+        keeps for that dtype (T5's `wo` layers under fp16), as the sampling pipeline loads them.
+        """
+        return self.family.load(component, dtype=self.weight_dtype).requires_grad_(False).to(self.accelerator.device)
 
     def trained_modules(self) -> dict[str, torch.nn.Module]:
         """The modules that carry LoRA adapters, by component name (as prepared: maybe wrapped for DDP)."""
@@ -330,7 +334,7 @@ class GORSTrainer:
         def encode(indices: list[int]) -> dict[str, torch.Tensor]:
             nonlocal model
             if model is None:
-                model = self._frozen(family.load(encoder.component))
+                model = self._load_frozen(encoder.component)
             with torch.no_grad(), adapters_disabled(model):
                 return family.encode(encoder, model, tokens[indices].to(self.accelerator.device))
 

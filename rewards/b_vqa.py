@@ -83,6 +83,8 @@ class BVQAReward(Reward):
     """
 
     name = "b_vqa"
+    # T2I-CompBench's BLIP_vqa.py runs LAVIS's BLIP in float32.
+    official_dtype = torch.float32
     default_model = "Salesforce/blip-vqa-capfilt-large"
     categories = ("color", "shape", "texture", "complex")
 

@@ -94,6 +94,26 @@ def is_single(specs: Sequence[RewardSpec], text: str) -> bool:
     return len(specs) == 1 and _split_weight(text.strip())[1] is None
 
 
+def reward_dtype(reward: str, device: torch.device, generation_dtype: torch.dtype, benchmark: bool) -> torch.dtype:
+    """The dtype `reward` (a name, `module:Class` or weighted list) runs its models in on `device`.
+
+    On the CPU float32. On CUDA, scoring a benchmark, the reward's `official_dtype` where it declares
+    one, so that its numbers compare with the published ones; as a training reward, the generation
+    precision `generation_dtype` (half precision pays, and selection needs no published number),
+    except that a model its benchmark runs in bfloat16, trained in it, never runs in float16, where
+    its activations can overflow. A reward list runs in the generation precision.
+    """
+    if device.type != "cuda":
+        return torch.float32
+    specs = parse_reward_list(reward)
+    official = get_reward_class(specs[0].name).official_dtype if is_single(specs, reward) else None
+    if benchmark and official is not None:
+        return official
+    if official == torch.bfloat16 and generation_dtype == torch.float16:
+        return torch.bfloat16
+    return generation_dtype
+
+
 def weighted_mean(scores: Sequence[float], weights: Sequence[float]) -> float:
     """sum(w_i * s_i) / sum(w_i): scores in [0, 1] give a score in [0, 1]."""
     if len(scores) != len(weights) or not scores:

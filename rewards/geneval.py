@@ -329,6 +329,8 @@ class GenEvalReward(Reward):
     """
 
     name = "geneval"
+    # GenEval's evaluate_images.py runs mmdetection's Mask2Former and open_clip in float32.
+    official_dtype = torch.float32
     default_model = "facebook/mask2former-swin-small-coco-instance"
     description = (
         "GenEval correctness (0/1): Mask2Former COCO instances + CLIP ViT-L-14 colours checked against the "

@@ -77,6 +77,8 @@ class SpatialRuleReward(Reward):
     """
 
     name = "spatial_rule"
+    # T2I-CompBench's UniDet (detectron2) runs in float32.
+    official_dtype = torch.float32
     scoring_version = 2  # 2: UniDet's 0.1 threshold and per-class NMS (1: a 0.5 threshold, no NMS)
     default_model = "google/owlv2-base-patch16-ensemble"
     categories = ("spatial",)

@@ -295,6 +295,24 @@ def test_scorers_run_in_their_benchmarks_dtype_on_cuda_and_in_float32_on_cpu():
     assert scorer_dtype("toy_oracle", gpu) == torch.float16  # no official dtype: the generation precision
     assert scorer_dtype("soft_tifa", Fake("cpu", "fp16")) == torch.float32
     assert scorer_key("soft_tifa", {}, 8, gpu)[-1] == "torch.bfloat16"
+    # The official scripts run BLIP (LAVIS), Mask2Former and CLIP (GenEval) and UniDet in float32.
+    assert {scorer_dtype(name, gpu) for name in ("b_vqa", "geneval", "spatial_rule", "spatial_3d", "numeracy")} \
+        == {torch.float32}
+
+
+def test_training_rewards_run_in_the_generation_precision_but_never_a_bf16_model_in_fp16():
+    import torch
+
+    from rewards.combined import reward_dtype
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert reward_dtype("b_vqa", cuda, torch.float16, benchmark=False) == torch.float16  # no published number to meet
+    assert reward_dtype("clip_score", cuda, torch.bfloat16, benchmark=False) == torch.bfloat16
+    for name in ("soft_tifa", "tifa", "vqascore", "tit_score"):  # Qwen3-VL, trained in bf16, overflows in fp16
+        assert reward_dtype(name, cuda, torch.float16, benchmark=False) == torch.bfloat16
+        assert reward_dtype(name, cuda, torch.float32, benchmark=False) == torch.float32
+    assert reward_dtype("soft_tifa:0.5,clip_score:0.5", cuda, torch.float16, benchmark=False) == torch.float16
+    assert reward_dtype("soft_tifa", cpu, torch.float16, benchmark=False) == torch.float32
 
 
 def test_an_evaluation_scores_its_own_number_of_images_per_prompt(tmp_path, caplog):

@@ -9,6 +9,7 @@ family in this module and copied by the tests that train on it.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import shutil
@@ -28,7 +29,8 @@ from gors.checkpoints import training_fingerprint
 from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import FAMILIES, FLUX_SCHNELL_SAMPLING, SamplingDefaults, detect_backbone
 from gors.core.distributed import reset_process_state
-from gors.core.run_folder import TEXT_EMBEDDING_CACHE_DIR, samples_dir
+from gors.core.io import atomic_write_jsonl
+from gors.core.run_folder import SELECTION_FILE, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore
 from gors.families import Batch, resolve_training
 from gors.families.base import FlowMatchingFamily, TrainingFamily
@@ -631,8 +633,11 @@ def test_sdxl_trains_on_each_stored_images_size_and_crop(tiny_sdxl, selected_run
     for i, row in enumerate(selection):
         height, width = sizes[i % len(sizes)]
         image = _noise_image(height, width, seed=i)
-        image.save(Path(config.output_dir) / "samples" / row["path"])
+        path = Path(config.output_dir) / "samples" / row["path"]
+        image.save(path)
+        row["image_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()  # as if generated so
         expected.append([height, width, *_crop_offset(image)])
+    atomic_write_jsonl(Path(config.output_dir) / SELECTION_FILE, selection)
     trainer = _prepared_trainer(config)
     recorded = torch.cat([trainer.latents["original_size"], trainer.latents["crop_top_left"]], dim=1)
     assert recorded.tolist() == expected

@@ -137,3 +137,17 @@ def test_two_process_resume_from_the_first_checkpoint_gives_the_same_lora(family
     assert original.keys() == again.keys()
     for key in original:
         assert torch.allclose(original[key], again[key], atol=1e-6), key
+
+
+def test_a_frozen_t5_loads_in_fp16_with_the_layers_transformers_keeps_in_fp32(tiny_sd3):
+    # Training loads base weights in the mixed-precision dtype, so T5's `wo` stays fp32 under fp16 as in the
+    # sampling pipeline (a cast after loading in fp32 would make it fp16 and the cached encodings differ).
+    from gors.core.backbones import detect_backbone
+    from gors.families import TRAINING_FAMILIES
+
+    backbone = detect_backbone(str(tiny_sd3))
+    family = TRAINING_FAMILIES[backbone.name](backbone, str(tiny_sd3), None, {})
+    t5 = family.load("text_encoder_3", dtype=torch.float16)
+    dtypes = {name: p.dtype for name, p in t5.named_parameters()}
+    assert any(name.endswith("wo.weight") for name in dtypes)
+    assert all(dtype == (torch.float32 if ".wo." in name else torch.float16) for name, dtype in dtypes.items())

@@ -148,15 +148,22 @@ def test_resume_after_interruption_continues_from_the_saved_step(selected_run, m
         assert torch.allclose(reference[key], resumed[key], atol=1e-6), key
 
 
-def test_bf16_trains_fp32_adapters_over_bf16_frozen_weights(selected_run, make_run_config, tmp_path):
+def test_bf16_trains_fp32_adapters_over_bf16_frozen_weights(selected_run, make_run_config, tmp_path, monkeypatch):
     from gors.lora import lora_parameters
 
     run_dir = _copy_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(_config(make_run_config, run_dir, max_train_steps=2, checkpointing_steps=2,
                                   mixed_precision="bf16", report_to="none"))
+    loads, load = [], type(trainer.family).load
+    monkeypatch.setattr(type(trainer.family), "load",
+                        lambda family, component, dtype=torch.float32: (loads.append((component, dtype)),
+                                                                        load(family, component, dtype))[1])
     weights = load_file(str(trainer.train()))
     reset_process_state()
     assert trainer.weight_dtype == torch.bfloat16
+    # Base weights load in bf16 (no whole fp32 copy on the CPU or the GPU first); the VAE, encoding once, in fp32.
+    models = {component: dtype for component, dtype in loads if not component.startswith(("tokenizer", "scheduler"))}
+    assert models == {"vae": torch.float32, "unet": torch.bfloat16, "text_encoder": torch.bfloat16}
     modules = trainer._bare_trained_modules()
     frozen = [p for m in modules.values() for p in m.parameters() if not p.requires_grad]
     assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
