@@ -243,7 +243,9 @@ class MLLMCoTReward(Reward):
     Args:
         model_name_or_path: a Qwen3-VL chat checkpoint (Hub id or folder); default
             `Qwen/Qwen3-VL-8B-Instruct`. A checkpoint without a chat template or an image token is
-            refused at load (ValueError).
+            refused at load (ValueError), and so is a thinking variant (Qwen3-VL-*-Thinking), whose
+            reasoning would spend the `max_new_tokens` budget before the rating
+            (`rewards.vlm.check_answers_directly`).
         device, torch_dtype, batch_size: see `Reward`; `batch_size` images are judged together.
         category: the T2I-CompBench category whose questions are asked (required): color, shape,
             texture, spatial, non_spatial, complex, 3d_spatial or numeracy.

@@ -54,7 +54,10 @@ class _ChatVLMReward(Reward):
 
     Args:
         model_name_or_path: Qwen3-VL chat checkpoint (Hub id or folder); default
-            `Qwen/Qwen3-VL-8B-Instruct`, GenEval 2's judge.
+            `Qwen/Qwen3-VL-8B-Instruct`, GenEval 2's judge. A thinking variant
+            (Qwen3-VL-*-Thinking) is refused at load (ValueError): its generation prompt opens a
+            ``<think>`` block, so the first token read would be reasoning, not the answer
+            (`rewards.vlm.check_answers_directly`).
         device, torch_dtype: where and in which dtype the model runs (see `Reward`; GenEval 2
             loads the model in bfloat16, `torch_dtype=torch.bfloat16` matches it, and benchmarks
             score in it on a GPU: `official_dtype`).

@@ -6,17 +6,26 @@ Following the TIT-Score reference code (README of `IntMeGroup/TIT-Score`, MIT; p
 1. **Describe**: the VLM (default `Qwen/Qwen3-VL-8B-Instruct`; the reference uses Qwen2.5-VL)
    gets one user turn, the image then "Please provide a detailed, single-paragraph description
    of the image in English, using between 250 and 350 words.", and generates up to 512 new
-   tokens (a real ``generate`` call, greedy by default so scores are reproducible; the
-   reference runs the model's own generation config, which for Qwen2.5-VL is top-k 1, i.e.
-   greedy too, with a repetition penalty of 1.05 that plain greedy leaves out:
-   ``generation_kwargs={"repetition_penalty": 1.05}`` adds it).
+   tokens: a real ``generate`` call with `REFERENCE_GENERATION`, greedy (``do_sample=False``)
+   with a repetition penalty of 1.05. The reference runs the model's own generation config,
+   which for its Qwen2.5-VL is top-k 1 (greedy) with ``repetition_penalty`` 1.05; the penalty is
+   kept so descriptions (and scores) compare with the reference's, and greedy keeps them
+   reproducible. ``generation_kwargs`` overrides either (``{"repetition_penalty": 1.0}``: plain
+   greedy); Qwen3-VL's own generation config samples, and ``do_sample=False`` overrides it. As
+   ``generate`` applies the penalty to every token of the input, padding included, an image
+   batched beside a longer prompt has its padding token (``<|endoftext|>``) penalised too; images
+   of one size have prompts of one length, so a batch of them has no padding.
+   A thinking describer (Qwen3-VL-*-Thinking) is refused: its reasoning would be embedded as
+   the description (`rewards.vlm.check_answers_directly`).
 2. **Compare**, TIT-Score (``judge="embedding"``, default): the prompt and the description are
    embedded by a text-embedding model (default `Qwen/Qwen3-Embedding-8B`, loaded with
-   ``AutoModel`` in float32, as the reference loads it without a dtype; tokenizer with left padding, its own special tokens, truncation at 8192
-   tokens), pooled at the last token, L2-normalised; the TIT-Score is their cosine, rounded to
-   4 decimals per image as the reference does (``round(final_score, 4)``). The prompt is
-   embedded as given, not stripped (as in the reference code). No
-   instruction prefix is added (as in the reference code); ``query_instruction`` adds
+   ``AutoModel`` in float32 by default: the reference loads it without a dtype, which
+   transformers 4.x reads as float32, where 5.x would read it as "auto"; ``embedding_dtype``
+   picks bfloat16 or float16 to halve its memory, see `TITScoreReward`; tokenizer with left
+   padding, its own special tokens, truncation at 8192 tokens), pooled at the last token,
+   L2-normalised; the TIT-Score is their cosine, rounded to 4 decimals per image as the
+   reference does (``round(final_score, 4)``). The prompt is embedded as given, not stripped (as
+   in the reference code). No instruction prefix is added (as in the reference code); ``query_instruction`` adds
    Qwen3-Embedding's "Instruct: ...\\nQuery:" prefix to the prompt if wanted.
    The reward is the cosine mapped to [0, 1] by `rewards.tit_rules.cosine_to_score`
    ("clip": max(cosine, 0), the TIT-Score itself whenever positive; or "affine").
@@ -52,6 +61,26 @@ from rewards.vlm import MODEL_FLAG, ChatVLM, load_chat_vlm
 
 EMBEDDING_FLAG = "embedding_model_name_or_path"
 JUDGE_FLAG = "judge_model_name_or_path"
+# The describer's decoding by default: the reference's (its Qwen2.5-VL generation config is top-k 1
+# with a repetition penalty of 1.05), greedy so that a description is reproducible.
+REFERENCE_GENERATION: dict[str, Any] = {"do_sample": False, "repetition_penalty": 1.05}
+# `embedding_dtype` values. Qwen3-Embedding-8B's 7.6 B parameters take about 30 GB in float32 (the
+# reference's), 15 GB in bfloat16 or float16.
+EmbeddingDtype = Literal["float32", "bfloat16", "float16"]
+EMBEDDING_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+}
+
+
+def embedding_torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of an `embedding_dtype` option value ("float32", "bfloat16" or "float16")."""
+    if name not in EMBEDDING_DTYPES:
+        raise ValueError(
+            f"embedding_dtype={name!r} is not a dtype the embedder runs in; give one of "
+            f"{', '.join(map(repr, EMBEDDING_DTYPES))} (float32, the reference's, is the default; "
+            "bfloat16 halves the embedder's memory)"
+        )
+    return EMBEDDING_DTYPES[name]
 
 
 class Describer:
@@ -61,7 +90,9 @@ class Describer:
         vlm: the loaded chat VLM.
         instruction: the user text after the image.
         max_new_tokens: generation budget per description (512 in the reference code).
-        generation_kwargs: further ``generate`` arguments; default greedy (``do_sample=False``).
+        generation_kwargs: ``generate`` arguments over `REFERENCE_GENERATION` (greedy with
+            ``repetition_penalty=1.05``, the reference's decoding); a key given here replaces its
+            default.
     """
 
     def __init__(self, vlm: ChatVLM, instruction: str = DESCRIPTION_PROMPT, max_new_tokens: int = 512,
@@ -69,7 +100,7 @@ class Describer:
         self.vlm = vlm
         self.instruction = instruction
         self.max_new_tokens = max_new_tokens
-        self.generation_kwargs = {"do_sample": False, **(generation_kwargs or {})}
+        self.generation_kwargs = {**REFERENCE_GENERATION, **(generation_kwargs or {})}
         # Left padding: generation continues every row right after its own last token.
         self.vlm.tokenizer.padding_side = "left"
 
@@ -178,7 +209,16 @@ class TITScoreReward(Reward):
         mapping: cosine -> [0, 1], "clip" (default) or "affine" (`rewards.tit_rules.cosine_to_score`).
         query_instruction: optional Qwen3-Embedding instruction for the prompt (none by default).
         max_length: embedding truncation length in tokens (8192).
-        generation_kwargs: further ``generate`` arguments for the description (default greedy).
+        generation_kwargs: ``generate`` arguments for the description over the default, greedy
+            with ``repetition_penalty=1.05`` as the reference (`REFERENCE_GENERATION`);
+            ``{"repetition_penalty": 1.0}`` gives plain greedy.
+        embedding_dtype: the embedder's dtype, "float32" (default: the reference's, so cosines
+            compare with its numbers), "bfloat16" or "float16". Qwen3-Embedding-8B takes about
+            30 GB in float32 and 15 GB in half precision; beside the describer (Qwen3-VL-8B in
+            bfloat16, about 17.5 GB) that is about 48 GB of weights in float32 (more than a 40 GB
+            GPU holds, and no room left for activations on a 48 GB one) and about 33 GB in
+            bfloat16. Half precision moves the cosines by its round-off (not measured on the 8B
+            models), so they may differ from the reference's in the 4th decimal.
 
     Details per image: description, description_words, and either cosine (raw TIT-Score in
     [-1, 1], rounded to 4 decimals as the reference code rounds it) and mapping, or judge_reply,
@@ -186,13 +226,14 @@ class TITScoreReward(Reward):
     """
 
     name = "tit_score"
+    scoring_version = 2  # 2: the reference's repetition penalty 1.05 in the description (1: plain greedy)
     default_model = "Qwen/Qwen3-VL-8B-Instruct"
     default_embedding_model = "Qwen/Qwen3-Embedding-8B"
     default_judge_model = "Qwen/Qwen3-8B"
     categories = ("complex",)
     # The reference loads its describer in bfloat16 (as its checkpoints are); on a GPU benchmarks score
     # in it rather than the generation precision. The LLM judge shares that dtype; the embedder is
-    # float32, as the reference loads it (no dtype given).
+    # float32 by default, as the reference loads it (no dtype given), or `embedding_dtype`.
     official_dtype = torch.bfloat16
     description = (
         "TIT-Score (LPG-Bench): cosine between the prompt and Qwen3-VL's description of the image, "
@@ -213,8 +254,10 @@ class TITScoreReward(Reward):
         query_instruction: str | None = None,
         max_length: int = 8192,
         generation_kwargs: dict[str, Any] | None = None,
+        embedding_dtype: EmbeddingDtype = "float32",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
+        embedder_dtype = embedding_torch_dtype(embedding_dtype)  # refused before any model loads
         if judge not in ("embedding", "llm"):
             raise ValueError(f"judge must be 'embedding' (TIT-Score) or 'llm' (TIT-Score-LLM), got {judge!r}")
         if mapping not in ("clip", "affine"):
@@ -228,7 +271,7 @@ class TITScoreReward(Reward):
         self.llm: LLMJudge | None = None
         if judge == "embedding":
             self.embedder = TextEmbedder(embedding_model_name_or_path or self.default_embedding_model,
-                                         self.device, torch.float32, max_length)
+                                         self.device, embedder_dtype, max_length)
         else:
             self.llm = LLMJudge(judge_model_name_or_path or self.default_judge_model, self.device, self.torch_dtype)
 

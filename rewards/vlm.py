@@ -39,6 +39,11 @@ That holds in float32. In bfloat16, the dtype benchmarks score Qwen3-VL in on a 
 is bfloat16's and depends on how the questions are packed: on the tiny random model an answer's
 probability moved by up to 0.013 between `batch_size` 8 and 1 (and by 0.006 from ``generate``);
 on Qwen3-VL-8B it has not been measured (no GPU here).
+
+Only checkpoints that answer right after the generation prompt are taken: a thinking variant
+(Qwen3-VL-*-Thinking), whose chat template ends the generation prompt with an open ``<think>``
+block, is refused when `ChatVLM` is built (`check_answers_directly`), as the first token read
+would be the first reasoning token, not the answer.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ _PROBE_QUESTIONS = ("Is it red?", "How many?")
 HEAD_ROWS = 64
 # Attention implementations that apply a 4D additive mask as given.
 MASKED_ATTENTION = ("sdpa", "eager")
+# The tags of a reasoning block (Qwen3's thinking variants write it before the answer).
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass
@@ -127,6 +134,7 @@ class ChatVLM:
                 "needs an image token, an image processor with a merge size, and a chat template "
                 "(e.g. Qwen/Qwen3-VL-8B-Instruct)."
             )
+        check_answers_directly(processor, name, flag)
         self.image_token: str = image_token
         self.merge_size: int = merge_size
         if self.tokenizer.pad_token_id is None:
@@ -149,6 +157,8 @@ class ChatVLM:
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         processor = from_pretrained(AutoProcessor.from_pretrained, model_name_or_path, flag)
+        # From the processor alone, so a thinking checkpoint is refused before its weights load.
+        check_answers_directly(processor, model_name_or_path, flag)
         model = from_pretrained(
             AutoModelForImageTextToText.from_pretrained, model_name_or_path, flag, dtype=torch_dtype
         )
@@ -156,12 +166,7 @@ class ChatVLM:
 
     def chat_text(self, question: str) -> str:
         """The chat prompt of one user turn "<image> question", ready for the first answer token."""
-        messages = [
-            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}
-        ]
-        return self.processor.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        return render_question(self.processor, question)
 
     def _shared_prefix_tokens(self, name: str, flag: str) -> int:
         """Tokens before the question in a chat prompt with one (unexpanded) image placeholder.
@@ -313,6 +318,44 @@ class ChatVLM:
     def answer_probabilities(self, hidden: torch.Tensor) -> torch.Tensor:
         """P(next token) of each row of `hidden` (rows, text hidden size): (rows, vocabulary) float32."""
         return self.model.get_output_embeddings()(hidden).float().softmax(dim=-1)
+
+
+def render_question(processor: object, question: str, add_generation_prompt: bool = True) -> str:
+    """`processor`'s chat rendering of one user turn "<image> question" (with the generation prompt)."""
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def generation_prompt(processor: object) -> str:
+    """What `processor`'s chat template appends after a user turn to prompt the assistant's reply."""
+    closed = render_question(processor, _PROBE_QUESTIONS[0], add_generation_prompt=False)
+    prompted = render_question(processor, _PROBE_QUESTIONS[0])
+    # A template that renders the turn itself differently with the prompt: all of it is checked.
+    return prompted[len(closed):] if prompted.startswith(closed) else prompted
+
+
+def check_answers_directly(processor: object, name: str, flag: str = MODEL_FLAG) -> None:
+    """Refuse a thinking checkpoint: one whose generation prompt opens a ``<think>`` block it does not close.
+
+    Its first generated tokens are reasoning, so the rewards on `ChatVLM` would read them as the
+    answer: Soft-TIFA, TIFA and VQAScore the first token's probabilities, MLLM-CoT and TIT-Score a
+    reply cut at a token budget that the reasoning may spend. An empty closed block (a template
+    with thinking switched off) answers right after it and passes. A processor without a chat
+    template is left to the caller's own error.
+    """
+    if getattr(processor, "chat_template", None) is None:
+        return
+    prompt = generation_prompt(processor)
+    if prompt.rfind(THINK_OPEN) <= prompt.rfind(THINK_CLOSE):
+        return
+    instruct = name.replace("Thinking", "Instruct") if "Thinking" in name else "Qwen/Qwen3-VL-8B-Instruct"
+    raise ValueError(
+        f"{flag}={name!r} is a thinking (reasoning) checkpoint: its chat template ends the generation "
+        f"prompt with {prompt!r}, so the model reasons before it answers. Soft-TIFA, TIFA and VQAScore "
+        "read the probabilities of the first token after that prompt, and MLLM-CoT and TIT-Score a "
+        "reply of bounded length, so they would score the reasoning instead of the answer. Give the "
+        f"Instruct variant instead, e.g. {instruct}."
+    )
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from gors.testing.qwen3_vl import build_tiny_qwen3_vl
+from gors.testing.qwen3_vl import CHAT_TEMPLATE, build_tiny_qwen3_vl
 from rewards import get_reward_class
 from rewards.mllm_cot import ChatJudge, MLLMCoTReward
 from rewards.mllm_cot_prompts import (
@@ -245,6 +245,18 @@ def test_a_vlm_without_chat_template_is_refused_before_loading_weights(model_dir
     (plain / "model.safetensors").unlink()  # never read: the processor alone is refused
     with pytest.raises(ValueError, match="not a chat vision-language model.*no chat template.*Instruct"):
         MLLMCoTReward(model_name_or_path=str(plain), device="cpu", category="complex")
+
+
+def test_a_thinking_checkpoint_is_refused_before_loading_weights(model_dir: Path, tmp_path: Path) -> None:
+    """Its reasoning would come first and spend the answer's token budget before any rating."""
+    thinking = tmp_path / "Qwen3-VL-8B-Thinking"
+    shutil.copytree(model_dir, thinking)
+    prompt = "'<|im_start|>assistant\\n'"
+    assert prompt in CHAT_TEMPLATE
+    (thinking / "chat_template.jinja").write_text(CHAT_TEMPLATE.replace(prompt, "'<|im_start|>assistant\\n<think>\\n'"))
+    (thinking / "model.safetensors").unlink()  # never read: the processor alone is refused
+    with pytest.raises(ValueError, match=r"Qwen3-VL-8B-Thinking' is a thinking.*bounded length.*Qwen3-VL-8B-Instruct\."):
+        MLLMCoTReward(model_name_or_path=str(thinking), device="cpu", category="complex")
 
 
 def test_reward_averages_the_phrase_scores_and_counts_a_missing_number_as_zero(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from gors.testing.qwen3_vl import build_tiny_qwen3_vl
+from gors.testing.qwen3_vl import CHAT_TEMPLATE, build_tiny_qwen3_vl
 from rewards import get_reward_class, load
 from rewards.atoms import answer_variants, prompt_atoms, tifa_correct
 from rewards.soft_tifa import SoftTIFAReward, TIFAReward, VQAScoreReward
@@ -269,3 +270,19 @@ def test_bad_input(model_dir: Path, reward: SoftTIFAReward, tmp_path: Path) -> N
         SoftTIFAReward(model_name_or_path=str(model_dir), device="cpu", aggregation="mean")
     with pytest.raises(ValueError, match=r"vqa_list\[0\]"):
         reward.score(random_images(1), [PROMPTS[0]], [{"vqa_list": [["no answer"]]}])
+
+
+@pytest.mark.parametrize("reward_class", [SoftTIFAReward, TIFAReward, VQAScoreReward])
+def test_a_thinking_checkpoint_is_refused_when_the_reward_is_built(
+    reward_class: type, model_dir: Path, tmp_path: Path
+) -> None:
+    """A Qwen3-VL-*-Thinking template ends the generation prompt with "<think>\\n": the first token
+    read would be reasoning, so the reward refuses the checkpoint before scoring (or loading) anything."""
+    thinking = tmp_path / "Qwen3-VL-8B-Thinking"
+    shutil.copytree(model_dir, thinking)
+    prompt = "'<|im_start|>assistant\\n'"
+    assert prompt in CHAT_TEMPLATE
+    (thinking / "chat_template.jinja").write_text(CHAT_TEMPLATE.replace(prompt, "'<|im_start|>assistant\\n<think>\\n'"))
+    (thinking / "model.safetensors").unlink()  # never read
+    with pytest.raises(ValueError, match=r"Qwen3-VL-8B-Thinking' is a thinking.*first token.*Qwen3-VL-8B-Instruct\."):
+        reward_class(model_name_or_path=str(thinking), device="cpu")

@@ -152,9 +152,80 @@ def test_describer_is_a_real_generate_call_matching_the_processor_path(reward):
     image = _images(1)[0]
     inputs = vlm.processor(text=[vlm.chat_text(DESCRIPTION_PROMPT)], images=[image], return_tensors="pt")
     with torch.no_grad():
-        output = vlm.model.generate(**inputs, max_new_tokens=6, do_sample=False)
+        output = vlm.model.generate(**inputs, max_new_tokens=6, do_sample=False, repetition_penalty=1.05)
     expected = vlm.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
     assert reward.describer.describe([image]) == [expected]
+
+
+def _generate_calls(monkeypatch, model) -> list[dict]:
+    """The keyword arguments of every `model.generate` call from now on (the calls still run)."""
+    calls: list[dict] = []
+    generate = model.generate
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", recording)
+    return calls
+
+
+def test_describer_decodes_as_the_reference_greedy_with_repetition_penalty_1_05(reward, monkeypatch):
+    calls = _generate_calls(monkeypatch, reward.describer.vlm.model)
+    reward.score(_images(2), PROMPTS[:2])
+    assert len(calls) == 1  # one batch of 2
+    assert calls[0]["do_sample"] is False and calls[0]["repetition_penalty"] == 1.05
+    assert calls[0]["max_new_tokens"] == 6
+
+
+def test_generation_kwargs_override_the_reference_decoding(reward, tiny_models, monkeypatch):
+    from rewards.tit_score import Describer, TITScoreReward
+
+    calls = _generate_calls(monkeypatch, reward.describer.vlm.model)
+    plain = Describer(reward.describer.vlm, max_new_tokens=3, generation_kwargs={"repetition_penalty": 1.0})
+    plain.describe(_images(1))
+    assert calls[-1]["repetition_penalty"] == 1.0 and calls[-1]["do_sample"] is False
+    # Through the reward's option too (the same tiny VLM, shared by `load_chat_vlm`).
+    other = TITScoreReward(str(tiny_models["vlm"]), device="cpu", max_new_tokens=3,
+                           embedding_model_name_or_path=str(tiny_models["embedding"]),
+                           generation_kwargs={"repetition_penalty": 1.2, "no_repeat_ngram_size": 2})
+    assert other.describer.vlm is reward.describer.vlm
+    other.describer.describe(_images(1))
+    assert calls[-1]["repetition_penalty"] == 1.2 and calls[-1]["no_repeat_ngram_size"] == 2
+    assert calls[-1]["do_sample"] is False
+
+
+def test_embedding_dtype_option_reaches_the_embedder(reward, tiny_models):
+    from rewards.combined import check_reward_options
+    from rewards.tit_score import TITScoreReward
+
+    assert reward.embedder.model.dtype == torch.float32  # the default: the reference's
+    check_reward_options("tit_score", {"embedding_dtype": "bfloat16"})  # a declared --reward_options key
+    half = TITScoreReward(str(tiny_models["vlm"]), device="cpu", max_new_tokens=3,
+                          embedding_model_name_or_path=str(tiny_models["embedding"]), embedding_dtype="bfloat16")
+    assert half.embedder.model.dtype == torch.bfloat16
+    assert half.describer.vlm.model.dtype == torch.float32  # the describer keeps the reward's dtype
+    descriptions = ["a white dog", "yellow cars in the sky at night", "the sun"]
+    # float32 cosines either way; bfloat16's round-off moves them a little on the tiny model.
+    cosines = half.similarities(PROMPTS, descriptions)
+    assert cosines == pytest.approx(reward.similarities(PROMPTS, descriptions), abs=0.05)
+    assert half.embedder.embed(descriptions).dtype == torch.float32
+
+
+def test_a_thinking_describer_is_refused_before_its_weights_load(tiny_models, tmp_path):
+    import shutil
+
+    from gors.testing.qwen3_vl import CHAT_TEMPLATE
+    from rewards.tit_score import TITScoreReward
+
+    thinking = tmp_path / "Qwen3-VL-8B-Thinking"
+    shutil.copytree(tiny_models["vlm"], thinking)
+    prompt = "'<|im_start|>assistant\\n'"
+    assert prompt in CHAT_TEMPLATE
+    (thinking / "chat_template.jinja").write_text(CHAT_TEMPLATE.replace(prompt, "'<|im_start|>assistant\\n<think>\\n'"))
+    (thinking / "model.safetensors").unlink()  # never read: the processor alone is refused
+    with pytest.raises(ValueError, match=r"Qwen3-VL-8B-Thinking' is a thinking.*TIT-Score.*Qwen3-VL-8B-Instruct\."):
+        TITScoreReward(str(thinking), device="cpu", embedding_model_name_or_path=str(tiny_models["embedding"]))
 
 
 def test_llm_judge_option(tiny_models, one_torch_thread):
@@ -178,6 +249,8 @@ def test_bad_options_are_clear_errors():
         TITScoreReward("unused", device="cpu", judge="clip")
     with pytest.raises(ValueError, match="mapping must be"):
         TITScoreReward("unused", device="cpu", mapping="tanh")
+    with pytest.raises(ValueError, match="embedding_dtype='fp16' is not a dtype.*'float32', 'bfloat16', 'float16'"):
+        TITScoreReward("unused", device="cpu", embedding_dtype="fp16")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ the same numbers as the plain procedures."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from gors.testing.qwen3_vl import build_tiny_qwen3_vl
+from gors.testing.qwen3_vl import CHAT_TEMPLATE, build_tiny_qwen3_vl
 from rewards.atoms import QUESTION_SUFFIX, aggregate, answer_variants, variant_probability, variant_token_ids
 from rewards.soft_tifa import SoftTIFAReward
-from rewards.vlm import ChatVLM, QuestionTree, branch_cache, image_outputs, load_chat_vlm
+from rewards.vlm import ChatVLM, QuestionTree, branch_cache, generation_prompt, image_outputs, load_chat_vlm
 
 # Relative tolerance on every probability of the vocabulary (float32 round-off of differently
 # shaped matrix products is about 1e-6 here).
@@ -326,3 +327,35 @@ def test_soft_tifa_scores_unchanged(vlm: ChatVLM, model_dir: Path) -> None:
         np.testing.assert_allclose(details["atom_scores"], atom_scores, rtol=RTOL, atol=0)
         assert details["predicted"] == [vlm.tokenizer.decode([int(p.argmax())]) for p in reference]
         assert output.scores[index] == pytest.approx(aggregate(atom_scores, "gm"), rel=RTOL)
+
+
+def thinking_template(block: str) -> str:
+    """The tiny model's chat template with `block` after the generation prompt, as a thinking variant writes it."""
+    prompt = "'<|im_start|>assistant\\n'"
+    assert prompt in CHAT_TEMPLATE
+    return CHAT_TEMPLATE.replace(prompt, prompt[:-1] + block + "'")
+
+
+def test_a_thinking_checkpoint_is_refused_before_its_weights_load(model_dir: Path, tmp_path: Path) -> None:
+    """Qwen3-VL-*-Thinking's template ends the generation prompt with an open <think> block."""
+    thinking = tmp_path / "Qwen3-VL-2B-Thinking"
+    shutil.copytree(model_dir, thinking)
+    (thinking / "chat_template.jinja").write_text(thinking_template("<think>\\n"))
+    (thinking / "model.safetensors").unlink()  # never read: the processor alone is refused
+    with pytest.raises(ValueError, match=r"Qwen3-VL-2B-Thinking' is a thinking.*'<\|im_start\|>assistant\\n<think>\\n'"
+                       r".*Give the Instruct variant instead, e.g. .*Qwen3-VL-2B-Instruct\."):
+        ChatVLM.from_pretrained(str(thinking), torch.device("cpu"), torch.float32)
+
+
+def test_a_model_built_in_code_with_a_thinking_template_is_refused(model_dir: Path, plain) -> None:
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    assert generation_prompt(processor) == "<|im_start|>assistant\n"
+    processor.chat_template = thinking_template("<think>\\n")
+    assert generation_prompt(processor) == "<|im_start|>assistant\n<think>\n"
+    with pytest.raises(ValueError, match="is a thinking.*e.g. Qwen/Qwen3-VL-8B-Instruct"):
+        ChatVLM(plain[0], processor, "tiny")
+    # An empty, closed block (thinking switched off) is answered right after: it is taken.
+    processor.chat_template = thinking_template("<think>\\n\\n</think>\\n\\n")
+    assert ChatVLM(plain[0], processor, "tiny").chat_text("Is it red?").endswith("</think>\n\n")
