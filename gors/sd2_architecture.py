@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gors.core.hub import check_model_path
+from gors.core.hub import check_model_path, load_hint, one_line, raise_if_gated
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +79,14 @@ def architecture_configs(pretrained_model_name_or_path: str = SD2_BASE) -> tuple
         unet_config = dict(UNet2DConditionModel.load_config(name, subfolder="unet"))
         text_config = CLIPTextConfig.from_pretrained(name, subfolder="text_encoder").to_dict()
     except (OSError, ValueError) as err:
+        raise_if_gated(err, name, "--pretrained_model_name_or_path")
         if pretrained_model_name_or_path == SD2_BASE:
             logger.info("Config of %s not readable (%s); using the SD 2 base configs written in gors.", SD2_BASE, err)
             return dict(SD2_BASE_UNET_CONFIG), dict(SD2_BASE_TEXT_ENCODER_CONFIG)
         raise OSError(
             f"--pretrained_model_name_or_path={pretrained_model_name_or_path!r}: could not read "
-            f"unet/config.json and text_encoder/config.json ({err}). Pass a Stable Diffusion folder or Hub id "
-            f"whose configs are reachable (only the configs are needed, not the weights)."
+            f"unet/config.json and text_encoder/config.json ({one_line(err)}). Pass a Stable Diffusion folder or "
+            f"Hub id whose configs are reachable (only the configs are needed, not the weights). {load_hint(name, err)}"
         ) from err
     return unet_config, text_config
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gors.core.hub import ModelLoadError, check_model_path, load_hint
+from gors.core.hub import ModelLoadError, check_model_path, load_hint, one_line, raise_if_gated
 
 MODEL_INDEX = "model_index.json"
 
@@ -122,19 +122,26 @@ def read_model_index(pretrained_model_name_or_path: str, revision: str | None = 
     try:
         return dict(DiffusionPipeline.load_config(name, revision=revision))
     except (OSError, ValueError) as err:
+        raise_if_gated(err, pretrained_model_name_or_path, flag)
         raise ModelLoadError(
-            f"{flag}={pretrained_model_name_or_path!r}: could not read its {MODEL_INDEX} ({err}). {load_hint(name)}"
+            f"{flag}={pretrained_model_name_or_path!r}: could not read its {MODEL_INDEX} ({one_line(err)}). "
+            f"{load_hint(name, err)}"
         ) from err
 
 
-def component_config(name: str, subfolder: str, revision: str | None) -> dict[str, Any]:
+def component_config(name: str, subfolder: str, revision: str | None,
+                     flag: str = "--pretrained_model_name_or_path") -> dict[str, Any]:
     """The `config.json` of one component of a pipeline folder or Hub id (no weights are read)."""
     from diffusers.configuration_utils import ConfigMixin
 
     class _Config(ConfigMixin):
         config_name = "config.json"
 
-    return dict(_Config.load_config(name, subfolder=subfolder, revision=revision))
+    try:
+        return dict(_Config.load_config(name, subfolder=subfolder, revision=revision))
+    except (OSError, ValueError) as err:  # diffusers calls a gated repo "not a valid model identifier"
+        raise_if_gated(err, name, flag)
+        raise
 
 
 def _generic(class_name: str, name: str, revision: str | None) -> Backbone:

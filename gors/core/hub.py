@@ -7,6 +7,9 @@ from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
+# huggingface_hub's offline switches, in the order it reads them (`constants.HF_HUB_OFFLINE`).
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
 
 class ModelLoadError(OSError):
     """A model named by a flag could not be loaded; the message names the flag and what to do.
@@ -14,15 +17,104 @@ class ModelLoadError(OSError):
     flag names (`gors.core.backbones` for a pipeline's model_index.json)."""
 
 
-def load_hint(name: str) -> str:
-    """What to do when `name` could not be loaded: for a local folder, check it; for a Hub id, the network."""
+def one_line(text: object) -> str:
+    """`text` on one line: huggingface_hub's and diffusers' messages span several."""
+    return " ".join(str(text).split())
+
+
+def offline_setting() -> str | None:
+    """The variable that puts huggingface_hub offline, as `NAME=value`, else None.
+
+    Parsed as huggingface_hub parses it (`HF_HUB_OFFLINE`, else `TRANSFORMERS_OFFLINE`; 1/ON/YES/TRUE in
+    any case), but read now: huggingface_hub reads it once at import, and tests set it after that.
+    """
+    from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
+
+    for variable in OFFLINE_VARIABLES:
+        value = os.environ.get(variable)
+        if value:  # the first one set decides, even "0": huggingface_hub's `or`
+            return f"{variable}={value}" if value.upper() in ENV_VARS_TRUE_VALUES else None
+    return None
+
+
+def find_in_chain(err: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]
+                  ) -> BaseException | None:
+    """The first exception of `kinds` among `err` and the errors it was raised from or while handling:
+    diffusers and transformers re-raise the Hub's errors as their own, so only the chain names the cause."""
+    pending: list[BaseException | None] = [err]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kinds):
+            return current
+        pending += [current.__cause__, current.__context__]
+    return None
+
+
+def raise_if_gated(err: BaseException, name: str, flag: str) -> None:
+    """Raise a `ModelLoadError` saying what to do if `err` comes from a gated repository.
+
+    diffusers reports a `GatedRepoError` (a `RepositoryNotFoundError`) as "not a valid model identifier":
+    the user would never learn that the license must be accepted.
+    """
+    from huggingface_hub.errors import GatedRepoError
+
+    gated = find_in_chain(err, GatedRepoError)
+    if gated is None:
+        return
+    repo_id = getattr(gated, "repo_id", None) or name
+    # A pipeline can take a component from another repository: name the one that is gated.
+    what = "is a gated repository" if repo_id == name else f"needs the gated repository {repo_id}"
+    raise ModelLoadError(
+        f"{flag}={name!r} {what}: accept its license at https://huggingface.co/{repo_id} while logged in there, "
+        "then run `hf auth login` (or set HF_TOKEN) on this machine."
+    ) from err
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """The exception types of an unreachable Hub: Python's own and those of the HTTP clients
+    huggingface_hub uses (httpx2 in this version, httpx or requests in others), where installed."""
+    import importlib
+
+    kinds: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module_name, names in (("httpx2", ("TransportError",)), ("httpx", ("TransportError",)),
+                               ("requests", ("ConnectionError", "Timeout"))):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        kinds += [getattr(module, name) for name in names if hasattr(module, name)]
+    return tuple(kinds)
+
+
+def network_error(err: BaseException) -> BaseException | None:
+    """The error in `err`'s chain that says the Hub could not be reached, else None (offline mode's own
+    refusal, `OfflineModeIsEnabled`, is no network failure)."""
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    found = find_in_chain(err, _network_errors())
+    return None if isinstance(found, OfflineModeIsEnabled) else found
+
+
+def load_hint(name: str, err: BaseException | None = None) -> str:
+    """What to do when `name` could not be loaded (`err`: the failure, to tell a network one):
+    for a local folder, check it; for a Hub id, offline mode, the network or the id."""
     if looks_like_local_path(name):
         return "Pass a local model folder with the files its loader needs, or a Hugging Face Hub id."
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        return ("HF_HUB_OFFLINE=1 is set, so only the local cache is searched: download the model on a "
-                "machine with internet (`hf download NAME`) or pass a local folder.")
+    offline = offline_setting()
+    if offline:
+        return (f"{offline} is set, so only the local cache is searched: download the model on a machine with "
+                f"internet (`hf download {name}`) and copy its Hugging Face cache here, or pass a local folder.")
+    unreachable = None if err is None else network_error(err)
+    if unreachable is not None:
+        return (f"The Hugging Face Hub could not be reached ({type(unreachable).__name__}): check your network. On a "
+                f"machine without one, set HF_HUB_OFFLINE=1 and pass a local folder or a cached copy "
+                f"(`hf download {name}` elsewhere); otherwise every file is retried before failing.")
     return ("Check the id on huggingface.co, your network, and `hf auth login` for gated models; "
-            "on an offline machine pass a local folder.")
+            "on an offline machine set HF_HUB_OFFLINE=1 and pass a local folder.")
 
 
 def looks_like_local_path(name: str) -> bool:
@@ -52,9 +144,10 @@ def from_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: An
     try:
         return loader(name, **kwargs)
     except OSError as err:  # not found, not downloadable, not readable
-        message = " ".join(str(err).split())  # one line: huggingface_hub's messages span several
-        raise ModelLoadError(f"{flag}={name!r} could not be loaded: {message} {load_hint(name)}") from err
+        raise_if_gated(err, name, flag)
+        raise ModelLoadError(f"{flag}={name!r} could not be loaded: {one_line(err)} {load_hint(name, err)}") from err
     except ValueError as err:  # found, but not a checkpoint this loader reads (another class, a bad config)
+        raise_if_gated(err, name, flag)
         raise ValueError(f"{flag}={name!r} was found but could not be loaded as {_loader_name(loader)}: {err}. "
                          "Check that it is a checkpoint of that kind.") from err
 
