@@ -181,3 +181,15 @@ def test_fp16_on_the_t5_families_is_warned_of() -> None:
         assert "pass --mixed_precision bf16" in half_precision_warning(FAMILIES[class_name], torch.float16)
         assert half_precision_warning(FAMILIES[class_name], torch.bfloat16) is None
     assert half_precision_warning(FAMILIES["StableDiffusionPipeline"], torch.float16) is None  # GORS' own fp16
+
+
+def test_sd35_medium_samples_as_its_model_card_and_other_sd3_checkpoints_as_the_family(tmp_path: Path) -> None:
+    vae = {"block_out_channels": [128, 256, 512, 512]}
+    medium = _config_only_pipeline(tmp_path / "medium", "StableDiffusion3Pipeline", "transformer", 128, vae)
+    config = medium / "transformer" / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"dual_attention_layers": list(range(13))}))
+    large = _config_only_pipeline(tmp_path / "large", "StableDiffusion3Pipeline", "transformer", 128, vae)
+    sampling = detect_backbone(str(medium)).sampling
+    assert (sampling.num_inference_steps, sampling.guidance_scale) == (40, 4.5)
+    sampling = detect_backbone(str(large)).sampling
+    assert (sampling.num_inference_steps, sampling.guidance_scale) == (28, 3.5)

@@ -89,6 +89,10 @@ FAMILIES: dict[str, Backbone] = {
                              resolution_multiple=16),
 }
 FLUX_SCHNELL_SAMPLING = SamplingDefaults(4, 0.0, 1024)
+# Stable Diffusion 3.5 Medium (an MMDiT-X: its transformer config lists `dual_attention_layers`), as
+# its model card samples it; SD3 Medium and SD3.5 Large take the family's 28 steps at 3.5. (SD3.5
+# Large Turbo's config is Large's: it cannot be told apart, so pass its 4 steps and guidance 0.)
+SD35_MEDIUM_SAMPLING = SamplingDefaults(40, 4.5, 1024)
 # FLUX.1 [schnell] reads 256 T5 tokens (Black Forest Labs' reference and diffusers' docs; the
 # pipeline's default, 512, is [dev]'s).
 FLUX_SCHNELL_T5_TOKENS = 256
@@ -202,6 +206,8 @@ def detect_backbone(pretrained_model_name_or_path: str, revision: str | None = N
     backbone = FAMILIES[class_name]
     if backbone.name == "sd":  # SD 1.x and SD-2-base: 512; SD 2.x 768-v: 768
         backbone = replace(backbone, sampling=replace(backbone.sampling, resolution=native_side(name, "unet", revision)))
+    if backbone.name == "sd3" and component_config(name, "transformer", revision).get("dual_attention_layers"):
+        backbone = replace(backbone, sampling=SD35_MEDIUM_SAMPLING)
     if backbone.name == "flux" and not flux_guidance_embeds(name, revision):
         # schnell: distilled to 4 steps without guidance, on 256 T5 tokens
         backbone = replace(backbone, sampling=FLUX_SCHNELL_SAMPLING,
