@@ -296,8 +296,8 @@ def test_scorers_run_in_their_benchmarks_dtype_on_cuda_and_in_float32_on_cpu():
     assert scorer_dtype("soft_tifa", Fake("cpu", "fp16")) == torch.float32
     assert scorer_key("soft_tifa", {}, 8, gpu)[-1] == "torch.bfloat16"
     # The official scripts run BLIP (LAVIS), Mask2Former and CLIP (GenEval) and UniDet in float32.
-    assert {scorer_dtype(name, gpu) for name in ("b_vqa", "geneval", "spatial_rule", "spatial_3d", "numeracy")} \
-        == {torch.float32}
+    assert {scorer_dtype(name, gpu) for name in ("b_vqa", "geneval", "spatial_rule", "spatial_3d", "numeracy",
+                                                 "three_in_one")} == {torch.float32}
 
 
 def test_training_rewards_run_in_the_generation_precision_but_never_a_bf16_model_in_fp16():
