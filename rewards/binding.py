@@ -10,7 +10,8 @@ object) pair scores
 
 and the image scores the mean over its pairs. A prompt without any attribute scores object
 presence: the mean over its objects of the highest confidence of a detection of that object.
-A prompt without any object scores 1.0 (nothing to check), as B-VQA's empty product does.
+A prompt without any object scores 0 (nothing to check, so nothing to reward; B-VQA's empty
+product would say 1, which would select every such image at full weight).
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ def binding_score(
         return score, {"pairs": scored, "presence": [], "score": score, "reason": reason}
     objs = list(dict.fromkeys(p.object for p in phrases))
     if not objs:
-        return 1.0, {"pairs": [], "presence": [], "score": 1.0, "reason": "no object to check"}
+        # Nothing the image could get right: as a reward it must not select every image at full weight.
+        return 0.0, {"pairs": [], "presence": [], "score": 0.0, "reason": "no object to check"}
     presence = [object_presence(o, objects) for o in objs]
     score = sum(p["score"] for p in presence) / len(presence)
     reason = f"no attribute in the prompt: mean presence of {len(objs)} object(s)"

@@ -9,16 +9,19 @@ How a box gets its label and score, per model family:
 - Grounding DINO / MM-Grounding-DINO score every box against every *token* of one text
   "label one. label two." We build that text ourselves and record which tokens belong to which
   label, so a box maps back to the query label by token position, never by decoding and
-  re-matching text. A box's probability for a label is the highest sigmoid probability over the
-  label's tokens (transformers' and IDEA's box score is this maximum over all tokens).
+  re-matching text. A box's probability for a label is the mean sigmoid probability over the
+  label's tokens, as GLIP's and MM-Grounding-DINO's heads turn token scores into class scores
+  (mmdetection's `convert_grounding_to_cls_scores`): with the maximum, "pizza cutter" would fire
+  on any pizza. (transformers' and IDEA's box score is the maximum over all tokens.)
 - OWLv2 / OWL-ViT score every box against every query separately: one sigmoid probability per
   (box, label).
 
 `select_detections` then applies the thresholds to the (boxes x labels) probability table:
 without `text_threshold` each box keeps its best label (OWL's rule); with it, a box whose best
 probability reaches `threshold` is reported for every label whose probability reaches
-`text_threshold` (Grounding DINO's phrase rule, where one box can name several phrases), always
-with the box's best probability as its score. `per_class_detections` is detectron2's rule, which
+`text_threshold` (Grounding DINO's phrase rule, where one box can name several phrases), each
+with its own probability as its score (IDEA's pipeline gives every phrase the box's best, which
+would let a box of one colour count as every colour above `text_threshold`). `per_class_detections` is detectron2's rule, which
 the T2I-CompBench UniDet metrics run: every (box, label) pair above the threshold, scored by its
 own probability, then non-maximum suppression per label (`detect(..., nms_iou=...)`).
 """
@@ -96,7 +99,8 @@ def select_detections(
         threshold: a box is kept when its best probability is >= threshold; that probability is
             its score.
         text_threshold: None: a kept box is reported once, for its best label. A number: a kept
-            box is reported for every label whose probability is >= text_threshold.
+            box is reported for every label whose probability is >= text_threshold, each scored by
+            its own probability.
 
     Ties in score keep the box order; several labels of one box keep the label order.
     """
@@ -112,10 +116,9 @@ def select_detections(
     # Only the few boxes above the threshold are looked at one by one (there are hundreds).
     for index in np.flatnonzero(probabilities[np.arange(len(best)), best] >= threshold):
         row = probabilities[index]
-        score = float(row[best[index]])
         chosen = [best[index]] if text_threshold is None else np.flatnonzero(row >= text_threshold)
         box_tuple = tuple(float(v) for v in boxes[index])
-        found += [Detection(labels[k], score, box_tuple) for k in chosen]  # type: ignore[arg-type]
+        found += [Detection(labels[k], float(row[k]), box_tuple) for k in chosen]  # type: ignore[arg-type]
     return sorted(found, key=lambda d: -d.score)
 
 
@@ -318,7 +321,7 @@ class ZeroShotDetector:
         tables = []
         for row, (image, (_, spans)) in enumerate(zip(images, texts, strict=True)):
             probs = torch.stack(
-                [token_probs[row, :, start:end].max(dim=-1).values for start, end in spans], dim=-1
+                [token_probs[row, :, start:end].mean(dim=-1) for start, end in spans], dim=-1
             )
             width, height = image.size
             scale = torch.tensor([width, height, width, height], dtype=torch.float32)

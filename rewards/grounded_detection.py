@@ -29,7 +29,9 @@ class GroundedDetectionReward(SpatialRuleReward):
     - "on top of" scores like "on the top of" (`fix_on_top_of=True`; the metric's official
       position rule gives it 0);
     - an object named twice ("a dog near a dog") takes the two most confident boxes
-      (`distinct_same_name=True`).
+      (`distinct_same_name=True`);
+    - girl, boy, man and woman are asked for as such, not as UniDet's "person"
+      (`person_mapping=False`).
 
     A prompt without a relation word, or without two objects, scores 0 with a reason.
     All constructor arguments are those of `SpatialRuleReward`.
@@ -46,3 +48,9 @@ class GroundedDetectionReward(SpatialRuleReward):
     default_floor = 0.0
     default_fix_on_top_of = True
     default_distinct_same_name = True
+    # An open-vocabulary detector can tell a girl from a man: asking it for "person" (UniDet's class)
+    # would reward a man where a girl was asked for.
+    default_person_mapping = False
+    # 3: a label scores the mean over its tokens (GLIP's rule) and girl/boy/man/woman are asked for as such
+    # (2: the maximum over its tokens, "person"; per-class NMS as the spatial rule's version 2)
+    scoring_version = 3

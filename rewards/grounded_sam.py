@@ -122,7 +122,7 @@ class GroundedSAMReward(Reward):
        when the object or the attribute is not detected.
     5. Image score = mean of the pair scores. A prompt without attribute words scores object
        presence (mean over its objects of the best confidence of that object, 0 when missing);
-       a prompt without any object scores 1.0.
+       a prompt without any object scores 0.
 
     Args:
         model_name_or_path: Grounding DINO checkpoint (Hub id or folder); default
@@ -142,6 +142,9 @@ class GroundedSAMReward(Reward):
     """
 
     name = "grounded_sam"
+    # 2: each phrase of a box at its own probability, a label at the mean over its tokens, a prompt
+    # without objects 0 (1: every phrase at the box's best, the maximum over tokens, 1)
+    scoring_version = 2
     default_model = "IDEA-Research/grounding-dino-base"
     default_sam_model = "facebook/sam-vit-huge"
     categories = ("color", "shape", "texture")

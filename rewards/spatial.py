@@ -72,7 +72,8 @@ class SpatialRuleReward(Reward):
             official script's detection frame: 479 x 479 for a 512 x 512 image, `official_frame`).
         fix_on_top_of: score "on top of" like "on the top of" (official: position 0).
         distinct_same_name: an object named twice takes the two most confident detections.
-        person_mapping: girl/boy/man/woman are detected as "person" (official).
+        person_mapping: girl/boy/man/woman are detected as "person" (official: UniDet has no such
+            classes); default the class's (`default_person_mapping`).
         noun_phrase_backend: see `rewards.noun_phrases.noun_phrases`.
     """
 
@@ -91,6 +92,7 @@ class SpatialRuleReward(Reward):
     default_floor: ClassVar[float] = SCORE_FLOOR
     default_fix_on_top_of: ClassVar[bool] = False
     default_distinct_same_name: ClassVar[bool] = False
+    default_person_mapping: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -108,7 +110,7 @@ class SpatialRuleReward(Reward):
         distance_threshold: float = DISTANCE_THRESHOLD,
         fix_on_top_of: bool | None = None,
         distinct_same_name: bool | None = None,
-        person_mapping: bool = True,
+        person_mapping: bool | None = None,
         noun_phrase_backend: Backend = "auto",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
@@ -133,7 +135,7 @@ class SpatialRuleReward(Reward):
         self.distinct_same_name = (
             self.default_distinct_same_name if distinct_same_name is None else distinct_same_name
         )
-        self.person_mapping = person_mapping
+        self.person_mapping = self.default_person_mapping if person_mapping is None else person_mapping
         self.noun_phrase_backend = noun_phrase_backend
         self.detector = reward_detector(self, detector)
 

@@ -30,7 +30,9 @@ class UnbiasedComplexReward(WeightedReward):
     """
 
     name = "unbiased_complex"
-    scoring_version = 2  # 2: its grounded_detection member suppresses per class (1: no NMS)
+    # 3: its members' version 3 / 2 changes, and the spatial member counts only where the prompt names two
+    # objects (2: its grounded_detection member suppresses per class; 1: no NMS)
+    scoring_version = 3
     categories = ("complex",)
     description = "unbiased complex reward: mean of grounded_sam, grounded_detection and blip_clip"
 
@@ -63,6 +65,9 @@ class UnbiasedComplexReward(WeightedReward):
         super().__init__(specs, device, torch_dtype, batch_size, options=options)
 
     def image_weights(self, outputs: Mapping[str, RewardOutput], index: int) -> dict[str, float]:
-        if outputs["grounded_detection"].details[index].get("relation") is not None:
+        # The spatial member counts only where the prompt is spatial: a relation word and two objects
+        # (a relation word alone, "nearby", is no layout to judge, and would count as a 0).
+        spatial = outputs["grounded_detection"].details[index]
+        if spatial.get("relation") is not None and spatial.get("objects") is not None:
             return self.weights
         return {name: weight for name, weight in self.weights.items() if name != "grounded_detection"}

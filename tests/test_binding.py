@@ -194,6 +194,7 @@ def test_without_attributes_scores_object_presence() -> None:
     assert details["presence"][0]["score"] == 0.8
 
 
-def test_without_objects_scores_one() -> None:
+def test_without_objects_scores_zero() -> None:
+    # A prompt the parser finds no object in gives no evidence of binding: it selects nothing.
     score, details = binding_score([], [], [])
-    assert score == 1.0 and details["reason"] == "no object to check"
+    assert score == 0.0 and details["reason"] == "no object to check"

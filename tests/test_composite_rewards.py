@@ -92,11 +92,12 @@ def test_unbiased_complex_averages_the_unbiased_rewards(models):
                    "max_length": 14},
     )
     assert reward.members["grounded_detection"].complex
-    out = reward.score(images(2), [BOTH, ACTION])
-    with_relation, without = out.details
+    out = reward.score(images(3), [BOTH, ACTION, "The tall tree stood nearby, casting long shadows."])
+    with_relation, without, one_object = out.details
     assert set(with_relation["members"]) == {"grounded_sam", "grounded_detection", "blip_clip"}
-    # An action prompt has no relation word: grounded detection has nothing to judge and sits out.
-    assert set(without["members"]) == {"grounded_sam", "blip_clip"}
+    # An action prompt has no relation word, and "nearby" names one object: grounded detection has no
+    # layout to judge and sits out (it used to count as a 0 for the second).
+    assert set(without["members"]) == set(one_object["members"]) == {"grounded_sam", "blip_clip"}
     for value, details in zip(out.scores, out.details):
         members = details["members"]
         expected = sum(m["weight"] * m["score"] for m in members.values()) / sum(m["weight"] for m in members.values())

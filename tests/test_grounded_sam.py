@@ -132,7 +132,7 @@ def test_tiny_models_scores_and_details(reward: GroundedSAMReward) -> None:
     # No attribute: object presence; no object: nothing to check.
     assert [p["object"] for p in third["presence"]] == ["balloon", "giraffe"]
     assert third["detections"]["attributes"] == []
-    assert output.scores[3] == 1.0 and last["detections"] == {"objects": [], "attributes": []}
+    assert output.scores[3] == 0.0 and last["detections"] == {"objects": [], "attributes": []}
 
 
 def test_deterministic(reward: GroundedSAMReward) -> None:
@@ -257,3 +257,24 @@ def test_bad_arguments(sam_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="--reward_model_name_or_path"):
         load("grounded_sam", model_name_or_path=str(tmp_path / "nope"),
              sam_model_name_or_path=str(sam_dir), device="cpu")
+
+
+def test_swapped_colours_score_below_the_right_ones_when_colour_words_co_activate():
+    # A blue bench and a green bowl for "a green bench and a blue bowl": each box's other colour reaches
+    # text_threshold 0.25 (colour words co-activate), and must count at its own 0.27, not at the box's 0.70.
+    from rewards.binding import Segment, binding_phrases, binding_score
+    from rewards.detection import select_detections
+
+    phrases = binding_phrases("a green bench and a blue bowl", "builtin")
+    boxes = np.array([[20, 200, 240, 480], [300, 300, 480, 460]], float)  # bench, bowl
+
+    def score(colours: np.ndarray) -> float:
+        def segments(probabilities, labels):
+            found = select_detections(probabilities, boxes, labels, 0.35, text_threshold=0.25)
+            return [Segment(d.label, d.score, box_mask(d.box, 512, 512)) for d in found]
+
+        objects = segments(np.array([[0.8, 0.05], [0.05, 0.8]]), ["bench", "bowl"])
+        return binding_score(phrases, objects, segments(colours, ["green", "blue"]))[0]
+
+    swapped, right = score(np.array([[0.27, 0.70], [0.70, 0.27]])), score(np.array([[0.70, 0.27], [0.27, 0.70]]))
+    assert right > 0.7 and swapped < 0.7 * right  # before: equal, each colour at its box's 0.70
