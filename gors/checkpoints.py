@@ -20,7 +20,7 @@ import re
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from accelerate import Accelerator
 
@@ -151,9 +151,14 @@ def _complete_newest_first(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
             yield folder, marker["fingerprint"]
 
 
-def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any]) -> tuple[Path, list[str]] | None:
+def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any],
+                              with_folders: Sequence[str] = ()) -> tuple[Path, list[str]] | None:
     """Rename `checkpoints/` to `checkpoints.previous-<n>/` when it holds complete checkpoints of
     another training (other settings or selection); returns (where, the differences), else None.
+
+    `with_folders`: folders of the run folder that belong to that training too (its `best/` LoRA and
+    `validation/` results); they go into `checkpoints/` first, so that a kill between the renames
+    leaves them with the checkpoints, and the next run sets them aside together.
 
     A run that was not asked to resume then starts beside nothing of another training's: their
     steps would otherwise stand next to its own, and `latest` would later pick one of theirs. They
@@ -166,6 +171,9 @@ def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any
             number = 1
             while (aside := root.with_name(f"{CHECKPOINTS_DIR}.previous-{number}")).exists():
                 number += 1
+            for name in with_folders:
+                if (Path(output_dir) / name).is_dir() and not (root / name).exists():
+                    (Path(output_dir) / name).rename(root / name)
             root.rename(aside)
             return aside, differences
     return None

@@ -3,7 +3,7 @@
 A calibration `gors run` at the real sizes (the base model at its resolution, the real reward
 model, a few prompts, a few hundred steps) writes each stage's rate to `timings.json`
 (`gors.timings`). This module scales those rates to a planned run (by default the paper's colour
-run, `gors.core.paper`: 700 prompts x 90 images, 30 DDIM steps, B-VQA, 15 000 steps of batch 16)
+run, `gors.core.paper`: 700 prompts x 90 images, 50 DDIM steps, B-VQA, 15 000 steps of batch 16)
 and prints the GPU-hours of each stage, for gors and for the official procedures at given speed
 ratios.
 
@@ -282,8 +282,9 @@ class EstimateConfig:
                                    metadata={"help": f"Images per prompt (paper: {GORS_IMAGES_PER_PROMPT})."})
     num_inference_steps: int = field(
         default=GORS_SAMPLING_STEPS,
-        metadata={"help": f"Denoising steps per image (default {GORS_SAMPLING_STEPS}, as `gors run` samples SD 1/2: "
-                          "the official repository does not say how many its training samples took)."})
+        metadata={"help": f"Denoising steps per image (default {GORS_SAMPLING_STEPS}, the official sampling script's "
+                          "default; the official repository does not say how many its training samples took). Pass "
+                          "30 to price what `gors run` samples SD 1/2 with."})
     max_train_steps: int = field(default=GORS_TRAIN_STEPS,
                                  metadata={"help": f"Optimizer steps (official: {GORS_TRAIN_STEPS})."})
     global_batch_size: int = field(default=GORS_GLOBAL_BATCH,

@@ -566,15 +566,17 @@ class GORSTrainer:
             accelerator.log(logs, step=global_step)
             bar.set_postfix(loss=f"{mean_loss:.4f}")
 
-            if global_step % config.checkpointing_steps == 0 or global_step == config.max_train_steps:
-                self.save_checkpoint(global_step)
             # The last step too: the final LoRA is a best/ candidate even off the --validation_steps grid.
+            # Validation comes before the step's checkpoint (it leaves RNG and modes as they were): a run
+            # killed while validating resumes before this step and validates it, not after it.
             if global_step % config.validation_steps == 0 or global_step == config.max_train_steps:
                 if config.validation_prompts and accelerator.is_main_process:
                     self.log_validation(global_step)
                 if self.validation is not None:
                     self.validate_on_benchmark(global_step)
                 accelerator.wait_for_everyone()
+            if global_step % config.checkpointing_steps == 0 or global_step == config.max_train_steps:
+                self.save_checkpoint(global_step)
         bar.close()
 
         accelerator.wait_for_everyone()
@@ -644,17 +646,6 @@ class GORSTrainer:
         accelerator.print(f"[train] continuing from {checkpoint} at step {step} ({state})")
         return step
 
-    def _set_aside_validation_results(self, aside: Path) -> list[str]:
-        """Move the run folder's `best/` and `validation/` into `aside`, where another training's checkpoints
-        were just set aside: they are that training's, kept as its checkpoints are. Returns the names moved.
-        (Online rounds keep them in the top folder, for the whole run: not moved.)"""
-        moved = []
-        for name in (BEST_DIR, VALIDATION_DIR):
-            if self.validation_dir is None and (self.output_dir / name).is_dir():
-                (self.output_dir / name).rename(aside / name)
-                moved.append(name)
-        return moved
-
     def _checkpoint_to_resume(self) -> Path | None:
         """The checkpoint to go on from, checked against this run: the one `--resume_from_checkpoint`
         names, or, without the flag, the newest of this same training (`own_checkpoint`, after
@@ -663,9 +654,11 @@ class GORSTrainer:
         config, accelerator = self.config, self.accelerator
         if not config.resume_from_checkpoint:
             if accelerator.is_main_process:
-                moved = set_aside_other_trainings(config.output_dir, self.fingerprint)
+                # Its best LoRA and validation results go with them (online rounds keep theirs in the top folder).
+                with_folders = (BEST_DIR, VALIDATION_DIR) if self.validation_dir is None else ()
+                moved = set_aside_other_trainings(config.output_dir, self.fingerprint, with_folders)
                 if moved is not None:
-                    kept = self._set_aside_validation_results(moved[0])
+                    kept = [name for name in with_folders if (moved[0] / name).is_dir()]
                     accelerator.print(f"[train] {CHECKPOINTS_DIR}/ held checkpoints of a training with other settings "
                                       f"({'; '.join(moved[1])}): moved to {moved[0]}"
                                       + (f", with its {' and '.join(kept)}/" if kept else ""))

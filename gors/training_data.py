@@ -96,7 +96,10 @@ def sharded_cache(
 def text_cache_name(component: str, prompts: list[str], tokens: torch.Tensor, model_id: str, revision: str | None,
                     dtype: torch.dtype) -> str:
     """The cache file of one frozen text encoder's outputs: a hash of what they depend on."""
-    payload = json.dumps([component, prompts, tokens.shape[1], model_id, revision, str(dtype)])
+    parts = [component, prompts, tokens.shape[1], model_id, revision, str(dtype)]
+    if dtype == torch.float16:  # encoders load in fp16 with transformers' fp32 layers (T5's `wo`) since 0.2
+        parts.append("keep_in_fp32")
+    payload = json.dumps(parts)
     return f"{component}-{hashlib.sha256(payload.encode()).hexdigest()[:16]}.safetensors"
 
 

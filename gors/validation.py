@@ -198,9 +198,9 @@ class BenchmarkValidation:
         """Set up for a run at `step` (0: a fresh start; more: resumed or continued there) of the training
         `training` (`training_identity`), on every process. A fresh start discards the folder's
         validation results (`discard_validation_results`); a resumed run discards those after `step`
-        (`discard_steps_after`) and competes with the recorded best LoRA only when it is of this training
-        and these validation settings: another's value does not compare, and the first validation
-        replaces it."""
+        (`discard_steps_after`) and competes with the recorded best LoRA only when it is of this training,
+        these validation settings and a step up to `step`: another's value does not compare, and the
+        first validation replaces it."""
         accelerator = self.accelerator
         self.training = training
         if accelerator.is_main_process:
@@ -218,6 +218,11 @@ class BenchmarkValidation:
         if best is not None and (best.get("training"), best.get("validation")) != (training, self.settings):
             accelerator.print(f"[validation] {best_file} is of another training or other validation settings: "
                               "this run's first validation replaces it")
+            best = None
+        elif best is not None and best.get("step", 0) > step:
+            # A killed run's LoRA after the checkpoint this run resumes from: not one this run trains.
+            accelerator.print(f"[validation] {best_file} is of step {best['step']}, after step {step} that this run "
+                              "resumes from: this run's first validation replaces it")
             best = None
         self.best = best
 

@@ -49,6 +49,8 @@ class Reward:
       (e.g. GenEval 2 loads Qwen3-VL in its checkpoint's bfloat16); a benchmark scores in it on CUDA
       instead of the generation precision (`evaluators.base.scorer_dtype`). None: the generation
       precision. On CPU every reward runs in float32.
+    - `overflows_in_float16`: its default model was trained in bfloat16 and its activations can
+      leave float16's range (Qwen3-VL): under `--mixed_precision fp16` it runs in bfloat16.
     - `scoring_version`: raised when a release changes the reward's scores for the same options;
       a score folder records it (when above 1) and refuses scores of another version
       (`rewards.combined.scoring_versions`).
@@ -60,6 +62,7 @@ class Reward:
     score_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     description: ClassVar[str] = ""
     official_dtype: ClassVar[torch.dtype | None] = None
+    overflows_in_float16: ClassVar[bool] = False
     scoring_version: ClassVar[int] = 1
 
     @classmethod

@@ -99,17 +99,17 @@ def reward_dtype(reward: str, device: torch.device, generation_dtype: torch.dtyp
 
     On the CPU float32. On CUDA, scoring a benchmark, the reward's `official_dtype` where it declares
     one, so that its numbers compare with the published ones; as a training reward, the generation
-    precision `generation_dtype` (half precision pays, and selection needs no published number),
-    except that a model its benchmark runs in bfloat16, trained in it, never runs in float16, where
-    its activations can overflow. A reward list runs in the generation precision.
+    precision `generation_dtype` (half precision pays, and selection needs no published number).
+    A model trained in bfloat16 (`overflows_in_float16`: a list's member too) never runs in float16,
+    where its activations can overflow: bfloat16 instead. A reward list otherwise runs in the
+    generation precision.
     """
     if device.type != "cuda":
         return torch.float32
     specs = parse_reward_list(reward)
-    official = get_reward_class(specs[0].name).official_dtype if is_single(specs, reward) else None
-    if benchmark and official is not None:
-        return official
-    if official == torch.bfloat16 and generation_dtype == torch.float16:
+    if benchmark and is_single(specs, reward) and get_reward_class(specs[0].name).official_dtype is not None:
+        return get_reward_class(specs[0].name).official_dtype
+    if generation_dtype == torch.float16 and any(get_reward_class(s.name).overflows_in_float16 for s in specs):
         return torch.bfloat16
     return generation_dtype
 

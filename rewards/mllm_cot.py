@@ -260,6 +260,7 @@ class MLLMCoTReward(Reward):
 
     name = "mllm_cot"
     default_model = "Qwen/Qwen3-VL-8B-Instruct"
+    overflows_in_float16 = True
     categories = CATEGORIES
     description = ("T2I-CompBench's MLLM chain-of-thought judge on Qwen3-VL: describe the image, then rate "
                    "the prompt's alignment 0-100 with the category's official criteria")

@@ -70,6 +70,7 @@ class _ChatVLMReward(Reward):
     default_model = "Qwen/Qwen3-VL-8B-Instruct"
     # GenEval 2's evaluation.py loads Qwen3-VL with dtype="auto": the checkpoint's bfloat16.
     official_dtype = torch.bfloat16
+    overflows_in_float16 = True
 
     def __init__(
         self,

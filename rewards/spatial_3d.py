@@ -132,7 +132,9 @@ class Spatial3DReward(Reward):
     name = "spatial_3d"
     # T2I-CompBench++'s UniDet and DPT depth run in float32.
     official_dtype = torch.float32
-    scoring_version = 2  # 2: UniDet's 0.1 threshold and per-class NMS (1: a 0.5 threshold, no NMS)
+    # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
+    # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
+    scoring_version = 3
     default_model = "google/owlv2-base-patch16-ensemble"
     categories = ("3d_spatial",)
     description = (

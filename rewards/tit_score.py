@@ -235,6 +235,7 @@ class TITScoreReward(Reward):
     # in it rather than the generation precision. The LLM judge shares that dtype; the embedder is
     # float32 by default, as the reference loads it (no dtype given), or `embedding_dtype`.
     official_dtype = torch.bfloat16
+    overflows_in_float16 = True
     description = (
         "TIT-Score (LPG-Bench): cosine between the prompt and Qwen3-VL's description of the image, "
         "embedded by Qwen3-Embedding; TIT-Score-LLM with an LLM judge"

@@ -96,6 +96,19 @@ def test_a_run_goes_on_from_its_own_checkpoint_and_sets_another_trainings_aside(
     assert set_aside_other_trainings(tmp_path, other)[0] == tmp_path / "checkpoints.previous-2"  # never overwritten
 
 
+def test_another_trainings_best_lora_is_set_aside_with_its_checkpoints_even_after_a_kill(tmp_path):
+    fingerprint, other = {"rank": 4}, {"rank": 8}
+    _checkpoint(tmp_path, "checkpoint-2", fingerprint)
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / "best.json").write_text("{}")
+    # As if killed between the two renames: best/ already went into checkpoints/, which is still in place.
+    (tmp_path / "best").rename(tmp_path / "checkpoints" / "best")
+    (tmp_path / "validation").mkdir()
+    aside, _ = set_aside_other_trainings(tmp_path, other, with_folders=("best", "validation"))
+    assert sorted(p.name for p in aside.iterdir()) == ["best", "checkpoint-2", "validation"]
+    assert (aside / "best" / "best.json").is_file() and not (tmp_path / "best").exists()
+
+
 def test_a_decaying_lr_schedule_binds_a_checkpoint_to_the_runs_length(tmp_path):
     # diffusers' schedulers save only their step: resumed under another length, a cosine would jump
     selection = [{"path": "part-00000/00000_000.png", "reward": 0.9}]

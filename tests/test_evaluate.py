@@ -308,10 +308,12 @@ def test_training_rewards_run_in_the_generation_precision_but_never_a_bf16_model
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert reward_dtype("b_vqa", cuda, torch.float16, benchmark=False) == torch.float16  # no published number to meet
     assert reward_dtype("clip_score", cuda, torch.bfloat16, benchmark=False) == torch.bfloat16
-    for name in ("soft_tifa", "tifa", "vqascore", "tit_score"):  # Qwen3-VL, trained in bf16, overflows in fp16
+    for name in ("soft_tifa", "tifa", "vqascore", "tit_score", "mllm_cot"):  # Qwen3-VL, trained in bf16
         assert reward_dtype(name, cuda, torch.float16, benchmark=False) == torch.bfloat16
         assert reward_dtype(name, cuda, torch.float32, benchmark=False) == torch.float32
-    assert reward_dtype("soft_tifa:0.5,clip_score:0.5", cuda, torch.float16, benchmark=False) == torch.float16
+    # A list with such a member: all of it in bfloat16 (members share one dtype).
+    assert reward_dtype("soft_tifa:0.5,clip_score:0.5", cuda, torch.float16, benchmark=False) == torch.bfloat16
+    assert reward_dtype("b_vqa:0.5,clip_score:0.5", cuda, torch.float16, benchmark=False) == torch.float16
     assert reward_dtype("soft_tifa", cpu, torch.float16, benchmark=False) == torch.float32
 
 
@@ -337,7 +339,7 @@ def test_score_folders_record_scoring_versions_and_refuse_older_scores(tmp_path)
 
     assert scorer_settings("b_vqa", {}) == {"reward": "b_vqa", "options": {}}  # version 1: as before
     settings = scorer_settings("b_vqa:0.5,spatial_rule:0.5", {})
-    assert settings["scoring_versions"] == {"spatial_rule": 2}  # UniDet's 0.1 threshold and per-class NMS
+    assert settings["scoring_versions"] == {"spatial_rule": 3}  # UniDet's rule; Grounding DINO labels by token mean
     (tmp_path / "settings.json").write_text(json.dumps({"reward": "b_vqa:0.5,spatial_rule:0.5", "options": {}}))
     with pytest.raises(StoreError, match="delete .* to score again"):  # scored with the 0.5 threshold
         check_settings(tmp_path, settings, scored=True)

@@ -239,3 +239,60 @@ def test_rendering_the_validation_prompts_runs_in_eval_mode_and_leaves_the_rngs_
     assert all(module.training for module in modules)
     assert torch.equal(torch.get_rng_state(), states[0]) and random.getstate() == states[1]
     assert np.array_equal(np.random.get_state()[1], states[2])
+
+
+def test_a_killed_runs_best_after_the_resumed_checkpoint_is_not_kept(make_run_config, tmp_path, monkeypatch):
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.1, 0.2, 0.9])
+    validation.start(0, training="A")
+    _validate(validation, range(1, 4))  # killed after step 3's validation; its newest checkpoint is step 2
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.5, 0.6])
+    validation.start(2, training="A")
+    _validate(validation, range(3, 5))
+    # Step 3's 0.9 was a LoRA this run never trained: the run's own steps 3 and 4 compete, and 4 wins.
+    assert (_best(tmp_path)["step"], _best(tmp_path)["value"]) == (4, 0.6)
+    assert (tmp_path / "best" / "lora").read_text() == "4"
+
+
+def test_a_run_killed_while_validating_a_checkpoint_step_validates_it_on_the_rerun(
+        selected_run, make_run_config, tmp_path, monkeypatch):
+    run = _copy_run(selected_run, tmp_path / "run")
+    common = dict(output_dir=str(run), validation_benchmark="toy:train", validation_steps=1, checkpointing_steps=2,
+                  validation_num_prompts=2, report_to="none", max_train_steps=2)
+    validate = BenchmarkValidation.run
+
+    def killed_at_step_2(self, step, pipeline, save_lora):
+        if step == 2:
+            raise KeyboardInterrupt  # a kill while validating the last step, a checkpoint step
+        return validate(self, step, pipeline, save_lora)
+
+    monkeypatch.setattr(BenchmarkValidation, "run", killed_at_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        train(make_run_config(**common))
+    reset_process_state()
+    monkeypatch.undo()
+    # Validation comes before the checkpoint: the rerun resumes before step 2 and validates it.
+    assert not (run / "checkpoints" / "checkpoint-2").exists()
+    train(make_run_config(**common))
+    reset_process_state()
+    assert sorted(p.name for p in (run / "validation").iterdir()) == ["step-000001", "step-000002"]
+    assert _summary(run, 2)["num_prompts"] == 2
+
+
+def test_round_1_competes_with_round_0s_best(make_run_config, tmp_path, monkeypatch):
+    from gors.run import run
+
+    values = iter([0.9, 0.1])
+    validate = BenchmarkValidation.run
+
+    def stubbed(self, step, pipeline, save_lora):
+        monkeypatch.setattr(self.benchmark, "evaluate", lambda *args, **kwargs: {"binding_accuracy": next(values)})
+        return validate(self, step, pipeline, save_lora)
+
+    monkeypatch.setattr(BenchmarkValidation, "run", stubbed)
+    out = tmp_path / "rounds"
+    run(make_run_config(output_dir=str(out), rounds=2, max_train_steps=4, checkpointing_steps=1, replay="last",
+                        report_to="none", validation_benchmark="toy:train", validation_num_prompts=2,
+                        validation_steps=100))
+    reset_process_state()
+    # One training across the rounds: round 1's 0.1 at step 4 does not replace round 0's 0.9 at step 2.
+    assert (_best(out)["step"], _best(out)["value"]) == (2, 0.9)
