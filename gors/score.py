@@ -71,7 +71,8 @@ def score_settings(config: ScoreConfig | RunConfig, accelerator: Accelerator, re
     """What a score folder records about the scorer that fills it (the dtype too: scores in another
     precision differ, so they are refused rather than mixed)."""
     return {"reward": reward, "model_name_or_path": config.reward_model_name_or_path,
-            "options": config.reward_options or {}, "dtype": str(training_reward_dtype(config, accelerator, reward))} \
+            "options": config.reward_options or {},
+            "dtype": str(training_reward_dtype(config, accelerator, reward)).removeprefix("torch.")} \
         | versioned(reward)
 
 

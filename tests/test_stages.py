@@ -103,7 +103,7 @@ def test_score_writes_details_and_resumes(make_run_config, monkeypatch):
     assert metadata[0]["reward_b_vqa"] == row["reward"]
     # The folder records what made its scores; other reward options are refused, not mixed in.
     settings = json.loads(Path(config.output_dir, "scores", "b_vqa", "settings.json").read_text())
-    assert settings["reward"] == "b_vqa" and settings["options"] == {} and settings["dtype"] == "torch.float32"
+    assert settings["reward"] == "b_vqa" and settings["options"] == {} and settings["dtype"] == "float32"
     config.reward_options = {"max_questions": 1}
     with pytest.raises(StoreError, match="holds scores made with"):
         score(config)
