@@ -113,7 +113,9 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
         )
     if adopted:
         logger.warning("%s was scored before gors recorded the scorer's %s; its scores are taken to have been made "
-                       "with %s", scores_folder, ", ".join(adopted), ", ".join(f"{k}={wanted[k]}" for k in adopted))
+                       "with %s (if they were not, e.g. a Qwen3-VL reward scored in float16 by an older gors, delete "
+                       "the folder to score again)", scores_folder, ", ".join(adopted),
+                       ", ".join(f"{k}={wanted[k]}" for k in adopted))
     return True
 
 
