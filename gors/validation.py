@@ -225,6 +225,11 @@ class BenchmarkValidation:
                               "resumes from: this run's first validation replaces it")
             best = None
         self.best = best
+        # The scorer loads now, not at the first validation: a model that does not load or fit fails
+        # before any training step, and it would stay in memory from that validation on anyway.
+        with preserved_rng(accelerator.device):
+            if self._scorer is None:
+                self._scorer = self.benchmark.make_scorer(accelerator, self.options)
 
     def run(self, step: int, pipeline: Any, save_lora: Callable[[Path], Any]) -> dict[str, Any]:
         """Validate the pipeline at `step`; returns the benchmark summary (all processes call this)."""
@@ -233,8 +238,6 @@ class BenchmarkValidation:
         accelerator = self.accelerator
         folder = self.output_dir / VALIDATION_DIR / f"{_STEP_FOLDER}{step:06d}"
         with preserved_rng(accelerator.device):
-            if self._scorer is None:
-                self._scorer = self.benchmark.make_scorer(accelerator, self.options)
             summary = self.benchmark.evaluate(
                 None, folder, accelerator=accelerator, pipeline_loader=lambda: pipeline,
                 scorer=self._scorer, scorer_options=self.options, with_columns=False, backbone=self.backbone,

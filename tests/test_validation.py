@@ -296,3 +296,21 @@ def test_round_1_competes_with_round_0s_best(make_run_config, tmp_path, monkeypa
     reset_process_state()
     # One training across the rounds: round 1's 0.1 at step 4 does not replace round 0's 0.9 at step 2.
     assert (_best(out)["step"], _best(out)["value"]) == (2, 0.9)
+
+
+def test_a_validation_scorer_that_does_not_load_fails_before_any_training_step(
+        selected_run, make_run_config, tmp_path, monkeypatch):
+    run = _copy_run(selected_run, tmp_path / "run")
+    steps = []
+    monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", lambda self, m: steps.append(m))
+
+    def unloadable(self, accelerator, options):
+        raise OSError("the scorer's weights are not there")
+
+    monkeypatch.setattr(type(BenchmarkValidation(make_run_config(output_dir=str(run), validation_benchmark="toy:train"),
+                                                 make_accelerator()).benchmark), "make_scorer", unloadable)
+    with pytest.raises(OSError, match="weights are not there"):
+        train(make_run_config(output_dir=str(run), validation_benchmark="toy:train", validation_num_prompts=2,
+                              max_train_steps=2, report_to="none"))
+    reset_process_state()
+    assert steps == []
