@@ -107,9 +107,10 @@ def reward_dtype(reward: str, device: torch.device, generation_dtype: torch.dtyp
     if device.type != "cuda":
         return torch.float32
     specs = parse_reward_list(reward)
-    if benchmark and is_single(specs, reward) and get_reward_class(specs[0].name).official_dtype is not None:
-        return get_reward_class(specs[0].name).official_dtype
-    if generation_dtype == torch.float16 and any(get_reward_class(s.name).overflows_in_float16 for s in specs):
+    classes = [get_reward_class(spec.name) for spec in specs]
+    if benchmark and is_single(specs, reward) and classes[0].official_dtype is not None:
+        return classes[0].official_dtype
+    if generation_dtype == torch.float16 and any(cls.overflows_in_float16 for cls in classes):
         return torch.bfloat16
     return generation_dtype
 

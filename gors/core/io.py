@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from PIL import Image
 
@@ -126,6 +126,16 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 def atomic_write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
     """Atomically replace a jsonl file with `rows`."""
     atomic_write_bytes(path, "".join(json.dumps(row) + "\n" for row in rows).encode())
+
+
+def filter_jsonl(path: str | Path, keep: Callable[[dict[str, Any]], bool]) -> int:
+    """Atomically drop the rows of a jsonl file that `keep` rejects (the file is left alone when
+    it rejects none); returns how many were dropped."""
+    rows = list(read_jsonl(path))
+    kept = [row for row in rows if keep(row)]
+    if len(kept) != len(rows):
+        atomic_write_jsonl(path, kept)
+    return len(rows) - len(kept)
 
 
 def atomic_save_image(image: Image.Image, path: str | Path) -> str:

@@ -19,7 +19,7 @@ from PIL import Image
 
 from gors.core.clock import work_starts
 from gors.core.distributed import batches, progress_bar
-from gors.core.io import append_jsonl, atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, repair_jsonl
+from gors.core.io import append_jsonl, atomic_write_json, filter_jsonl, read_json, repair_jsonl
 from gors.core.run_folder import samples_dir, scores_dir
 from gors.core.store import (
     IMAGE_HASH,
@@ -67,7 +67,11 @@ def read_score_rows(folder: Path, records: Sequence[dict[str, Any]]) -> dict[Sam
     Only a row of the record's own image file counts (`same_image`): a sample generated again
     since it was scored has no score until it is scored again.
     """
-    rows = _rows_by_key(folder)
+    return _current_rows(_rows_by_key(folder), records)
+
+
+def _current_rows(rows: Mapping[SampleKey, list[dict]], records: Sequence[dict[str, Any]]) -> dict[SampleKey, dict]:
+    """Of `rows` (by key), the one of each record's own image file, with the record's path."""
     return {
         sample_key(record): row | {"path": record["path"]}  # the image, made again with the same bytes, may have moved
         for record in records
@@ -137,7 +141,6 @@ def open_score_folder(
     as_json = json.loads(json.dumps(settings, sort_keys=True, default=str)) if settings is not None else None
     record_settings = as_json is not None and check_settings(scores_folder, as_json, scored=bool(rows))
     by_key = {sample_key(record): record for record in records}
-    done, stale = {}, 0
     for key, record in by_key.items():
         for row in rows.get(key, ()):
             if row["prompt"] != record["prompt"]:
@@ -145,16 +148,18 @@ def open_score_folder(
                     f"{scores_folder} holds a score of prompt {row['prompt']!r} for sample {key}, whose prompt is "
                     f"now {record['prompt']!r}: it belongs to another run. Use a new output folder."
                 )
-            if same_image(row, record):
-                done[key] = row | {"path": record["path"]}
-            else:
-                stale += 1
+
+    def current_or_other(row: dict) -> bool:  # a row of a sample asked for must be of its current image
+        return sample_key(row) not in by_key or same_image(row, by_key[sample_key(row)])
+
+    done = _current_rows(rows, records)
+    stale = sum(not current_or_other(row) for found in rows.values() for row in found)
     accelerator.wait_for_everyone()  # every process has read the parts before the main process replaces them
     if accelerator.is_main_process:
         for part in _score_parts(scores_folder):
             repair_jsonl(part)
             if stale:
-                _drop_rows(part, lambda row: sample_key(row) in by_key and not same_image(row, by_key[sample_key(row)]))
+                filter_jsonl(part, current_or_other)
         if stale:
             logger.warning("%s held %d scores not of the samples' current image files (generated again since, or "
                            "scored by a gors that did not record image hashes); those samples are scored again",
@@ -163,13 +168,6 @@ def open_score_folder(
             atomic_write_json(Path(scores_folder) / SETTINGS_FILE, as_json)
     accelerator.wait_for_everyone()
     return done
-
-
-def _drop_rows(part: Path, drop: Callable[[dict], bool]) -> None:
-    rows = list(read_jsonl(part))
-    kept = [row for row in rows if not drop(row)]
-    if len(kept) != len(rows):
-        atomic_write_jsonl(part, kept)
 
 
 def score_part(scores_folder: Path, process_index: int) -> Path:

@@ -32,6 +32,7 @@ from gors.core.io import (
     atomic_save_image,
     atomic_write_json,
     atomic_write_jsonl,
+    filter_jsonl,
     read_json,
     read_jsonl,
     repair_jsonl,
@@ -148,14 +149,8 @@ class SampleStore:
 
     def drop_records_without_image(self) -> int:
         """Forget records whose image file is gone (e.g. deleted because corrupt); returns how many."""
-        dropped = 0
-        for metadata in self._metadata_files():
-            rows = list(read_jsonl(metadata))
-            kept = [row for row in rows if (metadata.parent / row["file_name"]).is_file()]
-            if len(kept) != len(rows):
-                atomic_write_jsonl(metadata, kept)
-                dropped += len(rows) - len(kept)
-        return dropped
+        return sum(filter_jsonl(metadata, lambda row, part=metadata.parent: (part / row["file_name"]).is_file())
+                   for metadata in self._metadata_files())
 
     def add_columns(self, columns: dict[SampleKey, dict[str, Any]]) -> None:
         """Merge per-sample columns (e.g. a reward) into the metadata files, atomically per file."""
