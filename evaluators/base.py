@@ -47,7 +47,7 @@ from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, atomic_write_jsonl
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
-from gors.core.scoring import score_samples
+from gors.core.scoring import recorded_model_commits, score_samples
 from gors.core.store import SampleStore, StoreError, sample_seed
 from rewards import Reward
 from rewards.combined import build_reward, check_options, reward_dtype, versioned
@@ -549,6 +549,11 @@ class Benchmark:
             **self.provenance(rows),
         }
         summary["results"] = self.results(rows, summary, protocol)
+        summary["results"]["models"] = {  # the scorers' models at the commits that scored (main scorer and columns)
+            name: commit
+            for folder in (output_dir / "scores", *(output_dir / "columns" / column for column in computed))
+            for name, commit in recorded_model_commits(folder).items()
+        }
         if accelerator.is_main_process:
             atomic_write_jsonl(output_dir / RESULTS_FILE, rows)
             atomic_write_json(output_dir / SUMMARY_FILE, summary)

@@ -15,7 +15,9 @@ Each `summary.json` keeps the benchmark's own keys (``overall``, ``soft_tifa_gm`
       "samples": {"prompts": 553, "images": 2212, "images_per_prompt": 4},
       "metrics": {"overall": {"value": 0.52, "higher_is_better": true, "scale": "[0, 1]",
                               "stderr": 0.013, "ci95": [0.49, 0.55], "help": "..."}, ...},
-      "bootstrap": {"unit": "prompt", "resamples": 1000, "seed": 0, "confidence": 0.95, "interval": "percentile"}
+      "bootstrap": {"unit": "prompt", "resamples": 1000, "seed": 0, "confidence": 0.95, "interval": "percentile"},
+      "models": {"Salesforce/blip-vqa-capfilt-large": "<Hub commit>", ...}   # each scorer model's commit in
+                                                     # the Hugging Face cache when it scored; null for a local folder
     }
 
 Standard errors and confidence intervals come from a bootstrap over prompts: the prompts are

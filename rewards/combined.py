@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from gors.core.hub import recording_loads
 from rewards.base import Reward, RewardOutput
 from rewards.registry import available_rewards, get_reward_class
 
@@ -256,12 +257,27 @@ def build_reward(
     torch_dtype: torch.dtype | None = None,
     batch_size: int = 8,
 ) -> Reward:
-    """The reward named by a `--reward` value, with its models loaded.
+    """The reward named by a `--reward` value, with its models loaded and their Hub commits in its
+    `model_commits`.
 
     One name: `options` are its keyword arguments and `model_name_or_path` its model. A weighted
     list: `options` maps member names to their keyword arguments, and `model_name_or_path` must be
     None (it would be ambiguous).
     """
+    with recording_loads() as loads:
+        reward = _build_reward(text, model_name_or_path, options, device, torch_dtype, batch_size)
+    reward.model_commits = dict(sorted(loads.items()))
+    return reward
+
+
+def _build_reward(
+    text: str,
+    model_name_or_path: str | None,
+    options: Mapping[str, Any] | None,
+    device: str | torch.device | None,
+    torch_dtype: torch.dtype | None,
+    batch_size: int,
+) -> Reward:
     specs = check_reward(text)
     options = dict(options or {})
     if is_single(specs, text):

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from gors.core.hub import from_pretrained
+from gors.core.hub import from_pretrained, note_load
 from rewards.base import Reward, RewardOutput
 from rewards.geneval_rules import (
     COLORS,
@@ -257,8 +257,9 @@ class ClipColorClassifier:
     ) -> None:
         import open_clip
 
+        pretrained_cfg = open_clip.get_pretrained_cfg(model_name, pretrained) or {}
         # OpenAI's CLIP was trained with QuickGELU; the official code's open_clip built it that way.
-        quick_gelu = bool((open_clip.get_pretrained_cfg(model_name, pretrained) or {}).get("quick_gelu", False))
+        quick_gelu = bool(pretrained_cfg.get("quick_gelu", False))
         try:
             model, _, self.preprocess = open_clip.create_model_and_transforms(
                 model_name, pretrained=pretrained, device=device, precision=_PRECISION.get(torch_dtype, "fp32"),
@@ -270,6 +271,8 @@ class ClipColorClassifier:
                 f"load it ({err}). Pass an open_clip architecture name and a pretrained tag or a local checkpoint "
                 "file; offline, download the weights first (open_clip caches them in the Hugging Face cache)."
             ) from err
+        # A tag's weights come from its Hub repository (with the commit the cache holds); a file is local.
+        note_load(pretrained_cfg.get("hf_hub", "").rstrip("/") or pretrained)
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = open_clip.get_tokenizer(model_name)
         self.device, self.background, self.batch_size = torch.device(device), background, batch_size

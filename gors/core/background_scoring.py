@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 
 from gors.core.io import append_jsonl
-from gors.core.scoring import Scorer, score_part, score_rows
+from gors.core.scoring import Scorer, check_model_commits, score_part, score_rows
 from gors.core.store import SampleKey, same_image, sample_key
 
 _DONE = object()  # the queue's end marker
@@ -76,6 +76,7 @@ class BackgroundScorer:
         if self._thread is not None:
             return
         reward = self.make_reward()
+        check_model_commits(self.out_file.parent, reward, scored=bool(self.done))
         self._thread = threading.Thread(target=self._work, args=(reward,), name="gors-background-scoring",
                                         daemon=True)
         self._thread.start()

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
+
+# The models `from_pretrained` loads inside `recording_loads`, by name: their Hub commit, or None.
+_LOADS: ContextVar[dict[str, str | None] | None] = ContextVar("gors_model_loads", default=None)
 
 # huggingface_hub's offline switches, in the order it reads them (`constants.HF_HUB_OFFLINE`).
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -138,11 +146,54 @@ def check_model_path(name: str, flag: str = "--pretrained_model_name_or_path") -
     return expanded if os.path.exists(expanded) else name
 
 
+def hub_commit(name: str, revision: str | None = None) -> str | None:
+    """The commit of Hub model `name` at `revision` (None: its default branch) that the local Hugging Face
+    cache resolves it to, i.e. the snapshot a `from_pretrained` of it reads; None for a local folder or
+    a model the cache does not hold. Read from the cache alone: nothing is downloaded."""
+    if looks_like_local_path(name):
+        return None
+    if revision is not None and re.fullmatch(r"[0-9a-f]{40}", revision):
+        return revision
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    ref = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model") / "refs" / (revision or "main")
+    try:
+        return ref.read_text().strip() or None
+    except OSError:
+        return None
+
+
+@contextmanager
+def recording_loads() -> Iterator[dict[str, str | None]]:
+    """Collect in the dict yielded the models loaded inside (by `from_pretrained` or `note_load`) on this
+    thread: name -> Hub commit (`hub_commit`; None for a local folder). A recording inside another also
+    reports to the outer one."""
+    loads: dict[str, str | None] = {}
+    token = _LOADS.set(loads)
+    try:
+        yield loads
+    finally:
+        _LOADS.reset(token)
+        outer = _LOADS.get()
+        if outer is not None:
+            outer.update(loads)
+
+
+def note_load(name: str, revision: str | None = None) -> None:
+    """Tell a `recording_loads` around this call that model `name` was loaded (by a loader other than
+    `from_pretrained`, e.g. open_clip's)."""
+    loads = _LOADS.get()
+    if loads is not None:
+        loads[name] = hub_commit(name, revision)
+
+
 def from_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: Any) -> T:
-    """Call `loader(name, **kwargs)` (a `from_pretrained`), turning load failures into one clear error."""
+    """Call `loader(name, **kwargs)` (a `from_pretrained`), turning load failures into one clear error.
+    The load is noted for a `recording_loads` around the call."""
     name = check_model_path(name, flag)
     try:
-        return loader(name, **kwargs)
+        loaded = loader(name, **kwargs)
     except OSError as err:  # not found, not downloadable, not readable
         raise_if_gated(err, name, flag)
         raise ModelLoadError(f"{flag}={name!r} could not be loaded: {one_line(err)} {load_hint(name, err)}") from err
@@ -150,6 +201,8 @@ def from_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: An
         raise_if_gated(err, name, flag)
         raise ValueError(f"{flag}={name!r} was found but could not be loaded as {_loader_name(loader)}: {err}. "
                          "Check that it is a checkpoint of that kind.") from err
+    note_load(name, kwargs.get("revision"))
+    return loaded
 
 
 def _loader_name(loader: Callable[..., Any]) -> str:

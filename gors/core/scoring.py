@@ -2,8 +2,9 @@
 
 Scores go to `<folder>/part-XXXXX.jsonl` (one line per image: the reward in [0, 1], its details
 and the hash of the image file scored), appended batch by batch, so an interruption loses at most
-the batch in flight. `settings.json` beside them records the scorer that made them; other settings are refused once
-the folder holds scores.
+the batch in flight. `settings.json` beside them records the scorer that made them, and `models.json` the Hub
+commit of each model it loaded; other settings, or another commit of a model, are refused once the folder holds
+scores.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Scorer(Protocol):
 
 
 SETTINGS_FILE = "settings.json"  # the reward and options that filled a score folder
+MODELS_FILE = "models.json"  # the Hub commit of each model the scorer loaded
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +172,42 @@ def open_score_folder(
     return done
 
 
+def check_model_commits(scores_folder: Path, reward: Scorer, scored: bool) -> None:
+    """Record in `scores_folder/models.json` the Hub commit of each model `reward` loaded (its
+    `model_commits`, see `rewards.combined.build_reward`); refuse, when the folder holds scores
+    (`scored`), a model whose commit differs from the one recorded, so that the scores of two versions
+    of a model (updated on the Hub, or another snapshot in this machine's cache) never mix.
+
+    Called by each process that built its reward, before it scores: they load the same snapshots and
+    write the same file. A commit unknown on either side (None: a local folder) is no conflict.
+    """
+    commits = dict(getattr(reward, "model_commits", None) or {})
+    recorded = recorded_model_commits(scores_folder)
+    changed = {
+        name: (recorded[name], commit) for name, commit in commits.items()
+        if scored and recorded.get(name) is not None and commit is not None and recorded[name] != commit
+    }
+    if changed:
+        described = "; ".join(f"{name} was at commit {old}, now {new}" for name, (old, new) in changed.items())
+        raise StoreError(
+            f"{scores_folder} holds scores made with other versions of the scorer's models than those loaded now "
+            f"({described}): updated on the Hub since, or this machine's Hugging Face cache holds another snapshot. "
+            f"Scores of two versions are not mixed: delete {scores_folder} to score every sample again with the "
+            "models loaded now, or score where the recorded snapshots are the ones in the cache."
+        )
+    merged = {**recorded, **{name: commit for name, commit in commits.items()
+                             if commit is not None or name not in recorded}}
+    if merged != recorded:
+        atomic_write_json(Path(scores_folder) / MODELS_FILE, merged)
+
+
+def recorded_model_commits(scores_folder: Path) -> dict[str, str | None]:
+    """The Hub commit of each model that scored `scores_folder` (`check_model_commits`); {} when none
+    is recorded (nothing scored yet, or scored before gors 0.2 recorded them)."""
+    path = Path(scores_folder) / MODELS_FILE
+    return read_json(path, "the Hub commits of the scorer's models") if path.is_file() else {}
+
+
 def score_part(scores_folder: Path, process_index: int) -> Path:
     """The file one process appends its score rows to."""
     return Path(scores_folder) / f"part-{process_index:05d}.jsonl"
@@ -230,6 +268,7 @@ def score_samples(
     with accelerator.split_between_processes(todo) as mine:  # contiguous shares, sizes differ by at most one
         if mine:
             reward = make_reward()
+            check_model_commits(scores_folder, reward, scored=bool(done))
             work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
             for batch in batches(mine, batch_size):

@@ -1,0 +1,171 @@
+"""Hub commits of the scorer's models: read from the Hugging Face cache, recorded in score folders,
+another commit refused once a folder holds scores, reported in evaluation summaries."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from PIL import Image
+
+from gors.core.distributed import make_accelerator
+from gors.core.hub import from_pretrained, hub_commit, recording_loads
+from gors.core.scoring import MODELS_FILE, check_model_commits, recorded_model_commits, score_samples
+from gors.core.store import StoreError
+from rewards import RewardOutput
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
+
+
+def _cache(tmp_path: Path, repo_id: str, refs: dict[str, str]) -> Path:
+    """A Hugging Face cache holding `repo_id` with branch (or tag) -> commit `refs`; returns the cache."""
+    cache = tmp_path / "hub"
+    folder = cache / ("models--" + repo_id.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    for ref, commit in refs.items():
+        (folder / "refs" / ref).write_text(commit)
+        (folder / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+    return cache
+
+
+def test_hub_commit_reads_the_cache_refs(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(_cache(tmp_path, "org/model", {"main": COMMIT_A, "v2": COMMIT_B})))
+    assert hub_commit("org/model") == COMMIT_A
+    assert hub_commit("org/model", "v2") == COMMIT_B  # a tag or branch resolves through its ref
+    assert hub_commit("org/model", COMMIT_B) == COMMIT_B  # a commit is itself
+    assert hub_commit("org/model", "v3") is None  # a revision the cache does not hold
+    assert hub_commit("org/other") is None  # a model the cache does not hold
+    assert hub_commit(str(tmp_path)) is None  # a local folder has no commit
+
+
+def test_loads_are_recorded_inside_a_recording_only(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(_cache(tmp_path, "org/model", {"main": COMMIT_A})))
+    load = lambda name, **kwargs: name  # noqa: E731
+    from_pretrained(load, "org/model", "--flag")  # outside any recording: nothing to note, no error
+    with recording_loads() as outer:
+        with recording_loads() as inner:
+            from_pretrained(load, "org/model", "--flag")
+        from_pretrained(load, str(tmp_path), "--flag")
+    assert inner == {"org/model": COMMIT_A}
+    assert outer == {"org/model": COMMIT_A, str(tmp_path): None}  # the inner recording reports outward
+
+
+def _scorer(commits: dict[str, str | None], calls: list[int]) -> SimpleNamespace:
+    def score(images, prompts, metadata=None):
+        calls.append(len(images))
+        return RewardOutput([0.5] * len(images))
+
+    return SimpleNamespace(score=score, model_commits=commits)
+
+
+class _Samples:
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def records(self):
+        return [{"prompt_index": p, "image_index": 0, "prompt": f"prompt {p}", "path": f"{p}.png"}
+                for p in range(self.count)]
+
+    def open_image(self, record):
+        return Image.new("RGB", (8, 8))
+
+
+def test_a_score_folder_records_the_commits_and_refuses_another_once_scored(tmp_path):
+    accelerator = make_accelerator()
+    folder = tmp_path / "scores"
+    calls: list[int] = []
+    score_samples(_Samples(1), folder, lambda: _scorer({"org/model": COMMIT_A, "/local": None}, calls), 1, accelerator)
+    assert json.loads((folder / MODELS_FILE).read_text()) == {"org/model": COMMIT_A, "/local": None}
+    # A second prompt to score, by the model updated on the Hub: refused before any image is scored.
+    with pytest.raises(StoreError, match=f"org/model was at commit {COMMIT_A}, now {COMMIT_B}.*delete {folder}"):
+        score_samples(_Samples(2), folder, lambda: _scorer({"org/model": COMMIT_B}, calls), 1, accelerator)
+    assert calls == [1] and recorded_model_commits(folder)["org/model"] == COMMIT_A
+    # The same commit scores on; a commit unknown here (no cache entry) is no conflict and changes no record.
+    score_samples(_Samples(3), folder, lambda: _scorer({"org/model": None}, calls), 1, accelerator)
+    score_samples(_Samples(4), folder, lambda: _scorer({"org/model": COMMIT_A, "org/new": COMMIT_B}, calls), 1,
+                  accelerator)
+    assert calls == [1, 1, 1, 1]  # prompts 1 and 2 (batches of one), then 3
+    assert recorded_model_commits(folder) == {"org/model": COMMIT_A, "/local": None, "org/new": COMMIT_B}
+
+
+def test_a_folder_without_scores_takes_the_new_commits(tmp_path):
+    (tmp_path / MODELS_FILE).write_text(json.dumps({"org/model": COMMIT_A}))  # left by a scorer that failed
+    check_model_commits(tmp_path, SimpleNamespace(model_commits={"org/model": COMMIT_B}), scored=False)
+    assert recorded_model_commits(tmp_path) == {"org/model": COMMIT_B}
+    assert recorded_model_commits(tmp_path / "absent") == {}
+    check_model_commits(tmp_path / "other", SimpleNamespace(), scored=True)  # a scorer without commits records none
+    assert not (tmp_path / "other" / MODELS_FILE).exists()
+
+
+BUILD = """
+import json
+from rewards.combined import build_reward
+reward = build_reward("clip_score", model_name_or_path="gors-test/tiny-clip", device="cpu")
+print(json.dumps(reward.model_commits))
+"""
+
+
+def test_a_reward_loaded_by_hub_id_knows_its_commit(tmp_path):
+    """The real path: `build_reward` by Hub id, offline, from a Hugging Face cache holding one snapshot."""
+    from gors.testing.clip import build_tiny_clip
+
+    cache = _cache(tmp_path, "gors-test/tiny-clip", {"main": COMMIT_A})
+    snapshot = cache / "models--gors-test--tiny-clip" / "snapshots" / COMMIT_A
+    shutil.rmtree(snapshot)
+    build_tiny_clip(snapshot)
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == {"gors-test/tiny-clip": COMMIT_A}
+
+
+def test_an_evaluation_summary_names_the_scorer_models(tmp_path):
+    from dataclasses import dataclass
+
+    from evaluators import Benchmark, BenchmarkPrompt, Metric
+    from gors.core.toy import PRETRAINED_DIR
+
+    @dataclass
+    class Classified(Benchmark):  # the toy classifier loads from the packaged folder: a local model
+        num_inference_steps: int = 2
+        guidance_scale: float = 4.0
+        resolution: int = 64
+        official_images_per_prompt = 1
+        scorer = "toy_classifier"
+        name = "classified"
+        primary_metric = "score"
+        metrics = (Metric("score", help="mean classifier score"),)
+
+        def prompts(self) -> list[BenchmarkPrompt]:
+            return [BenchmarkPrompt("a red circle and a blue triangle")]
+
+        def summarize(self, rows: list[dict]) -> dict:
+            return {"score": sum(row["score"] for row in rows) / len(rows)}
+
+    summary = Classified().evaluate(str(PRETRAINED_DIR / "pipeline"), tmp_path)
+    assert summary["results"]["models"] == {str(PRETRAINED_DIR / "classifier"): None}
+    assert json.loads((tmp_path / "summary.json").read_text())["results"]["models"] == summary["results"]["models"]
+
+
+def test_overlapped_scoring_refuses_another_commit_before_generating(tmp_path):
+    from gors.core.background_scoring import BackgroundScorer
+
+    (tmp_path / MODELS_FILE).write_text(json.dumps({"org/model": COMMIT_A}))
+    done = {(0, 0): {"prompt_index": 0, "image_index": 0, "reward": 0.5}}
+    scorer = BackgroundScorer(tmp_path, lambda: _scorer({"org/model": COMMIT_B}, []), 1, 0, "cpu", done=done)
+    with pytest.raises(StoreError, match="other versions of the scorer's models"):
+        scorer.open()
+    fresh = BackgroundScorer(tmp_path, lambda: _scorer({"org/model": COMMIT_B}, []), 1, 0, "cpu")
+    fresh.open()  # nothing scored yet: the new commit is recorded
+    fresh.close()
+    assert recorded_model_commits(tmp_path) == {"org/model": COMMIT_B}
