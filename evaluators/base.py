@@ -47,8 +47,8 @@ from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, atomic_write_jsonl
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
-from gors.core.scoring import recorded_model_commits, score_samples
-from gors.core.store import SampleStore, StoreError, sample_seed
+from gors.core.scoring import score_samples
+from gors.core.store import SampleStore, StoreError, recorded_model_commits, sample_seed
 from rewards import Reward
 from rewards.combined import build_reward, check_options, reward_dtype, versioned
 from rewards.registry import get_reward_class
@@ -549,9 +549,11 @@ class Benchmark:
             **self.provenance(rows),
         }
         summary["results"] = self.results(rows, summary, protocol)
-        summary["results"]["models"] = {  # the scorers' models at the commits that scored (main scorer and columns)
+        # The Hub commits of the models that generated (the pipeline's) and scored (main scorer and columns).
+        summary["results"]["models"] = {
             name: commit
-            for folder in (output_dir / "scores", *(output_dir / "columns" / column for column in computed))
+            for folder in (output_dir / "samples", output_dir / "scores",
+                           *(output_dir / "columns" / column for column in computed))
             for name, commit in recorded_model_commits(folder).items()
         }
         if accelerator.is_main_process:

@@ -32,8 +32,8 @@ import torch
 from PIL import Image
 
 from gors.core.io import append_jsonl
-from gors.core.scoring import Scorer, check_model_commits, score_part, score_rows
-from gors.core.store import SampleKey, same_image, sample_key
+from gors.core.scoring import Scorer, reward_commits, score_part, score_rows
+from gors.core.store import SampleKey, check_model_commits, same_image, sample_key
 
 _DONE = object()  # the queue's end marker
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class BackgroundScorer:
         if self._thread is not None:
             return
         reward = self.make_reward()
-        check_model_commits(self.out_file.parent, reward, scored=bool(self.done))
+        check_model_commits(self.out_file.parent, reward_commits(reward), bool(self.done), "scores")
         self._thread = threading.Thread(target=self._work, args=(reward,), name="gors-background-scoring",
                                         daemon=True)
         self._thread.start()

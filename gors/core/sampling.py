@@ -24,12 +24,14 @@ from PIL import Image
 import gors
 from gors.core.clock import work_starts
 from gors.core.distributed import batches, progress_bar
+from gors.core.hub import recording_loads
 from gors.core.pipeline import cpu_generators
 from gors.core.store import (
     SETTINGS,
     SampleStore,
     StoreError,
     adopt_later_settings,
+    check_model_commits,
     sample_file_name,
     sample_key,
     sample_seed,
@@ -214,7 +216,9 @@ def generate_samples(
         if mine:
             if sink is not None:
                 sink.open()
-            pipeline = pipeline_loader()
+            with recording_loads() as loads:
+                pipeline = pipeline_loader()
+            check_model_commits(store.root, loads, bool(done), "images")
             work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
             for batch in batches(mine, protocol.batch_size):

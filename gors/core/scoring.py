@@ -28,6 +28,7 @@ from gors.core.store import (
     SampleStore,
     StoreError,
     adopt_later_settings,
+    check_model_commits,
     read_rows,
     same_image,
     sample_key,
@@ -47,7 +48,6 @@ class Scorer(Protocol):
 
 
 SETTINGS_FILE = "settings.json"  # the reward and options that filled a score folder
-MODELS_FILE = "models.json"  # the Hub commit of each model the scorer loaded
 
 logger = logging.getLogger(__name__)
 
@@ -172,40 +172,10 @@ def open_score_folder(
     return done
 
 
-def check_model_commits(scores_folder: Path, reward: Scorer, scored: bool) -> None:
-    """Record in `scores_folder/models.json` the Hub commit of each model `reward` loaded (its
-    `model_commits`, see `rewards.combined.build_reward`); refuse, when the folder holds scores
-    (`scored`), a model whose commit differs from the one recorded, so that the scores of two versions
-    of a model (updated on the Hub, or another snapshot in this machine's cache) never mix.
-
-    Called by each process that built its reward, before it scores: they load the same snapshots and
-    write the same file. A commit unknown on either side (None: a local folder) is no conflict.
-    """
-    commits = dict(getattr(reward, "model_commits", None) or {})
-    recorded = recorded_model_commits(scores_folder)
-    changed = {
-        name: (recorded[name], commit) for name, commit in commits.items()
-        if scored and recorded.get(name) is not None and commit is not None and recorded[name] != commit
-    }
-    if changed:
-        described = "; ".join(f"{name} was at commit {old}, now {new}" for name, (old, new) in changed.items())
-        raise StoreError(
-            f"{scores_folder} holds scores made with other versions of the scorer's models than those loaded now "
-            f"({described}): updated on the Hub since, or this machine's Hugging Face cache holds another snapshot. "
-            f"Scores of two versions are not mixed: delete {scores_folder} to score every sample again with the "
-            "models loaded now, or score where the recorded snapshots are the ones in the cache."
-        )
-    merged = {**recorded, **{name: commit for name, commit in commits.items()
-                             if commit is not None or name not in recorded}}
-    if merged != recorded:
-        atomic_write_json(Path(scores_folder) / MODELS_FILE, merged)
-
-
-def recorded_model_commits(scores_folder: Path) -> dict[str, str | None]:
-    """The Hub commit of each model that scored `scores_folder` (`check_model_commits`); {} when none
-    is recorded (nothing scored yet, or scored before gors 0.2 recorded them)."""
-    path = Path(scores_folder) / MODELS_FILE
-    return read_json(path, "the Hub commits of the scorer's models") if path.is_file() else {}
+def reward_commits(reward: Scorer) -> dict[str, str | None]:
+    """The Hub commit of each model `reward` loaded (`rewards.Reward.model_commits`, filled by
+    `rewards.combined.build_reward`); {} for a scorer that does not tell."""
+    return dict(getattr(reward, "model_commits", None) or {})
 
 
 def score_part(scores_folder: Path, process_index: int) -> Path:
@@ -268,7 +238,7 @@ def score_samples(
     with accelerator.split_between_processes(todo) as mine:  # contiguous shares, sizes differ by at most one
         if mine:
             reward = make_reward()
-            check_model_commits(scores_folder, reward, scored=bool(done))
+            check_model_commits(scores_folder, reward_commits(reward), bool(done), "scores")
             work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
             for batch in batches(mine, batch_size):

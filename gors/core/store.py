@@ -41,6 +41,7 @@ from gors.core.io import (
 SampleKey = tuple[int, int]
 METADATA = "metadata.jsonl"
 SETTINGS = "settings.json"
+MODELS = "models.json"  # the Hub commit of each model that made a folder's images or scores
 # A record's hash of its image file's bytes; stores made before gors recorded it lack the field.
 IMAGE_HASH = "image_sha256"
 
@@ -207,6 +208,42 @@ def adopt_later_settings(recorded: dict[str, Any], wanted: dict[str, Any],
     """
     adopted = [key for key in later if key not in recorded and key in wanted]
     return {**recorded, **{key: wanted[key] for key in adopted}}, [key for key in adopted if wanted[key] is not None]
+
+
+def recorded_model_commits(folder: str | Path) -> dict[str, str | None]:
+    """The Hub commit of each model that filled `folder` (`check_model_commits`); {} when none is
+    recorded (nothing made yet, or made before gors 0.2 recorded them)."""
+    path = Path(folder) / MODELS
+    return read_json(path, "the Hub commits of the models that made this folder's contents") if path.is_file() else {}
+
+
+def check_model_commits(folder: str | Path, commits: dict[str, str | None], filled: bool, what: str) -> None:
+    """Record in `folder/models.json` the Hub commit of each model loaded to fill it (`commits`: name ->
+    commit, from `gors.core.hub.recording_loads`); refuse, when the folder already holds `what` (e.g.
+    "images", "scores": `filled`), a model now at another commit than the one recorded, so that the
+    work of two versions of a model (updated on the Hub, or another snapshot in this machine's
+    cache) never mixes.
+
+    Called by each process that loaded its models, before it works: they load the same snapshots and
+    write the same file. A commit unknown on either side (None: a local folder) is no conflict.
+    """
+    recorded = recorded_model_commits(folder)
+    changed = {
+        name: (recorded[name], commit) for name, commit in commits.items()
+        if filled and recorded.get(name) is not None and commit is not None and recorded[name] != commit
+    }
+    if changed:
+        described = "; ".join(f"{name} was at commit {old}, now {new}" for name, (old, new) in changed.items())
+        raise StoreError(
+            f"{folder} holds {what} made with other versions of the models loaded now ({described}): updated on "
+            f"the Hub since, or this machine's Hugging Face cache holds another snapshot. The {what} of two versions "
+            f"are not mixed: delete {folder} to make them all again with the models loaded now, or run where the "
+            "recorded snapshots are the ones in the cache."
+        )
+    merged = {**recorded, **{name: commit for name, commit in commits.items()
+                             if commit is not None or name not in recorded}}
+    if merged != recorded:
+        atomic_write_json(Path(folder) / MODELS, merged)
 
 
 def settings_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
