@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -215,8 +215,9 @@ class Benchmark:
     # The constructor field that "name:value" sets in a benchmark spec, e.g. t2i_compbench:color.
     subset_field: ClassVar[str | None] = None
     official_images_per_prompt: ClassVar[int] = 1
-    # The benchmark's sampling (DDIM steps, guidance, px) and the model families it was written for;
-    # by default the project's evaluation protocol, T2I-CompBench's (DDIM 30 steps, 7.5, 512 px).
+    # The benchmark's sampling (steps, guidance, px, scheduler: None keeps the checkpoint's) and the model
+    # families it was written for; by default the project's evaluation protocol, T2I-CompBench's (DDIM 30
+    # steps, 7.5, 512 px).
     official_sampling: ClassVar[SamplingDefaults] = SamplingDefaults(30, 7.5, 512, "DDIMScheduler")
     protocol_families: ClassVar[tuple[str, ...]] = ("sd",)
     # (base seed, prompt index, image index) -> seed of that image; by default a seed per image.
@@ -275,6 +276,14 @@ class Benchmark:
             self.num_images, steps, guidance, resolution=resolution, batch_size=self.batch_size, seed=self.seed, seed_fn=self.seed_fn,
             call_kwargs=backbone.call_kwargs if backbone is not None else {},
         )
+
+    def sampling_backbone(self, backbone: Backbone) -> Backbone:
+        """`backbone` with the benchmark's sampler where its protocol was written for the family
+        (`official_sampling.scheduler`; None keeps the checkpoint's own, as GenEval's script does), the
+        family's sampler for any other."""
+        if backbone.name not in self.protocol_families:
+            return backbone
+        return replace(backbone, sampling=replace(backbone.sampling, scheduler=self.official_sampling.scheduler))
 
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Aggregate per-image result rows into the benchmark's reported numbers."""
@@ -493,7 +502,7 @@ class Benchmark:
 
             # The family decides the defaults before any weights load (validation names its pipeline's family).
             if pipeline_loader is None:
-                backbone = detect_backbone(pretrained_model_name_or_path)
+                backbone = self.sampling_backbone(detect_backbone(pretrained_model_name_or_path))
             protocol = self.protocol(backbone)
 
             def load():

@@ -17,8 +17,8 @@ guidance 9.0, seed 42 re-set before every prompt, so image i of every prompt sta
 seed: here image i gets seed 42 + i for every prompt (one CPU generator per image, so the noise
 is not bit-identical to the official script's sequential draws from the global CUDA generator).
 The official script fixes neither the resolution (the model's default, 512 for SD 1.x / 2-base)
-nor the scheduler (the checkpoint's own); we use the project defaults: 512 px and the DDIM
-scheduler of `gors.core.pipeline.load_pipeline`. The official script also keeps the pipeline's
+nor the scheduler: gors samples at 512 px with the checkpoint's own scheduler, as it does (not the
+DDIM of the other benchmarks), also when validating during training. The official script also keeps the pipeline's
 safety checker (SD 1.x ships one), which blacks out the images it flags, and those count as
 wrong; gors loads every pipeline without it, so a model whose images the checker would flag scores
 a little higher here. Pass `--images` with the official script's images to compare exactly.
@@ -99,7 +99,8 @@ class GenEvalBenchmark(Benchmark):
     scorer = "geneval"
     primary_metric = "overall"
     official_images_per_prompt = 4
-    official_sampling = SamplingDefaults(50, 9.0, 512, "DDIMScheduler")
+    # diffusers_generate.py sets no scheduler: the checkpoint's own samples (SD 1.5's PNDM, for example).
+    official_sampling = SamplingDefaults(50, 9.0, 512, None)
     seed_fn = staticmethod(image_index_seed)
     metrics = (
         Metric("overall", help="mean of the task means of image correctness"),

@@ -24,7 +24,8 @@ Metric per category (a metric is a reward from `rewards`):
 | numeracy | UniDet rule (numeracy) | `numeracy` |
 
 Every category also reports B-CLIP (`blip_clip`) and CLIPScore (`clip_score`) columns, as the
-paper's table does, and, only when asked for (``extra_columns=["MLLM-CoT"]``, ``gors evaluate
+paper's table does (its B-CLIP has no official code: `rewards.blip_clip`'s settings are ours, so
+that column compares in kind), and, only when asked for (``extra_columns=["MLLM-CoT"]``, ``gors evaluate
 --columns MLLM-CoT``: it generates two or more answers per image), the paper's MLLM
 chain-of-thought score (`mllm_cot`, the category's official questions, on Qwen3-VL). The detector-based metrics run on an open-vocabulary detector instead of
 UniDet (see `rewards.spatial`, `rewards.spatial_3d`, `rewards.numeracy`).

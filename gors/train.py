@@ -410,16 +410,16 @@ class GORSTrainer:
         if writer is not None:
             writer.add_histogram("selected/reward", np.asarray(values), step)
 
-    def _pipeline(self):
+    def _pipeline(self, scheduler: str | None):
         """The family's pipeline over the models being trained (frozen encoders not in memory load from the
-        checkpoint; the VAE moves to the device while it is used), with the family's sampler."""
+        checkpoint; the VAE moves to the device while it is used), sampling with the diffusers scheduler
+        class `scheduler` (None: the checkpoint's own)."""
         import diffusers
 
         unwrap = self.accelerator.unwrap_model
         components = {self.family.denoiser: unwrap(self.denoiser), "vae": self.vae.to(self.accelerator.device)}
         components |= {name: unwrap(module) for name, module in self.text_encoders.items()}
         components |= self.tokenizers
-        scheduler = self.backbone.sampling.scheduler
         if scheduler is not None:
             components["scheduler"] = getattr(diffusers, scheduler).from_config(self.noise_scheduler.config)
         pipeline_class = getattr(diffusers, self.backbone.pipeline_class)
@@ -461,7 +461,8 @@ class GORSTrainer:
         """`--validation_benchmark` with the current LoRA, on every process; see `gors.validation`."""
         with self._validating():
             # Only generation autocasts: the benchmark's scorer runs in its own (official) dtype.
-            return self.validation.run(step, AutocastPipeline(self._pipeline(), self._autocast), self._save_lora)
+            pipeline = self._pipeline(self.validation.backbone.sampling.scheduler)  # the benchmark's sampler
+            return self.validation.run(step, AutocastPipeline(pipeline, self._autocast), self._save_lora)
 
     @torch.no_grad()
     def log_validation(self, step: int) -> list:
@@ -472,7 +473,7 @@ class GORSTrainer:
         # T5 families: the length trained on (`resolve_training` keeps it the pipeline's default).
         length = self.family.settings["max_sequence_length"]
         with self._validating():
-            pipeline = self._pipeline()
+            pipeline = self._pipeline(self.backbone.sampling.scheduler)
             with self._autocast():
                 images = pipeline(
                     prompt=prompts,

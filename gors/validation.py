@@ -33,7 +33,7 @@ from PIL import Image
 
 from evaluators.results import metric_value
 from gors.config import RunConfig, TrainConfig
-from gors.core.backbones import Backbone
+from gors.core.backbones import FAMILIES, Backbone
 from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder
 
 if TYPE_CHECKING:
@@ -176,8 +176,10 @@ class BenchmarkValidation:
     def __init__(self, config: TrainConfig | RunConfig, accelerator: Accelerator, backbone: Backbone | None = None,
                  output_dir: Path | None = None) -> None:
         """`backbone`: the family of the model being trained, whose sampling the benchmark takes where it
-        fixes none for it (None: Stable Diffusion 1/2). `output_dir`: where `validation/` and `best/`
-        go (default: the run folder). Only checks: the folder is read by `start`."""
+        fixes none for it (None: Stable Diffusion 1/2); `self.backbone` is it with the benchmark's sampler
+        (`Benchmark.sampling_backbone`), the one the validation pipeline must sample with.
+        `output_dir`: where `validation/` and `best/` go (default: the run folder). Only checks: the
+        folder is read by `start`."""
         target = validation_target(config)
         self.benchmark, self.label = target.benchmark, target.label
         self.metric, self.higher_is_better = target.metric, target.higher_is_better
@@ -188,7 +190,7 @@ class BenchmarkValidation:
             "images_per_prompt": config.validation_images_per_prompt, "scorer_options": self.options,
         }, sort_keys=True))
         self.accelerator = accelerator
-        self.backbone = backbone
+        self.backbone = self.benchmark.sampling_backbone(backbone or FAMILIES["StableDiffusionPipeline"])
         self.output_dir = Path(output_dir or config.output_dir)
         self._scorer = None
         self.training: str | None = None

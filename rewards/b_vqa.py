@@ -39,6 +39,7 @@ import itertools
 import logging
 import math
 import os
+import re
 from typing import Any, Literal
 
 import torch
@@ -51,6 +52,17 @@ from rewards.question_table import QuestionTable, load_question_table
 
 # The official code tokenises questions with truncation to 35 tokens.
 MAX_QUESTION_TOKENS = 35
+# BLIP's `pre_question` (T2I-CompBench's BLIPvqa_eval/data/utils.py): what it strips, and its word cap.
+QUESTION_PUNCTUATION = re.compile(r"""[.!"()*#:;~]""")
+MAX_QUESTION_WORDS = 50
+
+
+def official_question(question: str) -> str:
+    """`question` as the official VQA dataset hands it to BLIP: lower case, without the punctuation
+    ``.!"()*#:;~`` ("?" stays), trailing spaces dropped, at most 50 words."""
+    words = QUESTION_PUNCTUATION.sub("", question.lower()).rstrip(" ").split(" ")
+    return " ".join(words[:MAX_QUESTION_WORDS])
+
 # The official metric's input size (BLIP's configs/vqa.yaml), for its checkpoint, the reward's default model.
 OFFICIAL_IMAGE_SIZE = 480
 logger = logging.getLogger(__name__)
@@ -201,7 +213,7 @@ class BVQAReward(Reward):
         if not questions:
             return []
         token_ids = self.processor.tokenizer(
-            [q for _, q in questions], truncation=True, max_length=MAX_QUESTION_TOKENS
+            [official_question(q) for _, q in questions], truncation=True, max_length=MAX_QUESTION_TOKENS
         ).input_ids
         if self.question_start_id is not None:
             token_ids = [[self.question_start_id, *ids[1:]] for ids in token_ids]

@@ -13,8 +13,9 @@ Decoding follows BLIP's own captioner (``BLIP_Decoder.generate`` defaults, the m
 fine-tuned with, deterministic beam search with 3 beams, at least 10 and at most 30 decoder tokens
 counting [DEC] and the prompt; the prompt is cut from the caption. Images are preprocessed by the
 checkpoint's `BlipImageProcessor` (384x384 bicubic resize; BLIP resizes a PIL image, transformers
-5 a tensor with antialiasing: values close, not equal). No published number depends on this
-reward, so the transformers preprocessing is kept.
+5 a tensor with antialiasing: values close, not equal). T2I-CompBench's table has a B-CLIP column,
+but its repository holds no code for it: these settings are ours, so the column compares with the
+paper's in kind, not to the decimal, and the transformers preprocessing is kept.
 """
 
 from __future__ import annotations

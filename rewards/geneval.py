@@ -24,7 +24,8 @@ Colours follow the official code: open_clip `ViT-L-14` with OpenAI weights (Quic
 trained it), zero-shot over GenEval's 10 colours with the templates "a photo of a {c} {object}",
 "a photo of a {c}-colored {object}", "a photo of a {c} object" (text embeddings normalised, then
 averaged and normalised again); each object is pasted through its mask onto a #999 grey image
-first and cropped to its box second, then CLIP-preprocessed.
+first and cropped to its box second, then CLIP-preprocessed. On CUDA the colour check runs as the
+official one does there: float32 weights under float16 autocast (CLIP_benchmark's default).
 """
 
 from __future__ import annotations
@@ -278,15 +279,22 @@ class ClipColorClassifier:
         self.device, self.background, self.batch_size = torch.device(device), background, batch_size
         self._text: dict[str, torch.Tensor] = {}
 
+    def precision(self) -> torch.autocast:
+        """The official colour check's precision: evaluate_images.py keeps open_clip's float32 weights and
+        CLIP_benchmark's zero-shot functions run them under autocast (their `amp=True` default), which
+        is float16 on CUDA; on the CPU, plain float32."""
+        return torch.autocast(self.device.type, dtype=torch.float16, enabled=self.device.type == "cuda")
+
     @torch.no_grad()
     def text_classifier(self, classname: str) -> torch.Tensor:
         """(embedding dim, 10) unit text embeddings of `COLORS` for `classname`, one column per colour."""
         if classname not in self._text:
             columns = []
-            for colour in COLORS:
-                texts = [t.format(c=colour, obj=classname) for t in COLOR_TEMPLATES]
-                embeddings = F.normalize(self.model.encode_text(self.tokenizer(texts).to(self.device)).float(), dim=-1)
-                columns.append(F.normalize(embeddings.mean(0), dim=0))
+            with self.precision():
+                for colour in COLORS:
+                    texts = [t.format(c=colour, obj=classname) for t in COLOR_TEMPLATES]
+                    column = F.normalize(self.model.encode_text(self.tokenizer(texts).to(self.device)), dim=-1).mean(0)
+                    columns.append(column / column.norm())
             self._text[classname] = torch.stack(columns, dim=1)
         return self._text[classname]
 
@@ -307,8 +315,10 @@ class ClipColorClassifier:
         colours: list[str] = []
         for start in range(0, len(crops), self.batch_size):
             batch = torch.stack([self.preprocess(c) for c in crops[start : start + self.batch_size]]).to(self.device)
-            features = F.normalize(self.model.encode_image(batch.to(next(self.model.parameters()).dtype)).float(), dim=-1)
-            colours += [COLORS[k] for k in (features @ classifier).argmax(dim=1).tolist()]
+            with self.precision():
+                features = F.normalize(self.model.encode_image(batch.to(next(self.model.parameters()).dtype)), dim=-1)
+                logits = 100.0 * features @ classifier  # the official scale: it rounds as theirs in float16
+            colours += [COLORS[k] for k in logits.float().argmax(dim=1).tolist()]
         return colours
 
 
@@ -332,7 +342,8 @@ class GenEvalReward(Reward):
     """
 
     name = "geneval"
-    # GenEval's evaluate_images.py runs mmdetection's Mask2Former and open_clip in float32.
+    # GenEval's evaluate_images.py runs mmdetection's Mask2Former and open_clip's weights in float32 (the
+    # colour check under float16 autocast on CUDA: `ClipColorClassifier.precision`).
     official_dtype = torch.float32
     default_model = "facebook/mask2former-swin-small-coco-instance"
     description = (

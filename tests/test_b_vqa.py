@@ -14,7 +14,7 @@ import gors.testing.blip as tiny_blip
 import rewards.noun_phrases as noun_phrases
 from gors.testing.blip import build_tiny_blip_vqa
 from rewards import get_reward_class, load
-from rewards.b_vqa import OFFICIAL_IMAGE_SIZE, BVQAReward, resize_position_embeddings
+from rewards.b_vqa import OFFICIAL_IMAGE_SIZE, BVQAReward, official_question, resize_position_embeddings
 from rewards.noun_phrases import BUILTIN_PARSER_VERSION
 from rewards.question_table import FORMAT, load_question_table, make_question_table, write_question_table
 
@@ -344,3 +344,14 @@ def test_unrounded_scores_on_request(model_dir: Path) -> None:
         assert score == pytest.approx(math.prod(details["p_yes"]), rel=1e-12)
     with pytest.raises(ValueError, match="decimals must be >= 0 or None"):
         BVQAReward(model_name_or_path=str(model_dir), device="cpu", decimals=-1)
+
+
+def test_questions_are_normalised_as_blips_pre_question(reward: BVQAReward) -> None:
+    assert official_question('A "Stop" sign (red); the #1 bench: ok~.?') == "a stop sign red the 1 bench ok?"
+    assert official_question("a bench?  ") == "a bench?"
+    assert official_question(" ".join(["word"] * 60)) == " ".join(["word"] * 50)
+    # Asked with or without the punctuation BLIP's dataset strips, the same question gets the same answer.
+    image = random_images(1)
+    plain = reward._answer_probabilities(image, [(0, "a stop sign?")])
+    marked = reward._answer_probabilities(image, [(0, 'A "Stop" sign.?')])
+    assert plain == marked

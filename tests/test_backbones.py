@@ -183,13 +183,19 @@ def test_fp16_on_the_t5_families_is_warned_of() -> None:
     assert half_precision_warning(FAMILIES["StableDiffusionPipeline"], torch.float16) is None  # GORS' own fp16
 
 
-def test_sd35_medium_samples_as_its_model_card_and_other_sd3_checkpoints_as_the_family(tmp_path: Path) -> None:
+def test_each_sd3_checkpoint_samples_as_its_model_card(tmp_path: Path) -> None:
     vae = {"block_out_channels": [128, 256, 512, 512]}
-    medium = _config_only_pipeline(tmp_path / "medium", "StableDiffusion3Pipeline", "transformer", 128, vae)
-    config = medium / "transformer" / "config.json"
-    config.write_text(json.dumps(json.loads(config.read_text()) | {"dual_attention_layers": list(range(13))}))
-    large = _config_only_pipeline(tmp_path / "large", "StableDiffusion3Pipeline", "transformer", 128, vae)
-    sampling = detect_backbone(str(medium)).sampling
-    assert (sampling.num_inference_steps, sampling.guidance_scale) == (40, 4.5)
-    sampling = detect_backbone(str(large)).sampling
-    assert (sampling.num_inference_steps, sampling.guidance_scale) == (28, 3.5)
+
+    def sd3(name: str, **transformer: object) -> str:
+        folder = _config_only_pipeline(tmp_path / name, "StableDiffusion3Pipeline", "transformer", 128, vae)
+        config = folder / "transformer" / "config.json"
+        config.write_text(json.dumps(json.loads(config.read_text()) | transformer))
+        return str(folder)
+
+    def steps_and_guidance(folder: str) -> tuple[int, float]:
+        sampling = detect_backbone(folder).sampling
+        return sampling.num_inference_steps, sampling.guidance_scale
+
+    assert steps_and_guidance(sd3("sd35_medium", qk_norm="rms_norm", dual_attention_layers=list(range(13)))) == (40, 4.5)
+    assert steps_and_guidance(sd3("sd35_large", qk_norm="rms_norm")) == (28, 3.5)
+    assert steps_and_guidance(sd3("sd3_medium")) == (28, 7.0)  # no qk_norm: SD3 Medium

@@ -139,6 +139,17 @@ def test_text_classifier_averages_the_three_official_templates(models: dict[str,
     assert classifier(image, "fire hydrant", objects) == colours
 
 
+def test_colour_check_autocasts_to_float16_on_cuda_only(models: dict[str, str], monkeypatch) -> None:
+    """As the official evaluate_images.py: float32 weights under CLIP_benchmark's default autocast."""
+    classifier = ClipColorClassifier(models["clip_model"], models["clip_pretrained"])
+    asked = []
+    monkeypatch.setattr(torch, "autocast", lambda device, dtype, enabled: asked.append((device, dtype, enabled)))
+    classifier.precision()
+    classifier.device = torch.device("cuda")  # the context only; nothing runs
+    classifier.precision()
+    assert asked == [("cpu", torch.float16, False), ("cuda", torch.float16, True)]
+
+
 # ---- the reward ----
 
 def test_registry_and_attributes() -> None:
@@ -358,3 +369,28 @@ def test_detector_resizes_like_mmdetection_and_returns_masks_at_image_size(model
     found = detector.detect([image], threshold=0.0)[0]
     assert found and all(o.mask.shape == (40, 48) for objects in found.values() for o in objects)
     assert MMDET_TEST_SIZE == (800, 1333)
+
+
+def test_geneval_samples_with_the_checkpoints_own_scheduler(tmp_path: Path) -> None:
+    """GenEval's diffusers_generate.py sets no scheduler; T2I-CompBench's protocol samples with DDIM."""
+    from diffusers import DDIMScheduler, PNDMScheduler
+
+    from gors.core.backbones import FAMILIES, detect_backbone
+    from gors.core.pipeline import CHECKPOINT_SCHEDULER, load_pipeline, pipeline_settings
+    from gors.testing.sd import build_tiny_sd_pipeline
+
+    path = tmp_path / "sd"
+    build_tiny_sd_pipeline(path)
+    scheduler_dir = path / "scheduler"
+    PNDMScheduler.from_config(DDIMScheduler.load_config(scheduler_dir)).save_pretrained(scheduler_dir)  # as SD 1.5's
+    index = json.loads((path / "model_index.json").read_text())
+    (path / "model_index.json").write_text(json.dumps({**index, "scheduler": ["diffusers", "PNDMScheduler"]}))
+    backbone = detect_backbone(str(path))
+    geneval, compbench = get_benchmark("geneval"), get_benchmark("t2i_compbench")
+    for benchmark, expected in ((geneval, PNDMScheduler), (compbench, DDIMScheduler)):
+        pipeline = load_pipeline(str(path), torch.device("cpu"), backbone=benchmark.sampling_backbone(backbone))
+        assert type(pipeline.scheduler) is expected
+    settings = pipeline_settings(str(path), torch.float32, backbone=geneval.sampling_backbone(backbone))
+    assert settings["scheduler"] == CHECKPOINT_SCHEDULER
+    sdxl = FAMILIES["StableDiffusionXLPipeline"]  # not the family GenEval's protocol was written for
+    assert geneval.sampling_backbone(sdxl) == sdxl

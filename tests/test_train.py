@@ -559,3 +559,15 @@ def test_validation_autocasts_generation_only():
     assert wrapped(prompt=["a red circle"]) == (True, torch.bfloat16)
     assert wrapped.scheduler == "the pipeline's own"
     assert not torch.is_autocast_enabled("cpu")
+
+
+def test_validation_samples_with_the_benchmarks_own_sampler(make_run_config, tmp_path):
+    """GenEval's protocol keeps the checkpoint's scheduler; the trainer's validation pipeline takes it."""
+    from gors.core.distributed import make_accelerator
+    from gors.validation import BenchmarkValidation
+
+    def scheduler(benchmark):
+        config = make_run_config(output_dir=str(tmp_path), validation_benchmark=benchmark)
+        return BenchmarkValidation(config, make_accelerator()).backbone.sampling.scheduler
+
+    assert scheduler("geneval") is None and scheduler("toy:train") == "DDIMScheduler"

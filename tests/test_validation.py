@@ -232,7 +232,7 @@ def test_rendering_the_validation_prompts_runs_in_eval_mode_and_leaves_the_rngs_
         torch.rand(1), random.random(), np.random.rand()  # e.g. dropout, or a sampler drawing from the global RNG
         return SimpleNamespace(images=[Image.new("RGB", (32, 32))] * len(prompt))
 
-    monkeypatch.setattr(trainer, "_pipeline", lambda: pipeline)
+    monkeypatch.setattr(trainer, "_pipeline", lambda scheduler: pipeline)
     states = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
     assert len(trainer.log_validation(1)) == 2
     assert modes_while_rendering and not any(modes_while_rendering)

@@ -11,7 +11,7 @@ four families above (`gors.families`); every diffusers text-to-image pipeline ge
 |---|---|---|---|---|---|---|
 | sd | StableDiffusionPipeline | DDIM | 30 | 7.5 | 512 | T2I-CompBench protocol (GORS paper) |
 | sdxl | StableDiffusionXLPipeline | the checkpoint's (Euler) | 50 | 5.0 | 1024 | diffusers' pipeline defaults |
-| sd3 | StableDiffusion3Pipeline | the checkpoint's (flow-matching Euler) | 28 | 3.5 | 1024 | SD3.5 Large model card |
+| sd3 | StableDiffusion3Pipeline | the checkpoint's (flow-matching Euler) | 28 (3.5 Medium 40) | 3.5 (3.5 Medium 4.5, SD3 Medium 7.0) | 1024 | SD3.5 Large, SD3.5 Medium and SD3 Medium model cards |
 | flux | FluxPipeline | the checkpoint's (flow-matching Euler) | 50 (schnell 4) | 3.5 (schnell 0) | 1024 | FLUX.1 [dev] / [schnell] model cards |
 | any other | its `_class_name` | the checkpoint's | the pipeline's `__call__` defaults | | from its configs | the pipeline's own |
 """
@@ -90,9 +90,12 @@ FAMILIES: dict[str, Backbone] = {
 }
 FLUX_SCHNELL_SAMPLING = SamplingDefaults(4, 0.0, 1024)
 # Stable Diffusion 3.5 Medium (an MMDiT-X: its transformer config lists `dual_attention_layers`), as
-# its model card samples it; SD3 Medium and SD3.5 Large take the family's 28 steps at 3.5. (SD3.5
-# Large Turbo's config is Large's: it cannot be told apart, so pass its 4 steps and guidance 0.)
+# its model card samples it; SD3.5 Large takes the family's 28 steps at 3.5. (SD3.5 Large Turbo's
+# config is Large's: it cannot be told apart, so pass its 4 steps and guidance 0.)
 SD35_MEDIUM_SAMPLING = SamplingDefaults(40, 4.5, 1024)
+# Stable Diffusion 3 Medium, the one SD3 without RMS-normed queries and keys (no `qk_norm` in its
+# transformer config; every SD3.5 has "rms_norm"), as its model card and diffusers' docs sample it.
+SD3_MEDIUM_SAMPLING = SamplingDefaults(28, 7.0, 1024)
 # FLUX.1 [schnell] reads 256 T5 tokens (Black Forest Labs' reference and diffusers' docs; the
 # pipeline's default, 512, is [dev]'s).
 FLUX_SCHNELL_T5_TOKENS = 256
@@ -206,8 +209,12 @@ def detect_backbone(pretrained_model_name_or_path: str, revision: str | None = N
     backbone = FAMILIES[class_name]
     if backbone.name == "sd":  # SD 1.x and SD-2-base: 512; SD 2.x 768-v: 768
         backbone = replace(backbone, sampling=replace(backbone.sampling, resolution=native_side(name, "unet", revision)))
-    if backbone.name == "sd3" and component_config(name, "transformer", revision).get("dual_attention_layers"):
-        backbone = replace(backbone, sampling=SD35_MEDIUM_SAMPLING)
+    if backbone.name == "sd3":
+        transformer = component_config(name, "transformer", revision)
+        if transformer.get("dual_attention_layers"):
+            backbone = replace(backbone, sampling=SD35_MEDIUM_SAMPLING)
+        elif not transformer.get("qk_norm"):
+            backbone = replace(backbone, sampling=SD3_MEDIUM_SAMPLING)
     if backbone.name == "flux" and not flux_guidance_embeds(name, revision):
         # schnell: distilled to 4 steps without guidance, on 256 T5 tokens
         backbone = replace(backbone, sampling=FLUX_SCHNELL_SAMPLING,

@@ -60,6 +60,7 @@ def build_tiny_sd3_pipeline(save_dir: str | Path, seed: int = 0) -> Path:
         caption_projection_dim=num_heads * head_dim,
         pooled_projection_dim=CLIP_L_HIDDEN + CLIP_G_HIDDEN,
         pos_embed_max_size=16,
+        qk_norm="rms_norm",  # as every SD3.5 (SD3 Medium has none)
     )
     vae = AutoencoderKL(
         block_out_channels=(32, 64),
