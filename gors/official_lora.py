@@ -28,6 +28,7 @@ from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
 from gors.core.io import set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
+from gors.core.pipeline import LORA_WEIGHT_FILES
 from gors.core.prompts import T2I_COMPBENCH_COMMIT, T2I_COMPBENCH_REPOSITORY
 from gors.lora import LORA_WEIGHT_NAME, TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES, with_text_model_prefix
 from gors.sd2_architecture import SD2_BASE, architecture_configs, empty_models
@@ -232,6 +233,11 @@ def checkpoint_pair(source: str | os.PathLike[str] | tuple[str | os.PathLike[str
         path = Path(source).expanduser()
         if path.is_dir():
             found = sorted(path.glob("*" + TEXT_ENCODER_SUFFIX))
+            if not found and any((path / name).is_file() for name in LORA_WEIGHT_FILES):
+                raise ValueError(
+                    f"{path} already holds a diffusers LoRA ({LORA_WEIGHT_NAME}): nothing to convert. Pass the folder "
+                    "to --lora as it is (gors run folders and convert-lora's outputs are such folders)."
+                )
             if len(found) != 1:
                 raise FileNotFoundError(
                     f"{path} holds {len(found)} '*{TEXT_ENCODER_SUFFIX}' files; expected exactly one "

@@ -314,6 +314,12 @@ def test_checkpoint_pair_accepts_a_folder_or_either_file(tmp_path):
         checkpoint_pair(tmp_path)
 
 
+def test_a_diffusers_lora_folder_is_named_as_nothing_to_convert(tmp_path):
+    (tmp_path / "pytorch_lora_weights.safetensors").write_bytes(b"")  # e.g. a gors run folder
+    with pytest.raises(ValueError, match="already holds a diffusers LoRA .*nothing to convert. Pass the folder to --lora"):
+        checkpoint_pair(tmp_path)
+
+
 @needs_checkpoints
 def test_resolve_lora_converts_once_and_reuses(monkeypatch, tmp_path):
     assert resolve_lora(None) is None
