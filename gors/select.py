@@ -8,6 +8,7 @@ rule, reward statistics of kept and dropped samples).
 from __future__ import annotations
 
 import math
+import shlex
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -16,26 +17,32 @@ from typing import Any, Callable
 import numpy as np
 
 from gors.config import RunConfig, SelectConfig
-from gors.core.io import atomic_write_json, atomic_write_jsonl, read_jsonl
-from gors.core.paper import selection_threshold
+from gors.core.io import atomic_write_json, atomic_write_jsonl, read_json, read_jsonl
+from gors.core.prompts import TOY_CATEGORY, recorded_category
 from gors.core.run_folder import SCORES_DIR, SELECTION_FILE, SELECTION_SUMMARY_FILE, reward_key, samples_dir
-from gors.core.scoring import load_scores
+from gors.core.scoring import SETTINGS_FILE, load_scores
 from gors.core.store import IMAGE_HASH, SampleStore, StoreError, sample_key
+from rewards.combined import check_reward
+from rewards.paper import THRESHOLD_CATEGORIES, selection_threshold
 
 
 def threshold_fn(config: SelectConfig | RunConfig,
                  prompt_set_category: str | None) -> tuple[Callable[[int], float], str]:
-    """tau as a function of the prompt index, and a description of where it came from."""
+    """tau as a function of the prompt index, and a description of where it came from: --reward_threshold,
+    else the category's (`rewards.paper.selection_threshold`: the paper's, or the toy world's for the reward)."""
     if config.reward_threshold is not None:
         return (lambda _index: config.reward_threshold), f"--reward_threshold={config.reward_threshold}"
     category = config.category or prompt_set_category
     if category is None:
         raise ValueError(
             "No threshold: the prompts are not a T2I-CompBench category, so the paper's tau does not apply. "
-            "Pass --reward_threshold (e.g. 0.8) or --category (color, shape, texture, spatial, non_spatial, complex)."
+            f"Pass --reward_threshold (e.g. 0.8) or --category ({', '.join(THRESHOLD_CATEGORIES)})."
         )
-    selection_threshold(category, 0)  # an unknown category fails here, with the known ones listed
-    return (lambda index: selection_threshold(category, index)), f"paper's tau for category {category!r}"
+    reward = config.reward_name(category)
+    selection_threshold(category, reward, 0)  # an unknown category (or toy reward) fails here, naming the known ones
+    source = f"toy world's tau for reward {reward!r}" if category == TOY_CATEGORY \
+        else f"paper's tau for category {category!r}"
+    return (lambda index: selection_threshold(category, reward, index)), source
 
 
 def top_fraction(rewards: list[tuple[int, int, float]], fraction: float) -> set[tuple[int, int]]:
@@ -79,17 +86,28 @@ def _histogram(values: list[float], bins: int = 10) -> str:
     return "\n".join(f"  [{edges[i]:.1f}, {edges[i + 1]:.1f}) {'#' * min(int(c), 50)} {int(c)}" for i, c in enumerate(counts))
 
 
+def scored_rewards(output_dir: str | Path) -> list[str]:
+    """The rewards a run folder has score folders of, sorted, each as `--reward` takes it: the "reward" its
+    `settings.json` records (a weighted list's folder is named `toy_oracle_0.5_...`, its reward
+    `toy_oracle:0.5,...`), else the folder's name (an older gors's plain reward)."""
+    folder = Path(output_dir) / SCORES_DIR
+    folders = [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+    return sorted(read_json(p / SETTINGS_FILE, "the scorer settings gors wrote there").get("reward", p.name)
+                  if (p / SETTINGS_FILE).is_file() else p.name for p in folders)
+
+
 def _scored_hint(config: SelectConfig | RunConfig, reward: str) -> str:
     """What to run when `reward` has no scores: score with it, or, when the reward was not chosen
-    (`--reward` left out), select by a reward the folder has scores of."""
-    command = f"Run `gors score --output_dir {config.output_dir} --reward {reward}` first"
-    folder = Path(config.output_dir) / SCORES_DIR
-    scored = sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name != reward_key(reward)) \
-        if folder.is_dir() else []
+    (`--reward` left out), select by a reward the folder has scores of. A `reward` that names no
+    reward is refused first (`rewards.combined.check_reward`), with the known ones: no advice to
+    score with a mistyped name."""
+    check_reward(reward)
+    command = f"Run `gors score --output_dir {config.output_dir} --reward {shlex.quote(reward)}` first"
+    scored = [name for name in scored_rewards(config.output_dir) if reward_key(name) != reward_key(reward)]
     if config.reward is not None or config.unbiased or not scored:
         return command + "."
     return f"{reward} is the default reward; this folder has scores of {', '.join(scored)}: pass --reward " \
-           f"{scored[0]}, or {command[0].lower()}{command[1:]}."
+           f"{shlex.quote(scored[0])}, or {command[0].lower()}{command[1:]}."
 
 
 def _check_zero_rewards(kept: list[dict[str, Any]], reward: str, warn: bool) -> None:
@@ -114,7 +132,8 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
     records = store.records()
     if not records:
         raise StoreError(f"no samples in {store.root}: run `gors generate --output_dir {config.output_dir}` first.")
-    reward = config.reward_name(prompt_info.get("category"))
+    category = recorded_category(prompt_info)
+    reward = config.reward_name(category)
     scores = load_scores(config.output_dir, reward, records)
     unscored = [r["path"] for r in records if sample_key(r) not in scores]
     if unscored:
@@ -124,7 +143,7 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
         )
     fraction = config.select_top_fraction
     if fraction is None:
-        tau, tau_source = threshold_fn(config, prompt_info.get("category"))
+        tau, tau_source = threshold_fn(config, category)
     else:
         best = top_fraction([(r["prompt_index"], r["image_index"], scores[sample_key(r)]["reward"]) for r in records],
                             fraction)

@@ -1,18 +1,29 @@
-"""Which reward the GORS paper trains each T2I-CompBench category with, biased and unbiased.
+"""Which reward the GORS paper trains each T2I-CompBench category with, biased and unbiased, and its tau.
 
 Biased GORS rewards the category's own evaluation metric; GORS-unbiased rewards a different model,
-so that a gain on the benchmark cannot come from gaming its metric.
+so that a gain on the benchmark cannot come from gaming its metric. The toy world (category `toy`)
+joins the paper's tables here with its own reward pair and taus; `gors.core.paper` keeps the
+paper's facts only.
 """
 
 from __future__ import annotations
 
 from gors.core import paper
+from gors.core.prompts import TOY_CATEGORY
 
 # The paper's tables (`gors.core.paper`), plus the toy world's pair: its exact oracle is the
 # metric, and a CNN that never sees the oracle's rules is the unbiased reward.
-METRIC_REWARD: dict[str, str] = {**paper.METRIC_REWARD, "toy": "toy_oracle"}
-UNBIASED_REWARD: dict[str, str] = {**paper.UNBIASED_REWARD, "toy": "toy_classifier"}
+METRIC_REWARD: dict[str, str] = {**paper.METRIC_REWARD, TOY_CATEGORY: "toy_oracle"}
+UNBIASED_REWARD: dict[str, str] = {**paper.UNBIASED_REWARD, TOY_CATEGORY: "toy_classifier"}
 DEFAULT_REWARD = "b_vqa"
+
+# The toy world's tau per reward, for every prompt: the two rewards' scales differ, so each has its
+# own (the paper's tau is per category, whichever reward). The oracle scores the fraction of binding
+# checks passed, so 0.99 keeps exactly the images with every binding right. The classifier gives
+# correct renders about 0.95 and swapped ones about 0; 0.9 rather than 0.5 was chosen on the
+# validation split of the train prompts (README).
+TOY_THRESHOLDS: dict[str, float] = {METRIC_REWARD[TOY_CATEGORY]: 0.99, UNBIASED_REWARD[TOY_CATEGORY]: 0.9}
+THRESHOLD_CATEGORIES = (*paper.CATEGORIES, TOY_CATEGORY)  # the categories with a default tau
 
 
 def resolve_reward(reward: str | None, unbiased: bool, category: str | None) -> str:
@@ -39,3 +50,27 @@ def resolve_reward(reward: str | None, unbiased: bool, category: str | None) -> 
     if category not in table:
         raise ValueError(f"Unknown category {category!r}; known: {', '.join(table)}")
     return table[category]
+
+
+def toy_threshold(reward: str) -> float:
+    """The toy world's tau in [0, 1) for `reward` (a `--reward` value): 0.99 for toy_oracle, 0.9 for toy_classifier."""
+    if reward not in TOY_THRESHOLDS:
+        known = ", ".join(f"{name} {tau}" for name, tau in TOY_THRESHOLDS.items())
+        raise ValueError(f"No toy tau for reward {reward!r} (the toy taus: {known}); pass --reward_threshold.")
+    return TOY_THRESHOLDS[reward]
+
+
+def selection_threshold(category: str, reward: str, prompt_index: int) -> float:
+    """GORS tau in [0, 1) for the `prompt_index`-th prompt (0-based) of a category's train prompts, selecting by `reward`.
+
+    A T2I-CompBench category's tau is the paper's whichever the reward (`gors.core.paper.selection_threshold`);
+    the toy category's is the reward's (`toy_threshold`).
+    """
+    if category == TOY_CATEGORY:
+        if prompt_index < 0:
+            raise ValueError(f"prompt_index must be >= 0, got {prompt_index}")
+        return toy_threshold(reward)
+    if category not in paper.SELECTION_THRESHOLDS:
+        raise ValueError(f"No GORS threshold for category {category!r}; known categories: "
+                         f"{', '.join(THRESHOLD_CATEGORIES)}")
+    return paper.selection_threshold(category, prompt_index)

@@ -1,7 +1,8 @@
 """Name -> reward class, in a plain dict, with a dotted import path as the fallback.
 
 Three ways in: the built-in table below, the `@register_reward` decorator, and the
-`gors.rewards` entry-point group of installed packages, e.g. in a plugin's pyproject.toml:
+`gors.rewards` entry-point group of installed packages; a `module:Class` path is imported from the
+Python path, else from the working directory. An entry point, e.g. in a plugin's pyproject.toml:
 
     [project.entry-points."gors.rewards"]
     my_reward = "my_package.rewards:MyReward"
@@ -10,8 +11,11 @@ Three ways in: the built-in table below, the `@register_reward` decorator, and t
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any
 
 from rewards.base import Reward
@@ -65,14 +69,57 @@ def available_rewards() -> list[str]:
     return sorted(set(_BUILTIN) | set(_REGISTERED) | set(_entry_points()))
 
 
+def _is_missing(err: ModuleNotFoundError, module_name: str) -> bool:
+    """Whether `err` says `module_name` itself (or a package above it) is not found, rather than a module it imports."""
+    return err.name is not None and (module_name == err.name or module_name.startswith(err.name + "."))
+
+
+def _import_module(module_name: str) -> ModuleType:
+    """`module_name` imported from `sys.path`, else from the working directory, as `python -m` finds it.
+
+    The `gors` console script and `accelerate launch`ed recipes put the script's folder, not the
+    working directory, on `sys.path`. The working directory is on it only while this import runs,
+    so that it shadows no other module later: what the module imports at its top level is found
+    there too, a module it imports later (inside a function) is not.
+    """
+    cwd = os.getcwd()
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if not _is_missing(err, module_name) or cwd in sys.path or "" in sys.path:
+            raise
+    sys.path.append(cwd)  # last: only what no other path entry has is taken from here
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        sys.path.remove(cwd)
+
+
 def _import_class(path: str) -> Any:
+    """The attribute `Class` of the module `module` in a `module:Class` path (`_import_module`)."""
     module_name, _, attr = path.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, attr)
+    return getattr(_import_module(module_name), attr)
+
+
+def _described(name: str, path: str) -> str:
+    """Reward `name` for a message: a `module:Class` path once, an entry point's name with its path."""
+    return repr(name) if name == path else f"{name!r} (entry point {path})"
+
+
+def _import_error(name: str, path: str, err: Exception) -> ValueError:
+    """Why reward `name` (a `module:Class` path or an entry point's name, at `path`) did not import, and
+    for a module not found, the fix: its folder on PYTHONPATH."""
+    what = _described(name, path)
+    module_name = path.partition(":")[0]
+    if isinstance(err, ModuleNotFoundError) and _is_missing(err, module_name):
+        return ValueError(f"Could not import reward {what}: {err}, neither on the Python path nor in the working "
+                          f"directory ({os.getcwd()}). Add the folder that holds it to PYTHONPATH, e.g. "
+                          f"`PYTHONPATH=/path/to/folder gors ...`, or install it.")
+    return ValueError(f"Could not import reward {what}: {err}")
 
 
 def get_reward_class(name: str) -> type[Reward]:
-    """The class behind a reward name or a `module:Class` path."""
+    """The class behind a reward name or a `module:Class` path (its module found as `_import_module` finds it)."""
     if name in _REGISTERED:
         return _REGISTERED[name]
     if name in _BUILTIN:
@@ -83,10 +130,10 @@ def get_reward_class(name: str) -> type[Reward]:
         try:
             cls = _import_class(path)
         except (ImportError, AttributeError) as err:
-            raise ValueError(f"Could not import reward {name!r} ({path}): {err}") from err
+            raise _import_error(name, path, err) from err
         if isinstance(cls, type) and issubclass(cls, Reward):
             return cls
-        raise ValueError(f"{name!r} ({path}) is not a Reward subclass")
+        raise ValueError(f"{_described(name, path)} is not a Reward subclass")
     raise ValueError(
         f"Unknown reward {name!r}. Known rewards: {', '.join(available_rewards())}; "
         "or pass 'module:Class' for a Reward subclass of your own."

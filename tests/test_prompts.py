@@ -214,6 +214,23 @@ def test_threshold_unknown_category() -> None:
         paper.selection_threshold("numeracy", 0)
 
 
+def test_toy_prompt_sets_are_of_the_toy_category() -> None:
+    from gors.core.toy.world import SPLITS
+
+    for split in SPLITS:
+        prompt_set = P.load_prompts(f"toy:{split}")
+        assert prompt_set.category == P.TOY_CATEGORY == "toy"
+        assert prompt_set.info()["category"] == "toy"  # what a store records, and score and select read
+
+
+def test_recorded_category_of_a_toy_store_from_before_toy_sets_had_one() -> None:
+    assert P.recorded_category({"name": "toy:train", "category": None}) == "toy"
+    assert P.recorded_category({"name": "toy:fit_square"}) == "toy"
+    assert P.recorded_category({"name": "color_train", "category": "color"}) == "color"
+    assert P.recorded_category({"name": "my_prompts", "category": None}) is None
+    assert P.recorded_category({"name": "toy_prompts", "category": None}) is None  # a file, not the toy world
+
+
 def test_jsonl_prompts_carry_their_rows_as_metadata(tmp_path: Path) -> None:
     rows = [
         {"tag": "counting", "include": [{"class": "cup", "count": 2}], "exclude": [{"class": "cup", "count": 3}],

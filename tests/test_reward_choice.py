@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import ClassVar
 
@@ -236,6 +239,81 @@ def test_reward_from_an_installed_entry_point(tmp_path, monkeypatch):
     assert "half" in available_rewards()
     assert get_reward_class("half").__name__ == "Half"
     assert build_reward("half:1,test_constant:1", device="cpu").score(_images(1), ["a"]).scores == [0.5]
+
+
+BRIGHTNESS_MODULE = (
+    "import numpy as np\n"
+    "from rewards import Reward, RewardOutput\n"
+    "class Brightness(Reward):\n"
+    "    def _score(self, images, prompts, metadata):\n"
+    "        values = [float(np.asarray(image.convert('L')).mean()) / 255 for image in images]\n"
+    "        return RewardOutput(values, [{'brightness': v} for v in values])\n"
+)
+
+
+@pytest.fixture
+def console_script_path(tmp_path, monkeypatch):
+    """The working directory is `tmp_path` and, as under the `gors` console script or an `accelerate
+    launch`ed recipe, not on `sys.path`; modules imported from it are forgotten afterwards."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [entry for entry in sys.path if entry not in ("", str(tmp_path))])
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        if name.startswith("cwd_reward"):
+            del sys.modules[name]
+
+
+def test_module_class_path_is_found_in_the_working_directory_as_python_m_finds_it(console_script_path):
+    (console_script_path / "cwd_reward_ok.py").write_text(BRIGHTNESS_MODULE)
+    path = list(sys.path)
+    assert get_reward_class("cwd_reward_ok:Brightness").__name__ == "Brightness"
+    assert sys.path == path  # the working directory was on it for that import only
+    reward = build_reward("cwd_reward_ok:Brightness:1,test_constant:1", options={"test_constant": {"value": 0.0}})
+    assert reward.score([Image.new("RGB", (8, 8), "white")], ["a"]).scores == [pytest.approx(0.5)]
+
+
+def test_a_reward_module_that_is_nowhere_names_pythonpath_and_itself_once(console_script_path):
+    path = list(sys.path)
+    with pytest.raises(ValueError) as err:
+        get_reward_class("cwd_reward_missing:Brightness")
+    message = str(err.value)
+    assert message.startswith("Could not import reward 'cwd_reward_missing:Brightness': No module named "
+                              "'cwd_reward_missing', neither on the Python path nor in the working directory")
+    assert "PYTHONPATH" in message and message.count("cwd_reward_missing:Brightness") == 1
+    assert sys.path == path
+    # Found, but broken inside: its own error, not advice about where it lives.
+    (console_script_path / "cwd_reward_broken.py").write_text("import cwd_reward_dependency_not_installed\n")
+    with pytest.raises(ValueError, match=r"^Could not import reward 'cwd_reward_broken:X': No module named "
+                                         r"'cwd_reward_dependency_not_installed'$"):
+        get_reward_class("cwd_reward_broken:X")
+    (console_script_path / "cwd_reward_no_class.py").write_text(BRIGHTNESS_MODULE)
+    with pytest.raises(ValueError, match=r"^Could not import reward 'cwd_reward_no_class:Brightnes': module "
+                                         r"'cwd_reward_no_class' has no attribute 'Brightnes'$"):
+        get_reward_class("cwd_reward_no_class:Brightnes")
+    with pytest.raises(ValueError, match=r"^'cwd_reward_no_class:np' is not a Reward subclass$"):
+        get_reward_class("cwd_reward_no_class:np")
+
+
+@pytest.mark.slow
+def test_gors_console_script_scores_with_a_reward_module_in_the_working_directory(tmp_path):
+    """The README's `gors score --reward my_module:Brightness`, run as the user runs it."""
+    from gors.core.prompts import load_prompts
+    from gors.core.store import SampleStore
+
+    gors = Path(sys.executable).parent / "gors"
+    store = SampleStore(tmp_path / "run" / "samples")
+    prompts = load_prompts("toy:train").prompts[:2]
+    store.save_prompts({"name": "toy:train", "category": "toy", "source": "test", "prompts": prompts})
+    for index, prompt in enumerate(prompts):
+        store.append(0, Image.new("RGB", (8, 8), "white"),
+                     {"file_name": f"{index:05d}_000.png", "prompt": prompt, "prompt_index": index, "image_index": 0})
+    (tmp_path / "my_module.py").write_text(BRIGHTNESS_MODULE)
+    done = subprocess.run([str(gors), "score", "--output_dir", "run", "--reward", "my_module:Brightness"],
+                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    rows = (tmp_path / "run" / "scores" / "my_module_Brightness" / "part-00000.jsonl").read_text().splitlines()
+    assert [json.loads(row)["reward"] for row in rows] == [1.0, 1.0]
 
 
 def test_gors_rewards_lists_every_builtin_with_its_role(capsys):

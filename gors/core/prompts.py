@@ -156,7 +156,7 @@ class PromptSet:
 
     name: str
     prompts: list[str]
-    category: str | None  # a T2I-CompBench category when known (drives the GORS threshold)
+    category: str | None  # a T2I-CompBench category, or TOY_CATEGORY, when known (drives the reward and tau)
     source: str  # a file path, or the pinned URL for benchmark files
     metadata: list[dict[str, Any]] | None = None  # one row per prompt (a .jsonl file's), for the reward
 
@@ -193,6 +193,20 @@ def _resolve_name(name: str, split: str) -> str | None:
 
 
 TOY_PREFIX = "toy:"  # then a split name of gors.core.toy.world.SPLITS
+# The category of every toy prompt set: its reward (`rewards.paper`: toy_oracle, unbiased
+# toy_classifier) and tau, as a T2I-CompBench category's are the paper's.
+TOY_CATEGORY = "toy"
+
+
+def recorded_category(info: dict[str, Any]) -> str | None:
+    """The category of a prompt set as a store recorded it (`PromptSet.info`, its `prompts.json`).
+
+    A toy set recorded before toy sets had a category gets `TOY_CATEGORY` from its name, so that a
+    run folder generated then scores and selects with the toy reward and tau, as one generated now.
+    """
+    if info.get("category") is None and str(info.get("name", "")).startswith(TOY_PREFIX):
+        return TOY_CATEGORY
+    return info.get("category")
 
 
 def load_prompts(spec: str, split: str = "train") -> PromptSet:
@@ -206,13 +220,14 @@ def load_prompts(spec: str, split: str = "train") -> PromptSet:
     except a name with a suffix that is an existing path (`color.txt`): that file.
     `toy:train` and `toy:held_out` are the toy world's splits, and `toy:fit` / `toy:val` the train
     prompts split the same way for choosing settings, with two more folds `toy:fit_square` /
-    `toy:val_square` and `toy:fit_triangle` / `toy:val_triangle` (see `gors.core.toy.world`).
+    `toy:val_square` and `toy:fit_triangle` / `toy:val_triangle` (see `gors.core.toy.world`); their
+    category is `TOY_CATEGORY`.
     """
     if spec.startswith(TOY_PREFIX):
         from gors.core.toy.world import prompts_of_split  # numpy and PIL only when the toy world is asked for
 
         chosen = prompts_of_split(spec.removeprefix(TOY_PREFIX))  # an unknown split names the known ones
-        return PromptSet(spec, [p.text for p in chosen], None, "gors.core.toy.world.prompts_of_split")
+        return PromptSet(spec, [p.text for p in chosen], TOY_CATEGORY, "gors.core.toy.world.prompts_of_split")
     forced = spec.startswith(NAME_PREFIX)
     name = spec[len(NAME_PREFIX):] if forced else spec
     path = Path(name).expanduser()

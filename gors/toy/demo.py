@@ -2,8 +2,9 @@
 
 1. evaluate the packaged base model on the held-out prompts (combinations never seen in training);
 2. run GORS on the train prompts: generate k images each, score with the reward (default the
-   exact oracle `toy_oracle`; `--reward toy_classifier` for the unbiased one), keep reward > tau,
-   train LoRA with the reward-weighted loss;
+   exact oracle `toy_oracle`; `--unbiased` or `--reward toy_classifier` for the unbiased one), keep
+   reward > tau (by default the toy category's for the reward, `rewards.paper.TOY_THRESHOLDS`), train
+   LoRA with the reward-weighted loss;
 3. evaluate the fine-tuned model on the same held-out prompts and seeds;
 4. print both accuracies, write `results.json`, a before/after grid PNG and TensorBoard scalars.
 
@@ -31,11 +32,7 @@ from gors.core.pipeline import lora_sha256
 from gors.core.store import SampleStore
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import split_prompts
-
-# tau per toy reward. The oracle scores the fraction of binding checks passed, so 0.99 keeps exactly
-# the images with every binding right. The classifier gives correct renders about 0.95 and swapped
-# ones about 0; 0.9 rather than 0.5 was chosen on the validation split of the train prompts (README).
-TOY_THRESHOLDS = {"toy_oracle": 0.99, "toy_classifier": 0.9}
+from rewards.paper import toy_threshold
 
 
 @dataclass
@@ -182,11 +179,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     start = time.time()
     config = parse_config(ToyRunConfig, argv, defaults=toy_defaults(), prog="recipes/gors_toy.py")
     reward = config.reward_name()
+    # A mistyped --reward fails here, before the base model's evaluation; so does one without a toy tau
+    # (select's, `rewards.paper.toy_threshold`) when no --reward_threshold is given.
+    check_run_inputs(config)
     if config.reward_threshold is None and config.tau_schedule is None and config.select_top_fraction is None:
-        if reward not in TOY_THRESHOLDS:
-            raise SystemExit(f"--reward {reward}: pass --reward_threshold (known taus: {TOY_THRESHOLDS})")
-        config.reward_threshold = TOY_THRESHOLDS[reward]
-    check_run_inputs(config)  # a mistyped --reward fails here, before the base model's evaluation
+        config.reward_threshold = toy_threshold(reward)  # recorded as the run's tau, as the demo always has
     out = Path(config.output_dir)
     accelerator = training_accelerator(config)
 
