@@ -5,9 +5,10 @@ whose keys are the same names (flags given on the command line override the file
 declares them all. Run any stage under `accelerate launch -m gors.cli <stage> ...` (or
 `accelerate launch $(which gors) ...`) to use several processes.
 
-Expected errors (a bad flag, file or value, a run folder in use, an empty selection, Ctrl-C) end a
-command with one line `error: ...` from the main process and exit status 2 (`expected_errors`);
-anything else is a bug and keeps its traceback.
+Expected errors (a bad flag, file or value, a run folder in use, an empty selection, a user's reward
+that breaks the reward protocol, Ctrl-C) end a command with one line `error: ...` from the main
+process, on a line of its own, and exit status 2 (`expected_errors`); anything else is a bug and
+keeps its traceback.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import yaml
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
-from gors.config import SelectConfig, TrainConfig, load_yaml
+from gors.config import SelectConfig, TrainConfig, config_file_values, load_yaml
 from gors.core.data import ChecksumError, DownloadError
 from gors.core.hub import ModelLoadError
 from gors.core.io import PathError
@@ -84,7 +85,12 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     merged = dict(defaults or {})
     config_file = _config_file(argv)
     if config_file is not None:
-        merged |= _check_yaml_values(_read_yaml(config_file, cls), cls, config_file)
+        try:  # one file may drive every stage: another stage's keys are left out (`config_file_values`)
+            file_values = config_file_values(cls, _read_yaml(config_file, cls), config_file)
+        except ValueError as err:
+            raise SystemExit(f"error: {err}") from None
+        given = _flags_given(parser, argv)  # a flag wins over the file's value: that value is not checked
+        merged |= _check_yaml_values({k: v for k, v in file_values.items() if k not in given}, cls, config_file)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(merged) - known)
     if unknown:
@@ -97,6 +103,15 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
         return cls(**values)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from err
+
+
+def _flags_given(parser: ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The fields whose flag (any spelling: `--name`, `--name=value`, `--no_name`) is on the command line."""
+    given = set()
+    for action in parser._actions:
+        if any(arg == option or arg.startswith(option + "=") for option in action.option_strings for arg in argv):
+            given.add(action.dest)
+    return given
 
 
 def _config_file(argv: Sequence[str]) -> str | None:
@@ -275,13 +290,16 @@ class Command:
     Both are 'module:name' paths, imported only when the command runs, so that `gors --help` and
     each command load only what they use (the toy pretraining and LoRA conversion import torch).
     `locks`: the stages of `--output_dir` the command holds for its whole run (`run_folder_lock`);
-    `gors run` takes its four in `run_stages`, which recipes share.
+    `gors run` takes its four in `run_stages`, which recipes share. `reads_run`: the command works on
+    a run folder an earlier stage wrote, so a missing `--output_dir` (a typo) is refused before the
+    lock would create it.
     """
 
     config: str
     function: str
     help: str
     locks: tuple[str, ...] = ()
+    reads_run: bool = False
 
 
 COMMANDS: dict[str, Command] = {
@@ -289,12 +307,12 @@ COMMANDS: dict[str, Command] = {
                         "k images per training prompt into the sample store", locks=("generate",)),
     # score rewrites the store's metadata files (its reward column), which generate appends to
     "score": Command("gors.config:ScoreConfig", "gors.score:score", "score every sample with a reward",
-                     locks=("generate", "score")),
+                     locks=("generate", "score"), reads_run=True),
     "select": Command("gors.config:SelectConfig", "gors.cli:run_select", "keep samples with reward > tau",
-                      locks=("select",)),
+                      locks=("select",), reads_run=True),
     # train reads selection.jsonl on every process while it runs, which select rewrites
     "train": Command("gors.config:TrainConfig", "gors.cli:run_train",
-                     "reward-weighted LoRA fine-tuning on the selection", locks=("select", "train")),
+                     "reward-weighted LoRA fine-tuning on the selection", locks=("select", "train"), reads_run=True),
     "run": Command("gors.config:RunConfig", "gors.run:run", "generate, score, select and train in one go"),
     "evaluate": Command("gors.config:EvaluateConfig", "gors.evaluate:evaluate",
                         "run benchmarks on a checkpoint, a LoRA or an image folder", locks=("evaluate",)),
@@ -330,7 +348,14 @@ def usage() -> str:
 # What users cause and can fix from the message alone; anything else is a bug and keeps its traceback.
 EXPECTED_ERRORS = (ValueError, FileNotFoundError, StoreError, LockError, ChecksumError, DownloadError, ModelLoadError,
                    PathError)
+# The same, of modules that import torch ('module:Class'), named here so that `gors --help` imports none of
+# them: such an error can only have been raised once its module was imported. `RewardError`: a user's
+# reward returned a score out of range, no score or details that are not JSON.
+LAZY_EXPECTED_ERRORS = ("rewards.base:RewardError",)
 
+
+# Every stage keeps its finished work (images, score rows, checkpoints) and skips it when rerun.
+INTERRUPTED = "interrupted; run the same command again to resume where it stopped (training: from its last checkpoint)"
 
 # How long a failing process other than the main one waits before it reports: when the main process
 # meets the same error, it says it, exits, and the launcher stops this process before it would repeat it.
@@ -349,12 +374,30 @@ def _process_index() -> int:
     return int(os.environ.get("RANK", "0"))  # before it: what the launcher said
 
 
-def _fail(message: str) -> NoReturn:
+def _expected_types() -> tuple[type[BaseException], ...]:
+    """`EXPECTED_ERRORS` and those of `LAZY_EXPECTED_ERRORS` whose module is imported."""
+    lazy = (getattr(sys.modules.get(module), name, None)
+            for module, _, name in (path.partition(":") for path in LAZY_EXPECTED_ERRORS))
+    return EXPECTED_ERRORS + tuple(cls for cls in lazy if cls is not None)
+
+
+def _open_bars() -> set[int]:
+    """The ids of the tqdm bars open now (a bar redraws its line with "\r" and ends it only when it
+    closes); none when tqdm is not imported (`gors --help` stays light)."""
+    bar = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
+    return {id(instance) for instance in getattr(bar, "_instances", ())}
+
+
+def _fail(message: str, bars_before: set[int] = frozenset()) -> NoReturn:
+    """Print `error: message` and exit 2. On a line of its own, so that `grep ^error` finds it: after a
+    newline when stderr is a terminal or a bar this command opened (not one of `bars_before`) is
+    still open, which leaves a log file mid-line too."""
     index = _process_index()
     if index != 0:
         time.sleep(REPORT_GRACE_S)
         message = f"process {index}: {message}"  # still running: the error is this process's own
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    start = "\n" if sys.stderr.isatty() or _open_bars() - bars_before else ""
+    print(f"{start}error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
 
 
@@ -369,16 +412,27 @@ def expected_errors() -> Iterator[None]:
     if os.environ.get("GORS_TRACEBACK") == "1":
         yield
         return
+    bars = _open_bars()  # open before the command (e.g. another command's in the same process): not its own
     try:
         yield
     except KeyboardInterrupt:
-        _fail("interrupted")
-    except EXPECTED_ERRORS as err:
-        _fail(str(err))
+        _fail(INTERRUPTED, bars)
+    except Exception as err:
+        if not isinstance(err, _expected_types()):
+            raise
+        _fail(str(err), bars)
     except SystemExit as err:
         if isinstance(err.code, str):  # SystemExit("message"), which Python would print on every process
-            _fail(err.code.removeprefix("error: "))
+            _fail(err.code.removeprefix("error: "), bars)
         raise
+
+
+def check_run_folder(output_dir: str, command: str) -> None:
+    """Refuse a run folder that does not exist (a mistyped `--output_dir`) for `command`, which reads
+    what earlier stages wrote there: before its lock would create the folder and leave it behind."""
+    if not os.path.exists(output_dir):
+        raise FileNotFoundError(f"--output_dir {output_dir}: no such run folder; `{command}` works on the folder of "
+                                "a run that `gors generate` (or `gors run`) started: check the path")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -393,6 +447,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(f"gors: unknown command {argv[0]!r}\n{usage()}")
         command = COMMANDS[name]
         config = parse_config(_load(command.config), argv[len(name.split()):], prog=f"gors {name}")
+        if command.reads_run:
+            check_run_folder(config.output_dir, f"gors {name}")
         locked = run_folder_lock(config.output_dir, command.locks, f"gors {name}") if command.locks else nullcontext()
         with locked:
             _load(command.function)(config)

@@ -40,13 +40,14 @@ import logging
 import math
 import os
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 from PIL import Image
 
 from gors.core.hub import from_pretrained
-from rewards.base import MODEL_FLAG, Reward, RewardOutput
+from rewards.base import MODEL_FLAG, Reward, RewardOutput, check_choice, check_number
 from rewards.noun_phrases import MAX_QUESTIONS, Backend, parser_record, vqa_questions
 from rewards.question_table import QuestionTable, load_question_table
 
@@ -100,6 +101,13 @@ class BVQAReward(Reward):
     default_model = "Salesforce/blip-vqa-capfilt-large"
     categories = ("color", "shape", "texture", "complex")
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse, before BLIP loads, a negative `decimals` or `max_questions` and an unknown `question_start`."""
+        check_number("decimals", options.get("decimals"), 0, math.inf, optional=True)
+        check_number("max_questions", options.get("max_questions", MAX_QUESTIONS), 0, math.inf)
+        check_choice("question_start", options.get("question_start", "enc"), ("enc", "cls"))
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -114,13 +122,10 @@ class BVQAReward(Reward):
         decimals: int | None = 4,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
-        if decimals is not None and decimals < 0:
-            raise ValueError(f"decimals must be >= 0 or None, got {decimals}")
+        self.check_options({"decimals": decimals, "max_questions": max_questions, "question_start": question_start})
         self.decimals = decimals
         from transformers import BlipForQuestionAnswering, BlipProcessor
 
-        if max_questions < 0:
-            raise ValueError(f"max_questions must be >= 0, got {max_questions}")
         self.max_questions = max_questions
         self.noun_phrase_backend = noun_phrase_backend
         # Both are checked before the model loads: a bad table or a missing spaCy model fails fast.
@@ -144,8 +149,6 @@ class BVQAReward(Reward):
         self.processor.image_processor.size = {"height": self.image_size, "width": self.image_size}
         self.yes_id = self._single_token_id("yes")
         self.no_id = self._single_token_id("no")
-        if question_start not in ("enc", "cls"):
-            raise ValueError(f"question_start={question_start!r}; choose 'enc' (official) or 'cls'")
         # BLIP's tokenizer adds [DEC] (bos) and then [ENC] after BERT's vocabulary: 30522, 30523.
         text_config = self.model.config.text_config
         self.question_start_id = text_config.bos_token_id + 1 if question_start == "enc" else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
@@ -12,6 +13,36 @@ from PIL import Image
 
 # The option that sets a reward's model on the command line, named in load errors.
 MODEL_FLAG = "--reward_model_name_or_path"
+
+
+def _interval(low: float, high: float, open_low: bool) -> str:
+    """`[low, high]`, `(low, high]`, `>= low` or `> low` (`high` infinite), for messages."""
+    if math.isinf(high):
+        return f"{'>' if open_low else '>='} {low:g}"
+    return f"{'(' if open_low else '['}{low:g}, {high:g}]"
+
+
+def check_number(name: str, value: Any, low: float = 0.0, high: float = 1.0, *, open_low: bool = False,
+                 optional: bool = False) -> None:
+    """Raise ValueError unless option `name`'s `value` is a number in [low, high] ((low, high] with
+    `open_low`; `high` may be `math.inf`), or None where `optional`. For `Reward.check_options`."""
+    if value is None and optional:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and (low < value if open_low else low <= value) and value <= high):  # NaN fails too
+        raise ValueError(f"{name} must be {'in ' if not math.isinf(high) else ''}{_interval(low, high, open_low)}"
+                         f"{' or None' if optional else ''}, got {value!r}")
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    """Raise ValueError unless option `name`'s `value` is one of `choices`. For `Reward.check_options`."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}; choose {' or '.join(map(repr, choices))}")
+
+
+class RewardError(RuntimeError):
+    """A reward's output breaks the protocol (a score missing, not a number or out of range, details
+    that are not JSON): a bug of that reward, which the message names with the image and its prompt."""
 
 
 @dataclass
@@ -71,6 +102,13 @@ class Reward:
         (None: the prompts carry none). Model-free, so that a run fails before it generates or loads
         anything; rewards that judge by metadata (e.g. GenEval's clauses) override it."""
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Raise ValueError, naming the option, when a value in `options` (keyword arguments of
+        `__init__`, only those given) is one `__init__` would refuse. Model-free, so that a bad value
+        fails before anything is generated or loaded; `__init__` calls the same check on its
+        arguments, so the rule is written once. Nothing is checked by default."""
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -98,7 +136,8 @@ class Reward:
         """Score each image against its prompt; scores in [0, 1], one details dict per image.
 
         The output is checked: exactly one finite score in `score_range` and one details dict per
-        image, so that a faulty reward fails here instead of leaving samples unscored.
+        image, so that a faulty reward fails here, with a `RewardError` naming the image, instead of
+        leaving samples unscored.
         """
         if len(images) != len(prompts):
             raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
@@ -106,10 +145,18 @@ class Reward:
             raise ValueError(f"{len(prompts)} prompts but {len(metadata)} metadata entries")
         rgb = [image if image.mode == "RGB" else image.convert("RGB") for image in images]
         output = self._score(rgb, list(prompts), list(metadata) if metadata is not None else None)
+        return self._checked(output, list(prompts))
+
+    def _checked(self, output: RewardOutput, prompts: list[str]) -> RewardOutput:
+        """`output` of `_score` on `prompts`, its scores as plain floats; a `RewardError` naming the
+        image, its prompt and the value when it breaks the protocol (a bug of the reward, not of gors)."""
         name = type(self).__name__
-        if len(output.scores) != len(images) or len(output.details) != len(images):
-            raise RuntimeError(f"{name} returned {len(output.scores)} scores and {len(output.details)} details "
-                               f"for {len(images)} images; a reward returns one of each per image")
+        if not isinstance(output, RewardOutput):
+            raise RewardError(f"{name}._score returned a {type(output).__name__}; return a RewardOutput(scores=..., "
+                              "details=...)")
+        if len(output.scores) != len(prompts) or len(output.details) != len(prompts):
+            raise RewardError(f"{name} returned {len(output.scores)} scores and {len(output.details)} details "
+                              f"for {len(prompts)} images; a reward returns one of each per image")
         low, high = self.score_range
         scores = []
         for index, value in enumerate(output.scores):
@@ -117,21 +164,25 @@ class Reward:
             try:
                 value = float(value)  # a numpy or 0-d torch number is written as a plain float
             except (TypeError, ValueError):
-                raise RuntimeError(f"{name} returned {value!r} {where}, not a number") from None
+                raise RewardError(f"{name} returned {value!r} {where}, not a number; each score is a float in "
+                                  f"[{low}, {high}]") from None
             if not math.isfinite(value):
-                raise RuntimeError(f"{name} returned {value} {where}, not a finite number")
+                raise RewardError(f"{name} returned {value} {where}, not a finite number; each score is a float "
+                                  f"in [{low}, {high}]")
             if not low - 1e-6 <= value <= high + 1e-6:
-                raise RuntimeError(f"{name} returned {value} {where}, outside [{low}, {high}]")
+                raise RewardError(f"{name} returned {value} {where}, outside [{low}, {high}]; clip or rescale its "
+                                  "scores into that range (or declare the reward's score_range)")
             scores.append(value)
         for index, details in enumerate(output.details):
             if not isinstance(details, dict):
-                raise RuntimeError(f"{name} returned details of type {type(details).__name__} for image {index}; "
-                                   f"each image's details are a dict")
+                raise RewardError(f"{name} returned details of type {type(details).__name__} for image {index} "
+                                  f"({prompts[index]!r}); each image's details are a dict")
             try:
                 json.dumps(details)
             except (TypeError, ValueError) as err:
-                raise RuntimeError(f"{name}'s details for image {index} cannot be written as JSON ({err}); give "
-                                   "plain numbers, strings, lists and dicts (e.g. float(x), array.tolist())") from None
+                raise RewardError(f"{name}'s details for image {index} cannot be written as JSON ({err}) for prompt "
+                                  f"{prompts[index]!r}; give plain numbers, strings, lists and dicts (e.g. float(x), "
+                                  "array.tolist())") from None
         return RewardOutput(scores=scores, details=output.details)
 
     def _score(

@@ -20,6 +20,7 @@ paper's in kind, not to the decimal, and the transformers preprocessing is kept.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -32,6 +33,9 @@ from rewards.clip_text import cosine_to_score
 
 CLIP_FLAG = "clip_model_name_or_path"
 CAPTION_PROMPT = "a picture of "
+
+# BLIP's captioning defaults (beam search, caption length in tokens, the prompt's included).
+NUM_BEAMS, MIN_LENGTH, MAX_LENGTH = 3, 10, 30
 
 
 class BlipClipReward(Reward):
@@ -55,6 +59,19 @@ class BlipClipReward(Reward):
     categories = ("non_spatial",)
     description = "BLIP-large caption vs prompt: cosine of their CLIP ViT-B/32 text embeddings"
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse num_beams < 1 and caption lengths other than 0 <= min_length <= max_length (each
+        against the other's default where only one is given)."""
+        num_beams = options.get("num_beams", NUM_BEAMS)
+        min_length, max_length = options.get("min_length", MIN_LENGTH), options.get("max_length", MAX_LENGTH)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (num_beams, min_length, max_length)) \
+                or num_beams < 1 or not 0 <= min_length <= max_length:
+            raise ValueError(
+                f"need whole numbers num_beams >= 1 and 0 <= min_length <= max_length, got num_beams={num_beams!r}, "
+                f"min_length={min_length!r}, max_length={max_length!r}"
+            )
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -63,18 +80,14 @@ class BlipClipReward(Reward):
         batch_size: int = 8,
         clip_model_name_or_path: str = DEFAULT_CLIP,
         caption_prompt: str = CAPTION_PROMPT,
-        num_beams: int = 3,
-        min_length: int = 10,
-        max_length: int = 30,
+        num_beams: int = NUM_BEAMS,
+        min_length: int = MIN_LENGTH,
+        max_length: int = MAX_LENGTH,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
         from transformers import BlipForConditionalGeneration, BlipProcessor
 
-        if num_beams < 1 or not 0 <= min_length <= max_length:
-            raise ValueError(
-                f"need num_beams >= 1 and 0 <= min_length <= max_length, got num_beams={num_beams}, "
-                f"min_length={min_length}, max_length={max_length}"
-            )
+        self.check_options({"num_beams": num_beams, "min_length": min_length, "max_length": max_length})
         path = str(self.model_name_or_path)
         self.processor = from_pretrained(BlipProcessor.from_pretrained, path, MODEL_FLAG)
         model = from_pretrained(

@@ -25,18 +25,19 @@ Differences from ``clip.load("ViT-B/32")`` + ``clip.tokenize``, checked against 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from PIL import Image
 
 from gors.core.hub import from_pretrained
-from rewards.base import MODEL_FLAG, Reward, RewardOutput
+from rewards.base import MODEL_FLAG, Reward, RewardOutput, check_choice
 from rewards.clip_text import cosine_to_score, split_adjectives
 
 DEFAULT_CLIP = "openai/clip-vit-base-patch32"
 Preprocess = Literal["openai", "transformers"]
+PREPROCESS: tuple[Preprocess, ...] = ("openai", "transformers")
 
 
 class CLIPEncoder:
@@ -60,8 +61,7 @@ class CLIPEncoder:
     ) -> None:
         from transformers import CLIPModel, CLIPProcessor
 
-        if preprocess not in ("openai", "transformers"):
-            raise ValueError(f"preprocess={preprocess!r}; choose 'openai' or 'transformers'")
+        check_choice("preprocess", preprocess, PREPROCESS)
         self.device, self.torch_dtype = device, torch_dtype
         processor = from_pretrained(CLIPProcessor.from_pretrained, model_name_or_path, flag)
         model = from_pretrained(CLIPModel.from_pretrained, model_name_or_path, flag, dtype=torch_dtype)
@@ -170,6 +170,12 @@ class CLIPScoreReward(Reward):
     official_dtype = torch.float16
     categories = ("non_spatial", "complex")
     description = "T2I-CompBench CLIPScore: raw cosine of CLIP ViT-B/32 image and prompt embeddings"
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse a `preprocess` other than "openai" or "transformers" (`CLIPEncoder` checks it too)."""
+        if "preprocess" in options:
+            check_choice("preprocess", options["preprocess"], PREPROCESS)
 
     def __init__(
         self,

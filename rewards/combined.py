@@ -215,15 +215,20 @@ def accepted_options(cls: type) -> list[str] | None:
     return None
 
 
-def check_options(cls: type, options: Mapping[str, Any], what: str, flag: str) -> None:
-    """Refuse, before anything loads, an option `cls` does not take, listing the ones it does.
-    `what` names the class in the message (e.g. "reward 'b_vqa'"), `flag` the option that gave it."""
+def check_options(cls: type[Reward], options: Mapping[str, Any], what: str, flag: str) -> None:
+    """Refuse, before anything loads, an option `cls` does not take (listing the ones it does) or a
+    value it would refuse (`Reward.check_options`). `what` names the class in the message (e.g.
+    "reward 'b_vqa'"), `flag` the option that gave it (e.g. "--scorer_options")."""
     accepted = accepted_options(cls)
     accepted = None if accepted is None else [name for name in accepted if name not in SET_BY_GORS]
     unknown = sorted(set(options) - set(options if accepted is None else accepted))
     if unknown:
         raise ValueError(f"{flag}: {what} has no option {', '.join(map(repr, unknown))}; its options: "
                          f"{', '.join(accepted) or 'none'}")
+    try:
+        cls.check_options(options)
+    except ValueError as err:
+        raise ValueError(f"{flag}: {what}: {err}") from None
 
 
 def check_reward_options(text: str, options: Mapping[str, Any] | None, flag: str = "--reward_options") -> None:

@@ -31,6 +31,7 @@ official one does there: float32 weights under float16 autocast (CLIP_benchmark'
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -41,7 +42,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from gors.core.hub import from_pretrained, note_load
-from rewards.base import Reward, RewardOutput
+from rewards.base import Reward, RewardOutput, check_number
 from rewards.geneval_rules import (
     COLORS,
     COUNTING_THRESHOLD,
@@ -351,6 +352,21 @@ class GenEvalReward(Reward):
         "prompt's GenEval clauses (needs tag/include/exclude metadata)"
     )
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse, before any model loads, detector thresholds outside [0, 1), fewer than one object per
+        class, a negative position threshold and a detector size that is not [shortest, longest] edge."""
+        for option, default in (("threshold", THRESHOLD), ("counting_threshold", COUNTING_THRESHOLD)):
+            value = options.get(option, default)
+            check_number(option, value)
+            if value >= 1.0:  # a confidence never exceeds 1: nothing would be detected
+                raise ValueError(f"{option}={value}: a detector confidence threshold must lie in [0, 1)")
+        check_number("max_objects", options.get("max_objects", MAX_OBJECTS), 1, math.inf)
+        check_number("position_threshold", options.get("position_threshold", POSITION_THRESHOLD), 0, math.inf)
+        size = options.get("detector_image_size", MMDET_TEST_SIZE)
+        if size is not None and (not isinstance(size, (list, tuple)) or len(size) != 2):
+            raise ValueError(f"detector_image_size={size!r}: give [shortest, longest] edge in pixels")
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -367,13 +383,8 @@ class GenEvalReward(Reward):
         background: str = "#999",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
-        for option, value in (("threshold", threshold), ("counting_threshold", counting_threshold)):
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{option}={value}: a detector confidence threshold must lie in [0, 1)")
-        if max_objects < 1:
-            raise ValueError(f"max_objects={max_objects}: keep at least one object per class")
-        if detector_image_size is not None and len(detector_image_size) != 2:
-            raise ValueError(f"detector_image_size={detector_image_size!r}: give [shortest, longest] edge in pixels")
+        self.check_options({"threshold": threshold, "counting_threshold": counting_threshold, "max_objects": max_objects,
+                            "position_threshold": position_threshold, "detector_image_size": detector_image_size})
         self.rule_options = {
             "threshold": threshold, "counting_threshold": counting_threshold, "max_objects": max_objects,
             "position_threshold": position_threshold,

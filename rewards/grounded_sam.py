@@ -7,7 +7,7 @@ an object region; the rules are the pure functions of `rewards.binding`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from gors.core.hub import from_pretrained
-from rewards.base import MODEL_FLAG, Reward, RewardOutput
+from rewards.base import MODEL_FLAG, Reward, RewardOutput, check_choice, check_number
 from rewards.binding import (
     BindingPhrase,
     Segment,
@@ -24,7 +24,7 @@ from rewards.binding import (
     query_labels,
 )
 from rewards.detection import Detection, Detector, ZeroShotDetector
-from rewards.noun_phrases import Backend
+from rewards.noun_phrases import BACKENDS, Backend
 
 SAM_FLAG = "sam_model_name_or_path"
 Box = tuple[float, float, float, float]
@@ -153,6 +153,16 @@ class GroundedSAMReward(Reward):
         "of their Grounding DINO confidences, averaged over the prompt's (attribute, object) pairs."
     )
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse thresholds outside [0, 1] (text_threshold may be None) and an unknown parser."""
+        if "box_threshold" in options:
+            check_number("box_threshold", options["box_threshold"])
+        if "text_threshold" in options:
+            check_number("text_threshold", options["text_threshold"], optional=True)
+        if "noun_phrase_backend" in options:
+            check_choice("noun_phrase_backend", options["noun_phrase_backend"], BACKENDS)
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -167,9 +177,8 @@ class GroundedSAMReward(Reward):
         segmenter: Segmenter | None = None,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
-        for flag, value in (("box_threshold", box_threshold), ("text_threshold", text_threshold)):
-            if value is not None and not 0.0 <= value <= 1.0:
-                raise ValueError(f"{flag}={value}: must be in [0, 1]")
+        self.check_options({"box_threshold": box_threshold, "text_threshold": text_threshold,
+                            "noun_phrase_backend": noun_phrase_backend})
         self.box_threshold = box_threshold
         self.text_threshold = text_threshold
         self.noun_phrase_backend = noun_phrase_backend

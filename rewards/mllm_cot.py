@@ -36,7 +36,8 @@ a GPU).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,7 @@ import torch
 from PIL import Image
 
 from gors.core.hub import from_pretrained
-from rewards.base import MODEL_FLAG, Reward, RewardOutput
+from rewards.base import MODEL_FLAG, Reward, RewardOutput, check_choice, check_number
 from rewards.mllm_cot_prompts import CATEGORIES, category_questions, check_category, parse_score
 from rewards.noun_phrases import BACKENDS, Backend
 from rewards.vlm import ChatVLM, EncodedImage, image_outputs, load_chat_vlm
@@ -265,6 +266,19 @@ class MLLMCoTReward(Reward):
     description = ("T2I-CompBench's MLLM chain-of-thought judge on Qwen3-VL: describe the image, then rate "
                    "the prompt's alignment 0-100 with the category's official criteria")
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse a missing or unknown `category` (it has no default), `max_new_tokens` < 1 and an
+        unknown parser."""
+        if options.get("category") is None:
+            raise ValueError(f"category=None: the MLLM-CoT judge asks the questions of one T2I-CompBench category; "
+                             f"give one of {', '.join(CATEGORIES)}, e.g. {{\"category\": \"color\"}}")
+        check_category(options["category"])
+        if "max_new_tokens" in options:
+            check_number("max_new_tokens", options["max_new_tokens"], 1, math.inf)
+        if "noun_phrase_backend" in options:
+            check_choice("noun_phrase_backend", options["noun_phrase_backend"], BACKENDS)
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -276,15 +290,9 @@ class MLLMCoTReward(Reward):
         noun_phrase_backend: Backend = "auto",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
-        if category is None:
-            raise ValueError(f"category=None: the MLLM-CoT judge asks the questions of one T2I-CompBench category; "
-                             f"give one of {', '.join(CATEGORIES)} (in a GORS run: "
-                             "--reward_options '{\"category\": \"color\"}')")
-        self.category = check_category(category)
-        if noun_phrase_backend not in BACKENDS:
-            raise ValueError(f"noun_phrase_backend must be 'auto', 'spacy' or 'builtin', got {noun_phrase_backend!r}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.check_options({"category": category, "max_new_tokens": max_new_tokens,
+                            "noun_phrase_backend": noun_phrase_backend})
+        self.category = category
         self.noun_phrase_backend = noun_phrase_backend
         check_chat_processor(str(self.model_name_or_path))
         vlm = load_chat_vlm(str(self.model_name_or_path), self.device, self.torch_dtype, MODEL_FLAG)

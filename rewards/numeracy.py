@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from rewards.numeracy_rule import (
     judge_numeracy,
     load_noun_list,
 )
+from rewards.spatial import check_detection_options
 from rewards.spatial_rule import DETECTION_THRESHOLD, resolve_nms_iou
 
 
@@ -61,6 +63,11 @@ class NumeracyReward(Reward):
         "presence, half for the exact count; default OWLv2)"
     )
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse detection options `check_detection_options` refuses."""
+        check_detection_options(options)
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -75,8 +82,7 @@ class NumeracyReward(Reward):
         official_renames: bool = True,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
-        if not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold must be in [0, 1], got {threshold}")
+        self.check_options({"threshold": threshold, "text_threshold": text_threshold, "nms_iou": nms_iou})
         self.threshold, self.text_threshold = threshold, text_threshold
         self.nms_iou = resolve_nms_iou(text_threshold, nms_iou)
         if noun_file is None:

@@ -25,6 +25,7 @@ once (the official code calls ``format`` twice, which only matters for a prompt 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -45,7 +46,7 @@ from rewards.atoms import (
     variant_probability,
     variant_token_ids,
 )
-from rewards.base import Reward, RewardOutput
+from rewards.base import Reward, RewardOutput, check_choice
 from rewards.vlm import MODEL_FLAG, load_chat_vlm
 
 
@@ -72,6 +73,12 @@ class _ChatVLMReward(Reward):
     official_dtype = torch.bfloat16
     overflows_in_float16 = True
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse a `multi_token` other than "first" or "skip"."""
+        if "multi_token" in options:
+            check_choice("multi_token", options["multi_token"], ("first", "skip"))
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -81,8 +88,7 @@ class _ChatVLMReward(Reward):
         multi_token: MultiTokenPolicy = "first",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
-        if multi_token not in ("first", "skip"):
-            raise ValueError(f"multi_token must be 'first' or 'skip', got {multi_token!r}")
+        self.check_options({"multi_token": multi_token})
         self.multi_token = multi_token
         self.vlm = load_chat_vlm(str(self.model_name_or_path), self.device, self.torch_dtype, MODEL_FLAG)
         self._ids: dict[tuple[str, ...], list[int]] = {}
@@ -126,6 +132,13 @@ class _AtomReward(_ChatVLMReward):
 
     hard: bool = False
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse `multi_token` as `_ChatVLMReward` does and an `aggregation` other than "am" or "gm"."""
+        super().check_options(options)
+        if "aggregation" in options:
+            check_choice("aggregation", options["aggregation"], ("am", "gm"))
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -135,8 +148,7 @@ class _AtomReward(_ChatVLMReward):
         multi_token: MultiTokenPolicy = "first",
         aggregation: Aggregation = "gm",
     ) -> None:
-        if aggregation not in ("am", "gm"):
-            raise ValueError(f"aggregation must be 'am' or 'gm', got {aggregation!r}")
+        self.check_options({"aggregation": aggregation})
         super().__init__(model_name_or_path, device, torch_dtype, batch_size, multi_token)
         self.aggregation = aggregation
 

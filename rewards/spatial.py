@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 from PIL import Image
 
-from rewards.base import Reward, RewardOutput
+from rewards.base import Reward, RewardOutput, check_choice, check_number
 from rewards.detection import Detector, detection_dict, reward_detector
-from rewards.noun_phrases import Backend
+from rewards.noun_phrases import BACKENDS, Backend
 from rewards.spatial_rule import (
     DETECTION_THRESHOLD,
     DISTANCE_THRESHOLD,
@@ -23,6 +25,19 @@ from rewards.spatial_rule import (
     spatial_objects,
     to_official_frame,
 )
+
+
+def check_detection_options(options: Mapping[str, Any], threshold_default: bool = False) -> None:
+    """Refuse, of the detector-based rules' options given, a `threshold` (None too where it stands for
+    the reward's default: `threshold_default`), `text_threshold` or `nms_iou` outside [0, 1], both of
+    the last two (`resolve_nms_iou`) and an unknown `noun_phrase_backend`: the shared part of their
+    `Reward.check_options`."""
+    for name in ("threshold", "text_threshold", "nms_iou"):
+        if name in options:
+            check_number(name, options[name], optional=name != "threshold" or threshold_default)
+    resolve_nms_iou(options.get("text_threshold"), options.get("nms_iou"))
+    if "noun_phrase_backend" in options:
+        check_choice("noun_phrase_backend", options["noun_phrase_backend"], BACKENDS)
 
 
 class SpatialRuleReward(Reward):
@@ -96,6 +111,17 @@ class SpatialRuleReward(Reward):
     default_distinct_same_name: ClassVar[bool] = False
     default_person_mapping: ClassVar[bool] = True
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse thresholds and floor outside [0, 1], position thresholds <= 0, both `nms_iou` and
+        `text_threshold`, and an unknown parser (`check_detection_options`)."""
+        check_detection_options(options, threshold_default=True)
+        if "floor" in options:
+            check_number("floor", options["floor"], optional=True)
+        for name in ("iou_threshold", "distance_threshold"):
+            if name in options:
+                check_number(name, options[name], 0.0, math.inf, open_low=True)
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -116,16 +142,11 @@ class SpatialRuleReward(Reward):
         noun_phrase_backend: Backend = "auto",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
+        self.check_options({"threshold": threshold, "text_threshold": text_threshold, "nms_iou": nms_iou,
+                            "floor": floor, "iou_threshold": iou_threshold, "distance_threshold": distance_threshold,
+                            "noun_phrase_backend": noun_phrase_backend})
         self.threshold = self.default_threshold if threshold is None else threshold
         self.floor = self.default_floor if floor is None else floor
-        for option, value in (("threshold", self.threshold), ("floor", self.floor)):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{option} must be in [0, 1], got {value}")
-        if iou_threshold <= 0 or distance_threshold <= 0:
-            raise ValueError(
-                f"iou_threshold and distance_threshold must be > 0, got {iou_threshold} and "
-                f"{distance_threshold}"
-            )
         self.text_threshold = text_threshold
         self.nms_iou = resolve_nms_iou(text_threshold, nms_iou)
         self.complex = complex

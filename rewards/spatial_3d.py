@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -10,9 +10,10 @@ import torch
 from PIL import Image
 
 from gors.core.hub import from_pretrained
-from rewards.base import Reward, RewardOutput
+from rewards.base import Reward, RewardOutput, check_number
 from rewards.detection import Detection, Detector, detection_dict, reward_detector
 from rewards.noun_phrases import Backend
+from rewards.spatial import check_detection_options
 from rewards.spatial_3d_rule import (
     IOU_THRESHOLD_3D,
     Spatial3DJudgement,
@@ -142,6 +143,13 @@ class Spatial3DReward(Reward):
         "their mean DPT depth; default OWLv2 + Intel/dpt-hybrid-midas)"
     )
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse detection options `check_detection_options` refuses and an `iou_threshold` outside (0, 1]."""
+        check_detection_options(options)
+        if "iou_threshold" in options:
+            check_number("iou_threshold", options["iou_threshold"], 0.0, 1.0, open_low=True)
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -160,10 +168,8 @@ class Spatial3DReward(Reward):
         noun_phrase_backend: Backend = "auto",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
-        if not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold must be in [0, 1], got {threshold}")
-        if not 0.0 < iou_threshold <= 1.0:
-            raise ValueError(f"iou_threshold must be in (0, 1], got {iou_threshold}")
+        self.check_options({"threshold": threshold, "text_threshold": text_threshold, "nms_iou": nms_iou,
+                            "iou_threshold": iou_threshold, "noun_phrase_backend": noun_phrase_backend})
         self.threshold, self.text_threshold, self.iou_threshold = threshold, text_threshold, iou_threshold
         self.nms_iou = resolve_nms_iou(text_threshold, nms_iou)
         self.transposed_depth = transposed_depth

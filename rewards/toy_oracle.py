@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -38,6 +39,16 @@ class ToyOracleReward(Reward):
     description = ("exact toy-world check by colour segmentation and shape geometry: the fraction of binding "
                    "checks passed (checks='all' adds the relation)")
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse a model (there is none) and a `checks` other than "binding" or "all"."""
+        if options.get("model_name_or_path") is not None:
+            raise ValueError(f"toy_oracle has no model to load; got model_name_or_path="
+                             f"{options['model_name_or_path']!r}, leave it unset")
+        if options.get("checks", "binding") not in ("binding", "all"):
+            raise ValueError(f"checks={options['checks']!r}; choose 'binding' (objects and bindings) or 'all' "
+                             "(the relation too)")
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -46,14 +57,7 @@ class ToyOracleReward(Reward):
         batch_size: int = 8,
         checks: Literal["binding", "all"] = "binding",
     ) -> None:
-        if model_name_or_path is not None:
-            raise ValueError(
-                f"toy_oracle has no model to load; got model_name_or_path={model_name_or_path!r}, "
-                "leave it unset"
-            )
-        if checks not in ("binding", "all"):
-            raise ValueError(f"toy_oracle: checks={checks!r}; choose 'binding' (objects and bindings) or 'all' "
-                             "(the relation too), e.g. --reward_options '{\"checks\": \"all\"}'")
+        self.check_options({"model_name_or_path": model_name_or_path, "checks": checks})
         super().__init__(None, device, torch_dtype, batch_size)
         self.checks = checks
 

@@ -168,3 +168,21 @@ def test_gors_run_with_overlap_times_one_stage_and_trains_on_the_same_scores(mak
     assert stages["generate+score"]["work"] == 6
     assert stages["generate+score"]["settings"]["overlap_scoring"] is True
     assert (scores_dir(config.output_dir, "b_vqa") / "settings.json").is_file()
+
+
+def test_the_workers_error_keeps_its_kind_so_an_expected_one_stays_one_line(tmp_path):
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from gors.core.background_scoring import BackgroundScorer
+    from rewards.base import RewardError
+
+    def broken(images, prompts, metadata=None):
+        raise RewardError("Big returned 1.5 for image 0, outside [0.0, 1.0]")
+
+    scorer = BackgroundScorer(tmp_path, lambda: SimpleNamespace(score=broken), 1, 0, "cpu")
+    scorer.open()
+    scorer.add([{"prompt_index": 0, "image_index": 0, "prompt": "p", "path": "0.png"}], [Image.new("RGB", (8, 8))])
+    with pytest.raises(RewardError, match=r"overlapped with generation failed: Big returned 1.5 .* rerun"):
+        scorer.close()

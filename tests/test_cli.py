@@ -1,5 +1,6 @@
 """Config parsing (flags, YAML, recipe defaults), the gors command, the demo, and bad input."""
 
+import re
 import subprocess
 import sys
 
@@ -62,6 +63,24 @@ def test_load_failures_say_whether_the_model_was_missing_or_of_another_kind(tmp_
     with pytest.raises(ValueError, match=r"--model='org/name' was found but could not be loaded as Loader: "
                                          r"unrecognized configuration class\. Check that it is a checkpoint"):
         from_pretrained(Loader.from_pretrained, "org/name", "--model")
+
+
+def test_one_yaml_drives_every_stage_and_flags_win_before_its_values_are_checked(tmp_path):
+    from gors.config import GenerateConfig
+
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("images_per_prompt: 2\nmax_train_steps: 10\nreward: toy_oracle\n")
+    generate_config = parse_config(GenerateConfig, ["--config", str(config_file)])  # train's keys are left out
+    assert generate_config.images_per_prompt == 2
+    assert parse_config(TrainConfig, ["--config", str(config_file)]).max_train_steps == 10
+    config_file.write_text("images_per_prompt: many\nbogus: 1\n")
+    with pytest.raises(SystemExit, match=rf"--config {config_file}: unknown keys \['bogus'\] for GenerateConfig"):
+        parse_config(GenerateConfig, ["--config", str(config_file)])
+    config_file.write_text("images_per_prompt: many\n")
+    assert parse_config(GenerateConfig, ["--config", str(config_file), "--images_per_prompt", "3"]).images_per_prompt == 3
+    assert parse_config(GenerateConfig, ["--config", str(config_file), "--images_per_prompt=4"]).images_per_prompt == 4
+    with pytest.raises(SystemExit, match="images_per_prompt: 'many' is not a whole number"):
+        parse_config(GenerateConfig, ["--config", str(config_file)])
 
 
 def test_unknown_yaml_key_is_rejected(tmp_path):
@@ -322,7 +341,59 @@ def test_interrupt_is_one_line(monkeypatch, capsys, tmp_path):
         raise KeyboardInterrupt
 
     monkeypatch.setattr("gors.report.write_report", interrupted)
-    assert one_error_line(capsys, ["report", str(tmp_path)]) == "error: interrupted\n"
+    message = one_error_line(capsys, ["report", str(tmp_path)])
+    assert message.startswith("error: interrupted; run the same command again to resume where it stopped")
+
+
+def test_an_error_after_a_progress_bar_starts_its_own_line(monkeypatch, capsys, tmp_path):
+    from tqdm.auto import tqdm
+
+    def fails_mid_bar(config):
+        bar = tqdm(total=3, desc="score")
+        bar.update(1)
+        raise ValueError("a bad value")  # the bar stays open: the frame holding it is kept by the error
+
+    monkeypatch.setattr("gors.report.write_report", fails_mid_bar)
+    with pytest.raises(SystemExit):
+        main(["report", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "\nerror: a bad value\n" in err and not err.startswith("error")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: always a line of its own
+    monkeypatch.setattr("gors.report.write_report", lambda config: (_ for _ in ()).throw(ValueError("bad")))
+    with pytest.raises(SystemExit):
+        main(["report", str(tmp_path)])
+    assert capsys.readouterr().err == "\nerror: bad\n"
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [(1.5, r"error: Big returned 1.5 for image 0 \('.*'\), outside \[0.0, 1.0\]; clip or rescale"),
+     (None, r"error: Big returned None for image 0 \('.*'\), not a number"),
+     (object, r"error: Big's details for image 0 cannot be written as JSON .* for prompt '.*'; give plain")],
+)
+def test_a_reward_that_breaks_the_protocol_is_a_one_line_error(make_run_config, monkeypatch, capsys, returned,
+                                                               message):
+    import rewards.registry
+    from rewards import Reward, RewardOutput, register_reward
+
+    monkeypatch.setattr(rewards.registry, "_REGISTERED", {})  # the registration stays in this test
+
+    @register_reward("test_cli_big")
+    class Big(Reward):
+        def _score(self, images, prompts, metadata):
+            if returned is object:  # details that JSON cannot write
+                return RewardOutput([0.5] * len(images), [{"x": object()} for _ in images])
+            return RewardOutput([returned] * len(images))
+
+    config = make_run_config(reward="test_cli_big")
+    generate(config)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["score", "--output_dir", config.output_dir, "--reward", "test_cli_big"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.match(message, err.splitlines()[-1]), err
+    assert "\nerror: " in err  # the bar drawn before it does not share its line
 
 
 def test_unexpected_error_keeps_its_traceback(monkeypatch, tmp_path):
@@ -418,3 +489,11 @@ def test_a_corrupt_store_file_is_named(tmp_path, capsys):
     (samples / "prompts.json").write_text('{"prompts": [')
     message = one_error_line(capsys, ["select", "--output_dir", str(tmp_path / "run"), "--reward_threshold", "0.5"])
     assert f"{samples / 'prompts.json'}: not valid JSON" in message and "the prompt set `gors generate` recorded" in message
+
+
+@pytest.mark.parametrize("command", ["score", "select", "train"])
+def test_a_mistyped_run_folder_is_refused_and_not_created(command, tmp_path, capsys):
+    typo = tmp_path / "runs" / "typo"
+    message = one_error_line(capsys, [command, "--output_dir", str(typo)])
+    assert message.startswith(f"error: --output_dir {typo}: no such run folder; `gors {command}` works on")
+    assert not typo.exists()

@@ -352,3 +352,14 @@ def test_an_option_no_scorer_takes_is_refused_before_any_image(tmp_path):
     with pytest.raises(ValueError, match=r"--scorer_options: toy:held_out's scorer 'toy_oracle' has no option 'bogus'"):
         evaluate(config)
     assert not list(tmp_path.rglob("*.png"))
+
+
+def test_a_bad_option_value_is_refused_before_any_image_naming_scorer_options(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["evaluate", "--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy", "--max_prompts", "2",
+              "--output_dir", str(tmp_path), "--scorer_options", '{"toy": {"checks": "al"}}'])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: --scorer_options: toy:held_out's scorer 'toy_oracle': checks='al'; choose")
+    assert "--reward_options" not in error
+    assert not list(tmp_path.rglob("*.png")) and not (tmp_path / "toy").exists()

@@ -334,6 +334,7 @@ def test_cli_refuses_8bit_adam_without_bitsandbytes_with_one_error_line(tiny_sd,
     from gors.cli import main
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    (tmp_path / "run").mkdir()  # gors train reads an existing run folder
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--output_dir", str(tmp_path / "run"), "--pretrained_model_name_or_path", str(tiny_sd),
               "--use_8bit_adam"])

@@ -127,11 +127,15 @@ class BackgroundScorer:
     def _raise_worker_error(self) -> None:
         if self._error is not None and not self._error_raised:
             self._error_raised = True
-            raise RuntimeError(
-                f"scoring overlapped with generation failed: {self._error}. The images generated so far are in the "
-                f"store and every finished score row in {self.out_file}; fix the cause and rerun: only what is "
-                f"missing is generated and scored."
-            ) from self._error
+            message = (f"scoring overlapped with generation failed: {self._error}. The images generated so far are in "
+                       f"the store and every finished score row in {self.out_file}; fix the cause and rerun: only "
+                       "what is missing is generated and scored.")
+            # Of the worker's own kind, so that an expected error (a bad reward's output) stays one line.
+            try:
+                error = type(self._error)(message)
+            except Exception:  # a kind that takes other arguments
+                error = RuntimeError(message)
+            raise error from self._error
 
     def _work(self, reward: Scorer) -> None:
         if self.device.type == "cuda":  # a new thread starts on GPU 0: this process's GPU, for code that assumes it

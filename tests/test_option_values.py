@@ -1,0 +1,87 @@
+"""Reward option values are checked without any model (`Reward.check_options`), before any work."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluators import build_benchmark
+from rewards.base import Reward, check_choice, check_number
+from rewards.combined import check_reward_options
+from rewards.registry import get_reward_class
+
+
+@pytest.mark.parametrize(
+    ("reward", "options", "message"),
+    [
+        ("toy_oracle", {"checks": "al"}, r"reward 'toy_oracle': checks='al'; choose 'binding'.*or 'all'"),
+        ("toy_oracle", {"model_name_or_path": "x"}, "no model to load"),
+        ("grounded_sam", {"box_threshold": 1.5}, r"box_threshold must be in \[0, 1\], got 1.5"),
+        ("grounded_sam", {"text_threshold": "0.3"}, r"text_threshold must be in \[0, 1\] or None, got '0.3'"),
+        ("grounded_sam", {"noun_phrase_backend": "nltk"}, "noun_phrase_backend='nltk'; choose 'auto'"),
+        ("grounded_detection", {"threshold": -0.1}, r"threshold must be in \[0, 1\]"),
+        ("grounded_detection", {"text_threshold": 0.2, "nms_iou": 0.5}, "give one of them"),
+        ("spatial_rule", {"floor": float("nan")}, r"floor must be in \[0, 1\]"),
+        ("spatial_rule", {"distance_threshold": 0}, "distance_threshold must be > 0, got 0"),
+        ("spatial_3d", {"iou_threshold": 0.0}, r"iou_threshold must be in \(0, 1\]"),
+        ("numeracy", {"threshold": 2}, r"threshold must be in \[0, 1\]"),
+        ("mllm_cot", {}, "category=None.*color"),
+        ("mllm_cot", {"category": "colour"}, "category='colour'"),
+        ("mllm_cot", {"category": "color", "max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+        ("clip_score", {"preprocess": "timm"}, "preprocess='timm'; choose 'openai' or 'transformers'"),
+        ("blip_clip", {"min_length": 40}, "0 <= min_length <= max_length"),
+        ("soft_tifa", {"aggregation": "mean"}, "aggregation='mean'; choose 'am' or 'gm'"),
+        ("soft_tifa", {"multi_token": "all"}, "multi_token='all'"),
+        ("b_vqa", {"decimals": -1}, "decimals must be >= 0 or None, got -1"),
+        ("b_vqa", {"max_questions": -2}, "max_questions must be >= 0"),
+        ("b_vqa", {"question_start": "bos"}, "question_start='bos'; choose 'enc' or 'cls'"),
+        ("geneval", {"threshold": 1.0}, r"threshold=1.0: .* \[0, 1\)"),
+        ("geneval", {"counting_threshold": "high"}, r"counting_threshold must be in \[0, 1\]"),
+        ("geneval", {"max_objects": 0}, "max_objects must be >= 1, got 0"),
+        ("geneval", {"detector_image_size": 800}, "detector_image_size=800: give"),
+    ],
+)
+def test_a_bad_value_is_refused_without_a_model_naming_the_flag(reward, options, message):
+    with pytest.raises(ValueError, match=message) as caught:
+        check_reward_options(reward, options, flag="--some_flag")
+    assert str(caught.value).startswith(f"--some_flag: reward {reward!r}: ")
+
+
+@pytest.mark.parametrize(
+    ("reward", "options"),
+    [("toy_oracle", {"checks": "all"}), ("grounded_sam", {"text_threshold": None, "box_threshold": 1}),
+     ("spatial_rule", {"threshold": None, "text_threshold": 0.25, "iou_threshold": 0.2}),
+     ("mllm_cot", {"category": "spatial"}), ("blip_clip", {"max_length": 40}), ("tifa", {"aggregation": "am"}),
+     ("b_vqa", {}), ("b_vqa", {"decimals": None, "question_start": "cls"}),
+     ("geneval", {"threshold": 0.5, "detector_image_size": None}), ("geneval", {"detector_image_size": [512, 1024]})],
+)
+def test_good_values_pass(reward, options):
+    check_reward_options(reward, options)
+
+
+def test_the_default_hook_checks_nothing_and_the_helpers_refuse_non_numbers():
+    Reward.check_options({"anything": object()})
+    with pytest.raises(ValueError, match="x must be >= 1, got True"):
+        check_number("x", True, 1, float("inf"))
+    with pytest.raises(ValueError, match=r"x=\[1\]; choose 'a' or 'b'"):
+        check_choice("x", [1], ("a", "b"))
+
+
+def test_members_of_a_reward_list_are_checked():
+    with pytest.raises(ValueError, match="--reward_options: reward 'toy_oracle': checks='al'"):
+        check_reward_options("toy_oracle:0.5,toy_classifier:0.5", {"toy_oracle": {"checks": "al"}})
+
+
+def test_init_runs_the_same_check():
+    cls = get_reward_class("toy_oracle")
+    with pytest.raises(ValueError, match="checks='al'"):
+        cls(checks="al")
+
+
+def test_benchmark_scorers_and_columns_are_checked_with_the_flag_given():
+    toy = build_benchmark("toy", None)
+    with pytest.raises(ValueError, match=r"^--validation_scorer_options: toy's scorer 'toy_oracle': checks='x'"):
+        toy.check_scorer_options("toy", {"checks": "x"}, flag="--validation_scorer_options")
+    color = build_benchmark("t2i_compbench", "color")
+    with pytest.raises(ValueError, match=r"--scorer_options: .*MLLM-CoT scorer 'mllm_cot': max_new_tokens"):
+        color.check_scorer_options("t2i_compbench:color", {}, {"MLLM-CoT": {"max_new_tokens": 0}},
+                                   extra_columns=["MLLM-CoT"])
