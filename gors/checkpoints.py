@@ -151,6 +151,28 @@ def _complete_newest_first(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
             yield folder, marker["fingerprint"]
 
 
+def previous_name(folder: Path) -> Path:
+    """The first free `<folder>.previous-<n>` (n from 1): where a folder of an earlier training is set aside."""
+    number = 1
+    while (aside := folder.with_name(f"{folder.name}.previous-{number}")).exists():
+        number += 1
+    return aside
+
+
+def set_aside_logs(logs: Path) -> Path | None:
+    """Rename a logging folder that holds any file to `previous_name(logs)`; returns where, else None.
+
+    For a training that starts at step 0: the TensorBoard events already there are another training's (or
+    those of an attempt stopped before its first checkpoint, whose steps this one trains again), and a
+    report that keeps the latest event per step would join their steps to this training's.
+    """
+    if not logs.is_dir() or not any(path.is_file() for path in logs.rglob("*")):
+        return None
+    aside = previous_name(logs)
+    logs.rename(aside)
+    return aside
+
+
 def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any],
                               with_folders: Sequence[str] = ()) -> tuple[Path, list[str]] | None:
     """Rename `checkpoints/` to `checkpoints.previous-<n>/` when it holds complete checkpoints of
@@ -168,9 +190,7 @@ def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any
     for _, recorded in _complete_newest_first(root):
         differences = fingerprint_differences(recorded, fingerprint)
         if differences:
-            number = 1
-            while (aside := root.with_name(f"{CHECKPOINTS_DIR}.previous-{number}")).exists():
-                number += 1
+            aside = previous_name(root)
             for name in with_folders:
                 if (Path(output_dir) / name).is_dir() and not (root / name).exists():
                     (Path(output_dir) / name).rename(root / name)

@@ -48,8 +48,43 @@ def _check_torch_compile(value: str) -> None:
         from torch._dynamo import list_backends
 
         backends = list_backends(exclude_tags=())
+        shown = [name for name in backends if not name.endswith("_TESTING_ONLY")]  # torch's own test doubles
         _check(value in backends,
-               f"--torch_compile={value!r} is not a torch.compile backend; use 'no' or one of {', '.join(backends)}")
+               f"--torch_compile={value!r} is not a torch.compile backend; use 'no' or one of {', '.join(shown)}")
+
+
+def check_anchor_below(anchor_below: int, timestep_range: list[int] | None, num_train_timesteps: int | None) -> None:
+    """Refuse an `--anchor_below` (a DDPM timestep) at or above every timestep training draws: those of
+    `--timestep_range` [BEGIN, END), else [0, `num_train_timesteps`) (None: the schedule is not known
+    yet, and only `timestep_range` bounds it). Every step would then train the adapters to reproduce
+    the base model, and the LoRA would learn nothing (a loss of 0)."""
+    begin, end = timestep_range if timestep_range is not None else (0, num_train_timesteps)
+    if end is None or anchor_below < end:
+        return
+    drawn = (f"--timestep_range {begin} {end} trains timesteps {begin} to {end - 1}" if timestep_range is not None
+             else f"the model's noise schedule has {end} timesteps (0 to {end - 1})")
+    raise ValueError(f"--anchor_below={anchor_below}: {drawn}, all below it, so every step would train the LoRA to "
+                     f"reproduce the base model and it would learn nothing. Give a timestep in ({begin}, {end}), "
+                     f"e.g. --anchor_below {(begin + end) // 2}, or 0 for off")
+
+
+def _check_report_to(value: str) -> None:
+    """Refuse a tracker that accelerate does not know or that is not installed: accelerate would only warn
+    and log nowhere."""
+    if value == "none":
+        return
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    _check(value in LoggerType.list(), f"--report_to={value!r}; choose one of none, {', '.join(LoggerType.list())}")
+    installed = [str(tracker.value) for tracker in get_available_trackers()]
+    if value == "all":
+        _check(bool(installed), "--report_to=all: no tracker is installed (`pip install tensorboard`), so the run "
+                                "would log nowhere; install one, or pass --report_to none")
+        return
+    _check(value in installed, f"--report_to={value}: {value} is not installed, so the run would log nowhere. "
+                               f"`pip install {value}`, or pass --report_to "
+                               f"{installed[0] if installed else 'none'}")
 
 
 class _NumberLoader(yaml.SafeLoader):
@@ -188,12 +223,13 @@ class RewardFields:
         default=False,
         metadata={
             "help": "Reward the paper's unbiased model for the --category instead of its metric: grounded_sam "
-            "(color, shape, texture), grounded_detection (spatial), blip_clip (non_spatial), unbiased_complex."
+            "(color, shape, texture), grounded_detection (spatial), blip_clip (non_spatial), unbiased_complex; "
+            "toy_classifier for the toy world's prompts."
         },
     )
     category: str | None = field(
         default=None,
-        metadata={"help": "T2I-CompBench category whose reward and tau apply; default: the prompt set's."},
+        metadata={"help": "T2I-CompBench category (or toy) whose reward and tau apply; default: the prompt set's."},
     )
 
     def _check_reward(self) -> None:
@@ -244,7 +280,7 @@ class SelectionFields:
         metadata={
             "help": "tau for every prompt. Default: the paper's per-category tau (template prompts = first 560 lines "
             "of the category's train file / natural prompts): color 0.92/0.7, shape 0.85/0.6, texture 0.9/0.65, "
-            "spatial 0.8, non_spatial 0.75, complex 0.4."
+            "spatial 0.8, non_spatial 0.75, complex 0.4; toy 0.99 with toy_oracle, 0.9 with toy_classifier."
         },
     )
 
@@ -440,6 +476,9 @@ class TrainingFields:
             _check(len(self.timestep_range) == 2 and 0 <= self.timestep_range[0] < self.timestep_range[1],
                    f"--timestep_range={' '.join(map(str, self.timestep_range))}: give BEGIN END with 0 <= BEGIN < END, "
                    "e.g. --timestep_range 500 1000")
+            if self.anchor_below is not None:
+                check_anchor_below(self.anchor_below, self.timestep_range, None)
+        _check_report_to(self.report_to)
         _check(self.validation_num_prompts >= 1 and self.validation_images_per_prompt >= 1,
                "--validation_num_prompts and --validation_images_per_prompt must be >= 1")
         self.validation_scorer_options = parse_mapping(self.validation_scorer_options, "--validation_scorer_options")
@@ -678,3 +717,21 @@ class EvaluateConfig:
         if self.columns in ("default", "none", "all"):
             return []
         return [name.strip() for name in self.columns.split(",") if name.strip()]
+
+
+STAGE_CONFIGS = (GenerateConfig, ScoreConfig, SelectConfig, TrainConfig, RunConfig)
+
+
+def config_file_values(cls: type, values: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """The values of the YAML config file `path` that `cls` takes.
+
+    One file may drive every stage of a `gors run`: for a stage's config, the keys of another stage
+    (`RunConfig`'s fields) are left out; a key that none of them has is refused, naming the file.
+    """
+    own = {spec.name for spec in fields(cls)}
+    known = own | ({spec.name for spec in fields(RunConfig)} if cls in STAGE_CONFIGS else set())
+    unknown = sorted(set(values) - known)
+    _check(not unknown, f"--config {path}: unknown keys {unknown} for {cls.__name__}"
+                        + (" (nor any other stage of `gors run`)" if cls in STAGE_CONFIGS else "")
+                        + "; see --help for the valid names")
+    return {name: value for name, value in values.items() if name in own}

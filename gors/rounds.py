@@ -165,6 +165,14 @@ def log_round(output_dir: Path, summary: dict[str, Any]) -> None:
             writer.add_scalar(f"rounds/{name}", summary[name], summary["round"])
 
 
+def finished_message(output_dir: Path, rounds: list[dict[str, Any]]) -> str:
+    """What a rerun of a finished online run says: that nothing is left, and where its results are."""
+    return (f"[rounds] all {len(rounds)} rounds are finished ({output_dir / ROUNDS_FILE}), trained to step "
+            f"{rounds[-1]['last_step']}: nothing to run. The last round's LoRA is {output_dir / LORA_WEIGHT_NAME}, each "
+            f"round's folder {round_dir(output_dir, 0).name} to {rounds[-1]['folder']}; `gors report {output_dir}` "
+            "tabulates the rounds. Pass a larger --rounds to run more")
+
+
 def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors run") -> list[dict[str, Any]]:
     """`--rounds N`: the rounds not yet finished, in order; returns every round's summary."""
     out = Path(config.output_dir)
@@ -178,6 +186,8 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
                              f"{ROUND_SEED_STRIDE // SAMPLE_SEED_STRIDE} prompts; pass --max_prompts or fewer prompts")
         settings = round_settings(config, accelerator.num_processes, prompts, reward)
         rounds = finished_rounds(config, settings)
+        if len(rounds) == config.rounds:
+            accelerator.print(finished_message(out, rounds))
         for index in range(len(rounds), config.rounds):
             previous = round_dir(out, index - 1) if index > 0 else None
             accelerator.print(f"[rounds] round {index} of {config.rounds}"

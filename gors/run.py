@@ -15,7 +15,7 @@ from gors.config import RunConfig
 from gors.core.backbones import check_trainable, detect_backbone
 from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
-from gors.core.prompts import load_prompts
+from gors.core.prompts import load_prompts, recorded_category
 from gors.core.run_folder import ROUNDS_FILE, SELECTION_FILE, samples_dir
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
@@ -24,7 +24,14 @@ from gors.generate import generate
 from gors.score import check_prompt_metadata, score, scoring_while_generating
 from gors.select import load_selection, select, threshold_fn
 from gors.timings import StageTiming, format_timings, timed_stage, write_timings
-from gors.train import _optimizer_class, check_data_parallel, train, training_accelerator
+from gors.train import (
+    _optimizer_class,
+    check_data_parallel,
+    check_samples_model,
+    load_training_scheduler,
+    train,
+    training_accelerator,
+)
 from gors.validation import validation_target
 from rewards.combined import check_reward_options
 
@@ -59,7 +66,7 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
 
     def scored() -> int:
         prompts = store.root / "prompts.json"
-        return len(load_scores(out, config.reward_name(store.load_prompts().get("category")))) \
+        return len(load_scores(out, config.reward_name(recorded_category(store.load_prompts())))) \
             if prompts.is_file() else 0
 
 
@@ -124,9 +131,12 @@ def check_run_inputs(config: RunConfig) -> None:
     if config.select_top_fraction is None and config.tau_schedule is None:
         threshold_fn(config, prompt_set.category)  # no tau, or an unknown --category
     _optimizer_class(config.use_8bit_adam)
+    if config.rounds == 1:  # a --rounds run keeps its samples in its rounds' folders
+        check_samples_model(config)
     backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
     check_trainable(backbone, config.pretrained_model_name_or_path)
-    resolve_training(config, backbone, config.guidance_scale)  # the samples are generated with this guidance
+    _, family = resolve_training(config, backbone, config.guidance_scale)  # the samples get this guidance
+    load_training_scheduler(family)  # --anchor_below against the schedule's timesteps
     if config.validation_benchmark:
         validation_target(config)
 

@@ -167,7 +167,9 @@ def format_timings(timings: list[StageTiming]) -> str:
     headers = ["stage", "wall s", "set-up s", "work", "unit", "rate /s (incl. set-up)", "work rate /s",
                "per process /s (incl. set-up)", "peak GPU GiB", "peak RSS GiB"]
     # Columns sized to the longest cell ("generate+score"); no peak GPU memory off GPU shows as "-".
-    body = [[t.stage, t.seconds, t.setup_seconds, t.work, t.unit, t.rate, t.work_rate, t.rate_per_process,
+    # A stage that did nothing this time (a finished rerun) has no rate: "-", not 0.00.
+    body = [[t.stage, t.seconds, t.setup_seconds, t.work, t.unit, *((t.rate, t.work_rate, t.rate_per_process)
+                                                                     if t.work else (None, None, None)),
              t.peak_gpu_memory_gib, t.peak_rss_gib] for t in timings]
     return tabulate(body, headers=headers, tablefmt="simple", floatfmt=(None, ".1f", ".1f", None, None, ".2f", ".2f",
                                                                         ".2f", ".1f", ".1f"), missingval="-")

@@ -34,22 +34,29 @@ from gors.checkpoints import (
     fingerprint_differences,
     own_checkpoint,
     read_marker,
+    set_aside_logs,
     set_aside_other_trainings,
     training_fingerprint,
     write_checkpoint,
 )
-from gors.config import RunConfig, TrainConfig
+from gors.config import RunConfig, TrainConfig, check_anchor_below
 from gors.core.backbones import check_trainable, detect_backbone, half_precision_warning
 from gors.core.clock import work_starts
 from gors.core.distributed import make_accelerator, progress_bar
 from gors.core.hub import from_pretrained
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
-from gors.core.store import SampleStore
-from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder, resolve_training
+from gors.core.store import SampleStore, StoreError
+from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder, TrainingFamily, resolve_training
 from gors.lora import LORA_WEIGHT_NAME, adapters_disabled, add_lora, load_lora, lora_parameters, save_lora
 from gors.select import load_selection, reward_statistics
-from gors.training_data import BatchSchedule, cached_latent_distributions, sharded_cache, text_cache_name
+from gors.training_data import (
+    BatchSchedule,
+    cached_latent_distributions,
+    latent_cache_path,
+    sharded_cache,
+    text_cache_name,
+)
 from gors.validation import (
     BEST_DIR,
     VALIDATION_DIR,
@@ -59,6 +66,8 @@ from gors.validation import (
     training_identity,
 )
 
+LOGS_DIR = "logs"  # the trackers' folder in the run folder (TensorBoard: logs/gors/)
+
 
 def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:
     """The Accelerator of a training run: accumulation, precision, trackers and the run folder.
@@ -66,7 +75,8 @@ def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:
     DDP looks for parameters without a gradient only for families whose text-encoder adapters have
     some (SDXL reads CLIP-L's penultimate layer, so the last layer's LoRA never gets one).
     """
-    project = ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs"))
+    check_samples_model(config)  # before `detect_backbone` may go to the Hub for a model the samples are not of
+    project = ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / LOGS_DIR))
     family = TRAINING_FAMILIES.get(detect_backbone(config.pretrained_model_name_or_path, config.revision).name)
     unused = family is not None and family.lora_without_gradient and config.train_text_encoder is not False
     return make_accelerator(
@@ -127,6 +137,52 @@ def check_generating_model(config: TrainConfig | RunConfig, generated: dict[str,
     )
 
 
+def check_samples_model(config: TrainConfig | RunConfig) -> None:
+    """`check_generating_model` against the run folder's `samples/settings.json`, if there is one: local
+    files only, so that a wrong (or default) `--pretrained_model_name_or_path` is named before any Hub call."""
+    check_generating_model(config, SampleStore(samples_dir(config.output_dir)).load_settings() or {})
+
+
+def load_training_scheduler(family: TrainingFamily):
+    """The family's noise schedule (its config only, no weights), after checking that `--anchor_below`
+    leaves some timestep that training draws to learn from."""
+    scheduler = family.load_scheduler()  # checks --timestep_range against the schedule
+    if family.settings["anchor_below"] is not None:
+        check_anchor_below(family.settings["anchor_below"], family.settings["timestep_range"],
+                           scheduler.config.num_train_timesteps)
+    return scheduler
+
+
+def missing_selected_images(selection: list[dict[str, Any]], output_dir: Path) -> list[Path]:
+    """The files of selected images that do not exist (existence only: decoding waits for the VAE pass).
+    A replayed row's image lies in the store its `samples` field names (relative to `output_dir`)."""
+    stores: dict[Path, SampleStore] = {}
+    missing = []
+    for row in selection:
+        root = output_dir / row["samples"] if "samples" in row else samples_dir(output_dir)
+        path = stores.setdefault(root, SampleStore(root)).image_path(row)
+        if not path.is_file():
+            missing.append(path)
+    return missing
+
+
+def check_selected_images(selection: list[dict[str, Any]], output_dir: Path) -> None:
+    """Refuse a selection whose image files are gone (deleted since `gors select`), naming them and the
+    stages that make them again."""
+    missing = missing_selected_images(selection, output_dir)
+    if missing:
+        shown = ", ".join(map(str, missing[:3])) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise StoreError(
+            f"{len(missing)} of the {len(selection)} selected images are missing ({shown}): deleted since "
+            "`gors select`? Rerun `gors generate` with the same --output_dir (it generates missing images again), "
+            "then `gors score` and `gors select` (or `gors run`, which runs all three), and train again.")
+
+
+def _listed(names: list[str]) -> str:
+    """`a`, `a and b`, `a, b and c`."""
+    return " and ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 class AutocastPipeline:
     """A pipeline whose calls run under `autocast()` (a context-manager factory); its attributes are the
     pipeline's. Validation hands this to a benchmark so that generation autocasts and scoring does not."""
@@ -157,10 +213,10 @@ class GORSTrainer:
         competes). `schedule_steps`: the length of the LR schedule in optimizer updates (default
         `--max_train_steps`); online rounds pass the whole run's, so that a decaying schedule runs once
         across the rounds."""
+        check_samples_model(config)  # before `detect_backbone` may go to the Hub
         backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
         check_trainable(backbone, config.pretrained_model_name_or_path)  # every check before any weights load
         generated = SampleStore(samples_dir(config.output_dir)).load_settings() or {}
-        check_generating_model(config, generated)
         self.config, self.family = resolve_training(config, backbone, generated.get("guidance_scale"),
                                                     generated.get("resolution"))
         self.optimizer_class = _optimizer_class(config.use_8bit_adam)
@@ -313,6 +369,15 @@ class GORSTrainer:
             len(self.selection), config.train_batch_size, self.accelerator.num_processes,
             self.accelerator.process_index, config.seed,
         )
+
+    def _check_images(self) -> None:
+        """Refuse missing selected images before any checkpoint is set aside: unless their latents are
+        cached already, training reads every one of them."""
+        config = self.config
+        cache = latent_cache_path(self.selection, self.output_dir / LATENT_CACHE_DIR, self.resolution,
+                                  config.center_crop, config.pretrained_model_name_or_path, config.revision)
+        if not cache.is_file():
+            check_selected_images(self.selection, self.output_dir)
 
     @torch.no_grad()
     def _open_selected(self, row: dict) -> Image.Image:
@@ -503,7 +568,8 @@ class GORSTrainer:
         # aside: a refused run leaves them where they were, and a corrected rerun goes on from them.
         self._check_continue_from()
         config.check_optimizer()  # again: a config changed after it was made
-        self.noise_scheduler = self.family.load_scheduler()  # checks --timestep_range against the schedule
+        self.noise_scheduler = load_training_scheduler(self.family)
+        self._check_images()
         self.validation = (BenchmarkValidation(config, accelerator, self.backbone, self.validation_dir)
                            if config.validation_benchmark else None)
         checkpoint = self._checkpoint_to_resume()  # a refused resume, too, fails before loading any model
@@ -526,16 +592,18 @@ class GORSTrainer:
         elif self.continue_from is not None:
             global_step = self._continue(self.continue_from)
 
+        if global_step == 0:
+            self._set_aside_logs()  # before the trackers start writing this training's
         self._start_validation(global_step)
         if accelerator.is_main_process:
             tracker_config = {k: v for k, v in asdict(config).items() if isinstance(v, (int, float, str, bool))}
             accelerator.init_trackers("gors", config=tracker_config)
         if checkpoint is None:
             self._log_selection(global_step)
-        accelerator.print(
-            f"[train] {len(self.selection)} selected samples, {config.max_train_steps} steps of "
-            f"{config.train_batch_size} x {accelerator.num_processes} x {config.gradient_accumulation_steps}"
-        )
+        if global_step < config.max_train_steps:
+            accelerator.print(f"[train] {len(self.selection)} selected samples: {self._steps_to_train(global_step)} of "
+                              f"{config.train_batch_size} x {accelerator.num_processes} x "
+                              f"{config.gradient_accumulation_steps}")
 
         params = [p for m in models for p in m.parameters() if p.requires_grad]
         accumulation = config.gradient_accumulation_steps
@@ -592,6 +660,25 @@ class GORSTrainer:
         for hook in self._hooks:
             hook.remove()
         return self.output_dir / LORA_WEIGHT_NAME
+
+    def _steps_to_train(self, step: int) -> str:
+        """The updates this invocation trains from `step` on, in words: a resumed run or a later online
+        round trains only those after `step` (to --max_train_steps, counted over all rounds)."""
+        end = self.config.max_train_steps
+        return f"{end - step} steps" + (f" (steps {step + 1} to {end})" if step else "")
+
+    def _set_aside_logs(self) -> None:
+        """A training starting at step 0 moves the logs in its logging folder aside (`set_aside_logs`), so
+        that `gors report` draws this training's curves alone; resumed runs and later rounds keep theirs."""
+        logs = self.accelerator.logging_dir
+        if logs is None:
+            return
+        if self.accelerator.is_main_process:
+            aside = set_aside_logs(Path(logs))
+            if aside is not None:
+                self.accelerator.print(f"[train] {logs} held the logs of an earlier training: moved to {aside}, so "
+                                       "that they do not mix with this training's")
+        self.accelerator.wait_for_everyone()
 
     def _start_validation(self, step: int) -> None:
         """Set up `--validation_benchmark` for a run at `step` (see `BenchmarkValidation.start`). Without it,
@@ -656,13 +743,14 @@ class GORSTrainer:
         if not config.resume_from_checkpoint:
             if accelerator.is_main_process:
                 # Its best LoRA and validation results go with them (online rounds keep theirs in the top folder).
-                with_folders = (BEST_DIR, VALIDATION_DIR) if self.validation_dir is None else ()
+                # Its logs too, unless they are a --rounds run's (in the top folder).
+                with_folders = (BEST_DIR, VALIDATION_DIR, LOGS_DIR) if self.validation_dir is None else ()
                 moved = set_aside_other_trainings(config.output_dir, self.fingerprint, with_folders)
                 if moved is not None:
                     kept = [name for name in with_folders if (moved[0] / name).is_dir()]
                     accelerator.print(f"[train] {CHECKPOINTS_DIR}/ held checkpoints of a training with other settings "
                                       f"({'; '.join(moved[1])}): moved to {moved[0]}"
-                                      + (f", with its {' and '.join(kept)}/" if kept else ""))
+                                      + (f", with its {_listed([f'{name}/' for name in kept])}" if kept else ""))
             accelerator.wait_for_everyone()
             checkpoint = own_checkpoint(config.output_dir, self.fingerprint, config.max_train_steps)
             if checkpoint is not None:

@@ -114,6 +114,15 @@ def crop_top_left(height: int, width: int, resolution: int, center_crop: bool) -
     return int(round((resized_height - resolution) / 2.0)), int(round((resized_width - resolution) / 2.0))
 
 
+def latent_cache_path(selection: list[dict[str, Any]], cache_root: Path, resolution: int, center_crop: bool,
+                      model_id: str, revision: str | None = None) -> Path:
+    """The file `cached_latent_distributions` keeps these latents in (a hash of what they depend on)."""
+    settings = {"resolution": resolution, "center_crop": center_crop, "model": model_id, "sizes": True}
+    if revision is not None:  # absent otherwise, so that caches made before it was recorded stay valid
+        settings["revision"] = revision
+    return cache_root / f"{_fingerprint(selection, settings)}.safetensors"
+
+
 @torch.no_grad()
 def cached_latent_distributions(
     selection: list[dict[str, Any]],
@@ -134,9 +143,6 @@ def cached_latent_distributions(
     reused on reruns while the selection, resolution, crop and model (and its `revision`) are
     unchanged (the cache file name is a hash of them).
     """
-    settings = {"resolution": resolution, "center_crop": center_crop, "model": model_id, "sizes": True}
-    if revision is not None:  # absent otherwise, so that caches made before it was recorded stay valid
-        settings["revision"] = revision
     transform = image_transform(resolution, center_crop)
 
     def encode(indices: list[int]) -> dict[str, torch.Tensor]:
@@ -152,7 +158,7 @@ def cached_latent_distributions(
                                           dtype=torch.long),
         }
 
-    path = cache_root / f"{_fingerprint(selection, settings)}.safetensors"
+    path = latent_cache_path(selection, cache_root, resolution, center_crop, model_id, revision)
     return sharded_cache(path, len(selection), encode, accelerator, batch_size, "encode latents")
 
 

@@ -16,6 +16,7 @@ from gors.checkpoints import (
     checkpoint_step,
     find_checkpoint,
     own_checkpoint,
+    set_aside_logs,
     set_aside_other_trainings,
     training_fingerprint,
     write_checkpoint,
@@ -179,3 +180,14 @@ def test_a_published_folder_is_the_old_one_or_the_new_one(tmp_path):
     assert (final / "best.json").read_text() == "new" and not (tmp_path / ".best.old").exists()
     recover_folder(final)  # nothing to recover: nothing changes
     assert (final / "best.json").read_text() == "new"
+
+
+def test_logs_are_set_aside_only_when_they_hold_a_file(tmp_path):
+    logs = tmp_path / "logs"
+    assert set_aside_logs(logs) is None  # none yet
+    (logs / "gors").mkdir(parents=True)
+    assert set_aside_logs(logs) is None and logs.is_dir()  # an empty folder is no training's
+    (tmp_path / "logs.previous-1").mkdir()  # taken
+    (logs / "gors" / "events.out.tfevents.1").write_bytes(b"x")
+    assert set_aside_logs(logs) == tmp_path / "logs.previous-2"
+    assert not logs.exists() and (tmp_path / "logs.previous-2" / "gors" / "events.out.tfevents.1").is_file()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,33 @@ def test_a_folder_with_nothing_to_report_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="nor TensorBoard logs nor the rounds.json of a --rounds run"):
         report([tmp_path / "empty"], tmp_path / "report")
+
+
+def _loss_steps(folder: Path) -> list[int]:
+    return [step for step, _ in load_scalars(folder)["train/loss"]]
+
+
+def test_the_curves_show_one_training_a_resumed_one_joined(selected_run, tmp_path):
+    from dataclasses import replace
+
+    from gors.core.distributed import reset_process_state
+    from gors.train import train
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("samples", "scores"):
+        shutil.copytree(Path(selected_run.output_dir) / name, run / name)
+    shutil.copy(Path(selected_run.output_dir) / "selection.jsonl", run)
+    config = replace(selected_run, output_dir=str(run), max_train_steps=3, checkpointing_steps=1,
+                     report_to="tensorboard")
+    train(config)
+    reset_process_state()
+    # Another training sets the first one's checkpoints aside, and its logs with them.
+    other = replace(config, rank=8, max_train_steps=2)
+    train(other)
+    reset_process_state()
+    assert _loss_steps(run) == [1, 2]  # not steps 1-2 of this training joined to step 3 of the other
+    assert _loss_steps(run / "checkpoints.previous-1") == [1, 2, 3]
+    train(replace(other, max_train_steps=3))  # the same training, resumed from its checkpoint-2
+    reset_process_state()
+    assert _loss_steps(run) == [1, 2, 3]

@@ -363,3 +363,21 @@ def test_rounds_json_checks_shrinking_a_growing_tau_schedule_and_older_files(mak
     assert len(_finished(config, 1, PROMPTS, "b_vqa")) == 2
     with pytest.raises(ValueError, match=r"scoring_versions: \{\} -> \{'spatial_rule': 3\}"):
         _finished(config, 1, PROMPTS, "spatial_rule")
+
+
+def test_a_later_round_says_the_steps_it_trains_and_a_finished_run_says_so(one_process_rounds, make_run_config,
+                                                                          tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_process_rounds, run_dir)
+    config = make_run_config(output_dir=str(run_dir), **ROUNDS)
+    capsys.readouterr()
+    run(config)  # every round finished: nothing runs, and it says where the results are
+    reset_process_state()
+    out = capsys.readouterr().out
+    assert (f"[rounds] all 2 rounds are finished ({run_dir / ROUNDS_FILE}), trained to step 4: nothing to run. "
+            f"The last round's LoRA is {run_dir / LORA_WEIGHT_NAME}") in out and "round 0 of" not in out
+    shutil.rmtree(round_dir(run_dir, 1) / CHECKPOINTS_DIR)  # round 1 trained again, on from round 0's end
+    train(round_config(config, 1), continue_from=round_dir(run_dir, 0) / CHECKPOINTS_DIR / "checkpoint-2",
+          schedule_steps=config.round_steps() * config.rounds)
+    reset_process_state()
+    assert "selected samples: 2 steps (steps 3 to 4) of 2 x 1 x 1" in capsys.readouterr().out

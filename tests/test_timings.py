@@ -231,6 +231,9 @@ def test_the_stage_table_stays_aligned_with_generate_and_score_and_shows_the_rat
     assert "rate /s (incl. set-up)" in header and "work rate /s" in header
     end = header.index("work rate /s") + len("work rate /s")
     assert [line[:end].split()[-1] for line in lines[2:]] == ["4.00", "0.20"]  # 400 / 100 s and 2 / 10 s
+    # A stage that did nothing this time (a finished rerun) shows no rate rather than 0.00.
+    idle = format_timings([StageTiming("train", 1.5, 0, "steps", 1, None, 1.0, "cpu")]).splitlines()[2]
+    assert "0.00" not in idle and idle.split()[:5] == ["train", "1.5", "0.0", "0", "steps"]
 
 
 def test_a_rounds_calibration_records_its_validation_and_estimate_warns(make_run_config):
