@@ -35,6 +35,7 @@ from evaluators.results import metric_value
 from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import FAMILIES, Backbone
 from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder
+from gors.core.pipeline import sampler_name
 
 if TYPE_CHECKING:
     from evaluators.base import Benchmark
@@ -184,13 +185,17 @@ class BenchmarkValidation:
         self.benchmark, self.label = target.benchmark, target.label
         self.metric, self.higher_is_better = target.metric, target.higher_is_better
         self.options = config.validation_scorer_options
+        family = backbone or FAMILIES["StableDiffusionPipeline"]
+        self.backbone = self.benchmark.sampling_backbone(family)
         # What makes two validations' values comparable; a best LoRA is kept only against its like.
         self.settings: dict[str, Any] = json.loads(json.dumps({
             "benchmark": self.label, "metric": self.metric, "num_prompts": config.validation_num_prompts,
             "images_per_prompt": config.validation_images_per_prompt, "scorer_options": self.options,
+            "sampler": sampler_name(self.backbone),
         }, sort_keys=True))
+        # A best LoRA recorded before the sampler was: validated with the training family's own.
+        self._earlier_sampler = sampler_name(family)
         self.accelerator = accelerator
-        self.backbone = self.benchmark.sampling_backbone(backbone or FAMILIES["StableDiffusionPipeline"])
         self.output_dir = Path(output_dir or config.output_dir)
         self._scorer = None
         self.training: str | None = None
@@ -217,7 +222,10 @@ class BenchmarkValidation:
         accelerator.wait_for_everyone()
         best_file = self.output_dir / BEST_DIR / BEST_FILE
         best = json.loads(best_file.read_text()) if step > 0 and best_file.is_file() else None
-        if best is not None and (best.get("training"), best.get("validation")) != (training, self.settings):
+        recorded = best.get("validation") if best is not None else None
+        if isinstance(recorded, dict) and "sampler" not in recorded:
+            recorded = {**recorded, "sampler": self._earlier_sampler}
+        if best is not None and (best.get("training"), recorded) != (training, self.settings):
             accelerator.print(f"[validation] {best_file} is of another training or other validation settings: "
                               "this run's first validation replaces it")
             best = None

@@ -343,6 +343,8 @@ class GenEvalReward(Reward):
     """
 
     name = "geneval"
+    # 2: on CUDA the colour check runs under float16 autocast, as the official one (1: float32)
+    scoring_version = 2
     # GenEval's evaluate_images.py runs mmdetection's Mask2Former and open_clip's weights in float32 (the
     # colour check under float16 autocast on CUDA: `ClipColorClassifier.precision`).
     official_dtype = torch.float32

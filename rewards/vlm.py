@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 import torch
 from PIL import Image
 
-from gors.core.hub import from_pretrained
+from gors.core.hub import from_pretrained, note_load
 from rewards.base import MODEL_FLAG
 
 if TYPE_CHECKING:
@@ -457,4 +457,6 @@ def load_chat_vlm(
     if vlm is None:
         vlm = ChatVLM.from_pretrained(model_name_or_path, device, torch_dtype, flag)
         _LOADED[key] = vlm
+    else:  # no load to see: the reward taking the shared copy still uses that model (its score folder records it)
+        note_load(str(model_name_or_path))
     return vlm

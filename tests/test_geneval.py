@@ -141,6 +141,8 @@ def test_text_classifier_averages_the_three_official_templates(models: dict[str,
 
 def test_colour_check_autocasts_to_float16_on_cuda_only(models: dict[str, str], monkeypatch) -> None:
     """As the official evaluate_images.py: float32 weights under CLIP_benchmark's default autocast."""
+    import contextlib
+
     classifier = ClipColorClassifier(models["clip_model"], models["clip_pretrained"])
     asked = []
     monkeypatch.setattr(torch, "autocast", lambda device, dtype, enabled: asked.append((device, dtype, enabled)))
@@ -148,6 +150,13 @@ def test_colour_check_autocasts_to_float16_on_cuda_only(models: dict[str, str], 
     classifier.device = torch.device("cuda")  # the context only; nothing runs
     classifier.precision()
     assert asked == [("cpu", torch.float16, False), ("cuda", torch.float16, True)]
+    monkeypatch.undo()
+    # Both the text embeddings and the crops' image embeddings are made inside it.
+    classifier.device = torch.device("cpu")
+    entered = []
+    monkeypatch.setattr(classifier, "precision", lambda: entered.append(1) or contextlib.nullcontext())
+    classifier(random_images(1)[0], "fire hydrant", [GenEvalObject((0, 0, 24, 20), 0.9)])
+    assert len(entered) == 2
 
 
 # ---- the reward ----

@@ -78,6 +78,28 @@ def test_a_resumed_run_competes_only_with_the_best_of_its_own_training_and_valid
     assert _best(tmp_path)["step"] == 4 and (tmp_path / "best" / "lora").read_text() == "4"
 
 
+def test_a_best_lora_is_bound_to_the_validation_sampler_one_recorded_before_to_the_familys(
+        make_run_config, tmp_path, monkeypatch):
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.9])
+    validation.start(0, training="A")
+    _validate(validation, range(1, 2))
+    assert _best(tmp_path)["validation"]["sampler"] == "DDIMScheduler"  # the toy benchmark's, SD's own
+    # A best.json written before the sampler was recorded validated with the family's own (DDIM): it competes.
+    best = _best(tmp_path)
+    del best["validation"]["sampler"]
+    (tmp_path / "best" / "best.json").write_text(json.dumps(best))
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.5])
+    validation.start(1, training="A")
+    _validate(validation, range(2, 3))
+    assert _best(tmp_path)["step"] == 1
+    # Validated with another sampler (GenEval's protocol samples with the checkpoint's scheduler): it does not.
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.1])
+    validation.settings["sampler"] = "the checkpoint's"
+    validation.start(2, training="A")
+    _validate(validation, range(3, 4))
+    assert (_best(tmp_path)["step"], _best(tmp_path)["value"]) == (3, 0.1)
+
+
 def test_online_rounds_are_one_training_across_their_selections():
     # Round r continues round r-1's checkpoint on its own selection (the rest of the fingerprint must match):
     # their best LoRAs compete. A single training's identity includes its selection.

@@ -151,15 +151,20 @@ def pipeline_settings(
     (`backbone` None: Stable Diffusion 1/2, or a pipeline in memory). The LoRA is recorded by its
     path (`recorded_lora` where given, e.g. relative to a run folder) and by the sha256 of its weights,
     so that images of a LoRA retrained at the same path are never mixed with the new LoRA's."""
-    scheduler = (backbone or FAMILIES["StableDiffusionPipeline"]).sampling.scheduler
     return {
         "model": pretrained_model_name_or_path,
         "revision": revision,
         "lora": recorded_lora if recorded_lora is not None else lora,
         "lora_sha256": lora_sha256(lora),
-        "scheduler": scheduler or CHECKPOINT_SCHEDULER,
+        "scheduler": sampler_name(backbone or FAMILIES["StableDiffusionPipeline"]),
         "dtype": str(dtype).removeprefix("torch."),
     }
+
+
+def sampler_name(backbone: Backbone) -> str:
+    """The scheduler `backbone` samples with, as settings record it: a diffusers class name, or
+    `CHECKPOINT_SCHEDULER` for the checkpoint's own."""
+    return backbone.sampling.scheduler or CHECKPOINT_SCHEDULER
 
 
 def cpu_generators(seeds: list[int]) -> list[torch.Generator]:
