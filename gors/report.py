@@ -35,16 +35,53 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def load_evaluation(folder: Path) -> dict[str, float] | None:
-    """Benchmark label -> main metric value from a `gors evaluate` folder; None when it has no summary."""
+def _summaries(folder: Path) -> list[Any] | None:
+    """The `summaries` list of a `gors evaluate` folder's summary.json; None when it has none."""
     path = folder / "summary.json"
     if not path.is_file():
         return None
     data = read_json(path, "the summary.json of `gors evaluate`")
+    if isinstance(data, dict) and "benchmark" in data and "summaries" not in data:
+        raise ValueError(f"{path} is one benchmark's summary: give the `gors evaluate` --output_dir above it, "
+                         "whose summary.json lists every benchmark it evaluated")
     if not isinstance(data, dict) or not isinstance(data.get("summaries"), list):
         raise ValueError(f"{path} is not a `gors evaluate` summary (no 'summaries' list)")
+    return data["summaries"]
+
+
+def evaluation_sizes(folder: Path) -> dict[str, int]:
+    """Benchmark label -> number of images scored, from a `gors evaluate` folder's summaries (those
+    that record it: `results.samples.images`)."""
+    sizes = {}
+    for summary in _summaries(folder) or []:
+        images = ((summary.get("results") or {}).get("samples") or {}).get("images") if isinstance(summary, dict) \
+            else None
+        if isinstance(summary, dict) and isinstance(images, int):
+            sizes[str(summary.get("label"))] = images
+    return sizes
+
+
+def size_notes(sizes: dict[str, dict[str, int]]) -> list[str]:
+    """A line per benchmark that the checkpoints (name -> label -> images) were evaluated on with
+    different numbers of images: their values then measure on other prompts or images."""
+    notes = []
+    for label in sorted({label for counts in sizes.values() for label in counts}):
+        counts = {name: counts[label] for name, counts in sizes.items() if label in counts}
+        if len(set(counts.values())) > 1:
+            listed = ", ".join(f"{name} {count}" for name, count in counts.items())
+            notes.append(f"note: {label} was evaluated on different numbers of images ({listed}): those values "
+                         "do not compare exactly")
+    return notes
+
+
+def load_evaluation(folder: Path) -> dict[str, float] | None:
+    """Benchmark label -> main metric value from a `gors evaluate` folder; None when it has no summary."""
+    summaries = _summaries(folder)
+    if summaries is None:
+        return None
+    path = folder / "summary.json"
     values = {}
-    for index, summary in enumerate(data["summaries"]):
+    for index, summary in enumerate(summaries):
         missing = [key for key in ("label", "primary_metric")
                    if not isinstance(summary, dict) or not isinstance(summary.get(key), str)]
         if missing:
@@ -219,6 +256,7 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
     """Write report.md (+ PNGs) for the given evaluation and run folders; returns report.md's path."""
     output_dir = Path(output_dir)
     evaluations: dict[str, dict[str, float]] = {}
+    sizes: dict[str, dict[str, int]] = {}
     runs: dict[str, dict[str, list[tuple[int, float]]]] = {}
     rounds: dict[str, list[dict[str, float]]] = {}
     paths = [Path(folder) for folder in folders]
@@ -228,6 +266,7 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
         evaluation = load_evaluation(folder)
         if evaluation:
             evaluations[name] = evaluation
+            sizes[name] = evaluation_sizes(folder)
         if (folder / "logs").is_dir():
             scalars = load_scalars(folder)
             if scalars:
@@ -243,7 +282,7 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
     written = []
     if evaluations:
         parts += ["## Benchmarks (main metric of each; published numbers in italics)", "",
-                  markdown_table(evaluations), "", "![benchmarks](benchmarks.png)", ""]
+                  markdown_table(evaluations), "", *size_notes(sizes), "", "![benchmarks](benchmarks.png)", ""]
         _plot_bars(evaluations, output_dir / "benchmarks.png")
         written.append("benchmarks.png")
     if runs:

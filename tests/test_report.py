@@ -133,6 +133,8 @@ def test_a_resumed_runs_repeated_steps_keep_the_latest_event(tmp_path):
     ("rounds.json", {"rounds": [ROUNDS["rounds"][0] | {"mean_reward": None}]},
      r"rounds\[0\]: mean_reward=None is not a number"),
     ("rounds.json", {"rounds": [3]}, r"rounds\[0\] lacks round, mean_reward"),
+    ("summary.json", {"benchmark": "toy", "binding_accuracy": 0.5},
+     "is one benchmark's summary: give the `gors evaluate` --output_dir above it"),
 ])
 def test_a_malformed_summary_or_rounds_file_is_an_error_naming_it(tmp_path, name, content, message):
     folder = tmp_path / "run"
@@ -140,6 +142,21 @@ def test_a_malformed_summary_or_rounds_file_is_an_error_naming_it(tmp_path, name
     (folder / name).write_text(json.dumps(content))
     with pytest.raises(ValueError, match=f"^{re.escape(str(folder / name))}:? {message}"):
         report([folder], tmp_path / "report")
+
+
+def test_evaluations_of_one_benchmark_on_different_numbers_of_images_are_noted(tmp_path):
+    def evaluation(name: str, images: int) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        summary = {"label": "toy:held_out", "primary_metric": "binding_accuracy", "binding_accuracy": 0.5,
+                   "results": {"samples": {"prompts": images // 4, "images": images, "images_per_prompt": 4}}}
+        (folder / "summary.json").write_text(json.dumps({"summaries": [summary]}))
+        return folder
+
+    text = report([evaluation("quick", 16), evaluation("full", 600)], tmp_path / "report").read_text()
+    assert "note: toy:held_out was evaluated on different numbers of images (quick 16, full 600)" in text
+    text = report([evaluation("again", 600), tmp_path / "full"], tmp_path / "report").read_text()
+    assert "note:" not in text
 
 
 def test_a_folder_with_nothing_to_report_is_refused(tmp_path):
