@@ -153,13 +153,18 @@ def load_training_scheduler(family: TrainingFamily):
     return scheduler
 
 
+def selected_image_store(row: dict[str, Any], output_dir: Path) -> Path:
+    """The sample store of a selection row: the run folder's own, or, for a row replayed from an earlier
+    round, the store its `samples` field names (relative to `output_dir`)."""
+    return output_dir / row["samples"] if "samples" in row else samples_dir(output_dir)
+
+
 def missing_selected_images(selection: list[dict[str, Any]], output_dir: Path) -> list[Path]:
-    """The files of selected images that do not exist (existence only: decoding waits for the VAE pass).
-    A replayed row's image lies in the store its `samples` field names (relative to `output_dir`)."""
+    """The files of selected images that do not exist (existence only: decoding waits for the VAE pass)."""
     stores: dict[Path, SampleStore] = {}
     missing = []
     for row in selection:
-        root = output_dir / row["samples"] if "samples" in row else samples_dir(output_dir)
+        root = selected_image_store(row, output_dir)
         path = stores.setdefault(root, SampleStore(root)).image_path(row)
         if not path.is_file():
             missing.append(path)
@@ -381,10 +386,8 @@ class GORSTrainer:
 
     @torch.no_grad()
     def _open_selected(self, row: dict) -> Image.Image:
-        """A selected image: from this folder's sample store, or, for a row replayed from an earlier
-        round, from the store its `samples` field names (relative to this folder)."""
-        root = self.output_dir / row["samples"] if "samples" in row else samples_dir(self.output_dir)
-        return SampleStore(root).open_image(row)
+        """A selected image, from its store (`selected_image_store`)."""
+        return SampleStore(selected_image_store(row, self.output_dir)).open_image(row)
 
     def _cached_encoding(self, encoder: TextEncoder, loaded: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
         """The base encoder's outputs for every prompt, computed once: by `loaded` (an encoder being trained,
