@@ -31,6 +31,7 @@ from gors.core.store import (
     SampleStore,
     StoreError,
     adopt_later_settings,
+    check_cached_commits,
     check_model_commits,
     sample_file_name,
     sample_key,
@@ -216,6 +217,7 @@ def generate_samples(
         if mine:
             if sink is not None:
                 sink.open()
+            check_cached_commits(store.root, bool(done), "images", {str(settings.get("model")): settings.get("revision")})
             with recording_loads() as loads:
                 pipeline = pipeline_loader()
             check_model_commits(store.root, loads, bool(done), "images")

@@ -28,6 +28,7 @@ from gors.core.store import (
     SampleStore,
     StoreError,
     adopt_later_settings,
+    check_cached_commits,
     check_model_commits,
     read_rows,
     same_image,
@@ -237,6 +238,7 @@ def score_samples(
     out_file = score_part(scores_folder, accelerator.process_index)
     with accelerator.split_between_processes(todo) as mine:  # contiguous shares, sizes differ by at most one
         if mine:
+            check_cached_commits(scores_folder, bool(done), "scores")
             reward = make_reward()
             check_model_commits(scores_folder, reward_commits(reward), bool(done), "scores")
             work_starts()

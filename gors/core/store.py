@@ -27,6 +27,7 @@ from typing import Any, Iterable
 
 from PIL import Image, UnidentifiedImageError
 
+from gors.core.hub import hub_commit
 from gors.core.io import (
     append_jsonl,
     atomic_save_image,
@@ -244,6 +245,18 @@ def check_model_commits(folder: str | Path, commits: dict[str, str | None], fill
                              if commit is not None or name not in recorded}}
     if merged != recorded:
         atomic_write_json(Path(folder) / MODELS, merged)
+
+
+def check_cached_commits(folder: str | Path, filled: bool, what: str,
+                         revisions: dict[str, str | None] | None = None) -> None:
+    """`check_model_commits` before any model loads, with the commits this machine's Hugging Face cache
+    now resolves the recorded models to (`revisions`: a model's revision, where one was asked for), so
+    that a folder of another version is refused before minutes of loading. A download while loading
+    can still move a branch: the check after loading stays."""
+    if filled:
+        recorded = recorded_model_commits(folder)
+        cached = {name: hub_commit(name, (revisions or {}).get(name)) for name in recorded}
+        check_model_commits(folder, cached, filled, what)
 
 
 def settings_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
