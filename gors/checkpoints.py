@@ -26,6 +26,7 @@ from accelerate import Accelerator
 
 import gors
 from gors.config import RunConfig, TrainConfig
+from gors.core.hub import hub_commit
 from gors.core.io import atomic_write_json, publish_folder, recover_folder
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
 from gors.core.store import selection_identity
@@ -48,6 +49,10 @@ FINGERPRINT_FIELDS = (
 # were recorded hold them at their defaults: the objective and its RNG draws (caption dropout, drawn
 # or mean latents) and the update (the gradient clip).
 FINGERPRINT_FIELDS_IF_SET = {"caption_dropout": 0.0, "sample_latents": True, "max_grad_norm": 1.0}
+# The Hub commit of the base model the cache resolves it to, where known (a Hub id in the cache): a LoRA
+# goes on only on the weights it was trained on. Unknown on either side (a local folder, a checkpoint
+# made before it was recorded) is no difference.
+BASE_MODEL_COMMIT = "base_model_commit"
 # Schedules whose LR does not depend on the run's length.
 LENGTHLESS_SCHEDULES = ("constant", "constant_with_warmup")
 
@@ -132,6 +137,9 @@ def training_fingerprint(config: TrainConfig | RunConfig, selection: list[dict[s
         fingerprint["lr_schedule_steps"] = schedule_steps or config.max_train_steps
     if config.use_8bit_adam:  # another optimizer state; absent otherwise, as in checkpoints made before the flag
         fingerprint["use_8bit_adam"] = True
+    commit = hub_commit(config.pretrained_model_name_or_path, config.revision)
+    if commit is not None:
+        fingerprint[BASE_MODEL_COMMIT] = commit
     return json.loads(json.dumps(fingerprint))  # as the marker holds it, to compare like with like
 
 
@@ -140,7 +148,8 @@ def fingerprint_differences(recorded: dict[str, Any], fingerprint: dict[str, Any
     """Each setting that differs between a checkpoint's fingerprint and this run's, as "name old there, new now"."""
     return [f"{key} {recorded.get(key)!r} {there}, {fingerprint.get(key)!r} now"
             for key in sorted(recorded.keys() | fingerprint.keys())
-            if recorded.get(key) != fingerprint.get(key) and (with_selection or not key.startswith("selection_"))]
+            if recorded.get(key) != fingerprint.get(key) and (with_selection or not key.startswith("selection_"))
+            and not (key == BASE_MODEL_COMMIT and (key not in recorded or key not in fingerprint))]
 
 
 def _complete_newest_first(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:

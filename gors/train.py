@@ -28,6 +28,7 @@ from accelerate.utils import DistributedDataParallelKwargs, DistributedType, Pro
 from PIL import Image
 
 from gors.checkpoints import (
+    BASE_MODEL_COMMIT,
     check_resumable,
     checkpoint_step,
     find_checkpoint,
@@ -43,7 +44,7 @@ from gors.config import RunConfig, TrainConfig, check_anchor_below
 from gors.core.backbones import check_trainable, detect_backbone, half_precision_warning
 from gors.core.clock import work_starts
 from gors.core.distributed import make_accelerator, progress_bar
-from gors.core.hub import from_pretrained
+from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore, StoreError
@@ -577,6 +578,7 @@ class GORSTrainer:
                            if config.validation_benchmark else None)
         checkpoint = self._checkpoint_to_resume()  # a refused resume, too, fails before loading any model
         self._setup_models()
+        self._check_base_commit()
         self._setup_optimizer()
         self._register_hooks()
         self._load_data()
@@ -736,6 +738,18 @@ class GORSTrainer:
         state = "adapters only" if self.reset_optimizer else "adapters, optimizer, LR scheduler and RNG"
         accelerator.print(f"[train] continuing from {checkpoint} at step {step} ({state})")
         return step
+
+    def _check_base_commit(self) -> None:
+        """The base model loaded at the commit the fingerprint (so every checkpoint of this run) records:
+        online, a newer snapshot downloaded while loading would train other weights than they say."""
+        config = self.config
+        recorded = self.fingerprint.get(BASE_MODEL_COMMIT)
+        loaded = hub_commit(config.pretrained_model_name_or_path, config.revision)
+        if recorded is not None and loaded != recorded:
+            raise ModelLoadError(
+                f"--pretrained_model_name_or_path={config.pretrained_model_name_or_path!r} moved from commit {recorded} "
+                f"to {loaded} while it loaded (a newer snapshot was downloaded). Rerun to train on the new one (a "
+                f"checkpoint of the old one is then set aside), or pass --revision {recorded} to go on with the old.")
 
     def _checkpoint_to_resume(self) -> Path | None:
         """The checkpoint to go on from, checked against this run: the one `--resume_from_checkpoint`

@@ -97,6 +97,30 @@ def test_a_run_goes_on_from_its_own_checkpoint_and_sets_another_trainings_aside(
     assert set_aside_other_trainings(tmp_path, other)[0] == tmp_path / "checkpoints.previous-2"  # never overwritten
 
 
+def test_a_checkpoint_is_bound_to_the_base_models_commit_where_both_know_it(tmp_path, monkeypatch):
+    import gors.checkpoints
+    from gors.validation import training_identity
+
+    config = TrainConfig(output_dir=str(tmp_path), pretrained_model_name_or_path="org/model")
+    monkeypatch.setattr(gors.checkpoints, "hub_commit", lambda name, revision=None: None)
+    unknown = training_fingerprint(config, [], 1, {})  # a local folder, or a model the cache does not hold
+    assert "base_model_commit" not in unknown
+    monkeypatch.setattr(gors.checkpoints, "hub_commit", lambda name, revision=None: "a" * 40)
+    at_a = training_fingerprint(config, [], 1, {})
+    assert at_a["base_model_commit"] == "a" * 40
+    checkpoint = _checkpoint(tmp_path, "checkpoint-2", at_a)
+    assert check_resumable(checkpoint, at_a, max_train_steps=4) == 2
+    # A checkpoint made before the commit was recorded, or a model whose commit is unknown now: no difference.
+    assert check_resumable(_checkpoint(tmp_path, "checkpoint-1", unknown), at_a, max_train_steps=4) == 1
+    assert check_resumable(checkpoint, unknown, max_train_steps=4) == 2
+    at_b = at_a | {"base_model_commit": "b" * 40}
+    with pytest.raises(ValueError, match=f"base_model_commit '{'a' * 40}' in the checkpoint, '{'b' * 40}' now"):
+        check_resumable(checkpoint, at_b, max_train_steps=4)
+    assert set_aside_other_trainings(tmp_path, at_b)[1] == [f"base_model_commit '{'a' * 40}' in the checkpoint, "
+                                                            f"'{'b' * 40}' now"]
+    assert training_identity(at_a) == training_identity(unknown)  # a best LoRA stays its training's
+
+
 def test_another_trainings_best_lora_is_set_aside_with_its_checkpoints_even_after_a_kill(tmp_path):
     fingerprint, other = {"rank": 4}, {"rank": 8}
     _checkpoint(tmp_path, "checkpoint-2", fingerprint)

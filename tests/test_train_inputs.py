@@ -126,3 +126,23 @@ def test_one_config_file_drives_every_stage_and_names_itself_for_an_unknown_key(
         config_file_values(GenerateConfig, {"max_train_step": 10}, "all.yaml")
     with pytest.raises(ValueError, match=r"--config eval.yaml: unknown keys \['reward'\] for EvaluateConfig;"):
         config_file_values(EvaluateConfig, {"reward": "b_vqa"}, "eval.yaml")
+
+
+def test_a_base_model_that_moved_while_it_loaded_is_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    import gors.train
+    from gors.core.hub import ModelLoadError
+    from gors.train import GORSTrainer
+
+    trainer = GORSTrainer.__new__(GORSTrainer)  # only what the check reads
+    trainer.config = SimpleNamespace(pretrained_model_name_or_path="org/model", revision=None)
+    trainer.fingerprint = {"base_model_commit": "a" * 40}
+    monkeypatch.setattr(gors.train, "hub_commit", lambda name, revision=None: "a" * 40)
+    trainer._check_base_commit()  # loaded at the commit its checkpoints record
+    monkeypatch.setattr(gors.train, "hub_commit", lambda name, revision=None: "b" * 40)  # a download meanwhile
+    with pytest.raises(ModelLoadError, match=f"moved from commit {'a' * 40} to {'b' * 40} while it loaded.*"
+                                             f"--revision {'a' * 40}"):
+        trainer._check_base_commit()
+    trainer.fingerprint = {}  # a local folder: nothing to compare
+    trainer._check_base_commit()
