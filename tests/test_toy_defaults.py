@@ -126,3 +126,17 @@ def test_the_toy_recipe_refuses_a_mistyped_reward_as_unknown(tmp_path, capsys):
         toy_main(["--output_dir", str(tmp_path / "demo"), "--reward", "b_vqa"])
     assert "No toy tau for reward 'b_vqa'" in capsys.readouterr().err
     assert not (tmp_path / "demo" / "eval_base").exists()
+
+
+def test_toy_prompts_sample_as_the_toy_benchmark_on_a_stable_diffusion_model(tmp_path):
+    from gors.config import GenerateConfig
+    from gors.core.toy import PRETRAINED_DIR
+    from gors.generate import generate
+
+    config = GenerateConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline"),
+                            train_prompts="toy:train", max_prompts=1, images_per_prompt=1)
+    settings = json.loads((generate(config).root / "settings.json").read_text())
+    assert (settings["num_inference_steps"], settings["guidance_scale"], settings["resolution"]) == (20, 4.0, 64)
+    config = GenerateConfig(output_dir=str(tmp_path / "given"), pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline"),
+                            train_prompts="toy:train", max_prompts=1, images_per_prompt=1, num_inference_steps=3)
+    assert json.loads((generate(config).root / "settings.json").read_text())["num_inference_steps"] == 3  # given wins
