@@ -17,7 +17,8 @@ from typing import Any, Literal
 import torch
 from PIL import Image
 
-from rewards.base import Reward, RewardOutput
+from rewards.base import Reward, RewardOutput, check_choice
+from rewards.combined import SET_BY_GORS, accepted_options
 from rewards.registry import get_reward_class
 
 Kind = Literal["all", "spatial", "action"]
@@ -97,6 +98,32 @@ class ThreeInOneReward(Reward):
     categories = ("complex",)
     description = "T2I-CompBench complex metric: mean of B-VQA, the spatial rule and adjective-free CLIPScore"
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse, before any of the three models loads, a `model_name_or_path` (each member has its own),
+        an unknown `subsplits`, two question tables, and a member's option it does not take or a value
+        it would refuse (each member's own `check_options`)."""
+        if options.get("model_name_or_path") is not None:
+            raise ValueError("three_in_one combines three models; give each one's model in its options "
+                             "(b_vqa, spatial_rule, clip_score: {'model_name_or_path': ...}), not model_name_or_path")
+        check_choice("subsplits", options.get("subsplits", "official"), ("official", "none"))
+        questions, given = options.get("questions"), (options.get("b_vqa") or {}).get("questions")
+        if questions is not None and given is not None and os.fspath(given) != os.fspath(questions):
+            raise ValueError(f"two question tables: questions={questions!r} and b_vqa questions={given!r}; give one")
+        for name in MEMBERS.values():
+            member = options.get(name) or {}
+            if not isinstance(member, Mapping):
+                raise ValueError(f"{name}: its options are {member!r}; give a mapping of its keyword arguments")
+            member_class = get_reward_class(name)
+            accepted = accepted_options(member_class)
+            unknown = [] if accepted is None else sorted(set(member) - set(accepted) - set(SET_BY_GORS))
+            if unknown:
+                raise ValueError(f"{name} has no option {', '.join(map(repr, unknown))}")
+            try:
+                member_class.check_options({**MEMBER_DEFAULTS.get(name, {}), **member})
+            except ValueError as err:
+                raise ValueError(f"{name}: {err}") from None
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -109,17 +136,9 @@ class ThreeInOneReward(Reward):
         subsplits: Literal["official", "none"] = "official",
         questions: str | os.PathLike[str] | None = None,
     ) -> None:
-        if model_name_or_path is not None:
-            raise ValueError(
-                "three_in_one combines three models; give each one's model in its options "
-                "(b_vqa, spatial_rule, clip_score: {'model_name_or_path': ...}), not model_name_or_path"
-            )
-        if subsplits not in ("official", "none"):
-            raise ValueError(f"subsplits={subsplits!r}; choose 'official' or 'none'")
+        self.check_options({"model_name_or_path": model_name_or_path, "subsplits": subsplits, "questions": questions,
+                            "b_vqa": b_vqa, "spatial_rule": spatial_rule, "clip_score": clip_score})
         if questions is not None:
-            given = (b_vqa or {}).get("questions")
-            if given is not None and os.fspath(given) != os.fspath(questions):
-                raise ValueError(f"two question tables: questions={questions!r} and b_vqa questions={given!r}; give one")
             b_vqa = {**(b_vqa or {}), "questions": questions}
         super().__init__(None, device, torch_dtype, batch_size)
         self.subsplits = _official_subsplits() if subsplits == "official" else {"spatial": set(), "action": set()}

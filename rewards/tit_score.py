@@ -38,13 +38,15 @@ Following the TIT-Score reference code (README of `IntMeGroup/TIT-Score`, MIT; p
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping as MappingABC
 from typing import Any, Literal
 
 import torch
 from PIL import Image
 
 from gors.core.hub import from_pretrained
-from rewards.base import Reward, RewardOutput
+from rewards.base import Reward, RewardOutput, check_choice, check_number
 from rewards.tit_rules import (
     DESCRIPTION_PROMPT,
     JUDGE_SCALE,
@@ -241,6 +243,16 @@ class TITScoreReward(Reward):
         "embedded by Qwen3-Embedding; TIT-Score-LLM with an LLM judge"
     )
 
+    @classmethod
+    def check_options(cls, options: MappingABC[str, Any]) -> None:
+        """Refuse, before any model loads, an unknown `judge`, `mapping` or `embedding_dtype`, and fewer
+        than one new token or one token of input."""
+        check_choice("judge", options.get("judge", "embedding"), ("embedding", "llm"))
+        check_choice("mapping", options.get("mapping", "clip"), ("clip", "affine"))
+        check_number("max_new_tokens", options.get("max_new_tokens", 512), 1, math.inf)
+        check_number("max_length", options.get("max_length", 8192), 1, math.inf)
+        embedding_torch_dtype(options.get("embedding_dtype", "float32"))
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -258,13 +270,9 @@ class TITScoreReward(Reward):
         embedding_dtype: EmbeddingDtype = "float32",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
-        embedder_dtype = embedding_torch_dtype(embedding_dtype)  # refused before any model loads
-        if judge not in ("embedding", "llm"):
-            raise ValueError(f"judge must be 'embedding' (TIT-Score) or 'llm' (TIT-Score-LLM), got {judge!r}")
-        if mapping not in ("clip", "affine"):
-            raise ValueError(f"mapping must be 'clip' or 'affine', got {mapping!r}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.check_options({"judge": judge, "mapping": mapping, "max_new_tokens": max_new_tokens,
+                            "max_length": max_length, "embedding_dtype": embedding_dtype})
+        embedder_dtype = embedding_torch_dtype(embedding_dtype)
         self.judge, self.mapping, self.query_instruction = judge, mapping, query_instruction
         vlm = load_chat_vlm(str(self.model_name_or_path), self.device, self.torch_dtype, MODEL_FLAG)
         self.describer = Describer(vlm, max_new_tokens=max_new_tokens, generation_kwargs=generation_kwargs)

@@ -85,3 +85,24 @@ def test_benchmark_scorers_and_columns_are_checked_with_the_flag_given():
     with pytest.raises(ValueError, match=r"--scorer_options: .*MLLM-CoT scorer 'mllm_cot': max_new_tokens"):
         color.check_scorer_options("t2i_compbench:color", {}, {"MLLM-CoT": {"max_new_tokens": 0}},
                                    extra_columns=["MLLM-CoT"])
+
+
+@pytest.mark.parametrize(
+    ("reward", "options", "message"),
+    [
+        ("tit_score", {"judge": "vlm"}, "judge='vlm'; choose 'embedding' or 'llm'"),
+        ("tit_score", {"mapping": "linear"}, "mapping='linear'"),
+        ("tit_score", {"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+        ("tit_score", {"embedding_dtype": "int8"}, "embedding_dtype='int8' is not a dtype"),
+        ("three_in_one", {"subsplits": "all"}, "subsplits='all'; choose 'official' or 'none'"),
+        ("three_in_one", {"model_name_or_path": "x"}, "combines three models"),
+        ("three_in_one", {"b_vqa": {"decimals": -1}}, "b_vqa: decimals must be >= 0"),
+        ("three_in_one", {"spatial_rule": {"floor": 2}}, r"spatial_rule: floor must be in \[0, 1\]"),
+        ("three_in_one", {"clip_score": {"bogus": 1}}, "clip_score has no option 'bogus'"),
+        ("three_in_one", {"questions": "a.json", "b_vqa": {"questions": "b.json"}}, "two question tables"),
+    ],
+)
+def test_tit_score_and_three_in_one_values_are_refused_without_a_model(reward, options, message):
+    with pytest.raises(ValueError, match=message):
+        check_reward_options(reward, options, flag="--some_flag")
+    check_reward_options(reward, {})

@@ -245,9 +245,9 @@ def test_llm_judge_option(tiny_models, one_torch_thread):
 def test_bad_options_are_clear_errors():
     from rewards.tit_score import TITScoreReward
 
-    with pytest.raises(ValueError, match="judge must be 'embedding'"):
+    with pytest.raises(ValueError, match="judge='clip'; choose 'embedding' or 'llm'"):
         TITScoreReward("unused", device="cpu", judge="clip")
-    with pytest.raises(ValueError, match="mapping must be"):
+    with pytest.raises(ValueError, match="mapping='tanh'; choose 'clip' or 'affine'"):
         TITScoreReward("unused", device="cpu", mapping="tanh")
     with pytest.raises(ValueError, match="embedding_dtype='fp16' is not a dtype.*'float32', 'bfloat16', 'float16'"):
         TITScoreReward("unused", device="cpu", embedding_dtype="fp16")
