@@ -121,3 +121,24 @@ def test_gors_select_is_refused_while_gors_train_reads_the_selection(tmp_path, c
             main(["select", "--output_dir", str(run), "--reward_threshold", "0.5"])
     assert refused.value.code == 2
     assert capsys.readouterr().err.startswith(f"error: {run} is being written by `gors train`")
+
+
+def test_a_folder_the_lock_made_is_removed_when_the_command_fails_before_writing_anything(tmp_path):
+    def fail_in(folder, write=None):
+        with pytest.raises(ValueError, match="bad input"):
+            with run_folder_lock(folder, ("generate", "score"), "gors test"):
+                if write:
+                    (folder / write).write_text("work")
+                raise ValueError("bad input")
+
+    fail_in(tmp_path / "typo")
+    assert not (tmp_path / "typo").exists()  # no folder holding only .lock-* files
+    fail_in(tmp_path / "started", write="metadata.jsonl")
+    assert sorted(p.name for p in (tmp_path / "started").iterdir()) == [".lock-generate", ".lock-score",
+                                                                         "metadata.jsonl"]  # work is kept
+    (tmp_path / "existing").mkdir()
+    fail_in(tmp_path / "existing")
+    assert (tmp_path / "existing").is_dir()  # a folder it did not make stays
+    with run_folder_lock(tmp_path / "fine", ("generate",), "gors test"):
+        pass
+    assert (tmp_path / "fine").is_dir()

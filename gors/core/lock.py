@@ -82,6 +82,19 @@ def _release(fd: int) -> None:
     os.close(fd)  # drops the flock
 
 
+def _remove_if_only_locks(folder: Path, stages: Sequence[str]) -> None:
+    """Remove `folder` when it holds nothing but the lock files of `stages`: a command that made it and
+    failed before writing anything (e.g. on a mistyped --output_dir) leaves no empty run folder behind."""
+    locks = {lock_path(folder, stage).name for stage in stages}
+    try:
+        if {path.name for path in folder.iterdir()} <= locks:
+            for name in locks:
+                (folder / name).unlink(missing_ok=True)
+            folder.rmdir()
+    except OSError:  # another process wrote there meanwhile, or it cannot be removed: leave it
+        pass
+
+
 @contextmanager
 def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> Iterator[None]:
     """Hold the locks of `stages` in `folder` for the body, in every process of the launch.
@@ -98,6 +111,7 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
     from gors.core.distributed import check_shared_folder, process_state
 
     state = process_state()
+    created = state.is_main_process and not Path(folder).exists()  # made by this lock, if anything fails below
     with ExitStack() as held:
         refusal = None
         if state.is_main_process:
@@ -116,7 +130,12 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
             raise (PathError if kind == "PathError" else LockError)(message)
         if state.num_processes > 1:
             check_shared_folder(folder, state)
-        yield
+        try:
+            yield
+        except BaseException:
+            if created:  # registered last, so it runs first: while the locks are still held
+                held.callback(_remove_if_only_locks, Path(folder), stages)
+            raise
         # Released only when every process is done writing; after an error the launcher stops them all.
         # A body that ended the process group (`accelerator.end_training()` after `gors train`) has
         # passed its last barrier already: only the main process, which holds the locks, still writes.
