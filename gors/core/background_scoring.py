@@ -32,8 +32,8 @@ import torch
 from PIL import Image
 
 from gors.core.io import append_jsonl
-from gors.core.scoring import Scorer, reward_commits, score_part, score_rows
-from gors.core.store import SampleKey, check_cached_commits, check_model_commits, same_image, sample_key
+from gors.core.scoring import Scorer, build_checked_reward, score_part, score_rows
+from gors.core.store import SampleKey, same_image, sample_key
 
 _DONE = object()  # the queue's end marker
 logger = logging.getLogger(__name__)
@@ -75,9 +75,7 @@ class BackgroundScorer:
         """Build the reward and start the worker; generation calls it once this process has work."""
         if self._thread is not None:
             return
-        check_cached_commits(self.out_file.parent, bool(self.done), "scores")
-        reward = self.make_reward()
-        check_model_commits(self.out_file.parent, reward_commits(reward), bool(self.done), "scores")
+        reward = build_checked_reward(self.out_file.parent, self.make_reward, bool(self.done))
         self._thread = threading.Thread(target=self._work, args=(reward,), name="gors-background-scoring",
                                         daemon=True)
         self._thread.start()

@@ -173,10 +173,15 @@ def open_score_folder(
     return done
 
 
-def reward_commits(reward: Scorer) -> dict[str, str | None]:
-    """The Hub commit of each model `reward` loaded (`rewards.Reward.model_commits`, filled by
-    `rewards.combined.build_reward`); {} for a scorer that does not tell."""
-    return dict(getattr(reward, "model_commits", None) or {})
+def build_checked_reward(scores_folder: Path, make_reward: Callable[[], Scorer], scored: bool) -> Scorer:
+    """`make_reward()`, with the folder's recorded model commits (`check_model_commits`) checked against
+    the cache before it loads anything and against what it loaded after (`Reward.model_commits`, filled by
+    `rewards.combined.build_reward`; a scorer that does not tell records nothing). `scored`: whether the
+    folder holds scores."""
+    check_cached_commits(scores_folder, scored, "scores")
+    reward = make_reward()
+    check_model_commits(scores_folder, dict(getattr(reward, "model_commits", None) or {}), scored, "scores")
+    return reward
 
 
 def score_part(scores_folder: Path, process_index: int) -> Path:
@@ -238,9 +243,7 @@ def score_samples(
     out_file = score_part(scores_folder, accelerator.process_index)
     with accelerator.split_between_processes(todo) as mine:  # contiguous shares, sizes differ by at most one
         if mine:
-            check_cached_commits(scores_folder, bool(done), "scores")
-            reward = make_reward()
-            check_model_commits(scores_folder, reward_commits(reward), bool(done), "scores")
+            reward = build_checked_reward(scores_folder, make_reward, bool(done))
             work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
             for batch in batches(mine, batch_size):
