@@ -53,6 +53,11 @@ FINGERPRINT_FIELDS_IF_SET = {"caption_dropout": 0.0, "sample_latents": True, "ma
 # goes on only on the weights it was trained on. Unknown on either side (a local folder, a checkpoint
 # made before it was recorded) is no difference.
 BASE_MODEL_COMMIT = "base_model_commit"
+# The precision the training runs in (`Accelerator.mixed_precision`: "no", "fp16", "bf16"): fp16 keeps a
+# loss scaler in the checkpoint that the others lack, and each computes other gradients.
+MIXED_PRECISION = "mixed_precision"
+# Recorded since some release: a checkpoint made before lacks them, and one side's unknown is no difference.
+RECORDED_WHERE_KNOWN = (BASE_MODEL_COMMIT, MIXED_PRECISION)
 # Schedules whose LR does not depend on the run's length.
 LENGTHLESS_SCHEDULES = ("constant", "constant_with_warmup")
 
@@ -117,13 +122,15 @@ def selection_fingerprint(selection: list[dict[str, Any]]) -> str:
 
 
 def training_fingerprint(config: TrainConfig | RunConfig, selection: list[dict[str, Any]],
-                         num_processes: int, family: dict[str, Any], schedule_steps: int | None = None) -> dict[str, Any]:
+                         num_processes: int, family: dict[str, Any], schedule_steps: int | None = None,
+                         mixed_precision: str | None = None) -> dict[str, Any]:
     """What a checkpoint of this run is bound to: the selection, `FINGERPRINT_FIELDS` (of the config
     with the family's defaults filled in) and `FINGERPRINT_FIELDS_IF_SET`, the family's own
     (`TrainingFamily.fingerprint`: LoRA targets, loss options), the number of processes (it sets the
-    batches, and each process has its own RNG state) and, for a decaying LR schedule, its length in
-    updates (`schedule_steps`, default `max_train_steps`): the saved scheduler holds only its step, so
-    a resume under another length would jump to another LR."""
+    batches, and each process has its own RNG state), for a decaying LR schedule its length in
+    updates (`schedule_steps`, default `max_train_steps`: the saved scheduler holds only its step, so
+    a resume under another length would jump to another LR), and, where known, the base model's Hub
+    commit and the training's `mixed_precision` (the Accelerator's, which the launch config may set)."""
     fingerprint = {
         "selection_rows": len(selection),
         "selection_sha256": selection_fingerprint(selection),
@@ -140,6 +147,8 @@ def training_fingerprint(config: TrainConfig | RunConfig, selection: list[dict[s
     commit = hub_commit(config.pretrained_model_name_or_path, config.revision)
     if commit is not None:
         fingerprint[BASE_MODEL_COMMIT] = commit
+    if mixed_precision is not None:
+        fingerprint[MIXED_PRECISION] = mixed_precision
     return json.loads(json.dumps(fingerprint))  # as the marker holds it, to compare like with like
 
 
@@ -149,7 +158,7 @@ def fingerprint_differences(recorded: dict[str, Any], fingerprint: dict[str, Any
     return [f"{key} {recorded.get(key)!r} {there}, {fingerprint.get(key)!r} now"
             for key in sorted(recorded.keys() | fingerprint.keys())
             if recorded.get(key) != fingerprint.get(key) and (with_selection or not key.startswith("selection_"))
-            and not (key == BASE_MODEL_COMMIT and (key not in recorded or key not in fingerprint))]
+            and not (key in RECORDED_WHERE_KNOWN and (key not in recorded or key not in fingerprint))]
 
 
 def _complete_newest_first(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:

@@ -35,6 +35,7 @@ from accelerate import Accelerator
 
 from gors.checkpoints import FINGERPRINT_FIELDS, FINGERPRINT_FIELDS_IF_SET, LENGTHLESS_SCHEDULES, find_checkpoint
 from gors.config import RunConfig
+from gors.core.distributed import main_process_decides
 from gors.core.io import atomic_write_bytes, atomic_write_json, read_json
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import load_prompts
@@ -196,7 +197,8 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
                 lora=str(previous) if previous else None,
                 seed=round_seed(config.seed, index),
                 replay=replayed_rows(out, index, config.replay),
-                continue_from=find_checkpoint(previous, "latest") if previous else None,
+                continue_from=(main_process_decides(accelerator.state, lambda: find_checkpoint(previous, "latest"))
+                               if previous else None),
                 reset_optimizer=config.reset_optimizer,
                 validation_dir=out,
                 schedule_steps=config.round_steps() * (1 if config.reset_optimizer else config.rounds),

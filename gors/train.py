@@ -43,7 +43,7 @@ from gors.checkpoints import (
 from gors.config import RunConfig, TrainConfig, check_anchor_below
 from gors.core.backbones import check_trainable, detect_backbone, half_precision_warning
 from gors.core.clock import work_starts
-from gors.core.distributed import make_accelerator, progress_bar
+from gors.core.distributed import check_agreement, main_process_decides, make_accelerator, progress_bar
 from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
@@ -67,6 +67,9 @@ from gors.validation import (
     training_identity,
 )
 
+# Where processes disagree on the training: each node resolved the model in its own cache, or sees another folder.
+SAME_TRAINING_FIX = ("Every node must resolve --pretrained_model_name_or_path to the same snapshot (one shared "
+                     "HF_HOME, or --revision <commit>) and see the same --output_dir")
 LOGS_DIR = "logs"  # the trackers' folder in the run folder (TensorBoard: logs/gors/)
 
 
@@ -237,6 +240,7 @@ class GORSTrainer:
         self.validation_dir = validation_dir
         self.schedule_steps = schedule_steps or self.config.max_train_steps
         self.noise_scheduler = None  # loaded by `train` before any checkpoint is touched, or by `_setup_models`
+        self.fingerprint: dict[str, Any] = {}  # what its checkpoints are bound to, set by `train`
 
     # ----- set-up -------------------------------------------------------------------------
     def _setup_models(self) -> None:
@@ -351,6 +355,7 @@ class GORSTrainer:
             config.center_crop,
             config.pretrained_model_name_or_path,
             revision=config.revision,
+            commit=self.fingerprint.get(BASE_MODEL_COMMIT),
         )
         self.vae.to("cpu")  # not needed again during training
         # Each distinct prompt once, and the empty prompt last (caption dropout).
@@ -381,7 +386,8 @@ class GORSTrainer:
         cached already, training reads every one of them."""
         config = self.config
         cache = latent_cache_path(self.selection, self.output_dir / LATENT_CACHE_DIR, self.resolution,
-                                  config.center_crop, config.pretrained_model_name_or_path, config.revision)
+                                  config.center_crop, config.pretrained_model_name_or_path, config.revision,
+                                  self.fingerprint.get(BASE_MODEL_COMMIT))
         if not cache.is_file():
             check_selected_images(self.selection, self.output_dir)
 
@@ -396,7 +402,7 @@ class GORSTrainer:
         config, family = self.config, self.family
         tokens = self.tokens[encoder.component]
         name = text_cache_name(encoder.component, self.prompts, tokens, config.pretrained_model_name_or_path,
-                               config.revision, self.weight_dtype)
+                               config.revision, self.weight_dtype, self.fingerprint.get(BASE_MODEL_COMMIT))
         path = self.output_dir / TEXT_EMBEDDING_CACHE_DIR / name
         model = loaded
 
@@ -567,7 +573,9 @@ class GORSTrainer:
         set_seed(config.seed, device_specific=True)
         self.selection = load_selection(config.output_dir)  # fail before loading any model
         self.fingerprint = training_fingerprint(config, self.selection, accelerator.num_processes,
-                                                self.family.fingerprint(), self.schedule_steps)
+                                                self.family.fingerprint(), self.schedule_steps,
+                                                accelerator.mixed_precision)
+        check_agreement(accelerator.state, self.fingerprint, "the training", SAME_TRAINING_FIX)
         # Every check that can refuse comes before `_checkpoint_to_resume` may set this folder's checkpoints
         # aside: a refused run leaves them where they were, and a corrected rerun goes on from them.
         self._check_continue_from()
@@ -625,8 +633,8 @@ class GORSTrainer:
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:
                         accelerator.clip_grad_norm_(params, config.max_grad_norm)
-                    self.optimizer.step()
-                    self.lr_scheduler.step()
+                    optimizer_update(self.optimizer, self.lr_scheduler,
+                                     accelerator.scaler if accelerator.sync_gradients else None)
                     self.optimizer.zero_grad(set_to_none=True)
                 losses.append(loss.detach())
             if not accelerator.sync_gradients:
@@ -745,6 +753,8 @@ class GORSTrainer:
         config = self.config
         recorded = self.fingerprint.get(BASE_MODEL_COMMIT)
         loaded = hub_commit(config.pretrained_model_name_or_path, config.revision)
+        check_agreement(self.accelerator.state, {"the loaded base model's commit": loaded}, "the base model",
+                        SAME_TRAINING_FIX)
         if recorded is not None and loaded != recorded:
             raise ModelLoadError(
                 f"--pretrained_model_name_or_path={config.pretrained_model_name_or_path!r} moved from commit {recorded} "
@@ -756,19 +766,23 @@ class GORSTrainer:
         names, or, without the flag, the newest of this same training (`own_checkpoint`, after
         another training's checkpoints are set aside); None to start at step 0 (or from
         `continue_from`)."""
+        # The main process decides, for every process: one that read the folder for itself could train from
+        # another step (a network filesystem shows new files late).
+        return main_process_decides(self.accelerator.state, self._find_checkpoint_to_resume)
+
+    def _find_checkpoint_to_resume(self) -> Path | None:
+        """`_checkpoint_to_resume`'s decision, made on the main process."""
         config, accelerator = self.config, self.accelerator
         if not config.resume_from_checkpoint:
-            if accelerator.is_main_process:
-                # Its best LoRA and validation results go with them (online rounds keep theirs in the top folder).
-                # Its logs too, unless they are a --rounds run's (in the top folder).
-                with_folders = (BEST_DIR, VALIDATION_DIR, LOGS_DIR) if self.validation_dir is None else ()
-                moved = set_aside_other_trainings(config.output_dir, self.fingerprint, with_folders)
-                if moved is not None:
-                    kept = [name for name in with_folders if (moved[0] / name).is_dir()]
-                    accelerator.print(f"[train] {CHECKPOINTS_DIR}/ held checkpoints of a training with other settings "
-                                      f"({'; '.join(moved[1])}): moved to {moved[0]}"
-                                      + (f", with its {_listed([f'{name}/' for name in kept])}" if kept else ""))
-            accelerator.wait_for_everyone()
+            # Its best LoRA and validation results go with them (online rounds keep theirs in the top folder).
+            # Its logs too, unless they are a --rounds run's (in the top folder).
+            with_folders = (BEST_DIR, VALIDATION_DIR, LOGS_DIR) if self.validation_dir is None else ()
+            moved = set_aside_other_trainings(config.output_dir, self.fingerprint, with_folders)
+            if moved is not None:
+                kept = [name for name in with_folders if (moved[0] / name).is_dir()]
+                accelerator.print(f"[train] {CHECKPOINTS_DIR}/ held checkpoints of a training with other settings "
+                                  f"({'; '.join(moved[1])}): moved to {moved[0]}"
+                                  + (f", with its {_listed([f'{name}/' for name in kept])}" if kept else ""))
             checkpoint = own_checkpoint(config.output_dir, self.fingerprint, config.max_train_steps)
             if checkpoint is not None:
                 accelerator.print(f"[train] {checkpoint} is a checkpoint of this same training (settings and "
@@ -787,6 +801,20 @@ class GORSTrainer:
         """Full training state (adapters, optimizer, LR scheduler, RNG) at `checkpoints/checkpoint-<step>`."""
         return write_checkpoint(self.accelerator, self.output_dir, step, self.fingerprint,
                                 self.config.checkpoints_total_limit)
+
+
+def optimizer_update(optimizer: torch.optim.Optimizer, lr_scheduler: Any, scaler: torch.amp.GradScaler | None) -> None:
+    """The optimizer's step, then the LR scheduler's unless fp16's loss `scaler` skipped the update.
+
+    A skipped update (gradients that overflowed in fp16) must not advance the LR schedule, or warm-up
+    and decay end early. Accelerate holds the schedule back only when the optimizer's `step` was not
+    called at all, but the scaler calls fused AdamW's `step` even then (the kernel skips the update
+    itself); the scaler lowering its scale is what tells, whichever the optimizer.
+    """
+    scale = scaler.get_scale() if scaler is not None else None
+    optimizer.step()
+    if scale is None or scaler.get_scale() >= scale:
+        lr_scheduler.step()
 
 
 def train(config: TrainConfig | RunConfig, accelerator: Accelerator | None = None, continue_from: Path | None = None,

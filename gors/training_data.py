@@ -94,11 +94,14 @@ def sharded_cache(
 
 
 def text_cache_name(component: str, prompts: list[str], tokens: torch.Tensor, model_id: str, revision: str | None,
-                    dtype: torch.dtype) -> str:
-    """The cache file of one frozen text encoder's outputs: a hash of what they depend on."""
+                    dtype: torch.dtype, commit: str | None = None) -> str:
+    """The cache file of one frozen text encoder's outputs: a hash of what they depend on (the model's Hub
+    `commit` too, where known: the weights behind an id change when the Hub repository does)."""
     parts = [component, prompts, tokens.shape[1], model_id, revision, str(dtype)]
     if dtype == torch.float16:  # encoders load in fp16 with transformers' fp32 layers (T5's `wo`) since 0.2
         parts.append("keep_in_fp32")
+    if commit is not None:  # absent otherwise, so that caches of local folders made before it stay valid
+        parts.append(commit)
     payload = json.dumps(parts)
     return f"{component}-{hashlib.sha256(payload.encode()).hexdigest()[:16]}.safetensors"
 
@@ -115,11 +118,14 @@ def crop_top_left(height: int, width: int, resolution: int, center_crop: bool) -
 
 
 def latent_cache_path(selection: list[dict[str, Any]], cache_root: Path, resolution: int, center_crop: bool,
-                      model_id: str, revision: str | None = None) -> Path:
-    """The file `cached_latent_distributions` keeps these latents in (a hash of what they depend on)."""
+                      model_id: str, revision: str | None = None, commit: str | None = None) -> Path:
+    """The file `cached_latent_distributions` keeps these latents in (a hash of what they depend on, the
+    model's Hub `commit` too where known)."""
     settings = {"resolution": resolution, "center_crop": center_crop, "model": model_id, "sizes": True}
     if revision is not None:  # absent otherwise, so that caches made before it was recorded stay valid
         settings["revision"] = revision
+    if commit is not None:  # the same
+        settings["commit"] = commit
     return cache_root / f"{_fingerprint(selection, settings)}.safetensors"
 
 
@@ -135,13 +141,14 @@ def cached_latent_distributions(
     model_id: str,
     batch_size: int = 8,
     revision: str | None = None,
+    commit: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """The VAE latent distribution of every selected image (`open_image(row)`), in selection order.
 
     `mean` and `std` of the diagonal Gaussian, plus each image's `original_size` (height, width)
     and `crop_top_left` (SDXL's micro-conditioning). Encoded once, sharded over the processes;
-    reused on reruns while the selection, resolution, crop and model (and its `revision`) are
-    unchanged (the cache file name is a hash of them).
+    reused on reruns while the selection, resolution, crop and model (its `revision`, and its Hub
+    `commit` where known) are unchanged (the cache file name is a hash of them).
     """
     transform = image_transform(resolution, center_crop)
 
@@ -158,7 +165,7 @@ def cached_latent_distributions(
                                           dtype=torch.long),
         }
 
-    path = latent_cache_path(selection, cache_root, resolution, center_crop, model_id, revision)
+    path = latent_cache_path(selection, cache_root, resolution, center_crop, model_id, revision, commit)
     return sharded_cache(path, len(selection), encode, accelerator, batch_size, "encode latents")
 
 

@@ -32,7 +32,7 @@ from diffusers.utils import make_image_grid
 from PIL import Image
 
 from evaluators.results import metric_value
-from gors.checkpoints import BASE_MODEL_COMMIT
+from gors.checkpoints import RECORDED_WHERE_KNOWN
 from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import FAMILIES, Backbone
 from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder
@@ -72,10 +72,10 @@ def training_identity(fingerprint: dict[str, Any], with_selection: bool = True) 
     """A hash (16 hex digits) of a training's checkpoint fingerprint (`gors.checkpoints.training_fingerprint`):
     which training a best LoRA belongs to. `with_selection=False` leaves the selection out, for online
     rounds: one LoRA trained on one selection per round, whose rounds' fingerprints differ only there."""
-    # The base model's commit is left out: a checkpoint of another commit is set aside with its best LoRA, and
-    # a best LoRA recorded before the commit was stays that of its training.
+    # The base model's commit and the precision are left out: a checkpoint of another is set aside with its best
+    # LoRA, and a best LoRA recorded before they were stays that of its training.
     kept = {key: value for key, value in fingerprint.items()
-            if (with_selection or not key.startswith("selection_")) and key != BASE_MODEL_COMMIT}
+            if (with_selection or not key.startswith("selection_")) and key not in RECORDED_WHERE_KNOWN}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 

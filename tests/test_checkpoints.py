@@ -121,6 +121,24 @@ def test_a_checkpoint_is_bound_to_the_base_models_commit_where_both_know_it(tmp_
     assert training_identity(at_a) == training_identity(unknown)  # a best LoRA stays its training's
 
 
+def test_a_checkpoint_is_bound_to_its_mixed_precision_where_recorded(tmp_path):
+    """fp16 keeps a loss scaler that bf16 and fp32 lack, and each computes other gradients: a checkpoint
+    resumes only under its own precision. One made before it was recorded resumes as before."""
+    from gors.validation import training_identity
+
+    config = TrainConfig(output_dir=str(tmp_path))
+    unknown = training_fingerprint(config, [], 1, {})
+    fp16 = training_fingerprint(config, [], 1, {}, mixed_precision="fp16")
+    assert "mixed_precision" not in unknown and fp16["mixed_precision"] == "fp16"
+    checkpoint = _checkpoint(tmp_path, "checkpoint-2", fp16)
+    assert check_resumable(checkpoint, fp16, max_train_steps=4) == 2
+    assert check_resumable(_checkpoint(tmp_path, "checkpoint-1", unknown), fp16, max_train_steps=4) == 1
+    bf16 = training_fingerprint(config, [], 1, {}, mixed_precision="bf16")
+    with pytest.raises(ValueError, match="mixed_precision 'fp16' in the checkpoint, 'bf16' now"):
+        check_resumable(checkpoint, bf16, max_train_steps=4)
+    assert training_identity(fp16) == training_identity(unknown)  # a best LoRA recorded before stays its training's
+
+
 def test_another_trainings_best_lora_is_set_aside_with_its_checkpoints_even_after_a_kill(tmp_path):
     fingerprint, other = {"rank": 4}, {"rank": 8}
     _checkpoint(tmp_path, "checkpoint-2", fingerprint)

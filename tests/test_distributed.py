@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 from accelerate import PartialState
 from safetensors.torch import load_file
-from two_processes import launch_gors
+from two_processes import launch, launch_gors
 
 from gors.core.io import NotSharedError
 from gors.core.scoring import load_scores
@@ -149,3 +149,43 @@ def test_a_folder_the_main_process_cannot_write_stops_every_process(tmp_path, mo
     with pytest.raises(io.PathError, match="cannot be locked: No space left on device"):
         with lock.run_folder_lock(tmp_path, ["score"], "gors score"):
             pass
+
+
+AGREEMENT_SCRIPT = """
+import json, sys
+from gors.core.distributed import check_agreement, main_process_decides, process_state
+
+state = process_state()
+out = {}
+# Each process would find another checkpoint (a network filesystem showing files late): the main one's counts.
+out["decided"] = main_process_decides(state, lambda: f"checkpoint-{10 + state.process_index}")
+def refuse():
+    raise ValueError("checkpoint-10 was made with other settings")
+try:
+    main_process_decides(state, refuse)
+except ValueError as err:
+    out["refused"] = str(err)
+check_agreement(state, {"commit": "a" * 40}, "the base model", "fix it")  # agreeing: nothing raised
+try:  # each node resolved the model in its own cache
+    check_agreement(state, {"commit": "ab"[state.process_index] * 40}, "the base model", "Share one HF_HOME.")
+except RuntimeError as err:
+    out["disagreement"] = str(err)
+with open(f"{sys.argv[1]}/{state.process_index}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_decisions_and_disagreements_reach_every_process(tmp_path):
+    """On two real processes: the main process's decision (or refusal) is every process's, and a value the
+    processes disagree on stops all of them, naming it, each side and the fix (none left waiting)."""
+    script = tmp_path / "agree.py"
+    script.write_text(AGREEMENT_SCRIPT)
+    launch([str(script), str(tmp_path)], tmp_path)
+    outcomes = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0]["decided"] == "checkpoint-10"
+    assert outcomes[0]["refused"] == "checkpoint-10 was made with other settings"
+    message = outcomes[0]["disagreement"]
+    assert message.startswith("the processes of this launch do not agree on the base model: commit ")
+    assert f"'{'a' * 40}' on the main process" in message and f"'{'b' * 40}' on process 1" in message
+    assert message.endswith("Share one HF_HOME.")

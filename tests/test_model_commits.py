@@ -246,3 +246,26 @@ def test_a_score_folder_of_another_cached_commit_is_refused_before_the_reward_lo
     with pytest.raises(StoreError, match=f"org/model was at commit {COMMIT_A}, now {COMMIT_B}"):
         score_samples(_Samples(2), folder, build, 1, accelerator)
     assert builds == [1] and calls == [1]
+
+
+def test_the_training_caches_are_bound_to_the_base_models_commit(tmp_path):
+    """Latents and frozen text encodings are computed by the base model's VAE and encoders: a model id whose
+    Hub repository moved to another commit gets new caches. Without a known commit (a local folder) the
+    names are those of caches made before commits were recorded."""
+    import torch
+
+    from gors.training_data import latent_cache_path, text_cache_name
+
+    selection = [{"prompt": "a red circle", "path": "0.png", "reward": 1.0}]
+    tokens = torch.zeros(2, 77, dtype=torch.long)
+
+    def names(commit: str | None) -> tuple:
+        latents = latent_cache_path(selection, tmp_path, 512, True, "org/model", None, commit)
+        text = text_cache_name("text_encoder", ["a red circle", ""], tokens, "org/model", None, torch.float16, commit)
+        return latents, text
+
+    assert names(None) == (latent_cache_path(selection, tmp_path, 512, True, "org/model"),
+                           text_cache_name("text_encoder", ["a red circle", ""], tokens, "org/model", None,
+                                           torch.float16))
+    at_a, at_b = names(COMMIT_A), names(COMMIT_B)
+    assert at_a[0] != at_b[0] and at_a[1] != at_b[1] and at_a != names(None)

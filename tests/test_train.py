@@ -203,6 +203,39 @@ def test_gradient_accumulation_counts_updates_not_micro_batches(selected_run, ma
     assert state["_last_lr"][0] / state["base_lrs"][0] == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_an_update_the_fp16_loss_scaler_skips_does_not_advance_the_lr_schedule(fused):
+    """fp16's GradScaler skips an update whose gradients overflowed; the LR schedule must wait with it (or
+    warm-up and decay end early). Accelerate's own check misses it for fused AdamW, whose `step` the scaler
+    still calls. A real scaler (on the CPU), optimizer and Accelerate's wrappers."""
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.scheduler import AcceleratedScheduler
+    from diffusers.optimization import get_scheduler
+
+    from gors.core.distributed import make_accelerator
+    from gors.train import optimizer_update
+
+    make_accelerator()  # the process state Accelerate's wrappers read
+    model = torch.nn.Linear(2, 2)
+    scaler = torch.amp.GradScaler("cpu")
+    inner = torch.optim.AdamW(model.parameters(), lr=1.0, fused=fused)
+    optimizer = AcceleratedOptimizer(inner, scaler=scaler)
+    scheduler = AcceleratedScheduler(get_scheduler("linear", optimizer=inner, num_warmup_steps=0,
+                                                   num_training_steps=10), optimizer)
+    lrs, changed = [], []
+    for overflow in (False, True, False):
+        loss = model(torch.ones(1, 2)).sum() * (float("inf") if overflow else 1.0)
+        scaler.scale(loss).backward()
+        before = model.weight.detach().clone()
+        optimizer_update(optimizer, scheduler, scaler)
+        optimizer.zero_grad()
+        lrs.append(scheduler.get_last_lr()[0])
+        changed.append(not torch.equal(before, model.weight))
+    reset_process_state()
+    assert changed == [True, False, True]
+    assert lrs == pytest.approx([0.9, 0.9, 0.8])  # the skipped update left the schedule where it was
+
+
 def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config, tmp_path):
     run_dir = _copy_run(selected_run, tmp_path / "run")
     train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=1, checkpoints_total_limit=2,

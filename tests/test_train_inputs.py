@@ -137,6 +137,7 @@ def test_a_base_model_that_moved_while_it_loaded_is_refused(monkeypatch):
 
     trainer = GORSTrainer.__new__(GORSTrainer)  # only what the check reads
     trainer.config = SimpleNamespace(pretrained_model_name_or_path="org/model", revision=None)
+    trainer.accelerator = SimpleNamespace(state=SimpleNamespace(num_processes=1))
     trainer.fingerprint = {"base_model_commit": "a" * 40}
     monkeypatch.setattr(gors.train, "hub_commit", lambda name, revision=None: "a" * 40)
     trainer._check_base_commit()  # loaded at the commit its checkpoints record

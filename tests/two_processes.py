@@ -10,11 +10,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def launch_gors(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """`gors <args>` under `accelerate launch` with `accelerate_configs/cpu.yaml`; it must succeed."""
+def launch(target: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`accelerate launch` with `accelerate_configs/cpu.yaml` of `target` (a script and its arguments, or
+    `-m module ...`); it must succeed."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(REPO / "accelerate_configs" / "cpu.yaml"), "--main_process_port", "0", "-m", "gors.cli", *args]
+               str(REPO / "accelerate_configs" / "cpu.yaml"), "--main_process_port", "0", *target]
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return result
+
+
+def launch_gors(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`gors <args>` under `accelerate launch` with `accelerate_configs/cpu.yaml`; it must succeed."""
+    return launch(["-m", "gors.cli", *args], cwd)

@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import pickle
 import signal
 import socket
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 from accelerate import Accelerator, PartialState
@@ -146,6 +147,54 @@ def check_shared_folder(folder: str | Path, state: PartialState, wait_s: float =
             f"process (on {answers[0][1]}) writes there. On several nodes, --output_dir must be on a filesystem "
             "every node mounts (NFS, Lustre, ...), at the same path."
         )
+
+
+def main_process_decides(state: PartialState, decide: Callable[[], T]) -> T:
+    """`decide()` run on the main process only, and its answer, or the error it raised, on every process.
+
+    For decisions read from the run folder (which checkpoint to go on from): each process reading it
+    for itself could see another state of a network filesystem and train from another step, which
+    DDP does not notice until the processes wait at different barriers. A collective call.
+    """
+    if state.num_processes == 1:
+        return decide()
+    from accelerate.utils import broadcast_object_list
+
+    answer = failure = None
+    if state.is_main_process:
+        try:
+            answer = decide()
+        except Exception as err:  # every process raises it, where the others would wait in the broadcast
+            failure = err
+            try:
+                pickle.dumps(err)
+            except Exception:  # an exception that cannot travel still tells its message
+                failure = RuntimeError(f"{type(err).__name__}: {err}")
+    answer, failure = broadcast_object_list([answer, failure])
+    if failure is not None:
+        raise failure
+    return answer
+
+
+def check_agreement(state: PartialState, values: dict[str, Any], what: str, fix: str) -> None:
+    """Refuse, on every process, `values` (name -> JSON-able value) that differ between processes.
+
+    For what each process works out for itself but all must share (the base model's commit, read from
+    each node's own Hugging Face cache): the error names each differing value, where the main process
+    and each other process (index and host) stand, then `fix`. A collective call.
+    """
+    if state.num_processes == 1:
+        return
+    from accelerate.utils import gather_object
+
+    answers = gather_object([(state.process_index, socket.gethostname(), values)])
+    main = answers[0][2]
+    differences = [f"{name} {main.get(name)!r} on the main process ({answers[0][1]}), {theirs.get(name)!r} on "
+                   f"process {index} ({host})"
+                   for index, host, theirs in answers[1:] for name in sorted(main.keys() | theirs.keys())
+                   if main.get(name) != theirs.get(name)]
+    if differences:
+        raise RuntimeError(f"the processes of this launch do not agree on {what}: {'; '.join(differences)}. {fix}")
 
 
 def batches(items: Sequence[T], size: int) -> Iterator[list[T]]:
