@@ -48,7 +48,7 @@ from gors.core.io import atomic_write_json, atomic_write_jsonl
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
 from gors.core.scoring import score_samples
-from gors.core.store import SampleStore, StoreError, recorded_model_commits, sample_seed
+from gors.core.store import IMAGE_HASH, SampleStore, StoreError, recorded_model_commits, sample_seed
 from rewards import Reward
 from rewards.combined import build_reward, check_options, reward_dtype, versioned
 from rewards.registry import get_reward_class
@@ -101,7 +101,12 @@ class ImageEntry:
 
 
 class ImageFolderSamples:
-    """Images in a benchmark's official layout, read in place like a `SampleStore` (no copies)."""
+    """Images in a benchmark's official layout, read in place like a `SampleStore` (no copies).
+
+    Each record carries its file's sha256, as a store's does: an evaluation folder that scored other
+    images (another `--images` folder, or this one's images made again) scores them anew instead of
+    keeping the old images' scores.
+    """
 
     def __init__(self, entries: Sequence[ImageEntry], prompts: Sequence[BenchmarkPrompt]) -> None:
         keys = [(e.prompt_index, e.image_index) for e in entries]
@@ -109,7 +114,7 @@ class ImageFolderSamples:
             raise StoreError("the image folder lists one (prompt, image) twice; each image must appear once")
         self._records = [
             {"prompt_index": e.prompt_index, "image_index": e.image_index, "prompt": prompts[e.prompt_index].text,
-             "path": str(Path(e.path).resolve())}
+             "path": str(Path(e.path).resolve()), IMAGE_HASH: _file_sha256(Path(e.path))}
             for e in sorted(entries, key=lambda e: (e.prompt_index, e.image_index))
         ]
 
@@ -125,6 +130,14 @@ class ImageFolderSamples:
                 f"{record['path']} is not a readable image ({err}); regenerate or remove it and evaluate again "
                 "(scores of the other images are kept)."
             ) from err
+
+
+def _file_sha256(path: Path) -> str:
+    try:
+        with path.open("rb") as file:
+            return hashlib.file_digest(file, "sha256").hexdigest()
+    except OSError as err:
+        raise StoreError(f"{path} cannot be read ({err.strerror or err}); fix its permissions or remove it") from err
 
 
 def check_complete(entries: Sequence[ImageEntry], num_prompts: int, images_per_prompt: int, folder: Path) -> None:
@@ -561,7 +574,7 @@ class Benchmark:
         # The Hub commits of the models that generated (the pipeline's) and scored (main scorer and columns).
         summary["results"]["models"] = {
             name: commit
-            for folder in (output_dir / "samples", output_dir / "scores",
+            for folder in (*([output_dir / "samples"] if images is None else []), output_dir / "scores",
                            *(output_dir / "columns" / column for column in computed))
             for name, commit in recorded_model_commits(folder).items()
         }

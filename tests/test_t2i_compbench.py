@@ -311,6 +311,17 @@ def test_end_to_end_generate_score_and_read_back(
     assert again["results"]["config"]["guidance_scale"] is None  # not given: not the protocol's 7.5
     assert summary["results"]["config"]["guidance_scale"] == 7.5 and "images" not in summary["results"]["config"]
 
+    if category == "color":
+        # Other images under the same names, evaluated into the same folder: scored anew, not given the old scores.
+        changed = min(folder.iterdir())
+        Image.new("RGB", (32, 32), (255, 255, 255)).save(changed)
+        rescored = bench.evaluate(None, tmp_path / "read_back", scorer_options=options, images=folder.parent,
+                                  scorer_batch_size=4, with_columns=False)
+        fresh = bench.evaluate(None, tmp_path / "fresh", scorer_options=options, images=folder.parent,
+                               scorer_batch_size=4, with_columns=False)
+        assert rescored["score"] == pytest.approx(fresh["score"], abs=1e-6)
+        assert rescored["score"] != pytest.approx(again["score"], abs=1e-6)
+
     # A corrupt PNG in the folder is refused before any scoring.
     target = min(folder.iterdir())
     target.write_bytes(b"not a png")

@@ -150,8 +150,9 @@ class SampleStore:
         return sum(repair_jsonl(metadata) for metadata in self._metadata_files())
 
     def drop_records_without_image(self) -> int:
-        """Forget records whose image file is gone (e.g. deleted because corrupt); returns how many."""
-        return sum(filter_jsonl(metadata, lambda row, part=metadata.parent: (part / row["file_name"]).is_file())
+        """Forget records whose image file is gone (e.g. deleted because corrupt) or empty (what a power cut
+        can leave of a file the disk had not written yet); returns how many. Their images are generated again."""
+        return sum(filter_jsonl(metadata, lambda row, part=metadata.parent: _has_bytes(part / row["file_name"]))
                    for metadata in self._metadata_files())
 
     def add_columns(self, columns: dict[SampleKey, dict[str, Any]]) -> None:
@@ -182,6 +183,13 @@ class SampleStore:
         path = self.root / SETTINGS
         return read_json(path, "the generation settings `gors generate` recorded (generate into a new --output_dir, "
                                "or restore the file)") if path.is_file() else None
+
+
+def _has_bytes(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
 
 
 def same_image(row: dict[str, Any], record: dict[str, Any]) -> bool:
