@@ -43,7 +43,13 @@ from gors.checkpoints import (
 from gors.config import RunConfig, TrainConfig, check_anchor_below
 from gors.core.backbones import check_trainable, detect_backbone, half_precision_warning
 from gors.core.clock import work_starts
-from gors.core.distributed import check_agreement, main_process_decides, make_accelerator, progress_bar
+from gors.core.distributed import (
+    SAME_SNAPSHOT_FIX,
+    check_agreement,
+    main_process_decides,
+    make_accelerator,
+    progress_bar,
+)
 from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
@@ -68,8 +74,7 @@ from gors.validation import (
 )
 
 # Where processes disagree on the training: each node resolved the model in its own cache, or sees another folder.
-SAME_TRAINING_FIX = ("Every node must resolve --pretrained_model_name_or_path to the same snapshot (one shared "
-                     "HF_HOME, or --revision <commit>) and see the same --output_dir")
+SAME_TRAINING_FIX = f"{SAME_SNAPSHOT_FIX} (--revision <commit>), and see the same --output_dir"
 LOGS_DIR = "logs"  # the trackers' folder in the run folder (TensorBoard: logs/gors/)
 
 

@@ -268,6 +268,33 @@ def test_score_samples_refuses_a_scorer_that_returns_too_few_scores(tmp_path):
     assert len(score_samples(_Samples(), tmp_path, lambda: full, 2, accelerator)) == 2
 
 
+def test_scores_this_node_cannot_see_after_scoring_are_waited_for_then_refused(tmp_path, monkeypatch):
+    """On several nodes each reads back every process's rows after the barrier; a network filesystem may
+    show another node's rows late. Rows that appear within the wait are taken; rows that never do stop
+    the stage with what to check, instead of a summary over fewer samples."""
+    import gors.core.scoring
+    from gors.core import distributed
+
+    accelerator = make_accelerator()
+    reward = SimpleNamespace(score=lambda images, prompts, metadata=None: RewardOutput([0.5] * len(images)))
+    real = gors.core.scoring.read_score_rows
+    reads = []
+
+    def late(folder, records):  # the first read misses a row, as a node with a stale view would
+        reads.append(1)
+        rows = real(folder, records)
+        return dict(list(rows.items())[1:]) if len(reads) == 1 else rows
+
+    monkeypatch.setattr(gors.core.scoring, "read_score_rows", late)
+    assert len(score_samples(_Samples(), tmp_path / "late", lambda: reward, 2, accelerator)) == 2 and len(reads) == 2
+
+    monkeypatch.setattr(gors.core.scoring, "read_score_rows", lambda folder, records: {})
+    monkeypatch.setattr(distributed, "SHARED_CHECK_WAIT_S", 0.0)
+    with pytest.raises(StoreError, match=r"2 of 2 samples have no score in .* after scoring: every node must see one "
+                                         r"run folder .* rerun the same command"):
+        score_samples(_Samples(), tmp_path / "never", lambda: reward, 2, accelerator)
+
+
 # ---- 7: a torn last line is reported and repaired ------------------------------------------------
 
 

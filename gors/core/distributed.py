@@ -37,6 +37,12 @@ SHARED_CHECK_PREFIX = ".shared-check-"  # + host, pid and time of the command th
 # How long another node may take to see a file the main process wrote (network filesystems publish
 # new files with a delay); every stage relies on the same visibility after its barriers.
 SHARED_CHECK_WAIT_S = 30.0
+# What to do when processes disagree on a model's commit, each read in its node's own Hugging Face cache.
+SAME_SNAPSHOT_FIX = ("Every node must resolve each model to the same snapshot: point HF_HOME at one shared cache, "
+                     "or pin the revision")
+# Why a file other processes wrote is still missing here after the wait.
+NOT_VISIBLE = ("every node must see one run folder at the same path (a shared filesystem such as NFS or Lustre); if "
+               "it does, this node's view of it lags: rerun the same command, finished work is kept")
 
 
 def _cpu_only() -> bool:
@@ -176,25 +182,44 @@ def main_process_decides(state: PartialState, decide: Callable[[], T]) -> T:
     return answer
 
 
-def check_agreement(state: PartialState, values: dict[str, Any], what: str, fix: str) -> None:
+def check_agreement(state: PartialState, values: dict[str, Any] | None, what: str, fix: str) -> None:
     """Refuse, on every process, `values` (name -> JSON-able value) that differ between processes.
 
-    For what each process works out for itself but all must share (the base model's commit, read from
-    each node's own Hugging Face cache): the error names each differing value, where the main process
-    and each other process (index and host) stand, then `fix`. A collective call.
+    For what each process works out for itself but all must share (the commit of a model, read from each
+    node's own Hugging Face cache): the error names each differing value, where each process (index and
+    host) stands, then `fix`. A process with nothing to compare (None: it loaded no model, having no
+    share of the work) is left out. A collective call.
     """
     if state.num_processes == 1:
         return
     from accelerate.utils import gather_object
 
-    answers = gather_object([(state.process_index, socket.gethostname(), values)])
-    main = answers[0][2]
-    differences = [f"{name} {main.get(name)!r} on the main process ({answers[0][1]}), {theirs.get(name)!r} on "
-                   f"process {index} ({host})"
-                   for index, host, theirs in answers[1:] for name in sorted(main.keys() | theirs.keys())
-                   if main.get(name) != theirs.get(name)]
+    answers = [answer for answer in gather_object([(state.process_index, socket.gethostname(), values)])
+               if answer[2] is not None]
+    if len(answers) < 2:
+        return
+    first, host, reference = answers[0]
+    differences = [f"{name} {reference.get(name)!r} on process {first} ({host}), {theirs.get(name)!r} on "
+                   f"process {index} ({their_host})"
+                   for index, their_host, theirs in answers[1:] for name in sorted(reference.keys() | theirs.keys())
+                   if reference.get(name) != theirs.get(name)]
     if differences:
         raise RuntimeError(f"the processes of this launch do not agree on {what}: {'; '.join(differences)}. {fix}")
+
+
+def wait_until_visible(read: Callable[[], T], complete: Callable[[T], bool], wait_s: float | None = None) -> T:
+    """`read()` again until `complete(answer)`, for up to `wait_s` seconds (default `SHARED_CHECK_WAIT_S`);
+    returns the last answer.
+
+    For what other processes wrote before a barrier: a network filesystem may show it to this node a
+    little later. The caller says what an answer still incomplete after the wait means.
+    """
+    deadline = time.monotonic() + (SHARED_CHECK_WAIT_S if wait_s is None else wait_s)
+    answer = read()
+    while not complete(answer) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        answer = read()
+    return answer
 
 
 def batches(items: Sequence[T], size: int) -> Iterator[list[T]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -23,7 +24,15 @@ from PIL import Image
 
 import gors
 from gors.core.clock import work_starts
-from gors.core.distributed import batches, progress_bar
+from gors.core.distributed import (
+    NOT_VISIBLE,
+    SAME_SNAPSHOT_FIX,
+    batches,
+    check_agreement,
+    main_process_decides,
+    progress_bar,
+    wait_until_visible,
+)
 from gors.core.hub import recording_loads
 from gors.core.pipeline import cpu_generators
 from gors.core.store import (
@@ -202,18 +211,23 @@ def generate_samples(
         store.save_settings(wanted)
     accelerator.wait_for_everyone()
 
-    done = {sample_key(record) for record in store.records()}
-    most = 1 + max((i for _, i in done), default=-1)
-    if most > protocol.images_per_prompt and accelerator.is_main_process:
-        logger.warning("%s holds up to %d images per prompt, more than --images_per_prompt=%d; %s", store.root, most,
-                       protocol.images_per_prompt, flags.extra_images)
-    todo = [(p, i) for p in range(len(prompts)) for i in range(protocol.images_per_prompt) if (p, i) not in done]
-    if accelerator.is_main_process:
+    def plan() -> tuple[int, list[tuple[int, int]]]:
+        done = {sample_key(record) for record in store.records()}
+        most = 1 + max((i for _, i in done), default=-1)
+        if most > protocol.images_per_prompt:
+            logger.warning("%s holds up to %d images per prompt, more than --images_per_prompt=%d; %s", store.root,
+                           most, protocol.images_per_prompt, flags.extra_images)
+        todo = [(p, i) for p in range(len(prompts)) for i in range(protocol.images_per_prompt) if (p, i) not in done]
         print(f"[{desc}] {len(done)} samples exist, {len(todo)} to generate into {store.root}")
-    accelerator.wait_for_everyone()  # every process splits the same `todo`: none appends before all have read
+        return len(done), todo
+
+    # The main process's reading of the store for all: a node shown another process's new part late would split
+    # another list, generating some images twice (recorded twice: every later stage stops) and some never.
+    done, todo = main_process_decides(accelerator.state, plan)
 
     # A contiguous share per process; the seed of an image never depends on the process (its batch may).
     with accelerator.split_between_processes(todo) as mine:
+        loads = None
         if mine:
             if sink is not None:
                 sink.open()
@@ -221,6 +235,9 @@ def generate_samples(
             with recording_loads() as loads:
                 pipeline = pipeline_loader()
             check_model_commits(store.root, loads, bool(done), "images")
+        # Nodes whose own caches hold other snapshots of the model would mix two models' images in one store.
+        check_agreement(accelerator.state, loads, "the models that generate", SAME_SNAPSHOT_FIX)
+        if mine:
             work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
             for batch in batches(mine, protocol.batch_size):
@@ -255,4 +272,10 @@ def generate_samples(
                 bar.update(len(batch))
             bar.close()
     accelerator.wait_for_everyone()
+    wanted = set(todo)
+    visible = wait_until_visible(lambda: {sample_key(record) for record in store.records()},
+                                 lambda keys: wanted <= keys)
+    if not wanted <= visible:
+        raise StoreError(f"{len(wanted - visible)} of the {len(wanted)} images generated now are not visible in "
+                         f"{store.root} from {socket.gethostname()}: {NOT_VISIBLE}")
     return store

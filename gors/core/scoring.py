@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,7 +20,15 @@ from accelerate import Accelerator
 from PIL import Image
 
 from gors.core.clock import work_starts
-from gors.core.distributed import batches, progress_bar
+from gors.core.distributed import (
+    NOT_VISIBLE,
+    SAME_SNAPSHOT_FIX,
+    batches,
+    check_agreement,
+    main_process_decides,
+    progress_bar,
+    wait_until_visible,
+)
 from gors.core.io import append_jsonl, atomic_write_json, filter_jsonl, read_json, repair_jsonl
 from gors.core.run_folder import samples_dir, scores_dir
 from gors.core.store import (
@@ -237,13 +246,21 @@ def score_samples(
     """
     records = store.records()
     done = open_score_folder(scores_folder, records, accelerator, settings)
-    todo = [record for record in records if sample_key(record) not in done]
-    if accelerator.is_main_process:
+
+    def plan() -> list[dict[str, Any]]:
+        todo = [record for record in records if sample_key(record) not in done]
         print(f"[{desc}] {len(done)} samples scored, {len(todo)} to score")
+        return todo
+
+    # The main process's reading for all: a node shown another process's new rows late would split another list.
+    todo = main_process_decides(accelerator.state, plan)
     out_file = score_part(scores_folder, accelerator.process_index)
     with accelerator.split_between_processes(todo) as mine:  # contiguous shares, sizes differ by at most one
+        reward = build_checked_reward(scores_folder, make_reward, bool(done)) if mine else None
+        # Nodes whose own caches hold other snapshots of a model would mix two models' scores in one folder.
+        check_agreement(accelerator.state, None if reward is None else dict(getattr(reward, "model_commits", None) or {}),
+                        "the models that score", SAME_SNAPSHOT_FIX)
         if mine:
-            reward = build_checked_reward(scores_folder, make_reward, bool(done))
             work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
             for batch in batches(mine, batch_size):
@@ -252,4 +269,9 @@ def score_samples(
                 bar.update(len(batch))
             bar.close()
     accelerator.wait_for_everyone()
-    return read_score_rows(scores_folder, records)  # rows of samples no longer asked for stay on disk only
+    # Rows of samples no longer asked for stay on disk only.
+    rows = wait_until_visible(lambda: read_score_rows(scores_folder, records), lambda rows: len(rows) == len(records))
+    if len(rows) != len(records):
+        raise StoreError(f"{len(records) - len(rows)} of {len(records)} samples have no score in {scores_folder} as "
+                         f"{socket.gethostname()} sees it after scoring: {NOT_VISIBLE}")
+    return rows
