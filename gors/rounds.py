@@ -186,7 +186,7 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
             raise ValueError(f"--rounds with {num_prompts} prompts: rounds share image seeds beyond "
                              f"{ROUND_SEED_STRIDE // SAMPLE_SEED_STRIDE} prompts; pass --max_prompts or fewer prompts")
         settings = round_settings(config, accelerator.num_processes, prompts, reward)
-        rounds = finished_rounds(config, settings)
+        rounds = main_process_decides(accelerator.state, lambda: finished_rounds(config, settings))  # one view for all
         if len(rounds) == config.rounds:
             accelerator.print(finished_message(out, rounds))
         for index in range(len(rounds), config.rounds):
