@@ -192,3 +192,53 @@ def test_decisions_and_disagreements_reach_every_process(tmp_path):
     assert message.startswith("the processes of this launch do not agree on the base model: commit ")
     assert f"'{'a' * 40}' on process 0" in message and f"'{'b' * 40}' on process 1" in message
     assert message.endswith("Share one HF_HOME.")
+
+
+SINK_AGREEMENT_SCRIPT = """
+import json, sys
+from types import SimpleNamespace
+from PIL import Image
+from gors.core.distributed import make_accelerator
+from gors.core.sampling import SamplingProtocol, generate_samples
+from gors.core.store import SampleStore
+
+accelerator = make_accelerator()
+rank = accelerator.process_index
+
+class Sink:  # scoring overlapped with generation, its reward resolved in each node's own cache
+    model_commits = {}
+    def open(self):
+        self.model_commits = {"org/reward": "ab"[rank] * 40}
+    def add(self, records, images):
+        raise AssertionError("no image may be generated")
+
+def pipeline(**kwargs):
+    return SimpleNamespace(images=[Image.new("RGB", (8, 8))] * len(kwargs["prompt"]))
+
+protocol = SamplingProtocol(images_per_prompt=1, num_inference_steps=2, guidance_scale=7.5, resolution=8)
+store = SampleStore(sys.argv[1] + "/samples")
+try:
+    generate_samples(store, ["a red circle", "a blue square"], protocol, lambda: pipeline, accelerator,
+                     settings={"model": "/local/pipeline"}, sink=Sink())
+    outcome = "generated"
+except RuntimeError as err:
+    outcome = str(err)
+with open(f"{sys.argv[1]}/{rank}.json", "w") as f:
+    json.dump({"outcome": outcome, "records": len(store.records())}, f)
+accelerator.wait_for_everyone()
+accelerator.state.destroy_process_group()
+"""
+
+
+def test_processes_scoring_alongside_generation_with_other_reward_commits_stop_before_generating(tmp_path):
+    """`--overlap_scoring` on two real processes whose caches hold other snapshots of the reward model: both
+    stop before the first image, naming the model's commit on each side (scores of two models never mix)."""
+    script = tmp_path / "sink.py"
+    script.write_text(SINK_AGREEMENT_SCRIPT)
+    launch([str(script), str(tmp_path)], tmp_path)
+    outcomes = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0]["records"] == 0
+    message = outcomes[0]["outcome"]
+    assert message.startswith("the processes of this launch do not agree on the models that score: org/reward ")
+    assert f"'{'a' * 40}' on process 0" in message and f"'{'b' * 40}' on process 1" in message

@@ -70,12 +70,14 @@ class BackgroundScorer:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._error_raised = False
+        self.model_commits: dict[str, str | None] = {}
 
     def open(self) -> None:
         """Build the reward and start the worker; generation calls it once this process has work."""
         if self._thread is not None:
             return
         reward = build_checked_reward(self.out_file.parent, self.make_reward, bool(self.done))
+        self.model_commits = dict(getattr(reward, "model_commits", None) or {})
         self._thread = threading.Thread(target=self._work, args=(reward,), name="gors-background-scoring",
                                         daemon=True)
         self._thread.start()

@@ -84,6 +84,9 @@ def _check_same_prompts(store: SampleStore, prompts: list[str], flags: StoreFlag
 class SampleSink(Protocol):
     """Takes each generated batch as it lands in the store (e.g. `gors.core.background_scoring`)."""
 
+    model_commits: dict[str, str | None]
+    """After `open`: the Hub commit of each model the sink loaded (None for a local folder)."""
+
     def open(self) -> None:
         """This process has images to generate; called before the pipeline loads."""
 
@@ -227,16 +230,19 @@ def generate_samples(
 
     # A contiguous share per process; the seed of an image never depends on the process (its batch may).
     with accelerator.split_between_processes(todo) as mine:
-        loads = None
+        loads = scoring_loads = None
         if mine:
             if sink is not None:
                 sink.open()
+                scoring_loads = dict(sink.model_commits)
             check_cached_commits(store.root, bool(done), "images", {str(settings.get("model")): settings.get("revision")})
             with recording_loads() as loads:
                 pipeline = pipeline_loader()
             check_model_commits(store.root, loads, bool(done), "images")
         # Nodes whose own caches hold other snapshots of the model would mix two models' images in one store.
         check_agreement(accelerator.state, loads, "the models that generate", SAME_SNAPSHOT_FIX)
+        if sink is not None:  # a sink on every process or on none
+            check_agreement(accelerator.state, scoring_loads, "the models that score", SAME_SNAPSHOT_FIX)
         if mine:
             work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
