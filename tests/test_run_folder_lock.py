@@ -142,3 +142,48 @@ def test_a_folder_the_lock_made_is_removed_when_the_command_fails_before_writing
     with run_folder_lock(tmp_path / "fine", ("generate",), "gors test"):
         pass
     assert (tmp_path / "fine").is_dir()
+
+
+LOCKING_SCRIPT = """
+import json, sys
+from gors.core.distributed import process_state
+from gors.core.lock import LockError, run_folder_lock
+
+state = process_state()
+try:
+    with run_folder_lock(sys.argv[1], ["score"], "gors score"):
+        outcome = "held"
+except LockError as err:
+    outcome = str(err)
+with open(f"{sys.argv[2]}/{state.process_index}.json", "w") as f:
+    json.dump(outcome, f)
+state.wait_for_everyone()
+state.destroy_process_group()
+"""
+
+
+def test_a_process_of_an_earlier_launch_still_writing_its_share_stops_every_process(tmp_path):
+    """A launch died but one of its processes on another node still appends to its part file: the retry's
+    process of that index would append to the same file. Every process of the retry stops, naming it; once
+    it is gone the retry runs."""
+    from two_processes import launch
+
+    run, script = tmp_path / "run", tmp_path / "lock.py"
+    script.write_text(LOCKING_SCRIPT)
+    orphan = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), "score-process-00001"], cwd=REPO, env=ENV,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert orphan.stdout.readline() == "held\n"
+        launch([str(script), str(run), str(tmp_path)], tmp_path)
+        outcomes = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+        assert outcomes[0] == outcomes[1]
+        assert outcomes[0].startswith(f"{run} is being written by `gors score` (pid {orphan.pid} on host ")
+        assert holder_pid(run, "score") is None  # the main process's lock was released on the refusal
+    finally:
+        orphan.kill()
+        orphan.wait()
+    result = launch([str(script), str(run), str(tmp_path)], tmp_path)
+    assert [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)] == ["held", "held"]
+    assert "taking over" not in result.stderr  # a dead launch's lock of a share is no news
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".lock")) == [
+        ".lock-score", ".lock-score-process-00001"]

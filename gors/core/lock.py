@@ -6,10 +6,12 @@ lock (`fcntl.flock`, which the OS drops when its holder dies, however it dies) p
 in the file (pid, host, stage, command line, start time) that only says who holds it. A record whose
 file lock is free is stale (its holder was killed): it is taken over with a note.
 
-Only the main process of a launch touches the file; it broadcasts the outcome so that every process
-of the launch stops with the same error when the folder is taken. The lock file is kept after use
-(emptied): deleting it would let a process that opened the old file and one that creates a new one
-both hold "the" lock.
+The main process of a launch holds the stage's lock. Each other process holds a lock of its own,
+`.lock-<stage>-process-<index>`, over the part files it appends to: a process of an earlier launch
+that outlived it (its node's agent not yet stopped it) would otherwise append to the same part as
+the retry's process of that index. Every process of the launch stops with the same error when any
+lock is taken. A lock file is kept after use (emptied): deleting it would let a process that opened
+the old file and one that creates a new one both hold "the" lock.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ def lock_path(folder: str | Path, stage: str) -> Path:
     return Path(folder) / f".lock-{stage}"
 
 
+def process_lock_stage(stage: str, process_index: int) -> str:
+    """The lock name (as `stage` is) of a non-main process's share of `stage`."""
+    return f"{stage}-process-{process_index:05d}"
+
+
 def _describe(record: dict) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["started"]))
     return f"`{record['command']}` (pid {record['pid']} on host {record['host']}, since {started})"
@@ -50,8 +57,9 @@ def _read_record(fd: int) -> dict | None:
     return record if isinstance(record, dict) and {"command", "pid", "host", "started"} <= record.keys() else None
 
 
-def _acquire(folder: Path, stage: str, command: str) -> int:
-    """Lock `stage` of `folder` in this process; returns the open lock file, or raises LockError."""
+def _acquire(folder: Path, stage: str, command: str, note_stale: bool = True) -> int:
+    """Lock `stage` of `folder` in this process; returns the open lock file, or raises LockError.
+    `note_stale`: say when a dead holder's lock is taken over."""
     make_folder(folder, "--output_dir")  # every command that locks a folder takes it from --output_dir
     try:
         fd = os.open(lock_path(folder, stage), os.O_RDWR | os.O_CREAT, 0o644)
@@ -65,7 +73,7 @@ def _acquire(folder: Path, stage: str, command: str) -> int:
         who = _describe(holder) if holder else "another command"
         raise LockError(f"{folder} is being written by {who}; wait for it or stop it. "
                         "A stale lock is taken over automatically.") from None
-    stale = _read_record(fd)
+    stale = _read_record(fd) if note_stale else None
     if stale:
         print(f"note: {folder}: taking over the lock of {_describe(stale)}, which is no longer running",
               file=sys.stderr)
@@ -82,17 +90,38 @@ def _release(fd: int) -> None:
     os.close(fd)  # drops the flock
 
 
-def _remove_if_only_locks(folder: Path, stages: Sequence[str]) -> None:
-    """Remove `folder` when it holds nothing but the lock files of `stages`: a command that made it and
-    failed before writing anything (e.g. on a mistyped --output_dir) leaves no empty run folder behind."""
-    locks = {lock_path(folder, stage).name for stage in stages}
+def _remove_if_only_locks(folder: Path) -> None:
+    """Remove `folder` when it holds nothing but lock files: a command that made it and failed before
+    writing anything (e.g. on a mistyped --output_dir) leaves no empty run folder behind."""
     try:
-        if {path.name for path in folder.iterdir()} <= locks:
-            for name in locks:
+        names = {path.name for path in folder.iterdir()}
+        if all(name.startswith(lock_path(folder, "").name) for name in names):
+            for name in names:
                 (folder / name).unlink(missing_ok=True)
             folder.rmdir()
     except OSError:  # another process wrote there meanwhile, or it cannot be removed: leave it
         pass
+
+
+def _acquire_all(held: ExitStack, folder: Path, stages: Sequence[str], command: str,
+                 note_stale: bool = True) -> tuple[str, str] | None:
+    """Take the locks of `stages`, each released by `held`; returns None, or the refusal as (kind, message)
+    to tell every process."""
+    try:
+        for stage in stages:
+            held.callback(_release, _acquire(folder, stage, command, note_stale))
+    except (LockError, PathError) as err:
+        return type(err).__name__, str(err)
+    except OSError as err:  # e.g. a full or read-only disk: said to every process, none left waiting
+        return "PathError", (f"--output_dir={str(folder)!r} cannot be locked: {err.strerror or err} "
+                             f"on {err.filename or folder}; pass a folder you can write to")
+    return None
+
+
+def _raise(refusal: tuple[str, str] | None) -> None:
+    if refusal is not None:
+        kind, message = refusal
+        raise (PathError if kind == "PathError" else LockError)(message)
 
 
 @contextmanager
@@ -102,39 +131,35 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
     `command` names the holder in a refusal ("gors score"). The main process takes the locks and
     tells the others whether it got them: all raise the same `LockError` when one is held (or the
     same `PathError` when the folder cannot be made or written). With several processes it then checks that
-    all of them see the folder (`check_shared_folder`). The locks are released when the body ends,
-    however it ends (and by the OS when the process dies).
+    all of them see the folder (`check_shared_folder`), and every other process takes its own locks
+    (`process_lock_stage`): a process of an earlier launch still writing that share stops all of this
+    one, named. The locks are released when the body ends, however it ends (and by the OS when the
+    process dies).
     """
     # Here, not at the top: `gors.cli` imports this module and stays light for `gors --help`.
-    from accelerate.utils import broadcast_object_list
+    from accelerate.utils import broadcast_object_list, gather_object
 
     from gors.core.distributed import check_shared_folder, process_state
 
     state = process_state()
     created = state.is_main_process and not Path(folder).exists()  # made by this lock, if anything fails below
     with ExitStack() as held:
-        refusal = None
-        if state.is_main_process:
-            try:
-                for stage in stages:
-                    held.callback(_release, _acquire(Path(folder), stage, command))
-            except (LockError, PathError) as err:
-                refusal = (type(err).__name__, str(err))
-            except OSError as err:  # e.g. a full or read-only disk: said to every process, none left waiting
-                refusal = ("PathError", f"--output_dir={str(folder)!r} cannot be locked: {err.strerror or err} "
-                                        f"on {err.filename or folder}; pass a folder you can write to")
+        refusal = _acquire_all(held, Path(folder), stages, command) if state.is_main_process else None
         if state.num_processes > 1:
             refusal = broadcast_object_list([refusal])[0]
-        if refusal is not None:
-            kind, message = refusal
-            raise (PathError if kind == "PathError" else LockError)(message)
+        _raise(refusal)
         if state.num_processes > 1:
             check_shared_folder(folder, state)
+            # The main process said when it took over a dead launch's lock: its other processes' are no news.
+            mine = None if state.is_main_process else _acquire_all(
+                held, Path(folder), [process_lock_stage(stage, state.process_index) for stage in stages], command,
+                note_stale=False)
+            _raise(next((refusal for refusal in gather_object([mine]) if refusal is not None), None))
         try:
             yield
         except BaseException:
             if created:  # registered last, so it runs first: while the locks are still held
-                held.callback(_remove_if_only_locks, Path(folder), stages)
+                held.callback(_remove_if_only_locks, Path(folder))
             raise
         # Released only when every process is done writing; after an error the launcher stops them all.
         # A body that ended the process group (`accelerator.end_training()` after `gors train`) has
