@@ -16,7 +16,12 @@ TEST_WORKERS ?= 2
 
 .PHONY: install test demo quality bench clean
 
+# A new .venv takes about 6.5 GB (torch's CUDA wheels): said before pip fills the disk halfway.
+VENV_GB ?= 7
+NO_ROOM := a new $(VENV) needs about $(VENV_GB) GB (torch and its CUDA libraries): free some space, or pass VENV= an existing one
 $(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -c "import shutil, sys; free = shutil.disk_usage('.').free / 2**30; \
+		sys.exit(0 if free >= $(VENV_GB) else f'make: {free:.1f} GB free here; $(NO_ROOM)')"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH_PINS)
