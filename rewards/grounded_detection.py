@@ -31,7 +31,9 @@ class GroundedDetectionReward(SpatialRuleReward):
     - an object named twice ("a dog near a dog") takes the two most confident boxes
       (`distinct_same_name=True`);
     - girl, boy, man and woman are asked for as such, not as UniDet's "person"
-      (`person_mapping=False`).
+      (`person_mapping=False`);
+    - each object is asked for by its noun phrase's head word (`noun_rule="head"`: "table" for
+      "the white coffee table", where the metric's official rule looks for "coffee").
 
     A prompt without a relation word, or without two objects, scores 0 with a reason.
     All constructor arguments are those of `SpatialRuleReward`.
@@ -51,6 +53,9 @@ class GroundedDetectionReward(SpatialRuleReward):
     # An open-vocabulary detector can tell a girl from a man: asking it for "person" (UniDet's class)
     # would reward a man where a girl was asked for.
     default_person_mapping = False
+    # The metric's part-of-speech rule asks for "coffee" in "a coffee table": a detector that finds it would
+    # reward the wrong object.
+    default_noun_rule = "head"
     # 3: a label scores the mean over its tokens (GLIP's rule) and girl/boy/man/woman are asked for as such
     # (2: the maximum over its tokens, "person"; per-class NMS as the spatial rule's version 2)
     scoring_version = 3

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 Backend = Literal["auto", "spacy", "builtin"]
@@ -480,6 +481,11 @@ def builtin_noun_phrases(prompt: str) -> list[str]:
     ["a triangular slice", "pizza", "a cylindrical pizza cutter"].
     """
     text = prompt.strip()
+    return [text[p[0].start : p[-1].end] for p in _builtin_chunks(text)]
+
+
+def _builtin_chunks(text: str) -> list[list[_Tok]]:
+    """The tokens of each noun chunk of `text` (stripped), in order."""
     tokens = _tokenize(text)
     runs = _split_runs(tokens)
     pieces: list[list[_Tok]] = []
@@ -511,4 +517,70 @@ def builtin_noun_phrases(prompt: str) -> list[str]:
                 pieces.pop()
         pieces.extend(new)
     pieces = [_trim(p) for p in pieces if p]
-    return [text[p[0].start : p[-1].end] for p in pieces if _is_chunk(p)]
+    return [p for p in pieces if _is_chunk(p)]
+
+
+@dataclass(frozen=True)
+class TaggedToken:
+    """A token of a prompt with its universal part-of-speech tag, as spaCy gives them.
+
+    Attributes:
+        text: the token as written.
+        pos: spaCy's `Token.pos_` ("NOUN", "PROPN", "ADJ", ...); the built-in tagger says only
+            "NOUN" or "X" (anything else).
+        whitespace: what follows it in the prompt, " " or "" (spaCy's `Token.whitespace_`).
+    """
+
+    text: str
+    pos: str
+    whitespace: str
+
+
+def tagged_tokens(prompt: str, backend: Backend = "auto") -> list[TaggedToken]:
+    """The tokens of `prompt` (stripped) and their part-of-speech tags: spaCy's (the official
+    scripts' parser) or, with the built-in backend, `builtin_tagged_tokens`' approximation."""
+    nlp = pipeline_for(backend)
+    text = prompt.strip()
+    if nlp is not None:
+        return [TaggedToken(token.text, token.pos_, token.whitespace_) for token in nlp(text)]
+    return builtin_tagged_tokens(text)
+
+
+# Adjectives before a noun that `_ADJECTIVES` leaves out, as they can also head a chunk ("an orange").
+_PRENOMINAL_ADJECTIVES = _words("orange gold silver square round oval flat curved rugged ragged jagged compact")
+_HYPHEN_PART = re.compile(r"[^-]+|-")
+
+
+def _is_prenominal_adjective(low: str) -> bool:
+    return (low in _PRENOMINAL_ADJECTIVES or _looks_adjective(low) or _verb_form(low) in ("ed", "ing")
+            or low.endswith(("-shaped", "-colored", "-coloured")) or "-and-" in low)
+
+
+def builtin_tagged_tokens(prompt: str) -> list[TaggedToken]:
+    """Which words of `prompt` (stripped) are nouns, as spaCy's tagger would say, by rules.
+
+    In each noun chunk of `builtin_noun_phrases` the last word is a NOUN, and so is every word
+    before it that is not an adjective by the chunker's word lists and suffixes: the first half of
+    a compound ("coffee" in "a white coffee table") is a NOUN, as spaCy tags it. Words are split at
+    hyphens and before a possessive as spaCy's tokenizer splits them ("mid-air": "mid", "-", "air",
+    the last part the noun; "cat's": "cat", "'s"). Every other token is tagged "X". Approximate where the chunker is (free-form sentences).
+    """
+    text = prompt.strip()
+    nouns: set[int] = set()  # start offsets of the tokens tagged NOUN
+    for chunk in _builtin_chunks(text):
+        words = [token for token in chunk if token.kind == "WORD"]
+        nouns.update(token.start for token in words[:-1] if not _is_prenominal_adjective(token.low))
+        if chunk[-1].kind == "WORD":
+            nouns.add(chunk[-1].start)
+    tagged = []
+    for token in _tokenize(text):
+        stem, possessive = token.text, ""
+        if token.kind == "WORD" and len(stem) > 2 and stem[-2:].lower().replace("\u2019", "'") == "'s":
+            stem, possessive = stem[:-2], stem[-2:]
+        parts = _HYPHEN_PART.findall(stem) if token.kind == "WORD" else [stem]
+        noun = len(parts) - 1 if token.start in nouns and parts[-1] != "-" else None
+        parts += [possessive] if possessive else []
+        for i, part in enumerate(parts):
+            after = " " if i == len(parts) - 1 and text[token.end : token.end + 1] == " " else ""
+            tagged.append(TaggedToken(part, "NOUN" if i == noun else "X", after))
+    return tagged

@@ -16,7 +16,9 @@ from rewards.spatial_rule import (
     DETECTION_THRESHOLD,
     DISTANCE_THRESHOLD,
     IOU_THRESHOLD,
+    NOUN_RULES,
     SCORE_FLOOR,
+    NounRule,
     SpatialJudgement,
     find_relation,
     judge_spatial,
@@ -58,10 +60,12 @@ class SpatialRuleReward(Reward):
       open-vocabulary detector's scores are text-box matching probabilities on another scale
       (OWLv2's are typically lower), yet UniDet's rule (every (box, label) pair above 0.1,
       non-maximum suppression per label at IoU 0.5) and the 0.5 score floor are applied. Numbers are therefore comparable in kind, not digit for digit, with published ones.
-    - Object names come from the head nouns of `rewards.noun_phrases` (spaCy's English model is
-      not installable here) instead of spaCy's POS tags: "a pizza cutter" is "cutter", where
-      spaCy's first NOUN would be "pizza". On the 1000 spatial prompts the names equal the
-      prompts' second and last words (the official nouns), "girl/boy/man/woman" -> "person".
+    - Object names follow the official rule over part-of-speech tags (`noun_rule="official"`):
+      with spaCy's English model installed (the official parser) they are the official ones; the
+      built-in parser approximates its tags (`rewards.noun_phrases.builtin_tagged_tokens`). On the
+      1000 spatial prompts the names equal the prompts' second and last words (the official
+      nouns), "girl/boy/man/woman" -> "person"; on complex prompts a compound gives its first
+      noun ("the white coffee table": "coffee"), as officially.
     - A prompt without a relation word scores 0 with a reason (officially its position is 0, so
       its score is at most 0.5 and floored to 0 unless both confidences are exactly 1).
 
@@ -90,14 +94,18 @@ class SpatialRuleReward(Reward):
         person_mapping: girl/boy/man/woman are detected as "person" (official: UniDet has no such
             classes); default the class's (`default_person_mapping`).
         noun_phrase_backend: see `rewards.noun_phrases.noun_phrases`.
+        noun_rule: "official" (the official scripts' nouns, read off part-of-speech tags) or "head"
+            (each noun phrase's head word: "table" for "a coffee table"); default the class's
+            (`default_noun_rule`). See `rewards.spatial_rule.spatial_objects`.
     """
 
     name = "spatial_rule"
     # T2I-CompBench's UniDet (detectron2) runs in float32.
     official_dtype = torch.float32
+    # 4: object names by the official part-of-speech rule (a complex prompt's compound gives its first noun);
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
-    scoring_version = 3
+    scoring_version = 4
     default_model = "google/owlv2-base-patch16-ensemble"
     categories = ("spatial",)
     description = (
@@ -110,12 +118,15 @@ class SpatialRuleReward(Reward):
     default_fix_on_top_of: ClassVar[bool] = False
     default_distinct_same_name: ClassVar[bool] = False
     default_person_mapping: ClassVar[bool] = True
+    default_noun_rule: ClassVar[NounRule] = "official"
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
         """Refuse thresholds and floor outside [0, 1], position thresholds <= 0, both `nms_iou` and
-        `text_threshold`, and an unknown parser (`check_detection_options`)."""
+        `text_threshold`, an unknown parser (`check_detection_options`) and an unknown `noun_rule`."""
         check_detection_options(options, threshold_default=True)
+        if "noun_rule" in options:
+            check_choice("noun_rule", options["noun_rule"], NOUN_RULES)
         if "floor" in options:
             check_number("floor", options["floor"], optional=True)
         for name in ("iou_threshold", "distance_threshold"):
@@ -140,11 +151,14 @@ class SpatialRuleReward(Reward):
         distinct_same_name: bool | None = None,
         person_mapping: bool | None = None,
         noun_phrase_backend: Backend = "auto",
+        noun_rule: NounRule | None = None,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
         self.check_options({"threshold": threshold, "text_threshold": text_threshold, "nms_iou": nms_iou,
                             "floor": floor, "iou_threshold": iou_threshold, "distance_threshold": distance_threshold,
-                            "noun_phrase_backend": noun_phrase_backend})
+                            "noun_phrase_backend": noun_phrase_backend,
+                            "noun_rule": self.default_noun_rule if noun_rule is None else noun_rule})
+        self.noun_rule = self.default_noun_rule if noun_rule is None else noun_rule
         self.threshold = self.default_threshold if threshold is None else threshold
         self.floor = self.default_floor if floor is None else floor
         self.text_threshold = text_threshold
@@ -173,6 +187,7 @@ class SpatialRuleReward(Reward):
                 backend=self.noun_phrase_backend,
                 person_mapping=self.person_mapping,
                 fix_on_top_of=self.fix_on_top_of,
+                noun_rule=self.noun_rule,
             )
             for prompt in prompts
         ]

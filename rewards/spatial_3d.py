@@ -113,7 +113,8 @@ class Spatial3DReward(Reward):
     - Depth: the same MiDaS DPT-Hybrid weights through transformers (see `DepthEstimator`).
     - The official script resizes images to 479 x 479 before detection and depth; here both run
       on the image as given (IoU and the depth order do not depend on the scale).
-    - Object names come from the head nouns of `rewards.noun_phrases` instead of spaCy's tags.
+    - None: object names follow the official rule over part-of-speech tags, spaCy's where it is
+      installed (the official parser), else the built-in parser's approximation of them.
 
     Args:
         model_name_or_path: detector checkpoint (Hub id or folder); default OWLv2.
@@ -133,9 +134,10 @@ class Spatial3DReward(Reward):
     name = "spatial_3d"
     # T2I-CompBench++'s UniDet and DPT depth run in float32.
     official_dtype = torch.float32
+    # 4: object names by the official part-of-speech rule (spaCy's tags where installed; "a coffee table": "coffee");
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
-    scoring_version = 3
+    scoring_version = 4
     default_model = "google/owlv2-base-patch16-ensemble"
     categories = ("3d_spatial",)
     description = (

@@ -4,8 +4,8 @@ Follows the official ``UniDet_eval/2D_spatial_eval.py`` of ``Karine-Huang/T2I-Co
 
 1. The relation is the first of `RELATIONS` (in that order) that is a substring of the prompt.
 2. Two object names: the first and last nouns of a simple prompt, or, for complex prompts
-   (3-in-1), the nouns nearest before and after the preposition; "girl", "boy", "man" and "woman"
-   become "person" (UniDet's class).
+   (3-in-1), the noun nearest before the preposition and the first noun after it; "girl", "boy",
+   "man" and "woman" become "person" (UniDet's class).
 3. The most confident detection of each object is used. Both found:
    ``0.25 * s1 + 0.25 * s2 + 0.5 * position``; one found: ``0.25 * s``; none: 0. Scores below 0.5
    become 0 (so an image needs both objects, well placed, to score at all).
@@ -30,20 +30,27 @@ complex prompt with two prepositions yields more than two nouns and scores 0; re
 are matched as case-sensitive substrings ("near" also matches "nearby"); an object named twice
 ("a dog on the left of a dog") uses the same detection for both.
 
-Differences from the official code: nouns come from the head words of
-`rewards.noun_phrases.noun_phrases` instead of spaCy's part-of-speech tags (so "a pizza cutter"
-gives "cutter" where spaCy's first NOUN is "pizza"), and a prompt without a relation word scores
-0 with a reason (the official code scores its position 0, which caps the score at 0.5).
+Object names follow the official rule over part-of-speech tags (`first_and_last_nouns`,
+`nouns_around_prepositions`): spaCy's tags where spaCy and ``en_core_web_sm`` are installed (the
+official parser, then the official names), else the built-in parser's approximation
+(`rewards.noun_phrases.builtin_tagged_tokens`). So a complex prompt's compound gives its first
+noun ("next to the white coffee table": "coffee"), as officially; ``noun_rule="head"`` takes the
+head word of each noun phrase instead ("table").
+
+Differences from the official code: a prompt without a relation word scores 0 with a reason (the
+official code scores its position 0, which caps the score at 0.5), and a prompt without a noun
+finds no objects (the official script stops with an error).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 from rewards.detection import Detection
-from rewards.noun_phrases import Backend, noun_phrases
+from rewards.noun_phrases import Backend, TaggedToken, noun_phrases, tagged_tokens
 
 Box = tuple[float, float, float, float]
 # In the official order: the first one found in the prompt wins, wherever it stands.
@@ -204,6 +211,48 @@ def position_score(
 # Object names.
 
 
+# "official": the official scripts' nouns, read off part-of-speech tags (a compound gives its first noun);
+# "head": the head word of each noun phrase (what an open-vocabulary detector should be asked for).
+NounRule = Literal["official", "head"]
+NOUN_RULES: tuple[NounRule, ...] = get_args(NounRule)
+
+
+def first_and_last_nouns(tokens: Sequence[TaggedToken]) -> tuple[str, str] | None:
+    """The official simple-prompt objects: the first and the last token tagged NOUN (one noun gives
+    it twice). None without a noun (where the official script fails)."""
+    nouns = [token.text for token in tokens if token.pos == "NOUN"]
+    return (nouns[0], nouns[-1]) if nouns else None
+
+
+def _span_text(tokens: Sequence[TaggedToken]) -> str:
+    """The text of consecutive tokens, as spaCy's `Span.text`."""
+    return "".join(t.text + t.whitespace for t in tokens[:-1]) + tokens[-1].text
+
+
+def nouns_around_prepositions(tokens: Sequence[TaggedToken], prepositions: Sequence[str]) -> tuple[str, str] | None:
+    """The official complex-prompt objects (``2D_spatial_eval.py --complex``), or None unless exactly two.
+
+    At every token that starts one of `prepositions` (the longest that matches), the nearest NOUN or
+    PROPN before it, and the first NOUN after it ("the wooden picture frame" gives "picture"); with
+    no NOUN after it, the first PROPN that the next token does not continue. A prompt with two
+    prepositions gives four nouns, hence None, as officially.
+    """
+    longest = max(len(p.split()) for p in prepositions)
+    nouns: list[str] = []
+    for i in range(len(tokens)):
+        # As officially: a span cut short by the prompt's end may match a shorter preposition.
+        k = next((k for k in range(longest, 0, -1) if _span_text(tokens[i : i + k]) in prepositions), None)
+        if k is None:
+            continue
+        before = next((t.text for t in reversed(tokens[:i]) if t.pos in ("NOUN", "PROPN")), None)
+        after = next((t.text for t in tokens[i + k :] if t.pos == "NOUN"), None)
+        if after is None:
+            after = next((t.text for t, following in zip(tokens[i + k :], tokens[i + k + 1 :])
+                          if t.pos == "PROPN" and following.pos != "PROPN"), None)
+        nouns += [noun for noun in (before, after) if noun is not None]
+    return (nouns[0], nouns[1]) if len(nouns) == 2 else None
+
+
 def _head(phrase: str) -> str:
     return phrase.split()[-1]
 
@@ -235,39 +284,58 @@ def spatial_objects(
     backend: Backend = "auto",
     person_mapping: bool = True,
     fix_on_top_of: bool = False,
+    noun_rule: NounRule = "official",
 ) -> tuple[str, str] | None:
     """The two object names the rule looks for, or None when the prompt does not give two.
 
     Args:
         prompt: the text prompt.
-        complex: False (T2I-CompBench's spatial category): the heads of the first and last noun
-            phrases (one phrase gives the same noun twice). True (complex prompts, 3-in-1): for
-            each preposition of `COMPLEX_PREPOSITIONS`, the heads of the nearest noun phrases
-            before and after it; exactly two nouns must result, as officially.
-        backend: noun-phrase backend of `rewards.noun_phrases.noun_phrases`.
+        complex: False (T2I-CompBench's spatial category): the first and last nouns (one noun
+            gives the same noun twice). True (complex prompts, 3-in-1): for each preposition of
+            `COMPLEX_PREPOSITIONS`, the nouns nearest before and after it; exactly two nouns must
+            result, as officially.
+        backend: parser backend of `rewards.noun_phrases` (spaCy, the official parser, or built-in).
         person_mapping: map girl/boy/man/woman to "person" (official, UniDet's class name).
         fix_on_top_of: complex prompts also recognise "on the top of" / "on the bottom of".
+        noun_rule: "official": the nouns of the official scripts, read off part-of-speech tags
+            (`first_and_last_nouns`, `nouns_around_prepositions`; "a coffee table" gives "coffee",
+            as spaCy tags it); "head": the head word of each noun phrase ("table").
     """
+    if noun_rule not in NOUN_RULES:
+        raise ValueError(f"noun_rule must be one of {NOUN_RULES}, got {noun_rule!r}")
     text = prompt.strip()
+    words = (_FIXED_PREPOSITIONS if fix_on_top_of else ()) + COMPLEX_PREPOSITIONS
+    if noun_rule == "official":
+        tokens = tagged_tokens(text, backend)
+        found = nouns_around_prepositions(tokens, words) if complex else first_and_last_nouns(tokens)
+        if found is None:
+            return None
+        first, last = found
+    else:
+        found = _head_nouns(text, complex, backend, words)
+        if found is None:
+            return None
+        first, last = found
+    if person_mapping:
+        first, last = person_name(first), person_name(last)
+    return first, last
+
+
+def _head_nouns(text: str, complex: bool, backend: Backend, prepositions: Sequence[str]) -> tuple[str, str] | None:
+    """`spatial_objects` by noun-phrase heads: those of the first and last phrases, or of the phrases
+    nearest each preposition."""
     phrases = _object_phrases(text, backend)
     if not complex:
         if not phrases:
             return None
-        first, last = _head(phrases[0][2]), _head(phrases[-1][2])
-    else:
-        words = (_FIXED_PREPOSITIONS if fix_on_top_of else ()) + COMPLEX_PREPOSITIONS
-        pattern = r"\b(?:" + "|".join(re.escape(w) for w in words) + r")\b"
-        nouns = []
-        for match in re.finditer(pattern, text):
-            before = [p for s, e, p in phrases if e <= match.start()]
-            after = [p for s, e, p in phrases if s >= match.end()]
-            nouns += [_head(p) for p in before[-1:] + after[:1]]
-        if len(nouns) != 2:
-            return None
-        first, last = nouns
-    if person_mapping:
-        first, last = person_name(first), person_name(last)
-    return first, last
+        return _head(phrases[0][2]), _head(phrases[-1][2])
+    pattern = r"\b(?:" + "|".join(re.escape(w) for w in prepositions) + r")\b"
+    nouns = []
+    for match in re.finditer(pattern, text):
+        before = [p for s, e, p in phrases if e <= match.start()]
+        after = [p for s, e, p in phrases if s >= match.end()]
+        nouns += [_head(p) for p in before[-1:] + after[:1]]
+    return (nouns[0], nouns[1]) if len(nouns) == 2 else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -89,9 +89,10 @@ class ThreeInOneReward(Reward):
     """
 
     name = "three_in_one"
+    # 4: the spatial term's object names by the official part-of-speech rule ("the wooden picture frame": "picture");
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
-    scoring_version = 3
+    scoring_version = 4
     # The official 3-in-1 mixes B-VQA and UniDet scores made in float32 with CLIPScore's made in
     # float16; its members share one dtype here, so the CLIP term runs in float32, a little more exact.
     official_dtype = torch.float32

@@ -371,17 +371,24 @@ def test_prompt_without_relation_or_objects() -> None:
         assert out.details[0]["relation"] is None and out.details[1]["objects"] is None
         # Only the image with a relation and two objects reached the detector.
         assert fake.calls[-1][0] == 1
-    out = rewards_on(fake)["spatial_rule"].score(random_images(1), ["on the left of"])
+    out = rewards_on(fake)["spatial_rule"].score(random_images(1), ["it is near them"])
     assert out.scores == [0.0] and "two objects" in out.details[0]["reason"]
 
 
 def test_complex_parsing_option() -> None:
+    from rewards.grounded_detection import GroundedDetectionReward
     from rewards.spatial import SpatialRuleReward
 
     fake = FakeDetector({})
     prompt = "The red hat was on top of the brown coat rack."
     SpatialRuleReward(detector=fake, complex=True).score(random_images(1), [prompt])
+    assert fake.calls[-1][1] == [["hat", "coat"]]  # the first NOUN after the preposition, as officially
+    GroundedDetectionReward(detector=fake, complex=True).score(random_images(1), [prompt])
+    assert fake.calls[-1][1] == [["hat", "rack"]]  # an open-vocabulary detector is asked for the head
+    SpatialRuleReward(detector=fake, complex=True, noun_rule="head").score(random_images(1), [prompt])
     assert fake.calls[-1][1] == [["hat", "rack"]]
+    with pytest.raises(ValueError, match="noun_rule"):
+        SpatialRuleReward.check_options({"noun_rule": "first"})
     out = SpatialRuleReward(detector=fake, complex=True).score(
         random_images(1), ["a bowl sits on top of a table, and a cat is near the window"]
     )

@@ -339,7 +339,7 @@ def test_score_folders_record_scoring_versions_and_refuse_older_scores(tmp_path)
 
     assert scorer_settings("b_vqa", {}) == {"reward": "b_vqa", "options": {}}  # version 1: as before
     settings = scorer_settings("b_vqa:0.5,spatial_rule:0.5", {})
-    assert settings["scoring_versions"] == {"spatial_rule": 3}  # UniDet's rule; Grounding DINO labels by token mean
+    assert settings["scoring_versions"] == {"spatial_rule": 4}  # UniDet's rule, token-mean labels, official nouns
     (tmp_path / "settings.json").write_text(json.dumps({"reward": "b_vqa:0.5,spatial_rule:0.5", "options": {}}))
     with pytest.raises(StoreError, match="delete .* to score again"):  # scored with the 0.5 threshold
         check_settings(tmp_path, settings, scored=True)

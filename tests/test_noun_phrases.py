@@ -287,3 +287,16 @@ def test_question_table_from_a_spacy_pipeline(blank_spacy: Any, tmp_path: Path) 
     loaded = load_question_table(path)
     assert loaded.parser == np_module.parser_record("spacy")
     assert loaded.lookup("a green acorn and a brown leaf .") == ["a brown leaf?"]
+
+
+def test_builtin_tags_name_the_nouns_spacy_would() -> None:
+    """Compounds' first words are nouns, adjectives are not, and words split at hyphens and
+    possessives as spaCy's tokenizer splits them; the token texts and spaces rebuild the prompt."""
+    from rewards.noun_phrases import tagged_tokens
+
+    prompt = "The round clock's hand was in mid-air next to the wooden picture frame."
+    tagged = tagged_tokens(prompt, backend="builtin")
+    assert [t.text for t in tagged if t.pos == "NOUN"] == ["clock", "hand", "air", "picture", "frame"]
+    assert [t.text for t in tagged][2:4] == ["clock", "'s"] and [t.text for t in tagged][7:10] == ["mid", "-", "air"]
+    assert "".join(t.text + t.whitespace for t in tagged) == prompt
+    assert {t.pos for t in tagged} == {"NOUN", "X"}

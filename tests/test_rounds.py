@@ -361,7 +361,7 @@ def test_rounds_json_checks_shrinking_a_growing_tau_schedule_and_older_files(mak
     del record["settings"]["scoring_versions"]
     (tmp_path / ROUNDS_FILE).write_text(json.dumps(record))
     assert len(_finished(config, 1, PROMPTS, "b_vqa")) == 2
-    with pytest.raises(ValueError, match=r"scoring_versions: \{\} -> \{'spatial_rule': 3\}"):
+    with pytest.raises(ValueError, match=r"scoring_versions: \{\} -> \{'spatial_rule': 4\}"):
         _finished(config, 1, PROMPTS, "spatial_rule")
 
 

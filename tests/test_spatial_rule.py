@@ -5,11 +5,15 @@ from __future__ import annotations
 import pytest
 
 from rewards.detection import Detection
+from rewards.noun_phrases import TaggedToken
 from rewards.spatial_rule import (
+    COMPLEX_PREPOSITIONS,
     RELATIONS,
     box_iou,
     find_relation,
+    first_and_last_nouns,
     judge_spatial,
+    nouns_around_prepositions,
     official_frame,
     pick_detections,
     position_judgement,
@@ -166,13 +170,20 @@ def test_proximity_is_judged_in_the_official_frame() -> None:
         ("a girl on the top of a frog", ("person", "frog")),
         ("a horse on the right of a man", ("horse", "person")),
         ("a boy near a woman", ("person", "person")),
-        ("a bird next to a pizza cutter", ("bird", "cutter")),  # head noun (spaCy: last NOUN)
+        ("a bird next to a pizza cutter", ("bird", "cutter")),  # the last NOUN
+        ("a pizza cutter next to a bird", ("pizza", "bird")),  # the first NOUN, as spaCy tags a compound
         ("a cat", ("cat", "cat")),  # one noun: first == last, as officially
-        ("on the left of", None),
+        ("near it", None),  # no noun (the official script fails)
     ],
 )
 def test_simple_objects(prompt: str, objects) -> None:
     assert spatial_objects(prompt, backend="builtin") == objects
+
+
+def test_head_rule_takes_each_phrase_head() -> None:
+    assert spatial_objects("a pizza cutter next to a bird", backend="builtin", noun_rule="head") == ("cutter", "bird")
+    with pytest.raises(ValueError, match="noun_rule must be one of"):
+        spatial_objects("a cat near a dog", noun_rule="first")
 
 
 def test_person_mapping_can_be_disabled() -> None:
@@ -187,7 +198,11 @@ def test_person_mapping_can_be_disabled() -> None:
 @pytest.mark.parametrize(
     ("prompt", "objects"),
     [
-        ("The red hat was on top of the brown coat rack.", ("hat", "rack")),
+        # The first NOUN after the preposition: a compound's first noun, as officially.
+        ("The red hat was on top of the brown coat rack.", ("hat", "coat")),
+        ("The black sofa was on the left of the white coffee table.", ("sofa", "coffee")),
+        # Before it, the nearest NOUN: "mid-air" is three tokens, as spaCy splits it.
+        ("The yellow cone was suspended in mid-air near the orange pyramid", ("air", "pyramid")),
         ("The fluffy cat is on the left of the soft pillow.", ("cat", "pillow")),
         ("The green plant was on the right of the white wall.", ("plant", "wall")),
         ("A girl sat next to a big dog", ("person", "dog")),
@@ -202,11 +217,46 @@ def test_complex_objects(prompt: str, objects) -> None:
     assert spatial_objects(prompt, complex=True, backend="builtin") == objects
 
 
+def test_complex_objects_by_phrase_heads() -> None:
+    prompt = "The red hat was on top of the brown coat rack."
+    assert spatial_objects(prompt, complex=True, backend="builtin", noun_rule="head") == ("hat", "rack")
+
+
+def tokens(tagged: str) -> list[TaggedToken]:
+    """Tokens as spaCy gives them, written "word/TAG" with a space between words, "word/TAG+" joined
+    to the next (no whitespace after it)."""
+    out = []
+    for item in tagged.split():
+        joined = item.endswith("+")
+        text, pos = item.rstrip("+").rsplit("/", 1)
+        out.append(TaggedToken(text, pos, "" if joined else " "))
+    out[-1] = TaggedToken(out[-1].text, out[-1].pos, "")
+    return out
+
+
+def test_the_official_complex_walk_over_spacy_tags() -> None:
+    """`nouns_around_prepositions` on part-of-speech tags written as spaCy's en_core_web_sm gives them."""
+    walk = lambda tagged: nouns_around_prepositions(tokens(tagged), COMPLEX_PREPOSITIONS)  # noqa: E731
+    # Nearest NOUN or PROPN before; the first NOUN after, anywhere after.
+    assert walk("The/DET round/ADJ clock/NOUN was/AUX on/ADP the/DET right/NOUN of/ADP the/DET wooden/ADJ "
+                "picture/NOUN frame/NOUN ./PUNCT") == ("clock", "picture")
+    assert walk("Paris/PROPN is/AUX near/ADP the/DET sea/NOUN") == ("Paris", "sea")
+    # No NOUN after it: the first PROPN that the next token does not continue.
+    assert walk("a/DET cat/NOUN sat/VERB next/ADV to/ADP New/PROPN York/PROPN today/X") == ("cat", "York")
+    assert walk("a/DET cat/NOUN sat/VERB near/ADP Bob/PROPN") is None  # a final PROPN is never taken
+    # Two prepositions: four nouns, no pair.
+    assert walk("a/DET cup/NOUN on/ADP top/NOUN of/ADP a/DET box/NOUN near/ADP a/DET dog/NOUN") is None
+    # Matched as spaCy span texts: "next to" must be two tokens with a space between.
+    assert walk("a/DET cat/NOUN next/ADV+ to/ADP a/DET dog/NOUN") is None
+    assert first_and_last_nouns(tokens("a/DET pizza/NOUN cutter/NOUN near/ADP a/DET bird/NOUN")) == ("pizza", "bird")
+    assert first_and_last_nouns(tokens("near/ADP it/PRON")) is None
+
+
 def test_complex_objects_fixed_top_and_bottom() -> None:
     for prompt, objects in [
         ("a balloon on the top of a giraffe", ("balloon", "giraffe")),
         ("a car on the bottom of a bird", ("car", "bird")),
-        ("The red hat was on top of the brown coat rack.", ("hat", "rack")),
+        ("The red hat was on top of the brown coat rack.", ("hat", "coat")),
     ]:
         assert spatial_objects(prompt, complex=True, backend="builtin", fix_on_top_of=True) == objects
 
