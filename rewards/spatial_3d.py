@@ -113,8 +113,11 @@ class Spatial3DReward(Reward):
     - Depth: the same MiDaS DPT-Hybrid weights through transformers (see `DepthEstimator`).
     - The official script resizes images to 479 x 479 before detection and depth; here both run
       on the image as given (IoU and the depth order do not depend on the scale).
-    - None: object names follow the official rule over part-of-speech tags, spaCy's where it is
-      installed (the official parser), else the built-in parser's approximation of them.
+    - Object names: the official rule over part-of-speech tags, exact where spaCy is installed
+      (the official parser), else the built-in parser's approximation of its tags.
+
+    Official quirks kept: a name matches any label it is part of ("bird" a "birdhouse" box), and a
+    prompt without a 3D relation word scores its objects with depth order 0 (up to 0.5).
 
     Args:
         model_name_or_path: detector checkpoint (Hub id or folder); default OWLv2.
@@ -134,7 +137,8 @@ class Spatial3DReward(Reward):
     name = "spatial_3d"
     # T2I-CompBench++'s UniDet and DPT depth run in float32.
     official_dtype = torch.float32
-    # 4: object names by the official part-of-speech rule (spaCy's tags where installed; "a coffee table": "coffee");
+    # 4: object names by the official part-of-speech rule (spaCy's tags where installed; "a coffee table": "coffee"),
+    # names matched as parts of labels, a prompt without a relation word scored on its objects (all as officially);
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
     scoring_version = 4
@@ -190,7 +194,7 @@ class Spatial3DReward(Reward):
             spatial_objects(prompt, backend=self.noun_phrase_backend, person_mapping=self.person_mapping)
             for prompt in prompts
         ]
-        todo = [i for i, (r, o) in enumerate(zip(relations, objects)) if r and o]
+        todo = [i for i, names in enumerate(objects) if names]  # without a relation too: its objects still count
         found = self.detector.detect(
             [images[i] for i in todo],
             [list(dict.fromkeys(objects[i])) for i in todo],  # type: ignore[arg-type]
@@ -202,8 +206,9 @@ class Spatial3DReward(Reward):
             i: pick_detections_3d(detections, objects[i])  # type: ignore[arg-type]
             for i, detections in zip(todo, found, strict=True)
         }
-        # Depth only matters (and is only computed) where both objects were found.
-        need_depth = [i for i, (first, second) in picked.items() if first is not None and second is not None]
+        # Depth only matters (and is only computed) where both objects were found under a relation word.
+        need_depth = [i for i, (first, second) in picked.items()
+                      if relations[i] and first is not None and second is not None]
         depth_maps = dict(zip(need_depth, self.depth_model.predict([images[i] for i in need_depth]), strict=True))
         scores, details = [], []
         for i, (relation, names) in enumerate(zip(relations, objects, strict=True)):
@@ -233,8 +238,6 @@ class Spatial3DReward(Reward):
         second: Detection | None,
         depth_maps: dict[int, np.ndarray],
     ) -> Spatial3DJudgement:
-        if relation is None:
-            return Spatial3DJudgement(0.0, None, (None, None), "no 3D relation word in the prompt")
         if names is None:
             return Spatial3DJudgement(0.0, None, (None, None), "the prompt does not name two objects")
         # Without both objects the depth map is never read (nor computed); an empty one stands in.

@@ -131,12 +131,14 @@ def judge_spatial_3d(
     """Score one image from its two objects' detections (None: not found) and its depth map.
 
     ``0.25 * s1 + 0.25 * s2 + 0.5 * depth_order`` when both are found, ``0.25 * s`` when one is,
-    0 when none is or the prompt has no 3D relation word. Detection scores must lie in [0, 1];
-    `depth_map` is (height, width) in the detections' pixel frame, larger = nearer (read only when
-    both objects are found).
+    0 when none is. A prompt without a 3D relation word has depth order 0, as officially (so up to
+    0.5 for finding both objects). Detection scores must lie in [0, 1]; `depth_map` is (height,
+    width) in the detections' pixel frame, larger = nearer (read only when both objects are found
+    and the prompt has a relation).
     """
-    if relation is None:
-        return Spatial3DJudgement(0.0, None, (None, None), "no 3D relation word in the prompt")
+    if relation is None and first is not None and second is not None:
+        return Spatial3DJudgement(0.25 * first.score + 0.25 * second.score, 0.0, (None, None),
+                                  "both objects found; no 3D relation word in the prompt: depth order 0")
     if first is not None and second is not None:
         depths = (box_depth(depth_map, first.box, transposed_depth), box_depth(depth_map, second.box, transposed_depth))
         order, why = depth_order_judgement(relation, first.box, second.box, depths[0], depths[1], iou_threshold)
@@ -155,22 +157,24 @@ def pick_detections_3d(
 ) -> tuple[Detection | None, Detection | None]:
     """The detections the official 3D script uses for the two objects.
 
-    `detections` are sorted most confident first. When both names are detected, the walk stops at
-    the first detection that completes the pair, and each object keeps the *last* of its
+    `detections` are sorted most confident first. A name matches a label it is part of, as
+    officially (a "birdhouse" box is also a "bird"). When both names are detected, the walk stops
+    at the first detection that completes the pair, and each object keeps the *last* of its
     detections seen by then: in [dog 0.9, dog 0.8, desk 0.7], "dog" gets the 0.8 box. When only
     one name is detected, its most confident detection is used. An object named twice uses one
     detection for both.
     """
-    labels = {d.label for d in detections}
-    if names[0] not in labels or names[1] not in labels:
-        first = next((d for d in detections if d.label == names[0]), None)
-        second = next((d for d in detections if d.label == names[1]), None)
-        return first, second
+    # Officially a name is detected when it is part of the labels joined by spaces.
+    present = [name in " ".join(d.label for d in detections) for name in names]
+    if not all(present):
+        return tuple(  # type: ignore[return-value]
+            next((d for d in detections if name in d.label), None) if found else None
+            for name, found in zip(names, present))
     first = second = None
     for detection in detections:
-        if detection.label == names[0]:
+        if names[0] in detection.label:
             first = detection
-        if detection.label == names[1]:
+        if names[1] in detection.label:
             second = detection
         if first is not None and second is not None:
             break

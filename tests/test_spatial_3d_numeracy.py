@@ -106,7 +106,8 @@ def test_judge_spatial_3d_scores_without_floor() -> None:
     one = judge_spatial_3d("in front of", None, far, depth)
     assert one.score == pytest.approx(0.2) and "second" in one.reason  # below 0.5, still kept
     assert judge_spatial_3d("in front of", None, None, depth).score == 0.0
-    assert judge_spatial_3d(None, near, far, depth).score == 0.0
+    assert judge_spatial_3d(None, near, far, depth).score == pytest.approx(0.25 * 0.9 + 0.25 * 0.8)  # order 0
+    assert judge_spatial_3d(None, near, None, depth).score == pytest.approx(0.25 * 0.9)
 
 
 def test_pick_detections_follows_the_official_walk() -> None:
@@ -118,6 +119,11 @@ def test_pick_detections_follows_the_official_walk() -> None:
     assert pick_detections_3d(only, ("dog", "desk")) == (only[0], None)
     same = pick_detections_3d(only, ("dog", "dog"))
     assert same == (only[0], only[0])
+    # A name is detected where it is part of a label, as officially: the birdhouse box is the bird's too.
+    house = [det("birdhouse", 0.8, (0, 0, 1, 1))]
+    assert pick_detections_3d(house, ("bird", "birdhouse")) == (house[0], house[0])
+    assert pick_detections_3d(house, ("birdhouse", "bird")) == (house[0], house[0])
+    assert pick_detections_3d(house, ("dog", "birdhouse")) == (None, house[0])
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/benchmarks")
@@ -257,7 +263,8 @@ def test_spatial_3d_reward_on_injected_models() -> None:
     iou = 96 / 360
     assert out.scores[0] == pytest.approx(0.25 * 0.9 + 0.25 * 0.7 + 0.5 * iou / 0.5)
     assert out.scores[1] == pytest.approx(0.25 * 0.9 + 0.25 * 0.7)  # wrong order
-    assert out.scores[2] == 0.0 and out.details[2]["reason"] == "no 3D relation word in the prompt"
+    # No 3D relation word: depth order 0, the objects still count (officially too); no depth map needed.
+    assert out.scores[2] == pytest.approx(0.25 * 0.9 + 0.25 * 0.7) and "no 3D relation word" in out.details[2]["reason"]
     assert out.scores[3] == pytest.approx(0.25 * 0.7) and out.details[3]["depths"] == [None, None]
     assert depth.count == 2  # depth only for images with both objects found
     assert out.details[0]["objects"] == ["dog", "desk"] and out.details[0]["first"]["score"] == 0.9
@@ -320,7 +327,9 @@ def test_rewards_on_tiny_owlv2_and_dpt(tiny_dirs: dict[str, Path], tmp_path: Pat
         # A box thinner than a pixel has no depth (None), and then no depth order.
         assert details["depth_order"] is not None
         assert all(d is None or 0.0 <= d <= 1.0 for d in details["depths"])
-    assert out.scores[3] == 0.0
+    # No relation word ("a red dog": the dog twice): its objects count, depth order 0, no depth map read.
+    assert out.scores[3] == pytest.approx(0.5 * out.details[3]["first"]["score"])
+    assert out.details[3]["depth_order"] == 0.0 and out.details[3]["depths"] == [None, None]
     noun_file = tmp_path / "nouns.txt"
     noun_file.write_text("dog - dogs\ncat - cats\nboy - boys\n")
     numeracy = NumeracyReward(
