@@ -300,3 +300,22 @@ def test_builtin_tags_name_the_nouns_spacy_would() -> None:
     assert [t.text for t in tagged][2:4] == ["clock", "'s"] and [t.text for t in tagged][7:10] == ["mid", "-", "air"]
     assert "".join(t.text + t.whitespace for t in tagged) == prompt
     assert {t.pos for t in tagged} == {"NOUN", "X"}
+
+
+def test_spatial_objects_read_spacys_own_tags_when_it_is_installed(monkeypatch) -> None:
+    """With spaCy's model (the official parser) the spatial rules take its tags as they are: here a tagger
+    that calls "gold" a NOUN, which the built-in one would not guess."""
+    from rewards.spatial_rule import spatial_objects
+
+    words = [("The", "DET", " "), ("pink", "ADJ", " "), ("lipstick", "NOUN", " "), ("lay", "VERB", " "),
+             ("next", "ADV", " "), ("to", "ADP", " "), ("the", "DET", " "), ("gold", "NOUN", " "),
+             ("compact", "ADJ", " "), ("mirror", "NOUN", ""), (".", "PUNCT", "")]
+
+    def fake_nlp(text: str) -> list[SimpleNamespace]:
+        assert text == "".join(w + ws for w, _, ws in words)  # stripped, as given
+        return [SimpleNamespace(text=w, pos_=pos, whitespace_=ws) for w, pos, ws in words]
+
+    monkeypatch.setattr(np_module, "_spacy_pipeline", lambda: fake_nlp)
+    prompt = " The pink lipstick lay next to the gold compact mirror. "
+    assert spatial_objects(prompt, complex=True) == ("lipstick", "gold")
+    assert spatial_objects(prompt, complex=True, backend="builtin") == ("lipstick", "mirror")
