@@ -34,6 +34,7 @@ from PIL import Image
 from gors.core.hub import from_pretrained
 from rewards.base import MODEL_FLAG, Reward, RewardOutput, check_choice
 from rewards.clip_text import cosine_to_score, split_adjectives
+from rewards.noun_phrases import BACKENDS, Backend
 
 DEFAULT_CLIP = "openai/clip-vit-base-patch32"
 Preprocess = Literal["openai", "transformers"]
@@ -161,6 +162,8 @@ class CLIPScoreReward(Reward):
         batch_size: images (and distinct texts) per forward pass.
         remove_adjectives: drop the prompt's adjectives first, as the official code does for
             complex prompts (``--complex``; the 3-in-1 metric sets it).
+        noun_phrase_backend: the parser that tags them (`rewards.noun_phrases`): "auto" runs spaCy's
+            ``en_core_web_sm`` (the official parser) where installed, else the built-in rules.
         preprocess: "openai" (default: CLIP's own image transform, as the official code) or
             "transformers" (the checkpoint's `CLIPImageProcessor`).
     """
@@ -173,9 +176,12 @@ class CLIPScoreReward(Reward):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
-        """Refuse a `preprocess` other than "openai" or "transformers" (`CLIPEncoder` checks it too)."""
+        """Refuse a `preprocess` other than "openai" or "transformers" (`CLIPEncoder` checks it too) and
+        an unknown `noun_phrase_backend`."""
         if "preprocess" in options:
             check_choice("preprocess", options["preprocess"], PREPROCESS)
+        if "noun_phrase_backend" in options:
+            check_choice("noun_phrase_backend", options["noun_phrase_backend"], BACKENDS)
 
     def __init__(
         self,
@@ -185,9 +191,12 @@ class CLIPScoreReward(Reward):
         batch_size: int = 8,
         remove_adjectives: bool = False,
         preprocess: Preprocess = "openai",
+        noun_phrase_backend: Backend = "auto",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
+        self.check_options({"preprocess": preprocess, "noun_phrase_backend": noun_phrase_backend})
         self.remove_adjectives = remove_adjectives
+        self.noun_phrase_backend = noun_phrase_backend
         self.clip = CLIPEncoder(
             str(self.model_name_or_path), MODEL_FLAG, self.device, self.torch_dtype, preprocess
         )
@@ -198,7 +207,7 @@ class CLIPScoreReward(Reward):
         if not images:
             return RewardOutput(scores=[])
         if self.remove_adjectives:
-            texts, removed = map(list, zip(*(split_adjectives(prompt) for prompt in prompts)))
+            texts, removed = map(list, zip(*(split_adjectives(prompt, self.noun_phrase_backend) for prompt in prompts)))
         else:
             texts, removed = list(prompts), [[] for _ in prompts]
         features = self.clip.image_embeddings(images, self.batch_size)

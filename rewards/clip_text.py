@@ -2,8 +2,9 @@
 
 For complex prompts the official CLIPScore (``CLIPScore_eval/CLIP_similarity.py --complex``) feeds
 CLIP the prompt without its adjectives: ``' '.join(token.text for token in nlp(prompt) if
-token.pos_ != 'ADJ')`` with spaCy's ``en_core_web_sm``. spaCy's English model is not installable
-everywhere, so `remove_adjectives` approximates it without spaCy:
+token.pos_ != 'ADJ')`` with spaCy's ``en_core_web_sm``. With backend "auto" or "spacy" and spaCy's
+model installed, `remove_adjectives` does exactly that. The model is not installable everywhere, so
+without it (and with backend "builtin", the default of these functions) it approximates spaCy:
 
 - Tokens follow spaCy's English tokenizer on prompt-like text: words, each punctuation mark on
   its own, a hyphen between letters split off ("sun-drenched" -> "sun - drenched"), clitics split
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from rewards.noun_phrases import _ADJECTIVE_SUFFIXES, _ADJECTIVES, _kind, _words
+from rewards.noun_phrases import _ADJECTIVE_SUFFIXES, _ADJECTIVES, Backend, _kind, _words, pipeline_for, tagged_tokens
 
 # Adjectives of T2I-CompBench's complex and non-spatial prompts that the chunker's list lacks.
 _MORE_ADJECTIVES = _words(
@@ -123,23 +124,27 @@ def adjective_flags(tokens: list[str]) -> list[bool]:
     return flags
 
 
-def tag_adjectives(prompt: str) -> list[tuple[str, bool]]:
-    """(token, is adjective) for each spaCy-like token of `prompt`, in order."""
+def tag_adjectives(prompt: str, backend: Backend = "builtin") -> list[tuple[str, bool]]:
+    """(token, is adjective) for each token of `prompt`, in order: spaCy's tokens and ADJ tags where
+    `backend` runs spaCy (`rewards.noun_phrases.pipeline_for`: the official parser), else the
+    spaCy-like tokens and rules above."""
+    if pipeline_for(backend) is not None:
+        return [(token.text, token.pos == "ADJ") for token in tagged_tokens(prompt, backend)]
     tokens = spacy_like_tokens(prompt)
     return list(zip(tokens, adjective_flags(tokens)))
 
 
-def split_adjectives(prompt: str) -> tuple[str, list[str]]:
+def split_adjectives(prompt: str, backend: Backend = "builtin") -> tuple[str, list[str]]:
     """(`prompt` without its adjectives, the adjectives removed); tokens joined by single spaces,
-    as the official code does."""
-    tags = tag_adjectives(prompt)
+    as the official code does. `backend`: see `tag_adjectives`."""
+    tags = tag_adjectives(prompt, backend)
     kept = " ".join(token for token, adjective in tags if not adjective)
     return kept, [token for token, adjective in tags if adjective]
 
 
-def remove_adjectives(prompt: str) -> str:
+def remove_adjectives(prompt: str, backend: Backend = "builtin") -> str:
     """`prompt` without its adjectives: "a white cat sleeps on a soft sofa" -> "a cat sleeps on a sofa"."""
-    return split_adjectives(prompt)[0]
+    return split_adjectives(prompt, backend)[0]
 
 
 def cosine_to_score(cosine: float) -> float:

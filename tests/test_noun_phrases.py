@@ -302,9 +302,10 @@ def test_builtin_tags_name_the_nouns_spacy_would() -> None:
     assert {t.pos for t in tagged} == {"NOUN", "X"}
 
 
-def test_spatial_objects_read_spacys_own_tags_when_it_is_installed(monkeypatch) -> None:
-    """With spaCy's model (the official parser) the spatial rules take its tags as they are: here a tagger
-    that calls "gold" a NOUN, which the built-in one would not guess."""
+def test_spacys_own_tags_are_read_when_it_is_installed(monkeypatch) -> None:
+    """With spaCy's model (the official parser) the spatial rules and the adjective removal take its tags
+    as they are: here a tagger that calls "gold" a NOUN and "compact" an ADJ, which the built-in rules
+    would not guess."""
     from rewards.spatial_rule import spatial_objects
 
     words = [("The", "DET", " "), ("pink", "ADJ", " "), ("lipstick", "NOUN", " "), ("lay", "VERB", " "),
@@ -319,3 +320,8 @@ def test_spatial_objects_read_spacys_own_tags_when_it_is_installed(monkeypatch) 
     prompt = " The pink lipstick lay next to the gold compact mirror. "
     assert spatial_objects(prompt, complex=True) == ("lipstick", "gold")
     assert spatial_objects(prompt, complex=True, backend="builtin") == ("lipstick", "mirror")
+    # 3-in-1's CLIP text drops spaCy's ADJ tokens, joined by single spaces, as the official script.
+    from rewards.clip_text import remove_adjectives
+
+    assert remove_adjectives(prompt, backend="auto") == "The lipstick lay next to the gold mirror ."
+    assert "compact" in remove_adjectives(prompt)  # the built-in rules do not know it

@@ -28,6 +28,8 @@ from rewards.registry import get_reward_class
         ("mllm_cot", {"category": "colour"}, "category='colour'"),
         ("mllm_cot", {"category": "color", "max_new_tokens": 0}, "max_new_tokens must be >= 1"),
         ("clip_score", {"preprocess": "timm"}, "preprocess='timm'; choose 'openai' or 'transformers'"),
+        ("clip_score", {"noun_phrase_backend": "nltk"}, "noun_phrase_backend='nltk'; choose 'auto'"),
+        ("spatial_rule", {"noun_rule": "first"}, "noun_rule='first'; choose 'official' or 'head'"),
         ("blip_clip", {"min_length": 40}, "0 <= min_length <= max_length"),
         ("soft_tifa", {"aggregation": "mean"}, "aggregation='mean'; choose 'am' or 'gm'"),
         ("soft_tifa", {"multi_token": "all"}, "multi_token='all'"),
