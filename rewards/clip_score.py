@@ -34,7 +34,7 @@ from PIL import Image
 from gors.core.hub import from_pretrained
 from rewards.base import MODEL_FLAG, Reward, RewardOutput, check_choice
 from rewards.clip_text import cosine_to_score, split_adjectives
-from rewards.noun_phrases import BACKENDS, Backend
+from rewards.noun_phrases import BACKENDS, Backend, parser_record
 
 DEFAULT_CLIP = "openai/clip-vit-base-patch32"
 Preprocess = Literal["openai", "transformers"]
@@ -197,6 +197,8 @@ class CLIPScoreReward(Reward):
         self.check_options({"preprocess": preprocess, "noun_phrase_backend": noun_phrase_backend})
         self.remove_adjectives = remove_adjectives
         self.noun_phrase_backend = noun_phrase_backend
+        # Which tagger finds the adjectives (spaCy's: the official ones), for the details.
+        self.parser = parser_record(noun_phrase_backend) if remove_adjectives else None
         self.clip = CLIPEncoder(
             str(self.model_name_or_path), MODEL_FLAG, self.device, self.torch_dtype, preprocess
         )
@@ -215,6 +217,7 @@ class CLIPScoreReward(Reward):
         scores = [cosine_to_score(c) for c in cosines]
         details = [
             {"text": t, "removed_adjectives": r, "truncated": cut, "cosine": c, "score": s}
+            | ({"parser": self.parser} if self.parser else {})
             for t, r, cut, c, s in zip(
                 texts, removed, self.clip.truncated(texts), cosines, scores, strict=True
             )

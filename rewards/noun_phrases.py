@@ -546,14 +546,14 @@ def tagged_tokens(prompt: str, backend: Backend = "auto") -> list[TaggedToken]:
     return builtin_tagged_tokens(text)
 
 
-# Adjectives before a noun that `_ADJECTIVES` leaves out, as they can also head a chunk ("an orange").
-_PRENOMINAL_ADJECTIVES = _words("orange gold silver square round oval flat curved rugged ragged jagged compact")
+# Adjectives before a noun that `_ADJECTIVES` leaves out, as they can also head a chunk ("an orange"),
+# and "mid" ("mid-air").
+_PRENOMINAL_ADJECTIVES = _words("orange gold silver square round oval flat curved rugged ragged jagged compact mid")
 _HYPHEN_PART = re.compile(r"[^-]+|-")
 
 
 def _is_prenominal_adjective(low: str) -> bool:
-    return (low in _PRENOMINAL_ADJECTIVES or _looks_adjective(low) or _verb_form(low) in ("ed", "ing")
-            or low.endswith(("-shaped", "-colored", "-coloured")) or "-and-" in low)
+    return low in _PRENOMINAL_ADJECTIVES or _looks_adjective(low) or _verb_form(low) in ("ed", "ing")
 
 
 def builtin_tagged_tokens(prompt: str) -> list[TaggedToken]:
@@ -561,26 +561,42 @@ def builtin_tagged_tokens(prompt: str) -> list[TaggedToken]:
 
     In each noun chunk of `builtin_noun_phrases` the last word is a NOUN, and so is every word
     before it that is not an adjective by the chunker's word lists and suffixes: the first half of
-    a compound ("coffee" in "a white coffee table") is a NOUN, as spaCy tags it. Words are split at
-    hyphens and before a possessive as spaCy's tokenizer splits them ("mid-air": "mid", "-", "air",
-    the last part the noun; "cat's": "cat", "'s"). Every other token is tagged "X". Approximate where the chunker is (free-form sentences).
+    a compound ("coffee" in "a white coffee table") is a NOUN, as spaCy tags it. Words are split as
+    spaCy's tokenizer splits them, at hyphens ("mid-air": "mid", "-", "air"; each part judged
+    alone, so "sun" in "a sun-drenched wall" is a NOUN and "drenched" not) and before a possessive
+    ("cat's": "cat", "'s"); whitespace beyond one space is a token of its own ("SPACE"). Every other
+    token is tagged "X". Approximate where the chunker is (free-form sentences).
     """
     text = prompt.strip()
-    nouns: set[int] = set()  # start offsets of the tokens tagged NOUN
+    heads: set[int] = set()  # start offsets of the chunks' last words
+    modifiers: set[int] = set()  # and of the words before them
     for chunk in _builtin_chunks(text):
         words = [token for token in chunk if token.kind == "WORD"]
-        nouns.update(token.start for token in words[:-1] if not _is_prenominal_adjective(token.low))
+        modifiers.update(token.start for token in words[:-1])
         if chunk[-1].kind == "WORD":
-            nouns.add(chunk[-1].start)
+            heads.add(chunk[-1].start)
+    tokens = _tokenize(text)
     tagged = []
-    for token in _tokenize(text):
+    for n, token in enumerate(tokens):
         stem, possessive = token.text, ""
         if token.kind == "WORD" and len(stem) > 2 and stem[-2:].lower().replace("\u2019", "'") == "'s":
             stem, possessive = stem[:-2], stem[-2:]
         parts = _HYPHEN_PART.findall(stem) if token.kind == "WORD" else [stem]
-        noun = len(parts) - 1 if token.start in nouns and parts[-1] != "-" else None
-        parts += [possessive] if possessive else []
+        tags = []
         for i, part in enumerate(parts):
-            after = " " if i == len(parts) - 1 and text[token.end : token.end + 1] == " " else ""
-            tagged.append(TaggedToken(part, "NOUN" if i == noun else "X", after))
+            low = part.lower()
+            if not any(c.isalnum() for c in part) or not (token.start in heads or token.start in modifiers):
+                tags.append("X")
+            elif token.start in heads and i == len(parts) - 1:
+                tags.append("NOUN")
+            else:
+                tags.append("NOUN" if _kind(low) == "WORD" and not _is_prenominal_adjective(low) else "X")
+        if possessive:
+            parts, tags = [*parts, possessive], [*tags, "X"]
+        gap = text[token.end : tokens[n + 1].start] if n + 1 < len(tokens) else ""
+        space, rest = (" ", gap[1:]) if gap.startswith(" ") else ("", gap)
+        tagged += [TaggedToken(part, tag, space if i == len(parts) - 1 else "")
+                   for i, (part, tag) in enumerate(zip(parts, tags))]
+        if rest:
+            tagged.append(TaggedToken(rest, "SPACE", ""))
     return tagged

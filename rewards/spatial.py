@@ -11,7 +11,7 @@ from PIL import Image
 
 from rewards.base import Reward, RewardOutput, check_choice, check_number
 from rewards.detection import Detector, detection_dict, reward_detector
-from rewards.noun_phrases import BACKENDS, Backend
+from rewards.noun_phrases import BACKENDS, Backend, parser_record
 from rewards.spatial_rule import (
     DETECTION_THRESHOLD,
     DISTANCE_THRESHOLD,
@@ -159,6 +159,7 @@ class SpatialRuleReward(Reward):
                             "noun_phrase_backend": noun_phrase_backend,
                             "noun_rule": self.default_noun_rule if noun_rule is None else noun_rule})
         self.noun_rule = self.default_noun_rule if noun_rule is None else noun_rule
+        self.parser = parser_record(noun_phrase_backend)
         self.threshold = self.default_threshold if threshold is None else threshold
         self.floor = self.default_floor if floor is None else floor
         self.text_threshold = text_threshold
@@ -224,6 +225,7 @@ class SpatialRuleReward(Reward):
                 {
                     "relation": relation,
                     "objects": list(names) if names else None,
+                    "parser": self.parser,  # which tagger found the names (spaCy's: the official ones)
                     "first": detection_dict(first),
                     "second": detection_dict(second),
                     "position": verdict.position,

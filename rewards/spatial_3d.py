@@ -12,7 +12,7 @@ from PIL import Image
 from gors.core.hub import from_pretrained
 from rewards.base import Reward, RewardOutput, check_number
 from rewards.detection import Detection, Detector, detection_dict, reward_detector
-from rewards.noun_phrases import Backend
+from rewards.noun_phrases import Backend, parser_record
 from rewards.spatial import check_detection_options
 from rewards.spatial_3d_rule import (
     IOU_THRESHOLD_3D,
@@ -181,6 +181,7 @@ class Spatial3DReward(Reward):
         self.transposed_depth = transposed_depth
         self.person_mapping = person_mapping
         self.noun_phrase_backend = noun_phrase_backend
+        self.parser = parser_record(noun_phrase_backend)
         self.detector = reward_detector(self, detector)
         if depth_model is None:
             depth_model = DepthEstimator(depth_model_name_or_path, self.device, self.torch_dtype, self.batch_size)
@@ -219,6 +220,7 @@ class Spatial3DReward(Reward):
                 {
                     "relation": relation,
                     "objects": list(names) if names else None,
+                    "parser": self.parser,  # which tagger found the names (spaCy's: the official ones)
                     "first": detection_dict(first),
                     "second": detection_dict(second),
                     "depths": list(verdict.depths),

@@ -413,8 +413,9 @@ def test_rewards_on_tiny_models(detector_dirs: dict[str, Path], kind: str, rewar
     for score, details in zip(out.scores, out.details, strict=True):
         assert 0.0 <= score <= 1.0 and details["score"] == score
         assert set(details) == {
-            "relation", "objects", "first", "second", "position", "score", "reason",
+            "relation", "objects", "parser", "first", "second", "position", "score", "reason",
         }
+        assert details["parser"] == {"name": "builtin", "version": "1"}  # which tagger found the names
         # Threshold 0: every object is found; its detection carries its own label.
         assert details["first"]["label"] == details["objects"][0]
         assert details["second"]["label"] == details["objects"][1]

@@ -300,6 +300,13 @@ def test_builtin_tags_name_the_nouns_spacy_would() -> None:
     assert [t.text for t in tagged][2:4] == ["clock", "'s"] and [t.text for t in tagged][7:10] == ["mid", "-", "air"]
     assert "".join(t.text + t.whitespace for t in tagged) == prompt
     assert {t.pos for t in tagged} == {"NOUN", "X"}
+    # Each part of a hyphenated word on its own: "sun" is a noun, "drenched", "red" and "haired" are not; a
+    # plural possessive's apostrophe is no noun; a second space is a token, as spaCy makes it.
+    nouns = lambda prompt: [t.text for t in tagged_tokens(prompt, "builtin") if t.pos == "NOUN"]  # noqa: E731
+    assert nouns("a red-haired girl near a sun-drenched wall") == ["girl", "sun", "wall"]
+    assert nouns("a cat on the left of the dogs'") == ["cat", "left", "dogs"]
+    spaced = tagged_tokens("a dog next  to a cat", "builtin")
+    assert [(t.text, t.pos) for t in spaced[2:5]] == [("next", "X"), (" ", "SPACE"), ("to", "X")]
 
 
 def test_spacys_own_tags_are_read_when_it_is_installed(monkeypatch) -> None:

@@ -187,3 +187,24 @@ def test_a_process_of_an_earlier_launch_still_writing_its_share_stops_every_proc
     assert "taking over" not in result.stderr  # a dead launch's lock of a share is no news
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".lock")) == [
         ".lock-score", ".lock-score-process-00001"]
+
+
+def test_a_retry_with_fewer_processes_locks_the_shares_beyond_its_own(tmp_path, capsys):
+    """A 2-process launch died, its process 1 still appending; the retry runs on one process, which has
+    no process 1 to lock that share: its main process does, and is refused while the stray one runs."""
+    run = tmp_path / "run"
+    stray = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), "score-process-00001"], cwd=REPO, env=ENV,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert stray.stdout.readline() == "held\n"
+        with pytest.raises(LockError, match=rf"`gors score` \(pid {stray.pid} "):
+            with run_folder_lock(run, ["score"], "gors score"):
+                pass
+        stray.kill()
+        stray.wait()
+        with run_folder_lock(run, ["score"], "gors score"):
+            assert holder_pid(run, "score-process-00001") == os.getpid()  # held for the retry's whole run
+        assert "taking over" not in capsys.readouterr().err
+    finally:
+        stray.kill()
+        stray.wait()

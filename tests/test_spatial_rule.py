@@ -204,6 +204,8 @@ def test_person_mapping_can_be_disabled() -> None:
         # Before it, the nearest NOUN: "mid-air" is three tokens, as spaCy splits it.
         ("The yellow cone was suspended in mid-air near the orange pyramid", ("air", "pyramid")),
         ("The fluffy cat is on the left of the soft pillow.", ("cat", "pillow")),
+        # "next  to" with two spaces is no preposition to spaCy (a whitespace token between the words).
+        ("a dog next  to a cat", None),
         ("The green plant was on the right of the white wall.", ("plant", "wall")),
         ("A girl sat next to a big dog", ("person", "dog")),
         # Two prepositions give four nouns: no pair, as officially.

@@ -9,9 +9,10 @@ file lock is free is stale (its holder was killed): it is taken over with a note
 The main process of a launch holds the stage's lock. Each other process holds a lock of its own,
 `.lock-<stage>-process-<index>`, over the part files it appends to: a process of an earlier launch
 that outlived it (its node's agent not yet stopped it) would otherwise append to the same part as
-the retry's process of that index. Every process of the launch stops with the same error when any
-lock is taken. A lock file is kept after use (emptied): deleting it would let a process that opened
-the old file and one that creates a new one both hold "the" lock.
+the retry's process of that index (a retry with fewer processes: its main process locks the shares
+beyond its own). Every process of the launch stops with the same error when any lock is taken. A
+lock file is kept after use (emptied): deleting it would let a process that opened the old file and
+one that creates a new one both hold "the" lock.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -41,6 +43,19 @@ def lock_path(folder: str | Path, stage: str) -> Path:
 def process_lock_stage(stage: str, process_index: int) -> str:
     """The lock name (as `stage` is) of a non-main process's share of `stage`."""
     return f"{stage}-process-{process_index:05d}"
+
+
+def _shares_beyond(folder: Path, stages: Sequence[str], num_processes: int) -> list[str]:
+    """The lock names of shares in `folder` that no process of a launch of `num_processes` takes: those
+    of an earlier launch with more processes, whose stray process would append to a part no one locks."""
+    names = []
+    for stage in stages:
+        pattern = re.compile(re.escape(lock_path(folder, process_lock_stage(stage, 0)).name[:-5]) + r"(\d{5})")
+        for path in folder.glob(".lock-*") if folder.is_dir() else ():
+            match = pattern.fullmatch(path.name)
+            if match and int(match.group(1)) >= num_processes:
+                names.append(process_lock_stage(stage, int(match.group(1))))
+    return sorted(names)
 
 
 def _describe(record: dict) -> str:
@@ -90,13 +105,15 @@ def _release(fd: int) -> None:
     os.close(fd)  # drops the flock
 
 
-def _remove_if_only_locks(folder: Path) -> None:
-    """Remove `folder` when it holds nothing but lock files: a command that made it and failed before
-    writing anything (e.g. on a mistyped --output_dir) leaves no empty run folder behind."""
+def _remove_if_only_locks(folder: Path, stages: Sequence[str]) -> None:
+    """Remove `folder` when it holds nothing but the main process's lock files of `stages`: a command that
+    made it and failed before writing anything (e.g. on a mistyped --output_dir) leaves no empty run
+    folder behind. Other processes' locks, held until they stop, keep it (deleting a held lock would let
+    another command take it)."""
+    locks = {lock_path(folder, stage).name for stage in stages}
     try:
-        names = {path.name for path in folder.iterdir()}
-        if all(name.startswith(lock_path(folder, "").name) for name in names):
-            for name in names:
+        if {path.name for path in folder.iterdir()} <= locks:
+            for name in locks:
                 (folder / name).unlink(missing_ok=True)
             folder.rmdir()
     except OSError:  # another process wrote there meanwhile, or it cannot be removed: leave it
@@ -144,7 +161,13 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
     state = process_state()
     created = state.is_main_process and not Path(folder).exists()  # made by this lock, if anything fails below
     with ExitStack() as held:
-        refusal = _acquire_all(held, Path(folder), stages, command) if state.is_main_process else None
+        refusal = None
+        if state.is_main_process:
+            refusal = _acquire_all(held, Path(folder), stages, command)
+            # A retry with fewer processes: the shares only an earlier launch had are locked by the main one.
+            if refusal is None:
+                refusal = _acquire_all(held, Path(folder), _shares_beyond(Path(folder), stages, state.num_processes),
+                                       command, note_stale=False)
         if state.num_processes > 1:
             refusal = broadcast_object_list([refusal])[0]
         _raise(refusal)
@@ -159,7 +182,7 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
             yield
         except BaseException:
             if created:  # registered last, so it runs first: while the locks are still held
-                held.callback(_remove_if_only_locks, Path(folder))
+                held.callback(_remove_if_only_locks, Path(folder), stages)
             raise
         # Released only when every process is done writing; after an error the launcher stops them all.
         # A body that ended the process group (`accelerator.end_training()` after `gors train`) has
