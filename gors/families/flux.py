@@ -76,6 +76,8 @@ class FluxFamily(FlowMatchingFamily):
     def predict(self, denoiser: torch.nn.Module, noisy: torch.Tensor, timesteps: torch.Tensor,
                 conditioning: dict[str, torch.Tensor]) -> torch.Tensor:
         _, _, h, w = noisy.shape
+        # In the latents' dtype before dividing, as `FluxPipeline` samples (diffusers' training script divides in
+        # float32: in bfloat16 about a fifth of the timesteps then reach the embedding one step apart).
         tokens = denoiser(hidden_states=pack_latents(noisy), timestep=timesteps.to(noisy.dtype) / 1000,
                           return_dict=False, **conditioning)[0]
         return unpack_latents(tokens, h, w)
