@@ -10,7 +10,8 @@ each metric's ``vqa_result.json`` where the official scripts put it.
 
 Sampling differs from the official script in two ways (the README's "Sampling differences"): the
 initial noise comes from a CPU generator (the script seeds a CUDA one, whose noise for a seed is
-another), and generation runs in fp32 unless `--mixed_precision fp16` is given (the script: fp16).
+another), and generation runs in the precision of `--mixed_precision` or the accelerate config (fp16 in
+the shipped GPU configs, as the script samples; fp32 on the CPU).
 
 Metric per category (a metric is a reward from `rewards`):
 
