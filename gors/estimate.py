@@ -40,6 +40,7 @@ from gors.core.paper import (
     GORS_SAMPLING_STEPS,
     GORS_TRAIN_PROMPTS,
     GORS_TRAIN_STEPS,
+    RELEASED_CHECKPOINT_STEPS,
 )
 from gors.timings import TIMINGS_FILE, read_timings
 
@@ -286,7 +287,10 @@ class EstimateConfig:
                           "default; the official repository does not say how many its training samples took). Pass "
                           "30 to price what `gors run` samples SD 1/2 with."})
     max_train_steps: int = field(default=GORS_TRAIN_STEPS,
-                                 metadata={"help": f"Optimizer steps (official: {GORS_TRAIN_STEPS})."})
+                                 metadata={"help": f"Optimizer steps (the official script's default: {GORS_TRAIN_STEPS}; "
+                                                   "the released colour, shape and texture checkpoints were saved at "
+                                                   + ", ".join(f"{steps:,}" for steps in RELEASED_CHECKPOINT_STEPS.values())
+                                                   + ")."})
     global_batch_size: int = field(default=GORS_GLOBAL_BATCH,
                                    metadata={"help": "Samples per step over all GPUs (official: 2 x 8)."})
     reference_speedups: dict[str, Any] = field(

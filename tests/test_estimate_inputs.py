@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gors.core.paper import GORS_RUN_SOURCES
+from gors.core.paper import GORS_RUN_SOURCES, RELEASED_CHECKPOINT_STEPS
 from gors.estimate import EstimateConfig, RunPlan, calibration_warnings, estimate, estimate_command, format_plan
 
 
@@ -155,3 +155,13 @@ def test_a_stage_that_did_no_work_says_what_to_rerun():
     with pytest.raises(ValueError, match="the train timing did no work; rerun the calibration so that it does train "
                                          "work"):
         estimate(stages, RunPlan(), {})
+
+
+def test_the_help_names_the_released_checkpoints_steps_beside_the_scripts_default(capsys):
+    """The released LoRAs' names carry the step they were saved at; the plan's default is the script's."""
+    assert RELEASED_CHECKPOINT_STEPS == {"color": 124500, "shape": 49000, "texture": 63000}
+    from gors.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["estimate", "--help"])
+    assert "were saved at 124,500, 49,000, 63,000" in " ".join(capsys.readouterr().out.split())

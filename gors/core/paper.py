@@ -7,6 +7,8 @@ is ever used as a measured result: `PUBLISHED` is printed beside measured number
 
 from __future__ import annotations
 
+import re
+
 # The GORS training categories; 3d_spatial and numeracy (T2I-CompBench++) are evaluated but have
 # no GORS thresholds or checkpoints in the paper.
 CATEGORIES = ("color", "shape", "texture", "spatial", "non_spatial", "complex")
@@ -81,6 +83,11 @@ OFFICIAL_CHECKPOINT_STEMS: dict[str, str] = {
     "spatial": "spatial",
     "non_spatial": "non_spatial",
     "complex": "complex",
+}
+# The steps the released checkpoints were saved at, where their names say ("..._e357_s124500": step 124 500).
+RELEASED_CHECKPOINT_STEPS: dict[str, int] = {
+    category: int(match.group(1)) for category, stem in OFFICIAL_CHECKPOINT_STEMS.items()
+    if (match := re.search(r"_s(\d+)$", stem))
 }
 
 # Table 2: Stable Diffusion v2 (`stable-diffusion-2-base`, the model GORS fine-tunes) and GORS,
