@@ -482,6 +482,7 @@ class Benchmark:
         backbone: Backbone | None = None,
         torch_compile: str = "no",
         extra_columns: Sequence[str] = (),
+        lora_dropout: float = 0.0,
     ) -> dict[str, Any]:
         """Generate (or read `images`), score and summarise; returns the summary.
 
@@ -492,6 +493,7 @@ class Benchmark:
         arguments by column name. `scorer_cache` shares loaded scorers between evaluations (see
         `make_scorer`). `torch_compile`: a `torch.compile` backend for the loaded pipeline's denoiser.
         `extra_columns`: optional columns (`optional_columns`) to compute too, unless `with_columns` is False.
+        `lora_dropout`: sample with dropout on the LoRA's output (`gors.core.pipeline.LoraOutputDropout`).
         A score folder made with other scorer settings is refused, not mixed in.
         """
         accelerator = accelerator or make_accelerator()
@@ -521,14 +523,14 @@ class Benchmark:
             def load():
                 dtype = inference_dtype(accelerator, None)
                 return load_pipeline(pretrained_model_name_or_path, accelerator.device, dtype, lora=lora,
-                                     backbone=backbone, torch_compile=torch_compile)
+                                     backbone=backbone, torch_compile=torch_compile, lora_dropout=lora_dropout)
 
             store = generate_samples(
                 SampleStore(output_dir / "samples"), [p.text for p in prompts], protocol,
                 pipeline_loader or load, accelerator,
                 prompt_info={"benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora},
                 settings=pipeline_settings(pretrained_model_name_or_path, inference_dtype(accelerator, None), lora=lora,
-                                           backbone=backbone),
+                                           backbone=backbone, lora_dropout=lora_dropout),
                 desc=f"{self.name}: generate",
                 flags=EVALUATION_FLAGS,
             )

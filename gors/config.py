@@ -664,6 +664,12 @@ class EvaluateConfig:
         metadata={"help": "LoRA folder (diffusers format, e.g. a gors run folder) or official:<category> for the "
                           "GORS checkpoints released with T2I-CompBench (downloaded and converted once)."},
     )
+    lora_dropout: float = field(
+        default=0.0,
+        metadata={"help": "Sample with dropout of this rate on the LoRA's output, in [0, 1), as T2I-CompBench's "
+                          "inference_eval.py samples the official checkpoints (0.1: lora_diffusion's layers keep "
+                          "their dropout active there); default 0, the LoRA as trained."},
+    )
     benchmarks: str = field(
         default="all",
         metadata={"help": "all | t2i_compbench[:color,shape,...] | geneval | geneval2 | lpg_bench | toy[:train], "
@@ -705,6 +711,9 @@ class EvaluateConfig:
         _check(self.images_per_prompt is None or self.images_per_prompt >= 1,
                f"--images_per_prompt={self.images_per_prompt}: must be >= 1")
         _check(self.scorer_batch_size >= 1, f"--scorer_batch_size={self.scorer_batch_size}: must be >= 1")
+        _check(0.0 <= self.lora_dropout < 1.0, f"--lora_dropout={self.lora_dropout}: must be in [0, 1), e.g. 0.1")
+        _check(self.lora_dropout == 0.0 or self.lora is not None,
+               f"--lora_dropout={self.lora_dropout} without --lora: there is no LoRA to drop; give --lora too")
         self.scorer_options = parse_mapping(self.scorer_options, "--scorer_options")
         for key, value in self.scorer_options.items():
             _check(isinstance(value, Mapping),

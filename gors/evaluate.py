@@ -119,13 +119,15 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
             config.pretrained_model_name_or_path, folder, lora=lora, accelerator=accelerator,
             scorer_options=options, images=config.images, scorer_batch_size=config.scorer_batch_size,
             column_options=column_options, scorer_cache=scorers, torch_compile=config.torch_compile,
-            with_columns=config.columns != "none", extra_columns=extra,
+            with_columns=config.columns != "none", extra_columns=extra, lora_dropout=config.lora_dropout,
         )
         summaries.append({"label": label, "primary_metric": benchmark.primary_metric, "folder": str(folder),
                           **summary})
         drop_unneeded(scorers, set().union(*(run[-1] for run in runs[index + 1 :])))
     if accelerator.is_main_process:
-        atomic_write_json(Path(config.output_dir) / "summary.json", {"lora": config.lora, "summaries": summaries})
+        dropout = {"lora_dropout": config.lora_dropout} if config.lora_dropout else {}
+        atomic_write_json(Path(config.output_dir) / "summary.json",
+                          {"lora": config.lora, **dropout, "summaries": summaries})
         print(summary_table(summaries))
     accelerator.wait_for_everyone()
     return summaries

@@ -46,6 +46,7 @@ def load_pipeline(
     lora: str | None = None,
     backbone: Backbone | None = None,
     torch_compile: str = "no",
+    lora_dropout: float = 0.0,
 ) -> DiffusionPipeline:
     """The checkpoint's diffusers pipeline, with its family's sampler (`gors.core.backbones`).
 
@@ -54,7 +55,8 @@ def load_pipeline(
     samples; other families keep the checkpoint's own scheduler. `lora`: a folder with a
     diffusers-format LoRA (e.g. a gors run folder) loaded on top. `backbone`: the family when it
     is already known (it is read from `model_index.json` otherwise). `torch_compile`: a
-    `torch.compile` backend for the denoiser (`compile_module`), "no" for none.
+    `torch.compile` backend for the denoiser (`compile_module`), "no" for none. `lora_dropout`: sample
+    with dropout on the LoRA's output (`LoraOutputDropout`; the pipeline returned then reseeds it per call).
     """
     import diffusers
 
@@ -80,7 +82,58 @@ def load_pipeline(
             raise ValueError(f"--torch_compile={torch_compile!r}: a {backbone.pipeline_class} has no unet or "
                              "transformer to compile; generate without the flag")
         compile_module(denoiser, torch_compile)
+    if lora_dropout:
+        if lora is None:
+            raise ValueError(f"lora_dropout={lora_dropout} without a LoRA: there is nothing to drop")
+        return LoraOutputDropout(pipeline, lora_dropout)
     return pipeline
+
+
+class LoraOutputDropout:
+    """A pipeline that samples with dropout on its LoRA's output, as T2I-CompBench's `inference_eval.py`
+    samples the official GORS checkpoints.
+
+    lora_diffusion's injected layers compute ``linear(x) + dropout(up(down(x))) * scale`` with p = 0.1,
+    and that script leaves them in training mode, so the dropout is active while it samples. Here a
+    forward hook on every LoRA up-projection (peft's `lora_B`) drops its output elements with
+    probability `p` and rescales the rest by 1 / (1 - p), which is the same place and rule. The masks
+    come from a generator of this object's, reseeded at every call from the call's first image seed,
+    so that images are reproducible for a given batching (they depend on which images share a call).
+
+    Calls pass through to the pipeline; its attributes are read through.
+    """
+
+    def __init__(self, pipeline: Any, p: float) -> None:
+        from peft.tuners.lora import LoraLayer
+
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"lora_dropout must be in (0, 1), got {p}")
+        self.pipeline, self.p = pipeline, p
+        layers = [module for component in pipeline.components.values() if isinstance(component, torch.nn.Module)
+                  for module in component.modules() if isinstance(module, LoraLayer)]
+        if not layers:
+            raise ValueError("lora_dropout: the pipeline has no LoRA layers to drop")
+        for layer in layers:
+            for up in layer.lora_B.values():
+                up.register_forward_hook(self._drop)
+        self._generators: dict[torch.device, torch.Generator] = {}
+        self._seed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pipeline, name)
+
+    def __call__(self, *args: Any, generator: Any = None, **kwargs: Any) -> Any:
+        first = generator[0] if isinstance(generator, list) and generator else generator
+        self._seed = first.initial_seed() if isinstance(first, torch.Generator) else 0
+        self._generators.clear()
+        return self.pipeline(*args, generator=generator, **kwargs)
+
+    def _drop(self, module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        generator = self._generators.get(output.device)
+        if generator is None:
+            generator = self._generators[output.device] = torch.Generator(output.device).manual_seed(self._seed)
+        keep = torch.empty_like(output).bernoulli_(1.0 - self.p, generator=generator)
+        return output * keep / (1.0 - self.p)
 
 
 def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
@@ -146,11 +199,13 @@ def pipeline_settings(
     lora: str | None = None,
     backbone: Backbone | None = None,
     recorded_lora: str | None = None,
+    lora_dropout: float = 0.0,
 ) -> dict[str, Any]:
     """What `load_pipeline` with these arguments generates with, as a sample store records it
     (`backbone` None: Stable Diffusion 1/2, or a pipeline in memory). The LoRA is recorded by its
     path (`recorded_lora` where given, e.g. relative to a run folder) and by the sha256 of its weights,
-    so that images of a LoRA retrained at the same path are never mixed with the new LoRA's."""
+    so that images of a LoRA retrained at the same path are never mixed with the new LoRA's. A
+    `lora_dropout` is recorded where it is used (stores made without one record nothing new)."""
     return {
         "model": pretrained_model_name_or_path,
         "revision": revision,
@@ -158,7 +213,7 @@ def pipeline_settings(
         "lora_sha256": lora_sha256(lora),
         "scheduler": sampler_name(backbone or FAMILIES["StableDiffusionPipeline"]),
         "dtype": str(dtype).removeprefix("torch."),
-    }
+    } | ({"lora_dropout": lora_dropout} if lora_dropout else {})
 
 
 def sampler_name(backbone: Backbone) -> str:

@@ -1,0 +1,95 @@
+"""`gors evaluate --lora_dropout`: sampling with dropout on the LoRA's output, as T2I-CompBench's
+`inference_eval.py` samples the official checkpoints (lora_diffusion's p = 0.1 left active)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gors.core.pipeline import LoraOutputDropout, cpu_generators, load_pipeline, pipeline_settings
+from gors.lora import UNET_TARGET_MODULES, add_lora, save_lora
+
+
+@pytest.fixture(scope="module")
+def lora_dir(tiny_sd, tmp_path_factory) -> Path:
+    """A U-Net LoRA of the tiny SD pipeline with non-zero up-projections (a trained one's shape)."""
+    from diffusers import UNet2DConditionModel
+
+    unet = UNet2DConditionModel.from_pretrained(tiny_sd, subfolder="unet")
+    add_lora(unet, UNET_TARGET_MODULES, rank=4)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in unet.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return save_lora(tmp_path_factory.mktemp("lora"), {"unet": unet}).parent
+
+
+def images(pipeline, seeds=(3, 4)) -> np.ndarray:
+    out = pipeline(prompt=["a red circle", "a blue square"], num_inference_steps=2, height=32, width=32,
+                   generator=cpu_generators(list(seeds)), output_type="np")
+    return out.images
+
+
+def test_the_lora_output_is_dropped_and_rescaled_and_the_base_output_kept(tiny_sd, lora_dir):
+    from peft.tuners.lora import LoraLayer
+
+    pipeline = load_pipeline(str(tiny_sd), torch.device("cpu"), lora=str(lora_dir))
+    layer = next(m for m in pipeline.unet.modules() if isinstance(m, LoraLayer))
+    adapter = next(iter(layer.lora_B))
+    x = torch.randn(64, layer.base_layer.in_features, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        base = layer.base_layer(x)
+        delta = layer.lora_B[adapter](layer.lora_A[adapter](x)) * layer.scaling[adapter]
+        LoraOutputDropout(pipeline, 0.25)
+        change = layer(x) - base
+    kept = change.abs() > 0
+    # Each element of the LoRA's output is either dropped or kept at 1 / (1 - p) of its value.
+    torch.testing.assert_close(change[kept], delta[kept] / 0.75)
+    assert 0.2 < 1 - kept.float().mean().item() < 0.3  # about p of them dropped
+    assert delta.abs().min() > 0  # so a zero is a drop, not a zero LoRA output
+
+
+def test_sampling_with_dropout_is_reproducible_per_seed_and_recorded(tiny_sd, lora_dir):
+    plain = load_pipeline(str(tiny_sd), torch.device("cpu"), lora=str(lora_dir))
+    dropped = load_pipeline(str(tiny_sd), torch.device("cpu"), lora=str(lora_dir), lora_dropout=0.1)
+    assert isinstance(dropped, LoraOutputDropout) and dropped.unet is dropped.pipeline.unet
+    first, again = images(dropped), images(dropped)
+    np.testing.assert_array_equal(first, again)  # the masks follow the call's seeds
+    assert np.abs(first - images(plain)).max() > 1e-3  # and they change the images
+    assert np.abs(first - images(dropped, seeds=(5, 4))).max() > 1e-3
+    settings = pipeline_settings(str(tiny_sd), torch.float32, lora=str(lora_dir), lora_dropout=0.1)
+    assert settings["lora_dropout"] == 0.1
+    assert "lora_dropout" not in pipeline_settings(str(tiny_sd), torch.float32, lora=str(lora_dir))
+    with pytest.raises(ValueError, match="without a LoRA"):
+        load_pipeline(str(tiny_sd), torch.device("cpu"), lora_dropout=0.1)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--lora", "x", "--lora_dropout", "1"], "--lora_dropout=1.0: must be in [0, 1)"),
+    (["--lora_dropout", "0.1"], "--lora_dropout=0.1 without --lora"),
+])
+def test_bad_dropout_flags_are_refused(flags, message, capsys, tmp_path):
+    from gors.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--output_dir", str(tmp_path / "eval"), *flags])
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "eval").exists()  # refused before any work
+
+
+def test_an_evaluation_with_dropout_records_it(tiny_sd, lora_dir, tmp_path):
+    from gors.config import EvaluateConfig
+    from gors.evaluate import evaluate
+
+    config = EvaluateConfig(pretrained_model_name_or_path=str(tiny_sd), lora=str(lora_dir), lora_dropout=0.1,
+                            benchmarks="toy", max_prompts=2, images_per_prompt=1, output_dir=str(tmp_path),
+                            columns="none")
+    evaluate(config)
+    assert json.loads((tmp_path / "summary.json").read_text())["lora_dropout"] == 0.1
+    store_settings = json.loads((tmp_path / "toy" / "held_out" / "samples" / "settings.json").read_text())
+    assert store_settings["lora_dropout"] == 0.1
