@@ -120,6 +120,8 @@ class LoraOutputDropout:
         self._seed = 0
 
     def __getattr__(self, name: str) -> Any:
+        if name == "pipeline":  # not set yet (a copy being made): no endless lookup
+            raise AttributeError(name)
         return getattr(self.pipeline, name)
 
     def __call__(self, *args: Any, generator: Any = None, **kwargs: Any) -> Any:
