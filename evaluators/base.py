@@ -496,6 +496,8 @@ class Benchmark:
         `lora_dropout`: sample with dropout on the LoRA's output (`gors.core.pipeline.LoraOutputDropout`).
         A score folder made with other scorer settings is refused, not mixed in.
         """
+        if lora_dropout and pipeline_loader is not None:
+            raise ValueError("lora_dropout applies to the pipeline evaluate loads, not to one given by pipeline_loader")
         accelerator = accelerator or make_accelerator()
         output_dir = Path(output_dir)
         known = {**self.columns(), **self.optional_columns()}

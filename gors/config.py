@@ -714,6 +714,9 @@ class EvaluateConfig:
         _check(0.0 <= self.lora_dropout < 1.0, f"--lora_dropout={self.lora_dropout}: must be in [0, 1), e.g. 0.1")
         _check(self.lora_dropout == 0.0 or self.lora is not None,
                f"--lora_dropout={self.lora_dropout} without --lora: there is no LoRA to drop; give --lora too")
+        _check(self.lora_dropout == 0.0 or self.torch_compile == "no",
+               f"--lora_dropout with --torch_compile={self.torch_compile}: the dropout's random draws break the "
+               "compiled graph at every LoRA layer, so compiling would not pay; drop one of them")
         self.scorer_options = parse_mapping(self.scorer_options, "--scorer_options")
         for key, value in self.scorer_options.items():
             _check(isinstance(value, Mapping),

@@ -67,11 +67,15 @@ def test_sampling_with_dropout_is_reproducible_per_seed_and_recorded(tiny_sd, lo
     assert "lora_dropout" not in pipeline_settings(str(tiny_sd), torch.float32, lora=str(lora_dir))
     with pytest.raises(ValueError, match="without a LoRA"):
         load_pipeline(str(tiny_sd), torch.device("cpu"), lora_dropout=0.1)
+    plain.fuse_lora()  # a merged LoRA's output never passes lora_B at sampling: refused, not silently undropped
+    with pytest.raises(ValueError, match="merged, DoRA or embedding"):
+        LoraOutputDropout(plain, 0.1)
 
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--lora", "x", "--lora_dropout", "1"], "--lora_dropout=1.0: must be in [0, 1)"),
     (["--lora_dropout", "0.1"], "--lora_dropout=0.1 without --lora"),
+    (["--lora", "x", "--lora_dropout", "0.1", "--torch_compile", "inductor"], "break the compiled graph"),
 ])
 def test_bad_dropout_flags_are_refused(flags, message, capsys, tmp_path):
     from gors.cli import main

@@ -113,6 +113,13 @@ class LoraOutputDropout:
                   for module in component.modules() if isinstance(module, LoraLayer)]
         if not layers:
             raise ValueError("lora_dropout: the pipeline has no LoRA layers to drop")
+        # Where the LoRA's output is not lora_B's output of the input, the hook would drop the wrong thing or none.
+        unlike = [type(layer).__name__ for layer in layers
+                  if getattr(layer, "merged", False) or not layer.lora_B or any(getattr(layer, "use_dora", {}).values())]
+        if unlike:
+            raise ValueError(f"lora_dropout: {len(unlike)} LoRA layers ({sorted(set(unlike))}) are merged, DoRA or "
+                             "embedding layers, whose output the dropout cannot reach as lora_diffusion's does; "
+                             "evaluate that LoRA without --lora_dropout")
         for layer in layers:
             for up in layer.lora_B.values():
                 up.register_forward_hook(self._drop)
