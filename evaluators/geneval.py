@@ -27,7 +27,10 @@ Image folders (``--images``): GenEval's layout, ``<root>/<00000>/metadata.jsonl`
 metadata row as one JSON object) and ``<root>/<00000>/samples/<0000>.png`` (any number of
 digits), folders numbered by the prompt's line in ``evaluation_metadata.jsonl``. Each folder's
 prompt must be the benchmark's prompt of that number. With `images_per_prompt` given, images
-numbered beyond it are ignored; otherwise every prompt needs exactly 4 images.
+numbered beyond it are ignored; otherwise every prompt needs exactly 4 images. Stricter than the
+official script, which scores whatever files a folder holds whose names start with digits: here
+other files are not images of the benchmark, and a prompt short of images is an error, never a
+mean over fewer.
 
 Official output (`write_official`): ``geneval_results.jsonl`` with the fields the official
 ``evaluate_images.py`` writes (filename, tag, prompt, correct, reason, metadata and details as
