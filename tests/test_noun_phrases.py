@@ -332,3 +332,30 @@ def test_spacys_own_tags_are_read_when_it_is_installed(monkeypatch) -> None:
 
     assert remove_adjectives(prompt, backend="auto") == "The lipstick lay next to the gold mirror ."
     assert "compact" in remove_adjectives(prompt)  # the built-in rules do not know it
+
+
+# spaCy keeps a clock time one token ("reads 11:44."); the built-in tokenizer splits it (six colour prompts).
+_CLOCK_TIME = re.compile(r"\d:\d")
+
+
+@needs_benchmarks
+def test_builtin_tokens_are_spacys_on_every_benchmark_prompt() -> None:
+    """The built-in tagger's tokens and spaces, and the CLIP text's tokens, are those of spaCy's English
+    tokenizer (en_core_web_sm's; a blank English pipeline has the same) on every T2I-CompBench prompt, so
+    that the official rules' token walks see the tokens they see officially."""
+    spacy = pytest.importorskip("spacy")
+    from rewards.clip_text import spacy_like_tokens
+    from rewards.noun_phrases import builtin_tagged_tokens
+
+    nlp = spacy.blank("en")
+    checked = 0
+    for path in sorted(COMPBENCH.glob("*_*.txt")):
+        for prompt in path.read_text(encoding="utf-8").splitlines():
+            prompt = prompt.split("\t")[0].strip()
+            if not prompt or _CLOCK_TIME.search(prompt):
+                continue
+            expected = [(token.text, token.whitespace_) for token in nlp(prompt)]
+            assert [(token.text, token.whitespace) for token in builtin_tagged_tokens(prompt)] == expected, prompt
+            assert spacy_like_tokens(prompt) == [text for text, _ in expected], prompt
+            checked += 1
+    assert checked > 10_000
