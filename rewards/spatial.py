@@ -154,11 +154,10 @@ class SpatialRuleReward(Reward):
         noun_rule: NounRule | None = None,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
+        self.noun_rule = self.default_noun_rule if noun_rule is None else noun_rule
         self.check_options({"threshold": threshold, "text_threshold": text_threshold, "nms_iou": nms_iou,
                             "floor": floor, "iou_threshold": iou_threshold, "distance_threshold": distance_threshold,
-                            "noun_phrase_backend": noun_phrase_backend,
-                            "noun_rule": self.default_noun_rule if noun_rule is None else noun_rule})
-        self.noun_rule = self.default_noun_rule if noun_rule is None else noun_rule
+                            "noun_phrase_backend": noun_phrase_backend, "noun_rule": self.noun_rule})
         self.parser = parser_record(noun_phrase_backend)
         self.threshold = self.default_threshold if threshold is None else threshold
         self.floor = self.default_floor if floor is None else floor

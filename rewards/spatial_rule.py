@@ -308,14 +308,11 @@ def spatial_objects(
     if noun_rule == "official":
         tokens = tagged_tokens(text, backend)
         found = nouns_around_prepositions(tokens, words) if complex else first_and_last_nouns(tokens)
-        if found is None:
-            return None
-        first, last = found
     else:
         found = _head_nouns(text, complex, backend, words)
-        if found is None:
-            return None
-        first, last = found
+    if found is None:
+        return None
+    first, last = found
     if person_mapping:
         first, last = person_name(first), person_name(last)
     return first, last

@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 
 from gors.core.io import append_jsonl
-from gors.core.scoring import Scorer, build_checked_reward, score_part, score_rows
+from gors.core.scoring import Scorer, build_checked_reward, score_part, score_rows, scorer_commits
 from gors.core.store import SampleKey, same_image, sample_key
 
 _DONE = object()  # the queue's end marker
@@ -77,7 +77,7 @@ class BackgroundScorer:
         if self._thread is not None:
             return
         reward = build_checked_reward(self.out_file.parent, self.make_reward, bool(self.done))
-        self.model_commits = dict(getattr(reward, "model_commits", None) or {})
+        self.model_commits = scorer_commits(reward)
         self._thread = threading.Thread(target=self._work, args=(reward,), name="gors-background-scoring",
                                         daemon=True)
         self._thread.start()

@@ -182,6 +182,11 @@ def open_score_folder(
     return done
 
 
+def scorer_commits(scorer: Scorer) -> dict[str, str | None]:
+    """The Hub commit of each model `scorer` loaded (`Reward.model_commits`; {} for a scorer that does not tell)."""
+    return dict(getattr(scorer, "model_commits", None) or {})
+
+
 def build_checked_reward(scores_folder: Path, make_reward: Callable[[], Scorer], scored: bool) -> Scorer:
     """`make_reward()`, with the folder's recorded model commits (`check_model_commits`) checked against
     the cache before it loads anything and against what it loaded after (`Reward.model_commits`, filled by
@@ -189,7 +194,7 @@ def build_checked_reward(scores_folder: Path, make_reward: Callable[[], Scorer],
     folder holds scores."""
     check_cached_commits(scores_folder, scored, "scores")
     reward = make_reward()
-    check_model_commits(scores_folder, dict(getattr(reward, "model_commits", None) or {}), scored, "scores")
+    check_model_commits(scores_folder, scorer_commits(reward), scored, "scores")
     return reward
 
 
@@ -258,8 +263,8 @@ def score_samples(
     with accelerator.split_between_processes(todo) as mine:  # contiguous shares, sizes differ by at most one
         reward = build_checked_reward(scores_folder, make_reward, bool(done)) if mine else None
         # Nodes whose own caches hold other snapshots of a model would mix two models' scores in one folder.
-        check_agreement(accelerator.state, None if reward is None else dict(getattr(reward, "model_commits", None) or {}),
-                        "the models that score", SAME_SNAPSHOT_FIX)
+        check_agreement(accelerator.state, None if reward is None else scorer_commits(reward), "the models that score",
+                        SAME_SNAPSHOT_FIX)
         if mine:
             work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
