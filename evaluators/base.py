@@ -50,7 +50,7 @@ from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
 from gors.core.scoring import score_samples
 from gors.core.store import IMAGE_HASH, SampleStore, StoreError, recorded_model_commits, sample_seed
 from rewards import Reward
-from rewards.combined import build_reward, check_options, reward_dtype, versioned
+from rewards.combined import build_reward, check_options, dtype_setting, reward_dtype, versioned
 from rewards.registry import get_reward_class
 
 RESULTS_FILE = "results.jsonl"
@@ -79,7 +79,7 @@ def scorer_settings(reward: str, options: Mapping[str, Any], dtype: torch.dtype 
     the reward, its options, the dtype it ran in (None: not recorded) and its scoring versions."""
     settings = {"reward": reward, "options": dict(options)}
     if dtype is not None:
-        settings["dtype"] = str(dtype).removeprefix("torch.")
+        settings["dtype"] = dtype_setting(reward, dtype)
     return settings | versioned(reward)
 
 

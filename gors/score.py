@@ -33,7 +33,7 @@ from gors.core.run_folder import reward_key, samples_dir, scores_dir
 from gors.core.scoring import open_score_folder, score_samples
 from gors.core.store import SampleKey, SampleStore
 from rewards import Reward, get_reward_class
-from rewards.combined import build_reward, check_reward, reward_dtype, versioned
+from rewards.combined import build_reward, check_reward, dtype_setting, reward_dtype, versioned
 
 
 def check_prompt_metadata(reward: str, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:
@@ -45,8 +45,9 @@ def check_prompt_metadata(reward: str, prompts: Sequence[str], metadata: Sequenc
 
 
 def training_reward_dtype(config: ScoreConfig | RunConfig, accelerator: Accelerator, reward: str) -> torch.dtype:
-    """The dtype `reward` scores a run's samples in (`rewards.combined.reward_dtype`): the generation
-    precision, but never float16 for a model its benchmark runs in bfloat16; float32 on the CPU."""
+    """The dtype `reward` is built with to score a run's samples (`rewards.combined.reward_dtype`): the
+    generation precision, but never float16 for a model trained in bfloat16 (a list's such member runs
+    in bfloat16 alone); float32 on the CPU."""
     return reward_dtype(reward, accelerator.device, inference_dtype(accelerator, config.mixed_precision),
                         benchmark=False)
 
@@ -72,7 +73,7 @@ def score_settings(config: ScoreConfig | RunConfig, accelerator: Accelerator, re
     precision differ, so they are refused rather than mixed)."""
     return {"reward": reward, "model_name_or_path": config.reward_model_name_or_path,
             "options": config.reward_options or {},
-            "dtype": str(training_reward_dtype(config, accelerator, reward)).removeprefix("torch.")} \
+            "dtype": dtype_setting(reward, training_reward_dtype(config, accelerator, reward))} \
         | versioned(reward)
 
 

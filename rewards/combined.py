@@ -95,25 +95,47 @@ def is_single(specs: Sequence[RewardSpec], text: str) -> bool:
     return len(specs) == 1 and _split_weight(text.strip())[1] is None
 
 
+def member_dtype(cls: type[Reward], dtype: torch.dtype) -> torch.dtype:
+    """The dtype reward class `cls` runs in when given `dtype`: `dtype`, except that a model trained in
+    bfloat16 (`overflows_in_float16`) never runs in float16, where its activations can overflow:
+    bfloat16 instead."""
+    return torch.bfloat16 if dtype == torch.float16 and cls.overflows_in_float16 else dtype
+
+
 def reward_dtype(reward: str, device: torch.device, generation_dtype: torch.dtype, benchmark: bool) -> torch.dtype:
-    """The dtype `reward` (a name, `module:Class` or weighted list) runs its models in on `device`.
+    """The dtype `build_reward` is given for `reward` (a name, `module:Class` or weighted list) on `device`.
 
     On the CPU float32. On CUDA, scoring a benchmark, the reward's `official_dtype` where it declares
     one, so that its numbers compare with the published ones; as a training reward, the generation
-    precision `generation_dtype` (half precision pays, and selection needs no published number).
-    A model trained in bfloat16 (`overflows_in_float16`: a list's member too) never runs in float16,
-    where its activations can overflow: bfloat16 instead. A reward list otherwise runs in the
-    generation precision.
+    precision `generation_dtype` (half precision pays, and selection needs no published number), by
+    `member_dtype`'s rule. A weighted list is given the generation precision, and each member applies
+    `member_dtype` to it (`member_dtypes` says which dtype each runs in).
     """
     if device.type != "cuda":
         return torch.float32
     specs = parse_reward_list(reward)
-    classes = [get_reward_class(spec.name) for spec in specs]
-    if benchmark and is_single(specs, reward) and classes[0].official_dtype is not None:
-        return classes[0].official_dtype
-    if generation_dtype == torch.float16 and any(cls.overflows_in_float16 for cls in classes):
-        return torch.bfloat16
-    return generation_dtype
+    if not is_single(specs, reward):
+        return generation_dtype
+    cls = get_reward_class(specs[0].name)
+    if benchmark and cls.official_dtype is not None:
+        return cls.official_dtype
+    return member_dtype(cls, generation_dtype)
+
+
+def member_dtypes(reward: str, dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """The dtype each reward of `reward` runs in when `build_reward` is given `dtype`: one entry for a
+    single reward, one per member for a weighted list."""
+    specs = parse_reward_list(reward)
+    if is_single(specs, reward):
+        return {specs[0].name: dtype}
+    return {spec.name: member_dtype(get_reward_class(spec.name), dtype) for spec in specs}
+
+
+def dtype_setting(reward: str, dtype: torch.dtype) -> str | dict[str, str]:
+    """What a score folder records of the dtype `reward` runs in when given `dtype`: its name
+    ("float16"), or each member's where a list's members run in different ones."""
+    names = {name: str(d).removeprefix("torch.") for name, d in member_dtypes(reward, dtype).items()}
+    return next(iter(names.values())) if len(set(names.values())) == 1 else names
 
 
 def weighted_mean(scores: Sequence[float], weights: Sequence[float]) -> float:
@@ -131,7 +153,9 @@ class WeightedReward(Reward):
 
     Args:
         specs: the members and their weights (weights are normalised to sum to 1).
-        device, torch_dtype, batch_size: passed to every member.
+        device, batch_size: passed to every member.
+        torch_dtype: each member runs in it, by `member_dtype`'s rule (a bfloat16-trained member runs
+            in bfloat16 where the others run in float16).
         options: per-member keyword arguments by member name, e.g.
             ``{"grounded_sam": {"sam_model_name_or_path": "..."}}``.
 
@@ -163,8 +187,9 @@ class WeightedReward(Reward):
         total = sum(spec.weight for spec in specs)
         self.weights = {spec.name: spec.weight / total for spec in specs}
         self.members = {
-            spec.name: get_reward_class(spec.name)(
-                device=self.device, torch_dtype=self.torch_dtype, batch_size=batch_size, **options.get(spec.name, {})
+            spec.name: (cls := get_reward_class(spec.name))(
+                device=self.device, torch_dtype=member_dtype(cls, self.torch_dtype), batch_size=batch_size,
+                **options.get(spec.name, {}),
             )
             for spec in specs
         }

@@ -303,7 +303,7 @@ def test_scorers_run_in_their_benchmarks_dtype_on_cuda_and_in_float32_on_cpu():
 def test_training_rewards_run_in_the_generation_precision_but_never_a_bf16_model_in_fp16():
     import torch
 
-    from rewards.combined import reward_dtype
+    from rewards.combined import member_dtypes, reward_dtype
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert reward_dtype("b_vqa", cuda, torch.float16, benchmark=False) == torch.float16  # no published number to meet
@@ -311,8 +311,10 @@ def test_training_rewards_run_in_the_generation_precision_but_never_a_bf16_model
     for name in ("soft_tifa", "tifa", "vqascore", "tit_score", "mllm_cot"):  # Qwen3-VL, trained in bf16
         assert reward_dtype(name, cuda, torch.float16, benchmark=False) == torch.bfloat16
         assert reward_dtype(name, cuda, torch.float32, benchmark=False) == torch.float32
-    # A list with such a member: all of it in bfloat16 (members share one dtype).
-    assert reward_dtype("soft_tifa:0.5,clip_score:0.5", cuda, torch.float16, benchmark=False) == torch.bfloat16
+    # A list is given the generation precision; its bfloat16-trained members move to bfloat16 alone.
+    assert reward_dtype("soft_tifa:0.5,clip_score:0.5", cuda, torch.float16, benchmark=False) == torch.float16
+    assert member_dtypes("soft_tifa:0.5,clip_score:0.5", torch.float16) == {"soft_tifa": torch.bfloat16,
+                                                                            "clip_score": torch.float16}
     assert reward_dtype("b_vqa:0.5,clip_score:0.5", cuda, torch.float16, benchmark=False) == torch.float16
     assert reward_dtype("soft_tifa", cpu, torch.float16, benchmark=False) == torch.float32
 

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from gors.cli import main, parse_config
@@ -22,6 +23,7 @@ from rewards.combined import (
     WeightedReward,
     build_reward,
     check_reward_options,
+    dtype_setting,
     parse_reward_list,
     weighted_mean,
 )
@@ -45,6 +47,13 @@ class Constant(Reward):
 
     def _score(self, images, prompts, metadata):
         return RewardOutput([self.value] * len(images), [{"value": self.value} for _ in images])
+
+
+@register_reward("test_bf16_trained")
+class Bf16Trained(Constant):
+    """A reward whose model overflows in float16 (as a Qwen3-VL trained in bfloat16 does)."""
+
+    overflows_in_float16 = True
 
 
 @register_reward("test_brightness")
@@ -161,6 +170,21 @@ def test_reward_options_parse_from_json_and_yaml(tmp_path):
 def _images(n: int) -> list[Image.Image]:
     rng = np.random.default_rng(0)
     return [Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)) for _ in range(n)]
+
+
+def test_a_list_runs_each_member_in_its_own_dtype():
+    # Under fp16 generation, only the bfloat16-trained member moves to bfloat16: the others keep the
+    # half precision that pays, as each would alone.
+    reward = build_reward("test_constant:1,test_bf16_trained:1", device="cpu", torch_dtype=torch.float16)
+    assert {name: m.torch_dtype for name, m in reward.members.items()} == {
+        "test_constant": torch.float16, "test_bf16_trained": torch.bfloat16}
+    assert dtype_setting("test_constant:1,test_bf16_trained:1", torch.float16) == {
+        "test_constant": "float16", "test_bf16_trained": "bfloat16"}
+    # One dtype for all: recorded as one name, as for a single reward (folders made before keep resuming).
+    assert dtype_setting("test_constant:1,test_bf16_trained:1", torch.bfloat16) == "bfloat16"
+    assert dtype_setting("test_bf16_trained", torch.bfloat16) == "bfloat16"
+    single = build_reward("test_bf16_trained", device="cpu", torch_dtype=torch.bfloat16)
+    assert single.torch_dtype == torch.bfloat16
 
 
 def test_weighted_reward_mixes_members_and_keeps_their_details():
