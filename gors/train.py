@@ -266,6 +266,7 @@ class GORSTrainer:
         # Encoders that run every step: the trained ones, and all of them without --cache_text_embeddings.
         self.text_encoders = {e.component: self._load_frozen(e.component) for e in family.text_encoders
                               if e in trained or not config.cache_text_embeddings}
+        self._validation_encoders: dict[str, torch.nn.Module] | None = None
         if config.train_unet:
             add_lora(self.denoiser, family.denoiser_lora_targets, config.rank)
         for encoder in trained:
@@ -491,14 +492,16 @@ class GORSTrainer:
             writer.add_histogram("selected/reward", np.asarray(values), step)
 
     def _pipeline(self, scheduler: str | None):
-        """The family's pipeline over the models being trained (frozen encoders not in memory load from the
-        checkpoint; the VAE moves to the device while it is used), sampling with the diffusers scheduler
-        class `scheduler` (None: the checkpoint's own)."""
+        """The family's pipeline over the models being trained (and `validation_encoders`; they and the VAE
+        move to the device while it is used), sampling with the diffusers scheduler class `scheduler`
+        (None: the checkpoint's own)."""
         import diffusers
 
         unwrap = self.accelerator.unwrap_model
-        components = {self.family.denoiser: unwrap(self.denoiser), "vae": self.vae.to(self.accelerator.device)}
+        device = self.accelerator.device
+        components = {self.family.denoiser: unwrap(self.denoiser), "vae": self.vae.to(device)}
         components |= {name: unwrap(module) for name, module in self.text_encoders.items()}
+        components |= {name: module.to(device) for name, module in self.validation_encoders().items()}
         components |= self.tokenizers
         if scheduler is not None:
             components["scheduler"] = getattr(diffusers, scheduler).from_config(self.noise_scheduler.config)
@@ -509,6 +512,17 @@ class GORSTrainer:
         pipeline.set_progress_bar_config(disable=True)
         return pipeline.to(self.accelerator.device)
 
+    def validation_encoders(self) -> dict[str, torch.nn.Module]:
+        """The frozen text encoders that training does not hold (`--cache_text_embeddings`) but validation
+        renders need, by component: loaded at the first validation, then kept on the CPU between
+        validations, so that a T5-XXL (9.5 GB in bf16) is read from disk once per training, not once per
+        validation."""
+        if self._validation_encoders is None:
+            self._validation_encoders = {
+                e.component: self.family.load(e.component, dtype=self.weight_dtype).requires_grad_(False).eval()
+                for e in self.family.text_encoders if e.component not in self.text_encoders}
+        return self._validation_encoders
+
     def _save_lora(self, directory: Path) -> Path:
         return save_lora(directory, self._bare_trained_modules(), self.backbone.pipeline_class,
                          self.family.peft_lora_names)
@@ -516,8 +530,8 @@ class GORSTrainer:
     @contextlib.contextmanager
     def _validating(self) -> Iterator[None]:
         """Validation's surroundings: every module in the forward pass in eval mode (no dropout) and the
-        global RNG streams saved, both restored on exit, and the VAE back on the CPU; so that validating
-        leaves the training exactly as it was."""
+        global RNG streams saved, both restored on exit, and the VAE and `validation_encoders` back on the
+        CPU; so that validating leaves the training exactly as it was."""
         modes = {module: module.training for module in (self.denoiser, *self.text_encoders.values())}
         for module in modes:
             module.eval()
@@ -526,6 +540,8 @@ class GORSTrainer:
                 yield
         finally:
             self.vae.to("cpu")
+            for module in (self._validation_encoders or {}).values():
+                module.to("cpu")
             for module, training in modes.items():
                 module.train(training)
 

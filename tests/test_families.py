@@ -24,6 +24,7 @@ import torch
 from diffusers import FluxPipeline
 from PIL import Image
 from torchvision import transforms
+from transformers import T5EncoderModel
 
 from gors.checkpoints import training_fingerprint
 from gors.config import RunConfig, TrainConfig
@@ -690,13 +691,23 @@ def test_benchmark_validation_renders_with_the_trained_familys_sampling(tiny_sd3
     # The real SD3 default (28 steps at 1024 px) is more than the tiny model's 64 px position table holds.
     tiny_defaults = replace(FAMILIES["StableDiffusion3Pipeline"], sampling=SamplingDefaults(2, 3.5, RESOLUTION))
     monkeypatch.setitem(FAMILIES, "StableDiffusion3Pipeline", tiny_defaults)
-    config = _copy_run(selected_runs(tiny_sd3), tmp_path / "run", max_train_steps=1, checkpointing_steps=1,
+    selected = selected_runs(tiny_sd3)
+    t5_loads = []
+    load_t5 = T5EncoderModel.from_pretrained.__func__
+    monkeypatch.setattr(T5EncoderModel, "from_pretrained",
+                        classmethod(lambda cls, *args, **kwargs: t5_loads.append(1) or load_t5(cls, *args, **kwargs)))
+    config = _copy_run(selected, tmp_path / "run", max_train_steps=2, checkpointing_steps=2,
                        validation_benchmark="toy:train", validation_num_prompts=2, validation_steps=1)
     train(config)
-    validation = Path(config.output_dir) / "validation" / "step-000001"
-    settings = json.loads((validation / "samples" / "settings.json").read_text())
-    # SD3's own sampling, not the toy benchmark's SD 1/2 protocol (DDIM, 20 steps, guidance 4, 64 px).
-    assert (settings["num_inference_steps"], settings["guidance_scale"], settings["resolution"]) == (2, 3.5, RESOLUTION)
-    assert settings["scheduler"] == "the checkpoint's"
-    assert json.loads((validation / "summary.json").read_text())["num_images"] == 2
+    for step in (1, 2):
+        validation = Path(config.output_dir) / "validation" / f"step-{step:06d}"
+        settings = json.loads((validation / "samples" / "settings.json").read_text())
+        # SD3's own sampling, not the toy benchmark's SD 1/2 protocol (DDIM, 20 steps, guidance 4, 64 px).
+        assert (settings["num_inference_steps"], settings["guidance_scale"], settings["resolution"]) == \
+            (2, 3.5, RESOLUTION)
+        assert settings["scheduler"] == "the checkpoint's"
+        assert json.loads((validation / "summary.json").read_text())["num_images"] == 2
     assert (Path(config.output_dir) / "best" / "pytorch_lora_weights.safetensors").is_file()
+    # T5 is loaded to fill the text-embedding cache, then dropped; the first validation loads it again and
+    # keeps it (on the CPU) for the next one, instead of its pipeline reading it from disk every time.
+    assert len(t5_loads) == 2
