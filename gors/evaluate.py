@@ -22,6 +22,7 @@ from evaluators import benchmark_label, build_benchmark, parse_benchmarks
 from evaluators.base import Benchmark, ScorerKey
 from evaluators.results import UNIT_SCALE
 from gors.config import EvaluateConfig
+from gors.core.backbones import detect_backbone, family_precision
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json
 from gors.core.pipeline import check_lora_path
@@ -75,7 +76,6 @@ def extra_columns(config: EvaluateConfig, benchmarks: list[Benchmark]) -> list[l
 
 def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
     """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json)."""
-    accelerator = accelerator or make_accelerator(mixed_precision=config.mixed_precision)
     specs = parse_benchmarks(config.benchmarks)
     if config.images is not None and len(specs) != 1:
         raise ValueError(
@@ -99,6 +99,11 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
     lora = resolve_lora(config.lora)  # official:<category> -> the converted release, downloaded once
     if lora is not None:
         check_lora_path(lora)  # before any store records settings or any weights load
+    if accelerator is None:
+        precision = config.mixed_precision
+        if config.images is None:  # SD3/3.5 and FLUX.1 generate in bf16 under an fp16 accelerate config
+            precision = family_precision(detect_backbone(config.pretrained_model_name_or_path), precision)
+        accelerator = make_accelerator(mixed_precision=precision)
     runs = []
     for ((name, _), benchmark), extra in zip(benchmarks, extras):
         # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.

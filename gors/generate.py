@@ -8,7 +8,7 @@ from accelerate import Accelerator
 
 from evaluators.toy import ToyBenchmark
 from gors.config import GenerateConfig, RunConfig
-from gors.core.backbones import check_resolution, detect_backbone
+from gors.core.backbones import check_resolution, detect_backbone, family_precision
 from gors.core.distributed import make_accelerator
 from gors.core.pipeline import check_lora_path, inference_dtype, load_pipeline, pipeline_settings
 from gors.core.prompts import TOY_CATEGORY, load_prompts
@@ -48,7 +48,7 @@ def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None
         call_kwargs=backbone.call_kwargs,
     )
 
-    dtype = inference_dtype(accelerator, config.mixed_precision)
+    dtype = inference_dtype(accelerator, family_precision(backbone, config.mixed_precision))
 
     def loader():
         return load_pipeline(config.pretrained_model_name_or_path, accelerator.device, dtype, config.revision,

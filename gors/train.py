@@ -41,7 +41,7 @@ from gors.checkpoints import (
     write_checkpoint,
 )
 from gors.config import RunConfig, TrainConfig, check_anchor_below
-from gors.core.backbones import check_trainable, detect_backbone, half_precision_warning
+from gors.core.backbones import check_trainable, detect_backbone, family_precision, half_precision_warning
 from gors.core.clock import work_starts
 from gors.core.distributed import (
     SAME_SNAPSHOT_FIX,
@@ -86,11 +86,12 @@ def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:
     """
     check_samples_model(config)  # before `detect_backbone` may go to the Hub for a model the samples are not of
     project = ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / LOGS_DIR))
-    family = TRAINING_FAMILIES.get(detect_backbone(config.pretrained_model_name_or_path, config.revision).name)
+    backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
+    family = TRAINING_FAMILIES.get(backbone.name)
     unused = family is not None and family.lora_without_gradient and config.train_text_encoder is not False
     return make_accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
-        mixed_precision=config.mixed_precision,
+        mixed_precision=family_precision(backbone, config.mixed_precision),
         log_with=None if config.report_to == "none" else config.report_to,
         project_config=project,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)] if unused else None,

@@ -16,6 +16,7 @@ from gors.core.backbones import (
     check_resolution,
     check_trainable,
     detect_backbone,
+    family_precision,
     half_precision_warning,
 )
 from gors.core.toy import PRETRAINED_DIR
@@ -181,6 +182,46 @@ def test_fp16_on_the_t5_families_is_warned_of() -> None:
         assert "pass --mixed_precision bf16" in half_precision_warning(FAMILIES[class_name], torch.float16)
         assert half_precision_warning(FAMILIES[class_name], torch.bfloat16) is None
     assert half_precision_warning(FAMILIES["StableDiffusionPipeline"], torch.float16) is None  # GORS' own fp16
+
+
+def test_an_fp16_accelerate_config_runs_the_t5_families_in_bf16_unless_fp16_is_asked_for(monkeypatch, capsys):
+    sd3, flux, sd = (FAMILIES[name] for name in ("StableDiffusion3Pipeline", "FluxPipeline", "StableDiffusionPipeline"))
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # as `accelerate launch` with a shipped GPU config
+    assert family_precision(sd3, None) == family_precision(flux, None) == "bf16"
+    assert "pass --mixed_precision fp16 to run it in fp16 anyway" in capsys.readouterr().out
+    assert family_precision(flux, "fp16") == "fp16" and family_precision(flux, "no") == "no"  # asked for: kept
+    assert family_precision(sd, None) is None  # Stable Diffusion 2 keeps the config's fp16 (GORS' own)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    assert family_precision(flux, None) is None
+
+
+def test_generate_train_and_evaluate_take_the_family_precision(tiny_flux, tmp_path, monkeypatch):
+    import gors.evaluate
+    import gors.generate
+    import gors.train
+    from gors.config import EvaluateConfig, GenerateConfig, TrainConfig
+
+    class Asked(Exception):
+        pass
+
+    def capture(*args, **kwargs):
+        raise Asked(kwargs.get("mixed_precision", args[1] if len(args) > 1 else None))
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    monkeypatch.setattr(gors.generate, "inference_dtype", capture)
+    monkeypatch.setattr(gors.train, "make_accelerator", capture)
+    monkeypatch.setattr(gors.evaluate, "make_accelerator", capture)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    model = str(tiny_flux)
+    with pytest.raises(Asked, match="bf16"):
+        gors.generate.generate(GenerateConfig(output_dir=str(tmp_path / "g"), pretrained_model_name_or_path=model,
+                                              train_prompts=str(prompts)))
+    with pytest.raises(Asked, match="bf16"):
+        gors.train.training_accelerator(TrainConfig(output_dir=str(tmp_path / "t"), pretrained_model_name_or_path=model))
+    with pytest.raises(Asked, match="bf16"):
+        gors.evaluate.evaluate(EvaluateConfig(benchmarks="toy", pretrained_model_name_or_path=model,
+                                              output_dir=str(tmp_path / "e")))
 
 
 def test_each_sd3_checkpoint_samples_as_its_model_card(tmp_path: Path) -> None:

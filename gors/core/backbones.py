@@ -109,6 +109,19 @@ def half_precision_warning(backbone: Backbone, dtype: Any) -> str | None:
         return (f"fp16 on a {backbone.pipeline_class}: its T5 encoder and transformer activations can overflow fp16 "
                 "(washed-out or black samples, NaN losses); pass --mixed_precision bf16")
     return None
+
+
+def family_precision(backbone: Backbone, mixed_precision: str | None) -> str | None:
+    """The `--mixed_precision` to run `backbone` in: `mixed_precision` when given; without it the
+    accelerate config's (None), except that a family that wants bf16 (SD3/3.5, FLUX.1) takes "bf16"
+    where the config says fp16 (the shipped GPU configs do, for Stable Diffusion 2): fp16 gives such a
+    model black samples and NaN losses. Only an explicit `--mixed_precision fp16` runs it in fp16."""
+    configured = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()  # what `accelerate launch` sets
+    if mixed_precision is None and configured == "fp16" and backbone.name in BF16_FAMILIES:
+        print(f"[gors] {backbone.pipeline_class} runs in bf16, not the accelerate config's fp16, whose range its "
+              "activations leave; pass --mixed_precision fp16 to run it in fp16 anyway", flush=True)
+        return "bf16"
+    return mixed_precision
 TRAINABLE = tuple(family.name for family in FAMILIES.values() if family.trainable)
 
 
