@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,10 +13,19 @@ import pytest
 # the caller's environment says.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Caches that `datasets` (its Arrow files) and gors (downloads, conversions) would write under the
+# user's home go to a folder of this test session instead (subprocesses inherit it), removed at its end.
+_CACHES = tempfile.mkdtemp(prefix="gors-test-caches-")
+os.environ["HF_DATASETS_CACHE"] = os.path.join(_CACHES, "datasets")
+os.environ["GORS_CACHE_DIR"] = os.path.join(_CACHES, "gors")
 
 from gors.core.distributed import reset_process_state  # noqa: E402
 
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_CACHES, ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -36,6 +47,15 @@ def one_torch_thread():
 
     with torch_threads(1):
         yield
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    """Each test's random inputs from a fixed seed (torch's global generator, which tests draw from
+    without one of their own): a failure reproduces whichever tests ran before it on its worker."""
+    import torch
+
+    torch.manual_seed(0)
 
 
 @pytest.fixture(scope="session")

@@ -201,12 +201,17 @@ def test_detector_per_class_rule_keeps_no_overlapping_pair_of_one_label(
     from torchvision.ops import box_iou
 
     found = detectors["owlv2"].detect(random_images(1), [["dog", "cat"]], threshold=0.0, nms_iou=0.5)[0]
+    every = detectors["owlv2"].detect(random_images(1), [["dog", "cat"]], threshold=0.0, nms_iou=1.0)[0]  # no IoU > 1
     assert found and [d.score for d in found] == sorted((d.score for d in found), reverse=True)
+    assert len(found) < len(every) and set(found) <= set(every)  # some pairs suppressed, none made up
+    kept = 0
     for label in ("dog", "cat"):
         boxes = torch.tensor([d.box for d in found if d.label == label])
+        kept += len(boxes)
         if len(boxes) > 1:
             overlaps = box_iou(boxes, boxes).nan_to_num(0.0).fill_diagonal_(0)  # zero-area boxes: no IoU
             assert overlaps.max() <= 0.5
+    assert kept > 2  # the overlap check above compared boxes of one label
 
 
 def test_detector_grayscale_and_rgba(detectors: dict[str, ZeroShotDetector]) -> None:

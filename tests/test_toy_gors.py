@@ -35,9 +35,8 @@ def test_one_short_gors_round_selects_better_samples_and_trains_lora(tmp_path):
     config = ToyRunConfig(**values)
     run_stages(config, training_accelerator(config))
     summary = json.loads((tmp_path / "run" / "selection_summary.json").read_text())
-    assert summary["num_selected"] > 0
-    if summary["dropped"]["count"]:
-        assert summary["selected"]["mean"] > summary["dropped"]["mean"]
+    assert summary["num_selected"] > 0 and summary["dropped"]["count"] > 0  # tau 0.5 splits this round's samples
+    assert summary["selected"]["mean"] > summary["dropped"]["mean"]
     lora = load_file(str(tmp_path / "run" / "pytorch_lora_weights.safetensors"))
     ups = [v for k, v in lora.items() if "lora.up" in k or "lora_B" in k or ".up." in k]
     assert ups and any(v.abs().max() > 0 for v in ups)  # up-projections start at zero; training moved them

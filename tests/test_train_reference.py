@@ -89,3 +89,48 @@ def test_first_steps_match_the_reference_loop(train_step, selected_run, tiny_sd)
     for component in ("unet", "text_encoder"):
         moved = max((gors_weights[k] - initial[k]).abs().max().item() for k in initial if k.startswith(component))
         assert moved > 1e-6, component
+
+
+def test_train_loop_steps_as_the_step_compared_with_the_reference(train_step, selected_run, tiny_sd, tmp_path):
+    """`train()`'s own loop (clipping, optimizer and LR-scheduler updates, zeroing) ends with the adapters of
+    `GorsLoop`'s steps, the ones compared with the reference loop above, under a gradient-norm bound tight
+    enough that clipping changes every step."""
+    import shutil
+    from dataclasses import replace
+
+    from accelerate.utils import set_seed
+
+    from gors.config import TrainConfig
+    from gors.core.distributed import make_accelerator
+    from gors.train import GORSTrainer
+
+    def run_folder(name: str) -> str:
+        folder = tmp_path / name
+        folder.mkdir()
+        for item in ("samples", "scores", "selection.jsonl"):
+            (shutil.copytree if item != "selection.jsonl" else shutil.copy)(Path(selected_run.output_dir) / item,
+                                                                           folder / item)
+        return str(folder)
+
+    accelerator = make_accelerator(mixed_precision="no")
+    config = TrainConfig(pretrained_model_name_or_path=str(tiny_sd), output_dir=run_folder("train"), resolution=32,
+                         train_batch_size=2, train_text_encoder=True, mixed_precision="no", report_to="none", seed=0,
+                         max_train_steps=STEPS, checkpointing_steps=STEPS, max_grad_norm=1e-3)
+    trained = GORSTrainer(config, accelerator)
+    trained.train()
+    trained_weights = train_step.adapter_weights(
+        {name: accelerator.unwrap_model(m) for name, m in trained.trained_modules().items()})
+
+    def stepped(max_grad_norm: float) -> dict[str, torch.Tensor]:
+        set_seed(config.seed, device_specific=True)  # as `train()` seeds before setting its models up
+        loop = train_step.GorsLoop(GORSTrainer(replace(config, output_dir=run_folder(f"loop-{max_grad_norm}"),
+                                                       max_grad_norm=max_grad_norm), accelerator))
+        for _ in range(STEPS):
+            loop.step()
+        return train_step.adapter_weights(loop.trained_modules())
+
+    loop_weights, unclipped = stepped(config.max_grad_norm), stepped(1e9)
+    assert trained_weights.keys() == loop_weights.keys()
+    for key, value in trained_weights.items():
+        assert torch.equal(value, loop_weights[key]), key
+    assert any(not torch.allclose(loop_weights[k], unclipped[k], atol=1e-7) for k in loop_weights)  # clipping counted
