@@ -266,3 +266,26 @@ def test_shape_words_of_t2i_compbench_are_attributes():
     questions = [atom.question for atom in prompt_atoms("an oblong cucumber and a teardrop plum")]
     assert "Is the cucumber oblong?" in questions and "Is the plum teardrop?" in questions
     assert "How many cucumbers are in the image?" in questions
+
+
+@pytest.mark.parametrize(
+    ("prompt", "relation_question", "object_questions"),
+    [
+        # A finite verb's base form for the question: -ches, -shes and -xes drop "es", others "s".
+        ("a cat watches a bird", "Does the cat watch the bird?", ["Are there any cats in the image?"]),
+        ("a dog catches a ball", "Does the dog catch the ball?", ["Are there any dogs in the image?"]),
+        ("a fox fixes a box", "Does the fox fix the box?", ["Are there any foxes in the image?"]),
+        # An irregular plural without a number is plural ("Are the mice"), and counts nothing.
+        ("the mice near a cat", "Are the mice near the cat?", ["Are there any mice in the image?"]),
+        ("some children beside a bench", "Are the children beside the bench?", ["Are there any children in the image?"]),
+    ],
+)
+def test_relation_questions_take_the_subjects_number(prompt, relation_question, object_questions) -> None:
+    questions = [a.question for a in prompt_atoms(prompt)]
+    assert relation_question in questions
+    assert all(q in questions for q in object_questions)
+
+
+def test_other_determiners_are_not_part_of_the_noun() -> None:
+    assert pairs(prompt_atoms("each dog and their cats")) == [
+        ["Are there any dogs in the image?", "Yes"], ["Are there any cats in the image?", "Yes"]]

@@ -365,3 +365,22 @@ def test_a_bad_option_value_is_refused_before_any_image_naming_scorer_options(tm
     assert error.startswith("error: --scorer_options: toy:held_out's scorer 'toy_oracle': checks='al'; choose")
     assert "--reward_options" not in error
     assert not list(tmp_path.rglob("*.png")) and not (tmp_path / "toy").exists()
+
+
+def test_an_image_folder_that_is_not_the_benchmarks_set_is_refused(tmp_path):
+    from pathlib import Path
+
+    from evaluators.base import BenchmarkPrompt, ImageEntry, ImageFolderSamples, check_complete
+
+    entries = [ImageEntry(p, i, tmp_path / f"{p}_{i}.png") for p in range(2) for i in range(2)]
+    check_complete(entries, 2, 2, tmp_path)  # exactly the set: accepted
+    with pytest.raises(ValueError, match=r"expected 2 prompts x 2 images, found 3; 1 missing \(first: prompt 1, "
+                                         r"image 1\). Complete the folder"):
+        check_complete(entries[:3], 2, 2, tmp_path)
+    with pytest.raises(ValueError, match=r"1 not in the benchmark \(first: prompt 2, image 0\)"):
+        check_complete([*entries, ImageEntry(2, 0, tmp_path / "2_0.png")], 2, 2, tmp_path)
+    with pytest.raises(StoreError, match=r"lists one \(prompt, image\) twice"):
+        ImageFolderSamples([entries[0], entries[0]], [BenchmarkPrompt("a"), BenchmarkPrompt("b")])
+    benchmark = build_benchmark("toy", max_prompts=1)
+    with pytest.raises(ValueError, match="give a model .* or an image folder"):
+        benchmark.evaluate(None, Path(tmp_path / "out"), accelerator=make_accelerator())

@@ -269,3 +269,7 @@ def test_the_training_caches_are_bound_to_the_base_models_commit(tmp_path):
                                            torch.float16))
     at_a, at_b = names(COMMIT_A), names(COMMIT_B)
     assert at_a[0] != at_b[0] and at_a[1] != at_b[1] and at_a != names(None)
+    # A --revision other than the default (a branch or tag, without a known commit) gets its own latents.
+    revisions = {revision: latent_cache_path(selection, tmp_path, 512, True, "org/model", revision)
+                 for revision in (None, "a", "b")}
+    assert len(set(revisions.values())) == 3 and revisions[None] == names(None)[0]

@@ -270,6 +270,9 @@ def test_spatial_3d_reward_on_injected_models() -> None:
     assert out.details[0]["objects"] == ["dog", "desk"] and out.details[0]["first"]["score"] == 0.9
     apart = Spatial3DReward(detector=FakeDetector([near, far]), depth_model=FakeDepth(), device="cpu")
     assert apart.score(images(1), prompts[:1]).scores[0] == pytest.approx(0.25 * 0.9 + 0.25 * 0.7)
+    # No noun at all: nothing to find, scored 0 with the reason. (One noun is both objects, as officially.)
+    none = reward.score(images(1), ["blue"])
+    assert none.scores == [0.0] and none.details[0]["reason"] == "the prompt does not name two objects"
 
 
 def test_numeracy_reward_on_an_injected_detector(tmp_path: Path) -> None:

@@ -283,11 +283,27 @@ def test_vae_encodes_each_image_once_and_the_cache_is_reused(selected_run, make_
     assert calls == []  # the cache on disk is reused
 
 
-def test_gradient_checkpointing_trains(selected_run, make_run_config, tmp_path):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
-    lora = load_file(str(train(_config(make_run_config, run_dir, max_train_steps=1, gradient_checkpointing=True,
-                                       report_to="none", learning_rate=1e-2))))
-    assert any(v.abs().max() > 0 for k, v in lora.items() if ".up." in k)
+def test_gradient_checkpointing_recomputes_and_trains_the_same_lora(selected_run, make_run_config, tmp_path,
+                                                                    monkeypatch):
+    import torch.utils.checkpoint
+
+    def lora_of(name: str, checkpointing: bool) -> dict:
+        run_dir = _copy_run(selected_run, tmp_path / name)
+        path = train(_config(make_run_config, run_dir, max_train_steps=2, gradient_checkpointing=checkpointing,
+                             report_to="none", learning_rate=1e-2))
+        reset_process_state()
+        return load_file(str(path))
+
+    plain = lora_of("plain", False)
+    recomputed = []
+    checkpoint = torch.utils.checkpoint.checkpoint
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint",
+                        lambda *args, **kwargs: recomputed.append(1) or checkpoint(*args, **kwargs))
+    checkpointed = lora_of("checkpointed", True)
+    assert recomputed  # the U-Net's blocks ran under activation checkpointing
+    assert plain.keys() == checkpointed.keys() and any(v.abs().max() > 0 for k, v in plain.items() if ".up." in k)
+    for key, value in plain.items():  # recomputing activations changes no gradient
+        assert torch.allclose(value, checkpointed[key], atol=1e-6), key
 
 
 def test_benchmark_validation_logs_keeps_the_best_and_leaves_training_unchanged(selected_run, make_run_config,
