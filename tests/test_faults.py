@@ -74,7 +74,7 @@ def test_killing_only_the_launcher_stops_its_workers(tmp_path, tiny_sd, prompts_
         assert len(workers) == 2
         launcher.kill()
         launcher.wait()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # the kernel's SIGKILL is at once; a loaded machine may reap late
         while any(map(alive, workers)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(map(alive, workers)), "the workers outlived their launcher"
