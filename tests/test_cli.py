@@ -3,6 +3,7 @@
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ from gors.config import RunConfig, TrainConfig
 from gors.generate import generate
 from gors.recipes import recipe_defaults
 from gors.score import score
+
+SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 
 
 def test_flags_override_yaml_which_overrides_defaults(tmp_path):
@@ -497,3 +500,34 @@ def test_a_mistyped_run_folder_is_refused_and_not_created(command, tmp_path, cap
     message = one_error_line(capsys, [command, "--output_dir", str(typo)])
     assert message.startswith(f"error: --output_dir {typo}: no such run folder; `gors {command}` works on")
     assert not typo.exists()
+
+
+@pytest.mark.skipif(not (SHARED_BENCHMARKS / "t2i_compbench").is_dir(), reason="shared/benchmarks not present")
+def test_a_category_recipe_runs_the_whole_loop_on_its_train_prompts(tiny_sd, tiny_blip, tmp_path, monkeypatch,
+                                                                    capsys):
+    """recipes/gors_color.py's `run_recipe` at tiny size: color's train prompts, B-VQA, selection, the LoRA;
+    a bad flag is one `error:` line and exit status 2, as from `gors`."""
+    import json
+
+    from gors.core.distributed import reset_process_state
+    from gors.recipes import run_recipe
+
+    monkeypatch.setenv("GORS_DATA_DIR", str(SHARED_BENCHMARKS))
+    out = tmp_path / "run"
+    config = run_recipe("color", [
+        "--output_dir", str(out), "--pretrained_model_name_or_path", str(tiny_sd), "--max_prompts", "2",
+        "--images_per_prompt", "2", "--num_inference_steps", "2", "--resolution", "32",
+        "--reward_model_name_or_path", str(tiny_blip), "--reward_threshold", "0.0", "--max_train_steps", "1",
+        "--report_to", "none"])
+    reset_process_state()
+    assert (config.category, config.reward_name()) == ("color", "b_vqa")
+    prompts = [json.loads(line)["prompt"] for line in (out / "selection.jsonl").read_text().splitlines()]
+    train_file = (SHARED_BENCHMARKS / "t2i_compbench" / "color_train.txt").read_text().splitlines()
+    assert set(prompts) <= set(train_file[:2]) and prompts
+    assert json.loads((out / "selection_summary.json").read_text())["reward"] == "b_vqa"
+    assert Path(out / "pytorch_lora_weights.safetensors").is_file()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_recipe("color", ["--output_dir", str(tmp_path / "bad"), "--images_per_prompt", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: --images_per_prompt=0")

@@ -359,3 +359,22 @@ def test_a_model_built_in_code_with_a_thinking_template_is_refused(model_dir: Pa
     # An empty, closed block (thinking switched off) is answered right after: it is taken.
     processor.chat_template = thinking_template("<think>\\n\\n</think>\\n\\n")
     assert ChatVLM(plain[0], processor, "tiny").chat_text("Is it red?").endswith("</think>\n\n")
+
+
+def test_the_lm_head_flushes_every_head_rows_questions_with_the_same_answers(vlm: ChatVLM, monkeypatch) -> None:
+    import rewards.vlm
+
+    encoded = vlm.encode_images(images(seed=3))
+    whole = dict(vlm.next_token_probabilities(encoded, QUESTIONS, batch_size=3))
+    head_rows: list[int] = []
+    hook = vlm.model.get_output_embeddings().register_forward_pre_hook(lambda m, a: head_rows.append(a[0].shape[0]))
+    monkeypatch.setattr(rewards.vlm, "HEAD_ROWS", 4)
+    try:
+        flushed = list(vlm.next_token_probabilities(encoded, QUESTIONS, batch_size=3))
+    finally:
+        hook.remove()
+    # Flushed once 4 rows are pending (after a batch of up to 3), the rest at the end: every question once.
+    assert len(head_rows) > 1 and sum(head_rows) == len(QUESTIONS) and all(rows <= 4 + 2 for rows in head_rows)
+    assert sorted(k for k, _ in flushed) == list(range(len(QUESTIONS)))
+    for k, probabilities in flushed:
+        assert torch.allclose(probabilities, whole[k], atol=1e-6), k
