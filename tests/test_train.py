@@ -621,3 +621,26 @@ def test_validation_samples_with_the_benchmarks_own_sampler(make_run_config, tmp
         return BenchmarkValidation(config, make_accelerator()).backbone.sampling.scheduler
 
     assert scheduler("geneval") is None and scheduler("toy:train") == "DDIMScheduler"
+
+
+def test_8bit_adam_trains_with_bitsandbytes_optimizer_and_binds_its_checkpoints(selected_run, make_run_config, tmp_path,
+                                                                                monkeypatch):
+    import types
+
+    made = []
+
+    class AdamW8bit(torch.optim.AdamW):  # stands in for bitsandbytes' (not installable without CUDA here)
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    config = _config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="none",
+                     use_8bit_adam=True)
+    with monkeypatch.context() as patch:  # only while the trainer picks its optimizer (peft probes the module too)
+        patch.setitem(sys.modules, "bitsandbytes", types.SimpleNamespace(optim=types.SimpleNamespace(
+            AdamW8bit=AdamW8bit)))
+        trainer = GORSTrainer(config)
+    trainer.train()
+    assert isinstance(trainer.optimizer.optimizer, AdamW8bit) and made and "fused" not in made[0]
+    assert trainer.fingerprint["use_8bit_adam"] is True  # a checkpoint of plain AdamW state is not resumed with it

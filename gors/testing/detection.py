@@ -7,6 +7,8 @@
   text into phrases), a Swin backbone with three output stages plus one extra feature level.
 - `build_tiny_owlv2`: `Owlv2ForObjectDetection` + `Owlv2Processor` with the real CLIP BPE
   tokenizer (pad token "!", 16 tokens per query, as `google/owlv2-base-patch16-ensemble`).
+- `build_tiny_owlvit`: the same for OWL-ViT v1, `OwlViTForObjectDetection` + `OwlViTProcessor`
+  (model type "owlvit"; images resized without padding, as `google/owlvit-base-patch32`).
 
 Only the sizes differ from the real checkpoints: images of 32-64 pixels, hidden sizes of 32,
 one or two layers per block; each model saves in well under a second and runs in milliseconds.
@@ -24,7 +26,7 @@ from gors.testing.sd import write_clip_tokenizer_files
 # BERT (bert-base-uncased) ids that Grounding DINO's text masking relies on.
 _BERT_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103, ".": 1012, "?": 1029}
 GROUNDING_DINO_IMAGE_SIZE = 64
-OWLV2_IMAGE_SIZE = 32
+OWLV2_IMAGE_SIZE = 32  # OWLv2 and OWL-ViT v1
 
 
 def grounding_dino_vocab() -> list[str]:
@@ -130,13 +132,34 @@ def build_tiny_owlv2(save_dir: str | Path, seed: int = 0) -> Path:
     image); queries are tokenised with the real CLIP BPE vocabulary. The same `seed` gives the
     same weights.
     """
-    from transformers import (
-        CLIPTokenizer,
-        Owlv2Config,
-        Owlv2ForObjectDetection,
-        Owlv2ImageProcessor,
-        Owlv2Processor,
-    )
+    return _build_tiny_owl(save_dir, seed, version=2)
+
+
+def build_tiny_owlvit(save_dir: str | Path, seed: int = 0) -> Path:
+    """Create and save a tiny random OWL-ViT (v1) detector (`OwlViTForObjectDetection`) and its processor.
+
+    Model type "owlvit". Unlike OWLv2, images are *not* padded: they are resized (stretched) to
+    32 x 32 pixels (8 x 8 patches, so 16 boxes per image), so boxes are fractions of the image's
+    width and height. Queries are tokenised as for `build_tiny_owlv2`. The same `seed` gives the
+    same weights.
+    """
+    return _build_tiny_owl(save_dir, seed, version=1)
+
+
+def _build_tiny_owl(save_dir: str | Path, seed: int, version: int) -> Path:
+    """`build_tiny_owlv2` (version 2) or `build_tiny_owlvit` (version 1): the same sizes, other classes."""
+    from transformers import CLIPTokenizer
+
+    if version == 2:
+        from transformers import Owlv2Config as Config
+        from transformers import Owlv2ForObjectDetection as Model
+        from transformers import Owlv2ImageProcessor as ImageProcessor
+        from transformers import Owlv2Processor as Processor
+    else:
+        from transformers import OwlViTConfig as Config
+        from transformers import OwlViTForObjectDetection as Model
+        from transformers import OwlViTImageProcessor as ImageProcessor
+        from transformers import OwlViTProcessor as Processor
 
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -148,9 +171,11 @@ def build_tiny_owlv2(save_dir: str | Path, seed: int = 0) -> Path:
         pad_token="!",
         model_max_length=16,
     )
-    image_processor = Owlv2ImageProcessor(size={"height": OWLV2_IMAGE_SIZE, "width": OWLV2_IMAGE_SIZE})
-    Owlv2Processor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(save_dir)
-    config = Owlv2Config(
+    # OWL-ViT v1 resizes straight to this size (no centre crop, as the real checkpoints, whose
+    # crop size equals the resize size); OWLv2 pads to a square first.
+    image_processor = ImageProcessor(size={"height": OWLV2_IMAGE_SIZE, "width": OWLV2_IMAGE_SIZE})
+    Processor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(save_dir)
+    config = Config(
         text_config={
             "vocab_size": len(tokenizer),
             "hidden_size": 32,
@@ -170,6 +195,6 @@ def build_tiny_owlv2(save_dir: str | Path, seed: int = 0) -> Path:
         projection_dim=32,
     )
     torch.manual_seed(seed)
-    model = Owlv2ForObjectDetection(config).eval()
+    model = Model(config).eval()
     model.save_pretrained(save_dir)
     return save_dir
