@@ -644,3 +644,25 @@ def test_8bit_adam_trains_with_bitsandbytes_optimizer_and_binds_its_checkpoints(
     trainer.train()
     assert isinstance(trainer.optimizer.optimizer, AdamW8bit) and made and "fused" not in made[0]
     assert trainer.fingerprint["use_8bit_adam"] is True  # a checkpoint of plain AdamW state is not resumed with it
+
+
+def test_a_training_from_step_0_sets_an_earlier_trainings_logs_aside(selected_run, make_run_config, tmp_path, capsys):
+    def events(folder: Path) -> list[str]:
+        return sorted(p.name for p in folder.rglob("events.*"))
+
+    # A training with checkpoints: another training's (other settings) moves them aside with its logs.
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    train(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="tensorboard"))
+    reset_process_state()
+    first = events(run_dir / "logs")
+    assert first
+    train(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="tensorboard",
+                  learning_rate=2e-4))
+    reset_process_state()
+    assert "moved to" in capsys.readouterr().out and events(run_dir / "checkpoints.previous-1" / "logs") == first
+    # Without a checkpoint (as a run killed before its first leaves it), the logs alone are set aside at step 0.
+    shutil.rmtree(run_dir / "checkpoints")
+    first = events(run_dir / "logs")
+    train(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="tensorboard"))
+    assert "held the logs of an earlier training: moved to" in capsys.readouterr().out
+    assert first and events(run_dir / "logs.previous-1") == first and set(events(run_dir / "logs")).isdisjoint(first)
