@@ -67,7 +67,7 @@ def caught_outputs(detector: ZeroShotDetector, replace_boxes: bool, seed: int = 
     caught: list = []
     generator = torch.Generator().manual_seed(seed)
 
-    def hook(module: torch.nn.Module, args: tuple, output):  # noqa: ANN001, ANN202
+    def hook(module: torch.nn.Module, args: tuple, output):
         if replace_boxes:
             shape = output.pred_boxes.shape[:-1]
             centre = 0.2 + 0.25 * torch.rand(*shape, 2, generator=generator)
@@ -83,7 +83,7 @@ def caught_outputs(detector: ZeroShotDetector, replace_boxes: bool, seed: int = 
         handle.remove()
 
 
-def transformers_boxes(detector: ZeroShotDetector, outputs, images: list[Image.Image]) -> list[np.ndarray]:  # noqa: ANN001
+def transformers_boxes(detector: ZeroShotDetector, outputs, images: list[Image.Image]) -> list[np.ndarray]:
     """Every predicted box of each image in pixels, by transformers' post-processing of `outputs`
     (threshold -1 keeps all of them, in query order), with the target size (height, width)."""
     target_sizes = [(image.height, image.width) for image in images]
