@@ -13,6 +13,7 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import inspect
 import os
@@ -381,6 +382,28 @@ def _expected_types() -> tuple[type[BaseException], ...]:
     return EXPECTED_ERRORS + tuple(cls for cls in lazy if cls is not None)
 
 
+# Filesystem errors that no flag causes and that the user fixes outside gors; every stage writes atomically
+# and resumes, so the same command goes on once they are fixed.
+DISK_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+               errno.EROFS: "read-only file system"}
+
+
+def _disk_problem(err: BaseException) -> str | None:
+    """The one-line message for a full, over-quota or read-only filesystem met while writing, else None.
+    Libraries that write through their own code (safetensors) report ENOSPC only in their message."""
+    if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
+        where = f" writing {err.filename}" if err.filename else ""
+        problem = DISK_ERRNOS[err.errno]
+    elif "No space left on device" in str(err):
+        where, problem = "", DISK_ERRNOS[errno.ENOSPC]
+    else:
+        return None
+    if problem == DISK_ERRNOS[errno.EROFS]:
+        return f"{problem}{where}: pass a folder on a filesystem you can write to"
+    return (f"{problem}{where}: free some space and run the same command again; what was finished is kept (each "
+            "file is written whole or not at all)")
+
+
 def _open_bars() -> set[int]:
     """The ids of the tqdm bars open now (a bar redraws its line with "\r" and ends it only when it
     closes); none when tqdm is not imported (`gors --help` stays light)."""
@@ -418,6 +441,9 @@ def expected_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         _fail(INTERRUPTED, bars)
     except Exception as err:
+        disk = _disk_problem(err)
+        if disk is not None:
+            _fail(disk, bars)
         if not isinstance(err, _expected_types()):
             raise
         _fail(str(err), bars)

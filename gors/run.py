@@ -13,6 +13,7 @@ from accelerate import Accelerator
 from gors.checkpoints import checkpoint_step, find_checkpoint
 from gors.config import RunConfig
 from gors.core.backbones import check_trainable, detect_backbone
+from gors.core.hub import check_model_path
 from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import load_prompts, recorded_category
@@ -33,7 +34,9 @@ from gors.train import (
     training_accelerator,
 )
 from gors.validation import validation_target
-from rewards.combined import check_reward_options
+from rewards.base import MODEL_FLAG
+from rewards.combined import check_reward_options, parse_reward_list
+from rewards.registry import get_reward_class
 
 STAGES = ("generate", "score", "select", "train")
 
@@ -128,6 +131,10 @@ def check_run_inputs(config: RunConfig) -> None:
     reward = config.reward_name(prompt_set.category)
     check_prompt_metadata(reward, prompts, metadata)
     check_reward_options(reward, config.reward_options)
+    if config.reward_model_name_or_path is not None:  # a mistyped folder stops the run before, not after, generating
+        specs = parse_reward_list(reward)
+        default = get_reward_class(specs[0].name).default_model if len(specs) == 1 else None
+        check_model_path(config.reward_model_name_or_path, MODEL_FLAG, default or "Salesforce/blip-vqa-capfilt-large")
     if config.select_top_fraction is None and config.tau_schedule is None:
         threshold_fn(config, prompt_set.category)  # no tau, or an unknown --category
     _optimizer_class(config.use_8bit_adam)

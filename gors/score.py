@@ -33,7 +33,7 @@ from gors.core.run_folder import reward_key, samples_dir, scores_dir
 from gors.core.scoring import open_score_folder, score_samples
 from gors.core.store import SampleKey, SampleStore
 from rewards import Reward, get_reward_class
-from rewards.combined import build_reward, check_reward, dtype_setting, reward_dtype, versioned
+from rewards.combined import build_reward, check_reward, check_reward_options, dtype_setting, reward_dtype, versioned
 
 
 def check_prompt_metadata(reward: str, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:
@@ -90,6 +90,8 @@ def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = Non
     reward = config.reward_name(recorded_category(prompt_info))
     metadata = prompt_info.get("metadata")
     check_prompt_metadata(reward, prompt_info["prompts"], metadata)  # before any work
+    # A mistyped option is named as such, not as a mismatch with the folder's earlier scores.
+    check_reward_options(reward, config.reward_options)
     all_scores = score_samples(
         store, scores_dir(config.output_dir, reward), reward_builder(config, accelerator, reward),
         config.reward_batch_size, accelerator,

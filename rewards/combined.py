@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from gors.core.hub import recording_loads
+from gors.core.hub import check_model_path, recording_loads
 from rewards.base import Reward, RewardOutput
 from rewards.registry import available_rewards, get_reward_class
 
@@ -254,6 +254,29 @@ def check_options(cls: type[Reward], options: Mapping[str, Any], what: str, flag
         cls.check_options(options)
     except ValueError as err:
         raise ValueError(f"{flag}: {what}: {err}") from None
+    check_model_paths(cls, options, flag)
+
+
+def check_model_paths(cls: type[Reward], options: Mapping[str, Any], flag: str) -> None:
+    """Refuse a local model folder that does not exist among the options of `cls` (any
+    `*model_name_or_path`, also in a member's options, e.g. 3-in-1's `{"b_vqa": {...}}`), so that a
+    mistyped path stops a run before its images are generated, not after."""
+    for key, value in options.items():
+        if key.endswith("model_name_or_path") and isinstance(value, str):
+            default = cls.default_model if key == "model_name_or_path" else _default_of(cls, key)
+            check_model_path(value, f"{flag} {key}", example=default or "Salesforce/blip-vqa-capfilt-large")
+        elif isinstance(value, Mapping) and key in available_rewards():
+            check_model_paths(get_reward_class(key), value, flag)
+
+
+def _default_of(cls: type, option: str) -> Any:
+    """The default of keyword argument `option` of `cls(...)` (its `__init__` or a base's), or None."""
+    for klass in cls.__mro__:
+        parameter = inspect.signature(vars(klass)["__init__"]).parameters.get(option) \
+            if "__init__" in vars(klass) else None
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            return parameter.default
+    return None
 
 
 def check_reward_options(text: str, options: Mapping[str, Any] | None, flag: str = "--reward_options") -> None:

@@ -531,3 +531,55 @@ def test_a_category_recipe_runs_the_whole_loop_on_its_train_prompts(tiny_sd, tin
         run_recipe("color", ["--output_dir", str(tmp_path / "bad"), "--images_per_prompt", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: --images_per_prompt=0")
+
+
+@pytest.mark.parametrize("error, message", [
+    (OSError(28, "No space left on device", "run/samples/part-0/7.png"),
+     "error: no space left on the device writing run/samples/part-0/7.png: free some space and run the same command "
+     "again; what was finished is kept"),
+    (RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"),  # safetensors'
+     "error: no space left on the device: free some space and run the same command again"),
+    (OSError(122, "Disk quota exceeded", "run/checkpoints"), "error: disk quota exceeded writing run/checkpoints: "),
+    (OSError(30, "Read-only file system", "out/summary.json"),
+     "error: read-only file system writing out/summary.json: pass a folder on a filesystem you can write to"),
+])
+def test_a_full_or_read_only_disk_is_one_line_that_says_how_to_go_on(error, message, capsys):
+    from gors.cli import expected_errors
+
+    with pytest.raises(SystemExit) as exit_info:
+        with expected_errors():
+            raise error
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith(message)
+
+
+def test_a_mistyped_reward_model_folder_stops_a_run_before_any_image(make_run_config, tmp_path):
+    from gors.core.run_folder import samples_dir
+    from gors.run import run
+    from rewards.combined import check_reward_options
+
+    config = make_run_config(output_dir=str(tmp_path / "run"), reward_model_name_or_path=str(tmp_path / "tiny_bilp"))
+    with pytest.raises(FileNotFoundError, match=r"--reward_model_name_or_path=.*tiny_bilp': no such folder\. .*Hub id "
+                                                r"such as 'Salesforce/blip-vqa-capfilt-large'"):
+        run(config)
+    assert not samples_dir(config.output_dir).exists()  # nothing generated
+    # In options too, a member's of a composite reward included.
+    with pytest.raises(FileNotFoundError, match=r"--reward_options clip_model_name_or_path='\./clip': no such folder\. "
+                                                r".*such as 'openai/clip-vit-base-patch32'"):  # the option's default
+        check_reward_options("blip_clip", {"clip_model_name_or_path": "./clip"})
+    with pytest.raises(FileNotFoundError, match=r"--reward_options model_name_or_path='\./blip': no such folder"):
+        check_reward_options("three_in_one", {"b_vqa": {"model_name_or_path": "./blip"}})
+    check_reward_options("blip_clip", {"clip_model_name_or_path": "openai/clip-vit-base-patch16"})  # a Hub id: later
+
+
+def test_a_mistyped_option_on_a_scored_folder_is_named_not_blamed_on_the_folder(tmp_path):
+    from gors.config import GenerateConfig, ScoreConfig
+    from gors.core.toy import PRETRAINED_DIR
+    from gors.generate import generate as generate_stage
+
+    run = str(tmp_path / "run")
+    generate_stage(GenerateConfig(output_dir=run, pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline"),
+                                  train_prompts="toy:train", max_prompts=1, images_per_prompt=1, num_inference_steps=2))
+    score(ScoreConfig(output_dir=run, reward="toy_oracle"))
+    with pytest.raises(ValueError, match=r"reward 'toy_oracle' has no option 'check'; its options: checks"):
+        score(ScoreConfig(output_dir=run, reward="toy_oracle", reward_options={"check": "all"}))
