@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import save_file
 
 import gors
 from gors.core import io
@@ -163,7 +164,15 @@ def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path):
     folder.mkdir()
     with pytest.raises(FileNotFoundError, match="is not a LoRA folder"):
         check_lora_path(str(folder))
-    (folder / "pytorch_lora_weights.safetensors").write_bytes(b"w")
+    (folder / "pytorch_lora_weights.safetensors").write_bytes(b"w")  # cut short
+    with pytest.raises(ValueError, match=r"pytorch_lora_weights.safetensors is not a readable safetensors LoRA "
+                                         r"\(.*cut short, or another format\); pass the folder or file a gors run wrote"):
+        check_lora_path(str(folder))
+    text = tmp_path / "prompts.txt"
+    text.write_text("a red circle\n")
+    with pytest.raises(ValueError, match="prompts.txt is not a readable safetensors LoRA"):
+        check_lora_path(str(text))
+    save_file({"unet.x.lora_A.weight": torch.zeros(1)}, str(folder / "pytorch_lora_weights.safetensors"))
     check_lora_path(str(folder))
     (folder / "other.txt").write_text("not part of the LoRA")
     assert lora_sha256(str(folder)) == lora_sha256(str(folder / "pytorch_lora_weights.safetensors"))
@@ -172,17 +181,24 @@ def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path):
         check_lora_path(str(tmp_path / "missing"))
 
 
-def test_a_lora_of_another_base_model_is_one_line(tmp_path):
+def test_a_lora_of_another_base_model_is_one_line(tmp_path, tiny_sd, capsys, caplog):
+    from diffusers import StableDiffusionPipeline
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
     from gors.core.pipeline import load_lora
+    from gors.core.toy import PRETRAINED_DIR
 
-    class Pipeline:
-        def load_lora_weights(self, lora):
-            raise RuntimeError("Error(s) in loading state_dict for UNet2DConditionModel:\n\tsize mismatch for "
-                               "down_blocks.0.attentions.0.proj_in.lora_A.weight: copying a param with shape ...")
-
-    with pytest.raises(ValueError, match=r"^LoRA x was trained on another base model \(down_blocks.0.attentions.0."
-                                         r"proj_in.lora_A.weight\); pass the model it was trained on$"):
-        load_lora(Pipeline(), "x")
+    toy = StableDiffusionPipeline.from_pretrained(str(PRETRAINED_DIR / "pipeline"))
+    toy.unet.add_adapter(LoraConfig(r=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+    StableDiffusionPipeline.save_lora_weights(tmp_path / "lora", unet_lora_layers=get_peft_model_state_dict(toy.unet))
+    pipeline = StableDiffusionPipeline.from_pretrained(str(tiny_sd))  # same family, other widths
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=r"^LoRA .*lora was trained on another base model \(.*lora_A.*\); pass the "
+                                         r"model it was trained on$"):
+        load_lora(pipeline, str(tmp_path / "lora"))
+    captured = capsys.readouterr()
+    assert "size mismatch" not in captured.err + captured.out + caplog.text  # not diffusers' logged copy of torch's
 
 
 # ---- 4: a reward that fails to build blocks nothing ----------------------------------------------

@@ -148,6 +148,9 @@ class LoraOutputDropout:
 def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
     """`pipeline.load_lora_weights(lora)`, with one line instead of torch's 60-line size-mismatch error
     when the LoRA was trained on another base model of the same family (other widths or ranks)."""
+    peft_logger = logging.getLogger("diffusers.loaders.peft")  # logs the whole error before raising it
+    level = peft_logger.level
+    peft_logger.setLevel(logging.CRITICAL)
     try:
         pipeline.load_lora_weights(lora)
     except RuntimeError as err:
@@ -156,6 +159,8 @@ def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
             raise
         raise ValueError(f"LoRA {lora} was trained on another base model ({mismatch.group(1)}); pass the model it "
                          "was trained on") from err
+    finally:
+        peft_logger.setLevel(level)
 
 
 # The files `load_lora_weights(folder)` reads, in its order: a gors LoRA is the first.
@@ -171,6 +176,23 @@ def check_lora_path(lora: str, flag: str = "--lora") -> None:
     if path.is_dir() and not any((path / name).is_file() for name in LORA_WEIGHT_FILES):
         raise FileNotFoundError(f"{flag}={lora!r} is not a LoRA folder (it holds no {LORA_FILE}); pass a folder "
                                 "a gors run or `save_lora_weights` wrote, or the weights file itself")
+    file = path / LORA_FILE if path.is_dir() else path
+    if file.suffix not in (".bin", ".pt", ".pth"):  # torch pickles are read by diffusers as they are
+        _check_safetensors(file, lora, flag)
+
+
+def _check_safetensors(file: Path, lora: str, flag: str) -> None:
+    """Refuse a LoRA file whose safetensors header does not read (cut short, or another format)."""
+    if not file.is_file():
+        return
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), "pt") as handle:
+            handle.keys()
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{flag}={lora!r}: {file} is not a readable safetensors LoRA ({err}: cut short, or "
+                         "another format); pass the folder or file a gors run wrote") from None
 
 
 def lora_sha256(lora: str | None) -> str | None:
