@@ -29,7 +29,7 @@ import yaml
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
-from gors.config import SelectConfig, TrainConfig, config_file_values, load_yaml
+from gors.config import SelectConfig, TrainConfig, config_file_values, load_yaml, yaml_problem
 from gors.core.data import ChecksumError, DownloadError
 from gors.core.hub import ModelLoadError
 from gors.core.io import PathError
@@ -139,10 +139,7 @@ def _read_yaml(path: str, cls: type) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise SystemExit(f"--config {path}: not a UTF-8 text file; pass a YAML file") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SystemExit(f"--config {path}:{where}: YAML syntax error: {problem}") from None
+        raise SystemExit(f"--config {path}: YAML syntax error at {yaml_problem(err)}") from None
     if not isinstance(values, dict):
         raise SystemExit(f"--config {path}: expected a mapping of {cls.__name__} fields, got {type(values).__name__}")
     return values

@@ -102,6 +102,13 @@ def load_yaml(text: str | IO[str]) -> Any:
     return yaml.load(text, Loader=_NumberLoader)  # noqa: S506 (a SafeLoader)
 
 
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: where (line and column, when known) and what, without its caret drawing."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{getattr(err, 'problem', None) or str(err).splitlines()[0]}"
+
+
 def parse_mapping(value: Mapping[str, Any] | str | None, flag: str) -> dict[str, Any]:
     """A mapping option: JSON/YAML text (the command line) or a mapping (a YAML config file, Python)."""
     if value is None:
@@ -110,7 +117,7 @@ def parse_mapping(value: Mapping[str, Any] | str | None, flag: str) -> dict[str,
         try:
             value = load_yaml(value)
         except yaml.YAMLError as err:
-            raise ValueError(f"{flag}={value!r} is not valid JSON/YAML: {err}") from err
+            raise ValueError(f"{flag}={value!r} is not valid JSON/YAML: {yaml_problem(err)}") from None
     _check(isinstance(value, Mapping), f"{flag}={value!r}: expected a mapping such as '{{\"key\": \"value\"}}'")
     return dict(value)
 

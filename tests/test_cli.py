@@ -435,7 +435,7 @@ def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("max_train_steps: {a: b\n", r"bad.yaml: line 2, column 1: YAML syntax error"),
+    ("max_train_steps: {a: b\n", r"bad.yaml: YAML syntax error at line 2, column 1: expected .,. or .}."),
     ("validation_prompts: a red circle\n", "validation_prompts: 'a red circle' is not a list: use a YAML list"),
     ("images_per_prompt: 2.5\n", "images_per_prompt: 2.5 is not a whole number"),
     ("images_per_prompt: [1, 2]\n", r"images_per_prompt: \[1, 2\] is not a whole number"),
@@ -583,3 +583,12 @@ def test_a_mistyped_option_on_a_scored_folder_is_named_not_blamed_on_the_folder(
     score(ScoreConfig(output_dir=run, reward="toy_oracle"))
     with pytest.raises(ValueError, match=r"reward 'toy_oracle' has no option 'check'; its options: checks"):
         score(ScoreConfig(output_dir=run, reward="toy_oracle", reward_options={"check": "all"}))
+
+
+def test_a_mapping_option_that_does_not_parse_is_one_line(capsys):
+    from gors.config import ScoreConfig
+
+    with pytest.raises(SystemExit) as err:
+        parse_config(ScoreConfig, ["--reward_options", "{checks: all"])
+    assert "\n" not in err.value.code
+    assert err.value.code.startswith("error: --reward_options='{checks: all' is not valid JSON/YAML: line 1, column 13: ")

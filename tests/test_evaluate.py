@@ -384,3 +384,16 @@ def test_an_image_folder_that_is_not_the_benchmarks_set_is_refused(tmp_path):
     benchmark = build_benchmark("toy", max_prompts=1)
     with pytest.raises(ValueError, match="give a model .* or an image folder"):
         benchmark.evaluate(None, Path(tmp_path / "out"), accelerator=make_accelerator())
+
+
+def test_a_mistyped_images_folder_is_refused_before_the_benchmark_data_is_read(tmp_path, monkeypatch):
+    import evaluators.geneval
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the benchmark's data was read before the folder was checked")
+
+    monkeypatch.setattr(evaluators.geneval.GenEvalBenchmark, "cached_prompts", no_data)
+    config = parse_config(EvaluateConfig, ["--benchmarks", "geneval", "--images", str(tmp_path / "nosuch"),
+                                           "--output_dir", str(tmp_path / "out")])
+    with pytest.raises(FileNotFoundError, match=r"--images .*nosuch: no such folder"):
+        evaluate(config)
