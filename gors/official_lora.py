@@ -131,7 +131,9 @@ def read_lora_diffusion(path: str | os.PathLike[str]) -> list[torch.Tensor]:
     try:
         tensors = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several unrelated types for a file that is not a checkpoint
-        raise LoraConversionError(f"{path} is not a lora_diffusion checkpoint (torch.load failed: {err}).") from err
+        # Not torch's message: it runs to several lines advising weights_only=False, which would run pickled code.
+        raise LoraConversionError(f"{path} is not a lora_diffusion checkpoint: torch.load cannot read it as tensors "
+                                  f"({type(err).__name__}; not a PyTorch file, or cut short)") from err
     if not isinstance(tensors, (list, tuple)) or not all(isinstance(t, torch.Tensor) and t.ndim == 2 for t in tensors):
         raise LoraConversionError(
             f"{path} is not a lora_diffusion checkpoint: expected a list of 2-D tensors [up, down, ...], "
