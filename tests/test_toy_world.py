@@ -184,6 +184,14 @@ def test_pretraining_targets_follow_the_prediction_type(tmp_path, monkeypatch):
         ToyPretrainConfig(prediction_type="sample")
     with pytest.raises(ValueError, match="must be > 0"):
         ToyPretrainConfig(token_embedding_std=0.0)
+    (tmp_path / "afile").write_text("")
+    for values, message in [({"output_dir": str(tmp_path / "afile")}, "is a file, not a folder"),
+                            ({"num_scenes": 0}, "--num_scenes 0: must be >= 1"),
+                            ({"unet_steps": -1}, "--unet_steps -1: must be >= 0"),
+                            ({"learning_rate": 0.0}, "--learning_rate 0.0: must be > 0"),
+                            ({"caption_swap_rate": 1.5}, r"--caption_swap_rate 1.5: a rate, in \[0, 1\]")]:
+        with pytest.raises(ValueError, match=message):  # before any scene is rendered
+            ToyPretrainConfig(**values)
 
 
 def test_pretraining_unet_channels_set_the_depth_of_the_toy_unet(tmp_path):

@@ -108,6 +108,19 @@ class ToyPretrainConfig:
                              f"{PRETRAINED_DIR / 'pipeline' / 'vae'}")
         if self.num_threads < 1:
             raise ValueError(f"--num_threads {self.num_threads}: must be >= 1")
+        if Path(self.output_dir).exists() and not Path(self.output_dir).is_dir():
+            raise ValueError(f"--output_dir={self.output_dir!r} is a file, not a folder; pass a folder path")
+        for name in ("num_scenes", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} {getattr(self, name)}: must be >= 1")
+        for name in ("vae_steps", "unet_steps", "classifier_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} {getattr(self, name)}: must be >= 0")
+        if not self.learning_rate > 0:
+            raise ValueError(f"--learning_rate {self.learning_rate}: must be > 0")
+        for name in ("caption_swap_rate", "relation_noise_rate"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"--{name} {getattr(self, name)}: a rate, in [0, 1]")
         if self.token_embedding_std is not None and not self.token_embedding_std > 0:
             raise ValueError(f"--token_embedding_std {self.token_embedding_std}: must be > 0 (or null in a --config YAML)")
 
