@@ -472,7 +472,8 @@ class TrainingFields:
                "--no_train_unet and --no_train_text_encoder together leave nothing to train")
         _check(self.max_sequence_length is None or self.max_sequence_length >= 1,
                f"--max_sequence_length={self.max_sequence_length}: must be >= 1")
-        _check(self.learning_rate > 0 and self.text_encoder_learning_rate > 0, "learning rates must be > 0")
+        for name in ("learning_rate", "text_encoder_learning_rate"):
+            _check(getattr(self, name) > 0, f"--{name}={getattr(self, name)}: must be > 0")
         self.check_optimizer()
         _check(0.0 <= self.caption_dropout < 1.0, f"--caption_dropout={self.caption_dropout}: use a value in [0, 1)")
         _check(self.anchor_below is None or self.anchor_below >= 0,

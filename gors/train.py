@@ -633,6 +633,9 @@ class GORSTrainer:
         if accelerator.is_main_process:
             tracker_config = {k: v for k, v in asdict(config).items() if isinstance(v, (int, float, str, bool))}
             accelerator.init_trackers("gors", config=tracker_config)
+            if config.validation_prompts and self._tensorboard() is None:
+                accelerator.print(f"[train] warning: --validation_prompts renders go to TensorBoard, which "
+                                  f"--report_to={config.report_to} does not write: not rendered")
         if checkpoint is None:
             self._log_selection(global_step)
         if global_step < config.max_train_steps:
@@ -674,7 +677,7 @@ class GORSTrainer:
             # Validation comes before the step's checkpoint (it leaves RNG and modes as they were): a run
             # killed while validating resumes before this step and validates it, not after it.
             if global_step % config.validation_steps == 0 or global_step == config.max_train_steps:
-                if config.validation_prompts and accelerator.is_main_process:
+                if config.validation_prompts and accelerator.is_main_process and self._tensorboard() is not None:
                     self.log_validation(global_step)
                 if self.validation is not None:
                     self.validate_on_benchmark(global_step)

@@ -55,7 +55,7 @@ def test_load_failures_say_whether_the_model_was_missing_or_of_another_kind(tmp_
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     exception = OSError("not in the cache")
-    with pytest.raises(ModelLoadError, match=r"--model='org/name' could not be loaded: not in the cache HF_HUB_OFFLINE=1"):
+    with pytest.raises(ModelLoadError, match=r"--model='org/name' could not be loaded: not in the cache. HF_HUB_OFFLINE=1"):
         from_pretrained(Loader.from_pretrained, "org/name", "--model")
     # A local folder that is no model: no advice about the Hub, which was never asked.
     with pytest.raises(ModelLoadError) as refused:

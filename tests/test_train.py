@@ -177,7 +177,7 @@ def test_validation_prompts_render_under_bf16_with_only_the_text_encoder_trained
     run_dir = _copy_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1,
                                   mixed_precision="bf16", train_unet=False, validation_prompts=["a red circle"],
-                                  validation_steps=1, report_to="none"))
+                                  validation_steps=1, report_to="tensorboard"))
     rendered = []
     log_validation = trainer.log_validation
     trainer.log_validation = lambda step: rendered.extend(log_validation(step))
@@ -666,3 +666,14 @@ def test_a_training_from_step_0_sets_an_earlier_trainings_logs_aside(selected_ru
     train(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="tensorboard"))
     assert "held the logs of an earlier training: moved to" in capsys.readouterr().out
     assert first and events(run_dir / "logs.previous-1") == first and set(events(run_dir / "logs")).isdisjoint(first)
+
+
+def test_validation_prompts_are_not_rendered_where_no_tensorboard_keeps_them(selected_run, make_run_config, tmp_path,
+                                                                              capsys):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    trainer = GORSTrainer(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1,
+                                  validation_prompts=["a red circle"], validation_steps=1, report_to="none"))
+    trainer.log_validation = lambda step: pytest.fail("rendered for no one")
+    trainer.train()
+    assert "--validation_prompts renders go to TensorBoard, which --report_to=none does not write: not rendered" \
+        in capsys.readouterr().out

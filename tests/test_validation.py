@@ -185,7 +185,7 @@ def test_the_last_step_is_validated_off_the_validation_steps_grid(selected_run, 
     trainer = GORSTrainer(make_run_config(output_dir=str(run), max_train_steps=3, checkpointing_steps=3,
                                           validation_steps=2, validation_benchmark="toy:train",
                                           validation_num_prompts=2, validation_prompts=["a red circle"],
-                                          report_to="none"))
+                                          report_to="tensorboard"))
     rendered = []
     log_validation = trainer.log_validation
     trainer.log_validation = lambda step: rendered.append(step) or log_validation(step)

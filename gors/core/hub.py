@@ -198,7 +198,9 @@ def from_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: An
         loaded = loader(name, **kwargs)
     except OSError as err:  # not found, not downloadable, not readable
         raise_if_gated(err, name, flag)
-        raise ModelLoadError(f"{flag}={name!r} could not be loaded: {one_line(err)} {load_hint(name, err)}") from err
+        reason = one_line(err).rstrip()
+        reason += "" if reason.endswith((".", "!", "?")) else "."
+        raise ModelLoadError(f"{flag}={name!r} could not be loaded: {reason} {load_hint(name, err)}") from err
     except ValueError as err:  # found, but not a checkpoint this loader reads (another class, a bad config)
         raise_if_gated(err, name, flag)
         raise ValueError(f"{flag}={name!r} was found but could not be loaded as {_loader_name(loader)}: {err}. "
