@@ -17,7 +17,9 @@ import errno
 import importlib
 import inspect
 import os
+import signal
 import sys
+import threading
 import time
 from argparse import ArgumentParser
 from contextlib import contextmanager, nullcontext
@@ -412,11 +414,18 @@ def _fail(message: str, bars_before: set[int] = frozenset()) -> NoReturn:
     """Print `error: message` and exit 2. On a line of its own, so that `grep ^error` finds it: after a
     newline when stderr is a terminal or a bar this command opened (not one of `bars_before`) is
     still open, which leaves a log file mid-line too."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a launcher stopping this process now ends it silently
     index = _process_index()
     if index != 0:
         time.sleep(REPORT_GRACE_S)
         message = f"process {index}: {message}"  # still running: the error is this process's own
-    start = "\n" if sys.stderr.isatty() or _open_bars() - bars_before else ""
+    # This command's bars, closed first: a bar closed later (as the stack unwinds) would redraw its line
+    # below the error, which must be the last line.
+    bar = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
+    for instance in [b for b in getattr(bar, "_instances", ()) if id(b) not in bars_before]:
+        instance.close()
+    start = "\n" if sys.stderr.isatty() else ""
     print(f"{start}error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
 
@@ -433,6 +442,7 @@ def expected_errors() -> Iterator[None]:
         yield
         return
     bars = _open_bars()  # open before the command (e.g. another command's in the same process): not its own
+    terminate = _interrupt_on_sigterm()
     try:
         yield
     except KeyboardInterrupt:
@@ -448,6 +458,22 @@ def expected_errors() -> Iterator[None]:
         if isinstance(err.code, str):  # SystemExit("message"), which Python would print on every process
             _fail(err.code.removeprefix("error: "), bars)
         raise
+    finally:
+        if terminate is not None:
+            signal.signal(signal.SIGTERM, terminate)
+
+
+def _interrupt_on_sigterm() -> Any:
+    """Make SIGTERM (`kill`, `timeout`, Slurm's `scancel` and its time limit) stop the command as Ctrl-C
+    does, with its `error: interrupted` line, instead of silently; returns the handler it replaced
+    (None where none can be set: off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def check_run_folder(output_dir: str, command: str) -> None:

@@ -592,3 +592,25 @@ def test_a_mapping_option_that_does_not_parse_is_one_line(capsys):
         parse_config(ScoreConfig, ["--reward_options", "{checks: all"])
     assert "\n" not in err.value.code
     assert err.value.code.startswith("error: --reward_options='{checks: all' is not valid JSON/YAML: line 1, column 13: ")
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does_and_the_error_is_the_last_line(capsys):
+    import os
+    import signal
+
+    from tqdm import tqdm
+
+    from gors.cli import INTERRUPTED, expected_errors
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exit_info:
+        with expected_errors():
+            bar = tqdm(total=10, desc="generate")
+            bar.update(3)
+            os.kill(os.getpid(), signal.SIGTERM)  # as `timeout`, `kill` or Slurm's scancel send it
+            pytest.fail("SIGTERM did not stop the command")
+    bar.close()  # as the interpreter closes a bar left open on its way out: it must not redraw below the error
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "generate:" in err
+    assert err.rstrip("\n").splitlines()[-1] == f"error: {INTERRUPTED}"
+    assert signal.getsignal(signal.SIGTERM) == before  # the command's handler is gone with it
