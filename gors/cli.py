@@ -25,7 +25,7 @@ from argparse import ArgumentParser
 from contextlib import contextmanager, nullcontext
 from dataclasses import Field, dataclass, fields
 from types import UnionType
-from typing import Any, Iterator, NoReturn, Sequence, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Iterator, NoReturn, Sequence, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 from transformers import HfArgumentParser
@@ -423,9 +423,10 @@ def _fail(message: str, bars_before: set[int] = frozenset()) -> NoReturn:
     # This command's bars, closed first: a bar closed later (as the stack unwinds) would redraw its line
     # below the error, which must be the last line.
     bar = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
-    for instance in [b for b in getattr(bar, "_instances", ()) if id(b) not in bars_before]:
+    own = [b for b in getattr(bar, "_instances", ()) if id(b) not in bars_before]
+    for instance in own:
         instance.close()
-    start = "\n" if sys.stderr.isatty() else ""
+    start = "\n" if sys.stderr.isatty() or own else ""  # a bar closed without leaving its line ends mid-line
     print(f"{start}error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
 
@@ -442,7 +443,7 @@ def expected_errors() -> Iterator[None]:
         yield
         return
     bars = _open_bars()  # open before the command (e.g. another command's in the same process): not its own
-    terminate = _interrupt_on_sigterm()
+    restore_sigterm = _interrupt_on_sigterm()
     try:
         yield
     except KeyboardInterrupt:
@@ -459,21 +460,22 @@ def expected_errors() -> Iterator[None]:
             _fail(err.code.removeprefix("error: "), bars)
         raise
     finally:
-        if terminate is not None:
-            signal.signal(signal.SIGTERM, terminate)
+        restore_sigterm()
 
 
-def _interrupt_on_sigterm() -> Any:
-    """Make SIGTERM (`kill`, `timeout`, Slurm's `scancel` and its time limit) stop the command as Ctrl-C
-    does, with its `error: interrupted` line, instead of silently; returns the handler it replaced
-    (None where none can be set: off the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
+def _interrupt_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM (`kill`, `timeout`, Slurm's `scancel` and its time limit) stop a single-process
+    command as Ctrl-C does, with its `error: interrupted` line, instead of silently; returns what undoes
+    it. Not under a multi-process launch, whose launcher sends SIGTERM to the other processes when one
+    fails: they end silently, leaving that one's error as the launch's message. Nor off the main thread."""
+    if threading.current_thread() is not threading.main_thread() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return lambda: None
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    return signal.signal(signal.SIGTERM, interrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def check_run_folder(output_dir: str, command: str) -> None:

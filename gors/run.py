@@ -134,7 +134,7 @@ def check_run_inputs(config: RunConfig) -> None:
     if config.reward_model_name_or_path is not None:  # a mistyped folder stops the run before, not after, generating
         specs = parse_reward_list(reward)
         default = get_reward_class(specs[0].name).default_model if len(specs) == 1 else None
-        check_model_path(config.reward_model_name_or_path, MODEL_FLAG, default or "Salesforce/blip-vqa-capfilt-large")
+        check_model_path(config.reward_model_name_or_path, MODEL_FLAG, default)
     if config.select_top_fraction is None and config.tau_schedule is None:
         threshold_fn(config, prompt_set.category)  # no tau, or an unknown --category
     _optimizer_class(config.use_8bit_adam)

@@ -44,12 +44,24 @@ def check_prompt_metadata(reward: str, prompts: Sequence[str], metadata: Sequenc
         get_reward_class(spec.name).check_prompts(prompts, metadata)
 
 
+# The sample store's recorded generation dtypes (`gors.core.pipeline.pipeline_settings`).
+GENERATION_DTYPES = ("float16", "bfloat16", "float32")
+
+
 def training_reward_dtype(config: ScoreConfig | RunConfig, accelerator: Accelerator, reward: str) -> torch.dtype:
     """The dtype `reward` is built with to score a run's samples (`rewards.combined.reward_dtype`): the
     generation precision, but never float16 for a model trained in bfloat16 (a list's such member runs
-    in bfloat16 alone); float32 on the CPU."""
-    return reward_dtype(reward, accelerator.device, inference_dtype(accelerator, config.mixed_precision),
-                        benchmark=False)
+    in bfloat16 alone); float32 on the CPU.
+
+    The generation precision is `--mixed_precision`, else the dtype the samples were generated in (an
+    SD3 or FLUX.1 run generates in bf16 under an fp16 accelerate config: `gors score` after `gors run`
+    then scores as the run did), else the accelerate config's."""
+    generation = inference_dtype(accelerator, config.mixed_precision)
+    if config.mixed_precision is None and accelerator.device.type == "cuda":
+        recorded = (SampleStore(samples_dir(config.output_dir)).load_settings() or {}).get("dtype")
+        if recorded in GENERATION_DTYPES:
+            generation = getattr(torch, recorded)
+    return reward_dtype(reward, accelerator.device, generation, benchmark=False)
 
 
 def reward_builder(config: ScoreConfig | RunConfig, accelerator: Accelerator, reward: str) -> Callable[[], Reward]:

@@ -186,6 +186,9 @@ def test_fp16_on_the_t5_families_is_warned_of() -> None:
 
 def test_an_fp16_accelerate_config_runs_the_t5_families_in_bf16_unless_fp16_is_asked_for(monkeypatch, capsys):
     sd3, flux, sd = (FAMILIES[name] for name in ("StableDiffusion3Pipeline", "FluxPipeline", "StableDiffusionPipeline"))
+    from gors.core.backbones import _say_bf16
+
+    _say_bf16.cache_clear()  # said once per process: an earlier test may have said it
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # as `accelerate launch` with a shipped GPU config
     assert family_precision(sd3, None) == family_precision(flux, None) == "bf16"
     assert "pass --mixed_precision fp16 to run it in fp16 anyway" in capsys.readouterr().out

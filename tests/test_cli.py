@@ -614,3 +614,15 @@ def test_sigterm_stops_a_command_as_ctrl_c_does_and_the_error_is_the_last_line(c
     assert exit_info.value.code == 2 and "generate:" in err
     assert err.rstrip("\n").splitlines()[-1] == f"error: {INTERRUPTED}"
     assert signal.getsignal(signal.SIGTERM) == before  # the command's handler is gone with it
+
+
+def test_under_a_multi_process_launch_sigterm_keeps_its_default(monkeypatch):
+    # torchrun sends SIGTERM to the other processes when one fails: they end silently, leaving its error.
+    import signal
+
+    from gors.cli import expected_errors
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    before = signal.getsignal(signal.SIGTERM)
+    with expected_errors():
+        assert signal.getsignal(signal.SIGTERM) == before

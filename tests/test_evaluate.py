@@ -397,3 +397,27 @@ def test_a_mistyped_images_folder_is_refused_before_the_benchmark_data_is_read(t
                                            "--output_dir", str(tmp_path / "out")])
     with pytest.raises(FileNotFoundError, match=r"--images .*nosuch: no such folder"):
         evaluate(config)
+
+
+def test_scoring_takes_the_precision_the_samples_were_generated_in(tmp_path):
+    import torch
+
+    from gors.config import ScoreConfig
+    from gors.core.run_folder import samples_dir
+    from gors.core.store import SampleStore
+    from gors.score import training_reward_dtype
+
+    class Fake:
+        def __init__(self, device, mixed_precision):
+            self.device, self.mixed_precision = torch.device(device), mixed_precision
+
+    store = SampleStore(samples_dir(tmp_path))
+    store.root.mkdir(parents=True)
+    store.save_settings({"dtype": "bfloat16"})  # an SD3 or FLUX.1 run under an fp16 accelerate config
+    gpu = Fake("cuda", "fp16")
+    # `gors score` on its own (the config's fp16) scores as `gors run` did: in the samples' bf16.
+    assert training_reward_dtype(ScoreConfig(output_dir=str(tmp_path)), gpu, "b_vqa") == torch.bfloat16
+    assert training_reward_dtype(ScoreConfig(output_dir=str(tmp_path), mixed_precision="fp16"), gpu,
+                                 "b_vqa") == torch.float16  # asked for
+    assert training_reward_dtype(ScoreConfig(output_dir=str(tmp_path / "none")), gpu, "b_vqa") == torch.float16
+    assert training_reward_dtype(ScoreConfig(output_dir=str(tmp_path)), Fake("cpu", "fp16"), "b_vqa") == torch.float32

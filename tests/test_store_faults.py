@@ -168,10 +168,10 @@ def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path):
     with pytest.raises(ValueError, match=r"pytorch_lora_weights.safetensors is not a readable safetensors LoRA "
                                          r"\(.*cut short, or another format\); pass the folder or file a gors run wrote"):
         check_lora_path(str(folder))
-    text = tmp_path / "prompts.txt"
-    text.write_text("a red circle\n")
-    with pytest.raises(ValueError, match="prompts.txt is not a readable safetensors LoRA"):
-        check_lora_path(str(text))
+    cut = tmp_path / "lora.safetensors"
+    cut.write_bytes(b"{")
+    with pytest.raises(ValueError, match="lora.safetensors is not a readable safetensors LoRA"):
+        check_lora_path(str(cut))
     save_file({"unet.x.lora_A.weight": torch.zeros(1)}, str(folder / "pytorch_lora_weights.safetensors"))
     check_lora_path(str(folder))
     (folder / "other.txt").write_text("not part of the LoRA")
@@ -469,3 +469,22 @@ def test_generated_samples_are_readable_by_others(make_run_config, umask):
     for path in [store.root / "prompts.json", store.root / SETTINGS, store.part_dir(0) / "metadata.jsonl",
                  store.image_path(store.records()[0])]:
         assert _mode(path) == 0o644, path
+
+
+def test_torch_lora_files_pass_to_diffusers_and_other_files_are_refused(tmp_path):
+    from gors.core.backbones import check_lora_fits
+    from gors.core.pipeline import check_lora_path
+
+    folder = tmp_path / "bin_only"
+    folder.mkdir()
+    torch.save({"unet.x.lora_A.weight": torch.zeros(1)}, folder / "pytorch_lora_weights.bin")
+    check_lora_path(str(folder))  # diffusers reads its .bin
+    check_lora_fits("unused/model", str(folder))  # not a safetensors file: nothing to read here, no Hub call
+    for name in ("lora.bin", "lora.ckpt"):
+        torch.save({"x": torch.zeros(1)}, tmp_path / name)
+        check_lora_path(str(tmp_path / name))
+        check_lora_fits("unused/model", str(tmp_path / name))
+    (tmp_path / "notes.txt").write_text("a red circle\n")
+    with pytest.raises(ValueError, match=r"notes.txt' is not a LoRA file: pass a .safetensors file \(or a torch "
+                                         r"\.bin, \.pt, \.pth, \.ckpt file\)"):
+        check_lora_path(str(tmp_path / "notes.txt"))

@@ -187,7 +187,9 @@ def test_pretraining_targets_follow_the_prediction_type(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("")
     for values, message in [({"output_dir": str(tmp_path / "afile")}, "is a file, not a folder"),
                             ({"num_scenes": 0}, "--num_scenes 0: must be >= 1"),
-                            ({"unet_steps": -1}, "--unet_steps -1: must be >= 0"),
+                            ({"unet_steps": 0}, "--unet_steps 0: must be >= 1"),
+                            ({"classifier_steps": 0}, "--classifier_steps 0: must be >= 1"),
+                            ({"vae_steps": -1}, "--vae_steps -1: must be >= 0"),
                             ({"learning_rate": 0.0}, "--learning_rate 0.0: must be > 0"),
                             ({"caption_swap_rate": 1.5}, r"--caption_swap_rate 1.5: a rate, in \[0, 1\]")]:
         with pytest.raises(ValueError, match=message):  # before any scene is rendered

@@ -18,6 +18,7 @@ four families above (`gors.families`); every diffusers text-to-image pipeline ge
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -118,10 +119,17 @@ def family_precision(backbone: Backbone, mixed_precision: str | None) -> str | N
     model black samples and NaN losses. Only an explicit `--mixed_precision fp16` runs it in fp16."""
     configured = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()  # what `accelerate launch` sets
     if mixed_precision is None and configured == "fp16" and backbone.name in BF16_FAMILIES:
-        print(f"[gors] {backbone.pipeline_class} runs in bf16, not the accelerate config's fp16, whose range its "
-              "activations leave; pass --mixed_precision fp16 to run it in fp16 anyway", flush=True)
+        _say_bf16(backbone.pipeline_class)
         return "bf16"
     return mixed_precision
+
+
+@functools.cache
+def _say_bf16(pipeline_class: str) -> None:
+    """`family_precision`'s note, once per process and from the first process of a launch only."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"[gors] {pipeline_class} runs in bf16, not the accelerate config's fp16, whose range its activations "
+              "leave; pass --mixed_precision fp16 to run it in fp16 anyway", flush=True)
 TRAINABLE = tuple(family.name for family in FAMILIES.values() if family.trainable)
 
 
@@ -258,10 +266,7 @@ def check_lora_fits(pretrained_model_name_or_path: str, lora: str, revision: str
     """
     path = Path(lora).expanduser()
     file = path / LORA_FILE if path.is_dir() else path
-    if not file.is_file():
-        if path.is_dir():
-            raise FileNotFoundError(f"--lora={lora!r} holds no {LORA_FILE}; pass a folder a gors run or "
-                                    "`save_lora_weights` wrote, or the .safetensors file itself.")
+    if not file.is_file() or file.suffix != ".safetensors":  # a Hub id, or a torch pickle: diffusers reads it
         return
     from safetensors import safe_open
 

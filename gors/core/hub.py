@@ -136,14 +136,14 @@ def looks_like_local_path(name: str) -> bool:
 
 
 def check_model_path(name: str, flag: str = "--pretrained_model_name_or_path",
-                     example: str = "stabilityai/stable-diffusion-2-base") -> str:
+                     example: str | None = "stabilityai/stable-diffusion-2-base") -> str:
     """Reject a local model path that does not exist before any loader tries the Hub with it (`example`:
-    a Hub id the message suggests)."""
+    a Hub id the message suggests, None for none)."""
     expanded = os.path.expanduser(name)
     if looks_like_local_path(name) and not os.path.exists(expanded):
+        such_as = f" such as {example!r}" if example else ""
         raise FileNotFoundError(
-            f"{flag}={name!r}: no such folder. Pass an existing local model folder or a Hugging Face "
-            f"Hub id such as {example!r}."
+            f"{flag}={name!r}: no such folder. Pass an existing local model folder or a Hugging Face Hub id{such_as}."
         )
     return expanded if os.path.exists(expanded) else name
 

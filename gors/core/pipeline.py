@@ -65,7 +65,8 @@ def load_pipeline(
     if warning is not None:
         logger.warning(warning)
     if lora is not None:
-        check_lora_fits(pretrained_model_name_or_path, lora, revision)  # before any weights load
+        check_lora_path(lora)  # before any weights load
+        check_lora_fits(pretrained_model_name_or_path, lora, revision)
     pipeline_class = getattr(diffusers, backbone.pipeline_class)
     pipeline = from_pretrained(pipeline_class.from_pretrained, pretrained_model_name_or_path,
                                "--pretrained_model_name_or_path", revision=revision, dtype=dtype,
@@ -165,6 +166,8 @@ def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
 
 # The files `load_lora_weights(folder)` reads, in its order: a gors LoRA is the first.
 LORA_WEIGHT_FILES = (LORA_FILE, "pytorch_lora_weights.bin")
+# LoRA files that diffusers reads with `torch.load` (any other file but .safetensors is refused).
+TORCH_LORA_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
 
 def check_lora_path(lora: str, flag: str = "--lora") -> None:
@@ -176,14 +179,15 @@ def check_lora_path(lora: str, flag: str = "--lora") -> None:
     if path.is_dir() and not any((path / name).is_file() for name in LORA_WEIGHT_FILES):
         raise FileNotFoundError(f"{flag}={lora!r} is not a LoRA folder (it holds no {LORA_FILE}); pass a folder "
                                 "a gors run or `save_lora_weights` wrote, or the weights file itself")
-    file = path / LORA_FILE if path.is_dir() else path
-    if file.suffix not in (".bin", ".pt", ".pth"):  # torch pickles are read by diffusers as they are
-        _check_safetensors(file, lora, flag)
+    if path.is_file() and path.suffix != ".safetensors" and path.suffix not in TORCH_LORA_SUFFIXES:
+        raise ValueError(f"{flag}={lora!r} is not a LoRA file: pass a .safetensors file (or a torch "
+                         f"{', '.join(TORCH_LORA_SUFFIXES)} file), or the folder a gors run wrote")
+    _check_safetensors(path / LORA_FILE if path.is_dir() else path, lora, flag)
 
 
 def _check_safetensors(file: Path, lora: str, flag: str) -> None:
     """Refuse a LoRA file whose safetensors header does not read (cut short, or another format)."""
-    if not file.is_file():
+    if not file.is_file() or file.suffix != ".safetensors":  # a torch pickle is diffusers' to read
         return
     from safetensors import SafetensorError, safe_open
 

@@ -113,9 +113,11 @@ class ToyPretrainConfig:
         for name in ("num_scenes", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} {getattr(self, name)}: must be >= 1")
-        for name in ("vae_steps", "unet_steps", "classifier_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name} {getattr(self, name)}: must be >= 0")
+        if self.vae_steps < 0:  # 0 with --vae, whose VAE is taken as it is
+            raise ValueError(f"--vae_steps {self.vae_steps}: must be >= 0")
+        for name in ("unet_steps", "classifier_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} {getattr(self, name)}: must be >= 1")
         if not self.learning_rate > 0:
             raise ValueError(f"--learning_rate {self.learning_rate}: must be > 0")
         for name in ("caption_swap_rate", "relation_noise_rate"):
