@@ -41,7 +41,7 @@ from evaluators.results import (
     metric_results,
     resampled_rows,
 )
-from gors.core.backbones import Backbone, SamplingDefaults, detect_backbone
+from gors.core.backbones import Backbone, SamplingDefaults, detect_backbone, family_precision
 from gors.core.data import PinnedSource
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, atomic_write_jsonl
@@ -498,7 +498,10 @@ class Benchmark:
         """
         if lora_dropout and pipeline_loader is not None:
             raise ValueError("lora_dropout applies to the pipeline evaluate loads, not to one given by pipeline_loader")
-        accelerator = accelerator or make_accelerator()
+        if accelerator is None:
+            generating = images is None and pipeline_loader is None and pretrained_model_name_or_path is not None
+            precision = family_precision(detect_backbone(pretrained_model_name_or_path), None) if generating else None
+            accelerator = make_accelerator(mixed_precision=precision)  # SD3/FLUX.1: bf16 under an fp16 config
         output_dir = Path(output_dir)
         known = {**self.columns(), **self.optional_columns()}
         unknown = sorted(set(column_options or {}) - set(known))

@@ -225,6 +225,11 @@ def test_generate_train_and_evaluate_take_the_family_precision(tiny_flux, tmp_pa
     with pytest.raises(Asked, match="bf16"):
         gors.evaluate.evaluate(EvaluateConfig(benchmarks="toy", pretrained_model_name_or_path=model,
                                               output_dir=str(tmp_path / "e")))
+    import evaluators.base
+
+    monkeypatch.setattr(evaluators.base, "make_accelerator", capture)
+    with pytest.raises(Asked, match="bf16"):  # a benchmark evaluated from Python, without an accelerator
+        build_benchmark("toy", max_prompts=1).evaluate(model, tmp_path / "b")
 
 
 def test_each_sd3_checkpoint_samples_as_its_model_card(tmp_path: Path) -> None:
