@@ -264,7 +264,7 @@ def check_model_paths(cls: type[Reward], options: Mapping[str, Any], flag: str) 
     for key, value in options.items():
         if key.endswith("model_name_or_path") and isinstance(value, str):
             default = cls.default_model if key == "model_name_or_path" else _default_of(cls, key)
-            check_model_path(value, f"{flag} {key}", example=default or "Salesforce/blip-vqa-capfilt-large")
+            check_model_path(value, f"{flag} {key}", example=default if isinstance(default, str) else None)
         elif isinstance(value, Mapping) and key in available_rewards():
             check_model_paths(get_reward_class(key), value, flag)
 
