@@ -391,23 +391,22 @@ def _disk_problem(err: BaseException) -> str | None:
     """The one-line message for a full, over-quota or read-only filesystem met while writing, else None.
     Libraries that write through their own code (safetensors) report ENOSPC only in their message."""
     if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
-        where = f" writing {err.filename}" if err.filename else ""
-        problem = DISK_ERRNOS[err.errno]
+        code, where = err.errno, f" writing {err.filename}" if err.filename else ""
     elif "No space left on device" in str(err):
-        where, problem = "", DISK_ERRNOS[errno.ENOSPC]
+        code, where = errno.ENOSPC, ""
     else:
         return None
-    if problem == DISK_ERRNOS[errno.EROFS]:
-        return f"{problem}{where}: pass a folder on a filesystem you can write to"
-    return (f"{problem}{where}: free some space and run the same command again; what was finished is kept (each "
-            "file is written whole or not at all)")
+    if code == errno.EROFS:
+        return f"{DISK_ERRNOS[code]}{where}: pass a folder on a filesystem you can write to"
+    return (f"{DISK_ERRNOS[code]}{where}: free some space and run the same command again; what was finished is kept "
+            "(each file is written whole or not at all)")
 
 
-def _open_bars() -> set[int]:
-    """The ids of the tqdm bars open now (a bar redraws its line with "\r" and ends it only when it
-    closes); none when tqdm is not imported (`gors --help` stays light)."""
+def _open_bars() -> list[Any]:
+    """The tqdm bars open now (a bar redraws its line with "\r" and ends it only when it closes); none
+    when tqdm is not imported (`gors --help` stays light)."""
     bar = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
-    return {id(instance) for instance in getattr(bar, "_instances", ())}
+    return list(getattr(bar, "_instances", ()))
 
 
 def _fail(message: str, bars_before: set[int] = frozenset()) -> NoReturn:
@@ -422,8 +421,7 @@ def _fail(message: str, bars_before: set[int] = frozenset()) -> NoReturn:
         message = f"process {index}: {message}"  # still running: the error is this process's own
     # This command's bars, closed first: a bar closed later (as the stack unwinds) would redraw its line
     # below the error, which must be the last line.
-    bar = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
-    own = [b for b in getattr(bar, "_instances", ()) if id(b) not in bars_before]
+    own = [bar for bar in _open_bars() if id(bar) not in bars_before]
     for instance in own:
         instance.close()
     start = "\n" if sys.stderr.isatty() or own else ""  # a bar closed without leaving its line ends mid-line
@@ -442,7 +440,7 @@ def expected_errors() -> Iterator[None]:
     if os.environ.get("GORS_TRACEBACK") == "1":
         yield
         return
-    bars = _open_bars()  # open before the command (e.g. another command's in the same process): not its own
+    bars = {id(bar) for bar in _open_bars()}  # open before the command (another command's in this process): not its own
     restore_sigterm = _interrupt_on_sigterm()
     try:
         yield

@@ -137,8 +137,8 @@ class RunFolderFields:
     mixed_precision: str | None = field(
         default=None,
         metadata={
-            "help": "'no', 'fp16' or 'bf16'; default: the accelerate config's. Generation and scoring use "
-            "this dtype on GPU (a reward whose model runs in bf16 officially, such as Qwen3-VL's, in bf16 "
+            "help": "'no', 'fp16' or 'bf16'; default: the accelerate config's (SD3/3.5 and FLUX.1 take bf16 where it "
+            "says fp16, which their activations overflow). Generation and scoring use this dtype on GPU (a reward whose model runs in bf16 officially, such as Qwen3-VL's, in bf16 "
             "under 'fp16', where it overflows); on CPU everything runs in fp32."
         },
     )
