@@ -50,7 +50,7 @@ from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
 from gors.core.scoring import score_samples
 from gors.core.store import IMAGE_HASH, SampleStore, StoreError, recorded_model_commits, sample_seed
 from rewards import Reward
-from rewards.combined import build_reward, check_options, dtype_setting, reward_dtype, versioned
+from rewards.combined import build_reward, check_models_cached, check_options, dtype_setting, reward_dtype, versioned
 from rewards.registry import get_reward_class
 
 RESULTS_FILE = "results.jsonl"
@@ -434,10 +434,14 @@ class Benchmark:
                              extra_columns: Sequence[str] = (), with_columns: bool = True,
                              flag: str = "--scorer_options") -> None:
         """Refuse, before any image is generated, an option that one of the scorers does not take
-        (`flag`: the option that gave them)."""
-        for column, reward, merged in self.scorer_specs(options, column_options, extra_columns, with_columns):
-            what = f"{label}'s scorer {reward!r}" if column is None else f"{label}'s {column} scorer {reward!r}"
+        (`flag`: the option that gave them) and, offline, a scorer's model the local cache lacks."""
+        specs = [(f"{label}'s scorer {reward!r}" if column is None else f"{label}'s {column} scorer {reward!r}",
+                  reward, merged) for column, reward, merged in
+                 self.scorer_specs(options, column_options, extra_columns, with_columns)]
+        for what, reward, merged in specs:
             check_options(get_reward_class(reward), merged, what, flag)
+        for what, reward, merged in specs:  # a mistyped option first: it is the user's to fix
+            check_models_cached(reward, None, merged, what)
 
     def _column_settings(self, accelerator: Accelerator, column_options: Mapping[str, Mapping[str, Any]] | None,
                          column: str, main_options: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from gors.train import (
 )
 from gors.validation import validation_target
 from rewards.base import MODEL_FLAG
-from rewards.combined import check_reward_options, parse_reward_list
+from rewards.combined import check_models_cached, check_reward_options, parse_reward_list
 from rewards.registry import get_reward_class
 
 STAGES = ("generate", "score", "select", "train")
@@ -122,8 +122,9 @@ def timing_settings(config: RunConfig, store: SampleStore) -> dict[str, Any]:
 def check_run_inputs(config: RunConfig) -> None:
     """What can fail on the prompts, the reward and training, checked before any image is generated:
     the training prompts load, the reward exists and gets the metadata it judges by (GenEval's
-    clauses for `geneval` and `geneval_graded`: a `.jsonl` prompt set), and training would take the
-    model's family and the flags given for it (as `gors train` checks them, hours later)."""
+    clauses for `geneval` and `geneval_graded`: a `.jsonl` prompt set), training would take the
+    model's family and the flags given for it (as `gors train` checks them, hours later) and, offline,
+    the local cache holds the reward's models."""
     # Local files first, then the model's config (which may need the Hub).
     prompt_set = load_prompts(config.train_prompts)
     prompts = prompt_set.prompts[: config.max_prompts]
@@ -145,7 +146,9 @@ def check_run_inputs(config: RunConfig) -> None:
     _, family = resolve_training(config, backbone, config.guidance_scale)  # the samples get this guidance
     load_training_scheduler(family)  # --anchor_below against the schedule's timesteps
     if config.validation_benchmark:
-        validation_target(config)
+        validation_target(config)  # offline, its scorer's models in the cache too
+    # Last: a mistake in the flags above is the user's to fix before fetching any model.
+    check_models_cached(reward, config.reward_model_name_or_path, config.reward_options, f"--reward {reward}")
 
 
 def run(config: RunConfig, command: str = "gors run") -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections.abc import Mapping
@@ -108,6 +109,24 @@ class Reward:
         `__init__`, only those given) is one `__init__` would refuse. Model-free, so that a bad value
         fails before anything is generated or loaded; `__init__` calls the same check on its
         arguments, so the rule is written once. Nothing is checked by default."""
+
+    @classmethod
+    def models(cls, options: Mapping[str, Any]) -> dict[str, str]:
+        """The models an instance built with `options` (keyword arguments of `__init__`, only those given)
+        loads by Hub id or folder, keyed by the option that names each: `model_name_or_path` (default
+        `default_model`) and every other `<x>_model_name_or_path` argument (default `default_<x>_model`, else
+        the argument's own). Model-free, so that a run refuses a model it could not load before it
+        generates anything (`rewards.combined.check_models_cached`). A reward that loads a model only under
+        some options, or one named otherwise, overrides it; a model object passed in instead (a `detector`)
+        is not looked at."""
+        models = {}
+        for option, parameter in inspect.signature(cls).parameters.items():
+            if option.endswith("model_name_or_path"):
+                default = getattr(cls, f"default_{option.removesuffix('model_name_or_path')}model", None)
+                value = options.get(option) or default or parameter.default
+                if isinstance(value, str):
+                    models[option] = value
+        return models
 
     def __init__(
         self,

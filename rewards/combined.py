@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from gors.core.hub import check_model_path, recording_loads
+from gors.core.hub import check_cached, check_model_path, recording_loads
 from rewards.base import Reward, RewardOutput
 from rewards.registry import available_rewards, get_reward_class
 
@@ -267,6 +267,35 @@ def check_model_paths(cls: type[Reward], options: Mapping[str, Any], flag: str) 
             check_model_path(value, f"{flag} {key}", example=default if isinstance(default, str) else None)
         elif isinstance(value, Mapping) and key in available_rewards():
             check_model_paths(get_reward_class(key), value, flag)
+
+
+def member_models(members: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """The models (`Reward.models`) of several member rewards, given as name -> keyword arguments,
+    keyed `<member>.<option>`."""
+    return {f"{name}.{option}": model for name, options in members.items()
+            for option, model in get_reward_class(name).models(options).items()}
+
+
+def reward_models(text: str, model_name_or_path: str | None = None,
+                  options: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The models `build_reward(text, model_name_or_path, options)` loads, by the option that names each
+    (`Reward.models`; a list's keyed `<member>.<option>`). Model-free."""
+    specs = check_reward(text)
+    options = dict(options or {})
+    if is_single(specs, text):
+        if model_name_or_path is not None:
+            options["model_name_or_path"] = model_name_or_path
+        return get_reward_class(specs[0].name).models(options)
+    return member_models({spec.name: options.get(spec.name) or {} for spec in specs})
+
+
+def check_models_cached(text: str, model_name_or_path: str | None, options: Mapping[str, Any] | None,
+                        what: str) -> None:
+    """Offline (HF_HUB_OFFLINE), refuse a model of reward `text` that the local Hugging Face cache does not
+    hold, before anything is generated rather than when the reward first loads (`gors.core.hub.check_cached`;
+    `what` names the reward in the message)."""
+    for option, model in reward_models(text, model_name_or_path, options).items():
+        check_cached(model, f"{what} {option}")
 
 
 def _default_of(cls: type, option: str) -> Any:

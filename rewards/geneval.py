@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -237,6 +238,19 @@ class Mask2FormerDetector:
         return objects
 
 
+# GenEval's colour classifier: open_clip's architecture and pretrained tag.
+CLIP_MODEL, CLIP_PRETRAINED = "ViT-L-14", "openai"
+
+
+def open_clip_hub_repo(model_name: str, pretrained: str) -> str | None:
+    """The Hub repository open_clip downloads `pretrained` weights of `model_name` from (as open_clip
+    reads its `hf_hub` entry: `org/name/` or `org/name/file`), None for a local file or a tag without one."""
+    import open_clip
+
+    hub = (open_clip.get_pretrained_cfg(model_name, pretrained) or {}).get("hf_hub", "")
+    return os.path.split(hub)[0] or None
+
+
 class ClipColorClassifier:
     """GenEval's zero-shot colour classifier on open_clip (see the module docstring).
 
@@ -250,8 +264,8 @@ class ClipColorClassifier:
 
     def __init__(
         self,
-        model_name: str = "ViT-L-14",
-        pretrained: str = "openai",
+        model_name: str = CLIP_MODEL,
+        pretrained: str = CLIP_PRETRAINED,
         device: torch.device | str = "cpu",
         torch_dtype: torch.dtype = torch.float32,
         background: str = "#999",
@@ -274,7 +288,7 @@ class ClipColorClassifier:
                 "file; offline, download the weights first (open_clip caches them in the Hugging Face cache)."
             ) from err
         # A tag's weights come from its Hub repository (with the commit the cache holds); a file is local.
-        note_load(pretrained_cfg.get("hf_hub", "").rstrip("/") or pretrained)
+        note_load(open_clip_hub_repo(model_name, pretrained) or pretrained)
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = open_clip.get_tokenizer(model_name)
         self.device, self.background, self.batch_size = torch.device(device), background, batch_size
@@ -375,8 +389,8 @@ class GenEvalReward(Reward):
         device: str | torch.device | None = None,
         torch_dtype: torch.dtype | None = None,
         batch_size: int = 8,
-        clip_model: str = "ViT-L-14",
-        clip_pretrained: str = "openai",
+        clip_model: str = CLIP_MODEL,
+        clip_pretrained: str = CLIP_PRETRAINED,
         threshold: float = THRESHOLD,
         counting_threshold: float = COUNTING_THRESHOLD,
         max_objects: int = MAX_OBJECTS,
@@ -397,6 +411,18 @@ class GenEvalReward(Reward):
         self.classify_colors = ClipColorClassifier(
             clip_model, clip_pretrained, self.device, self.torch_dtype, background, batch_size=16
         )
+
+    @classmethod
+    def models(cls, options: Mapping[str, Any]) -> dict[str, str]:
+        """The detector (none from the Hub for `"official"`: GenEval's own checkpoint, from openmmlab) and
+        the Hub repository of the colour classifier's open_clip weights (`clip_pretrained`)."""
+        models = super().models(options)
+        if models.get("model_name_or_path") == OFFICIAL:
+            del models["model_name_or_path"]
+        repo = open_clip_hub_repo(options.get("clip_model", CLIP_MODEL), options.get("clip_pretrained", CLIP_PRETRAINED))
+        if repo is not None:
+            models["clip_pretrained"] = repo
+        return models
 
     @classmethod
     def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:

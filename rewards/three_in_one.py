@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from rewards.base import Reward, RewardOutput, check_choice
-from rewards.combined import SET_BY_GORS, accepted_options
+from rewards.combined import SET_BY_GORS, accepted_options, member_models
 from rewards.registry import get_reward_class
 
 Kind = Literal["all", "spatial", "action"]
@@ -124,6 +124,12 @@ class ThreeInOneReward(Reward):
                 member_class.check_options({**MEMBER_DEFAULTS.get(name, {}), **member})
             except ValueError as err:
                 raise ValueError(f"{name}: {err}") from None
+
+    @classmethod
+    def models(cls, options: Mapping[str, Any]) -> dict[str, str]:
+        """The three members' models, keyed `<member>.<option>` (e.g. `b_vqa.model_name_or_path`)."""
+        return member_models({name: {**MEMBER_DEFAULTS.get(name, {}), **(options.get(name) or {})}
+                              for name in MEMBERS.values()})
 
     def __init__(
         self,

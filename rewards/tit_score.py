@@ -253,6 +253,15 @@ class TITScoreReward(Reward):
         check_number("max_length", options.get("max_length", 8192), 1, math.inf)
         embedding_torch_dtype(options.get("embedding_dtype", "float32"))
 
+    @classmethod
+    def models(cls, options: MappingABC[str, Any]) -> dict[str, str]:
+        """The describing VLM and the judge's model: the embedder, or the LLM with ``judge="llm"``."""
+        models = super().models(options)
+        unused = "judge_model_name_or_path" if options.get("judge", "embedding") == "embedding" \
+            else "embedding_model_name_or_path"
+        models.pop(unused, None)
+        return models
+
     def __init__(
         self,
         model_name_or_path: str | None = None,

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from rewards.base import RewardOutput
-from rewards.combined import RewardSpec, WeightedReward
+from rewards.combined import RewardSpec, WeightedReward, member_models
 
 MEMBERS = ("grounded_sam", "grounded_detection", "blip_clip")
 
@@ -35,6 +35,11 @@ class UnbiasedComplexReward(WeightedReward):
     scoring_version = 3
     categories = ("complex",)
     description = "unbiased complex reward: mean of grounded_sam, grounded_detection and blip_clip"
+
+    @classmethod
+    def models(cls, options: Mapping[str, Any]) -> dict[str, str]:
+        """The three members' models, keyed `<member>.<option>` (e.g. `grounded_sam.sam_model_name_or_path`)."""
+        return member_models({name: options.get(name) or {} for name in MEMBERS})
 
     def __init__(
         self,

@@ -58,6 +58,30 @@ def seeded():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """A Hugging Face cache of this test's own, offline (as every test is): `hub_cache(*repo_ids)` puts
+    models in it as `hf download` leaves them (a main ref and its snapshot folder, empty: enough for
+    the offline check before generating, not to load them) and returns the cache folder."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-hub-cache"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def put(*repo_ids: str) -> Path:
+        commit = "c" * 40
+        for repo_id in repo_ids:
+            folder = cache / ("models--" + repo_id.replace("/", "--"))
+            (folder / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+            (folder / "refs").mkdir(exist_ok=True)
+            (folder / "refs" / "main").write_text(commit)
+        return cache
+
+    return put
+
+
 @pytest.fixture(scope="session")
 def tiny_sd(tmp_path_factory) -> Path:
     """Folder of a tiny random StableDiffusionPipeline (32 x 32 images, real CLIP tokenizer)."""

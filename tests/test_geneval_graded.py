@@ -315,7 +315,7 @@ def test_score_stage_hands_each_prompt_s_clauses_to_the_reward(models: dict[str,
 
 
 def test_geneval_rewards_refuse_prompts_without_clauses_before_any_work(
-    models: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    models: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_cache
 ) -> None:
     import gors.score
     from gors.config import RunConfig, ScoreConfig
@@ -348,7 +348,9 @@ def test_geneval_rewards_refuse_prompts_without_clauses_before_any_work(
     # --max_prompts 1 keeps only the valid row: the check passes and the run goes on to start (on a
     # local model: the checks read the model's config after the prompts').
     from gors.core.toy import PRETRAINED_DIR
+    from rewards.combined import reward_models
 
+    hub_cache(*reward_models("geneval").values())  # as a user's cache holds them
     with pytest.raises(AssertionError, match="no reward may load"):
         run(RunConfig(output_dir=str(tmp_path / "fresh"), train_prompts=str(bad), reward="geneval", max_prompts=1,
                       reward_threshold=0.5, pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline")))

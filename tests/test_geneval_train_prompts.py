@@ -143,10 +143,13 @@ def test_recipe_help_runs() -> None:
     assert "--train_prompts" in result.stdout and "--reward_threshold" in result.stdout
 
 
-def test_recipe_config_writes_the_training_prompts_once(tmp_path: Path) -> None:
+def test_recipe_config_writes_the_training_prompts_once(tmp_path: Path, hub_cache) -> None:
     from gors.core.toy import PRETRAINED_DIR
     from gors.recipes import GENEVAL_TAU, geneval_recipe_config
     from gors.run import check_run_inputs
+    from rewards.combined import reward_models
+
+    hub_cache(*reward_models("geneval_graded").values())  # as a user's cache holds them
 
     out = tmp_path / "run"
     config = geneval_recipe_config(["--output_dir", str(out), "--images_per_prompt", "4"])

@@ -611,10 +611,13 @@ def test_validation_autocasts_generation_only():
     assert not torch.is_autocast_enabled("cpu")
 
 
-def test_validation_samples_with_the_benchmarks_own_sampler(make_run_config, tmp_path):
+def test_validation_samples_with_the_benchmarks_own_sampler(make_run_config, tmp_path, hub_cache):
     """GenEval's protocol keeps the checkpoint's scheduler; the trainer's validation pipeline takes it."""
     from gors.core.distributed import make_accelerator
     from gors.validation import BenchmarkValidation
+    from rewards.combined import reward_models
+
+    hub_cache(*reward_models("geneval").values())  # as a user's cache holds them
 
     def scheduler(benchmark):
         config = make_run_config(output_dir=str(tmp_path), validation_benchmark=benchmark)

@@ -156,14 +156,39 @@ def hub_commit(name: str, revision: str | None = None) -> str | None:
         return None
     if revision is not None and re.fullmatch(r"[0-9a-f]{40}", revision):
         return revision
-    from huggingface_hub import constants
-    from huggingface_hub.file_download import repo_folder_name
-
-    ref = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model") / "refs" / (revision or "main")
+    ref = _cache_folder(name) / "refs" / (revision or "main")
     try:
         return ref.read_text().strip() or None
     except OSError:
         return None
+
+
+def _cache_folder(name: str) -> Path:
+    """The folder of Hub model `name` in the local Hugging Face cache (it may not exist)."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model")
+
+
+def check_cached(name: str, what: str) -> None:
+    """Raise a `ModelLoadError` when huggingface_hub is offline and Hub model `name` is not in the local
+    cache: its loader would fail only when it first runs, after what came before it (hours of
+    generating for a reward's model). `what` names the option that gave `name`, for the message. A local
+    folder, or any model while online, passes."""
+    offline = offline_setting()
+    if offline is None or looks_like_local_path(name):
+        return
+    commit = hub_commit(name)
+    if commit is not None and (_cache_folder(name) / "snapshots" / commit).is_dir():
+        return
+    from huggingface_hub import constants
+
+    raise ModelLoadError(
+        f"{what}={name!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and {offline} is set, "
+        f"so it cannot be downloaded: run `hf download {name}` on a machine with internet and copy its cache "
+        "here, or pass a local folder."
+    )
 
 
 @contextmanager

@@ -1,0 +1,126 @@
+"""Offline (HF_HUB_OFFLINE), a scorer's model that the Hugging Face cache lacks stops `gors run`, `gors
+evaluate` and benchmark validation before anything is generated; `Reward.models` names the models a
+reward loads, checked against what it does load."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gors.core.hub import ModelLoadError, check_cached
+from rewards.combined import build_reward, reward_models
+from rewards.registry import available_rewards
+
+
+def test_every_reward_names_its_default_models():
+    assert reward_models("b_vqa") == {"model_name_or_path": "Salesforce/blip-vqa-capfilt-large"}
+    assert reward_models("grounded_sam") == {"model_name_or_path": "IDEA-Research/grounding-dino-base",
+                                             "sam_model_name_or_path": "facebook/sam-vit-huge"}
+    assert reward_models("spatial_3d")["depth_model_name_or_path"] == "Intel/dpt-hybrid-midas"  # an argument's default
+    assert reward_models("toy_oracle") == {}  # rules, no model
+    for name in available_rewards():  # every value a model name, under the option that sets it
+        for option, model in reward_models(name).items():
+            assert isinstance(model, str) and model, (name, option)
+            assert option.rpartition(".")[2] in ("model_name_or_path", "clip_pretrained") or option.endswith(
+                "_model_name_or_path"), (name, option)
+
+
+def test_models_follow_the_options_that_choose_them():
+    # TIT-Score loads its embedder or its LLM judge, never both.
+    assert set(reward_models("tit_score")) == {"model_name_or_path", "embedding_model_name_or_path"}
+    assert reward_models("tit_score", None, {"judge": "llm"})["judge_model_name_or_path"] == "Qwen/Qwen3-8B"
+    assert "embedding_model_name_or_path" not in reward_models("tit_score", None, {"judge": "llm"})
+    # GenEval: open_clip's weights come from the Hub repository of the tag, none for a local file or the
+    # official detector (fetched from openmmlab, not the Hub).
+    assert reward_models("geneval")["clip_pretrained"] == "timm/vit_large_patch14_clip_224.openai"
+    assert reward_models("geneval", None, {"model_name_or_path": "official", "clip_pretrained": "/x/clip.pt"}) == {}
+    # Members of composites and lists, keyed by member, their options applied.
+    assert reward_models("three_in_one", None, {"b_vqa": {"model_name_or_path": "me/blip"}}) == {
+        "b_vqa.model_name_or_path": "me/blip", "spatial_rule.model_name_or_path": "google/owlv2-base-patch16-ensemble",
+        "clip_score.model_name_or_path": "openai/clip-vit-base-patch32"}
+    assert reward_models("b_vqa:1,blip_clip:1", None, {"blip_clip": {"clip_model_name_or_path": "me/clip"}}) == {
+        "b_vqa.model_name_or_path": "Salesforce/blip-vqa-capfilt-large",
+        "blip_clip.model_name_or_path": "Salesforce/blip-image-captioning-large",
+        "blip_clip.clip_model_name_or_path": "me/clip"}
+    assert reward_models("b_vqa", "me/blip") == {"model_name_or_path": "me/blip"}  # --reward_model_name_or_path
+
+
+def test_the_models_named_are_the_models_a_composite_reward_loads(tmp_path):
+    from gors.testing.blip import build_tiny_blip_captioner
+    from gors.testing.clip import build_tiny_clip
+    from gors.testing.detection import build_tiny_grounding_dino
+    from gors.testing.sam import build_tiny_sam
+
+    options = {
+        "grounded_sam": {"model_name_or_path": str(build_tiny_grounding_dino(tmp_path / "dino")),
+                         "sam_model_name_or_path": str(build_tiny_sam(tmp_path / "sam"))},
+        "grounded_detection": {"model_name_or_path": str(build_tiny_grounding_dino(tmp_path / "mm", mm=True))},
+        "blip_clip": {"model_name_or_path": str(build_tiny_blip_captioner(tmp_path / "blip")),
+                      "clip_model_name_or_path": str(build_tiny_clip(tmp_path / "clip"))},
+    }
+    reward = build_reward("unbiased_complex", options=options, device="cpu")
+    named = reward_models("unbiased_complex", None, options)
+    assert len(named) == 5 and set(named.values()) == set(reward.model_commits)
+
+
+def test_an_uncached_model_is_refused_offline_only(hub_cache, monkeypatch):
+    cache = hub_cache()
+    with pytest.raises(ModelLoadError, match=r"^--x='org/model' is not in the local Hugging Face cache \(.*hf-hub-cache\) and "
+                                             r"HF_HUB_OFFLINE=1 is set, so it cannot be downloaded: run `hf download "
+                                             r"org/model` on a machine with internet"):
+        check_cached("org/model", "--x")
+    hub_cache("org/partial")
+    shutil.rmtree(cache / "models--org--partial" / "snapshots")  # a ref without its files is no copy
+    with pytest.raises(ModelLoadError, match="'org/partial' is not in the local"):
+        check_cached("org/partial", "--x")
+    hub_cache("org/model")
+    check_cached("org/model", "--x")  # cached
+    check_cached(str(cache), "--x")  # a local folder
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    check_cached("org/other", "--x")  # online: the loader downloads it
+
+
+def test_gors_run_offline_stops_before_generating_when_the_rewards_model_is_not_cached(
+        hub_cache, make_run_config, tiny_blip, tmp_path):
+    from gors.core.run_folder import samples_dir
+    from gors.run import check_run_inputs, run
+
+    config = make_run_config(output_dir=str(tmp_path / "run"), reward="blip_clip", reward_model_name_or_path=None,
+                             reward_options={"clip_model_name_or_path": "me/clip"})
+    with pytest.raises(ModelLoadError, match=r"^--reward blip_clip model_name_or_path="
+                                             r"'Salesforce/blip-image-captioning-large' is not in the local"):
+        run(config)
+    assert not samples_dir(config.output_dir).exists()  # nothing generated
+    hub_cache("Salesforce/blip-image-captioning-large")
+    with pytest.raises(ModelLoadError, match=r"^--reward blip_clip clip_model_name_or_path='me/clip' is not in"):
+        check_run_inputs(config)  # the option's model is checked too
+    hub_cache("me/clip")
+    check_run_inputs(config)
+    check_run_inputs(replace(config, reward="b_vqa", reward_options={},  # a local folder: nothing to look up
+                             reward_model_name_or_path=str(tiny_blip)))
+
+
+def test_gors_evaluate_and_validation_offline_stop_before_generating_when_a_scorer_is_not_cached(
+        hub_cache, tmp_path, monkeypatch, make_run_config):
+    from gors.config import EvaluateConfig
+    from gors.core.toy import PRETRAINED_DIR
+    from gors.evaluate import evaluate
+    from gors.validation import validation_target
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
+    monkeypatch.setenv("GORS_DATA_DIR", str(shared))
+    config = EvaluateConfig(pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline"),
+                            benchmarks="t2i_compbench:color", max_prompts=2, images_per_prompt=1,
+                            output_dir=str(tmp_path / "eval"))
+    with pytest.raises(ModelLoadError, match=r"^t2i_compbench:color's scorer 'b_vqa' model_name_or_path="
+                                             r"'Salesforce/blip-vqa-capfilt-large' is not in the local"):
+        evaluate(config)
+    assert not list(tmp_path.rglob("*.png"))
+    run_config = make_run_config(validation_benchmark="t2i_compbench:color", validation_steps=1)
+    with pytest.raises(ModelLoadError, match=r"'Salesforce/blip-vqa-capfilt-large' is not in the local"):
+        validation_target(run_config)
+    hub_cache("Salesforce/blip-vqa-capfilt-large")
+    validation_target(run_config)
