@@ -338,11 +338,32 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+# `gors download COMMAND [flags]` takes another command's flags, so it is no entry of COMMANDS.
+DOWNLOAD_HELP = "fetch what `gors COMMAND [flags]` loads, to run it offline: gors download COMMAND [flags]"
+
+
 def usage() -> str:
     """`gors --help`: the subcommands and what each does."""
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {command.help}" for name, command in COMMANDS.items()]
+    lines.append(f"  {'download':<{width}}  {DOWNLOAD_HELP}")
     return "usage: gors COMMAND [flags]  (gors COMMAND --help for its flags)\n\n" + "\n".join(lines)
+
+
+def download_command(argv: Sequence[str]) -> None:
+    """`gors download COMMAND [flags of COMMAND]` (`gors.download`)."""
+    from gors.download import DOWNLOADABLE, download
+
+    usage_line = (f"usage: gors download {{{','.join(DOWNLOADABLE)}}} [flags of that command]\n\n"
+                  "Fetches the models and data files that command would load with those flags into the Hugging "
+                  "Face and gors caches, so that it runs with HF_HUB_OFFLINE=1 where the caches are shared.")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage_line)
+        return
+    if argv[0] not in DOWNLOADABLE:
+        raise SystemExit(f"gors download: it downloads for {', '.join(DOWNLOADABLE)}, not {argv[0]!r}\n{usage_line}")
+    name = argv[0]
+    download(name, parse_config(_load(COMMANDS[name].config), argv[1:], prog=f"gors download {name}"))
 
 
 # What users cause and can fix from the message alone; anything else is a bug and keeps its traceback.
@@ -491,6 +512,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(usage())
         return
     with expected_errors():
+        if argv[0] == "download":
+            download_command(argv[1:])
+            return
         name = " ".join(argv[:2]) if " ".join(argv[:2]) in COMMANDS else argv[0]  # two words: `gors toy pretrain`
         if name not in COMMANDS:
             raise SystemExit(f"gors: unknown command {argv[0]!r}\n{usage()}")

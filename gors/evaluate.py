@@ -11,6 +11,7 @@ T2I-CompBench's MLLM-CoT.
 from __future__ import annotations
 
 import gc
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,27 @@ def extra_columns(config: EvaluateConfig, benchmarks: list[Benchmark]) -> list[l
             for benchmark in benchmarks]
 
 
-def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
-    """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json)."""
+@dataclass(frozen=True)
+class BenchmarkPlan:
+    """One benchmark (a T2I-CompBench category) of a `gors evaluate`: its folder and its scorers' options."""
+
+    label: str
+    folder: Path
+    benchmark: Benchmark
+    options: dict[str, Any]
+    column_options: dict[str, dict[str, Any]] | None
+    extra: list[str]
+    with_columns: bool
+
+    def scorer_specs(self) -> list[tuple[str | None, str, dict[str, Any]]]:
+        """(column or None, reward, merged options) of every scorer it builds (`Benchmark.scorer_specs`)."""
+        return self.benchmark.scorer_specs(self.options, self.column_options, self.extra, self.with_columns)
+
+
+def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
+    """The benchmarks `gors evaluate` runs under `config`, each with its scorers' options checked (and,
+    offline, their models in the local cache): every mistake that can be found before any data
+    downloads or model loads beyond the benchmarks' own files."""
     specs = parse_benchmarks(config.benchmarks)
     if config.images is not None and len(specs) != 1:
         raise ValueError(
@@ -97,7 +117,22 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
                                          images_per_prompt=config.images_per_prompt)) for spec in specs]
     if config.images is not None:
         benchmarks[0][1].check_images_readable()
-    extras = extra_columns(config, [benchmark for _, benchmark in benchmarks])
+    plans = []
+    for ((name, _), benchmark), extra in zip(benchmarks, extra_columns(config, [b for _, b in benchmarks])):
+        # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.
+        subset = getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
+        label = benchmark_label(name, subset)
+        options = {**config.scorer_options.get(name, {}), **config.scorer_options.get(label, {})}
+        column_options = options.pop("columns", None)
+        benchmark.check_scorer_options(label, options, column_options, extra, with_columns=config.columns != "none")
+        plans.append(BenchmarkPlan(label, Path(config.output_dir) / name / (subset or ""), benchmark, options,
+                                   column_options, extra, config.columns != "none"))
+    return plans
+
+
+def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
+    """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json)."""
+    plans = plan_benchmarks(config)
     lora = resolve_lora(config.lora)  # official:<category> -> the converted release, downloaded once
     if lora is not None:
         check_lora_path(lora)  # before any store records settings or any weights load
@@ -106,31 +141,21 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         if config.images is None:  # SD3/3.5 and FLUX.1 generate in bf16 under an fp16 accelerate config
             precision = family_precision(detect_backbone(config.pretrained_model_name_or_path), precision)
         accelerator = make_accelerator(mixed_precision=precision)
-    runs = []
-    for ((name, _), benchmark), extra in zip(benchmarks, extras):
-        # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.
-        subset = getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
-        label = benchmark_label(name, subset)
-        options = {**config.scorer_options.get(name, {}), **config.scorer_options.get(label, {})}
-        column_options = options.pop("columns", None)
-        benchmark.check_scorer_options(label, options, column_options, extra, with_columns=config.columns != "none")
-        keys = benchmark.scorer_keys(accelerator, options, config.scorer_batch_size, column_options, extra,
-                                     with_columns=config.columns != "none")
-        runs.append((label, Path(config.output_dir) / name / (subset or ""), benchmark, options, column_options, extra,
-                     keys))
+    runs = [(plan, plan.benchmark.scorer_keys(accelerator, plan.options, config.scorer_batch_size, plan.column_options,
+                                              plan.extra, with_columns=plan.with_columns)) for plan in plans]
     summaries = []
     scorers: dict = {}  # a reward model used by several benchmarks (e.g. B-VQA, CLIP) is loaded once
-    for index, (label, folder, benchmark, options, column_options, extra, _) in enumerate(runs):
-        accelerator.print(f"[evaluate] {label} -> {folder}")
-        summary = benchmark.evaluate(
-            config.pretrained_model_name_or_path, folder, lora=lora, accelerator=accelerator,
-            scorer_options=options, images=config.images, scorer_batch_size=config.scorer_batch_size,
-            column_options=column_options, scorer_cache=scorers, torch_compile=config.torch_compile,
-            with_columns=config.columns != "none", extra_columns=extra, lora_dropout=config.lora_dropout,
+    for index, (plan, _) in enumerate(runs):
+        accelerator.print(f"[evaluate] {plan.label} -> {plan.folder}")
+        summary = plan.benchmark.evaluate(
+            config.pretrained_model_name_or_path, plan.folder, lora=lora, accelerator=accelerator,
+            scorer_options=plan.options, images=config.images, scorer_batch_size=config.scorer_batch_size,
+            column_options=plan.column_options, scorer_cache=scorers, torch_compile=config.torch_compile,
+            with_columns=plan.with_columns, extra_columns=plan.extra, lora_dropout=config.lora_dropout,
         )
-        summaries.append({"label": label, "primary_metric": benchmark.primary_metric, "folder": str(folder),
-                          **summary})
-        drop_unneeded(scorers, set().union(*(run[-1] for run in runs[index + 1 :])))
+        summaries.append({"label": plan.label, "primary_metric": plan.benchmark.primary_metric,
+                          "folder": str(plan.folder), **summary})
+        drop_unneeded(scorers, set().union(*(keys for _, keys in runs[index + 1 :])))
     if accelerator.is_main_process:
         dropout = {"lora_dropout": config.lora_dropout} if config.lora_dropout else {}
         atomic_write_json(Path(config.output_dir) / "summary.json",

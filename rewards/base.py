@@ -128,6 +128,12 @@ class Reward:
                     models[option] = value
         return models
 
+    @classmethod
+    def download_files(cls, options: Mapping[str, Any]) -> None:
+        """Fetch into gors' cache the files besides its models that an instance built with `options`
+        reads (pinned data such as T2I-CompBench's lists), as its `__init__` would: `gors download`
+        calls it on a machine with internet. None by default."""
+
     def __init__(
         self,
         model_name_or_path: str | None = None,

@@ -289,6 +289,18 @@ def reward_models(text: str, model_name_or_path: str | None = None,
     return member_models({spec.name: options.get(spec.name) or {} for spec in specs})
 
 
+def download_reward_files(text: str, options: Mapping[str, Any] | None = None) -> None:
+    """Fetch the files besides models that `build_reward(text, options=options)` reads
+    (`Reward.download_files` of it, or of each member of a list)."""
+    specs = check_reward(text)
+    options = dict(options or {})
+    if is_single(specs, text):
+        get_reward_class(specs[0].name).download_files(options)
+        return
+    for spec in specs:
+        get_reward_class(spec.name).download_files(options.get(spec.name) or {})
+
+
 def check_models_cached(text: str, model_name_or_path: str | None, options: Mapping[str, Any] | None,
                         what: str) -> None:
     """Offline (HF_HUB_OFFLINE), refuse a model of reward `text` that the local Hugging Face cache does not

@@ -413,6 +413,12 @@ class GenEvalReward(Reward):
         )
 
     @classmethod
+    def download_files(cls, options: Mapping[str, Any]) -> None:
+        """GenEval's own detector checkpoint with `model_name_or_path="official"`, converted once."""
+        if options.get("model_name_or_path") == OFFICIAL:
+            official_detector_folder()
+
+    @classmethod
     def models(cls, options: Mapping[str, Any]) -> dict[str, str]:
         """The detector (none from the Hub for `"official"`: GenEval's own checkpoint, from openmmlab) and
         the Hub repository of the colour classifier's open_clip weights (`clip_pretrained`)."""

@@ -68,6 +68,12 @@ class NumeracyReward(Reward):
         """Refuse detection options `check_detection_options` refuses."""
         check_detection_options(options)
 
+    @classmethod
+    def download_files(cls, options: Mapping[str, Any]) -> None:
+        """The official noun list, unless `noun_file` gives one."""
+        if options.get("noun_file") is None:
+            load_noun_list()
+
     def __init__(
         self,
         model_name_or_path: str | None = None,

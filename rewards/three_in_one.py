@@ -126,6 +126,12 @@ class ThreeInOneReward(Reward):
                 raise ValueError(f"{name}: {err}") from None
 
     @classmethod
+    def download_files(cls, options: Mapping[str, Any]) -> None:
+        """The official complex spatial and action prompt lists, which pick each prompt's terms."""
+        if options.get("subsplits", "official") == "official":
+            _official_subsplits()
+
+    @classmethod
     def models(cls, options: Mapping[str, Any]) -> dict[str, str]:
         """The three members' models, keyed `<member>.<option>` (e.g. `b_vqa.model_name_or_path`)."""
         return member_models({name: {**MEMBER_DEFAULTS.get(name, {}), **(options.get(name) or {})}

@@ -68,9 +68,10 @@ def test_the_models_named_are_the_models_a_composite_reward_loads(tmp_path):
 
 def test_an_uncached_model_is_refused_offline_only(hub_cache, monkeypatch):
     cache = hub_cache()
-    with pytest.raises(ModelLoadError, match=r"^--x='org/model' is not in the local Hugging Face cache \(.*hf-hub-cache\) and "
-                                             r"HF_HUB_OFFLINE=1 is set, so it cannot be downloaded: run `hf download "
-                                             r"org/model` on a machine with internet"):
+    with pytest.raises(ModelLoadError, match=r"^--x='org/model' is not in the local Hugging Face cache "
+                                             r"\(.*hf-hub-cache\) and HF_HUB_OFFLINE=1 is set, so it cannot be "
+                                             r"downloaded: on a machine with internet run `hf download org/model` "
+                                             r"\(or `gors download` before the command"):
         check_cached("org/model", "--x")
     hub_cache("org/partial")
     shutil.rmtree(cache / "models--org--partial" / "snapshots")  # a ref without its files is no copy

@@ -186,8 +186,8 @@ def check_cached(name: str, what: str) -> None:
 
     raise ModelLoadError(
         f"{what}={name!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and {offline} is set, "
-        f"so it cannot be downloaded: run `hf download {name}` on a machine with internet and copy its cache "
-        "here, or pass a local folder."
+        f"so it cannot be downloaded: on a machine with internet run `hf download {name}` (or `gors download` "
+        "before the command and its flags, for all it loads) and copy the cache here, or pass a local folder."
     )
 
 

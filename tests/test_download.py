@@ -1,0 +1,138 @@
+"""`gors download COMMAND [flags]`: what each command loads, fetched so that it then runs offline.
+
+The Hub is not reachable here: huggingface_hub stays offline for the whole session (conftest), and
+the three calls that would reach it (`HfApi.list_repo_files`, `snapshot_download`,
+`DiffusionPipeline.download`) are replaced by ones that record the request and leave the model in a
+test cache as `hf download` would. gors' own pinned files come from ../shared (GORS_DATA_DIR).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gors.cli import main
+from gors.config import EvaluateConfig, RunConfig
+from gors.core.hub import ModelLoadError
+from gors.download import ModelNeed, download, download_model, plan
+from rewards.combined import check_models_cached, reward_models
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
+pytestmark = pytest.mark.skipif(not (SHARED / "t2i_compbench").is_dir(), reason="needs ../shared/benchmarks")
+SD2 = "stabilityai/stable-diffusion-2-base"
+
+
+@pytest.fixture
+def hub(hub_cache, monkeypatch, tiny_sd):
+    """A Hub stand-in: the requests made, by kind; each request leaves its model in the test cache.
+    `HF_HUB_OFFLINE=0` is seen by gors' check only; huggingface_hub itself stays offline."""
+    import diffusers
+    import huggingface_hub
+
+    monkeypatch.setenv("GORS_DATA_DIR", str(SHARED))
+    cache = hub_cache()
+    # The SD 2 base id holds the tiny pipeline, so that its model_index.json is read from the cache.
+    shutil.copytree(tiny_sd, next((hub_cache(SD2) / "models--stabilityai--stable-diffusion-2-base" / "snapshots")
+                                  .iterdir()), dirs_exist_ok=True)
+    requests: dict[str, list] = {"files": [], "snapshot": [], "pipeline": []}
+
+    def list_repo_files(self, repo_id, revision=None, **kwargs):
+        requests["files"].append(repo_id)
+        return ["config.json", "model.safetensors", "pytorch_model.bin", "tf_model.h5"]
+
+    def snapshot_download(repo_id, revision=None, ignore_patterns=None, **kwargs):
+        requests["snapshot"].append((repo_id, tuple(ignore_patterns or ())))
+        return str(hub_cache(repo_id))
+
+    def pipeline_download(cls, name, **kwargs):
+        requests["pipeline"].append((cls.__name__, name, kwargs))
+        return str(hub_cache(name))
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", list_repo_files)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(diffusers.DiffusionPipeline, "download", classmethod(pipeline_download))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    requests["cache"] = cache
+    return requests
+
+
+def test_a_run_fetches_its_pipeline_reward_and_validation_scorer_then_passes_offline(hub, monkeypatch, capsys):
+    config = RunConfig(output_dir="unused", train_prompts="complex", validation_benchmark="t2i_compbench:color")
+    fetched = download("run", config)
+
+    expected_reward = reward_models("three_in_one")  # the complex category's metric
+    assert fetched[0] == SD2 and set(fetched[1:]) == set(expected_reward.values()) | {
+        "Salesforce/blip-vqa-capfilt-large"}  # the colour validation's B-VQA, once though 3-in-1 has it too
+    assert len(fetched) == len(set(fetched))
+    # The pipeline as it loads: without Stable Diffusion's safety checker.
+    assert [(cls, name, kwargs.get("safety_checker", "x")) for cls, name, kwargs in hub["pipeline"]] == [
+        ("StableDiffusionPipeline", SD2, None)]
+    # Other repositories whole, but for formats no loader reads (and pickles beside safetensors).
+    for _, ignore in hub["snapshot"]:
+        assert "*.h5" in ignore and "*.bin" in ignore and "*.json" not in ignore
+    out = capsys.readouterr().out
+    assert "[download] --reward three_in_one data" in out and "[download] t2i_compbench:color prompts" in out
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the compute node: every model is now found
+    check_models_cached("three_in_one", None, {}, "--reward three_in_one")
+    check_models_cached("b_vqa", None, {}, "validation")
+
+
+def test_evaluate_fetches_every_scorer_and_column_and_each_command_only_what_it_loads(hub):
+    config = EvaluateConfig(pretrained_model_name_or_path=SD2, benchmarks="t2i_compbench:spatial,geneval")
+    models, files = plan("evaluate", config)
+    names = {need.name for need in models}
+    assert {SD2, "google/owlv2-base-patch16-ensemble", "facebook/mask2former-swin-small-coco-instance",
+            "timm/vit_large_patch14_clip_224.openai"} <= names
+    assert any(need.option.startswith("t2i_compbench:spatial CLIPScore") for need in models)  # a further column
+    assert [d for d, _ in files] == ["t2i_compbench:spatial prompts", "t2i_compbench:spatial 'spatial_rule' data",
+                                     "t2i_compbench:spatial 'blip_clip' data", "t2i_compbench:spatial 'clip_score' data",
+                                     "geneval prompts", "geneval 'geneval' data"]
+    images = EvaluateConfig(images=str(hub["cache"]), benchmarks="geneval")
+    assert SD2 not in {need.name for need in plan("evaluate", images)[0]}  # scoring a folder generates nothing
+
+    generate, _ = plan("generate", RunConfig(output_dir="unused", train_prompts="color"))
+    assert [need.name for need in generate] == [SD2]  # no reward
+    score, _ = plan("score", RunConfig(output_dir="unused", reward="numeracy"))
+    assert [need.name for need in score] == ["google/owlv2-base-patch16-ensemble"]  # no pipeline
+    train, _ = plan("train", RunConfig(output_dir="unused"))
+    assert [need.name for need in train] == [SD2]
+
+
+def test_offline_or_another_command_is_refused_and_a_gated_model_says_what_to_do(hub, monkeypatch, capsys):
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="fetches from the Hub, but HF_HUB_OFFLINE=1 is set: unset it"):
+        download("generate", RunConfig(output_dir="unused"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+
+    class Response:
+        status_code, headers, url, request = 403, {}, "https://huggingface.co/org/gated", None
+
+    def gated(self, repo_id, **kwargs):
+        raise GatedRepoError("403 gated", response=Response())
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", gated)
+    with pytest.raises(ModelLoadError, match=r"--x='org/gated' is a gated repository: accept its license"):
+        download_model(ModelNeed("--x", "org/gated"))
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["download", "select", "--output_dir", "x"])
+    assert exit_info.value.code == 2
+    assert "gors download: it downloads for run, generate, score, train, evaluate, not 'select'" in \
+        capsys.readouterr().err
+    main(["--help"])
+    assert re.search(r"\n  download +fetch what `gors COMMAND \[flags\]` loads", capsys.readouterr().out)
+
+
+def test_the_command_line_takes_the_commands_own_flags(hub, capsys):
+    main(["download", "score", "--output_dir", "unused", "--reward", "b_vqa:0.5,clip_score:0.5",
+          "--reward_options", '{"clip_score": {"model_name_or_path": "me/clip"}}'])
+    assert [name for name, _ in hub["snapshot"]] == ["Salesforce/blip-vqa-capfilt-large", "me/clip"]
+    assert "[download] --reward b_vqa:0.5,clip_score:0.5 clip_score.model_name_or_path: me/clip" in \
+        capsys.readouterr().out
