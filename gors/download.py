@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gors.core.hub import ModelLoadError, load_hint, looks_like_local_path, offline_setting, raise_if_gated
+from gors.core.hub import ModelLoadError, load_hint, looks_like_local_path, offline_setting, one_line, raise_if_gated
 
 # The commands whose needs `gors download` knows.
 DOWNLOADABLE = ("run", "generate", "score", "train", "evaluate")
@@ -30,8 +30,8 @@ DOWNLOADABLE = ("run", "generate", "score", "train", "evaluate")
 # PyTorch pickles), left out of a Hub model's download.
 OTHER_FORMATS = ("*.h5", "*.msgpack", "*.onnx", "*.onnx_data", "*.ot", "*.tflite", "*.gguf", "*.mlmodel",
                  "onnx/*", "openvino/*", "coreml/*", "flax_model*", "tf_model*")
-# PyTorch pickles, left out where the repository has safetensors (which every loader prefers).
-PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+# PyTorch pickles, left out where a safetensors twin is there (which every loader prefers).
+PICKLES = (".bin", ".pt", ".pth", ".ckpt")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def plan(command: str, config: Any) -> tuple[list[ModelNeed], list[tuple[str, An
         for benchmark in plan_benchmarks(config):
             files.append((f"{benchmark.label} prompts", benchmark.benchmark.prompts))
             models += _scorer_needs(benchmark.scorer_specs(), benchmark.label)
-            files += [(f"{benchmark.label} {reward!r} data", _files_of(reward, options))
+            files += [(f"{benchmark.label} {reward!r} data", _files_of(reward, None, options))
                       for _, reward, options in benchmark.scorer_specs()]
         if config.lora is not None:
             files.append((f"--lora {config.lora}", lambda: resolve_lora(config.lora)))
@@ -81,20 +81,21 @@ def plan(command: str, config: Any) -> tuple[list[ModelNeed], list[tuple[str, An
     if command in ("run", "generate", "train"):
         models.append(ModelNeed("--pretrained_model_name_or_path", config.pretrained_model_name_or_path, True,
                                 config.revision))
+    category = None
     if command in ("run", "generate"):
         from gors.core.prompts import load_prompts
 
-        prompt_set = load_prompts(config.train_prompts)  # a T2I-CompBench name: fetched now
-        category = prompt_set.category
-    else:
-        category = None
+        category = load_prompts(config.train_prompts).category  # a T2I-CompBench name: fetched now
+    if command == "score":
+        category = _scored_category(config)
     if command in ("run", "score"):
         from rewards.combined import check_reward_options
 
         reward = config.reward_name(category)
         check_reward_options(reward, config.reward_options)
-        models += _reward_needs(reward, config.reward_model_name_or_path, config.reward_options, f"--reward {reward}")
-        files.append((f"--reward {reward} data", _files_of(reward, config.reward_options)))
+        model, options = config.reward_model_name_or_path, config.reward_options
+        models += _reward_needs(reward, model, options, f"--reward {reward}")
+        files.append((f"--reward {reward} data", _files_of(reward, model, options)))
     if command in ("run", "train") and config.validation_benchmark:
         from gors.validation import validation_target
 
@@ -102,15 +103,32 @@ def plan(command: str, config: Any) -> tuple[list[ModelNeed], list[tuple[str, An
         specs = target.benchmark.scorer_specs(config.validation_scorer_options, with_columns=False)
         files.append((f"{target.label} prompts", target.benchmark.prompts))
         models += _scorer_needs(specs, target.label)
-        files += [(f"{target.label} {reward!r} data", _files_of(reward, options)) for _, reward, options in specs]
+        files += [(f"{target.label} {reward!r} data", _files_of(reward, None, options))
+                  for _, reward, options in specs]
     return models, files
 
 
-def _files_of(reward: str, options: dict[str, Any] | None):
+def _scored_category(config: Any) -> str | None:
+    """The category `gors score` takes its default reward from: the one its run folder's samples
+    recorded. A folder without samples yet must be told the reward (or category) it will be scored with."""
+    from gors.core.prompts import recorded_category
+    from gors.core.run_folder import samples_dir
+    from gors.core.store import SampleStore
+
+    store = SampleStore(samples_dir(config.output_dir))
+    if (store.root / "prompts.json").is_file():
+        return recorded_category(store.load_prompts())
+    if config.reward is None and config.category is None:
+        raise ValueError(f"gors download score: {config.output_dir} holds no samples yet, so the reward `gors score` "
+                         "takes from their category is unknown; give --reward or --category")
+    return None
+
+
+def _files_of(reward: str, model_name_or_path: str | None, options: dict[str, Any] | None):
     """The fetch function of the files reward `reward` reads besides its models."""
     from rewards.combined import download_reward_files
 
-    return lambda: download_reward_files(reward, options)
+    return lambda: download_reward_files(reward, model_name_or_path, options)
 
 
 def download_model(need: ModelNeed) -> str:
@@ -128,14 +146,29 @@ def download_model(need: ModelNeed) -> str:
         from huggingface_hub import HfApi, snapshot_download
 
         files = HfApi().list_repo_files(need.name, revision=need.revision)
-        ignore = list(OTHER_FORMATS) + (list(PICKLES) if any(f.endswith(".safetensors") for f in files) else [])
+        ignore = list(OTHER_FORMATS) + pickles_with_safetensors(files)
         return snapshot_download(need.name, revision=need.revision, ignore_patterns=ignore)
     except ModelLoadError:
         raise
     except Exception as err:  # the Hub's and the loaders' errors, which only the chain tells apart
         raise_if_gated(err, need.name, need.option)
         raise ModelLoadError(f"{need.option}={need.name!r} could not be downloaded ({type(err).__name__}: "
-                             f"{err}). {load_hint(need.name, err)}") from err
+                             f"{one_line(err)}). {load_hint(need.name, err)}") from err
+
+
+def pickles_with_safetensors(files: list[str]) -> list[str]:
+    """The PyTorch pickles among a repository's `files` that have a safetensors twin, which every loader
+    reads instead: the same name (`diffusion_pytorch_model.bin`), or with `pytorch_model` read as `model`
+    (transformers' `pytorch_model-00001-of-00002.bin`, open_clip's `open_clip_pytorch_model.bin`). A
+    pickle without one is a repository's only copy of those weights and is kept."""
+    present = set(files)
+    twins = []
+    for name in files:
+        stem, dot, suffix = name.rpartition(".")
+        if dot and f".{suffix}" in PICKLES and (
+                f"{stem}.safetensors" in present or f"{stem.replace('pytorch_model', 'model')}.safetensors" in present):
+            twins.append(name)
+    return twins
 
 
 def download(command: str, config: Any) -> list[str]:

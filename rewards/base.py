@@ -86,6 +86,8 @@ class Reward:
     - `scoring_version`: raised when a release changes the reward's scores for the same options;
       a score folder records it (when above 1) and refuses scores of another version
       (`rewards.combined.scoring_versions`).
+    - `model_objects`: model option -> the keyword argument that passes a ready model instead (e.g.
+      `{"model_name_or_path": "detector"}`), whose option's model is then not loaded (`models`).
     """
 
     name: ClassVar[str] = ""
@@ -96,6 +98,7 @@ class Reward:
     official_dtype: ClassVar[torch.dtype | None] = None
     overflows_in_float16: ClassVar[bool] = False
     scoring_version: ClassVar[int] = 1
+    model_objects: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:
@@ -117,11 +120,11 @@ class Reward:
         `default_model`) and every other `<x>_model_name_or_path` argument (default `default_<x>_model`, else
         the argument's own). Model-free, so that a run refuses a model it could not load before it
         generates anything (`rewards.combined.check_models_cached`). A reward that loads a model only under
-        some options, or one named otherwise, overrides it; a model object passed in instead (a `detector`)
-        is not looked at."""
+        some options, or one named otherwise (or not from the Hub: return none), overrides it."""
         models = {}
         for option, parameter in inspect.signature(cls).parameters.items():
-            if option.endswith("model_name_or_path"):
+            instead = cls.model_objects.get(option)
+            if option.endswith("model_name_or_path") and (instead is None or options.get(instead) is None):
                 default = getattr(cls, f"default_{option.removesuffix('model_name_or_path')}model", None)
                 value = options.get(option) or default or parameter.default
                 if isinstance(value, str):

@@ -289,12 +289,15 @@ def reward_models(text: str, model_name_or_path: str | None = None,
     return member_models({spec.name: options.get(spec.name) or {} for spec in specs})
 
 
-def download_reward_files(text: str, options: Mapping[str, Any] | None = None) -> None:
-    """Fetch the files besides models that `build_reward(text, options=options)` reads
+def download_reward_files(text: str, model_name_or_path: str | None = None,
+                          options: Mapping[str, Any] | None = None) -> None:
+    """Fetch the files besides models that `build_reward(text, model_name_or_path, options)` reads
     (`Reward.download_files` of it, or of each member of a list)."""
     specs = check_reward(text)
     options = dict(options or {})
     if is_single(specs, text):
+        if model_name_or_path is not None:
+            options["model_name_or_path"] = model_name_or_path
         get_reward_class(specs[0].name).download_files(options)
         return
     for spec in specs:

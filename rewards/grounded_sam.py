@@ -146,6 +146,7 @@ class GroundedSAMReward(Reward):
     # without objects 0 (1: every phrase at the box's best, the maximum over tokens, 1)
     scoring_version = 2
     default_model = "IDEA-Research/grounding-dino-base"
+    model_objects = {"model_name_or_path": "detector", "sam_model_name_or_path": "segmenter"}
     default_sam_model = "facebook/sam-vit-huge"
     categories = ("color", "shape", "texture")
     description = (

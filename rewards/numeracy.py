@@ -57,6 +57,7 @@ class NumeracyReward(Reward):
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
     scoring_version = 3
     default_model = "google/owlv2-base-patch16-ensemble"
+    model_objects = {"model_name_or_path": "detector"}
     categories = ("numeracy",)
     description = (
         "T2I-CompBench++ numeracy rule (detector counts of the prompt's objects: half for "

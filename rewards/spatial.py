@@ -107,6 +107,7 @@ class SpatialRuleReward(Reward):
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
     scoring_version = 4
     default_model = "google/owlv2-base-patch16-ensemble"
+    model_objects = {"model_name_or_path": "detector"}
     categories = ("spatial",)
     description = (
         "T2I-CompBench 2D-spatial rule (relation word, two objects, box positions) on a "

@@ -143,6 +143,7 @@ class Spatial3DReward(Reward):
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
     scoring_version = 4
     default_model = "google/owlv2-base-patch16-ensemble"
+    model_objects = {"model_name_or_path": "detector", "depth_model_name_or_path": "depth_model"}
     categories = ("3d_spatial",)
     description = (
         "T2I-CompBench++ 3D-spatial rule (in front of / behind / hidden by: detector boxes and "

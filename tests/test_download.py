@@ -17,7 +17,7 @@ import pytest
 from gors.cli import main
 from gors.config import EvaluateConfig, RunConfig
 from gors.core.hub import ModelLoadError
-from gors.download import ModelNeed, download, download_model, plan
+from gors.download import ModelNeed, download, download_model, pickles_with_safetensors, plan
 from rewards.combined import check_models_cached, reward_models
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
@@ -70,9 +70,9 @@ def test_a_run_fetches_its_pipeline_reward_and_validation_scorer_then_passes_off
     # The pipeline as it loads: without Stable Diffusion's safety checker.
     assert [(cls, name, kwargs.get("safety_checker", "x")) for cls, name, kwargs in hub["pipeline"]] == [
         ("StableDiffusionPipeline", SD2, None)]
-    # Other repositories whole, but for formats no loader reads (and pickles beside safetensors).
+    # Other repositories whole, but for formats no loader reads (and a pickle beside its safetensors twin).
     for _, ignore in hub["snapshot"]:
-        assert "*.h5" in ignore and "*.bin" in ignore and "*.json" not in ignore
+        assert "*.h5" in ignore and "pytorch_model.bin" in ignore and "config.json" not in ignore
     out = capsys.readouterr().out
     assert "[download] --reward three_in_one data" in out and "[download] t2i_compbench:color prompts" in out
 
@@ -136,3 +136,39 @@ def test_the_command_line_takes_the_commands_own_flags(hub, capsys):
     assert [name for name, _ in hub["snapshot"]] == ["Salesforce/blip-vqa-capfilt-large", "me/clip"]
     assert "[download] --reward b_vqa:0.5,clip_score:0.5 clip_score.model_name_or_path: me/clip" in \
         capsys.readouterr().out
+
+
+def test_a_pickle_is_left_out_only_beside_its_own_safetensors():
+    files = ["config.json", "model-00001-of-00002.safetensors", "pytorch_model-00001-of-00002.bin",
+             "unet/diffusion_pytorch_model.safetensors", "unet/diffusion_pytorch_model.bin",
+             "open_clip_pytorch_model.bin", "open_clip_model.safetensors", "model.fp16.safetensors",
+             "pytorch_model.bin", "training_args.pt", "pytorch_model.bin.index.json"]
+    assert pickles_with_safetensors(files) == ["pytorch_model-00001-of-00002.bin", "unet/diffusion_pytorch_model.bin",
+                                               "open_clip_pytorch_model.bin"]
+    # An open_clip repository with only transformers' safetensors keeps the pickle open_clip reads.
+    assert pickles_with_safetensors(["model.safetensors", "open_clip_pytorch_model.bin"]) == []
+
+
+def test_score_takes_the_reward_of_the_folders_samples_and_a_flag_given_model_brings_its_files(
+        hub, make_run_config, tmp_path, monkeypatch):
+    import rewards.geneval
+    from gors.config import ScoreConfig
+    from gors.generate import generate
+
+    config = make_run_config(output_dir=str(tmp_path / "run"), train_prompts="spatial", max_prompts=1,
+                             images_per_prompt=1)
+    generate(config)
+    models, _ = plan("score", ScoreConfig(output_dir=config.output_dir))  # the spatial samples' metric
+    assert [need.name for need in models] == ["google/owlv2-base-patch16-ensemble"]
+    with pytest.raises(ValueError, match="holds no samples yet, so the reward `gors score` takes from their "
+                                         "category is unknown; give --reward or --category"):
+        plan("score", ScoreConfig(output_dir=str(tmp_path / "empty"), unbiased=True))
+
+    converted = []
+    monkeypatch.setattr(rewards.geneval, "official_detector_folder", lambda: converted.append(1))
+    models, files = plan("score", ScoreConfig(output_dir=str(tmp_path / "empty"), reward="geneval",
+                                              reward_model_name_or_path="official"))
+    assert [need.name for need in models] == ["timm/vit_large_patch14_clip_224.openai"]  # no Hub detector
+    for _, fetch in files:
+        fetch()
+    assert converted == [1]  # GenEval's own detector, fetched and converted

@@ -46,6 +46,11 @@ def test_models_follow_the_options_that_choose_them():
         "blip_clip.model_name_or_path": "Salesforce/blip-image-captioning-large",
         "blip_clip.clip_model_name_or_path": "me/clip"}
     assert reward_models("b_vqa", "me/blip") == {"model_name_or_path": "me/blip"}  # --reward_model_name_or_path
+    # A ready model passed in (Python) replaces the one its option would load.
+    assert reward_models("spatial_3d", None, {"detector": object()}) == {
+        "depth_model_name_or_path": "Intel/dpt-hybrid-midas"}
+    assert reward_models("grounded_sam", None, {"segmenter": object()}) == {
+        "model_name_or_path": "IDEA-Research/grounding-dino-base"}
 
 
 def test_the_models_named_are_the_models_a_composite_reward_loads(tmp_path):
