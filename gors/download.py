@@ -70,11 +70,9 @@ def plan(command: str, config: Any) -> tuple[list[ModelNeed], list[tuple[str, An
 
         if config.images is None:
             models.append(ModelNeed("--pretrained_model_name_or_path", config.pretrained_model_name_or_path, True))
-        for benchmark in plan_benchmarks(config):
+        for benchmark in plan_benchmarks(config):  # which fetches the scorers' data files
             files.append((f"{benchmark.label} prompts", benchmark.benchmark.prompts))
             models += _scorer_needs(benchmark.scorer_specs(), benchmark.label)
-            files += [(f"{benchmark.label} {reward!r} data", _files_of(reward, None, options))
-                      for _, reward, options in benchmark.scorer_specs()]
         if config.lora is not None:
             files.append((f"--lora {config.lora}", lambda: resolve_lora(config.lora)))
         return models, files

@@ -29,6 +29,7 @@ from gors.core.io import atomic_write_json
 from gors.core.pipeline import check_lora_path
 from gors.official_lora import resolve_lora
 from rewards import Reward
+from rewards.combined import download_reward_files
 
 
 def _format(value: Any) -> str:
@@ -93,9 +94,9 @@ class BenchmarkPlan:
 
 
 def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
-    """The benchmarks `gors evaluate` runs under `config`, each with its scorers' options checked (and,
-    offline, their models in the local cache): every mistake that can be found before any data
-    downloads or model loads beyond the benchmarks' own files."""
+    """The benchmarks `gors evaluate` runs under `config`, each with its scorers' options checked (offline,
+    their models in the local cache) and their data files fetched: every mistake that can be found
+    before a model loads or an image is generated."""
     specs = parse_benchmarks(config.benchmarks)
     if config.images is not None and len(specs) != 1:
         raise ValueError(
@@ -125,6 +126,8 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
         options = {**config.scorer_options.get(name, {}), **config.scorer_options.get(label, {})}
         column_options = options.pop("columns", None)
         benchmark.check_scorer_options(label, options, column_options, extra, with_columns=config.columns != "none")
+        for _, reward, merged in benchmark.scorer_specs(options, column_options, extra, config.columns != "none"):
+            download_reward_files(reward, None, merged)  # fetched now, not once the images are generated
         plans.append(BenchmarkPlan(label, Path(config.output_dir) / name / (subset or ""), benchmark, options,
                                    column_options, extra, config.columns != "none"))
     return plans

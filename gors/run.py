@@ -35,7 +35,7 @@ from gors.train import (
 )
 from gors.validation import validation_target
 from rewards.base import MODEL_FLAG
-from rewards.combined import check_models_cached, check_reward_options, parse_reward_list
+from rewards.combined import check_models_cached, check_reward_options, download_reward_files, parse_reward_list
 from rewards.registry import get_reward_class
 
 STAGES = ("generate", "score", "select", "train")
@@ -123,8 +123,8 @@ def check_run_inputs(config: RunConfig) -> None:
     """What can fail on the prompts, the reward and training, checked before any image is generated:
     the training prompts load, the reward exists and gets the metadata it judges by (GenEval's
     clauses for `geneval` and `geneval_graded`: a `.jsonl` prompt set), training would take the
-    model's family and the flags given for it (as `gors train` checks them, hours later) and, offline,
-    the local cache holds the reward's models."""
+    model's family and the flags given for it (as `gors train` checks them, hours later), offline the
+    local cache holds the reward's models, and the reward's data files are there (fetched now)."""
     # Local files first, then the model's config (which may need the Hub).
     prompt_set = load_prompts(config.train_prompts)
     prompts = prompt_set.prompts[: config.max_prompts]
@@ -147,8 +147,10 @@ def check_run_inputs(config: RunConfig) -> None:
     load_training_scheduler(family)  # --anchor_below against the schedule's timesteps
     if config.validation_benchmark:
         validation_target(config)  # offline, its scorer's models in the cache too
-    # Last: a mistake in the flags above is the user's to fix before fetching any model.
+    # Last: a mistake in the flags above is the user's to fix before fetching anything.
     check_models_cached(reward, config.reward_model_name_or_path, config.reward_options, f"--reward {reward}")
+    # The reward's data files (3-in-1's prompt lists, ...), which it would fetch only once generation is done.
+    download_reward_files(reward, config.reward_model_name_or_path, config.reward_options)
 
 
 def run(config: RunConfig, command: str = "gors run") -> None:

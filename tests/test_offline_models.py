@@ -130,3 +130,33 @@ def test_gors_evaluate_and_validation_offline_stop_before_generating_when_a_scor
         validation_target(run_config)
     hub_cache("Salesforce/blip-vqa-capfilt-large")
     validation_target(run_config)
+
+
+def test_a_rewards_data_file_that_cannot_be_fetched_stops_run_and_evaluate_before_generating(
+        hub_cache, make_run_config, tmp_path, monkeypatch):
+    import rewards.numeracy
+    import rewards.three_in_one
+    from gors.config import EvaluateConfig
+    from gors.core.data import DownloadError
+    from gors.core.run_folder import samples_dir
+    from gors.core.toy import PRETRAINED_DIR
+    from gors.evaluate import evaluate
+    from gors.run import run
+
+    def unreachable():
+        raise DownloadError("the network is unreachable")
+
+    # 3-in-1's prompt lists and numeracy's noun list, which they read when built: after generation.
+    monkeypatch.setattr(rewards.three_in_one, "_official_subsplits", unreachable)
+    monkeypatch.setattr(rewards.numeracy, "load_noun_list", unreachable)
+    hub_cache(*reward_models("three_in_one").values(), *reward_models("numeracy").values())  # the models are there
+    config = make_run_config(output_dir=str(tmp_path / "run"), reward="three_in_one", reward_model_name_or_path=None)
+    with pytest.raises(DownloadError, match="unreachable"):
+        run(config)
+    assert not samples_dir(config.output_dir).exists()
+    monkeypatch.setenv("GORS_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "benchmarks"))
+    with pytest.raises(DownloadError, match="unreachable"):
+        evaluate(EvaluateConfig(pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline"), max_prompts=2,
+                                benchmarks="t2i_compbench:numeracy", images_per_prompt=1,
+                                output_dir=str(tmp_path / "e"), columns="none"))
+    assert not list(tmp_path.rglob("*.png"))
