@@ -441,7 +441,7 @@ class Benchmark:
         for what, reward, merged in specs:
             check_options(get_reward_class(reward), merged, what, flag)
         for what, reward, merged in specs:  # a mistyped option first: it is the user's to fix
-            check_models_cached(reward, None, merged, what)
+            check_models_cached(reward, None, merged, what, flag)
 
     def _column_settings(self, accelerator: Accelerator, column_options: Mapping[str, Mapping[str, Any]] | None,
                          column: str, main_options: Mapping[str, Any] | None) -> dict[str, Any]:

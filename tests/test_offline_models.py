@@ -96,12 +96,12 @@ def test_gors_run_offline_stops_before_generating_when_the_rewards_model_is_not_
 
     config = make_run_config(output_dir=str(tmp_path / "run"), reward="blip_clip", reward_model_name_or_path=None,
                              reward_options={"clip_model_name_or_path": "me/clip"})
-    with pytest.raises(ModelLoadError, match=r"^--reward blip_clip model_name_or_path="
+    with pytest.raises(ModelLoadError, match=r"^--reward blip_clip: --reward_model_name_or_path="
                                              r"'Salesforce/blip-image-captioning-large' is not in the local"):
         run(config)
     assert not samples_dir(config.output_dir).exists()  # nothing generated
     hub_cache("Salesforce/blip-image-captioning-large")
-    with pytest.raises(ModelLoadError, match=r"^--reward blip_clip clip_model_name_or_path='me/clip' is not in"):
+    with pytest.raises(ModelLoadError, match=r"^--reward blip_clip: --reward_options clip_model_name_or_path='me/clip' is not in"):
         check_run_inputs(config)  # the option's model is checked too
     hub_cache("me/clip")
     check_run_inputs(config)
@@ -121,7 +121,7 @@ def test_gors_evaluate_and_validation_offline_stop_before_generating_when_a_scor
     config = EvaluateConfig(pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline"),
                             benchmarks="t2i_compbench:color", max_prompts=2, images_per_prompt=1,
                             output_dir=str(tmp_path / "eval"))
-    with pytest.raises(ModelLoadError, match=r"^t2i_compbench:color's scorer 'b_vqa' model_name_or_path="
+    with pytest.raises(ModelLoadError, match=r"^t2i_compbench:color's scorer 'b_vqa': --scorer_options model_name_or_path="
                                              r"'Salesforce/blip-vqa-capfilt-large' is not in the local"):
         evaluate(config)
     assert not list(tmp_path.rglob("*.png"))
