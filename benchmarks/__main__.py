@@ -7,18 +7,20 @@ flags and writes the table with the date and the machine, as the README's speed 
     python -m benchmarks                                   # CPU, reduced sizes (under 15 minutes on 2 cores)
     python -m benchmarks --device cuda --full-size         # the real architecture sizes on a GPU
     python -m benchmarks --device cuda --full-size --torch_compile inductor
-    python -m benchmarks --only b_vqa_passes,mask_boxes --output speed.md
+    python -m benchmarks --only b_vqa_passes,mask_boxes --output speed.md   # and speed.json, the rows as data
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import platform
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -69,6 +71,12 @@ def table(results: list[SpeedResult], seconds: dict[str, float], device: str, fu
     return "\n".join(lines)
 
 
+def table_data(results: list[SpeedResult], seconds: dict[str, float], device: str, full_size: bool) -> dict[str, Any]:
+    """The table as data, written beside it: `cost_model.py --speedups` reads the ratios that price its stages."""
+    return {"machine": machine(device), "full_size": full_size, "seconds": seconds,
+            "rows": [result.as_dict() for result in results]}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -87,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.output:
         Path(args.output).write_text(text + "\n", encoding="utf-8")
+        data = table_data(results, seconds, args.device, args.full_size)
+        Path(args.output).with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -376,6 +376,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
         sizes=sizes,
         ratios=ratios,
         agreement=f"{max(score_difference, answer_difference):.0e}",
+        prices="score",
     )]
 
 

@@ -12,18 +12,19 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 
 def checked_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
-    """`args.device`, after refusing (as a usage error) CUDA where there is none and `--repeats` below 1."""
+    """`args.device`, after refusing (as a usage error) CUDA where there is none and `--repeats` (where the
+    script has it) below 1."""
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available here")
-    if args.repeats < 1:
+    if getattr(args, "repeats", 1) < 1:
         parser.error("--repeats must be >= 1")
     return device
 
@@ -79,6 +80,8 @@ class SpeedResult:
     sizes: str
     ratios: list[float]
     agreement: str
+    # The `gors estimate` stage (generate, score, train) whose official time this row's median prices, if any.
+    prices: str | None = None
 
     @property
     def minimum(self) -> float:
@@ -91,6 +94,10 @@ class SpeedResult:
     def row(self) -> str:
         return (f"| {self.stage} | {self.reference} | {self.minimum:.2f}x / {self.median:.2f}x | {self.agreement} | "
                 f"{self.sizes} |")
+
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "min": self.minimum, "median": self.median}
 
 
 TABLE_HEADER = ("| stage | reference procedure | gors vs reference (min / median) | agreement | sizes |\n"

@@ -215,7 +215,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
         reset_process_state()
     return [SpeedResult(f"generation, DDIM {args.steps} steps, 8 images",
                         f"T2I-CompBench's sampling: plain `StableDiffusionPipeline` calls of {args.reference_batch_size} "
-                        "image(s), a generator per image, PNGs saved", size_text, ratios, agreement)]
+                        "image(s), a generator per image, PNGs saved", size_text, ratios, agreement,
+                        "generate")]
 
 
 def main() -> None:

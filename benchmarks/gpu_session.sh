@@ -6,11 +6,14 @@
 #
 #   benchmarks/gpu_session.sh prepare     # here, with the package registry: the missing wheels into .whl/
 #   benchmarks/gpu_session.sh run         # there (carry .whl): install them, measure, write to $OUT
+#   benchmarks/gpu_session.sh run memory  # there, a second command: SD 2's training memory
 #
 # `run` measures, in order of what #13 still lacks, each under its own time limit so that one slow
 # script does not cost the others: the speed scripts at the real architecture sizes (Soft-TIFA,
-# B-VQA, training, generation, overlapped scoring), then the training memory of SD 2 at 512 px.
-# Every script writes its table as it finishes; the logs and tables land in $OUT (or ./gpu_out).
+# B-VQA, training, generation), the cost model of the paper's colour run priced with the ratios just
+# measured (cost_model.py), then overlapped scoring. `run memory` measures the training memory of
+# SD 2 at 512 px instead (a second command, if the lease has time left). Every script writes its
+# table as it finishes; the logs and tables land in $OUT (or ./gpu_out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,18 +45,29 @@ run() {
     mkdir -p "$out"
     nvidia-smi > "$out/nvidia-smi.txt"
     python3 -c "import torch, transformers, diffusers; print(torch.__version__, transformers.__version__, diffusers.__version__)"
-    # Seconds per script: 540 in all, inside one command's 10 minutes with the install and start-up.
-    for entry in soft_tifa_one_pass:120 b_vqa_passes:60 train_step:120 generation:90 overlap:90; do
+    if [ "${1:-}" = memory ]; then
+        measure train_memory 120 python3 benchmarks/train_memory.py --device cuda --families sd
+        return
+    fi
+    # Seconds per script: 560 in all, inside one command's 10 minutes with the install and start-up.
+    for entry in soft_tifa_one_pass:120 b_vqa_passes:50 train_step:110 generation:70; do
         script=${entry%%:*}
         measure "$script" "${entry##*:}" python3 -m benchmarks --device cuda --full-size --only "$script" \
             --output "$out/$script.md"
     done
-    measure train_memory 60 python3 benchmarks/train_memory.py --device cuda --families sd
+    # The ratios that price the estimate's official column: those of the scripts above that finished.
+    local speedups=()
+    for script in b_vqa_passes train_step generation; do
+        [ -f "$out/$script.json" ] && speedups+=("$out/$script.json")
+    done
+    measure cost_model 150 python3 benchmarks/cost_model.py --device cuda --full-size --output "$out/cost_model.md" \
+        ${speedups[@]:+--speedups "${speedups[@]}"}
+    measure overlap 60 python3 -m benchmarks --device cuda --full-size --only overlap --output "$out/overlap.md"
     cat "$out"/*.md 2>/dev/null || true
 }
 
 case "${1:-}" in
     prepare) prepare ;;
-    run) run ;;
-    *) echo "usage: $0 prepare|run" >&2; exit 2 ;;
+    run) run "${2:-}" ;;
+    *) echo "usage: $0 prepare | run [memory]" >&2; exit 2 ;;
 esac

@@ -669,7 +669,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
             results.append(SpeedResult(
                 f"training step, {label}",
                 "diffusers' `train_text_to_image_lora.py` loop as GORS ran it (images loaded by one worker and "
-                "VAE-encoded every step)", size_text, ratios, f"first-step loss {difference:.0e}"))
+                "VAE-encoded every step)", size_text, ratios, f"first-step loss {difference:.0e}",
+                "train" if train_text_encoder else None))
             if args.profile and train_text_encoder:
                 medians = breakdown({"gors": ours, "reference": reference}, args.profile_steps)
                 print_breakdown(f"gors step, both LoRAs, by phase (medians of {args.profile_steps})", *medians["gors"])

@@ -1,0 +1,144 @@
+"""The cost model of a whole GORS run on this machine: a calibration `gors run`, then `gors estimate`.
+
+Issue #13's third part asks for the GPU-hours of the paper's colour run (700 prompts x 90 images, 50
+DDIM steps, B-VQA, 15 000 steps of batch 16) for gors and for the official procedures, stage by
+stage, measured on the user's hardware. This script makes that one command on a machine without
+the real weights (the GPU machines lent to this project have no internet): it writes SD-2-base's and
+BLIP VQA's real architectures with random weights (their compute is that of the real models; only
+what the images show differs), runs a short calibration `gors run` on them as a user would on the
+real ones, and prints `gors estimate`'s table for the paper's run.
+
+- **Calibration** (`gors run`, one process): 4 colour prompts x 8 images (`--images_per_prompt`), 50
+  DDIM steps at 512 px in batches of 8 (`gors run`'s default) in fp16, as T2I-CompBench samples; B-VQA
+  with the 12 + 12-layer BLIP at 480 px; the top half of the images selected (`--select_top_fraction
+  0.5`: a random-weight reward's scores do not meet tau, and which images train does not change a
+  step's cost); 50 training steps of batch 2 (GORS' per-GPU batch) with both LoRAs in fp16 (GORS'
+  train.sh), one checkpoint at the end and no validation, as `gors estimate` asks of a calibration.
+- **Official column**: gors' per-unit time multiplied by gors' speed over the official procedure per
+  stage. `--speedups FILE.json` takes the ratios from `python -m benchmarks --output FILE.md` run on
+  the same machine (each row that prices a stage of the estimate: B-VQA for score, training with
+  both LoRAs for train, generation for generate; the median of its paired ratios); without it,
+  `gors estimate`'s defaults, measured on 2 CPU cores, and its note says so.
+
+Without `--full-size` (a CPU) the models are `train_step.py`'s reduced SD-2-base (widths / 4) at
+128 px with 10 DDIM steps, BLIP's 2 + 2 layers, 10 training steps in fp32: minutes, a check that
+the path works, not a cost model of real hardware.
+
+    python benchmarks/cost_model.py                                    # CPU, reduced sizes, a few minutes
+    python -m benchmarks --device cuda --full-size --output speed.md   # the GPU's own ratios (speed.json)
+    python benchmarks/cost_model.py --device cuda --full-size --speedups speed.json --output cost.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from b_vqa_passes import save_model
+from common import checked_device, positive_int
+from generation import PROMPTS, write_sd2_base_folder
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def measured_speedups(paths: list[str]) -> dict[str, float]:
+    """Per `gors estimate` stage, the median ratio of the row that prices it in `python -m benchmarks`'
+    JSON files (a later file wins); rows that price no stage are left out."""
+    speedups: dict[str, float] = {}
+    for path in paths:
+        try:
+            rows = json.loads(Path(path).read_text(encoding="utf-8"))["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise SystemExit(f"--speedups {path}: not a `python -m benchmarks --output` JSON file ({error})") from None
+        speedups |= {row["prices"]: row["median"] for row in rows if row.get("prices")}
+    return speedups
+
+
+def gors(*args: str) -> str:
+    """Run `gors ARGS` in a child process (as a user would), echoing its output; returns its stdout."""
+    command = [sys.executable, "-c", "from gors.cli import main; main()", *args]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    log(f"[cost_model] gors {' '.join(args)}")
+    result = subprocess.run(command, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    sys.stderr.write(result.stdout)
+    if result.returncode != 0:
+        raise SystemExit(f"[cost_model] `gors {args[0]}` failed with exit status {result.returncode}")
+    return result.stdout
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="cost_model.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--full-size", action="store_true",
+                        help="SD-2-base at 512 px and the 12 + 12-layer BLIP VQA (a GPU)")
+    parser.add_argument("--images_per_prompt", type=positive_int, default=8, help=f"of {len(PROMPTS)} prompts")
+    parser.add_argument("--max_train_steps", type=positive_int, default=None, help="default 50 (full) / 10")
+    parser.add_argument("--speedups", nargs="*", default=[],
+                        help="`python -m benchmarks --output X.md`'s X.json, measured on this machine")
+    parser.add_argument("--output", default=None, help="also write the estimate to this markdown file")
+    parser.add_argument("--keep", default=None, help="calibrate in this folder and keep it (default: a temporary one)")
+    args = parser.parse_args(argv)
+    device = checked_device(parser, args)
+    speedups = measured_speedups(args.speedups)
+    cuda = device.type == "cuda"
+    steps, resolution = (50, 512) if args.full_size else (10, 128)
+    train_steps = args.max_train_steps or (50 if args.full_size else 10)
+    layers = 12 if args.full_size else 2
+
+    with tempfile.TemporaryDirectory(prefix="cost_model_") as tmp:
+        root = Path(args.keep or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        log("[cost_model] writing the models with random weights ...")
+        write_sd2_base_folder(root / "sd", device, torch.float16 if cuda else torch.float32, seed=0,
+                              reduced=not args.full_size)
+        if cuda:
+            torch.cuda.empty_cache()  # the builder's copy: the run loads its own
+        counts = save_model(root / "blip", layers, layers)
+        (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
+        run = root / "run"
+        flags = [
+            "--pretrained_model_name_or_path", str(root / "sd"), "--train_prompts", str(root / "prompts.txt"),
+            "--category", "color", "--output_dir", str(run), "--resolution", str(resolution),
+            "--images_per_prompt", str(args.images_per_prompt), "--num_inference_steps", str(steps),
+            "--reward", "b_vqa", "--reward_model_name_or_path", str(root / "blip"),
+            "--reward_options", '{"noun_phrase_backend": "builtin"}', "--select_top_fraction", "0.5",
+            "--max_train_steps", str(train_steps), "--train_batch_size", "2",
+            "--checkpointing_steps", str(train_steps), "--mixed_precision", "fp16" if cuda else "no",
+        ]
+        if cuda and device.index is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(device.index)
+        elif not cuda:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the calibration on the CPU asked for
+        gors("run", *flags)
+        estimate = gors("estimate", str(run), *(["--reference_speedups", json.dumps(speedups)] if speedups else []))
+
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    machine = torch.cuda.get_device_name(device) if cuda else f"{platform.machine()}, {torch.get_num_threads()} threads"
+    sd = "SD-2-base" if args.full_size else "SD-2-base widths / 4, text encoder 3 of 23 layers"
+    source = (f"official / gors per unit from {', '.join(args.speedups)}: {json.dumps(speedups)}" if speedups
+              else "official / gors per unit: gors estimate's defaults (2 CPU cores)")
+    text = "\n".join([
+        f"Measured {when} on {machine}; torch {torch.__version__}. Calibration: `gors run` with random weights of "
+        f"{sd} at {resolution} px ({steps} DDIM steps, {len(PROMPTS)} prompts x {args.images_per_prompt} images, "
+        f"batch 8) and B-VQA's BLIP at 480 px ({layers} + {layers} layers, {sum(counts.values()) / 1e6:.0f} M), "
+        f"{train_steps} training steps of batch 2 with both LoRAs, {'fp16' if cuda else 'fp32'}; {source}.",
+        "", estimate.strip()])
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""`benchmarks/cost_model.py`'s pricing: the speed table's rows give `gors estimate` its official ratios.
+
+The script itself (a calibration `gors run` on random-weight models, then `gors estimate`) is a
+measurement, run by hand or by `benchmarks/gpu_session.sh`, not a test; what it reads is tested here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def scripts():
+    """`benchmarks/__main__.py`, `common.py` and `cost_model.py` (the scripts import each other as top-level modules)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield {name: importlib.import_module(name) for name in ("common", "cost_model")} | {
+            "main": importlib.import_module("benchmarks.__main__")}
+    finally:
+        sys.path[:] = [entry for entry in sys.path if entry != str(BENCHMARKS)]  # __main__ adds it too
+
+
+def write_table(scripts, path: Path, rows: list) -> str:
+    data = scripts["main"].table_data(rows, {"b_vqa_passes": 1.0}, "cpu", False)
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return str(path)
+
+
+def test_each_stage_is_priced_by_the_median_of_its_row_and_a_later_table_wins(scripts, tmp_path):
+    result = scripts["common"].SpeedResult
+    first = write_table(scripts, tmp_path / "speed.json", [
+        result("B-VQA", "8 passes", "sizes", [6.0, 8.0, 7.0], "1e-07", "score"),
+        result("training step, U-Net LoRA only", "loop", "sizes", [2.5], "0e+00"),  # prices nothing
+        result("training step, both LoRAs", "loop", "sizes", [1.2, 1.4], "0e+00", "train"),
+        result("GenEval mask boxes", "mask2bbox", "sizes", [1.1], "identical"),
+    ])
+    measured = scripts["cost_model"].measured_speedups
+    assert measured([first]) == {"score": 7.0, "train": pytest.approx(1.3)}
+    later = write_table(scripts, tmp_path / "again.json", [result("B-VQA", "8 passes", "sizes", [5.0], "0", "score")])
+    assert measured([first, later]) == {"score": 5.0, "train": pytest.approx(1.3)}
+    assert measured([]) == {}  # gors estimate's defaults then
+
+
+def test_a_file_that_is_not_a_speed_table_is_named(scripts, tmp_path):
+    measured = scripts["cost_model"].measured_speedups
+    (tmp_path / "speed.md").write_text("| stage | ... |\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"--speedups .*speed\.md: not a `python -m benchmarks --output` JSON file"):
+        measured([str(tmp_path / "speed.md")])
+    with pytest.raises(SystemExit, match=r"missing\.json: not a `python -m benchmarks"):
+        measured([str(tmp_path / "missing.json")])
