@@ -147,10 +147,21 @@ def check_run_inputs(config: RunConfig) -> None:
     load_training_scheduler(family)  # --anchor_below against the schedule's timesteps
     if config.validation_benchmark:
         validation_target(config)  # offline, its scorer's models in the cache too
+    if config.rounds == 1 and scored_already(config, len(prompts), reward):
+        return  # a rerun after scoring (training stopped): the reward is not built, its files not needed
     # Last: a mistake in the flags above is the user's to fix before fetching anything.
     check_models_cached(reward, config.reward_model_name_or_path, config.reward_options, f"--reward {reward}")
     # The reward's data files (3-in-1's prompt lists, ...), which it would fetch only once generation is done.
     download_reward_files(reward, config.reward_model_name_or_path, config.reward_options)
+
+
+def scored_already(config: RunConfig, num_prompts: int, reward: str) -> bool:
+    """Whether the run folder holds a score row of `reward` for every image this run would generate
+    (`num_prompts` x `--images_per_prompt`), so that scoring loads no model."""
+    if not samples_dir(config.output_dir).is_dir():
+        return False
+    planned = {(p, i) for p in range(num_prompts) for i in range(config.images_per_prompt)}
+    return planned <= set(load_scores(config.output_dir, reward))
 
 
 def run(config: RunConfig, command: str = "gors run") -> None:

@@ -160,3 +160,26 @@ def test_a_rewards_data_file_that_cannot_be_fetched_stops_run_and_evaluate_befor
                                 benchmarks="t2i_compbench:numeracy", images_per_prompt=1,
                                 output_dir=str(tmp_path / "e"), columns="none"))
     assert not list(tmp_path.rglob("*.png"))
+
+
+def test_a_rerun_with_every_image_scored_does_not_need_the_rewards_model_offline(hub_cache, make_run_config):
+    """Training stopped after scoring, resumed where the reward's model is not cached (another node, a
+    cleaned cache): scoring has nothing left to load, so the run is not refused for it."""
+    from gors.generate import generate
+    from gors.run import check_run_inputs, run
+    from gors.score import score
+    from gors.testing.blip import build_tiny_blip_vqa
+
+    cache = hub_cache("gors-test/tiny-blip")
+    repo = cache / "models--gors-test--tiny-blip"
+    build_tiny_blip_vqa(next((repo / "snapshots").iterdir()))
+    config = make_run_config(reward_model_name_or_path="gors-test/tiny-blip")
+    generate(config)
+    score(config)
+    shutil.rmtree(repo)
+    run(config)  # selects and trains on the scores it has
+    assert (Path(config.output_dir) / "pytorch_lora_weights.safetensors").is_file()
+    more = replace(config, images_per_prompt=config.images_per_prompt + 1)  # new images: scoring loads the model
+    with pytest.raises(ModelLoadError, match=r"^--reward b_vqa: --reward_model_name_or_path='gors-test/tiny-blip' "
+                                             "is not in the local"):
+        check_run_inputs(more)
