@@ -221,9 +221,16 @@ def repair_jsonl(path: str | Path) -> bool:
     """
     path = Path(path)
     with open(path, "rb+") as handle:
-        start = _torn_tail_start(handle.read())
-        if start is None:
+        # The last byte says whether the file is whole: a store's metadata grows to tens of megabytes and is
+        # checked before every append, so only a torn file is read in full.
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
             return False
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return False
+        handle.seek(0)
+        start = _torn_tail_start(handle.read())
         handle.truncate(start)
         handle.flush()
         os.fsync(handle.fileno())
