@@ -88,6 +88,22 @@ def adapters_disabled(*modules: torch.nn.Module) -> Iterator[None]:
             layer.enable_adapters(True)
 
 
+def skip_input_casts(module: torch.nn.Module) -> None:
+    """Let `module`'s LoRA layers take their input as it comes instead of casting it to the adapters' dtype.
+
+    Under mixed precision (fp32 adapters over fp16/bf16 frozen weights, run under autocast) peft casts
+    each LoRA layer's half-precision input to fp32 and autocast casts it straight back for the matmul:
+    two copies of the activation per layer in the forward and two more in the backward, which change no
+    value (the round trip is exact). Only for a module that always runs under autocast when its dtypes
+    differ: without autocast a half-precision input would meet the fp32 adapters.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for layer in module.modules():
+        if isinstance(layer, BaseTunerLayer):
+            layer.cast_input_dtype_enabled = False
+
+
 def lora_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for name, p in module.named_parameters() if "lora_" in name and p.requires_grad]
 

@@ -55,7 +55,15 @@ from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore, StoreError
 from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder, TrainingFamily, resolve_training
-from gors.lora import LORA_WEIGHT_NAME, adapters_disabled, add_lora, load_lora, lora_parameters, save_lora
+from gors.lora import (
+    LORA_WEIGHT_NAME,
+    adapters_disabled,
+    add_lora,
+    load_lora,
+    lora_parameters,
+    save_lora,
+    skip_input_casts,
+)
 from gors.select import load_selection, reward_statistics
 from gors.training_data import (
     BatchSchedule,
@@ -275,6 +283,8 @@ class GORSTrainer:
         for module in self.trained_modules().values():
             for param in lora_parameters(module):
                 param.data = param.data.float()  # adapters train in fp32 under mixed precision
+            if self.weight_dtype != torch.float32 and accelerator.native_amp:  # its forward autocasts, as validation
+                skip_input_casts(module)
         if config.gradient_checkpointing:
             self.denoiser.enable_gradient_checkpointing()
             for encoder in trained:

@@ -83,11 +83,14 @@ class EncodedImage:
         grid_thw: (3,) the (temporal, height, width) patch grid, as the image processor gives it.
         embeds: (image tokens, text hidden size) the merged patch embeddings.
         deepstack: one (image tokens, text hidden size) tensor per deepstack layer.
+        tokens: the number of image tokens, read off the processor's grid before it went to the device
+            (reading it off `grid_thw` there would wait for the GPU at every question).
     """
 
     grid_thw: torch.Tensor
     embeds: torch.Tensor
     deepstack: list[torch.Tensor]
+    tokens: int
 
 
 @dataclass
@@ -196,19 +199,20 @@ class ChatVLM:
         if not images:
             return []
         pixels = self.processor.image_processor(images=list(images), return_tensors="pt")
+        tokens = [int(row.prod()) // self.merge_size**2 for row in pixels["image_grid_thw"]]
         grid = pixels["image_grid_thw"].to(self.device)
         output = self.model.base_model.get_image_features(
             pixels["pixel_values"].to(self.device), grid, return_dict=True
         )
         deepstack = getattr(output, "deepstack_features", None) or []
         return [
-            EncodedImage(grid[i], output.pooler_output[i], [layer[i] for layer in deepstack])
+            EncodedImage(grid[i], output.pooler_output[i], [layer[i] for layer in deepstack], tokens[i])
             for i in range(len(images))
         ]
 
     def image_tokens(self, image: EncodedImage) -> int:
         """The number of image tokens (merged patches) of `image` in the prompt."""
-        return int(image.grid_thw.prod()) // self.merge_size**2
+        return image.tokens
 
     def question_ids(self, question: str, image: EncodedImage) -> list[int]:
         """Token ids of `question` about `image`, the image placeholder expanded to its tokens."""

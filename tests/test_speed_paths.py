@@ -130,3 +130,40 @@ def test_evaluate_hands_the_compile_backend_to_the_pipeline_it_loads(tiny_sd, co
                                 benchmarks="toy", max_prompts=1, images_per_prompt=1, torch_compile=counting_backend))
     with pytest.raises(ValueError, match="not a torch.compile backend"):
         EvaluateConfig(torch_compile="inductr")
+
+
+
+def _counting_casts(monkeypatch) -> list[bool]:
+    """Whether each LoRA layer's forward cast its input to the adapters' dtype, in call order."""
+    import peft.tuners.lora.layer
+
+    casts: list[bool] = []
+    cast = peft.tuners.lora.layer.LoraLayer._cast_input_dtype
+    monkeypatch.setattr(peft.tuners.lora.layer.LoraLayer, "_cast_input_dtype",
+                        lambda self, x, dtype: (casts.append(x.dtype != dtype and self.cast_input_dtype_enabled),
+                                                cast(self, x, dtype))[1])
+    return casts
+
+
+def test_lora_inputs_left_uncast_under_autocast_learn_the_plain_adapters(selected_run, make_run_config, tmp_path,
+                                                                         monkeypatch):
+    import gors.train
+
+    casts = _counting_casts(monkeypatch)
+    uncast = _train(selected_run, make_run_config, tmp_path / "uncast", mixed_precision="bf16")
+    assert casts and not any(casts)  # the U-Net's and the text encoder's LoRA layers took their inputs as they came
+    monkeypatch.setattr(gors.train, "skip_input_casts", lambda module: None)
+    casts.clear()
+    plain = _train(selected_run, make_run_config, tmp_path / "plain", mixed_precision="bf16")
+    assert any(casts)  # peft cast the bf16 inputs to the fp32 adapters
+    assert uncast.keys() == plain.keys() and uncast
+    for key, value in plain.items():  # bit for bit: the casts' round trip is exact
+        assert torch.equal(uncast[key], value), key
+
+
+def test_without_autocast_the_lora_inputs_are_still_cast(selected_run, make_run_config, tmp_path, monkeypatch):
+    # fp16 on a CPU: accelerate does not autocast there, so the fp16 activations need peft's cast to meet
+    # the fp32 adapters.
+    casts = _counting_casts(monkeypatch)
+    weights = _train(selected_run, make_run_config, tmp_path / "fp16", mixed_precision="fp16")
+    assert any(casts) and weights and all(torch.isfinite(w).all() for w in weights.values())

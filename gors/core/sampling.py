@@ -34,6 +34,7 @@ from gors.core.distributed import (
     wait_until_visible,
 )
 from gors.core.hub import recording_loads
+from gors.core.ordered_worker import OrderedWorker
 from gors.core.pipeline import cpu_generators
 from gors.core.store import (
     SETTINGS,
@@ -246,18 +247,9 @@ def generate_samples(
         if mine:
             work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
-            for batch in batches(mine, protocol.batch_size):
-                seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
-                with torch.inference_mode():
-                    images = pipeline(
-                        prompt=[prompts[p] for p, _ in batch],
-                        height=protocol.resolution,
-                        width=protocol.resolution,
-                        num_inference_steps=protocol.num_inference_steps,
-                        guidance_scale=protocol.guidance_scale,
-                        generator=cpu_generators(seeds),
-                        **protocol.call_kwargs,
-                    ).images
+
+            def write(item: tuple[list[tuple[int, int]], list[int], list[Image.Image]]) -> None:
+                batch, seeds, images = item
                 written = []
                 for (p, i), seed, image in zip(batch, seeds, images):
                     record = {
@@ -276,6 +268,22 @@ def generate_samples(
                 if sink is not None:
                     sink.add(written, images)
                 bar.update(len(batch))
+
+            # Each batch is written (PNG, hash, fsync) while the next one denoises.
+            with OrderedWorker(write, name="gors-sample-writer") as writer:
+                for batch in batches(mine, protocol.batch_size):
+                    seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
+                    with torch.inference_mode():
+                        images = pipeline(
+                            prompt=[prompts[p] for p, _ in batch],
+                            height=protocol.resolution,
+                            width=protocol.resolution,
+                            num_inference_steps=protocol.num_inference_steps,
+                            guidance_scale=protocol.guidance_scale,
+                            generator=cpu_generators(seeds),
+                            **protocol.call_kwargs,
+                        ).images
+                    writer.put((batch, seeds, images))
             bar.close()
     accelerator.wait_for_everyone()
     if accelerator.num_processes > 1:  # one process wrote them all itself: nothing to wait for

@@ -1,0 +1,72 @@
+"""`gors.core.ordered_worker.OrderedWorker`: the worker thread that writes generated batches while the
+next one denoises. Pure threading, no models."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from gors.core.ordered_worker import OrderedWorker
+
+
+def test_items_are_processed_in_order_while_the_caller_goes_on():
+    done: list[int] = []
+    release = threading.Event()
+
+    def work(item: int) -> None:
+        if item == 0:
+            assert release.wait(10)  # the first item is slow to write
+        done.append(item)
+
+    with OrderedWorker(work, name="test-writer", max_pending=1) as worker:
+        worker.put(0)
+        worker.put(1)  # returns while item 0 is still being worked on: one item may wait
+        assert done == []
+        release.set()
+        worker.put(2)
+    assert done == [0, 1, 2]  # leaving the block waits for every item
+
+
+def test_the_workers_error_stops_the_caller_at_its_next_item():
+    done: list[int] = []
+    full = OSError(28, "No space left on device")
+
+    def work(item: int) -> None:
+        if item == 1:
+            raise full
+        done.append(item)
+
+    with pytest.raises(OSError) as raised:
+        with OrderedWorker(work, name="test-writer") as worker:
+            for item in range(100):
+                worker.put(item)
+    assert raised.value is full  # the error itself, so that the CLI's one-line handling of it applies
+    assert done == [0]
+
+
+def test_an_error_of_the_block_still_writes_what_is_queued_and_is_the_one_raised(caplog):
+    done: list[int] = []
+
+    def work(item: int) -> None:
+        if item == 2:
+            raise ValueError("disk gone")
+        done.append(item)
+
+    with caplog.at_level(logging.WARNING), pytest.raises(KeyboardInterrupt):
+        with OrderedWorker(work, name="test-writer", max_pending=3) as worker:
+            for item in range(3):
+                worker.put(item)
+            raise KeyboardInterrupt
+    assert done == [0, 1]  # the items handed over before Ctrl-C are written
+    assert "test-writer also failed: disk gone" in caplog.text
+
+
+def test_an_error_at_the_last_item_is_raised_on_leaving_the_block():
+    def work(item: int) -> None:
+        raise RuntimeError(f"item {item} failed")
+
+    with pytest.raises(RuntimeError, match="item 0 failed"):
+        with OrderedWorker(work, name="test-writer") as worker:
+            worker.put(0)
