@@ -34,7 +34,7 @@ from gors.core.distributed import (
     wait_until_visible,
 )
 from gors.core.hub import recording_loads
-from gors.core.ordered_worker import OrderedWorker
+from gors.core.io_threads import OrderedWorker
 from gors.core.pipeline import cpu_generators
 from gors.core.store import (
     SETTINGS,

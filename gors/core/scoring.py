@@ -30,6 +30,7 @@ from gors.core.distributed import (
     wait_until_visible,
 )
 from gors.core.io import append_jsonl, atomic_write_json, filter_jsonl, read_json, repair_jsonl
+from gors.core.io_threads import prefetched
 from gors.core.run_folder import samples_dir, scores_dir
 from gors.core.store import (
     IMAGE_HASH,
@@ -268,8 +269,10 @@ def score_samples(
         if mine:
             work_starts()
             bar = progress_bar(len(mine), accelerator, desc)
-            for batch in batches(mine, batch_size):
-                images = [store.open_image(record) for record in batch]
+            # The next batch's images are read (hash checked, PNG decoded) while the reward scores this one.
+            read = prefetched(batches(mine, batch_size), lambda batch: [store.open_image(r) for r in batch],
+                              name="gors-image-reader")
+            for batch, images in read:
                 append_jsonl(out_file, score_rows(reward, batch, images, prompt_metadata))
                 bar.update(len(batch))
             bar.close()

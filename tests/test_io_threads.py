@@ -1,5 +1,6 @@
-"""`gors.core.ordered_worker.OrderedWorker`: the worker thread that writes generated batches while the
-next one denoises. Pure threading, no models."""
+"""`gors.core.io_threads`: the worker threads that write generated batches while the next one denoises
+(`OrderedWorker`) and read the next batch's images while this one scores (`prefetched`). Pure
+threading, no models."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 
 import pytest
 
-from gors.core.ordered_worker import OrderedWorker
+from gors.core.io_threads import OrderedWorker, prefetched
 
 
 def test_items_are_processed_in_order_while_the_caller_goes_on():
@@ -70,3 +71,48 @@ def test_an_error_at_the_last_item_is_raised_on_leaving_the_block():
     with pytest.raises(RuntimeError, match="item 0 failed"):
         with OrderedWorker(work, name="test-writer") as worker:
             worker.put(0)
+
+
+def test_prefetched_loads_the_next_item_while_the_caller_holds_this_one():
+    loaded: list[int] = []
+    second_loaded = threading.Event()
+
+    def load(item: int) -> str:
+        loaded.append(item)
+        if item == 1:
+            second_loaded.set()
+        return f"image {item}"
+
+    seen = []
+    for item, value in prefetched(range(3), load, name="test-reader"):
+        if item == 0:
+            assert second_loaded.wait(10)  # read ahead while item 0 is being scored
+        seen.append((item, value))
+    assert seen == [(0, "image 0"), (1, "image 1"), (2, "image 2")]
+    assert loaded == [0, 1, 2]
+
+
+def test_prefetched_raises_a_load_error_at_its_item_and_loads_nothing_after_it():
+    loaded: list[int] = []
+    corrupt = OSError("image 1: hash mismatch")
+
+    def load(item: int) -> int:
+        loaded.append(item)
+        if item == 1:
+            raise corrupt
+        return item
+
+    seen = []
+    with pytest.raises(OSError) as raised:
+        for item, _ in prefetched(range(5), load, name="test-reader"):
+            seen.append(item)
+    assert raised.value is corrupt and seen == [0] and loaded == [0, 1]
+
+
+def test_leaving_a_prefetched_loop_early_stops_its_thread():
+    loaded: list[int] = []
+    for item, _ in prefetched(range(1000), lambda i: loaded.append(i), name="test-reader-early"):
+        if item == 2:
+            break
+    assert not any(thread.name == "test-reader-early" for thread in threading.enumerate())
+    assert len(loaded) <= 5  # the items handed over, the one queued ahead and the one loading

@@ -1,10 +1,9 @@
-"""One function run on a worker thread over the items handed to it, in the order given, with at most
-`max_pending` items waiting, so that the caller goes on with the next one meanwhile.
+"""File work on worker threads, overlapped with the device's: image files written while the next
+batch generates (`OrderedWorker`), and read while the current batch scores (`prefetched`).
 
-Generation hands each batch of images to one (`gors.core.sampling`): while the GPU denoises the next
-batch, the worker PNG-encodes, hashes and fsyncs this one, which PIL, hashlib and the file system do
-without holding the GIL. The items are processed exactly as a loop in the caller would, one after the
-other, so files and records come out the same.
+PIL's codecs, hashlib and the file system release the GIL, so the thread's work overlaps the caller's
+(on a GPU, kernels it waits for). Either way the items are handled one after the other in the order
+given, exactly as a loop in the caller would, so files, records and scores come out the same.
 """
 
 from __future__ import annotations
@@ -13,12 +12,14 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 _DONE = object()  # the queue's end marker
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 class OrderedWorker:
@@ -77,3 +78,42 @@ class OrderedWorker:
             with contextlib.suppress(queue.Empty):  # unblock a caller waiting on a full queue
                 while True:
                     self._queue.get_nowait()
+
+
+def prefetched(items: Iterable[T], load: Callable[[T], U], name: str, ahead: int = 1) -> Iterator[tuple[T, U]]:
+    """(item, load(item)) for each item in order, `load` running on a thread up to `ahead` items before the
+    caller: generation's scoring stage reads and decodes the next batch's images while the reward scores
+    this one. An error of `load` is raised, itself, when the caller reaches its item; the items after it
+    are not loaded. Leaving the loop early stops the thread after the item it is loading."""
+    results: queue.Queue = queue.Queue(maxsize=ahead)
+    stop = threading.Event()
+
+    def put(value: Any) -> bool:
+        """Queue `value` unless the caller has left; returns whether it was queued."""
+        while not stop.is_set():
+            try:
+                results.put(value, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put((item, load(item))):
+                    return
+            put(_DONE)
+        except BaseException as error:  # raised on the caller's thread at this item
+            put(error)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    try:
+        while (result := results.get()) is not _DONE:
+            if isinstance(result, BaseException):
+                raise result
+            yield result
+    finally:
+        stop.set()
+        thread.join()
