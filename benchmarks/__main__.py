@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(scripts) - set(SCRIPTS))
     if unknown:
         parser.error(f"--only: unknown {unknown}; choose from {', '.join(SCRIPTS)}")
+    if args.output and Path(args.output).suffix == ".json":
+        parser.error("--output: name the markdown table (e.g. speed.md); its rows go beside it as speed.json")
     results, seconds = run(list(scripts), args.device, args.full_size, args.torch_compile)
     text = table(results, seconds, args.device, args.full_size)
     print(text)

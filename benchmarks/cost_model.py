@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -87,7 +88,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_train_steps", type=positive_int, default=None, help="default 50 (full) / 10")
     parser.add_argument("--speedups", nargs="*", default=[],
                         help="`python -m benchmarks --output X.md`'s X.json, measured on this machine")
-    parser.add_argument("--output", default=None, help="also write the estimate to this markdown file")
+    parser.add_argument("--output", default=None,
+                        help="also write the estimate to this markdown file, and the calibration's timings beside it "
+                             "(X.timings.json: `gors estimate X.timings.json` prices it again)")
     parser.add_argument("--keep", default=None, help="calibrate in this folder and keep it (default: a temporary one)")
     args = parser.parse_args(argv)
     device = checked_device(parser, args)
@@ -122,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
         elif not cuda:
             os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the calibration on the CPU asked for
         gors("run", *flags)
+        if args.output:  # kept at once: a run cut short before the estimate can be estimated again offline
+            shutil.copy(run / "timings.json", Path(args.output).with_suffix(".timings.json"))
         estimate = gors("estimate", str(run), *(["--reference_speedups", json.dumps(speedups)] if speedups else []))
 
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d")

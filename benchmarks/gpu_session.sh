@@ -32,8 +32,10 @@ measure() {  # measure NAME SECONDS COMMAND...: one measurement, its log in $out
     local name=$1 seconds=$2
     shift 2
     echo "[gpu_session] $name (at most ${seconds} s)"
-    if ! timeout "$seconds" "$@" > "$out/$name.log" 2>&1; then
-        echo "[gpu_session] $name did not finish (exit $?); its log: $name.log"
+    local rc=0
+    timeout "$seconds" "$@" > "$out/$name.log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        echo "[gpu_session] $name did not finish (exit $rc, 124: out of time); its log: $name.log"
     fi
     tail -n 20 "$out/$name.log"
 }

@@ -19,7 +19,7 @@ from gors.core.lock import run_folder_lock
 from gors.core.prompts import load_prompts, recorded_category
 from gors.core.run_folder import ROUNDS_FILE, SELECTION_FILE, samples_dir
 from gors.core.scoring import load_scores
-from gors.core.store import SampleStore
+from gors.core.store import SampleStore, has_bytes
 from gors.families import resolve_training
 from gors.generate import generate
 from gors.score import check_prompt_metadata, score, scoring_while_generating
@@ -158,10 +158,13 @@ def check_run_inputs(config: RunConfig) -> None:
 def scored_already(config: RunConfig, num_prompts: int, reward: str) -> bool:
     """Whether the run folder holds a score row of `reward` for every image this run would generate
     (`num_prompts` x `--images_per_prompt`), so that scoring loads no model."""
-    if not samples_dir(config.output_dir).is_dir():
+    store = SampleStore(samples_dir(config.output_dir))
+    if not store.root.is_dir():
         return False
     planned = {(p, i) for p in range(num_prompts) for i in range(config.images_per_prompt)}
-    return planned <= set(load_scores(config.output_dir, reward))
+    # An image lost or left empty is generated again, and its new bytes need scoring.
+    present = [record for record in store.records() if has_bytes(store.image_path(record))]
+    return planned <= set(load_scores(config.output_dir, reward, present))
 
 
 def run(config: RunConfig, command: str = "gors run") -> None:

@@ -186,3 +186,46 @@ def test_the_workers_error_keeps_its_kind_so_an_expected_one_stays_one_line(tmp_
     scorer.add([{"prompt_index": 0, "image_index": 0, "prompt": "p", "path": "0.png"}], [Image.new("RGB", (8, 8))])
     with pytest.raises(RewardError, match=r"overlapped with generation failed: Big returned 1.5 .* rerun"):
         scorer.close()
+
+
+def test_an_interrupted_generation_writes_its_batch_without_waiting_for_a_full_scorer(tmp_path):
+    import threading
+    from types import SimpleNamespace
+
+    from gors.core.distributed import reset_process_state
+    from gors.core.sampling import SamplingProtocol, generate_samples
+
+    class FullScorer:  # a reward slower than generation: `add` waits for room until told to stop
+        model_commits: dict = {}
+
+        def __init__(self) -> None:
+            self.stopped, self.added = threading.Event(), []
+
+        def open(self) -> None:
+            pass
+
+        def add(self, records, images) -> None:
+            self.added.append(len(records))
+            assert self.stopped.wait(10), "generation's interrupt waited on the scorer"
+
+        def stop(self) -> None:
+            self.stopped.set()
+
+    def pipeline(**kwargs):
+        calls.append(kwargs["prompt"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C while the second batch denoises
+        return SimpleNamespace(images=[Image.new("RGB", (8, 8), "red")] * len(kwargs["prompt"]))
+
+    calls: list = []
+    sink, store = FullScorer(), SampleStore(tmp_path / "samples")
+    protocol = SamplingProtocol(images_per_prompt=2, num_inference_steps=2, guidance_scale=7.5, resolution=8,
+                                batch_size=2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            generate_samples(store, ["a red circle", "a blue square"], protocol, lambda: pipeline, make_accelerator(),
+                             settings={"model": "/local/pipeline"}, sink=sink)
+    finally:
+        reset_process_state()
+    assert sink.stopped.is_set() and sink.added == [2]
+    assert sorted((r["prompt_index"], r["image_index"]) for r in store.records()) == [(0, 0), (0, 1)]  # written

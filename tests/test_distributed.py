@@ -211,6 +211,8 @@ class Sink:  # scoring overlapped with generation, its reward resolved in each n
         self.model_commits = {"org/reward": "ab"[rank] * 40}
     def add(self, records, images):
         raise AssertionError("no image may be generated")
+    def stop(self):
+        pass
 
 def pipeline(**kwargs):
     return SimpleNamespace(images=[Image.new("RGB", (8, 8))] * len(kwargs["prompt"]))

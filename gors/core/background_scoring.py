@@ -70,6 +70,7 @@ class BackgroundScorer:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._error_raised = False
+        self._stopped = threading.Event()
         self.model_commits: dict[str, str | None] = {}
 
     def open(self) -> None:
@@ -85,17 +86,23 @@ class BackgroundScorer:
     def add(self, records: Sequence[dict[str, Any]], images: Sequence[Image.Image]) -> None:
         """Queue a batch that is in the store (records with their `path`); blocks while the queue is full.
 
-        Raises the worker's error, if it failed, so that generation stops at the next batch.
+        Raises the worker's error, if it failed, so that generation stops at the next batch. After
+        `stop`, the batch is left to the score stage.
         """
         self._raise_worker_error()
         if self._thread is None:
             raise RuntimeError("BackgroundScorer.add before open()")
-        while True:
+        while not self._stopped.is_set():
             try:
                 self._queue.put((list(records), list(images)), timeout=1.0)
                 return
             except queue.Full:  # a worker that died leaves the queue full: look again
                 self._raise_worker_error()
+
+    def stop(self) -> None:
+        """Take no more batches: generation failed or was interrupted (`abandon` follows), so an `add`
+        waiting for room on the writer's thread returns at once, its batch scored by the score stage."""
+        self._stopped.set()
 
     def close(self) -> None:
         """Score what is queued, stop the worker, and raise its error if it failed (and `add` did not)."""

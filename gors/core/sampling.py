@@ -94,6 +94,10 @@ class SampleSink(Protocol):
     def add(self, records: list[dict[str, Any]], images: list[Image.Image]) -> None:
         """A batch is in the store: its records (with their `path` in the store) and images."""
 
+    def stop(self) -> None:
+        """Generation failed or was interrupted: take no more batches, and return at once from an
+        `add` that waits (on another thread)."""
+
 
 @dataclass(frozen=True)
 class SamplingProtocol:
@@ -271,19 +275,24 @@ def generate_samples(
 
             # Each batch is written (PNG, hash, fsync) while the next one denoises.
             with OrderedWorker(write, name="gors-sample-writer") as writer:
-                for batch in batches(mine, protocol.batch_size):
-                    seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
-                    with torch.inference_mode():
-                        images = pipeline(
-                            prompt=[prompts[p] for p, _ in batch],
-                            height=protocol.resolution,
-                            width=protocol.resolution,
-                            num_inference_steps=protocol.num_inference_steps,
-                            guidance_scale=protocol.guidance_scale,
-                            generator=cpu_generators(seeds),
-                            **protocol.call_kwargs,
-                        ).images
-                    writer.put((batch, seeds, images))
+                try:
+                    for batch in batches(mine, protocol.batch_size):
+                        seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
+                        with torch.inference_mode():
+                            images = pipeline(
+                                prompt=[prompts[p] for p, _ in batch],
+                                height=protocol.resolution,
+                                width=protocol.resolution,
+                                num_inference_steps=protocol.num_inference_steps,
+                                guidance_scale=protocol.guidance_scale,
+                                generator=cpu_generators(seeds),
+                                **protocol.call_kwargs,
+                            ).images
+                        writer.put((batch, seeds, images))
+                except BaseException:
+                    if sink is not None:  # the batches in hand are still written, not waited on to be scored
+                        sink.stop()
+                    raise
             bar.close()
     accelerator.wait_for_everyone()
     if accelerator.num_processes > 1:  # one process wrote them all itself: nothing to wait for

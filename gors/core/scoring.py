@@ -9,6 +9,7 @@ scores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -272,9 +273,10 @@ def score_samples(
             # The next batch's images are read (hash checked, PNG decoded) while the reward scores this one.
             read = prefetched(batches(mine, batch_size), lambda batch: [store.open_image(r) for r in batch],
                               name="gors-image-reader")
-            for batch, images in read:
-                append_jsonl(out_file, score_rows(reward, batch, images, prompt_metadata))
-                bar.update(len(batch))
+            with contextlib.closing(read):  # the reader stops with the loop, also when the reward fails
+                for batch, images in read:
+                    append_jsonl(out_file, score_rows(reward, batch, images, prompt_metadata))
+                    bar.update(len(batch))
             bar.close()
     accelerator.wait_for_everyone()
     # Rows of samples no longer asked for stay on disk only.

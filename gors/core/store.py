@@ -152,7 +152,7 @@ class SampleStore:
     def drop_records_without_image(self) -> int:
         """Forget records whose image file is gone (e.g. deleted because corrupt) or empty (what a power cut
         can leave of a file the disk had not written yet); returns how many. Their images are generated again."""
-        return sum(filter_jsonl(metadata, lambda row, part=metadata.parent: _has_bytes(part / row["file_name"]))
+        return sum(filter_jsonl(metadata, lambda row, part=metadata.parent: has_bytes(part / row["file_name"]))
                    for metadata in self._metadata_files())
 
     def add_columns(self, columns: dict[SampleKey, dict[str, Any]]) -> None:
@@ -185,7 +185,8 @@ class SampleStore:
                                "or restore the file)") if path.is_file() else None
 
 
-def _has_bytes(path: Path) -> bool:
+def has_bytes(path: Path) -> bool:
+    """Whether the file exists and is not empty (what a power cut can leave of a file not yet on disk)."""
     try:
         return path.stat().st_size > 0
     except FileNotFoundError:

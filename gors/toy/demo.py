@@ -65,7 +65,7 @@ def toy_defaults(output_dir: str = "toy_output") -> dict:
         "train_batch_size": 16,
         "sample_latents": False,  # the toy model was pretrained on posterior means
         # A model this small moves only with toy-scale steps and LR; the schedule and the anchor were chosen
-        # on the validation folds of the train prompts (README): at a constant LR the accuracy on unseen
+        # on the validation folds of the train prompts (docs/toy_world_results.md): at a constant LR the accuracy on unseen
         # pairs swings by +-0.1 between checkpoints, and the cosine decay settles it; the LoRA's gain is
         # on the noisier steps and its new errors (wrong shapes, extra blobs) on the others, which the
         # anchor leaves to the base model. 3 600 steps keep `make demo` under 10 minutes on 2 cores.

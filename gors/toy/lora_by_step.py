@@ -7,7 +7,7 @@ guidance 4, as the `toy` benchmark; image i of prompt p has the seed 10000 + 100
 LoRA's adapters, those of the U-Net and of the text encoder, on only at the variant's steps:
 `base` none, `all` every step, `firstK` the K noisiest, `lastK` the K least noisy. It prints the
 oracle's binding accuracy and the share of images with each binding error. A diagnostic for the
-README's toy results: a LoRA used so is not what `load_lora_weights` gives.
+the toy results (docs/toy_world_results.md): a LoRA used so is not what `load_lora_weights` gives.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         check_lora_path(args.lora)  # one line, not diffusers' traceback about weight_name
     except FileNotFoundError as err:
         raise SystemExit(f"error: {err}") from None
-    torch.set_num_threads(1)  # the README's numbers were drawn on one thread; the summation order moves pixels
+    torch.set_num_threads(1)  # the toy results' numbers were drawn on one thread; the summation order moves pixels
     pipe = load_pipeline(str(PRETRAINED_DIR / "pipeline"), torch.device("cpu"), lora=args.lora)
     pipe.set_progress_bar_config(disable=True)
     rows = []

@@ -36,7 +36,7 @@ HELD_OUT_COMBINATIONS = frozenset({("red", "triangle"), ("green", "circle"), ("b
 # One pair is a small sample of "an unseen pair" (the toy:val ranking of settings disagreed with the
 # held-out one), so each of yellow's three shapes gives a fold: "fit" / "val" hold out the yellow
 # circle, "fit_square" / "val_square" the yellow square, "fit_triangle" / "val_triangle" the yellow
-# triangle. Judge a setting on all three: single folds differ by up to 0.35 (README, Results).
+# triangle. Judge a setting on all three: single folds differ by up to 0.35 (docs/toy_world_results.md).
 VALIDATION_FOLDS: dict[str, tuple[str, str]] = {
     "": ("yellow", "circle"),
     "_square": ("yellow", "square"),
