@@ -165,6 +165,8 @@ def test_a_rewards_data_file_that_cannot_be_fetched_stops_run_and_evaluate_befor
 def test_a_rerun_with_every_image_scored_does_not_need_the_rewards_model_offline(hub_cache, make_run_config):
     """Training stopped after scoring, resumed where the reward's model is not cached (another node, a
     cleaned cache): scoring has nothing left to load, so the run is not refused for it."""
+    from gors.core.run_folder import samples_dir
+    from gors.core.store import SampleStore
     from gors.generate import generate
     from gors.run import check_run_inputs, run
     from gors.score import score
@@ -183,3 +185,7 @@ def test_a_rerun_with_every_image_scored_does_not_need_the_rewards_model_offline
     with pytest.raises(ModelLoadError, match=r"^--reward b_vqa: --reward_model_name_or_path='gors-test/tiny-blip' "
                                              "is not in the local"):
         check_run_inputs(more)
+    store = SampleStore(samples_dir(config.output_dir))
+    store.image_path(store.records()[0]).unlink()  # a lost image is generated again, and scored again
+    with pytest.raises(ModelLoadError, match="'gors-test/tiny-blip' is not in the local"):
+        check_run_inputs(config)
