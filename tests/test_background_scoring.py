@@ -229,3 +229,31 @@ def test_an_interrupted_generation_writes_its_batch_without_waiting_for_a_full_s
         reset_process_state()
     assert sink.stopped.is_set() and sink.added == [2]
     assert sorted((r["prompt_index"], r["image_index"]) for r in store.records()) == [(0, 0), (0, 1)]  # written
+
+
+def test_a_stopped_scorer_takes_no_more_batches_and_a_waiting_add_returns(tmp_path):
+    import threading
+    from types import SimpleNamespace
+
+    release = threading.Event()
+
+    def slow(images, prompts, metadata=None):  # the reward holds its first batch until released
+        assert release.wait(10)
+        return SimpleNamespace(scores=[0.5] * len(images), details=[{}] * len(images))
+
+    scorer = BackgroundScorer(tmp_path, lambda: SimpleNamespace(score=slow), 1, 0, "cpu", max_pending=1)
+    scorer.open()
+    batch = lambda i: ([{"prompt_index": i, "image_index": 0, "prompt": "p", "path": f"{i}.png"}],  # noqa: E731
+                       [Image.new("RGB", (8, 8))])
+    scorer.add(*batch(0))  # being scored
+    scorer.add(*batch(1))  # waits in the queue: it is full now
+    waiting = threading.Thread(target=scorer.add, args=batch(2))
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive()  # no room
+    scorer.stop()
+    waiting.join(5)
+    assert not waiting.is_alive()  # returned without queueing
+    scorer.add(*batch(3))  # and later batches are left to the score stage at once
+    release.set()
+    scorer.abandon()
