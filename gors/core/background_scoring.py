@@ -32,10 +32,10 @@ import torch
 from PIL import Image
 
 from gors.core.io import append_jsonl
+from gors.core.io_threads import DONE, finish
 from gors.core.scoring import Scorer, build_checked_reward, score_part, score_rows, scorer_commits
 from gors.core.store import SampleKey, same_image, sample_key
 
-_DONE = object()  # the queue's end marker
 logger = logging.getLogger(__name__)
 
 
@@ -108,13 +108,7 @@ class BackgroundScorer:
         """Score what is queued, stop the worker, and raise its error if it failed (and `add` did not)."""
         if self._thread is None:
             return
-        while self._thread.is_alive():
-            try:
-                self._queue.put(_DONE, timeout=1.0)
-                break
-            except queue.Full:
-                continue
-        self._thread.join()
+        finish(self._thread, self._queue)
         self._thread = None
         self._raise_worker_error()
 
@@ -157,7 +151,7 @@ class BackgroundScorer:
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 while True:
                     item = self._queue.get()
-                    finished = item is _DONE
+                    finished = item is DONE
                     if not finished:
                         for record, image in zip(*item, strict=True):
                             row = self.done.get(sample_key(record))

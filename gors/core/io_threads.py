@@ -16,10 +16,22 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
-_DONE = object()  # the queue's end marker
+DONE = object()  # a worker queue's end marker
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 U = TypeVar("U")
+
+
+def finish(thread: threading.Thread, items: queue.Queue) -> None:
+    """Hand a worker thread the end marker `DONE` after the items queued (waiting while its queue is full
+    and it lives: one that failed stops taking items) and join it."""
+    while thread.is_alive():
+        try:
+            items.put(DONE, timeout=1.0)
+            break
+        except queue.Full:
+            continue
+    thread.join()
 
 
 class OrderedWorker:
@@ -53,13 +65,7 @@ class OrderedWorker:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        while self._thread.is_alive():
-            try:
-                self._queue.put(_DONE, timeout=1.0)
-                break
-            except queue.Full:
-                continue
-        self._thread.join()
+        finish(self._thread, self._queue)
         if error is None:
             self._raise_error()
         elif self._error is not None and self._error is not error:
@@ -71,7 +77,7 @@ class OrderedWorker:
 
     def _run(self) -> None:
         try:
-            while (item := self._queue.get()) is not _DONE:
+            while (item := self._queue.get()) is not DONE:
                 self._work(item)
         except BaseException as error:  # handed to the caller by `put` or on leaving the block
             self._error = error
@@ -103,14 +109,14 @@ def prefetched(items: Iterable[T], load: Callable[[T], U], name: str, ahead: int
             for item in items:
                 if not put((item, load(item))):
                     return
-            put(_DONE)
+            put(DONE)
         except BaseException as error:  # raised on the caller's thread at this item
             put(error)
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     try:
-        while (result := results.get()) is not _DONE:
+        while (result := results.get()) is not DONE:
             if isinstance(result, BaseException):
                 raise result
             yield result
