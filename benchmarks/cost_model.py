@@ -47,6 +47,8 @@ from b_vqa_passes import save_model
 from common import checked_device, positive_int
 from generation import PROMPTS, write_sd2_base_folder
 
+from gors.estimate import speed_table_ratios
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -55,15 +57,14 @@ def log(message: str) -> None:
 
 
 def measured_speedups(paths: list[str]) -> dict[str, float]:
-    """Per `gors estimate` stage, the median ratio of the row that prices it in `python -m benchmarks`'
-    JSON files (a later file wins); rows that price no stage are left out."""
+    """Per `gors estimate` stage, the ratio that prices it in `python -m benchmarks`' JSON files
+    (`gors.estimate.speed_table_ratios`; a later file wins)."""
     speedups: dict[str, float] = {}
     for path in paths:
         try:
-            rows = json.loads(Path(path).read_text(encoding="utf-8"))["rows"]
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise SystemExit(f"--speedups {path}: not a `python -m benchmarks --output` JSON file ({error})") from None
-        speedups |= {row["prices"]: row["median"] for row in rows if row.get("prices")}
+            speedups |= speed_table_ratios(path)
+        except ValueError as error:
+            raise SystemExit(f"--speedups {error}") from None
     return speedups
 
 

@@ -26,6 +26,7 @@ Scaling rules (pure functions below, tested without models):
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -265,10 +266,33 @@ def speedup_note(rows: list[StageEstimate], given: set[str]) -> str | None:
     parts = []
     if measured:
         parts.append(f"official / gors for {', '.join(measured)}: the ratios measured on 2 CPU cores; pass "
-                     "--reference_speedups with the benchmarks/ scripts' ratios on this GPU for its own.")
+                     "--reference_speedups speed.json, written by `python -m benchmarks --device cuda --full-size "
+                     "--output speed.md` on this GPU, for its own.")
     if "select" in shown:
         parts.append("select: 1.00x is a placeholder, no official selection was measured.")
     return "\n".join(parts) or None
+
+
+def speed_table_ratios(path: str | Path) -> dict[str, float]:
+    """Per stage, gors' speed over the official procedure that a speed table prices it with: the median
+    ratio of each row naming the stage in `prices`, in the JSON that `python -m benchmarks --output
+    X.md` writes beside its table (X.json). Rows that price no stage are left out."""
+    try:
+        rows = json.loads(Path(path).read_text(encoding="utf-8"))["rows"]
+        return {row["prices"]: float(row["median"]) for row in rows if row.get("prices")}
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not the JSON of a speed table (`python -m benchmarks --output X.md` writes "
+                         f"X.json): {error}") from None
+
+
+def _given_speedups(value: dict[str, Any] | str) -> dict[str, Any]:
+    """`--reference_speedups`: a mapping (JSON/YAML text) or the path of a speed table's JSON."""
+    if isinstance(value, str) and value.endswith(".json"):
+        if not Path(value).is_file():
+            raise FileNotFoundError(f"--reference_speedups {value}: no such file (write it with `python -m benchmarks "
+                                    "--output speed.md`, which writes speed.json beside the table)")
+        return speed_table_ratios(value)
+    return parse_mapping(value, "--reference_speedups")
 
 
 @dataclass
@@ -295,13 +319,13 @@ class EstimateConfig:
                                    metadata={"help": "Samples per step over all GPUs (official: 2 x 8)."})
     reference_speedups: dict[str, Any] = field(
         default_factory=dict,
-        metadata={"help": "gors' speed over the official procedure per stage (JSON), e.g. from the scripts in "
-                          "benchmarks/ run on your GPU; a stage left out keeps its default, the ratio measured on "
-                          "2 CPU cores (select: 1)."},
+        metadata={"help": "gors' speed over the official procedure per stage: JSON, or the speed table's JSON that "
+                          "`python -m benchmarks --output X.md` writes (X.json), run on your GPU; a stage left out "
+                          "keeps its default, the ratio measured on 2 CPU cores (select: 1)."},
     )
 
     def __post_init__(self) -> None:
-        given = parse_mapping(self.reference_speedups, "--reference_speedups")
+        given = _given_speedups(self.reference_speedups)
         unknown = sorted(set(given) - set(SPEEDUP_STAGES))
         if unknown:
             raise ValueError(f"--reference_speedups: unknown stage {', '.join(map(repr, unknown))}; the stages are "

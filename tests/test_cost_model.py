@@ -51,7 +51,25 @@ def test_each_stage_is_priced_by_the_median_of_its_row_and_a_later_table_wins(sc
 def test_a_file_that_is_not_a_speed_table_is_named(scripts, tmp_path):
     measured = scripts["cost_model"].measured_speedups
     (tmp_path / "speed.md").write_text("| stage | ... |\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match=r"--speedups .*speed\.md: not a `python -m benchmarks --output` JSON file"):
+    with pytest.raises(SystemExit, match=r"--speedups .*speed\.md: not the JSON of a speed table \(`python -m "
+                                         r"benchmarks --output X\.md` writes X\.json\)"):
         measured([str(tmp_path / "speed.md")])
-    with pytest.raises(SystemExit, match=r"missing\.json: not a `python -m benchmarks"):
+    with pytest.raises(SystemExit, match=r"missing\.json: not the JSON of a speed table"):
         measured([str(tmp_path / "missing.json")])
+
+
+def test_gors_estimate_takes_the_speed_tables_json_for_its_official_column(scripts, tmp_path):
+    from gors.estimate import CPU_MEASURED_SPEEDUPS, EstimateConfig
+
+    result = scripts["common"].SpeedResult
+    table = write_table(scripts, tmp_path / "speed.json", [
+        result("B-VQA", "8 passes", "sizes", [9.0, 11.0, 10.0], "1e-07", "score"),
+        result("GenEval mask boxes", "mask2bbox", "sizes", [1.1], "identical")])
+    config = EstimateConfig(timings=["runs/x"], reference_speedups=table)
+    assert config.reference_speedups == CPU_MEASURED_SPEEDUPS | {"score": 10.0}  # the other stages keep theirs
+    assert config.given_speedups == {"score"}
+    (tmp_path / "other.json").write_text('{"stages": {}}', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"other\.json: not the JSON of a speed table"):
+        EstimateConfig(timings=["runs/x"], reference_speedups=str(tmp_path / "other.json"))
+    with pytest.raises(FileNotFoundError, match=r"--reference_speedups .*gone\.json: no such file"):
+        EstimateConfig(timings=["runs/x"], reference_speedups=str(tmp_path / "gone.json"))
