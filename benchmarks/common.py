@@ -95,7 +95,6 @@ class SpeedResult:
         return (f"| {self.stage} | {self.reference} | {self.minimum:.2f}x / {self.median:.2f}x | {self.agreement} | "
                 f"{self.sizes} |")
 
-
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "min": self.minimum, "median": self.median}
 

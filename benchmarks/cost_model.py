@@ -68,10 +68,13 @@ def measured_speedups(paths: list[str]) -> dict[str, float]:
     return speedups
 
 
-def gors(*args: str) -> str:
-    """Run `gors ARGS` in a child process (as a user would), echoing its output; returns its stdout."""
+def gors(*args: str, devices: str | None = None) -> str:
+    """Run `gors ARGS` in a child process (as a user would), on CUDA devices `devices` (CUDA_VISIBLE_DEVICES;
+    None: as this process), echoing its output; returns its stdout."""
     command = [sys.executable, "-c", "from gors.cli import main; main()", *args]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
     log(f"[cost_model] gors {' '.join(args)}")
     result = subprocess.run(command, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
     sys.stderr.write(result.stdout)
@@ -121,11 +124,8 @@ def main(argv: list[str] | None = None) -> None:
             "--max_train_steps", str(train_steps), "--train_batch_size", "2",
             "--checkpointing_steps", str(train_steps), "--mixed_precision", "fp16" if cuda else "no",
         ]
-        if cuda and device.index is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(device.index)
-        elif not cuda:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the calibration on the CPU asked for
-        gors("run", *flags)
+        # The device asked for: its index alone visible, or none for the CPU.
+        gors("run", *flags, devices=(None if device.index is None else str(device.index)) if cuda else "")
         if args.output:  # kept at once: a run cut short before the estimate can be estimated again offline
             shutil.copy(run / "timings.json", Path(args.output).with_suffix(".timings.json"))
         estimate = gors("estimate", str(run), *(["--reference_speedups", json.dumps(speedups)] if speedups else []))

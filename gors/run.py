@@ -150,7 +150,8 @@ def check_run_inputs(config: RunConfig) -> None:
     if config.rounds == 1 and scored_already(config, len(prompts), reward):
         return  # a rerun after scoring (training stopped): the reward is not built, its files not needed
     # Last: a mistake in the flags above is the user's to fix before fetching anything.
-    check_models_cached(reward, config.reward_model_name_or_path, config.reward_options, f"--reward {reward}")
+    check_models_cached(reward, config.reward_model_name_or_path, config.reward_options, f"--reward {reward}",
+                        model_flag=MODEL_FLAG)
     # The reward's data files (3-in-1's prompt lists, ...), which it would fetch only once generation is done.
     download_reward_files(reward, config.reward_model_name_or_path, config.reward_options)
 

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from gors.core.hub import check_cached, check_model_path, recording_loads
-from rewards.base import MODEL_FLAG, Reward, RewardOutput
+from rewards.base import Reward, RewardOutput
 from rewards.registry import available_rewards, get_reward_class
 
 
@@ -305,14 +305,15 @@ def download_reward_files(text: str, model_name_or_path: str | None = None,
 
 
 def check_models_cached(text: str, model_name_or_path: str | None, options: Mapping[str, Any] | None,
-                        what: str, flag: str = "--reward_options") -> None:
+                        what: str, flag: str = "--reward_options", model_flag: str | None = None) -> None:
     """Offline (HF_HUB_OFFLINE), refuse a model of reward `text` that the local Hugging Face cache does not
     hold, before anything is generated rather than when the reward first loads (`gors.core.hub.check_cached`).
-    The message names the reward (`what`) and the flag that sets the model: `--reward_model_name_or_path`
-    for a single reward's main model, else `flag` (the options' flag) and the option's key."""
+    The message names the reward (`what`) and the flag that sets the model: `model_flag` for a single
+    reward's main model where the command has one (`--reward_model_name_or_path`), else `flag` (the
+    options' flag) and the option's key."""
     for option, model in reward_models(text, model_name_or_path, options).items():
-        single = option == "model_name_or_path" and flag == "--reward_options"
-        check_cached(model, f"{what}: {MODEL_FLAG if single else f'{flag} {option}'}")
+        setting = model_flag if option == "model_name_or_path" and model_flag else f"{flag} {option}"
+        check_cached(model, f"{what}: {setting}")
 
 
 def _default_of(cls: type, option: str) -> Any:
