@@ -32,7 +32,8 @@ the U-Net and the text encoder (gors' default for SD 1/2, as GORS).
   compiling it; then `accelerator.prepare`), and per
   step the body of its training loop: `_micro_batch_loss` (a latent drawn from the cached
   posterior, noise, timesteps, the text encoder if it trains, the U-Net, the loss), backward,
-  clipping, optimizer and LR-scheduler steps, `zero_grad`, the loss gathered and `.item()`-ed. The
+  clipping, optimizer and LR-scheduler steps, `zero_grad`, the loss gathered and read back one step
+  late (`LossLog`, so that the device need not idle while the host reads it). The
   models load from memory instead of a checkpoint (the loading is not timed); the one-off caching
   is timed separately and printed.
 
@@ -69,7 +70,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+import warnings
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -414,6 +416,7 @@ class GorsLoop:
 
     def __init__(self, trainer, models: dict[str, torch.nn.Module] | None = None, phases: Phases | None = None) -> None:
         from gors.select import load_selection
+        from gors.train import LossLog
 
         self.trainer, accelerator = trainer, trainer.accelerator
         self.accelerator = accelerator
@@ -441,6 +444,7 @@ class GorsLoop:
         for module in self.models:
             module.train()
         self.micro_batch = 0
+        self.log = LossLog(accelerator, trainer.trained)
         self._wrap_family()
 
     def _wrap_family(self) -> None:
@@ -481,13 +485,27 @@ class GorsLoop:
             with phase("zero_grad"):
                 trainer.optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
-        with phase("loss logging (gather, .item())"):
-            mean_loss = accelerator.gather(torch.stack(losses).mean()[None]).mean().item()
-            lrs = trainer.lr_scheduler.get_last_lr()
-            logs = {"train/loss": mean_loss} | {f"train/lr_{name}": lr for name, lr in zip(trainer.trained, lrs)}
-            accelerator.log(logs, step=self.micro_batch + 1)
+        with phase("loss logging (gather; read one step late)"):
+            self.log.add(self.micro_batch + 1, losses, trainer.lr_scheduler.get_last_lr())
         self.micro_batch += 1
         return loss.detach()
+
+
+def host_syncs(step: Callable[[], torch.Tensor], steps: int) -> tuple[float, list[tuple[str, int]]]:
+    """CUDA calls per step that make the host wait for all queued device work (torch's sync debug mode:
+    copies from pageable memory, `.item()`, stream and device synchronisations; a wait on one event, as
+    `LossLog`'s for the step before, is not one), and the five source lines making the most."""
+    synchronize(torch.device("cuda"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower())
+    return sum(sites.values()) / steps, sites.most_common(5)
 
 
 def gors_trainer(model_dir: Path, run_dir: Path, accelerator, *, train_text_encoder: bool, resolution: int,
@@ -592,6 +610,9 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                              "--mixed_precision=fp16), no on a CPU")
     parser.add_argument("--torch_compile", default="no",
                         help="gors' torch.compile backend for the U-Net (the official train.sh: --dynamo_backend=no)")
+    parser.add_argument("--steps_per_timing", type=positive_int, default=None,
+                        help="consecutive steps in each timed call, the device synchronised only at its ends, as a "
+                             "training loop runs them; default 3 on a GPU (where the host queues ahead), 1 on a CPU")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true",
                         help="also break a gors step with both LoRAs down by phase and print torch.profiler's top ops")
@@ -599,6 +620,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     args = parser.parse_args(argv)
     device = checked_device(parser, args)
     args.mixed_precision = args.mixed_precision or ("fp16" if device.type == "cuda" else "no")
+    args.steps_per_timing = args.steps_per_timing or (3 if device.type == "cuda" else 1)
 
     from gors.core.distributed import make_accelerator, reset_process_state
 
@@ -654,7 +676,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                 def run() -> torch.Tensor:
                     synchronize(device)
                     start = time.perf_counter()
-                    loss = step()
+                    for _ in range(args.steps_per_timing):
+                        loss = step()
                     synchronize(device)
                     seconds[name].append(time.perf_counter() - start)
                     return loss
@@ -663,9 +686,16 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
             ratios, _, _ = paired_ratios(clocked("reference", reference.step), clocked("gors", ours.step), device,
                                          args.repeats, warmup=0)
             data = statistics.median(reference.data_seconds[-args.repeats:])
-            log(f"[train_step] {label}: step s (median) reference {statistics.median(seconds['reference'][-args.repeats:]):.3f} "
-                f"(of which data loading {data:.3f}), gors {statistics.median(seconds['gors'][-args.repeats:]):.3f}; "
+            per_step = {name: statistics.median(times[-args.repeats:]) / args.steps_per_timing
+                        for name, times in seconds.items()}
+            log(f"[train_step] {label}: step s (median, {args.steps_per_timing} per timing) reference "
+                f"{per_step['reference']:.3f} (of which data loading {data:.3f}), gors {per_step['gors']:.3f}; "
                 f"ratios {', '.join(f'{r:.2f}' for r in ratios)}")
+            if device.type == "cuda":
+                for name, loop in (("reference", reference), ("gors", ours)):
+                    per_step_syncs, sites = host_syncs(loop.step, 3)
+                    log(f"[train_step] {label}: {name} synchronises host and device {per_step_syncs:g} times a step"
+                        + (f", at {'; '.join(f'{site} ({n})' for site, n in sites)}" if sites else ""))
             results.append(SpeedResult(
                 f"training step, {label}",
                 "diffusers' `train_text_to_image_lora.py` loop as GORS ran it (images loaded by one worker and "

@@ -54,6 +54,7 @@ from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore, StoreError
+from gors.core.transfer import HostValue, to_device
 from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder, TrainingFamily, resolve_training
 from gors.lora import (
     LORA_WEIGHT_NAME,
@@ -439,8 +440,8 @@ class GORSTrainer:
     def _micro_batch_loss(self, micro_batch: int) -> torch.Tensor:
         device, family = self.accelerator.device, self.family
         index = torch.tensor(self.schedule.indices(micro_batch))
-        mean = self.latents["mean"][index].to(device)
-        std = self.latents["std"][index].to(device)
+        mean = to_device(self.latents["mean"][index], device)
+        std = to_device(self.latents["std"][index], device)
         if self.config.sample_latents:
             mean = mean + std * torch.randn_like(mean)
         latents = family.scale_latents(mean, self.vae.config)
@@ -450,8 +451,9 @@ class GORSTrainer:
         if self.config.caption_dropout > 0:
             dropped = torch.rand(len(index)) < self.config.caption_dropout
             prompts = torch.where(dropped, self.empty_index, prompts)
-        batch = Batch(latents, self.rewards[index].to(device), self.latents["original_size"][index].to(device),
-                      self.latents["crop_top_left"][index].to(device))
+        batch = Batch(latents, to_device(self.rewards[index], device),
+                      to_device(self.latents["original_size"][index], device),
+                      to_device(self.latents["crop_top_left"][index], device))
         conditioning = family.drop_captions(family.condition(self._encodings(prompts), batch, self.weight_dtype),
                                             dropped)
         return family.loss(self.denoiser, self.noise_scheduler, batch, conditioning, noise, position, self.weight_dtype,
@@ -467,9 +469,10 @@ class GORSTrainer:
         for encoder in family.text_encoders:
             name = encoder.component
             if name in cached:
-                encodings[name] = {k: v[prompts].to(device) for k, v in cached[name].items()}
+                encodings[name] = {k: to_device(v[prompts], device) for k, v in cached[name].items()}
             else:
-                encodings[name] = family.encode(encoder, self.text_encoders[name], self.tokens[name][prompts].to(device))
+                encodings[name] = family.encode(encoder, self.text_encoders[name],
+                                                to_device(self.tokens[name][prompts], device))
         return encodings
 
     def _base_prediction(self, prompts: torch.Tensor, dropped: torch.Tensor, batch: Batch) -> BasePrediction:
@@ -660,6 +663,7 @@ class GORSTrainer:
         for module in models:
             module.train()
         work_starts(done_before=global_step)  # not the folder's latest checkpoint: another training's, set aside
+        log = LossLog(accelerator, self.trained, bar)
         while global_step < config.max_train_steps:
             losses = []
             for micro in range(accumulation):
@@ -676,24 +680,24 @@ class GORSTrainer:
                 raise RuntimeError("gradient accumulation went out of step with the update count")
             global_step += 1
             bar.update(1)
-            mean_loss = accelerator.gather(torch.stack(losses).mean()[None]).mean().item()
-            lrs = self.lr_scheduler.get_last_lr()
-            logs = {"train/loss": mean_loss}
-            logs |= {f"train/lr_{name}": lr for name, lr in zip(self.trained, lrs)}
-            accelerator.log(logs, step=global_step)
-            bar.set_postfix(loss=f"{mean_loss:.4f}")
+            log.add(global_step, losses, self.lr_scheduler.get_last_lr())
 
+            validating = global_step % config.validation_steps == 0 or global_step == config.max_train_steps
+            checkpointing = global_step % config.checkpointing_steps == 0 or global_step == config.max_train_steps
+            if validating or checkpointing:
+                log.flush()  # a run resumed from this checkpoint has every step's loss logged
             # The last step too: the final LoRA is a best/ candidate even off the --validation_steps grid.
             # Validation comes before the step's checkpoint (it leaves RNG and modes as they were): a run
             # killed while validating resumes before this step and validates it, not after it.
-            if global_step % config.validation_steps == 0 or global_step == config.max_train_steps:
+            if validating:
                 if config.validation_prompts and accelerator.is_main_process and self._tensorboard() is not None:
                     self.log_validation(global_step)
                 if self.validation is not None:
                     self.validate_on_benchmark(global_step)
                 accelerator.wait_for_everyone()
-            if global_step % config.checkpointing_steps == 0 or global_step == config.max_train_steps:
+            if checkpointing:
                 self.save_checkpoint(global_step)
+        log.flush()
         bar.close()
 
         accelerator.wait_for_everyone()
@@ -836,6 +840,34 @@ class GORSTrainer:
         """Full training state (adapters, optimizer, LR scheduler, RNG) at `checkpoints/checkpoint-<step>`."""
         return write_checkpoint(self.accelerator, self.output_dir, step, self.fingerprint,
                                 self.config.checkpoints_total_limit)
+
+
+class LossLog:
+    """Each update's mean loss (over micro-batches and processes) and learning rates, sent to the trackers
+    and the progress bar one update late: reading a loss waits for the device to compute it, and by the
+    next update the host has queued that update's work behind it, so the device does not idle meanwhile."""
+
+    def __init__(self, accelerator: Accelerator, trained: list[str], bar: Any = None) -> None:
+        self.accelerator, self.trained, self.bar = accelerator, trained, bar
+        self._pending: tuple[int, HostValue, list[float]] | None = None
+
+    def add(self, step: int, losses: list[torch.Tensor], lrs: list[float]) -> None:
+        """Log the update before this one, and hold update `step`'s (`losses`: its micro-batches')."""
+        self.flush()
+        loss = self.accelerator.gather(torch.stack(losses).mean()[None]).mean()
+        self._pending = (step, HostValue(loss), lrs)
+
+    def flush(self) -> None:
+        """Log the update held, if any."""
+        if self._pending is None:
+            return
+        step, loss, lrs = self._pending
+        self._pending = None
+        value = loss.get().item()
+        self.accelerator.log({"train/loss": value} | {f"train/lr_{name}": lr for name, lr in zip(self.trained, lrs)},
+                             step=step)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{value:.4f}")
 
 
 def optimizer_update(optimizer: torch.optim.Optimizer, lr_scheduler: Any, scaler: torch.amp.GradScaler | None) -> None:

@@ -94,7 +94,8 @@ def test_first_steps_match_the_reference_loop(train_step, selected_run, tiny_sd)
 def test_train_loop_steps_as_the_step_compared_with_the_reference(train_step, selected_run, tiny_sd, tmp_path):
     """`train()`'s own loop (clipping, optimizer and LR-scheduler updates, zeroing) ends with the adapters of
     `GorsLoop`'s steps, the ones compared with the reference loop above, under a gradient-norm bound tight
-    enough that clipping changes every step."""
+    enough that clipping changes every step; and it logs each step's own loss at that step, though it
+    reads each one back a step late (`LossLog`), flushed at a checkpoint mid-way and at the end."""
     import shutil
     from dataclasses import replace
 
@@ -102,6 +103,7 @@ def test_train_loop_steps_as_the_step_compared_with_the_reference(train_step, se
 
     from gors.config import TrainConfig
     from gors.core.distributed import make_accelerator
+    from gors.report import load_scalars
     from gors.train import GORSTrainer
 
     def run_folder(name: str) -> str:
@@ -116,20 +118,24 @@ def test_train_loop_steps_as_the_step_compared_with_the_reference(train_step, se
     config = TrainConfig(pretrained_model_name_or_path=str(tiny_sd), output_dir=run_folder("train"), resolution=32,
                          train_batch_size=2, train_text_encoder=True, mixed_precision="no", report_to="none", seed=0,
                          max_train_steps=STEPS, checkpointing_steps=STEPS, max_grad_norm=1e-3)
-    trained = GORSTrainer(config, accelerator)
+    # Its own Accelerator, with the run's TensorBoard tracker.
+    trained = GORSTrainer(replace(config, report_to="tensorboard", checkpointing_steps=2))
     trained.train()
     trained_weights = train_step.adapter_weights(
         {name: accelerator.unwrap_model(m) for name, m in trained.trained_modules().items()})
 
-    def stepped(max_grad_norm: float) -> dict[str, torch.Tensor]:
+    def stepped(max_grad_norm: float) -> tuple[dict[str, torch.Tensor], list[float]]:
         set_seed(config.seed, device_specific=True)  # as `train()` seeds before setting its models up
         loop = train_step.GorsLoop(GORSTrainer(replace(config, output_dir=run_folder(f"loop-{max_grad_norm}"),
                                                        max_grad_norm=max_grad_norm), accelerator))
-        for _ in range(STEPS):
-            loop.step()
-        return train_step.adapter_weights(loop.trained_modules())
+        losses = [loop.step().item() for _ in range(STEPS)]
+        return train_step.adapter_weights(loop.trained_modules()), losses
 
-    loop_weights, unclipped = stepped(config.max_grad_norm), stepped(1e9)
+    (loop_weights, loop_losses), (unclipped, _) = stepped(config.max_grad_norm), stepped(1e9)
+    logged = load_scalars(Path(config.output_dir))["train/loss"]
+    assert [step for step, _ in logged] == list(range(1, STEPS + 1))
+    assert [value for _, value in logged] == pytest.approx(loop_losses, rel=1e-6)
+    assert len(set(loop_losses)) == STEPS
     assert trained_weights.keys() == loop_weights.keys()
     for key, value in trained_weights.items():
         assert torch.equal(value, loop_weights[key]), key

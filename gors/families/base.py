@@ -17,6 +17,7 @@ import torch
 
 from gors.core.backbones import Backbone, read_model_index
 from gors.core.hub import from_pretrained
+from gors.core.transfer import to_device
 from gors.loss import (
     diffusion_target,
     flow_matching_noisy,
@@ -249,7 +250,7 @@ class FlowMatchingFamily(TrainingFamily):
              noise: torch.Tensor, position: torch.Tensor, dtype: torch.dtype,
              base_prediction: BasePrediction | None = None) -> torch.Tensor:
         timesteps, sigmas = flow_matching_sigmas(scheduler, position)
-        timesteps, sigmas = timesteps.to(noise.device), sigmas.to(noise.device)
+        timesteps, sigmas = to_device(timesteps, noise.device), to_device(sigmas, noise.device)
         noisy = flow_matching_noisy(batch.latents, noise, sigmas)
         prediction = self.predict(denoiser, noisy.to(dtype), timesteps, conditioning)
         weighting = flow_matching_weighting(self.settings["weighting_scheme"], sigmas)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from gors.core.backbones import flux_guidance_embeds
+from gors.core.transfer import to_device
 from gors.families.base import Batch, Encoding, FlowMatchingFamily, TextEncoder, TrainingDefaults
 
 
@@ -67,7 +68,7 @@ class FluxFamily(FlowMatchingFamily):
             "encoder_hidden_states": hidden.to(dtype),
             "pooled_projections": encodings["text_encoder"]["pooled"].to(dtype),
             "txt_ids": torch.zeros(hidden.shape[1], 3, device=device, dtype=dtype),
-            "img_ids": latent_image_ids(h, w).to(device, dtype),
+            "img_ids": to_device(latent_image_ids(h, w), device).to(dtype),
         }
         if self.guidance_embeds:
             conditioning["guidance"] = torch.full((b,), float(self.settings["guidance_scale"]), device=device)

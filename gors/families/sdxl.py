@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from gors.core.backbones import component_config, read_model_index
+from gors.core.transfer import to_device
 from gors.families.base import Batch, DDPMFamily, Encoding, TextEncoder, TrainingDefaults
 from gors.lora import UNET_TARGET_MODULES
 
@@ -69,7 +70,7 @@ class StableDiffusionXLFamily(DDPMFamily):
 
     def condition(self, encodings: dict[str, Encoding], batch: Batch, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         side = self.settings["resolution"]
-        target = torch.tensor([side, side], device=batch.original_size.device).expand(len(batch.latents), 2)
+        target = torch.full_like(batch.original_size, side)
         time_ids = torch.cat([batch.original_size, batch.crop_top_left, target], dim=1)
         hidden = torch.cat([encodings["text_encoder"]["hidden"], encodings["text_encoder_2"]["hidden"]], dim=-1)
         return {
@@ -86,7 +87,7 @@ class StableDiffusionXLFamily(DDPMFamily):
         zeroed = {}
         for name in ("encoder_hidden_states", "text_embeds"):
             value = conditioning[name]
-            rows = dropped.to(value.device).view(-1, *[1] * (value.dim() - 1))
+            rows = to_device(dropped, value.device).view(-1, *[1] * (value.dim() - 1))
             zeroed[name] = torch.where(rows, torch.zeros_like(value), value)
         return conditioning | zeroed
 
