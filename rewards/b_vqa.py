@@ -47,6 +47,7 @@ import torch
 from PIL import Image
 
 from gors.core.hub import from_pretrained
+from gors.core.transfer import to_device
 from rewards.base import MODEL_FLAG, Reward, RewardOutput, check_choice, check_number
 from rewards.noun_phrases import MAX_QUESTIONS, Backend, parser_record, vqa_questions
 from rewards.question_table import QuestionTable, load_question_table
@@ -220,7 +221,9 @@ class BVQAReward(Reward):
         ).input_ids
         if self.question_start_id is not None:
             token_ids = [[self.question_start_id, *ids[1:]] for ids in token_ids]
-        result = [0.0] * len(questions)
+        # Read back once, at the end: a read per chunk would make the host wait for the device each time.
+        order: list[int] = []
+        probabilities: list[torch.Tensor] = []
         window = 4 * self.batch_size
         for first in range(0, len(images), window):
             members = [
@@ -234,12 +237,14 @@ class BVQAReward(Reward):
                 group = list(same_length)
                 for start in range(0, len(group), self.batch_size):
                     chunk = group[start : start + self.batch_size]
-                    probs = self._yes_probabilities(
-                        torch.tensor([token_ids[k] for k in chunk], device=self.device),
+                    probabilities.append(self._yes_probabilities(
+                        to_device(torch.tensor([token_ids[k] for k in chunk]), self.device),
                         torch.stack([features[questions[k][0]] for k in chunk]),
-                    )
-                    for k, prob in zip(chunk, probs, strict=True):
-                        result[k] = prob
+                    ))
+                    order += chunk
+        result = [0.0] * len(questions)
+        for k, probability in zip(order, torch.cat(probabilities).tolist(), strict=True):
+            result[k] = probability
         return result
 
     def _image_features(
@@ -250,7 +255,7 @@ class BVQAReward(Reward):
         for start in range(0, len(indices), self.batch_size):
             part = indices[start : start + self.batch_size]
             pixels = self.processor.image_processor([images[i] for i in part], return_tensors="pt")
-            pixel_values = pixels.pixel_values.to(self.device, self.torch_dtype)
+            pixel_values = to_device(pixels.pixel_values, self.device).to(self.torch_dtype)
             features.update(
                 zip(
                     part,
@@ -262,8 +267,9 @@ class BVQAReward(Reward):
 
     def _yes_probabilities(
         self, input_ids: torch.Tensor, image_embeds: torch.Tensor
-    ) -> list[float]:
-        """Normalised yes-probability of each question (unpadded `input_ids`) about its image."""
+    ) -> torch.Tensor:
+        """Normalised yes-probability of each question (unpadded `input_ids`) about its image, in [0, 1]
+        (float32, on the device)."""
         model = self.model
         # The question encoding attends to the image, and the answer decoder to the question,
         # exactly as BlipForQuestionAnswering.generate does for one question.
@@ -285,7 +291,7 @@ class BVQAReward(Reward):
         )
         # P(yes) / (P(yes) + P(no)) of a softmax is sigmoid(logit_yes - logit_no): the
         # normaliser cancels, and no tiny probabilities are divided.
-        return torch.sigmoid(logits[:, self.yes_id] - logits[:, self.no_id]).tolist()
+        return torch.sigmoid(logits[:, self.yes_id] - logits[:, self.no_id])
 
 
 def resize_position_embeddings(vision_model: torch.nn.Module, image_size: int) -> None:
