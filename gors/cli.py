@@ -371,8 +371,9 @@ EXPECTED_ERRORS = (ValueError, FileNotFoundError, StoreError, LockError, Checksu
                    PathError)
 # The same, of modules that import torch ('module:Class'), named here so that `gors --help` imports none of
 # them: such an error can only have been raised once its module was imported. `RewardError`: a user's
-# reward returned a score out of range, no score or details that are not JSON.
-LAZY_EXPECTED_ERRORS = ("rewards.base:RewardError",)
+# reward returned a score out of range, no score or details that are not JSON. `DeviceMemoryError`: a stage
+# ran out of device memory, and its message names the flag that lowers it.
+LAZY_EXPECTED_ERRORS = ("rewards.base:RewardError", "gors.core.memory:DeviceMemoryError")
 
 
 # Every stage keeps its finished work (images, score rows, checkpoints) and skips it when rerun.

@@ -114,8 +114,8 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
     unknown = sorted(set(config.scorer_options) - {name for name, _ in specs} - {benchmark_label(*s) for s in specs})
     if unknown:
         raise ValueError(f"--scorer_options for {unknown}, which are not among the benchmarks evaluated")
-    benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts,
-                                         images_per_prompt=config.images_per_prompt)) for spec in specs]
+    benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts, images_per_prompt=config.images_per_prompt,
+                                         batch_size=config.generation_batch_size)) for spec in specs]
     if config.images is not None:
         benchmarks[0][1].check_images_readable()
     plans = []

@@ -110,6 +110,7 @@ def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = Non
         desc=f"score {reward}",
         prompt_metadata=metadata,
         settings=score_settings(config, accelerator, reward),
+        batch_flag="--reward_batch_size",
     )
     if accelerator.is_main_process:
         column = f"reward_{reward_key(reward)}"
@@ -135,7 +136,8 @@ def scoring_while_generating(config: RunConfig, accelerator: Accelerator) -> Ite
     store = SampleStore(samples_dir(config.output_dir))
     done = open_score_folder(folder, store.records(), accelerator, score_settings(config, accelerator, reward))
     scorer = BackgroundScorer(folder, reward_builder(config, accelerator, reward), config.reward_batch_size,
-                              accelerator.process_index, accelerator.device, prompt_metadata=metadata, done=done)
+                              accelerator.process_index, accelerator.device, prompt_metadata=metadata, done=done,
+                              batch_flag="--reward_batch_size")
     try:
         yield scorer
     except BaseException:

@@ -51,6 +51,7 @@ from gors.core.distributed import (
     progress_bar,
 )
 from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
+from gors.core.memory import out_of_memory_advice
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore, StoreError
@@ -664,10 +665,13 @@ class GORSTrainer:
             module.train()
         work_starts(done_before=global_step)  # not the folder's latest checkpoint: another training's, set aside
         log = LossLog(accelerator, self.trained, bar)
+        memory = (f"training, {config.train_batch_size} samples per micro-batch on each process",
+                  "lower --train_batch_size and raise --gradient_accumulation_steps as much (the same samples per "
+                  "update)" + ("" if config.gradient_checkpointing else ", or pass --gradient_checkpointing"))
         while global_step < config.max_train_steps:
             losses = []
             for micro in range(accumulation):
-                with accelerator.accumulate(*models):
+                with accelerator.accumulate(*models), out_of_memory_advice(*memory):
                     loss = self._micro_batch_loss(global_step * accumulation + micro)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:

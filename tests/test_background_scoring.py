@@ -257,3 +257,46 @@ def test_a_stopped_scorer_takes_no_more_batches_and_a_waiting_add_returns(tmp_pa
     scorer.add(*batch(3))  # and later batches are left to the score stage at once
     release.set()
     scorer.abandon()
+
+
+def test_out_of_memory_beside_generation_names_the_reward_batch_and_the_overlap(make_run_config, monkeypatch):
+    import torch
+
+    from gors.core.memory import DeviceMemoryError
+    from rewards.b_vqa import BVQAReward
+
+    config = make_run_config(overlap_scoring=True)
+    original = BVQAReward._score
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    monkeypatch.setattr(BVQAReward, "_score", out_of_memory)
+    with pytest.raises(DeviceMemoryError) as err:
+        _overlapped(config)
+    assert str(err.value).startswith(
+        "scoring overlapped with generation failed: out of device memory while scoring beside generation, 2 images "
+        "per reward call: lower --reward_batch_size, or drop --overlap_scoring (the pipeline holds memory beside the "
+        "reward), and run the same command again; what was finished is kept (torch: CUDA out of memory. Tried to "
+        "allocate 1.00 GiB)")
+    assert "\n" not in str(err.value)
+    monkeypatch.setattr(BVQAReward, "_score", original)
+    _overlapped(config)  # the rerun generates what is missing, and the score stage scores the rest
+    assert len(SampleStore(samples_dir(config.output_dir)).records()) == 6
+    assert len(score(config)) == 6
+
+
+def test_generation_out_of_memory_beside_a_scorer_names_the_overlap_too(make_run_config, monkeypatch):
+    import torch
+
+    import gors.core.sampling
+    from gors.core.memory import DeviceMemoryError
+
+    def out_of_memory(seeds):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    monkeypatch.setattr(gors.core.sampling, "cpu_generators", out_of_memory)
+    with pytest.raises(DeviceMemoryError, match=r"^out of device memory while generating 32 px images, 2 per pipeline "
+                                                r"call: lower --generation_batch_size, or drop --overlap_scoring \(its "
+                                                r"reward holds memory beside the pipeline\), and run the same command"):
+        _overlapped(make_run_config(overlap_scoring=True))

@@ -33,6 +33,7 @@ from PIL import Image
 
 from gors.core.io import append_jsonl
 from gors.core.io_threads import DONE, finish
+from gors.core.memory import out_of_memory_advice
 from gors.core.scoring import Scorer, build_checked_reward, score_part, score_rows, scorer_commits
 from gors.core.store import SampleKey, same_image, sample_key
 
@@ -53,14 +54,17 @@ class BackgroundScorer:
         done: the rows already in the folder, by sample key (`open_score_folder`'s); a sample with a row
             of its image file is not scored again, one generated anew since is.
         max_pending: generation batches that may wait for the worker before `add` blocks.
+        batch_flag: the flag that sets `batch_size`, named when the device runs out of memory.
     """
 
     def __init__(self, scores_folder: Path, make_reward: Callable[[], Scorer], batch_size: int,
                  process_index: int, device: torch.device, prompt_metadata: Sequence[dict[str, Any]] | None = None,
-                 done: Mapping[SampleKey, dict] | None = None, max_pending: int = 2) -> None:
+                 done: Mapping[SampleKey, dict] | None = None, max_pending: int = 2,
+                 batch_flag: str | None = None) -> None:
         self.out_file = score_part(scores_folder, process_index)
         self.make_reward = make_reward
         self.batch_size = batch_size
+        self.batch_flag = batch_flag
         self.device = torch.device(device)
         self.prompt_metadata = prompt_metadata
         if done is not None and not isinstance(done, Mapping):
@@ -161,7 +165,12 @@ class BackgroundScorer:
                     while len(records) >= self.batch_size or (finished and records):
                         batch, records = records[: self.batch_size], records[self.batch_size :]
                         batch_images, images = images[: self.batch_size], images[self.batch_size :]
-                        append_jsonl(self.out_file, score_rows(reward, batch, batch_images, self.prompt_metadata))
+                        with out_of_memory_advice(
+                                f"scoring beside generation, {self.batch_size} images per reward call",
+                                self.batch_flag and f"lower {self.batch_flag}, or drop --overlap_scoring (the "
+                                                    "pipeline holds memory beside the reward)"):
+                            rows = score_rows(reward, batch, batch_images, self.prompt_metadata)
+                        append_jsonl(self.out_file, rows)
                     if finished:
                         return
         except BaseException as err:  # handed to the generation thread by `add` or `close`

@@ -35,6 +35,7 @@ from gors.core.distributed import (
 )
 from gors.core.hub import recording_loads
 from gors.core.io_threads import OrderedWorker
+from gors.core.memory import out_of_memory_advice
 from gors.core.pipeline import cpu_generators
 from gors.core.store import (
     SETTINGS,
@@ -60,6 +61,7 @@ class StoreFlags:
     prompts: str = "the --train_prompts that made this store"
     may_change: str = "--images_per_prompt and --max_prompts"
     extra_images: str = "the stages after this one use all of them"  # what happens to images beyond the count
+    batch_size: str | None = "--generation_batch_size"  # sets the images per pipeline call; None: no such flag
 
 
 def _check_same_prompts(store: SampleStore, prompts: list[str], flags: StoreFlags) -> None:
@@ -191,7 +193,7 @@ def generate_samples(
     two models or protocols never mix.
 
     `sink` gets every batch once it is in the store (its `open` first, on processes with work).
-    `flags` name, in a refusal, the flags to change.
+    `flags` name, in a refusal or when the device runs out of memory, the flags to change.
     """
     if settings is None:
         settings = {key: (prompt_info or {}).get(key) for key in ("model", "lora")}
@@ -233,6 +235,9 @@ def generate_samples(
     # another list, generating some images twice (recorded twice: every later stage stops) and some never.
     done, todo = main_process_decides(accelerator.state, plan)
 
+    memory_advice = flags.batch_size and f"lower {flags.batch_size}"
+    if memory_advice and sink is not None:
+        memory_advice += ", or drop --overlap_scoring (its reward holds memory beside the pipeline)"
     # A contiguous share per process; the seed of an image never depends on the process (its batch may).
     with accelerator.split_between_processes(todo) as mine:
         loads = scoring_loads = None
@@ -278,7 +283,9 @@ def generate_samples(
                 try:
                     for batch in batches(mine, protocol.batch_size):
                         seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
-                        with torch.inference_mode():
+                        with torch.inference_mode(), out_of_memory_advice(
+                                f"generating {protocol.resolution} px images, {protocol.batch_size} per pipeline call",
+                                memory_advice):
                             images = pipeline(
                                 prompt=[prompts[p] for p, _ in batch],
                                 height=protocol.resolution,

@@ -32,6 +32,7 @@ from gors.core.distributed import (
 )
 from gors.core.io import append_jsonl, atomic_write_json, filter_jsonl, read_json, repair_jsonl
 from gors.core.io_threads import prefetched
+from gors.core.memory import out_of_memory_advice
 from gors.core.run_folder import samples_dir, scores_dir
 from gors.core.store import (
     IMAGE_HASH,
@@ -243,6 +244,7 @@ def score_samples(
     desc: str = "score",
     prompt_metadata: Sequence[dict[str, Any]] | None = None,
     settings: Mapping[str, Any] | None = None,
+    batch_flag: str | None = None,
 ) -> dict[SampleKey, dict]:
     """Score the store's unscored samples into `scores_folder/part-<rank>.jsonl`; returns all rows.
 
@@ -250,6 +252,7 @@ def score_samples(
     built (by `make_reward`) only on processes that have work. `prompt_metadata`: see
     `score_rows`. `store` is anything with `records()` and `open_image(record)`. `settings` are
     recorded in the folder (`open_score_folder`), so scores of two configurations never mix.
+    `batch_flag`: the flag that sets `batch_size`, named when the device runs out of memory.
     """
     records = store.records()
     done = open_score_folder(scores_folder, records, accelerator, settings)
@@ -275,7 +278,10 @@ def score_samples(
                               name="gors-image-reader")
             with contextlib.closing(read):  # the reader stops with the loop, also when the reward fails
                 for batch, images in read:
-                    append_jsonl(out_file, score_rows(reward, batch, images, prompt_metadata))
+                    with out_of_memory_advice(f"scoring, {batch_size} images per reward call",
+                                              batch_flag and f"lower {batch_flag}"):
+                        rows = score_rows(reward, batch, images, prompt_metadata)
+                    append_jsonl(out_file, rows)
                     bar.update(len(batch))
             bar.close()
     accelerator.wait_for_everyone()
