@@ -32,8 +32,9 @@ the U-Net and the text encoder (gors' default for SD 1/2, as GORS).
   compiling it; then `accelerator.prepare`), and per
   step the body of its training loop: `_micro_batch_loss` (a latent drawn from the cached
   posterior, noise, timesteps, the text encoder if it trains, the U-Net, the loss), backward,
-  clipping, optimizer and LR-scheduler steps, `zero_grad`, the loss gathered and read back one step
-  late (`LossLog`, so that the device need not idle while the host reads it). The
+  clipping, optimizer and LR-scheduler steps (`Updates`: under fp16, the loss scaler's verdict on the
+  schedule read one update late), `zero_grad`, the loss gathered and read back one step late
+  (`LossLog`; neither read makes the device idle while the host waits). The
   models load from memory instead of a checkpoint (the loading is not timed); the one-off caching
   is timed separately and printed.
 
@@ -416,7 +417,7 @@ class GorsLoop:
 
     def __init__(self, trainer, models: dict[str, torch.nn.Module] | None = None, phases: Phases | None = None) -> None:
         from gors.select import load_selection
-        from gors.train import LossLog
+        from gors.train import LossLog, Updates
 
         self.trainer, accelerator = trainer, trainer.accelerator
         self.accelerator = accelerator
@@ -444,7 +445,7 @@ class GorsLoop:
         for module in self.models:
             module.train()
         self.micro_batch = 0
-        self.log = LossLog(accelerator, trainer.trained)
+        self.log, self.updates = LossLog(accelerator, trainer.trained), Updates(trainer.optimizer, trainer.lr_scheduler)
         self._wrap_family()
 
     def _wrap_family(self) -> None:
@@ -478,15 +479,13 @@ class GorsLoop:
             with phase("clip_grad_norm_"):
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(self.params, trainer.config.max_grad_norm)
-            with phase("optimizer step"):
-                trainer.optimizer.step()
-            with phase("lr_scheduler step"):
-                trainer.lr_scheduler.step()
+            with phase("optimizer and lr_scheduler steps"):
+                self.updates.step(accelerator.scaler, accelerator.sync_gradients)
             with phase("zero_grad"):
                 trainer.optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
         with phase("loss logging (gather; read one step late)"):
-            self.log.add(self.micro_batch + 1, losses, trainer.lr_scheduler.get_last_lr())
+            self.log.add(self.micro_batch + 1, losses, self.updates.lrs)
         self.micro_batch += 1
         return loss.detach()
 
@@ -685,7 +684,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
 
             ratios, _, _ = paired_ratios(clocked("reference", reference.step), clocked("gors", ours.step), device,
                                          args.repeats, warmup=0)
-            data = statistics.median(reference.data_seconds[-args.repeats:])
+            data = statistics.median(reference.data_seconds[-args.repeats * args.steps_per_timing:])
             per_step = {name: statistics.median(times[-args.repeats:]) / args.steps_per_timing
                         for name, times in seconds.items()}
             log(f"[train_step] {label}: step s (median, {args.steps_per_timing} per timing) reference "

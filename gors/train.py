@@ -442,9 +442,8 @@ class GORSTrainer:
         device, family = self.accelerator.device, self.family
         index = torch.tensor(self.schedule.indices(micro_batch))
         mean = to_device(self.latents["mean"][index], device)
-        std = to_device(self.latents["std"][index], device)
         if self.config.sample_latents:
-            mean = mean + std * torch.randn_like(mean)
+            mean = mean + to_device(self.latents["std"][index], device) * torch.randn_like(mean)
         latents = family.scale_latents(mean, self.vae.config)
         noise, position = family.sample_noise(latents, self.noise_scheduler)
         prompts = self.prompt_index[index]
@@ -484,9 +483,10 @@ class GORSTrainer:
             # do not run.
             denoiser = self.accelerator.unwrap_model(self.denoiser)
             with torch.no_grad(), adapters_disabled(denoiser):
-                encodings = self._encodings(prompts[rows.cpu()], self.base_encodings)
+                encodings = self._encodings(prompts[rows], self.base_encodings)
                 conditioning = self.family.drop_captions(
-                    self.family.condition(encodings, batch.rows(rows), self.weight_dtype), dropped[rows.cpu()])
+                    self.family.condition(encodings, batch.rows(to_device(rows, self.accelerator.device)),
+                                          self.weight_dtype), dropped[rows])
                 return self.family.predict(denoiser, noisy, timesteps, conditioning)
 
         return predict
@@ -664,7 +664,7 @@ class GORSTrainer:
         for module in models:
             module.train()
         work_starts(done_before=global_step)  # not the folder's latest checkpoint: another training's, set aside
-        log = LossLog(accelerator, self.trained, bar)
+        log, updates = LossLog(accelerator, self.trained, bar), Updates(self.optimizer, self.lr_scheduler)
         memory = (f"training, {config.train_batch_size} samples per micro-batch on each process",
                   "lower --train_batch_size and raise --gradient_accumulation_steps as much (the same samples per "
                   "update)" + ("" if config.gradient_checkpointing else ", or pass --gradient_checkpointing"))
@@ -676,20 +676,20 @@ class GORSTrainer:
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:
                         accelerator.clip_grad_norm_(params, config.max_grad_norm)
-                    optimizer_update(self.optimizer, self.lr_scheduler,
-                                     accelerator.scaler if accelerator.sync_gradients else None)
+                    updates.step(accelerator.scaler, accelerator.sync_gradients)
                     self.optimizer.zero_grad(set_to_none=True)
                 losses.append(loss.detach())
             if not accelerator.sync_gradients:
                 raise RuntimeError("gradient accumulation went out of step with the update count")
             global_step += 1
             bar.update(1)
-            log.add(global_step, losses, self.lr_scheduler.get_last_lr())
+            log.add(global_step, losses, updates.lrs)
 
             validating = global_step % config.validation_steps == 0 or global_step == config.max_train_steps
             checkpointing = global_step % config.checkpointing_steps == 0 or global_step == config.max_train_steps
             if validating or checkpointing:
                 log.flush()  # a run resumed from this checkpoint has every step's loss logged
+                updates.settle()  # the checkpoint saves the LR schedule after this update
             # The last step too: the final LoRA is a best/ candidate even off the --validation_steps grid.
             # Validation comes before the step's checkpoint (it leaves RNG and modes as they were): a run
             # killed while validating resumes before this step and validates it, not after it.
@@ -702,6 +702,7 @@ class GORSTrainer:
             if checkpointing:
                 self.save_checkpoint(global_step)
         log.flush()
+        updates.settle()
         bar.close()
 
         accelerator.wait_for_everyone()
@@ -847,7 +848,7 @@ class GORSTrainer:
 
 
 class LossLog:
-    """Each update's mean loss (over micro-batches and processes) and learning rates, sent to the trackers
+    """Each update's mean loss (over micro-batches and processes) and the learning rates it used, sent to the trackers
     and the progress bar one update late: reading a loss waits for the device to compute it, and by the
     next update the host has queued that update's work behind it, so the device does not idle meanwhile."""
 
@@ -874,18 +875,45 @@ class LossLog:
             self.bar.set_postfix(loss=f"{value:.4f}")
 
 
-def optimizer_update(optimizer: torch.optim.Optimizer, lr_scheduler: Any, scaler: torch.amp.GradScaler | None) -> None:
-    """The optimizer's step, then the LR scheduler's unless fp16's loss `scaler` skipped the update.
+class Updates:
+    """Each micro-batch's optimizer and LR-scheduler steps: at an update, the optimizer's step, then the LR
+    scheduler's unless fp16's loss scaler skipped the update.
 
     A skipped update (gradients that overflowed in fp16) must not advance the LR schedule, or warm-up
     and decay end early. Accelerate holds the schedule back only when the optimizer's `step` was not
     called at all, but the scaler calls fused AdamW's `step` even then (the kernel skips the update
-    itself); the scaler lowering its scale is what tells, whichever the optimizer.
+    itself); the scaler lowering its scale is what tells, whichever the optimizer. That verdict is on
+    the device: it is read at the next update, before the optimizer step whose learning rate it
+    decides, or at `settle()` (before a checkpoint saves the schedule), so that the host does not wait
+    for the device at every update.
     """
-    scale = scaler.get_scale() if scaler is not None else None
-    optimizer.step()
-    if scale is None or scaler.get_scale() >= scale:
-        lr_scheduler.step()
+
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_scheduler: Any) -> None:
+        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        self.lrs: list[float] = lr_scheduler.get_last_lr()  # the learning rates of the latest update
+        self._lowered: HostValue | None = None  # whether the scaler lowered its scale at the update not settled
+
+    def step(self, scaler: torch.amp.GradScaler | None, update: bool) -> None:
+        """The steps of one micro-batch; `update`: it ends an update (it syncs gradients; Accelerate's
+        wrappers step only then); `scaler`: fp16's loss scaler, or None."""
+        if update:
+            self.settle()
+            self.lrs = self.lr_scheduler.get_last_lr()
+        scale = scaler._get_scale_async() if update and scaler is not None else None  # a device tensor: no wait
+        if scale is None:
+            self.optimizer.step()
+            self.lr_scheduler.step()
+            return
+        before = scale.clone()
+        self.optimizer.step()
+        self._lowered = HostValue(scaler._get_scale_async() < before)
+
+    def settle(self) -> None:
+        """Step the LR schedule for the update whose verdict is pending, unless the scaler skipped it."""
+        if self._lowered is not None:
+            lowered, self._lowered = bool(self._lowered.get()), None
+            if not lowered:
+                self.lr_scheduler.step()
 
 
 def train(config: TrainConfig | RunConfig, accelerator: Accelerator | None = None, continue_from: Path | None = None,

@@ -31,7 +31,7 @@ class HostValue:
             self._value = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             self._value.copy_(tensor, non_blocking=True)
             self._copied = torch.cuda.Event()
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(tensor.device))  # the stream the copy went on
         else:
             self._value = tensor.to("cpu", copy=True)
 

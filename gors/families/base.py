@@ -79,7 +79,7 @@ class Batch:
         return Batch(self.latents[index], self.rewards[index], self.original_size[index], self.crop_top_left[index])
 
 
-# (noisy latents, timesteps, boolean row mask of the micro-batch) of some rows -> the base model's prediction
+# (noisy latents, timesteps, row indices in the micro-batch: a host tensor) of some rows -> the base model's prediction
 BasePrediction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -219,11 +219,13 @@ class DDPMFamily(TrainingFamily):
         noisy = scheduler.add_noise(batch.latents, noise, position)
         target = diffusion_target(scheduler, batch.latents, noise, position)
         if self.settings["anchor_below"] is not None:
-            # Before the trained forward: the base pass switches the adapters off and on again.
-            rows = position < self.settings["anchor_below"]
-            if rows.any():
+            # Before the trained forward: the base pass switches the adapters off and on again. Which rows it
+            # takes is read from the device once (the batch's shapes depend on it); the rest indexes with them.
+            rows = (position < self.settings["anchor_below"]).cpu().nonzero().flatten()
+            if len(rows):
+                at = to_device(rows, noisy.device)
                 target = target.clone()
-                target[rows] = base_prediction(noisy[rows].to(dtype), position[rows], rows).to(target.dtype)
+                target[at] = base_prediction(noisy[at].to(dtype), position[at], rows).to(target.dtype)
         prediction = self.predict(denoiser, noisy.to(dtype), position, conditioning)
         return reward_weighted_loss(prediction, target, batch.rewards)
 
