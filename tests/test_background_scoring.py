@@ -259,34 +259,42 @@ def test_a_stopped_scorer_takes_no_more_batches_and_a_waiting_add_returns(tmp_pa
     scorer.abandon()
 
 
-def test_out_of_memory_beside_generation_names_the_reward_batch_and_the_overlap(make_run_config, monkeypatch):
+def test_a_reward_batch_that_does_not_fit_beside_generation_is_halved_and_one_that_cannot_is_one_line(
+        make_run_config, monkeypatch, caplog):
     import torch
 
     from gors.core.memory import DeviceMemoryError
     from rewards.b_vqa import BVQAReward
 
-    config = make_run_config(overlap_scoring=True)
+    config = make_run_config(overlap_scoring=True)  # 6 images in batches of 2, scored in batches of 2
     original = BVQAReward._score
 
-    def out_of_memory(*args, **kwargs):
+    def fits_one(self, images, *args, **kwargs):
+        if len(images) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return original(self, images, *args, **kwargs)
+
+    monkeypatch.setattr(BVQAReward, "_score", fits_one)
+    with caplog.at_level(logging.WARNING, logger="gors.core.memory"):
+        scores = _overlapped(config)
+    assert len(scores) == 6
+    assert "scoring at 2 images per reward call: going on at 1 (pass --reward_batch_size 1 to start there)" in caplog.text
+
+    def never_fits(self, images, *args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
 
-    monkeypatch.setattr(BVQAReward, "_score", out_of_memory)
+    monkeypatch.setattr(BVQAReward, "_score", never_fits)
     with pytest.raises(DeviceMemoryError) as err:
-        _overlapped(config)
+        _overlapped(make_run_config(overlap_scoring=True, output_dir=config.output_dir + "-2"))
     assert str(err.value).startswith(
-        "scoring overlapped with generation failed: out of device memory while scoring beside generation, 2 images "
-        "per reward call: lower --reward_batch_size, or drop --overlap_scoring (the pipeline holds memory beside the "
-        "reward), and run the same command again; what was finished is kept (torch: CUDA out of memory. Tried to "
-        "allocate 1.00 GiB)")
+        "scoring overlapped with generation failed: out of device memory while scoring one at a time: drop "
+        "--overlap_scoring (the pipeline holds memory beside the reward), or score on a device with more memory, or "
+        "free this one of other processes, and run the same command again; what was finished is kept (torch: CUDA out "
+        "of memory. Tried to allocate 1.00 GiB)")
     assert "\n" not in str(err.value)
-    monkeypatch.setattr(BVQAReward, "_score", original)
-    _overlapped(config)  # the rerun generates what is missing, and the score stage scores the rest
-    assert len(SampleStore(samples_dir(config.output_dir)).records()) == 6
-    assert len(score(config)) == 6
 
 
-def test_generation_out_of_memory_beside_a_scorer_names_the_overlap_too(make_run_config, monkeypatch):
+def test_an_image_that_does_not_fit_beside_a_scorer_names_the_overlap_too(make_run_config, monkeypatch):
     import torch
 
     import gors.core.sampling
@@ -296,7 +304,7 @@ def test_generation_out_of_memory_beside_a_scorer_names_the_overlap_too(make_run
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
 
     monkeypatch.setattr(gors.core.sampling, "cpu_generators", out_of_memory)
-    with pytest.raises(DeviceMemoryError, match=r"^out of device memory while generating 32 px images, 2 per pipeline "
-                                                r"call: lower --generation_batch_size, or drop --overlap_scoring \(its "
-                                                r"reward holds memory beside the pipeline\), and run the same command"):
+    with pytest.raises(DeviceMemoryError, match=r"^out of device memory while generating 32 px images one at a time: "
+                                                r"drop --overlap_scoring \(its reward holds memory beside the pipeline\), "
+                                                r"or generate in half precision"):
         _overlapped(make_run_config(overlap_scoring=True))

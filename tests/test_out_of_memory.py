@@ -1,19 +1,22 @@
-"""Out of device memory is one `error:` line naming the flag that lowers the stage's memory, and the
-work finished before it stays: the same command with a smaller value goes on from there.
+"""Out of device memory: generation and scoring halve a batch that does not fit and go on, with the same
+images and scores; what cannot shrink further, or training, is one `error:` line that says what to change,
+and the work finished before it stays.
 
 torch's own `OutOfMemoryError` is raised where the device would raise it (a pipeline call, a reward
 call, a training micro-batch) on the CPU; everything around it is the real stage."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 import pytest
 import torch
 
 from gors.cli import main
-from gors.core.memory import DeviceMemoryError, out_of_memory_advice
+from gors.core.memory import DeviceMemoryError, in_batches_that_fit, out_of_memory_advice
 from gors.core.run_folder import samples_dir, scores_dir
+from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
 from gors.core.toy import PRETRAINED_DIR
 
@@ -21,17 +24,25 @@ TORCH_MESSAGE = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a tot
 TOY_PIPELINE = str(PRETRAINED_DIR / "pipeline")
 
 
+def out_of_memory(when):
+    """A wrapper that makes a function raise torch's out-of-memory error where `when(calls, args, kwargs)`."""
+    def wrap(function):
+        calls = []
+
+        def wrapped(*args, **kwargs):
+            calls.append(1)
+            if when(len(calls), args, kwargs):
+                raise torch.OutOfMemoryError(f"{TORCH_MESSAGE}\nOf the allocated memory 20.1 GiB is allocated by "
+                                             "PyTorch")
+            return function(*args, **kwargs)
+
+        return wrapped
+    return wrap
+
+
 def fail_at_call(function, failing: int):
     """`function`, raising torch's out-of-memory error at its `failing`-th call (1-based)."""
-    calls = []
-
-    def wrapped(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == failing:
-            raise torch.OutOfMemoryError(f"{TORCH_MESSAGE}\nOf the allocated memory 20.1 GiB is allocated by PyTorch")
-        return function(*args, **kwargs)
-
-    return wrapped
+    return out_of_memory(lambda calls, args, kwargs: calls == failing)(function)
 
 
 def error_lines(capsys) -> list[str]:
@@ -43,72 +54,125 @@ def generate_args(run: str, *extra: str) -> list[str]:
             "toy:train", "--max_prompts", "1", "--images_per_prompt", "4", "--num_inference_steps", "2", *extra]
 
 
-def test_the_advice_keeps_torch_s_first_line_and_other_errors_pass_through():
+def image_hashes(run: str) -> dict[tuple[int, int], str]:
+    return {(r["prompt_index"], r["image_index"]): r["image_sha256"] for r in SampleStore(samples_dir(run)).records()}
+
+
+def test_batches_are_halved_until_they_fit_and_one_item_that_does_not_fit_is_an_error(caplog):
+    done = []
+
+    def work(batch):
+        if len(batch) > 2:
+            raise torch.OutOfMemoryError(TORCH_MESSAGE)
+        done.append(batch)
+
+    with caplog.at_level(logging.WARNING, logger="gors.core.memory"):
+        size = in_batches_that_fit(list(range(7)), 8, work, "scoring", "images per reward call",
+                                   "--reward_batch_size", "score elsewhere")
+    assert done == [[0, 1], [2, 3], [4, 5], [6]] and size == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "out of device memory while scoring at 8 images per reward call: going on at 4 (pass --reward_batch_size 4 "
+        "to start there)",
+        "out of device memory while scoring at 4 images per reward call: going on at 2 (pass --reward_batch_size 2 "
+        "to start there)"]
+
+    def never_fits(batch):
+        raise torch.OutOfMemoryError(f"{TORCH_MESSAGE}\nmore detail")
+
     with pytest.raises(DeviceMemoryError) as err:
-        with out_of_memory_advice("scoring, 16 images per reward call", "lower --reward_batch_size"):
+        in_batches_that_fit([0, 1], 2, never_fits, "scoring", "images per reward call", None, "score elsewhere")
+    assert str(err.value) == ("out of device memory while scoring one at a time: score elsewhere, and run the same "
+                              f"command again; what was finished is kept (torch: {TORCH_MESSAGE})")
+
+
+def test_the_training_advice_keeps_torch_s_first_line_and_other_errors_pass_through():
+    with pytest.raises(DeviceMemoryError) as err:
+        with out_of_memory_advice("training", "lower --train_batch_size"):
             raise torch.OutOfMemoryError(f"{TORCH_MESSAGE}\nmore detail")
-    assert str(err.value) == ("out of device memory while scoring, 16 images per reward call: lower --reward_batch_size, "
-                              f"and run the same command again; what was finished is kept (torch: {TORCH_MESSAGE})")
-    with pytest.raises(torch.OutOfMemoryError):  # no flag to name: torch's error as it is
-        with out_of_memory_advice("validating", None):
+    assert str(err.value) == ("out of device memory while training: lower --train_batch_size, and run the same command "
+                              f"again; what was finished is kept (torch: {TORCH_MESSAGE})")
+    with pytest.raises(torch.OutOfMemoryError):  # no advice to give: torch's error as it is
+        with out_of_memory_advice("training", None):
             raise torch.OutOfMemoryError(TORCH_MESSAGE)
     with pytest.raises(ValueError, match="other"):
-        with out_of_memory_advice("scoring", "lower --reward_batch_size"):
+        with out_of_memory_advice("training", "lower --train_batch_size"):
             raise ValueError("other")
 
 
-def test_generation_out_of_memory_names_the_batch_flag_and_keeps_the_batches_before(tmp_path, monkeypatch, capsys):
+def test_generation_halves_a_batch_that_does_not_fit_and_makes_the_same_images(tmp_path, monkeypatch, caplog):
+    import gors.generate
+
+    one_at_a_time = str(tmp_path / "one")
+    main(generate_args(one_at_a_time, "--generation_batch_size", "1"))
+    load = gors.generate.load_pipeline
+    only_one = out_of_memory(lambda calls, args, kwargs: len(kwargs["prompt"]) > 1)
+    monkeypatch.setattr(gors.generate, "load_pipeline", lambda *a, **k: only_one(load(*a, **k)))
+    run = str(tmp_path / "run")
+    with caplog.at_level(logging.WARNING, logger="gors.core.memory"):
+        main(generate_args(run, "--generation_batch_size", "4"))
+    assert image_hashes(run) == image_hashes(one_at_a_time) and len(image_hashes(run)) == 4
+    assert [r.getMessage() for r in caplog.records][-1] == (
+        "out of device memory while generating 64 px images at 2 images per pipeline call: going on at 1 (pass "
+        "--generation_batch_size 1 to start there)")
+
+
+def test_an_image_that_does_not_fit_alone_is_one_line_and_the_images_before_it_stay(tmp_path, monkeypatch, capsys):
     import gors.generate
 
     run = str(tmp_path / "run")
     load = gors.generate.load_pipeline
-    monkeypatch.setattr(gors.generate, "load_pipeline", lambda *a, **k: fail_at_call(load(*a, **k), failing=2))
+    monkeypatch.setattr(gors.generate, "load_pipeline", lambda *a, **k: fail_at_call(load(*a, **k), failing=3))
     with pytest.raises(SystemExit) as exit_info:
-        main(generate_args(run, "--generation_batch_size", "2"))
+        main(generate_args(run, "--generation_batch_size", "1"))
     assert exit_info.value.code == 2
     assert error_lines(capsys) == [
-        "error: out of device memory while generating 64 px images, 2 per pipeline call: lower "
-        f"--generation_batch_size, and run the same command again; what was finished is kept (torch: {TORCH_MESSAGE})"]
-    assert len(SampleStore(samples_dir(run)).records()) == 2  # the first batch, written whole
-
-    monkeypatch.setattr(gors.generate, "load_pipeline", load)
-    main(generate_args(run, "--generation_batch_size", "1"))  # the advice taken: the rest is generated
-    assert sorted(r["image_index"] for r in SampleStore(samples_dir(run)).records()) == [0, 1, 2, 3]
+        "error: out of device memory while generating 64 px images one at a time: generate in half precision "
+        "(--mixed_precision fp16 or bf16) or on a device with more memory, and run the same command again; what "
+        f"was finished is kept (torch: {TORCH_MESSAGE})"]
+    assert len(SampleStore(samples_dir(run)).records()) == 2
 
 
-def test_scoring_out_of_memory_names_the_reward_batch_flag(tmp_path, monkeypatch, capsys):
+def test_scoring_halves_a_batch_that_does_not_fit_and_gives_the_same_scores(tmp_path, monkeypatch, caplog, capsys):
     import gors.core.scoring
 
     run = str(tmp_path / "run")
     main(generate_args(run))
-    monkeypatch.setattr(gors.core.scoring, "score_rows", fail_at_call(gors.core.scoring.score_rows, failing=2))
-    with pytest.raises(SystemExit):
+    main(["score", "--output_dir", run, "--reward", "toy_oracle", "--reward_batch_size", "1"])
+    expected = load_scores(run, "toy_oracle")
+    shutil.rmtree(scores_dir(run, "toy_oracle"))
+    monkeypatch.setattr(gors.core.scoring, "score_rows", out_of_memory(
+        lambda calls, args, kwargs: len(args[1]) > 1)(gors.core.scoring.score_rows))
+    with caplog.at_level(logging.WARNING, logger="gors.core.memory"):
         main(["score", "--output_dir", run, "--reward", "toy_oracle", "--reward_batch_size", "2"])
-    assert error_lines(capsys) == [
-        "error: out of device memory while scoring, 2 images per reward call: lower --reward_batch_size, and run the "
-        f"same command again; what was finished is kept (torch: {TORCH_MESSAGE})"]
-    assert sum(1 for part in scores_dir(run, "toy_oracle").glob("part-*.jsonl")
-               for _ in part.read_text().splitlines()) == 2
+    assert load_scores(run, "toy_oracle") == expected and len(expected) == 4
+    assert [r.getMessage() for r in caplog.records] == [
+        "out of device memory while scoring at 2 images per reward call: going on at 1 (pass --reward_batch_size 1 "
+        "to start there)"]
+
+    monkeypatch.setattr(gors.core.scoring, "score_rows", fail_at_call(gors.core.scoring.score_rows, failing=1))
+    shutil.rmtree(scores_dir(run, "toy_oracle"))
+    with pytest.raises(SystemExit):
+        main(["score", "--output_dir", run, "--reward", "toy_oracle", "--reward_batch_size", "1"])
+    assert error_lines(capsys)[-1].startswith("error: out of device memory while scoring one at a time: score on a "
+                                              "device with more memory, or free this one of other processes, and run")
 
 
-def test_evaluation_names_its_own_flags(tmp_path, monkeypatch, capsys):
+def test_evaluation_names_its_own_flags(tmp_path, monkeypatch, caplog):
     import gors.core.sampling
     import gors.core.scoring
 
-    args = ["evaluate", "--benchmarks", "toy:train", "--pretrained_model_name_or_path", TOY_PIPELINE,
-            "--max_prompts", "2", "--columns", "none", "--generation_batch_size", "1", "--output_dir"]
     generators = gors.core.sampling.cpu_generators
-    monkeypatch.setattr(gors.core.sampling, "cpu_generators", fail_at_call(generators, failing=2))
-    with pytest.raises(SystemExit):
-        main([*args, str(tmp_path / "eval")])
-    assert error_lines(capsys)[0].startswith("error: out of device memory while generating 64 px images, 1 per "
-                                             "pipeline call: lower --generation_batch_size, and run")
-    monkeypatch.setattr(gors.core.sampling, "cpu_generators", generators)
-    monkeypatch.setattr(gors.core.scoring, "score_rows", fail_at_call(gors.core.scoring.score_rows, failing=1))
-    with pytest.raises(SystemExit):
-        main([*args, str(tmp_path / "eval")])
-    assert error_lines(capsys)[0].startswith("error: out of device memory while scoring, 16 images per reward call: "
-                                             "lower --scorer_batch_size, and run")
+    monkeypatch.setattr(gors.core.sampling, "cpu_generators", out_of_memory(
+        lambda calls, args, kwargs: len(args[0]) > 1)(generators))
+    monkeypatch.setattr(gors.core.scoring, "score_rows", out_of_memory(
+        lambda calls, args, kwargs: len(args[1]) > 1)(gors.core.scoring.score_rows))
+    with caplog.at_level(logging.WARNING, logger="gors.core.memory"):
+        main(["evaluate", "--benchmarks", "toy:train", "--pretrained_model_name_or_path", TOY_PIPELINE,
+              "--max_prompts", "2", "--columns", "none", "--generation_batch_size", "2", "--scorer_batch_size", "2",
+              "--output_dir", str(tmp_path / "eval")])
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.endswith("(pass --generation_batch_size 1 to start there)") for m in messages)
+    assert any(m.endswith("(pass --scorer_batch_size 1 to start there)") for m in messages)
 
 
 def test_training_out_of_memory_names_the_micro_batch_flags(selected_run, tiny_sd, tmp_path, monkeypatch, capsys):

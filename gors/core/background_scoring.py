@@ -31,10 +31,15 @@ from typing import Any
 import torch
 from PIL import Image
 
-from gors.core.io import append_jsonl
 from gors.core.io_threads import DONE, finish
-from gors.core.memory import out_of_memory_advice
-from gors.core.scoring import Scorer, build_checked_reward, score_part, score_rows, scorer_commits
+from gors.core.scoring import (
+    SCORE_ONE_AT_A_TIME,
+    Scorer,
+    append_scores,
+    build_checked_reward,
+    score_part,
+    scorer_commits,
+)
 from gors.core.store import SampleKey, same_image, sample_key
 
 logger = logging.getLogger(__name__)
@@ -54,7 +59,8 @@ class BackgroundScorer:
         done: the rows already in the folder, by sample key (`open_score_folder`'s); a sample with a row
             of its image file is not scored again, one generated anew since is.
         max_pending: generation batches that may wait for the worker before `add` blocks.
-        batch_flag: the flag that sets `batch_size`, named when the device runs out of memory.
+        batch_flag: the flag that sets `batch_size`, named when a batch does not fit the device (it is then
+            halved: `gors.core.scoring.append_scores`).
     """
 
     def __init__(self, scores_folder: Path, make_reward: Callable[[], Scorer], batch_size: int,
@@ -165,12 +171,10 @@ class BackgroundScorer:
                     while len(records) >= self.batch_size or (finished and records):
                         batch, records = records[: self.batch_size], records[self.batch_size :]
                         batch_images, images = images[: self.batch_size], images[self.batch_size :]
-                        with out_of_memory_advice(
-                                f"scoring beside generation, {self.batch_size} images per reward call",
-                                self.batch_flag and f"lower {self.batch_flag}, or drop --overlap_scoring (the "
-                                                    "pipeline holds memory beside the reward)"):
-                            rows = score_rows(reward, batch, batch_images, self.prompt_metadata)
-                        append_jsonl(self.out_file, rows)
+                        self.batch_size = append_scores(
+                            reward, batch, batch_images, self.out_file, self.prompt_metadata, self.batch_size,
+                            self.batch_flag, f"drop --overlap_scoring (the pipeline holds memory beside the "
+                                             f"reward), or {SCORE_ONE_AT_A_TIME}")
                     if finished:
                         return
         except BaseException as err:  # handed to the generation thread by `add` or `close`

@@ -1,32 +1,74 @@
-"""Out of device memory, said as what to change.
+"""Out of device memory: batches that shrink until they fit, and errors that say what to change.
 
 torch's out-of-memory error names the bytes it could not allocate but not the flag that sets them.
-A stage that knows which of its flags sizes its memory (the images per pipeline or reward call, the
-samples per micro-batch) turns the error into one that names it, so the CLI prints one line. Every
-stage writes as it goes and resumes, so the same command with a smaller value goes on from there.
+Generation and scoring, whose batch size changes no image and no score beyond float rounding
+(every image has its own seed; a reward scores each image for itself), halve a batch that does not
+fit and go on, so that a large `--generation_batch_size` finds the largest batch that fits
+(`in_batches_that_fit`). Training, whose
+batch is part of what it learns, stops with a message that names its flags (`out_of_memory_advice`).
+Every stage writes as it goes and resumes, so the same command with other values goes on from there.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import torch
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class DeviceMemoryError(RuntimeError):
     """The device ran out of memory in a stage; the message names the stage and what lowers its memory."""
 
 
+def _error(doing: str, advice: str, err: torch.OutOfMemoryError) -> DeviceMemoryError:
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
+    return DeviceMemoryError(f"out of device memory while {doing}: {advice}, and run the same command again; what was "
+                             f"finished is kept (torch: {detail})")
+
+
 @contextlib.contextmanager
 def out_of_memory_advice(doing: str, advice: str | None) -> Iterator[None]:
     """Raise torch's out-of-memory error met while `doing` as a `DeviceMemoryError` that gives `advice`
-    (an imperative clause, e.g. "lower --generation_batch_size"); with `advice` None, as it is."""
+    (an imperative clause, e.g. "lower --train_batch_size"); with `advice` None, as it is."""
     try:
         yield
     except torch.OutOfMemoryError as err:
         if advice is None:
             raise
-        detail = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
-        raise DeviceMemoryError(f"out of device memory while {doing}: {advice}, and run the same command again; what "
-                                f"was finished is kept (torch: {detail})") from err
+        raise _error(doing, advice, err) from err
+
+
+def in_batches_that_fit(items: Sequence[T], size: int, work: Callable[[list[T]], None], doing: str, unit: str,
+                        flag: str | None, at_one: str) -> int:
+    """`work` on consecutive batches of `items`, at most `size` long, in order; returns the size that fit.
+
+    A batch that runs the device out of memory is tried again at half the size (a warning names `flag`,
+    the option that sets the size, so the next run starts there), down to one item; at one item it is a
+    `DeviceMemoryError` that gives `at_one`. `work` must run its device work before any side effect, so
+    that a batch that ran out of memory left nothing behind. `doing` and `unit` word the messages:
+    "generating 512 px images", "images per pipeline call".
+    """
+    start = 0
+    while start < len(items):
+        batch = list(items[start:start + size])
+        try:
+            work(batch)
+            start += len(batch)
+            continue
+        except torch.OutOfMemoryError as err:
+            if size == 1:
+                raise _error(f"{doing} one at a time", at_one, err) from err
+        # Out of the handler, the error's frames and the tensors they hold are released.
+        smaller = max(1, size // 2)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        logger.warning("out of device memory while %s at %d %s: going on at %d%s", doing, size, unit, smaller,
+                       f" (pass {flag} {smaller} to start there)" if flag else "")
+        size = smaller
+    return size

@@ -27,7 +27,6 @@ from gors.core.clock import work_starts
 from gors.core.distributed import (
     NOT_VISIBLE,
     SAME_SNAPSHOT_FIX,
-    batches,
     check_agreement,
     main_process_decides,
     progress_bar,
@@ -35,7 +34,7 @@ from gors.core.distributed import (
 )
 from gors.core.hub import recording_loads
 from gors.core.io_threads import OrderedWorker
-from gors.core.memory import out_of_memory_advice
+from gors.core.memory import in_batches_that_fit
 from gors.core.pipeline import cpu_generators
 from gors.core.store import (
     SETTINGS,
@@ -235,9 +234,10 @@ def generate_samples(
     # another list, generating some images twice (recorded twice: every later stage stops) and some never.
     done, todo = main_process_decides(accelerator.state, plan)
 
-    memory_advice = flags.batch_size and f"lower {flags.batch_size}"
-    if memory_advice and sink is not None:
-        memory_advice += ", or drop --overlap_scoring (its reward holds memory beside the pipeline)"
+    # Batches too large for the device are halved until they fit (`in_batches_that_fit`); if one image does not:
+    at_one = "generate in half precision (--mixed_precision fp16 or bf16) or on a device with more memory"
+    if sink is not None:
+        at_one = f"drop --overlap_scoring (its reward holds memory beside the pipeline), or {at_one}"
     # A contiguous share per process; the seed of an image never depends on the process (its batch may).
     with accelerator.split_between_processes(todo) as mine:
         loads = scoring_loads = None
@@ -278,24 +278,25 @@ def generate_samples(
                     sink.add(written, images)
                 bar.update(len(batch))
 
+            def generate_batch(batch: list[tuple[int, int]]) -> None:
+                seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
+                with torch.inference_mode():
+                    images = pipeline(
+                        prompt=[prompts[p] for p, _ in batch],
+                        height=protocol.resolution,
+                        width=protocol.resolution,
+                        num_inference_steps=protocol.num_inference_steps,
+                        guidance_scale=protocol.guidance_scale,
+                        generator=cpu_generators(seeds),
+                        **protocol.call_kwargs,
+                    ).images
+                writer.put((batch, seeds, images))
+
             # Each batch is written (PNG, hash, fsync) while the next one denoises.
             with OrderedWorker(write, name="gors-sample-writer") as writer:
                 try:
-                    for batch in batches(mine, protocol.batch_size):
-                        seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
-                        with torch.inference_mode(), out_of_memory_advice(
-                                f"generating {protocol.resolution} px images, {protocol.batch_size} per pipeline call",
-                                memory_advice):
-                            images = pipeline(
-                                prompt=[prompts[p] for p, _ in batch],
-                                height=protocol.resolution,
-                                width=protocol.resolution,
-                                num_inference_steps=protocol.num_inference_steps,
-                                guidance_scale=protocol.guidance_scale,
-                                generator=cpu_generators(seeds),
-                                **protocol.call_kwargs,
-                            ).images
-                        writer.put((batch, seeds, images))
+                    in_batches_that_fit(mine, protocol.batch_size, generate_batch, f"generating {protocol.resolution} px "
+                                        "images", "images per pipeline call", flags.batch_size, at_one)
                 except BaseException:
                     if sink is not None:  # the batches in hand are still written, not waited on to be scored
                         sink.stop()

@@ -32,7 +32,7 @@ from gors.core.distributed import (
 )
 from gors.core.io import append_jsonl, atomic_write_json, filter_jsonl, read_json, repair_jsonl
 from gors.core.io_threads import prefetched
-from gors.core.memory import out_of_memory_advice
+from gors.core.memory import in_batches_that_fit
 from gors.core.run_folder import samples_dir, scores_dir
 from gors.core.store import (
     IMAGE_HASH,
@@ -235,6 +235,23 @@ def score_rows(
     ]
 
 
+# What to do when a reward does not fit the device even one image at a time.
+SCORE_ONE_AT_A_TIME = "score on a device with more memory, or free this one of other processes"
+
+
+def append_scores(reward: Scorer, records: Sequence[dict[str, Any]], images: Sequence[Image.Image], out_file: Path,
+                  prompt_metadata: Sequence[dict[str, Any]] | None, size: int, batch_flag: str | None,
+                  at_one: str = SCORE_ONE_AT_A_TIME) -> int:
+    """Score `records` (their `images`) and append their rows to `out_file`, `size` images per reward call,
+    halved while the device runs out of memory (`in_batches_that_fit`); returns the size that fit."""
+    def score_batch(batch: list[tuple[dict[str, Any], Image.Image]]) -> None:
+        rows = score_rows(reward, [record for record, _ in batch], [image for _, image in batch], prompt_metadata)
+        append_jsonl(out_file, rows)
+
+    return in_batches_that_fit(list(zip(records, images, strict=True)), size, score_batch, "scoring",
+                               "images per reward call", batch_flag, at_one)
+
+
 def score_samples(
     store: SampleStore | Any,
     scores_folder: Path,
@@ -252,7 +269,8 @@ def score_samples(
     built (by `make_reward`) only on processes that have work. `prompt_metadata`: see
     `score_rows`. `store` is anything with `records()` and `open_image(record)`. `settings` are
     recorded in the folder (`open_score_folder`), so scores of two configurations never mix.
-    `batch_flag`: the flag that sets `batch_size`, named when the device runs out of memory.
+    `batch_flag`: the flag that sets `batch_size`, named when a batch does not fit the device (it is then
+    halved: `append_scores`).
     """
     records = store.records()
     done = open_score_folder(scores_folder, records, accelerator, settings)
@@ -277,11 +295,9 @@ def score_samples(
             read = prefetched(batches(mine, batch_size), lambda batch: [store.open_image(r) for r in batch],
                               name="gors-image-reader")
             with contextlib.closing(read):  # the reader stops with the loop, also when the reward fails
+                size = batch_size  # halved while the device runs out of memory
                 for batch, images in read:
-                    with out_of_memory_advice(f"scoring, {batch_size} images per reward call",
-                                              batch_flag and f"lower {batch_flag}"):
-                        rows = score_rows(reward, batch, images, prompt_metadata)
-                    append_jsonl(out_file, rows)
+                    size = append_scores(reward, batch, images, out_file, prompt_metadata, size, batch_flag)
                     bar.update(len(batch))
             bar.close()
     accelerator.wait_for_everyone()
