@@ -160,8 +160,8 @@ def check_complete(entries: Sequence[ImageEntry], num_prompts: int, images_per_p
 # A quick run's prompts are every n-th one (`every_nth`): another --max_prompts is another prompt set.
 EVALUATION_FLAGS = StoreFlags(prompts="the --max_prompts that made it", may_change="--images_per_prompt",
                               extra_images="the evaluation scores the first --images_per_prompt of each prompt")
-# Validation during training generates with the benchmark's own batch size: no flag sets it.
-VALIDATION_FLAGS = replace(EVALUATION_FLAGS, batch_size=None)
+# Evaluations whose command has no flag for the batch sizes (validation during training, the toy recipe's).
+FIXED_BATCH_FLAGS = replace(EVALUATION_FLAGS, batch_size=None)
 
 
 class FirstImages:
@@ -489,6 +489,8 @@ class Benchmark:
         torch_compile: str = "no",
         extra_columns: Sequence[str] = (),
         lora_dropout: float = 0.0,
+        flags: StoreFlags = EVALUATION_FLAGS,
+        scorer_batch_flag: str | None = "--scorer_batch_size",
     ) -> dict[str, Any]:
         """Generate (or read `images`), score and summarise; returns the summary.
 
@@ -500,6 +502,8 @@ class Benchmark:
         `make_scorer`). `torch_compile`: a `torch.compile` backend for the loaded pipeline's denoiser.
         `extra_columns`: optional columns (`optional_columns`) to compute too, unless `with_columns` is False.
         `lora_dropout`: sample with dropout on the LoRA's output (`gors.core.pipeline.LoraOutputDropout`).
+        `flags` and `scorer_batch_flag`: the command's flags that messages name (`gors evaluate`'s by default;
+        `FIXED_BATCH_FLAGS` and None where no flag sets the batch sizes).
         A score folder made with other scorer settings is refused, not mixed in.
         """
         if lora_dropout and pipeline_loader is not None:
@@ -543,17 +547,17 @@ class Benchmark:
                 settings=pipeline_settings(pretrained_model_name_or_path, inference_dtype(accelerator, None), lora=lora,
                                            backbone=backbone, lora_dropout=lora_dropout),
                 desc=f"{self.name}: generate",
-                flags=EVALUATION_FLAGS if pipeline_loader is None else VALIDATION_FLAGS,
+                flags=flags,
             )
             samples = FirstImages(store, protocol.images_per_prompt)
         metadata = [dict(p.metadata) for p in prompts]
-        batch_flag = "--scorer_batch_size" if pipeline_loader is None else None  # validation has none
         main_spec = self.scorer_spec(scorer_options)
         main_dtype = scorer.torch_dtype if scorer is not None else scorer_dtype(main_spec[0], accelerator)
         scores = score_samples(
             samples, output_dir / "scores",
             lambda: scorer or self.make_scorer(accelerator, scorer_options, scorer_batch_size, cache=scorer_cache),
-            batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: score", batch_flag=batch_flag,
+            batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: score",
+            batch_flag=scorer_batch_flag,
             prompt_metadata=metadata,
             settings=scorer_settings(*main_spec, main_dtype),
         )
@@ -564,7 +568,8 @@ class Benchmark:
                     accelerator, (column_options or {}).get(column), scorer_batch_size, column, scorer_cache,
                     scorer_options,
                 ),
-                batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: {column}", batch_flag=batch_flag,
+                batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: {column}",
+                batch_flag=scorer_batch_flag,
                 prompt_metadata=metadata,
                 settings=self._column_settings(accelerator, column_options, column, scorer_options),
             )

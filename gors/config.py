@@ -698,8 +698,10 @@ class EvaluateConfig:
                           "benchmark:subset), e.g. '{\"geneval\": {\"model_name_or_path\": \"...\"}}'; a \"columns\" "
                           "entry gives the further metric columns' scorers theirs, keyed by column."},
     )
-    generation_batch_size: int = field(
-        default=8, metadata={"help": "Images per pipeline call on each process (each image keeps its own seed)."})
+    generation_batch_size: int | None = field(
+        default=None, metadata={"help": "Images per pipeline call on each process (each image keeps its own seed); "
+                                        "default: each benchmark's own (GenEval and LPG-Bench 4, as their scripts; toy 32; 8 "
+                                        "for the others)."})
     scorer_batch_size: int = field(default=16, metadata={"help": "Images per scorer call on each process."})
     torch_compile: str = field(
         default="no", metadata={"help": "torch.compile backend for the denoiser that generates: 'no' or 'inductor' "
@@ -720,7 +722,7 @@ class EvaluateConfig:
         _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
         _check(self.images_per_prompt is None or self.images_per_prompt >= 1,
                f"--images_per_prompt={self.images_per_prompt}: must be >= 1")
-        _check(self.generation_batch_size >= 1,
+        _check(self.generation_batch_size is None or self.generation_batch_size >= 1,
                f"--generation_batch_size={self.generation_batch_size}: must be >= 1")
         _check(self.scorer_batch_size >= 1, f"--scorer_batch_size={self.scorer_batch_size}: must be >= 1")
         _check(0.0 <= self.lora_dropout < 1.0, f"--lora_dropout={self.lora_dropout}: must be in [0, 1), e.g. 0.1")

@@ -51,7 +51,7 @@ from gors.core.distributed import (
     progress_bar,
 )
 from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
-from gors.core.memory import out_of_memory_advice
+from gors.core.memory import ELSEWHERE, out_of_memory_advice
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore, StoreError
@@ -666,8 +666,7 @@ class GORSTrainer:
         work_starts(done_before=global_step)  # not the folder's latest checkpoint: another training's, set aside
         log, updates = LossLog(accelerator, self.trained, bar), Updates(self.optimizer, self.lr_scheduler)
         memory = (f"training, {config.train_batch_size} samples per micro-batch on each process",
-                  "lower --train_batch_size and raise --gradient_accumulation_steps as much (the same samples per "
-                  "update)" + ("" if config.gradient_checkpointing else ", or pass --gradient_checkpointing"))
+                  self._memory_advice())
         while global_step < config.max_train_steps:
             losses = []
             for micro in range(accumulation):
@@ -717,6 +716,16 @@ class GORSTrainer:
         for hook in self._hooks:
             hook.remove()
         return self.output_dir / LORA_WEIGHT_NAME
+
+    def _memory_advice(self) -> str:
+        """What to change when a micro-batch does not fit the device, and how the training goes on then."""
+        config, advice = self.config, []
+        if config.train_batch_size > 1:
+            advice.append("lower --train_batch_size and raise --gradient_accumulation_steps as much (the same samples "
+                          "per update; the training starts again from step 0, its checkpoints set aside)")
+        if not config.gradient_checkpointing:
+            advice.append("pass --gradient_checkpointing (the training resumes from its last checkpoint)")
+        return ", or ".join(advice + [ELSEWHERE])
 
     def _steps_to_train(self, step: int) -> str:
         """The updates this invocation trains from `step` on, in words: a resumed run or a later online

@@ -31,6 +31,7 @@ from accelerate import Accelerator
 from diffusers.utils import make_image_grid
 from PIL import Image
 
+from evaluators.base import FIXED_BATCH_FLAGS
 from evaluators.results import metric_value
 from gors.checkpoints import RECORDED_WHERE_KNOWN
 from gors.config import RunConfig, TrainConfig
@@ -255,6 +256,7 @@ class BenchmarkValidation:
             summary = self.benchmark.evaluate(
                 None, folder, accelerator=accelerator, pipeline_loader=lambda: pipeline,
                 scorer=self._scorer, scorer_options=self.options, with_columns=False, backbone=self.backbone,
+                flags=FIXED_BATCH_FLAGS, scorer_batch_flag=None,
             )
         value = metric_value(summary, self.metric)
         if value is None:  # e.g. a share of relation images when no validation prompt has a relation

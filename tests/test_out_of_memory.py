@@ -81,16 +81,16 @@ def test_batches_are_halved_until_they_fit_and_one_item_that_does_not_fit_is_an_
 
     with pytest.raises(DeviceMemoryError) as err:
         in_batches_that_fit([0, 1], 2, never_fits, "scoring", "images per reward call", None, "score elsewhere")
-    assert str(err.value) == ("out of device memory while scoring one at a time: score elsewhere, and run the same "
-                              f"command again; what was finished is kept (torch: {TORCH_MESSAGE})")
+    assert str(err.value) == ("out of device memory while scoring one at a time: score elsewhere. What was finished "
+                              f"is kept (torch: {TORCH_MESSAGE})")
 
 
 def test_the_training_advice_keeps_torch_s_first_line_and_other_errors_pass_through():
     with pytest.raises(DeviceMemoryError) as err:
         with out_of_memory_advice("training", "lower --train_batch_size"):
             raise torch.OutOfMemoryError(f"{TORCH_MESSAGE}\nmore detail")
-    assert str(err.value) == ("out of device memory while training: lower --train_batch_size, and run the same command "
-                              f"again; what was finished is kept (torch: {TORCH_MESSAGE})")
+    assert str(err.value) == ("out of device memory while training: lower --train_batch_size. What was finished is "
+                              f"kept (torch: {TORCH_MESSAGE})")
     with pytest.raises(torch.OutOfMemoryError):  # no advice to give: torch's error as it is
         with out_of_memory_advice("training", None):
             raise torch.OutOfMemoryError(TORCH_MESSAGE)
@@ -126,9 +126,10 @@ def test_an_image_that_does_not_fit_alone_is_one_line_and_the_images_before_it_s
         main(generate_args(run, "--generation_batch_size", "1"))
     assert exit_info.value.code == 2
     assert error_lines(capsys) == [
-        "error: out of device memory while generating 64 px images one at a time: generate in half precision "
-        "(--mixed_precision fp16 or bf16) or on a device with more memory, and run the same command again; what "
-        f"was finished is kept (torch: {TORCH_MESSAGE})"]
+        "error: out of device memory while generating 64 px images one at a time: run the same command again on a "
+        "device with more memory or with its other processes stopped; or generate in half precision "
+        "(--mixed_precision fp16 or bf16), in a new --output_dir once images are stored (a store keeps its "
+        f"precision). What was finished is kept (torch: {TORCH_MESSAGE})"]
     assert len(SampleStore(samples_dir(run)).records()) == 2
 
 
@@ -153,8 +154,8 @@ def test_scoring_halves_a_batch_that_does_not_fit_and_gives_the_same_scores(tmp_
     shutil.rmtree(scores_dir(run, "toy_oracle"))
     with pytest.raises(SystemExit):
         main(["score", "--output_dir", run, "--reward", "toy_oracle", "--reward_batch_size", "1"])
-    assert error_lines(capsys)[-1].startswith("error: out of device memory while scoring one at a time: score on a "
-                                              "device with more memory, or free this one of other processes, and run")
+    assert error_lines(capsys)[-1].startswith("error: out of device memory while scoring one at a time: run the same "
+                                              "command again on a device with more memory or with its other")
 
 
 def test_evaluation_names_its_own_flags(tmp_path, monkeypatch, caplog):
@@ -187,5 +188,19 @@ def test_training_out_of_memory_names_the_micro_batch_flags(selected_run, tiny_s
               "--max_train_steps", "2", "--report_to", "none"])
     assert error_lines(capsys) == [
         "error: out of device memory while training, 2 samples per micro-batch on each process: lower "
-        "--train_batch_size and raise --gradient_accumulation_steps as much (the same samples per update), or pass "
-        f"--gradient_checkpointing, and run the same command again; what was finished is kept (torch: {TORCH_MESSAGE})"]
+        "--train_batch_size and raise --gradient_accumulation_steps as much (the same samples per update; the training "
+        "starts again from step 0, its checkpoints set aside), or pass --gradient_checkpointing (the training resumes "
+        "from its last checkpoint), or run the same command again on a device with more memory or with its other "
+        f"processes stopped. What was finished is kept (torch: {TORCH_MESSAGE})"]
+
+
+def test_evaluation_keeps_each_benchmark_s_batch_unless_the_flag_sets_one(tmp_path):
+    from gors.config import EvaluateConfig
+    from gors.evaluate import plan_benchmarks
+
+    def batch(**flags) -> int:
+        config = EvaluateConfig(output_dir=str(tmp_path), benchmarks="toy:train", pretrained_model_name_or_path=TOY_PIPELINE,
+                                **flags)
+        return plan_benchmarks(config)[0].benchmark.batch_size
+
+    assert batch() == 32 and batch(generation_batch_size=2) == 2  # the toy benchmark's own, then the flag's

@@ -98,7 +98,7 @@ def test_toy_recipe_checks_the_reward_before_the_base_evaluation(tmp_path, capsy
 class _StoreBenchmark:
     """Evaluates as a benchmark does, with a stand-in pipeline: one image into a store recording the LoRA."""
 
-    def evaluate(self, model, folder, lora=None, accelerator=None):
+    def evaluate(self, model, folder, lora=None, accelerator=None, **options):
         from PIL import Image
 
         from gors.core.lock import lock_path

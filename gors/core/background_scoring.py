@@ -32,8 +32,8 @@ import torch
 from PIL import Image
 
 from gors.core.io_threads import DONE, finish
+from gors.core.memory import ELSEWHERE
 from gors.core.scoring import (
-    SCORE_ONE_AT_A_TIME,
     Scorer,
     append_scores,
     build_checked_reward,
@@ -174,7 +174,7 @@ class BackgroundScorer:
                         self.batch_size = append_scores(
                             reward, batch, batch_images, self.out_file, self.prompt_metadata, self.batch_size,
                             self.batch_flag, f"drop --overlap_scoring (the pipeline holds memory beside the "
-                                             f"reward), or {SCORE_ONE_AT_A_TIME}")
+                                             f"reward), or {ELSEWHERE}")
                     if finished:
                         return
         except BaseException as err:  # handed to the generation thread by `add` or `close`

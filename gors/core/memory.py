@@ -3,8 +3,8 @@
 torch's out-of-memory error names the bytes it could not allocate but not the flag that sets them.
 Generation and scoring, whose batch size changes no image and no score beyond float rounding
 (every image has its own seed; a reward scores each image for itself), halve a batch that does not
-fit and go on, so that a large `--generation_batch_size` finds the largest batch that fits
-(`in_batches_that_fit`). Training, whose
+fit and go on, so that a large `--generation_batch_size` comes down to a batch that fits, the
+largest of its halvings (`in_batches_that_fit`). Training, whose
 batch is part of what it learns, stops with a message that names its flags (`out_of_memory_advice`).
 Every stage writes as it goes and resumes, so the same command with other values goes on from there.
 """
@@ -21,6 +21,9 @@ import torch
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# What to do when one item does not fit: the stage's own advice is added before it.
+ELSEWHERE = "run the same command again on a device with more memory or with its other processes stopped"
+
 
 class DeviceMemoryError(RuntimeError):
     """The device ran out of memory in a stage; the message names the stage and what lowers its memory."""
@@ -28,14 +31,14 @@ class DeviceMemoryError(RuntimeError):
 
 def _error(doing: str, advice: str, err: torch.OutOfMemoryError) -> DeviceMemoryError:
     detail = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
-    return DeviceMemoryError(f"out of device memory while {doing}: {advice}, and run the same command again; what was "
-                             f"finished is kept (torch: {detail})")
+    return DeviceMemoryError(f"out of device memory while {doing}: {advice}. What was finished is kept (torch: {detail})")
 
 
 @contextlib.contextmanager
 def out_of_memory_advice(doing: str, advice: str | None) -> Iterator[None]:
     """Raise torch's out-of-memory error met while `doing` as a `DeviceMemoryError` that gives `advice`
-    (an imperative clause, e.g. "lower --train_batch_size"); with `advice` None, as it is."""
+    (what to change and how to go on, e.g. "pass --gradient_checkpointing (...)"); with `advice` None, as
+    it is."""
     try:
         yield
     except torch.OutOfMemoryError as err:

@@ -34,7 +34,7 @@ from gors.core.distributed import (
 )
 from gors.core.hub import recording_loads
 from gors.core.io_threads import OrderedWorker
-from gors.core.memory import in_batches_that_fit
+from gors.core.memory import ELSEWHERE, in_batches_that_fit
 from gors.core.pipeline import cpu_generators
 from gors.core.store import (
     SETTINGS,
@@ -235,9 +235,12 @@ def generate_samples(
     done, todo = main_process_decides(accelerator.state, plan)
 
     # Batches too large for the device are halved until they fit (`in_batches_that_fit`); if one image does not:
-    at_one = "generate in half precision (--mixed_precision fp16 or bf16) or on a device with more memory"
+    at_one = ELSEWHERE
     if sink is not None:
         at_one = f"drop --overlap_scoring (its reward holds memory beside the pipeline), or {at_one}"
+    if wanted.get("dtype") == "float32":
+        at_one += ("; or generate in half precision (--mixed_precision fp16 or bf16), in a new --output_dir once "
+                   "images are stored (a store keeps its precision)")
     # A contiguous share per process; the seed of an image never depends on the process (its batch may).
     with accelerator.split_between_processes(todo) as mine:
         loads = scoring_loads = None

@@ -25,6 +25,7 @@ from diffusers.utils import make_image_grid
 from PIL import Image, ImageDraw
 from tabulate import tabulate
 
+from evaluators.base import FIXED_BATCH_FLAGS
 from gors.cli import expected_errors, parse_config
 from gors.config import RunConfig
 from gors.core.lock import run_folder_lock
@@ -33,6 +34,9 @@ from gors.core.store import SampleStore
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import split_prompts
 from rewards.paper import toy_threshold
+
+# The toy evaluation generates and scores in its benchmark's batches: no flag of the recipe sets them.
+FIXED_BATCHES = {"flags": FIXED_BATCH_FLAGS, "scorer_batch_flag": None}
 
 
 @dataclass
@@ -157,7 +161,7 @@ def evaluate_lora(benchmark: Any, model: str, eval_dir: Path, lora: str, acceler
     this one's images generated (a store refuses images of other LoRA weights, `gors evaluate` too)."""
     with run_folder_lock(eval_dir, EVALUATE, COMMAND):
         if not holds_other_lora(eval_dir, lora):
-            return benchmark.evaluate(model, eval_dir, lora=lora, accelerator=accelerator)
+            return benchmark.evaluate(model, eval_dir, lora=lora, accelerator=accelerator, **FIXED_BATCHES)
         accelerator.wait_for_everyone()  # every process has looked before the folder moves
         if accelerator.is_main_process:
             aside = set_aside(eval_dir)
@@ -165,7 +169,7 @@ def evaluate_lora(benchmark: Any, model: str, eval_dir: Path, lora: str, acceler
                   "evaluating the LoRA trained now")
         accelerator.wait_for_everyone()
         with run_folder_lock(eval_dir, EVALUATE, COMMAND):  # the new folder; the old lock moved with the old one
-            return benchmark.evaluate(model, eval_dir, lora=lora, accelerator=accelerator)
+            return benchmark.evaluate(model, eval_dir, lora=lora, accelerator=accelerator, **FIXED_BATCHES)
 
 
 @expected_errors()  # one line `error: ...` and exit status 2, as in `gors`
@@ -191,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                              guidance_scale=config.guidance_scale,
                              num_inference_steps=config.num_inference_steps, max_prompts=config.eval_max_prompts)
     with run_folder_lock(out / "eval_base", EVALUATE, COMMAND):
-        base = benchmark.evaluate(config.pretrained_model_name_or_path, out / "eval_base", accelerator=accelerator)
+        base = benchmark.evaluate(config.pretrained_model_name_or_path, out / "eval_base", accelerator=accelerator,
+                                  **FIXED_BATCHES)
     if config.rounds == 1:
         run_stages(config, accelerator, command=COMMAND)
     else:
