@@ -51,7 +51,7 @@ from gors.core.distributed import (
     progress_bar,
 )
 from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
-from gors.core.memory import ELSEWHERE, out_of_memory_advice
+from gors.core.memory import ELSEWHERE, in_batches_that_fit, out_of_memory_advice
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore, StoreError
@@ -583,18 +583,26 @@ class GORSTrainer:
         prompts = list(config.validation_prompts or [])
         # T5 families: the length trained on (`resolve_training` keeps it the pipeline's default).
         length = self.family.settings["max_sequence_length"]
-        with self._validating():
-            pipeline = self._pipeline(self.backbone.sampling.scheduler)
+        images: list = []
+
+        def render(indices: list[int]) -> None:
             with self._autocast():
-                images = pipeline(
-                    prompt=prompts,
+                images.extend(pipeline(
+                    prompt=[prompts[i] for i in indices],
                     height=self.resolution,
                     width=self.resolution,
                     num_inference_steps=self.sampling_steps,
                     guidance_scale=self.family.settings["guidance_scale"],
-                    generator=cpu_generators([config.seed + i for i in range(len(prompts))]),
+                    generator=cpu_generators([config.seed + i for i in indices]),
                     **(self.backbone.call_kwargs | ({"max_sequence_length": length} if length is not None else {})),
-                ).images
+                ).images)
+
+        with self._validating():
+            pipeline = self._pipeline(self.backbone.sampling.scheduler)
+            # All in one call, or in halves while they do not fit beside the models in training.
+            in_batches_that_fit(list(range(len(prompts))), len(prompts), render,
+                                f"rendering --validation_prompts at {self.resolution} px", "prompts per pipeline call",
+                                None, f"drop --validation_prompts, or {ELSEWHERE}")
         writer = self._tensorboard()
         if writer is not None:
             writer.add_images("validation", np.stack([np.asarray(im) for im in images]), step, dataformats="NHWC")

@@ -204,3 +204,37 @@ def test_evaluation_keeps_each_benchmark_s_batch_unless_the_flag_sets_one(tmp_pa
         return plan_benchmarks(config)[0].benchmark.batch_size
 
     assert batch() == 32 and batch(generation_batch_size=2) == 2  # the toy benchmark's own, then the flag's
+
+
+def test_validation_renders_halve_too_and_render_the_same_images(selected_run, tiny_sd, tmp_path, monkeypatch):
+    import numpy as np
+
+    import gors.train
+    from gors.config import TrainConfig
+    from gors.core.distributed import reset_process_state
+    from gors.train import GORSTrainer
+
+    def rendered(name: str) -> list:
+        run = tmp_path / name
+        for item in ("samples", "scores", "selection.jsonl"):
+            (shutil.copytree if item != "selection.jsonl" else shutil.copy)(f"{selected_run.output_dir}/{item}",
+                                                                           run / item)
+        trainer = GORSTrainer(TrainConfig(
+            output_dir=str(run), pretrained_model_name_or_path=str(tiny_sd), resolution=32, max_train_steps=1,
+            validation_prompts=["a red circle", "a blue square", "a green triangle"], validation_steps=1,
+            report_to="tensorboard"))
+        images = []
+        log_validation = trainer.log_validation
+        trainer.log_validation = lambda step: images.extend(log_validation(step))
+        trainer.train()
+        reset_process_state()
+        return [np.asarray(image) for image in images]
+
+    whole = rendered("whole")
+    generators = gors.train.cpu_generators
+    monkeypatch.setattr(gors.train, "cpu_generators", out_of_memory(lambda calls, args, kwargs: len(args[0]) > 1)(
+        generators))
+    halved = rendered("halved")
+    assert len(whole) == len(halved) == 3
+    for a, b in zip(whole, halved):
+        assert np.abs(a.astype(int) - b.astype(int)).max() <= 1  # batching's float rounding, at most one level
