@@ -8,7 +8,8 @@
 #   benchmarks/gpu_session.sh run         # there (carry .whl): install them, measure, write to $OUT
 #   benchmarks/gpu_session.sh run memory  # there, a second command: SD 2's training memory
 #
-# `run` measures, in order of what #13 still lacks, each under its own time limit so that one slow
+# `run` first checks the paths only a GPU exercises (gpu_checks.py, seconds), then measures, in order
+# of what #13 still lacks, each under its own time limit so that one slow
 # script does not cost the others: the speed scripts at the real architecture sizes (Soft-TIFA,
 # B-VQA, training, generation), the cost model of the paper's colour run priced with the ratios just
 # measured (cost_model.py), then overlapped scoring. `run memory` measures the training memory of
@@ -52,7 +53,10 @@ run() {
         return
     fi
     # Seconds per script: 560 in all, inside one command's 10 minutes with the install and start-up.
-    for entry in soft_tifa_one_pass:120 b_vqa_passes:50 train_step:110 generation:70; do
+    # First the seconds-long checks of the paths only CUDA exercises (out-of-memory halving, copies and
+    # the fp16 scaler's verdict without synchronisations).
+    measure gpu_checks 30 python3 benchmarks/gpu_checks.py
+    for entry in soft_tifa_one_pass:105 b_vqa_passes:50 train_step:110 generation:70; do
         script=${entry%%:*}
         measure "$script" "${entry##*:}" python3 -m benchmarks --device cuda --full-size --only "$script" \
             --output "$out/$script.md"
@@ -64,7 +68,7 @@ run() {
     done
     measure cost_model 150 python3 benchmarks/cost_model.py --device cuda --full-size --output "$out/cost_model.md" \
         ${speedups[@]:+--speedups "${speedups[@]}"}
-    measure overlap 60 python3 -m benchmarks --device cuda --full-size --only overlap --output "$out/overlap.md"
+    measure overlap 45 python3 -m benchmarks --device cuda --full-size --only overlap --output "$out/overlap.md"
     cat "$out"/*.md 2>/dev/null || true
 }
 
