@@ -45,24 +45,28 @@ def no_syncs(device: torch.device, enabled: bool = True) -> Iterator[None]:
 
 
 def check_out_of_memory_halving(device: torch.device) -> str:
+    """A batch of 4 items of 2/5 of the free memory each fails at its third, holding 4/5; the batches of
+    2 after it fit only if those blocks were released before the retry."""
     free, _ = torch.cuda.mem_get_info(device)
-    item_bytes = free // 3  # 4 items do not fit, 2 do
+    item_bytes = free * 2 // 5
     done: list[list[int]] = []
 
     def work(batch: list[int]) -> None:
-        block = torch.empty(len(batch) * item_bytes, dtype=torch.uint8, device=device)
-        block.fill_(1)
+        blocks = [torch.ones(item_bytes, dtype=torch.uint8, device=device) for _ in batch]
         done.append(batch)
+        del blocks
 
     before = torch.cuda.memory_allocated(device)
     size = in_batches_that_fit(list(range(4)), 4, work, "checking", "items per call", None, "none")
     after = torch.cuda.memory_allocated(device)
     if done != [[0, 1], [2, 3]] or size != 2 or after != before:
         raise AssertionError(f"batches {done}, size {size}, allocated {before} -> {after} bytes")
-    return f"4 items of {item_bytes / 2**30:.1f} GiB halved to batches of 2; allocated memory back to {before} bytes"
+    return (f"4 items of {item_bytes / 2**30:.1f} GiB failed at the third, halved to batches of 2 that fit; "
+            f"allocated memory back to {before} bytes")
 
 
 def check_copies_without_syncs(device: torch.device) -> str:
+    """A gathered host tensor to the device and a device sum back, queued without a synchronisation."""
     host = torch.arange(1000, dtype=torch.float32)
     with no_syncs(device):
         moved = to_device(host[torch.arange(0, 1000, 7)], device)
@@ -76,6 +80,7 @@ def check_copies_without_syncs(device: torch.device) -> str:
 
 
 def check_deferred_lr_decision(device: torch.device) -> str:
+    """`Updates` against reading the loss scale at once, with overflows injected: same rates and weights."""
     from accelerate.optimizer import AcceleratedOptimizer
     from accelerate.scheduler import AcceleratedScheduler
     from diffusers.optimization import get_scheduler
@@ -83,7 +88,8 @@ def check_deferred_lr_decision(device: torch.device) -> str:
     from gors.core.distributed import make_accelerator, reset_process_state
     from gors.train import Updates
 
-    make_accelerator(mixed_precision="fp16")  # the process state Accelerate's wrappers read
+    reset_process_state()
+    make_accelerator()  # the process state Accelerate's wrappers read (the scaler here is the check's own)
     torch.manual_seed(0)
     base = torch.nn.Linear(64, 64, device=device)
     overflows = (False, True, False, False, True, False)

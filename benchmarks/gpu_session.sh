@@ -56,7 +56,7 @@ run() {
     # First the seconds-long checks of the paths only CUDA exercises (out-of-memory halving, copies and
     # the fp16 scaler's verdict without synchronisations).
     measure gpu_checks 30 python3 benchmarks/gpu_checks.py
-    for entry in soft_tifa_one_pass:105 b_vqa_passes:50 train_step:110 generation:70; do
+    for entry in soft_tifa_one_pass:95 b_vqa_passes:50 train_step:130 generation:60; do
         script=${entry%%:*}
         measure "$script" "${entry##*:}" python3 -m benchmarks --device cuda --full-size --only "$script" \
             --output "$out/$script.md"

@@ -161,7 +161,7 @@ def check_complete(entries: Sequence[ImageEntry], num_prompts: int, images_per_p
 EVALUATION_FLAGS = StoreFlags(prompts="the --max_prompts that made it", may_change="--images_per_prompt",
                               extra_images="the evaluation scores the first --images_per_prompt of each prompt")
 # Evaluations whose command has no flag for the batch sizes (validation during training, the toy recipe's).
-FIXED_BATCH_FLAGS = replace(EVALUATION_FLAGS, batch_size=None)
+FIXED_BATCH_FLAGS = replace(EVALUATION_FLAGS, batch_flag=None)
 
 
 class FirstImages:

@@ -51,7 +51,7 @@ from gors.core.distributed import (
     progress_bar,
 )
 from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
-from gors.core.memory import ELSEWHERE, in_batches_that_fit, out_of_memory_advice
+from gors.core.memory import MORE_MEMORY, in_batches_that_fit, out_of_memory_advice
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore, StoreError
@@ -257,6 +257,7 @@ class GORSTrainer:
         self.schedule_steps = schedule_steps or self.config.max_train_steps
         self.noise_scheduler = None  # loaded by `train` before any checkpoint is touched, or by `_setup_models`
         self.fingerprint: dict[str, Any] = {}  # what its checkpoints are bound to, set by `train`
+        self._render_batch = len(self.config.validation_prompts or [])  # halved by a validation that ran out of memory
 
     # ----- set-up -------------------------------------------------------------------------
     def _setup_models(self) -> None:
@@ -599,10 +600,12 @@ class GORSTrainer:
 
         with self._validating():
             pipeline = self._pipeline(self.backbone.sampling.scheduler)
-            # All in one call, or in halves while they do not fit beside the models in training.
-            in_batches_that_fit(list(range(len(prompts))), len(prompts), render,
-                                f"rendering --validation_prompts at {self.resolution} px", "prompts per pipeline call",
-                                None, f"drop --validation_prompts, or {ELSEWHERE}")
+            # All in one call, or in halves while they do not fit beside the models in training (the size that
+            # fit is kept for the next validation).
+            self._render_batch = in_batches_that_fit(
+                list(range(len(prompts))), min(self._render_batch, len(prompts)), render,
+                f"rendering --validation_prompts at {self.resolution} px", "prompts per pipeline call", None,
+                f"drop --validation_prompts, or {MORE_MEMORY}")
         writer = self._tensorboard()
         if writer is not None:
             writer.add_images("validation", np.stack([np.asarray(im) for im in images]), step, dataformats="NHWC")
@@ -673,12 +676,12 @@ class GORSTrainer:
             module.train()
         work_starts(done_before=global_step)  # not the folder's latest checkpoint: another training's, set aside
         log, updates = LossLog(accelerator, self.trained, bar), Updates(self.optimizer, self.lr_scheduler)
-        memory = (f"training, {config.train_batch_size} samples per micro-batch on each process",
-                  self._memory_advice())
+        doing = f"training, {config.train_batch_size} samples per micro-batch on each process"
+        advice = self._memory_advice()
         while global_step < config.max_train_steps:
             losses = []
             for micro in range(accumulation):
-                with accelerator.accumulate(*models), out_of_memory_advice(*memory):
+                with accelerator.accumulate(*models), out_of_memory_advice(doing, advice):
                     loss = self._micro_batch_loss(global_step * accumulation + micro)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:
@@ -708,8 +711,6 @@ class GORSTrainer:
                 accelerator.wait_for_everyone()
             if checkpointing:
                 self.save_checkpoint(global_step)
-        log.flush()
-        updates.settle()
         bar.close()
 
         accelerator.wait_for_everyone()
@@ -733,7 +734,7 @@ class GORSTrainer:
                           "per update; the training starts again from step 0, its checkpoints set aside)")
         if not config.gradient_checkpointing:
             advice.append("pass --gradient_checkpointing (the training resumes from its last checkpoint)")
-        return ", or ".join(advice + [ELSEWHERE])
+        return ", or ".join(advice + [MORE_MEMORY])
 
     def _steps_to_train(self, step: int) -> str:
         """The updates this invocation trains from `step` on, in words: a resumed run or a later online

@@ -288,7 +288,7 @@ def test_a_reward_batch_that_does_not_fit_beside_generation_is_halved_and_one_th
         _overlapped(make_run_config(overlap_scoring=True, output_dir=config.output_dir + "-2"))
     assert str(err.value).startswith(
         "scoring overlapped with generation failed: out of device memory while scoring one at a time: drop "
-        "--overlap_scoring (the pipeline holds memory beside the reward), or run the same command again on a device "
+        "--overlap_scoring (the pipeline and the reward share the device), or run the same command again on a device "
         "with more memory or with its other processes stopped. What was finished is kept (torch: CUDA out of memory. "
         "Tried to allocate 1.00 GiB)")
     assert "\n" not in str(err.value)
@@ -305,7 +305,7 @@ def test_an_image_that_does_not_fit_beside_a_scorer_names_the_overlap_too(make_r
 
     monkeypatch.setattr(gors.core.sampling, "cpu_generators", out_of_memory)
     with pytest.raises(DeviceMemoryError, match=r"^out of device memory while generating 32 px images one at a time: "
-                                                r"drop --overlap_scoring \(its reward holds memory beside the pipeline\), "
+                                                r"drop --overlap_scoring \(the pipeline and the reward share the device\), "
                                                 r"or run the same command again on a device with more memory .*; or "
                                                 r"generate in half precision"):
         _overlapped(make_run_config(overlap_scoring=True))

@@ -91,9 +91,6 @@ def test_the_training_advice_keeps_torch_s_first_line_and_other_errors_pass_thro
             raise torch.OutOfMemoryError(f"{TORCH_MESSAGE}\nmore detail")
     assert str(err.value) == ("out of device memory while training: lower --train_batch_size. What was finished is "
                               f"kept (torch: {TORCH_MESSAGE})")
-    with pytest.raises(torch.OutOfMemoryError):  # no advice to give: torch's error as it is
-        with out_of_memory_advice("training", None):
-            raise torch.OutOfMemoryError(TORCH_MESSAGE)
     with pytest.raises(ValueError, match="other"):
         with out_of_memory_advice("training", "lower --train_batch_size"):
             raise ValueError("other")
@@ -214,7 +211,7 @@ def test_validation_renders_halve_too_and_render_the_same_images(selected_run, t
     from gors.core.distributed import reset_process_state
     from gors.train import GORSTrainer
 
-    def rendered(name: str) -> list:
+    def rendered(name: str) -> tuple[list, int]:
         run = tmp_path / name
         for item in ("samples", "scores", "selection.jsonl"):
             (shutil.copytree if item != "selection.jsonl" else shutil.copy)(f"{selected_run.output_dir}/{item}",
@@ -228,13 +225,13 @@ def test_validation_renders_halve_too_and_render_the_same_images(selected_run, t
         trainer.log_validation = lambda step: images.extend(log_validation(step))
         trainer.train()
         reset_process_state()
-        return [np.asarray(image) for image in images]
+        return [np.asarray(image) for image in images], trainer._render_batch
 
-    whole = rendered("whole")
+    whole, size = rendered("whole")
     generators = gors.train.cpu_generators
     monkeypatch.setattr(gors.train, "cpu_generators", out_of_memory(lambda calls, args, kwargs: len(args[0]) > 1)(
         generators))
-    halved = rendered("halved")
-    assert len(whole) == len(halved) == 3
+    halved, halved_size = rendered("halved")
+    assert len(whole) == len(halved) == 3 and (size, halved_size) == (3, 1)  # the next validation starts at 1
     for a, b in zip(whole, halved):
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1  # batching's float rounding, at most one level

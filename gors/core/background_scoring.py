@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 
 from gors.core.io_threads import DONE, finish
-from gors.core.memory import ELSEWHERE
+from gors.core.memory import DROP_OVERLAP, MORE_MEMORY
 from gors.core.scoring import (
     Scorer,
     append_scores,
@@ -173,8 +173,7 @@ class BackgroundScorer:
                         batch_images, images = images[: self.batch_size], images[self.batch_size :]
                         self.batch_size = append_scores(
                             reward, batch, batch_images, self.out_file, self.prompt_metadata, self.batch_size,
-                            self.batch_flag, f"drop --overlap_scoring (the pipeline holds memory beside the "
-                                             f"reward), or {ELSEWHERE}")
+                            self.batch_flag, f"{DROP_OVERLAP}, or {MORE_MEMORY}")
                     if finished:
                         return
         except BaseException as err:  # handed to the generation thread by `add` or `close`

@@ -21,29 +21,28 @@ import torch
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# What to do when one item does not fit: the stage's own advice is added before it.
-ELSEWHERE = "run the same command again on a device with more memory or with its other processes stopped"
+# What to do when one item does not fit: the stage's own advice goes before it.
+MORE_MEMORY = "run the same command again on a device with more memory or with its other processes stopped"
+# Under `gors run --overlap_scoring` the pipeline and the reward share the device.
+DROP_OVERLAP = "drop --overlap_scoring (the pipeline and the reward share the device)"
 
 
 class DeviceMemoryError(RuntimeError):
     """The device ran out of memory in a stage; the message names the stage and what lowers its memory."""
 
 
-def _error(doing: str, advice: str, err: torch.OutOfMemoryError) -> DeviceMemoryError:
+def _error(doing: str, advice: str, err: torch.cuda.OutOfMemoryError) -> DeviceMemoryError:
     detail = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
     return DeviceMemoryError(f"out of device memory while {doing}: {advice}. What was finished is kept (torch: {detail})")
 
 
 @contextlib.contextmanager
-def out_of_memory_advice(doing: str, advice: str | None) -> Iterator[None]:
+def out_of_memory_advice(doing: str, advice: str) -> Iterator[None]:
     """Raise torch's out-of-memory error met while `doing` as a `DeviceMemoryError` that gives `advice`
-    (what to change and how to go on, e.g. "pass --gradient_checkpointing (...)"); with `advice` None, as
-    it is."""
+    (what to change and how to go on, e.g. "pass --gradient_checkpointing (...)")."""
     try:
         yield
-    except torch.OutOfMemoryError as err:
-        if advice is None:
-            raise
+    except torch.cuda.OutOfMemoryError as err:
         raise _error(doing, advice, err) from err
 
 
@@ -62,11 +61,12 @@ def in_batches_that_fit(items: Sequence[T], size: int, work: Callable[[list[T]],
         batch = list(items[start:start + size])
         try:
             work(batch)
-            start += len(batch)
-            continue
-        except torch.OutOfMemoryError as err:
+        except torch.cuda.OutOfMemoryError as err:
             if size == 1:
                 raise _error(f"{doing} one at a time", at_one, err) from err
+        else:
+            start += len(batch)
+            continue
         # Out of the handler, the error's frames and the tensors they hold are released.
         smaller = max(1, size // 2)
         if torch.cuda.is_available():

@@ -34,7 +34,7 @@ from gors.core.distributed import (
 )
 from gors.core.hub import recording_loads
 from gors.core.io_threads import OrderedWorker
-from gors.core.memory import ELSEWHERE, in_batches_that_fit
+from gors.core.memory import DROP_OVERLAP, MORE_MEMORY, in_batches_that_fit
 from gors.core.pipeline import cpu_generators
 from gors.core.store import (
     SETTINGS,
@@ -60,7 +60,7 @@ class StoreFlags:
     prompts: str = "the --train_prompts that made this store"
     may_change: str = "--images_per_prompt and --max_prompts"
     extra_images: str = "the stages after this one use all of them"  # what happens to images beyond the count
-    batch_size: str | None = "--generation_batch_size"  # sets the images per pipeline call; None: no such flag
+    batch_flag: str | None = "--generation_batch_size"  # sets the images per pipeline call; None: no such flag
 
 
 def _check_same_prompts(store: SampleStore, prompts: list[str], flags: StoreFlags) -> None:
@@ -235,9 +235,9 @@ def generate_samples(
     done, todo = main_process_decides(accelerator.state, plan)
 
     # Batches too large for the device are halved until they fit (`in_batches_that_fit`); if one image does not:
-    at_one = ELSEWHERE
+    at_one = MORE_MEMORY
     if sink is not None:
-        at_one = f"drop --overlap_scoring (its reward holds memory beside the pipeline), or {at_one}"
+        at_one = f"{DROP_OVERLAP}, or {at_one}"
     if wanted.get("dtype") == "float32":
         at_one += ("; or generate in half precision (--mixed_precision fp16 or bf16), in a new --output_dir once "
                    "images are stored (a store keeps its precision)")
@@ -299,7 +299,7 @@ def generate_samples(
             with OrderedWorker(write, name="gors-sample-writer") as writer:
                 try:
                     in_batches_that_fit(mine, protocol.batch_size, generate_batch, f"generating {protocol.resolution} px "
-                                        "images", "images per pipeline call", flags.batch_size, at_one)
+                                        "images", "images per pipeline call", flags.batch_flag, at_one)
                 except BaseException:
                     if sink is not None:  # the batches in hand are still written, not waited on to be scored
                         sink.stop()

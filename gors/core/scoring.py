@@ -32,7 +32,7 @@ from gors.core.distributed import (
 )
 from gors.core.io import append_jsonl, atomic_write_json, filter_jsonl, read_json, repair_jsonl
 from gors.core.io_threads import prefetched
-from gors.core.memory import ELSEWHERE, in_batches_that_fit
+from gors.core.memory import MORE_MEMORY, in_batches_that_fit
 from gors.core.run_folder import samples_dir, scores_dir
 from gors.core.store import (
     IMAGE_HASH,
@@ -237,7 +237,7 @@ def score_rows(
 
 def append_scores(reward: Scorer, records: Sequence[dict[str, Any]], images: Sequence[Image.Image], out_file: Path,
                   prompt_metadata: Sequence[dict[str, Any]] | None, size: int, batch_flag: str | None,
-                  at_one: str = ELSEWHERE) -> int:
+                  at_one: str = MORE_MEMORY) -> int:
     """Score `records` (their `images`) and append their rows to `out_file`, `size` images per reward call,
     halved while the device runs out of memory (`in_batches_that_fit`); returns the size that fit."""
     def score_batch(batch: list[tuple[dict[str, Any], Image.Image]]) -> None:
