@@ -235,3 +235,17 @@ def test_validation_renders_halve_too_and_render_the_same_images(selected_run, t
     assert len(whole) == len(halved) == 3 and (size, halved_size) == (3, 1)  # the next validation starts at 1
     for a, b in zip(whole, halved):
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1  # batching's float rounding, at most one level
+
+
+def test_a_short_batch_that_does_not_fit_is_not_tried_again_as_it_was(caplog):
+    tried = []
+
+    def work(batch):
+        tried.append(len(batch))
+        if len(batch) > 2:
+            raise torch.OutOfMemoryError(TORCH_MESSAGE)
+
+    assert in_batches_that_fit([0, 1, 2], 8, work, "scoring", "images per reward call", None, "-") == 2
+    assert tried == [3, 2, 1]  # 8 halved to 2, past the 4 that would have retried the same 3 items
+    with pytest.raises(DeviceMemoryError, match="one at a time"):
+        in_batches_that_fit([0], 4, lambda batch: work([0, 1, 2]), "scoring", "images per reward call", None, "-")

@@ -62,13 +62,15 @@ def in_batches_that_fit(items: Sequence[T], size: int, work: Callable[[list[T]],
         try:
             work(batch)
         except torch.cuda.OutOfMemoryError as err:
-            if size == 1:
+            if len(batch) == 1:
                 raise _error(f"{doing} one at a time", at_one, err) from err
         else:
             start += len(batch)
             continue
         # Out of the handler, the error's frames and the tensors they hold are released.
-        smaller = max(1, size // 2)
+        smaller = size // 2
+        while smaller >= len(batch):  # a short last batch: not the same batch again
+            smaller //= 2
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         logger.warning("out of device memory while %s at %d %s: going on at %d%s", doing, size, unit, smaller,
