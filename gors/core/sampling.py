@@ -281,7 +281,7 @@ def generate_samples(
                     sink.add(written, images)
                 bar.update(len(batch))
 
-            def generate_batch(batch: list[tuple[int, int]]) -> None:
+            def generate(batch: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[int], list[Image.Image]]:
                 seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
                 with torch.inference_mode():
                     images = pipeline(
@@ -293,13 +293,15 @@ def generate_samples(
                         generator=cpu_generators(seeds),
                         **protocol.call_kwargs,
                     ).images
-                writer.put((batch, seeds, images))
+                return batch, seeds, images
 
-            # Each batch is written (PNG, hash, fsync) while the next one denoises.
+            # Each batch is written (PNG, hash, fsync) while the next one denoises; a batch that runs out of
+            # memory is handed to the writer only when it has been generated whole.
             with OrderedWorker(write, name="gors-sample-writer") as writer:
                 try:
-                    in_batches_that_fit(mine, protocol.batch_size, generate_batch, f"generating {protocol.resolution} px "
-                                        "images", "images per pipeline call", flags.batch_flag, at_one)
+                    in_batches_that_fit(mine, protocol.batch_size, lambda batch: writer.put(generate(batch)),
+                                        f"generating {protocol.resolution} px images", "images per pipeline call",
+                                        flags.batch_flag, at_one)
                 except BaseException:
                     if sink is not None:  # the batches in hand are still written, not waited on to be scored
                         sink.stop()
