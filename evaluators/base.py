@@ -45,6 +45,7 @@ from gors.core.backbones import Backbone, SamplingDefaults, detect_backbone, fam
 from gors.core.data import PinnedSource
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, atomic_write_jsonl
+from gors.core.memory import BatchLimits
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
 from gors.core.scoring import score_samples
@@ -491,6 +492,7 @@ class Benchmark:
         lora_dropout: float = 0.0,
         flags: StoreFlags = EVALUATION_FLAGS,
         scorer_batch_flag: str | None = "--scorer_batch_size",
+        batch_limits: BatchLimits | None = None,
     ) -> dict[str, Any]:
         """Generate (or read `images`), score and summarise; returns the summary.
 
@@ -503,7 +505,8 @@ class Benchmark:
         `extra_columns`: optional columns (`optional_columns`) to compute too, unless `with_columns` is False.
         `lora_dropout`: sample with dropout on the LoRA's output (`gors.core.pipeline.LoraOutputDropout`).
         `flags` and `scorer_batch_flag`: the command's flags that messages name (`gors evaluate`'s by default;
-        `FIXED_BATCH_FLAGS` and None where no flag sets the batch sizes).
+        `FIXED_BATCH_FLAGS` and None where no flag sets the batch sizes). `batch_limits`: the generation and
+        main scorer batch sizes that fit the device in earlier evaluations (halved ones are recorded there).
         A score folder made with other scorer settings is refused, not mixed in.
         """
         if lora_dropout and pipeline_loader is not None:
@@ -548,6 +551,7 @@ class Benchmark:
                                            backbone=backbone, lora_dropout=lora_dropout),
                 desc=f"{self.name}: generate",
                 flags=flags,
+                limit=None if batch_limits is None else batch_limits.generation,
             )
             samples = FirstImages(store, protocol.images_per_prompt)
         metadata = [dict(p.metadata) for p in prompts]
@@ -560,6 +564,7 @@ class Benchmark:
             batch_flag=scorer_batch_flag,
             prompt_metadata=metadata,
             settings=scorer_settings(*main_spec, main_dtype),
+            limit=None if batch_limits is None else batch_limits.scoring,
         )
         column_scores = {
             column: score_samples(

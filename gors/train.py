@@ -51,7 +51,7 @@ from gors.core.distributed import (
     progress_bar,
 )
 from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
-from gors.core.memory import MORE_MEMORY, in_batches_that_fit, out_of_memory_advice
+from gors.core.memory import MORE_MEMORY, BatchLimit, in_batches_that_fit, out_of_memory_advice
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore, StoreError
@@ -257,7 +257,7 @@ class GORSTrainer:
         self.schedule_steps = schedule_steps or self.config.max_train_steps
         self.noise_scheduler = None  # loaded by `train` before any checkpoint is touched, or by `_setup_models`
         self.fingerprint: dict[str, Any] = {}  # what its checkpoints are bound to, set by `train`
-        self._render_batch = len(self.config.validation_prompts or [])  # halved by a validation that ran out of memory
+        self._render_limit = BatchLimit()  # halved by a validation that ran out of memory
 
     # ----- set-up -------------------------------------------------------------------------
     def _setup_models(self) -> None:
@@ -602,10 +602,10 @@ class GORSTrainer:
             pipeline = self._pipeline(self.backbone.sampling.scheduler)
             # All in one call, or in halves while they do not fit beside the models in training (the size that
             # fit is kept for the next validation).
-            self._render_batch = in_batches_that_fit(
-                list(range(len(prompts))), min(self._render_batch, len(prompts)), render,
+            in_batches_that_fit(
+                list(range(len(prompts))), len(prompts), render,
                 f"rendering --validation_prompts at {self.resolution} px", "prompts per pipeline call", None,
-                f"drop --validation_prompts, or {MORE_MEMORY}")
+                f"drop --validation_prompts, or {MORE_MEMORY}", self._render_limit)
         writer = self._tensorboard()
         if writer is not None:
             writer.add_images("validation", np.stack([np.asarray(im) for im in images]), step, dataformats="NHWC")

@@ -37,6 +37,7 @@ from gors.checkpoints import RECORDED_WHERE_KNOWN
 from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import FAMILIES, Backbone
 from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder
+from gors.core.memory import BatchLimits
 from gors.core.pipeline import sampler_name
 
 if TYPE_CHECKING:
@@ -203,6 +204,8 @@ class BenchmarkValidation:
         self.accelerator = accelerator
         self.output_dir = Path(output_dir or config.output_dir)
         self._scorer = None
+        # Beside the models in training a batch may not fit: each validation starts at the sizes that last did.
+        self._batch_limits = BatchLimits()
         self.training: str | None = None
         self.best: dict[str, Any] | None = None
 
@@ -256,7 +259,7 @@ class BenchmarkValidation:
             summary = self.benchmark.evaluate(
                 None, folder, accelerator=accelerator, pipeline_loader=lambda: pipeline,
                 scorer=self._scorer, scorer_options=self.options, with_columns=False, backbone=self.backbone,
-                flags=FIXED_BATCH_FLAGS, scorer_batch_flag=None,
+                flags=FIXED_BATCH_FLAGS, scorer_batch_flag=None, batch_limits=self._batch_limits,
             )
         value = metric_value(summary, self.metric)
         if value is None:  # e.g. a share of relation images when no validation prompt has a relation

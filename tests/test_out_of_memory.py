@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gors.cli import main
-from gors.core.memory import DeviceMemoryError, in_batches_that_fit, out_of_memory_advice
+from gors.core.memory import BatchLimit, DeviceMemoryError, in_batches_that_fit, out_of_memory_advice
 from gors.core.run_folder import samples_dir, scores_dir
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
@@ -225,14 +225,14 @@ def test_validation_renders_halve_too_and_render_the_same_images(selected_run, t
         trainer.log_validation = lambda step: images.extend(log_validation(step))
         trainer.train()
         reset_process_state()
-        return [np.asarray(image) for image in images], trainer._render_batch
+        return [np.asarray(image) for image in images], trainer._render_limit.size
 
     whole, size = rendered("whole")
     generators = gors.train.cpu_generators
     monkeypatch.setattr(gors.train, "cpu_generators", out_of_memory(lambda calls, args, kwargs: len(args[0]) > 1)(
         generators))
     halved, halved_size = rendered("halved")
-    assert len(whole) == len(halved) == 3 and (size, halved_size) == (3, 1)  # the next validation starts at 1
+    assert len(whole) == len(halved) == 3 and (size, halved_size) == (None, 1)  # the next validation starts at 1
     for a, b in zip(whole, halved):
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1  # batching's float rounding, at most one level
 
@@ -249,3 +249,59 @@ def test_a_short_batch_that_does_not_fit_is_not_tried_again_as_it_was(caplog):
     assert tried == [3, 2, 1]  # 8 halved to 2, past the 4 that would have retried the same 3 items
     with pytest.raises(DeviceMemoryError, match="one at a time"):
         in_batches_that_fit([0], 4, lambda batch: work([0, 1, 2]), "scoring", "images per reward call", None, "-")
+
+
+def test_a_limit_starts_the_next_call_at_the_size_that_fit(caplog):
+    tried = []
+
+    def work(batch):
+        tried.append(len(batch))
+        if len(batch) > 2:
+            raise torch.OutOfMemoryError(TORCH_MESSAGE)
+
+    limit = BatchLimit()
+    with caplog.at_level(logging.WARNING, logger="gors.core.memory"):
+        in_batches_that_fit(list(range(4)), 8, work, "scoring", "images per reward call", None, "-", limit)
+        assert (tried, limit.size, len(caplog.records)) == ([4, 2, 2], 2, 1)
+        tried.clear()
+        assert in_batches_that_fit(list(range(4)), 8, work, "scoring", "images per reward call", None, "-", limit) == 2
+    assert tried == [2, 2] and len(caplog.records) == 1  # no failed attempt and no warning the second time
+    assert limit.start(1) == 1  # a call that asks for less runs at what it asks
+
+
+def test_each_benchmark_validation_starts_at_the_batch_sizes_that_last_fit(make_run_config, tmp_path, monkeypatch,
+                                                                           caplog):
+    import gors.core.sampling
+    import gors.core.scoring
+    from gors.core.distributed import make_accelerator
+    from gors.core.pipeline import load_pipeline
+    from gors.validation import BenchmarkValidation
+
+    failed = {"generation": 0, "scoring": 0}
+
+    def over_one(stage: str, position: int):
+        def when(calls, args, kwargs):
+            too_large = len(args[position]) > 1
+            failed[stage] += too_large
+            return too_large
+        return when
+
+    monkeypatch.setattr(gors.core.sampling, "cpu_generators",
+                        out_of_memory(over_one("generation", 0))(gors.core.sampling.cpu_generators))
+    monkeypatch.setattr(gors.core.scoring, "score_rows",
+                        out_of_memory(over_one("scoring", 1))(gors.core.scoring.score_rows))
+    validation = BenchmarkValidation(make_run_config(output_dir=str(tmp_path), validation_benchmark="toy:train",
+                                                     validation_num_prompts=2), make_accelerator())
+    validation.start(0, training="A")
+    pipeline = load_pipeline(TOY_PIPELINE, torch.device("cpu"), torch.float32)
+    values = []
+    for step in (1, 2):
+        with caplog.at_level(logging.WARNING, logger="gors.core.memory"):
+            summary = validation.run(step, pipeline, lambda folder: folder.mkdir(parents=True, exist_ok=True))
+        values.append((summary["binding_accuracy"], summary["num_images"]))
+        if step == 1:
+            halvings = dict(failed)
+            assert halvings["generation"] >= 1 and halvings["scoring"] >= 1 and len(caplog.records) >= 2
+            caplog.clear()
+    assert failed == halvings and caplog.records == []  # the second validation ran out of memory nowhere
+    assert values[0] == values[1]  # the same pipeline validated twice: the same images and scores

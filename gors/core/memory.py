@@ -4,7 +4,9 @@ torch's out-of-memory error names the bytes it could not allocate but not the fl
 Generation and scoring, whose batch size changes no image and no score beyond float rounding
 (every image has its own seed; a reward scores each image for itself), halve a batch that does not
 fit and go on, so that a large `--generation_batch_size` comes down to a batch that fits, the
-largest of its halvings (`in_batches_that_fit`). Training, whose
+largest of its halvings (`in_batches_that_fit`); a `BatchLimit` kept across calls (a training run's
+validations, which meet the same models in memory each time) starts each call at the size that last fit.
+Training, whose
 batch is part of what it learns, stops with a message that names its flags (`out_of_memory_advice`).
 Every stage writes as it goes and resumes, so the same command with other values goes on from there.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
@@ -46,16 +49,42 @@ def out_of_memory_advice(doing: str, advice: str) -> Iterator[None]:
         raise _error(doing, advice, err) from err
 
 
+@dataclass
+class BatchLimit:
+    """The largest batch size that fit the device where a smaller one was needed; None while nothing was halved.
+
+    Handed to `in_batches_that_fit` call after call, it starts each call at that size instead of failing
+    again at the size asked for; a speed script reads it to refuse timings of a batch other than its own.
+    """
+
+    size: int | None = None
+
+    def start(self, size: int) -> int:
+        """The size a call asked to run at `size` starts at."""
+        return size if self.size is None else min(size, self.size)
+
+
+@dataclass
+class BatchLimits:
+    """The limits of an evaluation's two batched stages, kept across evaluations (`Benchmark.evaluate`)."""
+
+    generation: BatchLimit = field(default_factory=BatchLimit)
+    scoring: BatchLimit = field(default_factory=BatchLimit)
+
+
 def in_batches_that_fit(items: Sequence[T], size: int, work: Callable[[list[T]], None], doing: str, unit: str,
-                        flag: str | None, at_one: str) -> int:
+                        flag: str | None, at_one: str, limit: BatchLimit | None = None) -> int:
     """`work` on consecutive batches of `items`, at most `size` long, in order; returns the size that fit.
 
     A batch that runs the device out of memory is tried again at half the size (a warning names `flag`,
     the option that sets the size, so the next run starts there), down to one item; at one item it is a
     `DeviceMemoryError` that gives `at_one`. `work` must run its device work before any side effect, so
     that a batch that ran out of memory left nothing behind. `doing` and `unit` word the messages:
-    "generating 512 px images", "images per pipeline call".
+    "generating 512 px images", "images per pipeline call". `limit`, where given, lowers `size` to the
+    size that fit in an earlier call and records each halving.
     """
+    if limit is not None:
+        size = limit.start(size)
     start = 0
     while start < len(items):
         batch = list(items[start:start + size])
@@ -76,4 +105,6 @@ def in_batches_that_fit(items: Sequence[T], size: int, work: Callable[[list[T]],
         logger.warning("out of device memory while %s at %d %s: going on at %d%s", doing, size, unit, smaller,
                        f" (pass {flag} {smaller} to start there)" if flag else "")
         size = smaller
+        if limit is not None:
+            limit.size = size
     return size

@@ -34,7 +34,7 @@ from gors.core.distributed import (
 )
 from gors.core.hub import recording_loads
 from gors.core.io_threads import OrderedWorker
-from gors.core.memory import DROP_OVERLAP, MORE_MEMORY, in_batches_that_fit
+from gors.core.memory import DROP_OVERLAP, MORE_MEMORY, BatchLimit, in_batches_that_fit
 from gors.core.pipeline import cpu_generators
 from gors.core.store import (
     SETTINGS,
@@ -179,6 +179,7 @@ def generate_samples(
     settings: Mapping[str, Any] | None = None,
     sink: SampleSink | None = None,
     flags: StoreFlags = StoreFlags(),
+    limit: BatchLimit | None = None,
 ) -> SampleStore:
     """Add the missing images of `protocol` for `prompts` to `store`, sharded over processes.
 
@@ -192,7 +193,8 @@ def generate_samples(
     two models or protocols never mix.
 
     `sink` gets every batch once it is in the store (its `open` first, on processes with work).
-    `flags` name, in a refusal or when the device runs out of memory, the flags to change.
+    `flags` name, in a refusal or when the device runs out of memory, the flags to change. `limit`: the batch
+    size that fit in an earlier call, and where this one's halvings go (`gors.core.memory.in_batches_that_fit`).
     """
     if settings is None:
         settings = {key: (prompt_info or {}).get(key) for key in ("model", "lora")}
@@ -301,7 +303,7 @@ def generate_samples(
                 try:
                     in_batches_that_fit(mine, protocol.batch_size, lambda batch: writer.put(generate(batch)),
                                         f"generating {protocol.resolution} px images", "images per pipeline call",
-                                        flags.batch_flag, at_one)
+                                        flags.batch_flag, at_one, limit)
                 except BaseException:
                     if sink is not None:  # the batches in hand are still written, not waited on to be scored
                         sink.stop()

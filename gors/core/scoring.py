@@ -32,7 +32,7 @@ from gors.core.distributed import (
 )
 from gors.core.io import append_jsonl, atomic_write_json, filter_jsonl, read_json, repair_jsonl
 from gors.core.io_threads import prefetched
-from gors.core.memory import MORE_MEMORY, in_batches_that_fit
+from gors.core.memory import MORE_MEMORY, BatchLimit, in_batches_that_fit
 from gors.core.run_folder import samples_dir, scores_dir
 from gors.core.store import (
     IMAGE_HASH,
@@ -237,15 +237,15 @@ def score_rows(
 
 def append_scores(reward: Scorer, records: Sequence[dict[str, Any]], images: Sequence[Image.Image], out_file: Path,
                   prompt_metadata: Sequence[dict[str, Any]] | None, size: int, batch_flag: str | None,
-                  at_one: str = MORE_MEMORY) -> int:
+                  at_one: str = MORE_MEMORY, limit: BatchLimit | None = None) -> int:
     """Score `records` (their `images`) and append their rows to `out_file`, `size` images per reward call,
-    halved while the device runs out of memory (`in_batches_that_fit`); returns the size that fit."""
+    halved while the device runs out of memory (`in_batches_that_fit`, with `limit`); returns the size that fit."""
     def score_batch(batch: list[tuple[dict[str, Any], Image.Image]]) -> None:
         rows = score_rows(reward, [record for record, _ in batch], [image for _, image in batch], prompt_metadata)
         append_jsonl(out_file, rows)
 
     return in_batches_that_fit(list(zip(records, images, strict=True)), size, score_batch, "scoring",
-                               "images per reward call", batch_flag, at_one)
+                               "images per reward call", batch_flag, at_one, limit)
 
 
 def score_samples(
@@ -258,6 +258,7 @@ def score_samples(
     prompt_metadata: Sequence[dict[str, Any]] | None = None,
     settings: Mapping[str, Any] | None = None,
     batch_flag: str | None = None,
+    limit: BatchLimit | None = None,
 ) -> dict[SampleKey, dict]:
     """Score the store's unscored samples into `scores_folder/part-<rank>.jsonl`; returns all rows.
 
@@ -266,7 +267,7 @@ def score_samples(
     `score_rows`. `store` is anything with `records()` and `open_image(record)`. `settings` are
     recorded in the folder (`open_score_folder`), so scores of two configurations never mix.
     `batch_flag`: the flag that sets `batch_size`, named when a batch does not fit the device (it is then
-    halved: `append_scores`).
+    halved: `append_scores`). `limit`: the size that fit in an earlier call, and where this one's halvings go.
     """
     records = store.records()
     done = open_score_folder(scores_folder, records, accelerator, settings)
@@ -293,7 +294,8 @@ def score_samples(
             with contextlib.closing(read):  # the reader stops with the loop, also when the reward fails
                 size = batch_size  # halved while the device runs out of memory
                 for batch, images in read:
-                    size = append_scores(reward, batch, images, out_file, prompt_metadata, size, batch_flag)
+                    size = append_scores(reward, batch, images, out_file, prompt_metadata, size, batch_flag,
+                                         limit=limit)
                     bar.update(len(batch))
             bar.close()
     accelerator.wait_for_everyone()
