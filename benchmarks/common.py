@@ -43,6 +43,15 @@ def timed(function: Callable[[], Any], device: torch.device) -> tuple[Any, float
     return result, time.perf_counter() - start
 
 
+def refuse_halved(went_on_at: int | None, script: str, stated: str, fix: str) -> None:
+    """Stop the script where gors halved a batch that did not fit the device (`gors.core.memory`): the timing
+    would be of a smaller batch than the `stated` one its row reports. `went_on_at`: the size gors went on at
+    (a `BatchLimit`'s size; None while nothing was halved); `fix`: what lowers the stated batch."""
+    if went_on_at is not None:
+        raise SystemExit(f"[{script}] out of device memory at {stated}: gors went on at {went_on_at}, so the timing "
+                         f"would not be of the batch this script reports; {fix} and run it again")
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1 (e.g. `--repeats`; 0 pairs would give no ratio)."""
     value = int(text)

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import SpeedResult, checked_device, paired_ratios, positive_int, print_table
+from common import SpeedResult, checked_device, paired_ratios, positive_int, print_table, refuse_halved
 from train_memory import SPECS
 from train_step import sizes_for
 
@@ -141,6 +141,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     resolution = args.resolution or (512 if args.full_size else 128 if args.reduced else 32)
 
     from gors.core.distributed import make_accelerator, reset_process_state
+    from gors.core.memory import BatchLimit
     from gors.core.pipeline import load_pipeline
     from gors.core.sampling import SamplingProtocol, generate_samples
     from gors.core.store import SampleStore
@@ -190,8 +191,12 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
         def run_gors() -> SampleStore:
             store = SampleStore(root / f"gors-{calls['gors']}" / "samples")
             calls["gors"] += 1
+            limit = BatchLimit()
             with contextlib.redirect_stdout(sys.stderr):  # its "[generate] ..." line, off the table's stdout
-                generate_samples(store, PROMPTS, protocol, lambda: ours, accelerator, desc="generate (gors)")
+                generate_samples(store, PROMPTS, protocol, lambda: ours, accelerator, desc="generate (gors)",
+                                 limit=limit)
+            refuse_halved(limit.size, "generation", f"gors' batch of {len(batch)} images",
+                          "lower --resolution or use a device with more free memory")
             return store
 
         ratios, reference_images, store = paired_ratios(run_reference, run_gors, device, args.repeats)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 from b_vqa_passes import save_model
-from common import SpeedResult, checked_device, paired_ratios, positive_int, print_table
+from common import SpeedResult, checked_device, paired_ratios, positive_int, print_table, refuse_halved
 from generation import PROMPTS, write_sd2_base_folder
 
 IMAGES_PER_PROMPT = 4
@@ -63,6 +63,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
 
     from gors.core.background_scoring import BackgroundScorer
     from gors.core.distributed import make_accelerator, reset_process_state
+    from gors.core.memory import BatchLimit
     from gors.core.pipeline import load_pipeline
     from gors.core.sampling import SamplingProtocol, generate_samples
     from gors.core.scoring import open_score_folder, read_score_rows, score_samples
@@ -88,14 +89,24 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
             run = root / f"{name}-{calls[name]}"
             calls[name] += 1
             store = SampleStore(run / "samples")
+            limit = BatchLimit()
             generate_samples(store, PROMPTS, protocol, lambda: pipeline, accelerator, desc=f"generate ({name})",
-                             sink=sink)
+                             sink=sink, limit=limit)
+            refuse_halved(limit.size, "overlap", f"--generation_batch_size {args.generation_batch_size}",
+                          "lower --generation_batch_size")
             return store, run / "scores"
+
+        def reward_batch_fit(went_on_at: int | None) -> None:
+            refuse_halved(went_on_at, "overlap", f"--reward_batch_size {args.reward_batch_size}",
+                          "lower --reward_batch_size")
 
         def run_reference() -> dict:
             with contextlib.redirect_stdout(sys.stderr):
                 store, scores = generate("reference")
-                return score_samples(store, scores, lambda: reward, args.reward_batch_size, accelerator)
+                limit = BatchLimit()
+                rows = score_samples(store, scores, lambda: reward, args.reward_batch_size, accelerator, limit=limit)
+                reward_batch_fit(limit.size)
+                return rows
 
         def run_overlapped() -> dict:
             with contextlib.redirect_stdout(sys.stderr):
@@ -107,6 +118,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                     store, scores = generate("gors", sink=scorer)
                 finally:
                     scorer.close()
+                reward_batch_fit(None if scorer.batch_size == args.reward_batch_size else scorer.batch_size)
                 return read_score_rows(scores, store.records())
 
         ratios, expected, overlapped = paired_ratios(run_reference, run_overlapped, device, args.repeats)
