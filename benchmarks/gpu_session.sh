@@ -18,7 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Pure-Python wheels the device lacks, at the versions gors is tested with (pyproject.toml, the venv).
+# Pure-Python wheels the device lacks, at versions gors is tested with (pyproject.toml). transformers stays at
+# 5.24.0, the last before 5.25 raised its huggingface_hub requirement to >= 2.4 (the device has 1.33).
 WHEELS=(diffusers==0.42.1 transformers==5.24.0 pooch==1.8.2 platformdirs==4.3.8
         importlib_metadata==8.7.0 zipp==3.23.0)
 
