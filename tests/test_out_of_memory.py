@@ -237,13 +237,18 @@ def test_validation_renders_halve_too_and_render_the_same_images(selected_run, t
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1  # batching's float rounding, at most one level
 
 
-def test_a_short_batch_that_does_not_fit_is_not_tried_again_as_it_was(caplog):
-    tried = []
-
+def fits_two(tried: list[int]):
+    """Work that records each batch's length in `tried` and runs out of memory above 2 items."""
     def work(batch):
         tried.append(len(batch))
         if len(batch) > 2:
             raise torch.OutOfMemoryError(TORCH_MESSAGE)
+    return work
+
+
+def test_a_short_batch_that_does_not_fit_is_not_tried_again_as_it_was(caplog):
+    tried = []
+    work = fits_two(tried)
 
     assert in_batches_that_fit([0, 1, 2], 8, work, "scoring", "images per reward call", None, "-") == 2
     assert tried == [3, 2, 1]  # 8 halved to 2, past the 4 that would have retried the same 3 items
@@ -253,11 +258,7 @@ def test_a_short_batch_that_does_not_fit_is_not_tried_again_as_it_was(caplog):
 
 def test_a_limit_starts_the_next_call_at_the_size_that_fit(caplog):
     tried = []
-
-    def work(batch):
-        tried.append(len(batch))
-        if len(batch) > 2:
-            raise torch.OutOfMemoryError(TORCH_MESSAGE)
+    work = fits_two(tried)
 
     limit = BatchLimit()
     with caplog.at_level(logging.WARNING, logger="gors.core.memory"):
