@@ -16,9 +16,10 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
-from evaluators.base import Benchmark, BenchmarkPrompt
+from evaluators.base import Benchmark, BenchmarkPrompt, check_benchmark_class
 from evaluators.results import Metric
 from gors.core import paper
+from rewards.registry import check_name
 
 _BENCHMARKS = {
     "geneval": "evaluators.geneval:GenEvalBenchmark",
@@ -42,6 +43,8 @@ def register_benchmark(name: str) -> Callable[[type[Benchmark]], type[Benchmark]
     def decorator(cls: type[Benchmark]) -> type[Benchmark]:
         if not (isinstance(cls, type) and issubclass(cls, Benchmark)):
             raise TypeError(f"@register_benchmark({name!r}) expects a Benchmark subclass, got {cls!r}")
+        check_name("benchmark", name, cls, _REGISTERED.get(name), name in _BENCHMARKS)
+        check_benchmark_class(cls)
         cls.name = name
         _REGISTERED[name] = cls
         return cls
@@ -58,11 +61,14 @@ def benchmark_class(name: str) -> type[Benchmark]:
         return _REGISTERED[name]
     path = _BENCHMARKS.get(name) or _entry_points().get(name)
     if path is None:
-        raise ValueError(f"Unknown benchmark {name!r}; known: {', '.join(available_benchmarks())}")
+        raise ValueError(f"Unknown benchmark {name!r}; known: {', '.join(available_benchmarks())}. A benchmark of "
+                         "your own is known once the module that registers it is imported (from Python), or, on "
+                         "the command line, as an entry point of the gors.benchmarks group")
     module, _, cls = path.partition(":")
     found = getattr(importlib.import_module(module), cls)
     if not (isinstance(found, type) and issubclass(found, Benchmark)):
         raise TypeError(f"benchmark {name!r} ({path}) is not a Benchmark subclass")
+    check_benchmark_class(found)
     return found
 
 

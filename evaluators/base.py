@@ -39,6 +39,7 @@ from evaluators.results import (
     bootstrap_settings,
     group_by_prompt,
     metric_results,
+    metric_value,
     resampled_rows,
 )
 from gors.core.backbones import Backbone, SamplingDefaults, detect_backbone, family_precision
@@ -278,7 +279,12 @@ class Benchmark:
         """`prompts()`, read once per benchmark object: evaluation, summaries and every validation
         step reuse it instead of reading (or downloading) the data again."""
         if "_prompts" not in self.__dict__:
-            self.__dict__["_prompts"] = self.prompts()
+            prompts = self.prompts()
+            wrong = next((p for p in prompts if not isinstance(p, BenchmarkPrompt)), None)
+            if wrong is not None:
+                raise TypeError(f"{type(self).__qualname__}.prompts() gave {wrong!r}; it returns BenchmarkPrompt "
+                                "objects, e.g. BenchmarkPrompt(text, metadata)")
+            self.__dict__["_prompts"] = prompts
         return self.__dict__["_prompts"]
 
     def protocol(self, backbone: Backbone | None = None) -> SamplingProtocol:
@@ -521,6 +527,9 @@ class Benchmark:
         if unknown:
             raise ValueError(f"options for columns {unknown} of {self.name}, which has {sorted(known)}")
         computed = self.computed_columns(extra_columns) if with_columns else []
+        if scorer is None:  # a scorer that cannot be built stops the evaluation before any image is made
+            self.check_scorer_options(self.name, scorer_options, column_options, extra_columns, with_columns,
+                                      flag="scorer_options")
         prompts = self.cached_prompts()
         protocol = None  # with `images`, the images were made elsewhere: the results record the fields as given
         if images is not None:
@@ -594,6 +603,11 @@ class Benchmark:
             **self.aggregate(rows),
             **self.provenance(rows),
         }
+        absent = object()
+        if metric_value(summary, self.primary_metric, absent) is absent:
+            raise ValueError(f"{type(self).__qualname__}.summarize returned no {self.primary_metric!r} (its "
+                             f"primary_metric), only {sorted(self.summarize(rows))}; the images and scores in "
+                             f"{output_dir} are kept for the next run")
         summary["results"] = self.results(rows, summary, protocol)
         # The Hub commits of the models that generated (the pipeline's) and scored (main scorer and columns).
         summary["results"]["models"] = {
@@ -608,3 +622,27 @@ class Benchmark:
             self.write_official(rows, summary, output_dir)
         accelerator.wait_for_everyone()
         return summary
+
+
+def check_benchmark_class(cls: type[Benchmark]) -> None:
+    """Refuse, when a benchmark class is registered or looked up, what would otherwise surface only after
+    its images are generated and scored, or never: `prompts` or `summarize` not implemented, a
+    `primary_metric` that `metrics` does not declare, protocol defaults redeclared in a class that is no
+    dataclass (ignored: the base's `__init__` sets its own), a `seed_fn` that is no staticmethod."""
+    what = f"benchmark class {cls.__qualname__}"
+    missing = [hook for hook in ("prompts", "summarize") if getattr(cls, hook) is getattr(Benchmark, hook)]
+    if missing:
+        raise TypeError(f"{what} does not implement {' and '.join(missing)}; see README, Adding a benchmark")
+    declared = [metric.key for metric in cls.metrics]
+    if cls.primary_metric not in declared:
+        raise TypeError(f"{what}: primary_metric={cls.primary_metric!r} is not among its metrics {declared}; declare "
+                        f"it there (metrics = (Metric({cls.primary_metric!r}, ...), ...))")
+    protocol_fields = {f.name for f in fields(Benchmark)}
+    for klass in cls.__mro__[: cls.__mro__.index(Benchmark)]:
+        redeclared = sorted(protocol_fields & set(vars(klass)))
+        if redeclared and "__dataclass_fields__" not in vars(klass):
+            raise TypeError(f"{klass.__qualname__} sets {', '.join(redeclared)} but is not a dataclass, so the "
+                            "values would be ignored: put @dataclass on the class (under @register_benchmark)")
+        if "seed_fn" in vars(klass) and not isinstance(vars(klass)["seed_fn"], staticmethod):
+            raise TypeError(f"{klass.__qualname__}.seed_fn: wrap the function in staticmethod(...), so that it "
+                            "is called as seed_fn(base_seed, prompt_index, image_index)")

@@ -63,7 +63,8 @@ class RewardOutput:
         if not self.details:
             self.details = [{} for _ in self.scores]
         if len(self.details) != len(self.scores):
-            raise ValueError(f"{len(self.scores)} scores but {len(self.details)} details")
+            raise ValueError(f"RewardOutput of {len(self.scores)} scores but {len(self.details)} details; give one "
+                             "details dict per score")
 
 
 class Reward:
@@ -75,7 +76,8 @@ class Reward:
     - `name`: registry key, e.g. ``"b_vqa"``.
     - `default_model`: Hub id loaded when no `model_name_or_path` is given.
     - `categories`: the T2I-CompBench categories the reward suits.
-    - `score_range`: the closed interval every score lies in.
+    - `score_range`: the closed interval every score lies in: [0, 1] for every reward (selection's tau,
+      weighted lists and benchmarks assume it; `rewards.registry.check_reward_class`).
     - `description`: one line for `gors rewards`: what is measured, and with which models.
     - `official_dtype`: the dtype the benchmark this reward implements runs its model in on a GPU
       (e.g. GenEval 2 loads Qwen3-VL in its checkpoint's bfloat16); a benchmark scores in it on CUDA
@@ -199,7 +201,7 @@ class Reward:
                                   f"in [{low}, {high}]")
             if not low - 1e-6 <= value <= high + 1e-6:
                 raise RewardError(f"{name} returned {value} {where}, outside [{low}, {high}]; clip or rescale its "
-                                  "scores into that range (or declare the reward's score_range)")
+                                  "scores into that range")
             scores.append(value)
         for index, details in enumerate(output.details):
             if not isinstance(details, dict):

@@ -245,6 +245,11 @@ def check_options(cls: type[Reward], options: Mapping[str, Any], what: str, flag
     value it would refuse (`Reward.check_options`). `what` names the class in the message (e.g.
     "reward 'b_vqa'"), `flag` the option that gave it (e.g. "--scorer_options")."""
     accepted = accepted_options(cls)
+    lacking = [name for name in SET_BY_GORS if accepted is not None and name not in accepted]
+    if lacking:
+        raise ValueError(f"{flag}: {what}: {cls.__name__}.__init__ does not take {', '.join(lacking)}; gors passes "
+                         f"{', '.join(SET_BY_GORS)} to every reward: take them (or **kwargs) and pass them on to "
+                         "super().__init__")
     accepted = None if accepted is None else [name for name in accepted if name not in SET_BY_GORS]
     unknown = sorted(set(options) - set(options if accepted is None else accepted))
     if unknown:

@@ -51,12 +51,29 @@ def _entry_points() -> dict[str, str]:
     return {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def check_name(kind: str, name: str, cls: type, registered: type | None, builtin: bool) -> None:
+    """Refuse registering `cls` as the `kind` ("reward", "benchmark") `name` where the name is a built-in one,
+    is registered to another class (`registered`), or holds ":" or "," (which the command line's
+    "module:Class", "name:subset" and lists split on). The same class registered again (a module imported
+    twice) is allowed."""
+    if not name or ":" in name or "," in name:
+        raise ValueError(f"{kind} name {name!r}: give a non-empty name without ':' or ','")
+    if builtin:
+        raise ValueError(f"{kind} name {name!r} is gors' own; register {cls.__qualname__} under another name")
+    if registered is not None and (registered.__module__, registered.__qualname__) != (cls.__module__,
+                                                                                       cls.__qualname__):
+        raise ValueError(f"{kind} name {name!r} is already registered to {registered.__module__}."
+                         f"{registered.__qualname__}; register {cls.__qualname__} under another name")
+
+
 def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
     """Class decorator that makes a `Reward` subclass available as `name` everywhere."""
 
     def decorator(cls: type[Reward]) -> type[Reward]:
         if not (isinstance(cls, type) and issubclass(cls, Reward)):
             raise TypeError(f"@register_reward({name!r}) expects a Reward subclass, got {cls!r}")
+        check_name("reward", name, cls, _REGISTERED.get(name), name in _BUILTIN)
+        check_reward_class(cls)
         cls.name = name
         _REGISTERED[name] = cls
         return cls
@@ -118,6 +135,18 @@ def _import_error(name: str, path: str, err: Exception) -> ValueError:
     return ValueError(f"Could not import reward {what}: {err}")
 
 
+def check_reward_class(cls: type[Reward]) -> None:
+    """Refuse a reward class that would fail only once scoring starts, or whose scores the stages would
+    misread: one without its own `_score`, or one that declares scores outside [0, 1]."""
+    if cls._score is Reward._score and cls.score is Reward.score:
+        raise TypeError(f"reward class {cls.__qualname__} does not implement _score(images, prompts, metadata) -> "
+                        "RewardOutput; see README, Adding a reward")
+    if tuple(cls.score_range) != Reward.score_range:
+        raise TypeError(f"reward class {cls.__qualname__} declares score_range {cls.score_range}: every reward scores "
+                        "in [0, 1] (selection's tau, weighted lists and benchmarks assume it); rescale its scores in "
+                        "_score and leave score_range as it is")
+
+
 def get_reward_class(name: str) -> type[Reward]:
     """The class behind a reward name or a `module:Class` path (its module found as `_import_module` finds it)."""
     if name in _REGISTERED:
@@ -132,11 +161,13 @@ def get_reward_class(name: str) -> type[Reward]:
         except (ImportError, AttributeError) as err:
             raise _import_error(name, path, err) from err
         if isinstance(cls, type) and issubclass(cls, Reward):
+            check_reward_class(cls)
             return cls
         raise ValueError(f"{_described(name, path)} is not a Reward subclass")
     raise ValueError(
         f"Unknown reward {name!r}. Known rewards: {', '.join(available_rewards())}; "
-        "or pass 'module:Class' for a Reward subclass of your own."
+        "or pass 'module:Class' for a Reward subclass of your own (a name it registers is known from Python once "
+        "its module is imported, and on the command line as an entry point of the gors.rewards group)."
     )
 
 

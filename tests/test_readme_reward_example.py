@@ -17,6 +17,6 @@ def test_readme_reward_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     assert len(code.splitlines()) < 40
     monkeypatch.setattr(rewards.registry, "_REGISTERED", {})  # the example's registration stays in this test
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+    exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
     assert capsys.readouterr().out.strip() == "[1.0, 0.0]"
     assert "brightness" in rewards.available_rewards()

@@ -154,7 +154,7 @@ from evaluators import Benchmark, BenchmarkPrompt, Metric, get_benchmark, regist
 from gors.core.toy import PRETRAINED_DIR
 
 
-@register_benchmark("two_objects")  # now `gors evaluate --benchmarks two_objects` knows it too
+@register_benchmark("two_objects")  # get_benchmark("two_objects") knows it once this module is imported
 @dataclass
 class TwoObjectsBenchmark(Benchmark):
     """Two toy-world prompts; each image is judged by the exact toy oracle."""
@@ -176,8 +176,9 @@ class TwoObjectsBenchmark(Benchmark):
         return {"accuracy": sum(row["details"]["bound"] for row in rows) / len(rows), "num_images": len(rows)}
 
 
-summary = get_benchmark("two_objects").evaluate(str(PRETRAINED_DIR / "pipeline"), "eval/two_objects")
-print(summary["accuracy"], summary["results"]["metrics"]["accuracy"]["ci95"])
+if __name__ == "__main__":
+    summary = get_benchmark("two_objects").evaluate(str(PRETRAINED_DIR / "pipeline"), "eval/two_objects")
+    print(summary["accuracy"], summary["results"]["metrics"]["accuracy"]["ci95"])
 '''.lstrip()
 
 
@@ -186,7 +187,7 @@ def test_readme_example_runs_on_the_packaged_toy_model(tmp_path: Path, monkeypat
     script = tmp_path / "two_objects.py"
     script.write_text(EXAMPLE)
     monkeypatch.chdir(tmp_path)
-    runpy.run_path(str(script))
+    runpy.run_path(str(script), run_name="__main__")
     summary = json.loads((tmp_path / "eval" / "two_objects" / "summary.json").read_text())
     rows = [json.loads(line) for line in (tmp_path / "eval" / "two_objects" / "results.jsonl").open()]
     assert len(rows) == 4 and summary["num_images"] == 4

@@ -1,0 +1,141 @@
+"""A reward or benchmark of one's own that breaks the extension rules (README, Extending gors) is refused
+when it is registered or looked up, or before any image is generated, with a message that says what to
+change, instead of failing after generation and scoring or being silently misread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+import evaluators
+import rewards.registry
+from evaluators import Benchmark, BenchmarkPrompt, Metric, register_benchmark
+from gors.core.toy import PRETRAINED_DIR
+from rewards import Reward, RewardOutput, register_reward
+from rewards.combined import check_options
+
+
+@pytest.fixture(autouse=True)
+def empty_registries(monkeypatch):
+    """Registrations stay in the test that makes them."""
+    monkeypatch.setattr(rewards.registry, "_REGISTERED", {})
+    monkeypatch.setattr(evaluators, "_REGISTERED", {})
+
+
+class Constant(Reward):
+    def _score(self, images, prompts, metadata):
+        return RewardOutput([0.5] * len(images))
+
+
+def test_reward_names_that_are_taken_or_unparseable_are_refused():
+    with pytest.raises(ValueError, match="reward name 'b_vqa' is gors' own; register Constant under another name"):
+        register_reward("b_vqa")(Constant)
+    for name in ("a:b", "a,b", ""):
+        with pytest.raises(ValueError, match="give a non-empty name without ':' or ','"):
+            register_reward(name)(Constant)
+    register_reward("constant")(Constant)
+    register_reward("constant")(Constant)  # the same class again: a module imported twice
+
+    class Other(Constant):
+        pass
+
+    with pytest.raises(ValueError, match=r"'constant' is already registered to .*Constant; register "
+                                         r".*Other under another name"):
+        register_reward("constant")(Other)
+    assert rewards.registry.get_reward_class("constant") is Constant
+
+
+def test_reward_classes_without_score_or_with_another_range_are_refused():
+    class NoScore(Reward):
+        pass
+
+    class Raw255(Constant):
+        score_range = (0.0, 255.0)
+
+    with pytest.raises(TypeError, match=r"NoScore does not implement _score\(images, prompts, metadata\)"):
+        register_reward("no_score")(NoScore)
+    with pytest.raises(TypeError, match=r"Raw255 declares score_range \(0.0, 255.0\): every reward scores in \[0, 1\]"):
+        register_reward("raw")(Raw255)
+
+
+def test_an_init_that_does_not_take_what_gors_passes_is_refused_before_generating():
+    class Narrow(Constant):
+        def __init__(self, gain: float = 1.0):
+            super().__init__()
+            self.gain = gain
+
+    class Wide(Constant):
+        def __init__(self, gain: float = 1.0, **kwargs):
+            super().__init__(**kwargs)
+
+    with pytest.raises(ValueError, match=r"--reward_options: reward 'narrow': Narrow.__init__ does not take device, "
+                                         r"torch_dtype, batch_size; gors passes device, torch_dtype, batch_size to "
+                                         r"every reward: take them \(or \*\*kwargs\)"):
+        check_options(Narrow, {"gain": 2.0}, "reward 'narrow'", "--reward_options")
+    check_options(Wide, {"gain": 2.0}, "reward 'wide'", "--reward_options")
+
+
+def test_a_reward_output_of_mismatched_lengths_names_itself():
+    with pytest.raises(ValueError, match="RewardOutput of 1 scores but 6 details; give one details dict per score"):
+        RewardOutput([0.5], [{}] * 6)
+
+
+class TwoPrompts(Benchmark):
+    """No dataclass: the tests below add one where they need it."""
+
+    scorer = "toy_oracle"
+    primary_metric = "accuracy"
+    metrics = (Metric("accuracy"),)
+
+    def prompts(self):
+        return self.subsample([BenchmarkPrompt("a red circle"), BenchmarkPrompt("a blue square")])
+
+    def summarize(self, rows):
+        return {"accuracy": sum(row["details"]["bound"] for row in rows) / len(rows)}
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"prompts": Benchmark.prompts}, "does not implement prompts"),
+    ({"summarize": Benchmark.summarize}, "does not implement summarize"),
+    ({"primary_metric": "acc"}, r"primary_metric='acc' is not among its metrics \['accuracy'\]"),
+    ({"seed_fn": lambda base, p, i: base + p}, r"seed_fn: wrap the function in staticmethod\(\.\.\.\)"),
+])
+def test_benchmark_classes_that_break_the_rules_are_refused_when_registered(body, message):
+    broken = dataclass(type("Broken", (TwoPrompts,), body))
+    with pytest.raises(TypeError, match=message):
+        register_benchmark("broken")(broken)
+
+
+def test_protocol_defaults_in_a_class_that_is_no_dataclass_are_refused():
+    class Undecorated(TwoPrompts):
+        num_inference_steps = 20
+
+    with pytest.raises(TypeError, match=r"Undecorated sets num_inference_steps but is not a dataclass, so the values "
+                                         r"would be ignored: put @dataclass"):
+        register_benchmark("undecorated")(Undecorated)
+    register_benchmark("decorated")(dataclass(type("Decorated", (TwoPrompts,), {"num_inference_steps": 20,
+                                                                             "__annotations__": {
+                                                                                 "num_inference_steps": int}})))
+    assert evaluators.get_benchmark("decorated").num_inference_steps == 20
+    with pytest.raises(ValueError, match="benchmark name 'toy' is gors' own"):
+        register_benchmark("toy")(dataclass(TwoPrompts))
+
+
+def test_an_unknown_scorer_stops_an_evaluation_before_any_image(tmp_path):
+    benchmark = dataclass(type("Misnamed", (TwoPrompts,), {"scorer": "toy_orcale"}))()
+    with pytest.raises(ValueError, match="Unknown reward 'toy_orcale'"):
+        benchmark.evaluate(str(PRETRAINED_DIR / "pipeline"), tmp_path / "eval")
+    assert not (tmp_path / "eval" / "samples").exists()
+
+
+def test_prompts_that_are_not_benchmark_prompts_and_a_summary_without_its_metric_are_named(tmp_path):
+    texts = dataclass(type("Texts", (TwoPrompts,), {"prompts": lambda self: ["a red circle"]}))()
+    with pytest.raises(TypeError, match=r"Texts.prompts\(\) gave 'a red circle'; it returns BenchmarkPrompt objects"):
+        texts.cached_prompts()
+    flags = {"num_inference_steps": 1, "resolution": 32, "max_prompts": 1}
+    wrong_key = dataclass(type("WrongKey", (TwoPrompts,), {"summarize": lambda self, rows: {"acc": 1.0}}))(**flags)
+    with pytest.raises(ValueError, match=r"WrongKey.summarize returned no 'accuracy' \(its primary_metric\), only "
+                                         r"\['acc'\]; the images and scores in .* are kept"):
+        wrong_key.evaluate(str(PRETRAINED_DIR / "pipeline"), tmp_path / "eval")
+    assert len(list((tmp_path / "eval" / "scores").glob("*.jsonl"))) == 1  # kept for the fixed class
