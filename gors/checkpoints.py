@@ -229,6 +229,13 @@ def own_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_trai
                 None)
 
 
+def later_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_train_steps: int) -> Path | None:
+    """The newest complete checkpoint of this very training past `max_train_steps` (a longer run's), else None."""
+    return next((folder for folder, recorded in _complete_newest_first(Path(output_dir) / CHECKPOINTS_DIR)
+                 if not fingerprint_differences(recorded, fingerprint) and checkpoint_step(folder) > max_train_steps),
+                None)
+
+
 def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_steps: int) -> int:
     """The step of `checkpoint`, after checking that this run may continue from it.
 
@@ -258,10 +265,14 @@ def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_ste
 
 
 def _prune(root: Path, limit: int | None, keep: Path) -> None:
-    """Delete the oldest complete checkpoints so that, with `keep`, at most `limit` remain."""
+    """Delete the oldest complete checkpoints so that, with `keep`, at most `limit` remain. Those after
+    `keep` (a longer run's, which a shorter run of the same training went on before) are not counted
+    and stay: `--max_train_steps` with their step goes on from them."""
     if limit is None:
         return
-    others = [p for p in _checkpoint_folders(root) if p != keep and read_marker(p) is not None]
+    step = checkpoint_step(keep)
+    others = [p for p in _checkpoint_folders(root)
+              if p != keep and checkpoint_step(p) < step and read_marker(p) is not None]
     for old in others[: max(0, len(others) - limit + 1)]:
         shutil.rmtree(old)
 

@@ -33,6 +33,7 @@ from gors.checkpoints import (
     checkpoint_step,
     find_checkpoint,
     fingerprint_differences,
+    later_checkpoint,
     own_checkpoint,
     read_marker,
     set_aside_logs,
@@ -846,6 +847,11 @@ class GORSTrainer:
                                   f"({'; '.join(moved[1])}): moved to {moved[0]}"
                                   + (f", with its {_listed([f'{name}/' for name in kept])}" if kept else ""))
             checkpoint = own_checkpoint(config.output_dir, self.fingerprint, config.max_train_steps)
+            later = later_checkpoint(config.output_dir, self.fingerprint, config.max_train_steps)
+            if later is not None:
+                accelerator.print(f"[train] {later} of this same training is past --max_train_steps="
+                                  f"{config.max_train_steps}: it stays (--max_train_steps {checkpoint_step(later)} "
+                                  f"goes on from it), while this shorter run's LoRA replaces the folder's")
             if checkpoint is not None:
                 accelerator.print(f"[train] {checkpoint} is a checkpoint of this same training (settings and "
                                   "selection): going on from it")

@@ -15,6 +15,7 @@ from gors.checkpoints import (
     check_resumable,
     checkpoint_step,
     find_checkpoint,
+    later_checkpoint,
     own_checkpoint,
     set_aside_logs,
     set_aside_other_trainings,
@@ -204,6 +205,20 @@ def test_write_checkpoint_publishes_a_complete_folder_and_prunes_only_then(tmp_p
     assert marker["step"] == 3 and marker["fingerprint"] == {"rank": 4}
     assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= {p.name for p in path.iterdir()}
     assert (path / "model.safetensors").read_bytes() != b"torn"
+
+
+def test_a_shorter_run_keeps_the_longer_run_s_checkpoints_past_its_steps(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters()))
+    fingerprint = {"rank": 4}
+    _checkpoint(tmp_path, "checkpoint-1", fingerprint)
+    longer = _checkpoint(tmp_path, "checkpoint-3", fingerprint)
+    assert later_checkpoint(tmp_path, fingerprint, max_train_steps=2) == longer
+    assert later_checkpoint(tmp_path, fingerprint, max_train_steps=3) is None
+    assert later_checkpoint(tmp_path, {"rank": 8}, max_train_steps=2) is None
+    write_checkpoint(accelerator, tmp_path, 2, fingerprint, total_limit=1)
+    # checkpoint-1 is pruned as before; the longer run's checkpoint-3 is not counted and stays.
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
 
 
 def test_a_published_folder_is_the_old_one_or_the_new_one(tmp_path):
