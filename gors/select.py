@@ -19,7 +19,14 @@ import numpy as np
 from gors.config import RunConfig, SelectConfig
 from gors.core.io import atomic_write_json, atomic_write_jsonl, read_json, read_jsonl
 from gors.core.prompts import TOY_CATEGORY, recorded_category
-from gors.core.run_folder import SCORES_DIR, SELECTION_FILE, SELECTION_SUMMARY_FILE, reward_key, samples_dir
+from gors.core.run_folder import (
+    SCORES_DIR,
+    SELECTION_FILE,
+    SELECTION_SUMMARY_FILE,
+    reward_key,
+    samples_dir,
+    scores_dir,
+)
 from gors.core.scoring import SETTINGS_FILE, load_scores
 from gors.core.store import IMAGE_HASH, SampleStore, StoreError, sample_key
 from rewards.combined import check_reward
@@ -122,6 +129,20 @@ def _check_zero_rewards(kept: list[dict[str, Any]], reward: str, warn: bool) -> 
               "loss is weighted by the reward)", file=sys.stderr)
 
 
+def _is_reward(value: Any) -> bool:
+    """Whether `value` is a reward as gors writes them: a number in [0, 1] (not NaN)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+
+
+def _check_reward_value(row: dict[str, Any], folder: Path) -> None:
+    """Refuse a score row whose reward is no number in [0, 1] (a file edited or written by other code): tau
+    would compare it wrongly, or training would weight its loss by it."""
+    if not _is_reward(row.get("reward")):
+        value = row.get("reward")
+        raise StoreError(f"{folder} holds reward {value!r} for {row.get('path')}; rewards are numbers in [0, 1], as "
+                         "gors writes them. Delete that folder and run `gors score` again")
+
+
 def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, Any]:
     """Select samples with reward > tau; returns the summary written to `selection_summary.json`.
 
@@ -141,6 +162,8 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
             f"{len(unscored)} of {len(records)} samples have no {reward!r} score (e.g. {unscored[0]}). "
             f"{_scored_hint(config, reward)}"
         )
+    for row in scores.values():
+        _check_reward_value(row, scores_dir(config.output_dir, reward))
     fraction = config.select_top_fraction
     if fraction is None:
         tau, tau_source = threshold_fn(config, category)
@@ -200,8 +223,17 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
 
 
 def load_selection(output_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of `selection.jsonl`, with a clear error when select has not run."""
+    """The rows of `selection.jsonl`, with a clear error when select has not run, when it holds no row or
+    when a row's reward (the loss weight) is no number in [0, 1]."""
     path = Path(output_dir) / SELECTION_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: run `gors select --output_dir {output_dir}` first.")
-    return list(read_jsonl(path))
+    rows = list(read_jsonl(path))
+    if not rows:
+        raise StoreError(f"{path} holds no sample (gors select writes none so: the file was emptied): run `gors select "
+                         f"--output_dir {output_dir}` again")
+    for row in rows:
+        if not _is_reward(row.get("reward")):
+            raise StoreError(f"{path} holds reward {row.get('reward')!r} for {row.get('path')}; rewards are numbers in [0, 1]: "
+                             f"run `gors select --output_dir {output_dir}` again")
+    return rows

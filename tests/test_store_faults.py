@@ -488,3 +488,37 @@ def test_torch_lora_files_pass_to_diffusers_and_other_files_are_refused(tmp_path
     with pytest.raises(ValueError, match=r"notes.txt' is not a LoRA file: pass a .safetensors file \(or a torch "
                                          r"\.bin, \.pt, \.pth, \.ckpt file\)"):
         check_lora_path(str(tmp_path / "notes.txt"))
+
+
+@pytest.mark.parametrize("value", ["high", 5, float("nan"), True])
+def test_select_refuses_a_score_row_whose_reward_is_no_number_in_0_1(selected_run, tmp_path, value):
+    from dataclasses import replace
+
+    from gors.core.run_folder import scores_dir
+
+    run = tmp_path / "run"
+    for name in ("samples", "scores"):
+        shutil.copytree(f"{selected_run.output_dir}/{name}", run / name)
+    folder = scores_dir(run, "b_vqa")
+    part = next(folder.glob("part-*.jsonl"))
+    rows = list(read_jsonl(part))
+    rows[0]["reward"] = value
+    part.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(StoreError, match=rf"{folder} holds reward .* for {rows[0]['path']}; rewards are numbers in "
+                                         r"\[0, 1\].*Delete that folder and run `gors score` again"):
+        select(replace(selected_run, output_dir=str(run)))
+    assert not (run / "selection.jsonl").exists()
+
+
+def test_training_refuses_an_emptied_selection_or_a_reward_that_is_no_loss_weight(tmp_path):
+    from gors.select import load_selection
+
+    path = tmp_path / "selection.jsonl"
+    path.write_text("")
+    with pytest.raises(StoreError, match=r"selection.jsonl holds no sample .*run `gors select --output_dir"):
+        load_selection(tmp_path)
+    path.write_text(json.dumps({"path": "p-0/a.png", "reward": "x"}) + "\n")
+    with pytest.raises(StoreError, match=r"holds reward 'x' for p-0/a.png; rewards are numbers in \[0, 1\]"):
+        load_selection(tmp_path)
+    path.write_text(json.dumps({"path": "p-0/a.png", "reward": 0.5}) + "\n")
+    assert load_selection(tmp_path) == [{"path": "p-0/a.png", "reward": 0.5}]
