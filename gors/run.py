@@ -17,7 +17,7 @@ from gors.core.hub import check_model_path
 from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import load_prompts, recorded_category
-from gors.core.run_folder import ROUNDS_FILE, SELECTION_FILE, samples_dir
+from gors.core.run_folder import CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_FILE, samples_dir
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore, has_bytes
 from gors.families import resolve_training
@@ -176,6 +176,11 @@ def run(config: RunConfig, command: str = "gors run") -> None:
     if config.rounds == 1 and (Path(config.output_dir) / ROUNDS_FILE).is_file():
         raise ValueError(f"{config.output_dir} holds a --rounds run ({ROUNDS_FILE}); one round there would train over "
                          "its rounds' LoRA. Rerun with its --rounds, or use a new --output_dir")
+    one_round = [name for name in ("samples", SELECTION_FILE, CHECKPOINTS_DIR) if (Path(config.output_dir) / name).exists()]
+    if config.rounds > 1 and one_round and not (Path(config.output_dir) / ROUNDS_FILE).is_file():
+        raise ValueError(f"{config.output_dir} holds a run of one round ({', '.join(one_round)}); --rounds "
+                         f"{config.rounds} there would replace its LoRA. Rerun it without --rounds, or use a new "
+                         "--output_dir")
     accelerator = training_accelerator(config)
     check_data_parallel(accelerator)
     if config.rounds == 1:

@@ -314,6 +314,14 @@ def test_a_changed_training_setting_is_refused_before_the_next_round_generates(o
     with pytest.raises(ValueError, match=r"holds a --rounds run \(rounds\.json\); one round there would train over"):
         run(make_run_config(output_dir=str(run_dir), **{**ROUNDS, "rounds": 1, "replay": "none"}))
     reset_process_state()
+    one_round = tmp_path / "one_round"
+    (one_round / "checkpoints").mkdir(parents=True)
+    (one_round / "selection.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"holds a run of one round \(selection\.jsonl, checkpoints\); --rounds 3 "
+                                         r"there would replace its LoRA"):
+        run(make_run_config(output_dir=str(one_round), **grown))
+    reset_process_state()
+    assert sorted(p.name for p in one_round.iterdir()) == ["checkpoints", "selection.jsonl"]  # nothing added
 
 
 PROMPTS = ["a red circle", "a blue square"]
