@@ -64,7 +64,8 @@ def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_
     store = generate(make_run_config(images_per_prompt=3))
     assert len(store.records()) == 9 and json.loads((store.root / SETTINGS).read_text()) == settings
     # Fewer prompts than the store holds: the later stages would use them all, so it is refused.
-    with pytest.raises(StoreError, match=r"holds samples of 3 prompts and 2 are asked for.*--max_prompts 3"):
+    with pytest.raises(StoreError, match=r"holds samples of 3 prompts and 2 are asked for.*--max_prompts 3 or more, "
+                                         r"with the --train_prompts that made this store\)"):
         generate(make_run_config(images_per_prompt=3, max_prompts=2))
 
 

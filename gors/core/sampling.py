@@ -71,7 +71,8 @@ def _check_same_prompts(store: SampleStore, prompts: list[str], flags: StoreFlag
                                    if r["prompt_index"] < len(prompts)):
         raise StoreError(
             f"{store.root} holds samples of {held} prompts and {len(prompts)} are asked for: the later stages would "
-            f"use all {held}. Pass --max_prompts {held} (or more), or use a new --output_dir."
+            f"use all {held}. Ask for {held} or more (--max_prompts {held} or more, with {flags.prompts}), or use a "
+            "new --output_dir."
         )
     for record in records:
         index = record["prompt_index"]
