@@ -406,20 +406,25 @@ def _expected_types() -> tuple[type[BaseException], ...]:
 # Filesystem errors that no flag causes and that the user fixes outside gors; every stage writes atomically
 # and resumes, so the same command goes on once they are fixed.
 DISK_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
-               errno.EROFS: "read-only file system"}
+               errno.EROFS: "read-only file system", errno.EACCES: "permission denied"}
 
 
 def _disk_problem(err: BaseException) -> str | None:
-    """The one-line message for a full, over-quota or read-only filesystem met while writing, else None.
+    """The one-line message for a full, over-quota or read-only filesystem met while writing, or a file or
+    folder this user may not access (e.g. part of a run folder made read-only), else None.
     Libraries that write through their own code (safetensors) report ENOSPC only in their message."""
     if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
-        code, where = err.errno, f" writing {err.filename}" if err.filename else ""
+        code = err.errno
+        where = f" {'on' if code == errno.EACCES else 'writing'} {err.filename}" if err.filename else ""
     elif "No space left on device" in str(err):
         code, where = errno.ENOSPC, ""
     else:
         return None
     if code == errno.EROFS:
         return f"{DISK_ERRNOS[code]}{where}: pass a folder on a filesystem you can write to"
+    if code == errno.EACCES:
+        return (f"{DISK_ERRNOS[code]}{where}: give this user access to it (chmod, chown) and run the same command "
+                "again, or use another folder; what was finished is kept")
     return (f"{DISK_ERRNOS[code]}{where}: free some space and run the same command again; what was finished is kept "
             "(each file is written whole or not at all)")
 

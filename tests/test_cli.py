@@ -542,6 +542,9 @@ def test_a_category_recipe_runs_the_whole_loop_on_its_train_prompts(tiny_sd, tin
     (OSError(122, "Disk quota exceeded", "run/checkpoints"), "error: disk quota exceeded writing run/checkpoints: "),
     (OSError(30, "Read-only file system", "out/summary.json"),
      "error: read-only file system writing out/summary.json: pass a folder on a filesystem you can write to"),
+    (PermissionError(13, "Permission denied", "run/checkpoints/.checkpoint-3.tmp"),
+     "error: permission denied on run/checkpoints/.checkpoint-3.tmp: give this user access to it (chmod, chown) and "
+     "run the same command again, or use another folder; what was finished is kept"),
 ])
 def test_a_full_or_read_only_disk_is_one_line_that_says_how_to_go_on(error, message, capsys):
     from gors.cli import expected_errors
