@@ -27,7 +27,7 @@ from accelerate import Accelerator
 import gors
 from gors.config import RunConfig, TrainConfig
 from gors.core.hub import hub_commit
-from gors.core.io import atomic_write_json, publish_folder, recover_folder
+from gors.core.io import atomic_write_json, publish_folder, read_json, recover_folder
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
 from gors.core.store import selection_identity
 
@@ -73,7 +73,8 @@ def checkpoint_step(path: str | Path) -> int:
 def read_marker(checkpoint: str | Path) -> dict[str, Any] | None:
     """The marker of a complete checkpoint; None when the folder lacks one (an incomplete save)."""
     try:
-        return json.loads((Path(checkpoint) / CHECKPOINT_MARKER).read_text(encoding="utf-8"))
+        return read_json(Path(checkpoint) / CHECKPOINT_MARKER, "the marker gors writes last into a complete "
+                         f"checkpoint; delete {checkpoint} (training goes on from the checkpoint before it)")
     except FileNotFoundError:
         return None
 

@@ -248,3 +248,11 @@ def test_logs_are_set_aside_only_when_they_hold_a_file(tmp_path):
     (logs / "gors" / "events.out.tfevents.1").write_bytes(b"x")
     assert set_aside_logs(logs) == tmp_path / "logs.previous-2"
     assert not logs.exists() and (tmp_path / "logs.previous-2" / "gors" / "events.out.tfevents.1").is_file()
+
+
+def test_a_garbled_checkpoint_marker_names_its_file_and_the_fix(tmp_path):
+    checkpoint = _checkpoint(tmp_path, "checkpoint-2", {"rank": 4})
+    (checkpoint / CHECKPOINT_MARKER).write_text("{garbage")
+    with pytest.raises(ValueError, match=r"checkpoint-2/checkpoint.json: not valid JSON .*delete .*checkpoint-2 "
+                                         r"\(training goes on from the checkpoint before it\)"):
+        own_checkpoint(tmp_path, {"rank": 4}, max_train_steps=10)
