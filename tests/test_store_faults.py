@@ -192,12 +192,19 @@ def test_a_lora_of_another_base_model_is_one_line(tmp_path, tiny_sd, capsys, cap
 
     toy = StableDiffusionPipeline.from_pretrained(str(PRETRAINED_DIR / "pipeline"))
     toy.unet.add_adapter(LoraConfig(r=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
-    StableDiffusionPipeline.save_lora_weights(tmp_path / "lora", unet_lora_layers=get_peft_model_state_dict(toy.unet))
+    layers = get_peft_model_state_dict(toy.unet)
+    StableDiffusionPipeline.save_lora_weights(tmp_path / "lora", unet_lora_layers=layers)
+    # A torch pickle is not read before loading: torch's size-mismatch error is cut to one line.
+    StableDiffusionPipeline.save_lora_weights(tmp_path / "pickled", unet_lora_layers=layers, safe_serialization=False)
     pipeline = StableDiffusionPipeline.from_pretrained(str(tiny_sd))  # same family, other widths
     capsys.readouterr()
-    with pytest.raises(ValueError, match=r"^LoRA .*lora was trained on another base model \(.*lora_A.*\); pass the "
-                                         r"model it was trained on$"):
+    with pytest.raises(ValueError, match=r"^LoRA .*lora does not fit .*tiny_sd.*: it has weights for unet\.down_blocks"
+                                         r"\.0\.\S+, a layer this StableDiffusionPipeline does not have\. It was "
+                                         r"trained on another base model; pass the model it was trained on$"):
         load_lora(pipeline, str(tmp_path / "lora"))
+    with pytest.raises(ValueError, match=r"^LoRA .*pickled was trained on another base model \(.*lora_A.*\); pass "
+                                         r"the model it was trained on$"):
+        load_lora(pipeline, str(tmp_path / "pickled"))
     captured = capsys.readouterr()
     assert "size mismatch" not in captured.err + captured.out + caplog.text  # not diffusers' logged copy of torch's
 

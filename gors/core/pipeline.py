@@ -20,6 +20,7 @@ from gors.core.backbones import (
     half_precision_warning,
 )
 from gors.core.hub import from_pretrained
+from gors.core.lora_shapes import check_lora_shapes
 
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
@@ -147,8 +148,12 @@ class LoraOutputDropout:
 
 
 def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
-    """`pipeline.load_lora_weights(lora)`, with one line instead of torch's 60-line size-mismatch error
-    when the LoRA was trained on another base model of the same family (other widths or ranks)."""
+    """`pipeline.load_lora_weights(lora)`, refusing in one line a LoRA trained on another base model of the
+    same family: a local diffusers-format file is checked against the pipeline's layers first
+    (`check_lora_shapes`); for other LoRAs torch's 60-line size-mismatch error is cut to one line."""
+    file = local_lora_file(lora)
+    if file is not None and file.suffix == ".safetensors":
+        check_lora_shapes(pipeline, file, lora)
     peft_logger = logging.getLogger("diffusers.loaders.peft")  # logs the whole error before raising it
     level = peft_logger.level
     peft_logger.setLevel(logging.CRITICAL)
@@ -197,6 +202,15 @@ def _check_safetensors(file: Path, lora: str, flag: str) -> None:
     except (SafetensorError, OSError) as err:
         raise ValueError(f"{flag}={lora!r}: {file} is not a readable safetensors LoRA ({err}: cut short, or "
                          "another format); pass the folder or file a gors run wrote") from None
+
+
+def local_lora_file(lora: str) -> Path | None:
+    """The weights file `load_lora_weights(lora)` reads when `lora` is a local file or folder; None for a
+    Hub id or a folder without LoRA weights."""
+    path = Path(lora).expanduser()
+    if path.is_file():
+        return path
+    return next((path / name for name in LORA_WEIGHT_FILES if (path / name).is_file()), None)
 
 
 def lora_sha256(lora: str | None) -> str | None:

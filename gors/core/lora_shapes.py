@@ -1,0 +1,136 @@
+"""Checking a diffusers-format LoRA file against the layers of the pipeline it is loaded into.
+
+diffusers' `load_lora_weights` skips, with a warning at most, LoRA weights that find no layer (a
+LoRA of a larger model of the same family loads in part) and fails with a bare `IndexError` on a
+file holding only down-projections; transformers' text-encoder path ends in a traceback on other
+widths. Read from the file's header (no tensor is loaded), every weight is matched to its layer
+before anything loads, and the first that does not fit is named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from gors.core.backbones import LORA_COMPONENTS
+
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
+
+# Weight-name endings diffusers writes (peft's names, then its older ones) -> which projection it is.
+LORA_SUFFIXES = {
+    ".lora_A.weight": "down",
+    ".lora_B.weight": "up",
+    ".lora.down.weight": "down",
+    ".lora.up.weight": "up",
+    ".lora_linear_layer.down.weight": "down",
+    ".lora_linear_layer.up.weight": "up",
+}
+# Entries of a diffusers-format file that carry no projection (scales, DoRA magnitudes, biases).
+_OTHER_ENDINGS = (".alpha", ".lora_magnitude_vector", ".lora_B.bias", ".lora.up.bias")
+
+
+@dataclass
+class LoraLayer:
+    """The projections a LoRA file holds for one layer: shapes as stored, None where absent."""
+
+    component: str
+    path: str
+    down: tuple[int, ...] | None = None
+    up: tuple[int, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.component}.{self.path}"
+
+
+def lora_layers(shapes: dict[str, tuple[int, ...]]) -> list[LoraLayer] | None:
+    """The layers of a diffusers-format LoRA state dict given as {weight name: shape}; None for any
+    other format (kohya, lora_diffusion, attention-processor names: diffusers converts those itself)."""
+    layers: dict[str, LoraLayer] = {}
+    for key, shape in shapes.items():
+        component, _, rest = key.partition(".")
+        if component not in LORA_COMPONENTS:
+            return None
+        if rest.endswith(_OTHER_ENDINGS):
+            continue
+        suffix = next((s for s in LORA_SUFFIXES if rest.endswith(s)), None)
+        if suffix is None:
+            return None
+        path = rest[: -len(suffix)]
+        layer = layers.setdefault(f"{component}.{path}", LoraLayer(component, path))
+        setattr(layer, LORA_SUFFIXES[suffix], tuple(shape))
+    return list(layers.values())
+
+
+def _layer_module(component: torch.nn.Module, path: str) -> torch.nn.Module | None:
+    # LoRA files name a CLIP text encoder's layers with or without `text_model.`, a level transformers 5 removed.
+    for candidate in dict.fromkeys((path, path.removeprefix("text_model."), f"text_model.{path}")):
+        try:
+            module = component.get_submodule(candidate)
+        except AttributeError:
+            continue
+        return getattr(module, "base_layer", module)  # a layer that already carries an adapter
+    return None
+
+
+def _features(module: torch.nn.Module) -> tuple[int, int] | None:
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    if isinstance(module, torch.nn.Conv2d):
+        return module.in_channels, module.out_channels
+    return None
+
+
+def lora_file_problem(layers: list[LoraLayer]) -> str | None:
+    """What makes `layers` no whole LoRA (a projection without its pair, ranks that differ), or None."""
+    for layer in layers:
+        if layer.down is None or layer.up is None:
+            have, lack = ("down", "up") if layer.up is None else ("up", "down")
+            return f"it holds the {have}-projection of {layer.name} without its {lack}-projection"
+        if layer.down[0] != layer.up[1]:
+            return (f"its {layer.name} has a down-projection of rank {layer.down[0]} and an up-projection of "
+                    f"rank {layer.up[1]}")
+    return None
+
+
+def lora_misfit(pipeline: DiffusionPipeline, layers: list[LoraLayer]) -> str | None:
+    """The first of `layers` (whole pairs) that finds no layer of the pipeline or does not fit it, in words;
+    None when all fit."""
+    for layer in layers:
+        component = getattr(pipeline, layer.component, None)
+        module = _layer_module(component, layer.path) if isinstance(component, torch.nn.Module) else None
+        if module is None:
+            return f"it has weights for {layer.name}, a layer this {type(pipeline).__name__} does not have"
+        features = _features(module)
+        if features is not None and features != (layer.down[1], layer.up[0]):
+            return (f"its {layer.name} maps {layer.down[1]} to {layer.up[0]} features, the model's layer "
+                    f"{features[0]} to {features[1]}")
+    return None
+
+
+def read_lora_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """{weight name: shape} of a safetensors file, from its header only."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), "pt") as handle:
+        return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+
+
+def check_lora_shapes(pipeline: DiffusionPipeline, file: Path, lora: str) -> None:
+    """Refuse a local diffusers-format LoRA file that is no whole LoRA, or with a weight that finds no layer
+    of `pipeline` or does not fit it. Other formats are left to diffusers, which converts them."""
+    layers = lora_layers(read_lora_shapes(file))
+    if layers is None:
+        return
+    problem = lora_file_problem(layers)
+    if problem is not None:
+        raise ValueError(f"LoRA {lora} is not a whole LoRA: {problem}; pass the folder or file a training run wrote")
+    problem = lora_misfit(pipeline, layers)
+    if problem is not None:
+        model = getattr(pipeline, "name_or_path", None) or type(pipeline).__name__
+        raise ValueError(f"LoRA {lora} does not fit {model}: {problem}. It was trained on another base model; "
+                         "pass the model it was trained on")

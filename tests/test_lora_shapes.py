@@ -1,0 +1,108 @@
+"""A LoRA file is checked against the pipeline's layers before it loads (gors.core.lora_shapes)."""
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from gors.core.lora_shapes import LoraLayer, lora_file_problem, lora_layers
+
+TO_Q = "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q"
+
+
+def test_lora_layers_pairs_every_diffusers_naming():
+    shapes = {f"{TO_Q}.lora_A.weight": (4, 64), f"{TO_Q}.lora_B.weight": (64, 4), f"{TO_Q}.alpha": (),
+              "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_linear_layer.down.weight": (4, 32),
+              "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_linear_layer.up.weight": (32, 4),
+              "unet.mid_block.attentions.0.proj_in.lora.down.weight": (4, 64, 1, 1),
+              "unet.mid_block.attentions.0.proj_in.lora.up.weight": (64, 4, 1, 1)}
+    assert lora_layers(shapes) == [
+        LoraLayer("unet", TO_Q.removeprefix("unet."), (4, 64), (64, 4)),
+        LoraLayer("text_encoder", "text_model.encoder.layers.0.self_attn.q_proj", (4, 32), (32, 4)),
+        LoraLayer("unet", "mid_block.attentions.0.proj_in", (4, 64, 1, 1), (64, 4, 1, 1)),
+    ]
+    assert lora_file_problem(lora_layers(shapes)) is None
+
+
+@pytest.mark.parametrize("key", ["lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight",  # kohya
+                                 "unet.down_blocks.0.attentions.0.processor.to_q_lora.down.weight",  # attn processors
+                                 "down_blocks.0.attentions.0.proj_in.lora_A.weight"])  # no component prefix
+def test_other_formats_are_left_to_diffusers(key):
+    assert lora_layers({key: (4, 32)}) is None
+
+
+def test_a_projection_without_its_pair_or_with_another_rank_is_named():
+    only_down = lora_layers({f"{TO_Q}.lora_A.weight": (4, 64)})
+    assert lora_file_problem(only_down) == f"it holds the down-projection of {TO_Q} without its up-projection"
+    only_up = lora_layers({f"{TO_Q}.lora.up.weight": (64, 4)})
+    assert lora_file_problem(only_up) == f"it holds the up-projection of {TO_Q} without its down-projection"
+    ranks = lora_layers({f"{TO_Q}.lora_A.weight": (4, 64), f"{TO_Q}.lora_B.weight": (64, 8)})
+    assert lora_file_problem(ranks) == (f"its {TO_Q} has a down-projection of rank 4 and an up-projection of rank 8")
+
+
+@pytest.fixture(scope="module")
+def sd_lora(tiny_sd, tmp_path_factory):
+    """A LoRA (U-Net and text encoder) trained on `tiny_sd` itself, in gors' own format."""
+    from diffusers import StableDiffusionPipeline
+
+    from gors.lora import add_lora, save_lora
+
+    pipeline = StableDiffusionPipeline.from_pretrained(str(tiny_sd))
+    add_lora(pipeline.unet, ["to_q", "to_k", "to_v", "to_out.0"], rank=4)
+    add_lora(pipeline.text_encoder, ["q_proj", "k_proj", "v_proj", "out_proj"], rank=4)
+    folder = tmp_path_factory.mktemp("sd_lora")
+    save_lora(folder, {"unet": pipeline.unet, "text_encoder": pipeline.text_encoder})
+    return folder / "pytorch_lora_weights.safetensors"
+
+
+def _edited(source, target, edit):
+    weights = load_file(str(source))
+    edit(weights)
+    target.mkdir()
+    save_file(weights, str(target / "pytorch_lora_weights.safetensors"))
+    return str(target)
+
+
+def _first(weights, *parts):
+    return next(key for key in weights if all(part in key for part in parts))
+
+
+def test_a_misfitting_lora_is_refused_before_it_loads(tiny_sd, sd_lora, tmp_path):
+    from diffusers import StableDiffusionPipeline
+
+    from gors.core.pipeline import load_lora
+
+    pipeline = StableDiffusionPipeline.from_pretrained(str(tiny_sd))
+    load_lora(pipeline, str(sd_lora.parent))  # its own LoRA fits
+    assert pipeline.get_list_adapters() == {"unet": ["default_0"], "text_encoder": ["default_0"]}
+
+    def wider_cross_attention(weights):  # a model whose text encoder is 48 wide: only attn2.to_k/v differ
+        key = _first(weights, "attn2.to_k", "down")
+        weights[key] = torch.zeros(weights[key].shape[0], 48)
+
+    def wider_text_encoder(weights):
+        key = _first(weights, "text_encoder", "q_proj", "down")
+        weights[key] = torch.zeros(weights[key].shape[0], 40)
+
+    def more_blocks(weights):  # a deeper model: its extra layers would be skipped with a warning
+        weights["unet.down_blocks.9.attentions.0.proj_in.lora.down.weight"] = torch.zeros(4, 64)
+        weights["unet.down_blocks.9.attentions.0.proj_in.lora.up.weight"] = torch.zeros(64, 4)
+
+    def down_only(weights):  # diffusers: IndexError
+        for key in [key for key in weights if ".up." in key]:
+            del weights[key]
+
+    cases = {wider_cross_attention: r"its unet\.\S+attn2\.to_k maps 48 to 64 features, the model's layer 32 to 64",
+             wider_text_encoder: r"its text_encoder\.\S+q_proj maps 40 to 32 features, the model's layer 32 to 32",
+             more_blocks: r"it has weights for unet\.down_blocks\.9\.attentions\.0\.proj_in, a layer this "
+                          r"StableDiffusionPipeline does not have"}
+    for edit, problem in cases.items():
+        fresh = StableDiffusionPipeline.from_pretrained(str(tiny_sd))
+        lora = _edited(sd_lora, tmp_path / edit.__name__, edit)
+        with pytest.raises(ValueError, match=rf"^LoRA {lora} does not fit {tiny_sd}: {problem}\. It was trained on "
+                                             r"another base model; pass the model it was trained on$"):
+            load_lora(fresh, lora)
+        assert fresh.get_list_adapters() == {}  # refused before anything loaded
+    lora = _edited(sd_lora, tmp_path / "down_only", down_only)
+    with pytest.raises(ValueError, match=rf"^LoRA {lora} is not a whole LoRA: it holds the down-projection of \S+ "
+                                         r"without its up-projection; pass the folder or file a training run wrote$"):
+        load_lora(StableDiffusionPipeline.from_pretrained(str(tiny_sd)), lora)
