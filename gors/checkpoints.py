@@ -265,6 +265,52 @@ def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_ste
     return step
 
 
+def file_digests(folder: Path) -> dict[str, dict[str, Any]]:
+    """{path relative to `folder`: {"bytes", "sha256"}} of each file in it but the marker: what a checkpoint's
+    marker records, so that a resume notices a file damaged since (cut short, overwritten)."""
+    digests = {}
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKPOINT_MARKER):
+        with open(file, "rb") as handle:
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        digests[file.relative_to(folder).as_posix()] = {"bytes": file.stat().st_size, "sha256": digest}
+    return digests
+
+
+def checkpoint_damage(checkpoint: Path) -> str | None:
+    """The first file of a complete checkpoint that does not hold what was saved, in words; None when all do
+    (or for a checkpoint made before the marker recorded its files)."""
+    recorded = read_marker(checkpoint).get("files")
+    if recorded is None:
+        return None
+    found = file_digests(checkpoint)
+    for name, saved in recorded.items():
+        now = found.get(name)
+        if now is None:
+            return f"{name} is missing"
+        if now["bytes"] != saved["bytes"]:
+            return f"{name} holds {now['bytes']} bytes, {saved['bytes']} were saved"
+        if now["sha256"] != saved["sha256"]:
+            return f"{name} holds other bytes than were saved"
+    return None
+
+
+def check_intact(checkpoint: Path, of_this_folder: bool = True) -> None:
+    """Refuse a checkpoint whose files changed since they were saved: accelerate would stop on a file cut
+    short with a traceback, and pass over a damaged RNG state without a word. `of_this_folder`: the run
+    resumes from it (False: it goes on from another folder's, `--continue_from`)."""
+    problem = checkpoint_damage(checkpoint)
+    if problem is None:
+        return
+    if not of_this_folder:
+        raise ValueError(f"{checkpoint} is damaged since it was saved: {problem}. Go on from another checkpoint of "
+                         "that run, or restore it from a backup")
+    before = [p for p in _checkpoint_folders(checkpoint.parent)
+              if checkpoint_step(p) < checkpoint_step(checkpoint) and read_marker(p) is not None]
+    then = f"training goes on from {before[-1]}" if before else "training starts again from step 0"
+    raise ValueError(f"{checkpoint} is damaged since it was saved: {problem}. Delete that folder ({then}), or "
+                     "restore it from a backup")
+
+
 def _prune(root: Path, limit: int | None, keep: Path) -> None:
     """Delete the oldest complete checkpoints so that, with `keep`, at most `limit` remain. Those after
     `keep` (a longer run's, which a shorter run of the same training went on before) are not counted
@@ -299,6 +345,7 @@ def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "gors_version": gors.__version__,
             "fingerprint": fingerprint,
+            "files": file_digests(staging),
         })
         publish_folder(staging, final)
         _prune(root, total_limit, keep=final)

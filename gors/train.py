@@ -29,6 +29,7 @@ from PIL import Image
 
 from gors.checkpoints import (
     BASE_MODEL_COMMIT,
+    check_intact,
     check_resumable,
     checkpoint_step,
     find_checkpoint,
@@ -796,6 +797,7 @@ class GORSTrainer:
         if step >= self.config.max_train_steps:
             raise ValueError(f"{checkpoint} is at step {step}, not before this training's end at step "
                              f"{self.config.max_train_steps}")
+        check_intact(checkpoint, of_this_folder=False)
 
     def _continue(self, checkpoint: Path) -> int:
         """Go on from another folder's checkpoint (see `__init__`; checked by `_check_continue_from`); returns
@@ -853,6 +855,7 @@ class GORSTrainer:
                                   f"{config.max_train_steps}: it stays (--max_train_steps {checkpoint_step(later)} "
                                   f"goes on from it), while this shorter run's LoRA replaces the folder's")
             if checkpoint is not None:
+                check_intact(checkpoint)
                 accelerator.print(f"[train] {checkpoint} is a checkpoint of this same training (settings and "
                                   "selection): going on from it")
             return checkpoint
@@ -863,6 +866,7 @@ class GORSTrainer:
             accelerator.print(f"[train] no checkpoint of this folder to resume from; starting from {start}")
         else:
             check_resumable(checkpoint, self.fingerprint, config.max_train_steps)
+            check_intact(checkpoint)
         return checkpoint
 
     def save_checkpoint(self, step: int) -> Path:

@@ -12,6 +12,7 @@ import torch
 from accelerate import Accelerator
 
 from gors.checkpoints import (
+    check_intact,
     check_resumable,
     checkpoint_step,
     find_checkpoint,
@@ -256,3 +257,33 @@ def test_a_garbled_checkpoint_marker_names_its_file_and_the_fix(tmp_path):
     with pytest.raises(ValueError, match=r"checkpoint-2/checkpoint.json: not valid JSON .*delete .*checkpoint-2 "
                                          r"\(training goes on from the checkpoint before it\)"):
         own_checkpoint(tmp_path, {"rank": 4}, max_train_steps=10)
+
+
+def test_a_checkpoint_damaged_since_its_save_is_named_with_the_checkpoint_to_go_on_from(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters()))
+    first = write_checkpoint(accelerator, tmp_path, 1, {"rank": 4}, total_limit=None)
+    second = write_checkpoint(accelerator, tmp_path, 2, {"rank": 4}, total_limit=None)
+    files = json.loads((second / CHECKPOINT_MARKER).read_text())["files"]
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= files.keys()
+    assert files["optimizer.bin"]["bytes"] == (second / "optimizer.bin").stat().st_size
+    check_intact(second)
+    rng = (second / "random_states_0.pkl").read_bytes()
+    (second / "random_states_0.pkl").write_bytes(bytes(len(rng)))  # accelerate would pass over it without a word
+    fix = rf"Delete that folder \(training goes on from {first}\), or restore it from a backup$"
+    with pytest.raises(ValueError, match=rf"^{second} is damaged since it was saved: random_states_0.pkl holds "
+                                         rf"other bytes than were saved\. {fix}"):
+        check_intact(second)
+    (second / "random_states_0.pkl").write_bytes(rng)
+    optimizer = (second / "optimizer.bin").read_bytes()
+    (second / "optimizer.bin").write_bytes(optimizer[:10])
+    with pytest.raises(ValueError, match=rf"optimizer.bin holds 10 bytes, {len(optimizer)} were saved\. {fix}"):
+        check_intact(second)
+    (first / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"model.safetensors is missing\. Delete that folder \(training starts "
+                                         r"again from step 0\)"):
+        check_intact(first)
+    with pytest.raises(ValueError, match=r"model.safetensors is missing\. Go on from another checkpoint of that run"):
+        check_intact(first, of_this_folder=False)
+    (first / CHECKPOINT_MARKER).write_text(json.dumps({"fingerprint": {"rank": 4}}))  # saved before files were recorded
+    check_intact(first)

@@ -530,6 +530,24 @@ def test_resume_refuses_other_settings_a_later_checkpoint_and_other_folders(trai
         _resume(trained_run, tmp_path / "run", **overrides)
 
 
+def test_a_damaged_checkpoint_is_refused_before_any_model_loads_and_the_one_before_resumes(trained_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, run_dir)
+    damaged = run_dir / "checkpoints" / "checkpoint-2"
+    (damaged / "optimizer.bin").write_bytes((damaged / "optimizer.bin").read_bytes()[:100])  # a torch.load traceback
+    for resume in ("latest", None):  # asked for, or gone on from as this same training's
+        with pytest.raises(ValueError, match=r"checkpoint-2 is damaged since it was saved: optimizer.bin holds 100 "
+                                             r"bytes, \d+ were saved\. Delete that folder \(training goes on from "
+                                             r".*checkpoint-1\)"):
+            train(replace(trained_run, output_dir=str(run_dir), resume_from_checkpoint=resume))
+    shutil.rmtree(damaged)
+    resumed = load_file(str(train(replace(trained_run, output_dir=str(run_dir), resume_from_checkpoint="latest"))))
+    reset_process_state()
+    expected = load_file(str(Path(trained_run.output_dir) / "pytorch_lora_weights.safetensors"))
+    assert resumed.keys() == expected.keys()
+    assert all(torch.equal(resumed[key], expected[key]) for key in expected)
+
+
 def test_resume_after_a_reselection_is_refused(trained_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run.output_dir, run_dir)
