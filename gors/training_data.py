@@ -42,6 +42,28 @@ def _fingerprint(selection: list[dict[str, Any]], settings: dict[str, Any]) -> s
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def cache_damage(path: Path, rows: int | None = None) -> str | None:
+    """What makes a cache file unusable (a header that does not read, e.g. a file cut short; tensors of
+    other lengths than `rows`, or than each other), in words; None when it reads. Header only."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt") as handle:
+            lengths = {handle.get_slice(key).get_shape()[0] for key in handle.keys()}
+    except (SafetensorError, OSError, IndexError) as err:  # IndexError: a 0-d tensor, which no cache holds
+        return f"{err}"
+    if len(lengths) > 1 or (rows is not None and lengths != {rows}):
+        return f"its tensors hold {sorted(lengths)} rows, {rows if rows is not None else 'all the same'} expected"
+    return None
+
+
+def _drop_damaged(path: Path, rows: int | None, accelerator: Accelerator) -> None:
+    """Delete a cache file that does not read, with a warning: it is computed again."""
+    if path.exists() and (problem := cache_damage(path, rows)) is not None:
+        accelerator.print(f"[train] warning: {path} is damaged ({problem}); computing it again")
+        path.unlink()
+
+
 def sharded_cache(
     path: Path,
     num_items: int,
@@ -55,12 +77,17 @@ def sharded_cache(
     Each process computes a contiguous share of the items, `batch_size` at a time (`compute(indices)`
     returns each named tensor with one row per index), and writes its part atomically; the main
     process merges the parts into `path`. A kill at any point loses at most the unfinished parts:
-    a rerun reuses `path`, or the finished parts, and computes only the rest.
+    a rerun reuses `path`, or the finished parts, and computes only the rest. A file that does not read
+    (`cache_damage`) is computed again.
     """
+    if accelerator.is_main_process:
+        _drop_damaged(path, num_items, accelerator)
+    accelerator.wait_for_everyone()
     if not path.exists():
         world = accelerator.num_processes
         stem = path.name.removesuffix(".safetensors")
         part = path.with_name(f"{stem}.part-{accelerator.process_index:05d}-of-{world:05d}.safetensors")
+        _drop_damaged(part, None, accelerator)
         if not part.exists():
             rows: dict[str, list[torch.Tensor]] = {}
             with accelerator.split_between_processes(list(range(num_items))) as indices:

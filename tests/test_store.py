@@ -3,7 +3,9 @@ import json
 
 import datasets
 import pytest
+import torch
 from PIL import Image
+from safetensors.torch import save_file
 
 from gors.core.io import append_jsonl, read_jsonl
 from gors.core.store import (
@@ -143,3 +145,36 @@ def test_batch_schedule_covers_each_epoch_and_processes_are_disjoint(num_samples
     assert len({i for b in first_global for i in b}) == batch * world or num_samples < batch * world
     assert schedules[0].indices(per_epoch) != schedules[0].indices(0) or num_samples <= batch
     assert schedules[0].indices(5) == BatchSchedule(num_samples, batch, world, 0, seed=1).indices(5)
+
+
+def test_a_damaged_cache_file_is_computed_again(tmp_path, capsys):
+    from accelerate import Accelerator
+
+    from gors.training_data import sharded_cache
+
+    accelerator = Accelerator(cpu=True)
+    computed = []
+
+    def compute(indices):
+        computed.extend(indices)
+        return {"value": torch.tensor(indices, dtype=torch.float32)[:, None] * 2}
+
+    path = tmp_path / "cache" / "latents.safetensors"
+    first = {name: value.clone() for name, value in  # not backed by the file, which the test overwrites
+             sharded_cache(path, 5, compute, accelerator, batch_size=2, description="encode").items()}
+    assert computed == [0, 1, 2, 3, 4]
+    assert torch.equal(sharded_cache(path, 5, compute, accelerator, 2, "encode")["value"], first["value"])
+    assert computed == [0, 1, 2, 3, 4]  # reused
+    path.write_bytes(path.read_bytes()[:-8])  # cut short: safetensors' header no longer covers the file
+    capsys.readouterr()
+    again = sharded_cache(path, 5, compute, accelerator, 2, "encode")
+    assert torch.equal(again["value"], first["value"]) and computed == [0, 1, 2, 3, 4] * 2
+    assert f"{path} is damaged (Error while deserializing header" in capsys.readouterr().out
+    part = path.with_name("latents.part-00000-of-00001.safetensors")  # a part a killed run left, garbled
+    path.unlink()
+    part.write_bytes(b"garbage" * 4)
+    assert torch.equal(sharded_cache(path, 5, compute, accelerator, 2, "encode")["value"], first["value"])
+    assert f"{part} is damaged" in capsys.readouterr().out and not part.exists()
+    save_file({"value": torch.zeros(3, 1)}, str(path))  # another selection's length
+    assert torch.equal(sharded_cache(path, 5, compute, accelerator, 2, "encode")["value"], first["value"])
+    assert "its tensors hold [3] rows, 5 expected" in capsys.readouterr().out
