@@ -8,6 +8,7 @@ rule, reward statistics of kept and dropped samples).
 from __future__ import annotations
 
 import math
+import os
 import shlex
 import sys
 from collections import defaultdict
@@ -222,18 +223,37 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
     return summary
 
 
+def _cut_short(path: Path) -> bool:
+    """Whether a text file's last line lacks its newline."""
+    with open(path, "rb") as handle:
+        if handle.seek(0, os.SEEK_END) == 0:
+            return False
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) != b"\n"
+
+
 def load_selection(output_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of `selection.jsonl`, with a clear error when select has not run, when it holds no row or
-    when a row's reward (the loss weight) is no number in [0, 1]."""
+    """The rows of `selection.jsonl`, with a clear error when select has not run, when the file lost lines
+    since (its last one cut short, or fewer rows than `selection_summary.json` counts), when it holds no
+    row or when a row's reward (the loss weight) is no number in [0, 1]."""
     path = Path(output_dir) / SELECTION_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: run `gors select --output_dir {output_dir}` first.")
+    again = f"run `gors select --output_dir {output_dir}` again"
+    # select writes the file whole (atomically): a line missing since would otherwise train on the rest unnoticed
+    if _cut_short(path):
+        raise StoreError(f"{path} is cut short (its last line is incomplete; gors select writes it whole): {again}")
     rows = list(read_jsonl(path))
     if not rows:
-        raise StoreError(f"{path} holds no sample (gors select writes none so: the file was emptied): run `gors select "
-                         f"--output_dir {output_dir}` again")
+        raise StoreError(f"{path} holds no sample (gors select writes none so: the file was emptied): {again}")
+    summary_path = path.with_name(SELECTION_SUMMARY_FILE)
+    summary = read_json(summary_path, f"the summary gors select writes; {again}") if summary_path.is_file() else {}
+    selected = summary.get("num_selected") if isinstance(summary, dict) else None
+    if isinstance(selected, int) and len(rows) < selected:  # more is a rounds run's replayed rows
+        raise StoreError(f"{path} holds {len(rows)} samples, {summary_path.name} says gors select kept {selected}: the "
+                         f"file lost lines since; {again}")
     for row in rows:
         if not _is_reward(row.get("reward")):
-            raise StoreError(f"{path} holds reward {row.get('reward')!r} for {row.get('path')}; rewards are numbers in [0, 1]: "
-                             f"run `gors select --output_dir {output_dir}` again")
+            raise StoreError(f"{path} holds reward {row.get('reward')!r} for {row.get('path')}; rewards are numbers in "
+                             f"[0, 1]: {again}")
     return rows

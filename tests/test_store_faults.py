@@ -530,3 +530,21 @@ def test_training_refuses_an_emptied_selection_or_a_reward_that_is_no_loss_weigh
         load_selection(tmp_path)
     path.write_text(json.dumps({"path": "p-0/a.png", "reward": 0.5}) + "\n")
     assert load_selection(tmp_path) == [{"path": "p-0/a.png", "reward": 0.5}]
+
+
+def test_training_refuses_a_selection_that_lost_lines_since_select_wrote_it(tmp_path):
+    from gors.select import load_selection
+
+    rows = [{"path": f"p-{i}/a.png", "reward": 0.5} for i in range(3)]
+    path = tmp_path / "selection.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows)[:-5])  # a copy cut short
+    with pytest.raises(StoreError, match=r"selection.jsonl is cut short \(its last line is incomplete; gors select "
+                                         r"writes it whole\): run `gors select --output_dir .*` again$"):
+        load_selection(tmp_path)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows[:2]))  # cut at a line's end
+    (tmp_path / "selection_summary.json").write_text(json.dumps({"num_selected": 3}))
+    with pytest.raises(StoreError, match=r"selection.jsonl holds 2 samples, selection_summary.json says gors select "
+                                         r"kept 3: the file lost lines since; run `gors select"):
+        load_selection(tmp_path)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows * 2))  # more: rows a rounds run replays
+    assert len(load_selection(tmp_path)) == 6
