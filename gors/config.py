@@ -145,6 +145,8 @@ class RunFolderFields:
 
     def _check_run_folder(self) -> None:
         _check(bool(self.output_dir.strip()), "--output_dir='': give the run folder, e.g. --output_dir gors_output")
+        # Training seeds numpy with seed + process index (`accelerate.utils.set_seed`), which takes [0, 2^32).
+        _check(0 <= self.seed < 2**31, f"--seed={self.seed}: must be in [0, 2147483647]")
         _check_mixed_precision(self.mixed_precision)
 
 
@@ -203,6 +205,8 @@ class GenerationFields:
     generation_batch_size: int = field(default=8, metadata={"help": "Images per pipeline call on each process."})
 
     def _check_generation(self) -> None:
+        _check(bool(self.train_prompts.strip()), f"--train_prompts={self.train_prompts!r}: give a T2I-CompBench "
+               "category or file stem (e.g. color), toy:train, or a text file with one prompt per line")
         # Image i of prompt p is seeded seed + 100 000 p + i (`gors.core.store.sample_seed`).
         _check(1 <= self.images_per_prompt < 100_000,
                f"--images_per_prompt={self.images_per_prompt}: must be in [1, 99 999] (each image has its own seed)")

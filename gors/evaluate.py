@@ -104,7 +104,8 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
             f"({', '.join(benchmark_label(*s) for s in specs)}); name exactly one, e.g. t2i_compbench:color."
         )
     if config.images is not None and not Path(config.images).is_dir():  # before any benchmark data downloads
-        raise FileNotFoundError(f"--images {config.images}: no such folder; pass the folder of the benchmark's images")
+        what = "a file, not a folder" if Path(config.images).exists() else "no such folder"
+        raise FileNotFoundError(f"--images {config.images}: {what}; pass the folder of the benchmark's images")
     if config.images is None and config.pretrained_model_name_or_path is None:
         raise ValueError("give --pretrained_model_name_or_path to generate, or --images to score existing images")
     if config.images is not None and config.lora is not None:

@@ -116,6 +116,8 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
         (["--max_grad_norm", "-1"], "--max_grad_norm=-1.0: must be > 0"),
         (["--max_grad_norm", "0"], "--max_grad_norm=0.0: must be > 0"),
         (["--guidance_scale", "-2"], "--guidance_scale=-2.0: must be >= 0"),
+        (["--seed", "-1"], r"--seed=-1: must be in \[0, 2147483647\]"),  # numpy's seed would fail when training
+        (["--train_prompts", ""], "--train_prompts='': give a T2I-CompBench category"),  # was "Prompt file '.'"
     ],
 )
 def test_bad_values_name_the_flag(flags, message):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -397,6 +398,9 @@ def test_a_mistyped_images_folder_is_refused_before_the_benchmark_data_is_read(t
                                            "--output_dir", str(tmp_path / "out")])
     with pytest.raises(FileNotFoundError, match=r"--images .*nosuch: no such folder"):
         evaluate(config)
+    (tmp_path / "image.png").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"--images .*image.png: a file, not a folder; pass the folder"):
+        evaluate(replace(config, images=str(tmp_path / "image.png")))
 
 
 def test_scoring_takes_the_precision_the_samples_were_generated_in(tmp_path):

@@ -182,6 +182,11 @@ def test_a_folder_or_non_utf8_prompt_file_is_named(tmp_path: Path) -> None:
         P.load_prompts(str(latin))
     with pytest.raises(ValueError, match="latin.jsonl' is not UTF-8 text"):
         P.load_prompts(str(latin.rename(tmp_path / "latin.jsonl")))
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"a red car\nblue\x00cat\n")  # valid UTF-8, yet no text
+    with pytest.raises(ValueError, match=r"Prompt file '.*binary.txt' holds a NUL byte \(line 2\): it is a binary "
+                                         r"file or UTF-16 text; save it as UTF-8 text$"):
+        P.load_prompts(str(binary))
 
 
 def test_unknown_names() -> None:

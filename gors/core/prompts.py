@@ -105,9 +105,14 @@ def _read_text(path: Path) -> str:
         raise FileNotFoundError(f"Prompt file {str(path)!r} is a folder: pass a text file with one prompt per line.")
     try:
         # utf-8-sig drops a byte-order mark that editors on Windows like to add.
-        return path.read_text(encoding="utf-8-sig")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
         raise ValueError(f"Prompt file {str(path)!r} is not UTF-8 text (byte {err.start}): save it as UTF-8.") from None
+    if "\x00" in text:  # UTF-8 that holds NULs: a binary file, or text saved as UTF-16 from ASCII
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise ValueError(f"Prompt file {str(path)!r} holds a NUL byte (line {line}): it is a binary file or UTF-16 "
+                         "text; save it as UTF-8 text")
+    return text
 
 
 def read_prompt_file(path: str | os.PathLike[str]) -> list[str]:
