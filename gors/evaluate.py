@@ -27,7 +27,7 @@ from gors.core.backbones import detect_backbone, family_precision
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json
 from gors.core.pipeline import check_lora_path
-from gors.official_lora import resolve_lora
+from gors.official_lora import OFFICIAL_PREFIX, resolve_lora
 from rewards import Reward
 from rewards.combined import download_reward_files
 
@@ -112,6 +112,8 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
         # The images are scored as they are: a LoRA would be ignored, yet recorded in summary.json.
         raise ValueError(f"--lora={config.lora!r} with --images: existing images are scored as they are; drop "
                          "--lora, or drop --images to generate with the LoRA")
+    if config.lora is not None and not config.lora.startswith(OFFICIAL_PREFIX):
+        check_lora_path(config.lora)  # `gors download evaluate` too: a local LoRA is nothing to download
     unknown = sorted(set(config.scorer_options) - {name for name, _ in specs} - {benchmark_label(*s) for s in specs})
     if unknown:
         raise ValueError(f"--scorer_options for {unknown}, which are not among the benchmarks evaluated")

@@ -114,7 +114,13 @@ def finished_rounds(config: RunConfig, wanted: dict[str, Any]) -> list[dict[str,
     taken to be this run's, with a warning.
     """
     path = Path(config.output_dir) / ROUNDS_FILE
-    record = read_json(path, "the rounds gors recorded there") if path.is_file() else {"settings": None, "rounds": []}
+    again = ("delete it: `gors run --rounds` then goes through the rounds again, each reusing its folder's finished "
+             "samples, scores and checkpoints")
+    record = read_json(path, f"the rounds gors recorded there; {again}") if path.is_file() else {"settings": None,
+                                                                                                  "rounds": []}
+    if not (isinstance(record, dict) and isinstance(record.get("rounds"), list)
+            and isinstance(record.get("settings"), (dict, type(None)))):
+        raise ValueError(f"{path}: not a rounds file (no 'settings' and 'rounds'); {again}")
     recorded = record["settings"]
     if recorded is not None:
         recorded, missing = adopt_later_settings(RECORDED_DEFAULTS | recorded, wanted, wanted)

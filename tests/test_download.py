@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,8 @@ def test_evaluate_fetches_every_scorer_and_column_and_each_command_only_what_it_
             "timm/vit_large_patch14_clip_224.openai"} <= names
     assert any(need.option.startswith("t2i_compbench:spatial CLIPScore") for need in models)  # a further column
     assert [d for d, _ in files] == ["t2i_compbench:spatial prompts", "geneval prompts"]  # scorers' data: planned
+    with pytest.raises(FileNotFoundError, match=r"--lora='/no/such': no such file or folder"):  # it said "done"
+        plan("evaluate", replace(config, lora="/no/such"))
     images = EvaluateConfig(images=str(hub["cache"]), benchmarks="geneval")
     assert SD2 not in {need.name for need in plan("evaluate", images)[0]}  # scoring a folder generates nothing
 

@@ -389,3 +389,30 @@ def test_a_later_round_says_the_steps_it_trains_and_a_finished_run_says_so(one_p
           schedule_steps=config.round_steps() * config.rounds)
     reset_process_state()
     assert "selected samples: 2 steps (steps 3 to 4) of 2 x 1 x 1" in capsys.readouterr().out
+
+
+def test_a_garbled_rounds_json_says_to_delete_it_and_the_rerun_redoes_no_work(one_process_rounds, make_run_config,
+                                                                             tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_process_rounds, run_dir)
+    config = make_run_config(output_dir=str(run_dir), **ROUNDS)
+    fix = (r"delete it: `gors run --rounds` then goes through the rounds again, each reusing its folder's finished "
+           r"samples, scores and checkpoints$")
+    (run_dir / ROUNDS_FILE).write_text('{"settings": {')
+    with pytest.raises(ValueError, match=rf"rounds.json: not valid JSON .*; expected the rounds gors recorded there; "
+                                         rf"{fix}"):
+        run(config)
+    (run_dir / ROUNDS_FILE).write_text("[]")
+    with pytest.raises(ValueError, match=rf"rounds.json: not a rounds file \(no 'settings' and 'rounds'\); {fix}"):
+        run(config)
+    before = _hashes(run_dir)
+    written = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*.png")}
+    (run_dir / ROUNDS_FILE).unlink()
+    run(config)
+    reset_process_state()
+    after = _hashes(run_dir)
+    samples_and_loras = [name for name in before if name.endswith((".png", ".safetensors")) and "cache" not in name]
+    assert samples_and_loras and all(after[name] == before[name] for name in samples_and_loras)
+    assert written and all(path.stat().st_mtime_ns == mtime for path, mtime in written.items())  # not generated again
+    rounds = json.loads((run_dir / ROUNDS_FILE).read_text())["rounds"]
+    assert rounds == json.loads((one_process_rounds / ROUNDS_FILE).read_text())["rounds"]
