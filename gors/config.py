@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import IO, Any
 
 import yaml
@@ -176,6 +177,11 @@ class ModelFields:
     )
 
     def _check_model(self) -> None:
+        # diffusers ignores a revision for a local folder: the run would record one it did not load.
+        _check(self.revision is None or not Path(self.pretrained_model_name_or_path).expanduser().is_dir(),
+               f"--revision={self.revision!r} with the local folder --pretrained_model_name_or_path="
+               f"{self.pretrained_model_name_or_path!r}: a revision picks a Hub commit, and a folder loads the files "
+               "it holds; drop --revision, or pass the Hub id")
         _check(self.resolution is None or (self.resolution >= 8 and self.resolution % 8 == 0),
                f"--resolution={self.resolution}: use a multiple of 8")
         _check_torch_compile(self.torch_compile)

@@ -118,6 +118,8 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
         (["--guidance_scale", "-2"], "--guidance_scale=-2.0: must be >= 0"),
         (["--seed", "-1"], r"--seed=-1: must be in \[0, 2147483647\]"),  # numpy's seed would fail when training
         (["--train_prompts", ""], "--train_prompts='': give a T2I-CompBench category"),  # was "Prompt file '.'"
+        (["--pretrained_model_name_or_path", ".", "--revision", "v1"],  # diffusers ignored it for a folder
+         r"--revision='v1' with the local folder --pretrained_model_name_or_path='\.': .*drop --revision"),
     ],
 )
 def test_bad_values_name_the_flag(flags, message):
