@@ -29,7 +29,7 @@ from gors.config import RunConfig, TrainConfig
 from gors.core.hub import hub_commit
 from gors.core.io import atomic_write_json, publish_folder, read_json, recover_folder
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
-from gors.core.store import selection_identity
+from gors.core.store import same_value, selection_identity
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,8 @@ def fingerprint_differences(recorded: dict[str, Any], fingerprint: dict[str, Any
     """Each setting that differs between a checkpoint's fingerprint and this run's, as "name old there, new now"."""
     return [f"{key} {recorded.get(key)!r} {there}, {fingerprint.get(key)!r} now"
             for key in sorted(recorded.keys() | fingerprint.keys())
-            if recorded.get(key) != fingerprint.get(key) and (with_selection or not key.startswith("selection_"))
+            if not same_value(recorded.get(key), fingerprint.get(key))
+            and (with_selection or not key.startswith("selection_"))
             and not (key in RECORDED_WHERE_KNOWN and (key not in recorded or key not in fingerprint))]
 
 

@@ -40,7 +40,7 @@ from gors.core.io import atomic_write_bytes, atomic_write_json, read_json
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import load_prompts
 from gors.core.run_folder import ROUNDS_FILE, SELECTION_SUMMARY_FILE, round_dir
-from gors.core.store import SAMPLE_SEED_STRIDE, adopt_later_settings
+from gors.core.store import SAMPLE_SEED_STRIDE, adopt_later_settings, same_value
 from gors.lora import LORA_WEIGHT_NAME
 from gors.run import STAGES, RoundInputs, run_stages
 from gors.select import load_selection
@@ -78,8 +78,8 @@ def round_settings(config: RunConfig, num_processes: int, prompts: list[str], re
 def _changed(name: str, recorded: Any, wanted: Any) -> bool:
     # A tau schedule grows with --rounds: the finished rounds' taus must stay, and new ones may follow.
     if name == "tau_schedule" and isinstance(recorded, list) and isinstance(wanted, list):
-        return wanted[: len(recorded)] != recorded
-    return recorded != wanted
+        return not same_value(recorded, wanted[: len(recorded)])
+    return not same_value(recorded, wanted)
 
 
 def round_seed(seed: int, index: int) -> int:

@@ -15,7 +15,6 @@ is never loaded while training.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -56,7 +55,7 @@ from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
 from gors.core.memory import MORE_MEMORY, BatchLimit, in_batches_that_fit, out_of_memory_advice
 from gors.core.pipeline import compile_module, cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
-from gors.core.store import SampleStore, StoreError
+from gors.core.store import SampleStore, StoreError, same_value
 from gors.core.transfer import HostValue, to_device
 from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder, TrainingFamily, resolve_training
 from gors.lora import (
@@ -135,19 +134,11 @@ def _optimizer_class(use_8bit_adam: bool) -> type[torch.optim.Optimizer]:
     return bitsandbytes.optim.AdamW8bit
 
 
-def _same_model(recorded: str, given: str) -> bool:
-    """Whether two `--pretrained_model_name_or_path` values name one model: the same folder, or the same Hub id."""
-    paths = [os.path.expanduser(name) for name in (recorded, given)]
-    if all(os.path.exists(path) for path in paths):
-        return os.path.samefile(*paths)
-    return recorded == given
-
-
 def check_generating_model(config: TrainConfig | RunConfig, generated: dict[str, Any]) -> None:
     """Refuse to train another base model than the one that generated the samples (`generated`: the
     store's `settings.json`; a store made before gors recorded it, or by a pipeline in memory, names none)."""
     model, revision = generated.get("model"), generated.get("revision")
-    if model is None or (_same_model(model, config.pretrained_model_name_or_path) and revision == config.revision):
+    if model is None or (same_value(model, config.pretrained_model_name_or_path) and revision == config.revision):
         return
     made_by = f"{model!r}" + (f" at revision {revision!r}" if revision else "")
     given = f"{config.pretrained_model_name_or_path!r}" + (f" at revision {config.revision!r}" if config.revision else "")

@@ -178,3 +178,28 @@ def test_a_damaged_cache_file_is_computed_again(tmp_path, capsys):
     save_file({"value": torch.zeros(3, 1)}, str(path))  # another selection's length
     assert torch.equal(sharded_cache(path, 5, compute, accelerator, 2, "encode")["value"], first["value"])
     assert "its tensors hold [3] rows, 5 expected" in capsys.readouterr().out
+
+
+def test_two_spellings_of_one_local_folder_are_one_setting(tmp_path, monkeypatch):
+    from gors.core.store import same_value, settings_changes
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert same_value("model", f"{tmp_path}/model/") and same_value("./model", "model")
+    assert not same_value("model", "other") and not same_value("org/model", "org/model/")  # Hub ids: as text
+    assert same_value({"reward": {"model_name_or_path": "model/"}, "k": [1, "model"]},
+                      {"reward": {"model_name_or_path": "model"}, "k": [1, "./model"]})
+    assert not same_value({"a": 1}, {"a": 1, "b": None}) and not same_value([1], [1, 2]) and not same_value("", ".")
+    assert settings_changes({"model": "model", "seed": 1}, {"model": "model/", "seed": 2}) == ["seed: 1 -> 2"]
+
+
+def test_a_score_folder_keeps_its_settings_when_a_model_path_is_spelled_otherwise(tmp_path, monkeypatch):
+    from gors.core.scoring import SETTINGS_FILE, check_settings
+
+    (tmp_path / "blip").mkdir()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps({"reward": "b_vqa", "model_name_or_path": "blip"}))
+    assert check_settings(tmp_path, {"reward": "b_vqa", "model_name_or_path": f"{tmp_path}/blip/"}, scored=True) is False
+    with pytest.raises(StoreError, match="holds scores made with"):
+        check_settings(tmp_path, {"reward": "b_vqa", "model_name_or_path": "other"}, scored=True)

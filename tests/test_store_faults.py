@@ -43,7 +43,7 @@ def _tear_last_line(path: Path) -> None:
 # ---- 3: one store, one set of generation settings ------------------------------------------------
 
 
-def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_sd, tmp_path):
+def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_sd, tmp_path, monkeypatch):
     store = generate(make_run_config(max_prompts=2))
     settings = json.loads((store.root / SETTINGS).read_text())
     assert settings == {
@@ -60,8 +60,9 @@ def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_
     another = shutil.copytree(tiny_sd, tmp_path / "another_model")  # the same weights, another model path
     with pytest.raises(StoreError, match=r"model: .* -> \".*another_model\""):
         generate(make_run_config(pretrained_model_name_or_path=str(another)))
-    # The same settings may ask for more images and more prompts.
-    store = generate(make_run_config(images_per_prompt=3))
+    # The same settings may ask for more images and more prompts, with the model's folder spelled another way.
+    monkeypatch.chdir(tiny_sd.parent)
+    store = generate(make_run_config(images_per_prompt=3, pretrained_model_name_or_path=f"{tiny_sd.name}/"))
     assert len(store.records()) == 9 and json.loads((store.root / SETTINGS).read_text()) == settings
     # Fewer prompts than the store holds: the later stages would use them all, so it is refused.
     with pytest.raises(StoreError, match=r"holds samples of 3 prompts and 2 are asked for.*--max_prompts 3 or more, "

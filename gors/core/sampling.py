@@ -43,6 +43,7 @@ from gors.core.store import (
     adopt_later_settings,
     check_cached_commits,
     check_model_commits,
+    same_value,
     sample_file_name,
     sample_key,
     sample_seed,
@@ -220,7 +221,10 @@ def generate_samples(
                            "current value: %s", store.root, ", ".join(adopted),
                            json.dumps({key: wanted[key] for key in adopted}))
         store.save_prompts({**(prompt_info or {}), "prompts": prompts})
-        store.save_settings(wanted)
+        # A path spelled otherwise now (`same_value`) keeps its recorded spelling, which the other stages compare with.
+        recorded = store.load_settings() or {}
+        store.save_settings({key: recorded[key] if key in recorded and same_value(recorded[key], value) else value
+                             for key, value in wanted.items()})
     accelerator.wait_for_everyone()
 
     def plan() -> tuple[int, list[tuple[int, int]]]:

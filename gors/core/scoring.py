@@ -44,6 +44,7 @@ from gors.core.store import (
     check_model_commits,
     read_rows,
     same_image,
+    same_value,
     sample_key,
 )
 
@@ -124,17 +125,18 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
     if not scored or recorded is None:
         return True
     completed, adopted = adopt_later_settings(recorded, dict(wanted), LATER_SCORE_SETTINGS)
-    if completed != wanted:
+    if not same_value(completed, dict(wanted)):
         raise StoreError(
             f"{scores_folder} holds scores made with {json.dumps(recorded, sort_keys=True)}, not the "
             f"{json.dumps(wanted, sort_keys=True)} asked for now. Use a new output folder, or delete "
             f"{scores_folder} to score again."
         )
-    if adopted:
-        logger.warning("%s was scored before gors recorded the scorer's %s; its scores are taken to have been made "
-                       "with %s (if they were not, e.g. a Qwen3-VL reward scored in float16 by an older gors, delete "
-                       "the folder to score again)", scores_folder, ", ".join(adopted),
-                       ", ".join(f"{k}={wanted[k]}" for k in adopted))
+    if not adopted:  # the same settings, a path spelled otherwise (`same_value`): the record stays as it is
+        return False
+    logger.warning("%s was scored before gors recorded the scorer's %s; its scores are taken to have been made "
+                   "with %s (if they were not, e.g. a Qwen3-VL reward scored in float16 by an older gors, delete "
+                   "the folder to score again)", scores_folder, ", ".join(adopted),
+                   ", ".join(f"{k}={wanted[k]}" for k in adopted))
     return True
 
 

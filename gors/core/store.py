@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -268,12 +269,30 @@ def check_cached_commits(folder: str | Path, filled: bool, what: str,
         check_model_commits(folder, cached, filled, what)
 
 
+def same_value(recorded: Any, wanted: Any) -> bool:
+    """Whether two recorded settings are one: equal, or two spellings of one existing local file or folder
+    (`runs/model/` and `runs/model`, a relative and an absolute path), as a model path is often typed;
+    dicts and lists item by item."""
+    if recorded == wanted:
+        return True
+    if isinstance(recorded, dict) and isinstance(wanted, dict):  # e.g. a reward's options
+        return recorded.keys() == wanted.keys() and all(same_value(recorded[k], wanted[k]) for k in recorded)
+    if isinstance(recorded, list) and isinstance(wanted, list):
+        return len(recorded) == len(wanted) and all(same_value(a, b) for a, b in zip(recorded, wanted))
+    if not (isinstance(recorded, str) and isinstance(wanted, str) and recorded and wanted):
+        return False
+    try:
+        return os.path.samefile(os.path.expanduser(recorded), os.path.expanduser(wanted))
+    except OSError:  # either does not exist here (a Hub id, a name)
+        return False
+
+
 def settings_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
-    """The fields that differ, each as "name: old -> new" (a field one side lacks counts as None)."""
+    """The fields that differ (`same_value`), each as "name: old -> new" (a field one side lacks counts as None)."""
     return [
         f"{name}: {json.dumps(recorded.get(name))} -> {json.dumps(wanted.get(name))}"
         for name in sorted(set(recorded) | set(wanted))
-        if recorded.get(name) != wanted.get(name)
+        if not same_value(recorded.get(name), wanted.get(name))
     ]
 
 
