@@ -90,7 +90,20 @@ def _check_report_to(value: str) -> None:
 
 class _NumberLoader(yaml.SafeLoader):
     """PyYAML's safe loader, reading `1e-4` as the number JSON and YAML 1.2 read (YAML 1.1, PyYAML's,
-    reads a float without a dot as text)."""
+    reads a float without a dot as text), and refusing a key given twice in one mapping (PyYAML keeps
+    the last, so a setting written twice in a config file would silently lose its first value)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str) and key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice (first on line {first[key].start_mark.line + 1}); keep one",
+                    key_node.start_mark)
+            if isinstance(key, str):
+                first[key] = key_node
+        return super().construct_mapping(node, deep=deep)
 
 
 _NumberLoader.add_implicit_resolver(
@@ -767,7 +780,11 @@ def config_file_values(cls: type, values: Mapping[str, Any], path: str) -> dict[
     own = {spec.name for spec in fields(cls)}
     known = own | ({spec.name for spec in fields(RunConfig)} if cls in STAGE_CONFIGS else set())
     unknown = sorted(set(values) - known)
+    # `--no_train_unet` is argparse's spelling of a boolean field; the file names the field itself.
+    negated = [name for name in unknown if name.startswith("no_") and name.removeprefix("no_") in known]
     _check(not unknown, f"--config {path}: unknown keys {unknown} for {cls.__name__}"
                         + (" (nor any other stage of `gors run`)" if cls in STAGE_CONFIGS else "")
+                        + "".join(f"; {name} is the command line's flag: write {name.removeprefix('no_')}: false"
+                                  for name in negated)
                         + "; see --help for the valid names")
     return {name: value for name, value in values.items() if name in own}

@@ -91,6 +91,22 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
     config_file.write_text("max_train_step: 7\n")
     with pytest.raises(SystemExit, match="max_train_step"):
         parse_config(TrainConfig, ["--config", str(config_file)])
+    config_file.write_text("no_train_unet: true\n")
+    with pytest.raises(SystemExit, match=r"unknown keys \['no_train_unet'\] .*; no_train_unet is the command line's "
+                                         r"flag: write train_unet: false; see --help"):
+        parse_config(TrainConfig, ["--config", str(config_file)])
+
+
+def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
+    config_file = tmp_path / "twice.yaml"
+    config_file.write_text("seed: 1\nrank: 4\nseed: 2\n")  # PyYAML alone keeps seed: 2
+    with pytest.raises(SystemExit, match=r"twice.yaml: YAML syntax error at line 3, column 1: 'seed' is given twice "
+                                         r"\(first on line 1\); keep one"):
+        parse_config(TrainConfig, ["--config", str(config_file)])
+    with pytest.raises(SystemExit, match=r"'a' is given twice"):
+        parse_config(RunConfig, ["--reward_options", '{"a": 1, "a": 2}'])
+    config_file.write_text("reward_options: {b_vqa: {batch_size: 2}, clip_score: {batch_size: 2}}\n")
+    assert parse_config(RunConfig, ["--config", str(config_file)]).reward_options["clip_score"] == {"batch_size": 2}
 
 
 @pytest.mark.parametrize(
