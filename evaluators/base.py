@@ -142,15 +142,24 @@ def _file_sha256(path: Path) -> str:
         raise StoreError(f"{path} cannot be read ({err.strerror or err}); fix its permissions or remove it") from err
 
 
-def check_complete(entries: Sequence[ImageEntry], num_prompts: int, images_per_prompt: int, folder: Path) -> None:
-    """Refuse a folder with images missing or left over: either would silently change the numbers."""
+def check_complete(entries: Sequence[ImageEntry], num_prompts: int, images_per_prompt: int, folder: Path,
+                   image_path: Callable[[int, int], Path] | None = None, strays: Sequence[Path] = ()) -> None:
+    """Refuse a folder with images missing or left over: either would silently change the numbers.
+
+    `image_path(prompt, image)`: where the layout puts an image, named for the first one missing;
+    `strays`: files and folders the layout does not name (misnamed images, most often), listed then.
+    """
     found = {(e.prompt_index, e.image_index) for e in entries}
     expected = {(p, i) for p in range(num_prompts) for i in range(images_per_prompt)}
     missing, extra = sorted(expected - found), sorted(found - expected)
     if missing or extra:
         parts = []
         if missing:
-            parts.append(f"{len(missing)} missing (first: prompt {missing[0][0]}, image {missing[0][1]})")
+            at = f", {image_path(*missing[0])}" if image_path is not None else ""
+            parts.append(f"{len(missing)} missing (first: prompt {missing[0][0]}, image {missing[0][1]}{at})")
+        if strays:
+            shown = ", ".join(str(path) for path in strays[:3])
+            parts.append(f"{len(strays)} not in the layout (first: {shown})")
         if extra:
             parts.append(f"{len(extra)} not in the benchmark (first: prompt {extra[0][0]}, image {extra[0][1]})")
         raise ValueError(

@@ -71,6 +71,7 @@ GENEVAL = PinnedSource(
     offline_hint="(a copy of the prompts/ folder of github.com/djghosh13/geneval)",
 )
 _IMAGE_NAME = re.compile(r"\d+\.png")
+_FOLDER_NAME = re.compile(r"\d{5}")
 
 
 def load_geneval_metadata() -> list[dict[str, Any]]:
@@ -135,9 +136,13 @@ class GenEvalBenchmark(Benchmark):
     def read_images(self, folder: Path) -> list[ImageEntry]:
         """The images of `folder` in GenEval's layout (see the module docstring)."""
         selected, entries = self.selected(), []
+        strays = [path for path in sorted(folder.iterdir()) if path.is_dir() and not _FOLDER_NAME.fullmatch(path.name)]
         for prompt_index, (number, row) in enumerate(selected):
             subfolder = folder / f"{number:05d}"
             metadata_path = subfolder / "metadata.jsonl"
+            if subfolder.is_dir() and not metadata_path.is_file():
+                raise ValueError(f"{subfolder} has no metadata.jsonl: GenEval's generator writes the prompt's metadata "
+                                 "row there, which tells which prompt the images are of; add it")
             if not metadata_path.is_file():
                 continue  # check_complete reports its images as missing
             try:
@@ -155,11 +160,14 @@ class GenEvalBenchmark(Benchmark):
                 )
             samples = subfolder / "samples"
             for path in sorted(samples.iterdir()) if samples.is_dir() else []:
-                if path.is_file() and _IMAGE_NAME.fullmatch(path.name):
+                if not (path.is_file() and _IMAGE_NAME.fullmatch(path.name)):
+                    strays.append(path)
+                else:
                     image_index = int(path.stem)
                     if self.images_per_prompt is None or image_index < self.images_per_prompt:
                         entries.append(ImageEntry(prompt_index, image_index, path))
-        check_complete(entries, len(selected), self.num_images, folder)
+        check_complete(entries, len(selected), self.num_images, folder, strays=strays,
+                       image_path=lambda p, i: folder / f"{selected[p][0]:05d}" / "samples" / f"{i:04d}.png")
         return entries
 
     def write_official(self, rows: list[dict[str, Any]], summary: dict[str, Any], output_dir: Path) -> None:

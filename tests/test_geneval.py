@@ -327,9 +327,15 @@ def test_images_folder_errors(data_dir: Path, tmp_path: Path, models: dict[str, 
     (number, _), (second, _) = benchmark.selected()
     options = {**models, "detector_image_size": None}
 
-    (folder / f"{second:05d}" / "samples" / "0001.png").unlink()
-    with pytest.raises(ValueError, match=r"1 missing \(first: prompt 1, image 1\)"):
+    (folder / f"{second:05d}" / "samples" / "0001.png").rename(folder / f"{second:05d}" / "samples" / "image1.png")
+    with pytest.raises(ValueError, match=rf"1 missing \(first: prompt 1, image 1, .*{second:05d}/samples/0001.png\); "
+                                         rf"2 not in the layout \(first: .*images/notes, .*{second:05d}/samples/image1.png\)"):
         benchmark.read_images(folder)
+    (folder / f"{second:05d}" / "samples" / "image1.png").unlink()
+    (folder / f"{second:05d}" / "metadata.jsonl").rename(folder / "metadata.jsonl")
+    with pytest.raises(ValueError, match=rf"{second:05d} has no metadata.jsonl: GenEval's generator writes"):
+        benchmark.read_images(folder)
+    (folder / "metadata.jsonl").rename(folder / f"{second:05d}" / "metadata.jsonl")
 
     Image.new("RGB", (32, 32)).save(folder / f"{second:05d}" / "samples" / "0001.png")
     (folder / f"{second:05d}" / "samples" / "0000.png").write_bytes(b"not a png")
