@@ -262,7 +262,8 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
     paths = [Path(folder) for folder in folders]
     for folder, name in zip(paths, labels(paths)):
         if not folder.is_dir():
-            raise FileNotFoundError(f"{folder}: no such folder (give `gors evaluate` or training output folders)")
+            what = "a file, not a folder" if folder.exists() else "no such folder"
+            raise FileNotFoundError(f"{folder}: {what} (give `gors evaluate` or training output folders)")
         evaluation = load_evaluation(folder)
         if evaluation:
             evaluations[name] = evaluation

@@ -163,6 +163,11 @@ def test_a_folder_with_nothing_to_report_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="nor TensorBoard logs nor the rounds.json of a --rounds run"):
         report([tmp_path / "empty"], tmp_path / "report")
+    with pytest.raises(FileNotFoundError, match=r"missing: no such folder \(give `gors evaluate`"):
+        report([tmp_path / "missing"], tmp_path / "report")
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"summary.json: a file, not a folder \(give `gors evaluate`"):
+        report([tmp_path / "summary.json"], tmp_path / "report")
 
 
 def _loss_steps(folder: Path) -> list[int]:
