@@ -130,14 +130,15 @@ def test_train_on_another_family_stops_before_loading_weights(tiny_pixart, make_
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "selection.jsonl").write_text("kept\n")  # finished work that must survive the refusal
+    kept = '{"path": "00000_000.png", "reward": 0.9}\n'
+    (run_dir / "selection.jsonl").write_text(kept)  # finished work that must survive the refusal
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_pixart)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "is a PixArtSigmaPipeline (pipeline family); gors trains the sd, sdxl, sd3, flux families" in err
     assert "Traceback" not in err
-    assert (run_dir / "selection.jsonl").read_text() == "kept\n"
+    assert (run_dir / "selection.jsonl").read_text() == kept
     assert not (run_dir / "checkpoints").exists()
 
 

@@ -335,7 +335,8 @@ def test_cli_refuses_8bit_adam_without_bitsandbytes_with_one_error_line(tiny_sd,
     from gors.cli import main
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
-    (tmp_path / "run").mkdir()  # gors train reads an existing run folder
+    (tmp_path / "run").mkdir()  # gors train reads an existing run folder, with a selection
+    (tmp_path / "run" / "selection.jsonl").write_text('{"path": "00000_000.png", "reward": 0.9}\n')
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--output_dir", str(tmp_path / "run"), "--pretrained_model_name_or_path", str(tiny_sd),
               "--use_8bit_adam"])
@@ -352,7 +353,8 @@ def test_cli_refuses_a_text_encoder_lora_on_flux_with_one_error_line(flag, tiny_
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "selection.jsonl").write_bytes(b"kept\r\n")  # finished work that must survive the refusal
+    kept = b'{"path": "00000_000.png", "reward": 0.9}\r\n'
+    (run_dir / "selection.jsonl").write_bytes(kept)  # finished work that must survive the refusal
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_flux), *flag])
     assert exit_info.value.code == 2
@@ -361,7 +363,7 @@ def test_cli_refuses_a_text_encoder_lora_on_flux_with_one_error_line(flag, tiny_
         "error: --train_text_encoder: gors trains only the transformer of a FluxPipeline (flux family); its text "
         "encoders stay frozen (and cached). Leave the flag unset."]
     assert "Traceback" not in err
-    assert (run_dir / "selection.jsonl").read_bytes() == b"kept\r\n"
+    assert (run_dir / "selection.jsonl").read_bytes() == kept
     assert not any((run_dir / name).exists() for name in ("checkpoints", "latent_cache", TEXT_EMBEDDING_CACHE_DIR))
 
 
