@@ -472,15 +472,14 @@ class GORSTrainer:
     def _base_prediction(self, prompts: torch.Tensor, dropped: torch.Tensor, batch: Batch) -> BasePrediction:
         """`--anchor_below`'s target: the base model's prediction for some rows of the micro-batch, the
         adapters of the denoiser off and the base text encoders' outputs (`dropped`: caption dropout's rows)."""
-        def predict(noisy: torch.Tensor, timesteps: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        def predict(noisy: torch.Tensor, timesteps: torch.Tensor, rows: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
             # Unwrapped: a DDP forward would run collectives that the other processes, whose rows differ,
             # do not run.
             denoiser = self.accelerator.unwrap_model(self.denoiser)
             with torch.no_grad(), adapters_disabled(denoiser):
                 encodings = self._encodings(prompts[rows], self.base_encodings)
                 conditioning = self.family.drop_captions(
-                    self.family.condition(encodings, batch.rows(to_device(rows, self.accelerator.device)),
-                                          self.weight_dtype), dropped[rows])
+                    self.family.condition(encodings, batch.rows(at), self.weight_dtype), dropped[rows])
                 return self.family.predict(denoiser, noisy, timesteps, conditioning)
 
         return predict

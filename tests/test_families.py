@@ -532,8 +532,9 @@ def test_anchor_below_replaces_the_target_of_the_less_noisy_rows_by_the_base_pre
     noise = torch.randn_like(batch.latents)
     calls = []
 
-    def base_prediction(noisy, steps, rows):
+    def base_prediction(noisy, steps, rows, at):
         calls.append((steps.tolist(), rows.tolist()))
+        assert torch.equal(at, rows) and at.device == noisy.device
         return torch.ones_like(noisy)
 
     def zero_denoiser(noisy, steps, states, return_dict):

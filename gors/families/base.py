@@ -79,8 +79,9 @@ class Batch:
         return Batch(self.latents[index], self.rewards[index], self.original_size[index], self.crop_top_left[index])
 
 
-# (noisy latents, timesteps, row indices in the micro-batch: a host tensor) of some rows -> the base model's prediction
-BasePrediction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (noisy latents, timesteps, row indices in the micro-batch on the host, the same on the device) of some rows
+# -> the base model's prediction. Both copies of the indices: the host's index host tensors without a transfer.
+BasePrediction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class TrainingFamily:
@@ -225,7 +226,7 @@ class DDPMFamily(TrainingFamily):
             if len(rows):
                 at = to_device(rows, noisy.device)
                 target = target.clone()
-                target[at] = base_prediction(noisy[at].to(dtype), position[at], rows).to(target.dtype)
+                target[at] = base_prediction(noisy[at].to(dtype), position[at], rows, at).to(target.dtype)
         prediction = self.predict(denoiser, noisy.to(dtype), position, conditioning)
         return reward_weighted_loss(prediction, target, batch.rewards)
 
