@@ -45,7 +45,7 @@ from evaluators.results import (
 from gors.core.backbones import Backbone, SamplingDefaults, detect_backbone, family_precision
 from gors.core.data import PinnedSource
 from gors.core.distributed import make_accelerator
-from gors.core.io import atomic_write_json, atomic_write_jsonl
+from gors.core.io import atomic_write_json, atomic_write_jsonl, file_sha256
 from gors.core.memory import BatchLimits
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
@@ -136,8 +136,7 @@ class ImageFolderSamples:
 
 def _file_sha256(path: Path) -> str:
     try:
-        with path.open("rb") as file:
-            return hashlib.file_digest(file, "sha256").hexdigest()
+        return file_sha256(path)
     except OSError as err:
         raise StoreError(f"{path} cannot be read ({err.strerror or err}); fix its permissions or remove it") from err
 

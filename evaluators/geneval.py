@@ -24,7 +24,7 @@ wrong; gors loads every pipeline without it, so a model whose images the checker
 a little higher here. Pass `--images` with the official script's images to compare exactly.
 
 Image folders (``--images``): GenEval's layout, ``<root>/<00000>/metadata.jsonl`` (the prompt's
-metadata row as one JSON object) and ``<root>/<00000>/samples/<0000>.png`` (any number of
+metadata row as one JSON object) and ``<root>/<00000>/samples/<00000>.png`` (any number of
 digits), folders numbered by the prompt's line in ``evaluation_metadata.jsonl``. Each folder's
 prompt must be the benchmark's prompt of that number. With `images_per_prompt` given, images
 numbered beyond it are ignored; otherwise every prompt needs exactly 4 images. Stricter than the
@@ -167,7 +167,7 @@ class GenEvalBenchmark(Benchmark):
                     if self.images_per_prompt is None or image_index < self.images_per_prompt:
                         entries.append(ImageEntry(prompt_index, image_index, path))
         check_complete(entries, len(selected), self.num_images, folder, strays=strays,
-                       image_path=lambda p, i: folder / f"{selected[p][0]:05d}" / "samples" / f"{i:04d}.png")
+                       image_path=lambda p, i: folder / f"{selected[p][0]:05d}" / "samples" / f"{i:05d}.png")
         return entries
 
     def write_official(self, rows: list[dict[str, Any]], summary: dict[str, Any], output_dir: Path) -> None:

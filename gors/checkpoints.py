@@ -27,7 +27,7 @@ from accelerate import Accelerator
 import gors
 from gors.config import RunConfig, TrainConfig
 from gors.core.hub import hub_commit
-from gors.core.io import atomic_write_json, publish_folder, read_json, recover_folder
+from gors.core.io import atomic_write_json, file_sha256, publish_folder, read_json, recover_folder
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
 from gors.core.store import same_value, selection_identity
 
@@ -269,47 +269,51 @@ def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_ste
 def file_digests(folder: Path) -> dict[str, dict[str, Any]]:
     """{path relative to `folder`: {"bytes", "sha256"}} of each file in it but the marker: what a checkpoint's
     marker records, so that a resume notices a file damaged since (cut short, overwritten)."""
-    digests = {}
-    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKPOINT_MARKER):
-        with open(file, "rb") as handle:
-            digest = hashlib.file_digest(handle, "sha256").hexdigest()
-        digests[file.relative_to(folder).as_posix()] = {"bytes": file.stat().st_size, "sha256": digest}
-    return digests
+    return {file.relative_to(folder).as_posix(): {"bytes": file.stat().st_size, "sha256": file_sha256(file)}
+            for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKPOINT_MARKER)}
 
 
-def checkpoint_damage(checkpoint: Path) -> str | None:
-    """The first file of a complete checkpoint that does not hold what was saved, in words; None when all do
-    (or for a checkpoint made before the marker recorded its files)."""
+def checkpoint_damage(checkpoint: Path, names: Sequence[str] | None = None) -> str | None:
+    """The first file of a complete checkpoint (of `names`, default all) that does not hold what was saved,
+    in words; None when all do (or for a checkpoint made before the marker recorded its files)."""
     recorded = read_marker(checkpoint).get("files")
     if recorded is None:
         return None
-    found = file_digests(checkpoint)
     for name, saved in recorded.items():
-        now = found.get(name)
-        if now is None:
+        if names is not None and name not in names:
+            continue
+        file = checkpoint / name
+        if not file.is_file():
             return f"{name} is missing"
-        if now["bytes"] != saved["bytes"]:
-            return f"{name} holds {now['bytes']} bytes, {saved['bytes']} were saved"
-        if now["sha256"] != saved["sha256"]:
+        if file.stat().st_size != saved["bytes"]:
+            return f"{name} holds {file.stat().st_size} bytes, {saved['bytes']} were saved"
+        if file_sha256(file) != saved["sha256"]:
             return f"{name} holds other bytes than were saved"
     return None
 
 
-def check_intact(checkpoint: Path, of_this_folder: bool = True) -> None:
-    """Refuse a checkpoint whose files changed since they were saved: accelerate would stop on a file cut
-    short with a traceback, and pass over a damaged RNG state without a word. `of_this_folder`: the run
-    resumes from it (False: it goes on from another folder's, `--continue_from`)."""
-    problem = checkpoint_damage(checkpoint)
+def check_intact(checkpoint: Path, resume_from: str | None = None, names: Sequence[str] | None = None) -> None:
+    """Refuse a checkpoint whose files (of `names`, default all) changed since they were saved: accelerate
+    would stop on a file cut short with a traceback, and pass over a damaged RNG state without a word.
+
+    `resume_from`: how the run came to it, for the fix the error gives: None (a run going on from its own
+    checkpoint), 'latest', a folder named by `--resume_from_checkpoint`, or 'continue' (the previous round's
+    checkpoint, which an online round trains on from).
+    """
+    problem = checkpoint_damage(checkpoint, names)
     if problem is None:
         return
-    if not of_this_folder:
-        raise ValueError(f"{checkpoint} is damaged since it was saved: {problem}. Go on from another checkpoint of "
-                         "that run, or restore it from a backup")
+    damaged = f"{checkpoint} is damaged since it was saved: {problem}"
+    if resume_from == "continue":
+        raise ValueError(f"{damaged}. The next round trains on from it: restore it from a backup, or run the rounds "
+                         "again in a new --output_dir")
     before = [p for p in _checkpoint_folders(checkpoint.parent)
               if checkpoint_step(p) < checkpoint_step(checkpoint) and read_marker(p) is not None]
+    if resume_from not in (None, "latest"):
+        fix = f"pass --resume_from_checkpoint {before[-1]}" if before else "train without --resume_from_checkpoint"
+        raise ValueError(f"{damaged}. Delete that folder and {fix}, or restore it from a backup")
     then = f"training goes on from {before[-1]}" if before else "training starts again from step 0"
-    raise ValueError(f"{checkpoint} is damaged since it was saved: {problem}. Delete that folder ({then}), or "
-                     "restore it from a backup")
+    raise ValueError(f"{damaged}. Delete that folder ({then}), or restore it from a backup")
 
 
 def _prune(root: Path, limit: int | None, keep: Path) -> None:

@@ -14,6 +14,7 @@ recipes take every stage's flags, and each stage function accepts it as it reads
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -96,6 +97,8 @@ class _NumberLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         first: dict[Any, yaml.Node] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be given again, to override
+                continue
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, str) and key in first:
                 raise yaml.constructor.ConstructorError(
@@ -159,7 +162,8 @@ class RunFolderFields:
 
     def _check_run_folder(self) -> None:
         _check(bool(self.output_dir.strip()), "--output_dir='': give the run folder, e.g. --output_dir gors_output")
-        # Training seeds numpy with seed + process index (`accelerate.utils.set_seed`), which takes [0, 2^32).
+        # Training seeds numpy with seed + process index (`accelerate.utils.set_seed`), which takes [0, 2^32):
+        # [0, 2^31) leaves room for any number of processes.
         _check(0 <= self.seed < 2**31, f"--seed={self.seed}: must be in [0, 2147483647]")
         _check_mixed_precision(self.mixed_precision)
 
@@ -781,10 +785,12 @@ def config_file_values(cls: type, values: Mapping[str, Any], path: str) -> dict[
     known = own | ({spec.name for spec in fields(RunConfig)} if cls in STAGE_CONFIGS else set())
     unknown = sorted(set(values) - known)
     # `--no_train_unet` is argparse's spelling of a boolean field; the file names the field itself.
-    negated = [name for name in unknown if name.startswith("no_") and name.removeprefix("no_") in known]
+    booleans = {name for config in {cls, RunConfig} for name, kind in typing.get_type_hints(config).items()
+                if kind in (bool, bool | None)}
+    hints = [f"; {name} is the command line's flag: write {name.removeprefix('no_')}: "
+             f"{str(not values[name]).lower() if isinstance(values[name], bool) else 'false'}"
+             for name in unknown if name.startswith("no_") and name.removeprefix("no_") in booleans & known]
     _check(not unknown, f"--config {path}: unknown keys {unknown} for {cls.__name__}"
                         + (" (nor any other stage of `gors run`)" if cls in STAGE_CONFIGS else "")
-                        + "".join(f"; {name} is the command line's flag: write {name.removeprefix('no_')}: false"
-                                  for name in negated)
-                        + "; see --help for the valid names")
+                        + "".join(hints) + "; see --help for the valid names")
     return {name: value for name, value in values.items() if name in own}

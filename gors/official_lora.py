@@ -13,7 +13,6 @@ which this module reproduces (`lora_diffusion_targets`) to give every pair its m
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -26,7 +25,7 @@ import torch
 
 from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
-from gors.core.io import set_usual_permissions
+from gors.core.io import file_sha256, set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
 from gors.core.pipeline import LORA_WEIGHT_FILES
 from gors.core.prompts import T2I_COMPBENCH_COMMIT, T2I_COMPBENCH_REPOSITORY
@@ -70,14 +69,6 @@ SOURCE_RECORD = "gors_lora_source.json"
 
 class LoraConversionError(ValueError):
     """A lora_diffusion checkpoint does not fit the model it is converted for."""
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _check_category(category: str) -> None:
@@ -314,7 +305,7 @@ def convert_official_lora(
     text_state = with_text_model_prefix(text_state, text_encoder)  # the Hub's layout, whichever transformers
     record = {
         "source": str(source) if not isinstance(source, tuple) else [str(p) for p in source],
-        "files": {str(p): _sha256_file(p) for p in (unet_pt, text_pt)},
+        "files": {str(p): file_sha256(p) for p in (unet_pt, text_pt)},
         "format": "lora_diffusion",
         "base_model": pretrained_model_name_or_path,
         "rank": int(next(iter(unet_state.values())).shape[0]),

@@ -787,7 +787,9 @@ class GORSTrainer:
         if step >= self.config.max_train_steps:
             raise ValueError(f"{checkpoint} is at step {step}, not before this training's end at step "
                              f"{self.config.max_train_steps}")
-        check_intact(checkpoint, of_this_folder=False)
+        # Decided once: processes that each read a network filesystem could disagree, and wait at other barriers.
+        only_adapters = [LORA_WEIGHT_NAME] if self.reset_optimizer else None  # what `_continue` reads then
+        main_process_decides(self.accelerator.state, lambda: check_intact(checkpoint, "continue", only_adapters))
 
     def _continue(self, checkpoint: Path) -> int:
         """Go on from another folder's checkpoint (see `__init__`; checked by `_check_continue_from`); returns
@@ -856,7 +858,7 @@ class GORSTrainer:
             accelerator.print(f"[train] no checkpoint of this folder to resume from; starting from {start}")
         else:
             check_resumable(checkpoint, self.fingerprint, config.max_train_steps)
-            check_intact(checkpoint)
+            check_intact(checkpoint, config.resume_from_checkpoint)
         return checkpoint
 
     def save_checkpoint(self, step: int) -> Path:

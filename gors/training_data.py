@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -20,8 +21,10 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from torchvision import transforms
 
-from gors.core.distributed import batches, progress_bar
+from gors.core.distributed import batches, main_process_decides, progress_bar
 from gors.core.store import selection_identity
+
+logger = logging.getLogger(__name__)
 
 
 def image_transform(resolution: int, center_crop: bool) -> transforms.Compose:
@@ -57,10 +60,10 @@ def cache_damage(path: Path, rows: int | None = None) -> str | None:
     return None
 
 
-def _drop_damaged(path: Path, rows: int | None, accelerator: Accelerator) -> None:
-    """Delete a cache file that does not read, with a warning: it is computed again."""
+def _drop_damaged(path: Path, rows: int | None) -> None:
+    """Delete a cache file that does not read, with a warning (from any process): it is computed again."""
     if path.exists() and (problem := cache_damage(path, rows)) is not None:
-        accelerator.print(f"[train] warning: {path} is damaged ({problem}); computing it again")
+        logger.warning("%s is damaged (%s); computing it again", path, problem)
         path.unlink()
 
 
@@ -80,14 +83,16 @@ def sharded_cache(
     a rerun reuses `path`, or the finished parts, and computes only the rest. A file that does not read
     (`cache_damage`) is computed again.
     """
-    if accelerator.is_main_process:
-        _drop_damaged(path, num_items, accelerator)
-    accelerator.wait_for_everyone()
-    if not path.exists():
+    def cached() -> bool:
+        _drop_damaged(path, num_items)
+        return path.exists()
+
+    # Decided once: processes that each looked at a network filesystem could disagree, and wait at other barriers.
+    if not main_process_decides(accelerator.state, cached):
         world = accelerator.num_processes
         stem = path.name.removesuffix(".safetensors")
         part = path.with_name(f"{stem}.part-{accelerator.process_index:05d}-of-{world:05d}.safetensors")
-        _drop_damaged(part, None, accelerator)
+        _drop_damaged(part, None)
         if not part.exists():
             rows: dict[str, list[torch.Tensor]] = {}
             with accelerator.split_between_processes(list(range(num_items))) as indices:

@@ -31,7 +31,6 @@ checked as torch.hub's `check_hash` does); no full sha256 of the file is publish
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -44,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
-from gors.core.io import set_usual_permissions
+from gors.core.io import file_sha256, set_usual_permissions
 from rewards.geneval_rules import GENEVAL_CLASSES
 
 if TYPE_CHECKING:
@@ -454,14 +453,6 @@ def write_hf_folder(
     return output_dir
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def convert_checkpoint(path: str | os.PathLike[str], output_dir: str | os.PathLike[str]) -> Path:
     """Convert an mmdet 2.x Mask2Former Swin `.pth` file into a transformers folder (see `write_hf_folder`).
 
@@ -473,7 +464,7 @@ def convert_checkpoint(path: str | os.PathLike[str], output_dir: str | os.PathLi
     converted = convert_state_dict(state, arch)
     record = {
         "source": str(path),
-        "sha256": _sha256_file(Path(path)),
+        "sha256": file_sha256(path),
         "format": "mmdetection 2.x Mask2Former (Swin)",
         "architecture": asdict(arch),
         "conversion": CONVERSION_VERSION,

@@ -279,11 +279,19 @@ def test_a_checkpoint_damaged_since_its_save_is_named_with_the_checkpoint_to_go_
     (second / "optimizer.bin").write_bytes(optimizer[:10])
     with pytest.raises(ValueError, match=rf"optimizer.bin holds 10 bytes, {len(optimizer)} were saved\. {fix}"):
         check_intact(second)
+    with pytest.raises(ValueError, match=rf"optimizer.bin holds 10 bytes, .*\. Delete that folder and pass "
+                                         rf"--resume_from_checkpoint {first}, or restore it from a backup$"):
+        check_intact(second, "checkpoint-2")  # named by the flag: deleting it alone would leave the flag naming nothing
+    check_intact(second, names=["model.safetensors"])  # what a fresh optimizer reads is whole
     (first / "model.safetensors").unlink()
     with pytest.raises(ValueError, match=r"model.safetensors is missing\. Delete that folder \(training starts "
                                          r"again from step 0\)"):
         check_intact(first)
-    with pytest.raises(ValueError, match=r"model.safetensors is missing\. Go on from another checkpoint of that run"):
-        check_intact(first, of_this_folder=False)
+    with pytest.raises(ValueError, match=r"model.safetensors is missing\. Delete that folder and train without "
+                                         r"--resume_from_checkpoint"):
+        check_intact(first, str(first))
+    with pytest.raises(ValueError, match=r"model.safetensors is missing\. The next round trains on from it: restore "
+                                         r"it from a backup, or run the rounds again in a new --output_dir$"):
+        check_intact(first, "continue")
     (first / CHECKPOINT_MARKER).write_text(json.dumps({"fingerprint": {"rank": 4}}))  # saved before files were recorded
     check_intact(first)

@@ -91,9 +91,10 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
     config_file.write_text("max_train_step: 7\n")
     with pytest.raises(SystemExit, match="max_train_step"):
         parse_config(TrainConfig, ["--config", str(config_file)])
-    config_file.write_text("no_train_unet: true\n")
-    with pytest.raises(SystemExit, match=r"unknown keys \['no_train_unet'\] .*; no_train_unet is the command line's "
-                                         r"flag: write train_unet: false; see --help"):
+    config_file.write_text("no_train_unet: true\nno_center_crop: false\nno_revision: x\n")
+    with pytest.raises(SystemExit, match=r"unknown keys \['no_center_crop', 'no_revision', 'no_train_unet'\] .*; "
+                                         r"no_center_crop is the command line's flag: write center_crop: true; "
+                                         r"no_train_unet is the command line's flag: write train_unet: false; see --help"):
         parse_config(TrainConfig, ["--config", str(config_file)])
 
 
@@ -105,8 +106,9 @@ def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
         parse_config(TrainConfig, ["--config", str(config_file)])
     with pytest.raises(SystemExit, match=r"'a' is given twice"):
         parse_config(RunConfig, ["--reward_options", '{"a": 1, "a": 2}'])
-    config_file.write_text("reward_options: {b_vqa: {batch_size: 2}, clip_score: {batch_size: 2}}\n")
-    assert parse_config(RunConfig, ["--config", str(config_file)]).reward_options["clip_score"] == {"batch_size": 2}
+    config_file.write_text("reward_options: {b_vqa: &b {batch_size: 2, dtype: x}, clip_score: {<<: *b, dtype: y}}\n")
+    options = parse_config(RunConfig, ["--config", str(config_file)]).reward_options  # a merge key may be overridden
+    assert options["clip_score"] == {"batch_size": 2, "dtype": "y"}
 
 
 @pytest.mark.parametrize(

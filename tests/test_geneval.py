@@ -328,7 +328,7 @@ def test_images_folder_errors(data_dir: Path, tmp_path: Path, models: dict[str, 
     options = {**models, "detector_image_size": None}
 
     (folder / f"{second:05d}" / "samples" / "0001.png").rename(folder / f"{second:05d}" / "samples" / "image1.png")
-    with pytest.raises(ValueError, match=rf"1 missing \(first: prompt 1, image 1, .*{second:05d}/samples/0001.png\); "
+    with pytest.raises(ValueError, match=rf"1 missing \(first: prompt 1, image 1, .*{second:05d}/samples/00001.png\); "
                                          rf"2 not in the layout \(first: .*images/notes, .*{second:05d}/samples/image1.png\)"):
         benchmark.read_images(folder)
     (folder / f"{second:05d}" / "samples" / "image1.png").unlink()

@@ -194,6 +194,24 @@ def test_a_refused_continue_leaves_the_rounds_own_checkpoints_in_place(one_proce
     assert not list(round_dir(run_dir, 1).glob(f"{CHECKPOINTS_DIR}.previous-*"))
 
 
+def test_a_round_refuses_to_go_on_from_a_damaged_checkpoint_of_the_round_before(one_process_rounds, make_run_config,
+                                                                                tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_process_rounds, run_dir)
+    config = make_run_config(output_dir=str(run_dir), **ROUNDS)
+    shutil.rmtree(round_dir(run_dir, 1) / CHECKPOINTS_DIR)
+    previous = round_dir(run_dir, 0) / CHECKPOINTS_DIR / "checkpoint-2"
+    (previous / "optimizer.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"^{previous} is damaged since it was saved: optimizer.bin holds 0 bytes, "
+                                         r"\d+ were saved\. The next round trains on from it"):
+        train(round_config(config, 1), continue_from=previous, schedule_steps=config.round_steps() * config.rounds)
+    # A fresh optimizer per round reads only the adapters, which are whole: it goes on.
+    lora = train(round_config(config, 1), continue_from=previous, reset_optimizer=True,
+                 schedule_steps=config.round_steps())
+    reset_process_state()
+    assert lora.is_file()
+
+
 def test_a_fresh_optimizer_per_round_and_validation_at_each_rounds_end(one_process_rounds, make_run_config, tmp_path):
     kept, reset = one_process_rounds, tmp_path / "reset"
     run(make_run_config(output_dir=str(reset), **{**ROUNDS, "report_to": "tensorboard"}, reset_optimizer=True,

@@ -86,6 +86,15 @@ def set_usual_permissions(path: str | Path) -> None:
     os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
+def file_sha256(path: str | Path) -> str:
+    """The sha256 hex digest of a file, read in 1 MiB blocks (`hashlib.file_digest` needs Python 3.11)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def read_json(path: str | Path, what: str) -> Any:
     """The JSON value in `path`, or a ValueError naming the file and saying what it should be (`what`)."""
     try:
