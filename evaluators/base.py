@@ -451,7 +451,9 @@ class Benchmark:
                              extra_columns: Sequence[str] = (), with_columns: bool = True,
                              flag: str = "--scorer_options") -> None:
         """Refuse, before any image is generated, an option that one of the scorers does not take
-        (`flag`: the option that gave them) and, offline, a scorer's model the local cache lacks."""
+        (`flag`: the option that gave them), options of a column it does not compute and, offline, a scorer's
+        model the local cache lacks."""
+        self._check_column_options(label, column_options, extra_columns, with_columns, flag)
         specs = [(f"{label}'s scorer {reward!r}" if column is None else f"{label}'s {column} scorer {reward!r}",
                   reward, merged) for column, reward, merged in
                  self.scorer_specs(options, column_options, extra_columns, with_columns)]
@@ -459,6 +461,29 @@ class Benchmark:
             check_options(get_reward_class(reward), merged, what, flag)
         for what, reward, merged in specs:  # a mistyped option first: it is the user's to fix
             check_models_cached(reward, None, merged, what, flag)
+
+    def _check_column_options(self, label: str, column_options: Any, extra_columns: Sequence[str], with_columns: bool,
+                              flag: str) -> None:
+        """Refuse `columns` options that are no mapping of column name -> options, or name a column that this
+        evaluation does not compute (unknown, optional and not asked for, or `--columns none`)."""
+        if column_options is None:
+            return
+        example = f'{{"{label}": {{"columns": {{"COLUMN": {{"OPTION": ...}}}}}}}}'
+        if not isinstance(column_options, Mapping):
+            raise ValueError(f"{flag}: {label}'s columns options are {column_options!r}; give a mapping of column name "
+                             f"to its options, e.g. '{example}'")
+        computed = [column for column, _, _ in self.scorer_specs(None, None, extra_columns, with_columns) if column]
+        for column, value in column_options.items():
+            if column not in computed:
+                known = [*self.columns(), *self.optional_columns()]
+                why = ("it has no such column" if column not in known else
+                       "--columns none computes no column" if not with_columns else
+                       "it is optional and --columns does not ask for it")
+                raise ValueError(f"{flag}: options for {label}'s column {column!r}, which this evaluation does not "
+                                 f"compute ({why}; its columns: {', '.join(known) or 'none'})")
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{flag}: the options of {label}'s column {column!r} are {value!r}; give a mapping, "
+                                 f"e.g. '{example.replace('COLUMN', column)}'")
 
     def _column_settings(self, accelerator: Accelerator, column_options: Mapping[str, Mapping[str, Any]] | None,
                          column: str, main_options: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -287,7 +287,8 @@ class T2ICompBenchBenchmark(Benchmark):
                 continue  # a prompt that max_prompts leaves out
             _check_png(path)
             entries.append(ImageEntry(position[line], image, path))
-        check_complete(entries, len(chosen), self.num_images, samples)
+        check_complete(entries, len(chosen), self.num_images, samples,
+                       image_path=lambda p, i: samples / f"{chosen[p][1]}_{chosen[p][0] * self.num_images + i:06d}.png")
         return entries
 
 

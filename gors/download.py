@@ -90,7 +90,7 @@ def plan(command: str, config: Any) -> tuple[list[ModelNeed], list[tuple[str, An
         from rewards.combined import check_reward_options
 
         reward = config.reward_name(category)
-        check_reward_options(reward, config.reward_options)
+        check_reward_options(reward, config.reward_options, model_name_or_path=config.reward_model_name_or_path)
         model, options = config.reward_model_name_or_path, config.reward_options
         models += _reward_needs(reward, model, options, f"--reward {reward}")
         files.append((f"--reward {reward} data", _files_of(reward, model, options)))

@@ -114,18 +114,21 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
                          "--lora, or drop --images to generate with the LoRA")
     if config.lora is not None and not config.lora.startswith(OFFICIAL_PREFIX):
         check_lora_path(config.lora)  # `gors download evaluate` too: a local LoRA is nothing to download
-    unknown = sorted(set(config.scorer_options) - {name for name, _ in specs} - {benchmark_label(*s) for s in specs})
-    if unknown:
-        raise ValueError(f"--scorer_options for {unknown}, which are not among the benchmarks evaluated")
     benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts, images_per_prompt=config.images_per_prompt,
                                          batch_size=config.generation_batch_size)) for spec in specs]
+    # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.
+    labels = [benchmark_label(name, getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None)
+              for (name, _), benchmark in benchmarks]
+    unknown = sorted(set(config.scorer_options) - {name for name, _ in specs} - set(labels))
+    if unknown:
+        raise ValueError(f"--scorer_options for {unknown}, which are not among the benchmarks evaluated "
+                         f"({', '.join(labels)})")
     if config.images is not None:
         benchmarks[0][1].check_images_readable()
     plans = []
-    for ((name, _), benchmark), extra in zip(benchmarks, extra_columns(config, [b for _, b in benchmarks])):
-        # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.
+    for ((name, _), benchmark), label, extra in zip(benchmarks, labels,
+                                                    extra_columns(config, [b for _, b in benchmarks])):
         subset = getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
-        label = benchmark_label(name, subset)
         options = {**config.scorer_options.get(name, {}), **config.scorer_options.get(label, {})}
         column_options = options.pop("columns", None)
         benchmark.check_scorer_options(label, options, column_options, extra, with_columns=config.columns != "none")

@@ -131,7 +131,7 @@ def check_run_inputs(config: RunConfig) -> None:
     metadata = prompt_set.metadata[: config.max_prompts] if prompt_set.metadata is not None else None
     reward = config.reward_name(prompt_set.category)
     check_prompt_metadata(reward, prompts, metadata)
-    check_reward_options(reward, config.reward_options)
+    check_reward_options(reward, config.reward_options, model_name_or_path=config.reward_model_name_or_path)
     if config.reward_model_name_or_path is not None:  # a mistyped folder stops the run before, not after, generating
         specs = parse_reward_list(reward)
         default = get_reward_class(specs[0].name).default_model if len(specs) == 1 else None

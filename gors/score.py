@@ -103,7 +103,7 @@ def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = Non
     metadata = prompt_info.get("metadata")
     check_prompt_metadata(reward, prompt_info["prompts"], metadata)  # before any work
     # A mistyped option is named as such, not as a mismatch with the folder's earlier scores.
-    check_reward_options(reward, config.reward_options)
+    check_reward_options(reward, config.reward_options, model_name_or_path=config.reward_model_name_or_path)
     all_scores = score_samples(
         store, scores_dir(config.output_dir, reward), reward_builder(config, accelerator, reward),
         config.reward_batch_size, accelerator,

@@ -49,7 +49,7 @@ from PIL import Image
 from gors.core.hub import from_pretrained
 from gors.core.transfer import to_device
 from rewards.base import MODEL_FLAG, Reward, RewardOutput, check_choice, check_number
-from rewards.noun_phrases import MAX_QUESTIONS, Backend, parser_record, vqa_questions
+from rewards.noun_phrases import BACKENDS, MAX_QUESTIONS, Backend, parser_record, vqa_questions
 from rewards.question_table import QuestionTable, load_question_table
 
 # The official code tokenises questions with truncation to 35 tokens.
@@ -104,10 +104,13 @@ class BVQAReward(Reward):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
-        """Refuse, before BLIP loads, a negative `decimals` or `max_questions` and an unknown `question_start`."""
+        """Refuse, before BLIP loads, a negative `decimals` or `max_questions`, an unknown `question_start` or
+        `noun_phrase_backend` and an `image_size` below one 16-px patch."""
         check_number("decimals", options.get("decimals"), 0, math.inf, optional=True)
         check_number("max_questions", options.get("max_questions", MAX_QUESTIONS), 0, math.inf)
         check_choice("question_start", options.get("question_start", "enc"), ("enc", "cls"))
+        check_choice("noun_phrase_backend", options.get("noun_phrase_backend", "auto"), BACKENDS)
+        check_number("image_size", options.get("image_size"), 16, math.inf, optional=True)
 
     def __init__(
         self,

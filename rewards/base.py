@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
@@ -29,7 +30,7 @@ def check_number(name: str, value: Any, low: float = 0.0, high: float = 1.0, *, 
     `open_low`; `high` may be `math.inf`), or None where `optional`. For `Reward.check_options`."""
     if value is None and optional:
         return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not (number and (low < value if open_low else low <= value) and value <= high):  # NaN fails too
         raise ValueError(f"{name} must be {'in ' if not math.isinf(high) else ''}{_interval(low, high, open_low)}"
                          f"{' or None' if optional else ''}, got {value!r}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -240,6 +242,33 @@ def accepted_options(cls: type) -> list[str] | None:
     return None
 
 
+# Annotations whose values a command line or YAML file can get wrong, and the Python types each admits
+# (a path object for a text option, as Python callers pass model folders; numpy's numbers for numbers).
+_PLAIN_TYPES = {"int": (numbers.Integral,), "float": (numbers.Real,), "str": (str, os.PathLike), "bool": (bool,)}
+
+
+def option_type_problem(cls: type[Reward], options: Mapping[str, Any]) -> str | None:
+    """The first option whose value is not of its `__init__` annotation, where that is a plain type (`int`,
+    `float`, `str`, `bool`, or one of them `| None`), in words; None when all are (others are not checked
+    here: `Reward.check_options` checks what it knows)."""
+    for name, parameter in inspect.signature(cls).parameters.items():
+        if name not in options:
+            continue
+        annotation = parameter.annotation if isinstance(parameter.annotation, str) else \
+            getattr(parameter.annotation, "__name__", "")
+        kinds = [part.strip() for part in annotation.split("|")]
+        plain = [kind for kind in kinds if kind in _PLAIN_TYPES]
+        if not plain or len(plain) + kinds.count("None") != len(kinds):
+            continue
+        value = options[name]
+        allowed = tuple(t for kind in plain for t in _PLAIN_TYPES[kind])
+        if (value is None and "None" in kinds) or (isinstance(value, allowed)
+                                                   and not (isinstance(value, bool) and bool not in allowed)):
+            continue
+        return f"{name}={value!r}: expected {' or '.join(kinds)}"
+    return None
+
+
 def check_options(cls: type[Reward], options: Mapping[str, Any], what: str, flag: str) -> None:
     """Refuse, before anything loads, an option `cls` does not take (listing the ones it does) or a
     value it would refuse (`Reward.check_options`). `what` names the class in the message (e.g.
@@ -255,6 +284,9 @@ def check_options(cls: type[Reward], options: Mapping[str, Any], what: str, flag
     if unknown:
         raise ValueError(f"{flag}: {what} has no option {', '.join(map(repr, unknown))}; its options: "
                          f"{', '.join(accepted) or 'none'}")
+    problem = option_type_problem(cls, options)
+    if problem is not None:
+        raise ValueError(f"{flag}: {what}: {problem}")
     try:
         cls.check_options(options)
     except ValueError as err:
@@ -331,13 +363,26 @@ def _default_of(cls: type, option: str) -> Any:
     return None
 
 
-def check_reward_options(text: str, options: Mapping[str, Any] | None, flag: str = "--reward_options") -> None:
-    """Refuse options that no member of the `--reward` value `text` takes (`--reward_options`)."""
+def check_reward_options(text: str, options: Mapping[str, Any] | None, flag: str = "--reward_options",
+                         model_name_or_path: str | None = None) -> None:
+    """Refuse, before any work, options that no member of the `--reward` value `text` takes or values they
+    would refuse (`--reward_options`), and a `--reward_model_name_or_path` (`model_name_or_path`) that
+    `build_reward` would refuse."""
     specs = check_reward(text)
     options = dict(options or {})
     if is_single(specs, text):
-        check_options(get_reward_class(specs[0].name), options, f"reward {specs[0].name!r}", flag)
+        cls = get_reward_class(specs[0].name)
+        check_options(cls, options, f"reward {specs[0].name!r}", flag)
+        if model_name_or_path is not None:
+            _check_model_flag(cls, options, model_name_or_path)
         return
+    if model_name_or_path is not None:
+        raise ValueError(_ambiguous_model(model_name_or_path, text))
+    names = {spec.name for spec in specs}
+    stray = sorted(set(options) - names)
+    if stray:
+        raise ValueError(f"{flag}: {', '.join(map(repr, stray))} names no member of the reward list {text!r}: its "
+                         f"options are keyed by member, e.g. '{{\"{specs[0].name}\": {{\"{stray[0]}\": ...}}}}'")
     for spec in specs:
         member = options.get(spec.name, {})
         if not isinstance(member, Mapping):
@@ -386,20 +431,30 @@ def _build_reward(
     specs = check_reward(text)
     options = dict(options or {})
     if is_single(specs, text):
-        check_options(get_reward_class(specs[0].name), options, f"reward {specs[0].name!r}", "--reward_options")
-        if model_name_or_path is not None:
-            if options.get("model_name_or_path", model_name_or_path) != model_name_or_path:
-                raise ValueError(
-                    f"--reward_model_name_or_path={model_name_or_path!r} and --reward_options "
-                    f"model_name_or_path={options['model_name_or_path']!r} disagree; give one"
-                )
-            options["model_name_or_path"] = model_name_or_path
         cls = get_reward_class(specs[0].name)
+        check_options(cls, options, f"reward {specs[0].name!r}", "--reward_options")
+        if model_name_or_path is not None:
+            _check_model_flag(cls, options, model_name_or_path)
+            options["model_name_or_path"] = model_name_or_path
         return cls(device=device, torch_dtype=torch_dtype, batch_size=batch_size, **options)
     if model_name_or_path is not None:
-        raise ValueError(
-            f"--reward_model_name_or_path={model_name_or_path!r} is ambiguous for the reward list {text!r}; "
-            "give each member's model in --reward_options, e.g. "
-            "'{\"b_vqa\": {\"model_name_or_path\": \"...\"}}'"
-        )
+        raise ValueError(_ambiguous_model(model_name_or_path, text))
     return WeightedReward(specs, device, torch_dtype, batch_size, options=options)
+
+
+def _check_model_flag(cls: type[Reward], options: Mapping[str, Any], model_name_or_path: str) -> None:
+    """Refuse a `--reward_model_name_or_path` that disagrees with the options' or that the reward would refuse
+    (`Reward.check_options`, e.g. a reward without a model)."""
+    flag = f"--reward_model_name_or_path={model_name_or_path!r}"
+    if options.get("model_name_or_path", model_name_or_path) != model_name_or_path:
+        raise ValueError(f"{flag} and --reward_options model_name_or_path={options['model_name_or_path']!r} "
+                         "disagree; give one")
+    try:
+        cls.check_options({**options, "model_name_or_path": model_name_or_path})
+    except ValueError as err:
+        raise ValueError(f"{flag}: {err}") from None
+
+
+def _ambiguous_model(model_name_or_path: str, text: str) -> str:
+    return (f"--reward_model_name_or_path={model_name_or_path!r} is ambiguous for the reward list {text!r}; give each "
+            "member's model in --reward_options, e.g. '{\"b_vqa\": {\"model_name_or_path\": \"...\"}}'")

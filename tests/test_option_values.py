@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy
 import pytest
 
 from evaluators import build_benchmark
@@ -16,7 +19,7 @@ from rewards.registry import get_reward_class
         ("toy_oracle", {"checks": "al"}, r"reward 'toy_oracle': checks='al'; choose 'binding'.*or 'all'"),
         ("toy_oracle", {"model_name_or_path": "x"}, "no model to load"),
         ("grounded_sam", {"box_threshold": 1.5}, r"box_threshold must be in \[0, 1\], got 1.5"),
-        ("grounded_sam", {"text_threshold": "0.3"}, r"text_threshold must be in \[0, 1\] or None, got '0.3'"),
+        ("grounded_sam", {"text_threshold": "0.3"}, r"text_threshold='0.3': expected float or None"),  # its type
         ("grounded_sam", {"noun_phrase_backend": "nltk"}, "noun_phrase_backend='nltk'; choose 'auto'"),
         ("grounded_detection", {"threshold": -0.1}, r"threshold must be in \[0, 1\]"),
         ("grounded_detection", {"text_threshold": 0.2, "nms_iou": 0.5}, "give one of them"),
@@ -36,8 +39,13 @@ from rewards.registry import get_reward_class
         ("b_vqa", {"decimals": -1}, "decimals must be >= 0 or None, got -1"),
         ("b_vqa", {"max_questions": -2}, "max_questions must be >= 0"),
         ("b_vqa", {"question_start": "bos"}, "question_start='bos'; choose 'enc' or 'cls'"),
+        ("b_vqa", {"noun_phrase_backend": "bogus"}, "noun_phrase_backend='bogus'; choose 'auto'"),  # was after BLIP
+        ("b_vqa", {"image_size": "big"}, "image_size='big': expected int or None"),  # was a TypeError in resizing
+        ("b_vqa", {"image_size": 8}, "image_size must be >= 16 or None, got 8"),
+        ("b_vqa", {"model_name_or_path": 5}, "model_name_or_path=5: expected str or None"),
+        ("b_vqa", {"max_questions": True}, "max_questions=True: expected int"),
         ("geneval", {"threshold": 1.0}, r"threshold=1.0: .* \[0, 1\)"),
-        ("geneval", {"counting_threshold": "high"}, r"counting_threshold must be in \[0, 1\]"),
+        ("geneval", {"counting_threshold": "high"}, r"counting_threshold='high': expected float"),
         ("geneval", {"max_objects": 0}, "max_objects must be >= 1, got 0"),
         ("geneval", {"detector_image_size": 800}, "detector_image_size=800: give"),
     ],
@@ -54,6 +62,7 @@ def test_a_bad_value_is_refused_without_a_model_naming_the_flag(reward, options,
      ("spatial_rule", {"threshold": None, "text_threshold": 0.25, "iou_threshold": 0.2}),
      ("mllm_cot", {"category": "spatial"}), ("blip_clip", {"max_length": 40}), ("tifa", {"aggregation": "am"}),
      ("b_vqa", {}), ("b_vqa", {"decimals": None, "question_start": "cls"}),
+     ("b_vqa", {"model_name_or_path": Path("blip"), "image_size": 480, "max_questions": numpy.int64(3)}),
      ("geneval", {"threshold": 0.5, "detector_image_size": None}), ("geneval", {"detector_image_size": [512, 1024]})],
 )
 def test_good_values_pass(reward, options):
@@ -89,6 +98,33 @@ def test_benchmark_scorers_and_columns_are_checked_with_the_flag_given():
                                    extra_columns=["MLLM-CoT"])
 
 
+@pytest.mark.parametrize(("columns", "extra", "with_columns", "message"), [
+    (3, [], True, r"color's columns options are 3; give a mapping of column name to its options"),  # was a traceback
+    ({"B-CLIP": 3}, [], True, r"the options of t2i_compbench:color's column 'B-CLIP' are 3; give a mapping"),
+    ({"Nope": {}}, [], True, r"column 'Nope', which this evaluation does not compute \(it has no such column; its "
+                             r"columns: B-CLIP, CLIPScore, MLLM-CoT\)"),
+    ({"MLLM-CoT": {}}, [], True, r"'MLLM-CoT', .*\(it is optional and --columns does not ask for it;"),
+    ({"CLIPScore": {}}, [], False, r"'CLIPScore', .*\(--columns none computes no column;"),  # was ignored
+])
+def test_column_options_of_no_computed_column_or_no_mapping_are_refused(columns, extra, with_columns, message):
+    color = build_benchmark("t2i_compbench", "color")
+    with pytest.raises(ValueError, match=rf"^--scorer_options: .*{message}"):
+        color.check_scorer_options("t2i_compbench:color", {}, columns, extra_columns=extra, with_columns=with_columns)
+
+
+def test_scorer_options_may_be_keyed_by_the_label_of_a_default_subset(tmp_path):
+    from gors.config import EvaluateConfig
+    from gors.evaluate import plan_benchmarks
+
+    config = EvaluateConfig(benchmarks="toy", output_dir=str(tmp_path), scorer_options={"toy:held_out": {"checks": "x"}})
+    with pytest.raises(ValueError, match=r"toy:held_out's scorer 'toy_oracle': checks='x'"):  # was "not evaluated"
+        plan_benchmarks(config)
+    config = EvaluateConfig(benchmarks="toy", output_dir=str(tmp_path), scorer_options={"toy:train": {}})
+    with pytest.raises(ValueError, match=r"--scorer_options for \['toy:train'\], which are not among the benchmarks "
+                                         r"evaluated \(toy:held_out\)"):
+        plan_benchmarks(config)
+
+
 @pytest.mark.parametrize(
     ("reward", "options", "message"),
     [
@@ -108,3 +144,18 @@ def test_tit_score_and_three_in_one_values_are_refused_without_a_model(reward, o
     with pytest.raises(ValueError, match=message):
         check_reward_options(reward, options, flag="--some_flag")
     check_reward_options(reward, {})
+
+
+def test_the_reward_model_flag_and_a_lists_options_are_checked_before_any_work():
+    with pytest.raises(ValueError, match=r"^--reward_model_name_or_path='m': toy_oracle has no model to load"):
+        check_reward_options("toy_oracle", {}, model_name_or_path="m")
+    with pytest.raises(ValueError, match=r"--reward_model_name_or_path='m' and --reward_options model_name_or_path="
+                                         r"'n' disagree"):
+        check_reward_options("b_vqa", {"model_name_or_path": "n"}, model_name_or_path="m")
+    with pytest.raises(ValueError, match=r"--reward_model_name_or_path='m' is ambiguous for the reward list"):
+        check_reward_options("toy_oracle:0.5,toy_classifier:0.5", {}, model_name_or_path="m")
+    with pytest.raises(ValueError, match=r"^--reward_options: 'checks' names no member of the reward list "
+                                         r"'toy_oracle:0.5,toy_classifier:0.5': its options are keyed by member, e.g. "
+                                         r"'\{\"toy_oracle\": \{\"checks\": ...\}\}'$"):
+        check_reward_options("toy_oracle:0.5,toy_classifier:0.5", {"checks": "all"})
+    check_reward_options("toy_oracle:0.5,toy_classifier:0.5", {"toy_oracle": {"checks": "all"}})

@@ -124,8 +124,10 @@ def test_read_images_errors(tmp_path: Path) -> None:
         return official_folder(tmp_path / name, bench) / "samples"
 
     missing = fresh("missing")
-    min(missing.iterdir()).unlink()
-    with pytest.raises(ValueError, match="1 missing"):
+    (line, prompt), image = bench.selection()[1], 1  # max_prompts=2 takes a later line of the val file
+    (missing / f"{prompt}_{line * 2 + image:06d}.png").unlink()
+    with pytest.raises(ValueError, match=rf"1 missing \(first: prompt 1, image 1, \S*missing/samples/{prompt}_"
+                                         rf"{line * 2 + 1:06d}.png\)"):
         bench.read_images(missing.parent)
     past = fresh("past")
     write_png(past / f"a dog_{300 * 2:06d}.png")
