@@ -134,6 +134,7 @@ class BVQAReward(Reward):
         self.noun_phrase_backend = noun_phrase_backend
         # Both are checked before the model loads: a bad table or a missing spaCy model fails fast.
         self.questions: QuestionTable | None = None if questions is None else load_question_table(questions)
+        self._warned_table_miss = False
         self.parser_source = {"source": "parser", "parser": parser_record(noun_phrase_backend)}
         path = str(self.model_name_or_path)
         self.processor = from_pretrained(BlipProcessor.from_pretrained, path, MODEL_FLAG)
@@ -202,6 +203,12 @@ class BVQAReward(Reward):
         found = table.lookup(prompt) if table is not None else None
         if table is not None and found is not None:
             return found[: self.max_questions], table.source()
+        if table is not None and not self._warned_table_miss:  # a table of another prompt set is no error, but says so
+            self._warned_table_miss = True
+            logger.warning("B-VQA: the question table %s (%d prompts) lacks %r, so its questions come from the parser "
+                           "(noun_phrase_backend=%s); a table made for another prompt set asks none of its own "
+                           "questions (`gors questions PROMPTS OUT.json` makes one for these prompts)",
+                           table.path, len(table.questions), prompt, self.noun_phrase_backend)
         return vqa_questions(prompt, self.max_questions, self.noun_phrase_backend), self.parser_source
 
     def _answer_probabilities(

@@ -259,7 +259,8 @@ def test_yes_must_be_a_single_token(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         BVQAReward(model_name_or_path=str(path), device="cpu")
 
 
-def test_question_table_sets_what_blip_is_asked(reward: BVQAReward, model_dir: Path, tmp_path: Path) -> None:
+def test_question_table_sets_what_blip_is_asked(reward: BVQAReward, model_dir: Path, tmp_path: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
     """A table's questions reach the model for the prompts it holds; other prompts are parsed."""
     content = make_question_table(["a green bench and a red car", "a blue cat and a red dog"])
     # As if the official parser had asked one question only (as spaCy does on some prompts).
@@ -271,6 +272,11 @@ def test_question_table_sets_what_blip_is_asked(reward: BVQAReward, model_dir: P
     images = random_images(3, seed=5)
     prompts = ["a green bench and a red car", "a blue cat and a red dog", "rubber gloves and a fluffy teddy bear"]
     output = with_table.score(images, prompts)
+    # A prompt the table lacks is named once: a table of another prompt set would otherwise change nothing unseen.
+    assert caplog.text.count(f"the question table {path} (2 prompts) lacks 'rubber gloves and a fluffy teddy bear', "
+                             "so its questions come from the parser (noun_phrase_backend=builtin)") == 1
+    with_table.score(images[2:], prompts[2:])
+    assert caplog.text.count("lacks") == 1
     from_table = {"source": "table", "table_sha256": sha256, "parser": BUILTIN}
     from_parser = {"source": "parser", "parser": BUILTIN}
     assert [d["questions"] for d in output.details] == [
