@@ -25,8 +25,9 @@ from evaluators.results import UNIT_SCALE
 from gors.config import EvaluateConfig
 from gors.core.backbones import detect_backbone, family_precision
 from gors.core.distributed import make_accelerator
-from gors.core.io import atomic_write_json
+from gors.core.io import atomic_write_json, read_json
 from gors.core.pipeline import check_lora_path
+from gors.core.store import same_value
 from gors.official_lora import OFFICIAL_PREFIX, resolve_lora
 from rewards import Reward
 from rewards.combined import download_reward_files
@@ -139,6 +140,22 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
     return plans
 
 
+def earlier_summaries(path: Path, summaries: list[dict[str, Any]], header: dict[str, Any]) -> list[dict[str, Any]]:
+    """The benchmarks an earlier `gors evaluate` into the same folder recorded in `path` that this run did not
+    evaluate, where they are of the same model, LoRA (`header`: this run's top-level fields) and their folders
+    still hold their results: a run of some of the benchmarks keeps the others in the folder's summary."""
+    if not path.is_file() or not summaries:
+        return []
+    previous = read_json(path, "the summary `gors evaluate` writes (delete it: the next evaluation writes it again)")
+    if not isinstance(previous, dict) or {k: v for k, v in previous.items() if k != "summaries"} != header:
+        return []
+    labels = {summary["label"] for summary in summaries}
+    return [entry for entry in previous.get("summaries", []) if isinstance(entry, dict)
+            and entry.get("label") not in labels and (Path(str(entry.get("folder"))) / "summary.json").is_file()
+            and same_value(entry.get("model"), summaries[0].get("model"))
+            and same_value(entry.get("lora"), summaries[0].get("lora"))]
+
+
 def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
     """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json)."""
     plans = plan_benchmarks(config)
@@ -167,8 +184,12 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         drop_unneeded(scorers, set().union(*(keys for _, keys in runs[index + 1 :])))
     if accelerator.is_main_process:
         dropout = {"lora_dropout": config.lora_dropout} if config.lora_dropout else {}
-        atomic_write_json(Path(config.output_dir) / "summary.json",
-                          {"lora": config.lora, **dropout, "summaries": summaries})
+        path = Path(config.output_dir) / "summary.json"
+        earlier = earlier_summaries(path, summaries, {"lora": config.lora, **dropout})
+        if earlier:
+            print(f"[evaluate] {path} keeps the earlier results of {', '.join(e['label'] for e in earlier)} "
+                  "(same model and LoRA; not evaluated in this run)")
+        atomic_write_json(path, {"lora": config.lora, **dropout, "summaries": earlier + summaries})
         print(summary_table(summaries))
     accelerator.wait_for_everyone()
     return summaries

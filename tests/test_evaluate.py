@@ -69,6 +69,10 @@ def test_evaluate_writes_one_folder_per_benchmark_and_resumes(tmp_path, capsys, 
         assert all(row["correct"] == (row["reason"] == "") for row in rows)
     main(argv)  # everything exists: nothing is generated or scored again
     assert "0 to generate" in capsys.readouterr().out
+    # One benchmark again: the folder's summary keeps the other's results (they are of the same model and LoRA).
+    main([*argv[:4], "toy:train", *argv[5:]])
+    assert "summary.json keeps the earlier results of toy:held_out" in capsys.readouterr().out
+    assert json.loads((tmp_path / "summary.json").read_text()) == combined
     # Another --max_prompts is another subset of the prompts (every n-th): refused, naming that flag.
     with pytest.raises(SystemExit):
         main([*argv[:-4], "--max_prompts", "5", *argv[-2:]])
@@ -425,3 +429,19 @@ def test_scoring_takes_the_precision_the_samples_were_generated_in(tmp_path):
                                  "b_vqa") == torch.float16  # asked for
     assert training_reward_dtype(ScoreConfig(output_dir=str(tmp_path / "none")), gpu, "b_vqa") == torch.float16
     assert training_reward_dtype(ScoreConfig(output_dir=str(tmp_path)), Fake("cpu", "fp16"), "b_vqa") == torch.float32
+
+
+def test_earlier_results_are_kept_only_for_the_same_model_and_lora_with_their_folder(tmp_path):
+    from gors.evaluate import earlier_summaries
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "summary.json").write_text("{}")
+    entry = {"label": "a", "folder": str(tmp_path / "a"), "model": "m", "lora": None}
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"lora": None, "summaries": [entry, {**entry, "label": "b",
+                                                                    "folder": str(tmp_path / "gone")}]}))
+    now = [{"label": "c", "model": "m", "lora": None}]
+    assert earlier_summaries(path, now, {"lora": None}) == [entry]  # b's folder no longer holds results
+    assert earlier_summaries(path, [{**now[0], "model": "other"}], {"lora": None}) == []
+    assert earlier_summaries(path, now, {"lora": "x", "lora_dropout": 0.1}) == []
+    assert earlier_summaries(path, [{**now[0], "label": "a"}], {"lora": None}) == []  # evaluated again now
