@@ -16,7 +16,7 @@ from gors.core.backbones import check_trainable, detect_backbone
 from gors.core.hub import check_model_path
 from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
-from gors.core.prompts import load_prompts, recorded_category
+from gors.core.prompts import check_category, load_prompts, recorded_category
 from gors.core.run_folder import CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_FILE, samples_dir
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore, has_bytes
@@ -127,6 +127,7 @@ def check_run_inputs(config: RunConfig) -> None:
     local cache holds the reward's models, and the reward's data files are there (fetched now)."""
     # Local files first, then the model's config (which may need the Hub).
     prompt_set = load_prompts(config.train_prompts)
+    check_category(config.category, prompt_set.category, f"--train_prompts {config.train_prompts}")
     prompts = prompt_set.prompts[: config.max_prompts]
     metadata = prompt_set.metadata[: config.max_prompts] if prompt_set.metadata is not None else None
     reward = config.reward_name(prompt_set.category)

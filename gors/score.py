@@ -28,7 +28,7 @@ from gors.config import RunConfig, ScoreConfig
 from gors.core.background_scoring import BackgroundScorer
 from gors.core.distributed import make_accelerator
 from gors.core.pipeline import inference_dtype
-from gors.core.prompts import load_prompts, recorded_category
+from gors.core.prompts import check_category, load_prompts, recorded_category
 from gors.core.run_folder import reward_key, samples_dir, scores_dir
 from gors.core.scoring import open_score_folder, score_samples
 from gors.core.store import SampleKey, SampleStore
@@ -99,6 +99,7 @@ def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = Non
     accelerator = accelerator or make_accelerator()
     store = SampleStore(samples_dir(config.output_dir))
     prompt_info = store.load_prompts()  # fails clearly when nothing was generated
+    check_category(config.category, recorded_category(prompt_info), f"the samples in {store.root}")
     reward = config.reward_name(recorded_category(prompt_info))
     metadata = prompt_info.get("metadata")
     check_prompt_metadata(reward, prompt_info["prompts"], metadata)  # before any work

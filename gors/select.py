@@ -19,7 +19,7 @@ import numpy as np
 
 from gors.config import RunConfig, SelectConfig
 from gors.core.io import atomic_write_json, atomic_write_jsonl, read_json, read_jsonl
-from gors.core.prompts import TOY_CATEGORY, recorded_category
+from gors.core.prompts import TOY_CATEGORY, check_category, recorded_category
 from gors.core.run_folder import (
     SCORES_DIR,
     SELECTION_FILE,
@@ -155,6 +155,7 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
     if not records:
         raise StoreError(f"no samples in {store.root}: run `gors generate --output_dir {config.output_dir}` first.")
     category = recorded_category(prompt_info)
+    check_category(config.category, category, f"the samples in {store.root}")
     reward = config.reward_name(category)
     scores = load_scores(config.output_dir, reward, records)
     unscored = [r["path"] for r in records if sample_key(r) not in scores]

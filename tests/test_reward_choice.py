@@ -384,3 +384,17 @@ def test_unbiased_flag_reaches_scoring_and_training(make_run_config):
     assert (out / "scores" / "toy_classifier").is_dir() and not (out / "scores" / "toy_oracle").exists()
     assert json.loads((out / "selection_summary.json").read_text())["reward"] == "toy_classifier"
     assert (out / "pytorch_lora_weights.safetensors").is_file()
+
+
+def test_a_category_other_than_the_prompts_is_refused_before_any_work(tmp_path):
+    from gors.config import RunConfig
+    from gors.core.prompts import check_category
+    from gors.run import check_run_inputs
+
+    check_category(None, "color", "x")
+    check_category("spatial", None, "x")  # prompts of no category (a file) take the one given
+    # As a recipe with another --category: that category's reward and tau would have judged these prompts.
+    config = RunConfig(train_prompts="toy:train", category="color", output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"^--category='color', but --train_prompts toy:train are 'toy' prompts: "
+                                         r"color's reward and tau would judge them\. Drop --category"):
+        check_run_inputs(config)

@@ -109,6 +109,8 @@ def test_the_toy_recipe_selects_with_the_same_taus(tmp_path, monkeypatch, flags,
         seen.append(config)
         raise _Stop
 
+    # Both bindings, each restored afterwards: a module first imported under the patch would keep the stub.
+    monkeypatch.setattr("gors.run.training_accelerator", stop)
     monkeypatch.setattr("gors.train.training_accelerator", stop)
     with pytest.raises(_Stop):
         toy_main(["--output_dir", str(tmp_path / "demo"), *flags])
@@ -140,3 +142,12 @@ def test_toy_prompts_sample_as_the_toy_benchmark_on_a_stable_diffusion_model(tmp
     config = GenerateConfig(output_dir=str(tmp_path / "given"), pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline"),
                             train_prompts="toy:train", max_prompts=1, images_per_prompt=1, num_inference_steps=3)
     assert json.loads((generate(config).root / "settings.json").read_text())["num_inference_steps"] == 3  # given wins
+
+
+def test_select_refuses_a_category_other_than_the_samples(tmp_path):
+    _toy_run(tmp_path, [1.0, 0.98, 0.5])
+    with pytest.raises(ValueError, match=r"^--category='spatial', but the samples in .*samples are 'toy' prompts: "
+                                         r"spatial's reward and tau would judge them"):  # spatial's tau on toy images
+        select(_select_config(tmp_path, "--category", "spatial", "--reward", "toy_oracle"))
+    assert not (tmp_path / "selection.jsonl").exists()
+    assert select(_select_config(tmp_path, "--category", "toy"))["num_selected"] == 1  # their own: as without it

@@ -214,6 +214,15 @@ def recorded_category(info: dict[str, Any]) -> str | None:
     return info.get("category")
 
 
+def check_category(category: str | None, prompts_category: str | None, prompts: str) -> None:
+    """Refuse a `--category` other than the one the prompts are of (`prompts` names them in the message): its
+    default reward and tau would judge another category's prompts. Prompts of no category (a file) take any."""
+    if category is not None and prompts_category is not None and category != prompts_category:
+        raise ValueError(f"--category={category!r}, but {prompts} are {prompts_category!r} prompts: {category}'s reward "
+                         f"and tau would judge them. Drop --category (the prompts' own is taken), or use "
+                         f"{category}'s prompts")
+
+
 def load_prompts(spec: str, split: str = "train") -> PromptSet:
     """Load a prompt set from a T2I-CompBench name or a text file.
 
