@@ -70,6 +70,10 @@ def extra_columns(config: EvaluateConfig, benchmarks: list[Benchmark]) -> list[l
         return [list(benchmark.optional_columns()) for benchmark in benchmarks]
     available = {column for benchmark in benchmarks for column in benchmark.optional_columns()}
     unknown = [name for name in config.extra_columns if name not in available]
+    default = sorted({name for name in unknown for benchmark in benchmarks if name in benchmark.columns()})
+    if default:  # --columns names optional columns only; the default ones are always computed
+        raise ValueError(f"--columns={config.columns!r}: {', '.join(default)} is computed by default (without "
+                         f"--columns none); --columns adds optional columns: {', '.join(sorted(available)) or 'none'}")
     if unknown:
         raise ValueError(f"--columns={config.columns!r}: no benchmark evaluated has the optional column(s) {unknown}; "
                          f"they have {sorted(available) or 'none'}")

@@ -39,6 +39,8 @@ class QuestionsConfig:
     def __post_init__(self) -> None:
         if self.noun_phrase_backend not in BACKENDS:
             raise ValueError(f"--noun_phrase_backend {self.noun_phrase_backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.split not in ("val", "train"):  # else a category name was reported as a missing file
+            raise ValueError(f"--split {self.split!r}; choose val or train (T2I-CompBench has no other split)")
 
 
 def write_questions(config: QuestionsConfig) -> str:

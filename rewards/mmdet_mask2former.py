@@ -401,7 +401,11 @@ def read_mmdet_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch
         except RuntimeError:  # a file in torch's legacy (pre-zip) format cannot be memory-mapped
             checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several unrelated types for a file that is not a checkpoint
-        raise DetectorConversionError(f"{path} is not a PyTorch checkpoint torch.load can read safely: {err}") from err
+        # torch's own text is pages long and, for weights_only, suggests unpickling arbitrary code: not repeated.
+        raise DetectorConversionError(f"{path} is not a PyTorch checkpoint torch.load can read safely "
+                                      f"({type(err).__name__}: cut short, another format, or objects other than "
+                                      "tensors); pass mmdetection's Mask2Former checkpoint, e.g. "
+                                      f"{OFFICIAL_CHECKPOINT.url(CHECKPOINT_FILE)}") from err
     state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
     if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise DetectorConversionError(f"{path} holds no state dict of tensors (got {type(checkpoint).__name__})")

@@ -248,6 +248,10 @@ def test_columns_flag_adds_optional_columns_where_a_benchmark_has_them(tmp_path)
     with pytest.raises(ValueError, match=r"no benchmark evaluated has the optional column\(s\) \['MLLM-CoT'\]"):
         evaluate(EvaluateConfig(benchmarks="toy", columns="MLLM-CoT", output_dir=str(tmp_path)))
     assert not any(tmp_path.iterdir())
+    # A default column is not "absent": it is computed without the flag.
+    with pytest.raises(ValueError, match=r"--columns='B-CLIP': B-CLIP is computed by default \(without --columns "
+                                         r"none\); --columns adds optional columns: MLLM-CoT$"):
+        extra_columns(EvaluateConfig(columns="B-CLIP"), [color, toy])
 
 
 def test_columns_none_skips_the_default_columns(tmp_path, monkeypatch):

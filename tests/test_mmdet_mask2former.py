@@ -682,8 +682,10 @@ def test_the_panoptic_checkpoint_is_refused_before_any_work(tmp_path):
 
 def test_files_that_are_no_mmdet_checkpoint_are_refused(tmp_path, tiny_pth):
     (tmp_path / "text.pth").write_text("not a checkpoint")
-    with pytest.raises(DetectorConversionError, match="not a PyTorch checkpoint"):
-        convert_checkpoint(tmp_path / "text.pth", tmp_path / "out")
+    with pytest.raises(DetectorConversionError, match=r"not a PyTorch checkpoint torch.load can read safely \(\w+: "
+                                                     r"cut short, another format, or objects other than tensors\); "
+                                                     r"pass mmdetection's Mask2Former checkpoint, e.g. https://\S+$"):
+        convert_checkpoint(tmp_path / "text.pth", tmp_path / "out")  # one line, not torch's page
     torch.save([torch.zeros(2, 2)], tmp_path / "list.pth")
     with pytest.raises(DetectorConversionError, match="no state dict"):
         convert_checkpoint(tmp_path / "list.pth", tmp_path / "out")
