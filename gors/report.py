@@ -248,6 +248,30 @@ def labels(folders: Sequence[Path]) -> list[str]:
     return names
 
 
+def quick_run_notes(folder: Path, name: str) -> list[str]:
+    """A line per benchmark of a `gors evaluate` folder that the report sets beside published numbers but that
+    ran on fewer prompts (`--max_prompts`) or other images per prompt than the benchmark's protocol."""
+    from evaluators import available_benchmarks, benchmark_class
+
+    published = {label for values in PUBLISHED.values() for label in values}
+    notes = []
+    for summary in _summaries(folder) or []:
+        label = str(summary.get("label")) if isinstance(summary, dict) else ""
+        benchmark = label.split(":")[0]
+        if label not in published or benchmark not in available_benchmarks():
+            continue
+        results = summary.get("results") or {}
+        config, samples = results.get("config") or {}, results.get("samples") or {}
+        official = benchmark_class(benchmark).official_images_per_prompt
+        per_prompt = config.get("images_per_prompt") or official
+        if config.get("max_prompts") is None and per_prompt == official:
+            continue
+        notes.append(f"note: {name}'s {label} is a quick run ({samples.get('prompts', '?')} prompts x {per_prompt} "
+                     f"images; the protocol's images per prompt: {official}, all its prompts): it does not compare "
+                     "with the published numbers")
+    return notes
+
+
 # Every PNG a report may write: those this report does not write are an earlier report's, and go.
 PLOTS = ("benchmarks.png", "training_curves.png", "rounds.png")
 
@@ -259,6 +283,7 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
     sizes: dict[str, dict[str, int]] = {}
     runs: dict[str, dict[str, list[tuple[int, float]]]] = {}
     rounds: dict[str, list[dict[str, float]]] = {}
+    quick: list[str] = []
     paths = [Path(folder) for folder in folders]
     for folder, name in zip(paths, labels(paths)):
         if not folder.is_dir():
@@ -268,6 +293,7 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
         if evaluation:
             evaluations[name] = evaluation
             sizes[name] = evaluation_sizes(folder)
+            quick += quick_run_notes(folder, name)
         if (folder / "logs").is_dir():
             scalars = load_scalars(folder)
             if scalars:
@@ -283,7 +309,7 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
     written = []
     if evaluations:
         parts += ["## Benchmarks (main metric of each; published numbers in italics)", "",
-                  markdown_table(evaluations), "", *size_notes(sizes), "", "![benchmarks](benchmarks.png)", ""]
+                  markdown_table(evaluations), "", *size_notes(sizes), *quick, "", "![benchmarks](benchmarks.png)", ""]
         _plot_bars(evaluations, output_dir / "benchmarks.png")
         written.append("benchmarks.png")
     if runs:

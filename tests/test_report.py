@@ -144,6 +144,24 @@ def test_a_malformed_summary_or_rounds_file_is_an_error_naming_it(tmp_path, name
         report([folder], tmp_path / "report")
 
 
+def test_a_quick_run_set_beside_published_numbers_is_noted(tmp_path):
+    def evaluation(name: str, max_prompts: int | None, per_prompt: int | None) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        summary = {"label": "t2i_compbench:color", "primary_metric": "b_vqa", "b_vqa": 0.5,
+                   "results": {"config": {"max_prompts": max_prompts, "images_per_prompt": per_prompt},
+                               "samples": {"prompts": max_prompts or 300}}}
+        (folder / "summary.json").write_text(json.dumps({"summaries": [summary]}))
+        return folder
+
+    text = report([evaluation("quick", 2, 2), evaluation("fewer", None, 4), evaluation("full", None, None)],
+                  tmp_path / "report").read_text()
+    assert ("note: quick's t2i_compbench:color is a quick run (2 prompts x 2 images; the protocol's images per "
+            "prompt: 10, all its prompts): it does not compare with the published numbers") in text
+    assert "fewer's t2i_compbench:color is a quick run (300 prompts x 4 images" in text
+    assert "full's" not in text
+
+
 def test_evaluations_of_one_benchmark_on_different_numbers_of_images_are_noted(tmp_path):
     def evaluation(name: str, images: int) -> Path:
         folder = tmp_path / name
