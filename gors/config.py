@@ -130,12 +130,13 @@ def parse_mapping(value: Mapping[str, Any] | str | None, flag: str) -> dict[str,
     """A mapping option: JSON/YAML text (the command line) or a mapping (a YAML config file, Python)."""
     if value is None:
         return {}
+    given = value
     if isinstance(value, str):
         try:
             value = load_yaml(value)
         except yaml.YAMLError as err:
             raise ValueError(f"{flag}={value!r} is not valid JSON/YAML: {yaml_problem(err)}") from None
-    _check(isinstance(value, Mapping), f"{flag}={value!r}: expected a mapping such as '{{\"key\": \"value\"}}'")
+    _check(isinstance(value, Mapping), f"{flag}={given!r}: expected a mapping such as '{{\"key\": \"value\"}}'")
     return dict(value)
 
 

@@ -134,7 +134,9 @@ def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
         (["--max_grad_norm", "-1"], "--max_grad_norm=-1.0: must be > 0"),
         (["--max_grad_norm", "0"], "--max_grad_norm=0.0: must be > 0"),
         (["--guidance_scale", "-2"], "--guidance_scale=-2.0: must be >= 0"),
-        (["--seed", "-1"], r"--seed=-1: must be in \[0, 2147483647\]"),  # numpy's seed would fail when training
+        (["--seed", "-1"], r"--seed=-1: must be in \[0, 2147483647\]"),
+        (["--reward_options", ""], r"--reward_options='': expected a mapping"),  # was "=None"
+        (["--reward_options", "[1]"], r"--reward_options='\[1\]': expected a mapping"),  # numpy's seed would fail when training
         (["--train_prompts", ""], "--train_prompts='': give a T2I-CompBench category"),  # was "Prompt file '.'"
         (["--pretrained_model_name_or_path", ".", "--revision", "v1"],  # diffusers ignored it for a folder
          r"--revision='v1' with the local folder --pretrained_model_name_or_path='\.': .*drop --revision"),
