@@ -297,7 +297,7 @@ def test_mapping_options_are_dicts_from_flags_and_yaml(tmp_path):
     config_file.write_text("scorer_options:\n  geneval:\n    model_name_or_path: x\n")
     config = parse_config(EvaluateConfig, ["--config", str(config_file)])
     assert config.scorer_options == {"geneval": {"model_name_or_path": "x"}}
-    with pytest.raises(SystemExit, match="--scorer_options=3: expected a mapping"):
+    with pytest.raises(SystemExit, match="--scorer_options='3': expected a mapping"):
         parse_config(EvaluateConfig, ["--scorer_options", "3"])
 
 
