@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         table = compare(args.folders)
     except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"error: {err}") from None
+        parser.exit(2, f"error: {err}\n")  # as the gors commands: 2 for a mistake in the input
     print(tabulate(table, headers=["pair (B)", "binding A", "binding B", "B - A", "SE over prompts"],
                    floatfmt=("", ".3f", ".3f", "+.3f", ".3f")))
 
