@@ -366,6 +366,9 @@ class ConvertLoraConfig:
 
 def convert(config: ConvertLoraConfig) -> None:
     """`gors convert-lora IN OUT`: convert, and say how to use the result; bad input exits with its reason."""
+    out = Path(config.output_dir).expanduser()
+    if out.exists() and not out.is_dir():  # before a download of the official checkpoint
+        raise SystemExit(f"error: OUT {config.output_dir!r} is a file, not a folder; pass a folder to write the LoRA into")
     try:
         path = convert_official_lora(config.source, config.output_dir, config.pretrained_model_name_or_path)
     except (LoraConversionError, OSError, ValueError) as err:

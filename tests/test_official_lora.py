@@ -345,6 +345,9 @@ def test_cli_converts_and_explains(tmp_path, capsys):
     assert "--lora" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="Unknown GORS category"):
         official_lora.main(["official:numeracy", str(tmp_path / "bad")])
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit, match=r"OUT '.*file' is a file, not a folder"):  # before any download
+        official_lora.main(["official:color", str(tmp_path / "file")])
     with pytest.raises(SystemExit) as exit_info:
         official_lora.main(["--help"])
     assert exit_info.value.code == 0
