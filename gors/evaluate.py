@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from tabulate import tabulate
 
 from evaluators import benchmark_label, build_benchmark, parse_benchmarks
-from evaluators.base import Benchmark, ScorerKey
+from evaluators.base import SUMMARY_FILE, Benchmark, ScorerKey
 from evaluators.results import UNIT_SCALE
 from gors.config import EvaluateConfig
 from gors.core.backbones import detect_backbone, family_precision
@@ -146,18 +146,35 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
 
 def earlier_summaries(path: Path, summaries: list[dict[str, Any]], header: dict[str, Any]) -> list[dict[str, Any]]:
     """The benchmarks an earlier `gors evaluate` into the same folder recorded in `path` that this run did not
-    evaluate, where they are of the same model, LoRA (`header`: this run's top-level fields) and their folders
-    still hold their results: a run of some of the benchmarks keeps the others in the folder's summary."""
-    if not path.is_file() or not summaries:
+    evaluate, where they are of the same model and LoRA (`header`: this run's top-level fields) and their
+    folders still hold their results: a run of some of the benchmarks keeps the others in the folder's summary.
+
+    Each entry is rebuilt from its benchmark folder's own `summary.json` (the latest results there), found
+    from `path`'s folder and its label, not the folder it recorded (relative to where that run started).
+    Image folders (`--images`: no model recorded) are never merged: their images may be any model's.
+    """
+    model, lora = summaries[0].get("model") if summaries else None, summaries[0].get("lora") if summaries else None
+    if not path.is_file() or model is None:
         return []
     previous = read_json(path, "the summary `gors evaluate` writes (delete it: the next evaluation writes it again)")
-    if not isinstance(previous, dict) or {k: v for k, v in previous.items() if k != "summaries"} != header:
+    if not isinstance(previous, dict) or not same_value({k: v for k, v in previous.items() if k != "summaries"},
+                                                        header):
         return []
     labels = {summary["label"] for summary in summaries}
-    return [entry for entry in previous.get("summaries", []) if isinstance(entry, dict)
-            and entry.get("label") not in labels and (Path(str(entry.get("folder"))) / "summary.json").is_file()
-            and same_value(entry.get("model"), summaries[0].get("model"))
-            and same_value(entry.get("lora"), summaries[0].get("lora"))]
+    kept = []
+    for entry in previous.get("summaries", []):
+        label = entry.get("label") if isinstance(entry, dict) else None
+        if not isinstance(label, str) or label in labels:
+            continue
+        name, _, subset = label.partition(":")
+        folder = path.parent / name / subset
+        current = read_json(folder / SUMMARY_FILE, "a benchmark's summary") if (folder / SUMMARY_FILE).is_file() \
+            else None
+        if isinstance(current, dict) and same_value(current.get("model"), model) and same_value(current.get("lora"),
+                                                                                                 lora):
+            kept.append({"label": label, "primary_metric": entry.get("primary_metric"), "folder": str(folder),
+                         **current})
+    return kept
 
 
 def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> list[dict[str, Any]]:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gors.cli import parse_config
-from gors.core.prompts import load_prompts
+from gors.core.paper import ALL_CATEGORIES
+from gors.core.prompts import PROMPT_FILE_STEMS, load_prompts
 from rewards.noun_phrases import BACKENDS, OFFICIAL_INSTALL, Backend, is_official_parser
 from rewards.question_table import load_question_table, make_question_table, write_question_table
 
@@ -39,8 +40,11 @@ class QuestionsConfig:
     def __post_init__(self) -> None:
         if self.noun_phrase_backend not in BACKENDS:
             raise ValueError(f"--noun_phrase_backend {self.noun_phrase_backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.split not in ("val", "train"):  # else a category name was reported as a missing file
-            raise ValueError(f"--split {self.split!r}; choose val or train (T2I-CompBench has no other split)")
+        splits = sorted({stem[len(category) + 1:] for stem in PROMPT_FILE_STEMS for category in ALL_CATEGORIES
+                         if stem.startswith(f"{category}_")})
+        if self.split not in splits:  # else a category name was reported as a missing file
+            raise ValueError(f"--split {self.split!r}; choose one of {', '.join(splits)} (T2I-CompBench's file "
+                             "<category>_<split>.txt)")
 
 
 def write_questions(config: QuestionsConfig) -> str:

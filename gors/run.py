@@ -127,7 +127,7 @@ def check_run_inputs(config: RunConfig) -> None:
     local cache holds the reward's models, and the reward's data files are there (fetched now)."""
     # Local files first, then the model's config (which may need the Hub).
     prompt_set = load_prompts(config.train_prompts)
-    check_category(config.category, prompt_set.category, f"--train_prompts {config.train_prompts}")
+    check_category(config, prompt_set.category, f"--train_prompts {config.train_prompts}")
     prompts = prompt_set.prompts[: config.max_prompts]
     metadata = prompt_set.metadata[: config.max_prompts] if prompt_set.metadata is not None else None
     reward = config.reward_name(prompt_set.category)

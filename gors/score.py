@@ -99,7 +99,7 @@ def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = Non
     accelerator = accelerator or make_accelerator()
     store = SampleStore(samples_dir(config.output_dir))
     prompt_info = store.load_prompts()  # fails clearly when nothing was generated
-    check_category(config.category, recorded_category(prompt_info), f"the samples in {store.root}")
+    check_category(config, recorded_category(prompt_info), f"the samples in {store.root}", tau=False)
     reward = config.reward_name(recorded_category(prompt_info))
     metadata = prompt_info.get("metadata")
     check_prompt_metadata(reward, prompt_info["prompts"], metadata)  # before any work

@@ -155,7 +155,7 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
     if not records:
         raise StoreError(f"no samples in {store.root}: run `gors generate --output_dir {config.output_dir}` first.")
     category = recorded_category(prompt_info)
-    check_category(config.category, category, f"the samples in {store.root}")
+    check_category(config, category, f"the samples in {store.root}")
     reward = config.reward_name(category)
     scores = load_scores(config.output_dir, reward, records)
     unscored = [r["path"] for r in records if sample_key(r) not in scores]

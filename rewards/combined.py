@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 from PIL import Image
 
@@ -244,7 +245,8 @@ def accepted_options(cls: type) -> list[str] | None:
 
 # Annotations whose values a command line or YAML file can get wrong, and the Python types each admits
 # (a path object for a text option, as Python callers pass model folders; numpy's numbers for numbers).
-_PLAIN_TYPES = {"int": (numbers.Integral,), "float": (numbers.Real,), "str": (str, os.PathLike), "bool": (bool,)}
+_PLAIN_TYPES = {"int": (numbers.Integral,), "float": (numbers.Real,), "str": (str, os.PathLike),
+                "bool": (bool, numpy.bool_)}
 
 
 def option_type_problem(cls: type[Reward], options: Mapping[str, Any]) -> str | None:

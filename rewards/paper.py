@@ -72,5 +72,6 @@ def selection_threshold(category: str, reward: str, prompt_index: int) -> float:
         return toy_threshold(reward)
     if category not in paper.SELECTION_THRESHOLDS:
         raise ValueError(f"No GORS threshold for category {category!r}; known categories: "
-                         f"{', '.join(THRESHOLD_CATEGORIES)}")
+                         f"{', '.join(THRESHOLD_CATEGORIES)}. Pass --reward_threshold, or --category with one of "
+                         "them to take its tau")
     return paper.selection_threshold(category, prompt_index)

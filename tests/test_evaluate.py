@@ -435,17 +435,22 @@ def test_scoring_takes_the_precision_the_samples_were_generated_in(tmp_path):
     assert training_reward_dtype(ScoreConfig(output_dir=str(tmp_path)), Fake("cpu", "fp16"), "b_vqa") == torch.float32
 
 
-def test_earlier_results_are_kept_only_for_the_same_model_and_lora_with_their_folder(tmp_path):
+def test_earlier_results_are_kept_only_for_the_same_model_and_lora_with_their_folder(tmp_path, monkeypatch):
     from gors.evaluate import earlier_summaries
 
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "summary.json").write_text("{}")
-    entry = {"label": "a", "folder": str(tmp_path / "a"), "model": "m", "lora": None}
+    (tmp_path / "a" / "summary.json").write_text(json.dumps({"model": "m/", "lora": None, "value": 2}))
+    (tmp_path / "m").mkdir()
+    monkeypatch.chdir(tmp_path)
     path = tmp_path / "summary.json"
-    path.write_text(json.dumps({"lora": None, "summaries": [entry, {**entry, "label": "b",
-                                                                    "folder": str(tmp_path / "gone")}]}))
+    stale = {"label": "a", "primary_metric": "value", "folder": "elsewhere/a", "model": "m", "lora": None, "value": 1}
+    path.write_text(json.dumps({"lora": None, "summaries": [stale, {**stale, "label": "b"}]}))
     now = [{"label": "c", "model": "m", "lora": None}]
-    assert earlier_summaries(path, now, {"lora": None}) == [entry]  # b's folder no longer holds results
+    # Rebuilt from a's own folder (its latest value, found from the summary's folder); b's folder is gone.
+    assert earlier_summaries(path, now, {"lora": None}) == [
+        {"label": "a", "primary_metric": "value", "folder": str(tmp_path / "a"), "model": "m/", "lora": None,
+         "value": 2}]
     assert earlier_summaries(path, [{**now[0], "model": "other"}], {"lora": None}) == []
     assert earlier_summaries(path, now, {"lora": "x", "lora_dropout": 0.1}) == []
     assert earlier_summaries(path, [{**now[0], "label": "a"}], {"lora": None}) == []  # evaluated again now
+    assert earlier_summaries(path, [{**now[0], "model": None}], {"lora": None}) == []  # --images: any model's

@@ -63,6 +63,7 @@ def test_a_bad_value_is_refused_without_a_model_naming_the_flag(reward, options,
      ("mllm_cot", {"category": "spatial"}), ("blip_clip", {"max_length": 40}), ("tifa", {"aggregation": "am"}),
      ("b_vqa", {}), ("b_vqa", {"decimals": None, "question_start": "cls"}),
      ("b_vqa", {"model_name_or_path": Path("blip"), "image_size": 480, "max_questions": numpy.int64(3)}),
+     ("spatial_rule", {"complex": numpy.bool_(True), "iou_threshold": numpy.float32(0.5)}),
      ("geneval", {"threshold": 0.5, "detector_image_size": None}), ("geneval", {"detector_image_size": [512, 1024]})],
 )
 def test_good_values_pass(reward, options):

@@ -386,15 +386,23 @@ def test_unbiased_flag_reaches_scoring_and_training(make_run_config):
     assert (out / "pytorch_lora_weights.safetensors").is_file()
 
 
-def test_a_category_other_than_the_prompts_is_refused_before_any_work(tmp_path):
+def test_a_category_other_than_the_prompts_is_refused_where_it_would_judge_them(tmp_path):
     from gors.config import RunConfig
     from gors.core.prompts import check_category
     from gors.run import check_run_inputs
 
-    check_category(None, "color", "x")
-    check_category("spatial", None, "x")  # prompts of no category (a file) take the one given
-    # As a recipe with another --category: that category's reward and tau would have judged these prompts.
+    # As a recipe with other prompts: that category's reward and tau would have judged these prompts.
     config = RunConfig(train_prompts="toy:train", category="color", output_dir=str(tmp_path))
-    with pytest.raises(ValueError, match=r"^--category='color', but --train_prompts toy:train are 'toy' prompts: "
-                                         r"color's reward and tau would judge them\. Drop --category"):
+    with pytest.raises(ValueError, match=r"^--category='color' \(given, or set by the recipe\), but --train_prompts "
+                                         r"toy:train are 'toy' prompts: color's reward and tau would judge them\. Drop "
+                                         r"--category \(or run the toy recipe\), or give --reward and "
+                                         r"--reward_threshold"):
         check_run_inputs(config)
+    with pytest.raises(ValueError, match=r"color's tau would judge them"):
+        check_category(RunConfig(category="color", reward="toy_oracle"), "toy", "x")
+    with pytest.raises(ValueError, match=r"color's reward would judge them"):
+        check_category(RunConfig(category="color"), "toy", "x", tau=False)  # scoring: the reward only
+    check_category(RunConfig(category="color", reward="toy_oracle", reward_threshold=0.5), "toy", "x")  # on purpose
+    check_category(RunConfig(category="color"), None, "x")  # a prompt file takes any category
+    check_category(RunConfig(category="spatial"), "3d_spatial", "x")  # no tau of its own: borrows spatial's
+    check_category(RunConfig(category="toy"), "toy", "x")

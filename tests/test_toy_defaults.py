@@ -146,8 +146,8 @@ def test_toy_prompts_sample_as_the_toy_benchmark_on_a_stable_diffusion_model(tmp
 
 def test_select_refuses_a_category_other_than_the_samples(tmp_path):
     _toy_run(tmp_path, [1.0, 0.98, 0.5])
-    with pytest.raises(ValueError, match=r"^--category='spatial', but the samples in .*samples are 'toy' prompts: "
-                                         r"spatial's reward and tau would judge them"):  # spatial's tau on toy images
+    with pytest.raises(ValueError, match=r"^--category='spatial' \(given, or set by the recipe\), but the samples in "
+                                         r".*samples are 'toy' prompts: spatial's tau would judge them"):  # on toy images
         select(_select_config(tmp_path, "--category", "spatial", "--reward", "toy_oracle"))
     assert not (tmp_path / "selection.jsonl").exists()
     assert select(_select_config(tmp_path, "--category", "toy"))["num_selected"] == 1  # their own: as without it

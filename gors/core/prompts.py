@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gors.core.data import ChecksumError, DownloadError, PinnedSource, fetch_pinned_file  # noqa: F401 (re-exported)
-from gors.core.paper import ALL_CATEGORIES
+from gors.core.paper import ALL_CATEGORIES, SELECTION_THRESHOLDS
 
 T2I_COMPBENCH_REPOSITORY = "Karine-Huang/T2I-CompBench"
 T2I_COMPBENCH_COMMIT = "1b7094991a57f3c22abdd4f6e8ba6c1a15517073"
@@ -214,13 +214,24 @@ def recorded_category(info: dict[str, Any]) -> str | None:
     return info.get("category")
 
 
-def check_category(category: str | None, prompts_category: str | None, prompts: str) -> None:
-    """Refuse a `--category` other than the one the prompts are of (`prompts` names them in the message): its
-    default reward and tau would judge another category's prompts. Prompts of no category (a file) take any."""
-    if category is not None and prompts_category is not None and category != prompts_category:
-        raise ValueError(f"--category={category!r}, but {prompts} are {prompts_category!r} prompts: {category}'s reward "
-                         f"and tau would judge them. Drop --category (the prompts' own is taken), or use "
-                         f"{category}'s prompts")
+def check_category(config: Any, prompts_category: str | None, prompts: str, tau: bool = True) -> None:
+    """Refuse a `--category` (`config.category`, given or set by a recipe) other than the prompts' own where
+    it would decide the reward (no `--reward`) or tau (`tau`: this stage selects; no `--reward_threshold`,
+    `--select_top_fraction` or `--tau_schedule`): the other category's reward and tau would judge these
+    prompts. `prompts` names them in the message. Prompts without a reward and tau of their own (a file,
+    3d_spatial, numeracy) take any category: that is how they borrow one."""
+    category = config.category
+    if category is None or category == prompts_category or prompts_category not in (*SELECTION_THRESHOLDS,
+                                                                                     TOY_CATEGORY):
+        return
+    decided = (["reward"] if config.reward is None else []) + (["tau"] if tau and all(
+        getattr(config, name, None) is None for name in ("reward_threshold", "select_top_fraction", "tau_schedule"))
+        else [])
+    if decided:
+        raise ValueError(f"--category={category!r} (given, or set by the recipe), but {prompts} are "
+                         f"{prompts_category!r} prompts: {category}'s {' and '.join(decided)} would judge them. Drop "
+                         f"--category (or run the {prompts_category} recipe), or give --reward and --reward_threshold "
+                         "to judge them otherwise on purpose")
 
 
 def load_prompts(spec: str, split: str = "train") -> PromptSet:
