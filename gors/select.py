@@ -8,7 +8,6 @@ rule, reward statistics of kept and dropped samples).
 from __future__ import annotations
 
 import math
-import os
 import shlex
 import sys
 from collections import defaultdict
@@ -18,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gors.config import RunConfig, SelectConfig
-from gors.core.io import atomic_write_json, atomic_write_jsonl, read_json, read_jsonl
+from gors.core.io import TornLineError, atomic_write_json, atomic_write_jsonl, read_json, read_jsonl
 from gors.core.prompts import TOY_CATEGORY, check_category, recorded_category
 from gors.core.run_folder import (
     SCORES_DIR,
@@ -224,15 +223,6 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
     return summary
 
 
-def _cut_short(path: Path) -> bool:
-    """Whether a text file's last line lacks its newline."""
-    with open(path, "rb") as handle:
-        if handle.seek(0, os.SEEK_END) == 0:
-            return False
-        handle.seek(-1, os.SEEK_END)
-        return handle.read(1) != b"\n"
-
-
 def load_selection(output_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of `selection.jsonl`, with a clear error when select has not run, when the file lost lines
     since (its last one cut short, or fewer rows than `selection_summary.json` counts), when it holds no
@@ -241,10 +231,11 @@ def load_selection(output_dir: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: run `gors select --output_dir {output_dir}` first.")
     again = f"run `gors select --output_dir {output_dir}` again"
-    # select writes the file whole (atomically): a line missing since would otherwise train on the rest unnoticed
-    if _cut_short(path):
-        raise StoreError(f"{path} is cut short (its last line is incomplete; gors select writes it whole): {again}")
-    rows = list(read_jsonl(path))
+    try:  # select writes the file whole (atomically): a line missing since would otherwise train on the rest unnoticed
+        rows = list(read_jsonl(path, whole=True))
+    except TornLineError:
+        raise StoreError(f"{path} is cut short (its last line is incomplete; gors select writes it whole): "
+                         f"{again}") from None
     if not rows:
         raise StoreError(f"{path} holds no sample (gors select writes none so: the file was emptied): {again}")
     summary_path = path.with_name(SELECTION_SUMMARY_FILE)

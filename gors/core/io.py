@@ -264,16 +264,23 @@ def append_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
 _reported_torn: set[tuple[str, int]] = set()
 
 
-def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+class TornLineError(ValueError):
+    """A jsonl file written whole (atomically) ends in a line cut short: it was damaged since."""
+
+
+def read_jsonl(path: str | Path, whole: bool = False) -> Iterator[dict[str, Any]]:
     """Yield the complete records of a jsonl file.
 
     A torn last line is left out with a warning (once per process and file state) and the file is
-    not touched: a reader cannot know whether a writer is still appending to it. A malformed line
-    before the last one is an error that names the file and line.
+    not touched: a reader cannot know whether a writer is still appending to it. With `whole` (a
+    file written atomically, which no writer appends to) it is a `TornLineError` instead. A
+    malformed line before the last one is an error that names the file and line.
     """
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.endswith("\n"):
+                if whole:
+                    raise TornLineError(f"{path}:{number} is cut short (its last line is incomplete)")
                 key = (str(path), os.fstat(handle.fileno()).st_size)
                 if key not in _reported_torn:
                     _reported_torn.add(key)
