@@ -25,7 +25,7 @@ from evaluators.results import UNIT_SCALE
 from gors.config import EvaluateConfig
 from gors.core.backbones import detect_backbone, family_precision
 from gors.core.distributed import make_accelerator
-from gors.core.io import atomic_write_json, read_json
+from gors.core.io import atomic_write_json, not_a_folder, read_json
 from gors.core.pipeline import check_lora_path
 from gors.core.store import same_value
 from gors.official_lora import OFFICIAL_PREFIX, resolve_lora
@@ -109,8 +109,8 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
             f"({', '.join(benchmark_label(*s) for s in specs)}); name exactly one, e.g. t2i_compbench:color."
         )
     if config.images is not None and not Path(config.images).is_dir():  # before any benchmark data downloads
-        what = "a file, not a folder" if Path(config.images).exists() else "no such folder"
-        raise FileNotFoundError(f"--images {config.images}: {what}; pass the folder of the benchmark's images")
+        raise FileNotFoundError(f"--images {config.images}: {not_a_folder(config.images)}; pass the folder of the "
+                                "benchmark's images")
     if config.images is None and config.pretrained_model_name_or_path is None:
         raise ValueError("give --pretrained_model_name_or_path to generate, or --images to score existing images")
     if config.images is not None and config.lora is not None:

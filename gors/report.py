@@ -27,7 +27,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from gors.core.io import atomic_write_bytes, make_folder, read_json
+from gors.core.io import atomic_write_bytes, make_folder, not_a_folder, read_json
 from gors.core.paper import PUBLISHED
 
 
@@ -287,8 +287,8 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
     paths = [Path(folder) for folder in folders]
     for folder, name in zip(paths, labels(paths)):
         if not folder.is_dir():
-            what = "a file, not a folder" if folder.exists() else "no such folder"
-            raise FileNotFoundError(f"{folder}: {what} (give `gors evaluate` or training output folders)")
+            raise FileNotFoundError(f"{folder}: {not_a_folder(folder)} (give `gors evaluate` or training output "
+                                    "folders)")
         evaluation = load_evaluation(folder)
         if evaluation:
             evaluations[name] = evaluation

@@ -57,6 +57,11 @@ def unusable_path(err: OSError, path: str | Path, flag: str | None = None) -> Pa
     return PathError(f"{given} {problem}; pass a folder path that you can write to")
 
 
+def not_a_folder(path: str | Path) -> str:
+    """Why an existing-folder argument is none, for a message: "a file, not a folder" or "no such folder"."""
+    return "a file, not a folder" if Path(path).exists() else "no such folder"
+
+
 def make_folder(folder: str | Path, flag: str | None = None) -> Path:
     """Create `folder` and its parents if missing; a `PathError` naming it (and `flag`) when it cannot be."""
     folder = Path(folder)
