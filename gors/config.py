@@ -151,7 +151,7 @@ class RunFolderFields:
         default="gors_output",
         metadata={"help": "Run folder: samples/, scores/, selection.jsonl, checkpoints/, logs/ and the final LoRA."},
     )
-    seed: int = field(default=42, metadata={"help": "Base seed (official GORS: 42)."})
+    seed: int = field(default=42, metadata={"help": "Base seed in [0, 2^31) (official GORS: 42)."})
     mixed_precision: str | None = field(
         default=None,
         metadata={
@@ -264,7 +264,9 @@ class RewardFields:
     )
     category: str | None = field(
         default=None,
-        metadata={"help": "T2I-CompBench category (or toy) whose reward and tau apply; default: the prompt set's."},
+        metadata={"help": "T2I-CompBench category (or toy) whose reward and tau apply; default: the prompt set's. "
+                          "Prompts of a category with its own reward and tau refuse another unless --reward and "
+                          "--reward_threshold are given."},
     )
 
     def _check_reward(self) -> None:
