@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU measurements issue #13 asks for, as one prepared run for a short lease of a GPU machine
 # that has PyTorch but no internet and not all of gors' dependencies (the workplace's H200 image
-# lacks diffusers, pooch and platformdirs, and holds an older transformers; its huggingface_hub,
-# 1.33, suits both).
+# lacks diffusers, open_clip (whose bundled CLIP vocabulary the tokenizers of the test models are
+# written from), pooch and platformdirs, and holds an older transformers and a peft of unknown
+# version; its huggingface_hub, 1.33, suits them).
 #
 #   benchmarks/gpu_session.sh prepare     # here, with the package registry: the missing wheels into .whl/
 #   benchmarks/gpu_session.sh run         # there (carry .whl): install them, measure, write to $OUT
@@ -14,14 +15,16 @@
 # B-VQA, training, generation), the cost model of the paper's colour run priced with the ratios just
 # measured (cost_model.py), then overlapped scoring. `run memory` measures the training memory of
 # SD 2 at 512 px instead (a second command, if the lease has time left). Every script writes its
-# table as it finishes; the logs and tables land in $OUT (or ./gpu_out).
+# table as it finishes; the logs and tables land in ./gpu_out, or, on the device machine (which returns
+# at most 8 files from $OUT), in one $OUT/gpu_results.tar.gz made again after each script, so that a
+# command stopped at its time limit still returns what finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Pure-Python wheels the device lacks, at versions gors is tested with (pyproject.toml). transformers stays at
 # 5.24.0, the last before 5.25 raised its huggingface_hub requirement to >= 2.4 (the device has 1.33).
-WHEELS=(diffusers==0.42.1 transformers==5.24.0 pooch==1.8.2 platformdirs==4.3.8
-        importlib_metadata==8.7.0 zipp==3.23.0)
+WHEELS=(diffusers==0.42.1 transformers==5.24.0 peft==0.21.2 open_clip_torch==3.3.0 ftfy==6.3.1 wcwidth==0.9.4
+        pooch==1.8.2 platformdirs==4.3.8 importlib_metadata==8.7.0 zipp==3.23.0)
 
 prepare() {
     grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
@@ -40,12 +43,19 @@ measure() {  # measure NAME SECONDS COMMAND...: one measurement, its log in $out
         echo "[gpu_session] $name did not finish (exit $rc, 124: out of time); its log: $name.log"
     fi
     tail -n 20 "$out/$name.log"
+    bundle
+}
+
+bundle() {  # everything in $out so far as one archive in $OUT, replaced whole (only on the device machine)
+    [ -n "${OUT:-}" ] || return 0
+    tar -czf "$OUT/gpu_results.tar.gz.part" -C "$out" . && mv -f "$OUT/gpu_results.tar.gz.part" "$OUT/gpu_results.tar.gz"
 }
 
 run() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-    out=${OUT:-gpu_out}
+    out=${OUT:+/tmp/gpu_results}
+    out=${out:-gpu_out}
     mkdir -p "$out"
     nvidia-smi > "$out/nvidia-smi.txt"
     python3 -c "import torch, transformers, diffusers; print(torch.__version__, transformers.__version__, diffusers.__version__)"

@@ -9,6 +9,7 @@ exactly as they do for Stable Diffusion.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 from pathlib import Path
 
@@ -29,11 +30,14 @@ def byte_symbols() -> list[str]:
 
 def write_clip_tokenizer_files(save_dir: str | Path) -> Path:
     """Write CLIP's `vocab.json` and `merges.txt` from the BPE file bundled with open_clip."""
-    import open_clip
-
+    # Located, not imported: importing open_clip pulls in its own dependencies (ftfy, timm), which
+    # only its models need.
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("write_clip_tokenizer_files needs the open_clip_torch package (its BPE file): pip install open_clip_torch")
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
-    bpe_path = Path(open_clip.__file__).parent / "bpe_simple_vocab_16e6.txt.gz"
+    bpe_path = Path(spec.origin).parent / "bpe_simple_vocab_16e6.txt.gz"
     lines = gzip.open(bpe_path, "rt", encoding="utf-8").read().split("\n")
     merges = [tuple(line.split()) for line in lines[1 : _CLIP_MERGES + 1]]
     symbols = byte_symbols()
