@@ -8,6 +8,7 @@ import logging
 import shutil
 
 import pytest
+import torch
 from PIL import Image
 
 import rewards.combined
@@ -155,6 +156,14 @@ def test_a_sample_generated_again_while_scoring_overlaps_is_scored_again(make_ru
 def test_done_must_be_the_rows_not_a_set_of_keys(tmp_path):
     with pytest.raises(TypeError, match="not a set of keys"):
         BackgroundScorer(tmp_path, lambda: None, 2, 0, "cpu", done={(0, 0)})
+
+
+def test_a_plain_cuda_device_is_given_the_current_gpus_index_for_the_worker_thread(tmp_path, monkeypatch):
+    # accelerate names a single process's GPU "cuda"; the worker's torch.cuda.set_device refused it
+    # (found on an H200: `gors run --overlap_scoring` failed at its first batch).
+    monkeypatch.setattr("torch.cuda.current_device", lambda: 3)
+    assert BackgroundScorer(tmp_path, lambda: None, 2, 0, "cuda").device == torch.device("cuda", 3)
+    assert BackgroundScorer(tmp_path, lambda: None, 2, 0, "cuda:1").device == torch.device("cuda", 1)
 
 
 def test_gors_run_with_overlap_times_one_stage_and_trains_on_the_same_scores(make_run_config, tmp_path):

@@ -72,6 +72,10 @@ class BackgroundScorer:
         self.batch_size = batch_size
         self.batch_flag = batch_flag
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # accelerate names a single process's GPU plain "cuda"; the worker thread's `set_device` needs the
+            # index, which is this (the calling) thread's current device.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.prompt_metadata = prompt_metadata
         if done is not None and not isinstance(done, Mapping):
             raise TypeError("done: the rows already scored, by sample key (`open_score_folder`'s), not a set of keys")
