@@ -8,6 +8,7 @@ flags and writes the table with the date and the machine, as the README's speed 
     python -m benchmarks --device cuda --full-size         # the real architecture sizes on a GPU
     python -m benchmarks --device cuda --full-size --torch_compile inductor
     python -m benchmarks --only b_vqa_passes,mask_boxes --output speed.md   # and speed.json, the rows as data
+    python -m benchmarks --device cuda --full-size --only train_step --gors_batch_size 16 --output train16.md
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ def machine(device: str) -> str:
     return f"{name}; torch {torch.__version__}, Python {platform.python_version()}"
 
 
-def run(scripts: list[str], device: str, full_size: bool,
-        torch_compile: str = "no") -> tuple[list[SpeedResult], dict[str, float]]:
+def run(scripts: list[str], device: str, full_size: bool, torch_compile: str = "no",
+        gors_batch_size: int | None = None) -> tuple[list[SpeedResult], dict[str, float]]:
     """Every script's rows and its wall seconds."""
     flags = ["--device", device] + (["--full-size"] if full_size else [])
     results, seconds = [], {}
@@ -56,6 +57,8 @@ def run(scripts: list[str], device: str, full_size: bool,
         extra = [] if full_size else CPU_FLAGS.get(name, [])
         if torch_compile != "no" and name in COMPILING:
             extra += ["--torch_compile", torch_compile]
+        if gors_batch_size is not None and name == "train_step":
+            extra += ["--gors_batch_size", str(gors_batch_size)]
         results += module.measure(flags + extra)
         seconds[name] = time.perf_counter() - start
         print(f"[bench] {name}: {seconds[name]:.0f} s", file=sys.stderr)
@@ -85,6 +88,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", default=None, help="also write the table to this markdown file")
     parser.add_argument("--torch_compile", default="no",
                         help=f"gors' torch.compile backend in {' and '.join(COMPILING)} (e.g. inductor on a GPU)")
+    parser.add_argument("--gors_batch_size", type=int, default=None,
+                        help="train_step's gors batch per process for a per-sample row against GORS' 2 (it then "
+                             "prices `cost_model.py --train_batch_size` of the same size)")
     args = parser.parse_args(argv)
     scripts = SCRIPTS if args.only is None else args.only.split(",")
     unknown = sorted(set(scripts) - set(SCRIPTS))
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--only: unknown {unknown}; choose from {', '.join(SCRIPTS)}")
     if args.output and Path(args.output).suffix == ".json":
         parser.error("--output: name the markdown table (e.g. speed.md); its rows go beside it as speed.json")
-    results, seconds = run(list(scripts), args.device, args.full_size, args.torch_compile)
+    results, seconds = run(list(scripts), args.device, args.full_size, args.torch_compile, args.gors_batch_size)
     text = table(results, seconds, args.device, args.full_size)
     print(text)
     if args.output:

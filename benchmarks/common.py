@@ -91,6 +91,8 @@ class SpeedResult:
     agreement: str
     # The `gors estimate` stage (generate, score, train) whose official time this row's median prices, if any.
     prices: str | None = None
+    # gors' per-process batch in a training row (its `cost_model.py` calibration must train at the same).
+    batch: int | None = None
 
     @property
     def minimum(self) -> float:

@@ -12,7 +12,7 @@ real ones, and prints `gors estimate`'s table for the paper's run.
   DDIM steps at 512 px in batches of 8 (`gors run`'s default) in fp16, as T2I-CompBench samples; B-VQA
   with the 12 + 12-layer BLIP at 480 px; the top half of the images selected (`--select_top_fraction
   0.5`: a random-weight reward's scores do not meet tau, and which images train does not change a
-  step's cost); 50 training steps of batch 2 (GORS' per-GPU batch) with both LoRAs in fp16 (GORS'
+  step's cost); 50 training steps of batch 2 (GORS' per-GPU batch; `--train_batch_size` for another) with both LoRAs in fp16 (GORS'
   train.sh), one checkpoint at the end and no validation, as `gors estimate` asks of a calibration.
 - **Official column**: gors' per-unit time multiplied by gors' speed over the official procedure per
   stage. `--speedups FILE.json` takes the ratios from `python -m benchmarks --output FILE.md` run on
@@ -68,6 +68,17 @@ def measured_speedups(paths: list[str]) -> dict[str, float]:
     return speedups
 
 
+def training_batch(paths: list[str]) -> int | None:
+    """gors' per-process batch in the row that prices training in the last of `paths` holding one (2, GORS'
+    own, for tables written before rows recorded it); None when none prices training."""
+    batch = None
+    for path in paths:
+        for row in json.loads(Path(path).read_text(encoding="utf-8"))["rows"]:
+            if row.get("prices") == "train":
+                batch = row.get("batch") or 2
+    return batch
+
+
 def gors(*args: str, devices: str | None = None) -> str:
     """Run `gors ARGS` in a child process (as a user would), on CUDA devices `devices` (CUDA_VISIBLE_DEVICES;
     None: as this process), echoing its output; returns its stdout."""
@@ -90,6 +101,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="SD-2-base at 512 px and the 12 + 12-layer BLIP VQA (a GPU)")
     parser.add_argument("--images_per_prompt", type=positive_int, default=8, help=f"of {len(PROMPTS)} prompts")
     parser.add_argument("--max_train_steps", type=positive_int, default=None, help="default 50 (full) / 10")
+    parser.add_argument("--train_batch_size", type=positive_int, default=2,
+                        help="the calibration's batch (one process); GORS trains 2 per GPU x 8 GPUs, and one GPU at 16 "
+                             "trains the same global batch. Price it with `python -m benchmarks --only train_step "
+                             "--gors_batch_size` of the same size")
     parser.add_argument("--speedups", nargs="*", default=[],
                         help="`python -m benchmarks --output X.md`'s X.json, measured on this machine")
     parser.add_argument("--output", default=None,
@@ -99,6 +114,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     device = checked_device(parser, args)
     speedups = measured_speedups(args.speedups)
+    priced_batch = training_batch(args.speedups)
+    if priced_batch is not None and priced_batch != args.train_batch_size:
+        parser.error(f"--speedups prices training with gors at batch {priced_batch}, but the calibration trains at "
+                     f"--train_batch_size {args.train_batch_size}: measure train_step with --gors_batch_size "
+                     f"{args.train_batch_size}, or calibrate at {priced_batch}")
     cuda = device.type == "cuda"
     steps, resolution = (50, 512) if args.full_size else (10, 128)
     train_steps = args.max_train_steps or (50 if args.full_size else 10)
@@ -121,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             "--images_per_prompt", str(args.images_per_prompt), "--num_inference_steps", str(steps),
             "--reward", "b_vqa", "--reward_model_name_or_path", str(root / "blip"),
             "--reward_options", '{"noun_phrase_backend": "builtin"}', "--select_top_fraction", "0.5",
-            "--max_train_steps", str(train_steps), "--train_batch_size", "2",
+            "--max_train_steps", str(train_steps), "--train_batch_size", str(args.train_batch_size),
             "--checkpointing_steps", str(train_steps), "--mixed_precision", "fp16" if cuda else "no",
         ]
         # The device asked for: its index alone visible, or none for the CPU.
@@ -139,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Measured {when} on {machine}; torch {torch.__version__}. Calibration: `gors run` with random weights of "
         f"{sd} at {resolution} px ({steps} DDIM steps, {len(PROMPTS)} prompts x {args.images_per_prompt} images, "
         f"batch 8) and B-VQA's BLIP at 480 px ({layers} + {layers} layers, {sum(counts.values()) / 1e6:.0f} M), "
-        f"{train_steps} training steps of batch 2 with both LoRAs, {'fp16' if cuda else 'fp32'}; {source}.",
+        f"{train_steps} training steps of batch {args.train_batch_size} with both LoRAs, {'fp16' if cuda else 'fp32'}; {source}.",
         "", estimate.strip()])
     print(text)
     if args.output:

@@ -6,19 +6,24 @@
 # version; its huggingface_hub, 1.33, suits them).
 #
 #   benchmarks/gpu_session.sh prepare     # here, with the package registry: the missing wheels into .whl/
-#   benchmarks/gpu_session.sh run         # there (carry .whl): install them, measure, write to $OUT
-#   benchmarks/gpu_session.sh run memory  # there, a second command: SD 2's training memory
-#   benchmarks/gpu_session.sh run generation:150 overlap:70   # there: these scripts again, seconds each
+#   benchmarks/gpu_session.sh run         # there (carry .whl): install them, measure what #13 still lacks
+#   benchmarks/gpu_session.sh run table   # there: the whole full-size speed table and cost model again
+#   benchmarks/gpu_session.sh run memory [FAMILIES]  # there: training memory (default sd, measured 2026-12-04)
+#   benchmarks/gpu_session.sh run generation:150 overlap:70   # there: these speed scripts, seconds each
 #
-# `run` first checks the paths only a GPU exercises (gpu_checks.py, seconds), then measures, in order
-# of what #13 still lacks, each under its own time limit so that one slow
-# script does not cost the others: the speed scripts at the real architecture sizes (Soft-TIFA,
-# B-VQA, training, generation), the cost model of the paper's colour run priced with the ratios just
-# measured (cost_model.py), then overlapped scoring. `run memory` measures the training memory of
-# SD 2 at 512 px instead (a second command, if the lease has time left). Every script writes its
-# table as it finishes; the logs and tables land in ./gpu_out, or, on the device machine (which returns
-# at most 8 files from $OUT), in one $OUT/gpu_results.tar.gz made again after each script, so that a
-# command stopped at its time limit still returns what finished.
+# Each mode installs the wheels, then measures, each script under its own time limit so that one
+# slow script does not cost the others. `run` measures what the first H200 run
+# (benchmarks/results/2026-12-04-h200) left open, in this order: the seconds-long checks of the
+# paths only a GPU exercises (gpu_checks.py); training with both LoRAs at batch 16 on one GPU (the
+# official global batch of 2 x 8 GPUs) per sample against the official loop at 2; the cost model
+# calibrated at that batch and priced with that ratio and the 2026-12-04 B-VQA and generation
+# ratios; Soft-TIFA's float32 agreement at full depth; the training step with `--torch_compile
+# inductor`. `run table` runs what the first run did: the speed scripts at the real architecture
+# sizes (Soft-TIFA, B-VQA, training, generation), the cost model priced with the ratios just
+# measured, then overlapped scoring. Every script writes its table as it finishes; the logs and
+# tables land in ./gpu_out, or, on the device machine (which returns at most 8 files from $OUT),
+# in one $OUT/gpu_results.tar.gz made again after each script, so that a command stopped at its
+# time limit still returns what finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,39 +66,51 @@ run() {
     nvidia-smi > "$out/nvidia-smi.txt"
     python3 -c "import torch, transformers, diffusers; print(torch.__version__, transformers.__version__, diffusers.__version__)"
     if [ "${1:-}" = memory ]; then
-        measure train_memory 120 python3 benchmarks/train_memory.py --device cuda --families sd
+        measure train_memory 120 python3 benchmarks/train_memory.py --device cuda --families "${2:-sd}"
         return
     fi
-    if [ $# -gt 0 ]; then  # run NAME:SECONDS ...: those speed scripts again, e.g. one that ran out of time
+    if [ $# -gt 0 ] && [ "$1" != table ]; then  # run NAME:SECONDS ...: those speed scripts again, e.g. one that ran out of time
         for entry in "$@"; do
             measure "${entry%%:*}" "${entry##*:}" python3 -m benchmarks --device cuda --full-size --only "${entry%%:*}" \
                 --output "$out/${entry%%:*}.md"
         done
         return
     fi
-    # Seconds per script: 590 in all, inside one command's 10 minutes with the install and start-up (the first
-    # H200 run, 2026-12-04, took 28, 17 and 44 s for the first three; generation needed more than 60).
-    # First the seconds-long checks of the paths only CUDA exercises (out-of-memory halving, copies and
-    # the fp16 scaler's verdict without synchronisations).
+    # Seconds per script: 560 in all (590 for `table`), inside one command's 10 minutes with the install and start-up (the first
+    # H200 run, 2026-12-04, took 28, 17, 44 and 79 s for Soft-TIFA, B-VQA, training and generation).
     measure gpu_checks 30 python3 benchmarks/gpu_checks.py
-    for entry in soft_tifa_one_pass:60 b_vqa_passes:40 train_step:90 generation:150; do
-        script=${entry%%:*}
-        measure "$script" "${entry##*:}" python3 -m benchmarks --device cuda --full-size --only "$script" \
-            --output "$out/$script.md"
-    done
-    # The ratios that price the estimate's official column: those of the scripts above that finished.
-    local speedups=()
-    for script in b_vqa_passes train_step generation; do
-        [ -f "$out/$script.json" ] && speedups+=("$out/$script.json")
-    done
-    measure cost_model 150 python3 benchmarks/cost_model.py --device cuda --full-size --output "$out/cost_model.md" \
-        ${speedups[@]:+--speedups "${speedups[@]}"}
-    measure overlap 70 python3 -m benchmarks --device cuda --full-size --only overlap --output "$out/overlap.md"
+    local first=benchmarks/results/2026-12-04-h200
+    if [ "${1:-}" = table ]; then
+        for entry in soft_tifa_one_pass:60 b_vqa_passes:40 train_step:90 generation:150; do
+            script=${entry%%:*}
+            measure "$script" "${entry##*:}" python3 -m benchmarks --device cuda --full-size --only "$script" \
+                --output "$out/$script.md"
+        done
+        # The ratios that price the estimate's official column: those of the scripts above that finished.
+        local speedups=()
+        for script in b_vqa_passes train_step generation; do
+            [ -f "$out/$script.json" ] && speedups+=("$out/$script.json")
+        done
+        measure cost_model 150 python3 benchmarks/cost_model.py --device cuda --full-size --output "$out/cost_model.md" \
+            ${speedups[@]:+--speedups "${speedups[@]}"}
+        measure overlap 70 python3 -m benchmarks --device cuda --full-size --only overlap --output "$out/overlap.md"
+    else
+        measure train_step_16 100 python3 -m benchmarks --device cuda --full-size --only train_step \
+            --gors_batch_size 16 --output "$out/train_step_16.md"
+        if [ -f "$out/train_step_16.json" ]; then
+            measure cost_model_16 150 python3 benchmarks/cost_model.py --device cuda --full-size --train_batch_size 16 \
+                --output "$out/cost_model_16.md" \
+                --speedups "$first/b_vqa_passes.json" "$first/generation.json" "$out/train_step_16.json"
+        fi
+        measure soft_tifa_float32 90 python3 benchmarks/soft_tifa_one_pass.py --device cuda --full-size --dtype float32
+        measure train_step_compiled 190 python3 -m benchmarks --device cuda --full-size --only train_step \
+            --torch_compile inductor --output "$out/train_step_compiled.md"
+    fi
     cat "$out"/*.md 2>/dev/null || true
 }
 
 case "${1:-}" in
     prepare) prepare ;;
     run) shift; run "$@" ;;
-    *) echo "usage: $0 prepare | run [memory | NAME:SECONDS ...]" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare | run [table | memory | NAME:SECONDS ...]" >&2; exit 2 ;;
 esac

@@ -55,6 +55,13 @@ sanity check (`tests/test_train_reference.py` checks three steps within 1e-5).
     python benchmarks/train_step.py --repeats 3 --profile   # also profile a gors step with both LoRAs
     python benchmarks/train_step.py --device cuda --full-size --repeats 10 [--torch_compile inductor]
 
+`--gors_batch_size N` adds a third row: gors' step with both LoRAs at a per-process batch of N
+against the reference's at GORS' 2, as a ratio per sample (each pair's time ratio x N / 2). The
+official run trains a global batch of 16 as 2 per GPU on 8 GPUs; gors can train the same global
+batch on fewer GPUs at a larger batch each (the same updates: the loss is the mean over the global
+batch either way), which pays where a step at batch 2 leaves the GPU waiting for kernel launches.
+Its first-step loss is not compared (other batches); the batch-2 rows' are.
+
 On a GPU both sides run in fp16 mixed precision by default, as GORS' `train.sh` launches its
 script (`accelerate launch --mixed_precision=fp16 --dynamo_backend=no`).
 """
@@ -97,6 +104,7 @@ TEXT_ENCODER_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]  # GORS (and d
 # Relative difference allowed between the two loops' first-step losses: float rounding of the same
 # operations in other orders (tests/test_train_reference.py holds fp32 to 1e-5), and half precision's.
 LOSS_TOLERANCE = {"no": 1e-5, "fp16": 1e-2, "bf16": 5e-2}
+GORS_BATCH = 2  # per process, x 8 GPUs: the official train.sh
 
 # ----- sizes --------------------------------------------------------------------------------------
 SD2_BASE_VAE_CONFIG = dict(SPECS["sd"].components["vae"].config)
@@ -300,6 +308,11 @@ class BatchOrder(torch.utils.data.Sampler):
     def __iter__(self) -> Iterator[list[int]]:
         for step in itertools.count():
             yield self.indices(step)
+
+
+def pairs_in_order(count: int) -> Callable[[int], list[int]]:
+    """Batches of GORS' 2 samples taken in turn from `count` (the reference's order where gors' batch is larger)."""
+    return lambda step: [(GORS_BATCH * step + k) % count for k in range(GORS_BATCH)]
 
 
 class ReferenceLoop:
@@ -508,11 +521,12 @@ def host_syncs(step: Callable[[], torch.Tensor], steps: int) -> tuple[float, lis
 
 
 def gors_trainer(model_dir: Path, run_dir: Path, accelerator, *, train_text_encoder: bool, resolution: int,
-                 seed: int, mixed_precision: str, torch_compile: str = "no"):
+                 seed: int, mixed_precision: str, torch_compile: str = "no", train_batch_size: int = 2):
     from gors.train import GORSTrainer
 
     config = TrainConfig(pretrained_model_name_or_path=str(model_dir), output_dir=str(run_dir), resolution=resolution,
-                         train_batch_size=2, train_text_encoder=train_text_encoder, mixed_precision=mixed_precision,
+                         train_batch_size=train_batch_size, train_text_encoder=train_text_encoder,
+                         mixed_precision=mixed_precision,
                          report_to="none", seed=seed, max_train_steps=15000, torch_compile=torch_compile)
     return GORSTrainer(config, accelerator)
 
@@ -613,6 +627,10 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                         help="consecutive steps in each timed call, the device synchronised only at its ends, as a "
                              "training loop runs them; default 3 on a GPU (where the host queues ahead), 1 on a CPU")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gors_batch_size", type=positive_int, default=GORS_BATCH,
+                        help=f"above {GORS_BATCH}: a third row, gors' step with both LoRAs at this per-process batch "
+                             f"against the reference's at GORS' {GORS_BATCH}, per sample (the same global batch on "
+                             "fewer GPUs); it prices `cost_model.py --train_batch_size` of the same size")
     parser.add_argument("--profile", action="store_true",
                         help="also break a gors step with both LoRAs down by phase and print torch.profiler's top ops")
     parser.add_argument("--profile_steps", type=int, default=5, help="steps of each loop in the breakdown")
@@ -632,7 +650,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
         tokenizer = clip_tokenizer(root)
         model_dir = write_model_folder(root / "model", sizes, tokenizer)
         run_dir = root / "run"
-        rows = write_selected_run(run_dir, sizes.resolution, seed=args.seed)
+        rows = write_selected_run(run_dir, sizes.resolution, seed=args.seed,
+                                  images_per_prompt=max(2, -(-args.gors_batch_size // len(PROMPTS))))
         log(f"[train_step] building {sizes.label} at {sizes.resolution} px on {device} ...")
         base = build_models(sizes, device, args.seed)
         size_text = (f"{sizes.label}: U-Net {millions(base['unet'])}, text encoder {millions(base['text_encoder'])}, "
@@ -641,11 +660,17 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                      + ("" if args.torch_compile == "no" else f", gors' U-Net compiled ({args.torch_compile})"))
         reset_process_state()
         accelerator = make_accelerator(mixed_precision=args.mixed_precision)
-        for train_text_encoder in (False, True):
+        settings = [(False, GORS_BATCH), (True, GORS_BATCH)]
+        if args.gors_batch_size != GORS_BATCH:
+            settings.append((True, args.gors_batch_size))
+        for train_text_encoder, gors_batch in settings:
             label = "U-Net + text-encoder LoRA (gors' default)" if train_text_encoder else "U-Net LoRA only"
+            per_sample = gors_batch != GORS_BATCH
+            if per_sample:
+                label += f", gors at batch {gors_batch}, per sample"
             trainer = gors_trainer(model_dir, run_dir, accelerator, train_text_encoder=train_text_encoder,
                                    resolution=sizes.resolution, seed=args.seed, mixed_precision=args.mixed_precision,
-                                   torch_compile=args.torch_compile)
+                                   torch_compile=args.torch_compile, train_batch_size=gors_batch)
             ours = GorsLoop(trainer, base)
             log(f"[train_step] {label}: gors' one-off caching (latents"
                 f"{'' if train_text_encoder else ' and text embeddings'}, {len(rows)} images): {ours.cache_seconds:.2f} s")
@@ -654,21 +679,26 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
             reference = ReferenceLoop(
                 {name: copy.deepcopy(model) for name, model in base.items()}, tokenizer,
                 DDPMScheduler.from_pretrained(str(model_dir), subfolder="scheduler"), samples_dir(run_dir), rows,
-                trainer.schedule.indices, accelerator, train_text_encoder=train_text_encoder,
-                resolution=sizes.resolution)
+                pairs_in_order(len(rows)) if per_sample else trainer.schedule.indices, accelerator,
+                train_text_encoder=train_text_encoder, resolution=sizes.resolution)
             copy_adapters(ours.trained_modules(), reference.trained_modules())
             with same_draws():  # the first step of each (also the warm-up: AdamW's state is made here)
                 torch.manual_seed(args.seed)
                 reference_loss = reference.step().item()
                 torch.manual_seed(args.seed)
                 gors_loss = ours.step().item()
-            log(f"[train_step] {label}: first step from seed {args.seed}, same LoRA init and draws: reference loss "
-                f"{reference_loss:.7f}, gors loss {gors_loss:.7f}")
-            # The same first step of the same models on the same batch: the losses agree to float rounding.
-            difference = abs(reference_loss - gors_loss) / max(abs(reference_loss), 1e-12)
-            if difference > LOSS_TOLERANCE[args.mixed_precision]:
-                raise SystemExit(f"[train_step] {label}: the first-step losses differ by {difference:.1e} (relative), "
-                                 f"more than {LOSS_TOLERANCE[args.mixed_precision]:g}: the two loops do not train alike")
+            if per_sample:  # other batches, so other losses: the batch-2 rows above compared the same step
+                agreement = f"not compared (batch {gors_batch} against 2; the batch-2 rows' first steps agree)"
+            else:
+                log(f"[train_step] {label}: first step from seed {args.seed}, same LoRA init and draws: reference "
+                    f"loss {reference_loss:.7f}, gors loss {gors_loss:.7f}")
+                # The same first step of the same models on the same batch: the losses agree to float rounding.
+                difference = abs(reference_loss - gors_loss) / max(abs(reference_loss), 1e-12)
+                if difference > LOSS_TOLERANCE[args.mixed_precision]:
+                    raise SystemExit(f"[train_step] {label}: the first-step losses differ by {difference:.1e} "
+                                     f"(relative), more than {LOSS_TOLERANCE[args.mixed_precision]:g}: the two loops "
+                                     "do not train alike")
+                agreement = f"first-step loss {difference:.0e}"
             seconds = {"reference": [], "gors": []}
 
             def clocked(name: str, step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -684,6 +714,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
 
             ratios, _, _ = paired_ratios(clocked("reference", reference.step), clocked("gors", ours.step), device,
                                          args.repeats, warmup=0)
+            # Per sample: a gors step trains gors_batch samples, a reference step GORS_BATCH.
+            ratios = [ratio * gors_batch / GORS_BATCH for ratio in ratios]
             data = statistics.median(reference.data_seconds[-args.repeats * args.steps_per_timing:])
             per_step = {name: statistics.median(times[-args.repeats:]) / args.steps_per_timing
                         for name, times in seconds.items()}
@@ -698,9 +730,12 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
             results.append(SpeedResult(
                 f"training step, {label}",
                 "diffusers' `train_text_to_image_lora.py` loop as GORS ran it (images loaded by one worker and "
-                "VAE-encoded every step)", size_text, ratios, f"first-step loss {difference:.0e}",
-                "train" if train_text_encoder else None))
-            if args.profile and train_text_encoder:
+                "VAE-encoded every step)", size_text.replace(f"batch {GORS_BATCH}", f"batch {gors_batch} (gors) and "
+                                                             f"{GORS_BATCH} (reference)") if per_sample else size_text,
+                ratios, agreement,
+                # The both-LoRA row at the asked batch prices training in `cost_model.py`.
+                "train" if train_text_encoder and gors_batch == args.gors_batch_size else None, batch=gors_batch))
+            if args.profile and train_text_encoder and not per_sample:
                 medians = breakdown({"gors": ours, "reference": reference}, args.profile_steps)
                 print_breakdown(f"gors step, both LoRAs, by phase (medians of {args.profile_steps})", *medians["gors"])
                 print_breakdown(f"reference step, both LoRAs, by phase (medians of {args.profile_steps})",

@@ -73,3 +73,24 @@ def test_gors_estimate_takes_the_speed_tables_json_for_its_official_column(scrip
         EstimateConfig(timings=["runs/x"], reference_speedups=str(tmp_path / "other.json"))
     with pytest.raises(FileNotFoundError, match=r"--reference_speedups .*gone\.json: no such file"):
         EstimateConfig(timings=["runs/x"], reference_speedups=str(tmp_path / "gone.json"))
+
+
+def test_a_training_ratio_measured_at_another_gors_batch_than_the_calibrations_is_refused(scripts, tmp_path, capsys):
+    # One GPU at batch 16 trains GORS' global batch of 2 x 8; its ratio per sample prices only a calibration
+    # at 16: a batch-2 calibration priced with it would make the official column too high.
+    result = scripts["common"].SpeedResult
+    at_16 = write_table(scripts, tmp_path / "train16.json", [
+        result("training step, both LoRAs", "loop", "sizes", [1.2], "0e+00", None, batch=2),
+        result("training step, both LoRAs, gors at batch 16, per sample", "loop", "sizes", [4.0], "-", "train",
+               batch=16)])
+    older = write_table(scripts, tmp_path / "speed.json", [
+        result("training step, both LoRAs", "loop", "sizes", [1.2], "0e+00", "train")])  # no batch recorded: 2
+    cost_model = scripts["cost_model"]
+    assert cost_model.training_batch([older]) == 2
+    assert cost_model.training_batch([older, at_16]) == 16  # the later table's row wins, as in the pricing
+    assert cost_model.training_batch([]) is None
+    with pytest.raises(SystemExit) as stop:
+        cost_model.main(["--speedups", at_16])
+    assert stop.value.code == 2
+    assert ("prices training with gors at batch 16, but the calibration trains at --train_batch_size 2: measure "
+            "train_step with --gors_batch_size 2, or calibrate at 16") in capsys.readouterr().err
