@@ -28,7 +28,7 @@ the U-Net and the text encoder (gors' default for SD 1/2, as GORS).
 - **gors**: a `GORSTrainer` set up as `train()` sets it up (`_setup_models`, `_setup_optimizer`,
   `_load_data`, which encodes every selected image once and caches its latent mean and std, and,
   without the text-encoder LoRA, the frozen encoder's outputs; AdamW with its fused kernel, gors'
-  default `--fused_adam`; with `--torch_compile BACKEND` the U-Net compiled, the first untimed step
+  default `--fused_adam`; with `--torch_compile BACKEND` the U-Net (and the text encoder when it trains) compiled, the first untimed step
   compiling it; then `accelerator.prepare`), and per
   step the body of its training loop: `_micro_batch_loss` (a latent drawn from the cached
   posterior, noise, timesteps, the text encoder if it trains, the U-Net, the loss), backward,
@@ -657,7 +657,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
         size_text = (f"{sizes.label}: U-Net {millions(base['unet'])}, text encoder {millions(base['text_encoder'])}, "
                      f"VAE {millions(base['vae'])}; {sizes.resolution} px, batch 2, {len(rows)} selected images, "
                      f"{'fp32' if args.mixed_precision == 'no' else args.mixed_precision}, {device.type}"
-                     + ("" if args.torch_compile == "no" else f", gors' U-Net compiled ({args.torch_compile})"))
+                     + ("" if args.torch_compile == "no" else f", gors' U-Net and trained text encoder compiled ({args.torch_compile})"))
         reset_process_state()
         accelerator = make_accelerator(mixed_precision=args.mixed_precision)
         settings = [(False, GORS_BATCH), (True, GORS_BATCH)]

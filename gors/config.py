@@ -189,7 +189,8 @@ class ModelFields:
 
     torch_compile: str = field(
         default="no",
-        metadata={"help": "torch.compile backend for the denoiser in generation and training: 'no' (as the official "
+        metadata={"help": "torch.compile backend for the denoiser in generation and training (and the text encoders "
+                          "that run every training step): 'no' (as the official "
                           "scripts) or 'inductor', which pays on GPUs over long runs (compiling takes minutes; samples "
                           "and losses match the plain path up to float rounding). 'aot_eager' and 'eager' debug it."},
     )

@@ -285,7 +285,10 @@ class GORSTrainer:
             self.denoiser.enable_gradient_checkpointing()
             for encoder in trained:
                 self.text_encoders[encoder.component].activation_checkpointing_enable()
-        compile_module(self.denoiser, config.torch_compile)
+        # The text encoders that run every step too: at GORS' batch of 2 a step on a large GPU waits on kernel
+        # launches (benchmarks/README.md), and the trained encoder's forward and backward are a fifth of them.
+        for module in (self.denoiser, *self.text_encoders.values()):
+            compile_module(module, config.torch_compile)
 
     def _load_frozen(self, component: str) -> torch.nn.Module:
         """A component's base weights: frozen, in the mixed-precision dtype, on this process's device.

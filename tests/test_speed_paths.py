@@ -87,6 +87,16 @@ def test_compiled_training_learns_the_plain_adapters(selected_run, make_run_conf
     _assert_close(compiled, plain)
 
 
+def test_training_compiles_the_text_encoders_that_run_every_step(selected_run, make_run_config, counting_backend,
+                                                                 tmp_path):
+    trainer = GORSTrainer(make_run_config(output_dir=str(_copy_selected(selected_run, tmp_path / "run")),
+                                          torch_compile=counting_backend, report_to="none"))
+    trainer._setup_models()
+    assert trainer.config.train_text_encoder and trainer.text_encoders  # the trained encoder runs every step
+    for module in (trainer.denoiser, *trainer.text_encoders.values()):
+        assert module._compiled_call_impl is not None, type(module).__name__
+
+
 def test_fused_adamw_updates_as_the_loop_over_parameters(selected_run, make_run_config, tmp_path):
     fused = _train(selected_run, make_run_config, tmp_path / "fused")
     looped = _train(selected_run, make_run_config, tmp_path / "looped", fused_adam=False)
