@@ -695,8 +695,10 @@ class EvaluateConfig:
                           "accelerate config's. On CPU everything runs in fp32."},
     )
     pretrained_model_name_or_path: str | None = field(
-        default="stabilityai/stable-diffusion-2-base",
-        metadata={"help": "Any diffusers text-to-image pipeline to evaluate (Hub id or folder); unused with --images."},
+        default=None,
+        metadata={"help": "Any diffusers text-to-image pipeline to evaluate (Hub id or folder); default "
+                          "stabilityai/stable-diffusion-2-base, or the toy pipeline that ships with gors where every "
+                          "benchmark is toy; unused with --images."},
     )
     lora: str | None = field(
         default=None,

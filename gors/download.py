@@ -68,11 +68,11 @@ def plan(command: str, config: Any) -> tuple[list[ModelNeed], list[tuple[str, An
         from gors.evaluate import plan_benchmarks
         from gors.official_lora import resolve_lora
 
-        if config.images is None:
-            models.append(ModelNeed("--pretrained_model_name_or_path", config.pretrained_model_name_or_path, True))
-        for benchmark in plan_benchmarks(config):  # which fetches the scorers' data files
+        for benchmark in plan_benchmarks(config):  # which fetches the scorers' data files (and names the default model)
             files.append((f"{benchmark.label} prompts", benchmark.benchmark.prompts))
             models += _scorer_needs(benchmark.scorer_specs(), benchmark.label)
+        if config.images is None:
+            models.insert(0, ModelNeed("--pretrained_model_name_or_path", config.pretrained_model_name_or_path, True))
         if config.lora is not None:
             files.append((f"--lora {config.lora}", lambda: resolve_lora(config.lora)))
         return models, files

@@ -28,7 +28,9 @@ from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, not_a_folder, read_json
 from gors.core.pipeline import check_lora_path
 from gors.core.store import same_value
+from gors.core.toy import PRETRAINED_DIR
 from gors.official_lora import OFFICIAL_PREFIX, resolve_lora
+from gors.sd2_architecture import SD2_BASE
 from rewards import Reward
 from rewards.combined import download_reward_files
 
@@ -112,7 +114,9 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
         raise FileNotFoundError(f"--images {config.images}: {not_a_folder(config.images)}; pass the folder of the "
                                 "benchmark's images")
     if config.images is None and config.pretrained_model_name_or_path is None:
-        raise ValueError("give --pretrained_model_name_or_path to generate, or --images to score existing images")
+        # The paper's model; the toy benchmark's world is drawn only by the toy pipeline that ships with gors.
+        toy_only = all(name == "toy" for name, _ in specs)
+        config.pretrained_model_name_or_path = str(PRETRAINED_DIR / "pipeline") if toy_only else SD2_BASE
     if config.images is not None and config.lora is not None:
         # The images are scored as they are: a LoRA would be ignored, yet recorded in summary.json.
         raise ValueError(f"--lora={config.lora!r} with --images: existing images are scored as they are; drop "

@@ -12,6 +12,7 @@ from evaluators import build_benchmark, parse_benchmarks
 from gors.cli import main, parse_config
 from gors.config import EvaluateConfig
 from gors.core.distributed import make_accelerator
+from gors.core.hub import ModelLoadError
 from gors.core.store import StoreError
 from gors.core.toy import PRETRAINED_DIR
 from gors.evaluate import drop_unneeded, evaluate
@@ -83,7 +84,6 @@ def test_evaluate_writes_one_folder_per_benchmark_and_resumes(tmp_path, capsys, 
     "overrides, message",
     [({"images": "somewhere", "benchmarks": "toy,toy:train"}, "name exactly one"),
      ({"scorer_options": '{"geneval": {}}'}, "not among the benchmarks"),
-     ({"pretrained_model_name_or_path": None}, "--pretrained_model_name_or_path"),
      ({"benchmarks": "toy,toy:nope"}, r"toy split 'nope'; choose one of train, held_out, ")],
 )
 def test_bad_evaluate_input(tmp_path, overrides, message):
@@ -454,3 +454,22 @@ def test_earlier_results_are_kept_only_for_the_same_model_and_lora_with_their_fo
     assert earlier_summaries(path, now, {"lora": "x", "lora_dropout": 0.1}) == []
     assert earlier_summaries(path, [{**now[0], "label": "a"}], {"lora": None}) == []  # evaluated again now
     assert earlier_summaries(path, [{**now[0], "model": None}], {"lora": None}) == []  # --images: any model's
+
+
+def test_without_a_model_the_toy_benchmark_renders_with_the_toy_pipeline_and_others_with_sd2_base(tmp_path):
+    from gors.evaluate import plan_benchmarks
+
+    # The toy world is drawn only by the pipeline that ships with gors: SD 2 base (needing a download) there
+    # would score nothing meaningful.
+    config = EvaluateConfig(output_dir=str(tmp_path / "toy"), benchmarks="toy", max_prompts=1, images_per_prompt=1)
+    assert config.pretrained_model_name_or_path is None
+    [summary] = evaluate(config)
+    assert config.pretrained_model_name_or_path == str(PRETRAINED_DIR / "pipeline")
+    assert summary["num_images"] == 1
+    config = EvaluateConfig(output_dir=str(tmp_path / "both"), benchmarks="toy,t2i_compbench:color")
+    with pytest.raises(ModelLoadError, match="blip-vqa"):  # B-VQA's model is not in this machine's cache
+        plan_benchmarks(config)
+    assert config.pretrained_model_name_or_path == "stabilityai/stable-diffusion-2-base"
+    given = EvaluateConfig(output_dir=str(tmp_path / "given"), benchmarks="toy", pretrained_model_name_or_path="m/x")
+    plan_benchmarks(given)
+    assert given.pretrained_model_name_or_path == "m/x"
