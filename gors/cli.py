@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from argparse import ArgumentParser
 from contextlib import contextmanager, nullcontext
 from dataclasses import Field, dataclass, fields
@@ -513,8 +514,16 @@ def check_run_folder(output_dir: str, command: str) -> None:
                                 "a run that `gors generate` (or `gors run`) started: check the path")
 
 
+def quiet_dependency_warnings() -> None:
+    """Silence the dependencies' warnings that say nothing to a gors user, once per command."""
+    # diffusers' load_config passes huggingface_hub >= 1.0 an argument it ignores, for every Hub model.
+    warnings.filterwarnings("ignore", message="The `local_dir_use_symlinks` argument is deprecated",
+                            category=UserWarning)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """`gors COMMAND [flags]`: parse the command's config and run its function on it."""
+    quiet_dependency_warnings()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())

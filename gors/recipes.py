@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from gors.cli import expected_errors, parse_config
+from gors.cli import expected_errors, parse_config, quiet_dependency_warnings
 from gors.config import RunConfig
 from gors.core.paper import CATEGORIES
 
@@ -30,6 +30,7 @@ def recipe_defaults(category: str) -> dict[str, Any]:
 @expected_errors()  # one line `error: ...` and exit status 2, as in `gors`
 def run_recipe(category: str, argv: Sequence[str] | None = None) -> RunConfig:
     """Parse overrides on top of the category's paper defaults and run the whole GORS loop."""
+    quiet_dependency_warnings()
     script = f"recipes/gors_{category}.py"
     config = parse_config(RunConfig, argv, defaults=recipe_defaults(category), prog=script)
     from gors.run import run  # here, not above: `--help` answers without importing torch and diffusers
@@ -89,6 +90,7 @@ def geneval_recipe_config(argv: Sequence[str] | None = None, prog: str = "recipe
 @expected_errors()
 def run_geneval_recipe(argv: Sequence[str] | None = None) -> RunConfig:
     """Parse overrides on top of the GenEval recipe's defaults and run the whole GORS loop."""
+    quiet_dependency_warnings()
     script = "recipes/gors_geneval.py"
     config = geneval_recipe_config(argv, prog=script)
     from gors.run import run  # here, not above: `--help` answers without importing torch and diffusers

@@ -653,3 +653,25 @@ def test_under_a_multi_process_launch_sigterm_keeps_its_default(monkeypatch):
     before = signal.getsignal(signal.SIGTERM)
     with expected_errors():
         assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_the_hub_argument_warning_of_diffusers_config_loading_is_silenced_for_gors_commands(monkeypatch):
+    import warnings
+
+    from diffusers import DiffusionPipeline
+
+    from gors.cli import quiet_dependency_warnings
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def loading_warnings(silenced: bool) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            if silenced:
+                quiet_dependency_warnings()
+            with pytest.raises(Exception):  # offline, and not in this machine's cache
+                DiffusionPipeline.load_config("stabilityai/stable-diffusion-2-base")
+        return [str(w.message) for w in caught if "local_dir_use_symlinks" in str(w.message)]
+
+    assert loading_warnings(silenced=False)  # the dependencies still warn (else this test checks nothing)
+    assert loading_warnings(silenced=True) == []
