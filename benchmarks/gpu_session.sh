@@ -76,7 +76,7 @@ run() {
         done
         return
     fi
-    # Seconds per script: 560 in all (590 for `table`), inside one command's 10 minutes with the install and start-up (the first
+    # Seconds per script: 550 in all (590 for `table`), inside one command's 10 minutes with the install and start-up (the first
     # H200 run, 2026-12-04, took 28, 17, 44 and 79 s for Soft-TIFA, B-VQA, training and generation).
     measure gpu_checks 30 python3 benchmarks/gpu_checks.py
     local first=benchmarks/results/2026-12-04-h200
@@ -102,8 +102,9 @@ run() {
                 --output "$out/cost_model_16.md" \
                 --speedups "$first/b_vqa_passes.json" "$first/generation.json" "$out/train_step_16.json"
         fi
-        measure soft_tifa_float32 90 python3 benchmarks/soft_tifa_one_pass.py --device cuda --full-size --dtype float32
-        measure train_step_compiled 190 python3 -m benchmarks --device cuda --full-size --only train_step \
+        measure soft_tifa_float32 100 python3 benchmarks/soft_tifa_one_pass.py --device cuda --full-size --dtype float32 \
+            --images 2 --repeats 2
+        measure train_step_compiled 170 python3 -m benchmarks --device cuda --full-size --only train_step \
             --torch_compile inductor --output "$out/train_step_compiled.md"
     fi
     cat "$out"/*.md 2>/dev/null || true
