@@ -348,6 +348,13 @@ class TrainingFields:
 
     train_batch_size: int = field(default=2, metadata={"help": "Batch size per process (official: 2 x 8 GPUs)."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Steps to accumulate before an update."})
+    global_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Samples per update over all processes (the recipes: 16, the paper's 2 x 8 GPUs). Sets "
+                          "--gradient_accumulation_steps to it / (--train_batch_size x processes), which must divide "
+                          "it: the same updates on 1 GPU as on 8. Default: --train_batch_size x processes x "
+                          "--gradient_accumulation_steps."},
+    )
     max_train_steps: int = field(default=15000, metadata={"help": "Optimizer updates (official: 15 000)."})
     learning_rate: float = field(
         default=1e-4, metadata={"help": "Denoiser (U-Net or transformer) LoRA learning rate (official: 1e-4; diffusers' "
@@ -497,6 +504,8 @@ class TrainingFields:
                      "validation_steps"):
             value = getattr(self, flag)
             _check(value >= 1, f"--{flag}={value}: must be >= 1")
+        _check(self.global_batch_size is None or self.global_batch_size >= 1,
+               f"--global_batch_size={self.global_batch_size}: must be >= 1 (or omit it)")
         _check(self.checkpoints_total_limit is None or self.checkpoints_total_limit >= 1,
                f"--checkpoints_total_limit={self.checkpoints_total_limit}: keep at least 1 (or omit it to keep all)")
         _check(self.train_unet or self.train_text_encoder is not False or self.train_text_encoder_2,

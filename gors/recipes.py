@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from gors.cli import expected_errors, parse_config, quiet_dependency_warnings
 from gors.config import RunConfig
-from gors.core.paper import CATEGORIES
+from gors.core.paper import CATEGORIES, GORS_GLOBAL_BATCH
 
 
 def recipe_defaults(category: str) -> dict[str, Any]:
@@ -24,6 +24,8 @@ def recipe_defaults(category: str) -> dict[str, Any]:
         "train_prompts": category,
         "category": category,
         "output_dir": f"runs/gors_{category}",
+        # The paper's 2 per GPU x 8 GPUs, on any number of GPUs (accumulating where there are fewer).
+        "global_batch_size": GORS_GLOBAL_BATCH,
     }
 
 
@@ -60,6 +62,7 @@ def geneval_recipe_defaults() -> dict[str, Any]:
         "reward": "geneval_graded",
         "validation_benchmark": "geneval",
         "output_dir": "runs/gors_geneval",
+        "global_batch_size": GORS_GLOBAL_BATCH,
     }
 
 

@@ -49,6 +49,7 @@ from gors.core.distributed import (
     check_agreement,
     main_process_decides,
     make_accelerator,
+    process_state,
     progress_bar,
 )
 from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
@@ -89,12 +90,39 @@ SAME_TRAINING_FIX = f"{SAME_SNAPSHOT_FIX} (--revision <commit>), and see the sam
 LOGS_DIR = "logs"  # the trackers' folder in the run folder (TensorBoard: logs/gors/)
 
 
+def accumulation_steps(global_batch_size: int, train_batch_size: int, num_processes: int,
+                       gradient_accumulation_steps: int = 1) -> int:
+    """The micro-batches per update that make `global_batch_size` samples per update from `train_batch_size` on
+    each of `num_processes`; a `gradient_accumulation_steps` other than 1 must already be that number."""
+    per_pass = train_batch_size * num_processes
+    if global_batch_size % per_pass:
+        fix = (f"give a --train_batch_size that divides {global_batch_size // num_processes}"
+               if global_batch_size % num_processes == 0 else
+               f"launch a number of processes that divides {global_batch_size}")
+        raise ValueError(f"--global_batch_size={global_batch_size} is not a multiple of --train_batch_size="
+                         f"{train_batch_size} x {num_processes} process(es) = {per_pass}: {fix}")
+    steps = global_batch_size // per_pass
+    if gradient_accumulation_steps not in (1, steps):
+        raise ValueError(f"--gradient_accumulation_steps={gradient_accumulation_steps} with --global_batch_size="
+                         f"{global_batch_size}: that batch takes {steps} micro-batch(es) of {train_batch_size} on "
+                         f"{num_processes} process(es); give one of the two flags")
+    return steps
+
+
+def resolve_accumulation(config: TrainConfig | RunConfig, num_processes: int) -> None:
+    """Set `config.gradient_accumulation_steps` from `--global_batch_size` (where given) for `num_processes`."""
+    if config.global_batch_size is not None:
+        config.gradient_accumulation_steps = accumulation_steps(config.global_batch_size, config.train_batch_size,
+                                                                num_processes, config.gradient_accumulation_steps)
+
+
 def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:
     """The Accelerator of a training run: accumulation, precision, trackers and the run folder.
 
     DDP looks for parameters without a gradient only for families whose text-encoder adapters have
     some (SDXL reads CLIP-L's penultimate layer, so the last layer's LoRA never gets one).
     """
+    resolve_accumulation(config, process_state().num_processes)  # a batch that does not divide fails at once
     check_samples_model(config)  # before `detect_backbone` may go to the Hub for a model the samples are not of
     project = ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / LOGS_DIR))
     backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
@@ -243,6 +271,11 @@ class GORSTrainer:
         # Validation renders as the samples were generated (their steps; guidance and side are resolved above).
         self.sampling_steps = generated.get("num_inference_steps") or backbone.sampling.num_inference_steps
         self.accelerator = accelerator or training_accelerator(config)
+        resolve_accumulation(self.config, self.accelerator.num_processes)
+        if self.accelerator.gradient_accumulation_steps != self.config.gradient_accumulation_steps:
+            raise ValueError(f"the Accelerator given accumulates {self.accelerator.gradient_accumulation_steps} "
+                             f"micro-batch(es) per update and the training {self.config.gradient_accumulation_steps}: "
+                             "make it with gors.train.training_accelerator(config)")
         check_data_parallel(self.accelerator)
         self.output_dir = Path(config.output_dir)
         self.continue_from, self.reset_optimizer = continue_from, reset_optimizer
@@ -725,8 +758,9 @@ class GORSTrainer:
         """What to change when a micro-batch does not fit the device, and how the training goes on then."""
         config, advice = self.config, []
         if config.train_batch_size > 1:
-            advice.append("lower --train_batch_size and raise --gradient_accumulation_steps as much (the same samples "
-                          "per update; the training starts again from step 0, its checkpoints set aside)")
+            raise_too = "" if config.global_batch_size is not None else " and raise --gradient_accumulation_steps as much"
+            advice.append(f"lower --train_batch_size{raise_too} (the same samples per update; the training starts "
+                          "again from step 0, its checkpoints set aside)")
         if not config.gradient_checkpointing:
             advice.append("pass --gradient_checkpointing (the training resumes from its last checkpoint)")
         return ", or ".join(advice + [MORE_MEMORY])

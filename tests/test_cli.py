@@ -158,6 +158,7 @@ def test_recipes_carry_the_paper_defaults():
     assert config.pretrained_model_name_or_path == "stabilityai/stable-diffusion-2-base"
     assert (config.rank, config.learning_rate, config.text_encoder_learning_rate) == (4, 1e-4, 5e-6)
     assert (config.train_batch_size, config.max_train_steps, config.seed) == (2, 15000, 42)
+    assert config.global_batch_size == 16  # 2 x 8 GPUs, accumulated on fewer
     assert config.images_per_prompt == 2
     with pytest.raises(ValueError, match="Unknown category"):
         recipe_defaults("colour")

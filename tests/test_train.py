@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from gors.core.distributed import reset_process_state
 from gors.lora import LORA_WEIGHT_NAME
 from gors.select import load_selection, select
-from gors.train import AutocastPipeline, GORSTrainer, find_checkpoint, train
+from gors.train import AutocastPipeline, GORSTrainer, accumulation_steps, find_checkpoint, train
 
 
 def _copy_run(selected_run, destination):
@@ -201,6 +201,35 @@ def test_gradient_accumulation_counts_updates_not_micro_batches(selected_run, ma
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-1", "checkpoint-2"]
     state = torch.load(run_dir / "checkpoints" / "checkpoint-1" / "scheduler.bin", weights_only=False)
     assert state["_last_lr"][0] / state["base_lrs"][0] == pytest.approx(0.5)
+
+
+def test_a_global_batch_is_made_of_accumulated_micro_batches_on_any_number_of_processes():
+    assert accumulation_steps(16, 2, 1) == 8  # the paper's 2 x 8 GPUs on one
+    assert accumulation_steps(16, 2, 8) == 1
+    assert accumulation_steps(16, 16, 1) == 1
+    assert accumulation_steps(16, 2, 1, gradient_accumulation_steps=8) == 8  # the same, said twice
+    with pytest.raises(ValueError, match=r"--global_batch_size=16 is not a multiple of --train_batch_size=3 x 1 "
+                                         r"process\(es\) = 3: give a --train_batch_size that divides 16"):
+        accumulation_steps(16, 3, 1)
+    with pytest.raises(ValueError, match="launch a number of processes that divides 16"):
+        accumulation_steps(16, 2, 3)
+    with pytest.raises(ValueError, match=r"--gradient_accumulation_steps=4 with --global_batch_size=16: that batch "
+                                         r"takes 8 micro-batch\(es\) of 2 on 1 process\(es\); give one of the two"):
+        accumulation_steps(16, 2, 1, gradient_accumulation_steps=4)
+
+
+def test_a_global_batch_trains_as_the_same_accumulation_given_by_hand(selected_run, make_run_config, tmp_path):
+    weights = {}
+    for name, overrides in (("global", {"global_batch_size": 4}), ("by_hand", {"gradient_accumulation_steps": 2})):
+        run_dir = _copy_run(selected_run, tmp_path / name)
+        config = _config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="none",
+                         train_batch_size=2, learning_rate=1e-2, **overrides)
+        weights[name] = load_file(str(train(config)))
+        reset_process_state()
+        assert config.gradient_accumulation_steps == 2  # resolved, so the run's settings record it
+    assert weights["global"].keys() == weights["by_hand"].keys()
+    for key, value in weights["by_hand"].items():
+        assert torch.equal(weights["global"][key], value), key
 
 
 @pytest.mark.parametrize("fused", [True, False])
