@@ -271,12 +271,12 @@ class GORSTrainer:
         # Validation renders as the samples were generated (their steps; guidance and side are resolved above).
         self.sampling_steps = generated.get("num_inference_steps") or backbone.sampling.num_inference_steps
         self.accelerator = accelerator or training_accelerator(config)
+        check_data_parallel(self.accelerator)
         resolve_accumulation(self.config, self.accelerator.num_processes)
         if self.accelerator.gradient_accumulation_steps != self.config.gradient_accumulation_steps:
             raise ValueError(f"the Accelerator given accumulates {self.accelerator.gradient_accumulation_steps} "
                              f"micro-batch(es) per update and the training {self.config.gradient_accumulation_steps}: "
                              "make it with gors.train.training_accelerator(config)")
-        check_data_parallel(self.accelerator)
         self.output_dir = Path(config.output_dir)
         self.continue_from, self.reset_optimizer = continue_from, reset_optimizer
         self.validation_dir = validation_dir
