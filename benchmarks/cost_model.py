@@ -47,7 +47,7 @@ from b_vqa_passes import save_model
 from common import checked_device, positive_int
 from generation import PROMPTS, write_sd2_base_folder
 
-from gors.estimate import speed_table_ratios
+from gors.estimate import speed_table_ratios, speed_table_train_batch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,14 +69,10 @@ def measured_speedups(paths: list[str]) -> dict[str, float]:
 
 
 def training_batch(paths: list[str]) -> int | None:
-    """gors' per-process batch in the row that prices training in the last of `paths` holding one (2, GORS'
-    own, for tables written before rows recorded it); None when none prices training."""
-    batch = None
-    for path in paths:
-        for row in json.loads(Path(path).read_text(encoding="utf-8"))["rows"]:
-            if row.get("prices") == "train":
-                batch = row.get("batch") or 2
-    return batch
+    """gors' per-process batch in the row that prices training in the last of `paths` holding one
+    (`gors.estimate.speed_table_train_batch`); None when none prices training."""
+    batches = [batch for batch in map(speed_table_train_batch, paths) if batch is not None]
+    return batches[-1] if batches else None
 
 
 def gors(*args: str, devices: str | None = None) -> str:
@@ -119,6 +115,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--speedups prices training with gors at batch {priced_batch}, but the calibration trains at "
                      f"--train_batch_size {args.train_batch_size}: measure train_step with --gors_batch_size "
                      f"{args.train_batch_size}, or calibrate at {priced_batch}")
+    if priced_batch is None and args.train_batch_size != 2:  # gors estimate's default ratio is of gors at 2
+        parser.error(f"--train_batch_size {args.train_batch_size} needs its training ratio: pass --speedups with "
+                     f"the JSON of `python -m benchmarks --only train_step --gors_batch_size {args.train_batch_size}`")
     cuda = device.type == "cuda"
     steps, resolution = (50, 512) if args.full_size else (10, 128)
     train_steps = args.max_train_steps or (50 if args.full_size else 10)

@@ -352,7 +352,7 @@ class TrainingFields:
         default=None,
         metadata={"help": "Samples per update over all processes (the recipes: 16, the paper's 2 x 8 GPUs). Sets "
                           "--gradient_accumulation_steps to it / (--train_batch_size x processes), which must divide "
-                          "it: the same updates on 1 GPU as on 8. Default: --train_batch_size x processes x "
+                          "it: the same updates on 1 GPU as on 8. 0 or unset: --train_batch_size x processes x "
                           "--gradient_accumulation_steps."},
     )
     max_train_steps: int = field(default=15000, metadata={"help": "Optimizer updates (official: 15 000)."})
@@ -504,8 +504,10 @@ class TrainingFields:
                      "validation_steps"):
             value = getattr(self, flag)
             _check(value >= 1, f"--{flag}={value}: must be >= 1")
+        if self.global_batch_size == 0:  # a recipe's 16 turned off
+            self.global_batch_size = None
         _check(self.global_batch_size is None or self.global_batch_size >= 1,
-               f"--global_batch_size={self.global_batch_size}: must be >= 1 (or omit it)")
+               f"--global_batch_size={self.global_batch_size}: must be >= 1, or 0 for off")
         _check(self.checkpoints_total_limit is None or self.checkpoints_total_limit >= 1,
                f"--checkpoints_total_limit={self.checkpoints_total_limit}: keep at least 1 (or omit it to keep all)")
         _check(self.train_unet or self.train_text_encoder is not False or self.train_text_encoder_2,

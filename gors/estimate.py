@@ -285,6 +285,24 @@ def speed_table_ratios(path: str | Path) -> dict[str, float]:
                          f"X.json): {error}") from None
 
 
+def speed_table_train_batch(path: str | Path) -> int | None:
+    """gors' per-process batch in the row of a speed table's JSON that prices training (2, GORS' own, in tables
+    written before rows recorded it); None when no row prices training. Its ratio is per sample against the
+    official loop at 2, so it prices only a calibration that trained at that batch."""
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))["rows"]
+    batches = [row.get("batch") or 2 for row in rows if row.get("prices") == "train"]
+    return batches[-1] if batches else None
+
+
+def check_train_batch(priced_batch: int | None, stages: dict[str, dict[str, Any]], source: str) -> None:
+    """Refuse pricing the calibration's training with a ratio measured with gors at another per-process batch."""
+    calibrated = stages.get("train", {}).get("settings", {}).get("train_batch_size")
+    if priced_batch is not None and calibrated is not None and calibrated != priced_batch:
+        raise ValueError(f"{source} prices training with gors at batch {priced_batch}, but the calibration trained at "
+                         f"--train_batch_size {calibrated}: measure the ratio with `python -m benchmarks --only "
+                         f"train_step --gors_batch_size {calibrated}`, or calibrate at {priced_batch}")
+
+
 def _given_speedups(value: dict[str, Any] | str) -> dict[str, Any]:
     """`--reference_speedups`: a mapping (JSON/YAML text) or the path of a speed table's JSON."""
     if isinstance(value, str) and value.endswith(".json"):
@@ -325,7 +343,12 @@ class EstimateConfig:
     )
 
     def __post_init__(self) -> None:
+        # A speed table's training ratio holds for one calibration batch (checked against the timings).
+        table = self.reference_speedups if isinstance(self.reference_speedups, str) and \
+            self.reference_speedups.endswith(".json") else None
         given = _given_speedups(self.reference_speedups)
+        self.priced_train_batch = speed_table_train_batch(table) if table is not None else None
+        self.speed_table = table
         unknown = sorted(set(given) - set(SPEEDUP_STAGES))
         if unknown:
             raise ValueError(f"--reference_speedups: unknown stage {', '.join(map(repr, unknown))}; the stages are "
@@ -345,6 +368,7 @@ class EstimateConfig:
 def estimate_command(config: EstimateConfig) -> list[StageEstimate]:
     """`gors estimate`: print the table, the plan and its sources; warnings about the calibration on stderr."""
     stages, devices = merge_timings(config.timings)
+    check_train_batch(config.priced_train_batch, stages, f"--reference_speedups {config.speed_table}")
     plan = RunPlan(config.num_prompts, config.images_per_prompt, config.num_inference_steps, config.max_train_steps,
                    config.global_batch_size)
     speedups = {k: float(v) for k, v in config.reference_speedups.items()}

@@ -155,7 +155,7 @@ def earlier_summaries(path: Path, summaries: list[dict[str, Any]], header: dict[
 
     Each entry is rebuilt from its benchmark folder's own `summary.json` (the latest results there), found
     from `path`'s folder and its label, not the folder it recorded (relative to where that run started).
-    Image folders (`--images`: no model recorded) are never merged: their images may be any model's.
+    Image folders (`--images`) are never merged: their images may be any model's.
     """
     model, lora = summaries[0].get("model") if summaries else None, summaries[0].get("lora") if summaries else None
     if not path.is_file() or model is None:
@@ -174,8 +174,9 @@ def earlier_summaries(path: Path, summaries: list[dict[str, Any]], header: dict[
         folder = path.parent / name / subset
         current = read_json(folder / SUMMARY_FILE, "a benchmark's summary") if (folder / SUMMARY_FILE).is_file() \
             else None
-        if isinstance(current, dict) and same_value(current.get("model"), model) and same_value(current.get("lora"),
-                                                                                                 lora):
+        # An image folder's summary of an earlier gors recorded the default model too: `images` tells it apart.
+        if isinstance(current, dict) and current.get("images") is None and same_value(current.get("model"), model) \
+                and same_value(current.get("lora"), lora):
             kept.append({"label": label, "primary_metric": entry.get("primary_metric"), "folder": str(folder),
                          **current})
     return kept

@@ -100,12 +100,14 @@ def accumulation_steps(global_batch_size: int, train_batch_size: int, num_proces
                if global_batch_size % num_processes == 0 else
                f"launch a number of processes that divides {global_batch_size}")
         raise ValueError(f"--global_batch_size={global_batch_size} is not a multiple of --train_batch_size="
-                         f"{train_batch_size} x {num_processes} process(es) = {per_pass}: {fix}")
+                         f"{train_batch_size} x {num_processes} process(es) = {per_pass}: {fix}, or give a "
+                         f"--global_batch_size that {per_pass} divides (0: {per_pass} x "
+                         "--gradient_accumulation_steps)")
     steps = global_batch_size // per_pass
     if gradient_accumulation_steps not in (1, steps):
         raise ValueError(f"--gradient_accumulation_steps={gradient_accumulation_steps} with --global_batch_size="
                          f"{global_batch_size}: that batch takes {steps} micro-batch(es) of {train_batch_size} on "
-                         f"{num_processes} process(es); give one of the two flags")
+                         f"{num_processes} process(es); give one of the two flags (--global_batch_size 0 is off)")
     return steps
 
 

@@ -159,6 +159,8 @@ def test_recipes_carry_the_paper_defaults():
     assert (config.rank, config.learning_rate, config.text_encoder_learning_rate) == (4, 1e-4, 5e-6)
     assert (config.train_batch_size, config.max_train_steps, config.seed) == (2, 15000, 42)
     assert config.global_batch_size == 16  # 2 x 8 GPUs, accumulated on fewer
+    off = parse_config(RunConfig, ["--global_batch_size", "0"], defaults=recipe_defaults("texture"))
+    assert off.global_batch_size is None  # an older run's own batch, e.g. to resume it
     assert config.images_per_prompt == 2
     with pytest.raises(ValueError, match="Unknown category"):
         recipe_defaults("colour")

@@ -94,3 +94,6 @@ def test_a_training_ratio_measured_at_another_gors_batch_than_the_calibrations_i
     assert stop.value.code == 2
     assert ("prices training with gors at batch 16, but the calibration trains at --train_batch_size 2: measure "
             "train_step with --gors_batch_size 2, or calibrate at 16") in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # gors estimate's default training ratio is of gors at batch 2
+        cost_model.main(["--train_batch_size", "16"])
+    assert "--train_batch_size 16 needs its training ratio" in capsys.readouterr().err

@@ -165,3 +165,24 @@ def test_the_help_names_the_released_checkpoints_steps_beside_the_scripts_defaul
     with pytest.raises(SystemExit):
         main(["estimate", "--help"])
     assert "were saved at 124,500, 49,000, 63,000" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_speed_tables_training_ratio_prices_only_a_calibration_at_its_gors_batch(tmp_path, capsys):
+    # The per-sample row of gors at batch 16 against the official loop at 2 would inflate the official column of a
+    # calibration that trained at 2 (whose own ratio is the equal-batch row's).
+    stages = _stages()  # trained at --train_batch_size 2
+    (tmp_path / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    table = tmp_path / "speed.json"
+    rows = [{"prices": None, "median": 1.2, "batch": 2}, {"prices": "train", "median": 4.0, "batch": 16}]
+    table.write_text(json.dumps({"rows": rows}))
+    with pytest.raises(ValueError, match=r"--reference_speedups .*speed\.json prices training with gors at batch 16, "
+                                         r"but the calibration trained at --train_batch_size 2: measure the ratio "
+                                         r"with `python -m benchmarks --only train_step --gors_batch_size 2`"):
+        estimate_command(EstimateConfig(timings=[str(tmp_path)], reference_speedups=str(table)))
+    rows[1]["batch"] = 2
+    table.write_text(json.dumps({"rows": rows}))
+    estimate_command(EstimateConfig(timings=[str(tmp_path)], reference_speedups=str(table)))
+    assert "| train | 15000 steps x batch 16 |" in capsys.readouterr().out
+    del rows[1]["batch"]  # a table from before rows recorded it: gors at 2, GORS' own
+    table.write_text(json.dumps({"rows": rows}))
+    estimate_command(EstimateConfig(timings=[str(tmp_path)], reference_speedups=str(table)))

@@ -454,6 +454,9 @@ def test_earlier_results_are_kept_only_for_the_same_model_and_lora_with_their_fo
     assert earlier_summaries(path, now, {"lora": "x", "lora_dropout": 0.1}) == []
     assert earlier_summaries(path, [{**now[0], "label": "a"}], {"lora": None}) == []  # evaluated again now
     assert earlier_summaries(path, [{**now[0], "model": None}], {"lora": None}) == []  # --images: any model's
+    # An image folder scored by an earlier gors, which recorded the default model beside its images.
+    (tmp_path / "a" / "summary.json").write_text(json.dumps({"model": "m/", "lora": None, "images": "imgs", "value": 2}))
+    assert earlier_summaries(path, now, {"lora": None}) == []
 
 
 def test_without_a_model_the_toy_benchmark_renders_with_the_toy_pipeline_and_others_with_sd2_base(tmp_path):
