@@ -482,6 +482,8 @@ def main() -> None:
                         accelerator.free_memory()
                         free(device)
                     results.append(result)
+                    # The rows so far, as they come: a run stopped at a time limit keeps what it measured.
+                    print(table(results, args.tiny), file=sys.stderr, flush=True)
             del encodings
             free(device)
 
