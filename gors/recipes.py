@@ -24,7 +24,7 @@ def recipe_defaults(category: str) -> dict[str, Any]:
         "train_prompts": category,
         "category": category,
         "output_dir": f"runs/gors_{category}",
-        # The paper's 2 per GPU x 8 GPUs, on any number of GPUs (accumulating where there are fewer).
+        # The paper's 2 per GPU x 8 GPUs, on any number of GPUs that divides it (accumulating on fewer).
         "global_batch_size": GORS_GLOBAL_BATCH,
     }
 

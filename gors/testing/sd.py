@@ -34,7 +34,8 @@ def write_clip_tokenizer_files(save_dir: str | Path) -> Path:
     # only its models need.
     spec = importlib.util.find_spec("open_clip")
     if spec is None or spec.origin is None:
-        raise ModuleNotFoundError("write_clip_tokenizer_files needs the open_clip_torch package (its BPE file): pip install open_clip_torch")
+        raise ModuleNotFoundError("write_clip_tokenizer_files needs the open_clip_torch package (its BPE file): "
+                                  "pip install open_clip_torch")
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     bpe_path = Path(spec.origin).parent / "bpe_simple_vocab_16e6.txt.gz"
