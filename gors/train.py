@@ -760,7 +760,9 @@ class GORSTrainer:
         """What to change when a micro-batch does not fit the device, and how the training goes on then."""
         config, advice = self.config, []
         if config.train_batch_size > 1:
-            raise_too = "" if config.global_batch_size is not None else " and raise --gradient_accumulation_steps as much"
+            # With --global_batch_size the accumulation follows the batch by itself.
+            raise_too = ("" if config.global_batch_size is not None else
+                         " and raise --gradient_accumulation_steps as much")
             advice.append(f"lower --train_batch_size{raise_too} (the same samples per update; the training starts "
                           "again from step 0, its checkpoints set aside)")
         if not config.gradient_checkpointing:
