@@ -173,7 +173,12 @@ def test_evaluation_names_its_own_flags(tmp_path, monkeypatch, caplog):
     assert any(m.endswith("(pass --scorer_batch_size 1 to start there)") for m in messages)
 
 
-def test_training_out_of_memory_names_the_micro_batch_flags(selected_run, tiny_sd, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("flags, lower", [
+    ([], "lower --train_batch_size and raise --gradient_accumulation_steps as much"),
+    (["--global_batch_size", "4"], "lower --train_batch_size"),  # the accumulation follows by itself
+])
+def test_training_out_of_memory_names_the_micro_batch_flags(selected_run, tiny_sd, tmp_path, monkeypatch, capsys,
+                                                           flags, lower):
     from gors.train import GORSTrainer
 
     run = tmp_path / "run"
@@ -182,13 +187,13 @@ def test_training_out_of_memory_names_the_micro_batch_flags(selected_run, tiny_s
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", fail_at_call(GORSTrainer._micro_batch_loss, failing=1))
     with pytest.raises(SystemExit):
         main(["train", "--output_dir", str(run), "--pretrained_model_name_or_path", str(tiny_sd), "--resolution", "32",
-              "--max_train_steps", "2", "--report_to", "none"])
+              "--max_train_steps", "2", "--report_to", "none", *flags])
     assert error_lines(capsys) == [
-        "error: out of device memory while training, 2 samples per micro-batch on each process: lower "
-        "--train_batch_size and raise --gradient_accumulation_steps as much (the same samples per update; the training "
-        "starts again from step 0, its checkpoints set aside), or pass --gradient_checkpointing (the training resumes "
-        "from its last checkpoint), or run the same command again on a device with more memory or with its other "
-        f"processes stopped. What was finished is kept (torch: {TORCH_MESSAGE})"]
+        f"error: out of device memory while training, 2 samples per micro-batch on each process: {lower} (the same "
+        "samples per update; the training starts again from step 0, its checkpoints set aside), or pass "
+        "--gradient_checkpointing (the training resumes from its last checkpoint), or run the same command again on "
+        f"a device with more memory or with its other processes stopped. What was finished is kept (torch: "
+        f"{TORCH_MESSAGE})"]
 
 
 def test_evaluation_keeps_each_benchmark_s_batch_unless_the_flag_sets_one(tmp_path):
