@@ -654,10 +654,14 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                                   images_per_prompt=max(2, -(-args.gors_batch_size // len(PROMPTS))))
         log(f"[train_step] building {sizes.label} at {sizes.resolution} px on {device} ...")
         base = build_models(sizes, device, args.seed)
-        size_text = (f"{sizes.label}: U-Net {millions(base['unet'])}, text encoder {millions(base['text_encoder'])}, "
-                     f"VAE {millions(base['vae'])}; {sizes.resolution} px, batch 2, {len(rows)} selected images, "
-                     f"{'fp32' if args.mixed_precision == 'no' else args.mixed_precision}, {device.type}"
-                     + ("" if args.torch_compile == "no" else f", gors' U-Net and trained text encoder compiled ({args.torch_compile})"))
+        compiled = "" if args.torch_compile == "no" else \
+            f", gors' U-Net and trained text encoder compiled ({args.torch_compile})"
+
+        def size_text(batch: str) -> str:
+            return (f"{sizes.label}: U-Net {millions(base['unet'])}, text encoder {millions(base['text_encoder'])}, "
+                    f"VAE {millions(base['vae'])}; {sizes.resolution} px, batch {batch}, {len(rows)} selected images, "
+                    f"{'fp32' if args.mixed_precision == 'no' else args.mixed_precision}, {device.type}{compiled}")
+
         reset_process_state()
         accelerator = make_accelerator(mixed_precision=args.mixed_precision)
         settings = [(False, GORS_BATCH), (True, GORS_BATCH)]
@@ -730,8 +734,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
             results.append(SpeedResult(
                 f"training step, {label}",
                 "diffusers' `train_text_to_image_lora.py` loop as GORS ran it (images loaded by one worker and "
-                "VAE-encoded every step)", size_text.replace(f"batch {GORS_BATCH}", f"batch {gors_batch} (gors) and "
-                                                             f"{GORS_BATCH} (reference)") if per_sample else size_text,
+                "VAE-encoded every step)",
+                size_text(f"{gors_batch} (gors) and {GORS_BATCH} (reference)" if per_sample else str(GORS_BATCH)),
                 ratios, agreement,
                 # The both-LoRA row at the asked batch prices training in `cost_model.py`.
                 "train" if train_text_encoder and gors_batch == args.gors_batch_size else None, batch=gors_batch))

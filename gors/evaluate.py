@@ -126,8 +126,9 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
     benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts, images_per_prompt=config.images_per_prompt,
                                          batch_size=config.generation_batch_size)) for spec in specs]
     # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.
-    labels = [benchmark_label(name, getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None)
-              for (name, _), benchmark in benchmarks]
+    subsets = [getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
+               for _, benchmark in benchmarks]
+    labels = [benchmark_label(name, subset) for ((name, _), _), subset in zip(benchmarks, subsets)]
     unknown = sorted(set(config.scorer_options) - {name for name, _ in specs} - set(labels))
     if unknown:
         raise ValueError(f"--scorer_options for {unknown}, which are not among the benchmarks evaluated "
@@ -135,9 +136,8 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
     if config.images is not None:
         benchmarks[0][1].check_images_readable()
     plans = []
-    for ((name, _), benchmark), label, extra in zip(benchmarks, labels,
-                                                    extra_columns(config, [b for _, b in benchmarks])):
-        subset = getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
+    for ((name, _), benchmark), subset, label, extra in zip(benchmarks, subsets, labels,
+                                                            extra_columns(config, [b for _, b in benchmarks])):
         options = {**config.scorer_options.get(name, {}), **config.scorer_options.get(label, {})}
         column_options = options.pop("columns", None)
         benchmark.check_scorer_options(label, options, column_options, extra, with_columns=config.columns != "none")
