@@ -338,7 +338,8 @@ class EstimateConfig:
     reference_speedups: dict[str, Any] = field(
         default_factory=dict,
         metadata={"help": "gors' speed over the official procedure per stage: JSON, or the speed table's JSON that "
-                          "`python -m benchmarks --output X.md` writes (X.json), run on your GPU; a stage left out "
+                          "`python -m benchmarks --output X.md` writes (X.json), run on your GPU, whose training row "
+                          "must be of the calibration's --train_batch_size (`--gors_batch_size`); a stage left out "
                           "keeps its default, the ratio measured on 2 CPU cores (select: 1)."},
     )
 
