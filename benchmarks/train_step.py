@@ -520,6 +520,30 @@ def host_syncs(step: Callable[[], torch.Tensor], steps: int) -> tuple[float, lis
     return sum(sites.values()) / steps, sites.most_common(5)
 
 
+# Operations that compute nothing: they make tensors' storage or metadata, never launch a kernel.
+_NO_KERNEL = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "alias", "_unsafe_view",
+              "_local_scalar_dense"}
+
+
+def dispatched_ops(step: Callable[[], torch.Tensor], steps: int) -> float:
+    """Tensor operations a step dispatches to the device, forward and backward (views and allocations
+    aside): on a GPU each is at least one kernel launch, what a launch-bound step waits on."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view and func._schema.name.removeprefix("aten::") not in _NO_KERNEL:
+                Counting.count += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting():  # the autograd engine's threads run the backward under it too
+        for _ in range(steps):
+            step()
+    return Counting.count / steps
+
+
 def gors_trainer(model_dir: Path, run_dir: Path, accelerator, *, train_text_encoder: bool, resolution: int,
                  seed: int, mixed_precision: str, torch_compile: str = "no", train_batch_size: int = 2):
     from gors.train import GORSTrainer
@@ -726,6 +750,10 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
             log(f"[train_step] {label}: step s (median, {args.steps_per_timing} per timing) reference "
                 f"{per_step['reference']:.3f} (of which data loading {data:.3f}), gors {per_step['gors']:.3f}; "
                 f"ratios {', '.join(f'{r:.2f}' for r in ratios)}")
+            operations = {name: dispatched_ops(loop.step, 2) for name, loop in (("reference", reference),
+                                                                                 ("gors", ours))}
+            log(f"[train_step] {label}: operations dispatched per step (views and allocations aside): reference "
+                f"{operations['reference']:.0f}, gors {operations['gors']:.0f}")
             if device.type == "cuda":
                 for name, loop in (("reference", reference), ("gors", ours)):
                     per_step_syncs, sites = host_syncs(loop.step, 3)

@@ -66,7 +66,6 @@ from gors.lora import (
     load_lora,
     lora_parameters,
     save_lora,
-    skip_input_casts,
 )
 from gors.select import load_selection, reward_statistics
 from gors.training_data import (
@@ -314,8 +313,6 @@ class GORSTrainer:
         for module in self.trained_modules().values():
             for param in lora_parameters(module):
                 param.data = param.data.float()  # adapters train in fp32 under mixed precision
-            if self.weight_dtype != torch.float32 and accelerator.native_amp:  # its forward autocasts, as validation
-                skip_input_casts(module)
         if config.gradient_checkpointing:
             self.denoiser.enable_gradient_checkpointing()
             for encoder in trained:

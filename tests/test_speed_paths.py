@@ -155,20 +155,29 @@ def _counting_casts(monkeypatch) -> list[bool]:
     return casts
 
 
-def test_lora_inputs_left_uncast_under_autocast_learn_the_plain_adapters(selected_run, make_run_config, tmp_path,
-                                                                         monkeypatch):
-    import gors.train
+@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
+def test_fused_lora_layers_learn_peft_s_adapters(mixed_precision, selected_run, make_run_config, tmp_path,
+                                                 monkeypatch):
+    import gors.lora
 
     casts = _counting_casts(monkeypatch)
-    uncast = _train(selected_run, make_run_config, tmp_path / "uncast", mixed_precision="bf16")
-    assert casts and not any(casts)  # the U-Net's and the text encoder's LoRA layers took their inputs as they came
-    monkeypatch.setattr(gors.train, "skip_input_casts", lambda module: None)
-    casts.clear()
-    plain = _train(selected_run, make_run_config, tmp_path / "plain", mixed_precision="bf16")
-    assert any(casts)  # peft cast the bf16 inputs to the fp32 adapters
-    assert uncast.keys() == plain.keys() and uncast
-    for key, value in plain.items():  # bit for bit: the casts' round trip is exact
-        assert torch.equal(uncast[key], value), key
+    fused = _train(selected_run, make_run_config, tmp_path / "fused", mixed_precision=mixed_precision)
+    assert not casts  # no LoRA layer took peft's forward (under bf16 autocast it would cast its input)
+    monkeypatch.setattr(gors.lora, "fuse_lora_forward", lambda module: 0)
+    plain = _train(selected_run, make_run_config, tmp_path / "plain", mixed_precision=mixed_precision)
+    assert casts  # peft's forward ran
+    if mixed_precision == "no":
+        _assert_close(fused, plain)
+    else:  # bf16 rounds peft's sum twice and the fused one once: as far from float32's adapters as peft's
+        exact = _train(selected_run, make_run_config, tmp_path / "fp32")
+
+        def distance(weights: dict[str, torch.Tensor]) -> float:
+            return max(((weights[k] - v).norm() / v.norm()).item() for k, v in exact.items())
+
+        assert fused.keys() == plain.keys() == exact.keys()
+        assert distance(fused) <= 1.5 * distance(plain)
+    zero_init = [v for k, v in plain.items() if "lora_B" in k or "lora.up" in k]
+    assert max(v.abs().max().item() for v in zero_init) > 1e-3  # trained weights, not the initial ones
 
 
 def test_without_autocast_the_lora_inputs_are_still_cast(selected_run, make_run_config, tmp_path, monkeypatch):

@@ -1,0 +1,124 @@
+"""`gors.lora.fuse_lora_forward`: the LoRA linear layers' fused forward against peft's own on the same
+inputs, and the cases it leaves to peft."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from gors.lora import adapters_disabled, add_lora, fused_lora_linear_class, lora_parameters
+
+
+def _net(seed: int = 0) -> torch.nn.Sequential:
+    """Two linear layers with rank-4 adapters whose up-projections are non-zero (a trained LoRA's shape)."""
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+    add_lora(net, ["0", "2"], rank=4)
+    with torch.no_grad():
+        for parameter in lora_parameters(net):
+            parameter.normal_(0, 0.5)
+    return net
+
+
+def _unfused(net: torch.nn.Module) -> torch.nn.Module:
+    """A copy running peft's forward."""
+    from peft.tuners.lora.layer import Linear
+
+    plain = copy.deepcopy(net)
+    for layer in plain.modules():
+        if isinstance(layer, fused_lora_linear_class()):
+            layer.__class__ = Linear
+    return plain
+
+
+def _forward_backward(net: torch.nn.Module, x: torch.Tensor, autocast: torch.dtype | None = None):
+    """The output, the input's gradient and the adapters' gradients of a squared-sum loss."""
+    x = x.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        y = net(x)
+    y.float().pow(2).sum().backward()
+    grads = [p.grad.clone() for p in lora_parameters(net)]
+    net.zero_grad(set_to_none=True)
+    return y.float(), x.grad, grads
+
+
+def test_add_lora_fuses_every_linear_adapter():
+    net = _net()
+    assert [type(m).__name__ for m in net if m.__class__ is not torch.nn.GELU] == ["FusedLoraLinear"] * 2
+
+
+@pytest.mark.parametrize("shape", [(5, 64), (3, 10, 64)])
+def test_in_float32_the_fused_forward_and_backward_are_peft_s(shape):
+    net = _net()
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    fused, plain = _forward_backward(net, x), _forward_backward(_unfused(net), x)
+    assert fused[0].shape == (*shape[:-1], 32)
+    for a, b in zip([fused[0], fused[1], *fused[2]], [plain[0], plain[1], *plain[2]]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert min(g.abs().max().item() for g in fused[2]) > 0  # every adapter weight got a gradient
+
+
+def test_under_autocast_the_fused_path_is_as_close_to_float64_as_peft_s():
+    # The sum is rounded once instead of twice: no further from the exact values than peft's path.
+    net = _net()
+    x = torch.randn(4, 10, 64, generator=torch.Generator().manual_seed(2))
+    exact = _forward_backward(copy.deepcopy(_unfused(net)).double(), x.double())
+    fused = _forward_backward(net, x, autocast=torch.bfloat16)
+    plain = _forward_backward(_unfused(net), x, autocast=torch.bfloat16)
+
+    def error(result) -> float:
+        return max(((a.double() - b).norm() / b.norm()).item()
+                   for a, b in zip([result[0], result[1], *result[2]], [exact[0], exact[1], *exact[2]]))
+
+    assert error(fused) < 2e-2  # bf16's rounding, not a different computation
+    assert error(fused) <= 1.1 * error(plain)
+
+
+def test_without_autocast_a_half_precision_input_takes_peft_s_cast():
+    # fp16 on a CPU: accelerate does not autocast there; peft casts the input to the fp32 adapters.
+    net = _net()
+    net[0].base_layer.half()
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(3)).half()
+    with torch.no_grad():
+        torch.testing.assert_close(net[0](x), _unfused(net)[0](x))
+
+
+def test_with_adapters_off_the_layers_are_their_base_layers():
+    net = _net()
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad(), adapters_disabled(net):
+        torch.testing.assert_close(net[0](x), net[0].base_layer(x), rtol=0, atol=0)
+        assert net[0](x).dtype == torch.float32
+
+
+def test_hooks_on_the_adapter_layers_and_dropout_run_peft_s_forward():
+    net = _net()
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(5))
+    seen = []
+    handle = net[0].lora_B["default"].register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    with torch.no_grad():
+        net[0](x)
+    handle.remove()
+    assert seen == [torch.Size([2, 96])]  # the hook saw the up-projection's output, as under peft
+    net[0].lora_dropout["default"] = torch.nn.Dropout(0.5)
+    net[0].train()
+    with torch.no_grad():
+        outputs = {net[0](x).sum().item() for _ in range(4)}
+    assert len(outputs) > 1  # the dropout draws masks: peft's forward ran it
+
+
+def test_the_fused_layers_save_and_load_as_peft_s(tmp_path):
+    from peft.utils import get_peft_model_state_dict
+
+    net = _net()
+    plain = _unfused(net)
+    assert get_peft_model_state_dict(net).keys() == get_peft_model_state_dict(plain).keys()
+    # Merging (what a merged export does) gives the same weights.
+    net[0].merge()
+    plain[0].merge()
+    torch.testing.assert_close(net[0].base_layer.weight, plain[0].base_layer.weight)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(net[0](x), plain[0](x))
