@@ -79,27 +79,29 @@ def fused_lora_linear_class() -> type:
     class FusedLoraLinear(Linear):
         """peft's LoRA linear layer whose forward adds the adapter's output inside its up-projection's matmul.
 
-        peft computes ``base(x) + up(down(x)) * scale`` as five operations (and casts each adapter weight
-        and, under autocast, the input); here it is ``addmm(base(x), down(x), up.T, alpha=scale)``: three
-        operations in the forward and one fewer in the backward, 220 fewer kernels in each of an SD 2
-        training step's passes, where the step on a large GPU waits on kernel launches (benchmarks/README.md).
-        The values are peft's in float32; in half precision the sum is rounded once instead of twice.
+        peft computes ``base(x) + up(down(x)) * scale`` in five operations (and, under autocast, casts
+        the input to the fp32 adapters and back); here it is ``addmm(base(x), down(x), up.T, alpha=scale)``
+        in three, and the backward loses the scale's product: a step on a large GPU waits on kernel
+        launches (benchmarks/README.md). The values are peft's in float32; in half precision the sum is
+        rounded once instead of twice. Inside `AdapterCast`'s block the adapter weights come cast already.
         Anything else (adapters off or merged, several or variant adapters, dropout, a bias on the
         up-projection, hooks on the adapter's layers, or dtypes that differ outside autocast) runs peft's forward.
         """
 
+        cast_weights: tuple[torch.Tensor, torch.Tensor] | None = None  # (down, up) in the compute dtype
+
         def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            adapter = self._fusable_adapter(x)
-            if adapter is None or args or kwargs:
+            adapter = self.fusable_adapter()
+            if adapter is None or args or kwargs or not self._takes(x, adapter):
                 return super().forward(x, *args, **kwargs)
+            down, up = self.cast_weights or (self.lora_A[adapter].weight, self.lora_B[adapter].weight)
             result = self.base_layer(x)
-            down = F.linear(x, self.lora_A[adapter].weight)
-            up = self.lora_B[adapter].weight
-            fused = torch.addmm(result.reshape(-1, result.shape[-1]), down.reshape(-1, down.shape[-1]), up.t(),
-                                alpha=self.scaling[adapter])
+            fused = torch.addmm(result.reshape(-1, result.shape[-1]), F.linear(x, down).reshape(-1, down.shape[0]),
+                                up.t(), alpha=self.scaling[adapter])
             return fused.view(result.shape)
 
-        def _fusable_adapter(self, x: torch.Tensor) -> str | None:
+        def fusable_adapter(self) -> str | None:
+            """The one adapter whose output the fused forward can add, or None."""
             if self.disable_adapters or self.merged or len(self.active_adapters) != 1:
                 return None
             adapter = self.active_adapters[0]
@@ -109,10 +111,12 @@ def fused_lora_linear_class() -> type:
             if (not isinstance(self.lora_dropout[adapter], torch.nn.Identity) or up.bias is not None
                     or any(m._forward_hooks or m._forward_pre_hooks for m in (down, up))):
                 return None
-            # Outside autocast, peft casts a half-precision input to the fp32 adapters: its forward does that.
-            if x.dtype != down.weight.dtype and not torch.is_autocast_enabled(x.device.type):
-                return None
             return adapter
+
+        def _takes(self, x: torch.Tensor, adapter: str) -> bool:
+            # Outside autocast, peft casts a half-precision input to the fp32 adapters: its forward does that.
+            dtype = self.cast_weights[0].dtype if self.cast_weights else self.lora_A[adapter].weight.dtype
+            return x.dtype == dtype or torch.is_autocast_enabled(x.device.type)
 
     return FusedLoraLinear
 
@@ -151,6 +155,69 @@ def adapters_disabled(*modules: torch.nn.Module) -> Iterator[None]:
     finally:
         for layer in layers:
             layer.enable_adapters(True)
+
+
+class _CastTogether(torch.autograd.Function):
+    """Tensors cast to a dtype as one: a concatenation and one cast each way, instead of a cast per tensor.
+
+    The values and gradients are those of casting each (an elementwise rounding either way); the
+    outputs are views of one tensor, and so are the gradients handed back, which autograd keeps as
+    the parameters' `.grad` without copying them.
+    """
+
+    @staticmethod
+    def forward(ctx, dtype: torch.dtype, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.shapes, ctx.dtype = [t.shape for t in tensors], tensors[0].dtype
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None, not zeros
+        return _split(torch.cat([t.reshape(-1) for t in tensors]).to(dtype), ctx.shapes)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None):
+        # A weight no layer used keeps no gradient (None), as with a cast of its own: AdamW skips it.
+        used = [i for i, g in enumerate(grads) if g is not None]
+        if not used:
+            return None, *grads
+        parts = _split(torch.cat([grads[i].reshape(-1) for i in used]).to(ctx.dtype), [ctx.shapes[i] for i in used])
+        back: list[torch.Tensor | None] = [None] * len(grads)
+        for i, part in zip(used, parts):
+            back[i] = part
+        return None, *back
+
+
+def _split(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> tuple[torch.Tensor, ...]:
+    return tuple(part.view(shape) for part, shape in zip(flat.split([s.numel() for s in shapes]), shapes))
+
+
+class AdapterCast:
+    """The fused LoRA layers of some modules, whose fp32 adapter weights a half-precision pass under
+    autocast casts once for all layers (`with cast():` around the pass) instead of once per weight.
+
+    Autocast casts each adapter weight at its use, and its gradient back: two operations per weight
+    and pass, 880 of an SD 2 training step with both LoRAs. The same roundings happen in one
+    concatenated cast each way, so the values and gradients are autocast's own. Outside the block
+    (a gradient-checkpointed layer recomputed in the backward, validation) the layers cast as before.
+    """
+
+    def __init__(self, modules: Sequence[torch.nn.Module], dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.layers = [layer for module in modules for layer in module.modules()
+                       if isinstance(layer, fused_lora_linear_class())]
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        layers = [(layer, adapter) for layer in self.layers if (adapter := layer.fusable_adapter()) is not None]
+        if not layers:
+            yield
+            return
+        weights = [w for layer, adapter in layers for w in (layer.lora_A[adapter].weight, layer.lora_B[adapter].weight)]
+        cast = _CastTogether.apply(self.dtype, *weights)
+        for i, (layer, _) in enumerate(layers):
+            layer.cast_weights = (cast[2 * i], cast[2 * i + 1])
+        try:
+            yield
+        finally:
+            for layer, _ in layers:
+                layer.cast_weights = None
 
 
 def lora_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:

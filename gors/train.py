@@ -61,6 +61,7 @@ from gors.core.transfer import HostValue, to_device
 from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder, TrainingFamily, resolve_training
 from gors.lora import (
     LORA_WEIGHT_NAME,
+    AdapterCast,
     adapters_disabled,
     add_lora,
     load_lora,
@@ -313,6 +314,9 @@ class GORSTrainer:
         for module in self.trained_modules().values():
             for param in lora_parameters(module):
                 param.data = param.data.float()  # adapters train in fp32 under mixed precision
+        # Under autocast, a pass casts all the adapters' weights at once (`_micro_batch_loss`).
+        self.adapter_cast = (AdapterCast(list(self.trained_modules().values()), self.weight_dtype)
+                             if self.weight_dtype != torch.float32 and accelerator.native_amp else None)
         if config.gradient_checkpointing:
             self.denoiser.enable_gradient_checkpointing()
             for encoder in trained:
@@ -483,10 +487,11 @@ class GORSTrainer:
         batch = Batch(latents, to_device(self.rewards[index], device),
                       to_device(self.latents["original_size"][index], device),
                       to_device(self.latents["crop_top_left"][index], device))
-        conditioning = family.drop_captions(family.condition(self._encodings(prompts), batch, self.weight_dtype),
-                                            dropped)
-        return family.loss(self.denoiser, self.noise_scheduler, batch, conditioning, noise, position, self.weight_dtype,
-                           base_prediction=self._base_prediction(prompts, dropped, batch))
+        with self.adapter_cast() if self.adapter_cast else contextlib.nullcontext():
+            conditioning = family.drop_captions(family.condition(self._encodings(prompts), batch, self.weight_dtype),
+                                                dropped)
+            return family.loss(self.denoiser, self.noise_scheduler, batch, conditioning, noise, position,
+                               self.weight_dtype, base_prediction=self._base_prediction(prompts, dropped, batch))
 
     def _encodings(self, prompts: torch.Tensor, cached: dict[str, dict[str, torch.Tensor]] | None = None
                    ) -> dict[str, dict[str, torch.Tensor]]:

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from gors.lora import adapters_disabled, add_lora, fused_lora_linear_class, lora_parameters
+from gors.lora import AdapterCast, adapters_disabled, add_lora, fused_lora_linear_class, lora_parameters
 
 
 def _net(seed: int = 0) -> torch.nn.Sequential:
@@ -122,3 +122,35 @@ def test_the_fused_layers_save_and_load_as_peft_s(tmp_path):
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         torch.testing.assert_close(net[0](x), plain[0](x))
+
+
+def test_adapter_weights_cast_at_once_give_autocast_s_values_and_gradients():
+    net = _net()
+    x = torch.randn(3, 10, 64, generator=torch.Generator().manual_seed(7))
+    alone = _forward_backward(net, x, autocast=torch.bfloat16)
+    cast = AdapterCast([net], torch.bfloat16)
+    assert len(cast.layers) == 2
+    with cast():
+        assert all(layer.cast_weights[0].dtype == torch.bfloat16 for layer in cast.layers)
+        x_ = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = net(x_)
+    assert all(layer.cast_weights is None for layer in cast.layers)  # only inside the block
+    y.float().pow(2).sum().backward()
+    params = lora_parameters(net)
+    # Bit for bit: the same roundings, once for all weights.
+    assert torch.equal(y.float(), alone[0]) and torch.equal(x_.grad, alone[1])
+    for param, grad in zip(params, alone[2]):
+        assert param.grad.dtype == torch.float32 and torch.equal(param.grad, grad)
+    # The gradients were kept as handed back: views of one buffer, no copy per weight.
+    assert len({p.grad.untyped_storage().data_ptr() for p in params}) == 1
+
+
+def test_a_weight_no_layer_used_keeps_no_gradient():
+    net = _net()
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(8))
+    with AdapterCast([net], torch.bfloat16)(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = net[0](x)  # the second layer not run
+    y.float().sum().backward()
+    assert all(p.grad is not None for p in lora_parameters(net[0]))
+    assert all(p.grad is None for p in lora_parameters(net[2]))  # as without the joint cast: AdamW skips it

@@ -64,9 +64,9 @@ def _copy_selected(selected_run, destination):
 
 
 def _train(selected_run, make_run_config, run_dir, **overrides) -> dict[str, torch.Tensor]:
-    config = make_run_config(output_dir=str(_copy_selected(selected_run, run_dir)), max_train_steps=2,
-                             checkpointing_steps=100, report_to="none", learning_rate=1e-2,
-                             text_encoder_learning_rate=1e-2, **overrides)
+    settings = dict(max_train_steps=2, checkpointing_steps=100, report_to="none", learning_rate=1e-2,
+                    text_encoder_learning_rate=1e-2)
+    config = make_run_config(output_dir=str(_copy_selected(selected_run, run_dir)), **(settings | overrides))
     weights = load_file(str(train(config)))
     reset_process_state()
     return weights
@@ -186,3 +186,34 @@ def test_without_autocast_the_lora_inputs_are_still_cast(selected_run, make_run_
     casts = _counting_casts(monkeypatch)
     weights = _train(selected_run, make_run_config, tmp_path / "fp16", mixed_precision="fp16")
     assert any(casts) and weights and all(torch.isfinite(w).all() for w in weights.values())
+
+
+@pytest.mark.parametrize("options", [{}, {"gradient_checkpointing": True}], ids=["plain", "checkpointed"])
+def test_adapters_cast_at_once_learn_autocast_s_adapters_bit_for_bit(options, selected_run, make_run_config,
+                                                                     tmp_path, monkeypatch):
+    import gors.lora
+    import gors.train
+
+    passes = []
+    forward = gors.lora._CastTogether.forward
+    monkeypatch.setattr(gors.lora._CastTogether, "forward",
+                        staticmethod(lambda ctx, *args: (passes.append(len(args) - 1), forward(ctx, *args))[1]))
+    joint = _train(selected_run, make_run_config, tmp_path / "joint", mixed_precision="bf16", **options)
+    # One cast of all adapter weights per micro-batch: the U-Net's 4 and the text encoder's 4 projections
+    # of each attention block, two weights each.
+    assert len(passes) == 2 and passes[0] > 8 and len(set(passes)) == 1
+    monkeypatch.setattr(gors.train, "AdapterCast", lambda modules, dtype: None)
+    each = _train(selected_run, make_run_config, tmp_path / "each", mixed_precision="bf16", **options)
+    assert joint.keys() == each.keys() and joint
+    for key, value in each.items():
+        assert torch.equal(joint[key], value), key
+
+
+def test_compiled_training_casts_the_adapters_at_once(selected_run, make_run_config, counting_backend, tmp_path):
+    before = len(COMPILED)
+    compiled = _train(selected_run, make_run_config, tmp_path / "compiled", mixed_precision="bf16",
+                      torch_compile=counting_backend, max_train_steps=3)
+    graphs = len(COMPILED) - before
+    plain = _train(selected_run, make_run_config, tmp_path / "plain", mixed_precision="bf16", max_train_steps=3)
+    _assert_close(compiled, plain)
+    assert 0 < graphs <= 6  # compiled once, not again at each step's new cast weights
