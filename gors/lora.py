@@ -73,19 +73,20 @@ def add_lora(module: torch.nn.Module, target_modules: Sequence[str], rank: int) 
 @functools.cache
 def fused_lora_linear_class() -> type:
     """`FusedLoraLinear`, built on first use: peft is imported only where LoRA is."""
-    import torch.nn.functional as F
     from peft.tuners.lora.layer import Linear
 
     class FusedLoraLinear(Linear):
-        """peft's LoRA linear layer whose forward adds the adapter's output inside its up-projection's matmul.
+        """peft's LoRA linear layer, its base and adapter matmuls one autograd operation (`_LoraLinear`).
 
-        peft computes ``base(x) + up(down(x)) * scale`` in five operations (and, under autocast, casts
-        the input to the fp32 adapters and back); here it is ``addmm(base(x), down(x), up.T, alpha=scale)``
-        in three, and the backward loses the scale's product: a step on a large GPU waits on kernel
-        launches (benchmarks/README.md). The values are peft's in float32; in half precision the sum is
-        rounded once instead of twice. Inside `AdapterCast`'s block the adapter weights come cast already.
-        Anything else (adapters off or merged, several or variant adapters, dropout, a bias on the
-        up-projection, hooks on the adapter's layers, or dtypes that differ outside autocast) runs peft's forward.
+        peft computes ``base(x) + up(down(x)) * scale`` as five operations, each a node of the autograd
+        graph (and, under autocast, casts the input to the fp32 adapters and back); here the forward is
+        ``addmm(base(x), down(x), up.T, alpha=scale)`` and the backward its five matmuls, the input's
+        gradient summed inside the last: a step on a large GPU waits on kernel launches and on the
+        autograd engine's work per node (benchmarks/README.md). The values are peft's in float32; in
+        half precision the sums are rounded once instead of twice. Inside `AdapterCast`'s block the
+        adapter weights come cast already. Anything else (adapters off or merged, several or variant
+        adapters, dropout, a bias on the up-projection, hooks, a base layer other than `nn.Linear`, or
+        dtypes that differ outside autocast) runs peft's forward.
         """
 
         cast_weights: tuple[torch.Tensor, torch.Tensor] | None = None  # (down, up) in the compute dtype
@@ -95,10 +96,8 @@ def fused_lora_linear_class() -> type:
             if adapter is None or args or kwargs or not self._takes(x, adapter):
                 return super().forward(x, *args, **kwargs)
             down, up = self.cast_weights or (self.lora_A[adapter].weight, self.lora_B[adapter].weight)
-            result = self.base_layer(x)
-            fused = torch.addmm(result.reshape(-1, result.shape[-1]), F.linear(x, down).reshape(-1, down.shape[0]),
-                                up.t(), alpha=self.scaling[adapter])
-            return fused.view(result.shape)
+            base = self.base_layer
+            return _LoraLinear.apply(x, base.weight, base.bias, down, up, self.scaling[adapter])
 
         def fusable_adapter(self) -> str | None:
             """The one adapter whose output the fused forward can add, or None."""
@@ -109,7 +108,8 @@ def fused_lora_linear_class() -> type:
                 return None
             down, up = self.lora_A[adapter], self.lora_B[adapter]
             if (not isinstance(self.lora_dropout[adapter], torch.nn.Identity) or up.bias is not None
-                    or any(m._forward_hooks or m._forward_pre_hooks for m in (down, up))):
+                    or type(self.base_layer) is not torch.nn.Linear
+                    or any(m._forward_hooks or m._forward_pre_hooks for m in (down, up, self.base_layer))):
                 return None
             return adapter
 
@@ -155,6 +155,41 @@ def adapters_disabled(*modules: torch.nn.Module) -> Iterator[None]:
     finally:
         for layer in layers:
             layer.enable_adapters(True)
+
+
+class _LoraLinear(torch.autograd.Function):
+    """``x @ weight.T + bias + scale * (x @ down.T) @ up.T`` as one autograd operation, in the compute
+    dtype: autocast's half dtype where it is on, else the input's (the weights must have it)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, down: torch.Tensor,
+                up: torch.Tensor, scale: float) -> torch.Tensor:
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        x2, weight, down, up = (t.to(dtype) for t in (x.reshape(-1, x.shape[-1]), weight, down, up))
+        hidden = x2 @ down.t()
+        out = x2 @ weight.t() if bias is None else torch.addmm(bias.to(dtype), x2, weight.t())
+        out.addmm_(hidden, up.t(), alpha=scale)
+        ctx.save_for_backward(x2, weight, down, up, hidden)
+        ctx.scale, ctx.shape, ctx.bias_dtype = scale, x.shape, None if bias is None else bias.dtype
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x2, weight, down, up, hidden = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad = grad.reshape(-1, grad.shape[-1]).to(x2.dtype)
+        grad_hidden = _scaled(torch.mm(grad, up), ctx.scale)
+        grad_x = torch.addmm(grad @ weight, grad_hidden, down).view(ctx.shape) if needs[0] else None
+        grad_weight = grad.t() @ x2 if needs[1] else None
+        grad_bias = grad.sum(0).to(ctx.bias_dtype) if needs[2] else None
+        grad_down = grad_hidden.t() @ x2 if needs[3] else None
+        grad_up = _scaled(torch.mm(grad.t(), hidden), ctx.scale) if needs[4] else None
+        return grad_x, grad_weight, grad_bias, grad_down, grad_up, None
+
+
+def _scaled(tensor: torch.Tensor, scale: float) -> torch.Tensor:
+    return tensor if scale == 1.0 else tensor.mul_(scale)
 
 
 class _CastTogether(torch.autograd.Function):

@@ -60,6 +60,22 @@ def test_in_float32_the_fused_forward_and_backward_are_peft_s(shape):
     assert min(g.abs().max().item() for g in fused[2]) > 0  # every adapter weight got a gradient
 
 
+def test_a_lora_scale_other_than_1_and_trained_base_weights_get_peft_s_gradients():
+    net = _net()
+    for layer in (net[0], net[2]):
+        layer.scaling["default"] = 0.25
+        layer.base_layer.requires_grad_(True)
+    plain = _unfused(net)
+    x = torch.randn(3, 10, 64, generator=torch.Generator().manual_seed(9))
+    outputs = [layers(x).pow(2).sum() for layers in (net, plain)]
+    for output in outputs:
+        output.backward()
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-6, atol=1e-6)
+    for (name, a), b in zip(net.named_parameters(), plain.parameters()):
+        assert a.grad is not None, name
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
 def test_under_autocast_the_fused_path_is_as_close_to_float64_as_peft_s():
     # The sum is rounded once instead of twice: no further from the exact values than peft's path.
     net = _net()
@@ -72,6 +88,7 @@ def test_under_autocast_the_fused_path_is_as_close_to_float64_as_peft_s():
         return max(((a.double() - b).norm() / b.norm()).item()
                    for a, b in zip([result[0], result[1], *result[2]], [exact[0], exact[1], *exact[2]]))
 
+    assert all(g.dtype == torch.float32 for g in fused[2])  # the fp32 adapters' own dtype
     assert error(fused) < 2e-2  # bf16's rounding, not a different computation
     assert error(fused) <= 1.1 * error(plain)
 
