@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from gors.core.io import publish_files
 
@@ -89,14 +90,19 @@ def fused_lora_linear_class() -> type:
         dtypes that differ outside autocast) runs peft's forward.
         """
 
-        cast_weights: tuple[torch.Tensor, torch.Tensor] | None = None  # (down, up) in the compute dtype
+        # (adapter, down, up): the adapter's weights in the compute dtype, set by `AdapterCast` for one pass.
+        cast_weights: tuple[str, torch.Tensor, torch.Tensor] | None = None
 
         def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             adapter = self.fusable_adapter()
-            if adapter is None or args or kwargs or not self._takes(x, adapter):
+            if adapter is None or args or kwargs:
                 return super().forward(x, *args, **kwargs)
-            down, up = self.cast_weights or (self.lora_A[adapter].weight, self.lora_B[adapter].weight)
+            cast = self.cast_weights
+            down, up = (cast[1:] if cast is not None and cast[0] == adapter
+                        else (self.lora_A[adapter].weight, self.lora_B[adapter].weight))
             base = self.base_layer
+            if not _fusable_dtypes(x, base.weight, down):
+                return super().forward(x, *args, **kwargs)
             return _LoraLinear.apply(x, base.weight, base.bias, down, up, self.scaling[adapter])
 
         def fusable_adapter(self) -> str | None:
@@ -109,16 +115,41 @@ def fused_lora_linear_class() -> type:
             down, up = self.lora_A[adapter], self.lora_B[adapter]
             if (not isinstance(self.lora_dropout[adapter], torch.nn.Identity) or up.bias is not None
                     or type(self.base_layer) is not torch.nn.Linear
-                    or any(m._forward_hooks or m._forward_pre_hooks for m in (down, up, self.base_layer))):
+                    or not all(_unhooked(m) for m in (down, up, self.base_layer))):
                 return None
             return adapter
 
-        def _takes(self, x: torch.Tensor, adapter: str) -> bool:
-            # Outside autocast, peft casts a half-precision input to the fp32 adapters: its forward does that.
-            dtype = self.cast_weights[0].dtype if self.cast_weights else self.lora_A[adapter].weight.dtype
-            return x.dtype == dtype or torch.is_autocast_enabled(x.device.type)
-
+    FusedLoraLinear.__qualname__ = "FusedLoraLinear"  # pickled by name as `gors.lora.FusedLoraLinear`
     return FusedLoraLinear
+
+
+def __getattr__(name: str) -> type:
+    """`gors.lora.FusedLoraLinear`, built when first asked for (by name, or by unpickling a layer)."""
+    if name == "FusedLoraLinear":
+        return fused_lora_linear_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _unhooked(module: torch.nn.Module) -> bool:
+    """No hook of any kind would run on `module`'s call, and its forward is its class's (accelerate's
+    offloading hooks replace it per instance): a fused forward that reads its weights skips nothing."""
+    from torch.nn.modules import module as torch_module
+
+    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks,
+             torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks,
+             torch_module._global_backward_hooks, torch_module._global_backward_pre_hooks)
+    return not any(hooks) and "forward" not in module.__dict__ and not hasattr(module, "_hf_hook")
+
+
+_AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _fusable_dtypes(x: torch.Tensor, weight: torch.Tensor, down: torch.Tensor) -> bool:
+    """Under autocast, any input autocast itself would cast; outside it, one dtype for the input and both
+    weights (peft casts a half-precision input to fp32 adapters, or refuses mixed dtypes: its forward does)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return x.dtype in _AUTOCAST_INPUTS
+    return x.dtype == weight.dtype == down.dtype
 
 
 def fuse_lora_forward(module: torch.nn.Module) -> int:
@@ -168,18 +199,25 @@ class _LoraLinear(torch.autograd.Function):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         x2, weight, down, up = (t.to(dtype) for t in (x.reshape(-1, x.shape[-1]), weight, down, up))
         hidden = x2 @ down.t()
-        out = x2 @ weight.t() if bias is None else torch.addmm(bias.to(dtype), x2, weight.t())
-        out.addmm_(hidden, up.t(), alpha=scale)
+        # Written into a tensor of the output's shape, so that the output is no view (callers may change it in place).
+        out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=dtype, device=x.device)
+        flat = out.view(-1, weight.shape[0])
+        if bias is None:
+            torch.mm(x2, weight.t(), out=flat)
+        else:
+            torch.addmm(bias.to(dtype), x2, weight.t(), out=flat)
+        flat.addmm_(hidden, up.t(), alpha=scale)
         ctx.save_for_backward(x2, weight, down, up, hidden)
         ctx.scale, ctx.shape, ctx.bias_dtype = scale, x.shape, None if bias is None else bias.dtype
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return out
 
     @staticmethod
+    @once_differentiable  # the casts inside the forward are not recorded: a second derivative would miss them
     def backward(ctx, grad: torch.Tensor):
         x2, weight, down, up, hidden = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grad = grad.reshape(-1, grad.shape[-1]).to(x2.dtype)
-        grad_hidden = _scaled(torch.mm(grad, up), ctx.scale)
+        grad_hidden = _scaled(torch.mm(grad, up), ctx.scale) if needs[0] or needs[3] else None
         grad_x = torch.addmm(grad @ weight, grad_hidden, down).view(ctx.shape) if needs[0] else None
         grad_weight = grad.t() @ x2 if needs[1] else None
         grad_bias = grad.sum(0).to(ctx.bias_dtype) if needs[2] else None
@@ -207,6 +245,7 @@ class _CastTogether(torch.autograd.Function):
         return _split(torch.cat([t.reshape(-1) for t in tensors]).to(dtype), ctx.shapes)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, *grads: torch.Tensor | None):
         # A weight no layer used keeps no gradient (None), as with a cast of its own: AdamW skips it.
         used = [i for i, g in enumerate(grads) if g is not None]
@@ -231,6 +270,12 @@ class AdapterCast:
     and pass, 880 of an SD 2 training step with both LoRAs. The same roundings happen in one
     concatenated cast each way, so the values and gradients are autocast's own. Outside the block
     (a gradient-checkpointed layer recomputed in the backward, validation) the layers cast as before.
+
+    All gradients of the block's adapters arrive together, at the end of the backward. Under DDP
+    that means no all-reduce overlaps the backward (the adapters' gradients are a few megabytes),
+    and a weight no layer used reaches DDP's hook without a gradient: with `find_unused_parameters`
+    (which gors turns on for the families that have such layers) it stays without one, as it would
+    with a cast per weight; without it DDP takes it as zero instead of raising its unused-parameter error.
     """
 
     def __init__(self, modules: Sequence[torch.nn.Module], dtype: torch.dtype) -> None:
@@ -246,8 +291,8 @@ class AdapterCast:
             return
         weights = [w for layer, adapter in layers for w in (layer.lora_A[adapter].weight, layer.lora_B[adapter].weight)]
         cast = _CastTogether.apply(self.dtype, *weights)
-        for i, (layer, _) in enumerate(layers):
-            layer.cast_weights = (cast[2 * i], cast[2 * i + 1])
+        for i, (layer, adapter) in enumerate(layers):
+            layer.cast_weights = (adapter, cast[2 * i], cast[2 * i + 1])
         try:
             yield
         finally:

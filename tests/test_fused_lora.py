@@ -148,7 +148,7 @@ def test_adapter_weights_cast_at_once_give_autocast_s_values_and_gradients():
     cast = AdapterCast([net], torch.bfloat16)
     assert len(cast.layers) == 2
     with cast():
-        assert all(layer.cast_weights[0].dtype == torch.bfloat16 for layer in cast.layers)
+        assert all(layer.cast_weights[1].dtype == torch.bfloat16 for layer in cast.layers)
         x_ = x.clone().requires_grad_(True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             y = net(x_)
@@ -171,3 +171,73 @@ def test_a_weight_no_layer_used_keeps_no_gradient():
     y.float().sum().backward()
     assert all(p.grad is not None for p in lora_parameters(net[0]))
     assert all(p.grad is None for p in lora_parameters(net[2]))  # as without the joint cast: AdamW skips it
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+def test_the_output_may_be_changed_in_place_as_peft_s(autocast):
+    net = _net()
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(10))
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        y = net[0](x)
+        y.mul_(2.0)  # e.g. an attention processor scaling its query
+    y.float().sum().backward()
+    assert all(p.grad is not None for p in lora_parameters(net[0]))
+
+
+def test_an_adapter_switched_inside_the_cast_block_computes_with_its_own_weights():
+    from peft import LoraConfig
+
+    net = _net()
+    net[0].update_layer("other", 4, 4, config=LoraConfig(r=4, lora_alpha=4, init_lora_weights="gaussian"))
+    with torch.no_grad():
+        net[0].lora_B["other"].weight.normal_(0, 0.5)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(11))
+    with torch.no_grad(), AdapterCast([net], torch.bfloat16)(), torch.autocast("cpu", dtype=torch.bfloat16):
+        net[0].set_adapter("other")
+        switched = net[0](x)
+    plain = _unfused(net)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = plain[0](x)
+    torch.testing.assert_close(switched.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_inputs_that_peft_treats_otherwise_take_peft_s_forward():
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(12))
+    doubled = _net().double()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # autocast leaves float64 alone
+        torch.testing.assert_close(doubled[0](x.double()), _unfused(doubled)[0](x.double()), rtol=0, atol=0)
+        assert doubled[0](x.double()).dtype == torch.float64
+    net = _net()
+    net[0].base_layer.to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="dtype"):  # fp32 input, bf16 base weight, no autocast: as peft, an error
+        _unfused(net)[0](x)
+    with pytest.raises(RuntimeError, match="dtype"):
+        net[0](x)
+
+
+def test_a_backward_hook_on_the_base_layer_runs():
+    net = _net()
+    seen = []
+    net[0].base_layer.register_full_backward_hook(lambda module, grad_in, grad_out: seen.append(grad_out[0].shape))
+    net(torch.randn(2, 64, generator=torch.Generator().manual_seed(13), requires_grad=True)).sum().backward()
+    assert seen == [torch.Size([2, 96])]
+
+
+def test_a_second_derivative_is_refused_rather_than_wrong():
+    net = _net()
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(14), requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = net[0](x).float().pow(2).sum()
+    (grad,) = torch.autograd.grad(y, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad.sum().backward()
+
+
+def test_fused_layers_pickle_by_name(tmp_path):
+    net = _net()
+    torch.save(net, tmp_path / "net.pt")
+    loaded = torch.load(tmp_path / "net.pt", weights_only=False)
+    assert type(loaded[0]) is fused_lora_linear_class() and type(loaded[0]).__module__ == "gors.lora"
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(15))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), net(x), rtol=0, atol=0)
