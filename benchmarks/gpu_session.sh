@@ -15,8 +15,10 @@
 # Each mode installs the wheels, then measures, each script under its own time limit so that one
 # slow script does not cost the others. `run` measures what the first H200 run
 # (benchmarks/results/2026-12-04-h200) left open, in this order: the seconds-long checks of the
-# paths only a GPU exercises (gpu_checks.py); training with both LoRAs at batch 16 on one GPU (the
-# official global batch of 2 x 8 GPUs) per sample against the official loop at 2; the cost model
+# paths only a GPU exercises (gpu_checks.py); the training step at batch 2 again (since the first run,
+# gors' LoRA layers are fused and their weights cast at once: 40 % fewer operations dispatched on the
+# CPU) and with both LoRAs at batch 16 on one GPU (the official global batch of 2 x 8 GPUs) per sample
+# against the official loop at 2; the cost model
 # calibrated at that batch and priced with that ratio and the 2026-12-04 B-VQA and generation
 # ratios; Soft-TIFA's float32 agreement at full depth; SD3.5 Medium's and FLUX.1's training memory in
 # the setting of their targets. `run compiled` times the training step with `--torch_compile inductor`
