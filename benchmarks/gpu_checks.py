@@ -11,6 +11,10 @@ never overlap and no loss scaler runs. On a GPU this script checks:
 3. `gors.train.Updates` under a real fp16 `GradScaler` and fused AdamW, with an overflow injected:
    the same learning rates and weights as deciding right after each update (the plain path: read the
    scale at once), and no synchronisation in its updates.
+4. The fused LoRA layers (`gors.lora.FusedLoraLinear`) trained under fp16 autocast with a
+   `GradScaler` and fused AdamW: with their weights cast at once (`AdapterCast`, whose gradients are
+   views of one buffer) the same adapters bit for bit as with a cast per weight, the same as peft's
+   layers up to fp16 rounding, and no synchronisation in a pass.
 
     python benchmarks/gpu_checks.py               # one PASS/FAIL line per check; exit status 1 on a failure
     python benchmarks/gpu_checks.py --device cpu  # checks 2 and 3 without their GPU parts (a dry run)
@@ -135,13 +139,59 @@ def check_deferred_lr_decision(device: torch.device) -> str:
     return f"learning rates {expected} with overflows at {overflows}, as the plain path's; weights equal; {syncs}"
 
 
+def check_fused_lora_layers(device: torch.device) -> str:
+    """Three fp16 (bf16 off CUDA) training steps of a LoRA'd two-layer net: joint cast, cast per weight, peft."""
+    from peft.tuners.lora.layer import Linear
+
+    from gors.lora import AdapterCast, add_lora, fused_lora_linear_class, lora_parameters
+
+    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).to(device)
+    add_lora(base, ["0", "2"], rank=4)
+    for parameter in lora_parameters(base):
+        parameter.data.normal_(0, 0.1)
+    base[0].base_layer.to(dtype)  # frozen weights in half precision, adapters in fp32, as training holds them
+    base[2].base_layer.to(dtype)
+    inputs = torch.randn(3, 2, 77, 64, device=device)
+
+    def train(layers: str) -> list[torch.Tensor]:
+        model = copy.deepcopy(base)
+        if layers == "peft":
+            for layer in model.modules():
+                if isinstance(layer, fused_lora_linear_class()):
+                    layer.__class__ = Linear
+        cast = AdapterCast([model], dtype) if layers == "joint" else None
+        scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
+        optimizer = torch.optim.AdamW(lora_parameters(model), lr=1e-2, fused=True)
+        for step, x in enumerate(inputs):
+            with no_syncs(device, enabled=step > 0 and layers != "peft"):
+                with cast() if cast else contextlib.nullcontext(), torch.autocast(device.type, dtype=dtype):
+                    loss = model(x).float().pow(2).mean()
+                scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        return [p.detach().clone() for p in lora_parameters(model)]
+
+    joint, each, peft = train("joint"), train("each"), train("peft")
+    if not all(torch.equal(a, b) for a, b in zip(joint, each)):
+        raise AssertionError("the adapters trained with their weights cast at once differ from a cast per weight")
+    distance = max(((a - b).norm() / b.norm()).item() for a, b in zip(each, peft))
+    if distance > 5e-2:
+        raise AssertionError(f"the fused layers trained adapters {distance:.1e} (relative) from peft's layers'")
+    syncs = "no synchronisation in a pass" if device.type == "cuda" else "synchronisations not checked off CUDA"
+    return (f"joint cast equal to a cast per weight bit for bit; {distance:.1e} (relative) from peft's layers "
+            f"after 3 {str(dtype).removeprefix('torch.')} steps; {syncs}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="gpu_checks.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     device = torch.device(parser.parse_args().device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_checks.py: no CUDA device here; --device cpu runs the checks that do not need one")
-    checks = [check_copies_without_syncs, check_deferred_lr_decision]
+    checks = [check_copies_without_syncs, check_deferred_lr_decision, check_fused_lora_layers]
     if device.type == "cuda":
         checks.insert(0, check_out_of_memory_halving)
     failed = False
