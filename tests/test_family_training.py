@@ -122,6 +122,36 @@ def test_lora_loads_in_the_family_pipeline_and_changes_its_images(family_run):
     assert np.abs(_render(pipeline) - before).max() > 1e-3
 
 
+def test_adapter_weights_cast_at_once_train_the_family_s_lora_bit_for_bit_in_bf16(family_run, tmp_path,
+                                                                                  monkeypatch):
+    # bf16 autocast on the CPU: the joint cast (`AdapterCast`) against a cast per weight, on the family's
+    # denoiser and trained text encoders (FLUX.1 and SD3 have adapters that get no gradient).
+    import gors.lora
+    import gors.train
+    from gors.cli import main
+    from gors.core.distributed import reset_process_state
+
+    joint_casts = []
+    forward = gors.lora._CastTogether.forward
+    monkeypatch.setattr(gors.lora._CastTogether, "forward",
+                        staticmethod(lambda ctx, *args: (joint_casts.append(1), forward(ctx, *args))[1]))
+    loras = {}
+    for cast in ("joint", "per weight"):
+        if cast == "per weight":
+            monkeypatch.setattr(gors.train, "AdapterCast", lambda modules, dtype: None)
+        run_dir = tmp_path / cast.replace(" ", "_")
+        shutil.copytree(family_run.run_dir, run_dir, ignore=shutil.ignore_patterns("checkpoints", LORA_WEIGHT_NAME))
+        main(["train", *family_run.train_flags(run_dir), "--mixed_precision", "bf16", "--checkpointing_steps", "100"])
+        reset_process_state()
+        loras[cast] = load_file(str(run_dir / LORA_WEIGHT_NAME))
+        if cast == "joint":
+            assert joint_casts  # the joint cast ran (once per micro-batch)
+    assert loras["joint"].keys() == loras["per weight"].keys()
+    assert {key.split(".")[0] for key in loras["joint"]} == family_run.family.lora_components
+    for key, value in loras["per weight"].items():
+        assert torch.equal(loras["joint"][key], value), key
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family_run", ["sdxl", "sd3"], indirect=True)  # FLUX.1 trains as SD3 does: a transformer
 def test_two_process_resume_from_the_first_checkpoint_gives_the_same_lora(family_run, tmp_path):
