@@ -86,8 +86,8 @@ def fused_lora_linear_class() -> type:
         autograd engine's work per node (benchmarks/README.md). The values are peft's in float32; in
         half precision the sums are rounded once instead of twice. Inside `AdapterCast`'s block the
         adapter weights come cast already. Anything else (adapters off or merged, several or variant
-        adapters, dropout, a bias on the up-projection, hooks, a base layer other than `nn.Linear`, or
-        dtypes that differ outside autocast) runs peft's forward.
+        adapters, dropout, a bias on the up-projection, hooks, a base layer other than `nn.Linear`,
+        inputs autocast leaves alone, or mixed dtypes outside autocast) runs peft's forward.
         """
 
         # (adapter, down, up): the adapter's weights in the compute dtype, set by `AdapterCast` for one pass.
