@@ -11,7 +11,7 @@ never overlap and no loss scaler runs. On a GPU this script checks:
 3. `gors.train.Updates` under a real fp16 `GradScaler` and fused AdamW, with an overflow injected:
    the same learning rates and weights as deciding right after each update (the plain path: read the
    scale at once), and no synchronisation in its updates.
-4. The fused LoRA layers (`gors.lora.FusedLoraLinear`) trained under fp16 autocast with a
+4. The fused LoRA layers (`gors.core.fused_lora.FusedLoraLinear`) trained under fp16 autocast with a
    `GradScaler` and fused AdamW: with their weights cast at once (`AdapterCast`, whose gradients are
    views of one buffer) the same adapters bit for bit as with a cast per weight, the same as peft's
    layers up to fp16 rounding, and no synchronisation in a pass.
@@ -143,7 +143,8 @@ def check_fused_lora_layers(device: torch.device) -> str:
     """Three fp16 (bf16 off CUDA) training steps of a LoRA'd two-layer net: joint cast, cast per weight, peft."""
     from peft.tuners.lora.layer import Linear
 
-    from gors.lora import AdapterCast, add_lora, fused_lora_linear_class, lora_parameters
+    from gors.core.fused_lora import AdapterCast, fused_lora_linear_class
+    from gors.lora import add_lora, lora_parameters
 
     dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     torch.manual_seed(0)

@@ -52,6 +52,7 @@ from gors.core.distributed import (
     process_state,
     progress_bar,
 )
+from gors.core.fused_lora import AdapterCast
 from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
 from gors.core.memory import MORE_MEMORY, BatchLimit, in_batches_that_fit, out_of_memory_advice
 from gors.core.pipeline import compile_module, cpu_generators
@@ -61,7 +62,6 @@ from gors.core.transfer import HostValue, to_device
 from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder, TrainingFamily, resolve_training
 from gors.lora import (
     LORA_WEIGHT_NAME,
-    AdapterCast,
     adapters_disabled,
     add_lora,
     load_lora,

@@ -126,14 +126,14 @@ def test_adapter_weights_cast_at_once_train_the_family_s_lora_bit_for_bit_in_bf1
                                                                                   monkeypatch):
     # bf16 autocast on the CPU: the joint cast (`AdapterCast`) against a cast per weight, on the family's
     # denoiser and trained text encoders (FLUX.1 and SD3 have adapters that get no gradient).
-    import gors.lora
+    import gors.core.fused_lora
     import gors.train
     from gors.cli import main
     from gors.core.distributed import reset_process_state
 
     joint_casts = []
-    forward = gors.lora._CastTogether.forward
-    monkeypatch.setattr(gors.lora._CastTogether, "forward",
+    forward = gors.core.fused_lora._CastTogether.forward
+    monkeypatch.setattr(gors.core.fused_lora._CastTogether, "forward",
                         staticmethod(lambda ctx, *args: (joint_casts.append(1), forward(ctx, *args))[1]))
     loras = {}
     for cast in ("joint", "per weight"):

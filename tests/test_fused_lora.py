@@ -1,4 +1,4 @@
-"""`gors.lora.fuse_lora_forward`: the LoRA linear layers' fused forward against peft's own on the same
+"""`gors.core.fused_lora`: the LoRA linear layers' fused forward against peft's own on the same
 inputs, and the cases it leaves to peft."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from gors.lora import AdapterCast, adapters_disabled, add_lora, fused_lora_linear_class, lora_parameters
+from gors.core.fused_lora import AdapterCast, fused_lora_linear_class
+from gors.lora import adapters_disabled, add_lora, lora_parameters
 
 
 def _net(seed: int = 0) -> torch.nn.Sequential:
@@ -237,7 +238,33 @@ def test_fused_layers_pickle_by_name(tmp_path):
     net = _net()
     torch.save(net, tmp_path / "net.pt")
     loaded = torch.load(tmp_path / "net.pt", weights_only=False)
-    assert type(loaded[0]) is fused_lora_linear_class() and type(loaded[0]).__module__ == "gors.lora"
+    assert type(loaded[0]) is fused_lora_linear_class() and type(loaded[0]).__module__ == "gors.core.fused_lora"
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(15))
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), net(x), rtol=0, atol=0)
+
+
+def test_a_pipeline_samples_its_lora_with_fused_layers_and_peft_s_images(tiny_sd, tmp_path):
+    from diffusers import UNet2DConditionModel
+
+    from gors.core.pipeline import load_pipeline
+    from gors.lora import UNET_TARGET_MODULES, save_lora
+
+    unet = UNet2DConditionModel.from_pretrained(tiny_sd, subfolder="unet")
+    add_lora(unet, UNET_TARGET_MODULES, rank=4)
+    with torch.no_grad():
+        for parameter in lora_parameters(unet):
+            parameter.normal_(0, 0.5)
+    lora = save_lora(tmp_path / "lora", {"unet": unet}).parent
+    fused = load_pipeline(str(tiny_sd), torch.device("cpu"), lora=str(lora))
+    assert any(isinstance(m, fused_lora_linear_class()) for m in fused.unet.modules())
+    plain = load_pipeline(str(tiny_sd), torch.device("cpu"), lora=str(lora))
+    plain.unet = _unfused(plain.unet)
+
+    def images(pipeline):
+        return pipeline(prompt=["a red circle"], num_inference_steps=2, height=32, width=32, output_type="np",
+                        generator=torch.Generator().manual_seed(0)).images
+
+    unloaded = load_pipeline(str(tiny_sd), torch.device("cpu"))
+    assert abs(images(fused) - images(unloaded)).max() > 1e-2  # the LoRA changes the images
+    assert abs(images(fused) - images(plain)).max() < 1e-5

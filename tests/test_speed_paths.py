@@ -191,12 +191,12 @@ def test_without_autocast_the_lora_inputs_are_still_cast(selected_run, make_run_
 @pytest.mark.parametrize("options", [{}, {"gradient_checkpointing": True}], ids=["plain", "checkpointed"])
 def test_adapters_cast_at_once_learn_autocast_s_adapters_bit_for_bit(options, selected_run, make_run_config,
                                                                      tmp_path, monkeypatch):
-    import gors.lora
+    import gors.core.fused_lora
     import gors.train
 
     passes = []
-    forward = gors.lora._CastTogether.forward
-    monkeypatch.setattr(gors.lora._CastTogether, "forward",
+    forward = gors.core.fused_lora._CastTogether.forward
+    monkeypatch.setattr(gors.core.fused_lora._CastTogether, "forward",
                         staticmethod(lambda ctx, *args: (passes.append(len(args) - 1), forward(ctx, *args))[1]))
     joint = _train(selected_run, make_run_config, tmp_path / "joint", mixed_precision="bf16", **options)
     # One cast of all adapter weights per micro-batch: the U-Net's 4 and the text encoder's 4 projections

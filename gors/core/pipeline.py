@@ -19,6 +19,7 @@ from gors.core.backbones import (
     detect_backbone,
     half_precision_warning,
 )
+from gors.core.fused_lora import fuse_lora_forward
 from gors.core.hub import from_pretrained
 from gors.core.lora_shapes import check_lora_shapes
 
@@ -150,7 +151,8 @@ class LoraOutputDropout:
 def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
     """`pipeline.load_lora_weights(lora)`, refusing in one line a LoRA trained on another base model of the
     same family: a local diffusers-format file is checked against the pipeline's layers first
-    (`check_lora_shapes`); for other LoRAs torch's 60-line size-mismatch error is cut to one line."""
+    (`check_lora_shapes`); for other LoRAs torch's 60-line size-mismatch error is cut to one line. The
+    LoRA linear layers then run fused (`gors.core.fused_lora`)."""
     file = local_lora_file(lora)
     if file is not None and file.suffix == ".safetensors":
         check_lora_shapes(pipeline, file, lora)
@@ -167,6 +169,10 @@ def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
                          "was trained on") from err
     finally:
         peft_logger.setLevel(level)
+    # Base and adapter matmuls as one operation: peft's values in float32, each sum rounded once in half precision.
+    for component in pipeline.components.values():
+        if isinstance(component, torch.nn.Module):
+            fuse_lora_forward(component)
 
 
 # The files `load_lora_weights(folder)` reads, in its order: a gors LoRA is the first.
