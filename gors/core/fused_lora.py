@@ -114,7 +114,10 @@ class AdapterCast:
 
     @contextmanager
     def __call__(self) -> Iterator[None]:
-        layers = [(layer, adapter) for layer in self.layers if (adapter := layer.fusable_adapter()) is not None]
+        # The active adapter of each layer that has one; the layer's forward decides whether it fuses (a cast
+        # weight it does not use gets no gradient).
+        layers = [(layer, layer.active_adapters[0]) for layer in self.layers
+                  if len(layer.active_adapters) == 1 and layer.active_adapters[0] in layer.lora_A]
         if not layers:
             yield
             return
