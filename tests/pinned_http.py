@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from gors.core.data import GITHUB_RAW, PinnedSource
+from gors.core.hub import OFFLINE_VARIABLES
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -94,7 +95,11 @@ def github_url(path: str) -> str:
 
 
 def forbid_internet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail any HTTP request (through requests, which pooch uses) to a host other than 127.0.0.1."""
+    """Fail any HTTP request (through requests, which pooch uses) to a host other than 127.0.0.1, and lift
+    the offline switch conftest sets (gors downloads nothing under it): the download tests are online, to
+    this host only."""
+    for variable in OFFLINE_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
     send = requests.Session.send
 
     def local_only(session: requests.Session, request: requests.PreparedRequest, **kwargs: object):

@@ -143,6 +143,33 @@ def test_transient_failures_are_retried(server: FileServer, _isolated: list[floa
     assert not (cache_root() / "t2i_compbench" / P.T2I_COMPBENCH_COMMIT / "texture_train.txt").exists()
 
 
+@needs_shared
+def test_offline_a_missing_or_corrupted_file_is_one_error_and_no_request(server: FileServer, monkeypatch,
+                                                                         _isolated: list[float]) -> None:
+    payload = (SHARED / "t2i_compbench" / "color_val.txt").read_bytes()
+    server.put(P.T2I_COMPBENCH, "color_val.txt", payload)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on a compute node after `gors download`
+    cached = cache_root() / "t2i_compbench" / P.T2I_COMPBENCH_COMMIT / "color_val.txt"
+    with pytest.raises(P.DownloadError) as err:
+        P.fetch_t2i_compbench_file("color_val.txt")
+    message = str(err.value)
+    assert str(cached) in message and "HF_HUB_OFFLINE=1 is set" in message and "gors download" in message
+    assert "GORS_DATA_DIR" in message and "the path of a prompt file" in message
+    assert server.requests == [] and _isolated == []  # no attempt, no waits
+
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(payload)
+    assert P.fetch_t2i_compbench_file("color_val.txt") == cached
+    cached.write_bytes(payload[:-5])  # corrupted: not fetched again offline, and not used
+    with pytest.raises(P.ChecksumError, match="Delete it; HF_HUB_OFFLINE=1 is set: run `gors download`"):
+        P.fetch_t2i_compbench_file("color_val.txt")
+    assert server.requests == []
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # switched off, as huggingface_hub reads it: downloaded again
+    assert P.fetch_t2i_compbench_file("color_val.txt").read_bytes() == payload
+    assert len(server.requests) == 1
+
+
 def test_read_prompt_file_crlf_and_blanks(tmp_path: Path) -> None:
     f = tmp_path / "mine.txt"
     f.write_bytes(b"  a red cube \r\n\r\n\na blue ball\n   \nlast one")

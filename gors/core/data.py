@@ -8,7 +8,9 @@ copy of one file of a `PinnedSource`:
 - otherwise `$GORS_CACHE_DIR` (default `~/.cache/gors`)`/<source name>/<commit>/<file>`, downloaded
   there first if absent or corrupted. `pooch` does the download: retried on failure, streamed to a
   temporary file beside the target, hash-checked, then moved into place, so neither a partial nor
-  a bad download ever lands in the cache.
+  a bad download ever lands in the cache. With huggingface_hub's offline switch set
+  (`HF_HUB_OFFLINE=1`, as on compute nodes after `gors download`) nothing is downloaded: an absent or
+  corrupted copy is an error that says how to fetch it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import pooch
 import requests
+
+from gors.core.hub import offline_setting
 
 DOWNLOAD_TIMEOUT_S = 60.0  # per connection attempt and per read, not for the whole file
 DOWNLOAD_RETRIES = 3  # after the first attempt; pooch waits 1, 2, 3 s between them
@@ -76,12 +80,10 @@ def sha256_matches(actual: str, pinned: str) -> bool:
     return len(pinned) >= 8 and actual.lower().startswith(pinned.lower())
 
 
-def _check_hash(source: PinnedSource, filename: str, path: Path, where: str, downloaded: bool = False) -> None:
+def _check_hash(source: PinnedSource, filename: str, path: Path, where: str,
+                fix: str = "Replace it with the official file") -> None:
     expected, actual = source.sha256[filename], pooch.file_hash(str(path), alg="sha256")
     if not sha256_matches(actual, expected):
-        fix = (f"The server sent another file: download it from {source.repository} at commit {source.commit} "
-               "yourself and point GORS_DATA_DIR at its folder" if downloaded
-               else "Replace it with the official file")
         raise ChecksumError(
             f"{filename} ({where}) has sha256 {actual}, expected {expected}{'...' if len(expected) < 64 else ''}: "
             f"the file is corrupted or not from {source.repository} commit {source.commit}. {fix}."
@@ -98,7 +100,9 @@ def _verifying_downloader(source: PinnedSource, filename: str) -> Callable[[str,
 
     def download(url: str, output_file: str, pup: pooch.Pooch) -> None:
         http(url, output_file, pup)
-        _check_hash(source, filename, Path(output_file), url, downloaded=True)
+        _check_hash(source, filename, Path(output_file), url,
+                    fix=f"The server sent another file: download it from {source.repository} at commit "
+                        f"{source.commit} yourself and point GORS_DATA_DIR at its folder")
 
     return download
 
@@ -118,9 +122,21 @@ def fetch_pinned_file(source: PinnedSource, filename: str) -> Path:
             f"GORS_DATA_DIR={data_dir!r} does not contain {filename}: looked for "
             f"{' and '.join(map(str, candidates))}. Copy the file there or unset GORS_DATA_DIR to download it."
         )
+    folder = cache_root() / source.name / source.commit
+    offline = offline_setting()
+    if offline is not None:  # declared offline: a missing file is one line now, not four failed attempts
+        cached = folder / filename
+        fetch = (f"{offline} is set: run `gors download` with the same command and flags on a machine with internet "
+                 f"that shares this cache, or set GORS_DATA_DIR to a folder holding {filename}"
+                 f"{'; ' + source.offline_hint if source.offline_hint else ''}")
+        if not cached.is_file():
+            raise DownloadError(f"{filename} of {source.repository} (commit {source.commit}) is not in the cache "
+                                f"({cached}), and {fetch}.")
+        _check_hash(source, filename, cached, str(cached), fix=f"Delete it; {fetch}")
+        return cached
     # pooch reuses a cached copy only if its hash still matches; a corrupted one is fetched again.
     pup = pooch.create(
-        path=cache_root() / source.name / source.commit,
+        path=folder,
         base_url=source.url(""),
         # pooch knows only whole hashes: a prefix pin is checked by our downloader and below.
         registry={name: f"sha256:{digest}" if len(digest) == 64 else None for name, digest in source.sha256.items()},
