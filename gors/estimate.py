@@ -13,14 +13,17 @@ Scaling rules (pure functions below, tested without models):
 - scoring and selection time is per image;
 - training time is per sample seen (steps x global batch), from the measured steps/s at the
   measured global batch (per-process batch x accumulation x processes);
-- each stage's one-off set-up (loading the pipeline or the reward model, building the trainer and
-  caching the calibration selection's latents: `setup_seconds`) is counted once, not scaled, and
-  not multiplied by the speed ratio either (the official procedures load their models too); a
-  full selection's latents cost about one VAE encode per selected image more, and
-  `--torch_compile`'s compiling, which happens in the first batch or step, is scaled as work, so
-  calibrate without it;
-- training's time includes its validation and checkpoint saving, which are scaled as steps too:
-  calibrate with validation off and one checkpoint (a warning says when the calibration did not);
+- each stage's one-off seconds are counted once, not scaled, and not multiplied by the speed ratio
+  either (the official procedures load their models and warm up too): its set-up (loading the
+  pipeline or the reward model, building the trainer and caching the calibration selection's
+  latents: `setup_seconds`; a full selection's latents cost about one VAE encode per selected image
+  more), its first batch's or step's time beyond the pace of the later ones (kernels loaded on first
+  use, autotuning, `--torch_compile`'s compiling: `warmup_seconds`) and the time after its last
+  (the final checkpoint, validation and LoRA: `wrapup_seconds`). Timings of a gors before 0.2, or
+  of a stage of one batch, have no warm-up or wrap-up: their first batch is scaled as work;
+- training's time includes the validation and checkpoints before its last step, which are scaled
+  as steps too: calibrate with validation off and one checkpoint, at the end (a warning says when
+  the calibration did not);
 - GPU-hours count every process: the measured wall time x processes.
 """
 
@@ -79,6 +82,10 @@ class StageEstimate:
     speedup: float  # gors' speed over the official procedure, applied to the per-unit work (not the set-up)
 
 
+# A timings entry's seconds spent once per stage (gors.timings.StageTiming), not per unit of work.
+ONE_OFF_KEYS = ("setup_seconds", "warmup_seconds", "wrapup_seconds")
+
+
 def _number(value: Any) -> bool:
     """A finite JSON number (true and false are no numbers)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -87,14 +94,16 @@ def _number(value: Any) -> bool:
 def _entry_problems(stage: str, entry: dict[str, Any]) -> list[str]:
     """What makes a timings entry unusable for the estimate, in words; [] when it is usable."""
     problems = [f"'{key}' is missing" for key in ("seconds", "work", "num_processes", "device") if key not in entry]
-    seconds, setup = entry.get("seconds"), entry.get("setup_seconds", 0.0)
+    seconds = entry.get("seconds")
     seconds_ok = _number(seconds) and seconds > 0
     if "seconds" in entry and not seconds_ok:
         problems.append(f"seconds={seconds!r} is not a number > 0")
-    if not _number(setup) or setup < 0:
-        problems.append(f"setup_seconds={setup!r} is not a number >= 0")
-    elif seconds_ok and setup > seconds:
-        problems.append(f"setup_seconds={setup} is more than seconds={seconds}")
+    one_off = {key: entry.get(key) or 0.0 for key in ONE_OFF_KEYS}
+    bad = [f"{key}={value!r} is not a number >= 0" for key, value in one_off.items() if not _number(value) or value < 0]
+    problems += bad
+    if not bad and seconds_ok and sum(one_off.values()) > seconds:
+        problems.append(f"{' + '.join(f'{key}={value}' for key, value in one_off.items() if value)} is more than "
+                        f"seconds={seconds}")
     for key in ("work", "num_processes"):
         if key in entry and not (_number(entry[key]) and entry[key] >= 1):
             problems.append(f"{key}={entry[key]!r} is not a number >= 1")
@@ -114,7 +123,7 @@ def _entry_problems(stage: str, entry: dict[str, Any]) -> list[str]:
 
 def check_stages(stages: dict[str, dict[str, Any]], sources: dict[str, str]) -> None:
     """Refuse, naming the file and the stage, a timings entry the estimate cannot use (a missing or
-    non-numeric field, no work, set-up longer than the stage, no processes, a needed setting < 1)."""
+    non-numeric field, no work, one-off seconds longer than the stage, no processes, a needed setting < 1)."""
     for stage, entry in stages.items():
         problems = _entry_problems(stage, entry)
         if problems:
@@ -124,15 +133,16 @@ def check_stages(stages: dict[str, dict[str, Any]], sources: dict[str, str]) -> 
 
 
 def gpu_seconds(entry: dict[str, Any], units: float, unit_scale: float = 1.0) -> tuple[float, float]:
-    """GPU-seconds (wall seconds x processes) of `units` units at a timings entry's pace, as (set-up,
-    work): its set-up once (`setup_seconds`; absent in timings of gors before it was recorded), then
-    each unit at the measured time per unit x `unit_scale` (e.g. the ratio of denoising steps)."""
+    """GPU-seconds (wall seconds x processes) of `units` units at a timings entry's pace, as (one-off,
+    work): its one-off seconds once (`ONE_OFF_KEYS`, each absent in timings of gors before it was
+    recorded), then each unit at the measured time per unit x `unit_scale` (e.g. the ratio of
+    denoising steps)."""
     if entry["work"] <= 0:
         raise ValueError(f"the {entry['stage']} timing did no work; rerun the calibration so that it does "
                          f"{entry['stage']} work (a stage it found already done is not timed)")
-    setup = entry.get("setup_seconds", 0.0)
-    per_unit = (entry["seconds"] - setup) / entry["work"]
-    return setup * entry["num_processes"], per_unit * unit_scale * units * entry["num_processes"]
+    one_off = sum(entry.get(key) or 0.0 for key in ONE_OFF_KEYS)
+    per_unit = (entry["seconds"] - one_off) / entry["work"]
+    return one_off * entry["num_processes"], per_unit * unit_scale * units * entry["num_processes"]
 
 
 def estimate(stages: dict[str, dict[str, Any]], plan: RunPlan, speedups: dict[str, float]) -> list[StageEstimate]:
@@ -193,8 +203,10 @@ def _events_in(work: int, last_step: int, every: int) -> int:
 
 
 def _training_warning(train: dict[str, Any]) -> str | None:
-    """Whether the calibration's training validated or saved more than one checkpoint in its timed steps,
-    both timed as training and so scaled per step; None when it did neither."""
+    """Whether the calibration's training validated or saved checkpoints in its timed steps, timed as training
+    and so scaled per step; None when it did neither. Where the wrap-up after the last step is timed
+    (`wrapup_seconds`), that step's validation and checkpoint are counted once; before, one checkpoint
+    (the last step's) was taken as part of training."""
     settings = train.get("settings") if isinstance(train.get("settings"), dict) else {}
     if not all(_number(settings.get(key)) and settings[key] >= 1
                for key in ("validation_steps", "checkpointing_steps", "max_train_steps")):
@@ -204,31 +216,39 @@ def _training_warning(train: dict[str, Any]) -> str | None:
     # The timed steps end at --max_train_steps (a training is timed only when it finishes).
     last = int(settings["max_train_steps"])
     work = min(int(train["work"]), last)
+    wrapped = train.get("wrapup_seconds") is not None
+
+    def scaled(every: int) -> int:  # events at the multiples of `every` and at the last step, that were scaled
+        return _events_in(work - 1, last - 1, every) if wrapped else _events_in(work, last, every) + bool(last % every)
+
     done = []
     if settings.get("validation_benchmark") or settings.get("num_validation_prompts"):
-        # At each multiple of --validation_steps, and at the last step (the final LoRA is a best/ candidate).
-        every = settings["validation_steps"]
-        done.append(f"ran validation {_events_in(work, last, every) + bool(last % every)} time(s)")
-    # A checkpoint at each multiple of --checkpointing_steps, and one at --max_train_steps.
-    saves = _events_in(work, last, settings["checkpointing_steps"]) + bool(last % settings["checkpointing_steps"])
-    if saves > 1:
-        done.append(f"saved {saves} checkpoints")
+        validations = scaled(settings["validation_steps"])
+        if validations:
+            done.append(f"ran validation {validations} time(s)")
+    saves = scaled(settings["checkpointing_steps"])
+    if saves > (0 if wrapped else 1):
+        done.append(f"saved {saves} checkpoint{'s' if saves > 1 else ''}")
     if not done:
         return None
-    return (f"the calibration's training {' and '.join(done)} in its {work} steps, timed as training and so scaled "
-            "per step: the estimate is too high. Calibrate with validation off and --checkpointing_steps above "
-            "--max_train_steps")
+    before, fix = (" before its last step", "at or above") if wrapped else ("", "above")
+    return (f"the calibration's training {' and '.join(done)}{before} in its {work} steps, timed as training and so "
+            f"scaled per step: the estimate is too high. Calibrate with validation off and --checkpointing_steps "
+            f"{fix} --max_train_steps")
 
 
 def calibration_warnings(stages: dict[str, dict[str, Any]]) -> list[str]:
-    """What in the calibration makes the estimate too high: training that validated or saved more than one
-    checkpoint, and compiling (`--torch_compile`, whose compiling is timed as work)."""
+    """What in the calibration makes the estimate too high: training that validated or saved a checkpoint
+    before its last step, and compiling (`--torch_compile`) in a stage whose first batch could not be told
+    from the others (its compiling is then timed as work)."""
     warnings = [_training_warning(stages["train"])] if "train" in stages else []
     compiled = sorted(stage for stage, entry in stages.items() if isinstance(entry.get("settings"), dict)
-                      and entry["settings"].get("torch_compile") not in (None, "no"))
+                      and entry["settings"].get("torch_compile") not in (None, "no")
+                      and entry.get("warmup_seconds") is None)
     if compiled:
-        warnings.append(f"the calibration's {', '.join(compiled)} ran with --torch_compile: compiling falls in the "
-                        "first batch or step and is scaled as work. Calibrate without --torch_compile")
+        warnings.append(f"the calibration's {', '.join(compiled)} ran with --torch_compile, and its timings do not "
+                        "tell the first batch or step (where compiling falls) from the rest: compiling is scaled as "
+                        "work. Calibrate with at least two batches and steps, with this gors")
     return [warning for warning in warnings if warning]
 
 

@@ -24,7 +24,7 @@ from accelerate import Accelerator
 from tabulate import tabulate
 
 import gors
-from gors.core.clock import listening
+from gors.core.clock import StageMarks, listening
 from gors.core.io import atomic_write_json, read_json
 
 TIMINGS_FILE = "timings.json"
@@ -41,6 +41,12 @@ class StageTiming:
         setup_seconds: of `seconds`, the main process's one-off set-up before its first unit of work
             (loading the pipeline or reward model, building the trainer: `gors.core.clock`); 0 when
             the stage had nothing to do or marks no set-up.
+        warmup_seconds: of `seconds`, what the main process's first batch or step took beyond the pace
+            of the ones after it (CUDA kernels loaded on first use, autotuning, compiling); None where
+            that pace is unknown (fewer than two batches or steps, or a gors before 0.2).
+        wrapup_seconds: of `seconds`, the time after the main process's last batch or step: the last
+            batch's writing, the final checkpoint, validation and LoRA, waiting for the other processes;
+            None where unknown (as `warmup_seconds`).
         work: units done by this invocation (work already in the folder does not count).
         unit: "images", "samples" or "steps".
         num_processes: processes (GPUs) the work was shared over.
@@ -58,6 +64,13 @@ class StageTiming:
     peak_rss_gib: float
     device: str
     setup_seconds: float = 0.0
+    warmup_seconds: float | None = None
+    wrapup_seconds: float | None = None
+
+    @property
+    def one_off_seconds(self) -> float:
+        """Set-up, warm-up and wrap-up: what a longer run of the stage spends once."""
+        return self.setup_seconds + (self.warmup_seconds or 0.0) + (self.wrapup_seconds or 0.0)
 
     @property
     def rate(self) -> float:
@@ -71,9 +84,9 @@ class StageTiming:
 
     @property
     def work_rate(self) -> float:
-        """Units per second over all processes after the set-up: the pace `gors estimate` scales (0 when
-        no work was done or no time was left after the set-up)."""
-        busy = self.seconds - self.setup_seconds
+        """Units per second over all processes without the one-off seconds: the pace `gors estimate` scales
+        (0 when no work was done or no time was left)."""
+        busy = self.seconds - self.one_off_seconds
         return self.work / busy if busy > 0 else 0.0
 
 
@@ -100,25 +113,38 @@ def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Acc
     if cuda:
         torch.cuda.reset_peak_memory_stats(accelerator.device)
     start = time.perf_counter()
-    with listening() as work_started:
+    with listening() as marks:
         yield
     accelerator.wait_for_everyone()
-    seconds = time.perf_counter() - start
-    if work_started and work_started[0][1] is not None:
-        before = work_started[0][1]
+    end = time.perf_counter()
+    if marks.done_before is not None:
+        before = marks.done_before
+    warmup, wrapup = warmup_and_wrapup(marks, end)
     timings.append(StageTiming(
         stage=stage,
-        seconds=seconds,
+        seconds=end - start,
         work=max(done() - before, 0),
         unit=unit,
         num_processes=accelerator.num_processes,
         peak_gpu_memory_gib=torch.cuda.max_memory_allocated(accelerator.device) / GIB if cuda else None,
         peak_rss_gib=_peak_rss_gib(),
         device=_device_name(accelerator.device),
-        setup_seconds=work_started[0][0] - start if work_started else 0.0,
+        setup_seconds=marks.work_start - start if marks.work_start is not None else 0.0,
+        warmup_seconds=warmup,
+        wrapup_seconds=wrapup,
     ))
     if on_finish is not None:
         on_finish(timings[-1])
+
+
+def warmup_and_wrapup(marks: StageMarks, end: float) -> tuple[float | None, float | None]:
+    """A stage's warm-up (its first batch's seconds beyond the pace of the batches after it, >= 0) and
+    wrap-up (from its last batch to `end`), from its marks; (None, None) without two batches to give a pace."""
+    if marks.work_start is None or marks.first is None or marks.last is None or marks.last[1] <= marks.first[1]:
+        return None, None
+    (first_time, first_units), (last_time, last_units) = marks.first, marks.last
+    pace = (last_time - first_time) / (last_units - first_units)  # seconds per unit after the first batch
+    return max(first_time - marks.work_start - first_units * pace, 0.0), end - last_time
 
 
 def write_timings(output_dir: str | Path, timings: list[StageTiming], settings: dict[str, Any]) -> Path:
@@ -163,12 +189,13 @@ def read_timings(path: str | Path) -> dict[str, Any] | None:
 
 def format_timings(timings: list[StageTiming]) -> str:
     """A table of this invocation's stages, for the end of `gors run`: "rate" is the work over the wall
-    time, set-up included; "work rate" the work over the time after the set-up (both over all processes)."""
-    headers = ["stage", "wall s", "set-up s", "work", "unit", "rate /s (incl. set-up)", "work rate /s",
+    time, set-up included; "work rate" the work over the wall time without the one-off seconds (set-up,
+    the first batch's warm-up and the wrap-up after the last; both rates over all processes)."""
+    headers = ["stage", "wall s", "one-off s", "work", "unit", "rate /s (incl. set-up)", "work rate /s",
                "per process /s (incl. set-up)", "peak GPU GiB", "peak RSS GiB"]
     # Columns sized to the longest cell ("generate+score"); no peak GPU memory off GPU shows as "-".
     # A stage that did nothing this time (a finished rerun) has no rate: "-", not 0.00.
-    body = [[t.stage, t.seconds, t.setup_seconds, t.work, t.unit, *((t.rate, t.work_rate, t.rate_per_process)
+    body = [[t.stage, t.seconds, t.one_off_seconds, t.work, t.unit, *((t.rate, t.work_rate, t.rate_per_process)
                                                                      if t.work else (None, None, None)),
              t.peak_gpu_memory_gib, t.peak_rss_gib] for t in timings]
     return tabulate(body, headers=headers, tablefmt="simple", floatfmt=(None, ".1f", ".1f", None, None, ".2f", ".2f",

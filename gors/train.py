@@ -43,7 +43,7 @@ from gors.checkpoints import (
 )
 from gors.config import RunConfig, TrainConfig, check_anchor_below
 from gors.core.backbones import check_trainable, detect_backbone, family_precision, half_precision_warning
-from gors.core.clock import work_starts
+from gors.core.clock import units_done, work_starts
 from gors.core.distributed import (
     SAME_SNAPSHOT_FIX,
     check_agreement,
@@ -707,6 +707,7 @@ class GORSTrainer:
         for module in models:
             module.train()
         work_starts(done_before=global_step)  # not the folder's latest checkpoint: another training's, set aside
+        first_step = global_step
         log, updates = LossLog(accelerator, self.trained, bar), Updates(self.optimizer, self.lr_scheduler)
         doing = f"training, {config.train_batch_size} samples per micro-batch on each process"
         advice = self._memory_advice()
@@ -726,6 +727,7 @@ class GORSTrainer:
             global_step += 1
             bar.update(1)
             log.add(global_step, losses, updates.lrs)
+            units_done(global_step - first_step)  # before validating and saving: the last step's are wrap-up
 
             validating = global_step % config.validation_steps == 0 or global_step == config.max_train_steps
             checkpointing = global_step % config.checkpointing_steps == 0 or global_step == config.max_train_steps

@@ -113,6 +113,24 @@ def test_validation_and_checkpoints_in_the_calibrations_training_are_warned_of(s
     assert "Calibrate with validation off and --checkpointing_steps above --max_train_steps" in warnings[0]
 
 
+@pytest.mark.parametrize("settings, work, said", [
+    (dict(checkpointing_steps=200), 200, None),  # at the last step only: wrap-up
+    (dict(checkpointing_steps=100), 200, "saved 1 checkpoint before its last step in its 200 steps"),
+    (dict(checkpointing_steps=60), 200, "saved 3 checkpoints before its last step"),  # 60, 120, 180
+    (dict(validation_benchmark="toy:train"), 200, None),  # every 500: at the last step only
+    (dict(num_validation_prompts=2, validation_steps=60), 200, "ran validation 3 time(s) before its last step"),
+])
+def test_with_the_wrap_up_timed_only_what_comes_before_the_last_step_is_warned_of(settings, work, said):
+    stages = _train(work, **settings)
+    stages["train"] |= {"warmup_seconds": 1.0, "wrapup_seconds": 2.0}
+    warnings = calibration_warnings(stages)
+    if said is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and said in warnings[0]
+        assert "Calibrate with validation off and --checkpointing_steps at or above --max_train_steps" in warnings[0]
+
+
 def test_a_resumed_training_counts_only_the_checkpoints_of_its_own_steps():
     # Steps 151-200 of 200 (resumed at 150), a checkpoint every 100: 200 only.
     stages = _train(50, max_train_steps=200, checkpointing_steps=100)
@@ -125,8 +143,12 @@ def test_old_timings_and_compiled_calibrations_are_warned_of():
     compiled = _train(200) | {"generate": _entry("generate", 10, 4, torch_compile="inductor")}
     compiled["train"]["settings"]["torch_compile"] = "inductor"
     assert calibration_warnings(compiled) == [
-        "the calibration's generate, train ran with --torch_compile: compiling falls in the first batch or step "
-        "and is scaled as work. Calibrate without --torch_compile"]
+        "the calibration's generate, train ran with --torch_compile, and its timings do not tell the first batch or "
+        "step (where compiling falls) from the rest: compiling is scaled as work. Calibrate with at least two "
+        "batches and steps, with this gors"]
+    # With its first batch's warm-up timed, compiling is counted once: only the stage without one is warned of.
+    compiled["train"] |= {"warmup_seconds": 30.0, "wrapup_seconds": 1.0}
+    assert "the calibration's generate ran with --torch_compile" in calibration_warnings(compiled)[0]
 
 
 def test_the_warnings_go_to_stderr_apart_from_the_table(tmp_path, capsys):

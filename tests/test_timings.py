@@ -8,17 +8,20 @@ from pathlib import Path
 
 import pytest
 
+from gors.core.clock import StageMarks, listening, units_done, work_starts
 from gors.core.distributed import reset_process_state
 from gors.estimate import (
     CPU_MEASURED_SPEEDUPS,
     EstimateConfig,
     RunPlan,
     calibration_warnings,
+    check_stages,
     estimate,
     estimate_command,
+    gpu_seconds,
 )
 from gors.run import run
-from gors.timings import StageTiming, format_timings, read_timings
+from gors.timings import StageTiming, format_timings, read_timings, warmup_and_wrapup
 
 
 def test_gors_run_records_the_work_and_rate_of_each_stage_and_a_rerun_keeps_them(make_run_config, capsys):
@@ -44,9 +47,12 @@ def test_gors_run_records_the_work_and_rate_of_each_stage_and_a_rerun_keeps_them
         "max_train_steps": 2, "checkpointing_steps": 1, "validation_benchmark": None, "num_validation_prompts": 0,
         "torch_compile": "no"}
     assert train_settings["validation_steps"] == config.validation_steps
+    # The last step's checkpoint is wrap-up, counted once (the first batch's warm-up too): step 1's is scaled.
+    assert stages["train"]["warmup_seconds"] >= 0 and stages["train"]["wrapup_seconds"] > 0
     assert calibration_warnings(stages) == [
-        "the calibration's training saved 2 checkpoints in its 2 steps, timed as training and so scaled per step: "
-        "the estimate is too high. Calibrate with validation off and --checkpointing_steps above --max_train_steps"]
+        "the calibration's training saved 1 checkpoint before its last step in its 2 steps, timed as training and so "
+        "scaled per step: the estimate is too high. Calibrate with validation off and --checkpointing_steps at or "
+        "above --max_train_steps"]
     run_dir = Path(config.output_dir)  # one round: the run folder as before online rounds
     assert not list(run_dir.glob("round-*")) and not (run_dir / "rounds.json").exists()
 
@@ -121,6 +127,50 @@ def test_estimate_counts_each_stages_set_up_once():
     assert rows["select"].gors_gpu_hours == pytest.approx(360 * 0.02 / 3600)  # per image it went through
     # 8 GPUs: 100 s of set-up, then 1 s per step of the same global batch of 16
     assert rows["train"].gors_gpu_hours == pytest.approx(8 * (100 + 1800 * 1.0) / 3600)
+
+
+@pytest.mark.parametrize("marks, end, expected", [
+    # Set-up ends at 10; batches of 8 images done at 30, 34, 38 (4 s each after the first, which took 20):
+    # 16 s of warm-up beyond the pace, 5 s after the last batch.
+    (StageMarks(10.0, None, (30.0, 8), (38.0, 24)), 43.0, (16.0, 5.0)),
+    # A first batch at the later ones' pace has no warm-up (and never a negative one).
+    (StageMarks(10.0, None, (14.0, 8), (22.0, 24)), 22.0, (0.0, 0.0)),
+    (StageMarks(10.0, None, (13.0, 8), (21.0, 24)), 21.0, (0.0, 0.0)),
+    # One batch, or none: no pace to tell the warm-up by.
+    (StageMarks(10.0, None, (30.0, 8), (30.0, 8)), 31.0, (None, None)),
+    (StageMarks(10.0, None, None, None), 31.0, (None, None)),
+    (StageMarks(), 31.0, (None, None)),
+])
+def test_the_first_batchs_warm_up_is_its_time_beyond_the_later_batches_pace(marks, end, expected):
+    assert warmup_and_wrapup(marks, end) == expected
+
+
+def test_a_stage_marks_its_batches_inside_a_timed_stage_only():
+    units_done(5)  # outside a timed stage: nothing to record, no error
+    with listening() as marks:
+        units_done(3)  # before its set-up is over: not work yet
+        work_starts()
+        units_done(8)
+        units_done(16)
+    assert marks.work_start is not None and marks.first[1] == 8 and marks.last[1] == 16
+    assert marks.work_start <= marks.first[0] <= marks.last[0]
+
+
+def test_estimate_counts_the_warm_up_and_wrap_up_once_and_scales_the_pace_between():
+    # 130 s: 10 of set-up, 15 of the first batch's warm-up, 5 of wrap-up; 100 images in the other 100 s.
+    entry = _entry("score", 130, 100, 1, setup=10.0) | {"warmup_seconds": 15.0, "wrapup_seconds": 5.0}
+    assert gpu_seconds(entry, 1000) == pytest.approx((30.0, 1000.0))
+    two = entry | {"num_processes": 2}
+    assert gpu_seconds(two, 1000) == pytest.approx((60.0, 2000.0))
+    timing = StageTiming("score", 130.0, 100, "images", 1, None, 1.0, "cpu", setup_seconds=10.0, warmup_seconds=15.0,
+                         wrapup_seconds=5.0)
+    assert timing.one_off_seconds == 30.0 and timing.work_rate == pytest.approx(1.0)
+    # Unknown (one batch, or an older gors): none counted, the whole time after the set-up is work.
+    assert gpu_seconds(entry | {"warmup_seconds": None, "wrapup_seconds": None}, 1000) == pytest.approx((10.0, 1200.0))
+    with pytest.raises(ValueError, match="warmup_seconds=-1 is not a number >= 0"):
+        check_stages({"score": entry | {"warmup_seconds": -1}}, {})
+    with pytest.raises(ValueError, match="setup_seconds=10.0 \\+ warmup_seconds=116.0 \\+ wrapup_seconds=5.0 is more"):
+        check_stages({"score": entry | {"warmup_seconds": 116.0}}, {})
 
 
 def test_estimate_command_prints_the_papers_colour_run_and_refuses_missing_stages(tmp_path, capsys):
@@ -236,12 +286,17 @@ def test_the_stage_table_stays_aligned_with_generate_and_score_and_shows_the_rat
     assert "0.00" not in idle and idle.split()[:5] == ["train", "1.5", "0.0", "0", "steps"]
 
 
-def test_a_rounds_calibration_records_its_validation_and_estimate_warns(make_run_config):
-    # Validation every 100 steps never falls in a round's 2 steps, but a round validates at its last step.
+def test_a_rounds_calibration_records_its_validation_and_counts_the_last_steps_once(make_run_config):
+    # Validation every 100 steps never falls in a round's 2 steps, but a round validates at its last step: in the
+    # wrap-up after it, counted once, not scaled per step.
     config = make_run_config(rounds=2, max_train_steps=4, checkpointing_steps=100, validation_benchmark="toy:train",
                              validation_num_prompts=2, validation_steps=100, report_to="none")
     run(config)
     stages = read_timings(Path(config.output_dir) / "round-001")["stages"]
     assert stages["train"]["work"] == 2 and stages["train"]["settings"]["validation_benchmark"] == "toy:train"
-    [warning] = calibration_warnings(stages)
+    assert stages["train"]["wrapup_seconds"] > 0
+    assert calibration_warnings(stages) == []
+    # Timings without the wrap-up (a gors before 0.2) scaled that validation as training: warned of.
+    older = {**stages, "train": {key: value for key, value in stages["train"].items() if key != "wrapup_seconds"}}
+    [warning] = calibration_warnings(older)
     assert warning.startswith("the calibration's training ran validation 1 time(s) in its 2 steps")

@@ -1,11 +1,14 @@
-"""When a stage's setup ends and its work begins, for the stage timings of `gors run`.
+"""When a stage's set-up ends, its first batch is done and its last, for the stage timings of `gors run`.
 
-A stage's wall time holds one-off setup (loading the pipeline or the reward model, building the
-trainer, caching latents) beside its work. `gors estimate` scales the work to a full run and
-counts the setup once, so the stages say when their setup is over by calling `work_starts()`;
-`gors.timings.timed_stage` listens through `listening()`. Outside a timed stage the call does
-nothing. A stage whose work does not simply go on from what its folder held (training that
-starts over, its old checkpoints set aside) also says where its work starts.
+A stage's wall time holds one-off costs beside its work: set-up before the first batch (loading
+the pipeline or the reward model, building the trainer, caching latents), the first batch's
+warm-up (CUDA kernels loaded on first use, autotuning, `torch.compile`'s compiling) and the
+wrap-up after the last (the final checkpoint and LoRA). `gors estimate` scales the steady pace in
+between to a full run and counts the rest once, so the stages say when their set-up is over
+(`work_starts()`) and when each batch or step is done (`units_done()`); `gors.timings.timed_stage`
+listens through `listening()`. Outside a timed stage the calls do nothing. A stage whose work does
+not simply go on from what its folder held (training that starts over, its old checkpoints set
+aside) also says where its work starts.
 """
 
 from __future__ import annotations
@@ -14,8 +17,26 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 
-_marks: ContextVar[list[tuple[float, int | None]] | None] = ContextVar("gors_stage_work_starts", default=None)
+
+@dataclass
+class StageMarks:
+    """The marks of one timed stage (`time.perf_counter()` seconds).
+
+    Attributes:
+        work_start: when the set-up ended, None if the stage marked none (it had no work).
+        done_before: units finished before the stage's own work, None for what its folder held.
+        first, last: (time, units done so far) at the first and the latest `units_done`, None before one.
+    """
+
+    work_start: float | None = None
+    done_before: int | None = None
+    first: tuple[float, int] | None = None
+    last: tuple[float, int] | None = None
+
+
+_marks: ContextVar[StageMarks | None] = ContextVar("gors_stage_marks", default=None)
 
 
 def work_starts(done_before: int | None = None) -> None:
@@ -25,15 +46,25 @@ def work_starts(done_before: int | None = None) -> None:
     starts from); by default, what the timed stage counted in the folder when it began.
     """
     marks = _marks.get()
-    if marks is not None and not marks:
-        marks.append((time.perf_counter(), done_before))
+    if marks is not None and marks.work_start is None:
+        marks.work_start, marks.done_before = time.perf_counter(), done_before
+
+
+def units_done(done: int) -> None:
+    """Mark now as the end of a batch or step of the current timed stage, `done` units of its own work
+    finished so far (images of this process, optimizer steps); the host's clock, not synchronised with
+    the device: each mark is as far ahead of the device's work as the queue of launched kernels."""
+    marks = _marks.get()
+    if marks is not None and marks.work_start is not None:
+        marks.last = (time.perf_counter(), done)
+        if marks.first is None:
+            marks.first = marks.last
 
 
 @contextmanager
-def listening() -> Iterator[list[tuple[float, int | None]]]:
-    """Collect the `work_starts` marks of the block: a list holding the first one's
-    (`time.perf_counter()`, `done_before`), or empty when the block marked none (it had no work)."""
-    marks: list[tuple[float, int | None]] = []
+def listening() -> Iterator[StageMarks]:
+    """Collect the marks of the block."""
+    marks = StageMarks()
     token = _marks.set(marks)
     try:
         yield marks

@@ -23,7 +23,7 @@ from accelerate import Accelerator
 from PIL import Image
 
 import gors
-from gors.core.clock import work_starts
+from gors.core.clock import units_done, work_starts
 from gors.core.distributed import (
     NOT_VISIBLE,
     SAME_SNAPSHOT_FIX,
@@ -302,11 +302,19 @@ def generate_samples(
                     ).images
                 return batch, seeds, images
 
+            generated = 0
+
+            def hand_over(batch: list[tuple[int, int]]) -> None:
+                nonlocal generated
+                writer.put(generate(batch))
+                generated += len(batch)
+                units_done(generated)
+
             # Each batch is written (PNG, hash, fsync) while the next one denoises; a batch that runs out of
             # memory is handed to the writer only when it has been generated whole.
             with OrderedWorker(write, name="gors-sample-writer") as writer:
                 try:
-                    in_batches_that_fit(mine, protocol.batch_size, lambda batch: writer.put(generate(batch)),
+                    in_batches_that_fit(mine, protocol.batch_size, hand_over,
                                         f"generating {protocol.resolution} px images", "images per pipeline call",
                                         flags.batch_flag, at_one, limit)
                 except BaseException:

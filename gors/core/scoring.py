@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from accelerate import Accelerator
 from PIL import Image
 
-from gors.core.clock import work_starts
+from gors.core.clock import units_done, work_starts
 from gors.core.distributed import (
     NOT_VISIBLE,
     SAME_SNAPSHOT_FIX,
@@ -295,10 +295,13 @@ def score_samples(
                               name="gors-image-reader")
             with contextlib.closing(read):  # the reader stops with the loop, also when the reward fails
                 size = batch_size  # halved while the device runs out of memory
+                scored = 0
                 for batch, images in read:
                     size = append_scores(reward, batch, images, out_file, prompt_metadata, size, batch_flag,
                                          limit=limit)
                     bar.update(len(batch))
+                    scored += len(batch)
+                    units_done(scored)
             bar.close()
     accelerator.wait_for_everyone()
     # Rows of samples no longer asked for stay on disk only.
