@@ -75,11 +75,17 @@ def round_settings(config: RunConfig, num_processes: int, prompts: list[str], re
     return json.loads(json.dumps(settings))
 
 
-def _changed(name: str, recorded: Any, wanted: Any) -> bool:
-    # A tau schedule grows with --rounds: the finished rounds' taus must stay, and new ones may follow.
-    if name == "tau_schedule" and isinstance(recorded, list) and isinstance(wanted, list):
-        return not same_value(recorded, wanted[: len(recorded)])
-    return not same_value(recorded, wanted)
+# Settings that give each round its tau: compared by the taus of the finished rounds only.
+TAU_SETTINGS = ("tau_schedule", "reward_threshold")
+
+
+def finished_taus(settings: dict[str, Any], finished: int) -> list[float | None]:
+    """The taus of the first `finished` rounds under recorded or wanted round `settings` (None: the
+    paper's tau): a rerun may change the taus of the rounds still to come, e.g. lower the tau of a
+    round that selected nothing."""
+    schedule = settings.get("tau_schedule")
+    return [schedule[i] if isinstance(schedule, list) and i < len(schedule) else settings.get("reward_threshold")
+            for i in range(finished)]
 
 
 def round_seed(seed: int, index: int) -> int:
@@ -131,10 +137,16 @@ def finished_rounds(config: RunConfig, wanted: dict[str, Any]) -> list[dict[str,
             logger.warning("%s does not record %s (an older gors): its rounds are taken to have been made with this "
                            "run's", path, ", ".join(missing))
         changed = [f"{name}: {recorded[name]!r} -> {value!r}" for name, value in wanted.items()
-                   if name != "rounds" and _changed(name, recorded[name], value)]
+                   if name not in ("rounds", *TAU_SETTINGS) and not same_value(recorded[name], value)]
+        finished = len(record["rounds"])
+        taus = [finished_taus(settings, finished) for settings in (recorded, wanted)]
+        if not same_value(*taus):
+            shown = [", ".join("the paper's" if tau is None else f"{tau:g}" for tau in each) for each in taus]
+            changed.append(f"the taus of the {finished} finished round(s): {shown[0]} -> {shown[1]}")
         if changed:
             raise ValueError(f"{path}: finished rounds were made with other settings ({'; '.join(changed)}); rerun with "
-                             "theirs, or use a new --output_dir (only --rounds may grow)")
+                             "theirs, or use a new --output_dir (only --rounds may grow, and the taus of the rounds "
+                             "still to come may change: pass --tau_schedule with the finished rounds' taus first)")
         grown = recorded["rounds"] != config.rounds
         if grown and config.lr_scheduler not in LENGTHLESS_SCHEDULES and not config.reset_optimizer:
             raise ValueError(f"{path}: the finished rounds ran --lr_scheduler {config.lr_scheduler} laid out over "

@@ -199,8 +199,8 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
             f"No sample has {reward} > tau ({tau_source}; tau ranges "
             f"{min(tau(r['prompt_index']) for r in records):.2f}-{max(tau(r['prompt_index']) for r in records):.2f}). "
             f"Reward distribution of the {len(records)} samples:\n{_histogram(all_values)}\n"
-            f"Lower tau (--reward_threshold; with --rounds, this round's --tau_schedule value), or generate more "
-            f"images per prompt."
+            f"Lower tau (--reward_threshold; with --rounds, this round's value in a --tau_schedule that keeps the "
+            f"finished rounds' taus), or generate more images per prompt (with --rounds, in a new --output_dir)."
         )
     summary = {
         "reward": reward,

@@ -369,8 +369,20 @@ def test_rounds_json_checks_shrinking_a_growing_tau_schedule_and_older_files(mak
     scheduled = replace(config, reward_threshold=None, tau_schedule=[0.2, 0.5, 0.8])
     _recorded_rounds(scheduled, 2, rounds=2, tau_schedule=[0.2, 0.5])
     assert len(_finished(scheduled, 1, PROMPTS, "b_vqa")) == 2  # the finished rounds' taus stay: --rounds may grow
-    with pytest.raises(ValueError, match=r"tau_schedule: \[0\.2, 0\.5\] -> \[0\.3, 0\.5, 0\.8\]"):
+    with pytest.raises(ValueError, match=r"the taus of the 2 finished round\(s\): 0\.2, 0\.5 -> 0\.3, 0\.5"):
         _finished(replace(scheduled, tau_schedule=[0.3, 0.5, 0.8]), 1, PROMPTS, "b_vqa")
+    # The taus of the rounds still to come may change: e.g. lowered for a round that selected nothing.
+    assert len(_finished(replace(scheduled, tau_schedule=[0.2, 0.5, 0.1]), 1, PROMPTS, "b_vqa")) == 2
+    _recorded_rounds(scheduled, 1, rounds=3, tau_schedule=[0.2, 0.99])
+    assert len(_finished(scheduled, 1, PROMPTS, "b_vqa")) == 1  # round 1's 0.99 -> 0.5
+    # One tau for every round (--reward_threshold) goes on as a schedule that starts with it, not as another tau.
+    _recorded_rounds(scheduled, 1, rounds=3, tau_schedule=None, reward_threshold=0.2)
+    assert len(_finished(scheduled, 1, PROMPTS, "b_vqa")) == 1
+    with pytest.raises(ValueError, match=r"finished round\(s\): 0\.2 -> 0\.3\); rerun .* pass --tau_schedule with the finished"):
+        _finished(replace(scheduled, tau_schedule=None, reward_threshold=0.3), 1, PROMPTS, "b_vqa")
+    _recorded_rounds(scheduled, 1, rounds=3, tau_schedule=None, reward_threshold=None)
+    with pytest.raises(ValueError, match=r"finished round\(s\): the paper's -> 0\.2"):
+        _finished(scheduled, 1, PROMPTS, "b_vqa")
     with pytest.raises(ValueError, match=r"num_processes: 1 -> 2"):
         _finished(scheduled, 2, PROMPTS, "b_vqa")
 
