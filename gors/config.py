@@ -13,6 +13,7 @@ recipes take every stage's flags, and each stage function accepts it as it reads
 
 from __future__ import annotations
 
+import math
 import re
 import typing
 from collections.abc import Mapping
@@ -472,8 +473,9 @@ class TrainingFields:
         for flag in ("adam_beta1", "adam_beta2"):
             value = getattr(self, flag)
             _check(0.0 <= value < 1.0, f"--{flag}={value}: use a value in [0, 1), e.g. 0.9")
-        _check(self.adam_epsilon > 0, f"--adam_epsilon={self.adam_epsilon}: must be > 0, e.g. 1e-8")
-        _check(self.adam_weight_decay >= 0, f"--adam_weight_decay={self.adam_weight_decay}: must be >= 0")
+        _check(0 < self.adam_epsilon < math.inf, f"--adam_epsilon={self.adam_epsilon}: must be > 0 and finite, e.g. 1e-8")
+        _check(0 <= self.adam_weight_decay < math.inf,
+               f"--adam_weight_decay={self.adam_weight_decay}: must be >= 0 and finite, e.g. 1e-2")
         _check(self.lr_warmup_steps >= 0, f"--lr_warmup_steps={self.lr_warmup_steps}: must be >= 0")
         _check(self.max_grad_norm > 0, f"--max_grad_norm={self.max_grad_norm}: must be > 0, e.g. 1.0")
         from diffusers.optimization import SchedulerType
@@ -515,7 +517,7 @@ class TrainingFields:
         _check(self.max_sequence_length is None or self.max_sequence_length >= 1,
                f"--max_sequence_length={self.max_sequence_length}: must be >= 1")
         for name in ("learning_rate", "text_encoder_learning_rate"):
-            _check(getattr(self, name) > 0, f"--{name}={getattr(self, name)}: must be > 0")
+            _check(0 < getattr(self, name) < math.inf, f"--{name}={getattr(self, name)}: must be > 0 and finite, e.g. 1e-4")
         self.check_optimizer()
         _check(0.0 <= self.caption_dropout < 1.0, f"--caption_dropout={self.caption_dropout}: use a value in [0, 1)")
         _check(self.anchor_below is None or self.anchor_below >= 0,

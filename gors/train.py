@@ -15,6 +15,7 @@ is never loaded while training.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -708,7 +709,9 @@ class GORSTrainer:
             module.train()
         work_starts(done_before=global_step)  # not the folder's latest checkpoint: another training's, set aside
         first_step = global_step
-        log, updates = LossLog(accelerator, self.trained, bar), Updates(self.optimizer, self.lr_scheduler)
+        # fp16's loss scaler skips an update whose loss overflowed, and the training goes on.
+        log = LossLog(accelerator, self.trained, bar, stop_with=None if accelerator.scaler else config)
+        updates = Updates(self.optimizer, self.lr_scheduler)
         doing = f"training, {config.train_batch_size} samples per micro-batch on each process"
         advice = self._memory_advice()
         while global_step < config.max_train_steps:
@@ -748,6 +751,7 @@ class GORSTrainer:
         bar.close()
 
         accelerator.wait_for_everyone()
+        self.check_finite(global_step)
         if accelerator.is_main_process:
             path = self._save_lora(self.output_dir)
             accelerator.print(f"[train] LoRA saved to {path}")
@@ -908,17 +912,43 @@ class GORSTrainer:
 
     def save_checkpoint(self, step: int) -> Path:
         """Full training state (adapters, optimizer, LR scheduler, RNG) at `checkpoints/checkpoint-<step>`."""
+        self.check_finite(step)
         return write_checkpoint(self.accelerator, self.output_dir, step, self.fingerprint,
                                 self.config.checkpoints_total_limit)
+
+    def check_finite(self, step: int) -> None:
+        """Refuse to save adapters with a NaN or infinite weight (one wait for the device): a diverged training."""
+        named = [(f"{name}.{key}", param) for name, module in self._bare_trained_modules().items()
+                 for key, param in module.named_parameters() if param.requires_grad]
+        if torch.stack([torch.isfinite(param).all() for _, param in named]).all().item():
+            return
+        first = next(key for key, param in named if not torch.isfinite(param).all())
+        raise TrainingDiverged(f"the LoRA's weights are not finite at step {step} (NaN or infinite, first {first})",
+                               self.config)
+
+
+class TrainingDiverged(ValueError):
+    """A training whose loss or weights became NaN or infinite: what went wrong, and what to rerun."""
+
+    def __init__(self, what: str, config: TrainConfig | RunConfig) -> None:
+        rates = " and --text_encoder_learning_rate" if config.train_text_encoder is not False else ""
+        super().__init__(f"training diverged: {what}; nothing of this step was saved. Lower --learning_rate{rates} "
+                         f"(now {config.learning_rate:g}) and rerun from a checkpoint before it "
+                         "(--resume_from_checkpoint) or in a new --output_dir")
 
 
 class LossLog:
     """Each update's mean loss (over micro-batches and processes) and the learning rates it used, sent to the trackers
     and the progress bar one update late: reading a loss waits for the device to compute it, and by the
-    next update the host has queued that update's work behind it, so the device does not idle meanwhile."""
+    next update the host has queued that update's work behind it, so the device does not idle meanwhile.
 
-    def __init__(self, accelerator: Accelerator, trained: list[str], bar: Any = None) -> None:
-        self.accelerator, self.trained, self.bar = accelerator, trained, bar
+    A loss that is NaN or infinite stops the training (`TrainingDiverged`, naming `stop_with`'s rates),
+    except under fp16's loss scaler (`stop_with` None), which skips an update that overflowed and goes on.
+    """
+
+    def __init__(self, accelerator: Accelerator, trained: list[str], bar: Any = None,
+                 stop_with: TrainConfig | RunConfig | None = None) -> None:
+        self.accelerator, self.trained, self.bar, self.stop_with = accelerator, trained, bar, stop_with
         self._pending: tuple[int, HostValue, list[float]] | None = None
 
     def add(self, step: int, losses: list[torch.Tensor], lrs: list[float]) -> None:
@@ -934,6 +964,8 @@ class LossLog:
         step, loss, lrs = self._pending
         self._pending = None
         value = loss.get().item()
+        if self.stop_with is not None and not math.isfinite(value):
+            raise TrainingDiverged(f"the loss of step {step} is {value}", self.stop_with)
         self.accelerator.log({"train/loss": value} | {f"train/lr_{name}": lr for name, lr in zip(self.trained, lrs)},
                              step=step)
         if self.bar is not None:

@@ -130,6 +130,11 @@ def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
         (["--adam_beta2", "-0.1"], "--adam_beta2=-0.1"),
         (["--adam_epsilon", "0"], "--adam_epsilon=0.0: must be > 0"),
         (["--adam_weight_decay", "-1"], "--adam_weight_decay=-1.0: must be >= 0"),
+        # An infinite rate or decay trained a LoRA of NaNs to the end and saved it.
+        (["--adam_weight_decay", "inf"], "--adam_weight_decay=inf: must be >= 0 and finite"),
+        (["--adam_epsilon", "inf"], "--adam_epsilon=inf: must be > 0 and finite"),
+        (["--learning_rate", "inf"], "--learning_rate=inf: must be > 0 and finite"),
+        (["--text_encoder_learning_rate", "inf"], "--text_encoder_learning_rate=inf: must be > 0 and finite"),
         (["--lr_warmup_steps", "-1"], "--lr_warmup_steps=-1: must be >= 0"),
         (["--max_grad_norm", "-1"], "--max_grad_norm=-1.0: must be > 0"),
         (["--max_grad_norm", "0"], "--max_grad_norm=0.0: must be > 0"),

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from gors.core.distributed import reset_process_state
 from gors.lora import LORA_WEIGHT_NAME
 from gors.select import load_selection, select
-from gors.train import AutocastPipeline, GORSTrainer, accumulation_steps, find_checkpoint, train
+from gors.train import AutocastPipeline, GORSTrainer, TrainingDiverged, accumulation_steps, find_checkpoint, train
 
 
 def _copy_run(selected_run, destination):
@@ -276,6 +276,32 @@ def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config,
     train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=1, checkpoints_total_limit=2,
                   report_to="none"))
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_a_training_that_diverges_stops_with_what_to_change_and_saves_nothing_of_it(selected_run, make_run_config,
+                                                                                    tmp_path):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    # A learning rate of 1e30 makes the weights infinite at the first update, and the loss NaN from the second.
+    with pytest.raises(TrainingDiverged, match=r"training diverged: the loss of step 2 is nan; nothing of this step was "
+                                               r"saved\. Lower --learning_rate and --text_encoder_learning_rate \(now "
+                                               r"1e\+30\) and rerun from a checkpoint before it"):
+        train(_config(make_run_config, run_dir, max_train_steps=4, checkpointing_steps=1, learning_rate=1e30,
+                      report_to="none"))
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["checkpoint-1"]  # saved before the NaN loss read
+    assert not (run_dir / LORA_WEIGHT_NAME).exists()
+
+    # Weights that are not finite are never saved, whatever the loss said (fp16's scaler lets a NaN loss pass).
+    trainer = GORSTrainer(_config(make_run_config, run_dir, report_to="none"))
+    trainer.selection = load_selection(run_dir)
+    trainer._setup_models()
+    trainer.check_finite(7)
+    weight = next(p for name, p in trainer.denoiser.named_parameters() if "lora_B" in name)
+    with torch.no_grad():
+        weight[0, 0] = float("inf")
+    with pytest.raises(TrainingDiverged, match=r"the LoRA's weights are not finite at step 7 \(NaN or infinite, first "
+                                               r"unet\..*lora_B"):
+        trainer.save_checkpoint(7)
+    assert not (run_dir / "checkpoints" / "checkpoint-7").exists()
 
 
 def test_train_without_selection_says_what_to_run(make_run_config, tmp_path):
