@@ -21,7 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gors.core.hub import ModelLoadError, load_hint, looks_like_local_path, offline_setting, one_line, raise_if_gated
+from gors.core.hub import (
+    ModelLoadError,
+    check_model_path,
+    load_hint,
+    looks_like_local_path,
+    offline_setting,
+    one_line,
+    raise_if_gated,
+)
 
 # The commands whose needs `gors download` knows.
 DOWNLOADABLE = ("run", "generate", "score", "train", "evaluate")
@@ -177,6 +185,9 @@ def download(command: str, config: Any) -> list[str]:
         raise ValueError(f"gors download fetches from the Hub, but {offline} is set: unset it on a machine with "
                          "internet")
     models, files = plan(command, config)
+    for need in models:  # a local folder is used as it is: it must be there, or the command fails later
+        if looks_like_local_path(need.name):
+            check_model_path(need.name, need.option, example=None)
     unique = list({(need.name, need.revision): need for need in models
                    if not looks_like_local_path(need.name)}.values())
     for need in unique:

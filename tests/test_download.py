@@ -131,6 +131,18 @@ def test_offline_or_another_command_is_refused_and_a_gated_model_says_what_to_do
     assert re.search(r"\n  download +fetch what `gors COMMAND \[flags\]` loads", capsys.readouterr().out)
 
 
+def test_a_local_folder_that_is_not_there_is_refused_not_reported_as_done(hub, tmp_path, capsys):
+    # Local folders are used as they are, not downloaded; one that is missing made the command fail only later.
+    with pytest.raises(FileNotFoundError, match=r"--pretrained_model_name_or_path='\./typo_model': no such folder"):
+        download("generate", RunConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path="./typo_model",
+                                       train_prompts="toy:train"))
+    with pytest.raises(FileNotFoundError, match=r"--reward b_vqa model_name_or_path='/no/such/cls': no such folder"):
+        download("score", RunConfig(output_dir=str(tmp_path / "run"), reward="b_vqa",
+                                    reward_model_name_or_path="/no/such/cls"))
+    assert "[download] done" not in capsys.readouterr().out
+    assert hub["pipeline"] == [] and hub["snapshot"] == []
+
+
 def test_the_command_line_takes_the_commands_own_flags(hub, capsys):
     main(["download", "score", "--output_dir", "unused", "--reward", "b_vqa:0.5,clip_score:0.5",
           "--reward_options", '{"clip_score": {"model_name_or_path": "me/clip"}}'])
