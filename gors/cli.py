@@ -197,8 +197,11 @@ def _yaml_scalar(value: Any, kind: Any, spec: Field, where: str) -> Any:
         takes_no = "no" in (spec.metadata.get("choices") or ()) or "'no'" in spec.metadata.get("help", "")
         if value is False and takes_no:
             return "no"
-        raise SystemExit(f"{where} reads as the YAML boolean {str(value).lower()}: quote the text you meant, "
-                         f"e.g. {spec.name}: \"off\"")
+        choices = spec.metadata.get("choices")
+        takes = (f"one of {', '.join(map(str, choices))}" if choices
+                 else spec.metadata.get("help", "").split(". ")[0].rstrip("."))
+        raise SystemExit(f"{where} reads as the YAML boolean {str(value).lower()} (YAML 1.1 reads yes, no, on and off "
+                         f"so): quote the text you meant" + (f"; {spec.name}: {takes}" if takes else ""))
     ok = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
           float: isinstance(value, (int, float)) and not isinstance(value, bool), str: isinstance(value, str)}
     if not ok.get(kind, True):

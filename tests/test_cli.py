@@ -472,7 +472,11 @@ def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):
     ("images_per_prompt: 2.5\n", "images_per_prompt: 2.5 is not a whole number"),
     ("images_per_prompt: [1, 2]\n", r"images_per_prompt: \[1, 2\] is not a whole number"),
     ("images_per_prompt: null\n", r"images_per_prompt: None \(null\) is not allowed"),
-    ("lr_scheduler: no\n", "lr_scheduler: False reads as the YAML boolean false: quote the text"),
+    ("lr_scheduler: no\n", r"lr_scheduler: False reads as the YAML boolean false \(YAML 1\.1 reads yes, no, on and "
+                            r"off so\): quote the text you meant; lr_scheduler: diffusers' get_scheduler name "
+                            r"\(constant, linear, cosine, \.\.\.\)$"),
+    # Not a suggestion of "off", which it does not take either: what it takes.
+    ("report_to: off\n", r"report_to: False reads as .*; report_to: Accelerate tracker: tensorboard, wandb, all or none$"),
     ("train_unet: 1\n", "train_unet: 1 is not true or false"),
     ("learning_rate: 1e-4x\n", "learning_rate: '1e-4x' is not a number"),
     ("images_per_prompt: '2.5'\n", "images_per_prompt: '2.5' is not a whole number"),
