@@ -298,8 +298,13 @@ def speed_table_ratios(path: str | Path) -> dict[str, float]:
     ratio of each row naming the stage in `prices`, in the JSON that `python -m benchmarks --output
     X.md` writes beside its table (X.json). Rows that price no stage are left out."""
     try:
-        rows = json.loads(Path(path).read_text(encoding="utf-8"))["rows"]
-        return {row["prices"]: float(row["median"]) for row in rows if row.get("prices")}
+        table = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not (isinstance(table, dict) and isinstance(table.get("rows"), list)
+                and all(isinstance(row, dict) for row in table["rows"])):
+            raise ValueError("no 'rows' list of rows" + (" (for ratios by stage, give them as text: "
+                                                         "--reference_speedups '{\"score\": 6.1}')"
+                                                         if isinstance(table, dict) else ""))
+        return {row["prices"]: float(row["median"]) for row in table["rows"] if row.get("prices")}
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: not the JSON of a speed table (`python -m benchmarks --output X.md` writes "
                          f"X.json): {error}") from None

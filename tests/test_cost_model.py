@@ -71,6 +71,12 @@ def test_gors_estimate_takes_the_speed_tables_json_for_its_official_column(scrip
     (tmp_path / "other.json").write_text('{"stages": {}}', encoding="utf-8")
     with pytest.raises(ValueError, match=r"other\.json: not the JSON of a speed table"):
         EstimateConfig(timings=["runs/x"], reference_speedups=str(tmp_path / "other.json"))
+    for text in ('{"rows": [1]}', '{"rows": {"a": 1}}', '[1]', '{"generate": 2.0}'):  # were tracebacks or "'rows'"
+        (tmp_path / "other.json").write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError, match=r"other\.json: not the JSON of a speed table .*: no 'rows' list of rows"):
+            EstimateConfig(timings=["runs/x"], reference_speedups=str(tmp_path / "other.json"))
+    with pytest.raises(ValueError, match=r"for ratios by stage, give them as text: --reference_speedups"):
+        EstimateConfig(timings=["runs/x"], reference_speedups=str(tmp_path / "other.json"))
     with pytest.raises(FileNotFoundError, match=r"--reference_speedups .*gone\.json: no such file"):
         EstimateConfig(timings=["runs/x"], reference_speedups=str(tmp_path / "gone.json"))
 
