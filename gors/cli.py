@@ -289,6 +289,10 @@ def list_rewards(config: RewardsConfig) -> None:
           "--reward my_module:MyReward.")
 
 
+# Every stage keeps its finished work (images, score rows, checkpoints) and skips it when rerun.
+INTERRUPTED = "interrupted; run the same command again to resume where it stopped (training: from its last checkpoint)"
+
+
 @dataclass(frozen=True)
 class Command:
     """A `gors` subcommand: its config dataclass and the function run on the parsed config.
@@ -298,7 +302,7 @@ class Command:
     `locks`: the stages of `--output_dir` the command holds for its whole run (`run_folder_lock`);
     `gors run` takes its four in `run_stages`, which recipes share. `reads_run`: the command works on
     a run folder an earlier stage wrote, so a missing `--output_dir` (a typo) is refused before the
-    lock would create it.
+    lock would create it. `interrupted`: the error line of a Ctrl-C or SIGTERM.
     """
 
     config: str
@@ -306,6 +310,7 @@ class Command:
     help: str
     locks: tuple[str, ...] = ()
     reads_run: bool = False
+    interrupted: str = INTERRUPTED
 
 
 COMMANDS: dict[str, Command] = {
@@ -335,7 +340,9 @@ COMMANDS: dict[str, Command] = {
     "questions": Command("gors.questions:QuestionsConfig", "gors.questions:questions_command",
                          "B-VQA questions of a prompt set -> a question table for questions=TABLE.json"),
     "toy pretrain": Command("gors.toy.pretrain:ToyPretrainConfig", "gors.toy.pretrain:pretrain_and_report",
-                            "toy world: train the packaged toy model and its classifier from scratch"),
+                            "toy world: train the packaged toy model and its classifier from scratch",
+                            interrupted="interrupted; --output_dir is as it was. The pretraining keeps no checkpoints: "
+                                        "run the same command again to start it over"),
 }
 
 
@@ -363,9 +370,11 @@ def download_command(argv: Sequence[str]) -> None:
     usage_line = (f"usage: gors download {{{','.join(DOWNLOADABLE)}}} [flags of that command]\n\n"
                   "Fetches the models and data files that command would load with those flags into the Hugging "
                   "Face and gors caches, so that it runs with HF_HUB_OFFLINE=1 where the caches are shared.")
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(usage_line)
         return
+    if not argv:
+        raise SystemExit(f"gors download: give the command to download for\n{usage_line}")
     if argv[0] not in DOWNLOADABLE:
         raise SystemExit(f"gors download: it downloads for {', '.join(DOWNLOADABLE)}, not {argv[0]!r}\n{usage_line}")
     name = argv[0]
@@ -382,8 +391,6 @@ EXPECTED_ERRORS = (ValueError, FileNotFoundError, StoreError, LockError, Checksu
 LAZY_EXPECTED_ERRORS = ("rewards.base:RewardError", "gors.core.memory:DeviceMemoryError")
 
 
-# Every stage keeps its finished work (images, score rows, checkpoints) and skips it when rerun.
-INTERRUPTED = "interrupted; run the same command again to resume where it stopped (training: from its last checkpoint)"
 
 # How long a failing process other than the main one waits before it reports: when the main process
 # meets the same error, it says it, exits, and the launcher stops this process before it would repeat it.
@@ -463,9 +470,9 @@ def _fail(message: str, bars_before: set[int] = frozenset()) -> NoReturn:
 
 
 @contextmanager
-def expected_errors() -> Iterator[None]:
-    """End an expected error (`EXPECTED_ERRORS`, a SystemExit with a message, Ctrl-C) with one line
-    `error: <message>` on stderr and exit status 2, without a traceback: one line per launch, from the
+def expected_errors(interrupted: str = INTERRUPTED) -> Iterator[None]:
+    """End an expected error (`EXPECTED_ERRORS`, a SystemExit with a message, Ctrl-C: `interrupted`) with one
+    line `error: <message>` on stderr and exit status 2, without a traceback: one line per launch, from the
     main process (another process speaks only if the main one has not stopped within `REPORT_GRACE_S`).
 
     `GORS_TRACEBACK=1` lets them through with their traceback, for debugging.
@@ -478,7 +485,7 @@ def expected_errors() -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        _fail(INTERRUPTED, bars)
+        _fail(interrupted, bars)
     except Exception as err:
         disk = _disk_problem(err)
         if disk is not None:
@@ -531,14 +538,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return
-    with expected_errors():
+    name = " ".join(argv[:2]) if " ".join(argv[:2]) in COMMANDS else argv[0]  # two words: `gors toy pretrain`
+    command = COMMANDS.get(name)
+    with expected_errors(command.interrupted if command else INTERRUPTED):
         if argv[0] == "download":
             download_command(argv[1:])
             return
-        name = " ".join(argv[:2]) if " ".join(argv[:2]) in COMMANDS else argv[0]  # two words: `gors toy pretrain`
-        if name not in COMMANDS:
+        if command is None:
+            words = [other for other in COMMANDS if other.startswith(f"{argv[0]} ")]
+            if words:  # the first word of a two-word command
+                raise SystemExit(f"gors {argv[0]}: give its subcommand: {', '.join(f'gors {w}' for w in words)}")
             raise SystemExit(f"gors: unknown command {argv[0]!r}\n{usage()}")
-        command = COMMANDS[name]
         config = parse_config(_load(command.config), argv[len(name.split()):], prog=f"gors {name}")
         if command.reads_run:
             check_run_folder(config.output_dir, f"gors {name}")

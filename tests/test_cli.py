@@ -258,9 +258,9 @@ def test_gors_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     assert all(f"  {name} " in out for name in COMMANDS)
     with pytest.raises(SystemExit) as exit_info:
-        main(["toy"])
+        main(["toi"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.startswith("error: gors: unknown command 'toy'\nusage: gors COMMAND")
+    assert capsys.readouterr().err.startswith("error: gors: unknown command 'toi'\nusage: gors COMMAND")
 
 
 def test_positional_fields_and_yaml_for_report(tmp_path, capsys):
@@ -653,6 +653,28 @@ def test_sigterm_stops_a_command_as_ctrl_c_does_and_the_error_is_the_last_line(c
     assert exit_info.value.code == 2 and "generate:" in err
     assert err.rstrip("\n").splitlines()[-1] == f"error: {INTERRUPTED}"
     assert signal.getsignal(signal.SIGTERM) == before  # the command's handler is gone with it
+
+
+def test_an_interrupted_toy_pretraining_says_it_starts_over_and_bare_commands_say_what_they_need(
+        tmp_path, monkeypatch, capsys):
+    import gors.toy.pretrain
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gors.toy.pretrain, "pretrain_and_report", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["toy", "pretrain", "--output_dir", str(tmp_path / "toy")])
+    assert exit_info.value.code == 2
+    # It has no checkpoints: "resume where it stopped" would promise what a rerun does not do.
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: interrupted; --output_dir is as it was. The pretraining keeps no checkpoints: run the same command "
+        "again to start it over")
+    assert one_error_line(capsys, ["toy"]) == "error: gors toy: give its subcommand: gors toy pretrain\n"
+    with pytest.raises(SystemExit) as exit_info:  # was its usage, and exit status 0
+        main(["download"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: gors download: give the command to download for\nusage: ")
 
 
 def test_under_a_multi_process_launch_sigterm_keeps_its_default(monkeypatch):
