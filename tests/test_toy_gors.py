@@ -32,6 +32,9 @@ def test_one_short_gors_round_selects_better_samples_and_trains_lora(tmp_path):
         "train_prompts": str(prompts), "images_per_prompt": 4, "num_inference_steps": 10,
         "max_train_steps": 3, "checkpointing_steps": 3, "validation_prompts": None, "reward_threshold": 0.5,
     }
+    for flag in ("eval_max_prompts", "eval_images_per_prompt"):  # refused before the run, not after it
+        with pytest.raises(ValueError, match=f"--{flag}=0: must be >= 1"):
+            ToyRunConfig(**values, **{flag: 0})
     config = ToyRunConfig(**values)
     run_stages(config, training_accelerator(config))
     summary = json.loads((tmp_path / "run" / "selection_summary.json").read_text())

@@ -5,6 +5,7 @@ import pytest
 
 from evaluators.toy import ToyBenchmark
 from gors.core.prompts import load_prompts
+from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import (
     COLOURS,
     HELD_OUT_COMBINATIONS,
@@ -190,6 +191,8 @@ def test_pretraining_targets_follow_the_prediction_type(tmp_path, monkeypatch):
                             ({"unet_steps": 0}, "--unet_steps 0: must be >= 1"),
                             ({"classifier_steps": 0}, "--classifier_steps 0: must be >= 1"),
                             ({"vae_steps": -1}, "--vae_steps -1: must be >= 0"),
+                            ({"vae_steps": 0}, "--vae_steps 0 without --vae would keep an untrained VAE"),
+                            ({"seed": -1}, r"--seed -1: must be in \[0, 2147483647\]"),
                             ({"learning_rate": 0.0}, "--learning_rate 0.0: must be > 0"),
                             ({"caption_swap_rate": 1.5}, r"--caption_swap_rate 1.5: a rate, in \[0, 1\]")]:
         with pytest.raises(ValueError, match=message):  # before any scene is rendered
@@ -281,6 +284,8 @@ def test_pretraining_keeps_a_given_vae_and_refuses_a_wrong_one(tmp_path, monkeyp
 
     with pytest.raises(ValueError, match="--vae .*no config.json"):
         ToyPretrainConfig(vae=str(tmp_path))
+    with pytest.raises(ValueError, match="--vae .*unet: its config.json is of a UNet2DConditionModel, not a VAE"):
+        ToyPretrainConfig(vae=str(PRETRAINED_DIR / "pipeline" / "unet"))
     AutoencoderKL(latent_channels=2, block_out_channels=(16,), norm_num_groups=8).save_pretrained(tmp_path / "wrong")
     with pytest.raises(ValueError, match="encodes 64 x 64 scenes to latents"):
         pretrain.pretrain(ToyPretrainConfig(output_dir=str(tmp_path / "out2"), num_scenes=40, vae=str(tmp_path / "wrong")))

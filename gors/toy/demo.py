@@ -53,6 +53,14 @@ class ToyRunConfig(RunConfig):
                           "with toy:fit_square and 'val_triangle' with toy:fit_triangle; or 'train'."},
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # The benchmark would refuse them only after the run, naming its own fields.
+        for name in ("eval_images_per_prompt", "eval_max_prompts"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name}={value}: must be >= 1")
+
 
 def toy_defaults(output_dir: str = "toy_output") -> dict:
     return {

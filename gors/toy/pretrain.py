@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gors.core.io import atomic_write_json, make_folder, publish_folder, recover_folder
+from gors.core.io import atomic_write_json, make_folder, publish_folder, read_json, recover_folder
 from gors.core.threads import torch_threads
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import (
@@ -103,9 +103,18 @@ class ToyPretrainConfig:
         if not 1 <= len(self.unet_channels) <= 4 or any(c <= 0 or c % 16 for c in self.unet_channels):
             raise ValueError(f"--unet_channels {self.unet_channels}: give 1 to 4 positive multiples of 16 "
                              "(the U-Net's group norm has 16 groups; 4 blocks take the 8 x 8 grid to 1 x 1)")
-        if self.vae is not None and not (Path(self.vae) / "config.json").is_file():
-            raise ValueError(f"--vae {self.vae}: no config.json there; give the vae folder of a toy pipeline, e.g. "
-                             f"{PRETRAINED_DIR / 'pipeline' / 'vae'}")
+        if self.vae is not None:
+            example = f"give the vae folder of a toy pipeline, e.g. {PRETRAINED_DIR / 'pipeline' / 'vae'}"
+            if not (Path(self.vae) / "config.json").is_file():
+                raise ValueError(f"--vae {self.vae}: no config.json there; {example}")
+            model_config = read_json(Path(self.vae) / "config.json", "a model's config.json")
+            kind = model_config.get("_class_name") if isinstance(model_config, dict) else None
+            if kind != "AutoencoderKL":
+                raise ValueError(f"--vae {self.vae}: its config.json is of a {kind}, not a VAE (AutoencoderKL); {example}")
+        elif self.vae_steps == 0:
+            raise ValueError("--vae_steps 0 without --vae would keep an untrained VAE: give >= 1 steps, or --vae")
+        if not 0 <= self.seed < 2**31:  # numpy's generators take no negative seed
+            raise ValueError(f"--seed {self.seed}: must be in [0, {2**31 - 1}]")
         if self.num_threads < 1:
             raise ValueError(f"--num_threads {self.num_threads}: must be >= 1")
         if Path(self.output_dir).exists() and not Path(self.output_dir).is_dir():
