@@ -391,7 +391,6 @@ EXPECTED_ERRORS = (ValueError, FileNotFoundError, StoreError, LockError, Checksu
 LAZY_EXPECTED_ERRORS = ("rewards.base:RewardError", "gors.core.memory:DeviceMemoryError")
 
 
-
 # How long a failing process other than the main one waits before it reports: when the main process
 # meets the same error, it says it, exits, and the launcher stops this process before it would repeat it.
 # 3 s was too short on 2 busy cores (the launcher took longer to stop it); an error of this process
@@ -538,6 +537,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return
+    try:
+        _run(argv)
+        sys.stdout.flush()  # a reader that has gone is met here rather than at the interpreter's exit
+    except BrokenPipeError:  # `gors rewards | head`: the rest of the output is not wanted
+        _silence_stdout()
+        raise SystemExit(1) from None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at the null device: the interpreter's last flush at exit would fail on the closed pipe."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout without a file descriptor (io.UnsupportedOperation is a ValueError)
+        pass
+
+
+def _run(argv: list[str]) -> None:
+    """The command `argv` names, run on its parsed config."""
     name = " ".join(argv[:2]) if " ".join(argv[:2]) in COMMANDS else argv[0]  # two words: `gors toy pretrain`
     command = COMMANDS.get(name)
     with expected_errors(command.interrupted if command else INTERRUPTED):

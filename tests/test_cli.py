@@ -1,5 +1,6 @@
 """Config parsing (flags, YAML, recipe defaults), the gors command, the demo, and bad input."""
 
+import io
 import re
 import subprocess
 import sys
@@ -675,6 +676,24 @@ def test_an_interrupted_toy_pretraining_says_it_starts_over_and_bare_commands_sa
         main(["download"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith("error: gors download: give the command to download for\nusage: ")
+
+
+def test_a_reader_that_goes_away_ends_the_command_without_a_traceback(monkeypatch, capsys):
+    class ClosedPipe:  # stdout of `gors rewards | head` once head has exited
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self):
+            raise io.UnsupportedOperation("fileno")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rewards"])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == ""
 
 
 def test_under_a_multi_process_launch_sigterm_keeps_its_default(monkeypatch):
