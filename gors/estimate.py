@@ -82,6 +82,8 @@ class StageEstimate:
     speedup: float  # gors' speed over the official procedure, applied to the per-unit work (not the set-up)
 
 
+# The stages whose models `--torch_compile` compiles (scoring and selection compile nothing).
+COMPILING_STAGES = ("generate", "generate+score", "train")
 # A timings entry's seconds spent once per stage (gors.timings.StageTiming), not per unit of work.
 ONE_OFF_KEYS = ("setup_seconds", "warmup_seconds", "wrapup_seconds")
 
@@ -242,7 +244,8 @@ def calibration_warnings(stages: dict[str, dict[str, Any]]) -> list[str]:
     before its last step, and compiling (`--torch_compile`) in a stage whose first batch could not be told
     from the others (its compiling is then timed as work)."""
     warnings = [_training_warning(stages["train"])] if "train" in stages else []
-    compiled = sorted(stage for stage, entry in stages.items() if isinstance(entry.get("settings"), dict)
+    compiled = sorted(stage for stage, entry in stages.items() if stage in COMPILING_STAGES
+                      and isinstance(entry.get("settings"), dict)
                       and entry["settings"].get("torch_compile") not in (None, "no")
                       and entry.get("warmup_seconds") is None)
     if compiled:

@@ -44,7 +44,7 @@ from gors.checkpoints import (
 )
 from gors.config import RunConfig, TrainConfig, check_anchor_below
 from gors.core.backbones import check_trainable, detect_backbone, family_precision, half_precision_warning
-from gors.core.clock import units_done, work_starts
+from gors.core.clock import units_done, untimed, work_starts
 from gors.core.distributed import (
     SAME_SNAPSHOT_FIX,
     check_agreement,
@@ -741,10 +741,12 @@ class GORSTrainer:
             # Validation comes before the step's checkpoint (it leaves RNG and modes as they were): a run
             # killed while validating resumes before this step and validates it, not after it.
             if validating:
-                if config.validation_prompts and accelerator.is_main_process and self._tensorboard() is not None:
-                    self.log_validation(global_step)
-                if self.validation is not None:
-                    self.validate_on_benchmark(global_step)
+                self.check_finite(global_step)  # a diverged LoRA is neither validated nor kept as best/
+                with untimed():  # validation's images are no training steps in the stage's timing
+                    if config.validation_prompts and accelerator.is_main_process and self._tensorboard() is not None:
+                        self.log_validation(global_step)
+                    if self.validation is not None:
+                        self.validate_on_benchmark(global_step)
                 accelerator.wait_for_everyone()
             if checkpointing:
                 self.save_checkpoint(global_step)
@@ -932,9 +934,10 @@ class TrainingDiverged(ValueError):
 
     def __init__(self, what: str, config: TrainConfig | RunConfig) -> None:
         rates = " and --text_encoder_learning_rate" if config.train_text_encoder is not False else ""
-        super().__init__(f"training diverged: {what}; nothing of this step was saved. Lower --learning_rate{rates} "
-                         f"(now {config.learning_rate:g}) and rerun from a checkpoint before it "
-                         "(--resume_from_checkpoint) or in a new --output_dir")
+        super().__init__(f"training diverged: {what}; nothing of this step was saved. Rerun with a lower "
+                         f"--learning_rate{rates} (now {config.learning_rate:g}) and without --resume_from_checkpoint: "
+                         "the training starts over from step 0, the folder's checkpoints set aside (with --rounds "
+                         "after a finished round, in a new --output_dir)")
 
 
 class LossLog:

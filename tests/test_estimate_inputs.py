@@ -149,6 +149,10 @@ def test_old_timings_and_compiled_calibrations_are_warned_of():
     # With its first batch's warm-up timed, compiling is counted once: only the stage without one is warned of.
     compiled["train"] |= {"warmup_seconds": 30.0, "wrapup_seconds": 1.0}
     assert "the calibration's generate ran with --torch_compile" in calibration_warnings(compiled)[0]
+    # Scoring and selection compile nothing: their settings record the flag, but no warning is due for them.
+    compiled["generate"] |= {"warmup_seconds": 20.0, "wrapup_seconds": 1.0}
+    compiled |= {stage: _entry(stage, 10, 4, torch_compile="inductor") for stage in ("score", "select")}
+    assert calibration_warnings(compiled) == []
 
 
 def test_the_warnings_go_to_stderr_apart_from_the_table(tmp_path, capsys):

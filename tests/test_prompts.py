@@ -153,7 +153,7 @@ def test_offline_a_missing_or_corrupted_file_is_one_error_and_no_request(server:
     with pytest.raises(P.DownloadError) as err:
         P.fetch_t2i_compbench_file("color_val.txt")
     message = str(err.value)
-    assert str(cached) in message and "HF_HUB_OFFLINE=1 is set" in message and "gors download" in message
+    assert str(cached) in message and "HF_HUB_OFFLINE=1 is set" in message and "`gors download` with the same" in message
     assert "GORS_DATA_DIR" in message and "the path of a prompt file" in message
     assert server.requests == [] and _isolated == []  # no attempt, no waits
 
@@ -161,7 +161,7 @@ def test_offline_a_missing_or_corrupted_file_is_one_error_and_no_request(server:
     cached.write_bytes(payload)
     assert P.fetch_t2i_compbench_file("color_val.txt") == cached
     cached.write_bytes(payload[:-5])  # corrupted: not fetched again offline, and not used
-    with pytest.raises(P.ChecksumError, match="Delete it; HF_HUB_OFFLINE=1 is set: run `gors download`"):
+    with pytest.raises(P.ChecksumError, match="Delete it; HF_HUB_OFFLINE=1 is set: run the command once where there is internet"):
         P.fetch_t2i_compbench_file("color_val.txt")
     assert server.requests == []
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gors.core.clock import StageMarks, listening, units_done, work_starts
+import gors.timings
+from gors.core.clock import StageMarks, listening, units_done, untimed, work_starts
 from gors.core.distributed import reset_process_state
 from gors.estimate import (
     CPU_MEASURED_SPEEDUPS,
@@ -152,6 +153,9 @@ def test_a_stage_marks_its_batches_inside_a_timed_stage_only():
         work_starts()
         units_done(8)
         units_done(16)
+        with untimed():  # validation's images inside training: not the stage's batches
+            work_starts()
+            units_done(40)
     assert marks.work_start is not None and marks.first[1] == 8 and marks.last[1] == 16
     assert marks.work_start <= marks.first[0] <= marks.last[0]
 
@@ -286,12 +290,23 @@ def test_the_stage_table_stays_aligned_with_generate_and_score_and_shows_the_rat
     assert "0.00" not in idle and idle.split()[:5] == ["train", "1.5", "0.0", "0", "steps"]
 
 
-def test_a_rounds_calibration_records_its_validation_and_counts_the_last_steps_once(make_run_config):
+def test_a_rounds_calibration_records_its_validation_and_counts_the_last_steps_once(make_run_config, monkeypatch):
     # Validation every 100 steps never falls in a round's 2 steps, but a round validates at its last step: in the
     # wrap-up after it, counted once, not scaled per step.
+    # 3 validation prompts: their images' count (3) is no step count of a round (1, 2).
     config = make_run_config(rounds=2, max_train_steps=4, checkpointing_steps=100, validation_benchmark="toy:train",
-                             validation_num_prompts=2, validation_steps=100, report_to="none")
+                             validation_num_prompts=3, validation_steps=100, report_to="none")
+    marks = []  # each timed stage's (first, last) batch marks: generate, score, select, train per round
+
+    def recording(stage_marks, end):
+        marks.append((stage_marks.first, stage_marks.last))
+        return warmup_and_wrapup(stage_marks, end)
+
+    monkeypatch.setattr(gors.timings, "warmup_and_wrapup", recording)
     run(config)
+    # A round's training marks its 2 steps; its last step's validation (images generated and scored by the
+    # toy benchmark's own stages) marks nothing: it is wrap-up.
+    assert [(first[1], last[1]) for first, last in (marks[3], marks[7])] == [(1, 2), (1, 2)]
     stages = read_timings(Path(config.output_dir) / "round-001")["stages"]
     assert stages["train"]["work"] == 2 and stages["train"]["settings"]["validation_benchmark"] == "toy:train"
     assert stages["train"]["wrapup_seconds"] > 0

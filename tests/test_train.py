@@ -281,10 +281,12 @@ def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config,
 def test_a_training_that_diverges_stops_with_what_to_change_and_saves_nothing_of_it(selected_run, make_run_config,
                                                                                     tmp_path):
     run_dir = _copy_run(selected_run, tmp_path / "run")
-    # A learning rate of 1e30 makes the weights infinite at the first update, and the loss NaN from the second.
+    # A learning rate of 1e30 moves the weights to about 1e30 at the first update (finite: checkpoint-1 is saved),
+    # and the loss is NaN from the second.
     with pytest.raises(TrainingDiverged, match=r"training diverged: the loss of step 2 is nan; nothing of this step was "
-                                               r"saved\. Lower --learning_rate and --text_encoder_learning_rate \(now "
-                                               r"1e\+30\) and rerun from a checkpoint before it"):
+                                               r"saved\. Rerun with a lower --learning_rate and "
+                                               r"--text_encoder_learning_rate \(now 1e\+30\) and without "
+                                               r"--resume_from_checkpoint: the training starts over from step 0"):
         train(_config(make_run_config, run_dir, max_train_steps=4, checkpointing_steps=1, learning_rate=1e30,
                       report_to="none"))
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["checkpoint-1"]  # saved before the NaN loss read

@@ -6,7 +6,8 @@ warm-up (CUDA kernels loaded on first use, autotuning, `torch.compile`'s compili
 wrap-up after the last (the final checkpoint and LoRA). `gors estimate` scales the steady pace in
 between to a full run and counts the rest once, so the stages say when their set-up is over
 (`work_starts()`) and when each batch or step is done (`units_done()`); `gors.timings.timed_stage`
-listens through `listening()`. Outside a timed stage the calls do nothing. A stage whose work does
+listens through `listening()`. Outside a timed stage, and inside `untimed()` (validation's batches
+within training), the calls do nothing. A stage whose work does
 not simply go on from what its folder held (training that starts over, its old checkpoints set
 aside) also says where its work starts.
 """
@@ -68,5 +69,16 @@ def listening() -> Iterator[StageMarks]:
     token = _marks.set(marks)
     try:
         yield marks
+    finally:
+        _marks.reset(token)
+
+
+@contextmanager
+def untimed() -> Iterator[None]:
+    """A block whose batches are not the timed stage's work (validation inside training generates and
+    scores images): its `work_starts` and `units_done` calls are not recorded."""
+    token = _marks.set(None)
+    try:
+        yield
     finally:
         _marks.reset(token)

@@ -126,8 +126,9 @@ def fetch_pinned_file(source: PinnedSource, filename: str) -> Path:
     offline = offline_setting()
     if offline is not None:  # declared offline: a missing file is one line now, not four failed attempts
         cached = folder / filename
-        fetch = (f"{offline} is set: run `gors download` with the same command and flags on a machine with internet "
-                 f"that shares this cache, or set GORS_DATA_DIR to a folder holding {filename}"
+        fetch = (f"{offline} is set: run the command once where there is internet and this cache is shared (`gors "
+                 f"download` with the same command and flags fetches it for run, generate, score, train and "
+                 f"evaluate), or set GORS_DATA_DIR to a folder holding {filename}"
                  f"{'; ' + source.offline_hint if source.offline_hint else ''}")
         if not cached.is_file():
             raise DownloadError(f"{filename} of {source.repository} (commit {source.commit}) is not in the cache "
