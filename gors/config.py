@@ -240,8 +240,8 @@ class GenerationFields:
                f"--num_inference_steps={self.num_inference_steps}: must be >= 1")
         _check(self.generation_batch_size >= 1, f"--generation_batch_size={self.generation_batch_size}: must be >= 1")
         _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
-        _check(self.guidance_scale is None or self.guidance_scale >= 0,
-               f"--guidance_scale={self.guidance_scale}: must be >= 0 (1 or less turns guidance off)")
+        _check(self.guidance_scale is None or 0 <= self.guidance_scale < math.inf,
+               f"--guidance_scale={self.guidance_scale}: must be >= 0 and finite (1 or less turns guidance off)")
 
 
 @dataclass
@@ -518,6 +518,8 @@ class TrainingFields:
                f"--max_sequence_length={self.max_sequence_length}: must be >= 1")
         for name in ("learning_rate", "text_encoder_learning_rate"):
             _check(0 < getattr(self, name) < math.inf, f"--{name}={getattr(self, name)}: must be > 0 and finite, e.g. 1e-4")
+        for name in ("logit_mean", "logit_std", "mode_scale"):  # a NaN or infinite density draws no timestep
+            _check(math.isfinite(getattr(self, name)), f"--{name}={getattr(self, name)}: must be finite")
         self.check_optimizer()
         _check(0.0 <= self.caption_dropout < 1.0, f"--caption_dropout={self.caption_dropout}: use a value in [0, 1)")
         _check(self.anchor_below is None or self.anchor_below >= 0,
