@@ -26,6 +26,11 @@ import yaml
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 
 
+# Seeds lie in [0, SEED_LIMIT): training seeds numpy with seed + process index (`accelerate.utils.set_seed`),
+# which takes [0, 2^32); 2^31 leaves room for any number of processes.
+SEED_LIMIT = 2**31
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -164,9 +169,7 @@ class RunFolderFields:
 
     def _check_run_folder(self) -> None:
         _check(bool(self.output_dir.strip()), "--output_dir='': give the run folder, e.g. --output_dir gors_output")
-        # Training seeds numpy with seed + process index (`accelerate.utils.set_seed`), which takes [0, 2^32):
-        # [0, 2^31) leaves room for any number of processes.
-        _check(0 <= self.seed < 2**31, f"--seed={self.seed}: must be in [0, 2147483647]")
+        _check(0 <= self.seed < SEED_LIMIT, f"--seed={self.seed}: must be in [0, {SEED_LIMIT - 1}]")
         _check_mixed_precision(self.mixed_precision)
 
 

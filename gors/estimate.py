@@ -93,6 +93,11 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _one_off(entry: dict[str, Any]) -> dict[str, Any]:
+    """A timings entry's one-off seconds by key, 0 where absent or unknown (None)."""
+    return {key: entry.get(key) or 0.0 for key in ONE_OFF_KEYS}
+
+
 def _entry_problems(stage: str, entry: dict[str, Any]) -> list[str]:
     """What makes a timings entry unusable for the estimate, in words; [] when it is usable."""
     problems = [f"'{key}' is missing" for key in ("seconds", "work", "num_processes", "device") if key not in entry]
@@ -100,7 +105,7 @@ def _entry_problems(stage: str, entry: dict[str, Any]) -> list[str]:
     seconds_ok = _number(seconds) and seconds > 0
     if "seconds" in entry and not seconds_ok:
         problems.append(f"seconds={seconds!r} is not a number > 0")
-    one_off = {key: entry.get(key) or 0.0 for key in ONE_OFF_KEYS}
+    one_off = _one_off(entry)
     bad = [f"{key}={value!r} is not a number >= 0" for key, value in one_off.items() if not _number(value) or value < 0]
     problems += bad
     if not bad and seconds_ok and sum(one_off.values()) > seconds:
@@ -142,7 +147,7 @@ def gpu_seconds(entry: dict[str, Any], units: float, unit_scale: float = 1.0) ->
     if entry["work"] <= 0:
         raise ValueError(f"the {entry['stage']} timing did no work; rerun the calibration so that it does "
                          f"{entry['stage']} work (a stage it found already done is not timed)")
-    one_off = sum(entry.get(key) or 0.0 for key in ONE_OFF_KEYS)
+    one_off = sum(_one_off(entry).values())
     per_unit = (entry["seconds"] - one_off) / entry["work"]
     return one_off * entry["num_processes"], per_unit * unit_scale * units * entry["num_processes"]
 

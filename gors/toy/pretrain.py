@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from gors.config import SEED_LIMIT
 from gors.core.io import atomic_write_json, make_folder, publish_folder, read_json, recover_folder
 from gors.core.threads import torch_threads
 from gors.core.toy import PRETRAINED_DIR
@@ -113,8 +114,8 @@ class ToyPretrainConfig:
                 raise ValueError(f"--vae {self.vae}: its config.json is of a {kind}, not a VAE (AutoencoderKL); {example}")
         elif self.vae_steps == 0:
             raise ValueError("--vae_steps 0 without --vae would keep an untrained VAE: give >= 1 steps, or --vae")
-        if not 0 <= self.seed < 2**31:  # numpy's generators take no negative seed
-            raise ValueError(f"--seed {self.seed}: must be in [0, {2**31 - 1}]")
+        if not 0 <= self.seed < SEED_LIMIT:  # numpy's generators take no negative seed
+            raise ValueError(f"--seed {self.seed}: must be in [0, {SEED_LIMIT - 1}]")
         if self.num_threads < 1:
             raise ValueError(f"--num_threads {self.num_threads}: must be >= 1")
         if Path(self.output_dir).exists() and not Path(self.output_dir).is_dir():
