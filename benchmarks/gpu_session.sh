@@ -9,6 +9,7 @@
 #   benchmarks/gpu_session.sh run         # there (carry .whl): install them, measure what #13 still lacks
 #   benchmarks/gpu_session.sh run table   # there: the whole full-size speed table and cost model again
 #   benchmarks/gpu_session.sh run compiled  # there, a second command: the training step with --torch_compile inductor
+#   benchmarks/gpu_session.sh run extras    # there, if time remains: Soft-TIFA in float32, SD3/FLUX training memory
 #   benchmarks/gpu_session.sh run memory [FAMILIES]  # there: training memory (default sd, measured 2026-12-04)
 #   benchmarks/gpu_session.sh run generation:150 overlap:70   # there: these speed scripts, seconds each
 #
@@ -16,13 +17,15 @@
 # slow script does not cost the others. `run` measures what the first H200 run
 # (benchmarks/results/2026-12-04-h200) left open, in this order: the seconds-long checks of the
 # paths only a GPU exercises (gpu_checks.py); the training step at batch 2 again (since the first run,
-# gors' LoRA layers are fused and their weights cast at once: 40 % fewer operations dispatched on the
-# CPU) and with both LoRAs at batch 16 on one GPU (the official global batch of 2 x 8 GPUs) per sample
-# against the official loop at 2; the cost model
+# gors' LoRA layers are fused and their weights cast at once: 40 % fewer operations dispatched, though
+# on the CPU's host-bound stand-in no less host time) and with both LoRAs at batch 16 on one GPU (the
+# official global batch of 2 x 8 GPUs) per sample against the official loop at 2; the cost model
 # calibrated at that batch and priced with that ratio and the 2026-12-04 B-VQA and generation
-# ratios; Soft-TIFA's float32 agreement at full depth; SD3.5 Medium's and FLUX.1's training memory in
-# the setting of their targets. `run compiled` times the training step with `--torch_compile inductor`
-# (a second command: compiling takes minutes). `run table` runs what the first run did: the speed scripts at the real architecture
+# ratios; the step at batch 2 with both LoRAs compiled and replayed as CUDA graphs
+# (`--torch_compile inductor:reduce-overhead`), its first three losses checked against the official
+# loop's. `run extras`: Soft-TIFA's float32 agreement at full depth; SD3.5 Medium's and FLUX.1's
+# training memory in the setting of their targets. `run compiled` times the training step with
+# `--torch_compile inductor` (compiling takes minutes). `run table` runs what the first run did: the speed scripts at the real architecture
 # sizes (Soft-TIFA, B-VQA, training, generation), the cost model priced with the ratios just
 # measured, then overlapped scoring. Every script writes its table as it finishes; the logs and
 # tables land in ./gpu_out, or, on the device machine (which returns at most 8 files from $OUT),
@@ -74,6 +77,14 @@ run() {
             --torch_compile inductor --output "$out/train_step_compiled.md"
         return
     fi
+    if [ "${1:-}" = extras ]; then
+        measure soft_tifa_float32 100 python3 benchmarks/soft_tifa_one_pass.py --device cuda --full-size \
+            --dtype float32 --images 2 --repeats 2
+        # The memory targets of the large families, in the setting they are stated for.
+        measure train_memory_large 150 python3 benchmarks/train_memory.py --device cuda --families sd3,flux \
+            --checkpointing on --cached on
+        return
+    fi
     if [ "${1:-}" = memory ]; then
         measure train_memory 120 python3 benchmarks/train_memory.py --device cuda --families "${2:-sd}"
         return
@@ -85,7 +96,7 @@ run() {
         done
         return
     fi
-    # The scripts' limits add up to 530 s (590 for `table`, which can outrun a 600 s command if every script runs to
+    # The scripts' limits add up to 500 s (590 for `table`, which can outrun a 600 s command if every script runs to
     # its limit; the first H200 run, 2026-12-04, took 28, 17, 44 and 79 s for Soft-TIFA, B-VQA, training and
     # generation, 322 s in all).
     measure gpu_checks 30 python3 benchmarks/gpu_checks.py
@@ -112,11 +123,9 @@ run() {
                 --output "$out/cost_model_16.md" \
                 --speedups "$first/b_vqa_passes.json" "$first/generation.json" "$out/train_step_16.json"
         fi
-        measure soft_tifa_float32 100 python3 benchmarks/soft_tifa_one_pass.py --device cuda --full-size --dtype float32 \
-            --images 2 --repeats 2
-        # The memory targets of the large families, in the setting they are stated for.
-        measure train_memory_large 150 python3 benchmarks/train_memory.py --device cuda --families sd3,flux \
-            --checkpointing on --cached on
+        # GORS' batch of 2 without the host's launches: inductor's graphs replayed as CUDA graphs.
+        measure train_step_graphs 220 python3 benchmarks/train_step.py --device cuda --full-size --repeats 8 \
+            --torch_compile inductor:reduce-overhead --both_loras_only
     fi
     cat "$out"/*.md 2>/dev/null || true
 }
@@ -124,5 +133,5 @@ run() {
 case "${1:-}" in
     prepare) prepare ;;
     run) shift; run "$@" ;;
-    *) echo "usage: $0 prepare | run [table | compiled | memory [FAMILIES] | NAME:SECONDS ...]" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare | run [table | compiled | extras | memory [FAMILIES] | NAME:SECONDS ...]" >&2; exit 2 ;;
 esac

@@ -46,21 +46,29 @@ forward FLOPs, 1/115 of the VAE encoder's and 1/118 of the text encoder's (count
 `torch.utils.flop_counter` at batch 2: 1.61, 2.23 and 0.09 TFLOPs at full size), so the three keep
 their real shares of a step; only the fixed cost per op (Python, dispatch) weighs more than at full
 size. `--full-size`: SD-2-base's real U-Net (866 M parameters), text encoder (340 M) and VAE at
-512 px, random weights (a GPU). The agreement column is "-": this is a speed comparison; the first
-step of both, from the same seed and the same LoRA initialisation (copied from gors' to the
-reference's) and with layout-independent noise draws (`same_draws`), prints its two losses as a
-sanity check (`tests/test_train_reference.py` checks three steps within 1e-5).
+512 px, random weights (a GPU). `--host-bound`: SD-2-base's every layer, block and head at the least
+widths that keep them, at 64 px: the operations of a full-size step (the same count), each nearly
+free to compute, so that on the CPU a step times the host's work per operation (Python, dispatch,
+autograd), which is what a step at GORS' batch of 2 on a large GPU waits on (benchmarks/README.md
+compares its phases with the H200's). `--peft_layers`: gors with peft's own LoRA layers instead of
+its fused ones, to measure what those save. The agreement column: the first three steps of both
+(untimed; under `--torch_compile` they compile, and with CUDA graphs the third is the first
+replay), each from the same seed, the same LoRA initialisation (copied from gors' to the
+reference's) and layout-independent noise draws (`same_draws`), must give the same losses within
+float rounding (`LOSS_TOLERANCE`; `tests/test_train_reference.py` checks three steps within 1e-5).
 
     python benchmarks/train_step.py                         # CPU, reduced sizes, 2-4 minutes
     python benchmarks/train_step.py --repeats 3 --profile   # also profile a gors step with both LoRAs
-    python benchmarks/train_step.py --device cuda --full-size --repeats 10 [--torch_compile inductor]
+    python benchmarks/train_step.py --host-bound --mixed_precision bf16 [--peft_layers]  # the host's work per step
+    python benchmarks/train_step.py --device cuda --full-size --repeats 10 [--torch_compile inductor[:reduce-overhead]]
 
 `--gors_batch_size N` adds a third row: gors' step with both LoRAs at a per-process batch of N
 against the reference's at GORS' 2, as a ratio per sample (each pair's time ratio x N / 2). The
 official run trains a global batch of 16 as 2 per GPU on 8 GPUs; gors can train the same global
 batch on fewer GPUs at a larger batch each (the same updates: the loss is the mean over the global
 batch either way), which pays where a step at batch 2 leaves the GPU waiting for kernel launches.
-Its first-step loss is not compared (other batches); the batch-2 rows' are.
+Its losses are not compared (other batches); the batch-2 rows' are. `--both_loras_only` skips the
+U-Net-LoRA-only row.
 
 On a GPU both sides run in fp16 mixed precision by default, as GORS' `train.sh` launches its
 script (`accelerate launch --mixed_precision=fp16 --dynamo_backend=no`).
@@ -81,7 +89,7 @@ import time
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,10 +109,13 @@ from gors.sd2_architecture import SD2_BASE_TEXT_ENCODER_CONFIG, SD2_BASE_UNET_CO
 
 UNET_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]  # diffusers' script
 TEXT_ENCODER_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]  # GORS (and diffusers' SDXL LoRA script)
-# Relative difference allowed between the two loops' first-step losses: float rounding of the same
+# Relative difference allowed between the two loops' losses of the same steps: float rounding of the same
 # operations in other orders (tests/test_train_reference.py holds fp32 to 1e-5), and half precision's.
 LOSS_TOLERANCE = {"no": 1e-5, "fp16": 1e-2, "bf16": 5e-2}
 GORS_BATCH = 2  # per process, x 8 GPUs: the official train.sh
+# Steps of both loops compared before the timing: the third is the first that updated weights twice, and, under CUDA
+# graphs, the first replayed.
+AGREEMENT_STEPS = 3
 
 # ----- sizes --------------------------------------------------------------------------------------
 SD2_BASE_VAE_CONFIG = dict(SPECS["sd"].components["vae"].config)
@@ -123,6 +134,15 @@ REDUCED_TEXT_ENCODER_CONFIG = {**SD2_BASE_TEXT_ENCODER_CONFIG,
                                "intermediate_size": SD2_BASE_TEXT_ENCODER_CONFIG["intermediate_size"] // 4,
                                "num_hidden_layers": 3}
 REDUCED_VAE_CONFIG = {**SD2_BASE_VAE_CONFIG, "block_out_channels": _quarter(SD2_BASE_VAE_CONFIG["block_out_channels"])}
+# SD-2-base's every layer, block and head count with the least widths that keep them (head width 4 in the U-Net's
+# and text encoder's attentions, 1 channel per GroupNorm group in the U-Net), at 64 px: its operations are SD 2's own
+# (the same count per step as at full size), each nearly free to compute, so a step on the CPU times the host's
+# work per operation (Python, dispatch, autograd), what a step waits on where a GPU's kernels finish before the
+# next is launched.
+HOST_BOUND_UNET_CONFIG = {**SD2_BASE_UNET_CONFIG, "block_out_channels": [20, 40, 80, 80], "cross_attention_dim": 64,
+                          "norm_num_groups": 4, "sample_size": 8}
+HOST_BOUND_TEXT_ENCODER_CONFIG = {**SD2_BASE_TEXT_ENCODER_CONFIG, "hidden_size": 64, "intermediate_size": 64}
+HOST_BOUND_VAE_CONFIG = {**SD2_BASE_VAE_CONFIG, "block_out_channels": [32, 32, 32, 32]}
 
 # T2I-CompBench-style attribute-binding prompts (the selection's captions).
 PROMPTS = [
@@ -141,10 +161,13 @@ class Sizes:
     resolution: int
 
 
-def sizes_for(full_size: bool, resolution: int | None) -> Sizes:
+def sizes_for(full_size: bool, resolution: int | None, host_bound: bool = False) -> Sizes:
     if full_size:
         return Sizes("SD-2-base", SD2_BASE_UNET_CONFIG, SD2_BASE_TEXT_ENCODER_CONFIG, SD2_BASE_VAE_CONFIG,
                      resolution or 512)
+    if host_bound:
+        return Sizes("SD-2-base's layers and heads, least widths (host-bound)", HOST_BOUND_UNET_CONFIG,
+                     HOST_BOUND_TEXT_ENCODER_CONFIG, HOST_BOUND_VAE_CONFIG, resolution or 64)
     return Sizes("SD-2-base shape, widths / 4, text encoder 3 of 23 layers", REDUCED_UNET_CONFIG,
                  REDUCED_TEXT_ENCODER_CONFIG, REDUCED_VAE_CONFIG, resolution or 192)
 
@@ -544,6 +567,20 @@ def dispatched_ops(step: Callable[[], torch.Tensor], steps: int) -> float:
     return Counting.count / steps
 
 
+@contextmanager
+def peft_lora_layers() -> Iterator[None]:
+    """gors' LoRA set-up leaving peft's linear layers as peft makes them (`gors.lora` gives them the fused forward
+    of `gors.core.fused_lora` otherwise; `AdapterCast` then finds no layer to cast for)."""
+    import gors.lora
+
+    fuse = gors.lora.fuse_lora_forward
+    gors.lora.fuse_lora_forward = lambda module: 0
+    try:
+        yield
+    finally:
+        gors.lora.fuse_lora_forward = fuse
+
+
 def gors_trainer(model_dir: Path, run_dir: Path, accelerator, *, train_text_encoder: bool, resolution: int,
                  seed: int, mixed_precision: str, torch_compile: str = "no", train_batch_size: int = 2):
     from gors.train import GORSTrainer
@@ -641,6 +678,12 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed pairs of steps per row")
     parser.add_argument("--full-size", action="store_true", help="SD-2-base's real U-Net, text encoder and VAE")
+    parser.add_argument("--host-bound", action="store_true",
+                        help="SD-2-base's layers, blocks and heads at the least widths, 64 px: on the CPU, the host's "
+                             "work per step (what a launch-bound GPU step waits on)")
+    parser.add_argument("--peft_layers", action="store_true",
+                        help="gors with peft's own LoRA linear layers instead of its fused ones (gors.core.fused_lora), "
+                             "to measure what the fused layers save")
     parser.add_argument("--resolution", type=int, default=None, help="image side; default 192 (reduced) / 512 (full)")
     parser.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None,
                         help="both sides; default fp16 on a GPU (GORS' train.sh: accelerate launch "
@@ -655,6 +698,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                         help=f"above {GORS_BATCH}: a third row, gors' step with both LoRAs at this per-process batch "
                              f"against the reference's at GORS' {GORS_BATCH}, per sample (the same global batch on "
                              "fewer GPUs); it prices `cost_model.py --train_batch_size` of the same size")
+    parser.add_argument("--both_loras_only", action="store_true",
+                        help="skip the U-Net-LoRA-only row (a compiling run then compiles half as much)")
     parser.add_argument("--profile", action="store_true",
                         help="also break a gors step with both LoRAs down by phase and print torch.profiler's top ops")
     parser.add_argument("--profile_steps", type=int, default=5, help="steps of each loop in the breakdown")
@@ -667,7 +712,9 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
 
     logging.getLogger("diffusers.models.modeling_utils").addFilter(_QuietCast())
 
-    sizes = sizes_for(args.full_size, args.resolution)
+    if args.full_size and args.host_bound:
+        parser.error("--full-size and --host-bound are two sizes: pass one")
+    sizes = sizes_for(args.full_size, args.resolution, args.host_bound)
     results = []
     with tempfile.TemporaryDirectory(prefix="train_step_") as tmp:
         root = Path(tmp)
@@ -680,6 +727,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
         base = build_models(sizes, device, args.seed)
         compiled = "" if args.torch_compile == "no" else \
             f", gors' U-Net and trained text encoder compiled ({args.torch_compile})"
+        compiled += ", gors with peft's LoRA layers" if args.peft_layers else ""
 
         def size_text(batch: str) -> str:
             return (f"{sizes.label}: U-Net {millions(base['unet'])}, text encoder {millions(base['text_encoder'])}, "
@@ -688,7 +736,7 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
 
         reset_process_state()
         accelerator = make_accelerator(mixed_precision=args.mixed_precision)
-        settings = [(False, GORS_BATCH), (True, GORS_BATCH)]
+        settings = [(True, GORS_BATCH)] if args.both_loras_only else [(False, GORS_BATCH), (True, GORS_BATCH)]
         if args.gors_batch_size != GORS_BATCH:
             settings.append((True, args.gors_batch_size))
         for train_text_encoder, gors_batch in settings:
@@ -699,7 +747,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
             trainer = gors_trainer(model_dir, run_dir, accelerator, train_text_encoder=train_text_encoder,
                                    resolution=sizes.resolution, seed=args.seed, mixed_precision=args.mixed_precision,
                                    torch_compile=args.torch_compile, train_batch_size=gors_batch)
-            ours = GorsLoop(trainer, base)
+            with peft_lora_layers() if args.peft_layers else nullcontext():
+                ours = GorsLoop(trainer, base)
             log(f"[train_step] {label}: gors' one-off caching (latents"
                 f"{'' if train_text_encoder else ' and text embeddings'}, {len(rows)} images): {ours.cache_seconds:.2f} s")
             from diffusers import DDPMScheduler
@@ -710,23 +759,28 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                 pairs_in_order(len(rows)) if per_sample else trainer.schedule.indices, accelerator,
                 train_text_encoder=train_text_encoder, resolution=sizes.resolution)
             copy_adapters(ours.trained_modules(), reference.trained_modules())
-            with same_draws():  # the first step of each (also the warm-up: AdamW's state is made here)
-                torch.manual_seed(args.seed)
-                reference_loss = reference.step().item()
-                torch.manual_seed(args.seed)
-                gors_loss = ours.step().item()
-            if per_sample:  # other batches, so other losses: the batch-2 rows above compared the same step
+            # The first steps of each, untimed (also the warm-up: AdamW's state is made, graphs are compiled, and
+            # CUDA graphs warmed up, recorded and, at the third, replayed), each from the same seed and draws.
+            compared = 1 if per_sample else AGREEMENT_STEPS
+            differences = []
+            with same_draws():
+                for step in range(compared):
+                    torch.manual_seed(args.seed + step)
+                    reference_loss = reference.step().item()
+                    torch.manual_seed(args.seed + step)
+                    gors_loss = ours.step().item()
+                    log(f"[train_step] {label}: step {step + 1} from seed {args.seed + step}, same LoRA init and "
+                        f"draws: reference loss {reference_loss:.7f}, gors loss {gors_loss:.7f}")
+                    differences.append(abs(reference_loss - gors_loss) / max(abs(reference_loss), 1e-12))
+            if per_sample:  # other batches, so other losses: the batch-2 rows above compared the same steps
                 agreement = f"not compared (batch {gors_batch} against 2; the batch-2 rows' first steps agree)"
             else:
-                log(f"[train_step] {label}: first step from seed {args.seed}, same LoRA init and draws: reference "
-                    f"loss {reference_loss:.7f}, gors loss {gors_loss:.7f}")
-                # The same first step of the same models on the same batch: the losses agree to float rounding.
-                difference = abs(reference_loss - gors_loss) / max(abs(reference_loss), 1e-12)
-                if difference > LOSS_TOLERANCE[args.mixed_precision]:
-                    raise SystemExit(f"[train_step] {label}: the first-step losses differ by {difference:.1e} "
-                                     f"(relative), more than {LOSS_TOLERANCE[args.mixed_precision]:g}: the two loops "
-                                     "do not train alike")
-                agreement = f"first-step loss {difference:.0e}"
+                # The same steps of the same models on the same batches: the losses agree to float rounding.
+                if max(differences) > LOSS_TOLERANCE[args.mixed_precision]:
+                    raise SystemExit(f"[train_step] {label}: the losses of the first {compared} steps differ by up to "
+                                     f"{max(differences):.1e} (relative), more than "
+                                     f"{LOSS_TOLERANCE[args.mixed_precision]:g}: the two loops do not train alike")
+                agreement = f"losses of the first {compared} steps {max(differences):.0e}"
             seconds = {"reference": [], "gors": []}
 
             def clocked(name: str, step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:

@@ -23,6 +23,8 @@ from typing import IO, Any
 
 import yaml
 
+from gors.core.compiling import torch_compile_error
+
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 
 
@@ -52,13 +54,8 @@ def _check_mixed_precision(value: str | None) -> None:
 
 
 def _check_torch_compile(value: str) -> None:
-    if value != "no":
-        from torch._dynamo import list_backends
-
-        backends = list_backends(exclude_tags=())
-        shown = [name for name in backends if not name.endswith("_TESTING_ONLY")]  # torch's own test doubles
-        _check(value in backends,
-               f"--torch_compile={value!r} is not a torch.compile backend; use 'no' or one of {', '.join(shown)}")
+    error = torch_compile_error(value)
+    _check(error is None, error or "")
 
 
 def check_anchor_below(anchor_below: int, timestep_range: list[int] | None, num_train_timesteps: int | None) -> None:
@@ -196,7 +193,9 @@ class ModelFields:
         metadata={"help": "torch.compile backend for the denoiser in generation and training (and the text encoders "
                           "that run every training step): 'no' (as the official "
                           "scripts) or 'inductor', which pays on GPUs over long runs (compiling takes minutes; samples "
-                          "and losses match the plain path up to float rounding). 'aot_eager' and 'eager' debug it."},
+                          "and losses match the plain path up to float rounding). 'inductor:reduce-overhead' also "
+                          "replays the compiled graphs as CUDA graphs, for small batches whose steps wait on kernel "
+                          "launches (more memory; not yet measured on a GPU). 'aot_eager' and 'eager' debug it."},
     )
 
     def _check_model(self) -> None:
@@ -755,8 +754,8 @@ class EvaluateConfig:
                                         "for the others)."})
     scorer_batch_size: int = field(default=16, metadata={"help": "Images per scorer call on each process."})
     torch_compile: str = field(
-        default="no", metadata={"help": "torch.compile backend for the denoiser that generates: 'no' or 'inductor' "
-                                        "(see `gors generate --help`)."})
+        default="no", metadata={"help": "torch.compile backend for the denoiser that generates: 'no', 'inductor' or "
+                                        "'inductor:MODE' (see `gors generate --help`)."})
     columns: str = field(
         default="default",
         metadata={"help": "Further metric columns: 'default' (each benchmark's own, e.g. T2I-CompBench's B-CLIP and "

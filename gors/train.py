@@ -45,6 +45,7 @@ from gors.checkpoints import (
 from gors.config import RunConfig, TrainConfig, check_anchor_below
 from gors.core.backbones import check_trainable, detect_backbone, family_precision, half_precision_warning
 from gors.core.clock import units_done, untimed, work_starts
+from gors.core.compiling import compile_module, uses_cuda_graphs
 from gors.core.distributed import (
     SAME_SNAPSHOT_FIX,
     check_agreement,
@@ -56,7 +57,7 @@ from gors.core.distributed import (
 from gors.core.fused_lora import AdapterCast
 from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
 from gors.core.memory import MORE_MEMORY, BatchLimit, in_batches_that_fit, out_of_memory_advice
-from gors.core.pipeline import compile_module, cpu_generators
+from gors.core.pipeline import cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore, StoreError, same_value
 from gors.core.transfer import HostValue, to_device
@@ -315,9 +316,12 @@ class GORSTrainer:
         for module in self.trained_modules().values():
             for param in lora_parameters(module):
                 param.data = param.data.float()  # adapters train in fp32 under mixed precision
-        # Under autocast, a pass casts all the adapters' weights at once (`_micro_batch_loss`).
+        # Under autocast, a pass casts all the adapters' weights at once (`_micro_batch_loss`). Not for models that
+        # replay as CUDA graphs: the cast weights would be fresh inputs, copied into the graphs' buffers one by one at
+        # every call, where autocast's own casts run inside the graphs.
         self.adapter_cast = (AdapterCast(list(self.trained_modules().values()), self.weight_dtype)
-                             if self.weight_dtype != torch.float32 and accelerator.native_amp else None)
+                             if self.weight_dtype != torch.float32 and accelerator.native_amp
+                             and not uses_cuda_graphs(config.torch_compile) else None)
         if config.gradient_checkpointing:
             self.denoiser.enable_gradient_checkpointing()
             for encoder in trained:

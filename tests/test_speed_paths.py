@@ -9,6 +9,7 @@ CPU): so each test also shows that the denoiser really ran compiled.
 
 from __future__ import annotations
 
+import copy
 import shutil
 
 import numpy as np
@@ -17,6 +18,8 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from gors.config import EvaluateConfig
+from gors.core.compiling import compile_module, uses_cuda_graphs
 from gors.core.distributed import reset_process_state
 from gors.generate import generate
 from gors.train import GORSTrainer, train
@@ -141,6 +144,74 @@ def test_evaluate_hands_the_compile_backend_to_the_pipeline_it_loads(tiny_sd, co
     with pytest.raises(ValueError, match="not a torch.compile backend"):
         EvaluateConfig(torch_compile="inductr")
 
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("inductor:fast", r"'fast' is not an inductor mode; use one of .*reduce-overhead"),
+    ("eager:reduce-overhead", r"only inductor takes a mode; use 'eager' alone, or inductor:MODE"),
+    ("inductor:", r"only inductor takes a mode; use 'inductor' alone"),
+])
+def test_a_compile_mode_is_one_of_inductor_s(value, message, make_run_config, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        make_run_config(output_dir=str(tmp_path / "run"), torch_compile=value)
+    with pytest.raises(ValueError, match=message):
+        EvaluateConfig(torch_compile=value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_compile_module_compiles_with_inductor_s_mode(monkeypatch):
+    """A real inductor compile (of a tiny module: seconds) in a CUDA-graph mode, which on a CPU compiles
+    without the graphs; the mode reaches inductor, whose CUDA graphs only a GPU exercises (gpu_session.sh)."""
+    modes = []
+    wrapper = torch._TorchCompileInductorWrapper.__init__
+    monkeypatch.setattr(torch._TorchCompileInductorWrapper, "__init__",
+                        lambda self, mode, *args: (modes.append(mode), wrapper(self, mode, *args))[1])
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    compiled = copy.deepcopy(plain)
+    compile_module(compiled, "inductor:reduce-overhead")
+    assert modes == ["reduce-overhead"] and compiled._compiled_call_impl is not None
+    x = torch.randn(3, 8)
+    for model in (plain, compiled):
+        model(x).square().sum().backward()
+    for (name, a), b in zip(plain.named_parameters(), compiled.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-5), name
+    assert torch.allclose(plain(x), compiled(x), atol=1e-6)
+
+
+def test_modules_compile_for_their_own_shapes():
+    """Two modules compiled alike share the code dynamo caches by: the second's first call must not be taken
+    for a change of shape and compiled for any shape (inductor's bf16 graphs on the CPU failed on it)."""
+    from torch._dynamo import register_backend
+    from torch._dynamo.backends.registry import lookup_backend
+
+    symbolic = []
+
+    def recording(graph_module, example_inputs):
+        symbolic.append([type(value).__name__ for value in example_inputs if not isinstance(value, torch.Tensor)])
+        return lookup_backend("eager")(graph_module, example_inputs)
+
+    register_backend(recording, name="gors_test_recording_eager")
+    first, second = torch.nn.Linear(8, 4), torch.nn.Sequential(torch.nn.Linear(6, 3), torch.nn.ReLU())
+    for module in (first, second):
+        compile_module(module, "gors_test_recording_eager")
+    first(torch.randn(2, 8))
+    second(torch.randn(5, 6))
+    first(torch.randn(3, 8))  # another batch: compiled again, for that shape
+    assert symbolic == [[], [], []]
+
+
+@pytest.mark.parametrize(("value", "casts_at_once"), [("inductor", True), ("inductor:reduce-overhead", False),
+                                                      ("inductor:max-autotune", False), ("cudagraphs", False)])
+def test_models_replayed_as_cuda_graphs_cast_their_adapters_inside(value, casts_at_once, selected_run,
+                                                                   make_run_config, tmp_path):
+    # AdapterCast's cast weights would be fresh inputs of every replay, each copied into the graph's buffer.
+    assert uses_cuda_graphs(value) is not casts_at_once
+    trainer = GORSTrainer(make_run_config(output_dir=str(_copy_selected(selected_run, tmp_path / "run")),
+                                          torch_compile=value, mixed_precision="bf16", report_to="none"))
+    trainer._setup_models()
+    assert (trainer.adapter_cast is not None) is casts_at_once
+    assert trainer.denoiser._compiled_call_impl is not None  # compiled (lazily: nothing ran here)
 
 
 def _counting_casts(monkeypatch) -> list[bool]:

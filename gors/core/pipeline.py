@@ -19,6 +19,7 @@ from gors.core.backbones import (
     detect_backbone,
     half_precision_warning,
 )
+from gors.core.compiling import NO_COMPILE, compile_module
 from gors.core.fused_lora import fuse_lora_forward
 from gors.core.hub import from_pretrained
 from gors.core.lora_shapes import check_lora_shapes
@@ -47,7 +48,7 @@ def load_pipeline(
     revision: str | None = None,
     lora: str | None = None,
     backbone: Backbone | None = None,
-    torch_compile: str = "no",
+    torch_compile: str = NO_COMPILE,
     lora_dropout: float = 0.0,
 ) -> DiffusionPipeline:
     """The checkpoint's diffusers pipeline, with its family's sampler (`gors.core.backbones`).
@@ -57,7 +58,7 @@ def load_pipeline(
     samples; other families keep the checkpoint's own scheduler. `lora`: a folder with a
     diffusers-format LoRA (e.g. a gors run folder) loaded on top. `backbone`: the family when it
     is already known (it is read from `model_index.json` otherwise). `torch_compile`: a
-    `torch.compile` backend for the denoiser (`compile_module`), "no" for none. `lora_dropout`: sample
+    `torch.compile` backend for the denoiser, with inductor's mode after a colon (`compile_module`), "no" for none. `lora_dropout`: sample
     with dropout on the LoRA's output (`LoraOutputDropout`; the pipeline returned then reseeds it per call).
     """
     import diffusers
@@ -79,7 +80,7 @@ def load_pipeline(
         load_lora(pipeline, lora)
     pipeline.set_progress_bar_config(disable=True)
     pipeline = pipeline.to(device)
-    if torch_compile != "no":
+    if torch_compile != NO_COMPILE:
         denoiser = getattr(pipeline, "unet", None) or getattr(pipeline, "transformer", None)
         if denoiser is None:
             raise ValueError(f"--torch_compile={torch_compile!r}: a {backbone.pipeline_class} has no unet or "
@@ -234,17 +235,6 @@ def lora_sha256(lora: str | None) -> str | None:
             for chunk in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()
-
-
-def compile_module(module: torch.nn.Module, backend: str) -> None:
-    """`torch.compile` the module in place with `backend` ("no": leave it as it is).
-
-    In place (`nn.Module.compile`), not wrapped: its class, state-dict keys and LoRA file names stay
-    the same, so saving adapters, DDP and pipelines see the module they know. Call it after the
-    adapters are added: the graph is traced on the first call.
-    """
-    if backend != "no":
-        module.compile(backend=backend)
 
 
 def pipeline_settings(

@@ -1,0 +1,76 @@
+"""`--torch_compile`: a `torch.compile` backend, and for inductor a mode, as one value ("BACKEND[:MODE]").
+
+"no" leaves the models as they are; "inductor" compiles with inductor's default mode;
+"inductor:reduce-overhead" (or "inductor:max-autotune") also replays each compiled graph as a CUDA
+graph, so that a step at a small batch no longer waits on the host launching its kernels one by one
+(benchmarks/README.md: GORS' batch of 2 per GPU leaves an H200 waiting). Other backends take no mode.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where a value is checked or used: the configs that check it parse without it
+    import torch
+
+NO_COMPILE = "no"
+
+
+def parse_torch_compile(value: str) -> tuple[str, str | None]:
+    """("inductor", "reduce-overhead") for "inductor:reduce-overhead"; (backend, None) without a mode."""
+    backend, _, mode = value.partition(":")
+    return backend, mode or None
+
+
+def torch_compile_error(value: str) -> str | None:
+    """What is wrong with a `--torch_compile` value, as a message that names the fix; None if it is usable."""
+    if value == NO_COMPILE:
+        return None
+    from torch._dynamo import list_backends
+    from torch._inductor import list_mode_options
+
+    backend, mode = parse_torch_compile(value)
+    backends = list_backends(exclude_tags=())
+    if backend not in backends:
+        shown = [name for name in backends if not name.endswith("_TESTING_ONLY")]  # torch's own test doubles
+        return (f"--torch_compile={value!r} is not a torch.compile backend; use 'no' or one of {', '.join(shown)}, "
+                "and for inductor a mode after a colon, e.g. inductor:reduce-overhead")
+    modes = [name for name in list_mode_options() if name != "default"]
+    if value.endswith(":") or (mode is not None and backend != "inductor"):
+        return (f"--torch_compile={value!r}: only inductor takes a mode; use {backend!r} alone, or "
+                f"inductor:MODE with MODE one of {', '.join(modes)}")
+    if mode is not None and mode not in modes:
+        return f"--torch_compile={value!r}: {mode!r} is not an inductor mode; use one of {', '.join(modes)}"
+    return None
+
+
+def uses_cuda_graphs(value: str) -> bool:
+    """Whether models compiled with this `--torch_compile` value replay as CUDA graphs on a GPU: their inputs
+    are then copied into the graphs' own buffers at every call (parameters and buffers stay where they are)."""
+    if value == NO_COMPILE:
+        return False
+    backend, mode = parse_torch_compile(value)
+    if backend == "cudagraphs":
+        return True
+    if backend != "inductor" or mode is None:
+        return False
+    from torch._inductor import list_mode_options
+
+    return bool(list_mode_options(mode).get("triton.cudagraphs", False))
+
+
+def compile_module(module: torch.nn.Module, value: str) -> None:
+    """`torch.compile` the module in place as `value` says ("BACKEND[:MODE]"; "no": leave it as it is).
+
+    In place (`nn.Module.compile`), not wrapped: its class, state-dict keys and LoRA file names stay
+    the same, so saving adapters, DDP and pipelines see the module they know. Call it after the
+    adapters are added: the graph is traced on the first call.
+
+    For static shapes: a batch of another size (a run's last, shorter one) compiles once more. The
+    modules compiled so share the code dynamo caches by (`Module._call_impl`, accelerate's autocast
+    wrapper), so with dynamic shapes allowed a second module's first call would look like a change of
+    shape and be compiled for any shape: slower kernels, and inductor's bf16 graphs on the CPU fail on it.
+    """
+    if value != NO_COMPILE:
+        backend, mode = parse_torch_compile(value)
+        module.compile(backend=backend, mode=mode, dynamic=False)
