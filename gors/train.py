@@ -118,6 +118,15 @@ def resolve_accumulation(config: TrainConfig | RunConfig, num_processes: int) ->
     if config.global_batch_size is not None:
         config.gradient_accumulation_steps = accumulation_steps(config.global_batch_size, config.train_batch_size,
                                                                 num_processes, config.gradient_accumulation_steps)
+    accumulation = config.gradient_accumulation_steps
+    if accumulation > 1 and uses_cuda_graphs(config.torch_compile):
+        # The replayed backward hands its gradients out of the graph's own memory, which the next micro-batch's
+        # replay overwrites: torch refuses to accumulate into them.
+        per_update = config.train_batch_size * accumulation
+        raise ValueError(f"--torch_compile={config.torch_compile} replays the backward as a CUDA graph, which cannot "
+                         f"accumulate {accumulation} micro-batches per update: train the update's {per_update} samples "
+                         f"per process as one batch (--train_batch_size {per_update}, with --global_batch_size "
+                         "unchanged) or on more processes, or compile without CUDA graphs (--torch_compile inductor)")
 
 
 def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:

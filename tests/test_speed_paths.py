@@ -214,6 +214,17 @@ def test_models_replayed_as_cuda_graphs_cast_their_adapters_inside(value, casts_
     assert trainer.denoiser._compiled_call_impl is not None  # compiled (lazily: nothing ran here)
 
 
+@pytest.mark.parametrize("flags", [{"gradient_accumulation_steps": 4}, {"global_batch_size": 8}])
+def test_cuda_graphs_refuse_to_accumulate_micro_batches(flags, selected_run, make_run_config, tmp_path):
+    config = make_run_config(output_dir=str(_copy_selected(selected_run, tmp_path / "run")), train_batch_size=2,
+                             torch_compile="inductor:reduce-overhead", report_to="none", **flags)
+    with pytest.raises(ValueError, match=r"cannot accumulate 4 micro-batches per update: train the update's 8 "
+                                         r"samples per process as one batch \(--train_batch_size 8"):
+        GORSTrainer(config)
+    config.train_batch_size, config.gradient_accumulation_steps = 8, 1
+    assert GORSTrainer(config).config.gradient_accumulation_steps == 1
+
+
 def _counting_casts(monkeypatch) -> list[bool]:
     """Whether each LoRA layer's forward cast its input to the adapters' dtype, in call order."""
     import peft.tuners.lora.layer
