@@ -201,6 +201,29 @@ def test_modules_compile_for_their_own_shapes():
     assert symbolic == [[], [], []]
 
 
+def test_many_compiled_modules_stay_compiled():
+    """The models a run compiles share the functions dynamo caches graphs by (a model class's forward, or
+    accelerate's autocast wrapper of every model's): a three-round run made more graphs than torch's limit
+    of 8 per function, and dynamo ran the rest uncompiled."""
+    import torch._dynamo
+    from torch._dynamo import register_backend
+    from torch._dynamo.backends.registry import lookup_backend
+
+    graphs = []
+
+    def recording(graph_module, example_inputs):
+        graphs.append(len(graph_module.graph.nodes))
+        return lookup_backend("eager")(graph_module, example_inputs)
+
+    register_backend(recording, name="gors_test_recording_many")
+    with torch._dynamo.config.patch(recompile_limit=8):  # torch's default, whatever an earlier test set
+        for width in range(1, 13):  # one code object (Linear.forward), twelve graphs
+            module = torch.nn.Linear(width, 2)
+            compile_module(module, "gors_test_recording_many")
+            module(torch.randn(1, width))
+    assert len(graphs) == 12
+
+
 @pytest.mark.parametrize(("value", "casts_at_once"), [("inductor", True), ("inductor:reduce-overhead", False),
                                                       ("inductor:max-autotune", False), ("cudagraphs", False)])
 def test_models_replayed_as_cuda_graphs_cast_their_adapters_inside(value, casts_at_once, selected_run,

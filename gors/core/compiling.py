@@ -14,6 +14,11 @@ if TYPE_CHECKING:  # torch is imported where a value is checked or used: the con
     import torch
 
 NO_COMPILE = "no"
+# Graphs dynamo keeps per function before it runs that function uncompiled (torch's default: 8). The modules gors
+# compiles share the functions it caches by (under mixed precision accelerate's autocast wrapper of every model's
+# forward; otherwise each model class's forward), and a run compiles the U-Net and the text encoder for training,
+# validation and generation, with and without a LoRA, each round of `--rounds` anew: a three-round run reached 8.
+RECOMPILE_LIMIT = 64
 
 
 def parse_torch_compile(value: str) -> tuple[str, str | None]:
@@ -70,7 +75,11 @@ def compile_module(module: torch.nn.Module, value: str) -> None:
     modules compiled so share the code dynamo caches by (`Module._call_impl`, accelerate's autocast
     wrapper), so with dynamic shapes allowed a second module's first call would look like a change of
     shape and be compiled for any shape: slower kernels, and inductor's bf16 graphs on the CPU fail on it.
+    Dynamo's limit of graphs per function is raised to `RECOMPILE_LIMIT` (a process-wide setting).
     """
     if value != NO_COMPILE:
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         backend, mode = parse_torch_compile(value)
         module.compile(backend=backend, mode=mode, dynamic=False)
