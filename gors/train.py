@@ -45,7 +45,7 @@ from gors.checkpoints import (
 from gors.config import RunConfig, TrainConfig, check_anchor_below
 from gors.core.backbones import check_trainable, detect_backbone, family_precision, half_precision_warning
 from gors.core.clock import units_done, untimed, work_starts
-from gors.core.compiling import compile_module, uses_cuda_graphs
+from gors.core.compiling import compile_module, uses_cuda_graphs, without_cuda_graphs
 from gors.core.distributed import (
     SAME_SNAPSHOT_FIX,
     check_agreement,
@@ -121,11 +121,12 @@ def resolve_accumulation(config: TrainConfig | RunConfig, num_processes: int) ->
     accumulation = config.gradient_accumulation_steps
     if accumulation > 1 and uses_cuda_graphs(config.torch_compile):
         # The replayed backward hands its gradients out of the graph's own memory, which the next micro-batch's
-        # replay overwrites: torch refuses to accumulate into them.
+        # replay overwrites (torch raises on the accumulation). Stable gradient buffers made before the graphs would
+        # allow it, but would also give weights no layer used a zero gradient that AdamW then steps, unlike eager.
         per_update = config.train_batch_size * accumulation
-        raise ValueError(f"--torch_compile={config.torch_compile} replays the backward as a CUDA graph, which cannot "
-                         f"accumulate {accumulation} micro-batches per update: train the update's {per_update} samples "
-                         f"per process as one batch (--train_batch_size {per_update}, with --global_batch_size "
+        raise ValueError(f"--torch_compile={config.torch_compile} replays the backward as a CUDA graph, and gors does "
+                         f"not accumulate {accumulation} micro-batches per update into its gradients: train the "
+                         f"update's {per_update} samples per process as one batch (--train_batch_size {per_update}, with --global_batch_size "
                          "unchanged) or on more processes, or compile without CUDA graphs (--torch_compile inductor)")
 
 
@@ -326,8 +327,8 @@ class GORSTrainer:
             for param in lora_parameters(module):
                 param.data = param.data.float()  # adapters train in fp32 under mixed precision
         # Under autocast, a pass casts all the adapters' weights at once (`_micro_batch_loss`). Not for models that
-        # replay as CUDA graphs: the cast weights would be fresh inputs, copied into the graphs' buffers one by one at
-        # every call, where autocast's own casts run inside the graphs.
+        # replay as CUDA graphs: the cast weights would be fresh inputs, copied into the graph's buffers at every
+        # replay, where autocast's own casts run inside the graph.
         self.adapter_cast = (AdapterCast(list(self.trained_modules().values()), self.weight_dtype)
                              if self.weight_dtype != torch.float32 and accelerator.native_amp
                              and not uses_cuda_graphs(config.torch_compile) else None)
@@ -336,9 +337,13 @@ class GORSTrainer:
             for encoder in trained:
                 self.text_encoders[encoder.component].activation_checkpointing_enable()
         # The text encoders that run every step too: at GORS' batch of 2 a step on a large GPU waits on kernel
-        # launches (benchmarks/README.md), and the trained encoder's forward and backward are a fifth of them.
-        for module in (self.denoiser, *self.text_encoders.values()):
-            compile_module(module, config.torch_compile)
+        # launches (benchmarks/README.md), and the trained encoder's forward and backward are a fifth of them. Without
+        # CUDA graphs, though: a graph's outputs live in its memory until the next compiled call starts anew, and an
+        # encoder's outputs are read after other compiled calls (SDXL's first encoder's while the second runs, a
+        # frozen encoder's by the U-Net, validation's prompt embeddings).
+        compile_module(self.denoiser, config.torch_compile)
+        for module in self.text_encoders.values():
+            compile_module(module, without_cuda_graphs(config.torch_compile))
 
     def _load_frozen(self, component: str) -> torch.nn.Module:
         """A component's base weights: frozen, in the mixed-precision dtype, on this process's device.

@@ -19,7 +19,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from gors.config import EvaluateConfig
-from gors.core.compiling import compile_module, uses_cuda_graphs
+from gors.core.compiling import compile_module, uses_cuda_graphs, without_cuda_graphs
 from gors.core.distributed import reset_process_state
 from gors.generate import generate
 from gors.train import GORSTrainer, train
@@ -149,7 +149,7 @@ def test_evaluate_hands_the_compile_backend_to_the_pipeline_it_loads(tiny_sd, co
 @pytest.mark.parametrize(("value", "message"), [
     ("inductor:fast", r"'fast' is not an inductor mode; use one of .*reduce-overhead"),
     ("eager:reduce-overhead", r"only inductor takes a mode; use 'eager' alone, or inductor:MODE"),
-    ("inductor:", r"only inductor takes a mode; use 'inductor' alone"),
+    ("inductor:", r"no mode after the colon; use 'inductor' alone, or inductor:MODE"),
 ])
 def test_a_compile_mode_is_one_of_inductor_s(value, message, make_run_config, tmp_path):
     with pytest.raises(ValueError, match=message):
@@ -224,16 +224,25 @@ def test_many_compiled_modules_stay_compiled():
     assert len(graphs) == 12
 
 
-@pytest.mark.parametrize(("value", "casts_at_once"), [("inductor", True), ("inductor:reduce-overhead", False),
-                                                      ("inductor:max-autotune", False), ("cudagraphs", False)])
-def test_models_replayed_as_cuda_graphs_cast_their_adapters_inside(value, casts_at_once, selected_run,
-                                                                   make_run_config, tmp_path):
-    # AdapterCast's cast weights would be fresh inputs of every replay, each copied into the graph's buffer.
-    assert uses_cuda_graphs(value) is not casts_at_once
+@pytest.mark.parametrize(("value", "encoders"), [
+    ("inductor", "inductor"), ("inductor:reduce-overhead", "inductor"),
+    ("inductor:max-autotune", "inductor:max-autotune-no-cudagraphs"), ("cudagraphs", "no")])
+def test_only_the_denoiser_replays_as_cuda_graphs_and_casts_its_adapters_inside(value, encoders, selected_run,
+                                                                                make_run_config, tmp_path, monkeypatch):
+    # AdapterCast's cast weights would be fresh inputs of every replay, copied into the graph's buffers; an encoder's
+    # outputs, read after other compiled calls, would be freed by them.
+    import gors.train
+
+    compiled = []
+    compile_module_ = gors.train.compile_module
+    monkeypatch.setattr(gors.train, "compile_module",
+                        lambda module, how: (compiled.append((type(module).__name__, how)), compile_module_(module, how)))
     trainer = GORSTrainer(make_run_config(output_dir=str(_copy_selected(selected_run, tmp_path / "run")),
                                           torch_compile=value, mixed_precision="bf16", report_to="none"))
     trainer._setup_models()
-    assert (trainer.adapter_cast is not None) is casts_at_once
+    assert compiled == [("UNet2DConditionModel", value), ("CLIPTextModel", encoders)]
+    assert without_cuda_graphs(value) == encoders
+    assert (trainer.adapter_cast is not None) is not uses_cuda_graphs(value)
     assert trainer.denoiser._compiled_call_impl is not None  # compiled (lazily: nothing ran here)
 
 
@@ -241,8 +250,8 @@ def test_models_replayed_as_cuda_graphs_cast_their_adapters_inside(value, casts_
 def test_cuda_graphs_refuse_to_accumulate_micro_batches(flags, selected_run, make_run_config, tmp_path):
     config = make_run_config(output_dir=str(_copy_selected(selected_run, tmp_path / "run")), train_batch_size=2,
                              torch_compile="inductor:reduce-overhead", report_to="none", **flags)
-    with pytest.raises(ValueError, match=r"cannot accumulate 4 micro-batches per update: train the update's 8 "
-                                         r"samples per process as one batch \(--train_batch_size 8"):
+    with pytest.raises(ValueError, match=r"does not accumulate 4 micro-batches per update into its gradients: train "
+                                         r"the update's 8 samples per process as one batch \(--train_batch_size 8"):
         GORSTrainer(config)
     config.train_batch_size, config.gradient_accumulation_steps = 8, 1
     assert GORSTrainer(config).config.gradient_accumulation_steps == 1

@@ -41,7 +41,9 @@ def torch_compile_error(value: str) -> str | None:
         return (f"--torch_compile={value!r} is not a torch.compile backend; use 'no' or one of {', '.join(shown)}, "
                 "and for inductor a mode after a colon, e.g. inductor:reduce-overhead")
     modes = [name for name in list_mode_options() if name != "default"]
-    if value.endswith(":") or (mode is not None and backend != "inductor"):
+    if value.endswith(":"):
+        return f"--torch_compile={value!r}: no mode after the colon; use {backend!r} alone, or {backend}:MODE"
+    if mode is not None and backend != "inductor":
         return (f"--torch_compile={value!r}: only inductor takes a mode; use {backend!r} alone, or "
                 f"inductor:MODE with MODE one of {', '.join(modes)}")
     if mode is not None and mode not in modes:
@@ -64,6 +66,17 @@ def uses_cuda_graphs(value: str) -> bool:
     return bool(list_mode_options(mode).get("triton.cudagraphs", False))
 
 
+def without_cuda_graphs(value: str) -> str:
+    """The same compiling without CUDA graphs: "inductor" for "inductor:reduce-overhead",
+    "inductor:max-autotune-no-cudagraphs" for "inductor:max-autotune", "no" for the `cudagraphs` backend."""
+    if not uses_cuda_graphs(value):
+        return value
+    backend, mode = parse_torch_compile(value)
+    if backend != "inductor":
+        return NO_COMPILE
+    return "inductor:max-autotune-no-cudagraphs" if mode == "max-autotune" else "inductor"
+
+
 def compile_module(module: torch.nn.Module, value: str) -> None:
     """`torch.compile` the module in place as `value` says ("BACKEND[:MODE]"; "no": leave it as it is).
 
@@ -80,6 +93,8 @@ def compile_module(module: torch.nn.Module, value: str) -> None:
     if value != NO_COMPILE:
         import torch._dynamo
 
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        config = torch._dynamo.config
+        limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.7's name
+        setattr(config, limit, max(getattr(config, limit), RECOMPILE_LIMIT))
         backend, mode = parse_torch_compile(value)
         module.compile(backend=backend, mode=mode, dynamic=False)
