@@ -4,6 +4,8 @@
 "inductor:reduce-overhead" (or "inductor:max-autotune") also replays each compiled graph as a CUDA
 graph, so that a step at a small batch no longer waits on the host launching its kernels one by one
 (benchmarks/README.md: GORS' batch of 2 per GPU leaves an H200 waiting). Other backends take no mode.
+What gors does for CUDA graphs (`uses_cuda_graphs`) it does on any device, though inductor replays
+graphs only on a GPU.
 """
 
 from __future__ import annotations
