@@ -45,7 +45,7 @@ from gors.checkpoints import (
 from gors.config import RunConfig, TrainConfig, check_anchor_below
 from gors.core.backbones import check_trainable, detect_backbone, family_precision, half_precision_warning
 from gors.core.clock import units_done, untimed, work_starts
-from gors.core.compiling import compile_module, uses_cuda_graphs, without_cuda_graphs
+from gors.core.compiling import NO_COMPILE, compile_module, uses_cuda_graphs, without_cuda_graphs
 from gors.core.distributed import (
     SAME_SNAPSHOT_FIX,
     check_agreement,
@@ -535,11 +535,20 @@ class GORSTrainer:
             # Unwrapped: a DDP forward would run collectives that the other processes, whose rows differ,
             # do not run.
             denoiser = self.accelerator.unwrap_model(self.denoiser)
+            anchored = len(rows)
+            if self.config.torch_compile != NO_COMPILE and anchored < len(prompts):
+                # A compiled denoiser compiles once per batch shape: the pass takes the whole micro-batch's shape, the
+                # other rows (their conditioning, copies of the first anchored row's latents and timestep) dropped after.
+                others = torch.tensor([i for i in range(len(prompts)) if i not in set(rows.tolist())])
+                rows, at = torch.cat([rows, others]), torch.cat([at, to_device(others, at.device)])
+                fill = len(others)
+                noisy = torch.cat([noisy, noisy[:1].expand(fill, *noisy.shape[1:])])
+                timesteps = torch.cat([timesteps, timesteps[:1].expand(fill)])
             with torch.no_grad(), adapters_disabled(denoiser):
                 encodings = self._encodings(prompts[rows], self.base_encodings)
                 conditioning = self.family.drop_captions(
                     self.family.condition(encodings, batch.rows(at), self.weight_dtype), dropped[rows])
-                return self.family.predict(denoiser, noisy, timesteps, conditioning)
+                return self.family.predict(denoiser, noisy, timesteps, conditioning)[:anchored]
 
         return predict
 
