@@ -28,8 +28,9 @@ the U-Net and the text encoder (gors' default for SD 1/2, as GORS).
 - **gors**: a `GORSTrainer` set up as `train()` sets it up (`_setup_models`, `_setup_optimizer`,
   `_load_data`, which encodes every selected image once and caches its latent mean and std, and,
   without the text-encoder LoRA, the frozen encoder's outputs; AdamW with its fused kernel, gors'
-  default `--fused_adam`; with `--torch_compile BACKEND` the U-Net (and the text encoder when it trains) compiled, the first untimed step
-  compiling it; then `accelerator.prepare`), and per
+  default `--fused_adam`; with `--torch_compile BACKEND[:MODE]` the U-Net (and the text encoder
+  when it trains, without CUDA graphs) compiled, the first untimed steps compiling it; then
+  `accelerator.prepare`), and per
   step the body of its training loop: `_micro_batch_loss` (a latent drawn from the cached
   posterior, noise, timesteps, the text encoder if it trains, the U-Net, the loss), backward,
   clipping, optimizer and LR-scheduler steps (`Updates`: under fp16, the loss scaler's verdict on the
@@ -727,14 +728,14 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                                   images_per_prompt=max(2, -(-args.gors_batch_size // len(PROMPTS))))
         log(f"[train_step] building {sizes.label} at {sizes.resolution} px on {device} ...")
         base = build_models(sizes, device, args.seed)
-        compiled = "" if args.torch_compile == "no" else \
+        variant = "" if args.torch_compile == "no" else \
             f", gors' U-Net and trained text encoder compiled ({args.torch_compile})"
-        compiled += ", gors with peft's LoRA layers" if args.peft_layers else ""
+        variant += ", gors with peft's LoRA layers" if args.peft_layers else ""
 
         def size_text(batch: str) -> str:
             return (f"{sizes.label}: U-Net {millions(base['unet'])}, text encoder {millions(base['text_encoder'])}, "
                     f"VAE {millions(base['vae'])}; {sizes.resolution} px, batch {batch}, {len(rows)} selected images, "
-                    f"{'fp32' if args.mixed_precision == 'no' else args.mixed_precision}, {device.type}{compiled}")
+                    f"{'fp32' if args.mixed_precision == 'no' else args.mixed_precision}, {device.type}{variant}")
 
         reset_process_state()
         accelerator = make_accelerator(mixed_precision=args.mixed_precision)

@@ -126,8 +126,9 @@ def resolve_accumulation(config: TrainConfig | RunConfig, num_processes: int) ->
         per_update = config.train_batch_size * accumulation
         raise ValueError(f"--torch_compile={config.torch_compile} replays the backward as a CUDA graph, and gors does "
                          f"not accumulate {accumulation} micro-batches per update into its gradients: train the "
-                         f"update's {per_update} samples per process as one batch (--train_batch_size {per_update}, with --global_batch_size "
-                         "unchanged) or on more processes, or compile without CUDA graphs (--torch_compile inductor)")
+                         f"update's {per_update} samples per process as one batch (--train_batch_size {per_update}, "
+                         "with --global_batch_size unchanged) or on more processes, or compile without CUDA graphs "
+                         "(--torch_compile inductor)")
 
 
 def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:
@@ -539,7 +540,9 @@ class GORSTrainer:
             if self.config.torch_compile != NO_COMPILE and anchored < len(prompts):
                 # A compiled denoiser compiles once per batch shape: the pass takes the whole micro-batch's shape, the
                 # other rows (their conditioning, copies of the first anchored row's latents and timestep) dropped after.
-                others = torch.tensor([i for i in range(len(prompts)) if i not in set(rows.tolist())])
+                other = torch.ones(len(prompts), dtype=torch.bool)
+                other[rows] = False
+                others = other.nonzero().flatten()
                 rows, at = torch.cat([rows, others]), torch.cat([at, to_device(others, at.device)])
                 fill = len(others)
                 noisy = torch.cat([noisy, noisy[:1].expand(fill, *noisy.shape[1:])])

@@ -58,8 +58,9 @@ def load_pipeline(
     samples; other families keep the checkpoint's own scheduler. `lora`: a folder with a
     diffusers-format LoRA (e.g. a gors run folder) loaded on top. `backbone`: the family when it
     is already known (it is read from `model_index.json` otherwise). `torch_compile`: a
-    `torch.compile` backend for the denoiser, with inductor's mode after a colon (`compile_module`), "no" for none. `lora_dropout`: sample
-    with dropout on the LoRA's output (`LoraOutputDropout`; the pipeline returned then reseeds it per call).
+    `torch.compile` backend for the denoiser, with inductor's mode after a colon (`compile_module`),
+    "no" for none. `lora_dropout`: sample with dropout on the LoRA's output (`LoraOutputDropout`; the
+    pipeline returned then reseeds it per call).
     """
     import diffusers
 
