@@ -194,8 +194,9 @@ class ModelFields:
                           "that run every training step): 'no' (as the official "
                           "scripts) or 'inductor', which pays on GPUs over long runs (compiling takes minutes; samples "
                           "and losses match the plain path up to float rounding). 'inductor:reduce-overhead' also "
-                          "replays the compiled graphs as CUDA graphs, for small batches whose steps wait on kernel "
-                          "launches (more memory; not yet measured on a GPU). 'aot_eager' and 'eager' debug it."},
+                          "replays the compiled denoiser as CUDA graphs (text encoders compile without them), for "
+                          "small batches whose steps wait on kernel launches (more memory; no gradient accumulation; "
+                          "not yet measured on a GPU). 'aot_eager' and 'eager' debug it."},
     )
 
     def _check_model(self) -> None:
