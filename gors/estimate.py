@@ -256,7 +256,7 @@ def calibration_warnings(stages: dict[str, dict[str, Any]]) -> list[str]:
     if compiled:
         warnings.append(f"the calibration's {', '.join(compiled)} ran with --torch_compile, and its timings do not "
                         "tell the first batch or step (where compiling falls) from the rest: compiling is scaled as "
-                        "work. Calibrate with at least two batches and steps, with this gors")
+                        "work. Calibrate with at least two batches and steps (three steps under CUDA graphs), with this gors")
     return [warning for warning in warnings if warning]
 
 

@@ -41,9 +41,10 @@ class StageTiming:
         setup_seconds: of `seconds`, the main process's one-off set-up before its first unit of work
             (loading the pipeline or reward model, building the trainer: `gors.core.clock`); 0 when
             the stage had nothing to do or marks no set-up.
-        warmup_seconds: of `seconds`, what the main process's first batch or step took beyond the pace
-            of the ones after it (CUDA kernels loaded on first use, autotuning, compiling); None where
-            that pace is unknown (fewer than two batches or steps, or a gors before 0.2).
+        warmup_seconds: of `seconds`, what the main process's first batch or step (first two steps under
+            CUDA graphs, the second recording them) took beyond the pace of the ones after it (CUDA kernels
+            loaded on first use, autotuning, compiling); None where that pace is unknown (fewer than two
+            batches or steps, or a gors before 0.2).
         wrapup_seconds: of `seconds`, the time after the main process's last batch or step: the last
             batch's writing, the final checkpoint, validation and LoRA, waiting for the other processes;
             None where unknown (as `warmup_seconds`).
@@ -138,12 +139,13 @@ def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Acc
 
 
 def warmup_and_wrapup(marks: StageMarks, end: float) -> tuple[float | None, float | None]:
-    """A stage's warm-up (its first batch's seconds beyond the pace of the batches after it, >= 0) and
-    wrap-up (from its last batch to `end`), from its marks; (None, None) without two batches to give a pace."""
+    """A stage's warm-up (its first `marks.warmup_units` units' seconds beyond the pace of the units after them,
+    >= 0) and wrap-up (from its last batch to `end`), from its marks; (None, None) without units after the
+    warm-up to give a pace."""
     if marks.work_start is None or marks.first is None or marks.last is None or marks.last[1] <= marks.first[1]:
         return None, None
     (first_time, first_units), (last_time, last_units) = marks.first, marks.last
-    pace = (last_time - first_time) / (last_units - first_units)  # seconds per unit after the first batch
+    pace = (last_time - first_time) / (last_units - first_units)  # seconds per unit after the warm-up
     return max(first_time - marks.work_start - first_units * pace, 0.0), end - last_time
 
 

@@ -737,7 +737,9 @@ class GORSTrainer:
         bar.update(global_step)
         for module in models:
             module.train()
-        work_starts(done_before=global_step)  # not the folder's latest checkpoint: another training's, set aside
+        # Not the folder's latest checkpoint: another training's, set aside. Under CUDA graphs the second step
+        # records the graphs, a one-off like the first step's compiling.
+        work_starts(done_before=global_step, warmup_units=2 if uses_cuda_graphs(config.torch_compile) else 1)
         first_step = global_step
         # fp16's loss scaler skips an update whose loss overflowed, and the training goes on.
         log = LossLog(accelerator, self.trained, bar, stop_with=None if accelerator.scaler else config)
@@ -803,8 +805,11 @@ class GORSTrainer:
             # With --global_batch_size the accumulation follows the batch by itself.
             raise_too = ("" if config.global_batch_size is not None else
                          " and raise --gradient_accumulation_steps as much")
-            advice.append(f"lower --train_batch_size{raise_too} (the same samples per update; the training starts "
-                          "again from step 0, its checkpoints set aside)")
+            # CUDA graphs refuse the accumulation a smaller batch needs (`resolve_accumulation`).
+            graphs = (f" with --torch_compile {without_cuda_graphs(config.torch_compile)}, which accumulates "
+                      "micro-batches where CUDA graphs do not" if uses_cuda_graphs(config.torch_compile) else "")
+            advice.append(f"lower --train_batch_size{raise_too}{graphs} (the same samples per update; the training "
+                          "starts again from step 0, its checkpoints set aside)")
         if not config.gradient_checkpointing:
             advice.append("pass --gradient_checkpointing (the training resumes from its last checkpoint)")
         return ", or ".join(advice + [MORE_MEMORY])

@@ -176,6 +176,9 @@ def test_evaluation_names_its_own_flags(tmp_path, monkeypatch, caplog):
 @pytest.mark.parametrize("flags, lower", [
     ([], "lower --train_batch_size and raise --gradient_accumulation_steps as much"),
     (["--global_batch_size", "4"], "lower --train_batch_size"),  # the accumulation follows by itself
+    (["--torch_compile", "inductor:reduce-overhead"], "lower --train_batch_size and raise "
+     "--gradient_accumulation_steps as much with --torch_compile inductor, which accumulates micro-batches where CUDA "
+     "graphs do not"),
 ])
 def test_training_out_of_memory_names_the_micro_batch_flags(selected_run, tiny_sd, tmp_path, monkeypatch, capsys,
                                                            flags, lower):

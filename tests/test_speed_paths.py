@@ -257,6 +257,20 @@ def test_cuda_graphs_refuse_to_accumulate_micro_batches(flags, selected_run, mak
     assert GORSTrainer(config).config.gradient_accumulation_steps == 1
 
 
+def test_under_cuda_graphs_a_training_s_first_two_steps_are_warm_up(selected_run, make_run_config, tmp_path,
+                                                                   monkeypatch):
+    # The second step records the graphs: a one-off that `gors estimate` would otherwise scale as pace.
+    import gors.train
+    from gors.core.clock import listening
+
+    monkeypatch.setattr(gors.train, "compile_module", lambda module, how: None)  # the marks, not the compiling
+    for value, warmup in [("inductor:reduce-overhead", 2), ("inductor", 1)]:
+        with listening() as marks:
+            _train(selected_run, make_run_config, tmp_path / value.replace(":", "-"), torch_compile=value,
+                   max_train_steps=3, train_batch_size=4)
+        assert marks.warmup_units == warmup and marks.first[1] == warmup and marks.last[1] == 3
+
+
 def _counting_casts(monkeypatch) -> list[bool]:
     """Whether each LoRA layer's forward cast its input to the adapters' dtype, in call order."""
     import peft.tuners.lora.layer

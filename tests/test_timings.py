@@ -160,6 +160,18 @@ def test_a_stage_marks_its_batches_inside_a_timed_stage_only():
     assert marks.work_start <= marks.first[0] <= marks.last[0]
 
 
+def test_a_stage_s_pace_starts_after_its_warm_up_units():
+    with listening() as marks:
+        work_starts(warmup_units=2)
+        units_done(1)
+        assert marks.first[1] == 1  # fewer units than the warm-up: the first still marks where work went on
+        units_done(2)
+        units_done(3)
+    assert marks.first[1] == 2 and marks.last[1] == 3
+    # Set-up ends at 10; steps done at 40 (compiling), 45 (recording), 46, 47: the pace is 1 s a step.
+    assert warmup_and_wrapup(StageMarks(10.0, None, (45.0, 2), (47.0, 4), warmup_units=2), 48.0) == (33.0, 1.0)
+
+
 def test_estimate_counts_the_warm_up_and_wrap_up_once_and_scales_the_pace_between():
     # 130 s: 10 of set-up, 15 of the first batch's warm-up, 5 of wrap-up; 100 images in the other 100 s.
     entry = _entry("score", 130, 100, 1, setup=10.0) | {"warmup_seconds": 15.0, "wrapup_seconds": 5.0}

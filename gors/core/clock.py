@@ -28,27 +28,33 @@ class StageMarks:
     Attributes:
         work_start: when the set-up ended, None if the stage marked none (it had no work).
         done_before: units finished before the stage's own work, None for what its folder held.
-        first, last: (time, units done so far) at the first and the latest `units_done`, None before one.
+        first, last: (time, units done so far) at the end of the first `warmup_units` units (or the first
+            `units_done` before that) and at the latest `units_done`, None before one.
+        warmup_units: the units whose end starts the pace (1; 2 where the second unit also records, as CUDA
+            graphs do).
     """
 
     work_start: float | None = None
     done_before: int | None = None
     first: tuple[float, int] | None = None
     last: tuple[float, int] | None = None
+    warmup_units: int = 1
 
 
 _marks: ContextVar[StageMarks | None] = ContextVar("gors_stage_marks", default=None)
 
 
-def work_starts(done_before: int | None = None) -> None:
+def work_starts(done_before: int | None = None, warmup_units: int = 1) -> None:
     """Mark now as the end of the current timed stage's setup (the first mark counts).
 
     `done_before`: the units of work finished before this stage's own (e.g. the step training
     starts from); by default, what the timed stage counted in the folder when it began.
+    `warmup_units`: how many of the first units are warm-up, not the pace (>= 1): a training step whose
+    denoiser replays as CUDA graphs compiles and warms up in its first step and records in its second.
     """
     marks = _marks.get()
     if marks is not None and marks.work_start is None:
-        marks.work_start, marks.done_before = time.perf_counter(), done_before
+        marks.work_start, marks.done_before, marks.warmup_units = time.perf_counter(), done_before, warmup_units
 
 
 def units_done(done: int) -> None:
@@ -58,7 +64,7 @@ def units_done(done: int) -> None:
     marks = _marks.get()
     if marks is not None and marks.work_start is not None:
         marks.last = (time.perf_counter(), done)
-        if marks.first is None:
+        if marks.first is None or marks.first[1] < marks.warmup_units:
             marks.first = marks.last
 
 
