@@ -12,8 +12,8 @@ real ones, and prints `gors estimate`'s table for the paper's run.
   DDIM steps at 512 px in batches of 8 (`gors run`'s default) in fp16, as T2I-CompBench samples; B-VQA
   with the 12 + 12-layer BLIP at 480 px; the top half of the images selected (`--select_top_fraction
   0.5`: a random-weight reward's scores do not meet tau, and which images train does not change a
-  step's cost); 50 training steps of batch 2 (GORS' per-GPU batch; `--train_batch_size` for another) with both LoRAs in fp16 (GORS'
-  train.sh), one checkpoint at the end and no validation, as `gors estimate` asks of a calibration.
+  step's cost); 50 training steps of batch 2 (GORS' per-GPU batch; `--train_batch_size` for another) with both LoRAs in fp16 (gors'
+  default on a GPU; GORS' own script trained in fp32, which the training ratio's reference does), one checkpoint at the end and no validation, as `gors estimate` asks of a calibration.
 - **Official column**: gors' per-unit time multiplied by gors' speed over the official procedure per
   stage. `--speedups FILE.json` takes the ratios from `python -m benchmarks --output FILE.md` run on
   the same machine (each row that prices a stage of the estimate: B-VQA for score, training with

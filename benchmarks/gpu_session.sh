@@ -24,7 +24,9 @@
 # ratios; the step at batch 2 with both LoRAs compiled and replayed as CUDA graphs
 # (`--torch_compile inductor:reduce-overhead`), its first three losses checked against the official
 # loop's. `run extras`: Soft-TIFA's float32 agreement at full depth; SD3.5 Medium's and FLUX.1's
-# training memory in the setting of their targets. `run compiled` times the training step with
+# training memory in the setting of their targets; the training step against the official loop run at
+# gors' fp16 (every other training row's reference trains in fp32, as GORS' script did), and gors' step in
+# fp32 against it. `run compiled` times the training step with
 # `--torch_compile inductor` (compiling takes minutes). `run table` runs what the first run did: the speed scripts at the real architecture
 # sizes (Soft-TIFA, B-VQA, training, generation), the cost model priced with the ratios just
 # measured, then overlapped scoring. Every script writes its table as it finishes; the logs and
@@ -83,6 +85,12 @@ run() {
         # The memory targets of the large families, in the setting they are stated for.
         measure train_memory_large 150 python3 benchmarks/train_memory.py --device cuda --families sd3,flux \
             --checkpointing on --cached on
+        # The training step against the official loop at gors' fp16 (the official trained in fp32, `run`'s reference).
+        measure train_step_equal_precision 100 python3 benchmarks/train_step.py --device cuda --full-size \
+            --both_loras_only --reference_precision fp16
+        # gors in fp32 too: on the CPU's host-bound stand-in autocast's casts made gors' bf16 step slower than fp32.
+        measure train_step_fp32 60 python3 benchmarks/train_step.py --device cuda --full-size --both_loras_only \
+            --mixed_precision no --repeats 4
         return
     fi
     if [ "${1:-}" = memory ]; then

@@ -70,11 +70,18 @@ against the reference's at GORS' 2, as a ratio per sample (each pair's time rati
 official run trains a global batch of 16 as 2 per GPU on 8 GPUs; gors can train the same global
 batch on fewer GPUs at a larger batch each (the same updates: the loss is the mean over the global
 batch either way), which pays where a step at batch 2 leaves the GPU waiting for kernel launches.
-Its losses are not compared (other batches); the batch-2 rows' are. `--both_loras_only` skips the
-U-Net-LoRA-only row.
+Its losses are not compared (other batches); the batch-2 rows' are (its first three steps run
+untimed too). `--both_loras_only` skips the U-Net-LoRA-only row.
 
-On a GPU both sides run in fp16 mixed precision by default, as GORS' `train.sh` launches its
-script (`accelerate launch --mixed_precision=fp16 --dynamo_backend=no`).
+Precision. The reference trains in fp32, as GORS' script did: `train.sh` launches it with
+`accelerate launch --mixed_precision=fp16`, but the script passes its own `--mixed_precision`, whose
+default is 'no', to its Accelerator, which then ignores the launcher's (and in fp16 the script would
+cast its LoRA to fp16 and fail at gradient clipping); it leaves TF32 matrix products off (no
+`--allow_tf32`). gors trains in its `--mixed_precision`: fp16 on a GPU by default, as its shipped
+GPU configs. accelerate holds one precision per process, so the reference's calls go through
+gors' Accelerator with the branches of one made for fp32 (`full_precision`). `--reference_precision
+fp16` (gors' own) gives the ratio at equal precision, the one the 2026-12-04 H200 rows measured.
+The losses then agree within the looser of the two precisions' tolerances.
 """
 
 from __future__ import annotations
@@ -85,6 +92,7 @@ import gc
 import itertools
 import json
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -294,6 +302,20 @@ def same_draws() -> Iterator[None]:
         torch.randn_like = randn_like
 
 
+@contextmanager
+def full_precision(accelerator) -> Iterator[None]:
+    """Inside the block, `accelerator` (made for gors' fp16 or bf16) takes the branches an Accelerator made with
+    `mixed_precision="no"` takes, as GORS' script's did: `prepare` wraps no forward in autocast and gives the
+    optimizer no loss scaler, `backward` scales nothing and `clip_grad_norm_` unscales nothing. accelerate's
+    process-wide state holds one precision, so the two loops of one process cannot have an Accelerator each."""
+    saved = accelerator.native_amp, accelerator.scaler
+    accelerator.native_amp, accelerator.scaler = False, None
+    try:
+        yield
+    finally:
+        accelerator.native_amp, accelerator.scaler = saved
+
+
 # ----- the reference: diffusers' LoRA training loop as GORS ran it ----------------------------------
 class SelectedImages(torch.utils.data.Dataset):
     """The selected samples as the script's dataset gives them: image file -> transforms, caption ->
@@ -348,11 +370,20 @@ class ReferenceLoop:
                  rows: list[dict[str, Any]], order: Callable[[int], list[int]], accelerator, *,
                  train_text_encoder: bool, resolution: int, rank: int = 4, learning_rate: float = 1e-4,
                  text_encoder_learning_rate: float = 5e-6, max_grad_norm: float = 1.0, train_batch_size: int = 2,
-                 max_train_steps: int = 15000, phases: Phases | None = None) -> None:
+                 max_train_steps: int = 15000, phases: Phases | None = None, precision: str | None = None) -> None:
+        """`precision`: "no" (fp32, as GORS' script trained: its own `--mixed_precision` default 'no' overrides
+        `train.sh`'s `accelerate launch --mixed_precision=fp16`), or the accelerator's own (the default)."""
         from diffusers.optimization import get_scheduler
         from diffusers.training_utils import cast_training_params
         from peft import LoraConfig, inject_adapter_in_model
+        from tqdm.auto import tqdm
 
+        self.precision = precision or accelerator.mixed_precision
+        if self.precision not in ("no", accelerator.mixed_precision):
+            raise ValueError(f"the reference runs in fp32 or in the accelerator's {accelerator.mixed_precision}, "
+                             f"not {self.precision}")
+        # The reference's accelerate calls take its precision's branches (gors' take the accelerator's).
+        self.scope = full_precision if self.precision != accelerator.mixed_precision else lambda _: nullcontext()
         self.accelerator, self.noise_scheduler = accelerator, noise_scheduler
         self.train_text_encoder, self.max_grad_norm, self.train_batch_size = (train_text_encoder, max_grad_norm,
                                                                              train_batch_size)
@@ -360,15 +391,14 @@ class ReferenceLoop:
         unet, vae, text_encoder = models["unet"], models["vae"], models["text_encoder"]
         for model in (unet, vae, text_encoder):
             model.requires_grad_(False)
-        self.weight_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision,
-                                                                                 torch.float32)
+        self.weight_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.precision, torch.float32)
         for model in (unet, vae, text_encoder):
             model.to(accelerator.device, dtype=self.weight_dtype)
         unet.add_adapter(LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian", target_modules=UNET_TARGETS))
         if train_text_encoder:
             inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian",
                                                target_modules=TEXT_ENCODER_TARGETS), text_encoder)
-        if accelerator.mixed_precision == "fp16":
+        if self.precision == "fp16":
             cast_training_params([unet, text_encoder], dtype=torch.float32)
         unet_lora = [p for p in unet.parameters() if p.requires_grad]
         groups = [{"params": unet_lora, "lr": learning_rate}]
@@ -382,11 +412,12 @@ class ReferenceLoop:
         n = accelerator.num_processes
         lr_scheduler = get_scheduler("constant", optimizer=optimizer, num_warmup_steps=0,
                                      num_training_steps=max_train_steps * n)
-        if train_text_encoder:
-            unet, text_encoder, optimizer, lr_scheduler = accelerator.prepare(unet, text_encoder, optimizer,
-                                                                              lr_scheduler)
-        else:
-            unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
+        with self.scope(accelerator):
+            if train_text_encoder:
+                unet, text_encoder, optimizer, lr_scheduler = accelerator.prepare(unet, text_encoder, optimizer,
+                                                                                  lr_scheduler)
+            else:
+                unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
         self.unet, self.vae, self.text_encoder = unet, vae, text_encoder
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
         self.batches = iter(loader)
@@ -395,6 +426,9 @@ class ReferenceLoop:
             self.text_encoder.train()
         self.train_loss = 0.0
         self.data_seconds: list[float] = []
+        # GORS' script shows a progress bar with each step's loss and LR (here to nowhere: the same work, unseen).
+        self.progress_bar = tqdm(range(max_train_steps), file=open(os.devnull, "w"))  # noqa: SIM115
+        self.global_step = 0
 
     def trained_modules(self) -> dict[str, torch.nn.Module]:
         unwrap = self.accelerator.unwrap_model
@@ -403,6 +437,10 @@ class ReferenceLoop:
 
     def step(self) -> torch.Tensor:
         """One optimizer step; returns the loss."""
+        with self.scope(self.accelerator):
+            return self._step()
+
+    def _step(self) -> torch.Tensor:
         accelerator, phase, device = self.accelerator, self.phases, self.accelerator.device
         unet, vae, text_encoder, noise_scheduler = self.unet, self.vae, self.text_encoder, self.noise_scheduler
         start = time.perf_counter()
@@ -441,12 +479,21 @@ class ReferenceLoop:
                     params_to_clip = (itertools.chain(unet.parameters(), text_encoder.parameters())
                                       if self.train_text_encoder else unet.parameters())
                     accelerator.clip_grad_norm_(params_to_clip, self.max_grad_norm)
-            with phase("optimizer step"):
-                self.optimizer.step()
-            with phase("lr_scheduler step"):
-                self.lr_scheduler.step()
-            with phase("zero_grad"):
-                self.optimizer.zero_grad()
+        # As GORS' script: the update outside `accumulate`, then the step's loss and LR read back for its
+        # progress bar and trackers (a second synchronisation a step).
+        with phase("optimizer step"):
+            self.optimizer.step()
+        with phase("lr_scheduler step"):
+            self.lr_scheduler.step()
+        with phase("progress bar and logs (.item())"):
+            self.progress_bar.update(1)
+        with phase("zero_grad"):
+            self.optimizer.zero_grad()
+        self.global_step += 1
+        with phase("progress bar and logs (.item())"):
+            logs = {"loss": loss.detach().item(), "lr": self.lr_scheduler.get_last_lr()[0]}
+            self.progress_bar.set_postfix(**logs)
+            accelerator.log(logs, step=self.global_step)
         return loss.detach()
 
 
@@ -689,8 +736,11 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                              "to measure what the fused layers save")
     parser.add_argument("--resolution", type=int, default=None, help="image side; default 192 (reduced) / 512 (full)")
     parser.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None,
-                        help="both sides; default fp16 on a GPU (GORS' train.sh: accelerate launch "
-                             "--mixed_precision=fp16), no on a CPU")
+                        help="gors'; default fp16 on a GPU (gors' shipped GPU configs), no on a CPU")
+    parser.add_argument("--reference_precision", choices=["no", "fp16", "bf16"], default="no",
+                        help="the reference's: no (fp32, the default), as GORS' script trained (its own "
+                             "--mixed_precision default 'no' overrides train.sh's accelerate launch "
+                             "--mixed_precision=fp16), or gors' --mixed_precision for the ratio at equal precision")
     parser.add_argument("--torch_compile", default="no",
                         help="gors' torch.compile backend for the U-Net (the official train.sh: --dynamo_backend=no)")
     parser.add_argument("--steps_per_timing", type=positive_int, default=None,
@@ -709,6 +759,10 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     args = parser.parse_args(argv)
     device = checked_device(parser, args)
     args.mixed_precision = args.mixed_precision or ("fp16" if device.type == "cuda" else "no")
+    if args.reference_precision not in ("no", args.mixed_precision):
+        parser.error(f"--reference_precision {args.reference_precision}: the reference runs in fp32 (no) or in gors' "
+                     f"--mixed_precision ({args.mixed_precision}); accelerate holds one mixed precision per process")
+    tolerance = max(LOSS_TOLERANCE[args.mixed_precision], LOSS_TOLERANCE[args.reference_precision])
     args.steps_per_timing = args.steps_per_timing or (3 if device.type == "cuda" else 1)
 
     from gors.core.distributed import make_accelerator, reset_process_state
@@ -732,10 +786,17 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
             f", gors' U-Net and trained text encoder compiled ({args.torch_compile})"
         variant += ", gors with peft's LoRA layers" if args.peft_layers else ""
 
+        def precision_text(precision: str) -> str:
+            return "fp32" if precision == "no" else precision
+
+        precisions = (precision_text(args.mixed_precision) if args.reference_precision == args.mixed_precision else
+                      f"gors {precision_text(args.mixed_precision)}, reference "
+                      f"{precision_text(args.reference_precision)}")
+
         def size_text(batch: str) -> str:
             return (f"{sizes.label}: U-Net {millions(base['unet'])}, text encoder {millions(base['text_encoder'])}, "
                     f"VAE {millions(base['vae'])}; {sizes.resolution} px, batch {batch}, {len(rows)} selected images, "
-                    f"{'fp32' if args.mixed_precision == 'no' else args.mixed_precision}, {device.type}{variant}")
+                    f"{precisions}, {device.type}{variant}")
 
         reset_process_state()
         accelerator = make_accelerator(mixed_precision=args.mixed_precision)
@@ -760,14 +821,14 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                 {name: copy.deepcopy(model) for name, model in base.items()}, tokenizer,
                 DDPMScheduler.from_pretrained(str(model_dir), subfolder="scheduler"), samples_dir(run_dir), rows,
                 pairs_in_order(len(rows)) if per_sample else trainer.schedule.indices, accelerator,
-                train_text_encoder=train_text_encoder, resolution=sizes.resolution)
+                train_text_encoder=train_text_encoder, resolution=sizes.resolution,
+                precision=args.reference_precision)
             copy_adapters(ours.trained_modules(), reference.trained_modules())
             # The first steps of each, untimed (also the warm-up: AdamW's state is made, graphs are compiled, and
             # CUDA graphs warmed up, recorded and, at the third, replayed), each from the same seed and draws.
-            compared = 1 if per_sample else AGREEMENT_STEPS
             differences = []
             with same_draws():
-                for step in range(compared):
+                for step in range(AGREEMENT_STEPS):
                     torch.manual_seed(args.seed + step)
                     reference_loss = reference.step().item()
                     torch.manual_seed(args.seed + step)
@@ -779,11 +840,11 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                 agreement = f"not compared (batch {gors_batch} against 2; the batch-2 rows' first steps agree)"
             else:
                 # The same steps of the same models on the same batches: the losses agree to float rounding.
-                if max(differences) > LOSS_TOLERANCE[args.mixed_precision]:
-                    raise SystemExit(f"[train_step] {label}: the losses of the first {compared} steps differ by up to "
-                                     f"{max(differences):.1e} (relative), more than "
-                                     f"{LOSS_TOLERANCE[args.mixed_precision]:g}: the two loops do not train alike")
-                agreement = f"losses of the first {compared} steps {max(differences):.0e}"
+                if max(differences) > tolerance:
+                    raise SystemExit(f"[train_step] {label}: the losses of the first {AGREEMENT_STEPS} steps differ by "
+                                     f"up to {max(differences):.1e} (relative), more than {tolerance:g}: the two loops "
+                                     "do not train alike")
+                agreement = f"losses of the first {AGREEMENT_STEPS} steps {max(differences):.0e}"
             seconds = {"reference": [], "gors": []}
 
             def clocked(name: str, step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:

@@ -42,6 +42,7 @@ from gors.core.paper import (
     GORS_IMAGES_PER_PROMPT,
     GORS_RUN_SOURCES,
     GORS_SAMPLING_STEPS,
+    GORS_TRAIN_BATCH_PER_GPU,
     GORS_TRAIN_PROMPTS,
     GORS_TRAIN_STEPS,
     RELEASED_CHECKPOINT_STEPS,
@@ -381,7 +382,9 @@ class EstimateConfig:
         table = self.reference_speedups if isinstance(self.reference_speedups, str) and \
             self.reference_speedups.endswith(".json") else None
         given = _given_speedups(self.reference_speedups)
-        self.priced_train_batch = speed_table_train_batch(table) if table is not None else None
+        # The default training ratio was measured with gors at GORS' batch; one given as text is the user's word.
+        self.priced_train_batch = (GORS_TRAIN_BATCH_PER_GPU if "train" not in given else
+                                   speed_table_train_batch(table) if table is not None else None)
         self.speed_table = table
         unknown = sorted(set(given) - set(SPEEDUP_STAGES))
         if unknown:
@@ -402,7 +405,9 @@ class EstimateConfig:
 def estimate_command(config: EstimateConfig) -> list[StageEstimate]:
     """`gors estimate`: print the table, the plan and its sources; warnings about the calibration on stderr."""
     stages, devices = merge_timings(config.timings)
-    check_train_batch(config.priced_train_batch, stages, f"--reference_speedups {config.speed_table}")
+    check_train_batch(config.priced_train_batch, stages,
+                      f"--reference_speedups {config.speed_table}" if "train" in config.given_speedups else
+                      "the default training ratio (measured on 2 CPU cores)")
     plan = RunPlan(config.num_prompts, config.images_per_prompt, config.num_inference_steps, config.max_train_steps,
                    config.global_batch_size)
     speedups = {k: float(v) for k, v in config.reference_speedups.items()}

@@ -124,11 +124,13 @@ def resolve_accumulation(config: TrainConfig | RunConfig, num_processes: int) ->
         # replay overwrites (torch raises on the accumulation). Stable gradient buffers made before the graphs would
         # allow it, but would also give weights no layer used a zero gradient that AdamW then steps, unlike eager.
         per_update = config.train_batch_size * accumulation
+        one_batch = (f"--train_batch_size {per_update}, with --global_batch_size unchanged) or on more processes"
+                     if config.global_batch_size is not None else
+                     f"--train_batch_size {per_update} --gradient_accumulation_steps 1)")
         raise ValueError(f"--torch_compile={config.torch_compile} replays the backward as a CUDA graph, and gors does "
                          f"not accumulate {accumulation} micro-batches per update into its gradients: train the "
-                         f"update's {per_update} samples per process as one batch (--train_batch_size {per_update}, "
-                         "with --global_batch_size unchanged) or on more processes, or compile without CUDA graphs "
-                         "(--torch_compile inductor)")
+                         f"update's {per_update} samples per process as one batch ({one_batch}, or compile without "
+                         f"CUDA graphs (--torch_compile {without_cuda_graphs(config.torch_compile)})")
 
 
 def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:
@@ -376,7 +378,8 @@ class GORSTrainer:
 
     def _optimizer(self, groups: list[dict], **kwargs: Any) -> torch.optim.Optimizer:
         config = self.config
-        return self.optimizer_class(groups, betas=(config.adam_beta1, config.adam_beta2),
+        # `lr` is every group's own; as the default it is the rate diffusers' polynomial schedule decays from.
+        return self.optimizer_class(groups, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
                                     weight_decay=config.adam_weight_decay, eps=config.adam_epsilon, **kwargs)
 
     def _lr_schedule(self, optimizer: torch.optim.Optimizer):
@@ -742,7 +745,8 @@ class GORSTrainer:
         work_starts(done_before=global_step, warmup_units=2 if uses_cuda_graphs(config.torch_compile) else 1)
         first_step = global_step
         # fp16's loss scaler skips an update whose loss overflowed, and the training goes on.
-        log = LossLog(accelerator, self.trained, bar, stop_with=None if accelerator.scaler else config)
+        log = LossLog(accelerator, self.trained, bar,
+                      stop_with=None if accelerator.scaler else self.learning_rate_flags())
         updates = Updates(self.optimizer, self.lr_scheduler)
         doing = f"training, {config.train_batch_size} samples per micro-batch on each process"
         advice = self._memory_advice()
@@ -961,18 +965,26 @@ class GORSTrainer:
             return
         first = next(key for key, param in named if not torch.isfinite(param).all())
         raise TrainingDiverged(f"the LoRA's weights are not finite at step {step} (NaN or infinite, first {first})",
-                               self.config)
+                               self.learning_rate_flags())
+
+    def learning_rate_flags(self) -> str:
+        """The flags of the learning rates that train something, with their values ("--learning_rate (now 1e-4) and
+        ..."): what `TrainingDiverged` says to lower."""
+        config = self.config
+        flags = [("learning_rate", config.learning_rate)] if config.train_unet else []
+        if self.family.trained_text_encoders(config.train_text_encoder):
+            flags.append(("text_encoder_learning_rate", config.text_encoder_learning_rate))
+        return " and ".join(f"--{flag} (now {value:g})" for flag, value in flags)
 
 
 class TrainingDiverged(ValueError):
     """A training whose loss or weights became NaN or infinite: what went wrong, and what to rerun."""
 
-    def __init__(self, what: str, config: TrainConfig | RunConfig) -> None:
-        rates = " and --text_encoder_learning_rate" if config.train_text_encoder is not False else ""
-        super().__init__(f"training diverged: {what}; nothing of this step was saved. Rerun with a lower "
-                         f"--learning_rate{rates} (now {config.learning_rate:g}) and without --resume_from_checkpoint: "
-                         "the training starts over from step 0, the folder's checkpoints set aside (with --rounds "
-                         "after a finished round, in a new --output_dir)")
+    def __init__(self, what: str, rates: str) -> None:
+        """`rates`: the flags of the learning rates that train something (`GORSTrainer.learning_rate_flags`)."""
+        super().__init__(f"training diverged: {what}; nothing of this step was saved. Rerun with a lower {rates} and "
+                         "without --resume_from_checkpoint: the training starts over from step 0, the folder's "
+                         "checkpoints set aside (with --rounds after a finished round, in a new --output_dir)")
 
 
 class LossLog:
@@ -980,12 +992,12 @@ class LossLog:
     and the progress bar one update late: reading a loss waits for the device to compute it, and by the
     next update the host has queued that update's work behind it, so the device does not idle meanwhile.
 
-    A loss that is NaN or infinite stops the training (`TrainingDiverged`, naming `stop_with`'s rates),
+    A loss that is NaN or infinite stops the training (`TrainingDiverged`, naming the rates `stop_with`),
     except under fp16's loss scaler (`stop_with` None), which skips an update that overflowed and goes on.
     """
 
     def __init__(self, accelerator: Accelerator, trained: list[str], bar: Any = None,
-                 stop_with: TrainConfig | RunConfig | None = None) -> None:
+                 stop_with: str | None = None) -> None:
         self.accelerator, self.trained, self.bar, self.stop_with = accelerator, trained, bar, stop_with
         self._pending: tuple[int, HostValue, list[float]] | None = None
 

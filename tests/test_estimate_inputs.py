@@ -145,7 +145,7 @@ def test_old_timings_and_compiled_calibrations_are_warned_of():
     assert calibration_warnings(compiled) == [
         "the calibration's generate, train ran with --torch_compile, and its timings do not tell the first batch or "
         "step (where compiling falls) from the rest: compiling is scaled as work. Calibrate with at least two "
-        "batches and steps, with this gors"]
+        "batches and steps (three steps under CUDA graphs), with this gors"]
     # With its first batch's warm-up timed, compiling is counted once: only the stage without one is warned of.
     compiled["train"] |= {"warmup_seconds": 30.0, "wrapup_seconds": 1.0}
     assert "the calibration's generate ran with --torch_compile" in calibration_warnings(compiled)[0]
@@ -191,6 +191,21 @@ def test_the_help_names_the_released_checkpoints_steps_beside_the_scripts_defaul
     with pytest.raises(SystemExit):
         main(["estimate", "--help"])
     assert "were saved at 124,500, 49,000, 63,000" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_default_training_ratio_prices_only_a_calibration_at_gors_batch_of_2(tmp_path, capsys):
+    # The default ratio is gors at GORS' 2 against the official loop at 2: a calibration at 16 trains a step of 16.
+    stages = _stages()
+    stages["train"]["settings"]["train_batch_size"] = 16
+    (tmp_path / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    for speedups in ({}, {"score": 6.0}):  # a table or text without a training ratio keeps the default one
+        with pytest.raises(ValueError, match=r"the default training ratio \(measured on 2 CPU cores\) prices training "
+                                             r"with gors at batch 2, but the calibration trained at --train_batch_size "
+                                             r"16: measure the ratio with `python -m benchmarks --only train_step "
+                                             r"--gors_batch_size 16`"):
+            estimate_command(EstimateConfig(timings=[str(tmp_path)], reference_speedups=speedups))
+    estimate_command(EstimateConfig(timings=[str(tmp_path)], reference_speedups={"train": 3.0}))  # the user's word
+    assert "| train | 15000 steps x batch 16 |" in capsys.readouterr().out
 
 
 def test_a_speed_tables_training_ratio_prices_only_a_calibration_at_its_gors_batch(tmp_path, capsys):

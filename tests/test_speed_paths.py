@@ -246,12 +246,16 @@ def test_only_the_denoiser_replays_as_cuda_graphs_and_casts_its_adapters_inside(
     assert trainer.denoiser._compiled_call_impl is not None  # compiled (lazily: nothing ran here)
 
 
-@pytest.mark.parametrize("flags", [{"gradient_accumulation_steps": 4}, {"global_batch_size": 8}])
-def test_cuda_graphs_refuse_to_accumulate_micro_batches(flags, selected_run, make_run_config, tmp_path):
+@pytest.mark.parametrize("flags, one_batch", [
+    ({"gradient_accumulation_steps": 4}, r"--train_batch_size 8 --gradient_accumulation_steps 1\)"),
+    ({"global_batch_size": 8}, r"--train_batch_size 8, with --global_batch_size unchanged\) or on more processes"),
+])
+def test_cuda_graphs_refuse_to_accumulate_micro_batches(flags, one_batch, selected_run, make_run_config, tmp_path):
     config = make_run_config(output_dir=str(_copy_selected(selected_run, tmp_path / "run")), train_batch_size=2,
-                             torch_compile="inductor:reduce-overhead", report_to="none", **flags)
+                             torch_compile="inductor:max-autotune", report_to="none", **flags)
     with pytest.raises(ValueError, match=r"does not accumulate 4 micro-batches per update into its gradients: train "
-                                         r"the update's 8 samples per process as one batch \(--train_batch_size 8"):
+                                         rf"the update's 8 samples per process as one batch \({one_batch}, or compile "
+                                         r"without CUDA graphs \(--torch_compile inductor:max-autotune-no-cudagraphs\)"):
         GORSTrainer(config)
     config.train_batch_size, config.gradient_accumulation_steps = 8, 1
     assert GORSTrainer(config).config.gradient_accumulation_steps == 1

@@ -284,8 +284,8 @@ def test_a_training_that_diverges_stops_with_what_to_change_and_saves_nothing_of
     # A learning rate of 1e30 moves the weights to about 1e30 at the first update (finite: checkpoint-1 is saved),
     # and the loss is NaN from the second.
     with pytest.raises(TrainingDiverged, match=r"training diverged: the loss of step 2 is nan; nothing of this step was "
-                                               r"saved\. Rerun with a lower --learning_rate and "
-                                               r"--text_encoder_learning_rate \(now 1e\+30\) and without "
+                                               r"saved\. Rerun with a lower --learning_rate \(now 1e\+30\) and "
+                                               r"--text_encoder_learning_rate \(now 5e-06\) and without "
                                                r"--resume_from_checkpoint: the training starts over from step 0"):
         train(_config(make_run_config, run_dir, max_train_steps=4, checkpointing_steps=1, learning_rate=1e30,
                       report_to="none"))
@@ -304,6 +304,33 @@ def test_a_training_that_diverges_stops_with_what_to_change_and_saves_nothing_of
                                                r"unet\..*lora_B"):
         trainer.save_checkpoint(7)
     assert not (run_dir / "checkpoints" / "checkpoint-7").exists()
+
+
+@pytest.mark.parametrize("flags, rates", [
+    ({}, "--learning_rate (now 0.0001) and --text_encoder_learning_rate (now 5e-06)"),
+    ({"train_text_encoder": False}, "--learning_rate (now 0.0001)"),
+    ({"train_unet": False}, "--text_encoder_learning_rate (now 5e-06)"),  # the denoiser's rate trains nothing
+])
+def test_a_diverged_training_names_the_rates_that_train(flags, rates, selected_run, make_run_config, tmp_path):
+    trainer = GORSTrainer(_config(make_run_config, _copy_run(selected_run, tmp_path / "run"), report_to="none",
+                                  **flags))
+    assert trainer.learning_rate_flags() == rates
+    assert f"Rerun with a lower {rates} and without --resume_from_checkpoint" in str(TrainingDiverged("x", rates))
+
+
+def test_the_polynomial_schedule_decays_each_rate_as_diffusers_scripts_do(selected_run, make_run_config, tmp_path):
+    # diffusers' schedule decays from the optimizer's default rate to 1e-7: its scripts give AdamW lr=--learning_rate,
+    # so the denoiser's rate ends at 1e-7 (without it AdamW's default 1e-3 made the end 1e-4 of every rate).
+    trainer = GORSTrainer(_config(make_run_config, _copy_run(selected_run, tmp_path / "run"), report_to="none",
+                                  lr_scheduler="polynomial", max_train_steps=10))
+    trainer.selection = load_selection(Path(trainer.config.output_dir))
+    trainer._setup_models()
+    trainer.schedule_steps = 10
+    trainer._setup_optimizer()
+    for _ in range(10):
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    assert trainer.lr_scheduler.get_last_lr() == pytest.approx([1e-7, 5e-6 * 1e-7 / 1e-4])
 
 
 def test_train_without_selection_says_what_to_run(make_run_config, tmp_path):

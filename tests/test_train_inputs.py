@@ -67,6 +67,11 @@ def test_an_anchor_below_the_whole_timestep_range_is_refused_with_the_config(mak
                                          r"all below it.*Give a timestep in \(500, 800\), e.g. --anchor_below 650"):
         make_run_config(timestep_range=[500, 800], anchor_below=800)
     assert make_run_config(timestep_range=[500, 800], anchor_below=799).anchor_below == 799
+    # At or below the range's first timestep no drawn timestep is anchored: the flag would do nothing.
+    with pytest.raises(ValueError, match=r"--anchor_below=500: --timestep_range 500 800 trains timesteps 500 to 799, "
+                                         r"none below it, so no step would be anchored.*--anchor_below 650, or 0"):
+        make_run_config(timestep_range=[500, 800], anchor_below=500)
+    assert make_run_config(timestep_range=[500, 800], anchor_below=501).anchor_below == 501
 
 
 def test_anchor_below_is_refused_on_flow_matching_families(tiny_sd3, tmp_path):

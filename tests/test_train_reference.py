@@ -91,6 +91,50 @@ def test_first_steps_match_the_reference_loop(train_step, selected_run, tiny_sd)
         assert moved > 1e-6, component
 
 
+def test_the_reference_trains_in_fp32_beside_gors_in_half_precision(train_step, selected_run, tiny_sd):
+    # GORS' script trained in fp32 (its --mixed_precision default 'no' overrides the launcher's fp16); gors' bf16
+    # Accelerator is the process's, and the reference's calls must still take fp32's branches.
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    from gors.core.distributed import make_accelerator
+    from gors.core.run_folder import samples_dir
+    from gors.select import load_selection
+
+    run_dir = Path(selected_run.output_dir)
+    accelerator = make_accelerator(mixed_precision="bf16")
+    trainer = train_step.gors_trainer(tiny_sd, run_dir, accelerator, train_text_encoder=True, resolution=32,
+                                      seed=0, mixed_precision="bf16")
+    ours = train_step.GorsLoop(trainer)
+    models = {"unet": UNet2DConditionModel.from_pretrained(tiny_sd, subfolder="unet"),
+              "vae": AutoencoderKL.from_pretrained(tiny_sd, subfolder="vae"),
+              "text_encoder": CLIPTextModel.from_pretrained(tiny_sd, subfolder="text_encoder")}
+    reference = train_step.ReferenceLoop(
+        models, CLIPTokenizer.from_pretrained(tiny_sd, subfolder="tokenizer"),
+        DDPMScheduler.from_pretrained(tiny_sd, subfolder="scheduler"), samples_dir(run_dir),
+        load_selection(run_dir), trainer.schedule.indices, accelerator, train_text_encoder=True, resolution=32,
+        precision="no")
+    train_step.copy_adapters(ours.trained_modules(), reference.trained_modules())
+    autocast: dict[str, list[bool]] = {"reference": [], "gors": []}
+    for name, loop in (("reference", reference), ("gors", ours)):
+        for model in loop.trained_modules().values():  # a layer inside: accelerate autocasts the model's forward
+            layer = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+            layer.register_forward_pre_hook(
+                lambda *_, name=name: autocast[name].append(torch.is_autocast_enabled("cpu")))
+    with train_step.same_draws():
+        torch.manual_seed(0)
+        reference_losses = [reference.step().item() for _ in range(STEPS)]
+        torch.manual_seed(0)
+        gors_losses = [ours.step().item() for _ in range(STEPS)]
+
+    assert autocast["reference"] == [False] * 2 * STEPS and autocast["gors"] == [True] * 2 * STEPS
+    assert all(p.dtype == torch.float32 for m in reference.trained_modules().values() for p in m.parameters())
+    assert reference.optimizer.scaler is None and accelerator.native_amp  # gors' accelerator is left as it was
+    # The same steps, the reference's in fp32: within bf16's rounding, and not equal.
+    assert gors_losses == pytest.approx(reference_losses, rel=train_step.LOSS_TOLERANCE["bf16"])
+    assert gors_losses != pytest.approx(reference_losses, rel=1e-6)
+
+
 def test_train_loop_steps_as_the_step_compared_with_the_reference(train_step, selected_run, tiny_sd, tmp_path):
     """`train()`'s own loop (clipping, optimizer and LR-scheduler updates, zeroing) ends with the adapters of
     `GorsLoop`'s steps, the ones compared with the reference loop above, under a gradient-norm bound tight
