@@ -124,7 +124,7 @@ run() {
             ${speedups[@]:+--speedups "${speedups[@]}"}
         measure overlap 70 python3 -m benchmarks --device cuda --full-size --only overlap --output "$out/overlap.md"
     else
-        measure train_step_16 100 python3 -m benchmarks --device cuda --full-size --only train_step \
+        measure train_step_16 120 python3 -m benchmarks --device cuda --full-size --only train_step \
             --gors_batch_size 16 --output "$out/train_step_16.md"
         if [ -f "$out/train_step_16.json" ]; then
             measure cost_model_16 150 python3 benchmarks/cost_model.py --device cuda --full-size --train_batch_size 16 \
@@ -132,7 +132,7 @@ run() {
                 --speedups "$first/b_vqa_passes.json" "$first/generation.json" "$out/train_step_16.json"
         fi
         # GORS' batch of 2 without the host's launches: inductor's graphs replayed as CUDA graphs.
-        measure train_step_graphs 220 python3 benchmarks/train_step.py --device cuda --full-size --repeats 8 \
+        measure train_step_graphs 200 python3 benchmarks/train_step.py --device cuda --full-size --repeats 8 \
             --torch_compile inductor:reduce-overhead --both_loras_only
     fi
     cat "$out"/*.md 2>/dev/null || true

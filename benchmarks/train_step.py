@@ -70,8 +70,8 @@ against the reference's at GORS' 2, as a ratio per sample (each pair's time rati
 official run trains a global batch of 16 as 2 per GPU on 8 GPUs; gors can train the same global
 batch on fewer GPUs at a larger batch each (the same updates: the loss is the mean over the global
 batch either way), which pays where a step at batch 2 leaves the GPU waiting for kernel launches.
-Its losses are not compared (other batches); the batch-2 rows' are (its first three steps run
-untimed too). `--both_loras_only` skips the U-Net-LoRA-only row.
+Its first three steps' losses are compared with the official loop's at batch N on the same batches
+(untimed); the timed reference then runs three untimed steps too. `--both_loras_only` skips the U-Net-LoRA-only row.
 
 Precision. The reference trains in fp32, as GORS' script did: `train.sh` launches it with
 `accelerate launch --mixed_precision=fp16`, but the script passes its own `--mixed_precision`, whose
@@ -817,34 +817,43 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                 f"{'' if train_text_encoder else ' and text embeddings'}, {len(rows)} images): {ours.cache_seconds:.2f} s")
             from diffusers import DDPMScheduler
 
-            reference = ReferenceLoop(
-                {name: copy.deepcopy(model) for name, model in base.items()}, tokenizer,
-                DDPMScheduler.from_pretrained(str(model_dir), subfolder="scheduler"), samples_dir(run_dir), rows,
-                pairs_in_order(len(rows)) if per_sample else trainer.schedule.indices, accelerator,
-                train_text_encoder=train_text_encoder, resolution=sizes.resolution,
-                precision=args.reference_precision)
-            copy_adapters(ours.trained_modules(), reference.trained_modules())
-            # The first steps of each, untimed (also the warm-up: AdamW's state is made, graphs are compiled, and
-            # CUDA graphs warmed up, recorded and, at the third, replayed), each from the same seed and draws.
+            def reference_loop(order: Callable[[int], list[int]], batch: int) -> ReferenceLoop:
+                return ReferenceLoop(
+                    {name: copy.deepcopy(model) for name, model in base.items()}, tokenizer,
+                    DDPMScheduler.from_pretrained(str(model_dir), subfolder="scheduler"), samples_dir(run_dir), rows,
+                    order, accelerator, train_text_encoder=train_text_encoder, resolution=sizes.resolution,
+                    precision=args.reference_precision, train_batch_size=batch)
+
+            # gors' first steps against the official loop's on the same batches (for a per-sample row, the official
+            # loop at gors' batch, untimed), untimed (also the warm-up: AdamW's state is made, graphs are compiled,
+            # and CUDA graphs warmed up, recorded and, at the third, replayed), each from the same seed and draws.
+            checking = reference_loop(trainer.schedule.indices, gors_batch)
+            copy_adapters(ours.trained_modules(), checking.trained_modules())
             differences = []
             with same_draws():
                 for step in range(AGREEMENT_STEPS):
                     torch.manual_seed(args.seed + step)
-                    reference_loss = reference.step().item()
+                    reference_loss = checking.step().item()
                     torch.manual_seed(args.seed + step)
                     gors_loss = ours.step().item()
                     log(f"[train_step] {label}: step {step + 1} from seed {args.seed + step}, same LoRA init and "
                         f"draws: reference loss {reference_loss:.7f}, gors loss {gors_loss:.7f}")
                     differences.append(abs(reference_loss - gors_loss) / max(abs(reference_loss), 1e-12))
-            if per_sample:  # other batches, so other losses: the batch-2 rows above compared the same steps
-                agreement = f"not compared (batch {gors_batch} against 2; the batch-2 rows' first steps agree)"
+            # The same steps of the same models on the same batches: the losses agree to float rounding.
+            if max(differences) > tolerance:
+                raise SystemExit(f"[train_step] {label}: the losses of the first {AGREEMENT_STEPS} steps differ by "
+                                 f"up to {max(differences):.1e} (relative), more than {tolerance:g}: the two loops "
+                                 "do not train alike")
+            agreement = f"losses of the first {AGREEMENT_STEPS} steps {max(differences):.0e}"
+            if per_sample:  # the timed reference trains GORS' batch, its first steps untimed as gors' were
+                agreement += f" (against the official loop at batch {gors_batch})"
+                del checking  # (its prepared models stay in the accelerator's lists: free_memory would drop gors')
+                gc.collect()
+                reference = reference_loop(pairs_in_order(len(rows)), GORS_BATCH)
+                for _ in range(AGREEMENT_STEPS):
+                    reference.step()
             else:
-                # The same steps of the same models on the same batches: the losses agree to float rounding.
-                if max(differences) > tolerance:
-                    raise SystemExit(f"[train_step] {label}: the losses of the first {AGREEMENT_STEPS} steps differ by "
-                                     f"up to {max(differences):.1e} (relative), more than {tolerance:g}: the two loops "
-                                     "do not train alike")
-                agreement = f"losses of the first {AGREEMENT_STEPS} steps {max(differences):.0e}"
+                reference = checking
             seconds = {"reference": [], "gors": []}
 
             def clocked(name: str, step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
