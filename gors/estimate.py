@@ -56,6 +56,8 @@ from gors.timings import TIMINGS_FILE, read_timings
 # own ratios (`python -m benchmarks --device cuda --full-size`) replace them through
 # --reference_speedups. Selection has no official counterpart that was measured: its ratio is 1.
 CPU_MEASURED_SPEEDUPS = {"generate": 2.26, "score": 7.11, "train": 1.37}
+# gors' batch in `benchmarks/generation.py`, whose ratio over the official one image per call prices generation.
+GENERATION_RATIO_BATCH = 8
 SPEEDUP_STAGES = ("generate", "score", "select", "train")
 
 
@@ -245,11 +247,25 @@ def _training_warning(train: dict[str, Any]) -> str | None:
             f"{fix} --max_train_steps")
 
 
+def _generation_warning(generate: dict[str, Any]) -> str | None:
+    """Whether the calibration generated in batches other than those the generation ratio was measured at (gors at
+    `GENERATION_RATIO_BATCH` against one image per call): the official column then scales another batch's speed."""
+    settings = generate.get("settings") if isinstance(generate.get("settings"), dict) else {}
+    batch = settings.get("generation_batch_size")
+    if not _number(batch) or batch == GENERATION_RATIO_BATCH:
+        return None
+    direction = "too high" if batch < GENERATION_RATIO_BATCH else "too low"
+    return (f"the calibration generated in batches of {batch}, but the generation ratio is gors' speed in batches of "
+            f"{GENERATION_RATIO_BATCH} over the official one image per call: the official column's generation is "
+            f"likely {direction}. Calibrate with --generation_batch_size {GENERATION_RATIO_BATCH}")
+
+
 def calibration_warnings(stages: dict[str, dict[str, Any]]) -> list[str]:
-    """What in the calibration makes the estimate too high: training that validated or saved a checkpoint
-    before its last step, and compiling (`--torch_compile`) in a stage whose first batch could not be told
-    from the others (its compiling is then timed as work)."""
+    """What in the calibration makes the estimate wrong: training that validated or saved a checkpoint before
+    its last step, compiling (`--torch_compile`) in a stage whose first batch could not be told from the others
+    (its compiling is then timed as work), and generation in batches the generation ratio was not measured at."""
     warnings = [_training_warning(stages["train"])] if "train" in stages else []
+    warnings += [_generation_warning(stages[stage]) for stage in ("generate", "generate+score") if stage in stages]
     compiled = sorted(stage for stage, entry in stages.items() if stage in COMPILING_STAGES
                       and isinstance(entry.get("settings"), dict)
                       and entry["settings"].get("torch_compile") not in (None, "no")

@@ -98,6 +98,20 @@ def test_no_warning_for_a_calibration_without_validation_and_with_one_checkpoint
     assert calibration_warnings(_train(200, checkpointing_steps=200)) == []  # the end's only
 
 
+@pytest.mark.parametrize("stage, batch, said", [
+    ("generate", 8, None),  # the batch the ratio was measured at
+    ("generate", 1, "generated in batches of 1, but the generation ratio is gors' speed in batches of 8 over the "
+                    "official one image per call: the official column's generation is likely too high. Calibrate with "
+                    "--generation_batch_size 8"),
+    ("generate+score", 16, "generated in batches of 16, but .* likely too low"),
+])
+def test_a_calibration_generating_in_other_batches_than_the_ratio_is_warned_of(stage, batch, said):
+    import re
+
+    warnings = calibration_warnings({stage: _entry(stage, 100, 400, generation_batch_size=batch)})
+    assert (warnings == []) if said is None else (len(warnings) == 1 and re.search(said, warnings[0]))
+
+
 @pytest.mark.parametrize("settings, work, said", [
     (dict(checkpointing_steps=50), 200, "saved 4 checkpoints in its 200 steps"),
     (dict(checkpointing_steps=60), 200, "saved 4 checkpoints in its 200 steps"),  # 60, 120, 180 and the end
