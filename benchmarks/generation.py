@@ -12,6 +12,8 @@ same pixels.
   default `--batch_size 1`, each call with a generator of its own seed, and `image.save(...png)`
   per image. `--reference_batch_size N` calls it with N images at once (there: N copies of one
   prompt and one generator per call; here a list of N generators, so that each image keeps its seed).
+  As the script, each prompt's images are also saved as one grid PNG. Its generators are CUDA ones
+  on a GPU; here they draw on the CPU as gors' do, so that the two give the same images.
 - **gors**: `gors.core.sampling.generate_samples` into a new sample store, 8 images per pipeline
   call (`--generation_batch_size`'s default), the pipeline from `gors.core.pipeline.load_pipeline`
   (DDIM from the checkpoint's scheduler config, no safety checker; `--torch_compile` compiles its
@@ -51,6 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from common import SpeedResult, checked_device, paired_ratios, positive_int, print_table, refuse_halved
+from PIL import Image
 from train_memory import SPECS
 from train_step import sizes_for
 
@@ -113,6 +116,15 @@ def reference_pipeline(folder: Path, device: torch.device, dtype: torch.dtype):
 
 def pixels(image) -> np.ndarray:
     return np.asarray(image.convert("RGB"), dtype=np.uint8)
+
+
+def column(images: list[Image.Image]) -> Image.Image:
+    """The images one under another: T2I-CompBench's per-prompt grid at its batch of 1 (a row per iteration)."""
+    width, height = images[0].size
+    grid = Image.new("RGB", (width, height * len(images)))
+    for row, image in enumerate(images):
+        grid.paste(image, (0, row * height))
+    return grid
 
 
 def measure(argv: list[str] | None = None) -> list[SpeedResult]:
@@ -186,6 +198,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
                                     generator=[torch.Generator("cpu").manual_seed(s) for s in seeds[start:end]]).images
             for (p, i), image in zip(batch, images):
                 image.save(out / f"{PROMPTS[p]}_{i:06d}.png")
+            for p, prompt in enumerate(PROMPTS):  # and, as the official script, each prompt's images as one grid
+                column(images[p * IMAGES_PER_PROMPT:(p + 1) * IMAGES_PER_PROMPT]).save(out / f"{prompt}-grid.png")
             return images
 
         def run_gors() -> SampleStore:
