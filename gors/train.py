@@ -812,7 +812,7 @@ class GORSTrainer:
             # CUDA graphs refuse the accumulation a smaller batch needs (`resolve_accumulation`).
             graphs = (f" with --torch_compile {without_cuda_graphs(config.torch_compile)}, which accumulates "
                       "micro-batches where CUDA graphs do not" if uses_cuda_graphs(config.torch_compile) else "")
-            advice.append(f"lower --train_batch_size{raise_too}{graphs} (the same samples per update; the training "
+            advice.append(f"lower --train_batch_size{raise_too}{graphs} (as many samples per update; the training "
                           "starts again from step 0, its checkpoints set aside)")
         if not config.gradient_checkpointing:
             advice.append("pass --gradient_checkpointing (the training resumes from its last checkpoint)")

@@ -192,7 +192,7 @@ def test_training_out_of_memory_names_the_micro_batch_flags(selected_run, tiny_s
         main(["train", "--output_dir", str(run), "--pretrained_model_name_or_path", str(tiny_sd), "--resolution", "32",
               "--max_train_steps", "2", "--report_to", "none", *flags])
     assert error_lines(capsys) == [
-        f"error: out of device memory while training, 2 samples per micro-batch on each process: {lower} (the same "
+        f"error: out of device memory while training, 2 samples per micro-batch on each process: {lower} (as many "
         "samples per update; the training starts again from step 0, its checkpoints set aside), or pass "
         "--gradient_checkpointing (the training resumes from its last checkpoint), or run the same command again on "
         f"a device with more memory or with its other processes stopped. What was finished is kept (torch: "
