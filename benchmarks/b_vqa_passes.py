@@ -33,7 +33,8 @@ script prints the min and median of the paired time ratios and how far the score
   is what the official mask computes (the decoder runs one token, a small part of the work).
   Left out of the timing, so the reference is faster than the official script: rebuilding and
   reloading the model in every pass, reading and decoding the image files (the images are handed
-  over in memory, the transform still runs every pass), spaCy (both sides use gors' built-in
+  over in memory, the transform, with its resize of SD-2-base's 512 px samples to 480, still runs
+  every pass; until 2026-12-05 the images were 480 px and the resize did nothing), spaCy (both sides use gors' built-in
   noun-phrase chunker, which gives the same phrases on these prompts), the JSON files, and the
   4-decimal rounding (left out on both sides, gors' with ``decimals=None``, so that the agreement
   measures the computation, not the format).
@@ -83,6 +84,7 @@ from rewards.noun_phrases import noun_phrases
 OFFICIAL_PASSES = 8  # BLIP_vqa.py: --np_num, default 8
 OFFICIAL_BATCH_SIZE = 32  # configs/vqa.yaml: batch_size_test
 OFFICIAL_IMAGE_SIZE = 480  # configs/vqa.yaml: image_size
+SAMPLE_SIZE = 512  # SD-2-base's samples, which T2I-CompBench scores (both sides resize them to 480)
 OFFICIAL_MAX_QUESTION_TOKENS = 35  # models/blip_vqa.py: the question tokenizer's max_length
 OFFICIAL_DROPPED_PHRASES = ("top", "the side", "the left", "the right")  # BLIP_vqa.py
 # data/__init__.py: transforms.Normalize of transform_test (CLIP's mean and std).
@@ -312,19 +314,20 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     official = OfficialBVQA(reward.model, reward.processor.tokenizer, device, dtype)
 
     rng = np.random.default_rng(0)
-    side = OFFICIAL_IMAGE_SIZE
+    side = SAMPLE_SIZE
     images = [Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(args.images)]
     prompts = [PROMPTS[k % len(PROMPTS)] for k in range(args.images)]
     questions = [official_question(p, i) for p in prompts for i in range(OFFICIAL_PASSES)]
     asked = [q for q in questions if q]
     lengths = [len(ids) for ids in reward.processor.tokenizer(asked).input_ids]
-    vision_tokens = (side // BLIP_VQA_VISION["patch_size"]) ** 2 + 1
+    vision_tokens = (OFFICIAL_IMAGE_SIZE // BLIP_VQA_VISION["patch_size"]) ** 2 + 1
     print(f"model: BLIP ViT-B/16 VQA (Salesforce/blip-vqa-capfilt-large architecture), {args.vision_layers}/12 "
           f"vision layers, {args.text_layers}/12 text layers (encoder and decoder each), width 768, random "
           f"weights, built in {built_s:.0f} s; float32 on {device}")
     for name, count in counts.items():
         print(f"  {name:16s} {count / 1e6:7.1f} M parameters")
-    print(f"inputs: {args.images} images of {side} x {side} px ({vision_tokens} vision tokens each), "
+    print(f"inputs: {args.images} images of {side} x {side} px, resized to {OFFICIAL_IMAGE_SIZE} ({vision_tokens} "
+          "vision tokens each), "
           f"{len(asked)} questions ({min(lengths)}-{max(lengths)} tokens); official: {OFFICIAL_PASSES} passes "
           f"of batch {OFFICIAL_BATCH_SIZE} = {OFFICIAL_PASSES * args.images} image encodings; gors: "
           f"{args.images} image encodings, questions in batches of {args.batch_size}; {args.repeats} pairs",
@@ -367,7 +370,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     if max(score_difference, answer_difference) > 1e-5:
         raise SystemExit("the two procedures disagree beyond 1e-5")
     sizes = (f"{args.vision_layers}/12 vision + {args.text_layers}/12 text layers, width 768, "
-             f"{sum(counts.values()) / 1e6:.0f} M parameters, {side} px ({vision_tokens} vision tokens), "
+             f"{sum(counts.values()) / 1e6:.0f} M parameters, {side} px images at {OFFICIAL_IMAGE_SIZE} px "
+             f"({vision_tokens} vision tokens), "
              f"{args.images} images x {len(asked) / args.images:.2g} questions, float32")
     return [SpeedResult(
         stage="B-VQA, BLIP ViT-B/16 VQA at 480 px",

@@ -18,7 +18,9 @@ exactly (same batches, same images).
 
 Sizes. By default (a CPU): generation at `train_step.py`'s reduced SD-2-base (widths / 4) at
 128 px, 10 DDIM steps, 8 images per pipeline call; B-VQA with BLIP ViT-B/16's real widths at
-480 px, 2 of 12 vision and text layers (`b_vqa_passes.save_model`), 16 images per reward call.
+480 px, 2 of 12 vision and text layers (`b_vqa_passes.save_model`), 8 images per reward call (the
+scorer starts on a full batch: a batch of all 16 images would start only after generation ended,
+which the runs of 2026-12-01 and 2026-12-04 did, so that they measured no overlap at all).
 `--full-size`: SD-2-base at 512 px (float16) and the full 12 + 12-layer BLIP (float32, as the
 official B-VQA runs), 50 DDIM steps (a GPU).
 
@@ -54,7 +56,9 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
     parser.add_argument("--full-size", action="store_true", help="SD-2-base at 512 px and the 12 + 12-layer BLIP")
     parser.add_argument("--steps", type=int, default=None, help="DDIM steps; default 10 (CPU) / 50 (--full-size)")
     parser.add_argument("--generation_batch_size", type=int, default=8)
-    parser.add_argument("--reward_batch_size", type=int, default=16)
+    # No larger than a generation batch: scoring starts with a full batch (or at generation's end), and a batch
+    # holding all the images would only start once generation is done, leaving nothing to overlap.
+    parser.add_argument("--reward_batch_size", type=int, default=8)
     args = parser.parse_args(argv)
     device = checked_device(parser, args)
     steps = args.steps or (50 if args.full_size else 10)
