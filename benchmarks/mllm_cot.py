@@ -12,7 +12,13 @@ give the same answers and parsed scores.
   (vision tower included) with greedy decoding and at most ``max_new_tokens`` new tokens; the
   answer is appended to the conversation. MiniGPT-4-CoT's ``chat.answer`` differs in one way: it
   encodes the image once and reuses its embeddings in every turn, so against it the ratio would be
-  lower by the vision tower's share of a turn (not measured here).
+  lower by the vision tower's share of a turn (not measured here). Other departures from both (an
+  audit, 2026-12-05): greedy decoding where both official scripts sample (ShareGPT4V: temperature
+  0.2, top-p 0.7; MiniGPT-4: 0.7, 0.9), which the agreement check needs; ShareGPT4V asks each rating
+  on the system prompt, image and description alone (not the whole conversation) with up to 512
+  new tokens, and streams its decoding; MiniGPT-4 asks again, up to 3 times, when an answer holds no
+  number. The row's procedure is therefore neither script's exactly: it keeps their per-image,
+  per-turn `generate` calls, which is what gors' batching replaces.
 - **gors**: `MLLMCoTReward.score` on all the images at once: the vision tower once per image,
   the first turn's prompts as one batch, greedy decoding of all rows together, and each later
   turn appended to the kept key/value cache (see `rewards.mllm_cot`).
@@ -164,7 +170,8 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
              f"({image_tokens} image tokens), {len(turns[0])} turns of <= {args.max_new_tokens} tokens, {args.dtype}")
     return [SpeedResult(
         stage="MLLM-CoT judge, Qwen3-VL-8B proportions",
-        reference="plain greedy `generate` per image and turn on the re-rendered conversation",
+        reference="plain greedy `generate` per image and turn on the re-rendered conversation, vision re-run each "
+                  "turn (ShareGPT4V-CoT; MiniGPT-4-CoT, whose prompts gors asks, encodes the image once)",
         sizes=sizes,
         ratios=ratios,
         agreement=f"{equal}/{answers} answers equal",
