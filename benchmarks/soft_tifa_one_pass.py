@@ -206,7 +206,8 @@ def parameter_counts(model) -> dict[str, int]:
 @torch.no_grad()
 def official_probabilities(model, processor, image_path: str, vqa_list: list[list[str]]) -> list[torch.Tensor]:
     """GenEval 2's procedure: per question, the chat inputs from the image file and ``generate``
-    of one greedy token; the softmax of its scores (vocabulary, float32) for each question."""
+    of one greedy token, the softmax of its scores (vocabulary, float32) and its most probable token
+    decoded; the softmaxes, one per question."""
     probabilities = []
     for question, _ in vqa_list:
         messages = [{"role": "user", "content": [{"type": "image", "image": image_path},
@@ -216,6 +217,7 @@ def official_probabilities(model, processor, image_path: str, vqa_list: list[lis
         outputs = model.generate(**inputs, max_new_tokens=1, do_sample=False, output_scores=True,
                                  return_dict_in_generate=True)
         probabilities.append(torch.softmax(outputs.scores[0], dim=-1)[0].float())
+        processor.batch_decode([torch.argmax(probabilities[-1])])  # the answer it decodes and keeps (a read-back)
     return probabilities
 
 
