@@ -65,13 +65,15 @@ def check_anchor_below(anchor_below: int, timestep_range: list[int] | None, num_
     the base model, and the LoRA would learn nothing (a loss of 0). Refuse one at or below BEGIN too:
     no drawn timestep would be anchored, and the flag would do nothing."""
     begin, end = timestep_range if timestep_range is not None else (0, num_train_timesteps)
+    if end is None:  # neither bound known yet
+        return
     drawn = (f"--timestep_range {begin} {end} trains timesteps {begin} to {end - 1}" if timestep_range is not None
              else f"the model's noise schedule has {end} timesteps (0 to {end - 1})")
     fix = f"Give a timestep in ({begin}, {end}), e.g. --anchor_below {(begin + end) // 2}, or 0 for off"
     if timestep_range is not None and anchor_below <= begin:
         raise ValueError(f"--anchor_below={anchor_below}: {drawn}, none below it, so no step would be anchored to the "
                          f"base model and the flag would do nothing. {fix}")
-    if end is None or anchor_below < end:
+    if anchor_below < end:
         return
     raise ValueError(f"--anchor_below={anchor_below}: {drawn}, all below it, so every step would train the LoRA to "
                      f"reproduce the base model and it would learn nothing. {fix}")

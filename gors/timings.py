@@ -44,7 +44,7 @@ class StageTiming:
         warmup_seconds: of `seconds`, what the main process's first batch or step (first two steps under
             CUDA graphs, the second recording them) took beyond the pace of the ones after it (CUDA kernels
             loaded on first use, autotuning, compiling); None where that pace is unknown (fewer than two
-            batches or steps, or a gors before 0.2).
+            batches or steps, three under CUDA graphs, or a gors before 0.2).
         wrapup_seconds: of `seconds`, the time after the main process's last batch or step: the last
             batch's writing, the final checkpoint, validation and LoRA, waiting for the other processes;
             None where unknown (as `warmup_seconds`).

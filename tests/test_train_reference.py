@@ -109,11 +109,15 @@ def test_the_reference_trains_in_fp32_beside_gors_in_half_precision(train_step, 
     models = {"unet": UNet2DConditionModel.from_pretrained(tiny_sd, subfolder="unet"),
               "vae": AutoencoderKL.from_pretrained(tiny_sd, subfolder="vae"),
               "text_encoder": CLIPTextModel.from_pretrained(tiny_sd, subfolder="text_encoder")}
+    # fp16's loss scaler, which accelerate makes on a GPU only: the reference's optimizer must not take it.
+    scaler = accelerator.scaler = torch.amp.GradScaler("cpu")
     reference = train_step.ReferenceLoop(
         models, CLIPTokenizer.from_pretrained(tiny_sd, subfolder="tokenizer"),
         DDPMScheduler.from_pretrained(tiny_sd, subfolder="scheduler"), samples_dir(run_dir),
         load_selection(run_dir), trainer.schedule.indices, accelerator, train_text_encoder=True, resolution=32,
         precision="no")
+    assert reference.optimizer.scaler is None and accelerator.scaler is scaler  # and the accelerator's is back
+    accelerator.scaler = None
     train_step.copy_adapters(ours.trained_modules(), reference.trained_modules())
     autocast: dict[str, list[bool]] = {"reference": [], "gors": []}
     for name, loop in (("reference", reference), ("gors", ours)):
@@ -129,7 +133,13 @@ def test_the_reference_trains_in_fp32_beside_gors_in_half_precision(train_step, 
 
     assert autocast["reference"] == [False] * 2 * STEPS and autocast["gors"] == [True] * 2 * STEPS
     assert all(p.dtype == torch.float32 for m in reference.trained_modules().values() for p in m.parameters())
-    assert reference.optimizer.scaler is None and accelerator.native_amp  # gors' accelerator is left as it was
+    assert accelerator.native_amp  # gors' accelerator is left as it was
+    # Released, the reference's prepared models, optimizer and scheduler leave the accelerator; gors' stay.
+    counts = [len(accelerator._models), len(accelerator._optimizers), len(accelerator._schedulers)]
+    reference.release()
+    assert [len(accelerator._models), len(accelerator._optimizers), len(accelerator._schedulers)] == [
+        counts[0] - 2, counts[1] - 1, counts[2] - 1]
+    assert any(optimizer is trainer.optimizer for optimizer in accelerator._optimizers)
     # The same steps, the reference's in fp32: within bf16's rounding, and not equal.
     assert gors_losses == pytest.approx(reference_losses, rel=train_step.LOSS_TOLERANCE["bf16"])
     assert gors_losses != pytest.approx(reference_losses, rel=1e-6)
