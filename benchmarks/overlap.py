@@ -22,7 +22,9 @@ Sizes. By default (a CPU): generation at `train_step.py`'s reduced SD-2-base (wi
 scorer starts on a full batch: a batch of all 16 images would start only after generation ended,
 which the runs of 2026-12-01 and 2026-12-04 did, so that they measured no overlap at all).
 `--full-size`: SD-2-base at 512 px (float16) and the full 12 + 12-layer BLIP (float32, as the
-official B-VQA runs), 50 DDIM steps (a GPU).
+official B-VQA runs), 50 DDIM steps, the training samples' of the paper's run that `cost_model.py`
+prices (GORS' `inference.py` default; T2I-CompBench's evaluation samples 30, which would leave
+scoring a larger share to overlap) (a GPU).
 
     python benchmarks/overlap.py                          # CPU, a few minutes
     python benchmarks/overlap.py --device cuda --full-size --repeats 5
