@@ -492,9 +492,11 @@ class TrainingFields:
         # piecewise_constant needs step rules that no flag gives.
         names = [kind.value for kind in SchedulerType if kind != SchedulerType.PIECEWISE_CONSTANT]
         _check(self.lr_scheduler in names, f"--lr_scheduler={self.lr_scheduler!r}; choose one of {', '.join(names)}")
-        # diffusers' polynomial schedule decays to 1e-7 and refuses a learning rate at or below it.
-        _check(self.lr_scheduler != "polynomial" or min(self.learning_rate, self.text_encoder_learning_rate) > 1e-7,
-               "--lr_scheduler=polynomial decays to 1e-7: give learning rates above it")
+        # diffusers' polynomial schedule decays the optimizer's rate (--learning_rate) to 1e-7, every group's in
+        # proportion, and refuses a rate at or below it.
+        _check(self.lr_scheduler != "polynomial" or self.learning_rate > 1e-7,
+               "--lr_scheduler=polynomial decays --learning_rate to 1e-7 (and the text encoder's rate in proportion): "
+               "give a --learning_rate above it")
 
     def _check_benchmark_validation_flags(self) -> None:
         """Refuse flags of benchmark validation without `--validation_benchmark`: they would be taken and

@@ -126,7 +126,7 @@ def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
         (["--anchor_below", "-1"], "--anchor_below=-1: give a timestep >= 1"),
         (["--lr_scheduler", "cosin"], "--lr_scheduler='cosin'; choose one of linear, cosine, "),
         (["--lr_scheduler", "piecewise_constant"], "--lr_scheduler='piecewise_constant'; choose one of"),
-        (["--lr_scheduler", "polynomial", "--learning_rate", "1e-8"], "polynomial decays to 1e-7"),
+        (["--lr_scheduler", "polynomial", "--learning_rate", "1e-8"], "polynomial decays --learning_rate to 1e-7"),
         (["--adam_beta1", "1.0"], r"--adam_beta1=1.0: use a value in \[0, 1\)"),
         (["--adam_beta2", "-0.1"], "--adam_beta2=-0.1"),
         (["--adam_epsilon", "0"], "--adam_epsilon=0.0: must be > 0"),
