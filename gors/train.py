@@ -733,6 +733,13 @@ class GORSTrainer:
             accelerator.print(f"[train] {len(self.selection)} selected samples: {self._steps_to_train(global_step)} of "
                               f"{config.train_batch_size} x {accelerator.num_processes} x "
                               f"{config.gradient_accumulation_steps}")
+            if config.gradient_accumulation_steps > 1:
+                # Small micro-batches leave a large GPU waiting on the host (benchmarks/README.md).
+                whole = config.train_batch_size * config.gradient_accumulation_steps
+                accelerator.print(f"[train] note: each update accumulates {config.gradient_accumulation_steps} "
+                                  f"micro-batches of {config.train_batch_size}; where memory allows, "
+                                  f"--train_batch_size {whole} trains as many samples per update in one step, in "
+                                  "less time per sample")
 
         params = [p for m in models for p in m.parameters() if p.requires_grad]
         accumulation = config.gradient_accumulation_steps

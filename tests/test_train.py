@@ -218,7 +218,8 @@ def test_a_global_batch_is_made_of_accumulated_micro_batches_on_any_number_of_pr
         accumulation_steps(16, 2, 1, gradient_accumulation_steps=4)
 
 
-def test_a_global_batch_trains_as_the_same_accumulation_given_by_hand(selected_run, make_run_config, tmp_path):
+def test_a_global_batch_trains_as_the_same_accumulation_given_by_hand(selected_run, make_run_config, tmp_path,
+                                                                      capsys):
     weights = {}
     for name, overrides in (("global", {"global_batch_size": 4}), ("by_hand", {"gradient_accumulation_steps": 2})):
         run_dir = _copy_run(selected_run, tmp_path / name)
@@ -227,6 +228,9 @@ def test_a_global_batch_trains_as_the_same_accumulation_given_by_hand(selected_r
         weights[name] = load_file(str(train(config)))
         reset_process_state()
         assert config.gradient_accumulation_steps == 2  # resolved, so the run's settings record it
+        # The run says how to train the same updates in fewer, larger steps.
+        assert ("[train] note: each update accumulates 2 micro-batches of 2; where memory allows, --train_batch_size "
+                "4 trains as many samples per update in one step, in less time per sample") in capsys.readouterr().out
     assert weights["global"].keys() == weights["by_hand"].keys()
     for key, value in weights["by_hand"].items():
         assert torch.equal(weights["global"][key], value), key
