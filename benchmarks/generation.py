@@ -58,10 +58,11 @@ from train_memory import SPECS
 from train_step import sizes_for
 
 from gors.core.store import sample_seed
+from gors.estimate import GENERATION_RATIO_BATCH
 
 PROMPTS = ["a red apple and a green bowl", "a blue car and a yellow house", "a white cat on a black sofa",
            "a brown dog and an orange ball"]
-IMAGES_PER_PROMPT = 2
+IMAGES_PER_PROMPT = GENERATION_RATIO_BATCH // len(PROMPTS)  # one gors batch, the one gors estimate assumes
 BASE_SEED = 42
 
 

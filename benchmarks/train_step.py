@@ -794,12 +794,11 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
             f", gors' U-Net and trained text encoder compiled ({args.torch_compile})"
         variant += ", gors with peft's LoRA layers" if args.peft_layers else ""
 
-        def precision_text(precision: str) -> str:
-            return "fp32" if precision == "no" else precision
-
-        precisions = (precision_text(args.mixed_precision) if args.reference_precision == args.mixed_precision else
-                      f"gors {precision_text(args.mixed_precision)}, reference "
-                      f"{precision_text(args.reference_precision)}")
+        named = {"no": "fp32"}
+        gors_precision = named.get(args.mixed_precision, args.mixed_precision)
+        reference_precision = named.get(args.reference_precision, args.reference_precision)
+        precisions = (gors_precision if reference_precision == gors_precision else
+                      f"gors {gors_precision}, reference {reference_precision}")
 
         def size_text(batch: str) -> str:
             return (f"{sizes.label}: U-Net {millions(base['unet'])}, text encoder {millions(base['text_encoder'])}, "

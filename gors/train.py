@@ -290,6 +290,8 @@ class GORSTrainer:
         self.accelerator = accelerator or training_accelerator(config)
         check_data_parallel(self.accelerator)
         resolve_accumulation(self.config, self.accelerator.num_processes)
+        # Whether the denoiser replays as CUDA graphs: no joint adapter cast, two warm-up steps, no accumulation.
+        self.cuda_graphs = uses_cuda_graphs(self.config.torch_compile)
         if self.accelerator.gradient_accumulation_steps != self.config.gradient_accumulation_steps:
             raise ValueError(f"the Accelerator given accumulates {self.accelerator.gradient_accumulation_steps} "
                              f"micro-batch(es) per update and the training {self.config.gradient_accumulation_steps}: "
@@ -334,7 +336,7 @@ class GORSTrainer:
         # replay, where autocast's own casts run inside the graph.
         self.adapter_cast = (AdapterCast(list(self.trained_modules().values()), self.weight_dtype)
                              if self.weight_dtype != torch.float32 and accelerator.native_amp
-                             and not uses_cuda_graphs(config.torch_compile) else None)
+                             and not self.cuda_graphs else None)
         if config.gradient_checkpointing:
             self.denoiser.enable_gradient_checkpointing()
             for encoder in trained:
@@ -749,7 +751,7 @@ class GORSTrainer:
             module.train()
         # Not the folder's latest checkpoint: another training's, set aside. Under CUDA graphs the second step
         # records the graphs, a one-off like the first step's compiling.
-        work_starts(done_before=global_step, warmup_units=2 if uses_cuda_graphs(config.torch_compile) else 1)
+        work_starts(done_before=global_step, warmup_units=2 if self.cuda_graphs else 1)
         first_step = global_step
         # fp16's loss scaler skips an update whose loss overflowed, and the training goes on.
         log = LossLog(accelerator, self.trained, bar,
@@ -818,7 +820,7 @@ class GORSTrainer:
                          " and raise --gradient_accumulation_steps as much")
             # CUDA graphs refuse the accumulation a smaller batch needs (`resolve_accumulation`).
             graphs = (f" with --torch_compile {without_cuda_graphs(config.torch_compile)}, which accumulates "
-                      "micro-batches where CUDA graphs do not" if uses_cuda_graphs(config.torch_compile) else "")
+                      "micro-batches where CUDA graphs do not" if self.cuda_graphs else "")
             advice.append(f"lower --train_batch_size{raise_too}{graphs} (as many samples per update; the training "
                           "starts again from step 0, its checkpoints set aside)")
         if not config.gradient_checkpointing:
