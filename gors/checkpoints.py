@@ -20,7 +20,7 @@ import re
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 from accelerate import Accelerator
 
@@ -56,6 +56,8 @@ BASE_MODEL_COMMIT = "base_model_commit"
 # The precision the training runs in (`Accelerator.mixed_precision`: "no", "fp16", "bf16"): fp16 keeps a
 # loss scaler in the checkpoint that the others lack, and each computes other gradients.
 MIXED_PRECISION = "mixed_precision"
+# How an update's samples split into micro-batches: `--auto_train_batch_size` finds them at the first step.
+MICRO_BATCH_FIELDS = ("train_batch_size", "gradient_accumulation_steps")
 # Recorded since some release: a checkpoint made before lacks them, and one side's unknown is no difference.
 RECORDED_WHERE_KNOWN = (BASE_MODEL_COMMIT, MIXED_PRECISION)
 # Schedules whose LR does not depend on the run's length.
@@ -154,13 +156,40 @@ def training_fingerprint(config: TrainConfig | RunConfig, selection: list[dict[s
 
 
 def fingerprint_differences(recorded: dict[str, Any], fingerprint: dict[str, Any], there: str = "in the checkpoint",
-                            with_selection: bool = True) -> list[str]:
-    """Each setting that differs between a checkpoint's fingerprint and this run's, as "name old there, new now"."""
+                            with_selection: bool = True, ignore: Collection[str] = ()) -> list[str]:
+    """Each setting that differs between a checkpoint's fingerprint and this run's, as "name old there, new now";
+    those named in `ignore` left out."""
     return [f"{key} {recorded.get(key)!r} {there}, {fingerprint.get(key)!r} now"
             for key in sorted(recorded.keys() | fingerprint.keys())
             if not same_value(recorded.get(key), fingerprint.get(key))
-            and (with_selection or not key.startswith("selection_"))
+            and (with_selection or not key.startswith("selection_")) and key not in ignore
             and not (key in RECORDED_WHERE_KNOWN and (key not in recorded or key not in fingerprint))]
+
+
+def recorded_micro_batch(fingerprint: dict[str, Any], output_dir: str | Path, resume_from: str | None = None,
+                         continue_from: Path | None = None) -> int | None:
+    """The micro-batch size (`train_batch_size`) that `--auto_train_batch_size` found for this training before,
+    as its checkpoints record it; None where none of them is this training's.
+
+    `fingerprint` is this training's with each process's share of an update as one micro-batch. Looked
+    at: the checkpoint `resume_from` names, else every complete checkpoint of `output_dir`, newest first;
+    then `continue_from` (another folder's, online GORS: the previous round's). A checkpoint is this
+    training's when it differs from `fingerprint` in the micro-batch alone, as many samples per update.
+    """
+    share = fingerprint["train_batch_size"] * fingerprint["gradient_accumulation_steps"]
+    if resume_from:
+        found = find_checkpoint(output_dir, resume_from, warn=lambda message: None)
+        candidates = [(found, read_marker(found)["fingerprint"])] if found is not None else []
+    else:
+        candidates = list(_complete_newest_first(Path(output_dir) / CHECKPOINTS_DIR))
+    own = [(recorded, True) for _, recorded in candidates]
+    marker = read_marker(continue_from) if continue_from is not None else None  # None: refused later, as incomplete
+    other = [(marker["fingerprint"], False)] if marker is not None else []
+    for recorded, with_selection in own + other:
+        if (not fingerprint_differences(recorded, fingerprint, with_selection=with_selection, ignore=MICRO_BATCH_FIELDS)
+                and recorded["train_batch_size"] * recorded["gradient_accumulation_steps"] == share):
+            return recorded["train_batch_size"]
+    return None
 
 
 def _complete_newest_first(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:

@@ -365,6 +365,15 @@ class TrainingFields:
                           "it: the same updates on 1 GPU as on 8. 0 or unset: --train_batch_size x processes x "
                           "--gradient_accumulation_steps."},
     )
+    auto_train_batch_size: bool = field(
+        default=False,
+        metadata={"help": "With --global_batch_size: train each process's share of an update (--global_batch_size / "
+                          "processes) as one micro-batch where it fits the device, else at the largest of its "
+                          "halvings that does (16: 16, 8, 4, 2, 1), accumulating the rest. Sets --train_batch_size "
+                          "and --gradient_accumulation_steps: tried at the first step, agreed by all processes and "
+                          "recorded in the checkpoints, which a resume and later rounds keep. The same samples per "
+                          "update; the noise draws differ as for any other --train_batch_size."},
+    )
     max_train_steps: int = field(default=15000, metadata={"help": "Optimizer updates (official: 15 000)."})
     learning_rate: float = field(
         default=1e-4, metadata={"help": "Denoiser (U-Net or transformer) LoRA learning rate (official: 1e-4; diffusers' "
@@ -521,6 +530,13 @@ class TrainingFields:
             self.global_batch_size = None
         _check(self.global_batch_size is None or self.global_batch_size >= 1,
                f"--global_batch_size={self.global_batch_size}: must be >= 1, or 0 for off")
+        if self.auto_train_batch_size:
+            _check(self.global_batch_size is not None,
+                   "--auto_train_batch_size without --global_batch_size: it fits the samples of an update into micro-"
+                   "batches, and needs their number: give it (the recipes' 16, the paper's)")
+            _check(self.gradient_accumulation_steps == 1,
+                   f"--gradient_accumulation_steps={self.gradient_accumulation_steps} with --auto_train_batch_size, "
+                   "which sets it: drop one of the two")
         _check(self.checkpoints_total_limit is None or self.checkpoints_total_limit >= 1,
                f"--checkpoints_total_limit={self.checkpoints_total_limit}: keep at least 1 (or omit it to keep all)")
         _check(self.train_unet or self.train_text_encoder is not False or self.train_text_encoder_2,

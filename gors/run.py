@@ -10,7 +10,7 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from gors.checkpoints import checkpoint_step, find_checkpoint
+from gors.checkpoints import MICRO_BATCH_FIELDS, checkpoint_step, find_checkpoint, read_marker
 from gors.config import RunConfig
 from gors.core.backbones import check_trainable, detect_backbone
 from gors.core.hub import check_model_path
@@ -109,13 +109,19 @@ def timing_settings(config: RunConfig, store: SampleStore) -> dict[str, Any]:
 
     Training's time includes its validation and checkpoint saving, so their settings are recorded for
     `gors estimate` to say when a calibration's training was slowed by them; and `--torch_compile`,
-    whose compiling is timed as work.
+    whose compiling is timed as work. Under `--auto_train_batch_size` the micro-batch is the one the
+    training found, as its newest checkpoint records it.
     """
     names = ("pretrained_model_name_or_path", "generation_batch_size", "reward", "reward_model_name_or_path",
-             "reward_batch_size", "train_batch_size", "gradient_accumulation_steps", "mixed_precision",
-             "gradient_checkpointing", "train_text_encoder", "rank", "overlap_scoring", "torch_compile",
-             "max_train_steps", "checkpointing_steps", "validation_benchmark", "validation_steps")
-    return {"generation": store.load_settings()} | {name: getattr(config, name) for name in names} | {
+             "reward_batch_size", "train_batch_size", "gradient_accumulation_steps", "auto_train_batch_size",
+             "mixed_precision", "gradient_checkpointing", "train_text_encoder", "rank", "overlap_scoring",
+             "torch_compile", "max_train_steps", "checkpointing_steps", "validation_benchmark", "validation_steps")
+    settings = {name: getattr(config, name) for name in names}
+    if config.auto_train_batch_size:
+        checkpoint = find_checkpoint(config.output_dir, "latest", warn=lambda message: None)
+        if checkpoint is not None:
+            settings |= {name: read_marker(checkpoint)["fingerprint"][name] for name in MICRO_BATCH_FIELDS}
+    return {"generation": store.load_settings()} | settings | {
         "num_validation_prompts": len(config.validation_prompts or [])}
 
 

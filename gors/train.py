@@ -17,14 +17,20 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, DistributedType, ProjectConfiguration, set_seed
+from accelerate.utils import (
+    DistributedDataParallelKwargs,
+    DistributedType,
+    ProjectConfiguration,
+    gather_object,
+    set_seed,
+)
 from PIL import Image
 
 from gors.checkpoints import (
@@ -37,6 +43,7 @@ from gors.checkpoints import (
     later_checkpoint,
     own_checkpoint,
     read_marker,
+    recorded_micro_batch,
     set_aside_logs,
     set_aside_other_trainings,
     training_fingerprint,
@@ -56,7 +63,15 @@ from gors.core.distributed import (
 )
 from gors.core.fused_lora import AdapterCast
 from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
-from gors.core.memory import MORE_MEMORY, BatchLimit, in_batches_that_fit, out_of_memory_advice
+from gors.core.memory import (
+    MORE_MEMORY,
+    BatchLimit,
+    DeviceMemoryError,
+    in_batches_that_fit,
+    largest_that_fits,
+    micro_batch_sizes,
+    out_of_memory_advice,
+)
 from gors.core.pipeline import cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
 from gors.core.store import SampleStore, StoreError, same_value
@@ -114,7 +129,14 @@ def accumulation_steps(global_batch_size: int, train_batch_size: int, num_proces
 
 
 def resolve_accumulation(config: TrainConfig | RunConfig, num_processes: int) -> None:
-    """Set `config.gradient_accumulation_steps` from `--global_batch_size` (where given) for `num_processes`."""
+    """Set `config.gradient_accumulation_steps` from `--global_batch_size` (where given) for `num_processes`;
+    with `--auto_train_batch_size`, `train_batch_size` too, to the size tried first (`GORSTrainer._fit_micro_batch`):
+    each process's share of an update as one micro-batch."""
+    if config.auto_train_batch_size:
+        if config.global_batch_size % num_processes:
+            raise ValueError(f"--global_batch_size={config.global_batch_size} does not split evenly over "
+                             f"{num_processes} processes: launch a number of processes that divides it")
+        config.train_batch_size = config.global_batch_size // num_processes
     if config.global_batch_size is not None:
         config.gradient_accumulation_steps = accumulation_steps(config.global_batch_size, config.train_batch_size,
                                                                 num_processes, config.gradient_accumulation_steps)
@@ -687,9 +709,9 @@ class GORSTrainer:
         config, accelerator = self.config, self.accelerator
         set_seed(config.seed, device_specific=True)
         self.selection = load_selection(config.output_dir)  # fail before loading any model
-        self.fingerprint = training_fingerprint(config, self.selection, accelerator.num_processes,
-                                                self.family.fingerprint(), self.schedule_steps,
-                                                accelerator.mixed_precision)
+        self.fingerprint = self._fingerprint()
+        # --auto_train_batch_size: the micro-batch this training found before, else tried at the first step.
+        fitted = config.auto_train_batch_size and self._adopt_recorded_micro_batch()
         check_agreement(accelerator.state, self.fingerprint, "the training", SAME_TRAINING_FIX)
         # Every check that can refuse comes before `_checkpoint_to_resume` may set this folder's checkpoints
         # aside: a refused run leaves them where they were, and a corrected rerun goes on from them.
@@ -707,6 +729,8 @@ class GORSTrainer:
         self._load_data()
 
         self.prepare()
+        if config.auto_train_batch_size and not fitted:
+            self._fit_micro_batch()
         models = list(self.trained_modules().values())
 
         global_step = 0
@@ -735,7 +759,7 @@ class GORSTrainer:
             accelerator.print(f"[train] {len(self.selection)} selected samples: {self._steps_to_train(global_step)} of "
                               f"{config.train_batch_size} x {accelerator.num_processes} x "
                               f"{config.gradient_accumulation_steps}")
-            if config.gradient_accumulation_steps > 1:
+            if config.gradient_accumulation_steps > 1 and not config.auto_train_batch_size:
                 # Small micro-batches leave a large GPU waiting on the host (benchmarks/README.md).
                 whole = config.train_batch_size * config.gradient_accumulation_steps
                 accelerator.print(f"[train] note: each update accumulates {config.gradient_accumulation_steps} "
@@ -811,18 +835,92 @@ class GORSTrainer:
             hook.remove()
         return self.output_dir / LORA_WEIGHT_NAME
 
-    def _memory_advice(self) -> str:
-        """What to change when a micro-batch does not fit the device, and how the training goes on then."""
+    def _fingerprint(self) -> dict[str, Any]:
+        return training_fingerprint(self.config, self.selection, self.accelerator.num_processes,
+                                    self.family.fingerprint(), self.schedule_steps, self.accelerator.mixed_precision)
+
+    def _use_micro_batch(self, size: int) -> None:
+        """Train each process's share of an update (`train_batch_size` as `resolve_accumulation` set it) in
+        micro-batches of `size`, which divides it; the fingerprint follows."""
+        config = self.config
+        share = config.train_batch_size * config.gradient_accumulation_steps
+        config.train_batch_size, config.gradient_accumulation_steps = size, share // size
+        self.accelerator.gradient_accumulation_steps = config.gradient_accumulation_steps
+        self.fingerprint = self._fingerprint()
+
+    def _adopt_recorded_micro_batch(self) -> bool:
+        """Take the micro-batch size a checkpoint of this training recorded (`recorded_micro_batch`): a resume
+        goes on, and a later round trains, as it started. Whether there was one."""
+        config = self.config
+        size = main_process_decides(self.accelerator.state, lambda: recorded_micro_batch(
+            self.fingerprint, config.output_dir, config.resume_from_checkpoint, self.continue_from))
+        if size is None:
+            return False
+        self._use_micro_batch(size)
+        self.accelerator.print(f"[train] --auto_train_batch_size: {size} sample{'s' if size > 1 else ''} per "
+                               "micro-batch, as this training's checkpoints record")
+        return True
+
+    def _fit_micro_batch(self) -> None:
+        """`--auto_train_batch_size` at a training's start: the largest micro-batch size of `micro_batch_sizes`
+        at which one micro-batch's forward and backward (`_trial_step`) fits on every process (under CUDA
+        graphs only the whole share, as they accumulate nothing)."""
+        accelerator, share = self.accelerator, self.config.train_batch_size
+        sizes = [share] if self.cuda_graphs else micro_batch_sizes(share)
+        fitted = largest_that_fits(sizes, self._trial_step, "trying a training micro-batch")
+        # The smallest that fit anywhere, each process having tried alone (0: none fit on some process).
+        agreed = min(gather_object([fitted or 0]))
+        if agreed == 0:
+            smallest = "the whole update" if self.cuda_graphs else "a micro-batch of 1"
+            advice = self._memory_advice(trying=True)
+            raise DeviceMemoryError(f"out of device memory while training {smallest} on each process "
+                                    f"(--auto_train_batch_size tried {', '.join(map(str, sizes))}): {advice}")
+        self.schedule = replace(self.schedule, batch_size=agreed)
+        self._use_micro_batch(agreed)
+        accumulated = f", {share // agreed} accumulated per update" if agreed < share else ""
+        samples = f"{agreed} sample{'s' if agreed > 1 else ''}"
+        accelerator.print(f"[train] --auto_train_batch_size: {samples} per micro-batch on each process"
+                          f"{accumulated} (tried {', '.join(str(size) for size in sizes if size >= agreed)})")
+
+    def _trial_step(self, size: int) -> None:
+        """One forward and backward of a micro-batch of `size` samples, as training runs it but outside DDP (whose
+        collectives would wait for the other processes' tries, which may be of other sizes), leaving the
+        gradients and RNG states as they were. Compiled modules compile at `size` (the training's, if it fits)."""
+        accelerator = self.accelerator
+        prepared = self.denoiser, dict(self.text_encoders)
+        self.schedule = replace(self.schedule, batch_size=size)
+        try:
+            with preserved_rng(accelerator.device), accelerator.autocast():
+                self.denoiser = accelerator.unwrap_model(self.denoiser)
+                self.text_encoders = {name: accelerator.unwrap_model(module)
+                                      for name, module in self.text_encoders.items()}
+                self._micro_batch_loss(0).backward()
+        finally:
+            self.denoiser, self.text_encoders = prepared
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def _memory_advice(self, trying: bool = False) -> str:
+        """What to change when a micro-batch does not fit the device, and how the training goes on then;
+        `trying`: where `--auto_train_batch_size` found no size that fits."""
         config, advice = self.config, []
-        if config.train_batch_size > 1:
+        again = "the training starts again from step 0, its checkpoints set aside"
+        if config.auto_train_batch_size:
+            share = config.train_batch_size * config.gradient_accumulation_steps
+            if self.cuda_graphs:
+                advice.append(f"compile without CUDA graphs (--torch_compile {without_cuda_graphs(config.torch_compile)}), "
+                              "so that --auto_train_batch_size may accumulate smaller micro-batches")
+            elif not trying and config.train_batch_size > 1:
+                smaller = next(size for size in micro_batch_sizes(share) if size < config.train_batch_size)
+                advice.append(f"drop --auto_train_batch_size for --train_batch_size {smaller} (a trial step fit "
+                              f"{config.train_batch_size}, the training's steps do not; {again})")
+        elif config.train_batch_size > 1:
             # With --global_batch_size the accumulation follows the batch by itself.
             raise_too = ("" if config.global_batch_size is not None else
                          " and raise --gradient_accumulation_steps as much")
             # CUDA graphs refuse the accumulation a smaller batch needs (`resolve_accumulation`).
             graphs = (f" with --torch_compile {without_cuda_graphs(config.torch_compile)}, which accumulates "
                       "micro-batches where CUDA graphs do not" if self.cuda_graphs else "")
-            advice.append(f"lower --train_batch_size{raise_too}{graphs} (as many samples per update; the training "
-                          "starts again from step 0, its checkpoints set aside)")
+            advice.append(f"lower --train_batch_size{raise_too}{graphs} (as many samples per update; {again})")
         if not config.gradient_checkpointing:
             advice.append("pass --gradient_checkpointing (the training resumes from its last checkpoint)")
         return ", or ".join(advice + [MORE_MEMORY])

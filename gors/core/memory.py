@@ -6,8 +6,9 @@ Generation and scoring, whose batch size changes no image and no score beyond fl
 fit and go on, so that a large `--generation_batch_size` comes down to a batch that fits, the
 largest of its halvings (`in_batches_that_fit`); a `BatchLimit` kept across calls (a training run's
 validations, which meet the same models in memory each time) starts each call at the size that last fit.
-Training, whose
-batch is part of what it learns, stops with a message that names its flags (`out_of_memory_advice`).
+Training, whose batch is part of what it learns, stops with a message that names its flags
+(`out_of_memory_advice`); with `--auto_train_batch_size` it tries its micro-batch sizes once before the
+first step (`largest_that_fits` of `micro_batch_sizes`) and trains at the largest that fit.
 Every stage writes as it goes and resumes, so the same command with other values goes on from there.
 """
 
@@ -108,3 +109,30 @@ def in_batches_that_fit(items: Sequence[T], size: int, work: Callable[[list[T]],
         if limit is not None:
             limit.size = size
     return size
+
+
+def micro_batch_sizes(share: int) -> list[int]:
+    """The micro-batch sizes that split `share` samples into whole micro-batches, tried largest first: `share`,
+    then the largest divisor of it at most half the size before, down to 1 (16: 16, 8, 4, 2, 1; 12: 12, 6, 3, 1)."""
+    sizes = [share]
+    while sizes[-1] > 1:
+        sizes.append(max(d for d in range(1, sizes[-1] // 2 + 1) if share % d == 0))
+    return sizes
+
+
+def largest_that_fits(sizes: Sequence[int], attempt: Callable[[int], None], doing: str) -> int | None:
+    """The first of `sizes` (largest first) at which `attempt(size)` does not run the device out of memory;
+    None when none does. `attempt` must leave nothing behind, whether it fits or not; a warning names each
+    size that did not fit ("while `doing` at 16")."""
+    for size in sizes:
+        try:
+            attempt(size)
+        except torch.cuda.OutOfMemoryError:
+            pass
+        else:
+            return size
+        # Out of the handler, the error's frames and the tensors they hold are released.
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        logger.warning("out of device memory while %s at %d", doing, size)
+    return None
