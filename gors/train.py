@@ -871,10 +871,11 @@ class GORSTrainer:
         # The smallest that fit anywhere, each process having tried alone (0: none fit on some process).
         agreed = min(gather_object([fitted or 0]))
         if agreed == 0:
-            smallest = "the whole update" if self.cuda_graphs else "a micro-batch of 1"
-            advice = self._memory_advice(trying=True)
-            raise DeviceMemoryError(f"out of device memory while training {smallest} on each process "
-                                    f"(--auto_train_batch_size tried {', '.join(map(str, sizes))}): {advice}")
+            doing = (f"training each process's {share} samples of an update as one micro-batch (under CUDA graphs "
+                     "--auto_train_batch_size tries no other size)" if self.cuda_graphs else
+                     f"training a micro-batch of 1 on each process (--auto_train_batch_size tried "
+                     f"{', '.join(map(str, sizes))})")
+            raise DeviceMemoryError(f"out of device memory while {doing}: {self._memory_advice(trying=True)}")
         self.schedule = replace(self.schedule, batch_size=agreed)
         self._use_micro_batch(agreed)
         accumulated = f", {share // agreed} accumulated per update" if agreed < share else ""
@@ -885,7 +886,10 @@ class GORSTrainer:
     def _trial_step(self, size: int) -> None:
         """One forward and backward of a micro-batch of `size` samples, as training runs it but outside DDP (whose
         collectives would wait for the other processes' tries, which may be of other sizes), leaving the
-        gradients and RNG states as they were. Compiled modules compile at `size` (the training's, if it fits)."""
+        gradients and RNG states as they were. Compiled modules compile at `size`, and the graph of the size that
+        fits serves the training's steps: under DDP one graph, not split at DDP's gradient buckets (dynamo splits
+        only what it compiles inside DDP's forward), so the adapters' few megabytes of gradients all-reduce after
+        the backward rather than during it."""
         accelerator = self.accelerator
         prepared = self.denoiser, dict(self.text_encoders)
         self.schedule = replace(self.schedule, batch_size=size)

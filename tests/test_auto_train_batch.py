@@ -183,6 +183,33 @@ def test_a_training_step_that_does_not_fit_after_the_trial_names_the_next_size(s
                                 "the training's steps do not; the training starts again from step 0")
 
 
+def test_under_cuda_graphs_only_the_whole_share_is_tried(selected_run, tiny_sd, tmp_path, monkeypatch, capsys):
+    import gors.train
+
+    monkeypatch.setattr(gors.train, "compile_module", lambda module, how: None)  # the sizes, not the compiling
+    sizes: list[int] = []
+    monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(2, sizes))
+    with pytest.raises(SystemExit):
+        _train(_copy_run(selected_run, tmp_path / "run"), tiny_sd, "--max_train_steps", "1", "--auto_train_batch_size",
+               "--torch_compile", "inductor:reduce-overhead")
+    assert sizes == [4]
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: out of device memory while training each process's 4 samples of an update as one "
+                      "micro-batch (under CUDA graphs --auto_train_batch_size tries no other size): compile without "
+                      "CUDA graphs (--torch_compile inductor), so that --auto_train_batch_size may accumulate smaller "
+                      "micro-batches, or pass --gradient_checkpointing (the training resumes from its last checkpoint), "
+                      "or run the same command again on a device with more memory or with its other processes stopped"]
+
+
+def test_a_compiled_model_s_trial_compiles_it_for_the_size_it_trains_at(selected_run, tiny_sd, tmp_path, monkeypatch):
+    reference = _train(_copy_run(selected_run, tmp_path / "reference"), tiny_sd, "--max_train_steps", "1",
+                       "--train_batch_size", "2", "--torch_compile", "aot_eager")
+    monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(2, []))
+    auto = _train(_copy_run(selected_run, tmp_path / "run"), tiny_sd, "--max_train_steps", "1",
+                  "--auto_train_batch_size", "--torch_compile", "aot_eager")
+    assert _same(auto, reference)
+
+
 TWO_PROCESS_SCRIPT = """
 import os
 import sys
