@@ -6,6 +6,7 @@ never overlap and no loss scaler runs. On a GPU this script checks:
 1. `gors.core.memory.in_batches_that_fit` meets a real CUDA out-of-memory error (a batch whose work
    allocates more than the device holds), halves, goes on, and leaves the device's allocated memory
    where it was (the failed attempt's tensors released before the retry).
+   `largest_that_fits` (`--auto_train_batch_size`'s trial steps) does the same with sizes largest first.
 2. `gors.core.transfer.to_device` and `HostValue` copy the right values without a host-device
    synchronisation (torch's sync debug mode set to "error" around them).
 3. `gors.train.Updates` under a real fp16 `GradScaler` and fused AdamW, with an overflow injected:
@@ -30,7 +31,7 @@ from collections.abc import Iterator
 
 import torch
 
-from gors.core.memory import in_batches_that_fit
+from gors.core.memory import in_batches_that_fit, largest_that_fits
 from gors.core.transfer import HostValue, to_device
 
 
@@ -67,6 +68,26 @@ def check_out_of_memory_halving(device: torch.device) -> str:
         raise AssertionError(f"batches {done}, size {size}, allocated {before} -> {after} bytes")
     return (f"4 items of {item_bytes / 2**30:.1f} GiB failed at the third, halved to batches of 2 that fit; "
             f"allocated memory back to {before} bytes")
+
+
+def check_largest_size_that_fits(device: torch.device) -> str:
+    """Sizes 4, 2, 1 of items of 2/5 of the free memory each: 4 fails at its third, 2 fits, if the failed
+    try's blocks were released before it."""
+    free, _ = torch.cuda.mem_get_info(device)
+    item_bytes = free * 2 // 5
+    tried: list[int] = []
+
+    def attempt(size: int) -> None:
+        tried.append(size)
+        blocks = [torch.ones(item_bytes, dtype=torch.uint8, device=device) for _ in range(size)]
+        del blocks
+
+    before = torch.cuda.memory_allocated(device)
+    size = largest_that_fits([4, 2, 1], attempt, "checking")
+    after = torch.cuda.memory_allocated(device)
+    if tried != [4, 2] or size != 2 or after != before:
+        raise AssertionError(f"tried {tried}, size {size}, allocated {before} -> {after} bytes")
+    return f"4 items of {item_bytes / 2**30:.1f} GiB did not fit, 2 did; allocated memory back to {before} bytes"
 
 
 def check_copies_without_syncs(device: torch.device) -> str:
@@ -194,7 +215,7 @@ def main() -> None:
         raise SystemExit("gpu_checks.py: no CUDA device here; --device cpu runs the checks that do not need one")
     checks = [check_copies_without_syncs, check_deferred_lr_decision, check_fused_lora_layers]
     if device.type == "cuda":
-        checks.insert(0, check_out_of_memory_halving)
+        checks[:0] = [check_out_of_memory_halving, check_largest_size_that_fits]
     failed = False
     for check in checks:
         try:
