@@ -312,6 +312,8 @@ class GORSTrainer:
         self.accelerator = accelerator or training_accelerator(config)
         check_data_parallel(self.accelerator)
         resolve_accumulation(self.config, self.accelerator.num_processes)
+        if self.config.auto_train_batch_size:  # this training sets it (`_use_micro_batch`), as an earlier round's did
+            self.accelerator.gradient_accumulation_steps = self.config.gradient_accumulation_steps
         # Whether the denoiser replays as CUDA graphs: no joint adapter cast, two warm-up steps, no accumulation.
         self.cuda_graphs = uses_cuda_graphs(self.config.torch_compile)
         if self.accelerator.gradient_accumulation_steps != self.config.gradient_accumulation_steps:
@@ -856,6 +858,12 @@ class GORSTrainer:
             self.fingerprint, config.output_dir, config.resume_from_checkpoint, self.continue_from))
         if size is None:
             return False
+        share = config.train_batch_size
+        if self.cuda_graphs and size < share:
+            raise ValueError(f"this training's checkpoints record micro-batches of {size}, {share // size} accumulated "
+                             f"per update (--auto_train_batch_size), which --torch_compile={config.torch_compile} does "
+                             "not do: it replays the backward as a CUDA graph. Go on with --torch_compile "
+                             f"{without_cuda_graphs(config.torch_compile)}, or start again in a new --output_dir")
         self._use_micro_batch(size)
         self.accelerator.print(f"[train] --auto_train_batch_size: {size} sample{'s' if size > 1 else ''} per "
                                "micro-batch, as this training's checkpoints record")
@@ -867,13 +875,27 @@ class GORSTrainer:
         graphs only the whole share, as they accumulate nothing)."""
         accelerator, share = self.accelerator, self.config.train_batch_size
         sizes = [share] if self.cuda_graphs else micro_batch_sizes(share)
-        fitted = largest_that_fits(sizes, self._trial_step, "trying a training micro-batch")
-        # The smallest that fit anywhere, each process having tried alone (0: none fit on some process).
-        agreed = min(gather_object([fitted or 0]))
+        for module in self.trained_modules().values():
+            module.train()  # as in the steps: dropout and gradient checkpointing act in training mode only
+        failure = None
+        try:
+            fitted = largest_that_fits(sizes, self._trial_step, "trying a training micro-batch")
+        except Exception as err:  # raised on every process below, where the others would wait in the gather
+            fitted, failure = None, err
+        # Each process tried alone; they take the smallest size that fit anywhere (0: none fit on that process).
+        tried = gather_object([(fitted or 0, None if failure is None else f"{type(failure).__name__}: {failure}")])
+        if failure is not None:
+            raise failure
+        elsewhere = next((message for _, message in tried if message is not None), None)
+        if elsewhere is not None:
+            raise RuntimeError(f"another process's --auto_train_batch_size trial step failed: {elsewhere}")
+        agreed = min(size for size, _ in tried)
         if agreed == 0:
-            doing = (f"training each process's {share} samples of an update as one micro-batch (under CUDA graphs "
+            failed = sum(size == 0 for size, _ in tried)
+            where = "each process" if failed == len(tried) else f"{failed} of {len(tried)} processes"
+            doing = (f"training {share} samples as one micro-batch on {where} (under CUDA graphs "
                      "--auto_train_batch_size tries no other size)" if self.cuda_graphs else
-                     f"training a micro-batch of 1 on each process (--auto_train_batch_size tried "
+                     f"training a micro-batch of 1 on {where} (--auto_train_batch_size tried "
                      f"{', '.join(map(str, sizes))})")
             raise DeviceMemoryError(f"out of device memory while {doing}: {self._memory_advice(trying=True)}")
         self.schedule = replace(self.schedule, batch_size=agreed)
@@ -884,17 +906,18 @@ class GORSTrainer:
                           f"{accumulated} (tried {', '.join(str(size) for size in sizes if size >= agreed)})")
 
     def _trial_step(self, size: int) -> None:
-        """One forward and backward of a micro-batch of `size` samples, as training runs it but outside DDP (whose
-        collectives would wait for the other processes' tries, which may be of other sizes), leaving the
-        gradients and RNG states as they were. Compiled modules compile at `size`, and the graph of the size that
-        fits serves the training's steps: under DDP one graph, not split at DDP's gradient buckets (dynamo splits
-        only what it compiles inside DDP's forward), so the adapters' few megabytes of gradients all-reduce after
-        the backward rather than during it."""
+        """One forward and backward of a micro-batch of `size` samples, as training runs it (the modules in
+        training mode, each autocast by its own prepared forward) but outside DDP, whose collectives would wait
+        for the other processes' tries, which may be of other sizes; gradients and RNG states are left as they
+        were. A compiled module compiles here for `size`, and the graph of the size that fits serves the
+        training's steps: under DDP one graph, not split at DDP's gradient buckets (dynamo splits only what it
+        compiles inside DDP's forward), so the adapters' few megabytes of gradients all-reduce after the
+        backward instead of during it."""
         accelerator = self.accelerator
         prepared = self.denoiser, dict(self.text_encoders)
         self.schedule = replace(self.schedule, batch_size=size)
         try:
-            with preserved_rng(accelerator.device), accelerator.autocast():
+            with preserved_rng(accelerator.device):
                 self.denoiser = accelerator.unwrap_model(self.denoiser)
                 self.text_encoders = {name: accelerator.unwrap_model(module)
                                       for name, module in self.text_encoders.items()}
@@ -910,13 +933,15 @@ class GORSTrainer:
         again = "the training starts again from step 0, its checkpoints set aside"
         if config.auto_train_batch_size:
             share = config.train_batch_size * config.gradient_accumulation_steps
-            if self.cuda_graphs:
+            if not trying and config.train_batch_size > 1:
+                smaller = next(size for size in micro_batch_sizes(share) if size < config.train_batch_size)
+                graphs = (f" and --torch_compile {without_cuda_graphs(config.torch_compile)}, which accumulates "
+                          "micro-batches where CUDA graphs do not" if self.cuda_graphs else "")
+                advice.append(f"drop --auto_train_batch_size for --train_batch_size {smaller}{graphs} (the "
+                              f"training's steps at {config.train_batch_size} do not fit; {again})")
+            elif self.cuda_graphs and share > 1:
                 advice.append(f"compile without CUDA graphs (--torch_compile {without_cuda_graphs(config.torch_compile)}), "
                               "so that --auto_train_batch_size may accumulate smaller micro-batches")
-            elif not trying and config.train_batch_size > 1:
-                smaller = next(size for size in micro_batch_sizes(share) if size < config.train_batch_size)
-                advice.append(f"drop --auto_train_batch_size for --train_batch_size {smaller} (a trial step fit "
-                              f"{config.train_batch_size}, the training's steps do not; {again})")
         elif config.train_batch_size > 1:
             # With --global_batch_size the accumulation follows the batch by itself.
             raise_too = ("" if config.global_batch_size is not None else

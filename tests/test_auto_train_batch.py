@@ -18,7 +18,7 @@ from gors.cli import main
 from gors.config import RunConfig, TrainConfig
 from gors.core.distributed import reset_process_state
 from gors.core.memory import largest_that_fits, micro_batch_sizes
-from gors.core.run_folder import CHECKPOINT_MARKER, samples_dir
+from gors.core.run_folder import CHECKPOINT_MARKER, round_dir, samples_dir
 from gors.core.store import SampleStore
 from gors.lora import LORA_WEIGHT_NAME
 from gors.run import timing_settings
@@ -72,13 +72,15 @@ def _copy_run(selected_run, destination: Path) -> Path:
 
 def _fits_at_most(limit: int | None, sizes: list[int]):
     """`GORSTrainer._micro_batch_loss` that records each micro-batch's size and, past `limit` samples, raises
-    torch's out-of-memory error after its random draws, as a device would in the forward."""
+    torch's out-of-memory error after its random draws and its gradients (as late as a device could)."""
     original = GORSTrainer._micro_batch_loss
 
     def loss(self, micro_batch):
         sizes.append(self.schedule.batch_size)
+        assert all(module.training for module in self.trained_modules().values())  # trials too: dropout, checkpointing
         value = original(self, micro_batch)
         if limit is not None and self.schedule.batch_size > limit:
+            value.backward()
             raise torch.OutOfMemoryError(TORCH_MESSAGE)
         return value
 
@@ -137,12 +139,13 @@ def test_a_micro_batch_that_does_not_fit_is_halved_before_the_first_step_and_the
     assert (settings["train_batch_size"], settings["gradient_accumulation_steps"]) == (2, 2)
 
 
-def test_a_share_that_fits_trains_as_one_micro_batch(selected_run, tiny_sd, tmp_path, capsys):
-    reference = _train(_copy_run(selected_run, tmp_path / "reference"), tiny_sd, "--max_train_steps", "1",
-                       "--train_batch_size", "4")
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_a_share_that_fits_trains_as_one_micro_batch(precision, selected_run, tiny_sd, tmp_path, capsys):
+    flags = ("--max_train_steps", "1", "--mixed_precision", precision)
+    reference = _train(_copy_run(selected_run, tmp_path / "reference"), tiny_sd, *flags, "--train_batch_size", "4")
     run = _copy_run(selected_run, tmp_path / "run")
     capsys.readouterr()
-    assert _same(_train(run, tiny_sd, "--max_train_steps", "1", "--auto_train_batch_size"), reference)
+    assert _same(_train(run, tiny_sd, *flags, "--auto_train_batch_size"), reference)
     assert "--auto_train_batch_size: 4 samples per micro-batch on each process (tried 4)" in capsys.readouterr().out
     assert _micro_batch_fields(run / "checkpoints" / "checkpoint-1") == (4, 1)
 
@@ -179,8 +182,8 @@ def test_a_training_step_that_does_not_fit_after_the_trial_names_the_next_size(s
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1
     assert errors[0].startswith("error: out of device memory while training, 4 samples per micro-batch on each "
-                                "process: drop --auto_train_batch_size for --train_batch_size 2 (a trial step fit 4, "
-                                "the training's steps do not; the training starts again from step 0")
+                                "process: drop --auto_train_batch_size for --train_batch_size 2 (the training's steps "
+                                "at 4 do not fit; the training starts again from step 0")
 
 
 def test_under_cuda_graphs_only_the_whole_share_is_tried(selected_run, tiny_sd, tmp_path, monkeypatch, capsys):
@@ -194,20 +197,60 @@ def test_under_cuda_graphs_only_the_whole_share_is_tried(selected_run, tiny_sd, 
                "--torch_compile", "inductor:reduce-overhead")
     assert sizes == [4]
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert errors == ["error: out of device memory while training each process's 4 samples of an update as one "
-                      "micro-batch (under CUDA graphs --auto_train_batch_size tries no other size): compile without "
+    assert errors == ["error: out of device memory while training 4 samples as one micro-batch on each process "
+                      "(under CUDA graphs --auto_train_batch_size tries no other size): compile without "
                       "CUDA graphs (--torch_compile inductor), so that --auto_train_batch_size may accumulate smaller "
                       "micro-batches, or pass --gradient_checkpointing (the training resumes from its last checkpoint), "
                       "or run the same command again on a device with more memory or with its other processes stopped"]
 
 
-def test_a_compiled_model_s_trial_compiles_it_for_the_size_it_trains_at(selected_run, tiny_sd, tmp_path, monkeypatch):
-    reference = _train(_copy_run(selected_run, tmp_path / "reference"), tiny_sd, "--max_train_steps", "1",
-                       "--train_batch_size", "2", "--torch_compile", "aot_eager")
+def test_a_size_recorded_with_accumulation_is_refused_under_cuda_graphs(selected_run, tiny_sd, tmp_path, monkeypatch,
+                                                                      capsys):
+    import gors.train
+
+    monkeypatch.setattr(gors.train, "compile_module", lambda module, how: None)  # the settings, not the compiling
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(2, []))
-    auto = _train(_copy_run(selected_run, tmp_path / "run"), tiny_sd, "--max_train_steps", "1",
-                  "--auto_train_batch_size", "--torch_compile", "aot_eager")
+    run = _copy_run(selected_run, tmp_path / "run")
+    _train(run, tiny_sd, "--max_train_steps", "1", "--auto_train_batch_size", "--torch_compile", "inductor")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        _train(run, tiny_sd, "--max_train_steps", "2", "--auto_train_batch_size", "--torch_compile",
+               "inductor:reduce-overhead")
+    assert "error: this training's checkpoints record micro-batches of 2, 2 accumulated per update " \
+           "(--auto_train_batch_size), which --torch_compile=inductor:reduce-overhead does not do" in capsys.readouterr().err
+    assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["checkpoint-1"]  # left as they were
+
+
+@pytest.fixture
+def counting_backend():
+    """A compile backend (aot_eager's graphs) that counts the graphs it compiles."""
+    from torch._dynamo import register_backend
+    from torch._dynamo.backends.registry import lookup_backend
+
+    compiled: list[int] = []
+
+    def counting(graph_module, example_inputs):
+        compiled.append(len(graph_module.graph.nodes))
+        return lookup_backend("aot_eager")(graph_module, example_inputs)
+
+    name = "gors_test_auto_batch_counting"
+    register_backend(counting, name=name)
+    torch._dynamo.reset()
+    yield name, compiled
+    torch._dynamo.reset()
+
+
+def test_a_compiled_model_s_trial_compiles_it_for_the_size_it_trains_at(selected_run, tiny_sd, tmp_path, monkeypatch,
+                                                                       counting_backend):
+    backend, compiled = counting_backend
+    reference = _train(_copy_run(selected_run, tmp_path / "reference"), tiny_sd, "--max_train_steps", "2",
+                       "--train_batch_size", "4", "--torch_compile", backend)
+    graphs = len(compiled)
+    torch._dynamo.reset()
+    auto = _train(_copy_run(selected_run, tmp_path / "run"), tiny_sd, "--max_train_steps", "2",
+                  "--auto_train_batch_size", "--torch_compile", backend)
     assert _same(auto, reference)
+    assert len(compiled) == 2 * graphs  # the trial's graphs serve the steps: none compiled again
 
 
 TWO_PROCESS_SCRIPT = """
@@ -272,3 +315,17 @@ def test_the_recorded_micro_batch_is_that_of_a_checkpoint_of_this_training_with_
                            this | {"selection_sha256": "b", "train_batch_size": 1, "gradient_accumulation_steps": 4})
     assert recorded_micro_batch(this, tmp_path / "round_2", continue_from=previous) == 1
     assert recorded_micro_batch(this, run, continue_from=previous) == 2  # the folder's own first
+
+
+def test_the_next_online_round_trains_at_the_size_the_first_found(make_run_config, tmp_path, monkeypatch, capsys):
+    from gors.run import run
+
+    sizes: list[int] = []
+    monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(2, sizes))
+    config = make_run_config(output_dir=str(tmp_path / "run"), rounds=2, max_train_steps=2, checkpointing_steps=1,
+                             global_batch_size=4, auto_train_batch_size=True, report_to="none")
+    run(config)
+    assert sizes == [4, 2, 2, 2] + [2, 2]  # round 0's trials and step, round 1's step on one Accelerator
+    assert "2 samples per micro-batch, as this training's checkpoints record" in capsys.readouterr().out
+    for index, step in [(0, 1), (1, 2)]:
+        assert _micro_batch_fields(round_dir(config.output_dir, index) / "checkpoints" / f"checkpoint-{step}") == (2, 2)
