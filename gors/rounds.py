@@ -57,8 +57,11 @@ ROUND_SEED_STRIDE = 10**9
 ROUND_SETTINGS = ("rounds", "images_per_prompt", "tau_schedule", "reward_threshold", "select_top_fraction",
                   "replay", "reset_optimizer", "num_inference_steps", "guidance_scale", "reward", "unbiased",
                   "category", "reward_model_name_or_path", "reward_options", *FINGERPRINT_FIELDS,
-                  *FINGERPRINT_FIELDS_IF_SET, "use_8bit_adam", "train_text_encoder_2", "weighting_scheme",
-                  "logit_mean", "logit_std", "mode_scale", "max_sequence_length", "timestep_range", "anchor_below")
+                  *FINGERPRINT_FIELDS_IF_SET, "auto_train_batch_size", "use_8bit_adam", "train_text_encoder_2",
+                  "weighting_scheme", "logit_mean", "logit_std", "mode_scale", "max_sequence_length",
+                  "timestep_range", "anchor_below")
+# Under --auto_train_batch_size, train_batch_size and gradient_accumulation_steps hold each process's share of
+# an update as one micro-batch, as tried first: the rounds' checkpoints record the size each trained at.
 # Recorded settings whose absence (a rounds.json of an older gors) means this value, not "adopt the
 # run's": rounds scored before scoring versions were recorded were scored by version 1 of every reward.
 RECORDED_DEFAULTS: dict[str, Any] = {"scoring_versions": {}}

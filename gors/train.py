@@ -28,7 +28,6 @@ from accelerate.utils import (
     DistributedDataParallelKwargs,
     DistributedType,
     ProjectConfiguration,
-    gather_object,
     set_seed,
 )
 from PIL import Image
@@ -56,6 +55,7 @@ from gors.core.compiling import NO_COMPILE, compile_module, uses_cuda_graphs, wi
 from gors.core.distributed import (
     SAME_SNAPSHOT_FIX,
     check_agreement,
+    every_process_tries,
     main_process_decides,
     make_accelerator,
     process_state,
@@ -713,7 +713,7 @@ class GORSTrainer:
         self.selection = load_selection(config.output_dir)  # fail before loading any model
         self.fingerprint = self._fingerprint()
         # --auto_train_batch_size: the micro-batch this training found before, else tried at the first step.
-        fitted = config.auto_train_batch_size and self._adopt_recorded_micro_batch()
+        recorded = config.auto_train_batch_size and self._adopt_recorded_micro_batch()
         check_agreement(accelerator.state, self.fingerprint, "the training", SAME_TRAINING_FIX)
         # Every check that can refuse comes before `_checkpoint_to_resume` may set this folder's checkpoints
         # aside: a refused run leaves them where they were, and a corrected rerun goes on from them.
@@ -731,7 +731,7 @@ class GORSTrainer:
         self._load_data()
 
         self.prepare()
-        if config.auto_train_batch_size and not fitted:
+        if config.auto_train_batch_size and not recorded:
             self._fit_micro_batch()
         models = list(self.trained_modules().values())
 
@@ -776,7 +776,8 @@ class GORSTrainer:
         for module in models:
             module.train()
         # Not the folder's latest checkpoint: another training's, set aside. Under CUDA graphs the second step
-        # records the graphs, a one-off like the first step's compiling.
+        # records the graphs, a one-off like the first step's compiling (after an --auto_train_batch_size trial,
+        # which compiled already, a step earlier: the pace then leaves out one ordinary step).
         work_starts(done_before=global_step, warmup_units=2 if self.cuda_graphs else 1)
         first_step = global_step
         # fp16's loss scaler skips an update whose loss overflowed, and the training goes on.
@@ -866,38 +867,32 @@ class GORSTrainer:
                              f"{without_cuda_graphs(config.torch_compile)}, or start again in a new --output_dir")
         self._use_micro_batch(size)
         self.accelerator.print(f"[train] --auto_train_batch_size: {size} sample{'s' if size > 1 else ''} per "
-                               "micro-batch, as this training's checkpoints record")
+                               "micro-batch, as this training's checkpoints record (a new --output_dir tries the "
+                               "sizes again)")
         return True
 
     def _fit_micro_batch(self) -> None:
         """`--auto_train_batch_size` at a training's start: the largest micro-batch size of `micro_batch_sizes`
         at which one micro-batch's forward and backward (`_trial_step`) fits on every process (under CUDA
         graphs only the whole share, as they accumulate nothing)."""
-        accelerator, share = self.accelerator, self.config.train_batch_size
+        config, accelerator, share = self.config, self.accelerator, self.config.train_batch_size
         sizes = [share] if self.cuda_graphs else micro_batch_sizes(share)
         for module in self.trained_modules().values():
             module.train()  # as in the steps: dropout and gradient checkpointing act in training mode only
-        failure = None
-        try:
-            fitted = largest_that_fits(sizes, self._trial_step, "trying a training micro-batch")
-        except Exception as err:  # raised on every process below, where the others would wait in the gather
-            fitted, failure = None, err
-        # Each process tried alone; they take the smallest size that fit anywhere (0: none fit on that process).
-        tried = gather_object([(fitted or 0, None if failure is None else f"{type(failure).__name__}: {failure}")])
-        if failure is not None:
-            raise failure
-        elsewhere = next((message for _, message in tried if message is not None), None)
-        if elsewhere is not None:
-            raise RuntimeError(f"another process's --auto_train_batch_size trial step failed: {elsewhere}")
-        agreed = min(size for size, _ in tried)
-        if agreed == 0:
-            failed = sum(size == 0 for size, _ in tried)
-            where = "each process" if failed == len(tried) else f"{failed} of {len(tried)} processes"
+        # Each process tries alone (None: no size fit there), and all take the largest that fit everywhere.
+        fitted = every_process_tries(accelerator.state, lambda: largest_that_fits(
+            sizes, self._trial_step, "trying a training micro-batch"))
+        if None in fitted:
+            failed = fitted.count(None)
+            where = "each process" if failed == len(fitted) else f"{failed} of {len(fitted)} processes"
             doing = (f"training {share} samples as one micro-batch on {where} (under CUDA graphs "
                      "--auto_train_batch_size tries no other size)" if self.cuda_graphs else
                      f"training a micro-batch of 1 on {where} (--auto_train_batch_size tried "
                      f"{', '.join(map(str, sizes))})")
             raise DeviceMemoryError(f"out of device memory while {doing}: {self._memory_advice(trying=True)}")
+        agreed = min(fitted)
+        if config.torch_compile != NO_COMPILE and fitted[accelerator.process_index] != agreed:
+            self._trial_step(agreed)  # compiled here for the size it trains at, as on the other processes
         self.schedule = replace(self.schedule, batch_size=agreed)
         self._use_micro_batch(agreed)
         accumulated = f", {share // agreed} accumulated per update" if agreed < share else ""
@@ -908,13 +903,13 @@ class GORSTrainer:
     def _trial_step(self, size: int) -> None:
         """One forward and backward of a micro-batch of `size` samples, as training runs it (the modules in
         training mode, each autocast by its own prepared forward) but outside DDP, whose collectives would wait
-        for the other processes' tries, which may be of other sizes; gradients and RNG states are left as they
-        were. A compiled module compiles here for `size`, and the graph of the size that fits serves the
-        training's steps: under DDP one graph, not split at DDP's gradient buckets (dynamo splits only what it
-        compiles inside DDP's forward), so the adapters' few megabytes of gradients all-reduce after the
-        backward instead of during it."""
+        for the other processes' tries, which may be of other sizes; gradients, RNG states and the batch
+        schedule are left as they were. A compiled module compiles here for `size`, and the graph of the size
+        trained at serves the training's steps: under DDP one graph, not split at DDP's gradient buckets
+        (dynamo splits only what it compiles inside DDP's forward), so the adapters' few megabytes of gradients
+        all-reduce after the backward instead of during it."""
         accelerator = self.accelerator
-        prepared = self.denoiser, dict(self.text_encoders)
+        prepared = self.denoiser, dict(self.text_encoders), self.schedule
         self.schedule = replace(self.schedule, batch_size=size)
         try:
             with preserved_rng(accelerator.device):
@@ -923,7 +918,7 @@ class GORSTrainer:
                                       for name, module in self.text_encoders.items()}
                 self._micro_batch_loss(0).backward()
         finally:
-            self.denoiser, self.text_encoders = prepared
+            self.denoiser, self.text_encoders, self.schedule = prepared
             self.optimizer.zero_grad(set_to_none=True)
 
     def _memory_advice(self, trying: bool = False) -> str:

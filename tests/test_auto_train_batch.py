@@ -103,17 +103,18 @@ def _same(a, b) -> bool:
     return [k for k, _ in a] == [k for k, _ in b] and all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b))
 
 
+@pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_a_micro_batch_that_does_not_fit_is_halved_before_the_first_step_and_the_trial_leaves_no_trace(
-        selected_run, tiny_sd, tmp_path, monkeypatch, capsys):
+        precision, selected_run, tiny_sd, tmp_path, monkeypatch, capsys):
     # The trial steps' random draws and gradients leave nothing behind: the LoRA is the one trained at that
     # micro-batch from the start.
     reference = _train(_copy_run(selected_run, tmp_path / "reference"), tiny_sd, "--max_train_steps", "2",
-                       "--train_batch_size", "2")
+                       "--train_batch_size", "2", "--mixed_precision", precision)
     run = _copy_run(selected_run, tmp_path / "run")
     sizes: list[int] = []
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(2, sizes))
     capsys.readouterr()
-    auto = _train(run, tiny_sd, "--max_train_steps", "2", "--auto_train_batch_size")
+    auto = _train(run, tiny_sd, "--max_train_steps", "2", "--auto_train_batch_size", "--mixed_precision", precision)
     out = capsys.readouterr().out
     assert sizes == [4, 2] + [2] * 4  # the trials, then 2 updates of 2 micro-batches
     assert "[train] --auto_train_batch_size: 2 samples per micro-batch on each process, 2 accumulated per update " \
@@ -125,7 +126,7 @@ def test_a_micro_batch_that_does_not_fit_is_halved_before_the_first_step_and_the
     sizes.clear()
     monkeypatch.undo()
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(None, sizes))
-    _train(run, tiny_sd, "--max_train_steps", "3", "--auto_train_batch_size")
+    _train(run, tiny_sd, "--max_train_steps", "3", "--auto_train_batch_size", "--mixed_precision", precision)
     out = capsys.readouterr().out
     assert sizes == [2, 2]
     assert "note: each update accumulates" not in out  # the size that fits, found

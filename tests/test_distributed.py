@@ -153,7 +153,7 @@ def test_a_folder_the_main_process_cannot_write_stops_every_process(tmp_path, mo
 
 AGREEMENT_SCRIPT = """
 import json, sys
-from gors.core.distributed import check_agreement, main_process_decides, process_state
+from gors.core.distributed import check_agreement, every_process_tries, main_process_decides, process_state
 
 state = process_state()
 out = {}
@@ -165,6 +165,16 @@ try:
     main_process_decides(state, refuse)
 except ValueError as err:
     out["refused"] = str(err)
+# Each process finds its own answer (the micro-batch its device fits), and a failure on one stops every process.
+out["tried"] = every_process_tries(state, lambda: 2 * state.process_index + 1)
+def fits_on_the_main_process_only():
+    if state.process_index == 1:
+        raise ValueError("nothing fits on process 1")
+    return 4
+try:
+    every_process_tries(state, fits_on_the_main_process_only)
+except ValueError as err:
+    out["tried_refused"] = str(err)
 check_agreement(state, {"commit": "a" * 40}, "the base model", "fix it")  # agreeing: nothing raised
 check_agreement(state, None if state.process_index else {"commit": "a"}, "the base model", "fix it")  # no share
 try:  # each node resolved the model in its own cache
@@ -179,8 +189,9 @@ state.destroy_process_group()  # as the commands end: a process leaving with its
 
 
 def test_decisions_and_disagreements_reach_every_process(tmp_path):
-    """On two real processes: the main process's decision (or refusal) is every process's, and a value the
-    processes disagree on stops all of them, naming it, each side and the fix (none left waiting)."""
+    """On two real processes: the main process's decision (or refusal) is every process's, each process's own
+    answer reaches all (one process's error stops every one), and a value the processes disagree on stops all
+    of them, naming it, each side and the fix (none left waiting)."""
     script = tmp_path / "agree.py"
     script.write_text(AGREEMENT_SCRIPT)
     launch([str(script), str(tmp_path)], tmp_path)
@@ -188,6 +199,8 @@ def test_decisions_and_disagreements_reach_every_process(tmp_path):
     assert outcomes[0] == outcomes[1]
     assert outcomes[0]["decided"] == "checkpoint-10"
     assert outcomes[0]["refused"] == "checkpoint-10 was made with other settings"
+    assert outcomes[0]["tried"] == [1, 3]
+    assert outcomes[0]["tried_refused"] == "nothing fits on process 1"
     message = outcomes[0]["disagreement"]
     assert message.startswith("the processes of this launch do not agree on the base model: commit ")
     assert f"'{'a' * 40}' on process 0" in message and f"'{'b' * 40}' on process 1" in message

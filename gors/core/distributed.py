@@ -171,15 +171,45 @@ def main_process_decides(state: PartialState, decide: Callable[[], T]) -> T:
         try:
             answer = decide()
         except Exception as err:  # every process raises it, where the others would wait in the broadcast
-            failure = err
-            try:
-                pickle.dumps(err)
-            except Exception:  # an exception that cannot travel still tells its message
-                failure = RuntimeError(f"{type(err).__name__}: {err}")
+            failure = _travelling(err)
     answer, failure = broadcast_object_list([answer, failure])
     if failure is not None:
         raise failure
     return answer
+
+
+def every_process_tries(state: PartialState, attempt: Callable[[], T]) -> list[T]:
+    """`attempt()` run on every process, and their answers in process order on every process; where one
+    raised, every process raises the error of the first that did (its own, where it raised itself).
+
+    For what each process finds out for itself (the largest micro-batch its device fits): one that
+    raised alone would leave the others waiting in the gather. A collective call.
+    """
+    try:
+        answer, failure = attempt(), None
+    except Exception as err:
+        answer, failure = None, err
+    if state.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        outcomes = gather_object([(answer, None if failure is None else _travelling(failure))])
+    else:
+        outcomes = [(answer, failure)]
+    if failure is not None:
+        raise failure
+    first = next((error for _, error in outcomes if error is not None), None)
+    if first is not None:
+        raise first
+    return [answer for answer, _ in outcomes]
+
+
+def _travelling(err: Exception) -> Exception:
+    """`err` where it pickles, to be sent to other processes; else a RuntimeError that tells its message."""
+    try:
+        pickle.dumps(err)
+    except Exception:
+        return RuntimeError(f"{type(err).__name__}: {err}")
+    return err
 
 
 def check_agreement(state: PartialState, values: dict[str, Any] | None, what: str, fix: str) -> None:
