@@ -24,12 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import (
-    DistributedDataParallelKwargs,
-    DistributedType,
-    ProjectConfiguration,
-    set_seed,
-)
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, ProjectConfiguration, set_seed
 from PIL import Image
 
 from gors.checkpoints import (
