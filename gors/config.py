@@ -362,7 +362,7 @@ class TrainingFields:
         default=None,
         metadata={"help": "Samples per update over all processes (the recipes: 16, the paper's 2 x 8 GPUs). Sets "
                           "--gradient_accumulation_steps to it / (--train_batch_size x processes), which must divide "
-                          "it: as many samples per update on 1 GPU as on 8. 0 or unset: --train_batch_size x processes x "
+                          "it: the same samples per update on 1 GPU as on 8. 0 or unset: --train_batch_size x processes x "
                           "--gradient_accumulation_steps."},
     )
     auto_train_batch_size: bool = field(
@@ -372,7 +372,7 @@ class TrainingFields:
                           "halvings that does (16: 16, 8, 4, 2, 1), accumulating the rest. Sets --train_batch_size "
                           "and --gradient_accumulation_steps: tried at the first step, agreed by all processes and "
                           "recorded in the checkpoints, which a resume and later rounds keep. The same samples per "
-                          "update within an epoch; the noise draws differ as for any other --train_batch_size."},
+                          "update; the noise draws differ as for any other --train_batch_size."},
     )
     max_train_steps: int = field(default=15000, metadata={"help": "Optimizer updates (official: 15 000)."})
     learning_rate: float = field(

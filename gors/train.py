@@ -474,7 +474,7 @@ class GORSTrainer:
         self.rewards = torch.tensor([row["reward"] for row in self.selection], dtype=torch.float32)
         self.schedule = BatchSchedule(
             len(self.selection), config.train_batch_size, self.accelerator.num_processes,
-            self.accelerator.process_index, config.seed,
+            self.accelerator.process_index, config.seed, config.gradient_accumulation_steps,
         )
 
     def _check_images(self) -> None:
@@ -888,7 +888,7 @@ class GORSTrainer:
         agreed = min(fitted)
         if config.torch_compile != NO_COMPILE and fitted[accelerator.process_index] != agreed:
             self._trial_step(agreed)  # compiled here for the size it trains at, as on the other processes
-        self.schedule = replace(self.schedule, batch_size=agreed)
+        self.schedule = replace(self.schedule, batch_size=agreed, accumulation=share // agreed)
         self._use_micro_batch(agreed)
         accumulated = f", {share // agreed} accumulated per update" if agreed < share else ""
         samples = f"{agreed} sample{'s' if agreed > 1 else ''}"
@@ -905,7 +905,8 @@ class GORSTrainer:
         all-reduce after the backward instead of during it."""
         accelerator = self.accelerator
         prepared = self.denoiser, dict(self.text_encoders), self.schedule
-        self.schedule = replace(self.schedule, batch_size=size)
+        share = self.schedule.batch_size * self.schedule.accumulation
+        self.schedule = replace(self.schedule, batch_size=size, accumulation=share // size)
         try:
             with preserved_rng(accelerator.device):
                 self.denoiser = accelerator.unwrap_model(self.denoiser)

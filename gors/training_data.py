@@ -206,10 +206,13 @@ def cached_latent_distributions(
 class BatchSchedule:
     """Which samples form micro-batch m, for any m, on this process.
 
-    Epoch e is a permutation of the dataset seeded by (seed, e), cut into global batches of
-    `batch_size * num_processes`; process r takes its slice of each. The last global batch of an
-    epoch wraps around to the permutation's start so every batch is full. A resumed run asks for
-    micro-batch `step * accumulation` and gets exactly what the uninterrupted run would have.
+    Epoch e is a permutation of the dataset seeded by (seed, e), cut into updates of
+    `batch_size * num_processes * accumulation` samples; micro-batch m is part `m % accumulation` of
+    update `m // accumulation`, and process r takes its slice of each part. The last update of an
+    epoch wraps around to the permutation's start so every update is full. An update so holds the
+    same samples however it is split into processes and micro-batches (2 per GPU x 8 GPUs, 2 x 8
+    accumulated on one, 16 at once). A resumed run asks for micro-batch `step * accumulation` and gets
+    exactly what the uninterrupted run would have.
     """
 
     num_samples: int
@@ -217,19 +220,22 @@ class BatchSchedule:
     num_processes: int
     process_index: int
     seed: int
+    accumulation: int = 1
 
     @property
-    def global_batch(self) -> int:
-        return self.batch_size * self.num_processes
+    def update_size(self) -> int:
+        return self.batch_size * self.num_processes * self.accumulation
 
     @property
     def batches_per_epoch(self) -> int:
-        return -(-self.num_samples // self.global_batch)
+        """Micro-batches per epoch on each process."""
+        return -(-self.num_samples // self.update_size) * self.accumulation
 
     def indices(self, micro_batch: int) -> list[int]:
-        epoch, position = divmod(micro_batch, self.batches_per_epoch)
+        update, part = divmod(micro_batch, self.accumulation)
+        epoch, position = divmod(update, -(-self.num_samples // self.update_size))
         order = epoch_order(self.num_samples, self.seed + epoch)
-        start = position * self.global_batch + self.process_index * self.batch_size
+        start = position * self.update_size + (part * self.num_processes + self.process_index) * self.batch_size
         return [order[(start + j) % self.num_samples] for j in range(self.batch_size)]
 
 

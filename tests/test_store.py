@@ -147,6 +147,22 @@ def test_batch_schedule_covers_each_epoch_and_processes_are_disjoint(num_samples
     assert schedules[0].indices(5) == BatchSchedule(num_samples, batch, world, 0, seed=1).indices(5)
 
 
+@pytest.mark.parametrize("num_samples", [10, 16, 37])
+def test_an_update_holds_the_same_samples_however_it_is_split(num_samples):
+    # 16 per update as the paper's 2 x 8 GPUs, 2 x 8 accumulated on one, 16 at once, 4 x 2 GPUs x 2 accumulated:
+    # the same samples in every update, across epochs whose last update wraps around.
+    def update(batch: int, world: int, accumulation: int, step: int) -> list[int]:
+        return sorted(i for rank in range(world) for part in range(accumulation)
+                      for i in BatchSchedule(num_samples, batch, world, rank, seed=3, accumulation=accumulation)
+                      .indices(step * accumulation + part))
+
+    for step in range(3 * -(-num_samples // 16)):  # three epochs
+        expected = update(16, 1, 1, step)
+        assert len(expected) == 16
+        for split in [(2, 8, 1), (2, 1, 8), (4, 2, 2), (1, 4, 4)]:
+            assert update(*split, step) == expected, (split, step)
+
+
 def test_a_damaged_cache_file_is_computed_again(tmp_path, caplog):
     from accelerate import Accelerator
 
