@@ -108,31 +108,31 @@ def test_a_micro_batch_that_does_not_fit_is_halved_before_the_first_step_and_the
         precision, selected_run, tiny_sd, tmp_path, monkeypatch, capsys):
     # The trial steps' random draws and gradients leave nothing behind: the LoRA is the one trained at that
     # micro-batch from the start.
-    reference = _train(_copy_run(selected_run, tmp_path / "reference"), tiny_sd, "--max_train_steps", "2",
+    reference = _train(_copy_run(selected_run, tmp_path / "reference"), tiny_sd, "--max_train_steps", "3",
                        "--train_batch_size", "2", "--mixed_precision", precision)
     run = _copy_run(selected_run, tmp_path / "run")
     sizes: list[int] = []
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(2, sizes))
     capsys.readouterr()
-    auto = _train(run, tiny_sd, "--max_train_steps", "2", "--auto_train_batch_size", "--mixed_precision", precision)
+    auto = _train(run, tiny_sd, "--max_train_steps", "3", "--auto_train_batch_size", "--mixed_precision", precision)
     out = capsys.readouterr().out
-    assert sizes == [4, 2] + [2] * 4  # the trials, then 2 updates of 2 micro-batches
+    assert sizes == [4, 2] + [2] * 6  # the trials, then 3 updates of 2 micro-batches (6 samples: past an epoch)
     assert "[train] --auto_train_batch_size: 2 samples per micro-batch on each process, 2 accumulated per update " \
            "(tried 4, 2)" in out
     assert _same(auto, reference)
-    assert _micro_batch_fields(run / "checkpoints" / "checkpoint-2") == (2, 2)
+    assert _micro_batch_fields(run / "checkpoints" / "checkpoint-3") == (2, 2)
 
     # Going on, the run keeps the size its checkpoints record, where a trial would now fit 4.
     sizes.clear()
     monkeypatch.undo()
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(None, sizes))
-    _train(run, tiny_sd, "--max_train_steps", "3", "--auto_train_batch_size", "--mixed_precision", precision)
+    _train(run, tiny_sd, "--max_train_steps", "4", "--auto_train_batch_size", "--mixed_precision", precision)
     out = capsys.readouterr().out
     assert sizes == [2, 2]
     assert "note: each update accumulates" not in out  # the size that fits, found
     assert "2 samples per micro-batch, as this training's checkpoints record" in out
-    assert "checkpoint-2 is a checkpoint of this same training" in out
-    assert _micro_batch_fields(run / "checkpoints" / "checkpoint-3") == (2, 2)
+    assert "checkpoint-3 is a checkpoint of this same training" in out
+    assert _micro_batch_fields(run / "checkpoints" / "checkpoint-4") == (2, 2)
 
     # The stage's timings record the size it trained at, not the share tried first.
     config = RunConfig(output_dir=str(run), global_batch_size=4, auto_train_batch_size=True)
