@@ -472,10 +472,7 @@ class GORSTrainer:
                                    else self._cached_encoding(e, unwrap(self.text_encoders[e.component]))
                                    for e in self.family.text_encoders}
         self.rewards = torch.tensor([row["reward"] for row in self.selection], dtype=torch.float32)
-        self.schedule = BatchSchedule(
-            len(self.selection), config.train_batch_size, self.accelerator.num_processes,
-            self.accelerator.process_index, config.seed, config.gradient_accumulation_steps,
-        )
+        self.schedule = self._batch_schedule()
 
     def _check_images(self) -> None:
         """Refuse missing selected images before any checkpoint is set aside: unless their latents are
@@ -833,6 +830,11 @@ class GORSTrainer:
             hook.remove()
         return self.output_dir / LORA_WEIGHT_NAME
 
+    def _batch_schedule(self) -> BatchSchedule:
+        config, accelerator = self.config, self.accelerator
+        return BatchSchedule(len(self.selection), config.train_batch_size, accelerator.num_processes,
+                             accelerator.process_index, config.seed, config.gradient_accumulation_steps)
+
     def _fingerprint(self) -> dict[str, Any]:
         return training_fingerprint(self.config, self.selection, self.accelerator.num_processes,
                                     self.family.fingerprint(), self.schedule_steps, self.accelerator.mixed_precision)
@@ -888,8 +890,8 @@ class GORSTrainer:
         agreed = min(fitted)
         if config.torch_compile != NO_COMPILE and fitted[accelerator.process_index] != agreed:
             self._trial_step(agreed)  # compiled here for the size it trains at, as on the other processes
-        self.schedule = replace(self.schedule, batch_size=agreed, accumulation=share // agreed)
         self._use_micro_batch(agreed)
+        self.schedule = self._batch_schedule()
         accumulated = f", {share // agreed} accumulated per update" if agreed < share else ""
         samples = f"{agreed} sample{'s' if agreed > 1 else ''}"
         accelerator.print(f"[train] --auto_train_batch_size: {samples} per micro-batch on each process"
@@ -922,14 +924,16 @@ class GORSTrainer:
         `trying`: where `--auto_train_batch_size` found no size that fits."""
         config, advice = self.config, []
         again = "the training starts again from step 0, its checkpoints set aside"
+        # CUDA graphs refuse the accumulation a smaller batch needs (`resolve_accumulation`).
+        graphs = (f" --torch_compile {without_cuda_graphs(config.torch_compile)}, which accumulates micro-batches "
+                  "where CUDA graphs do not" if self.cuda_graphs else "")
         if config.auto_train_batch_size:
             share = config.train_batch_size * config.gradient_accumulation_steps
             if not trying and config.train_batch_size > 1:
                 smaller = next(size for size in micro_batch_sizes(share) if size < config.train_batch_size)
-                graphs = (f" and --torch_compile {without_cuda_graphs(config.torch_compile)}, which accumulates "
-                          "micro-batches where CUDA graphs do not" if self.cuda_graphs else "")
-                advice.append(f"drop --auto_train_batch_size for --train_batch_size {smaller}{graphs} (the "
-                              f"training's steps at {config.train_batch_size} do not fit; {again})")
+                advice.append(f"drop --auto_train_batch_size for --train_batch_size {smaller}"
+                              f"{' and' + graphs if graphs else ''} (the training's steps at "
+                              f"{config.train_batch_size} do not fit; {again})")
             elif self.cuda_graphs and share > 1:
                 advice.append(f"compile without CUDA graphs (--torch_compile {without_cuda_graphs(config.torch_compile)}), "
                               "so that --auto_train_batch_size may accumulate smaller micro-batches")
@@ -937,10 +941,8 @@ class GORSTrainer:
             # With --global_batch_size the accumulation follows the batch by itself.
             raise_too = ("" if config.global_batch_size is not None else
                          " and raise --gradient_accumulation_steps as much")
-            # CUDA graphs refuse the accumulation a smaller batch needs (`resolve_accumulation`).
-            graphs = (f" with --torch_compile {without_cuda_graphs(config.torch_compile)}, which accumulates "
-                      "micro-batches where CUDA graphs do not" if self.cuda_graphs else "")
-            advice.append(f"lower --train_batch_size{raise_too}{graphs} (as many samples per update; {again})")
+            advice.append(f"lower --train_batch_size{raise_too}{' with' + graphs if graphs else ''} (as many samples "
+                          f"per update; {again})")
         if not config.gradient_checkpointing:
             advice.append("pass --gradient_checkpointing (the training resumes from its last checkpoint)")
         return ", or ".join(advice + [MORE_MEMORY])

@@ -227,13 +227,17 @@ class BatchSchedule:
         return self.batch_size * self.num_processes * self.accumulation
 
     @property
+    def updates_per_epoch(self) -> int:
+        return -(-self.num_samples // self.update_size)
+
+    @property
     def batches_per_epoch(self) -> int:
         """Micro-batches per epoch on each process."""
-        return -(-self.num_samples // self.update_size) * self.accumulation
+        return self.updates_per_epoch * self.accumulation
 
     def indices(self, micro_batch: int) -> list[int]:
         update, part = divmod(micro_batch, self.accumulation)
-        epoch, position = divmod(update, -(-self.num_samples // self.update_size))
+        epoch, position = divmod(update, self.updates_per_epoch)
         order = epoch_order(self.num_samples, self.seed + epoch)
         start = position * self.update_size + (part * self.num_processes + self.process_index) * self.batch_size
         return [order[(start + j) % self.num_samples] for j in range(self.batch_size)]
