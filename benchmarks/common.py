@@ -1,9 +1,10 @@
 """What every speed script shares: interleaved, repeated timing of a reference against gors, and its row.
 
 Each comparison times the reference exactly as the official code runs it and gors' path on the
-same inputs, alternating the two in one process (`paired_ratios`), so that a slow spell of the
-machine hits both; the ratio reference / gors of each pair is kept, and the table reports their
-minimum and median with an agreement check of the two outputs.
+same inputs, alternating the two in one process (`paired_ratios`; `interleaved_ratios` for
+several references), so that a slow spell of the machine hits both; the ratio reference / gors
+of each pair is kept, and the table reports their minimum and median with an agreement check of
+the two outputs.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -64,20 +65,29 @@ def paired_ratios(reference: Callable[[], Any], gors: Callable[[], Any], device:
                   warmup: int = 1) -> tuple[list[float], Any, Any]:
     """`repeats` ratios reference seconds / gors seconds, the two run alternately (the first of each
     pair alternating too), after `warmup` untimed calls of each; returns the ratios and the last outputs."""
-    for _ in range(warmup):
-        reference()
-        gors()
-    ratios = []
-    reference_output = gors_output = None
-    for repeat in range(repeats):
-        if repeat % 2:
-            gors_output, gors_seconds = timed(gors, device)
-            reference_output, reference_seconds = timed(reference, device)
-        else:
-            reference_output, reference_seconds = timed(reference, device)
-            gors_output, gors_seconds = timed(gors, device)
-        ratios.append(reference_seconds / gors_seconds)
+    (ratios,), (reference_output,), gors_output = interleaved_ratios([reference], gors, device, repeats, warmup)
     return ratios, reference_output, gors_output
+
+
+def interleaved_ratios(references: Sequence[Callable[[], Any]], gors: Callable[[], Any], device: torch.device,
+                       repeats: int, warmup: int = 1) -> tuple[list[list[float]], list[Any], Any]:
+    """`paired_ratios` for several references of one gors path: each repeat runs every reference and
+    gors once, the order rotated by one per repeat (so each comes first equally often), after `warmup`
+    untimed calls of each; returns each reference's `repeats` ratios, their last outputs and gors' last."""
+    calls = [*references, gors]
+    for _ in range(warmup):
+        for call in calls:
+            call()
+    ratios: list[list[float]] = [[] for _ in references]
+    outputs: list[Any] = [None] * len(calls)
+    for repeat in range(repeats):
+        seconds = [0.0] * len(calls)
+        for shift in range(len(calls)):
+            k = (repeat + shift) % len(calls)
+            outputs[k], seconds[k] = timed(calls[k], device)
+        for k, reference_ratios in enumerate(ratios):
+            reference_ratios.append(seconds[k] / seconds[-1])
+    return ratios, outputs[:-1], outputs[-1]
 
 
 @dataclass(frozen=True)

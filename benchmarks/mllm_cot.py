@@ -1,42 +1,48 @@
 """MLLM-CoT: gors' batched two-turn judge against a plain ``generate`` per image and turn, as the official scripts run.
 
-Both run in one process on the same random-weight model of Qwen3-VL-8B's proportions (the model of
+All run in one process on the same random-weight model of Qwen3-VL-8B's proportions (the model of
 ``soft_tifa_one_pass.py``: the published config, scaled down in depth only by default), the same
 images and the same T2I-CompBench questions (`rewards.mllm_cot_prompts`), interleaved and
-repeated; the script prints the min and median of the paired time ratios and whether the two
-give the same answers and parsed scores.
+repeated; for each reference the script prints the min and median of its time ratios to gors and
+whether the two give the same answers.
 
-- **Reference, the official procedure** (``MLLM_eval/ShareGPT4V-CoT_eval/Share_eval.py`` of
-  Karine-Huang/T2I-CompBench, read as facts): the image is preprocessed once; then turn by turn the
-  whole conversation so far is rendered and tokenised and ``model.generate`` runs it from scratch
-  (vision tower included) with greedy decoding and at most ``max_new_tokens`` new tokens; the
-  answer is appended to the conversation. MiniGPT-4-CoT's ``chat.answer`` differs in one way: it
-  encodes the image once and reuses its embeddings in every turn, so against it the ratio would be
-  lower by the vision tower's share of a turn (not measured here). Other departures from both (an
-  audit, 2026-12-05): greedy decoding where both official scripts sample (ShareGPT4V: temperature
-  0.2, top-p 0.7; MiniGPT-4: 0.7, 0.9), which the agreement check needs; ShareGPT4V asks each rating
-  on the system prompt, image and description alone (not the whole conversation) with up to 512
-  new tokens, and streams its decoding; MiniGPT-4 asks again, up to 3 times, when an answer holds no
-  number. The row's procedure is therefore neither script's exactly: it keeps their per-image,
-  per-turn `generate` calls, which is what gors' batching replaces.
+- **Two references, the official procedures** (Karine-Huang/T2I-CompBench's ``MLLM_eval``, read as
+  facts), timed in one rotation with gors:
+  - **ShareGPT4V-CoT** (``ShareGPT4V-CoT_eval/Share_eval.py``): turn by turn the whole conversation
+    so far is rendered and tokenised and ``model.generate`` runs it from scratch, vision tower
+    included, the image preprocessed once;
+  - **MiniGPT-4-CoT** (``MiniGPT4-CoT_eval/mGPT_cot_*.py`` on MiniGPT-4's ``Chat``), the procedure
+    whose prompts gors asks: ``upload_img`` runs the vision encoder once per image, then every
+    ``answer`` embeds the whole conversation again with the kept image embeddings and generates
+    from scratch; here the kept vision outputs go to ``generate`` as ``mm_encoder_outputs``.
+  Both decode greedily with at most ``max_new_tokens`` new tokens. Departures from the official
+  scripts (an audit, 2026-12-05), the same for both references and gors: greedy decoding where
+  both sample (ShareGPT4V: temperature 0.2, top-p 0.7; MiniGPT-4: temperature 0.7 in the attribute
+  script and 1 in the general one, top-p 0.9), which the agreement check needs; ShareGPT4V asks each
+  rating on the system prompt, image and description alone (not the whole conversation) with up to
+  512 new tokens, and streams its decoding; MiniGPT-4 asks again, up to 3 times, when an answer
+  holds no number (with greedy decoding the same answer again). Each reference keeps its script's
+  per-image, per-turn `generate` calls, which is what gors' batching replaces; the MiniGPT-4-CoT
+  ratio is the lower of the two by the vision tower's share of a later turn.
 - **gors**: `MLLMCoTReward.score` on all the images at once: the vision tower once per image,
   the first turn's prompts as one batch, greedy decoding of all rows together, and each later
   turn appended to the kept key/value cache (see `rewards.mllm_cot`).
 
 Random weights rarely write the end-of-answer token, so every answer runs to ``max_new_tokens``
-(both sides alike; a trained judge stops earlier, at different lengths per image, which the
+(every procedure alike; a trained judge stops earlier, at different lengths per image, which the
 batched side handles by masking finished rows). The scores are then 0 with the reason "no whole
 number": the agreement is checked on the answer texts, which decide the scores.
 
-    python benchmarks/mllm_cot.py                                    # CPU, float32, 2 images, 3 pairs
+    python benchmarks/mllm_cot.py                                    # CPU, float32, 2 images, 3 repeats
     python benchmarks/mllm_cot.py --images 4 --max_new_tokens 64
     python benchmarks/mllm_cot.py --device cuda --full-size --images 8   # bfloat16, 36 + 27 layers
 
 On 2 shared CPU cores the default run takes a few minutes (its measured ratios: benchmarks/README.md;
-the vision tower and the first turn's prefill are not repeated, and the rows decode together). `python -m benchmarks` calls `measure`
-with ``--device`` and ``--full-size`` and puts its row in the common table. The answers must be
-equal in float32; in bfloat16 batched and one-at-a-time products round differently, so greedy
-answers may part after a near tie, and the number of equal answers is only reported.
+the vision tower and the first turn's prefill are not repeated, and the rows decode together).
+`python -m benchmarks` calls `measure` with ``--device`` and ``--full-size`` and puts its two rows
+in the common table. The answers must be equal in float32; in bfloat16 batched and one-at-a-time
+products round differently, so greedy answers may part after a near tie, and the number of equal
+answers is only reported.
 """
 
 from __future__ import annotations
@@ -45,11 +51,12 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-from common import SpeedResult, paired_ratios, positive_int, print_table
+from common import SpeedResult, interleaved_ratios, positive_int, print_table
 from PIL import Image
 from soft_tifa_one_pass import QWEN3_VL_8B_TEXT, QWEN3_VL_8B_VISION, build_model, parameter_counts
 
@@ -68,15 +75,20 @@ PROMPTS = {
 
 @torch.no_grad()
 def official_conversation(model, processor, image: Image.Image, questions: list[str], max_new_tokens: int,
-                          eos: list[int]) -> list[str]:
-    """The official procedure for one image: every turn re-renders the conversation and runs a
-    plain greedy ``generate`` on it, image included; the stripped answers, in order."""
+                          eos: list[int], vision_once: bool = False) -> list[str]:
+    """An official procedure for one image: every turn re-renders the conversation and runs a plain
+    greedy ``generate`` on it, with the vision tower run again (ShareGPT4V-CoT) or, with
+    `vision_once`, its outputs kept from the first turn (MiniGPT-4-CoT); the stripped answers, in order."""
     messages: list[dict] = []
     answers = []
     # The image is preprocessed once, as both official scripts do; the processor's own expansion of its
     # placeholder and token types then give exactly what `processor(text, images)` gives each turn.
-    image_inputs = processor.image_processor(images=[image], return_tensors="pt")
+    image_inputs = processor.image_processor(images=[image], return_tensors="pt").to(model.device)
     image_tokens = processor.replace_image_token(image_inputs, 0)
+    if vision_once:
+        vision = model.model.get_image_features(image_inputs["pixel_values"], image_inputs["image_grid_thw"],
+                                                return_dict=True)
+        image_inputs = {"image_grid_thw": image_inputs["image_grid_thw"]}
     for k, question in enumerate(questions):
         content = ([{"type": "image"}] if k == 0 else []) + [{"type": "text", "text": question}]
         messages.append({"role": "user", "content": content})
@@ -85,6 +97,8 @@ def official_conversation(model, processor, image: Image.Image, questions: list[
         token_types = torch.as_tensor(processor.create_mm_token_type_ids(tokens["input_ids"].tolist()))
         inputs = {**tokens, "mm_token_type_ids": token_types, **image_inputs}
         inputs = {name: value.to(model.device) for name, value in inputs.items()}
+        if vision_once:
+            inputs["mm_encoder_outputs"] = {"image": vision}
         output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
                                 pad_token_id=processor.tokenizer.pad_token_id)
         answer = processor.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -103,7 +117,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--vision_layers", type=int, default=2, help="of 27 in Qwen3-VL-8B")
     parser.add_argument("--category", default="complex", choices=sorted(PROMPTS))
     parser.add_argument("--images", type=int, default=2, help="images judged (one batch on the gors side)")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="timed pairs")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed rotations of the three procedures")
     parser.add_argument("--size", type=int, default=512, help="image side in pixels")
     parser.add_argument("--max_new_tokens", type=int, default=None,
                         help="longest answer per turn; default 24 on the CPU, 300 (official) with --full-size")
@@ -120,7 +134,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def measure(argv: list[str] | None = None) -> list[SpeedResult]:
-    """Build the model, time both procedures in interleaved pairs, print the details; one row."""
+    """Build the model, time both official procedures and gors' in interleaved rotations, print the
+    details; a row per official procedure."""
     args = parse(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     from gors.testing.qwen3_vl import build_tiny_qwen3_vl
@@ -147,35 +162,39 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
           f"layers of 27, random weights, built in {built_s:.0f} s; {args.dtype} on {device}")
     print(f"inputs: {args.images} image(s) of {args.size} x {args.size} px ({image_tokens} image tokens each), "
           f"{args.category}: {len(turns[0])} turns per image, at most {args.max_new_tokens} new tokens per answer; "
-          f"{args.repeats} pairs", flush=True)
+          f"{args.repeats} repeats", flush=True)
 
-    def reference() -> list[list[str]]:
-        return [official_conversation(model, processor, image, questions, args.max_new_tokens, eos)
-                for image, questions in zip(images, turns)]
+    def reference(vision_once: bool) -> Callable[[], list[list[str]]]:
+        return lambda: [official_conversation(model, processor, image, questions, args.max_new_tokens, eos, vision_once)
+                        for image, questions in zip(images, turns)]
 
     def ours() -> list[list[str]]:
         details = reward.score(images, prompts).details
         return [[d["description"], *d["answers"]] for d in details]
 
-    ratios, official, batched = paired_ratios(reference, ours, device, args.repeats)
-    answers = sum(len(a) for a in official)
-    equal = sum(o == b for conv_o, conv_b in zip(official, batched) for o, b in zip(conv_o, conv_b))
-    print(f"speed-up (official / gors, {len(ratios)} interleaved pairs): "
-          f"min {min(ratios):.2f}x, median {statistics.median(ratios):.2f}x")
-    print(f"agreement: {equal} of {answers} answers equal")
-    if dtype == torch.float32 and equal != answers:
-        raise SystemExit("the two procedures give different answers")
+    procedures = {
+        "ShareGPT4V-CoT": "plain greedy `generate` per image and turn on the re-rendered conversation, vision re-run "
+                          "each turn (ShareGPT4V-CoT)",
+        "MiniGPT-4-CoT": "plain greedy `generate` per image and turn on the re-rendered conversation, vision once per "
+                         "image (MiniGPT-4-CoT, whose prompts gors asks)",
+    }
+    all_ratios, official, batched = interleaved_ratios([reference(False), reference(True)], ours, device,
+                                                       args.repeats)
     sizes = (f"{args.text_layers}/36 text, {args.vision_layers}/27 vision layers, "
              f"{sum(counts.values()) / 1e9:.2f} B parameters, {args.images} images of {args.size} px "
              f"({image_tokens} image tokens), {len(turns[0])} turns of <= {args.max_new_tokens} tokens, {args.dtype}")
-    return [SpeedResult(
-        stage="MLLM-CoT judge, Qwen3-VL-8B proportions",
-        reference="plain greedy `generate` per image and turn on the re-rendered conversation, vision re-run each "
-                  "turn (ShareGPT4V-CoT; MiniGPT-4-CoT, whose prompts gors asks, encodes the image once)",
-        sizes=sizes,
-        ratios=ratios,
-        agreement=f"{equal}/{answers} answers equal",
-    )]
+    results = []
+    for (name, procedure), ratios, answers in zip(procedures.items(), all_ratios, official):
+        total = sum(len(a) for a in answers)
+        equal = sum(o == b for conv_o, conv_b in zip(answers, batched) for o, b in zip(conv_o, conv_b))
+        print(f"{name}: speed-up (official / gors, {len(ratios)} interleaved repeats): "
+              f"min {min(ratios):.2f}x, median {statistics.median(ratios):.2f}x; {equal} of {total} answers equal")
+        if dtype == torch.float32 and equal != total:
+            raise SystemExit(f"{name} and gors give different answers")
+        results.append(SpeedResult(stage=f"MLLM-CoT judge, Qwen3-VL-8B proportions, against {name}",
+                                   reference=procedure, sizes=sizes, ratios=ratios,
+                                   agreement=f"{equal}/{total} answers equal"))
+    return results
 
 
 def main() -> None:

@@ -11,7 +11,8 @@ them, as the official attribute script does.
 An answer without a whole number from 0 to 100 scores 0 for its question, as in the official
 script (its running sum is not increased), and the image's details say which answer had no
 number. The official script then asks the same question again, up to 3 more times with sampling
-(temperature 0.7); with greedy decoding here the question is asked once. Other differences from
+(top-p 0.9; temperature 0.7 in the attribute script, 1 in the general one); with greedy decoding
+here the question is asked once. Other differences from
 the official MiniGPT-4 script: greedy decoding instead of sampling (deterministic scores), the
 chat template of the judge instead of MiniGPT-4's "###Human / ###Assistant" format, and a bounded
 answer length (default 300 new tokens, the official ``max_new_tokens``).
@@ -28,10 +29,10 @@ scripts run for every answer) up to float round-off; ``tests/test_mllm_cot.py`` 
 against ``generate`` per image on a tiny Qwen3-VL (in float32; in bfloat16 the round-off depends
 on the batch, and on the tiny random model one of four images batched together got another answer
 text than alone, so pass ``batch_size=1`` where one-image-at-a-time answers matter), and
-``benchmarks/mllm_cot.py`` times the two
-(2 CPU cores, Qwen3-VL-8B's proportions at 2 text and 2 vision layers, 2 images of 512 px, two
-turns of at most 24 tokens; the measured ratios are in benchmarks/README.md; not yet measured on
-a GPU).
+``benchmarks/mllm_cot.py`` times it against both official procedures, ShareGPT4V-CoT's (the
+vision tower in every turn) and MiniGPT-4-CoT's (the image encoded once): on 2 CPU cores at
+Qwen3-VL-8B's proportions with 2 text and 2 vision layers, 2 images of 512 px and two turns of at
+most 24 tokens, the measured ratios are in benchmarks/README.md; not yet measured on a GPU.
 """
 
 from __future__ import annotations

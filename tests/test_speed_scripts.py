@@ -1,5 +1,6 @@
-"""The speed scripts time the batch they report: where gors would halve a batch that does not fit the
-device (`gors.core.memory`), the script stops instead of printing a ratio of another batch size."""
+"""The speed scripts: they time the batch they report (where gors would halve a batch that does not
+fit the device, `gors.core.memory`, the script stops instead of printing a ratio of another batch
+size), interleave their procedures, and their references run as the official code does."""
 
 from __future__ import annotations
 
@@ -7,19 +8,27 @@ import importlib
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
-def generation():
-    sys.path.insert(0, str(BENCHMARKS))  # the scripts import each other as top-level modules
+def scripts():
+    """`importlib.import_module` with benchmarks/ on the path (the scripts import each other as top-level modules)."""
+    sys.path.insert(0, str(BENCHMARKS))
     try:
-        yield importlib.import_module("generation")
+        yield importlib.import_module
     finally:
         sys.path[:] = [entry for entry in sys.path if entry != str(BENCHMARKS)]
+
+
+@pytest.fixture(scope="module")
+def generation(scripts):
+    return scripts("generation")
 
 
 def test_the_generation_script_stops_where_gors_would_halve_its_batch(generation, monkeypatch):
@@ -40,3 +49,51 @@ def test_the_generation_script_stops_where_gors_would_halve_its_batch(generation
                                          r"on at 4, so the timing would not be of the batch this script reports; "
                                          r"lower --resolution"):
         generation.measure(arguments)
+
+
+def test_interleaved_ratios_rotate_the_procedures_and_divide_by_gors(scripts, monkeypatch):
+    common = scripts("common")
+    order: list[str] = []
+    seconds = {"share": 6.0, "mini": 3.0, "gors": 2.0}
+
+    def clock(function, device):
+        name = function()
+        order.append(name)
+        return f"{name} output", seconds[name]
+
+    monkeypatch.setattr(common, "timed", clock)
+    procedures = [lambda: "share", lambda: "mini"]
+    ratios, outputs, output = common.interleaved_ratios(procedures, lambda: "gors", torch.device("cpu"), repeats=3,
+                                                        warmup=0)
+    assert order == ["share", "mini", "gors", "mini", "gors", "share", "gors", "share", "mini"]
+    assert ratios == [[3.0] * 3, [1.5] * 3]
+    assert outputs == ["share output", "mini output"] and output == "gors output"
+    order.clear()
+    pair, reference, ours = common.paired_ratios(procedures[0], lambda: "gors", torch.device("cpu"), 2, warmup=0)
+    assert order == ["share", "gors", "gors", "share"] and pair == [3.0, 3.0]  # two procedures alternate
+
+
+def test_mllm_cot_s_minigpt4_reference_runs_the_vision_tower_once_per_image(scripts, tmp_path):
+    """MiniGPT-4-CoT's procedure (the image encoded once, every turn generated from scratch) gives the
+    answers of the ShareGPT4V-CoT procedure (vision in every turn) with one vision pass instead of one per turn."""
+    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+
+    from gors.testing.qwen3_vl import build_tiny_qwen3_vl
+
+    mllm_cot = scripts("mllm_cot")
+    model_dir = build_tiny_qwen3_vl(tmp_path / "tiny", seed=0)
+    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir).eval()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (64, 80, 3), dtype=np.uint8))
+    questions = ["Describe the image.", "Rate it from 0 to 100.", "And the colours?"]
+    eos = [processor.tokenizer.eos_token_id]
+    passes = []
+    model.model.visual.register_forward_hook(lambda module, inputs, output: passes.append(inputs[0].shape))
+
+    every_turn = mllm_cot.official_conversation(model, processor, image, questions, 6, eos)
+    assert len(passes) == 3
+    passes.clear()
+    once = mllm_cot.official_conversation(model, processor, image, questions, 6, eos, vision_once=True)
+    assert len(passes) == 1
+    assert once == every_turn and len(once) == 3
