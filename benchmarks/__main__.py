@@ -48,8 +48,8 @@ def machine(device: str) -> str:
 
 
 def cpu_name() -> str:
-    """The processor's model name where Linux states it (CPU ratios differ between processors: the
-    MLLM-CoT row measured 1.72x on one x86_64 machine and 1.2x on an AMD EPYC), else its architecture."""
+    """The processor's model name where Linux states it, else its architecture: CPU ratios differ
+    between processors (benchmarks/README.md), so a table names the one it was measured on."""
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         for line in cpuinfo.read_text().splitlines():

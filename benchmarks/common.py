@@ -2,9 +2,9 @@
 
 Each comparison times the reference exactly as the official code runs it and gors' path on the
 same inputs, alternating the two in one process (`paired_ratios`; `interleaved_ratios` for
-several references), so that a slow spell of the machine hits both; the ratio reference / gors
-of each pair is kept, and the table reports their minimum and median with an agreement check of
-the two outputs.
+several references), so that a slow spell of the machine hits all; the ratio reference / gors
+of each repeat is kept, and the table reports their minimum and median with an agreement check of
+the outputs.
 """
 
 from __future__ import annotations
@@ -72,8 +72,9 @@ def paired_ratios(reference: Callable[[], Any], gors: Callable[[], Any], device:
 def interleaved_ratios(references: Sequence[Callable[[], Any]], gors: Callable[[], Any], device: torch.device,
                        repeats: int, warmup: int = 1) -> tuple[list[list[float]], list[Any], Any]:
     """`paired_ratios` for several references of one gors path: each repeat runs every reference and
-    gors once, the order rotated by one per repeat (so each comes first equally often), after `warmup`
-    untimed calls of each; returns each reference's `repeats` ratios, their last outputs and gors' last."""
+    gors once, the order rotated by one per repeat (each comes first equally often when `repeats` is
+    a multiple of the procedures), after `warmup` untimed calls of each; returns each reference's
+    `repeats` ratios, their last outputs and gors' last."""
     calls = [*references, gors]
     for _ in range(warmup):
         for call in calls:

@@ -21,7 +21,10 @@ whether the two give the same answers.
   script and 1 in the general one, top-p 0.9), which the agreement check needs; ShareGPT4V asks each
   rating on the system prompt, image and description alone (not the whole conversation) with up to
   512 new tokens, and streams its decoding; MiniGPT-4 asks again, up to 3 times, when an answer
-  holds no number (with greedy decoding the same answer again). Each reference keeps its script's
+  holds no number, each time on the conversation grown by the last answer, which neither the
+  reference nor gors does (gors scores such an answer 0): with random weights no answer holds a
+  number, so the official MiniGPT-4-CoT would run up to 5 `generate` calls per image where the
+  reference runs 2, and its row understates the official cost. Each reference keeps its script's
   per-image, per-turn `generate` calls, which is what gors' batching replaces; the MiniGPT-4-CoT
   ratio is the lower of the two by the vision tower's share of a later turn.
 - **gors**: `MLLMCoTReward.score` on all the images at once: the vision tower once per image,
@@ -172,19 +175,20 @@ def measure(argv: list[str] | None = None) -> list[SpeedResult]:
         details = reward.score(images, prompts).details
         return [[d["description"], *d["answers"]] for d in details]
 
+    # name: (vision once per image, the row's description of the procedure)
     procedures = {
-        "ShareGPT4V-CoT": "plain greedy `generate` per image and turn on the re-rendered conversation, vision re-run "
-                          "each turn (ShareGPT4V-CoT)",
-        "MiniGPT-4-CoT": "plain greedy `generate` per image and turn on the re-rendered conversation, vision once per "
-                         "image (MiniGPT-4-CoT, whose prompts gors asks)",
+        "ShareGPT4V-CoT": (False, "plain greedy `generate` per image and turn on the re-rendered conversation, "
+                                  "vision re-run each turn (ShareGPT4V-CoT)"),
+        "MiniGPT-4-CoT": (True, "plain greedy `generate` per image and turn on the re-rendered conversation, "
+                                "vision once per image (MiniGPT-4-CoT, whose prompts gors asks)"),
     }
-    all_ratios, official, batched = interleaved_ratios([reference(False), reference(True)], ours, device,
-                                                       args.repeats)
+    all_ratios, official, batched = interleaved_ratios(
+        [reference(vision_once) for vision_once, _ in procedures.values()], ours, device, args.repeats)
     sizes = (f"{args.text_layers}/36 text, {args.vision_layers}/27 vision layers, "
              f"{sum(counts.values()) / 1e9:.2f} B parameters, {args.images} images of {args.size} px "
              f"({image_tokens} image tokens), {len(turns[0])} turns of <= {args.max_new_tokens} tokens, {args.dtype}")
     results = []
-    for (name, procedure), ratios, answers in zip(procedures.items(), all_ratios, official):
+    for (name, (_, procedure)), ratios, answers in zip(procedures.items(), all_ratios, official):
         total = sum(len(a) for a in answers)
         equal = sum(o == b for conv_o, conv_b in zip(answers, batched) for o, b in zip(conv_o, conv_b))
         print(f"{name}: speed-up (official / gors, {len(ratios)} interleaved repeats): "

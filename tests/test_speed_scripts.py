@@ -71,6 +71,23 @@ def test_interleaved_ratios_rotate_the_procedures_and_divide_by_gors(scripts, mo
     order.clear()
     pair, reference, ours = common.paired_ratios(procedures[0], lambda: "gors", torch.device("cpu"), 2, warmup=0)
     assert order == ["share", "gors", "gors", "share"] and pair == [3.0, 3.0]  # two procedures alternate
+    assert reference == "share output" and ours == "gors output"
+
+
+def test_warm_up_calls_run_every_procedure_untimed(scripts, monkeypatch):
+    common = scripts("common")
+    calls: list[str] = []
+
+    def clock(function, device):
+        calls.append("timed")
+        return function(), 1.0
+
+    monkeypatch.setattr(common, "timed", clock)
+    procedures = [lambda: calls.append("share"), lambda: calls.append("mini")]
+    ratios, _, _ = common.interleaved_ratios(procedures, lambda: calls.append("gors"), torch.device("cpu"),
+                                             repeats=1, warmup=2)
+    assert calls == ["share", "mini", "gors"] * 2 + ["timed", "share", "timed", "mini", "timed", "gors"]
+    assert ratios == [[1.0], [1.0]]
 
 
 def test_mllm_cot_s_minigpt4_reference_runs_the_vision_tower_once_per_image(scripts, tmp_path):
