@@ -9,7 +9,7 @@
 #   benchmarks/gpu_session.sh run         # there (carry .whl): install them, measure what #13 still lacks
 #   benchmarks/gpu_session.sh run table   # there: the whole full-size speed table and cost model again
 #   benchmarks/gpu_session.sh run compiled  # there, a second command: the training step with --torch_compile inductor
-#   benchmarks/gpu_session.sh run extras    # there, if time remains: Soft-TIFA in float32, SD3/FLUX training memory
+#   benchmarks/gpu_session.sh run extras    # there, if time remains: Soft-TIFA in float32, SD3/FLUX training memory, ...
 #   benchmarks/gpu_session.sh run memory [FAMILIES]  # there: training memory (default sd, measured 2026-12-04)
 #   benchmarks/gpu_session.sh run generation:150 overlap:70   # there: these speed scripts, seconds each
 #
@@ -26,7 +26,9 @@
 # loop's. `run extras`: Soft-TIFA's float32 agreement at full depth; SD3.5 Medium's and FLUX.1's
 # training memory in the setting of their targets; the training step against the official loop run at
 # gors' fp16 (every other training row's reference trains in fp32, as GORS' script did), and gors' step in
-# fp32 against it. `run compiled` times the training step with
+# fp32 against it; the MLLM-CoT judge at Qwen3-VL-8B's full size against both official procedures (4 images,
+# answers cut at 48 tokens: random weights write to the limit, and 300 tokens a turn would outrun the lease).
+# Their limits add up to 530 s. `run compiled` times the training step with
 # `--torch_compile inductor` (compiling takes minutes). `run table` runs what the first run did: the speed scripts at the real architecture
 # sizes (Soft-TIFA, B-VQA, training, generation), the cost model priced with the ratios just
 # measured, then overlapped scoring. Every script writes its table as it finishes; the logs and
@@ -91,6 +93,8 @@ run() {
         # gors in fp32 too: at a launch-bound batch its step may cost no more than in fp16, without autocast's casts.
         measure train_step_fp32 60 python3 benchmarks/train_step.py --device cuda --full-size --both_loras_only \
             --mixed_precision no --repeats 4
+        measure mllm_cot 120 python3 benchmarks/mllm_cot.py --device cuda --full-size --images 4 \
+            --max_new_tokens 48 --repeats 2
         return
     fi
     if [ "${1:-}" = memory ]; then
