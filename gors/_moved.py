@@ -2,7 +2,9 @@
 
 `import gors.store` (and the other paths in `MOVED`) still works and warns with a
 DeprecationWarning naming the new path; CHANGELOG.md lists the moves. Real modules always win:
-this finder is asked only after Python found no module under the old name.
+this finder is asked only after Python found no module under the old name. Names that moved out
+of a module that stays (`from gors.score import load_scores`) are forwarded by that module's
+`__getattr__`, made by `moved_names`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import importlib.util
 import sys
 import types
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 # old module -> the modules that now hold its names, first match wins.
 MOVED: dict[str, tuple[str, ...]] = {
@@ -76,3 +80,19 @@ def install() -> None:
     """Append the finder once (after Python's own finders, so existing modules are never shadowed)."""
     if not any(isinstance(finder, _MovedFinder) for finder in sys.meta_path):
         sys.meta_path.append(_MovedFinder())
+
+
+def moved_names(module: str, names: dict[str, str]) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` (PEP 562) for the names that moved out of `module`, which stays:
+    `names` maps each old name to its new home, ``"package.module:NAME"``; an old name warns with a
+    DeprecationWarning naming it and returns the new object."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        target, _, new = names[name].partition(":")
+        warnings.warn(f"{module}.{name} moved to {target}.{new}; the old path goes in gors {REMOVED_IN}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(target), new)
+
+    return __getattr__

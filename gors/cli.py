@@ -32,12 +32,19 @@ import yaml
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
+from gors._moved import moved_names
 from gors.config import SelectConfig, TrainConfig, config_file_values, load_yaml, yaml_problem
 from gors.core.data import ChecksumError, DownloadError
 from gors.core.hub import ModelLoadError
 from gors.core.io import PathError
 from gors.core.lock import LockError, run_folder_lock
 from gors.core.store import StoreError
+
+# 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
+__getattr__ = moved_names(__name__, {
+    "run_stages": "gors.run:run_stages",
+    "run": "gors.run:run",
+})
 
 C = TypeVar("C")
 

@@ -328,7 +328,8 @@ class SelectionFields:
         metadata={
             "help": "tau for every prompt. Default: the paper's per-category tau (template prompts = first 560 lines "
             "of the category's train file / natural prompts): color 0.92/0.7, shape 0.85/0.6, texture 0.9/0.65, "
-            "spatial 0.8, non_spatial 0.75, complex 0.4; toy 0.99 with toy_oracle, 0.9 with toy_classifier."
+            "spatial 0.8, non_spatial 0.75, complex 0.4; toy 0.99 with toy_oracle, 0.9 with toy_classifier; "
+            "recipes/gors_geneval.py 0.7 unless --select_top_fraction or --tau_schedule is given."
         },
     )
 
@@ -482,7 +483,9 @@ class TrainingFields:
     validation_scorer_options: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "Keyword arguments of the validation scorer (JSON/YAML mapping)."}
     )
-    report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker: tensorboard, wandb, all or none."})
+    report_to: str = field(default="tensorboard", metadata={"help": "One Accelerate tracker (tensorboard, wandb, mlflow, ...: "
+                                                           "accelerate's LoggerType names), all (every installed "
+                                                           "one) or none."})
 
     def check_optimizer(self) -> None:
         """AdamW's and the LR schedule's values, which torch and diffusers would take silently or refuse

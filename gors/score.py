@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
+from gors._moved import moved_names
 from gors.config import RunConfig, ScoreConfig
 from gors.core.background_scoring import BackgroundScorer
 from gors.core.distributed import make_accelerator
@@ -34,6 +35,14 @@ from gors.core.scoring import open_score_folder, score_samples
 from gors.core.store import SampleKey, SampleStore
 from rewards import Reward, get_reward_class
 from rewards.combined import build_reward, check_reward, check_reward_options, dtype_setting, reward_dtype, versioned
+
+# 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
+__getattr__ = moved_names(__name__, {
+    "load_scores": "gors.core.scoring:load_scores",
+    "read_score_rows": "gors.core.scoring:read_score_rows",
+    "check_settings": "gors.core.scoring:check_settings",
+    "SETTINGS_FILE": "gors.core.scoring:SETTINGS_FILE",
+})
 
 
 def check_prompt_metadata(reward: str, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:

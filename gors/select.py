@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from gors._moved import moved_names
 from gors.config import RunConfig, SelectConfig
 from gors.core.io import TornLineError, atomic_write_json, atomic_write_jsonl, read_json, read_jsonl
 from gors.core.prompts import TOY_CATEGORY, check_category, recorded_category
@@ -31,6 +32,11 @@ from gors.core.scoring import SETTINGS_FILE, load_scores
 from gors.core.store import IMAGE_HASH, SampleStore, StoreError, sample_key
 from rewards.combined import check_reward
 from rewards.paper import THRESHOLD_CATEGORIES, selection_threshold
+
+# 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
+__getattr__ = moved_names(__name__, {
+    "SUMMARY_FILE": "gors.core.run_folder:SELECTION_SUMMARY_FILE",
+})
 
 
 def threshold_fn(config: SelectConfig | RunConfig,

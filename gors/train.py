@@ -27,6 +27,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, DistributedType, ProjectConfiguration, set_seed
 from PIL import Image
 
+from gors._moved import moved_names
 from gors.checkpoints import (
     BASE_MODEL_COMMIT,
     check_intact,
@@ -96,6 +97,11 @@ from gors.validation import (
     preserved_rng,
     training_identity,
 )
+
+# 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
+__getattr__ = moved_names(__name__, {
+    "CHECKPOINTS": "gors.core.run_folder:CHECKPOINTS_DIR",
+})
 
 # Where processes disagree on the training: each node resolved the model in its own cache, or sees another folder.
 SAME_TRAINING_FIX = f"{SAME_SNAPSHOT_FIX} (--revision <commit>), and see the same --output_dir"

@@ -21,8 +21,14 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from torchvision import transforms
 
+from gors._moved import moved_names
 from gors.core.distributed import batches, main_process_decides, progress_bar
 from gors.core.store import selection_identity
+
+# 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
+__getattr__ = moved_names(__name__, {
+    "CACHE_DIR": "gors.core.run_folder:LATENT_CACHE_DIR",
+})
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import numpy
 import torch
 from PIL import Image
 
-from gors.core.hub import check_cached, check_model_path, recording_loads
-from rewards.base import Reward, RewardOutput
+from gors.core.hub import ModelLoadError, check_cached, check_model_path, recording_loads
+from rewards.base import MODEL_FLAG, Reward, RewardOutput
 from rewards.registry import available_rewards, get_reward_class
 
 
@@ -189,13 +189,18 @@ class WeightedReward(Reward):
                           "--reward_options")
         total = sum(spec.weight for spec in specs)
         self.weights = {spec.name: spec.weight / total for spec in specs}
-        self.members = {
-            spec.name: (cls := get_reward_class(spec.name))(
-                device=self.device, torch_dtype=member_dtype(cls, self.torch_dtype), batch_size=batch_size,
-                **options.get(spec.name, {}),
-            )
-            for spec in specs
-        }
+        self.members = {spec.name: self._member(spec.name, options.get(spec.name, {}), batch_size) for spec in specs}
+
+    def _member(self, name: str, options: Mapping[str, Any], batch_size: int) -> Reward:
+        """One member, built; a model it cannot load is named by the option that sets it (a member's model is
+        given by --reward_options, never by --reward_model_name_or_path, which a list refuses)."""
+        cls = get_reward_class(name)
+        try:
+            return cls(device=self.device, torch_dtype=member_dtype(cls, self.torch_dtype), batch_size=batch_size,
+                       **options)
+        except ModelLoadError as err:
+            message = str(err).replace(f"{MODEL_FLAG}=", f"--reward_options {name} model_name_or_path=", 1)
+            raise ModelLoadError(message) from err
 
     def _score(
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None

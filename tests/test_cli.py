@@ -480,7 +480,8 @@ def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):
                             r"off so\): quote the text you meant; lr_scheduler: diffusers' get_scheduler name "
                             r"\(constant, linear, cosine, \.\.\.\)$"),
     # Not a suggestion of "off", which it does not take either: what it takes.
-    ("report_to: off\n", r"report_to: False reads as .*; report_to: Accelerate tracker: tensorboard, wandb, all or none$"),
+    ("report_to: off\n", r"report_to: False reads as .*; report_to: One Accelerate tracker \(tensorboard, wandb, "
+                          r"mlflow, \.\.\.: accelerate's LoggerType names\), all \(every installed one\) or none$"),
     ("train_unet: 1\n", "train_unet: 1 is not true or false"),
     ("learning_rate: 1e-4x\n", "learning_rate: '1e-4x' is not a number"),
     ("images_per_prompt: '2.5'\n", "images_per_prompt: '2.5' is not a whole number"),

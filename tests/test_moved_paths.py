@@ -56,3 +56,33 @@ def test_real_modules_are_never_shadowed(fresh_aliases):
     assert demo.__file__.endswith("gors/toy/demo.py")
     with pytest.warns(DeprecationWarning, match="gors.toy.world moved to gors.core.toy.world"):
         importlib.import_module("gors.toy.world")
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("gors.score:load_scores", "gors.core.scoring:load_scores"),
+    ("gors.score:read_score_rows", "gors.core.scoring:read_score_rows"),
+    ("gors.score:check_settings", "gors.core.scoring:check_settings"),
+    ("gors.score:SETTINGS_FILE", "gors.core.scoring:SETTINGS_FILE"),
+    ("gors.select:SUMMARY_FILE", "gors.core.run_folder:SELECTION_SUMMARY_FILE"),
+    ("gors.train:CHECKPOINTS", "gors.core.run_folder:CHECKPOINTS_DIR"),
+    ("gors.training_data:CACHE_DIR", "gors.core.run_folder:LATENT_CACHE_DIR"),
+    ("gors.cli:run_stages", "gors.run:run_stages"),
+    ("gors.cli:run", "gors.run:run"),
+])
+def test_names_moved_out_of_a_staying_module_warn_and_forward(old, new):
+    (old_module, old_name), (new_module, new_name) = old.split(":"), new.split(":")
+    module = importlib.import_module(old_module)
+    with pytest.warns(DeprecationWarning, match=rf"{old_module}.{old_name} moved to {new_module}.{new_name}; the old "
+                                                rf"path goes in gors {REMOVED_IN}"):
+        value = getattr(module, old_name)
+    assert value is getattr(importlib.import_module(new_module), new_name)
+    with pytest.raises(AttributeError, match=rf"module '{old_module}' has no attribute 'nothing_here'"):
+        module.nothing_here
+
+
+def test_from_import_of_a_moved_name_works():
+    with pytest.warns(DeprecationWarning, match="gors.cli.run_stages moved to gors.run.run_stages"):
+        from gors.cli import run_stages
+    import gors.run
+
+    assert run_stages is gors.run.run_stages

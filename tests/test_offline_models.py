@@ -189,3 +189,15 @@ def test_a_rerun_with_every_image_scored_does_not_need_the_rewards_model_offline
     store.image_path(store.records()[0]).unlink()  # a lost image is generated again, and scored again
     with pytest.raises(ModelLoadError, match="'gors-test/tiny-blip' is not in the local"):
         check_run_inputs(config)
+
+
+def test_a_list_member_s_model_that_cannot_load_is_named_by_the_option_that_sets_it(monkeypatch):
+    # A list refuses --reward_model_name_or_path, so a member's model is never that flag's.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    options = {"b_vqa": {"model_name_or_path": "gors-test/no-such-blip"}}
+    with pytest.raises(ModelLoadError, match=r"^--reward_options b_vqa model_name_or_path='gors-test/no-such-blip' "
+                                             r"could not be loaded: "):
+        build_reward("b_vqa:0.5,toy_oracle:0.5", options=options, device="cpu")
+    with pytest.raises(ModelLoadError, match=r"^--reward_model_name_or_path='gors-test/no-such-blip' could not be "
+                                             r"loaded: "):  # alone, the flag names it
+        build_reward("b_vqa", "gors-test/no-such-blip", device="cpu")
