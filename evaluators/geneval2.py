@@ -30,6 +30,7 @@ GenEval 2 fixes no sampler; the protocol here is the project's evaluation defaul
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,8 @@ from rewards.atoms import answer_variants, tifa_correct
 
 DATA_FILE = "geneval2_data.jsonl"
 MAP_FILE = "image_paths.json"
+# The official per-image files `write_official` writes: one set, or one per image index.
+OFFICIAL_PER_IMAGE_FILE = re.compile(r"(score_lists|image_paths)(_image\d+)?\.json")
 TABLES_FILE = "soft_tifa_tables.md"
 LICENCE = "CC BY-NC 4.0 (GenEval 2 data, facebookresearch/GenEval2): non-commercial use only"
 GENEVAL2 = PinnedSource(
@@ -246,6 +249,7 @@ class GenEval2Benchmark(Benchmark):
 
     def write_official(self, rows: list[dict[str, Any]], summary: dict[str, Any], output_dir: Path) -> None:
         prompts = self.cached_prompts()
+        written = set()
         for image_index in sorted({row["image_index"] for row in rows}):
             suffix = "" if self.num_images == 1 else f"_image{image_index}"
             mine = sorted((r for r in rows if r["image_index"] == image_index), key=lambda r: r["prompt_index"])
@@ -253,6 +257,12 @@ class GenEval2Benchmark(Benchmark):
             # In benchmark order (atomic_write_json would sort the prompts).
             image_map = json.dumps({r["prompt"]: _absolute(r["path"], output_dir) for r in mine}, indent=2)
             atomic_write_bytes(output_dir / f"image_paths{suffix}.json", (image_map + "\n").encode())
+            written |= {f"score_lists{suffix}.json", f"image_paths{suffix}.json"}
+        # An earlier run with another --images_per_prompt named its files otherwise; left, the official
+        # tools would read its images and scores as this run's.
+        for path in output_dir.iterdir():
+            if OFFICIAL_PER_IMAGE_FILE.fullmatch(path.name) and path.name not in written:
+                path.unlink()
         atomic_write_jsonl(output_dir / "benchmark_data.jsonl", [{"prompt": p.text, **p.metadata} for p in prompts])
         per_atomicity = {int(k): v for k, v in summary["per_atomicity_gm"].items()}
         atomic_write_bytes(output_dir / "soft_tifa_analysis.txt",

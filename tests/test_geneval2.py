@@ -272,3 +272,21 @@ def test_the_judges_declare_geneval2s_bfloat16():
     from rewards.soft_tifa import SoftTIFAReward, TIFAReward, VQAScoreReward
 
     assert SoftTIFAReward.official_dtype == TIFAReward.official_dtype == VQAScoreReward.official_dtype == torch.bfloat16
+
+
+def test_official_files_of_an_earlier_images_per_prompt_are_not_left_beside_the_new(tmp_path, data_file):
+    def rows(k: int) -> list[dict]:
+        return [{"prompt_index": p, "image_index": i, "prompt": row["prompt"], "path": f"part-00000/{p:05d}_{i:03d}.png",
+                 "details": {"atom_scores": [0.1 * (i + 1)]}} for p, row in enumerate(ROWS) for i in range(k)]
+
+    def official() -> list[str]:
+        return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("score_lists", "image_paths")))
+
+    summary = {"per_atomicity_gm": {}, "per_skill_am": {}}
+    (tmp_path / "image_paths_notes.json").write_text("{}")  # not a name write_official gives: kept
+    GenEval2Benchmark(data_path=str(data_file), images_per_prompt=2).write_official(rows(2), summary, tmp_path)
+    assert official() == ["image_paths_image0.json", "image_paths_image1.json", "image_paths_notes.json",
+                          "score_lists_image0.json", "score_lists_image1.json"]
+    GenEval2Benchmark(data_path=str(data_file), images_per_prompt=1).write_official(rows(1), summary, tmp_path)
+    assert official() == ["image_paths.json", "image_paths_notes.json", "score_lists.json"]
+    assert json.loads((tmp_path / "score_lists.json").read_text()) == [[0.1]] * len(ROWS)
