@@ -155,10 +155,11 @@ def earlier_summaries(path: Path, summaries: list[dict[str, Any]], header: dict[
 
     Each entry is rebuilt from its benchmark folder's own `summary.json` (the latest results there), found
     from `path`'s folder and its label, not the folder it recorded (relative to where that run started).
-    Image folders (`--images`) are never merged: their images may be any model's.
+    Image folders (`--images`) are never merged, neither earlier ones nor this run's (which records a model
+    given beside them): their images may be any model's.
     """
     model, lora = summaries[0].get("model") if summaries else None, summaries[0].get("lora") if summaries else None
-    if not path.is_file() or model is None:
+    if not path.is_file() or model is None or summaries[0].get("images") is not None:
         return []
     previous = read_json(path, "the summary `gors evaluate` writes (delete it: the next evaluation writes it again)")
     if not isinstance(previous, dict) or not same_value({k: v for k, v in previous.items() if k != "summaries"},
@@ -180,6 +181,15 @@ def earlier_summaries(path: Path, summaries: list[dict[str, Any]], header: dict[
             kept.append({"label": label, "primary_metric": entry.get("primary_metric"), "folder": str(folder),
                          **current})
     return kept
+
+
+def sample_counts(summary: dict[str, Any]) -> str:
+    """"P prompts x K images" of a benchmark's summary, so that kept results of another size are seen as such."""
+    samples = (summary.get("results") or {}).get("samples") or {}
+    if not {"prompts", "images_per_prompt"} <= samples.keys():
+        return "sample counts not recorded"
+    images = samples["images_per_prompt"]
+    return f"{samples['prompts']} prompts x {images} image{'' if images == 1 else 's'}"
 
 
 def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
@@ -213,8 +223,9 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         path = Path(config.output_dir) / "summary.json"
         earlier = earlier_summaries(path, summaries, {"lora": config.lora, **dropout})
         if earlier:
-            print(f"[evaluate] {path} keeps the earlier results of {', '.join(e['label'] for e in earlier)} "
-                  "(same model and LoRA; not evaluated in this run)")
+            kept = ", ".join(f"{e['label']} ({sample_counts(e)})" for e in earlier)
+            print(f"[evaluate] {path} keeps the earlier results of {kept} (same model and LoRA; not evaluated in "
+                  "this run, and perhaps with another --max_prompts, --images_per_prompt or precision)")
         atomic_write_json(path, {"lora": config.lora, **dropout, "summaries": earlier + summaries})
         print(summary_table(summaries))
     accelerator.wait_for_everyone()

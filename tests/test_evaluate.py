@@ -72,7 +72,7 @@ def test_evaluate_writes_one_folder_per_benchmark_and_resumes(tmp_path, capsys, 
     assert "0 to generate" in capsys.readouterr().out
     # One benchmark again: the folder's summary keeps the other's results (they are of the same model and LoRA).
     main([*argv[:4], "toy:train", *argv[5:]])
-    assert "summary.json keeps the earlier results of toy:held_out" in capsys.readouterr().out
+    assert "summary.json keeps the earlier results of toy:held_out (3 prompts x 1 image)" in capsys.readouterr().out
     assert json.loads((tmp_path / "summary.json").read_text()) == combined
     # Another --max_prompts is another subset of the prompts (every n-th): refused, naming that flag.
     with pytest.raises(SystemExit):
@@ -454,6 +454,8 @@ def test_earlier_results_are_kept_only_for_the_same_model_and_lora_with_their_fo
     assert earlier_summaries(path, now, {"lora": "x", "lora_dropout": 0.1}) == []
     assert earlier_summaries(path, [{**now[0], "label": "a"}], {"lora": None}) == []  # evaluated again now
     assert earlier_summaries(path, [{**now[0], "model": None}], {"lora": None}) == []  # --images: any model's
+    # --images with a model given beside it: the model is recorded, the images are still any model's.
+    assert earlier_summaries(path, [{**now[0], "images": "imgs"}], {"lora": None}) == []
     # An image folder scored by an earlier gors, which recorded the default model beside its images.
     (tmp_path / "a" / "summary.json").write_text(json.dumps({"model": "m/", "lora": None, "images": "imgs", "value": 2}))
     assert earlier_summaries(path, now, {"lora": None}) == []
