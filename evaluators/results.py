@@ -17,7 +17,8 @@ Each `summary.json` keeps the benchmark's own keys (``overall``, ``soft_tifa_gm`
                               "stderr": 0.013, "ci95": [0.49, 0.55], "help": "..."}, ...},
       "bootstrap": {"unit": "prompt", "resamples": 1000, "seed": 0, "confidence": 0.95, "interval": "percentile"},
       "models": {"Salesforce/blip-vqa-capfilt-large": "<Hub commit>", ...}   # each scorer model's commit in
-                                                     # the Hugging Face cache when it scored; null for a local folder
+                                                     # the Hugging Face cache when it scored; for a local
+                                                     # folder, "sha256:..." of its files
     }
 
 Standard errors and confidence intervals come from a bootstrap over prompts: the prompts are

@@ -26,7 +26,7 @@ from accelerate import Accelerator
 
 import gors
 from gors.config import RunConfig, TrainConfig
-from gors.core.hub import hub_commit
+from gors.core.hub import model_version
 from gors.core.io import atomic_write_json, file_sha256, publish_folder, read_json, recover_folder
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
 from gors.core.store import same_value, selection_identity
@@ -49,9 +49,9 @@ FINGERPRINT_FIELDS = (
 # were recorded hold them at their defaults: the objective and its RNG draws (caption dropout, drawn
 # or mean latents) and the update (the gradient clip).
 FINGERPRINT_FIELDS_IF_SET = {"caption_dropout": 0.0, "sample_latents": True, "max_grad_norm": 1.0}
-# The Hub commit of the base model the cache resolves it to, where known (a Hub id in the cache): a LoRA
-# goes on only on the weights it was trained on. Unknown on either side (a local folder, a checkpoint
-# made before it was recorded) is no difference.
+# The base model's version (`gors.core.hub.model_version`): the Hub commit the cache resolves it to, or a
+# local folder's fingerprint: a LoRA goes on only on the weights it was trained on. Unknown on either side
+# (a Hub id the cache lacks, a checkpoint made before it was recorded) is no difference.
 BASE_MODEL_COMMIT = "base_model_commit"
 # The precision the training runs in (`Accelerator.mixed_precision`: "no", "fp16", "bf16"): fp16 keeps a
 # loss scaler in the checkpoint that the others lack, and each computes other gradients.
@@ -147,7 +147,7 @@ def training_fingerprint(config: TrainConfig | RunConfig, selection: list[dict[s
         fingerprint["lr_schedule_steps"] = schedule_steps or config.max_train_steps
     if config.use_8bit_adam:  # another optimizer state; absent otherwise, as in checkpoints made before the flag
         fingerprint["use_8bit_adam"] = True
-    commit = hub_commit(config.pretrained_model_name_or_path, config.revision)
+    commit = model_version(config.pretrained_model_name_or_path, config.revision)
     if commit is not None:
         fingerprint[BASE_MODEL_COMMIT] = commit
     if mixed_precision is not None:

@@ -49,7 +49,6 @@ from gors.core.backbones import check_trainable, detect_backbone, family_precisi
 from gors.core.clock import units_done, untimed, work_starts
 from gors.core.compiling import NO_COMPILE, compile_module, uses_cuda_graphs, without_cuda_graphs
 from gors.core.distributed import (
-    SAME_SNAPSHOT_FIX,
     check_agreement,
     every_process_tries,
     main_process_decides,
@@ -57,8 +56,9 @@ from gors.core.distributed import (
     process_state,
     progress_bar,
 )
+from gors.core.fingerprints import is_local_fingerprint
 from gors.core.fused_lora import AdapterCast
-from gors.core.hub import ModelLoadError, from_pretrained, hub_commit
+from gors.core.hub import ModelLoadError, from_pretrained, model_version
 from gors.core.memory import (
     MORE_MEMORY,
     BatchLimit,
@@ -104,7 +104,9 @@ __getattr__ = moved_names(__name__, {
 })
 
 # Where processes disagree on the training: each node resolved the model in its own cache, or sees another folder.
-SAME_TRAINING_FIX = f"{SAME_SNAPSHOT_FIX} (--revision <commit>), and see the same --output_dir"
+SAME_TRAINING_FIX = ("Every node must resolve each model to the same snapshot (point HF_HOME at one shared cache, or "
+                     "pass --revision <commit>), find the same files in a local model folder, and see the same "
+                     "--output_dir")
 LOGS_DIR = "logs"  # the trackers' folder in the run folder (TensorBoard: logs/gors/)
 
 
@@ -1030,13 +1032,19 @@ class GORSTrainer:
         return step
 
     def _check_base_commit(self) -> None:
-        """The base model loaded at the commit the fingerprint (so every checkpoint of this run) records:
-        online, a newer snapshot downloaded while loading would train other weights than they say."""
+        """The base model loaded at the version the fingerprint (so every checkpoint of this run) records:
+        online, a newer snapshot downloaded while loading would train other weights than they say; so would
+        a local folder written while it loaded."""
         config = self.config
         recorded = self.fingerprint.get(BASE_MODEL_COMMIT)
-        loaded = hub_commit(config.pretrained_model_name_or_path, config.revision)
-        check_agreement(self.accelerator.state, {"the loaded base model's commit": loaded}, "the base model",
+        loaded = model_version(config.pretrained_model_name_or_path, config.revision)
+        check_agreement(self.accelerator.state, {"the loaded base model's version": loaded}, "the base model",
                         SAME_TRAINING_FIX)
+        if recorded is not None and loaded != recorded and is_local_fingerprint(recorded):
+            raise ModelLoadError(
+                f"--pretrained_model_name_or_path={config.pretrained_model_name_or_path!r}: its files changed while it "
+                f"loaded (fingerprint {recorded[:19]}..., now {str(loaded)[:19]}...). Rerun once nothing writes to "
+                "the folder.")
         if recorded is not None and loaded != recorded:
             raise ModelLoadError(
                 f"--pretrained_model_name_or_path={config.pretrained_model_name_or_path!r} moved from commit {recorded} "

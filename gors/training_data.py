@@ -134,12 +134,13 @@ def sharded_cache(
 
 def text_cache_name(component: str, prompts: list[str], tokens: torch.Tensor, model_id: str, revision: str | None,
                     dtype: torch.dtype, commit: str | None = None) -> str:
-    """The cache file of one frozen text encoder's outputs: a hash of what they depend on (the model's Hub
-    `commit` too, where known: the weights behind an id change when the Hub repository does)."""
+    """The cache file of one frozen text encoder's outputs: a hash of what they depend on (the model's
+    version too, where known: `commit`, a Hub commit or a local folder's fingerprint, as the weights behind
+    a name change when the Hub repository or the folder does)."""
     parts = [component, prompts, tokens.shape[1], model_id, revision, str(dtype)]
     if dtype == torch.float16:  # encoders load in fp16 with transformers' fp32 layers (T5's `wo`) since 0.2
         parts.append("keep_in_fp32")
-    if commit is not None:  # absent otherwise, so that caches of local folders made before it stay valid
+    if commit is not None:  # absent otherwise, so that caches made before it was recorded stay valid
         parts.append(commit)
     payload = json.dumps(parts)
     return f"{component}-{hashlib.sha256(payload.encode()).hexdigest()[:16]}.safetensors"
@@ -159,7 +160,7 @@ def crop_top_left(height: int, width: int, resolution: int, center_crop: bool) -
 def latent_cache_path(selection: list[dict[str, Any]], cache_root: Path, resolution: int, center_crop: bool,
                       model_id: str, revision: str | None = None, commit: str | None = None) -> Path:
     """The file `cached_latent_distributions` keeps these latents in (a hash of what they depend on, the
-    model's Hub `commit` too where known)."""
+    model's version too where known: `text_cache_name`)."""
     settings = {"resolution": resolution, "center_crop": center_crop, "model": model_id, "sizes": True}
     if revision is not None:  # absent otherwise, so that caches made before it was recorded stay valid
         settings["revision"] = revision

@@ -153,8 +153,8 @@ class Reward:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
-        # name -> Hub commit (None: a local folder) of each model loaded; `rewards.combined.build_reward` fills
-        # it, and score folders record it (`gors.core.scoring.check_model_commits`)
+        # name -> version (`gors.core.hub.model_version`: Hub commit, local folder's fingerprint) of each model
+        # loaded; `rewards.combined.build_reward` fills it, and score folders record it (`check_model_commits`)
         self.model_commits: dict[str, str | None] = {}
 
     @torch.no_grad()

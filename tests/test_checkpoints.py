@@ -104,10 +104,10 @@ def test_a_checkpoint_is_bound_to_the_base_models_commit_where_both_know_it(tmp_
     from gors.validation import training_identity
 
     config = TrainConfig(output_dir=str(tmp_path), pretrained_model_name_or_path="org/model")
-    monkeypatch.setattr(gors.checkpoints, "hub_commit", lambda name, revision=None: None)
-    unknown = training_fingerprint(config, [], 1, {})  # a local folder, or a model the cache does not hold
+    monkeypatch.setattr(gors.checkpoints, "model_version", lambda name, revision=None: None)
+    unknown = training_fingerprint(config, [], 1, {})  # a model the cache does not hold
     assert "base_model_commit" not in unknown
-    monkeypatch.setattr(gors.checkpoints, "hub_commit", lambda name, revision=None: "a" * 40)
+    monkeypatch.setattr(gors.checkpoints, "model_version", lambda name, revision=None: "a" * 40)
     at_a = training_fingerprint(config, [], 1, {})
     assert at_a["base_model_commit"] == "a" * 40
     checkpoint = _checkpoint(tmp_path, "checkpoint-2", at_a)

@@ -26,7 +26,7 @@ from PIL import Image
 from torchvision import transforms
 from transformers import T5EncoderModel
 
-from gors.checkpoints import training_fingerprint
+from gors.checkpoints import fingerprint_differences, training_fingerprint
 from gors.config import RunConfig, TrainConfig
 from gors.core.backbones import FAMILIES, FLUX_SCHNELL_SAMPLING, SamplingDefaults, detect_backbone
 from gors.core.distributed import reset_process_state
@@ -482,7 +482,11 @@ SD_FINGERPRINT_KEYS = {
 def test_sd_fingerprint_keeps_its_keys_and_flow_matching_adds_its_own(tiny_sd, tiny_flux):
     config, family = _family(tiny_sd)
     fingerprint = training_fingerprint(config, SELECTION, 1, family.fingerprint())
-    assert set(fingerprint) == SD_FINGERPRINT_KEYS
+    # The base model's version, recorded where known (here the local folder's fingerprint), is no
+    # difference to a checkpoint that lacks it (`RECORDED_WHERE_KNOWN`).
+    assert set(fingerprint) == SD_FINGERPRINT_KEYS | {"base_model_commit"}
+    older = {key: value for key, value in fingerprint.items() if key != "base_model_commit"}
+    assert fingerprint_differences(older, fingerprint) == []
     assert fingerprint["unet_target_modules"] == ["to_q", "to_k", "to_v", "to_out.0"]
     assert fingerprint["text_encoder_target_modules"] == ["q_proj", "k_proj", "v_proj", "out_proj"]
     assert fingerprint["train_text_encoder"] is True

@@ -1,5 +1,6 @@
 """Hub commits of the scorer's models: read from the Hugging Face cache, recorded in score folders,
-another commit refused once a folder holds scores, reported in evaluation summaries."""
+another commit refused once a folder holds scores, reported in evaluation summaries (local models'
+fingerprints: tests/test_local_model_versions.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from PIL import Image
 
 from gors.core.distributed import make_accelerator
+from gors.core.fingerprints import local_fingerprint
 from gors.core.hub import from_pretrained, hub_commit, recording_loads
 from gors.core.scoring import score_samples
 from gors.core.store import MODELS as MODELS_FILE
@@ -59,7 +61,9 @@ def test_loads_are_recorded_inside_a_recording_only(tmp_path, monkeypatch):
             from_pretrained(load, "org/model", "--flag")
         from_pretrained(load, str(tmp_path), "--flag")
     assert inner == {"org/model": COMMIT_A}
-    assert outer == {"org/model": COMMIT_A, str(tmp_path): None}  # the inner recording reports outward
+    # The inner recording reports outward; a local folder is recorded by the fingerprint of its files.
+    assert outer == {"org/model": COMMIT_A, str(tmp_path): local_fingerprint(tmp_path)}
+    assert outer[str(tmp_path)].startswith("sha256:")
 
 
 def _scorer(commits: dict[str, str | None], calls: list[int]) -> SimpleNamespace:
@@ -154,9 +158,9 @@ def test_an_evaluation_summary_names_the_scorer_models(tmp_path):
             return {"score": sum(row["score"] for row in rows) / len(rows)}
 
     summary = Classified().evaluate(str(PRETRAINED_DIR / "pipeline"), tmp_path)
-    # Local folders both, the pipeline's and the classifier's: no Hub commit.
-    assert summary["results"]["models"] == {str(PRETRAINED_DIR / "pipeline"): None,
-                                            str(PRETRAINED_DIR / "classifier"): None}
+    # Local folders both, the pipeline's and the classifier's: no Hub commit, their files' fingerprints.
+    assert summary["results"]["models"] == {str(PRETRAINED_DIR / "pipeline"): local_fingerprint(PRETRAINED_DIR / "pipeline"),
+                                            str(PRETRAINED_DIR / "classifier"): local_fingerprint(PRETRAINED_DIR / "classifier")}
     assert json.loads((tmp_path / "summary.json").read_text())["results"]["models"] == summary["results"]["models"]
 
 

@@ -144,11 +144,17 @@ def test_a_base_model_that_moved_while_it_loaded_is_refused(monkeypatch):
     trainer.config = SimpleNamespace(pretrained_model_name_or_path="org/model", revision=None)
     trainer.accelerator = SimpleNamespace(state=SimpleNamespace(num_processes=1))
     trainer.fingerprint = {"base_model_commit": "a" * 40}
-    monkeypatch.setattr(gors.train, "hub_commit", lambda name, revision=None: "a" * 40)
+    monkeypatch.setattr(gors.train, "model_version", lambda name, revision=None: "a" * 40)
     trainer._check_base_commit()  # loaded at the commit its checkpoints record
-    monkeypatch.setattr(gors.train, "hub_commit", lambda name, revision=None: "b" * 40)  # a download meanwhile
+    monkeypatch.setattr(gors.train, "model_version", lambda name, revision=None: "b" * 40)  # a download meanwhile
     with pytest.raises(ModelLoadError, match=f"moved from commit {'a' * 40} to {'b' * 40} while it loaded.*"
                                              f"--revision {'a' * 40}"):
         trainer._check_base_commit()
-    trainer.fingerprint = {}  # a local folder: nothing to compare
+    trainer.fingerprint = {}  # a checkpoint made before versions were recorded: nothing to compare
     trainer._check_base_commit()
+    # A local folder written while it loaded: no --revision to offer.
+    trainer.fingerprint = {"base_model_commit": "sha256:" + "a" * 64}
+    monkeypatch.setattr(gors.train, "model_version", lambda name, revision=None: "sha256:" + "b" * 64)
+    with pytest.raises(ModelLoadError, match=r"its files changed while it loaded \(fingerprint sha256:aaaaaaaaaaaa\.\.\., "
+                                             r"now sha256:bbbbbbbbbbbb\.\.\.\)\. Rerun once nothing writes"):
+        trainer._check_base_commit()

@@ -39,7 +39,7 @@ SHARED_CHECK_PREFIX = ".shared-check-"  # + host, pid and time of the command th
 SHARED_CHECK_WAIT_S = 30.0
 # What to do when processes disagree on a model's commit, each read in its node's own Hugging Face cache.
 SAME_SNAPSHOT_FIX = ("Every node must resolve each model to the same snapshot: point HF_HOME at one shared cache, "
-                     "or pin the revision")
+                     "or pin the revision; a local model folder must hold the same files on every node")
 # Why a file other processes wrote is still missing here after the wait.
 NOT_VISIBLE = ("every node must see one run folder at the same path (a shared filesystem such as NFS or Lustre); if "
                "it does, this node's view of it lags: rerun the same command, finished work is kept")

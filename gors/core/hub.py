@@ -10,9 +10,11 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from gors.core.fingerprints import local_fingerprint
+
 T = TypeVar("T")
 
-# The models `from_pretrained` loads inside `recording_loads`, by name: their Hub commit, or None.
+# The models `from_pretrained` loads inside `recording_loads`, by name: their version (`model_version`).
 _LOADS: ContextVar[dict[str, str | None] | None] = ContextVar("gors_model_loads", default=None)
 
 # huggingface_hub's offline switches, in the order it reads them (`constants.HF_HUB_OFFLINE`).
@@ -163,6 +165,17 @@ def hub_commit(name: str, revision: str | None = None) -> str | None:
         return None
 
 
+def model_version(name: str, revision: str | None = None) -> str | None:
+    """What identifies the weights a `from_pretrained(name, revision=revision)` reads, as run folders
+    record it: a Hub model's commit (`hub_commit`), or a local file's or folder's fingerprint
+    (`gors.core.fingerprints.local_fingerprint`, "sha256:..."), so that a model retrained in place is
+    told from the old one; None where neither is known (a model the cache does not hold, a path that
+    does not exist)."""
+    if looks_like_local_path(name):
+        return local_fingerprint(name)
+    return hub_commit(name, revision)
+
+
 def _cache_folder(name: str) -> Path:
     """The folder of Hub model `name` in the local Hugging Face cache (it may not exist)."""
     from huggingface_hub import constants
@@ -194,8 +207,8 @@ def check_cached(name: str, what: str) -> None:
 @contextmanager
 def recording_loads() -> Iterator[dict[str, str | None]]:
     """Collect in the dict yielded the models loaded inside (by `from_pretrained` or `note_load`) on this
-    thread: name -> Hub commit (`hub_commit`; None for a local folder). A recording inside another also
-    reports to the outer one."""
+    thread: name -> its version (`model_version`: a Hub commit, a local folder's fingerprint). A recording
+    inside another also reports to the outer one."""
     loads: dict[str, str | None] = {}
     token = _LOADS.set(loads)
     try:
@@ -212,7 +225,7 @@ def note_load(name: str, revision: str | None = None) -> None:
     `from_pretrained`, e.g. open_clip's)."""
     loads = _LOADS.get()
     if loads is not None:
-        loads[name] = hub_commit(name, revision)
+        loads[name] = model_version(name, revision)
 
 
 def from_pretrained(loader: Callable[..., T], name: str, flag: str, **kwargs: Any) -> T:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from pathlib import Path
@@ -20,6 +19,7 @@ from gors.core.backbones import (
     half_precision_warning,
 )
 from gors.core.compiling import NO_COMPILE, compile_module
+from gors.core.fingerprints import files_sha256
 from gors.core.fused_lora import fuse_lora_forward
 from gors.core.hub import from_pretrained
 from gors.core.lora_shapes import check_lora_shapes
@@ -228,14 +228,7 @@ def lora_sha256(lora: str | None) -> str | None:
         return None
     path = Path(lora).expanduser()
     files = [path] if path.is_file() else [path / name for name in LORA_WEIGHT_FILES if (path / name).is_file()]
-    if not files:
-        return None
-    digest = hashlib.sha256()
-    for file in files:
-        with open(file, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
+    return files_sha256(files) if files else None
 
 
 def pipeline_settings(

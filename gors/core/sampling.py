@@ -89,7 +89,7 @@ class SampleSink(Protocol):
     """Takes each generated batch as it lands in the store (e.g. `gors.core.background_scoring`)."""
 
     model_commits: dict[str, str | None]
-    """After `open`: the Hub commit of each model the sink loaded (None for a local folder)."""
+    """After `open`: the version of each model the sink loaded (`gors.core.hub.model_version`)."""
 
     def open(self) -> None:
         """This process has images to generate; called before the pipeline loads."""

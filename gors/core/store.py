@@ -22,13 +22,15 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from PIL import Image, UnidentifiedImageError
 
-from gors.core.hub import hub_commit
+from gors.core.fingerprints import is_local_fingerprint
+from gors.core.hub import model_version
 from gors.core.io import (
     append_jsonl,
     atomic_save_image,
@@ -40,10 +42,12 @@ from gors.core.io import (
     repair_jsonl,
 )
 
+logger = logging.getLogger(__name__)
+
 SampleKey = tuple[int, int]
 METADATA = "metadata.jsonl"
 SETTINGS = "settings.json"
-MODELS = "models.json"  # the Hub commit of each model that made a folder's images or scores
+MODELS = "models.json"  # the version of each model that made a folder's images or scores (Hub commit, local fingerprint)
 # A record's hash of its image file's bytes; stores made before gors recorded it lack the field.
 IMAGE_HASH = "image_sha256"
 
@@ -222,39 +226,59 @@ def adopt_later_settings(recorded: dict[str, Any], wanted: dict[str, Any],
 
 
 def recorded_model_commits(folder: str | Path) -> dict[str, str | None]:
-    """The Hub commit of each model that filled `folder` (`check_model_commits`); {} when none is
-    recorded (nothing made yet, or made before gors 0.2 recorded them)."""
+    """The version of each model that filled `folder` (`check_model_commits`: a Hub commit, a local
+    model's "sha256:..." fingerprint); {} when none is recorded (nothing made yet, or made before gors
+    0.2 recorded them)."""
     path = Path(folder) / MODELS
-    return read_json(path, "the Hub commits of the models that made this folder's contents") if path.is_file() else {}
+    return read_json(path, "the versions of the models that made this folder's contents") if path.is_file() else {}
 
 
 def check_model_commits(folder: str | Path, commits: dict[str, str | None], filled: bool, what: str) -> None:
-    """Record in `folder/models.json` the Hub commit of each model loaded to fill it (`commits`: name ->
-    commit, from `gors.core.hub.recording_loads`); refuse, when the folder already holds `what` (e.g.
-    "images", "scores": `filled`), a model now at another commit than the one recorded, so that the
-    work of two versions of a model (updated on the Hub, or another snapshot in this machine's
-    cache) never mixes.
+    """Record in `folder/models.json` the version of each model loaded to fill it (`commits`: name ->
+    `gors.core.hub.model_version`, from `recording_loads`: a Hub commit, a local folder's fingerprint);
+    refuse, when the folder already holds `what` (e.g. "images", "scores": `filled`), a model now at
+    another version than the one recorded, so that the work of two versions of a model (updated on the
+    Hub, another snapshot in this machine's cache, a local folder retrained or overwritten in place)
+    never mixes. A local model is matched however its path is spelled (`same_value`).
 
     Called by each process that loaded its models, before it works: they load the same snapshots and
-    write the same file. A commit unknown on either side (None: a local folder) is no conflict.
+    write the same file. A version unknown on either side (None: not in the cache, or recorded before
+    gors recorded it) is no conflict; a local model recorded without a fingerprint takes its current
+    one, with a warning.
     """
     recorded = recorded_model_commits(folder)
+    spelled = {name: next((known for known in recorded if same_value(known, name)), name) for name in commits}
     changed = {
-        name: (recorded[name], commit) for name, commit in commits.items()
-        if filled and recorded.get(name) is not None and commit is not None and recorded[name] != commit
+        name: (recorded[spelled[name]], commit) for name, commit in commits.items()
+        if filled and recorded.get(spelled[name]) is not None and commit is not None
+        and recorded[spelled[name]] != commit
     }
     if changed:
-        described = "; ".join(f"{name} was at commit {old}, now {new}" for name, (old, new) in changed.items())
         raise StoreError(
-            f"{folder} holds {what} made with other versions of the models loaded now ({described}): updated on "
-            f"the Hub since, or this machine's Hugging Face cache holds another snapshot. The {what} of two versions "
-            f"are not mixed: delete {folder} to make them all again with the models loaded now, or run where the "
-            "recorded snapshots are the ones in the cache."
+            f"{folder} holds {what} made with other versions of the models loaded now "
+            f"({'; '.join(_version_change(name, *versions) for name, versions in changed.items())}). The {what} of "
+            f"two versions are not mixed: delete {folder} to make them all again with the models loaded now, or run "
+            "with the recorded versions (the Hub snapshots in the cache, the local files as they were)."
         )
-    merged = {**recorded, **{name: commit for name, commit in commits.items()
-                             if commit is not None or name not in recorded}}
+    adopted = [name for name, commit in commits.items()
+               if filled and is_local_fingerprint(commit) and spelled[name] in recorded
+               and recorded[spelled[name]] is None]
+    if adopted:
+        logger.warning("%s holds %s made before gors recorded local models' fingerprints: they are taken to have "
+                       "been made by the files now at %s", folder, what, ", ".join(adopted))
+    merged = {**recorded, **{spelled[name]: commit for name, commit in commits.items()
+                             if commit is not None or spelled[name] not in recorded}}
     if merged != recorded:
         atomic_write_json(Path(folder) / MODELS, merged)
+
+
+def _version_change(name: str, old: str, new: str) -> str:
+    """One model's change of version, with its likely cause, for `check_model_commits`' refusal."""
+    if is_local_fingerprint(old) or is_local_fingerprint(new):
+        return (f"the files of local model {name} changed since (fingerprint {old[:19]}..., now {new[:19]}...): "
+                "retrained or overwritten in place")
+    return (f"{name} was at commit {old}, now {new}: updated on the Hub since, or this machine's Hugging Face "
+            "cache holds another snapshot")
 
 
 def check_cached_commits(folder: str | Path, filled: bool, what: str,
@@ -265,7 +289,7 @@ def check_cached_commits(folder: str | Path, filled: bool, what: str,
     can still move a branch: the check after loading stays."""
     if filled:
         recorded = recorded_model_commits(folder)
-        cached = {name: hub_commit(name, (revisions or {}).get(name)) for name in recorded}
+        cached = {name: model_version(name, (revisions or {}).get(name)) for name in recorded}
         check_model_commits(folder, cached, filled, what)
 
 

@@ -1,0 +1,174 @@
+"""Local models in run folders: recorded by the fingerprint of their files, so that the images and scores
+of a model retrained or overwritten at the same path are never mixed with the old one's."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import gors.core.fingerprints as fingerprints
+from gors.core.fingerprints import LOCAL_PREFIX, local_fingerprint
+from gors.core.hub import model_version
+from gors.core.store import MODELS, StoreError, check_model_commits, recorded_model_commits
+
+
+def _model(folder: Path) -> Path:
+    (folder / "unet").mkdir(parents=True)
+    (folder / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline"}')
+    (folder / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"\x01" * 64)
+    return folder
+
+
+def _rewrite(file: Path, data: bytes) -> None:
+    """Write `data` to `file` with a later modification time, as a training that saves again does."""
+    before = file.stat().st_mtime_ns
+    file.write_bytes(data)
+    os.utime(file, ns=(before + 10**9, before + 10**9))
+
+
+def test_a_local_fingerprint_follows_the_weights_and_configs_and_nothing_else(tmp_path):
+    model = _model(tmp_path / "model")
+    first = local_fingerprint(model)
+    assert first.startswith(LOCAL_PREFIX) and len(first) == len(LOCAL_PREFIX) + 64
+    assert local_fingerprint(str(model) + "/") == first  # however the path is spelled
+    # Documents, pictures and hidden bookkeeping (huggingface_hub's .cache/) change no output.
+    (model / "README.md").write_text("# retrained")
+    (model / "sample.png").write_bytes(b"png")
+    (model / ".cache" / "huggingface").mkdir(parents=True)
+    (model / ".cache" / "huggingface" / "download.lock").write_text("x")
+    assert local_fingerprint(model) == first
+    # A copy with new modification times holds the same files.
+    copy = tmp_path / "copy"
+    shutil.copytree(model, copy)
+    assert local_fingerprint(copy) == first
+    # Retrained weights (same size), a changed config, a renamed file: another model.
+    _rewrite(model / "unet" / "diffusion_pytorch_model.safetensors", b"\x02" * 64)
+    retrained = local_fingerprint(model)
+    assert retrained not in (first, None)
+    _rewrite(copy / "model_index.json", b'{"_class_name": "StableDiffusionXLPipeline"}')
+    assert local_fingerprint(copy) not in (first, retrained)
+    (copy / "unet" / "diffusion_pytorch_model.safetensors").rename(copy / "unet" / "other.safetensors")
+    assert local_fingerprint(copy) not in (first, retrained)
+    # A single file (an open_clip checkpoint), and a path that does not exist.
+    weights = model / "unet" / "diffusion_pytorch_model.safetensors"
+    assert local_fingerprint(weights).startswith(LOCAL_PREFIX)
+    assert local_fingerprint(tmp_path / "absent") is None
+
+
+def test_a_fingerprint_is_hashed_again_only_when_a_files_size_or_time_changed(tmp_path, monkeypatch):
+    model = _model(tmp_path / "model")
+    hashed: list[Path] = []
+    original = fingerprints._update_with_file
+    monkeypatch.setattr(fingerprints, "_update_with_file", lambda digest, file: (hashed.append(file),
+                                                                                 original(digest, file))[1])
+    first = local_fingerprint(model)
+    assert len(hashed) == 2
+    assert local_fingerprint(model) == first and len(hashed) == 2  # kept under $GORS_CACHE_DIR: not read again
+    _rewrite(model / "unet" / "diffusion_pytorch_model.safetensors", b"\x03" * 64)
+    assert local_fingerprint(model) != first and len(hashed) == 4
+    # A cache that cannot be written costs hashing again, no error.
+    monkeypatch.setenv("GORS_CACHE_DIR", str(tmp_path / "not-a-folder"))
+    (tmp_path / "not-a-folder").write_text("a file")
+    assert local_fingerprint(model) == local_fingerprint(model) and len(hashed) == 8
+
+
+def test_model_version_is_a_commit_for_a_hub_id_and_a_fingerprint_for_a_local_path(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    refs = tmp_path / "hub" / "models--org--model" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("a" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    model = _model(tmp_path / "model")
+    assert model_version("org/model") == "a" * 40
+    assert model_version(str(model)) == local_fingerprint(model)
+    assert model_version("org/absent") is None
+
+
+def test_a_folder_made_by_a_local_model_refuses_the_model_changed_in_place(tmp_path):
+    model = _model(tmp_path / "model")
+    folder = tmp_path / "scores"
+    check_model_commits(folder, {str(model): model_version(str(model))}, False, "scores")
+    check_model_commits(folder, {str(model) + "/": model_version(str(model))}, True, "scores")  # the same files
+    assert recorded_model_commits(folder) == {str(model): local_fingerprint(model)}
+    _rewrite(model / "unet" / "diffusion_pytorch_model.safetensors", b"\x04" * 64)
+    with pytest.raises(StoreError, match=rf"the files of local model {model}/ changed since \(fingerprint sha256:.*"
+                                         r"retrained or overwritten in place.*delete"):
+        check_model_commits(folder, {str(model) + "/": model_version(str(model))}, True, "scores")
+    # Before anything is scored, the folder takes the model as it is now.
+    check_model_commits(folder, {str(model): model_version(str(model))}, False, "scores")
+    assert recorded_model_commits(folder) == {str(model): local_fingerprint(model)}
+
+
+def test_a_folder_recorded_before_fingerprints_takes_the_current_files_with_a_warning(tmp_path, caplog):
+    model = _model(tmp_path / "model")
+    (tmp_path / MODELS).write_text(json.dumps({str(model): None}))  # gors 0.2 before fingerprints
+    with caplog.at_level(logging.WARNING, logger="gors.core.store"):
+        check_model_commits(tmp_path, {str(model): model_version(str(model))}, True, "images")
+    assert "made before gors recorded local models' fingerprints" in caplog.text and str(model) in caplog.text
+    assert recorded_model_commits(tmp_path) == {str(model): local_fingerprint(model)}
+
+
+def test_generate_refuses_to_add_images_of_a_pipeline_retrained_at_the_same_path(make_run_config, tmp_path):
+    """The real path: `gors generate` on a local tiny Stable Diffusion folder, saved again at the same path
+    by another training (another seed here); a rerun asking for more images per prompt is refused before
+    the pipeline loads, and the images of the first model are kept."""
+    from gors.core.store import SampleStore
+    from gors.generate import generate
+    from gors.testing.sd import build_tiny_sd_pipeline
+
+    model = tmp_path / "model"
+    build_tiny_sd_pipeline(model, seed=0, resolution=32)
+    store = generate(make_run_config(pretrained_model_name_or_path=str(model), images_per_prompt=1))
+    assert recorded_model_commits(store.root) == {str(model): local_fingerprint(model)}
+    build_tiny_sd_pipeline(model, seed=1, resolution=32)
+    with pytest.raises(StoreError, match=f"holds images made with other versions of the models loaded now "
+                                         rf"\(the files of local model {model} changed since"):
+        generate(make_run_config(pretrained_model_name_or_path=str(model), images_per_prompt=2))
+    assert len(SampleStore(store.root).records()) == 3  # one image per prompt, all of the first model
+
+
+def test_score_refuses_to_add_scores_of_a_reward_model_overwritten_in_place(make_run_config, tmp_path, tiny_blip):
+    from gors.generate import generate
+    from gors.score import score
+    from gors.testing.blip import build_tiny_blip_vqa
+
+    blip = tmp_path / "blip"
+    shutil.copytree(tiny_blip, blip)
+    config = make_run_config(reward_model_name_or_path=str(blip), images_per_prompt=1, max_prompts=2)
+    generate(config)
+    score(config)
+    scores = Path(config.output_dir) / "scores" / "b_vqa"
+    assert recorded_model_commits(scores)[str(blip)] == local_fingerprint(blip)
+    shutil.rmtree(blip)
+    build_tiny_blip_vqa(blip, seed=1)
+    more = make_run_config(reward_model_name_or_path=str(blip), images_per_prompt=1)
+    generate(more)
+    with pytest.raises(StoreError, match=f"holds scores made with other versions.*local model {blip} changed"):
+        score(more)
+
+
+def test_a_checkpoint_of_a_local_base_model_is_bound_to_its_files(tmp_path):
+    """A LoRA goes on only on the weights it was trained on: a checkpoint's fingerprint records a local base
+    model's files, and resuming after the base was retrained in place is refused (`gors train` sets such a
+    checkpoint aside)."""
+    from gors.checkpoints import check_resumable, training_fingerprint
+    from gors.config import TrainConfig
+    from gors.core.run_folder import CHECKPOINT_MARKER
+
+    model = _model(tmp_path / "model")
+    config = TrainConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path=str(model))
+    before = training_fingerprint(config, [], 1, {})
+    assert before["base_model_commit"] == local_fingerprint(model)
+    checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / CHECKPOINT_MARKER).write_text(json.dumps({"fingerprint": before}))
+    assert check_resumable(checkpoint, training_fingerprint(config, [], 1, {}), max_train_steps=4) == 2
+    _rewrite(model / "unet" / "diffusion_pytorch_model.safetensors", b"\x05" * 64)
+    with pytest.raises(ValueError, match="base_model_commit 'sha256:.*' in the checkpoint, 'sha256:.*' now"):
+        check_resumable(checkpoint, training_fingerprint(config, [], 1, {}), max_train_steps=4)
