@@ -642,7 +642,8 @@ class Benchmark:
                              f"primary_metric), only {sorted(self.summarize(rows))}; the images and scores in "
                              f"{output_dir} are kept for the next run")
         summary["results"] = self.results(rows, summary, protocol)
-        # The Hub commits of the models that generated (the pipeline's) and scored (main scorer and columns).
+        # The versions (Hub commits, local fingerprints) of the models that generated (the pipeline's) and scored
+        # (main scorer and columns).
         summary["results"]["models"] = {
             name: commit
             for folder in (*([output_dir / "samples"] if images is None else []), output_dir / "scores",

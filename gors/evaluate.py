@@ -27,7 +27,7 @@ from gors.core.backbones import detect_backbone, family_precision
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, not_a_folder, read_json
 from gors.core.pipeline import check_lora_path
-from gors.core.store import same_value
+from gors.core.store import SampleStore, recorded_model_commits, same_value
 from gors.core.toy import PRETRAINED_DIR
 from gors.official_lora import OFFICIAL_PREFIX, resolve_lora
 from gors.sd2_architecture import SD2_BASE
@@ -156,7 +156,9 @@ def earlier_summaries(path: Path, summaries: list[dict[str, Any]], header: dict[
     Each entry is rebuilt from its benchmark folder's own `summary.json` (the latest results there), found
     from `path`'s folder and its label, not the folder it recorded (relative to where that run started).
     Image folders (`--images`) are never merged, neither earlier ones nor this run's (which records a model
-    given beside them): their images may be any model's.
+    given beside them): their images may be any model's. Nor are the results of another version of the
+    model or LoRA at the same name (`generator_versions`: a LoRA retrained at its path, a local model
+    overwritten, a Hub model updated).
     """
     model, lora = summaries[0].get("model") if summaries else None, summaries[0].get("lora") if summaries else None
     if not path.is_file() or model is None or summaries[0].get("images") is not None:
@@ -166,6 +168,7 @@ def earlier_summaries(path: Path, summaries: list[dict[str, Any]], header: dict[
                                                         header):
         return []
     labels = {summary["label"] for summary in summaries}
+    versions = generator_versions(Path(summaries[0]["folder"]))
     kept = []
     for entry in previous.get("summaries", []):
         label = entry.get("label") if isinstance(entry, dict) else None
@@ -177,10 +180,25 @@ def earlier_summaries(path: Path, summaries: list[dict[str, Any]], header: dict[
             else None
         # An image folder's summary of an earlier gors recorded the default model too: `images` tells it apart.
         if isinstance(current, dict) and current.get("images") is None and same_value(current.get("model"), model) \
-                and same_value(current.get("lora"), lora):
+                and same_value(current.get("lora"), lora) and same_versions(generator_versions(folder), versions):
             kept.append({"label": label, "primary_metric": entry.get("primary_metric"), "folder": str(folder),
                          **current})
     return kept
+
+
+def generator_versions(folder: Path) -> dict[str, str | None]:
+    """What generated a benchmark folder's images, beyond the names its summary records: the sha256 of the
+    LoRA's weights and the version of the model (Hub commit, local fingerprint), from its sample store."""
+    store = SampleStore(folder / "samples")
+    settings = store.load_settings() or {}
+    model = next((version for name, version in recorded_model_commits(store.root).items()
+                  if same_value(name, settings.get("model"))), None)
+    return {"lora_sha256": settings.get("lora_sha256"), "model": model}
+
+
+def same_versions(earlier: dict[str, str | None], now: dict[str, str | None]) -> bool:
+    """Whether two `generator_versions` can be of one generator: equal wherever both are known."""
+    return all(earlier[key] is None or now[key] is None or earlier[key] == now[key] for key in now)
 
 
 def sample_counts(summary: dict[str, Any]) -> str:

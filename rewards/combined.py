@@ -414,8 +414,8 @@ def build_reward(
     torch_dtype: torch.dtype | None = None,
     batch_size: int = 8,
 ) -> Reward:
-    """The reward named by a `--reward` value, with its models loaded and their Hub commits in its
-    `model_commits`.
+    """The reward named by a `--reward` value, with its models loaded and their versions (Hub commits,
+    local folders' fingerprints: `gors.core.hub.model_version`) in its `model_commits`.
 
     One name: `options` are its keyword arguments and `model_name_or_path` its model. A weighted
     list: `options` maps member names to their keyword arguments, and `model_name_or_path` must be

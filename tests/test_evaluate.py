@@ -445,7 +445,7 @@ def test_earlier_results_are_kept_only_for_the_same_model_and_lora_with_their_fo
     path = tmp_path / "summary.json"
     stale = {"label": "a", "primary_metric": "value", "folder": "elsewhere/a", "model": "m", "lora": None, "value": 1}
     path.write_text(json.dumps({"lora": None, "summaries": [stale, {**stale, "label": "b"}]}))
-    now = [{"label": "c", "model": "m", "lora": None}]
+    now = [{"label": "c", "folder": str(tmp_path / "c"), "model": "m", "lora": None}]
     # Rebuilt from a's own folder (its latest value, found from the summary's folder); b's folder is gone.
     assert earlier_summaries(path, now, {"lora": None}) == [
         {"label": "a", "primary_metric": "value", "folder": str(tmp_path / "a"), "model": "m/", "lora": None,
@@ -456,6 +456,19 @@ def test_earlier_results_are_kept_only_for_the_same_model_and_lora_with_their_fo
     assert earlier_summaries(path, [{**now[0], "model": None}], {"lora": None}) == []  # --images: any model's
     # --images with a model given beside it: the model is recorded, the images are still any model's.
     assert earlier_summaries(path, [{**now[0], "images": "imgs"}], {"lora": None}) == []
+    # Another version of the LoRA (retrained at its path) or of the model (another commit, local files written
+    # since) made a's images: they are not this generator's results.
+    for folder, lora_sha256, commit in (("a", "1" * 64, "a" * 40), ("c", "2" * 64, "a" * 40)):
+        (tmp_path / folder / "samples").mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "samples" / "settings.json").write_text(json.dumps({"model": "m", "lora_sha256": lora_sha256}))
+        (tmp_path / folder / "samples" / "models.json").write_text(json.dumps({"m": commit}))
+    assert earlier_summaries(path, now, {"lora": None}) == []
+    (tmp_path / "c" / "samples" / "settings.json").write_text(json.dumps({"model": "m", "lora_sha256": "1" * 64}))
+    assert [e["label"] for e in earlier_summaries(path, now, {"lora": None})] == ["a"]
+    (tmp_path / "c" / "samples" / "models.json").write_text(json.dumps({"m/": "b" * 40}))
+    assert earlier_summaries(path, now, {"lora": None}) == []
+    (tmp_path / "c" / "samples" / "models.json").write_text(json.dumps({}))  # a version unknown: no difference
+    assert [e["label"] for e in earlier_summaries(path, now, {"lora": None})] == ["a"]
     # An image folder scored by an earlier gors, which recorded the default model beside its images.
     (tmp_path / "a" / "summary.json").write_text(json.dumps({"model": "m/", "lora": None, "images": "imgs", "value": 2}))
     assert earlier_summaries(path, now, {"lora": None}) == []

@@ -19,7 +19,7 @@ from gors.core.store import MODELS, StoreError, check_model_commits, recorded_mo
 
 def _model(folder: Path) -> Path:
     (folder / "unet").mkdir(parents=True)
-    (folder / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline"}')
+    (folder / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "U"]}')
     (folder / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"\x01" * 64)
     return folder
 
@@ -31,50 +31,64 @@ def _rewrite(file: Path, data: bytes) -> None:
     os.utime(file, ns=(before + 10**9, before + 10**9))
 
 
-def test_a_local_fingerprint_follows_the_weights_and_configs_and_nothing_else(tmp_path):
+def test_a_local_fingerprint_follows_the_files_the_loader_reads_and_nothing_else(tmp_path):
     model = _model(tmp_path / "model")
     first = local_fingerprint(model)
     assert first.startswith(LOCAL_PREFIX) and len(first) == len(LOCAL_PREFIX) + 64
     assert local_fingerprint(str(model) + "/") == first  # however the path is spelled
-    # Documents, pictures and hidden bookkeeping (huggingface_hub's .cache/) change no output.
+    # Documents, pictures, hidden bookkeeping (huggingface_hub's .cache/), folders that are no component of
+    # the pipeline (a run folder kept inside it: the run writes there), a dangling link, a symlink loop.
     (model / "README.md").write_text("# retrained")
     (model / "sample.png").write_bytes(b"png")
     (model / ".cache" / "huggingface").mkdir(parents=True)
     (model / ".cache" / "huggingface" / "download.lock").write_text("x")
+    (model / "runs" / "color" / "samples").mkdir(parents=True)
+    (model / "runs" / "color" / "samples" / "metadata.jsonl").write_text("{}\n")
+    (model / "v1-old.ckpt").symlink_to(tmp_path / "gone.ckpt")
+    (model / "unet" / "loop").symlink_to(model)
     assert local_fingerprint(model) == first
     # A copy with new modification times holds the same files.
     copy = tmp_path / "copy"
-    shutil.copytree(model, copy)
+    shutil.copytree(model, copy, symlinks=True)
     assert local_fingerprint(copy) == first
     # Retrained weights (same size), a changed config, a renamed file: another model.
     _rewrite(model / "unet" / "diffusion_pytorch_model.safetensors", b"\x02" * 64)
     retrained = local_fingerprint(model)
     assert retrained not in (first, None)
-    _rewrite(copy / "model_index.json", b'{"_class_name": "StableDiffusionXLPipeline"}')
+    _rewrite(copy / "model_index.json", b'{"_class_name": "StableDiffusionXLPipeline", "unet": ["diffusers", "U"]}')
     assert local_fingerprint(copy) not in (first, retrained)
     (copy / "unet" / "diffusion_pytorch_model.safetensors").rename(copy / "unet" / "other.safetensors")
     assert local_fingerprint(copy) not in (first, retrained)
-    # A single file (an open_clip checkpoint), and a path that does not exist.
+    # A single file (an open_clip checkpoint), whatever its name; a path that does not exist.
     weights = model / "unet" / "diffusion_pytorch_model.safetensors"
-    assert local_fingerprint(weights).startswith(LOCAL_PREFIX)
+    shutil.copy(weights, tmp_path / "renamed.safetensors")
+    assert local_fingerprint(weights) == local_fingerprint(tmp_path / "renamed.safetensors")
+    assert local_fingerprint(weights).startswith(LOCAL_PREFIX) and local_fingerprint(weights) != retrained
     assert local_fingerprint(tmp_path / "absent") is None
 
 
-def test_a_fingerprint_is_hashed_again_only_when_a_files_size_or_time_changed(tmp_path, monkeypatch):
+def test_a_fingerprint_is_hashed_again_only_when_a_file_was_written(tmp_path, monkeypatch):
     model = _model(tmp_path / "model")
+    weights = model / "unet" / "diffusion_pytorch_model.safetensors"
     hashed: list[Path] = []
     original = fingerprints._update_with_file
     monkeypatch.setattr(fingerprints, "_update_with_file", lambda digest, file: (hashed.append(file),
                                                                                  original(digest, file))[1])
     first = local_fingerprint(model)
     assert len(hashed) == 2
-    assert local_fingerprint(model) == first and len(hashed) == 2  # kept under $GORS_CACHE_DIR: not read again
-    _rewrite(model / "unet" / "diffusion_pytorch_model.safetensors", b"\x03" * 64)
+    fingerprints._computed.clear()  # another process: the fingerprint is kept under $GORS_CACHE_DIR
+    assert local_fingerprint(model) == first and len(hashed) == 2
+    # Other weights of the same size written with the old modification time kept (`cp -p`, `rsync -a`).
+    stat = weights.stat()
+    weights.write_bytes(b"\x03" * 64)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert weights.stat().st_mtime_ns == stat.st_mtime_ns
     assert local_fingerprint(model) != first and len(hashed) == 4
-    # A cache that cannot be written costs hashing again, no error.
+    # A cache that cannot be written costs hashing once per process, no error.
     monkeypatch.setenv("GORS_CACHE_DIR", str(tmp_path / "not-a-folder"))
     (tmp_path / "not-a-folder").write_text("a file")
-    assert local_fingerprint(model) == local_fingerprint(model) and len(hashed) == 8
+    fingerprints._computed.clear()
+    assert local_fingerprint(model) == local_fingerprint(model) and len(hashed) == 6
 
 
 def test_model_version_is_a_commit_for_a_hub_id_and_a_fingerprint_for_a_local_path(tmp_path, monkeypatch):
@@ -172,3 +186,42 @@ def test_a_checkpoint_of_a_local_base_model_is_bound_to_its_files(tmp_path):
     _rewrite(model / "unet" / "diffusion_pytorch_model.safetensors", b"\x05" * 64)
     with pytest.raises(ValueError, match="base_model_commit 'sha256:.*' in the checkpoint, 'sha256:.*' now"):
         check_resumable(checkpoint, training_fingerprint(config, [], 1, {}), max_train_steps=4)
+
+
+def test_a_hub_id_that_now_names_a_local_folder_is_refused_as_such(tmp_path, monkeypatch):
+    """`hf download org/model --local-dir org/model` beside a folder made from the Hub snapshot: the name now
+    reads the local copy, whose files are not known to be the snapshot's."""
+    (tmp_path / MODELS).write_text(json.dumps({"org/model": "a" * 40}))
+    monkeypatch.chdir(tmp_path)
+    _model(tmp_path / "org" / "model")
+    with pytest.raises(StoreError, match=f"org/model named the Hub model at commit {'a' * 40}, and names a local "
+                                         r"folder \(a folder at that path made or removed since\)"):
+        check_model_commits(tmp_path, {"org/model": model_version("org/model")}, True, "scores")
+
+
+def test_training_refuses_samples_of_the_base_model_before_it_was_retrained_in_place(tmp_path, monkeypatch):
+    """`gors train` (and `gors run` before generating) on a folder whose samples are all there: no generation
+    to notice the change, so training checks the samples' recorded version of its base model itself."""
+    import gors.train
+    from gors.config import TrainConfig
+    from gors.train import check_samples_model
+
+    model = _model(tmp_path / "model")
+    samples = tmp_path / "run" / "samples"
+    samples.mkdir(parents=True)
+    (samples / "settings.json").write_text(json.dumps({"model": str(model), "revision": None}))
+    (samples / MODELS).write_text(json.dumps({str(model): local_fingerprint(model)}))
+    config = TrainConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path=str(model) + "/")
+    check_samples_model(config)
+    _rewrite(model / "unet" / "diffusion_pytorch_model.safetensors", b"\x06" * 64)
+    with pytest.raises(ValueError, match=r"the samples in .* were generated by another version of it \(sha256:.*"
+                                         r"its files were written since\).*Generate again with it as it is now"):
+        check_samples_model(config)
+    # A Hub model updated since.
+    (samples / "settings.json").write_text(json.dumps({"model": "org/model", "revision": None}))
+    (samples / MODELS).write_text(json.dumps({"org/model": "a" * 40}))
+    monkeypatch.setattr(gors.train, "model_version", lambda name, revision=None: "b" * 40)
+    with pytest.raises(ValueError, match="updated on the Hub since.*Generate again"):
+        check_samples_model(TrainConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path="org/model"))
+    monkeypatch.setattr(gors.train, "model_version", lambda name, revision=None: None)  # not in the cache: unknown
+    check_samples_model(TrainConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path="org/model"))

@@ -150,7 +150,7 @@ def test_a_base_model_that_moved_while_it_loaded_is_refused(monkeypatch):
     with pytest.raises(ModelLoadError, match=f"moved from commit {'a' * 40} to {'b' * 40} while it loaded.*"
                                              f"--revision {'a' * 40}"):
         trainer._check_base_commit()
-    trainer.fingerprint = {}  # a checkpoint made before versions were recorded: nothing to compare
+    trainer.fingerprint = {}  # a version unknown at the start (a Hub id the cache lacked): nothing to compare
     trainer._check_base_commit()
     # A local folder written while it loaded: no --revision to offer.
     trainer.fingerprint = {"base_model_commit": "sha256:" + "a" * 64}

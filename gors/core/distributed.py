@@ -37,7 +37,8 @@ SHARED_CHECK_PREFIX = ".shared-check-"  # + host, pid and time of the command th
 # How long another node may take to see a file the main process wrote (network filesystems publish
 # new files with a delay); every stage relies on the same visibility after its barriers.
 SHARED_CHECK_WAIT_S = 30.0
-# What to do when processes disagree on a model's commit, each read in its node's own Hugging Face cache.
+# What to do when processes disagree on a model's version, each read in its node's own Hugging Face cache
+# (or its own copy of a local folder).
 SAME_SNAPSHOT_FIX = ("Every node must resolve each model to the same snapshot: point HF_HOME at one shared cache, "
                      "or pin the revision; a local model folder must hold the same files on every node")
 # Why a file other processes wrote is still missing here after the wait.

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,52 +24,70 @@ _NOTED_SIZE = 1 << 30  # hashing a model this large takes seconds: say so
 
 logger = logging.getLogger(__name__)
 
+# The fingerprints this process computed, by path and signature: a stage asks for one several times.
+_computed: dict[tuple[str, str], str] = {}
+
 
 def model_files(path: Path) -> list[Path]:
-    """The files of local model `path` whose contents decide what it computes: the file itself, or every
-    file under the folder, in name order, but hidden ones (`.cache/`, `.git/`: huggingface_hub's and
-    git's bookkeeping) and documents and pictures (`NOT_MODEL_SUFFIXES`)."""
+    """The files of local model `path` that `from_pretrained` reads: the file itself; or the folder's own
+    files and, for a diffusers pipeline (`model_index.json`), those of the component folders it names.
+    Regular files only (no dangling link, no pipe), in name order, leaving out hidden ones and documents
+    and pictures (`NOT_MODEL_SUFFIXES`). Other subfolders are no part of the model: a run folder kept
+    inside it, which the run writes to, or `.git/`, `.cache/`."""
     if path.is_file():
         return [path]
-    found = []
-    for folder, subfolders, names in os.walk(path, followlinks=True):
-        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
-        found += [Path(folder) / name for name in sorted(names)
-                  if not name.startswith(".") and Path(name).suffix.lower() not in NOT_MODEL_SUFFIXES]
-    return found
+    folders = [path] + [path / name for name in sorted(_pipeline_components(path))
+                        if not name.startswith(".") and (path / name).is_dir()]
+    return [folder / name for folder in folders for name in sorted(os.listdir(folder))
+            if not name.startswith(".") and Path(name).suffix.lower() not in NOT_MODEL_SUFFIXES
+            and (folder / name).is_file()]
 
 
 def local_fingerprint(path: str | Path) -> str | None:
     """`LOCAL_PREFIX` + the sha256 of the relative names and contents of `model_files(path)`; None where
-    `path` does not exist.
+    `path` does not exist. A file that cannot be read counts as such (the loader may not need it).
 
-    Hashed again only when a file's size or modification time changed: the digest is kept under
-    `$GORS_CACHE_DIR/fingerprints/` beside the sizes and times it was computed at, as a model's
-    files take seconds to read (a copy made without keeping the times is hashed once more, to the
-    same digest).
+    Hashed again only when a file's size, modification or status-change time or inode changed: the digest
+    is kept under `$GORS_CACHE_DIR/fingerprints/` (per machine) beside them, as a model's files take
+    seconds to read. No tool sets a status-change time, so files written again always count, even with
+    their old modification times kept (`cp -p`, `rsync -a`, an archive); a copy is hashed once more, to
+    the same digest.
     """
     path = Path(path).expanduser().resolve()
     if not path.exists():
         return None
-    files = model_files(path)
-    # A folder's files by their names in it (a rename is another model); a single file by no name.
-    signature = [[file.relative_to(path).as_posix() if file != path else "",
-                  (stat := file.stat()).st_size, stat.st_mtime_ns] for file in files]
+    files = []
+    signature = []
+    for file in model_files(path):
+        try:
+            stat = file.stat()
+        except OSError:
+            continue  # gone since it was listed
+        files.append(file)
+        # A folder's files by their names in it (a rename is another model); a single file by no name.
+        signature.append([file.relative_to(path).as_posix() if file != path else "", stat.st_size,
+                          stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino])
+    key = (str(path), json.dumps(signature))
+    if key in _computed:
+        return _computed[key]
     cache = _cache_file(path)
     try:
         kept = json.loads(cache.read_text())
         if kept["files"] == signature:
-            return kept["fingerprint"]
+            return _computed.setdefault(key, kept["fingerprint"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none kept, or unreadable: hash
     size = sum(entry[1] for entry in signature)
     if size >= _NOTED_SIZE:
         logger.info("fingerprinting local model %s (%.1f GB; once, until its files change)", path, size / 1e9)
     digest = hashlib.sha256()
-    for (name, _, _), file in zip(signature, files):
+    for (name, *_), file in zip(signature, files):
         digest.update(name.encode() + b"\0")
-        _update_with_file(digest, file)
-    fingerprint = LOCAL_PREFIX + digest.hexdigest()
+        try:
+            _update_with_file(digest, file)
+        except OSError:
+            digest.update(b"\0unreadable\0")
+    fingerprint = _computed[key] = LOCAL_PREFIX + digest.hexdigest()
     _keep(cache, {"path": str(path), "files": signature, "fingerprint": fingerprint})
     return fingerprint
 
@@ -86,18 +105,30 @@ def files_sha256(files: Iterable[Path]) -> str:
     return digest.hexdigest()
 
 
+def _pipeline_components(path: Path) -> list[str]:
+    """The component folders a diffusers pipeline's `model_index.json` names; none for another model."""
+    try:
+        index = json.loads((path / "model_index.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [name for name in index if not name.startswith("_")] if isinstance(index, dict) else []
+
+
 def _cache_file(path: Path) -> Path:
     # Imported here: gors.core.data imports gors.core.hub, which imports this module.
     from gors.core.data import cache_root
 
-    return cache_root() / FINGERPRINTS_DIR / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".json")
+    # Per machine: nodes that share a home but each hold their own copy of a model at one path would
+    # otherwise replace each other's entry, and hash at every start.
+    name = hashlib.sha256(f"{socket.gethostname()}\0{path}".encode()).hexdigest()[:32]
+    return cache_root() / FINGERPRINTS_DIR / f"{name}.json"
 
 
 def _keep(cache: Path, entry: dict) -> None:
     try:
         atomic_write_json(cache, entry)
     except OSError:
-        pass  # a cache that cannot be written (read-only home) only costs hashing again next time
+        pass  # a cache that cannot be written (read-only home) only costs hashing again in the next process
 
 
 def _update_with_file(digest: hashlib._Hash, file: Path) -> None:

@@ -2,9 +2,9 @@
 
 Scores go to `<folder>/part-XXXXX.jsonl` (one line per image: the reward in [0, 1], its details
 and the hash of the image file scored), appended batch by batch, so an interruption loses at most
-the batch in flight. `settings.json` beside them records the scorer that made them, and `models.json` the Hub
-commit of each model it loaded; other settings, or another commit of a model, are refused once the folder holds
-scores.
+the batch in flight. `settings.json` beside them records the scorer that made them, and `models.json` the
+version of each model it loaded (its Hub commit, or a local folder's fingerprint); other settings, or another
+version of a model, are refused once the folder holds scores.
 """
 
 from __future__ import annotations
@@ -188,7 +188,8 @@ def open_score_folder(
 
 
 def scorer_commits(scorer: Scorer) -> dict[str, str | None]:
-    """The Hub commit of each model `scorer` loaded (`Reward.model_commits`; {} for a scorer that does not tell)."""
+    """The version of each model `scorer` loaded (`Reward.model_commits`: Hub commit, local fingerprint; {} for a
+    scorer that does not tell)."""
     return dict(getattr(scorer, "model_commits", None) or {})
 
 

@@ -274,9 +274,13 @@ def check_model_commits(folder: str | Path, commits: dict[str, str | None], fill
 
 def _version_change(name: str, old: str, new: str) -> str:
     """One model's change of version, with its likely cause, for `check_model_commits`' refusal."""
-    if is_local_fingerprint(old) or is_local_fingerprint(new):
+    if is_local_fingerprint(old) and is_local_fingerprint(new):
         return (f"the files of local model {name} changed since (fingerprint {old[:19]}..., now {new[:19]}...): "
                 "retrained or overwritten in place")
+    if is_local_fingerprint(old) or is_local_fingerprint(new):
+        then, now = ("a local folder", f"the Hub model at commit {new}") if is_local_fingerprint(old) else \
+            (f"the Hub model at commit {old}", "a local folder")
+        return f"{name} named {then}, and names {now} (a folder at that path made or removed since)"
     return (f"{name} was at commit {old}, now {new}: updated on the Hub since, or this machine's Hugging Face "
             "cache holds another snapshot")
 
