@@ -254,8 +254,8 @@ def test_a_score_folder_of_another_cached_commit_is_refused_before_the_reward_lo
 
 def test_the_training_caches_are_bound_to_the_base_models_commit(tmp_path):
     """Latents and frozen text encodings are computed by the base model's VAE and encoders: a model id whose
-    Hub repository moved to another commit gets new caches. Without a known commit (a local folder) the
-    names are those of caches made before commits were recorded."""
+    Hub repository moved to another commit (or a local folder with another fingerprint) gets new caches.
+    Without a known version the names are those of caches made before versions were recorded."""
     import torch
 
     from gors.training_data import latent_cache_path, text_cache_name

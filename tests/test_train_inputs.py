@@ -133,7 +133,7 @@ def test_one_config_file_drives_every_stage_and_names_itself_for_an_unknown_key(
         config_file_values(EvaluateConfig, {"reward": "b_vqa"}, "eval.yaml")
 
 
-def test_a_base_model_that_moved_while_it_loaded_is_refused(monkeypatch):
+def test_a_base_model_that_moved_while_it_loaded_is_refused(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     import gors.train
@@ -141,7 +141,7 @@ def test_a_base_model_that_moved_while_it_loaded_is_refused(monkeypatch):
     from gors.train import GORSTrainer
 
     trainer = GORSTrainer.__new__(GORSTrainer)  # only what the check reads
-    trainer.config = SimpleNamespace(pretrained_model_name_or_path="org/model", revision=None)
+    trainer.config = SimpleNamespace(pretrained_model_name_or_path="org/model", revision=None, output_dir=str(tmp_path))
     trainer.accelerator = SimpleNamespace(state=SimpleNamespace(num_processes=1))
     trainer.fingerprint = {"base_model_commit": "a" * 40}
     monkeypatch.setattr(gors.train, "model_version", lambda name, revision=None: "a" * 40)

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gors.core.io import atomic_write_json
@@ -16,8 +16,13 @@ from gors.core.io import atomic_write_json
 # How a local model's fingerprint is written where a Hub model's commit would be (`models.json`, a
 # checkpoint's fingerprint): never a 40-digit commit.
 LOCAL_PREFIX = "sha256:"
-# Files beside a model's weights and configuration that change no output: documents and pictures.
-NOT_MODEL_SUFFIXES = frozenset({".md", ".rst", ".pdf", ".png", ".jpg", ".jpeg", ".gif", ".webp", ".lock", ".log"})
+# The files of a model that its loaders read: weights (safetensors, torch pickles, ...), configs, tokenizer
+# files (sentencepiece `.model`, `.tiktoken`, `vocab.txt`, `merges.txt`), chat templates and remote code.
+MODEL_SUFFIXES = frozenset({".json", ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".npz", ".npy", ".h5",
+                            ".msgpack", ".gguf", ".onnx", ".model", ".tiktoken", ".jinja", ".py", ".yaml", ".yml"})
+TOKENIZER_TEXT_FILES = ("vocab", "merges")  # a `.txt` file is a model's when its name holds one of these
+# The subfolder transformers reads more chat templates from (one of them may replace the folder's own).
+CHAT_TEMPLATES_DIR = "additional_chat_templates"
 FINGERPRINTS_DIR = "fingerprints"
 _CHUNK = 1 << 20
 _NOTED_SIZE = 1 << 30  # hashing a model this large takes seconds: say so
@@ -29,18 +34,19 @@ _computed: dict[tuple[str, str], str] = {}
 
 
 def model_files(path: Path) -> list[Path]:
-    """The files of local model `path` that `from_pretrained` reads: the file itself; or the folder's own
-    files and, for a diffusers pipeline (`model_index.json`), those of the component folders it names.
-    Regular files only (no dangling link, no pipe), in name order, leaving out hidden ones and documents
-    and pictures (`NOT_MODEL_SUFFIXES`). Other subfolders are no part of the model: a run folder kept
-    inside it, which the run writes to, or `.git/`, `.cache/`."""
+    """The files of local model `path` that its loader reads: the file itself; or, in a diffusers pipeline
+    (`model_index.json`), that file, its code and the model files of the component folders it names; or
+    the folder's model files (`MODEL_SUFFIXES`, with its chat templates' subfolder). Regular files only (no
+    dangling link, no pipe), in name order. Anything else changes no output and is left out: documents,
+    pictures, logs, hidden files, other subfolders (a run folder kept inside the model's, `.git/`)."""
     if path.is_file():
         return [path]
-    folders = [path] + [path / name for name in sorted(_pipeline_components(path))
-                        if not name.startswith(".") and (path / name).is_dir()]
-    return [folder / name for folder in folders for name in sorted(os.listdir(folder))
-            if not name.startswith(".") and Path(name).suffix.lower() not in NOT_MODEL_SUFFIXES
-            and (folder / name).is_file()]
+    components = _pipeline_components(path)
+    if components is None:
+        return _model_files_in(path)
+    return (_regular_files(path, lambda name: name == "model_index.json" or name.endswith(".py"))
+            + [file for name in sorted(components) if not name.startswith(".") and (path / name).is_dir()
+               for file in _model_files_in(path / name)])
 
 
 def local_fingerprint(path: str | Path) -> str | None:
@@ -105,13 +111,29 @@ def files_sha256(files: Iterable[Path]) -> str:
     return digest.hexdigest()
 
 
-def _pipeline_components(path: Path) -> list[str]:
-    """The component folders a diffusers pipeline's `model_index.json` names; none for another model."""
+def _pipeline_components(path: Path) -> list[str] | None:
+    """The component folders a diffusers pipeline's `model_index.json` names; None for another model."""
     try:
         index = json.loads((path / "model_index.json").read_text())
     except (OSError, ValueError):
+        return None
+    return [name for name in index if not name.startswith("_")] if isinstance(index, dict) else None
+
+
+def _model_files_in(folder: Path) -> list[Path]:
+    """The model files of one model's folder (`MODEL_SUFFIXES`), and its extra chat templates."""
+    def is_model_file(name: str) -> bool:
+        suffix = Path(name).suffix.lower()
+        return suffix in MODEL_SUFFIXES or (suffix == ".txt" and any(word in name for word in TOKENIZER_TEXT_FILES))
+
+    return _regular_files(folder, is_model_file) + _regular_files(folder / CHAT_TEMPLATES_DIR, is_model_file)
+
+
+def _regular_files(folder: Path, wanted: Callable[[str], bool]) -> list[Path]:
+    if not folder.is_dir():
         return []
-    return [name for name in index if not name.startswith("_")] if isinstance(index, dict) else []
+    return [folder / name for name in sorted(os.listdir(folder))
+            if not name.startswith(".") and wanted(name) and (folder / name).is_file()]
 
 
 def _cache_file(path: Path) -> Path:

@@ -256,7 +256,7 @@ def check_model_commits(folder: str | Path, commits: dict[str, str | None], fill
     if changed:
         raise StoreError(
             f"{folder} holds {what} made with other versions of the models loaded now "
-            f"({'; '.join(_version_change(name, *versions) for name, versions in changed.items())}). The {what} of "
+            f"({'; '.join(describe_version_change(name, *versions) for name, versions in changed.items())}). The {what} of "
             f"two versions are not mixed: delete {folder} to make them all again with the models loaded now, or run "
             "with the recorded versions (the Hub snapshots in the cache, the local files as they were)."
         )
@@ -272,8 +272,8 @@ def check_model_commits(folder: str | Path, commits: dict[str, str | None], fill
         atomic_write_json(Path(folder) / MODELS, merged)
 
 
-def _version_change(name: str, old: str, new: str) -> str:
-    """One model's change of version, with its likely cause, for `check_model_commits`' refusal."""
+def describe_version_change(name: str, old: str, new: str) -> str:
+    """One model's change of version (`model_version`), with its likely cause, for a refusal."""
     if is_local_fingerprint(old) and is_local_fingerprint(new):
         return (f"the files of local model {name} changed since (fingerprint {old[:19]}..., now {new[:19]}...): "
                 "retrained or overwritten in place")
@@ -287,10 +287,10 @@ def _version_change(name: str, old: str, new: str) -> str:
 
 def check_cached_commits(folder: str | Path, filled: bool, what: str,
                          revisions: dict[str, str | None] | None = None) -> None:
-    """`check_model_commits` before any model loads, with the commits this machine's Hugging Face cache
-    now resolves the recorded models to (`revisions`: a model's revision, where one was asked for), so
-    that a folder of another version is refused before minutes of loading. A download while loading
-    can still move a branch: the check after loading stays."""
+    """`check_model_commits` before any model loads, with the versions the recorded models have now: the
+    commits this machine's Hugging Face cache resolves them to (`revisions`: a model's revision, where one
+    was asked for), local folders' fingerprints; so that a folder of another version is refused before
+    minutes of loading. A download while loading can still move a branch: the check after loading stays."""
     if filled:
         recorded = recorded_model_commits(folder)
         cached = {name: model_version(name, (revisions or {}).get(name)) for name in recorded}
