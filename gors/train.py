@@ -205,18 +205,19 @@ def _optimizer_class(use_8bit_adam: bool) -> type[torch.optim.Optimizer]:
 
 
 def check_generating_model(config: TrainConfig | RunConfig, generated: dict[str, Any],
-                           versions: dict[str, str | None] | None = None, loaded: str | None = None) -> None:
+                           versions: dict[str, str | None] | None = None, loaded: str | None = None,
+                           samples: Path | None = None) -> None:
     """Refuse to train another base model than the one that generated the samples (`generated`: the
     store's `settings.json`; a store made before gors recorded it, or by a pipeline in memory, names none),
     or the same name at another version than the one `versions` (the store's `models.json`) records: a Hub
     model updated since, a local folder retrained or overwritten in place. `loaded`: the version the base
     model loaded at (a Hub model the cache did not hold before has one only then); by default what the
     cache and the local files say now (`model_version`). A `--revision` naming the commit that generated
-    the samples is their model."""
+    the samples is their model. `samples`: the store's folder, for the message (default the run folder's)."""
     model, revision = generated.get("model"), generated.get("revision")
     if model is None:
         return
-    samples = samples_dir(config.output_dir)
+    samples = samples or samples_dir(config.output_dir)
     recorded = next((version for name, version in (versions or {}).items() if same_value(name, model)), None)
     now = loaded or model_version(config.pretrained_model_name_or_path, config.revision)
     pinned = config.revision is not None and recorded is not None and now == recorded
@@ -240,12 +241,15 @@ def check_generating_model(config: TrainConfig | RunConfig, generated: dict[str,
     )
 
 
-def check_samples_model(config: TrainConfig | RunConfig, loaded: str | None = None) -> None:
+def check_samples_model(config: TrainConfig | RunConfig, loaded: str | None = None,
+                        output_dir: str | Path | None = None) -> None:
     """`check_generating_model` against the run folder's `samples/settings.json` and `models.json`, if there
     are any: local files only, so that a wrong (or default) `--pretrained_model_name_or_path` is named before
-    any Hub call; again with the version the base model `loaded` at."""
-    store = SampleStore(samples_dir(config.output_dir))
-    check_generating_model(config, store.load_settings() or {}, recorded_model_commits(store.root), loaded)
+    any Hub call; again with the version the base model `loaded` at. `output_dir`: another run folder than
+    the config's (an online round's)."""
+    store = SampleStore(samples_dir(output_dir or config.output_dir))
+    check_generating_model(config, store.load_settings() or {}, recorded_model_commits(store.root), loaded,
+                           store.root)
 
 
 def load_training_scheduler(family: TrainingFamily):
