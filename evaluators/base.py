@@ -42,7 +42,7 @@ from evaluators.results import (
     metric_value,
     resampled_rows,
 )
-from gors.core.backbones import Backbone, SamplingDefaults, detect_backbone, family_precision
+from gors.core.backbones import FAMILIES, Backbone, SamplingDefaults, detect_backbone, family_precision
 from gors.core.data import PinnedSource
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, atomic_write_jsonl, file_sha256
@@ -242,8 +242,9 @@ class Benchmark:
     official_images_per_prompt: ClassVar[int] = 1
     # The benchmark's sampling (steps, guidance, px, scheduler: None keeps the checkpoint's) and the model
     # families it was written for; by default the project's evaluation protocol, T2I-CompBench's (DDIM 30
-    # steps, 7.5, 512 px).
-    official_sampling: ClassVar[SamplingDefaults] = SamplingDefaults(30, 7.5, 512, "DDIMScheduler")
+    # steps, 7.5, and no size: `inference_eval.py` calls the pipeline without one, so each checkpoint
+    # generates at its own side, 512 px for SD 1.x and SD-2-base, 768 px for SD 2.x 768-v).
+    official_sampling: ClassVar[SamplingDefaults] = SamplingDefaults(30, 7.5, None, "DDIMScheduler")
     protocol_families: ClassVar[tuple[str, ...]] = ("sd",)
     # (base seed, prompt index, image index) -> seed of that image; by default a seed per image.
     # A staticmethod, so that `self.seed_fn` is the plain function, not a method bound to self.
@@ -302,6 +303,8 @@ class Benchmark:
         own = backbone is None or backbone.name in self.protocol_families
         defaults = self.official_sampling if own else backbone.sampling
         steps, guidance, resolution = defaults.resolve(self.num_inference_steps, self.guidance_scale, self.resolution)
+        if resolution is None:  # the checkpoint's own side (a pipeline in memory: SD 1.x's and SD-2-base's)
+            resolution = (backbone or FAMILIES["StableDiffusionPipeline"]).sampling.resolution
         return SamplingProtocol(
             self.num_images, steps, guidance, resolution=resolution, batch_size=self.batch_size, seed=self.seed, seed_fn=self.seed_fn,
             call_kwargs=backbone.call_kwargs if backbone is not None else {},

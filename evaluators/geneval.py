@@ -16,9 +16,9 @@ Protocol (the official ``generation/diffusers_generate.py``): 4 images per promp
 guidance 9.0, seed 42 re-set before every prompt, so image i of every prompt starts from the same
 seed: here image i gets seed 42 + i for every prompt (one CPU generator per image, so the noise
 is not bit-identical to the official script's sequential draws from the global CUDA generator).
-The official script fixes neither the resolution (the model's default, 512 for SD 1.x / 2-base)
-nor the scheduler: gors samples at 512 px with the checkpoint's own scheduler, as it does (not the
-DDIM of the other benchmarks), also when validating during training. The official script also keeps the pipeline's
+The official script fixes neither the resolution (the model's default: 512 px for SD 1.x / 2-base,
+768 px for SD 2.x 768-v) nor the scheduler: gors samples at the checkpoint's own side with its own
+scheduler, as it does (not the DDIM of the other benchmarks), also when validating during training. The official script also keeps the pipeline's
 safety checker (SD 1.x ships one), which blacks out the images it flags, and those count as
 wrong; gors loads every pipeline without it, so a model whose images the checker would flag scores
 a little higher here. Pass `--images` with the official script's images to compare exactly.
@@ -93,8 +93,8 @@ class GenEvalBenchmark(Benchmark):
     """GenEval (Ghosh et al., 2023): per-task and overall correctness, official protocol.
 
     The protocol fields are `Benchmark`'s, with the official defaults: 4 images per prompt, 50
-    steps, guidance 9.0, seed 42 + image index (see the module docstring); 512 px (the official
-    script uses the model's default); 4 images per generation batch.
+    steps, guidance 9.0, seed 42 + image index (see the module docstring); the checkpoint's own side
+    (the official script passes no size); 4 images per generation batch.
     """
 
     batch_size: int = 4
@@ -104,7 +104,8 @@ class GenEvalBenchmark(Benchmark):
     primary_metric = "overall"
     official_images_per_prompt = 4
     # diffusers_generate.py sets no scheduler: the checkpoint's own samples (SD 1.5's PNDM, for example).
-    official_sampling = SamplingDefaults(50, 9.0, 512, None)
+    # No size either: `diffusers_generate.py` calls the pipeline without one (the checkpoint's own side).
+    official_sampling = SamplingDefaults(50, 9.0, None, None)
     seed_fn = staticmethod(image_index_seed)
     metrics = (
         Metric("overall", help="mean of the task means of image correctness"),

@@ -24,7 +24,7 @@ analysis on any subset) and ``soft_tifa_analysis.txt``; beside them ``soft_tifa_
 the same numbers as markdown tables with the x100 scale in every column header.
 
 GenEval 2 fixes no sampler; the protocol here is the project's evaluation default (DDIM,
-30 steps, guidance 7.5, 512 px, seed 42 + 100000 * prompt + image).
+30 steps, guidance 7.5, the checkpoint's own side, seed 42 + 100000 * prompt + image).
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ class GenEval2Benchmark(Benchmark):
     """GenEval 2 with Soft-TIFA (GM per image; AM, per-skill and per-atomicity tables).
 
     The protocol fields are `Benchmark`'s (1 image per prompt; GenEval 2 fixes no sampler, so
-    the project's evaluation default: DDIM 30 steps, guidance 7.5, 512 px, seed per image).
+    the project's evaluation default: DDIM 30 steps, guidance 7.5, the checkpoint's own side, seed
+    per image).
 
     Args:
         vlm_model_name_or_path: the Qwen3-VL judge of Soft-TIFA, TIFA and VQAScore (default

@@ -19,7 +19,8 @@ and, for TIT-Score, the mean raw cosine. That cosine is comparable with the pape
 with the same describer: the reference describes with Qwen2.5-VL-72B-Instruct, gors by default
 with Qwen3-VL-8B-Instruct (``vlm_model_name_or_path`` picks another). Note that CLIP-based text encoders (Stable Diffusion 1/2) read only
 the first 77 tokens of these prompts. The sampling protocol is the project's evaluation
-default (DDIM, 30 steps, guidance 7.5, 512 px, seed 42 + 100000 * prompt + image); LPG-Bench
+default (DDIM, 30 steps, guidance 7.5, the checkpoint's own side, seed 42 + 100000 * prompt +
+image); LPG-Bench
 itself collects one image per prompt and model.
 """
 
@@ -86,7 +87,8 @@ class LPGBenchBenchmark(Benchmark):
     """LPG-Bench long prompts scored with TIT-Score (or TIT-Score-LLM).
 
     The protocol fields are `Benchmark`'s (1 image per prompt, the project's evaluation default
-    DDIM 30 steps, guidance 7.5, 512 px, seed per image), with 4 images per generation batch.
+    DDIM 30 steps, guidance 7.5, the checkpoint's own side, seed per image), with 4 images per
+    generation batch.
 
     Args:
         dataset: Hub id (default `Moyao001/LPG-Bench`), local folder or data file.

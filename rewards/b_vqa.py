@@ -6,8 +6,8 @@ P(yes) / (P(yes) + P(no)) from the first decoded answer token, and the image sco
 over its questions, in [0, 1] (1.0 for a prompt without a noun phrase), as in the official
 ``BLIPvqa_eval`` code.
 
-The official metric runs BLIP VQA through LAVIS, which starts every question with the token
-[ENC] instead of BERT's [CLS]; transformers' `BlipForQuestionAnswering.generate` keeps [CLS].
+The official metric runs BLIP VQA with BLIP's own code (vendored in ``BLIPvqa_eval/models/blip_vqa.py``),
+which starts every question with the token [ENC] instead of BERT's [CLS]; transformers' `BlipForQuestionAnswering.generate` keeps [CLS].
 We follow the official code by default (`question_start="enc"`), so numbers compare with the
 published tables; `question_start="cls"` gives transformers' behaviour.
 
@@ -81,7 +81,7 @@ class BVQAReward(Reward):
         max_questions: questions per prompt (the official code keeps the first 8 noun phrases).
         noun_phrase_backend: "auto" (spaCy's noun chunks when installed, else the built-in
             chunker), "spacy" or "builtin"; see `rewards.noun_phrases`.
-        question_start: "enc" (official: LAVIS replaces a question's first token by [ENC]) or
+        question_start: "enc" (official: BLIP's code replaces a question's first token by [ENC]) or
             "cls" (transformers' BLIP VQA inference).
         questions: a question table (JSON, see `rewards.question_table`) whose questions are used
             for every prompt it holds (capped at `max_questions`); other prompts are parsed.
@@ -97,7 +97,7 @@ class BVQAReward(Reward):
     """
 
     name = "b_vqa"
-    # T2I-CompBench's BLIP_vqa.py runs LAVIS's BLIP in float32.
+    # T2I-CompBench's BLIP_vqa.py runs BLIP (its vendored copy of BLIP's code) in float32.
     official_dtype = torch.float32
     default_model = "Salesforce/blip-vqa-capfilt-large"
     categories = ("color", "shape", "texture", "complex")

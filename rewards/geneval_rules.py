@@ -103,11 +103,14 @@ def keep_objects(
 ) -> dict[str, list[GenEvalObject]]:
     """Per class: objects with score > `threshold`, most confident first, at most `max_objects`.
 
-    Classes left without objects are dropped. Ties keep the detector's order.
+    Compared in float32, as the official code compares the detector's float32 scores (a score of exactly
+    float32(0.3) does not exceed 0.3 there, though it does in double precision). Classes left without
+    objects are dropped. Ties keep the detector's order.
     """
+    above = np.float32(threshold)
     kept = {}
     for classname, objects in detections.items():
-        ranked = sorted((o for o in objects if o.score > threshold), key=lambda o: -o.score)[:max_objects]
+        ranked = sorted((o for o in objects if np.float32(o.score) > above), key=lambda o: -o.score)[:max_objects]
         if ranked:
             kept[classname] = ranked
     return kept

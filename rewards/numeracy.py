@@ -51,7 +51,8 @@ class NumeracyReward(Reward):
     """
 
     name = "numeracy"
-    # T2I-CompBench++'s UniDet runs in float32.
+    # T2I-CompBench++'s scripts run UniDet under float16 autocast (`Accelerator(mixed_precision='fp16')`); the
+    # detectors here are other models, run in float32, the more exact.
     official_dtype = torch.float32
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS

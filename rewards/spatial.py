@@ -100,7 +100,8 @@ class SpatialRuleReward(Reward):
     """
 
     name = "spatial_rule"
-    # T2I-CompBench's UniDet (detectron2) runs in float32.
+    # T2I-CompBench's scripts run UniDet (detectron2) under float16 autocast (`Accelerator(mixed_precision=
+    # 'fp16')`); the detectors here are other models, run in float32, the more exact.
     official_dtype = torch.float32
     # 4: object names by the official part-of-speech rule (a complex prompt's compound gives its first noun);
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability

@@ -135,7 +135,8 @@ class Spatial3DReward(Reward):
     """
 
     name = "spatial_3d"
-    # T2I-CompBench++'s UniDet and DPT depth run in float32.
+    # T2I-CompBench++'s scripts run UniDet and DPT depth under float16 autocast (`Accelerator(mixed_precision=
+    # 'fp16')`); the detectors here are other models, and both run in float32, the more exact.
     official_dtype = torch.float32
     # 4: object names by the official part-of-speech rule (spaCy's tags where installed; "a coffee table": "coffee"),
     # names matched as parts of labels, a prompt without a relation word scored on its objects (all as officially);

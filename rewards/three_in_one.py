@@ -93,8 +93,8 @@ class ThreeInOneReward(Reward):
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
     scoring_version = 4
-    # The official 3-in-1 mixes B-VQA and UniDet scores made in float32 with CLIPScore's made in
-    # float16; its members share one dtype here, so the CLIP term runs in float32, a little more exact.
+    # The official 3-in-1 mixes B-VQA scores made in float32, UniDet's under float16 autocast and CLIPScore's
+    # in float16; its members share one dtype here, float32, a little more exact.
     official_dtype = torch.float32
     categories = ("complex",)
     description = "T2I-CompBench complex metric: mean of B-VQA, the spatial rule and adjective-free CLIPScore"

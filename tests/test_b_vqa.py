@@ -101,7 +101,7 @@ def test_scores_details_and_product_rule(reward: BVQAReward) -> None:
 def test_p_yes_matches_blip_generate(model_dir: Path, question_start: str) -> None:
     """Recompute each question with transformers' own BLIP VQA inference, independently.
 
-    With "enc" (the official LAVIS behaviour) the question's first token is [ENC], the id after
+    With "enc" (the official BLIP code's behaviour) the question's first token is [ENC], the id after
     [DEC]; with "cls" it is the tokenizer's [CLS], as transformers' generate uses it.
     """
     from transformers import BlipForQuestionAnswering, BlipProcessor

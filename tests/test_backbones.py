@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,12 @@ def test_benchmarks_keep_their_protocol_for_sd_and_take_the_family_defaults_else
     assert values(benchmark.protocol(FAMILIES["FluxPipeline"])) == (50, 3.5, 1024)
     given = build_benchmark(name, num_inference_steps=12, resolution=256)  # given values always win
     assert values(given.protocol(FAMILIES["FluxPipeline"])) == (12, 3.5, 256)
+    # The official scripts call the pipeline without a size: an SD 2.x 768-v checkpoint generates at 768 px
+    # (`detect_backbone` reads its side), which only the toy benchmark, drawn at 64 px, overrides.
+    sd_768 = replace(FAMILIES["StableDiffusionPipeline"],
+                     sampling=replace(FAMILIES["StableDiffusionPipeline"].sampling, resolution=768))
+    assert values(benchmark.protocol(sd_768)) == official[:2] + ((64,) if name == "toy" else (768,))
+    assert given.protocol(sd_768).resolution == 256
 
 
 # ---- every family generates and evaluates; only trainable ones train ----------------------------

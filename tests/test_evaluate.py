@@ -304,7 +304,8 @@ def test_scorers_run_in_their_benchmarks_dtype_on_cuda_and_in_float32_on_cpu():
     assert scorer_dtype("toy_oracle", gpu) == torch.float16  # no official dtype: the generation precision
     assert scorer_dtype("soft_tifa", Fake("cpu", "fp16")) == torch.float32
     assert scorer_key("soft_tifa", {}, 8, gpu)[-1] == "torch.bfloat16"
-    # The official scripts run BLIP (LAVIS), Mask2Former and CLIP (GenEval) and UniDet in float32.
+    # The official scripts run BLIP and GenEval's Mask2Former in float32; the UniDet rules' detectors (other
+    # models than the official scripts' UniDet, which runs under fp16 autocast) and 3-in-1 score in float32 too.
     assert {scorer_dtype(name, gpu) for name in ("b_vqa", "geneval", "spatial_rule", "spatial_3d", "numeracy",
                                                  "three_in_one")} == {torch.float32}
 

@@ -90,6 +90,10 @@ def test_thresholds_are_exclusive_and_depend_on_the_tag() -> None:
     assert not result.correct
     assert result.reason == "expected dog>=2, found 1"
     assert result.details["threshold"] == 0.9
+    # The official code compares float32 scores with the threshold in float32: float32(0.3) is not above 0.3.
+    cow = {"tag": "single_object", "include": [{"class": "cow", "count": 1}], "prompt": "a photo of a cow"}
+    assert not judge_image({"cow": [obj(0, 0, float(np.float32(0.3)))]}, cow, no_colours).correct
+    assert judge_image({"cow": [obj(0, 0, float(np.nextafter(np.float32(0.3), np.float32(1))))]}, cow, no_colours).correct
 
 
 def test_at_most_16_objects_per_class_most_confident_first() -> None:

@@ -36,15 +36,17 @@ class SamplingDefaults:
     """A family's recommended sampling: steps, guidance scale, image side in pixels and sampler.
 
     `scheduler` is the diffusers scheduler class to sample with, or None to keep the checkpoint's own.
+    A benchmark's official sampling may leave `resolution` None: the checkpoint's own side, as a
+    pipeline called without a size generates (`evaluators.base.Benchmark.protocol`).
     """
 
     num_inference_steps: int
     guidance_scale: float
-    resolution: int
+    resolution: int | None
     scheduler: str | None = None
 
     def resolve(self, num_inference_steps: int | None, guidance_scale: float | None,
-                resolution: int | None) -> tuple[int, float, int]:
+                resolution: int | None) -> tuple[int, float, int | None]:
         """(steps, guidance, side): each value given, else these defaults."""
         return (self.num_inference_steps if num_inference_steps is None else num_inference_steps,
                 self.guidance_scale if guidance_scale is None else guidance_scale,
