@@ -16,8 +16,10 @@ and read the distribution of the first answer token, as GenEval 2's ``evaluation
 Atom questions come from the metadata's ``vqa_list`` (GenEval 2's data: [question, expected
 answer] pairs, with optional ``skills``) when present, else from `rewards.atoms.prompt_atoms`.
 Differences from the official script, none of which changes a score on GenEval 2's data with
-Qwen3-VL: no ``generate`` (the image encoded once and its chat prefix run once, then its
-questions as one packed row of continuations; the same distribution, see `rewards.vlm`); variant
+Qwen3-VL in float32: no ``generate`` (the image encoded once and its chat prefix run once, then its
+questions as one packed row of continuations; the same distribution up to round-off, which in
+bfloat16, the benchmark's dtype on a GPU, moves an answer's probability by up to 0.013 on the tiny
+test model and has not been measured on Qwen3-VL-8B, see `rewards.vlm`); variant
 token ids are deduplicated; answers the data never hold (an expected "No", digits, counts above
 ten) get their own variants; an image without atoms scores 1.0; VQAScore formats the prompt
 once (the official code calls ``format`` twice, which only matters for a prompt with braces).
