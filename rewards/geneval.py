@@ -9,16 +9,16 @@ The official evaluator (djghosh13/geneval `evaluation/evaluate_images.py`) runs 
 Mask2Former Swin-S COCO instance model, which has no build for current PyTorch. We run it in
 `transformers`: `model_name_or_path="official"` downloads GenEval's own checkpoint (the file its
 `download_models.sh` fetches) and converts it once (`rewards.mmdet_mask2former`), so detections and
-numbers are GenEval's (same weights; only the resize kernel, PIL's bilinear where mmcv uses
-OpenCV's, and floating-point order differ); the default, the Hub's
+numbers are GenEval's (same weights; only OpenCV's fixed-point rounding of the resize, within one
+level of 255, and floating-point order differ); the default, the Hub's
 `facebook/mask2former-swin-small-coco-instance`, has the same architecture and training data but is
 another training run (detectron2's), so its numbers compare in kind, not to the decimal. Either way
 we reproduce mmdetection's test-time processing: images resized to a shortest edge of 800 and a
-longest of 1333 pixels (mmdetection's test scale; the Hub processor's own default is 384), the 100
-best (query, class) pairs, masks upsampled bilinearly to the image and thresholded at logit 0,
-confidence = class probability x mean mask probability inside the mask, box = the mask's extent.
-(transformers' processor rounds the resized sides up to a multiple of 32 where mmdetection pads;
-the two agree on GenEval's square 512-pixel images.)
+longest of 1333 pixels (mmdetection's test scale; the Hub processor's own default is 384) with
+OpenCV's bilinear, which does not smooth when it shrinks (`mmdet_resize`), zero-padded to multiples
+of 32, the 100 best (query, class) pairs, masks upsampled bilinearly to the image and thresholded
+at logit 0, confidence = class probability x mean mask probability inside the mask, box = the mask's
+extent.
 
 Colours follow the official code: open_clip `ViT-L-14` with OpenAI weights (QuickGELU, as OpenAI
 trained it), zero-shot over GenEval's 10 colours with the templates "a photo of a {c} {object}",
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -73,6 +74,7 @@ CLASS_ALIASES = {
 COLOR_TEMPLATES = ("a photo of a {c} {obj}", "a photo of a {c}-colored {obj}", "a photo of a {c} object")
 MAX_PER_IMAGE = 100  # mmdetection's Mask2Former test_cfg.max_per_image
 MMDET_TEST_SIZE = (800, 1333)  # (shortest, longest) edge of mmdetection's Mask2Former test pipeline
+MMDET_SIZE_DIVISOR = 32  # mmdetection's test pipeline pads the resized image to multiples of this
 _PRECISION = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -162,6 +164,21 @@ def instance_predictions(
     )
 
 
+def mmdet_resize(image: Image.Image, image_size: Sequence[int]) -> torch.Tensor:
+    """`image` as mmdetection's test pipeline resizes it (`Resize(keep_ratio=True)`, mmcv's `imresize`
+    with OpenCV's bilinear): scaled by the largest factor that keeps its short side within
+    `image_size[0]` and its long side within `image_size[1]`, each side rounded half up, sampled
+    bilinearly at half-pixel centres without antialiasing (PIL's bilinear filter widens when it
+    shrinks, so a 1024-px image brought to 800 px would be smoothed). Returns uint8, (3, height, width)."""
+    short, long = image_size
+    width, height = image.size
+    scale = min(long / max(width, height), short / min(width, height))
+    size = (int(height * scale + 0.5), int(width * scale + 0.5))
+    pixels = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)[None].float()
+    resized = F.interpolate(pixels, size=size, mode="bilinear", align_corners=False, antialias=False)
+    return resized[0].round().clamp(0, 255).to(torch.uint8)
+
+
 class Mask2FormerDetector:
     """GenEval-class instances of a `transformers` Mask2Former COCO instance segmenter.
 
@@ -188,8 +205,8 @@ class Mask2FormerDetector:
 
         if model_name_or_path == OFFICIAL:
             model_name_or_path = official_detector_folder()
-        size = {} if image_size is None else {"size": {"shortest_edge": image_size[0], "longest_edge": image_size[1]}}
-        self.processor = from_pretrained(Mask2FormerImageProcessor.from_pretrained, model_name_or_path, MODEL_FLAG, **size)
+        self.image_size = image_size
+        self.processor = from_pretrained(Mask2FormerImageProcessor.from_pretrained, model_name_or_path, MODEL_FLAG)
         model = from_pretrained(
             Mask2FormerForUniversalSegmentation.from_pretrained, model_name_or_path, MODEL_FLAG, dtype=torch_dtype
         )
@@ -209,9 +226,9 @@ class Mask2FormerDetector:
             indices = list(same)
             for start in range(0, len(indices), self.batch_size):
                 chunk = indices[start : start + self.batch_size]
-                inputs = self.processor(images=[images[i] for i in chunk], return_tensors="pt")
-                pixel_values = inputs["pixel_values"].to(self.device, self.dtype)
-                pixel_mask = inputs["pixel_mask"].to(self.device)
+                pixel_values, pixel_mask = self.inputs([images[i] for i in chunk])
+                pixel_values = pixel_values.to(self.device, self.dtype)
+                pixel_mask = pixel_mask.to(self.device)
                 outputs = self.model(pixel_values=pixel_values, pixel_mask=pixel_mask)
                 for k, i in enumerate(chunk):
                     valid = (int(pixel_mask[k, :, 0].sum()), int(pixel_mask[k, 0, :].sum()))
@@ -222,6 +239,21 @@ class Mask2FormerDetector:
                     )
                     results[i] = self._objects(predictions, threshold)
         return results
+
+    def inputs(self, images: Sequence[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's `pixel_values` and `pixel_mask` for images of one size. With `image_size`, as
+        mmdetection's test pipeline makes them: `mmdet_resize`, normalised, then zero-padded to
+        multiples of `MMDET_SIZE_DIVISOR` (the mask marks the image); else as the checkpoint's processor."""
+        if self.image_size is None:
+            inputs = self.processor(images=list(images), return_tensors="pt")
+            return inputs["pixel_values"], inputs["pixel_mask"]
+        resized = [mmdet_resize(image, self.image_size) for image in images]
+        inputs = self.processor(images=resized, do_resize=False, input_data_format="channels_first",
+                                return_tensors="pt")
+        height, width = inputs["pixel_values"].shape[-2:]
+        pad = (-width % MMDET_SIZE_DIVISOR, -height % MMDET_SIZE_DIVISOR)
+        return (F.pad(inputs["pixel_values"], (0, pad[0], 0, pad[1])),
+                F.pad(inputs["pixel_mask"], (0, pad[0], 0, pad[1])))
 
     def _objects(self, predictions: InstancePredictions, threshold: float) -> dict[str, list[GenEvalObject]]:
         # One copy of the small tensors to the host, and only the kept objects' full-size masks.
@@ -357,8 +389,11 @@ class GenEvalReward(Reward):
     """
 
     name = "geneval"
-    # 2: on CUDA the colour check runs under float16 autocast, as the official one (1: float32)
-    scoring_version = 2
+    # 3: the detector's input resized and padded as mmdetection's test pipeline (OpenCV's bilinear, which does
+    # not smooth when it shrinks; zero padding to multiples of 32, where transformers' processor stretched the
+    # sides up to them) and scores compared with the thresholds in float32; 2: on CUDA the colour check runs
+    # under float16 autocast, as the official one (1: float32)
+    scoring_version = 3
     # GenEval's evaluate_images.py runs mmdetection's Mask2Former and open_clip's weights in float32 (the
     # colour check under float16 autocast on CUDA: `ClipColorClassifier.precision`).
     official_dtype = torch.float32

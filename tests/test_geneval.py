@@ -35,6 +35,7 @@ from rewards.geneval import (
     geneval_label_names,
     instance_predictions,
     mask_boxes,
+    mmdet_resize,
 )
 from rewards.geneval_rules import COLORS, GENEVAL_CLASSES, TAGS, GenEvalObject
 
@@ -370,17 +371,47 @@ def test_benchmark_end_to_end_on_tiny_sd(data_dir: Path, tmp_path: Path, tiny_sd
     assert again["overall"] == summary["overall"]
 
 
+def _opencv_bilinear(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """OpenCV's INTER_LINEAR as its documentation defines it: source coordinate (x + 0.5) * scale - 0.5,
+    clamped to the image, two-tap linear weights, no widening when shrinking; rounded to uint8."""
+    def taps(size_in: int, size_out: int):
+        source = np.clip((np.arange(size_out) + 0.5) * size_in / size_out - 0.5, 0, size_in - 1)
+        low = np.floor(source).astype(int)
+        return low, np.minimum(low + 1, size_in - 1), source - low
+
+    y0, y1, wy = taps(pixels.shape[0], height)
+    x0, x1, wx = taps(pixels.shape[1], width)
+    rows = pixels[y0] * (1 - wy)[:, None, None] + pixels[y1] * wy[:, None, None]
+    out = rows[:, x0] * (1 - wx)[None, :, None] + rows[:, x1] * wx[None, :, None]
+    return np.clip(np.round(out), 0, 255).astype(np.uint8)
+
+
+def test_the_detector_resize_is_opencvs_bilinear_not_pils_smoothing_one() -> None:
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    for side in (50, 80):  # mmdetection shrinks GenEval's 1024-px images to 800 and enlarges 512-px ones
+        ours = mmdet_resize(image, (side, 2 * side)).permute(1, 2, 0).numpy().astype(int)
+        reference = _opencv_bilinear(pixels.astype(float), side, side).astype(int)
+        assert np.abs(ours - reference).max() <= 1  # OpenCV's fixed-point weights round within one level
+    pil = np.asarray(image.resize((50, 50), Image.BILINEAR)).astype(int)
+    assert np.abs(pil - _opencv_bilinear(pixels.astype(float), 50, 50).astype(int)).max() > 8  # PIL smooths
+
+
 def test_metadata_rows_are_checked(data_dir: Path) -> None:
     rows = load_geneval_metadata()
     assert len(rows) == 553 and all("prompt" in row and "tag" in row for row in rows)
     assert sum("exclude" in row for row in rows) == 80
 
 
-def test_detector_resizes_like_mmdetection_and_returns_masks_at_image_size(models: dict[str, str]) -> None:
+def test_detector_resizes_and_pads_like_mmdetection_and_returns_masks_at_image_size(models: dict[str, str]) -> None:
     detector = Mask2FormerDetector(models["model_name_or_path"], torch.device("cpu"), image_size=(96, 160))
     image = random_images(1)[0]  # 48 x 40
-    inputs = detector.processor(images=[image], return_tensors="pt")
-    assert tuple(inputs["pixel_values"].shape[-2:]) == (96, 128)  # shortest edge 96, sides rounded up to 32
+    # mmcv's rescale: x min(160 / 48, 96 / 40) = 2.4, sides rounded half up: 96 x 115; then zero-padded to 32s.
+    assert tuple(mmdet_resize(image, (96, 160)).shape) == (3, 96, 115)
+    pixel_values, pixel_mask = detector.inputs([image])
+    assert tuple(pixel_values.shape[-2:]) == (96, 128)
+    assert pixel_mask[0].sum(1).tolist() == [115] * 96 and pixel_values[0, :, :, 115:].abs().max() == 0
     found = detector.detect([image], threshold=0.0)[0]
     assert found and all(o.mask.shape == (40, 48) for objects in found.values() for o in objects)
     assert MMDET_TEST_SIZE == (800, 1333)
