@@ -6,8 +6,9 @@ P(yes) / (P(yes) + P(no)) from the first decoded answer token, and the image sco
 over its questions, in [0, 1] (1.0 for a prompt without a noun phrase), as in the official
 ``BLIPvqa_eval`` code.
 
-The official metric runs BLIP VQA with BLIP's own code (vendored in ``BLIPvqa_eval/models/blip_vqa.py``),
-which starts every question with the token [ENC] instead of BERT's [CLS]; transformers' `BlipForQuestionAnswering.generate` keeps [CLS].
+The official metric runs BLIP VQA with BLIP's own code (vendored in
+``BLIPvqa_eval/models/blip_vqa.py``), which starts every question with the token [ENC] instead of
+BERT's [CLS]; transformers' `BlipForQuestionAnswering.generate` keeps [CLS].
 We follow the official code by default (`question_start="enc"`), so numbers compare with the
 published tables; `question_start="cls"` gives transformers' behaviour.
 
@@ -22,7 +23,10 @@ encoder then sees the official 901 tokens; the main difference left is the round
 position embeddings (30 -> 24 -> 30), which could not be measured here (no weights offline). Two
 small ones: the processor resizes with torchvision on tensors where BLIP resizes the PIL image
 (about two grey levels at most on random images), and the official script multiplies in float32
-where gors multiplies in float64. Like the official code, each question's probability is rounded
+where gors multiplies in float64; BLIP's vision LayerNorms use eps 1e-6, transformers' BLIP config
+defaults to 1e-5, which a converted checkpoint keeps unless its config sets another (a change of the
+order of 1e-5 in the normalised activations; not checked against the Hub config offline). Like the
+official code, each question's probability is rounded
 to 4 decimals (BLIP's ``'{:.4f}'`` answer) before the product and the product to 4 decimals
 again (``decimals=None`` keeps them unrounded). `image_size=384` gives the Hub's own set-up; other
 checkpoints run at their processor's size, with a warning when that is below the official 480
