@@ -2,8 +2,8 @@
 
 Protocol, as the official ``GORS_finetune/inference_eval.py`` of ``Karine-Huang/T2I-CompBench``:
 the category's ``<category>_val.txt`` (300 prompts), 10 images per prompt, DDIM 30 steps,
-guidance 7.5, the checkpoint's own side (no size is passed: 512 px for SD 1.x and SD-2-base, 768 px
-for SD 2.x 768-v), and image i of *every* prompt drawn with seed 42 + i (the script reseeds
+guidance 7.5, the checkpoint's own side (no size is passed: 512 px for the SD-2-base it loads and
+for SD 1.x, 768 px for SD 2.x 768-v), and image i of *every* prompt drawn with seed 42 + i (the script reseeds
 its generator with 42 + n before the n-th image). The official tools read images from
 ``<folder>/samples/<prompt>_<index:06d>.png`` where the index runs over the whole file
 (prompt p, image i -> p * 10 + i); `read_images` reads that layout, and `write_official` writes
