@@ -52,7 +52,12 @@ from gors.core import paper
 from gors.core.distributed import process_state
 from gors.core.io import atomic_write_bytes
 from gors.core.prompts import T2I_COMPBENCH, fetch_t2i_compbench_file, read_prompt_file
-from rewards.question_differences import BVQA_CATEGORIES, warn_unofficial_questions
+from rewards.question_differences import (
+    BVQA_CATEGORIES,
+    term_parsers,
+    warn_unofficial_questions,
+    warn_unofficial_term_parsers,
+)
 from rewards.question_table import question_provenance
 from rewards.three_in_one import SUBSPLIT_FILES, normalise_prompt, prompt_kind
 
@@ -227,14 +232,17 @@ class T2ICompBenchBenchmark(Benchmark):
 
     def provenance(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """B-VQA categories (color, shape, texture, complex): `questions`, which parser (name and
-        version, or question table by sha256) made the questions, with its number of images. The main
+        version, or question table by sha256) made the questions, with its number of images; complex also
+        `term_parsers`, which parser found 3-in-1's spatial object names and CLIP adjectives. The main
         process warns once when they are not the official parser's (see `rewards.question_differences`)."""
         if self.category not in BVQA_CATEGORIES:
             return {}
         questions = question_provenance(row["details"] for row in rows)
+        parsers = term_parsers(row["details"] for row in rows) if self.category == "complex" else []
         if process_state().is_main_process:
             warn_unofficial_questions(self.category, questions)
-        return {"questions": questions}
+            warn_unofficial_term_parsers(parsers)
+        return {"questions": questions} | ({"term_parsers": parsers} if parsers else {})
 
     def write_official(self, rows: list[dict[str, Any]], summary: dict[str, Any], output_dir: Path) -> None:
         """The official script's ``vqa_result.json``: [{"question_id": index, "answer": score}, ...].

@@ -17,8 +17,10 @@ questions are not the official parser's.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,8 @@ from rewards.noun_phrases import OFFICIAL_INSTALL, OFFICIAL_PARSER, is_official_
 logger = logging.getLogger(__name__)
 
 BVQA_CATEGORIES = ("color", "shape", "texture", "complex")
+# 3-in-1's terms that parse the prompt apart from B-VQA's questions: term -> what the parser finds there.
+PARSED_TERMS = {"spatial": "spatial object names", "action": "adjectives removed for CLIP"}
 
 
 @dataclass(frozen=True)
@@ -122,12 +126,45 @@ def unofficial_questions_message(category: str, provenance: Sequence[Mapping[str
     return " ".join(lines)
 
 
+def term_parsers(details: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Which parser found 3-in-1's spatial object names and the CLIP term's adjectives in a run's detail
+    rows (the question table covers only the B-VQA term): ``[{"term": ..., "parser": {...}, "images": n}]``,
+    most rows first; terms whose rows record no parser are left out."""
+    counts: Counter[str] = Counter()
+    for row in details:
+        for term in PARSED_TERMS:
+            parser = ((row.get(term) or {}).get("details") or {}).get("parser")
+            if parser is not None:
+                counts[json.dumps({"term": term, "parser": parser}, sort_keys=True)] += 1
+    return [{**json.loads(key), "images": n} for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def unofficial_term_parsers_message(parsers: Sequence[Mapping[str, Any]]) -> str | None:
+    """The warning for `term_parsers` entries not made by the official parser; None when all were."""
+    others = [p for p in parsers if not is_official_parser(p["parser"])]
+    if not others:
+        return None
+    used = "; ".join(f"the {PARSED_TERMS[p['term']]} of {p['images']} images by {_describe(p['parser'])}"
+                     for p in others)
+    official = "spaCy {version} with {model} {model_version}".format(**OFFICIAL_PARSER)
+    return (f"t2i_compbench:complex: 3-in-1 parsed prompts without the official parser ({official}): {used}. "
+            f"A question table does not cover these; install the official parser ({OFFICIAL_INSTALL}) for them.")
+
+
 _warned: set[tuple[str, str]] = set()
 
 
 def warn_unofficial_questions(category: str, provenance: Sequence[Mapping[str, Any]]) -> str | None:
     """Log `unofficial_questions_message` once per process and category; returns the message (or None)."""
-    message = unofficial_questions_message(category, provenance)
+    return _warn_once(category, unofficial_questions_message(category, provenance))
+
+
+def warn_unofficial_term_parsers(parsers: Sequence[Mapping[str, Any]]) -> str | None:
+    """Log `unofficial_term_parsers_message` once per process; returns the message (or None)."""
+    return _warn_once("complex", unofficial_term_parsers_message(parsers))
+
+
+def _warn_once(category: str, message: str | None) -> str | None:
     if message is not None and (category, message) not in _warned:
         _warned.add((category, message))
         logger.warning(message)

@@ -17,7 +17,7 @@ from evaluators.t2i_compbench import CATEGORIES, T2ICompBenchBenchmark, paper_ta
 from gors.core.paper import ALL_CATEGORIES
 from gors.core.prompts import T2I_COMPBENCH_COMMIT
 from rewards import question_differences
-from rewards.noun_phrases import parser_record
+from rewards.noun_phrases import OFFICIAL_PARSER, parser_record
 from rewards.question_differences import builtin_differences
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
@@ -209,6 +209,33 @@ def test_unofficial_questions_warn_once_and_name_the_known_differences(
     assert f"known to ask differently on {builtin_differences('color')} of this category's val prompts" in warnings[0]
     assert "gors questions color_val" in warnings[0]
     assert T2ICompBenchBenchmark(category="spatial").provenance(rows) == {}
+
+
+def test_complex_records_and_warns_of_the_parser_behind_3_in_1s_spatial_and_clip_terms(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A question table makes B-VQA's questions official; 3-in-1's spatial object names and the adjectives its
+    CLIP term removes still come from the parser on the machine, which the summary records and names."""
+    monkeypatch.setattr(question_differences, "_warned", set())
+    complex_ = T2ICompBenchBenchmark(category="complex", images_per_prompt=2)
+    table = {"source": "table", "table_sha256": "ab" * 32, "parser": dict(OFFICIAL_PARSER)}
+    builtin = parser_record("builtin")
+    details = {"attribute": {"details": {"question_source": table}}, "spatial": {"details": {"parser": builtin}},
+               "action": {"details": {"parser": builtin}}}
+    rows = [{**row, "details": details} for row in rows_of([0.2, 0.4, 0.6])]
+    with caplog.at_level("WARNING"):
+        provenance = complex_.provenance(rows)
+    assert provenance["term_parsers"] == [{"term": "action", "parser": builtin, "images": 3},
+                                          {"term": "spatial", "parser": builtin, "images": 3}]
+    warnings = [r.getMessage() for r in caplog.records if "3-in-1 parsed prompts" in r.getMessage()]
+    assert len(warnings) == 1 and "the spatial object names of 3 images by the built-in chunker" in warnings[0]
+    assert not [r for r in caplog.records if "not all the official parser's" in r.getMessage()]  # the table's
+    official = {**details, "spatial": {"details": {"parser": dict(OFFICIAL_PARSER)}},
+                "action": {"details": {"parser": dict(OFFICIAL_PARSER)}}}
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        complex_.provenance([{**row, "details": official} for row in rows])
+    assert not [r for r in caplog.records if "3-in-1 parsed prompts" in r.getMessage()]
 
 
 def test_write_official_vqa_result(tmp_path: Path) -> None:
