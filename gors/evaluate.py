@@ -27,7 +27,7 @@ from gors.core.backbones import detect_backbone, family_precision
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, not_a_folder, read_json
 from gors.core.pipeline import check_lora_path
-from gors.core.store import SampleStore, recorded_model_commits, same_value
+from gors.core.store import SampleStore, recorded_model_commits, recorded_name, same_value
 from gors.core.toy import PRETRAINED_DIR
 from gors.official_lora import OFFICIAL_PREFIX, resolve_lora
 from gors.sd2_architecture import SD2_BASE
@@ -191,8 +191,8 @@ def generator_versions(folder: Path) -> dict[str, str | None]:
     LoRA's weights and the version of the model (Hub commit, local fingerprint), from its sample store."""
     store = SampleStore(folder / "samples")
     settings = store.load_settings() or {}
-    model = next((version for name, version in recorded_model_commits(store.root).items()
-                  if same_value(name, settings.get("model"))), None)
+    versions = recorded_model_commits(store.root)
+    model = versions.get(recorded_name(versions, settings.get("model")))
     return {"lora_sha256": settings.get("lora_sha256"), "model": model}
 
 

@@ -70,7 +70,14 @@ from gors.core.memory import (
 )
 from gors.core.pipeline import cpu_generators
 from gors.core.run_folder import CHECKPOINTS_DIR, LATENT_CACHE_DIR, TEXT_EMBEDDING_CACHE_DIR, samples_dir
-from gors.core.store import SampleStore, StoreError, describe_version_change, recorded_model_commits, same_value
+from gors.core.store import (
+    SampleStore,
+    StoreError,
+    describe_version_change,
+    recorded_model_commits,
+    recorded_name,
+    same_value,
+)
 from gors.core.transfer import HostValue, to_device
 from gors.families import TRAINING_FAMILIES, BasePrediction, Batch, TextEncoder, TrainingFamily, resolve_training
 from gors.lora import (
@@ -218,7 +225,7 @@ def check_generating_model(config: TrainConfig | RunConfig, generated: dict[str,
     if model is None:
         return
     samples = samples or samples_dir(config.output_dir)
-    recorded = next((version for name, version in (versions or {}).items() if same_value(name, model)), None)
+    recorded = (versions or {}).get(recorded_name(versions or {}, model))
     now = loaded or model_version(config.pretrained_model_name_or_path, config.revision)
     pinned = config.revision is not None and recorded is not None and now == recorded
     if same_value(model, config.pretrained_model_name_or_path) and (revision == config.revision or pinned):

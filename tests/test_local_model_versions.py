@@ -93,8 +93,8 @@ def test_a_fingerprint_is_hashed_again_only_when_a_file_was_written(tmp_path, mo
     model = _model(tmp_path / "model")
     weights = model / "unet" / "diffusion_pytorch_model.safetensors"
     hashed: list[Path] = []
-    original = fingerprints._update_with_file
-    monkeypatch.setattr(fingerprints, "_update_with_file", lambda digest, file: (hashed.append(file),
+    original = fingerprints.hash_file_into
+    monkeypatch.setattr(fingerprints, "hash_file_into", lambda digest, file: (hashed.append(file),
                                                                                  original(digest, file))[1])
     first = local_fingerprint(model)
     assert len(hashed) == 2

@@ -8,10 +8,10 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
-from gors.core.io import atomic_write_json
+from gors.core.io import atomic_write_json, hash_file_into
 
 # How a local model's fingerprint is written where a Hub model's commit would be (`models.json`, a
 # checkpoint's fingerprint): never a 40-digit commit.
@@ -24,7 +24,6 @@ TOKENIZER_TEXT_FILES = ("vocab", "merges")  # a `.txt` file is a model's when it
 # The subfolder transformers reads more chat templates from (one of them may replace the folder's own).
 CHAT_TEMPLATES_DIR = "additional_chat_templates"
 FINGERPRINTS_DIR = "fingerprints"
-_CHUNK = 1 << 20
 _NOTED_SIZE = 1 << 30  # hashing a model this large takes seconds: say so
 
 logger = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ def local_fingerprint(path: str | Path) -> str | None:
     for (name, *_), file in zip(signature, files):
         digest.update(name.encode() + b"\0")
         try:
-            _update_with_file(digest, file)
+            hash_file_into(digest, file)
         except OSError:
             digest.update(b"\0unreadable\0")
     fingerprint = _computed[key] = LOCAL_PREFIX + digest.hexdigest()
@@ -101,14 +100,6 @@ def local_fingerprint(path: str | Path) -> str | None:
 def is_local_fingerprint(version: str | None) -> bool:
     """Whether a recorded model version is a local model's fingerprint rather than a Hub commit."""
     return version is not None and version.startswith(LOCAL_PREFIX)
-
-
-def files_sha256(files: Iterable[Path]) -> str:
-    """The sha256 hex digest of the contents of `files`, one after the other."""
-    digest = hashlib.sha256()
-    for file in files:
-        _update_with_file(digest, file)
-    return digest.hexdigest()
 
 
 def _pipeline_components(path: Path) -> list[str] | None:
@@ -151,10 +142,3 @@ def _keep(cache: Path, entry: dict) -> None:
         atomic_write_json(cache, entry)
     except OSError:
         pass  # a cache that cannot be written (read-only home) only costs hashing again in the next process
-
-
-def _update_with_file(digest: hashlib._Hash, file: Path) -> None:
-    # A MiB at a time: a model's files are gigabytes.
-    with open(file, "rb") as handle:
-        for chunk in iter(lambda: handle.read(_CHUNK), b""):
-            digest.update(chunk)

@@ -93,11 +93,22 @@ def set_usual_permissions(path: str | Path) -> None:
 
 def file_sha256(path: str | Path) -> str:
     """The sha256 hex digest of a file, read in 1 MiB blocks (`hashlib.file_digest` needs Python 3.11)."""
+    return files_sha256([path])
+
+
+def files_sha256(paths: Iterable[str | Path]) -> str:
+    """The sha256 hex digest of the contents of `paths`, one after the other."""
     digest = hashlib.sha256()
+    for path in paths:
+        hash_file_into(digest, path)
+    return digest.hexdigest()
+
+
+def hash_file_into(digest: hashlib._Hash, path: str | Path) -> None:
+    """Feed the contents of file `path` to `digest`, in 1 MiB blocks (model files are gigabytes)."""
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()
 
 
 def read_json(path: str | Path, what: str) -> Any:

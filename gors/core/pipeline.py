@@ -19,9 +19,9 @@ from gors.core.backbones import (
     half_precision_warning,
 )
 from gors.core.compiling import NO_COMPILE, compile_module
-from gors.core.fingerprints import files_sha256
 from gors.core.fused_lora import fuse_lora_forward
 from gors.core.hub import from_pretrained
+from gors.core.io import files_sha256
 from gors.core.lora_shapes import check_lora_shapes
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from PIL import Image, UnidentifiedImageError
 
@@ -233,6 +233,12 @@ def recorded_model_commits(folder: str | Path) -> dict[str, str | None]:
     return read_json(path, "the versions of the models that made this folder's contents") if path.is_file() else {}
 
 
+def recorded_name(recorded: Mapping[str, Any], name: str) -> str | None:
+    """The key of `recorded` (e.g. `models.json`) that names model `name`, however its path is spelled
+    (`same_value`); None when none does."""
+    return next((known for known in recorded if same_value(known, name)), None)
+
+
 def check_model_commits(folder: str | Path, commits: dict[str, str | None], filled: bool, what: str) -> None:
     """Record in `folder/models.json` the version of each model loaded to fill it (`commits`: name ->
     `gors.core.hub.model_version`, from `recording_loads`: a Hub commit, a local folder's fingerprint);
@@ -247,7 +253,7 @@ def check_model_commits(folder: str | Path, commits: dict[str, str | None], fill
     one, with a warning.
     """
     recorded = recorded_model_commits(folder)
-    spelled = {name: next((known for known in recorded if same_value(known, name)), name) for name in commits}
+    spelled = {name: recorded_name(recorded, name) or name for name in commits}
     changed = {
         name: (recorded[spelled[name]], commit) for name, commit in commits.items()
         if filled and recorded.get(spelled[name]) is not None and commit is not None
