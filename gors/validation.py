@@ -7,10 +7,11 @@ Every `--validation_steps`, and at the last step, the trainer hands the in-memor
 so a run with validation trains exactly as one without.
 
 `best/best.json` records whose best it is: the training (`training_identity` of its checkpoint
-fingerprint) and the validation settings (benchmark, metric, prompts, images, scorer options). A
-resumed run competes only with a record of its own training and settings; a run that starts at
-step 0 discards the folder's `best/` and `validation/` (`discard_validation_results`), and a resumed
-one the validation steps after its checkpoint, which a killed run left.
+fingerprint) and the validation settings (benchmark, metric, prompts, images, scorer options, sampler,
+image side, the scorer's scoring version). A resumed run competes only with a record of its own
+training and settings; a run that starts at step 0 discards the folder's `best/` and `validation/`
+(`discard_validation_results`), and a resumed one the validation steps after its checkpoint, which a
+killed run left.
 """
 
 from __future__ import annotations
@@ -39,12 +40,18 @@ from gors.core.backbones import FAMILIES, Backbone
 from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder
 from gors.core.memory import BatchLimits
 from gors.core.pipeline import sampler_name
+from rewards.combined import scoring_versions
 
 if TYPE_CHECKING:
     from evaluators.base import Benchmark
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
+# The side every Stable Diffusion 1/2 protocol sampled at before the checkpoint's own side was the default.
+EARLIER_SD_SIDE = 512
+# Scorers whose scoring version rose since `best.json` records them: the version a record without them was
+# scored at (GenEval's detector input resized as mmdetection's raised it to 3, for its graded reward too).
+UNRECORDED_SCORING_VERSIONS = {"geneval": 2, "geneval_graded": 2}
 VALIDATION_DIR = "validation"
 _STEP_FOLDER = "step-"
 # The summary key under which a benchmark reports its further columns (`Metric.key` "columns.B-CLIP").
@@ -140,6 +147,19 @@ class ValidationTarget:
     higher_is_better: bool
 
 
+def earlier_settings(benchmark: Benchmark, family: Backbone, resolution: int, scorer: str) -> dict[str, Any]:
+    """The validation settings a `best.json` written before they were recorded was validated with, for a
+    model of `family` validated now at `resolution` px by reward `scorer`: the family's own sampler; 512 px
+    where the benchmark samples at the checkpoint's own side now (`official_sampling.resolution` None: until
+    0.2 the Stable Diffusion 1/2 protocols sampled at 512, a 768-v model too); GenEval's scores of before
+    its detector input was resized as mmdetection's (`UNRECORDED_SCORING_VERSIONS`)."""
+    own_side = family.name in benchmark.protocol_families and benchmark.official_sampling.resolution is None
+    versions = scoring_versions(scorer)
+    return {"sampler": sampler_name(family), "resolution": EARLIER_SD_SIDE if own_side else resolution,
+            "scoring_versions": {**versions, **{name: version for name, version in UNRECORDED_SCORING_VERSIONS.items()
+                                                if name in versions}}}
+
+
 def _is_column(key: str) -> bool:
     """Whether summary key `key` is a further column's (e.g. T2I-CompBench's "columns.B-CLIP")."""
     return key.partition(".")[0] == _COLUMNS
@@ -193,14 +213,16 @@ class BenchmarkValidation:
         self.options = config.validation_scorer_options
         family = backbone or FAMILIES["StableDiffusionPipeline"]
         self.backbone = self.benchmark.sampling_backbone(family)
+        resolution = self.benchmark.protocol(self.backbone).resolution
+        scorer = self.benchmark.scorer_spec(self.options)[0]
         # What makes two validations' values comparable; a best LoRA is kept only against its like.
         self.settings: dict[str, Any] = json.loads(json.dumps({
             "benchmark": self.label, "metric": self.metric, "num_prompts": config.validation_num_prompts,
             "images_per_prompt": config.validation_images_per_prompt, "scorer_options": self.options,
-            "sampler": sampler_name(self.backbone),
+            "sampler": sampler_name(self.backbone), "resolution": resolution,
+            "scoring_versions": scoring_versions(scorer),
         }, sort_keys=True))
-        # A best LoRA recorded before the sampler was: validated with the training family's own.
-        self._earlier_sampler = sampler_name(family)
+        self._earlier = earlier_settings(self.benchmark, family, resolution, scorer)
         self.accelerator = accelerator
         self.output_dir = Path(output_dir or config.output_dir)
         self._scorer = None
@@ -231,11 +253,13 @@ class BenchmarkValidation:
         best_file = self.output_dir / BEST_DIR / BEST_FILE
         best = json.loads(best_file.read_text()) if step > 0 and best_file.is_file() else None
         recorded = best.get("validation") if best is not None else None
-        if isinstance(recorded, dict) and "sampler" not in recorded:
-            recorded = {**recorded, "sampler": self._earlier_sampler}
+        if isinstance(recorded, dict):
+            recorded = {**self._earlier, **recorded}
         if best is not None and (best.get("training"), recorded) != (training, self.settings):
-            accelerator.print(f"[validation] {best_file} is of another training or other validation settings: "
-                              "this run's first validation replaces it")
+            changed = (["training"] if best.get("training") != training else []) + sorted(
+                key for key in self.settings if not isinstance(recorded, dict) or recorded.get(key) != self.settings[key])
+            accelerator.print(f"[validation] {best_file} differs from this run in {', '.join(changed)}: a value "
+                              "validated otherwise does not compare, and this run's first validation replaces it")
             best = None
         elif best is not None and best.get("step", 0) > step:
             # A killed run's LoRA after the checkpoint this run resumes from: not one this run trains.

@@ -100,6 +100,51 @@ def test_a_best_lora_is_bound_to_the_validation_sampler_one_recorded_before_to_t
     assert (_best(tmp_path)["step"], _best(tmp_path)["value"]) == (3, 0.1)
 
 
+def test_a_best_lora_is_bound_to_the_image_side_and_scoring_version_one_recorded_before_to_those_of_then(
+        make_run_config, tmp_path, monkeypatch):
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.9])
+    validation.start(0, training="A")
+    _validate(validation, range(1, 2))
+    recorded = _best(tmp_path)["validation"]
+    assert (recorded["resolution"], recorded["scoring_versions"]) == (64, {})  # the toy protocol's side
+    # Written before they were recorded: the toy benchmark sampled at 64 px then too, its scorer unversioned.
+    best = _best(tmp_path)
+    del best["validation"]["resolution"], best["validation"]["scoring_versions"]
+    (tmp_path / "best" / "best.json").write_text(json.dumps(best))
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.5])
+    validation.start(1, training="A")
+    _validate(validation, range(2, 3))
+    assert _best(tmp_path)["step"] == 1
+    # Validated at another side, or by another version of the scorer: it does not compare.
+    for key, value in (("resolution", 128), ("scoring_versions", {"toy_oracle": 2})):
+        best = _best(tmp_path)
+        best["validation"][key] = value
+        (tmp_path / "best" / "best.json").write_text(json.dumps(best))
+        validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.1])
+        validation.start(best["step"], training="A")
+        _validate(validation, range(best["step"] + 1, best["step"] + 2))
+        assert (_best(tmp_path)["step"], _best(tmp_path)["value"]) == (best["step"] + 1, 0.1), key
+
+
+@pytest.mark.parametrize("benchmark, family, resolution, earlier", [
+    # SD 1/2 protocols sample at the checkpoint's own side now, at 512 px before (a 768-v model too).
+    ("t2i_compbench", "sd", 768, {"resolution": 512, "scoring_versions": {}}),
+    ("t2i_compbench", "sdxl", 1024, {"resolution": 1024, "scoring_versions": {}}),  # another family: its own, then too
+    # GenEval's scores before its detector input was resized as mmdetection's: version 2.
+    ("geneval", "sd", 512, {"resolution": 512, "scoring_versions": {"geneval": 2}}),
+    ("lpg_bench", "sd", 512, {"resolution": 512, "scoring_versions": {"tit_score": 2}}),
+])
+def test_the_settings_an_unrecorded_best_was_validated_with(benchmark, family, resolution, earlier):
+    from evaluators import build_benchmark
+    from gors.core.backbones import FAMILIES
+    from gors.validation import earlier_settings
+
+    backbone = next(b for b in FAMILIES.values() if b.name == family)
+    built = build_benchmark(benchmark, "color" if benchmark == "t2i_compbench" else None)
+    settings = earlier_settings(built, backbone, resolution, built.scorer_spec()[0])
+    assert {key: settings[key] for key in earlier} == earlier
+
+
 def test_online_rounds_are_one_training_across_their_selections():
     # Round r continues round r-1's checkpoint on its own selection (the rest of the fingerprint must match):
     # their best LoRAs compete. A single training's identity includes its selection.
