@@ -21,6 +21,7 @@ computed only when asked for, e.g. T2I-CompBench's slow MLLM-CoT judge), `data_v
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -124,14 +125,22 @@ class ImageFolderSamples:
         return [dict(record) for record in self._records]
 
     def open_image(self, record: Mapping[str, Any]) -> Image.Image:
+        """The image as RGB; refused when its bytes are no longer those listed (replaced or rewritten since the
+        folder was read), whose sha256 the scores are recorded under."""
         try:
-            with Image.open(record["path"]) as image:
-                return image.convert("RGB")
+            data = Path(record["path"]).read_bytes()
+            with Image.open(io.BytesIO(data)) as image:
+                rgb = image.convert("RGB")
         except (OSError, UnidentifiedImageError) as err:
             raise StoreError(
                 f"{record['path']} is not a readable image ({err}); regenerate or remove it and evaluate again "
                 "(scores of the other images are kept)."
             ) from err
+        if hashlib.sha256(data).hexdigest() != record[IMAGE_HASH]:
+            raise StoreError(f"{record['path']} changed while it was being evaluated (its sha256 is no longer the "
+                             "one listed): evaluate again once the folder is complete (scores of unchanged images "
+                             "are kept).")
+        return rgb
 
 
 def _file_sha256(path: Path) -> str:

@@ -448,6 +448,19 @@ def _disk_problem(err: BaseException) -> str | None:
             "(each file is written whole or not at all)")
 
 
+# How gloo reports, in the processes waiting in a collective, that another process of the launch has exited.
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
+
+
+def _peer_lost(err: BaseException) -> str | None:
+    """The one-line message for a collective that failed because another process of a multi-process launch
+    stopped (its own error line, or the launcher's report of its exit, says why), else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not any(text in str(err) for text in PEER_LOST):
+        return None
+    return ("another process of this launch stopped while this one waited for it: its error (above), or the "
+            "launcher's report of its exit, says why")
+
+
 def _open_bars() -> list[Any]:
     """The tqdm bars open now (a bar redraws its line with "\r" and ends it only when it closes); none
     when tqdm is not imported (`gors --help` stays light)."""
@@ -493,9 +506,9 @@ def expected_errors(interrupted: str = INTERRUPTED) -> Iterator[None]:
     except KeyboardInterrupt:
         _fail(interrupted, bars)
     except Exception as err:
-        disk = _disk_problem(err)
-        if disk is not None:
-            _fail(disk, bars)
+        known = _disk_problem(err) or _peer_lost(err)
+        if known is not None:
+            _fail(known, bars)
         if not isinstance(err, _expected_types()):
             raise
         _fail(str(err), bars)

@@ -126,8 +126,9 @@ def sharded_cache(
             tmp = path.with_suffix(".tmp")
             save_file(merged, str(tmp))
             tmp.replace(path)
-            for p in parts:
-                p.unlink()
+            # This launch's parts, and any a launch at another process count was killed before merging.
+            for p in path.parent.glob(f"{stem}.part-*"):
+                p.unlink(missing_ok=True)
         accelerator.wait_for_everyone()
     return load_file(str(path))
 

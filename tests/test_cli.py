@@ -597,6 +597,26 @@ def test_a_full_or_read_only_disk_is_one_line_that_says_how_to_go_on(error, mess
     assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith(message)
 
 
+def test_the_main_process_losing_a_failed_process_in_a_collective_is_one_line_not_a_traceback(capsys, monkeypatch):
+    from gors.cli import expected_errors
+
+    gloo = RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+                        "[127.0.0.1]:43415. This is typically caused by a remote worker crashing.")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as exit_info:
+        with expected_errors():
+            raise gloo
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and err == [
+        "error: another process of this launch stopped while this one waited for it: its error (above), or the "
+        "launcher's report of its exit, says why"]
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process: no peer to lose, a bug of its own
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        with expected_errors():
+            raise gloo
+
+
 def test_a_mistyped_reward_model_folder_stops_a_run_before_any_image(make_run_config, tmp_path):
     from gors.core.run_folder import samples_dir
     from gors.run import run

@@ -396,6 +396,21 @@ def test_an_image_folder_that_is_not_the_benchmarks_set_is_refused(tmp_path):
         benchmark.evaluate(None, Path(tmp_path / "out"), accelerator=make_accelerator())
 
 
+def test_an_image_folder_file_changed_after_listing_is_refused_not_scored_under_its_old_hash(tmp_path):
+    from PIL import Image
+
+    from evaluators.base import BenchmarkPrompt, ImageEntry, ImageFolderSamples
+
+    path = tmp_path / "0_0.png"
+    Image.new("RGB", (4, 4), "red").save(path)
+    samples = ImageFolderSamples([ImageEntry(0, 0, path)], [BenchmarkPrompt("a red cube")])
+    record = samples.records()[0]
+    assert samples.open_image(record).getpixel((0, 0)) == (255, 0, 0)
+    Image.new("RGB", (4, 4), "blue").save(path)  # e.g. a generation script still writing the folder
+    with pytest.raises(StoreError, match=r"0_0.png changed while it was being evaluated"):
+        samples.open_image(record)
+
+
 def test_a_mistyped_images_folder_is_refused_before_the_benchmark_data_is_read(tmp_path, monkeypatch):
     import evaluators.geneval
 

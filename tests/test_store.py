@@ -193,6 +193,14 @@ def test_a_damaged_cache_file_is_computed_again(tmp_path, caplog):
     save_file({"value": torch.zeros(3, 1)}, str(path))  # another selection's length
     assert torch.equal(sharded_cache(path, 5, compute, accelerator, 2, "encode")["value"], first["value"])
     assert "its tensors hold [3] rows, 5 expected" in caplog.text
+    # Parts a 2-process launch was killed before merging, then run again on one process: merged away too.
+    path.unlink()
+    stale = [path.with_name(f"latents.part-0000{rank}-of-00002.{suffix}") for rank in (0, 1) for suffix in
+             ("safetensors", "tmp")]
+    for file in stale:
+        file.write_bytes(b"left by a killed launch")
+    assert torch.equal(sharded_cache(path, 5, compute, accelerator, 2, "encode")["value"], first["value"])
+    assert sorted(file.name for file in path.parent.iterdir()) == ["latents.safetensors"]
 
 
 def test_two_spellings_of_one_local_folder_are_one_setting(tmp_path, monkeypatch):

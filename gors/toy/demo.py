@@ -28,6 +28,7 @@ from tabulate import tabulate
 from evaluators.base import FIXED_BATCH_FLAGS
 from gors.cli import expected_errors, parse_config
 from gors.config import RunConfig
+from gors.core.distributed import main_process_decides
 from gors.core.lock import run_folder_lock
 from gors.core.pipeline import lora_sha256
 from gors.core.store import SampleStore
@@ -168,9 +169,9 @@ def evaluate_lora(benchmark: Any, model: str, eval_dir: Path, lora: str, acceler
     trains the LoRA again at the same path: an evaluation of the former LoRA there is set aside and
     this one's images generated (a store refuses images of other LoRA weights, `gors evaluate` too)."""
     with run_folder_lock(eval_dir, EVALUATE, COMMAND):
-        if not holds_other_lora(eval_dir, lora):
+        # One answer for all processes: on a network filesystem each could see another state of the folder.
+        if not main_process_decides(accelerator.state, lambda: holds_other_lora(eval_dir, lora)):
             return benchmark.evaluate(model, eval_dir, lora=lora, accelerator=accelerator, **FIXED_BATCHES)
-        accelerator.wait_for_everyone()  # every process has looked before the folder moves
         if accelerator.is_main_process:
             aside = set_aside(eval_dir)
             print(f"note: {eval_dir} held the evaluation of an earlier LoRA at {lora}; moved it to {aside} and "
