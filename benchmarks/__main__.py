@@ -16,47 +16,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import platform
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 # The scripts import each other's helpers as top-level modules, as they do when run by path.
 sys.path.insert(0, str(HERE))
 
-from common import TABLE_HEADER, SpeedResult  # noqa: E402
+from common import TABLE_HEADER, SpeedResult, machine  # noqa: E402
 
 SCRIPTS = ("b_vqa_passes", "soft_tifa_one_pass", "mllm_cot", "train_step", "generation", "overlap", "mask_boxes")
 # On the CPU, generation runs at train_step's reduced sizes (the tiny default measures Python), shortened;
 # MLLM-CoT's three procedures take two timed rotations, so that all scripts end within 15 minutes on 2 cores.
 CPU_FLAGS = {"generation": ["--reduced", "--steps", "10", "--repeats", "3"], "mllm_cot": ["--repeats", "2"]}
 COMPILING = ("train_step", "generation")  # the scripts whose gors side takes --torch_compile
-
-
-def machine(device: str) -> str:
-    """The processor (or GPU) and the library versions the table was measured with."""
-    if device.startswith("cuda"):
-        name = torch.cuda.get_device_name(torch.device(device))
-    else:
-        name = f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()} kernels), {torch.get_num_threads()} threads"
-    return f"{name}; torch {torch.__version__}, Python {platform.python_version()}"
-
-
-def cpu_name() -> str:
-    """The processor's model name where Linux states it, else its architecture: CPU ratios differ
-    between processors (benchmarks/README.md), so a table names the one it was measured on."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                return value.strip()
-    return platform.processor() or platform.machine()
 
 
 def run(scripts: list[str], device: str, full_size: bool, torch_compile: str = "no",

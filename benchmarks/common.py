@@ -10,13 +10,36 @@ the outputs.
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+
+
+def machine(device: str) -> str:
+    """The processor (or GPU) and the library versions the table was measured with."""
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device))
+    else:
+        name = f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()} kernels), {torch.get_num_threads()} threads"
+    return f"{name}; torch {torch.__version__}, Python {platform.python_version()}"
+
+
+def cpu_name() -> str:
+    """The processor's model name where Linux states it, else its architecture: CPU ratios differ
+    between processors (benchmarks/README.md), so a table names the one it was measured on."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine()
 
 
 def checked_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:

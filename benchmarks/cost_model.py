@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -44,7 +43,7 @@ from pathlib import Path
 
 import torch
 from b_vqa_passes import save_model
-from common import checked_device, positive_int
+from common import checked_device, machine, positive_int
 from generation import PROMPTS, write_sd2_base_folder
 
 from gors.estimate import speed_table_ratios, speed_table_train_batch
@@ -150,12 +149,11 @@ def main(argv: list[str] | None = None) -> None:
         estimate = gors("estimate", str(run), *(["--reference_speedups", json.dumps(speedups)] if speedups else []))
 
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    machine = torch.cuda.get_device_name(device) if cuda else f"{platform.machine()}, {torch.get_num_threads()} threads"
     sd = "SD-2-base" if args.full_size else "SD-2-base widths / 4, text encoder 3 of 23 layers"
     source = (f"official / gors per unit from {', '.join(args.speedups)}: {json.dumps(speedups)}" if speedups
               else "official / gors per unit: gors estimate's defaults (2 CPU cores)")
     text = "\n".join([
-        f"Measured {when} on {machine}; torch {torch.__version__}. Calibration: `gors run` with random weights of "
+        f"Measured {when} on {machine(str(device))}. Calibration: `gors run` with random weights of "
         f"{sd} at {resolution} px ({steps} DDIM steps, {len(PROMPTS)} prompts x {args.images_per_prompt} images, "
         f"batch 8) and B-VQA's BLIP at 480 px ({layers} + {layers} layers, {sum(counts.values()) / 1e6:.0f} M), "
         f"{train_steps} training steps of batch {args.train_batch_size} with both LoRAs, {'fp16' if cuda else 'fp32'}; {source}.",
