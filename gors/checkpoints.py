@@ -229,7 +229,8 @@ def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any
 
     `with_folders`: folders of the run folder that belong to that training too (its `best/` LoRA and
     `validation/` results); they go into `checkpoints/` first, so that a kill between the renames
-    leaves them with the checkpoints, and the next run sets them aside together.
+    leaves them with the checkpoints, and the next run sets them aside together, or, a run of that
+    training, puts them back.
 
     A run that was not asked to resume then starts beside nothing of another training's: their
     steps would otherwise stand next to its own, and `latest` would later pick one of theirs. They
@@ -245,6 +246,10 @@ def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any
                     (Path(output_dir) / name).rename(root / name)
             root.rename(aside)
             return aside, differences
+    # A kill between those renames, then a rerun of the checkpoints' own training: its folders go back.
+    for name in with_folders:
+        if (root / name).is_dir() and not (Path(output_dir) / name).exists():
+            (root / name).rename(Path(output_dir) / name)
     return None
 
 
@@ -345,12 +350,14 @@ def check_intact(checkpoint: Path, resume_from: str | None = None, names: Sequen
     raise ValueError(f"{damaged}. Delete that folder ({then}), or restore it from a backup")
 
 
-def _prune(root: Path, limit: int | None, keep: Path) -> None:
-    """Delete the oldest complete checkpoints so that, with `keep`, at most `limit` remain. Those after
-    `keep` (a longer run's, which a shorter run of the same training went on before) are not counted
-    and stay: `--max_train_steps` with their step goes on from them."""
+def prune_checkpoints(keep: Path, limit: int | None) -> None:
+    """Delete the oldest complete checkpoints beside `keep` so that, with it, at most `limit` remain. Those
+    after `keep` (a longer run's, which a shorter run of the same training went on before) are not counted
+    and stay: `--max_train_steps` with their step goes on from them. Called after each save and on resuming
+    (a run killed between publishing a checkpoint and pruning left one too many)."""
     if limit is None:
         return
+    root = keep.parent
     step = checkpoint_step(keep)
     others = [p for p in _checkpoint_folders(root)
               if p != keep and checkpoint_step(p) < step and read_marker(p) is not None]
@@ -382,6 +389,6 @@ def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int
             "files": file_digests(staging),
         })
         publish_folder(staging, final)
-        _prune(root, total_limit, keep=final)
+        prune_checkpoints(final, total_limit)
     accelerator.wait_for_everyone()
     return final

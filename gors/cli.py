@@ -428,10 +428,20 @@ DISK_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk 
                errno.EROFS: "read-only file system", errno.EACCES: "permission denied"}
 
 
+# torch.save's zip writer reports a write that failed (a full disk, a quota) only as errors of its own.
+TORCH_WRITE_FAILURES = ("PytorchStreamWriter failed", "unexpected pos", "basic_ios::clear: iostream error")
+
+
 def _disk_problem(err: BaseException) -> str | None:
     """The one-line message for a full, over-quota or read-only filesystem met while writing, or a file or
     folder this user may not access (e.g. part of a run folder made read-only), else None.
     Libraries that write through their own code (safetensors) report ENOSPC only in their message."""
+    failed_write = next((str(e).splitlines()[0] for e in (err, err.__context__) if isinstance(e, RuntimeError)
+                         and any(text in str(e) for text in TORCH_WRITE_FAILURES)), None)
+    if failed_write is not None:
+        return (f"a file could not be written whole (torch.save: {failed_write}): the disk is probably full or over "
+                "quota; free some space and run the same command again; what was finished is kept (each file is "
+                "written whole or not at all)")
     if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
         code = err.errno
         where = f" {'on' if code == errno.EACCES else 'writing'} {err.filename}" if err.filename else ""

@@ -33,13 +33,13 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from gors.checkpoints import FINGERPRINT_FIELDS, FINGERPRINT_FIELDS_IF_SET, LENGTHLESS_SCHEDULES, find_checkpoint
+from gors.checkpoints import FINGERPRINT_FIELDS, FINGERPRINT_FIELDS_IF_SET, LENGTHLESS_SCHEDULES, read_marker
 from gors.config import RunConfig
 from gors.core.distributed import main_process_decides
 from gors.core.io import atomic_write_bytes, atomic_write_json, read_json
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import load_prompts
-from gors.core.run_folder import ROUNDS_FILE, SELECTION_SUMMARY_FILE, round_dir
+from gors.core.run_folder import CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_SUMMARY_FILE, round_dir
 from gors.core.store import SAMPLE_SEED_STRIDE, adopt_later_settings, same_value
 from gors.lora import LORA_WEIGHT_NAME
 from gors.run import STAGES, RoundInputs, run_stages
@@ -67,12 +67,15 @@ ROUND_SETTINGS = ("rounds", "images_per_prompt", "tau_schedule", "reward_thresho
 RECORDED_DEFAULTS: dict[str, Any] = {"scoring_versions": {}}
 
 
-def round_settings(config: RunConfig, num_processes: int, prompts: list[str], reward: str) -> dict[str, Any]:
-    """`ROUND_SETTINGS` of `config`, its updates per round, the number of processes, the sha256 of
-    the training prompts (their text, not their file's path) and the scoring versions of `reward`
-    (the resolved reward name), as JSON holds them."""
+def round_settings(config: RunConfig, num_processes: int, prompts: list[str], reward: str,
+                   mixed_precision: str = "no") -> dict[str, Any]:
+    """`ROUND_SETTINGS` of `config`, its updates per round, the number of processes, the precision
+    the launch resolved (`--mixed_precision`, the accelerate config's or the family's: the rounds'
+    images are generated and their checkpoints trained in it), the sha256 of the training prompts
+    (their text, not their file's path) and the scoring versions of `reward` (the resolved reward
+    name), as JSON holds them."""
     settings = {name: getattr(config, name) for name in ROUND_SETTINGS} | {
-        "steps_per_round": config.round_steps(), "num_processes": num_processes,
+        "steps_per_round": config.round_steps(), "num_processes": num_processes, "mixed_precision": mixed_precision,
         "prompts_sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest(),
         "scoring_versions": scoring_versions(reward)}
     return json.loads(json.dumps(settings))
@@ -195,6 +198,18 @@ def finished_message(output_dir: Path, rounds: list[dict[str, Any]]) -> str:
             "tabulates the rounds. Pass a larger --rounds to run more")
 
 
+def round_end_checkpoint(folder: Path, step: int) -> Path:
+    """The complete checkpoint of round folder `folder` at `step`, where its round ended and the next goes on
+    from: not merely its newest (a run of longer rounds killed before `rounds.json` recorded them leaves
+    later ones, of the same training where the schedule's LR does not depend on the length)."""
+    checkpoint = folder / CHECKPOINTS_DIR / f"checkpoint-{step}"
+    if read_marker(checkpoint) is None:
+        raise FileNotFoundError(f"{folder} has no complete checkpoint at step {step}, where its round ended and the "
+                                f"next round goes on from ({checkpoint}): restore it, or start the rounds again in a "
+                                "new --output_dir")
+    return checkpoint
+
+
 def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors run") -> list[dict[str, Any]]:
     """`--rounds N`: the rounds not yet finished, in order; returns every round's summary."""
     out = Path(config.output_dir)
@@ -206,7 +221,7 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
         if num_prompts * SAMPLE_SEED_STRIDE >= ROUND_SEED_STRIDE:
             raise ValueError(f"--rounds with {num_prompts} prompts: rounds share image seeds beyond "
                              f"{ROUND_SEED_STRIDE // SAMPLE_SEED_STRIDE} prompts; pass --max_prompts or fewer prompts")
-        settings = round_settings(config, accelerator.num_processes, prompts, reward)
+        settings = round_settings(config, accelerator.num_processes, prompts, reward, accelerator.mixed_precision)
         rounds = main_process_decides(accelerator.state, lambda: finished_rounds(config, settings))  # one view for all
         if len(rounds) == config.rounds:
             accelerator.print(finished_message(out, rounds))
@@ -218,14 +233,13 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
                 lora=str(previous) if previous else None,
                 seed=round_seed(config.seed, index),
                 replay=replayed_rows(out, index, config.replay),
-                continue_from=(main_process_decides(accelerator.state, lambda: find_checkpoint(previous, "latest"))
+                continue_from=(main_process_decides(accelerator.state,
+                                                    lambda: round_end_checkpoint(previous, index * config.round_steps()))
                                if previous else None),
                 reset_optimizer=config.reset_optimizer,
                 validation_dir=out,
                 schedule_steps=config.round_steps() * (1 if config.reset_optimizer else config.rounds),
             )
-            if previous is not None and inputs.continue_from is None:
-                raise FileNotFoundError(f"{previous} has no finished checkpoint to train round {index} on from")
             run_stages(round_config(config, index), accelerator, command, inputs)
             accelerator.free_memory()  # the round's prepared models and optimizer: the next round prepares its own
             if accelerator.is_main_process:

@@ -182,9 +182,12 @@ def run(config: RunConfig, command: str = "gors run") -> None:
     from gors.rounds import run_rounds
 
     check_run_inputs(config)
-    if config.rounds == 1 and (Path(config.output_dir) / ROUNDS_FILE).is_file():
-        raise ValueError(f"{config.output_dir} holds a --rounds run ({ROUNDS_FILE}); one round there would train over "
-                         "its rounds' LoRA. Rerun with its --rounds, or use a new --output_dir")
+    # Its first round's folder too: a --rounds run stopped in round 0 has no rounds file yet.
+    rounds_run = [path.name for path in (Path(config.output_dir) / ROUNDS_FILE, round_dir(config.output_dir, 0))
+                  if path.exists()]
+    if config.rounds == 1 and rounds_run:
+        raise ValueError(f"{config.output_dir} holds a --rounds run ({', '.join(rounds_run)}); one round there would "
+                         "train over its rounds' LoRA. Rerun with its --rounds, or use a new --output_dir")
     one_round = [name for name in ("samples", SELECTION_FILE, CHECKPOINTS_DIR) if (Path(config.output_dir) / name).exists()]
     if config.rounds > 1 and one_round and not (Path(config.output_dir) / ROUNDS_FILE).is_file():
         raise ValueError(f"{config.output_dir} holds a run of one round ({', '.join(one_round)}); --rounds "

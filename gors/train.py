@@ -37,6 +37,7 @@ from gors.checkpoints import (
     fingerprint_differences,
     later_checkpoint,
     own_checkpoint,
+    prune_checkpoints,
     read_marker,
     recorded_micro_batch,
     set_aside_logs,
@@ -773,6 +774,8 @@ class GORSTrainer:
             accelerator.load_state(str(checkpoint))
             global_step = checkpoint_step(checkpoint)
             accelerator.print(f"[train] resumed from {checkpoint} at step {global_step}")
+            if accelerator.is_main_process:
+                prune_checkpoints(checkpoint, config.checkpoints_total_limit)
             if global_step == config.max_train_steps:
                 accelerator.print(f"[train] the checkpoint is at --max_train_steps={global_step}: nothing to train; "
                                   "saving its LoRA")

@@ -152,6 +152,12 @@ def test_another_trainings_best_lora_is_set_aside_with_its_checkpoints_even_afte
     aside, _ = set_aside_other_trainings(tmp_path, other, with_folders=("best", "validation"))
     assert sorted(p.name for p in aside.iterdir()) == ["best", "checkpoint-2", "validation"]
     assert (aside / "best" / "best.json").is_file() and not (tmp_path / "best").exists()
+    # Killed so, then rerun with the checkpoints' own settings: nothing is set aside, and best/ goes back.
+    aside.rename(tmp_path / "checkpoints")
+    (tmp_path / "checkpoints" / "validation").rename(tmp_path / "validation")
+    assert set_aside_other_trainings(tmp_path, fingerprint, with_folders=("best", "validation")) is None
+    assert (tmp_path / "best" / "best.json").is_file() and (tmp_path / "validation").is_dir()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-2"]
 
 
 def test_a_decaying_lr_schedule_binds_a_checkpoint_to_the_runs_length(tmp_path):

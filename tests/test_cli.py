@@ -581,6 +581,12 @@ def test_a_category_recipe_runs_the_whole_loop_on_its_train_prompts(tiny_sd, tin
     (RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"),  # safetensors'
      "error: no space left on the device: free some space and run the same command again"),
     (OSError(122, "Disk quota exceeded", "run/checkpoints"), "error: disk quota exceeded writing run/checkpoints: "),
+    # torch.save's zip writer on a full disk (a checkpoint's optimizer.bin on a small tmpfs, seen so).
+    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 155264 vs 155152"),
+     "error: a file could not be written whole (torch.save: [enforce fail at inline_container.cc:672] . unexpected "
+     "pos 155264 vs 155152): the disk is probably full or over quota; free some space and run the same command"),
+    (RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed"),
+     "error: a file could not be written whole (torch.save: PytorchStreamWriter failed writing file data/0"),
     (OSError(30, "Read-only file system", "out/summary.json"),
      "error: read-only file system writing out/summary.json: pass a folder on a filesystem you can write to"),
     (PermissionError(13, "Permission denied", "run/checkpoints/.checkpoint-3.tmp"),

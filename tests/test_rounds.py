@@ -175,6 +175,38 @@ def test_a_run_stopped_in_round_1_resumes_there_as_if_never_stopped(one_process_
         reference_dir / "pytorch_lora_weights.safetensors").read_bytes()
 
 
+def test_a_round_goes_on_from_the_step_the_round_before_ended_not_from_its_newest_checkpoint(
+        one_process_rounds, make_run_config, tmp_path, monkeypatch):
+    # Rounds of 3 steps, stopped once round 0 trained (before rounds.json recorded it); rerun with rounds of 2
+    # steps: round 0 ends at step 2 again, and round 1 must go on from checkpoint-2, not from the longer run's 3.
+    import gors.rounds
+
+    run_dir = tmp_path / "run"
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt("stopped before rounds.json")
+
+    monkeypatch.setattr(gors.rounds, "round_summary", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run(make_run_config(output_dir=str(run_dir), **{**ROUNDS, "max_train_steps": 6}))
+    reset_process_state()
+    monkeypatch.undo()
+    assert (round_dir(run_dir, 0) / CHECKPOINTS_DIR / "checkpoint-3").is_dir()
+    run(make_run_config(output_dir=str(run_dir), **ROUNDS))
+    reset_process_state()
+    assert (run_dir / LORA_WEIGHT_NAME).read_bytes() == (one_process_rounds / LORA_WEIGHT_NAME).read_bytes()
+    # Without the step a round ended on, the next one does not start from another.
+    shutil.rmtree(round_dir(run_dir, 1))
+    shutil.rmtree(round_dir(run_dir, 0) / CHECKPOINTS_DIR / "checkpoint-2")
+    rounds = json.loads((run_dir / ROUNDS_FILE).read_text())
+    (run_dir / ROUNDS_FILE).write_text(json.dumps({**rounds, "rounds": rounds["rounds"][:1]}))
+    with pytest.raises(FileNotFoundError, match=r"round-000 has no complete checkpoint at step 2, where its round "
+                                                r"ended and the next round goes on from"):
+        run(make_run_config(output_dir=str(run_dir), **ROUNDS))
+    reset_process_state()
+    assert not round_dir(run_dir, 1).exists()
+
+
 def test_a_refused_continue_leaves_the_rounds_own_checkpoints_in_place(one_process_rounds, make_run_config,
                                                                        tmp_path):
     # Round 1 with settings round 0's checkpoint was not trained with (as another --num_processes would be):
@@ -328,10 +360,20 @@ def test_a_changed_training_setting_is_refused_before_the_next_round_generates(o
     with pytest.raises(ValueError, match=r"other settings \(learning_rate: 0\.1 -> 0\.05\)"):
         run(make_run_config(output_dir=str(run_dir), **{**grown, "learning_rate": 5e-2}))
     reset_process_state()
+    # The precision the rounds generate and train in, too (the launch's resolved one: an accelerate config's).
+    with pytest.raises(ValueError, match=r"other settings \(mixed_precision: 'no' -> 'bf16'\)"):
+        run(make_run_config(output_dir=str(run_dir), **{**grown, "mixed_precision": "bf16"}))
+    reset_process_state()
     assert not round_dir(run_dir, 2).exists()  # nothing generated for round 2
-    with pytest.raises(ValueError, match=r"holds a --rounds run \(rounds\.json\); one round there would train over"):
+    with pytest.raises(ValueError, match=r"holds a --rounds run \(rounds\.json, round-000\); one round there would "
+                                         r"train over"):
         run(make_run_config(output_dir=str(run_dir), **{**ROUNDS, "rounds": 1, "replay": "none"}))
     reset_process_state()
+    (run_dir / ROUNDS_FILE).unlink()  # a --rounds run stopped in round 0 has none yet
+    with pytest.raises(ValueError, match=r"holds a --rounds run \(round-000\); one round there would train over"):
+        run(make_run_config(output_dir=str(run_dir), **{**ROUNDS, "rounds": 1, "replay": "none"}))
+    reset_process_state()
+    assert not (run_dir / "samples").exists()
     one_round = tmp_path / "one_round"
     (one_round / "checkpoints").mkdir(parents=True)
     (one_round / "selection.jsonl").write_text("")

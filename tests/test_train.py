@@ -280,6 +280,12 @@ def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config,
     train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=1, checkpoints_total_limit=2,
                   report_to="none"))
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
+    # A run killed between publishing checkpoint-3 and pruning left checkpoint-1 too: the rerun, with nothing
+    # left to train, prunes it on resuming.
+    shutil.copytree(run_dir / "checkpoints" / "checkpoint-2", run_dir / "checkpoints" / "checkpoint-1")
+    train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=1, checkpoints_total_limit=2,
+                  report_to="none"))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
 
 
 def test_a_training_that_diverges_stops_with_what_to_change_and_saves_nothing_of_it(selected_run, make_run_config,
