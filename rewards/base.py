@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
@@ -40,6 +41,19 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     """Raise ValueError unless option `name`'s `value` is one of `choices`. For `Reward.check_options`."""
     if value not in choices:
         raise ValueError(f"{name}={value!r}; choose {' or '.join(map(repr, choices))}")
+
+
+def same_size_batches(images: Sequence[Image.Image], indices: Iterable[int], batch_size: int) -> list[list[int]]:
+    """`indices` into `images` as batches of at most `batch_size` images of one size each, smallest size first.
+
+    For models whose processor pads, stacks or keeps the aspect ratio of a batch's images (Grounding DINO pads
+    to the largest, Depth Anything keeps each side): one size per forward pass keeps an image's output
+    independent of its batch mates. Generated training images all share one size, so they batch as before."""
+    ordered = sorted(indices, key=lambda i: images[i].size)
+    return [group[start : start + batch_size]
+            for _, same_size in itertools.groupby(ordered, key=lambda i: images[i].size)
+            for group in [list(same_size)]
+            for start in range(0, len(group), batch_size)]
 
 
 class RewardError(RuntimeError):

@@ -28,7 +28,6 @@ own probability, then non-maximum suppression per label (`detect(..., nms_iou=..
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,7 +37,7 @@ import torch
 from PIL import Image
 
 from gors.core.hub import from_pretrained
-from rewards.base import MODEL_FLAG, Reward
+from rewards.base import MODEL_FLAG, Reward, same_size_batches
 
 GROUNDING_DINO_TYPES = ("grounding-dino", "mm-grounding-dino")
 OWL_TYPES = ("owlv2", "owlvit")
@@ -248,14 +247,7 @@ class ZeroShotDetector:
         # Only images of one size share a forward pass: Grounding DINO pads a batch to its
         # largest image and its Swin backbone sees the padding, which would make an image's
         # detections depend on its batch mates. (Generated training images all share one size.)
-        todo = sorted((i for i, q in enumerate(queries) if q), key=lambda i: rgb[i].size)
-        chunks = [
-            group[start : start + self.batch_size]
-            for _, same_size in itertools.groupby(todo, key=lambda i: rgb[i].size)
-            for group in [list(same_size)]
-            for start in range(0, len(group), self.batch_size)
-        ]
-        for chunk in chunks:
+        for chunk in same_size_batches(rgb, (i for i, q in enumerate(queries) if q), self.batch_size):
             chunk_images = [rgb[i] for i in chunk]
             chunk_labels = [queries[i] for i in chunk]
             if self.model_type in GROUNDING_DINO_TYPES:

@@ -30,7 +30,6 @@ official one does there: float32 weights under float16 autocast (CLIP_benchmark'
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -44,7 +43,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from gors.core.hub import from_pretrained, note_load
-from rewards.base import Reward, RewardOutput, check_number
+from rewards.base import Reward, RewardOutput, check_number, same_size_batches
 from rewards.geneval_rules import (
     COLORS,
     COUNTING_THRESHOLD,
@@ -221,23 +220,19 @@ class Mask2FormerDetector:
     def detect(self, images: Sequence[Image.Image], threshold: float = 0.0) -> list[dict[str, list[GenEvalObject]]]:
         """Per image: GenEval class -> objects with confidence > `threshold`, most confident first."""
         results: list[dict[str, list[GenEvalObject]]] = [{} for _ in images]
-        by_size = sorted(range(len(images)), key=lambda i: images[i].size)
-        for _, same in itertools.groupby(by_size, key=lambda i: images[i].size):
-            indices = list(same)
-            for start in range(0, len(indices), self.batch_size):
-                chunk = indices[start : start + self.batch_size]
-                pixel_values, pixel_mask = self.inputs([images[i] for i in chunk])
-                pixel_values = pixel_values.to(self.device, self.dtype)
-                pixel_mask = pixel_mask.to(self.device)
-                outputs = self.model(pixel_values=pixel_values, pixel_mask=pixel_mask)
-                for k, i in enumerate(chunk):
-                    valid = (int(pixel_mask[k, :, 0].sum()), int(pixel_mask[k, 0, :].sum()))
-                    width, height = images[i].size
-                    predictions = instance_predictions(
-                        outputs.class_queries_logits[k], outputs.masks_queries_logits[k],
-                        tuple(pixel_values.shape[-2:]), valid, (height, width),
-                    )
-                    results[i] = self._objects(predictions, threshold)
+        for chunk in same_size_batches(images, range(len(images)), self.batch_size):
+            pixel_values, pixel_mask = self.inputs([images[i] for i in chunk])
+            pixel_values = pixel_values.to(self.device, self.dtype)
+            pixel_mask = pixel_mask.to(self.device)
+            outputs = self.model(pixel_values=pixel_values, pixel_mask=pixel_mask)
+            for k, i in enumerate(chunk):
+                valid = (int(pixel_mask[k, :, 0].sum()), int(pixel_mask[k, 0, :].sum()))
+                width, height = images[i].size
+                predictions = instance_predictions(
+                    outputs.class_queries_logits[k], outputs.masks_queries_logits[k],
+                    tuple(pixel_values.shape[-2:]), valid, (height, width),
+                )
+                results[i] = self._objects(predictions, threshold)
         return results
 
     def inputs(self, images: Sequence[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from gors.core.hub import from_pretrained
-from rewards.base import Reward, RewardOutput, check_number
+from rewards.base import Reward, RewardOutput, check_number, same_size_batches
 from rewards.detection import Detection, Detector, detection_dict, reward_detector
 from rewards.noun_phrases import Backend, parser_record
 from rewards.spatial import check_detection_options
@@ -73,14 +73,14 @@ class DepthEstimator:
 
     @torch.no_grad()
     def predict(self, images: list[Image.Image]) -> list[np.ndarray]:
-        """One (height, width) float32 map in [0, 1] per image, larger = nearer."""
-        maps = []
-        for start in range(0, len(images), self.batch_size):
-            chunk = images[start : start + self.batch_size]
-            pixels = self.processor(images=chunk, return_tensors="pt").pixel_values
+        """One (height, width) float32 map in [0, 1] per image, larger = nearer. Images of one size share a
+        pass: a processor that keeps the aspect ratio (Depth Anything's) gives other sizes other shapes."""
+        maps: list[np.ndarray] = [np.empty(0)] * len(images)
+        for chunk in same_size_batches(images, range(len(images)), self.batch_size):
+            pixels = self.processor(images=[images[i] for i in chunk], return_tensors="pt").pixel_values
             predicted = self.model(pixel_values=pixels.to(self.device, self.torch_dtype)).predicted_depth.float()
-            for image, depth in zip(chunk, predicted, strict=True):
-                maps.append(_normalised_map(depth, image.size))
+            for i, depth in zip(chunk, predicted, strict=True):
+                maps[i] = _normalised_map(depth, images[i].size)
         return maps
 
 

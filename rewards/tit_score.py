@@ -11,10 +11,11 @@ Following the TIT-Score reference code (README of `IntMeGroup/TIT-Score`, MIT; p
    which for its Qwen2.5-VL is top-k 1 (greedy) with ``repetition_penalty`` 1.05; the penalty is
    kept so descriptions (and scores) compare with the reference's, and greedy keeps them
    reproducible. ``generation_kwargs`` overrides either (``{"repetition_penalty": 1.0}``: plain
-   greedy); Qwen3-VL's own generation config samples, and ``do_sample=False`` overrides it. As
-   ``generate`` applies the penalty to every token of the input, padding included, an image
-   batched beside a longer prompt has its padding token (``<|endoftext|>``) penalised too; images
-   of one size have prompts of one length, so a batch of them has no padding.
+   greedy); Qwen3-VL's own generation config samples, and ``do_sample=False`` overrides it.
+   transformers 5.25 leaves a left-padded batch's padding out of the penalty, so an image's
+   description does not depend on its batch mates (checked on the tiny model; other releases
+   unchecked); images of one size have prompts of one length, so a batch of generated images has
+   no padding under any release.
    A thinking describer (Qwen3-VL-*-Thinking) is refused: its reasoning would be embedded as
    the description (`rewards.vlm.check_answers_directly`).
 2. **Compare**, TIT-Score (``judge="embedding"``, default): the prompt and the description are

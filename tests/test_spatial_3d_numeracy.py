@@ -315,6 +315,27 @@ def test_depth_estimator_on_tiny_dpt(tiny_dirs: dict[str, Path], tmp_path: Path)
     assert all(np.array_equal(a, b) for a, b in zip(maps, again))
 
 
+def test_depth_maps_of_mixed_aspect_ratios_are_those_of_each_image_alone(tmp_path: Path) -> None:
+    # Depth Anything's processor keeps each image's aspect ratio: its images of two shapes cannot share a pass.
+    from transformers import DepthAnythingConfig, DepthAnythingForDepthEstimation, DPTImageProcessor
+
+    folder = tmp_path / "depth_anything"
+    DPTImageProcessor(size={"height": 28, "width": 28}, keep_aspect_ratio=True, ensure_multiple_of=14,
+                      do_pad=False).save_pretrained(folder)
+    torch.manual_seed(0)
+    DepthAnythingForDepthEstimation(DepthAnythingConfig(
+        backbone_config={"model_type": "dinov2", "image_size": 28, "patch_size": 14, "hidden_size": 16,
+                         "num_hidden_layers": 4, "num_attention_heads": 2, "mlp_ratio": 2,
+                         "out_features": ["stage1", "stage2", "stage3", "stage4"], "reshape_hidden_states": False},
+        patch_size=14, reassemble_hidden_size=16, neck_hidden_sizes=[8, 8, 16, 16], fusion_hidden_size=8,
+        head_hidden_size=8)).eval().save_pretrained(folder)
+    estimator = DepthEstimator(str(folder), torch.device("cpu"), batch_size=8)
+    pictures = [images(1, 48, seed=1)[0], images(1, 32, seed=2)[0].resize((64, 32)), images(1, 48, seed=3)[0]]
+    together = estimator.predict(pictures)
+    assert [m.shape for m in together] == [(48, 48), (32, 64), (48, 48)]
+    assert all(np.allclose(m, estimator.predict([p])[0], atol=1e-6) for m, p in zip(together, pictures))
+
+
 def test_rewards_on_tiny_owlv2_and_dpt(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
     spatial = Spatial3DReward(
         model_name_or_path=str(tiny_dirs["owlv2"]), depth_model_name_or_path=str(tiny_dirs["dpt"]),
