@@ -23,7 +23,7 @@ from evaluators import benchmark_label, build_benchmark, parse_benchmarks
 from evaluators.base import SUMMARY_FILE, Benchmark, ScorerKey
 from evaluators.results import UNIT_SCALE
 from gors.config import EvaluateConfig
-from gors.core.backbones import detect_backbone, family_precision
+from gors.core.backbones import check_lora_fits, check_lora_loader, detect_backbone, family_precision
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, not_a_folder, read_json
 from gors.core.pipeline import check_lora_path
@@ -216,6 +216,9 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
     lora = resolve_lora(config.lora)  # official:<category> -> the converted release, downloaded once
     if lora is not None:
         check_lora_path(lora)  # before any store records settings or any weights load
+        if config.images is None:
+            check_lora_loader(detect_backbone(config.pretrained_model_name_or_path), lora)
+            check_lora_fits(config.pretrained_model_name_or_path, lora)
     if accelerator is None:
         precision = config.mixed_precision
         if config.images is None:  # SD3/3.5 and FLUX.1 generate in bf16 under an fp16 accelerate config

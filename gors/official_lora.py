@@ -27,14 +27,14 @@ from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
 from gors.core.io import file_sha256, set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
-from gors.core.pipeline import LORA_WEIGHT_FILES
+from gors.core.pipeline import LORA_DIFFUSION_TEXT_ENCODER_SUFFIX, LORA_WEIGHT_FILES
 from gors.core.prompts import T2I_COMPBENCH_COMMIT, T2I_COMPBENCH_REPOSITORY
 from gors.lora import LORA_WEIGHT_NAME, TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES, with_text_model_prefix
 from gors.sd2_architecture import SD2_BASE, architecture_configs, empty_models
 
 OFFICIAL_PREFIX = "official:"
 # lora_diffusion names the text-encoder file after the U-Net one: <stem>.pt -> <stem>.text_encoder.pt.
-TEXT_ENCODER_SUFFIX = ".text_encoder.pt"
+TEXT_ENCODER_SUFFIX = LORA_DIFFUSION_TEXT_ENCODER_SUFFIX
 # sha256 of the files under GORS_finetune/checkpoint/ at T2I_COMPBENCH_COMMIT.
 OFFICIAL_LORA_SHA256: dict[str, str] = {
     "color/lora_weight_e357_s124500.pt": "aa383a5a81af07ac1fa5e9cc57db64cac09d1568d20593cd1cc5f6fd27bf6806",

@@ -497,6 +497,33 @@ def test_torch_lora_files_pass_to_diffusers_and_other_files_are_refused(tmp_path
     with pytest.raises(ValueError, match=r"notes.txt' is not a LoRA file: pass a .safetensors file \(or a torch "
                                          r"\.bin, \.pt, \.pth, \.ckpt file\)"):
         check_lora_path(str(tmp_path / "notes.txt"))
+    # A lora_diffusion checkpoint (T2I-CompBench's GORS LoRAs: a list of tensors) is converted first.
+    official = tmp_path / "official"
+    official.mkdir()
+    for name in ("lora_weight.pt", "lora_weight.text_encoder.pt"):
+        torch.save([torch.zeros(4, 1), torch.zeros(1, 4)], official / name)
+    for given in (official / "lora_weight.pt", official / "lora_weight.text_encoder.pt", official):
+        with pytest.raises((ValueError, FileNotFoundError), match=rf"{given}' is a lora_diffusion checkpoint .*"
+                                                                  rf"Convert it first, `gors convert-lora {given} OUT`"):
+            check_lora_path(str(given))
+    (tmp_path / "cut.pt").write_bytes(b"PK\x03")
+    with pytest.raises(ValueError, match=r"torch.load cannot read .*cut.pt as tensors"):
+        check_lora_path(str(tmp_path / "cut.pt"))
+    torch.save(torch.zeros(2), tmp_path / "tensor.pt")
+    with pytest.raises(ValueError, match=r"tensor.pt holds a Tensor, not a LoRA's state dict"):
+        check_lora_path(str(tmp_path / "tensor.pt"))
+
+
+def test_a_lora_for_a_pipeline_diffusers_loads_none_into_is_refused_before_loading(tmp_path):
+    from dataclasses import replace
+
+    from gors.core.backbones import FAMILIES, check_lora_loader
+
+    pixart = replace(FAMILIES["StableDiffusionPipeline"], pipeline_class="PixArtSigmaPipeline")  # as detected
+    with pytest.raises(ValueError, match=r"--lora='lora': a PixArtSigmaPipeline has no LoRA loader in diffusers "
+                                         r"[\d.]+; evaluate it without --lora"):
+        check_lora_loader(pixart, "lora")
+    check_lora_loader(FAMILIES["StableDiffusionPipeline"], "lora")
 
 
 @pytest.mark.parametrize("value", ["high", 5, float("nan"), True])

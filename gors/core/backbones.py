@@ -260,6 +260,16 @@ LORA_COMPONENTS = ("unet", "transformer", "text_encoder", "text_encoder_2", "tex
 LORA_FILE = "pytorch_lora_weights.safetensors"
 
 
+def check_lora_loader(backbone: Backbone, lora: str) -> None:
+    """Refuse, before any weights load, a LoRA for a pipeline class that diffusers loads none into
+    (e.g. PixArt-Sigma's, which gors evaluates but does not train)."""
+    import diffusers
+
+    if not hasattr(getattr(diffusers, backbone.pipeline_class), "load_lora_weights"):
+        raise ValueError(f"--lora={lora!r}: a {backbone.pipeline_class} has no LoRA loader in diffusers "
+                         f"{diffusers.__version__}; evaluate it without --lora")
+
+
 def check_lora_fits(pretrained_model_name_or_path: str, lora: str, revision: str | None = None) -> None:
     """Refuse, before any weights load, a local diffusers-format LoRA made for another model family:
     one whose weights name components (`unet`, `transformer`, ...) the pipeline does not have.

@@ -15,6 +15,7 @@ from gors.core.backbones import (
     LORA_FILE,
     Backbone,
     check_lora_fits,
+    check_lora_loader,
     detect_backbone,
     half_precision_warning,
 )
@@ -70,6 +71,7 @@ def load_pipeline(
         logger.warning(warning)
     if lora is not None:
         check_lora_path(lora)  # before any weights load
+        check_lora_loader(backbone, lora)
         check_lora_fits(pretrained_model_name_or_path, lora, revision)
     pipeline_class = getattr(diffusers, backbone.pipeline_class)
     pipeline = from_pretrained(pipeline_class.from_pretrained, pretrained_model_name_or_path,
@@ -183,19 +185,50 @@ LORA_WEIGHT_FILES = (LORA_FILE, "pytorch_lora_weights.bin")
 TORCH_LORA_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
 
+# The text-encoder file beside a lora_diffusion checkpoint's `<name>.pt` (T2I-CompBench's GORS LoRAs).
+LORA_DIFFUSION_TEXT_ENCODER_SUFFIX = ".text_encoder.pt"
+
+
+def _convert_first(lora: str, flag: str) -> str:
+    return (f"{flag}={lora!r} is a lora_diffusion checkpoint (T2I-CompBench's GORS LoRAs are): diffusers reads no "
+            f"such file. Convert it first, `gors convert-lora {lora} OUT` (`official:<category>` for the official "
+            "ones), then pass OUT")
+
+
 def check_lora_path(lora: str, flag: str = "--lora") -> None:
-    """Refuse, before any work, a LoRA path that does not exist or a folder that holds no LoRA weights."""
+    """Refuse, before any work, a LoRA path that does not exist, a folder that holds no LoRA weights, and a
+    lora_diffusion checkpoint (to convert first, `gors convert-lora`)."""
     path = Path(lora).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{flag}={lora!r}: no such file or folder; pass a LoRA folder (e.g. a gors run "
                                 f"folder, which holds {LORA_FILE}) or the weights file itself")
     if path.is_dir() and not any((path / name).is_file() for name in LORA_WEIGHT_FILES):
+        if any(path.glob(f"*{LORA_DIFFUSION_TEXT_ENCODER_SUFFIX}")):
+            raise FileNotFoundError(_convert_first(lora, flag))
         raise FileNotFoundError(f"{flag}={lora!r} is not a LoRA folder (it holds no {LORA_FILE}); pass a folder "
                                 "a gors run or `save_lora_weights` wrote, or the weights file itself")
     if path.is_file() and path.suffix != ".safetensors" and path.suffix not in TORCH_LORA_SUFFIXES:
         raise ValueError(f"{flag}={lora!r} is not a LoRA file: pass a .safetensors file (or a torch "
                          f"{', '.join(TORCH_LORA_SUFFIXES)} file), or the folder a gors run wrote")
+    if path.is_file() and path.suffix in TORCH_LORA_SUFFIXES:
+        _check_torch_lora(path, lora, flag)
     _check_safetensors(path / LORA_FILE if path.is_dir() else path, lora, flag)
+
+
+def _check_torch_lora(file: Path, lora: str, flag: str) -> None:
+    """Refuse a torch LoRA file that is not a state dict (a name -> tensor mapping, which diffusers reads):
+    a lora_diffusion checkpoint's list of tensors, or a file that does not read as tensors."""
+    try:
+        # weights_only: a downloaded pickle cannot run code; a LoRA is a few MB.
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several unrelated types for a file that is not a checkpoint
+        raise ValueError(f"{flag}={lora!r}: torch.load cannot read {file} as tensors ({type(err).__name__}: cut "
+                         "short, or another format); pass the folder or file a gors run wrote") from None
+    if isinstance(state, (list, tuple)):
+        raise ValueError(_convert_first(lora, flag))
+    if not isinstance(state, dict):
+        raise ValueError(f"{flag}={lora!r}: {file} holds a {type(state).__name__}, not a LoRA's state dict (layer "
+                         "name -> tensor); pass the folder or file a gors run wrote")
 
 
 def _check_safetensors(file: Path, lora: str, flag: str) -> None:
