@@ -13,10 +13,12 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import difflib
 import errno
 import importlib
 import inspect
 import os
+import re
 import signal
 import sys
 import threading
@@ -73,14 +75,19 @@ class ConfigParser(HfArgumentParser):
             # HfArgumentParser would want a value after the flag.
             parser.add_argument(f"--{field.name}", f"--{field.name.replace('_', '-')}", type=string_to_bool, nargs="?",
                                 const=True, default=None, **options)
-            parser.add_argument(f"--no_{field.name}", action="store_false", dest=field.name, default=None,
-                                help=f"--{field.name} off.")
+            parser.add_argument(f"--no_{field.name}", f"--no-{field.name.replace('_', '-')}", action="store_false",
+                                dest=field.name, default=None, help=f"--{field.name} off.")
         else:
             HfArgumentParser._parse_dataclass_field(parser, field)
 
     def error(self, message: str) -> NoReturn:
-        """A bad flag: a SystemExit with one line (argparse would print the whole usage on every process)."""
-        raise SystemExit(f"{self.prog}: {message} (see {self.prog} --help)")
+        """A bad flag: a SystemExit with one line (argparse would print the whole usage on every process), with the
+        flags close to a mistyped one."""
+        options = [option for action in self._actions for option in action.option_strings]
+        unknown = re.findall(r"(--[\w-]+)", message.partition("unrecognized arguments:")[2])
+        close = [match for flag in unknown for match in difflib.get_close_matches(flag.split("=")[0], options, n=1)]
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise SystemExit(f"{self.prog}: {message}{hint} (see {self.prog} --help)")
 
 
 def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict[str, Any] | None = None,
@@ -95,13 +102,15 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     parser.add_argument("--config", default=None, help="YAML file of flag values (flags on the command line win).")
     merged = dict(defaults or {})
     config_file = _config_file(argv)
+    given = _flags_given(parser, argv)
     if config_file is not None:
         try:  # one file may drive every stage: another stage's keys are left out (`config_file_values`)
             file_values = config_file_values(cls, _read_yaml(config_file, cls), config_file)
         except ValueError as err:
             raise SystemExit(f"error: {err}") from None
-        given = _flags_given(parser, argv)  # a flag wins over the file's value: that value is not checked
+        # A flag wins over the file's value: that value is not checked.
         merged |= _check_yaml_values({k: v for k, v in file_values.items() if k not in given}, cls, config_file)
+        given |= set(file_values)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(merged) - known)
     if unknown:
@@ -111,9 +120,12 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     namespace = parser.parse_args(argv)
     values = {name: getattr(namespace, name) for name in known}
     try:
-        return cls(**values)
+        config = cls(**values)
+        if hasattr(config, "check_given"):
+            config.check_given(given)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from err
+    return config
 
 
 def _flags_given(parser: ArgumentParser, argv: Sequence[str]) -> set[str]:
@@ -141,7 +153,7 @@ def _config_file(argv: Sequence[str]) -> str | None:
 def _read_yaml(path: str, cls: type) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
-            values = load_yaml(handle) or {}
+            values = load_yaml(handle)
     except FileNotFoundError:
         raise SystemExit(f"--config {path}: no such file") from None
     except (IsADirectoryError, PermissionError) as err:
@@ -150,8 +162,14 @@ def _read_yaml(path: str, cls: type) -> dict[str, Any]:
         raise SystemExit(f"--config {path}: not a UTF-8 text file; pass a YAML file") from None
     except yaml.YAMLError as err:
         raise SystemExit(f"--config {path}: YAML syntax error at {yaml_problem(err)}") from None
+    if values is None:  # an empty file, or comments only
+        return {}
     if not isinstance(values, dict):
         raise SystemExit(f"--config {path}: expected a mapping of {cls.__name__} fields, got {type(values).__name__}")
+    keys = [key for key in values if not isinstance(key, str)]
+    if keys:  # YAML 1.1 reads `on:`, `yes:` or `1:` as other values than text
+        raise SystemExit(f"--config {path}: keys must be field names, got {', '.join(repr(key) for key in keys)}: "
+                         "quote a key YAML reads as a boolean or number (e.g. 'on': ...)")
     return values
 
 

@@ -13,6 +13,7 @@ recipes take every stage's flags, and each stage function accepts it as it reads
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import typing
@@ -98,6 +99,10 @@ def _check_report_to(value: str) -> None:
                                f"{installed[0] if installed else 'none'}")
 
 
+# The largest --mode_scale for which the mode density is defined: 2 / (pi - 2) (SD3 paper, section 3.1).
+MODE_SCALE_MAX = 2 / (math.pi - 2)
+
+
 class _NumberLoader(yaml.SafeLoader):
     """PyYAML's safe loader, reading `1e-4` as the number JSON and YAML 1.2 read (YAML 1.1, PyYAML's,
     reads a float without a dot as text), and refusing a key given twice in one mapping (PyYAML keeps
@@ -121,6 +126,23 @@ class _NumberLoader(yaml.SafeLoader):
 _NumberLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
     list("-+0123456789."))
+# Whole numbers as the command line reads them (Python's int: `1_000` too) and YAML 1.2 (`0o17`, `0x1F`):
+# YAML 1.1 reads `seed: 0042` as octal 34 and `1:30` as 90 (base 60), which the same text as a flag is not.
+_INT = "tag:yaml.org,2002:int"
+_NumberLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _INT]
+    for first, resolvers in _NumberLoader.yaml_implicit_resolvers.items()}
+_NumberLoader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9]+(?:_[0-9]+)*|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                                    list("-+0123456789"))
+
+
+def _yaml_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node)
+    base = {"0o": 8, "0x": 16}.get(text[:2], 10)
+    return int(text[2:] if base != 10 else text, base)
+
+
+_NumberLoader.add_constructor(_INT, _yaml_int)
 
 
 def load_yaml(text: str | IO[str]) -> Any:
@@ -146,6 +168,8 @@ def parse_mapping(value: Mapping[str, Any] | str | None, flag: str) -> dict[str,
         except yaml.YAMLError as err:
             raise ValueError(f"{flag}={value!r} is not valid JSON/YAML: {yaml_problem(err)}") from None
     _check(isinstance(value, Mapping), f"{flag}={given!r}: expected a mapping such as '{{\"key\": \"value\"}}'")
+    keys = [key for key in value if not isinstance(key, str)]
+    _check(not keys, f"{flag}={given!r}: keys must be text, got {', '.join(repr(key) for key in keys)}; quote them")
     return dict(value)
 
 
@@ -510,6 +534,17 @@ class TrainingFields:
                "--lr_scheduler=polynomial decays --learning_rate to 1e-7 (and the text encoder's rate in proportion): "
                "give a --learning_rate above it")
 
+    def check_given(self, given: set[str]) -> None:
+        """Refuse, once parsed, flags the user gave (`given`: their field names, from the command line or a
+        config file) that another flag overrides. Not in `__post_init__`: training sets `train_batch_size`
+        itself under --auto_train_batch_size, and copies of the config are made after."""
+        _check(not (self.auto_train_batch_size and "train_batch_size" in given),
+               f"--train_batch_size={self.train_batch_size} with --auto_train_batch_size, which sets it (each "
+               "process's share of an update, halved until it fits): drop one of the two")
+        _check(not ("validation_steps" in given and self.validation_benchmark is None and not self.validation_prompts),
+               f"--validation_steps={self.validation_steps} without --validation_benchmark or --validation_prompts: "
+               "there is no validation to run; name what to validate, or drop it")
+
     def _check_benchmark_validation_flags(self) -> None:
         """Refuse flags of benchmark validation without `--validation_benchmark`: they would be taken and
         do nothing (a value differing from its default counts as given)."""
@@ -550,6 +585,12 @@ class TrainingFields:
             _check(0 < getattr(self, name) < math.inf, f"--{name}={getattr(self, name)}: must be > 0 and finite, e.g. 1e-4")
         for name in ("logit_mean", "logit_std", "mode_scale"):  # a NaN or infinite density draws no timestep
             _check(math.isfinite(getattr(self, name)), f"--{name}={getattr(self, name)}: must be finite")
+        _check(self.logit_std > 0, f"--logit_std={self.logit_std}: must be > 0 (a standard deviation), e.g. 1.0")
+        # The mode density is defined for [-1, 2 / (pi - 2)] (SD3 paper, section 3.1): there its map of a uniform
+        # draw is monotone; below -1 its timesteps leave [0, 1] and would fall off the schedule.
+        _check(-1.0 <= self.mode_scale <= MODE_SCALE_MAX,
+               f"--mode_scale={self.mode_scale}: must lie in [-1, {MODE_SCALE_MAX:.3f}], where the mode density is "
+               "defined (SD3 paper, section 3.1); the default is 1.29")
         self.check_optimizer()
         _check(0.0 <= self.caption_dropout < 1.0, f"--caption_dropout={self.caption_dropout}: use a value in [0, 1)")
         _check(self.anchor_below is None or self.anchor_below >= 0,
@@ -841,6 +882,8 @@ def config_file_values(cls: type, values: Mapping[str, Any], path: str) -> dict[
     hints = [f"; {name} is the command line's flag: write {name.removeprefix('no_')}: "
              f"{str(not values[name]).lower() if isinstance(values[name], bool) else 'false'}"
              for name in unknown if name.startswith("no_") and name.removeprefix("no_") in booleans & known]
+    hints += [f"; did you mean {match[0]}?" for name in unknown if not name.startswith("no_")
+              for match in [difflib.get_close_matches(name.replace("-", "_"), sorted(known), n=1)] if match]
     _check(not unknown, f"--config {path}: unknown keys {unknown} for {cls.__name__}"
                         + (" (nor any other stage of `gors run`)" if cls in STAGE_CONFIGS else "")
                         + "".join(hints) + "; see --help for the valid names")

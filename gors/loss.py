@@ -78,7 +78,7 @@ def flow_matching_sigmas(scheduler, u: torch.Tensor) -> tuple[torch.Tensor, torc
     scheduler with `use_dynamic_shifting` (FLUX.1) holds unshifted sigmas here, where the pipeline
     shifts by resolution at sampling time, as in diffusers' FLUX script too.
     """
-    indices = (u * scheduler.config.num_train_timesteps).long().clamp(max=len(scheduler.timesteps) - 1)
+    indices = (u * scheduler.config.num_train_timesteps).long().clamp(0, len(scheduler.timesteps) - 1)
     return scheduler.timesteps[indices], scheduler.sigmas[indices]
 
 

@@ -510,6 +510,66 @@ def test_yaml_number_text_is_a_number(tmp_path):
     assert (config.learning_rate, config.images_per_prompt) == (1e-4, 3)
 
 
+def test_yaml_whole_numbers_read_as_the_same_text_as_a_flag(tmp_path):
+    # YAML 1.1 (PyYAML) reads 0042 as octal 34 and 1:30 as 90; `--seed 0042` is 42 and `--max_train_steps 1:30` refused.
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("seed: 0042\ncheckpointing_steps: 1_000\nrank: 0x10\nlearning_rate: 5.0e-6\n")
+    config = parse_config(RunConfig, ["--config", str(config_file)])
+    assert (config.seed, config.checkpointing_steps, config.rank, config.learning_rate) == (42, 1000, 16, 5e-6)
+    assert parse_config(RunConfig, ["--seed", "0042"]).seed == 42
+    config_file.write_text("max_train_steps: 1:30\n")
+    with pytest.raises(SystemExit, match="max_train_steps: '1:30' is not a whole number"):
+        parse_config(RunConfig, ["--config", str(config_file)])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("on: true\n", r"keys must be field names, got True: quote a key YAML reads as a boolean or number"),
+    ("seed: 1\n2: x\n", r"keys must be field names, got 2:"),
+    ("[]\n", r"expected a mapping of RunConfig fields, got list"),
+    ("false\n", r"expected a mapping of RunConfig fields, got bool"),
+    ("0\n", r"expected a mapping of RunConfig fields, got int"),
+    ("learning_rat: 1e-4\n", r"unknown keys \['learning_rat'\] .*; did you mean learning_rate\?"),
+    ("learning-rate: 1e-4\n", r"unknown keys \['learning-rate'\] .*; did you mean learning_rate\?"),
+])
+def test_a_config_file_that_is_no_mapping_of_field_names_is_refused_in_one_line(tmp_path, text, message):
+    config_file = tmp_path / "bad.yaml"
+    config_file.write_text(text)
+    with pytest.raises(SystemExit, match=message):
+        parse_config(RunConfig, ["--config", str(config_file)])
+    config_file.write_text("# comments only\n")
+    assert parse_config(RunConfig, ["--config", str(config_file)]) == parse_config(RunConfig, [])
+
+
+def test_mapping_flags_with_keys_that_are_not_text_are_refused(tmp_path):
+    with pytest.raises(SystemExit, match=r"--reward_options='\{1: 2, foo: 3\}': keys must be text, got 1; quote them"):
+        parse_config(RunConfig, ["--reward_options", "{1: 2, foo: 3}"])
+
+
+def test_a_mistyped_flag_is_named_with_the_closest_one():
+    with pytest.raises(SystemExit, match=r"unrecognized arguments: --learning_rat 1e-4; did you mean --learning_rate\?"):
+        parse_config(RunConfig, ["--learning_rat", "1e-4"])
+
+
+def test_flags_that_another_flag_overrides_or_that_cannot_draw_a_timestep_are_refused():
+    with pytest.raises(SystemExit, match=r"--train_batch_size=1 with --auto_train_batch_size, which sets it"):
+        parse_config(RunConfig, ["--global_batch_size", "4", "--auto_train_batch_size", "--train_batch_size", "1"])
+    assert parse_config(RunConfig, ["--global_batch_size", "4", "--auto_train_batch_size"]).auto_train_batch_size
+    with pytest.raises(SystemExit, match=r"--logit_std=-1.0: must be > 0 \(a standard deviation\)"):
+        parse_config(RunConfig, ["--logit_std", "-1"])
+    for scale in ("10", "-2"):
+        with pytest.raises(SystemExit, match=rf"--mode_scale={float(scale)}: must lie in \[-1, 1.752\]"):
+            parse_config(RunConfig, ["--mode_scale", scale])
+    assert parse_config(RunConfig, ["--no-train-text-encoder", "--no-train-text-encoder-2"]).train_text_encoder is False
+    with pytest.raises(SystemExit, match=r"--validation_steps=100 without --validation_benchmark or "
+                                         r"--validation_prompts: there is no validation to run"):
+        parse_config(RunConfig, ["--validation_steps", "100"])
+    assert parse_config(RunConfig, ["--validation_steps", "100", "--validation_prompts", "a red cube"])
+    from gors.toy.demo import ToyRunConfig
+
+    with pytest.raises(SystemExit, match=r"--eval_split='bogus': choose one of train, held_out, "):
+        parse_config(ToyRunConfig, ["--eval_split", "bogus"])
+
+
 def test_interrupt_before_accelerate_is_imported_is_one_line(monkeypatch, capsys, tmp_path):
     import gors.cli
 

@@ -309,8 +309,16 @@ def test_flux_schnell_has_no_guidance_input(tmp_path):
     ("tiny_sd3", dict(timestep_range=[500, 1000]),
      r"--timestep_range: a StableDiffusion3Pipeline \(sd3 family\) trains a rectified flow, whose timesteps come from "
      r"--weighting_scheme; --timestep_range applies to the DDPM families \(SD 1/2, SDXL\)\."),
+    # A density's parameter where the scheme drawn with takes none: taken and doing nothing.
+    ("tiny_sd", dict(logit_std=2.0),
+     r"--logit_std: a StableDiffusionPipeline \(sd family\) trains with the DDPM loss, which takes no such "
+     r"parameter\. Drop it, or pass the --weighting_scheme that uses it"),
+    ("tiny_sd3", dict(mode_scale=1.0, logit_mean=0.5),  # SD3 draws with logit_normal by default
+     r"--mode_scale: a StableDiffusion3Pipeline \(sd3 family\) draws its timesteps with --weighting_scheme "
+     r"logit_normal, which takes no such parameter"),
 ], ids=["flux_text_encoder", "sd_text_encoder_2", "sd_weighting", "sd3_t5_length", "sdxl_t5_length", "sd3_resolution",
-        "flux_nothing_to_train", "sd3_nothing_to_train", "flux_anchor", "sd3_timestep_range"])
+        "flux_nothing_to_train", "sd3_nothing_to_train", "flux_anchor", "sd3_timestep_range", "sd_density",
+        "sd3_mode_scale"])
 def test_settings_a_family_cannot_take_are_refused_before_any_weights_load(model, overrides, error, request, tmp_path,
                                                                          no_weights):
     run_dir = tmp_path / "run"

@@ -141,6 +141,16 @@ def test_mode_density_is_the_formula_of_a_uniform_draw():
     variance = (1 + scale) ** 2 / 12 + scale ** 2 / 8 - 2 * scale * (1 + scale) / math.pi ** 2
     assert mode.mean().item() == pytest.approx(0.5, abs=0.01)
     assert mode.var().item() == pytest.approx(variance, abs=0.002) and variance < 1 / 12 - 0.03
+    # The scales --mode_scale takes map u monotonely into [0, 1] (the SD3 paper's condition); past them the map
+    # turns back (above) or leaves [0, 1] (below -1), which the config refuses.
+    from gors.config import MODE_SCALE_MAX
+
+    order = u.argsort()
+    for scale, defined in ((-1.0, True), (MODE_SCALE_MAX, True), (-1.1, False), (MODE_SCALE_MAX + 0.1, False)):
+        torch.manual_seed(0)
+        mode = timestep_density("mode", 20000, mode_scale=scale)
+        monotone = bool(torch.all(mode[order].diff() <= 1e-6))
+        assert (monotone and bool(torch.all((mode >= 0) & (mode <= 1)))) == defined, scale
 
 
 @pytest.mark.parametrize("scheme", ["none", "uniform", "sigma_sqrt", "cosmap"])

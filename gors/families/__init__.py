@@ -13,8 +13,8 @@ checkpoint's `model_index.json`.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TypeVar
+from dataclasses import fields, replace
+from typing import Any, TypeVar
 
 from gors.core.backbones import Backbone, check_resolution
 from gors.families.base import BasePrediction, Batch, TextEncoder, TrainingDefaults, TrainingFamily
@@ -32,6 +32,25 @@ TRAINING_FAMILIES: dict[str, type[TrainingFamily]] = {
 
 
 C = TypeVar("C")
+
+
+# The timestep densities' parameters, by the --weighting_scheme that draws with them.
+DENSITY_OPTIONS = {"logit_mean": "logit_normal", "logit_std": "logit_normal", "mode_scale": "mode"}
+
+
+def check_density_options(config: Any, scheme: str | None, label: str) -> None:
+    """Refuse a density parameter changed from its default where the resolved `scheme` (None: a DDPM family)
+    draws no timestep with it: it would be taken and do nothing."""
+    defaults = {spec.name: spec.default for spec in fields(config) if spec.name in DENSITY_OPTIONS}
+    unused = [f"--{name}" for name, used_by in DENSITY_OPTIONS.items()
+              if getattr(config, name) != defaults[name] and scheme != used_by]
+    if unused:
+        drawn = (f"draws its timesteps with --weighting_scheme {scheme}" if scheme is not None
+                 else "trains with the DDPM loss")
+        raise ValueError(f"{', '.join(unused)}: {label} {drawn}, which takes no such parameter. Drop "
+                         f"{'it' if len(unused) == 1 else 'them'}, or pass the --weighting_scheme that uses "
+                         f"{'it' if len(unused) == 1 else 'them'} (logit_normal: --logit_mean, --logit_std; mode: "
+                         "--mode_scale).")
 
 
 def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | None = None,
@@ -85,6 +104,8 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
     if not (config.train_unet or first or second):
         raise ValueError(f"--no_train_unet leaves nothing to train on {label}: train its "
                          f"{'text encoders' if clip else 'transformer'}.")
+    scheme = (config.weighting_scheme or cls.defaults.weighting_scheme) if flow else None
+    check_density_options(config, scheme, label)
     resolution = sampled_resolution if config.resolution is None else config.resolution
     sampling = backbone.sampling.resolve(None, sampled_guidance, resolution)
     resolved = replace(
@@ -92,7 +113,7 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
         resolution=check_resolution(backbone, sampling[2]),
         train_text_encoder=bool(first and clip),
         train_text_encoder_2=bool(second),
-        weighting_scheme=(config.weighting_scheme or cls.defaults.weighting_scheme) if flow else None,
+        weighting_scheme=scheme,
         max_sequence_length=(config.max_sequence_length or sampled_length) if has_t5 else None,
     )
     settings = {name: getattr(resolved, name) for name in (

@@ -33,7 +33,7 @@ from gors.core.lock import run_folder_lock
 from gors.core.pipeline import lora_sha256
 from gors.core.store import SampleStore
 from gors.core.toy import PRETRAINED_DIR
-from gors.core.toy.world import split_prompts
+from gors.core.toy.world import SPLITS, split_prompts
 from rewards.paper import toy_threshold
 
 # The toy evaluation generates and scores in its benchmark's batches: no flag of the recipe sets them.
@@ -61,6 +61,8 @@ class ToyRunConfig(RunConfig):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name}={value}: must be >= 1")
+        if self.eval_split not in SPLITS:
+            raise ValueError(f"--eval_split={self.eval_split!r}: choose one of {', '.join(SPLITS)}")
 
 
 def toy_defaults(output_dir: str = "toy_output") -> dict:

@@ -32,7 +32,7 @@ def steps_on(variant: str) -> Callable[[int], bool]:
     if variant in ("base", "all"):
         return lambda step: variant == "all"
     for prefix, on in (("first", lambda step, k: step < k), ("last", lambda step, k: step >= STEPS - k)):
-        if variant.startswith(prefix) and variant[len(prefix):].isdigit():
+        if variant.startswith(prefix) and variant[len(prefix):].isdigit() and int(variant[len(prefix):]) <= STEPS:
             k = int(variant[len(prefix):])
             return lambda step: on(step, k)
     raise SystemExit(f"error: variant {variant!r}; use base, all, firstK or lastK (K <= {STEPS})")
