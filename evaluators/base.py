@@ -21,7 +21,6 @@ computed only when asked for, e.g. T2I-CompBench's slow MLLM-CoT judge), `data_v
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -51,7 +50,7 @@ from gors.core.memory import BatchLimits
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
 from gors.core.scoring import score_samples
-from gors.core.store import IMAGE_HASH, SampleStore, StoreError, recorded_model_commits, sample_seed
+from gors.core.store import IMAGE_HASH, SampleStore, StoreError, read_image, recorded_model_commits, sample_seed
 from rewards import Reward
 from rewards.combined import build_reward, check_models_cached, check_options, dtype_setting, reward_dtype, versioned
 from rewards.registry import get_reward_class
@@ -128,9 +127,7 @@ class ImageFolderSamples:
         """The image as RGB; refused when its bytes are no longer those listed (replaced or rewritten since the
         folder was read), whose sha256 the scores are recorded under."""
         try:
-            data = Path(record["path"]).read_bytes()
-            with Image.open(io.BytesIO(data)) as image:
-                rgb = image.convert("RGB")
+            rgb, data = read_image(Path(record["path"]))
         except (OSError, UnidentifiedImageError) as err:
             raise StoreError(
                 f"{record['path']} is not a readable image ({err}); regenerate or remove it and evaluate again "

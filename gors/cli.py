@@ -447,7 +447,7 @@ DISK_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk 
 
 
 # torch.save's zip writer reports a write that failed (a full disk, a quota) only as errors of its own.
-TORCH_WRITE_FAILURES = ("PytorchStreamWriter failed", "unexpected pos", "basic_ios::clear: iostream error")
+TORCH_WRITE_FAILURES = ("PytorchStreamWriter failed", "unexpected pos")
 
 
 def _disk_problem(err: BaseException) -> str | None:
@@ -476,14 +476,17 @@ def _disk_problem(err: BaseException) -> str | None:
             "(each file is written whole or not at all)")
 
 
-# How gloo reports, in the processes waiting in a collective, that another process of the launch has exited.
-PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
+# How gloo reports, in the processes waiting in a collective, that another process of the launch has exited
+# (its transport's source file, then the cause).
+PEER_LOST = re.compile(r"gloo/transport/.*Connection (?:closed|reset) by peer")
 
 
 def _peer_lost(err: BaseException) -> str | None:
     """The one-line message for a collective that failed because another process of a multi-process launch
-    stopped (its own error line, or the launcher's report of its exit, says why), else None."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not any(text in str(err) for text in PEER_LOST):
+    stopped (its own error line, or the launcher's report of its exit, says why), else None. Only gloo's own
+    error: a download's "connection reset by peer" is another matter."""
+    collective = type(err) is RuntimeError or any(cls.__name__.startswith("Dist") for cls in type(err).__mro__)
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not collective or not PEER_LOST.search(str(err)):
         return None
     return ("another process of this launch stopped while this one waited for it: its error (above), or the "
             "launcher's report of its exit, says why")

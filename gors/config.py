@@ -104,9 +104,9 @@ MODE_SCALE_MAX = 2 / (math.pi - 2)
 
 
 class _NumberLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, reading `1e-4` as the number JSON and YAML 1.2 read (YAML 1.1, PyYAML's,
-    reads a float without a dot as text), and refusing a key given twice in one mapping (PyYAML keeps
-    the last, so a setting written twice in a config file would silently lose its first value)."""
+    """PyYAML's safe loader, reading numbers as the command line does (below), and refusing a key given
+    twice in one mapping (PyYAML keeps the last, so a setting written twice in a config file would silently
+    lose its first value)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         first: dict[Any, yaml.Node] = {}
@@ -123,26 +123,30 @@ class _NumberLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_NumberLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
-# Whole numbers as the command line reads them (Python's int: `1_000` too) and YAML 1.2 (`0o17`, `0x1F`):
-# YAML 1.1 reads `seed: 0042` as octal 34 and `1:30` as 90 (base 60), which the same text as a flag is not.
-_INT = "tag:yaml.org,2002:int"
+# Numbers as the command line reads them (Python's int and float, `1_000` and `1e-4` too): YAML 1.1, PyYAML's,
+# reads `1e-4` as text, `seed: 0042` as octal 34, `1:30` as 90 (base 60) and `0x1F` as 31, which the same text as
+# a flag is not. Every other implicit type (booleans, null, ...) stays as PyYAML reads it.
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 _NumberLoader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag != _INT]
-    for first, resolvers in _NumberLoader.yaml_implicit_resolvers.items()}
-_NumberLoader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9]+(?:_[0-9]+)*|0o[0-7]+|0x[0-9a-fA-F]+)$"),
-                                    list("-+0123456789"))
+    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_DIGITS = r"[0-9]+(?:_[0-9]+)*"
+_NumberLoader.add_implicit_resolver(_INT, re.compile(rf"^[-+]?{_DIGITS}$"), list("-+0123456789"))
+_NumberLoader.add_implicit_resolver(
+    _FLOAT, re.compile(rf"^[-+]?(?:{_DIGITS}(?:\.(?:{_DIGITS})?)?(?:[eE][-+]?{_DIGITS})?|\.{_DIGITS}(?:[eE][-+]?{_DIGITS})?"
+                       r"|\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
 
 
-def _yaml_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+def _yaml_number(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int | float:
     text = loader.construct_scalar(node)
-    base = {"0o": 8, "0x": 16}.get(text[:2], 10)
-    return int(text[2:] if base != 10 else text, base)
+    special = {".inf": math.inf, ".nan": math.nan}.get(text.lstrip("+-").lower())
+    if special is not None:
+        return -special if text.startswith("-") else special
+    return int(text) if node.tag == _INT else float(text)
 
 
-_NumberLoader.add_constructor(_INT, _yaml_int)
+_NumberLoader.add_constructor(_INT, _yaml_number)
+_NumberLoader.add_constructor(_FLOAT, _yaml_number)
 
 
 def load_yaml(text: str | IO[str]) -> Any:

@@ -774,7 +774,8 @@ class GORSTrainer:
             accelerator.load_state(str(checkpoint))
             global_step = checkpoint_step(checkpoint)
             accelerator.print(f"[train] resumed from {checkpoint} at step {global_step}")
-            if accelerator.is_main_process:
+            own = checkpoint.parent.resolve() == (Path(config.output_dir) / CHECKPOINTS_DIR).resolve()
+            if accelerator.is_main_process and own:  # never another run folder's, which --resume_from_checkpoint may name
                 prune_checkpoints(checkpoint, config.checkpoints_total_limit)
             if global_step == config.max_train_steps:
                 accelerator.print(f"[train] the checkpoint is at --max_train_steps={global_step}: nothing to train; "

@@ -49,8 +49,10 @@ BEST_DIR = "best"
 BEST_FILE = "best.json"
 # The side every Stable Diffusion 1/2 protocol sampled at before the checkpoint's own side was the default.
 EARLIER_SD_SIDE = 512
-# Scorers whose scoring version rose since `best.json` records them: the version a record without them was
-# scored at (GenEval's detector input resized as mmdetection's raised it to 3, for its graded reward too).
+# Scorers whose scoring version rose just before `best.json` recorded them: the version a record without them was
+# scored at (GenEval's detector input resized as mmdetection's raised it to 3, for its graded reward too). Versions
+# that rose earlier in 0.2's development (the detector rules', 3-in-1's) are taken as current: a record of those
+# days competes as if scored now.
 UNRECORDED_SCORING_VERSIONS = {"geneval": 2, "geneval_graded": 2}
 VALIDATION_DIR = "validation"
 _STEP_FOLDER = "step-"

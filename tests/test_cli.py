@@ -513,12 +513,16 @@ def test_yaml_number_text_is_a_number(tmp_path):
 def test_yaml_whole_numbers_read_as_the_same_text_as_a_flag(tmp_path):
     # YAML 1.1 (PyYAML) reads 0042 as octal 34 and 1:30 as 90; `--seed 0042` is 42 and `--max_train_steps 1:30` refused.
     config_file = tmp_path / "run.yaml"
-    config_file.write_text("seed: 0042\ncheckpointing_steps: 1_000\nrank: 0x10\nlearning_rate: 5.0e-6\n")
+    config_file.write_text("seed: 0042\ncheckpointing_steps: 1_000\nlearning_rate: 5.0e-6\nadam_epsilon: 1e-8\n")
     config = parse_config(RunConfig, ["--config", str(config_file)])
-    assert (config.seed, config.checkpointing_steps, config.rank, config.learning_rate) == (42, 1000, 16, 5e-6)
+    assert (config.seed, config.checkpointing_steps, config.learning_rate, config.adam_epsilon) == (42, 1000, 5e-6, 1e-8)
     assert parse_config(RunConfig, ["--seed", "0042"]).seed == 42
-    config_file.write_text("max_train_steps: 1:30\n")
-    with pytest.raises(SystemExit, match="max_train_steps: '1:30' is not a whole number"):
+    for text in ("1:30", "0x1F", "0o17"):  # base 60, hexadecimal, octal: the flag refuses them too
+        config_file.write_text(f"max_train_steps: {text}\n")
+        with pytest.raises(SystemExit, match=f"max_train_steps: '{text}' is not a whole number"):
+            parse_config(RunConfig, ["--config", str(config_file)])
+    config_file.write_text("learning_rate: 1:30.5\n")
+    with pytest.raises(SystemExit, match="learning_rate: '1:30.5' is not a number"):
         parse_config(RunConfig, ["--config", str(config_file)])
 
 
@@ -677,6 +681,11 @@ def test_the_main_process_losing_a_failed_process_in_a_collective_is_one_line_no
     assert exit_info.value.code == 2 and err == [
         "error: another process of this launch stopped while this one waited for it: its error (above), or the "
         "launcher's report of its exit, says why"]
+    # A download's reset connection is no lost process: its own message stays.
+    with pytest.raises(RuntimeError, match="Connection aborted"):
+        with expected_errors():
+            raise RuntimeError("could not download it (('Connection aborted.', ConnectionResetError(104, "
+                               "'Connection reset by peer')))")
     monkeypatch.setenv("WORLD_SIZE", "1")  # one process: no peer to lose, a bug of its own
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         with expected_errors():

@@ -282,6 +282,25 @@ def test_flux_schnell_has_no_guidance_input(tmp_path):
 # ---- settings a family cannot take ---------------------------------------------------------------------
 
 
+def test_a_density_parameter_the_scheme_does_not_draw_with_is_named_as_doing_nothing(caplog):
+    # A warning, not a refusal: runs made before it recorded such values, and their reruns must go on.
+    from gors.config import RunConfig
+    from gors.families import check_density_options
+
+    check_density_options(RunConfig(logit_std=2.0), None, "a StableDiffusionPipeline (sd family)")
+    assert ("--logit_std: a StableDiffusionPipeline (sd family) trains with the DDPM loss, which takes no timestep "
+            "density; they apply to SD3 and FLUX.1. Drop it: it does nothing here.") in caplog.text
+    caplog.clear()
+    check_density_options(RunConfig(mode_scale=1.0, logit_mean=0.5), "logit_normal", "an SD3")
+    # --logit_mean is logit_normal's own: only --mode_scale is named.
+    assert [record.getMessage().split(":")[0] for record in caplog.records] == ["--mode_scale"]
+    assert ("an SD3 draws its timesteps with --weighting_scheme logit_normal, which takes no such parameter; pass the "
+            "scheme that uses it") in caplog.text
+    caplog.clear()
+    check_density_options(RunConfig(mode_scale=1.0), "mode", "an SD3")
+    assert not caplog.text
+
+
 @pytest.mark.parametrize("model, overrides, error", [
     ("tiny_flux", dict(train_text_encoder=True),
      r"--train_text_encoder: gors trains only the transformer of a FluxPipeline \(flux family\); its text encoders "
@@ -309,16 +328,8 @@ def test_flux_schnell_has_no_guidance_input(tmp_path):
     ("tiny_sd3", dict(timestep_range=[500, 1000]),
      r"--timestep_range: a StableDiffusion3Pipeline \(sd3 family\) trains a rectified flow, whose timesteps come from "
      r"--weighting_scheme; --timestep_range applies to the DDPM families \(SD 1/2, SDXL\)\."),
-    # A density's parameter where the scheme drawn with takes none: taken and doing nothing.
-    ("tiny_sd", dict(logit_std=2.0),
-     r"--logit_std: a StableDiffusionPipeline \(sd family\) trains with the DDPM loss, which takes no such "
-     r"parameter\. Drop it, or pass the --weighting_scheme that uses it"),
-    ("tiny_sd3", dict(mode_scale=1.0, logit_mean=0.5),  # SD3 draws with logit_normal by default
-     r"--mode_scale: a StableDiffusion3Pipeline \(sd3 family\) draws its timesteps with --weighting_scheme "
-     r"logit_normal, which takes no such parameter"),
 ], ids=["flux_text_encoder", "sd_text_encoder_2", "sd_weighting", "sd3_t5_length", "sdxl_t5_length", "sd3_resolution",
-        "flux_nothing_to_train", "sd3_nothing_to_train", "flux_anchor", "sd3_timestep_range", "sd_density",
-        "sd3_mode_scale"])
+        "flux_nothing_to_train", "sd3_nothing_to_train", "flux_anchor", "sd3_timestep_range"])
 def test_settings_a_family_cannot_take_are_refused_before_any_weights_load(model, overrides, error, request, tmp_path,
                                                                          no_weights):
     run_dir = tmp_path / "run"

@@ -286,6 +286,12 @@ def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config,
     train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=1, checkpoints_total_limit=2,
                   report_to="none"))
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
+    # Resumed from another run folder's checkpoint (--resume_from_checkpoint takes any): that folder is not pruned.
+    other = _copy_run(selected_run, tmp_path / "other")
+    train(_config(make_run_config, other, max_train_steps=4, checkpointing_steps=1, checkpoints_total_limit=1,
+                  report_to="none", resume_from_checkpoint=str(run_dir / "checkpoints" / "checkpoint-3")))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
+    assert sorted(p.name for p in (other / "checkpoints").iterdir()) == ["checkpoint-4"]
 
 
 def test_a_training_that_diverges_stops_with_what_to_change_and_saves_nothing_of_it(selected_run, make_run_config,

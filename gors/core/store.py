@@ -77,6 +77,14 @@ class StoreError(RuntimeError):
     """A sample store that cannot be used as it is; the message says how to fix it."""
 
 
+def read_image(path: Path) -> tuple[Image.Image, bytes]:
+    """The image file at `path` as RGB, and its bytes (whose sha256 a record holds); OSError or
+    UnidentifiedImageError when it does not read as an image."""
+    data = path.read_bytes()
+    with Image.open(io.BytesIO(data)) as image:
+        return image.convert("RGB"), data
+
+
 class SampleStore:
     """An append-only image folder of generated samples (see the module docstring)."""
 
@@ -118,9 +126,7 @@ class SampleStore:
         regenerate = ("rerun `gors generate` with the same --output_dir: only the missing images are generated again, "
                       "and finished work is kept.")
         try:
-            data = path.read_bytes()
-            with Image.open(io.BytesIO(data)) as image:
-                rgb = image.convert("RGB")
+            rgb, data = read_image(path)
         except (OSError, UnidentifiedImageError) as err:
             raise StoreError(f"{path} is not a readable image ({err}). Delete it and {regenerate}") from err
         expected = record.get(IMAGE_HASH)

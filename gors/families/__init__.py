@@ -13,6 +13,7 @@ checkpoint's `model_index.json`.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import fields, replace
 from typing import Any, TypeVar
 
@@ -34,23 +35,28 @@ TRAINING_FAMILIES: dict[str, type[TrainingFamily]] = {
 C = TypeVar("C")
 
 
+logger = logging.getLogger(__name__)
+
 # The timestep densities' parameters, by the --weighting_scheme that draws with them.
 DENSITY_OPTIONS = {"logit_mean": "logit_normal", "logit_std": "logit_normal", "mode_scale": "mode"}
 
 
 def check_density_options(config: Any, scheme: str | None, label: str) -> None:
-    """Refuse a density parameter changed from its default where the resolved `scheme` (None: a DDPM family)
-    draws no timestep with it: it would be taken and do nothing."""
+    """Warn of a density parameter changed from its default where the resolved `scheme` (None: a DDPM family)
+    draws no timestep with it: it is taken and does nothing. A warning, not a refusal: runs made before it
+    record the value (round settings, checkpoints), and their rerun with the same flags must go on."""
     defaults = {spec.name: spec.default for spec in fields(config) if spec.name in DENSITY_OPTIONS}
     unused = [f"--{name}" for name, used_by in DENSITY_OPTIONS.items()
               if getattr(config, name) != defaults[name] and scheme != used_by]
-    if unused:
-        drawn = (f"draws its timesteps with --weighting_scheme {scheme}" if scheme is not None
-                 else "trains with the DDPM loss")
-        raise ValueError(f"{', '.join(unused)}: {label} {drawn}, which takes no such parameter. Drop "
-                         f"{'it' if len(unused) == 1 else 'them'}, or pass the --weighting_scheme that uses "
-                         f"{'it' if len(unused) == 1 else 'them'} (logit_normal: --logit_mean, --logit_std; mode: "
-                         "--mode_scale).")
+    if not unused:
+        return
+    them = "it" if len(unused) == 1 else "them"
+    if scheme is None:
+        advice = f"{label} trains with the DDPM loss, which takes no timestep density; they apply to SD3 and FLUX.1"
+    else:
+        advice = (f"{label} draws its timesteps with --weighting_scheme {scheme}, which takes no such parameter; "
+                  f"pass the scheme that uses {them} (logit_normal: --logit_mean, --logit_std; mode: --mode_scale)")
+    logger.warning("%s: %s. Drop %s: %s does nothing here.", ", ".join(unused), advice, them, them)
 
 
 def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | None = None,
