@@ -21,7 +21,7 @@ from tabulate import tabulate
 
 from evaluators import benchmark_label, build_benchmark, parse_benchmarks
 from evaluators.base import SUMMARY_FILE, Benchmark, ScorerKey
-from evaluators.results import UNIT_SCALE
+from evaluators.results import UNIT_SCALE, metric_value
 from gors.config import EvaluateConfig
 from gors.core.backbones import check_lora_fits, check_lora_loader, detect_backbone, family_precision
 from gors.core.distributed import make_accelerator
@@ -48,7 +48,7 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
         metric = summary["primary_metric"]
         scale = summary["results"]["metrics"][metric]["scale"]
         columns = ", ".join(f"{k} {_format(v)}" for k, v in (summary.get("columns") or {}).items()) or "-"
-        rows.append([summary["label"], metric, _format(summary.get(metric)), scale, columns])
+        rows.append([summary["label"], metric, _format(metric_value(summary, metric)), scale, columns])
     # Values are formatted here (4 decimals) so that tabulate does not reformat them.
     return tabulate(rows, headers=["benchmark", "metric", "value", "scale", f"further columns, in {UNIT_SCALE}"],
                     tablefmt="github", disable_numparse=True)

@@ -20,6 +20,7 @@ write are removed.
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +28,9 @@ from typing import Any
 
 from tabulate import tabulate
 
+from evaluators.results import UNIT_SCALE, metric_value
 from gors.core.io import atomic_write_bytes, make_folder, not_a_folder, read_json
-from gors.core.paper import PUBLISHED
+from gors.core.paper import PUBLISHED, PUBLISHED_PROMPTS
 
 
 def _is_number(value: Any) -> bool:
@@ -49,50 +51,73 @@ def _summaries(folder: Path) -> list[Any] | None:
     return data["summaries"]
 
 
-def evaluation_sizes(folder: Path) -> dict[str, int]:
-    """Benchmark label -> number of images scored, from a `gors evaluate` folder's summaries (those
-    that record it: `results.samples.images`)."""
-    sizes = {}
+def column_name(summary: dict[str, Any]) -> str:
+    """A benchmark's report column: its label, with the scale of its main metric where that is not [0, 1]
+    (GenEval 2's x100), so that values of two scales never share a column unsaid."""
+    metric = ((summary.get("results") or {}).get("metrics") or {}).get(summary["primary_metric"]) or {}
+    scale = metric.get("scale", UNIT_SCALE)
+    return summary["label"] if scale == UNIT_SCALE else f"{summary['label']} ({scale})"
+
+
+# What a benchmark's values were measured with, beyond the checkpoint: two checkpoints' values compare exactly
+# only where all of these are one (`protocol_notes`). The batch size changes no image.
+PROTOCOL_KEYS = ("prompts", "images per prompt", "prompt set", "judge", "sampling and scoring")
+
+
+def evaluation_protocols(folder: Path) -> dict[str, dict[str, Any]]:
+    """Report column -> what its value was measured with (`PROTOCOL_KEYS`), from a `gors evaluate` folder's
+    summaries; a key the summary does not record is left out."""
+    protocols = {}
     for summary in _summaries(folder) or []:
-        images = ((summary.get("results") or {}).get("samples") or {}).get("images") if isinstance(summary, dict) \
-            else None
-        if isinstance(summary, dict) and isinstance(images, int):
-            sizes[str(summary.get("label"))] = images
-    return sizes
+        if not isinstance(summary, dict) or not isinstance(summary.get("label"), str):
+            continue
+        results = summary.get("results") or {}
+        samples, data = results.get("samples") or {}, results.get("data") or {}
+        config = {key: value for key, value in (results.get("config") or {}).items()
+                  if key not in ("batch_size", "max_prompts", "images_per_prompt")}
+        recorded = {"prompts": samples.get("prompts"), "images per prompt": samples.get("images_per_prompt"),
+                    "prompt set": data.get("prompts_sha256"), "judge": summary.get("metric"),
+                    "sampling and scoring": json.dumps(config, sort_keys=True) if config else None}
+        protocols[column_name(summary)] = {key: value for key, value in recorded.items() if value is not None}
+    return protocols
 
 
-def size_notes(sizes: dict[str, dict[str, int]]) -> list[str]:
-    """A line per benchmark that the checkpoints (name -> label -> images) were evaluated on with
-    different numbers of images: their values then measure on other prompts or images."""
+def protocol_notes(protocols: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """A line per report column whose checkpoints (name -> column -> `evaluation_protocols`) were measured
+    otherwise: other prompts, images per prompt, prompt set, judge, or sampling and scoring settings."""
     notes = []
-    for label in sorted({label for counts in sizes.values() for label in counts}):
-        counts = {name: counts[label] for name, counts in sizes.items() if label in counts}
-        if len(set(counts.values())) > 1:
-            listed = ", ".join(f"{name} {count}" for name, count in counts.items())
-            notes.append(f"note: {label} was evaluated on different numbers of images ({listed}): those values "
-                         "do not compare exactly")
+    for column in sorted({column for measured in protocols.values() for column in measured}):
+        measured = {name: each[column] for name, each in protocols.items() if column in each}
+        differing = [key for key in PROTOCOL_KEYS
+                     if len({json.dumps(each.get(key)) for each in measured.values() if key in each}) > 1]
+        if differing:
+            shown = [key if key in ("prompt set", "sampling and scoring") else
+                     f"{key}: " + ", ".join(f"{name} {each.get(key, '?')}" for name, each in measured.items())
+                     for key in differing]
+            notes.append(f"note: {column} was measured otherwise for these checkpoints ({'; '.join(shown)}): those "
+                         "values do not compare exactly")
     return notes
 
 
-def load_evaluation(folder: Path) -> dict[str, float] | None:
-    """Benchmark label -> main metric value from a `gors evaluate` folder; None when it has no summary."""
+def load_evaluation(folder: Path) -> dict[str, float | None] | None:
+    """Report column (`column_name`) -> main metric value from a `gors evaluate` folder (None where its
+    summary holds none); None when the folder has no summary."""
     summaries = _summaries(folder)
     if summaries is None:
         return None
     path = folder / "summary.json"
-    values = {}
+    values: dict[str, float | None] = {}
     for index, summary in enumerate(summaries):
         missing = [key for key in ("label", "primary_metric")
                    if not isinstance(summary, dict) or not isinstance(summary.get(key), str)]
         if missing:
             raise ValueError(f"{path}: summaries[{index}] has no {' or '.join(map(repr, missing))}; expected the "
                              "summary.json of `gors evaluate` (rerun it to write one)")
-        value = summary.get(summary["primary_metric"])
+        value = metric_value(summary, summary["primary_metric"])  # a dotted key reads one level deeper
         if value is not None and not _is_number(value):
             raise ValueError(f"{path}: summaries[{index}] ({summary['label']}): its main metric "
                              f"{summary['primary_metric']!r} is {value!r}, not a number")
-        if value is not None:
-            values[summary["label"]] = float(value)
+        values[column_name(summary)] = None if value is None else float(value)
     return values
 
 
@@ -200,7 +225,9 @@ def markdown_table(rows: dict[str, dict[str, float]], with_published: bool = Tru
             if shown:
                 table[f"*{name}*"] = shown
     body = [[name, *(values.get(c) for c in columns)] for name, values in table.items()]
-    return tabulate(body, headers=["checkpoint", *columns], tablefmt="github", floatfmt=".4f", missingval="-")
+    # Folder names such as `7.5` or `0500` stay as written (tabulate would format them as numbers).
+    return tabulate(body, headers=["checkpoint", *columns], tablefmt="github", floatfmt=".4f", missingval="-",
+                    disable_numparse=[0])
 
 
 def _plot_bars(rows: dict[str, dict[str, float]], path: Path) -> None:
@@ -211,13 +238,21 @@ def _plot_bars(rows: dict[str, dict[str, float]], path: Path) -> None:
     import numpy as np
 
     columns = sorted({label for values in rows.values() for label in values})
+    # One panel per scale: GenEval 2's x100 values beside values in [0, 1] would flatten the latter.
+    scales: dict[str, list[str]] = {}
+    for column in columns:
+        scale = column.rpartition(" (")[2].rstrip(")") if column.endswith(")") else UNIT_SCALE
+        scales.setdefault(scale, []).append(column)
     width = 0.8 / max(len(rows), 1)
-    figure, axis = plt.subplots(figsize=(max(6.0, 1.2 * len(columns)), 4.0))
-    for k, (name, values) in enumerate(rows.items()):
-        axis.bar(np.arange(len(columns)) + k * width, [values.get(c, np.nan) for c in columns], width, label=name)
-    axis.set_xticks(np.arange(len(columns)) + width * (len(rows) - 1) / 2, columns, rotation=30, ha="right")
-    axis.set_ylabel("main metric")
-    axis.legend(fontsize="small")
+    figure, axes = plt.subplots(1, len(scales), squeeze=False, width_ratios=[len(c) for c in scales.values()],
+                                figsize=(max(6.0, 1.2 * len(columns)), 4.0))
+    for axis, (scale, shown) in zip(axes[0], scales.items()):
+        for k, (name, values) in enumerate(rows.items()):
+            heights = [np.nan if values.get(c) is None else values[c] for c in shown]
+            axis.bar(np.arange(len(shown)) + k * width, heights, width, label=name)
+        axis.set_xticks(np.arange(len(shown)) + width * (len(rows) - 1) / 2, shown, rotation=30, ha="right")
+        axis.set_ylabel(f"main metric, {scale}")
+    axes[0][0].legend(fontsize="small")
     figure.tight_layout()
     _save_figure(figure, path)
 
@@ -264,11 +299,12 @@ def quick_run_notes(folder: Path, name: str) -> list[str]:
         config, samples = results.get("config") or {}, results.get("samples") or {}
         official = benchmark_class(benchmark).official_images_per_prompt
         per_prompt = config.get("images_per_prompt") or official
-        if config.get("max_prompts") is None and per_prompt == official:
+        prompts = samples.get("prompts")
+        # A --max_prompts at or above the prompt count cuts nothing: the prompts measured say whether it did.
+        if (config.get("max_prompts") is None or prompts == PUBLISHED_PROMPTS) and per_prompt == official:
             continue
-        notes.append(f"note: {name}'s {label} is a quick run ({samples.get('prompts', '?')} prompts x {per_prompt} "
-                     f"images; the protocol's images per prompt: {official}, all its prompts): it does not compare "
-                     "with the published numbers")
+        notes.append(f"note: {name}'s {label} is a quick run ({prompts or '?'} prompts x {per_prompt} images; the "
+                     f"protocol's: {PUBLISHED_PROMPTS} x {official}): it does not compare with the published numbers")
     return notes
 
 
@@ -279,8 +315,8 @@ PLOTS = ("benchmarks.png", "training_curves.png", "rounds.png")
 def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> Path:
     """Write report.md (+ PNGs) for the given evaluation and run folders; returns report.md's path."""
     output_dir = Path(output_dir)
-    evaluations: dict[str, dict[str, float]] = {}
-    sizes: dict[str, dict[str, int]] = {}
+    evaluations: dict[str, dict[str, float | None]] = {}
+    protocols: dict[str, dict[str, dict[str, Any]]] = {}
     runs: dict[str, dict[str, list[tuple[int, float]]]] = {}
     rounds: dict[str, list[dict[str, float]]] = {}
     quick: list[str] = []
@@ -290,9 +326,9 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
             raise FileNotFoundError(f"{folder}: {not_a_folder(folder)} (give `gors evaluate` or training output "
                                     "folders)")
         evaluation = load_evaluation(folder)
-        if evaluation:
+        if evaluation:  # a folder whose summaries hold no value is a row of "-"
             evaluations[name] = evaluation
-            sizes[name] = evaluation_sizes(folder)
+            protocols[name] = evaluation_protocols(folder)
             quick += quick_run_notes(folder, name)
         if (folder / "logs").is_dir():
             scalars = load_scalars(folder)
@@ -309,7 +345,8 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
     written = []
     if evaluations:
         parts += ["## Benchmarks (main metric of each; published numbers in italics)", "",
-                  markdown_table(evaluations), "", *size_notes(sizes), *quick, "", "![benchmarks](benchmarks.png)", ""]
+                  markdown_table(evaluations), "", *protocol_notes(protocols), *quick, "", "![benchmarks](benchmarks.png)",
+                  ""]
         _plot_bars(evaluations, output_dir / "benchmarks.png")
         written.append("benchmarks.png")
     if runs:
@@ -328,7 +365,8 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
         for name, rows in rounds.items():
             columns = list(dict.fromkeys(key for row in rows for key in row))
             parts += [f"### {name}", "", tabulate([[row.get(c) for c in columns] for row in rows], headers=columns,
-                                                    tablefmt="github", floatfmt=".4f", missingval="-"), ""]
+                                                    tablefmt="github", floatfmt=".4f", missingval="-",
+                                                    disable_numparse=[0]), ""]
         parts += ["![rounds](rounds.png)", ""]
         _plot_rounds(rounds, output_dir / "rounds.png")
         written.append("rounds.png")

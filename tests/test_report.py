@@ -154,27 +154,58 @@ def test_a_quick_run_set_beside_published_numbers_is_noted(tmp_path):
         (folder / "summary.json").write_text(json.dumps({"summaries": [summary]}))
         return folder
 
-    text = report([evaluation("quick", 2, 2), evaluation("fewer", None, 4), evaluation("full", None, None)],
-                  tmp_path / "report").read_text()
-    assert ("note: quick's t2i_compbench:color is a quick run (2 prompts x 2 images; the protocol's images per "
-            "prompt: 10, all its prompts): it does not compare with the published numbers") in text
+    text = report([evaluation("quick", 2, 2), evaluation("fewer", None, 4), evaluation("full", None, None),
+                   evaluation("all", 300, None)], tmp_path / "report").read_text()
+    assert ("note: quick's t2i_compbench:color is a quick run (2 prompts x 2 images; the protocol's: 300 x 10): it "
+            "does not compare with the published numbers") in text
     assert "fewer's t2i_compbench:color is a quick run (300 prompts x 4 images" in text
-    assert "full's" not in text
+    assert "full's" not in text and "all's" not in text  # --max_prompts 300 cuts none of the 300
 
 
-def test_evaluations_of_one_benchmark_on_different_numbers_of_images_are_noted(tmp_path):
-    def evaluation(name: str, images: int) -> Path:
+def test_evaluations_of_one_benchmark_measured_otherwise_are_noted(tmp_path):
+    def evaluation(name: str, prompts: int, per_prompt: int = 4, prompt_set: str = "a", **summary_keys) -> Path:
         folder = tmp_path / name
         folder.mkdir()
         summary = {"label": "toy:held_out", "primary_metric": "binding_accuracy", "binding_accuracy": 0.5,
-                   "results": {"samples": {"prompts": images // 4, "images": images, "images_per_prompt": 4}}}
+                   **summary_keys, "results": {
+                       "samples": {"prompts": prompts, "images": prompts * per_prompt, "images_per_prompt": per_prompt},
+                       "data": {"prompts_sha256": prompt_set}, "config": {"batch_size": prompts, "seed": 0}}}
         (folder / "summary.json").write_text(json.dumps({"summaries": [summary]}))
         return folder
 
-    text = report([evaluation("quick", 16), evaluation("full", 600)], tmp_path / "report").read_text()
-    assert "note: toy:held_out was evaluated on different numbers of images (quick 16, full 600)" in text
-    text = report([evaluation("again", 600), tmp_path / "full"], tmp_path / "report").read_text()
+    text = report([evaluation("quick", 4), evaluation("full", 150)], tmp_path / "report").read_text()
+    assert ("note: toy:held_out was measured otherwise for these checkpoints (prompts: quick 4, full 150): those "
+            "values do not compare exactly") in text
+    # As many images, on other prompts (6 x 3 against 9 x 2): noted too.
+    text = report([evaluation("six", 6, 3, "b"), evaluation("nine", 9, 2, "c")], tmp_path / "report").read_text()
+    assert "(prompts: six 6, nine 9; images per prompt: six 3, nine 2; prompt set)" in text
+    # Another judge (LPG-Bench's embedding and LLM judges share a label).
+    text = report([evaluation("embedding", 4, judge="x", metric="tit_score"),
+                   evaluation("llm", 4, metric="tit_score_llm")], tmp_path / "report").read_text()
+    assert "(judge: embedding tit_score, llm tit_score_llm)" in text
+    # Measured alike, whatever the batch size: no note.
+    text = report([evaluation("again", 150), tmp_path / "full"], tmp_path / "report").read_text()
     assert "note:" not in text
+
+
+def test_report_columns_keep_names_scales_and_dotted_metrics_as_recorded(tmp_path):
+    def evaluation(name: str, summary: dict) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "summary.json").write_text(json.dumps({"summaries": [summary]}))
+        return folder
+
+    nested = {"label": "mine", "primary_metric": "accuracy.binding", "accuracy": {"binding": 0.25}}
+    percent = {"label": "geneval2", "primary_metric": "soft_tifa_gm", "soft_tifa_gm": 41.37,
+               "results": {"metrics": {"soft_tifa_gm": {"scale": "x100"}}}}
+    missing = {"label": "mine", "primary_metric": "accuracy.binding", "accuracy": None}
+    text = report([evaluation("7.5", nested), evaluation("0500", percent), evaluation("none", missing)],
+                  tmp_path / "report").read_text()
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| ")}
+    assert rows["checkpoint"] == ["geneval2 (x100)", "mine"]  # the scale in the header of values in x100
+    assert rows["7.5"] == ["-", "0.2500"] and rows["0500"] == ["41.3700", "-"]  # names as written
+    assert rows["none"] == ["-", "-"]  # a folder whose summary holds no value is a row, not dropped
 
 
 def test_a_folder_with_nothing_to_report_is_refused(tmp_path):

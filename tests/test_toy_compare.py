@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from gors.toy.compare import compare, main, paired_difference, per_prompt_accuracy
+from gors.toy.compare import compare, main, paired_difference, per_prompt_accuracy, per_prompt_results
 
 
 def _rows(correct: dict[str, list[bool]]) -> list[dict]:
@@ -21,8 +21,8 @@ def _evaluation(folder, correct: dict[str, list[bool]], run_folder: bool = False
 
 
 def test_per_prompt_accuracy_and_the_paired_difference():
-    a = per_prompt_accuracy(_rows({"p": [True, False], "q": [False, False]}))
-    b = per_prompt_accuracy(_rows({"p": [True, True], "q": [True, False]}))
+    a = per_prompt_accuracy(per_prompt_results(_rows({"p": [True, False], "q": [False, False]})))
+    b = per_prompt_accuracy(per_prompt_results(_rows({"p": [True, True], "q": [True, False]})))
     assert a == {"p": 0.5, "q": 0.0} and b == {"p": 1.0, "q": 0.5}
     mean, error = paired_difference(a, b)
     assert mean == pytest.approx(0.5) and error == pytest.approx(0.0)  # every prompt gains the same
@@ -47,3 +47,16 @@ def test_pairs_of_run_and_evaluation_folders_and_their_mean(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path), str(rounds[0])])
     assert "holds neither results.jsonl nor eval_gors/results.jsonl" in capsys.readouterr().err
+
+
+def test_evaluations_of_other_prompts_or_images_per_prompt_are_refused(tmp_path, capsys):
+    a = _evaluation(tmp_path / "a", {"p": [True, False, True], "q": [False, False, True]})
+    fewer = _evaluation(tmp_path / "fewer", {"p": [True], "q": [False]})  # the first image of each, same seeds
+    other = _evaluation(tmp_path / "other", {"p": [True, True, True], "r": [True, True, True]})
+    b = _evaluation(tmp_path / "b", {"p": [True, True, True], "q": [True, True, True]})
+    with pytest.raises(ValueError, match=r"fewer was evaluated with other images per prompt than .*a: compare "
+                                         r"evaluations made with one --eval_images_per_prompt"):
+        compare([a, fewer])
+    with pytest.raises(SystemExit) as exit_info:  # a second pair of other prompts: one line, not a KeyError
+        main([str(a), str(b), str(other), str(b)])
+    assert exit_info.value.code == 2 and "other was evaluated on other prompts than" in capsys.readouterr().err

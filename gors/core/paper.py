@@ -90,6 +90,9 @@ RELEASED_CHECKPOINT_STEPS: dict[str, int] = {
     if (match := re.search(r"_s(\d+)$", stem))
 }
 
+# The prompts each T2I-CompBench category's published numbers average over: its validation set.
+PUBLISHED_PROMPTS = 300
+
 # Table 2: Stable Diffusion v2 (`stable-diffusion-2-base`, the model GORS fine-tunes) and GORS,
 # each category's own metric; keys are `gors evaluate` labels.
 PUBLISHED: dict[str, dict[str, float]] = {

@@ -34,12 +34,30 @@ def results_file(folder: str | Path) -> Path:
                             "of recipes/gors_toy.py or one of its evaluation folders")
 
 
-def per_prompt_accuracy(rows: Sequence[Mapping]) -> dict[str, float]:
-    """Binding accuracy of each prompt (the share of its images with every binding right), in [0, 1]."""
+def per_prompt_results(rows: Sequence[Mapping]) -> dict[str, list[float]]:
+    """Each prompt's images' results: 1.0 where every binding is right, else 0.0."""
     images: dict[str, list[float]] = {}
     for row in rows:
         images.setdefault(row["prompt"], []).append(float(row["correct"]))
-    return {prompt: float(np.mean(values)) for prompt, values in images.items()}
+    return images
+
+
+def per_prompt_accuracy(results: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Binding accuracy of each prompt (the share of its images with every binding right), in [0, 1]."""
+    return {prompt: float(np.mean(values)) for prompt, values in results.items()}
+
+
+def check_comparable(results: Sequence[Mapping[str, Sequence[float]]], folders: Sequence[str | Path]) -> None:
+    """Refuse evaluations of other prompt sets or other images per prompt than the first's: their accuracies
+    measure other samples (fewer images per prompt are the first of the others', on the same seeds)."""
+    first, counts = results[0], {len(values) for values in results[0].values()}
+    for other, folder in zip(results[1:], folders[1:]):
+        if other.keys() != first.keys():
+            raise ValueError(f"{folder} was evaluated on other prompts than {folders[0]} "
+                             f"({len(other.keys() ^ first.keys())} in one only): compare evaluations of one prompt set")
+        if {len(values) for values in other.values()} != counts:
+            raise ValueError(f"{folder} was evaluated with other images per prompt than {folders[0]}: compare "
+                             "evaluations made with one --eval_images_per_prompt")
 
 
 def paired_difference(a: Mapping[str, float], b: Mapping[str, float], resamples: int = 2000,
@@ -58,8 +76,10 @@ def compare(folders: Sequence[str | Path]) -> list[list]:
     """The printed table's rows: one per (A, B) pair, then their mean when there are several."""
     if len(folders) < 2 or len(folders) % 2:
         raise ValueError(f"{len(folders)} folders: give pairs A B (one per training seed), A first")
-    accuracies = [per_prompt_accuracy([json.loads(line) for line in results_file(f).read_text().splitlines()])
-                  for f in folders]
+    results = [per_prompt_results([json.loads(line) for line in results_file(f).read_text().splitlines()])
+               for f in folders]
+    check_comparable(results, folders)
+    accuracies = [per_prompt_accuracy(prompt_results) for prompt_results in results]
     pairs = list(zip(accuracies[::2], accuracies[1::2]))
     table = []
     for (a, b), name in zip(pairs, folders[1::2]):
