@@ -339,6 +339,12 @@ class Benchmark:
             }
         return summary
 
+    def resample_summary(self, rows: list[dict[str, Any]], evaluated: list[dict[str, Any]]) -> dict[str, Any]:
+        """The bootstrap's summary of resampled `rows` (drawn from the `evaluated` rows): `aggregate` by default.
+        A benchmark whose metric means another quantity when a resample lacks part of the evaluation (a whole
+        GenEval task) makes it undefined (None) there, which the bootstrap leaves out."""
+        return self.aggregate(rows)
+
     def provenance(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """How the scores were made, beyond the protocol (e.g. which parser made B-VQA's questions):
         keys added to summary.json once, not recomputed by the bootstrap. None by default."""
@@ -355,7 +361,7 @@ class Benchmark:
         its bootstrap standard error and 95% interval over prompts. `protocol`: how the images were
         generated; None for images made elsewhere, recorded as ``"images": "external"``."""
         groups = group_by_prompt(rows)
-        replicates = bootstrap(groups, lambda drawn: self.aggregate(resampled_rows(drawn)))
+        replicates = bootstrap(groups, lambda drawn: self.resample_summary(resampled_rows(drawn), rows))
         prompt_texts = "\n".join(p.text for p in self.cached_prompts())
         # Through JSON so that an argument such as a Path in column_options is written as text.
         config = {f.name: getattr(self, f.name) for f in fields(self)}

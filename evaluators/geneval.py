@@ -134,6 +134,14 @@ class GenEvalBenchmark(Benchmark):
         """Per-task means, overall = mean of the task means, shares of correct images and prompts; in [0, 1]."""
         return geneval_summary(rows)
 
+    def resample_summary(self, rows: list[dict[str, Any]], evaluated: list[dict[str, Any]]) -> dict[str, Any]:
+        """`overall` undefined in a resample without a whole task of the evaluation: a mean over fewer tasks is
+        another quantity (a quick run's resamples lack one often; the full 553 prompts' never)."""
+        summary = self.aggregate(rows)
+        if {row["tag"] for row in rows} != {row["tag"] for row in evaluated}:
+            summary["overall"] = None
+        return summary
+
     def read_images(self, folder: Path) -> list[ImageEntry]:
         """The images of `folder` in GenEval's layout (see the module docstring)."""
         selected, entries = self.selected(), []

@@ -440,3 +440,16 @@ def test_geneval_samples_with_the_checkpoints_own_scheduler(tmp_path: Path) -> N
     assert settings["scheduler"] == CHECKPOINT_SCHEDULER
     sdxl = FAMILIES["StableDiffusionXLPipeline"]  # not the family GenEval's protocol was written for
     assert geneval.sampling_backbone(sdxl) == sdxl
+
+
+def test_overall_is_undefined_in_a_bootstrap_resample_that_lacks_a_whole_task() -> None:
+    # Two prompts of two tasks: a resample of one task's prompt twice would average one task, another quantity.
+    rows = [{"prompt_index": 0, "image_index": 0, "tag": "single_object", "correct": True},
+            {"prompt_index": 1, "image_index": 0, "tag": "two_object", "correct": False}]
+    benchmark = GenEvalBenchmark(max_prompts=2, images_per_prompt=1)
+    benchmark.__dict__["_prompts"] = []  # `results` hashes the prompt texts; none are read here
+    metrics = benchmark.results(rows, benchmark.aggregate(rows))["metrics"]
+    assert metrics["overall"]["value"] == 0.5
+    # Only the resamples holding both prompts define it, and their overall is 0.5 each: no spread.
+    assert metrics["overall"]["stderr"] == 0.0 and metrics["overall"]["ci95"] == [0.5, 0.5]
+    assert metrics["correct_images"]["stderr"] > 0.3  # the other metrics use every resample (values 1, 0, 0.5)
