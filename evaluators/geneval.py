@@ -136,9 +136,14 @@ class GenEvalBenchmark(Benchmark):
 
     def resample_summary(self, rows: list[dict[str, Any]], evaluated: list[dict[str, Any]]) -> dict[str, Any]:
         """`overall` undefined in a resample without a whole task of the evaluation: a mean over fewer tasks is
-        another quantity (a quick run's resamples lack one often; the full 553 prompts' never)."""
+        another quantity (a quick run's resamples lack one often; the full 553 prompts' never). Where a task has
+        a single prompt, only the resamples that keep every prompt of it define it, and they agree: no
+        resample defines it then, rather than an interval of width 0."""
         summary = self.aggregate(rows)
-        if {row["tag"] for row in rows} != {row["tag"] for row in evaluated}:
+        prompts: dict[str, set[int]] = {}
+        for row in evaluated:
+            prompts.setdefault(row["tag"], set()).add(row["prompt_index"])
+        if min(map(len, prompts.values())) < 2 or set(summary["tasks"]) != set(prompts):
             summary["overall"] = None
         return summary
 

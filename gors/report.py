@@ -51,17 +51,36 @@ def _summaries(folder: Path) -> list[Any] | None:
     return data["summaries"]
 
 
+def column_scale(summary: dict[str, Any]) -> str:
+    """The scale of a summary's main metric: as its results block records it, else as its benchmark declares it
+    (summaries written before the block), else a top-level `scale`, else [0, 1]."""
+    primary = summary["primary_metric"]
+    recorded = (((summary.get("results") or {}).get("metrics") or {}).get(primary) or {}).get("scale")
+    if recorded is not None:
+        return recorded
+    from evaluators import available_benchmarks, benchmark_class
+
+    benchmark = str(summary.get("label", "")).split(":")[0]
+    if benchmark in available_benchmarks():
+        declared = [metric.scale for metric in benchmark_class(benchmark).metrics if metric.key == primary]
+        if declared:
+            return declared[0]
+    return summary.get("scale") or UNIT_SCALE
+
+
 def column_name(summary: dict[str, Any]) -> str:
     """A benchmark's report column: its label, with the scale of its main metric where that is not [0, 1]
     (GenEval 2's x100), so that values of two scales never share a column unsaid."""
-    metric = ((summary.get("results") or {}).get("metrics") or {}).get(summary["primary_metric"]) or {}
-    scale = metric.get("scale", UNIT_SCALE)
+    scale = column_scale(summary)
     return summary["label"] if scale == UNIT_SCALE else f"{summary['label']} ({scale})"
 
 
 # What a benchmark's values were measured with, beyond the checkpoint: two checkpoints' values compare exactly
-# only where all of these are one (`protocol_notes`). The batch size changes no image.
-PROTOCOL_KEYS = ("prompts", "images per prompt", "prompt set", "judge", "sampling and scoring")
+# only where all of these are one (`protocol_notes`).
+PROTOCOL_KEYS = ("prompts", "images per prompt", "prompt set", "judge", "sampling", "LoRA dropout")
+# The recorded sampling settings that change the images (not the batch size, the paths, the further columns'
+# options); images made elsewhere (`--images`) record none of them, and are not compared on them.
+SAMPLING_KEYS = ("num_inference_steps", "guidance_scale", "resolution", "seed", "seed_rule")
 
 
 def evaluation_protocols(folder: Path) -> dict[str, dict[str, Any]]:
@@ -72,14 +91,23 @@ def evaluation_protocols(folder: Path) -> dict[str, dict[str, Any]]:
         if not isinstance(summary, dict) or not isinstance(summary.get("label"), str):
             continue
         results = summary.get("results") or {}
-        samples, data = results.get("samples") or {}, results.get("data") or {}
-        config = {key: value for key, value in (results.get("config") or {}).items()
-                  if key not in ("batch_size", "max_prompts", "images_per_prompt")}
+        samples, data, config = results.get("samples") or {}, results.get("data") or {}, results.get("config") or {}
+        sampling = ({key: config[key] for key in SAMPLING_KEYS if key in config} or None
+                    if config.get("images") != "external" else None)
         recorded = {"prompts": samples.get("prompts"), "images per prompt": samples.get("images_per_prompt"),
                     "prompt set": data.get("prompts_sha256"), "judge": summary.get("metric"),
-                    "sampling and scoring": json.dumps(config, sort_keys=True) if config else None}
+                    "sampling": sampling, "LoRA dropout": summary.get("lora_dropout") or None}
         protocols[column_name(summary)] = {key: value for key, value in recorded.items() if value is not None}
     return protocols
+
+
+def _differ(values: list[Any]) -> bool:
+    """Whether recorded values differ; settings (dicts) on the keys all of them record (an older gors recorded
+    fewer)."""
+    if values and all(isinstance(value, dict) for value in values):
+        common = set.intersection(*(set(value) for value in values))
+        values = [{key: value[key] for key in common} for value in values]
+    return len({json.dumps(value, sort_keys=True) for value in values}) > 1
 
 
 def protocol_notes(protocols: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
@@ -88,11 +116,13 @@ def protocol_notes(protocols: dict[str, dict[str, dict[str, Any]]]) -> list[str]
     notes = []
     for column in sorted({column for measured in protocols.values() for column in measured}):
         measured = {name: each[column] for name, each in protocols.items() if column in each}
-        differing = [key for key in PROTOCOL_KEYS
-                     if len({json.dumps(each.get(key)) for each in measured.values() if key in each}) > 1]
+        differing = [key for key in PROTOCOL_KEYS if _differ([each[key] for each in measured.values() if key in each])]
+        # A LoRA dropout recorded on one side only differs too (the other sampled without).
+        if len({each.get("LoRA dropout") for each in measured.values()}) > 1 and "LoRA dropout" not in differing:
+            differing.append("LoRA dropout")
         if differing:
-            shown = [key if key in ("prompt set", "sampling and scoring") else
-                     f"{key}: " + ", ".join(f"{name} {each.get(key, '?')}" for name, each in measured.items())
+            shown = [key if key in ("prompt set", "sampling") else
+                     f"{key}: " + ", ".join(f"{name} {each.get(key, '-')}" for name, each in measured.items())
                      for key in differing]
             notes.append(f"note: {column} was measured otherwise for these checkpoints ({'; '.join(shown)}): those "
                          "values do not compare exactly")
@@ -230,7 +260,7 @@ def markdown_table(rows: dict[str, dict[str, float]], with_published: bool = Tru
                     disable_numparse=[0])
 
 
-def _plot_bars(rows: dict[str, dict[str, float]], path: Path) -> None:
+def _plot_bars(rows: dict[str, dict[str, float | None]], scales: dict[str, str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -239,14 +269,13 @@ def _plot_bars(rows: dict[str, dict[str, float]], path: Path) -> None:
 
     columns = sorted({label for values in rows.values() for label in values})
     # One panel per scale: GenEval 2's x100 values beside values in [0, 1] would flatten the latter.
-    scales: dict[str, list[str]] = {}
+    panels: dict[str, list[str]] = {}
     for column in columns:
-        scale = column.rpartition(" (")[2].rstrip(")") if column.endswith(")") else UNIT_SCALE
-        scales.setdefault(scale, []).append(column)
+        panels.setdefault(scales.get(column, UNIT_SCALE), []).append(column)
     width = 0.8 / max(len(rows), 1)
-    figure, axes = plt.subplots(1, len(scales), squeeze=False, width_ratios=[len(c) for c in scales.values()],
+    figure, axes = plt.subplots(1, len(panels), squeeze=False, width_ratios=[len(c) for c in panels.values()],
                                 figsize=(max(6.0, 1.2 * len(columns)), 4.0))
-    for axis, (scale, shown) in zip(axes[0], scales.items()):
+    for axis, (scale, shown) in zip(axes[0], panels.items()):
         for k, (name, values) in enumerate(rows.items()):
             heights = [np.nan if values.get(c) is None else values[c] for c in shown]
             axis.bar(np.arange(len(shown)) + k * width, heights, width, label=name)
@@ -347,7 +376,9 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
         parts += ["## Benchmarks (main metric of each; published numbers in italics)", "",
                   markdown_table(evaluations), "", *protocol_notes(protocols), *quick, "", "![benchmarks](benchmarks.png)",
                   ""]
-        _plot_bars(evaluations, output_dir / "benchmarks.png")
+        scales = {column_name(summary): column_scale(summary) for folder in paths
+                  for summary in _summaries(folder) or [] if isinstance(summary, dict) and "primary_metric" in summary}
+        _plot_bars(evaluations, scales, output_dir / "benchmarks.png")
         written.append("benchmarks.png")
     if runs:
         parts += ["## Training", ""]

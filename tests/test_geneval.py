@@ -443,13 +443,25 @@ def test_geneval_samples_with_the_checkpoints_own_scheduler(tmp_path: Path) -> N
 
 
 def test_overall_is_undefined_in_a_bootstrap_resample_that_lacks_a_whole_task() -> None:
-    # Two prompts of two tasks: a resample of one task's prompt twice would average one task, another quantity.
-    rows = [{"prompt_index": 0, "image_index": 0, "tag": "single_object", "correct": True},
-            {"prompt_index": 1, "image_index": 0, "tag": "two_object", "correct": False}]
-    benchmark = GenEvalBenchmark(max_prompts=2, images_per_prompt=1)
-    benchmark.__dict__["_prompts"] = []  # `results` hashes the prompt texts; none are read here
-    metrics = benchmark.results(rows, benchmark.aggregate(rows))["metrics"]
-    assert metrics["overall"]["value"] == 0.5
-    # Only the resamples holding both prompts define it, and their overall is 0.5 each: no spread.
-    assert metrics["overall"]["stderr"] == 0.0 and metrics["overall"]["ci95"] == [0.5, 0.5]
+    def results(correct: dict[str, list[bool]]) -> dict:
+        rows = [{"prompt_index": 10 * k + i, "image_index": 0, "tag": tag, "correct": ok}
+                for k, (tag, values) in enumerate(correct.items()) for i, ok in enumerate(values)]
+        benchmark = GenEvalBenchmark(max_prompts=len(rows), images_per_prompt=1)
+        benchmark.__dict__["_prompts"] = []  # `results` hashes the prompt texts; none are read here
+        return benchmark.results(rows, benchmark.aggregate(rows))["metrics"]
+
+    # Two prompts a task: a resample of one task's prompts only would average one task, another quantity.
+    rows = [{"prompt_index": i, "image_index": 0, "tag": tag, "correct": ok}
+            for i, (tag, ok) in enumerate([("single_object", True), ("single_object", False),
+                                           ("two_object", True), ("two_object", True)])]
+    benchmark = GenEvalBenchmark(max_prompts=4, images_per_prompt=1)
+    assert benchmark.resample_summary([rows[0], rows[0], rows[2], rows[3]], rows)["overall"] == 1.0
+    assert benchmark.resample_summary([rows[0], rows[1], rows[0], rows[1]], rows)["overall"] is None
+    metrics = results({"single_object": [True, False], "two_object": [True, True]})
+    assert metrics["overall"]["value"] == 0.75 and metrics["overall"]["ci95"][0] >= 0.5  # never one task's 0.5 mean
+    # One prompt a task: the resamples that keep every task are its permutations, all alike: no interval at all
+    # rather than one of width 0.
+    metrics = results({"single_object": [True], "two_object": [False]})
+    assert metrics["overall"]["value"] == 0.5 and metrics["overall"]["stderr"] is None
+    assert metrics["overall"]["ci95"] is None
     assert metrics["correct_images"]["stderr"] > 0.3  # the other metrics use every resample (values 1, 0, 0.5)

@@ -186,6 +186,15 @@ def test_evaluations_of_one_benchmark_measured_otherwise_are_noted(tmp_path):
     # Measured alike, whatever the batch size: no note.
     text = report([evaluation("again", 150), tmp_path / "full"], tmp_path / "report").read_text()
     assert "note:" not in text
+    # Sampled with LoRA dropout on one side only: noted. Images made elsewhere (`--images`, no sampling
+    # recorded) are not said to be sampled otherwise.
+    text = report([evaluation("dropout", 150, lora_dropout=0.1), tmp_path / "full"], tmp_path / "report").read_text()
+    assert "(LoRA dropout: dropout 0.1, full -)" in text
+    external = evaluation("external", 150)
+    summary = json.loads((external / "summary.json").read_text())
+    summary["summaries"][0]["results"]["config"] = {"images": "external", "seed": None, "batch_size": 8}
+    (external / "summary.json").write_text(json.dumps(summary))
+    assert "note:" not in report([external, tmp_path / "full"], tmp_path / "report").read_text()
 
 
 def test_report_columns_keep_names_scales_and_dotted_metrics_as_recorded(tmp_path):
@@ -206,6 +215,11 @@ def test_report_columns_keep_names_scales_and_dotted_metrics_as_recorded(tmp_pat
     assert rows["checkpoint"] == ["geneval2 (x100)", "mine"]  # the scale in the header of values in x100
     assert rows["7.5"] == ["-", "0.2500"] and rows["0500"] == ["41.3700", "-"]  # names as written
     assert rows["none"] == ["-", "-"]  # a folder whose summary holds no value is a row, not dropped
+    # A GenEval 2 summary written before the results block: its benchmark declares the scale.
+    old = {"label": "geneval2", "primary_metric": "soft_tifa_gm", "soft_tifa_gm": 40.0}
+    text = report([evaluation("old", old), tmp_path / "0500"], tmp_path / "report").read_text()
+    assert [line for line in text.splitlines() if line.startswith("| checkpoint")] == [
+        "| checkpoint   |   geneval2 (x100) |"]
 
 
 def test_a_folder_with_nothing_to_report_is_refused(tmp_path):

@@ -50,12 +50,12 @@ def per_prompt_accuracy(results: Mapping[str, Sequence[float]]) -> dict[str, flo
 def check_comparable(results: Sequence[Mapping[str, Sequence[float]]], folders: Sequence[str | Path]) -> None:
     """Refuse evaluations of other prompt sets or other images per prompt than the first's: their accuracies
     measure other samples (fewer images per prompt are the first of the others', on the same seeds)."""
-    first, counts = results[0], {len(values) for values in results[0].values()}
+    first = results[0]
     for other, folder in zip(results[1:], folders[1:]):
         if other.keys() != first.keys():
             raise ValueError(f"{folder} was evaluated on other prompts than {folders[0]} "
                              f"({len(other.keys() ^ first.keys())} in one only): compare evaluations of one prompt set")
-        if {len(values) for values in other.values()} != counts:
+        if any(len(other[prompt]) != len(first[prompt]) for prompt in first):
             raise ValueError(f"{folder} was evaluated with other images per prompt than {folders[0]}: compare "
                              "evaluations made with one --eval_images_per_prompt")
 
