@@ -106,3 +106,55 @@ def test_a_misfitting_lora_is_refused_before_it_loads(tiny_sd, sd_lora, tmp_path
     with pytest.raises(ValueError, match=rf"^LoRA {lora} is not a whole LoRA: it holds the down-projection of \S+ "
                                          r"without its up-projection; pass the folder or file a training run wrote$"):
         load_lora(StableDiffusionPipeline.from_pretrained(str(tiny_sd)), lora)
+
+
+def _kohya(module_path: str, features: tuple[int, int], prefix: str = "lora_unet_") -> dict[str, torch.Tensor]:
+    name = prefix + module_path.replace(".", "_")
+    return {f"{name}.lora_down.weight": torch.zeros(4, features[0]),
+            f"{name}.lora_up.weight": torch.zeros(features[1], 4), f"{name}.alpha": torch.tensor(4.0)}
+
+
+def test_a_lora_that_diffusers_loads_in_part_or_not_at_all_is_said_or_refused(tiny_sd, sd_lora, tmp_path, caplog):
+    """diffusers skips kohya names it cannot place without a word, and loads nothing from a file whose
+    component the pipeline lacks (an SDXL LoRA's second text encoder)."""
+    from diffusers import StableDiffusionPipeline
+
+    from gors.core.lora_shapes import loaded_lora_layers
+    from gors.core.pipeline import load_lora
+
+    to_q = TO_Q.removeprefix("unet.")
+    pipeline = StableDiffusionPipeline.from_pretrained(str(tiny_sd))
+    partial = tmp_path / "partial.safetensors"
+    save_file(_kohya(to_q, (64, 64)) | _kohya("down_blocks.7.attentions.0.proj_in", (8, 8)), str(partial))
+    with caplog.at_level("WARNING", logger="gors.core.pipeline"):
+        load_lora(pipeline, str(partial))
+    assert loaded_lora_layers(pipeline) == {"unet": 1}
+    assert f"LoRA {partial}: its file adapts 2 layers, 1 loaded; diffusers left the others out" in caplog.text
+
+    second_encoder = tmp_path / "te2.safetensors"
+    save_file(_kohya("text_model.encoder.layers.0.self_attn.q_proj", (32, 32), "lora_te2_"), str(second_encoder))
+    with pytest.raises(ValueError, match=rf"^LoRA {second_encoder} adapted no layer of {tiny_sd}: none of its "
+                                         r"weight names is a layer of this model"):
+        load_lora(StableDiffusionPipeline.from_pretrained(str(tiny_sd)), str(second_encoder))
+
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    save_file(_kohya("down_blocks.7.attentions.0.proj_in", (8, 8)), str(elsewhere))
+    with pytest.raises(ValueError, match=rf"^LoRA {elsewhere} matches no layer of {tiny_sd} \(Target modules "
+                                         r".*\): it was trained on another model; pass the model it was trained on$"):
+        load_lora(StableDiffusionPipeline.from_pretrained(str(tiny_sd)), str(elsewhere))
+
+
+def test_a_unet_only_lora_loads_without_diffusers_text_encoder_warning(tiny_sd, sd_lora, tmp_path, caplog):
+    from diffusers import StableDiffusionPipeline
+
+    from gors.core.lora_shapes import loaded_lora_layers
+    from gors.core.pipeline import load_lora
+
+    unet_only = _edited(sd_lora, tmp_path / "unet_only", lambda weights: [
+        weights.pop(key) for key in [key for key in weights if key.startswith("text_encoder.")]])
+    pipeline = StableDiffusionPipeline.from_pretrained(str(tiny_sd))
+    with caplog.at_level("INFO"):
+        load_lora(pipeline, unet_only)
+    assert "No LoRA keys" not in caplog.text
+    layers = loaded_lora_layers(pipeline)
+    assert list(layers) == ["unet"] and f"LoRA {unet_only} loaded into {layers['unet']} layers of unet" in caplog.text

@@ -112,6 +112,31 @@ def lora_misfit(pipeline: DiffusionPipeline, layers: list[LoraLayer]) -> str | N
     return None
 
 
+# How a down-projection's weight name ends in the formats diffusers converts (peft, diffusers' older names, kohya,
+# attention processors' `to_q_lora.down`): one per layer of the file, whatever the format.
+_DOWN_ENDINGS = (".lora_A.weight", "down.weight")
+
+
+def file_lora_layer_count(shapes: dict[str, tuple[int, ...]]) -> int:
+    """How many layers a LoRA file of any format adapts: its down-projections."""
+    return sum(key.endswith(_DOWN_ENDINGS) for key in shapes)
+
+
+def loaded_lora_layers(pipeline: DiffusionPipeline) -> dict[str, int]:
+    """Component name -> how many of its layers carry a LoRA (peft's `LoraLayer`), for the components that
+    have any."""
+    from peft.tuners.lora import LoraLayer
+
+    counts = {name: sum(isinstance(module, LoraLayer) for module in component.modules())
+              for name, component in pipeline.components.items() if isinstance(component, torch.nn.Module)}
+    return {name: count for name, count in counts.items() if count}
+
+
+def model_name(pipeline: DiffusionPipeline) -> str:
+    """The path or Hub id a pipeline was loaded from, else its class name: how messages name the model."""
+    return getattr(pipeline, "name_or_path", None) or type(pipeline).__name__
+
+
 def read_lora_shapes(file: Path) -> dict[str, tuple[int, ...]]:
     """{weight name: shape} of a safetensors file, from its header only."""
     from safetensors import safe_open
@@ -131,6 +156,5 @@ def check_lora_shapes(pipeline: DiffusionPipeline, file: Path, lora: str) -> Non
         raise ValueError(f"LoRA {lora} is not a whole LoRA: {problem}; pass the folder or file a training run wrote")
     problem = lora_misfit(pipeline, layers)
     if problem is not None:
-        model = getattr(pipeline, "name_or_path", None) or type(pipeline).__name__
-        raise ValueError(f"LoRA {lora} does not fit {model}: {problem}. It was trained on another base model; "
+        raise ValueError(f"LoRA {lora} does not fit {model_name(pipeline)}: {problem}. It was trained on another base model; "
                          "pass the model it was trained on")

@@ -23,7 +23,13 @@ from gors.core.compiling import NO_COMPILE, compile_module
 from gors.core.fused_lora import fuse_lora_forward
 from gors.core.hub import from_pretrained
 from gors.core.io import files_sha256
-from gors.core.lora_shapes import check_lora_shapes
+from gors.core.lora_shapes import (
+    check_lora_shapes,
+    file_lora_layer_count,
+    loaded_lora_layers,
+    model_name,
+    read_lora_shapes,
+)
 
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
@@ -152,17 +158,27 @@ class LoraOutputDropout:
         return output * keep / (1.0 - self.p)
 
 
+def _not_a_component_warning(record: logging.LogRecord) -> bool:
+    # diffusers warns of every component a LoRA leaves alone (a U-Net-only LoRA: the text encoder); what
+    # loaded where is checked and logged after the load instead.
+    return not record.getMessage().startswith("No LoRA keys associated to")
+
+
 def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
     """`pipeline.load_lora_weights(lora)`, refusing in one line a LoRA trained on another base model of the
     same family: a local diffusers-format file is checked against the pipeline's layers first
-    (`check_lora_shapes`); for other LoRAs torch's 60-line size-mismatch error is cut to one line. The
-    LoRA linear layers then run fused (`gors.core.fused_lora`)."""
+    (`check_lora_shapes`); for other LoRAs torch's 60-line size-mismatch error is cut to one line. A LoRA
+    that adapted no layer is refused, and one of another format (kohya) whose file adapts more layers than
+    loaded is warned of: diffusers skips the names it cannot place without a word. The LoRA linear layers
+    then run fused (`gors.core.fused_lora`)."""
     file = local_lora_file(lora)
     if file is not None and file.suffix == ".safetensors":
         check_lora_shapes(pipeline, file, lora)
     peft_logger = logging.getLogger("diffusers.loaders.peft")  # logs the whole error before raising it
+    base_logger = logging.getLogger("diffusers.loaders.lora_base")
     level = peft_logger.level
     peft_logger.setLevel(logging.CRITICAL)
+    base_logger.addFilter(_not_a_component_warning)
     try:
         pipeline.load_lora_weights(lora)
     except RuntimeError as err:
@@ -171,8 +187,24 @@ def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
             raise
         raise ValueError(f"LoRA {lora} was trained on another base model ({mismatch.group(1)}); pass the model it "
                          "was trained on") from err
+    except ValueError as err:  # peft's NoMatchingPeftModuleError: no name of the file is a layer of the model
+        if type(err).__name__ != "NoMatchingPeftModuleError":
+            raise
+        raise ValueError(f"LoRA {lora} matches no layer of {model_name(pipeline)} ({str(err).splitlines()[0]}): it "
+                         "was trained on another model; pass the model it was trained on") from None
     finally:
         peft_logger.setLevel(level)
+        base_logger.removeFilter(_not_a_component_warning)
+    loaded = loaded_lora_layers(pipeline)
+    if not loaded:
+        raise ValueError(f"LoRA {lora} adapted no layer of {model_name(pipeline)}: none of its weight names is a "
+                         "layer of this model; pass the model it was trained on (or a LoRA in diffusers' format)")
+    in_file = file_lora_layer_count(read_lora_shapes(file)) if file is not None and file.suffix == ".safetensors" else 0
+    if in_file > sum(loaded.values()):
+        logger.warning("LoRA %s: its file adapts %d layers, %d loaded; diffusers left the others out (names it "
+                       "could not place in %s): samples show a part of the LoRA", lora, in_file,
+                       sum(loaded.values()), model_name(pipeline))
+    logger.info("LoRA %s loaded into %s", lora, ", ".join(f"{count} layers of {name}" for name, count in loaded.items()))
     # Base and adapter matmuls as one operation: peft's values in float32, each sum rounded once in half precision.
     for component in pipeline.components.values():
         if isinstance(component, torch.nn.Module):
