@@ -657,6 +657,11 @@ class Benchmark:
                              f"primary_metric), only {sorted(self.summarize(rows))}; the images and scores in "
                              f"{output_dir} are kept for the next run")
         summary["results"] = self.results(rows, summary, protocol)
+        # What scored (reward, options, dtype, scoring versions) and the precision that generated: two evaluations
+        # compare exactly only where both are one (`gors report`'s protocol notes).
+        summary["results"]["scorer"] = json.loads(json.dumps(scorer_settings(*main_spec, main_dtype), default=str))
+        if images is None and pipeline_loader is None:
+            summary["results"]["config"]["dtype"] = str(inference_dtype(accelerator, None)).removeprefix("torch.")
         # The versions (Hub commits, local fingerprints) of the models that generated (the pipeline's) and scored
         # (main scorer and columns).
         summary["results"]["models"] = {

@@ -10,8 +10,10 @@ Each `summary.json` keeps the benchmark's own keys (``overall``, ``soft_tifa_gm`
       "data": {"repository": "djghosh13/geneval", "commit": "af49...",
                "files": {"evaluation_metadata.jsonl": "<sha256>"}, "prompts_sha256": "<of the evaluated prompts>"},
       "config": {"max_prompts": null, "images_per_prompt": null, "num_inference_steps": 50, ...,
-                 "seed_rule": "image_index_seed"},   # images scored from a folder (--images): their
-                                                     # sampling fields as given, and "images": "external"
+                 "seed_rule": "image_index_seed", "dtype": "float16"},  # images scored from a folder
+                                                     # (--images): their sampling fields as given, no dtype,
+                                                     # and "images": "external"
+      "scorer": {"reward": "geneval", "options": {...}, "dtype": "float32", "scoring_versions": {...}},
       "samples": {"prompts": 553, "images": 2212, "images_per_prompt": 4},
       "metrics": {"overall": {"value": 0.52, "higher_is_better": true, "scale": "[0, 1]",
                               "stderr": 0.013, "ci95": [0.49, 0.55], "help": "..."}, ...},

@@ -77,10 +77,10 @@ def column_name(summary: dict[str, Any]) -> str:
 
 # What a benchmark's values were measured with, beyond the checkpoint: two checkpoints' values compare exactly
 # only where all of these are one (`protocol_notes`).
-PROTOCOL_KEYS = ("prompts", "images per prompt", "prompt set", "judge", "sampling", "LoRA dropout")
+PROTOCOL_KEYS = ("prompts", "images per prompt", "prompt set", "judge", "scorer", "sampling", "LoRA dropout")
 # The recorded sampling settings that change the images (not the batch size, the paths, the further columns'
 # options); images made elsewhere (`--images`) record none of them, and are not compared on them.
-SAMPLING_KEYS = ("num_inference_steps", "guidance_scale", "resolution", "seed", "seed_rule")
+SAMPLING_KEYS = ("num_inference_steps", "guidance_scale", "resolution", "seed", "seed_rule", "dtype")
 
 
 def evaluation_protocols(folder: Path) -> dict[str, dict[str, Any]]:
@@ -96,6 +96,7 @@ def evaluation_protocols(folder: Path) -> dict[str, dict[str, Any]]:
                     if config.get("images") != "external" else None)
         recorded = {"prompts": samples.get("prompts"), "images per prompt": samples.get("images_per_prompt"),
                     "prompt set": data.get("prompts_sha256"), "judge": summary.get("metric"),
+                    "scorer": results.get("scorer"),
                     "sampling": sampling, "LoRA dropout": summary.get("lora_dropout") or None}
         protocols[column_name(summary)] = {key: value for key, value in recorded.items() if value is not None}
     return protocols
@@ -112,7 +113,8 @@ def _differ(values: list[Any]) -> bool:
 
 def protocol_notes(protocols: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     """A line per report column whose checkpoints (name -> column -> `evaluation_protocols`) were measured
-    otherwise: other prompts, images per prompt, prompt set, judge, or sampling and scoring settings."""
+    otherwise: other prompts, images per prompt, prompt set, judge, scorer (reward, options, dtype, versions),
+    sampling settings or LoRA dropout."""
     notes = []
     for column in sorted({column for measured in protocols.values() for column in measured}):
         measured = {name: each[column] for name, each in protocols.items() if column in each}
@@ -121,7 +123,7 @@ def protocol_notes(protocols: dict[str, dict[str, dict[str, Any]]]) -> list[str]
         if len({each.get("LoRA dropout") for each in measured.values()}) > 1 and "LoRA dropout" not in differing:
             differing.append("LoRA dropout")
         if differing:
-            shown = [key if key in ("prompt set", "sampling") else
+            shown = [key if key in ("prompt set", "scorer", "sampling") else
                      f"{key}: " + ", ".join(f"{name} {each.get(key, '-')}" for name, each in measured.items())
                      for key in differing]
             notes.append(f"note: {column} was measured otherwise for these checkpoints ({'; '.join(shown)}): those "

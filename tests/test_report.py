@@ -195,6 +195,22 @@ def test_evaluations_of_one_benchmark_measured_otherwise_are_noted(tmp_path):
     summary["summaries"][0]["results"]["config"] = {"images": "external", "seed": None, "batch_size": 8}
     (external / "summary.json").write_text(json.dumps(summary))
     assert "note:" not in report([external, tmp_path / "full"], tmp_path / "report").read_text()
+    # Another scorer (options, dtype, scoring version) or generating precision: noted; a summary of an older gors
+    # that recorded neither ("full") is compared on what it recorded.
+    def recorded(name: str, scorer: dict, dtype: str) -> Path:
+        folder = evaluation(name, 150)
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["summaries"][0]["results"] |= {"scorer": scorer}
+        summary["summaries"][0]["results"]["config"]["dtype"] = dtype
+        (folder / "summary.json").write_text(json.dumps(summary))
+        return folder
+
+    scorer = {"reward": "toy_binding", "options": {}, "dtype": "float32"}
+    same = [recorded("a", scorer, "float16"), recorded("b", scorer, "float16"), tmp_path / "full"]
+    assert "note:" not in report(same, tmp_path / "report").read_text()
+    other = recorded("c", scorer | {"options": {"model_name_or_path": "other"}}, "float16")
+    assert "(scorer)" in report([same[0], other], tmp_path / "report").read_text()
+    assert "(sampling)" in report([same[0], recorded("d", scorer, "bfloat16")], tmp_path / "report").read_text()
 
 
 def test_report_columns_keep_names_scales_and_dotted_metrics_as_recorded(tmp_path):

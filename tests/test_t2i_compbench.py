@@ -339,6 +339,12 @@ def test_end_to_end_generate_score_and_read_back(
     assert again["results"]["config"]["images"] == "external"
     assert again["results"]["config"]["guidance_scale"] is None  # not given: not the protocol's 7.5
     assert summary["results"]["config"]["guidance_scale"] == 7.5 and "images" not in summary["results"]["config"]
+    # What scored and the precision that generated, for `gors report` to compare; no precision for images made
+    # elsewhere.
+    assert summary["results"]["config"]["dtype"] == "float32" and "dtype" not in again["results"]["config"]
+    recorded = json.loads((out / "scores" / "settings.json").read_text())
+    assert summary["results"]["scorer"] == again["results"]["scorer"] == json.loads(json.dumps(recorded))
+    assert summary["results"]["scorer"]["reward"] == CATEGORIES[category].scorer
 
     if category == "color":
         # Other images under the same names, evaluated into the same folder: scored anew, not given the old scores.
