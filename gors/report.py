@@ -77,7 +77,8 @@ def column_name(summary: dict[str, Any]) -> str:
 
 # What a benchmark's values were measured with, beyond the checkpoint: two checkpoints' values compare exactly
 # only where all of these are one (`protocol_notes`).
-PROTOCOL_KEYS = ("prompts", "images per prompt", "prompt set", "judge", "scorer", "sampling", "LoRA dropout")
+PROTOCOL_KEYS = ("prompts", "images per prompt", "prompt set", "judge", "scorer", "questions", "sampling",
+                 "LoRA dropout")
 # The recorded sampling settings that change the images (not the batch size, the paths, the further columns'
 # options); images made elsewhere (`--images`) record none of them, and are not compared on them.
 SAMPLING_KEYS = ("num_inference_steps", "guidance_scale", "resolution", "seed", "seed_rule", "dtype")
@@ -96,10 +97,19 @@ def evaluation_protocols(folder: Path) -> dict[str, dict[str, Any]]:
                     if config.get("images") != "external" else None)
         recorded = {"prompts": samples.get("prompts"), "images per prompt": samples.get("images_per_prompt"),
                     "prompt set": data.get("prompts_sha256"), "judge": summary.get("metric"),
-                    "scorer": results.get("scorer"),
+                    "scorer": results.get("scorer"), "questions": _question_sources(summary),
                     "sampling": sampling, "LoRA dropout": summary.get("lora_dropout") or None}
         protocols[column_name(summary)] = {key: value for key, value in recorded.items() if value is not None}
     return protocols
+
+
+def _question_sources(summary: dict[str, Any]) -> list[Any] | None:
+    """Which parsers or question tables made T2I-CompBench's B-VQA questions and 3-in-1's terms (summary.json's
+    `questions`, `term_parsers`), without their image counts; None where none are recorded."""
+    sources = [{key: value for key, value in entry.items() if key != "images"}
+               for entry in [*(summary.get("questions") or []), *(summary.get("term_parsers") or [])]
+               if isinstance(entry, dict)]
+    return sorted(sources, key=lambda entry: json.dumps(entry, sort_keys=True)) or None
 
 
 def _differ(values: list[Any]) -> bool:
@@ -114,7 +124,7 @@ def _differ(values: list[Any]) -> bool:
 def protocol_notes(protocols: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     """A line per report column whose checkpoints (name -> column -> `evaluation_protocols`) were measured
     otherwise: other prompts, images per prompt, prompt set, judge, scorer (reward, options, dtype, versions),
-    sampling settings or LoRA dropout."""
+    question parsers, sampling settings or LoRA dropout."""
     notes = []
     for column in sorted({column for measured in protocols.values() for column in measured}):
         measured = {name: each[column] for name, each in protocols.items() if column in each}
@@ -123,7 +133,7 @@ def protocol_notes(protocols: dict[str, dict[str, dict[str, Any]]]) -> list[str]
         if len({each.get("LoRA dropout") for each in measured.values()}) > 1 and "LoRA dropout" not in differing:
             differing.append("LoRA dropout")
         if differing:
-            shown = [key if key in ("prompt set", "scorer", "sampling") else
+            shown = [key if key in ("prompt set", "scorer", "questions", "sampling") else
                      f"{key}: " + ", ".join(f"{name} {each.get(key, '-')}" for name, each in measured.items())
                      for key in differing]
             notes.append(f"note: {column} was measured otherwise for these checkpoints ({'; '.join(shown)}): those "
@@ -368,6 +378,9 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
         rows = round_rows(folder, runs.get(name, {}))
         if rows:  # a --rounds run made with --report_to none has its rounds.json and no logs
             rounds[name] = rows
+        if evaluation == {} and name not in runs and name not in rounds:
+            raise ValueError(f"{folder / 'summary.json'} lists no benchmark (its 'summaries' list is empty): run "
+                             "`gors evaluate` with this --output_dir again, or give another folder")
         if evaluation is None and name not in runs and name not in rounds:
             raise ValueError(f"{folder} has neither a summary.json from `gors evaluate` nor TensorBoard logs nor "
                              "the rounds.json of a --rounds run; give such folders")

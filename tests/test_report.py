@@ -211,6 +211,14 @@ def test_evaluations_of_one_benchmark_measured_otherwise_are_noted(tmp_path):
     other = recorded("c", scorer | {"options": {"model_name_or_path": "other"}}, "float16")
     assert "(scorer)" in report([same[0], other], tmp_path / "report").read_text()
     assert "(sampling)" in report([same[0], recorded("d", scorer, "bfloat16")], tmp_path / "report").read_text()
+    # B-VQA's questions made by another parser (the built-in one against spaCy's): noted, whatever the image counts.
+    builtin = {"source": "parser", "parser": {"name": "builtin", "version": 1}}
+    spacy = {"source": "parser", "parser": {"name": "spacy", "model": "en_core_web_sm"}}
+    text = report([evaluation("builtin", 150, questions=[builtin | {"images": 600}]),
+                   evaluation("builtin_again", 150, questions=[builtin | {"images": 1500}]),
+                   evaluation("spacy", 150, questions=[spacy | {"images": 600}])], tmp_path / "report").read_text()
+    assert "(questions)" in text
+    assert "(questions)" not in report([tmp_path / "builtin", tmp_path / "builtin_again"], tmp_path / "report").read_text()
 
 
 def test_report_columns_keep_names_scales_and_dotted_metrics_as_recorded(tmp_path):
@@ -244,6 +252,9 @@ def test_a_folder_with_nothing_to_report_is_refused(tmp_path):
         report([tmp_path / "empty"], tmp_path / "report")
     with pytest.raises(FileNotFoundError, match=r"missing: no such folder \(give `gors evaluate`"):
         report([tmp_path / "missing"], tmp_path / "report")
+    (tmp_path / "empty" / "summary.json").write_text('{"summaries": []}')
+    with pytest.raises(ValueError, match=r"empty/summary.json lists no benchmark \(its 'summaries' list is empty\)"):
+        report([tmp_path / "empty"], tmp_path / "report")
     (tmp_path / "summary.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match=r"summary.json: a file, not a folder \(give `gors evaluate`"):
         report([tmp_path / "summary.json"], tmp_path / "report")
