@@ -60,6 +60,9 @@ class ConfigParser(HfArgumentParser):
       `__post_init__` parses into the mapping (a YAML config file gives the mapping itself).
     - a `bool | None` field whose None means "the model family's default": `--flag` and
       `--no_flag` as for a plain bool (HfArgumentParser adds `--no_flag` only for default True).
+    - a number (or list of numbers) that may be None: `--flag none` sets None, so that a value of a
+      YAML file or a recipe can be unset from the command line (`--reward_threshold none
+      --select_top_fraction 0.1`).
     """
 
     @staticmethod
@@ -77,6 +80,11 @@ class ConfigParser(HfArgumentParser):
                                 const=True, default=None, **options)
             parser.add_argument(f"--no_{field.name}", f"--no-{field.name.replace('_', '-')}", action="store_false",
                                 dest=field.name, default=None, help=f"--{field.name} off.")
+        elif _optional_number(field.type):
+            HfArgumentParser._parse_dataclass_field(parser, field)
+            action = next(action for action in parser._actions if action.dest == field.name)
+            action.type = _or_none(action.type)
+            action.help = f"{action.help or ''} `none`: unset.".strip()
         else:
             HfArgumentParser._parse_dataclass_field(parser, field)
 
@@ -88,6 +96,38 @@ class ConfigParser(HfArgumentParser):
         close = [match for flag in unknown for match in difflib.get_close_matches(flag.split("=")[0], options, n=1)]
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise SystemExit(f"{self.prog}: {message}{hint} (see {self.prog} --help)")
+
+
+NONE_WORDS = ("none", "None", "null")  # what `--flag none` may spell for a number field's None
+
+
+def _optional_number(hint: Any) -> bool:
+    """Whether a field's type is `int | None`, `float | None` or a list of one of them that may be None."""
+    args = get_args(hint)
+    if type(None) not in args or len(args) != 2:
+        return False
+    other = next(arg for arg in args if arg is not type(None))
+    if get_origin(other) is list:
+        other = (get_args(other) or (None,))[0]
+    return other in (int, float)
+
+
+def _or_none(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        return None if text in NONE_WORDS else convert(text)
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse names the type in its error message
+    return parse
+
+
+def _unset_lists(values: dict[str, Any]) -> dict[str, Any]:
+    """`--timestep_range none` parses as [None]: None; a None among numbers is refused."""
+    for name, value in values.items():
+        if isinstance(value, list) and None in value:
+            if value != [None]:
+                raise SystemExit(f"error: --{name}: `none` unsets the field; give it alone, not among values")
+            values[name] = None
+    return values
 
 
 def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict[str, Any] | None = None,
@@ -118,7 +158,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     _positionals_optional(parser, merged)
     parser.set_defaults(**merged)
     namespace = parser.parse_args(argv)
-    values = {name: getattr(namespace, name) for name in known}
+    values = _unset_lists({name: getattr(namespace, name) for name in known})
     try:
         config = cls(**values)
         if hasattr(config, "check_given"):

@@ -29,6 +29,23 @@ def test_flags_override_yaml_which_overrides_defaults(tmp_path):
     assert config.text_encoder_learning_rate == 5e-6  # paper default untouched
 
 
+def test_none_unsets_a_number_that_a_yaml_file_or_recipe_set(tmp_path):
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("reward_threshold: 0.5\ntimestep_range: [0, 500]\n")
+    required = ["--pretrained_model_name_or_path", "m", "--output_dir", str(tmp_path / "run")]
+    # Without `none` the file's threshold and the top fraction conflict.
+    with pytest.raises(SystemExit, match="select by one of them"):
+        parse_config(RunConfig, ["--config", str(config_file), "--select_top_fraction", "0.1", *required])
+    config = parse_config(RunConfig, ["--config", str(config_file), "--reward_threshold", "none",
+                                      "--select_top_fraction", "0.1", "--timestep_range", "null", *required])
+    assert config.reward_threshold is None and config.select_top_fraction == 0.1 and config.timestep_range is None
+    assert parse_config(TrainConfig, ["--global_batch_size", "None"], defaults={"global_batch_size": 16}).global_batch_size is None
+    with pytest.raises(SystemExit, match="invalid float value: 'nothing'"):
+        parse_config(RunConfig, ["--reward_threshold", "nothing", *required])
+    with pytest.raises(SystemExit, match="--timestep_range: `none` unsets the field; give it alone"):
+        parse_config(RunConfig, ["--timestep_range", "0", "none", *required])
+
+
 def test_config_file_given_with_an_equals_sign(tmp_path):
     config_file = tmp_path / "train.yaml"
     config_file.write_text("max_train_steps: 7\n")
@@ -459,7 +476,8 @@ def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):
     assert f"--output_dir='{a_file}' is a file, not a folder" in message
     evaluation = tmp_path / "eval"
     evaluation.mkdir()
-    (evaluation / "summary.json").write_text('{"summaries": []}')
+    (evaluation / "summary.json").write_text('{"summaries": [{"label": "toy:held_out", "primary_metric": "binding_accuracy", '
+                                             '"binding_accuracy": 0.5}]}')
     message = one_error_line(capsys, ["report", str(evaluation), "--output_dir", str(a_file / "x")])
     assert f"--output_dir='{a_file / 'x'}' lies under a file" in message
     assert f"--config {tmp_path}: is a directory" in one_error_line(capsys, ["select", "--config", str(tmp_path)])
