@@ -188,6 +188,8 @@ class Reward:
             raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
         if metadata is not None and len(metadata) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(metadata)} metadata entries")
+        if not images:  # many models cannot run an empty batch; no image has no score
+            return RewardOutput([], [])
         rgb = [image if image.mode == "RGB" else image.convert("RGB") for image in images]
         output = self._score(rgb, list(prompts), list(metadata) if metadata is not None else None)
         return self._checked(output, list(prompts))

@@ -46,6 +46,17 @@ def test_reward_names_that_are_taken_or_unparseable_are_refused():
     assert rewards.registry.get_reward_class("constant") is Constant
 
 
+def test_an_empty_batch_has_no_scores_without_running_the_model():
+    import torch
+
+    class Stacking(Reward):  # as a model's forward: an empty batch cannot be stacked
+        def _score(self, images, prompts, metadata):
+            return RewardOutput(torch.stack([torch.zeros(()) for _ in images]).tolist())
+
+    output = Stacking().score([], [], None)
+    assert output.scores == [] and output.details == []
+
+
 def test_reward_classes_without_score_or_with_another_range_are_refused():
     class NoScore(Reward):
         pass
