@@ -77,8 +77,10 @@ def column_name(summary: dict[str, Any]) -> str:
 
 # What a benchmark's values were measured with, beyond the checkpoint: two checkpoints' values compare exactly
 # only where all of these are one (`protocol_notes`).
-PROTOCOL_KEYS = ("prompts", "images per prompt", "prompt set", "judge", "scorer", "questions", "sampling",
-                 "LoRA dropout")
+PROTOCOL_KEYS = ("prompts", "images per prompt", "prompt set", "judge", "judge models", "scorer", "questions",
+                 "sampling", "LoRA dropout")
+# Shown by name only under the table (their values are long settings).
+UNSHOWN_VALUES = ("prompt set", "judge models", "scorer", "questions", "sampling")
 # The recorded sampling settings that change the images (not the batch size, the paths, the further columns'
 # options); images made elsewhere (`--images`) record none of them, and are not compared on them.
 SAMPLING_KEYS = ("num_inference_steps", "guidance_scale", "resolution", "seed", "seed_rule", "dtype")
@@ -93,14 +95,28 @@ def evaluation_protocols(folder: Path) -> dict[str, dict[str, Any]]:
             continue
         results = summary.get("results") or {}
         samples, data, config = results.get("samples") or {}, results.get("data") or {}, results.get("config") or {}
-        sampling = ({key: config[key] for key in SAMPLING_KEYS if key in config} or None
-                    if config.get("images") != "external" else None)
+        generated = config.get("images") != "external"
+        sampling = {key: config[key] for key in SAMPLING_KEYS if key in config} if generated else {}
+        # The dropout of a LoRA's own samples (0: none); nothing for a base model or images made elsewhere.
+        dropout = float(summary.get("lora_dropout") or 0.0) if generated and summary.get("lora") else None
         recorded = {"prompts": samples.get("prompts"), "images per prompt": samples.get("images_per_prompt"),
                     "prompt set": data.get("prompts_sha256"), "judge": summary.get("metric"),
-                    "scorer": results.get("scorer"), "questions": _question_sources(summary),
-                    "sampling": sampling, "LoRA dropout": summary.get("lora_dropout") or None}
+                    # The judges a benchmark's fields name, which summaries recorded before `scorer` hold too.
+                    "judge models": {key: value for key, value in config.items()
+                                     if key.endswith("model_name_or_path")} or None,
+                    "scorer": _scorer(results.get("scorer")), "questions": _question_sources(summary),
+                    "sampling": sampling or None, "LoRA dropout": dropout}
         protocols[column_name(summary)] = {key: value for key, value in recorded.items() if value is not None}
     return protocols
+
+
+def _scorer(recorded: Any) -> dict[str, Any] | None:
+    """A summary's `results.scorer` as compared: scoring versions all 1 when none are recorded (`versioned`
+    leaves them out), and without the question table's path (`questions` compares the tables' contents)."""
+    if not isinstance(recorded, dict):
+        return None
+    options = {key: value for key, value in (recorded.get("options") or {}).items() if key != "questions"}
+    return {**recorded, "options": options, "scoring_versions": recorded.get("scoring_versions") or {}}
 
 
 def _question_sources(summary: dict[str, Any]) -> list[Any] | None:
@@ -123,17 +139,14 @@ def _differ(values: list[Any]) -> bool:
 
 def protocol_notes(protocols: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     """A line per report column whose checkpoints (name -> column -> `evaluation_protocols`) were measured
-    otherwise: other prompts, images per prompt, prompt set, judge, scorer (reward, options, dtype, versions),
-    question parsers, sampling settings or LoRA dropout."""
+    otherwise: other prompts, images per prompt, prompt set, judge or judge models, scorer (reward, options,
+    dtype, versions), question parsers, sampling settings or the dropout of a LoRA's samples."""
     notes = []
     for column in sorted({column for measured in protocols.values() for column in measured}):
         measured = {name: each[column] for name, each in protocols.items() if column in each}
         differing = [key for key in PROTOCOL_KEYS if _differ([each[key] for each in measured.values() if key in each])]
-        # A LoRA dropout recorded on one side only differs too (the other sampled without).
-        if len({each.get("LoRA dropout") for each in measured.values()}) > 1 and "LoRA dropout" not in differing:
-            differing.append("LoRA dropout")
         if differing:
-            shown = [key if key in ("prompt set", "scorer", "questions", "sampling") else
+            shown = [key if key in UNSHOWN_VALUES else
                      f"{key}: " + ", ".join(f"{name} {each.get(key, '-')}" for name, each in measured.items())
                      for key in differing]
             notes.append(f"note: {column} was measured otherwise for these checkpoints ({'; '.join(shown)}): those "

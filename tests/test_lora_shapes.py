@@ -129,7 +129,7 @@ def test_a_lora_that_diffusers_loads_in_part_or_not_at_all_is_said_or_refused(ti
     with caplog.at_level("WARNING", logger="gors.core.pipeline"):
         load_lora(pipeline, str(partial))
     assert loaded_lora_layers(pipeline) == {"unet": 1}
-    assert f"LoRA {partial}: its file adapts 2 layers, 1 loaded; diffusers left the others out" in caplog.text
+    assert f"LoRA {partial} loaded in part (unet: 2 in the file, 1 loaded): diffusers left out" in caplog.text
 
     second_encoder = tmp_path / "te2.safetensors"
     save_file(_kohya("text_model.encoder.layers.0.self_attn.q_proj", (32, 32), "lora_te2_"), str(second_encoder))
@@ -158,3 +158,27 @@ def test_a_unet_only_lora_loads_without_diffusers_text_encoder_warning(tiny_sd, 
     assert "No LoRA keys" not in caplog.text
     layers = loaded_lora_layers(pipeline)
     assert list(layers) == ["unet"] and f"LoRA {unet_only} loaded into {layers['unet']} layers of unet" in caplog.text
+
+
+def test_a_component_left_out_is_named_where_diffusers_splits_others(tiny_flux, tmp_path, caplog):
+    """FLUX's fused qkv loads as 3 layers, so a whole-file count would hide the T5 layers diffusers' kohya
+    converter drops (`lora_te2_`): counted per component."""
+    from diffusers import FluxPipeline
+
+    from gors.core.lora_shapes import loaded_lora_layers
+    from gors.core.pipeline import load_lora
+
+    pipeline = FluxPipeline.from_pretrained(str(tiny_flux))
+    width = pipeline.transformer.config.attention_head_dim * pipeline.transformer.config.num_attention_heads
+    weights = _kohya("double_blocks.0.img_attn_qkv", (width, 3 * width))
+    t5_queries = [name for name, module in pipeline.text_encoder_2.named_modules() if name.endswith("SelfAttention.q")]
+    for name in t5_queries:
+        module = pipeline.text_encoder_2.get_submodule(name)
+        weights |= _kohya(name, (module.in_features, module.out_features), "lora_te2_")
+    file = tmp_path / "flux_kohya.safetensors"
+    save_file(weights, str(file))
+    with caplog.at_level("WARNING", logger="gors.core.pipeline"):
+        load_lora(pipeline, str(file))
+    assert loaded_lora_layers(pipeline) == {"transformer": 3}  # as many as the file's 1 + len(t5_queries)
+    assert len(t5_queries) == 2
+    assert f"LoRA {file} loaded in part (text_encoder_2: 2 in the file, 0 loaded)" in caplog.text

@@ -186,15 +186,18 @@ def test_evaluations_of_one_benchmark_measured_otherwise_are_noted(tmp_path):
     # Measured alike, whatever the batch size: no note.
     text = report([evaluation("again", 150), tmp_path / "full"], tmp_path / "report").read_text()
     assert "note:" not in text
-    # Sampled with LoRA dropout on one side only: noted. Images made elsewhere (`--images`, no sampling
-    # recorded) are not said to be sampled otherwise.
-    text = report([evaluation("dropout", 150, lora_dropout=0.1), tmp_path / "full"], tmp_path / "report").read_text()
-    assert "(LoRA dropout: dropout 0.1, full -)" in text
+    # A LoRA sampled with dropout against one sampled without: noted. Not against the base model (no LoRA to
+    # drop), nor against images made elsewhere (`--images`, no sampling recorded), as the paper compares them.
+    dropout = evaluation("dropout", 150, lora="gors_color", lora_dropout=0.1)
+    text = report([dropout, evaluation("plain", 150, lora="gors_color")], tmp_path / "report").read_text()
+    assert "(LoRA dropout: dropout 0.1, plain 0.0)" in text
+    assert "note:" not in report([dropout, tmp_path / "full"], tmp_path / "report").read_text()
     external = evaluation("external", 150)
     summary = json.loads((external / "summary.json").read_text())
     summary["summaries"][0]["results"]["config"] = {"images": "external", "seed": None, "batch_size": 8}
     (external / "summary.json").write_text(json.dumps(summary))
     assert "note:" not in report([external, tmp_path / "full"], tmp_path / "report").read_text()
+    assert "note:" not in report([external, dropout], tmp_path / "report").read_text()
     # Another scorer (options, dtype, scoring version) or generating precision: noted; a summary of an older gors
     # that recorded neither ("full") is compared on what it recorded.
     def recorded(name: str, scorer: dict, dtype: str) -> Path:
@@ -211,6 +214,24 @@ def test_evaluations_of_one_benchmark_measured_otherwise_are_noted(tmp_path):
     other = recorded("c", scorer | {"options": {"model_name_or_path": "other"}}, "float16")
     assert "(scorer)" in report([same[0], other], tmp_path / "report").read_text()
     assert "(sampling)" in report([same[0], recorded("d", scorer, "bfloat16")], tmp_path / "report").read_text()
+    # Scoring versions all 1 are not recorded (`versioned`): a bump to 2 is noted against them.
+    bumped = recorded("e", scorer | {"scoring_versions": {"toy_binding": 2}}, "float16")
+    assert "(scorer)" in report([same[0], bumped], tmp_path / "report").read_text()
+    # The question table's path is no scorer difference (its contents are compared as `questions`).
+    moved = [recorded(name, scorer | {"options": {"questions": path}}, "float16")
+             for name, path in (("f", "questions.json"), ("g", "/home/u/questions.json"))]
+    assert "note:" not in report(moved, tmp_path / "report").read_text()
+    # Summaries written before `results.scorer`: the judge models a benchmark's fields name are compared.
+    def judged(name: str, model: str) -> Path:
+        folder = evaluation(name, 150)
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["summaries"][0]["results"]["config"]["vlm_model_name_or_path"] = model
+        (folder / "summary.json").write_text(json.dumps(summary))
+        return folder
+
+    text = report([judged("qwen8b", "Qwen/Qwen3-VL-8B-Instruct"), judged("qwen2b", "Qwen/Qwen3-VL-2B-Instruct")],
+                  tmp_path / "report").read_text()
+    assert "(judge models)" in text
     # B-VQA's questions made by another parser (the built-in one against spaCy's): noted, whatever the image counts.
     builtin = {"source": "parser", "parser": {"name": "builtin", "version": 1}}
     spacy = {"source": "parser", "parser": {"name": "spacy", "model": "en_core_web_sm"}}

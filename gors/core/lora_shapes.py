@@ -117,9 +117,39 @@ def lora_misfit(pipeline: DiffusionPipeline, layers: list[LoraLayer]) -> str | N
 _DOWN_ENDINGS = (".lora_A.weight", "down.weight")
 
 
-def file_lora_layer_count(shapes: dict[str, tuple[int, ...]]) -> int:
-    """How many layers a LoRA file of any format adapts: its down-projections."""
-    return sum(key.endswith(_DOWN_ENDINGS) for key in shapes)
+# kohya's name prefixes -> the component diffusers loads them into ("denoiser": the U-Net or transformer).
+KOHYA_PREFIXES = {"lora_unet_": "denoiser", "lora_te_": "text_encoder", "lora_te1_": "text_encoder",
+                  "lora_te2_": "text_encoder_2", "lora_te3_": "text_encoder_3"}
+UNPLACED = ""  # layers whose name says no component
+
+
+def file_lora_layer_counts(shapes: dict[str, tuple[int, ...]], denoiser: str) -> dict[str, int]:
+    """Component -> how many of its layers a LoRA file of any format adapts (its down-projections), by the
+    names' component (`unet.`, kohya's `lora_te2_`, ...); `UNPLACED` for names that say none. `denoiser`:
+    the pipeline's U-Net or transformer component."""
+    counts: dict[str, int] = {}
+    for key in shapes:
+        if not key.endswith(_DOWN_ENDINGS):
+            continue
+        component = key.split(".", 1)[0] if key.split(".", 1)[0] in LORA_COMPONENTS else UNPLACED
+        kohya = next((prefix for prefix in KOHYA_PREFIXES if key.startswith(prefix)), None)
+        if kohya is not None:
+            component = denoiser if KOHYA_PREFIXES[kohya] == "denoiser" else KOHYA_PREFIXES[kohya]
+        counts[component] = counts.get(component, 0) + 1
+    return counts
+
+
+def lora_layers_left_out(in_file: dict[str, int], loaded: dict[str, int]) -> list[str]:
+    """The components of which fewer layers loaded than the file adapts, in words ("text_encoder_2: 2 in the
+    file, 0 loaded"). A component whose fused layers diffusers splits (FLUX's qkv) loads more than the file
+    holds, which can hide a layer left out there; a component with none loaded is always named."""
+    short = {component: count for component, count in in_file.items() if component != UNPLACED
+             and loaded.get(component, 0) < count}
+    if in_file.get(UNPLACED) and sum(in_file.values()) > sum(loaded.values()):
+        short[UNPLACED] = in_file[UNPLACED]
+    return [f"{component or 'unnamed layers'}: {count} in the file, "
+            f"{loaded.get(component, 0) if component else sum(loaded.values())} loaded"
+            for component, count in short.items()]
 
 
 def loaded_lora_layers(pipeline: DiffusionPipeline) -> dict[str, int]:

@@ -25,8 +25,9 @@ from gors.core.hub import from_pretrained
 from gors.core.io import files_sha256
 from gors.core.lora_shapes import (
     check_lora_shapes,
-    file_lora_layer_count,
+    file_lora_layer_counts,
     loaded_lora_layers,
+    lora_layers_left_out,
     model_name,
     read_lora_shapes,
 )
@@ -168,8 +169,8 @@ def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
     """`pipeline.load_lora_weights(lora)`, refusing in one line a LoRA trained on another base model of the
     same family: a local diffusers-format file is checked against the pipeline's layers first
     (`check_lora_shapes`); for other LoRAs torch's 60-line size-mismatch error is cut to one line. A LoRA
-    that adapted no layer is refused, and one of another format (kohya) whose file adapts more layers than
-    loaded is warned of: diffusers skips the names it cannot place without a word. The LoRA linear layers
+    that adapted no layer is refused, and one of another format (kohya) whose file adapts more layers of a
+    component than loaded is warned of: diffusers skips the names it cannot place without a word. The LoRA linear layers
     then run fused (`gors.core.fused_lora`)."""
     file = local_lora_file(lora)
     if file is not None and file.suffix == ".safetensors":
@@ -199,11 +200,12 @@ def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
     if not loaded:
         raise ValueError(f"LoRA {lora} adapted no layer of {model_name(pipeline)}: none of its weight names is a "
                          "layer of this model; pass the model it was trained on (or a LoRA in diffusers' format)")
-    in_file = file_lora_layer_count(read_lora_shapes(file)) if file is not None and file.suffix == ".safetensors" else 0
-    if in_file > sum(loaded.values()):
-        logger.warning("LoRA %s: its file adapts %d layers, %d loaded; diffusers left the others out (names it "
-                       "could not place in %s): samples show a part of the LoRA", lora, in_file,
-                       sum(loaded.values()), model_name(pipeline))
+    if file is not None and file.suffix == ".safetensors":
+        denoiser = "transformer" if isinstance(getattr(pipeline, "transformer", None), torch.nn.Module) else "unet"
+        left_out = lora_layers_left_out(file_lora_layer_counts(read_lora_shapes(file), denoiser), loaded)
+        if left_out:
+            logger.warning("LoRA %s loaded in part (%s): diffusers left out the names it could not place in %s, "
+                           "so samples show a part of the LoRA", lora, "; ".join(left_out), model_name(pipeline))
     logger.info("LoRA %s loaded into %s", lora, ", ".join(f"{count} layers of {name}" for name, count in loaded.items()))
     # Base and adapter matmuls as one operation: peft's values in float32, each sum rounded once in half precision.
     for component in pipeline.components.values():
