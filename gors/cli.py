@@ -390,8 +390,9 @@ COMMANDS: dict[str, Command] = {
     "train": Command("gors.config:TrainConfig", "gors.cli:run_train",
                      "reward-weighted LoRA fine-tuning on the selection", locks=("select", "train"), reads_run=True),
     "run": Command("gors.config:RunConfig", "gors.run:run", "generate, score, select and train in one go"),
+    # evaluate locks its folder itself, once the benchmarks and the LoRA are checked (`EVALUATE_LOCKS`)
     "evaluate": Command("gors.config:EvaluateConfig", "gors.evaluate:evaluate",
-                        "run benchmarks on a checkpoint, a LoRA or an image folder", locks=("evaluate",)),
+                        "run benchmarks on a checkpoint, a LoRA or an image folder"),
     "rewards": Command("gors.cli:RewardsConfig", "gors.cli:list_rewards", "list the registered rewards"),
     "estimate": Command("gors.estimate:EstimateConfig", "gors.estimate:estimate_command",
                         "GPU-hours of a full run (default: the paper's colour run) from a run's timings.json"),

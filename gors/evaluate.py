@@ -26,6 +26,7 @@ from gors.config import EvaluateConfig
 from gors.core.backbones import check_lora_fits, check_lora_loader, detect_backbone, family_precision
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, not_a_folder, read_json
+from gors.core.lock import holding
 from gors.core.pipeline import check_lora_path
 from gors.core.store import SampleStore, recorded_model_commits, recorded_name, same_value
 from gors.core.toy import PRETRAINED_DIR
@@ -98,6 +99,9 @@ class BenchmarkPlan:
     def scorer_specs(self) -> list[tuple[str | None, str, dict[str, Any]]]:
         """(column or None, reward, merged options) of every scorer it builds (`Benchmark.scorer_specs`)."""
         return self.benchmark.scorer_specs(self.options, self.column_options, self.extra, self.with_columns)
+
+
+EVALUATE_LOCKS = ("evaluate",)  # what `evaluate` holds of its --output_dir
 
 
 def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
@@ -211,7 +215,9 @@ def sample_counts(summary: dict[str, Any]) -> str:
 
 
 def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
-    """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json)."""
+    """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json). The
+    benchmarks, options and LoRA are checked before `--output_dir` is locked (`EVALUATE_LOCKS`), so that a
+    mistake leaves no folder behind."""
     plans = plan_benchmarks(config)
     lora = resolve_lora(config.lora)  # official:<category> -> the converted release, downloaded once
     if lora is not None:
@@ -224,6 +230,12 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         if config.images is None:  # SD3/3.5 and FLUX.1 generate in bf16 under an fp16 accelerate config
             precision = family_precision(detect_backbone(config.pretrained_model_name_or_path), precision)
         accelerator = make_accelerator(mixed_precision=precision)
+    with holding(config.output_dir, EVALUATE_LOCKS, "gors evaluate"):
+        return _evaluate_plans(config, plans, lora, accelerator)
+
+
+def _evaluate_plans(config: EvaluateConfig, plans: list[BenchmarkPlan], lora: str | None,
+                    accelerator: Accelerator) -> list[dict[str, Any]]:
     runs = [(plan, plan.benchmark.scorer_keys(accelerator, plan.options, config.scorer_batch_size, plan.column_options,
                                               plan.extra, with_columns=plan.with_columns)) for plan in plans]
     summaries = []

@@ -10,6 +10,7 @@ from evaluators.toy import ToyBenchmark
 from gors.config import GenerateConfig, RunConfig
 from gors.core.backbones import check_resolution, detect_backbone, family_precision
 from gors.core.distributed import make_accelerator
+from gors.core.lock import holds_stages
 from gors.core.pipeline import check_lora_path, inference_dtype, load_pipeline, pipeline_settings
 from gors.core.prompts import TOY_CATEGORY, load_prompts
 from gors.core.run_folder import samples_dir
@@ -17,6 +18,7 @@ from gors.core.sampling import SampleSink, SamplingProtocol, generate_samples
 from gors.core.store import SampleStore
 
 
+@holds_stages("generate")
 def generate(config: GenerateConfig | RunConfig, accelerator: Accelerator | None = None, lora: str | None = None,
              seed: int | None = None, sink: SampleSink | None = None) -> SampleStore:
     """Stage 1: `config.images_per_prompt` images per training prompt into `<output_dir>/samples`.

@@ -28,6 +28,7 @@ from gors._moved import moved_names
 from gors.config import RunConfig, ScoreConfig
 from gors.core.background_scoring import BackgroundScorer
 from gors.core.distributed import make_accelerator
+from gors.core.lock import holds_stages
 from gors.core.pipeline import inference_dtype
 from gors.core.prompts import check_category, load_prompts, recorded_category
 from gors.core.run_folder import reward_key, samples_dir, scores_dir
@@ -98,6 +99,7 @@ def score_settings(config: ScoreConfig | RunConfig, accelerator: Accelerator, re
         | versioned(reward)
 
 
+@holds_stages("generate", "score")
 def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:
     """Stage 2: score every sample of the run with its reward; returns all its score rows.
 

@@ -19,6 +19,7 @@ import numpy as np
 from gors._moved import moved_names
 from gors.config import RunConfig, SelectConfig
 from gors.core.io import TornLineError, atomic_write_json, atomic_write_jsonl, read_json, read_jsonl
+from gors.core.lock import holds_stages
 from gors.core.prompts import TOY_CATEGORY, check_category, recorded_category
 from gors.core.run_folder import (
     SCORES_DIR,
@@ -149,6 +150,7 @@ def _check_reward_value(row: dict[str, Any], folder: Path) -> None:
                          "gors writes them. Delete that folder and run `gors score` again")
 
 
+@holds_stages("select")
 def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, Any]:
     """Select samples with reward > tau; returns the summary written to `selection_summary.json`.
 

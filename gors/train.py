@@ -60,6 +60,7 @@ from gors.core.distributed import (
 from gors.core.fingerprints import is_local_fingerprint
 from gors.core.fused_lora import AdapterCast
 from gors.core.hub import ModelLoadError, from_pretrained, model_version
+from gors.core.lock import holds_stages
 from gors.core.memory import (
     MORE_MEMORY,
     BatchLimit,
@@ -1244,6 +1245,7 @@ class Updates:
                 self.lr_scheduler.step()
 
 
+@holds_stages("select", "train")
 def train(config: TrainConfig | RunConfig, accelerator: Accelerator | None = None, continue_from: Path | None = None,
           reset_optimizer: bool = False, validation_dir: Path | None = None, schedule_steps: int | None = None) -> Path:
     """Run GORS training for a run folder that has `selection.jsonl`; returns the LoRA file (see

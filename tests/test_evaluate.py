@@ -248,6 +248,13 @@ def test_columns_flag_adds_optional_columns_where_a_benchmark_has_them(tmp_path)
     with pytest.raises(ValueError, match=r"no benchmark evaluated has the optional column\(s\) \['MLLM-CoT'\]"):
         evaluate(EvaluateConfig(benchmarks="toy", columns="MLLM-CoT", output_dir=str(tmp_path)))
     assert not any(tmp_path.iterdir())
+    # From the command line too: checked before the folder is locked, so a refusal leaves no lock file (which
+    # under several processes kept a folder holding nothing else).
+    from gors.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--benchmarks", "toyy", "--output_dir", str(tmp_path)])
+    assert not any(tmp_path.iterdir())
     # A default column is not "absent": it is computed without the flag.
     with pytest.raises(ValueError, match=r"--columns='B-CLIP': B-CLIP is computed by default \(without --columns "
                                          r"none\); --columns adds optional columns: MLLM-CoT$"):

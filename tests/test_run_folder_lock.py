@@ -14,7 +14,7 @@ import pytest
 
 from gors.cli import COMMANDS, main
 from gors.core.lock import LockError, lock_path, run_folder_lock
-from gors.core.store import SampleStore
+from gors.core.store import SampleStore, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -208,3 +208,35 @@ def test_a_retry_with_fewer_processes_locks_the_shares_beyond_its_own(tmp_path, 
     finally:
         stray.kill()
         stray.wait()
+
+
+def test_stage_functions_called_from_a_script_hold_the_folder_as_the_commands_do(tmp_path):
+    """A script's `generate(config)` beside a running `gors generate` would write every sample twice."""
+    from gors.config import EvaluateConfig, GenerateConfig, ScoreConfig, SelectConfig, TrainConfig
+    from gors.evaluate import evaluate
+    from gors.generate import generate
+    from gors.score import score
+    from gors.select import select
+    from gors.train import train
+
+    run = tmp_path / "run"
+    calls = {"generate": lambda: generate(GenerateConfig(output_dir=str(run))),
+             "score": lambda: score(ScoreConfig(output_dir=str(run))),
+             "select": lambda: select(SelectConfig(output_dir=str(run), reward_threshold=0.5)),
+             "train": lambda: train(TrainConfig(output_dir=str(run))),
+             "evaluate": lambda: evaluate(EvaluateConfig(output_dir=str(run), benchmarks="toy"))}
+    for stage, call in calls.items():
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), stage], cwd=REPO, env=ENV,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline() == "held\n"
+            with pytest.raises(LockError, match=rf"{run} is being written by `gors score` \(pid {holder.pid} "):
+                call()
+        finally:
+            holder.kill()
+            holder.wait()
+            holder.stdout.close()
+    # Under a command that holds the folder (`gors run`, the CLI), a stage takes no lock again: no refusal.
+    with run_folder_lock(run, ["select"], "gors run"):
+        with pytest.raises(StoreError):  # past the lock: the empty folder has no samples
+            select(SelectConfig(output_dir=str(run), reward_threshold=0.5))

@@ -18,6 +18,7 @@ one that creates a new one both hold "the" lock.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import re
@@ -25,10 +26,17 @@ import socket
 import sys
 import time
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from gors.core.io import UNUSABLE_PATH, PathError, make_folder, unusable_path
+
+# The (folder, stage) locks the current call stack holds: a stage function called by a command that holds its
+# lock (`gors run`'s generate, the CLI's) runs under it (`holds_stages`).
+_HELD: ContextVar[frozenset[tuple[str, str]]] = ContextVar("gors_held_locks", default=frozenset())
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class LockError(RuntimeError):
@@ -178,12 +186,15 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
                 held, Path(folder), [process_lock_stage(stage, state.process_index) for stage in stages], command,
                 note_stale=False)
             _raise(next((refusal for refusal in gather_object([mine]) if refusal is not None), None))
+        token = _HELD.set(_HELD.get() | {(os.path.realpath(folder), stage) for stage in stages})
         try:
             yield
         except BaseException:
             if created:  # registered last, so it runs first: while the locks are still held
                 held.callback(_remove_if_only_locks, Path(folder), stages)
             raise
+        finally:
+            _HELD.reset(token)
         # Released only when every process is done writing; after an error the launcher stops them all.
         # A body that ended the process group (`accelerator.end_training()` after `gors train`) has
         # passed its last barrier already: only the main process, which holds the locks, still writes.
@@ -191,3 +202,32 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
 
         if state.num_processes == 1 or torch.distributed.is_initialized():
             state.wait_for_everyone()
+
+
+
+@contextmanager
+def holding(folder: str | Path, stages: Sequence[str], command: str) -> Iterator[None]:
+    """`run_folder_lock` of the `stages` of `folder` that this call stack does not hold already: a stage run by
+    a command that holds its lock (`gors run`, the CLI) takes none again, one a script calls takes it."""
+    held = _HELD.get()
+    missing = [stage for stage in stages if (os.path.realpath(folder), stage) not in held]
+    if not missing:
+        yield
+        return
+    with run_folder_lock(folder, missing, command):
+        yield
+
+
+def holds_stages(*stages: str) -> Callable[[F], F]:
+    """A stage function `function(config, ...)` runs `holding` `stages` of `config.output_dir`, as `gors <stage>`
+    does, also when a script calls it. `function.__name__` names the holder in a refusal (`gors generate`)."""
+
+    def decorate(function: F) -> F:
+        @functools.wraps(function)
+        def locked(config: Any, *args: Any, **kwargs: Any) -> Any:
+            with holding(config.output_dir, stages, f"gors {function.__name__}"):
+                return function(config, *args, **kwargs)
+
+        return locked  # type: ignore[return-value]
+
+    return decorate

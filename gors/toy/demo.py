@@ -34,6 +34,7 @@ from gors.core.pipeline import lora_sha256
 from gors.core.store import SampleStore
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import SPLITS, split_prompts
+from gors.evaluate import EVALUATE_LOCKS
 from rewards.paper import toy_threshold
 
 # The toy evaluation generates and scores in its benchmark's batches: no flag of the recipe sets them.
@@ -146,7 +147,6 @@ def error_table(rows: Sequence[tuple[str, dict]]) -> str:
 
 
 COMMAND = "recipes/gors_toy.py"
-EVALUATE = ("evaluate",)  # the lock `gors evaluate` holds on its --output_dir
 
 
 def holds_other_lora(eval_dir: Path, lora: str) -> bool:
@@ -170,7 +170,7 @@ def evaluate_lora(benchmark: Any, model: str, eval_dir: Path, lora: str, acceler
     """`benchmark.evaluate` of `lora` into `eval_dir` under its evaluate lock. A rerun in one folder
     trains the LoRA again at the same path: an evaluation of the former LoRA there is set aside and
     this one's images generated (a store refuses images of other LoRA weights, `gors evaluate` too)."""
-    with run_folder_lock(eval_dir, EVALUATE, COMMAND):
+    with run_folder_lock(eval_dir, EVALUATE_LOCKS, COMMAND):
         # One answer for all processes: on a network filesystem each could see another state of the folder.
         if not main_process_decides(accelerator.state, lambda: holds_other_lora(eval_dir, lora)):
             return benchmark.evaluate(model, eval_dir, lora=lora, accelerator=accelerator, **FIXED_BATCHES)
@@ -179,7 +179,7 @@ def evaluate_lora(benchmark: Any, model: str, eval_dir: Path, lora: str, acceler
             print(f"note: {eval_dir} held the evaluation of an earlier LoRA at {lora}; moved it to {aside} and "
                   "evaluating the LoRA trained now")
         accelerator.wait_for_everyone()
-        with run_folder_lock(eval_dir, EVALUATE, COMMAND):  # the new folder; the old lock moved with the old one
+        with run_folder_lock(eval_dir, EVALUATE_LOCKS, COMMAND):  # the new folder; the old lock moved with the old one
             return benchmark.evaluate(model, eval_dir, lora=lora, accelerator=accelerator, **FIXED_BATCHES)
 
 
@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     benchmark = ToyBenchmark(split=config.eval_split, images_per_prompt=config.eval_images_per_prompt,
                              guidance_scale=config.guidance_scale,
                              num_inference_steps=config.num_inference_steps, max_prompts=config.eval_max_prompts)
-    with run_folder_lock(out / "eval_base", EVALUATE, COMMAND):
+    with run_folder_lock(out / "eval_base", EVALUATE_LOCKS, COMMAND):
         base = benchmark.evaluate(config.pretrained_model_name_or_path, out / "eval_base", accelerator=accelerator,
                                   **FIXED_BATCHES)
     if config.rounds == 1:
