@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from evaluators.geneval import load_geneval_metadata
+from gors.core.data import ChecksumError, DownloadError
 from gors.core.io import atomic_write_bytes
 from rewards.geneval_rules import COLORS, GENEVAL_CLASSES, RELATIONS, TAGS
 
@@ -214,7 +215,13 @@ def main(argv: Sequence[str] | None = None) -> Path:
     parser.add_argument("--seed", type=int, default=0, help="which prompts and wordings (default 0)")
     parser.add_argument("--tags", nargs="+", default=list(TRAIN_TAGS), help=f"tags, equal shares (default {TRAIN_TAGS})")
     args = parser.parse_args(argv)
-    path = write_train_prompts(args.output, generate_train_prompts(args.num_prompts, args.seed, args.tags))
+    try:
+        rows = generate_train_prompts(args.num_prompts, args.seed, args.tags)
+        path = write_train_prompts(args.output, rows)
+    except (DownloadError, ChecksumError) as err:  # GenEval's metadata file, fetched once
+        raise SystemExit(f"error: {err} (`gors download evaluate --benchmarks geneval` fetches the same file)") from None
+    except (ValueError, OSError) as err:
+        raise SystemExit(f"error: {err}") from None
     print(f"wrote {args.num_prompts} GenEval-style training prompts to {path}")
     return path
 

@@ -355,7 +355,8 @@ def list_rewards(config: RewardsConfig) -> None:
 
 
 # Every stage keeps its finished work (images, score rows, checkpoints) and skips it when rerun.
-INTERRUPTED = "interrupted; run the same command again to resume where it stopped (training: from its last checkpoint)"
+INTERRUPTED = "interrupted; run the same command again to resume where it stopped"
+TRAINING_INTERRUPTED = f"{INTERRUPTED} (training: from its last checkpoint)"
 
 
 @dataclass(frozen=True)
@@ -388,8 +389,10 @@ COMMANDS: dict[str, Command] = {
                       locks=("select",), reads_run=True),
     # train reads selection.jsonl on every process while it runs, which select rewrites
     "train": Command("gors.config:TrainConfig", "gors.cli:run_train",
-                     "reward-weighted LoRA fine-tuning on the selection", locks=("select", "train"), reads_run=True),
-    "run": Command("gors.config:RunConfig", "gors.run:run", "generate, score, select and train in one go"),
+                     "reward-weighted LoRA fine-tuning on the selection", locks=("select", "train"), reads_run=True,
+                     interrupted=TRAINING_INTERRUPTED),
+    "run": Command("gors.config:RunConfig", "gors.run:run", "generate, score, select and train in one go",
+                   interrupted=TRAINING_INTERRUPTED),
     # evaluate locks its folder itself, once the benchmarks and the LoRA are checked (`EVALUATE_LOCKS`)
     "evaluate": Command("gors.config:EvaluateConfig", "gors.evaluate:evaluate",
                         "run benchmarks on a checkpoint, a LoRA or an image folder"),
@@ -655,8 +658,13 @@ def _run(argv: list[str]) -> None:
             return
         if command is None:
             words = [other for other in COMMANDS if other.startswith(f"{argv[0]} ")]
-            if words:  # the first word of a two-word command
-                raise SystemExit(f"gors {argv[0]}: give its subcommand: {', '.join(f'gors {w}' for w in words)}")
+            if words and argv[1:2] in ([], ["-h"], ["--help"]):  # the first word of a two-word command
+                print("\n".join([f"usage: gors {argv[0]} SUBCOMMAND [flags]", "", "subcommands:",
+                                  *(f"  {word.split()[1]:<12} {COMMANDS[word].help}" for word in words)]))
+                return
+            if words:
+                raise SystemExit(f"gors {argv[0]}: unknown subcommand {argv[1]!r}; give one of "
+                                 f"{', '.join(f'gors {w}' for w in words)}")
             raise SystemExit(f"gors: unknown command {argv[0]!r}\n{usage()}")
         config = parse_config(_load(command.config), argv[len(name.split()):], prog=f"gors {name}")
         if command.reads_run:

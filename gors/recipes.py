@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from gors.cli import expected_errors, parse_config, quiet_dependency_warnings
+from gors.cli import TRAINING_INTERRUPTED, expected_errors, parse_config, quiet_dependency_warnings
 from gors.config import RunConfig
 from gors.core.paper import CATEGORIES, GORS_GLOBAL_BATCH
 
@@ -29,7 +29,7 @@ def recipe_defaults(category: str) -> dict[str, Any]:
     }
 
 
-@expected_errors()  # one line `error: ...` and exit status 2, as in `gors`
+@expected_errors(TRAINING_INTERRUPTED)  # one line `error: ...` and exit status 2, as in `gors`
 def run_recipe(category: str, argv: Sequence[str] | None = None) -> RunConfig:
     """Parse overrides on top of the category's paper defaults and run the whole GORS loop."""
     quiet_dependency_warnings()
@@ -90,7 +90,7 @@ def geneval_recipe_config(argv: Sequence[str] | None = None, prog: str = "recipe
     return with_geneval_train_prompts(config)
 
 
-@expected_errors()
+@expected_errors(TRAINING_INTERRUPTED)
 def run_geneval_recipe(argv: Sequence[str] | None = None) -> RunConfig:
     """Parse overrides on top of the GenEval recipe's defaults and run the whole GORS loop."""
     quiet_dependency_warnings()

@@ -398,7 +398,20 @@ def test_interrupt_is_one_line(monkeypatch, capsys, tmp_path):
 
     monkeypatch.setattr("gors.report.write_report", interrupted)
     message = one_error_line(capsys, ["report", str(tmp_path)])
-    assert message.startswith("error: interrupted; run the same command again to resume where it stopped")
+    assert message == "error: interrupted; run the same command again to resume where it stopped\n"
+    # Only what trains resumes from a checkpoint.
+    monkeypatch.setattr("gors.cli.run_train", interrupted)
+    (tmp_path / "samples").mkdir()
+    message = one_error_line(capsys, ["train", "--output_dir", str(tmp_path)])
+    assert message.endswith("resume where it stopped (training: from its last checkpoint)\n")
+
+
+def test_a_command_group_lists_its_subcommands(capsys):
+    main(["toy", "--help"])
+    assert capsys.readouterr().out.splitlines()[2:] == [
+        "subcommands:", "  pretrain     toy world: train the packaged toy model and its classifier from scratch"]
+    assert one_error_line(capsys, ["toy", "foo"]) == ("error: gors toy: unknown subcommand 'foo'; give one of "
+                                                      "gors toy pretrain\n")
 
 
 def test_an_error_after_a_progress_bar_starts_its_own_line(monkeypatch, capsys, tmp_path):
@@ -708,6 +721,17 @@ def test_the_main_process_losing_a_failed_process_in_a_collective_is_one_line_no
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         with expected_errors():
             raise gloo
+
+
+def test_a_mistyped_checkpoint_to_resume_from_stops_a_run_before_any_image(make_run_config, tmp_path):
+    from gors.core.run_folder import samples_dir
+    from gors.run import run
+
+    config = make_run_config(output_dir=str(tmp_path / "run"), resume_from_checkpoint="checkpoint-5OO")
+    with pytest.raises(FileNotFoundError, match=r"--resume_from_checkpoint='checkpoint-5OO': no such checkpoint "
+                                                r"folder; pass 'latest' or a folder such as"):
+        run(config)
+    assert not samples_dir(config.output_dir).exists()  # nothing generated
 
 
 def test_a_mistyped_reward_model_folder_stops_a_run_before_any_image(make_run_config, tmp_path):

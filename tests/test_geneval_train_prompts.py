@@ -130,6 +130,19 @@ def test_command_line_writes_jsonl(tmp_path: Path) -> None:
     assert written == generate_train_prompts(12, seed=3)
 
 
+def test_command_line_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit, match=r"^error: num_prompts=0"):
+        main(["--output", str(tmp_path / "train.jsonl"), "--num_prompts", "0"])
+    # Offline, without the GenEval metadata file: the download error and the command that fetches it.
+    monkeypatch.delenv("GORS_DATA_DIR")
+    monkeypatch.setenv("GORS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit, match=r"^error: evaluation_metadata.jsonl of djghosh13/geneval .* is not in the "
+                                         r"cache .*\(`gors download evaluate --benchmarks geneval` fetches"):
+        main(["--output", str(tmp_path / "train.jsonl"), "--num_prompts", "12"])
+    assert not (tmp_path / "train.jsonl").exists()
+
+
 # ---- the recipe ----
 
 def test_recipe_help_runs() -> None:

@@ -26,7 +26,7 @@ from PIL import Image, ImageDraw
 from tabulate import tabulate
 
 from evaluators.base import FIXED_BATCH_FLAGS
-from gors.cli import expected_errors, parse_config
+from gors.cli import TRAINING_INTERRUPTED, expected_errors, parse_config
 from gors.config import RunConfig
 from gors.core.distributed import main_process_decides
 from gors.core.lock import run_folder_lock
@@ -183,7 +183,7 @@ def evaluate_lora(benchmark: Any, model: str, eval_dir: Path, lora: str, acceler
             return benchmark.evaluate(model, eval_dir, lora=lora, accelerator=accelerator, **FIXED_BATCHES)
 
 
-@expected_errors()  # one line `error: ...` and exit status 2, as in `gors`
+@expected_errors(TRAINING_INTERRUPTED)  # one line `error: ...` and exit status 2, as in `gors`
 def main(argv: Sequence[str] | None = None) -> dict:
     from evaluators.toy import ToyBenchmark
     from gors.core.run_folder import round_dir
