@@ -815,6 +815,17 @@ class EvaluateConfig:
     images_per_prompt: int | None = field(
         default=None, metadata={"help": "Images per prompt; default: each benchmark's official number."}
     )
+    num_inference_steps: int | None = field(
+        default=None, metadata={"help": "Sampling steps; default: each benchmark's protocol for the model's family "
+                                        "(README, Model families). Another value is another protocol: the results "
+                                        "record it, and the numbers do not compare with published ones."})
+    guidance_scale: float | None = field(
+        default=None, metadata={"help": "Classifier-free guidance (>= 0; 1 or less: none); default: each "
+                                        "benchmark's protocol for the model's family (e.g. 0 for a distilled "
+                                        "SDXL-Turbo)."})
+    resolution: int | None = field(
+        default=None, metadata={"help": "Image side in pixels; default: each benchmark's protocol for the model's "
+                                        "family (the checkpoint's own side for SD 1/2; SDXL-Turbo: 512)."})
     scorer_options: dict[str, Any] = field(
         default_factory=dict,
         metadata={"help": "Keyword arguments of the scorers as a JSON/YAML mapping keyed by benchmark (or "
@@ -847,6 +858,12 @@ class EvaluateConfig:
                f"--images_per_prompt={self.images_per_prompt}: must be >= 1")
         _check(self.generation_batch_size is None or self.generation_batch_size >= 1,
                f"--generation_batch_size={self.generation_batch_size}: must be >= 1")
+        _check(self.num_inference_steps is None or self.num_inference_steps >= 1,
+               f"--num_inference_steps={self.num_inference_steps}: must be >= 1")
+        _check(self.guidance_scale is None or 0 <= self.guidance_scale < math.inf,
+               f"--guidance_scale={self.guidance_scale}: must be >= 0 and finite (1 or less turns guidance off)")
+        _check(self.resolution is None or (self.resolution >= 8 and self.resolution % 8 == 0),
+               f"--resolution={self.resolution}: use a multiple of 8 (e.g. 512)")
         _check(self.scorer_batch_size >= 1, f"--scorer_batch_size={self.scorer_batch_size}: must be >= 1")
         _check(0.0 <= self.lora_dropout < 1.0, f"--lora_dropout={self.lora_dropout}: must be in [0, 1), e.g. 0.1")
         _check(self.lora_dropout == 0.0 or self.lora is not None,

@@ -23,8 +23,14 @@ from evaluators import benchmark_label, build_benchmark, parse_benchmarks
 from evaluators.base import SUMMARY_FILE, Benchmark, ScorerKey
 from evaluators.results import UNIT_SCALE, metric_value
 from gors.config import EvaluateConfig
-from gors.core.backbones import check_lora_fits, check_lora_loader, detect_backbone, family_precision
-from gors.core.distributed import make_accelerator
+from gors.core.backbones import (
+    check_lora_fits,
+    check_lora_loader,
+    check_resolution,
+    detect_backbone,
+    family_precision,
+)
+from gors.core.distributed import make_accelerator, process_state
 from gors.core.io import atomic_write_json, not_a_folder, read_json
 from gors.core.lock import holding
 from gors.core.pipeline import check_lora_path
@@ -102,6 +108,12 @@ class BenchmarkPlan:
 
 
 EVALUATE_LOCKS = ("evaluate",)  # what `evaluate` holds of its --output_dir
+SAMPLING_FLAGS = ("num_inference_steps", "guidance_scale", "resolution")
+
+
+def sampling_overrides(config: EvaluateConfig) -> dict[str, Any]:
+    """The sampling values given in place of the benchmarks' protocols (flag -> value)."""
+    return {flag: getattr(config, flag) for flag in SAMPLING_FLAGS if getattr(config, flag) is not None}
 
 
 def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
@@ -128,7 +140,8 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
     if config.lora is not None and not config.lora.startswith(OFFICIAL_PREFIX):
         check_lora_path(config.lora)  # `gors download evaluate` too: a local LoRA is nothing to download
     benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts, images_per_prompt=config.images_per_prompt,
-                                         batch_size=config.generation_batch_size)) for spec in specs]
+                                         batch_size=config.generation_batch_size, **sampling_overrides(config)))
+                  for spec in specs]
     # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.
     subsets = [getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
                for _, benchmark in benchmarks]
@@ -225,6 +238,13 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         if config.images is None:
             check_lora_loader(detect_backbone(config.pretrained_model_name_or_path), lora)
             check_lora_fits(config.pretrained_model_name_or_path, lora)
+    overrides = sampling_overrides(config)
+    if config.images is None and config.resolution is not None:  # the family's VAE factor x patch size
+        check_resolution(detect_backbone(config.pretrained_model_name_or_path), config.resolution)
+    if overrides and config.images is None and process_state().is_main_process:
+        given = ", ".join(f"--{flag} {value}" for flag, value in overrides.items())
+        print(f"note: {given} in place of the benchmarks' protocols: the results record it, and they do not compare "
+              "with numbers published under the protocols")
     if accelerator is None:
         precision = config.mixed_precision
         if config.images is None:  # SD3/3.5 and FLUX.1 generate in bf16 under an fp16 accelerate config

@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 
 import pytest
+from PIL import Image
 
 from evaluators import build_benchmark, parse_benchmarks
 from gors.cli import main, parse_config
@@ -272,6 +273,22 @@ def test_columns_none_skips_the_default_columns(tmp_path, monkeypatch):
         evaluate(EvaluateConfig(pretrained_model_name_or_path=TOY_MODEL, benchmarks="toy", max_prompts=2,
                                 images_per_prompt=1, output_dir=str(tmp_path / columns), columns=columns))
     assert [(c["with_columns"], c["extra_columns"]) for c in calls] == [(False, []), (True, [])]
+
+
+def test_sampling_flags_replace_the_protocols_and_are_recorded(tmp_path, capsys):
+    """A distilled checkpoint (SDXL-Turbo: a few steps, no guidance, 512 px) is evaluated at its own settings."""
+    main(["evaluate", "--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy", "--max_prompts", "2",
+          "--images_per_prompt", "1", "--num_inference_steps", "3", "--guidance_scale", "0", "--resolution", "48",
+          "--output_dir", str(tmp_path)])
+    assert ("note: --num_inference_steps 3, --guidance_scale 0.0, --resolution 48 in place of the benchmarks' "
+            "protocols") in capsys.readouterr().out
+    summary = json.loads((tmp_path / "summary.json").read_text())["summaries"][0]
+    config = summary["results"]["config"]
+    assert (config["num_inference_steps"], config["guidance_scale"], config["resolution"]) == (3, 0.0, 48)
+    with Image.open(next((tmp_path / "toy" / "held_out" / "samples").rglob("*.png"))) as image:
+        assert image.size == (48, 48)
+    with pytest.raises(SystemExit, match=r"--resolution=50: use a multiple of 8"):
+        parse_config(EvaluateConfig, ["--resolution", "50"])
 
 
 def test_score_folder_from_before_the_dtype_was_recorded_resumes(tmp_path, capsys, caplog):
