@@ -603,6 +603,15 @@ def test_flags_that_another_flag_overrides_or_that_cannot_draw_a_timestep_are_re
 
     with pytest.raises(SystemExit, match=r"--eval_split='bogus': choose one of train, held_out, "):
         parse_config(ToyRunConfig, ["--eval_split", "bogus"])
+    # A validation fold beside training prompts that hold it would measure trained prompts.
+    with pytest.raises(SystemExit, match=r"--eval_split=val with --train_prompts toy:train: .* pass --train_prompts "
+                                         r"toy:fit with it"):
+        parse_config(ToyRunConfig, ["--eval_split", "val"], defaults={"train_prompts": "toy:train"})
+    with pytest.raises(SystemExit, match=r"pass --train_prompts toy:fit_square with it"):
+        parse_config(ToyRunConfig, ["--eval_split", "val_square", "--train_prompts", "toy:fit"])
+    with pytest.raises(SystemExit, match=r"--train_prompts toy:held_out with --eval_split held_out"):
+        parse_config(ToyRunConfig, ["--train_prompts", "toy:held_out"])
+    assert parse_config(ToyRunConfig, ["--eval_split", "val_square", "--train_prompts", "toy:fit_square"])
 
 
 def test_interrupt_before_accelerate_is_imported_is_one_line(monkeypatch, capsys, tmp_path):

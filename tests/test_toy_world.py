@@ -248,6 +248,9 @@ def test_pretraining_stages_draw_from_their_own_streams_on_fixed_threads(tmp_pat
     assert threads_seen == [2, 2] and torch.get_num_threads() == 1  # conftest's one thread, restored
     info = json.loads((tmp_path / "vae1" / "pretrain_info.json").read_text())
     assert info["config"]["num_threads"] == 2 and info["torch_threads"] == 2
+    # Weights in half precision, but transformers loads the text encoder in float32, as diffusers the U-Net.
+    text_encoder = tmp_path / "vae1" / "pipeline" / "text_encoder"
+    assert json.loads((text_encoder / "config.json").read_text())["dtype"] == "float32"
     with pytest.raises(ValueError, match="--num_threads 0"):
         ToyPretrainConfig(num_threads=0)
 
@@ -301,3 +304,16 @@ def test_pretraining_keeps_a_given_vae_and_refuses_a_wrong_one(tmp_path, monkeyp
     with pytest.raises(ValueError, match="holds files that are not a toy model"):  # it would be replaced whole
         pretrain.pretrain(ToyPretrainConfig(output_dir=str(tmp_path / "notes"), num_scenes=40, vae=str(tmp_path / "vae")))
     assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+
+
+def test_the_packaged_pipeline_runs_in_plain_diffusers():
+    """README: `StableDiffusionPipeline.from_pretrained` loads it (a float16 text encoder before a float32
+    U-Net failed at the first call)."""
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    pipeline = StableDiffusionPipeline.from_pretrained(str(PRETRAINED_DIR / "pipeline"))
+    assert pipeline.text_encoder.dtype == pipeline.unet.dtype == torch.float32
+    image = pipeline("a red circle", num_inference_steps=2, height=64, width=64,
+                     generator=torch.Generator().manual_seed(0)).images[0]
+    assert image.size == (64, 64)

@@ -64,6 +64,17 @@ class ToyRunConfig(RunConfig):
                 raise ValueError(f"--{name}={value}: must be >= 1")
         if self.eval_split not in SPLITS:
             raise ValueError(f"--eval_split={self.eval_split!r}: choose one of {', '.join(SPLITS)}")
+        # A validation fold measures pairs that only its fit prompts leave out: with other toy training prompts
+        # it measures prompts GORS trained on (toy:train holds every val prompt).
+        if self.eval_split.startswith("val") and self.train_prompts.startswith("toy:"):
+            fit = f"toy:fit{self.eval_split[3:]}"
+            if self.train_prompts != fit:
+                raise ValueError(f"--eval_split={self.eval_split} with --train_prompts {self.train_prompts}: those "
+                                 f"prompts hold the {self.eval_split} ones, so it would measure trained prompts; "
+                                 f"pass --train_prompts {fit} with it (or --eval_split held_out)")
+        if self.eval_split == "held_out" and self.train_prompts == "toy:held_out":
+            raise ValueError("--train_prompts toy:held_out with --eval_split held_out would measure the prompts GORS "
+                             "trains on; train on toy:train (or toy:fit with --eval_split val)")
 
 
 def toy_defaults(output_dir: str = "toy_output") -> dict:

@@ -137,6 +137,14 @@ class ToyPretrainConfig:
             raise ValueError(f"--token_embedding_std {self.token_embedding_std}: must be > 0 (or null in a --config YAML)")
 
 
+
+def loads_in_float32(folder: Path) -> None:
+    """Let transformers load a text encoder saved in half precision (to keep the package small) in float32,
+    as diffusers loads the U-Net and VAE beside it: transformers takes the dtype its config records, and a
+    float16 encoder before a float32 U-Net fails in a plain `StableDiffusionPipeline.from_pretrained`."""
+    config = read_json(folder / "config.json", "the text encoder's config")
+    atomic_write_json(folder / "config.json", {**config, "dtype": "float32"})
+
 def swapped_colours(prompt: ToyPrompt) -> ToyPrompt:
     a, b = prompt.objects
     return ToyPrompt((ToyObject(b.colour, a.shape), ToyObject(a.colour, b.shape)), prompt.relation)
@@ -316,6 +324,7 @@ def _pretrain(config: ToyPretrainConfig) -> Path:
         requires_safety_checker=False,
     )
     pipeline.to(torch.float16).save_pretrained(output_dir / "pipeline")
+    loads_in_float32(output_dir / "pipeline" / "text_encoder")
     classifier = train_classifier(steps=config.classifier_steps, seed=config.seed)
     classifier.save_pretrained(output_dir / "classifier")
     timings["classifier_s"] = time.time() - start - timings["vae_s"] - timings["unet_s"]
