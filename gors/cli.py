@@ -39,7 +39,7 @@ from gors.config import SelectConfig, TrainConfig, config_file_values, load_yaml
 from gors.core.data import ChecksumError, DownloadError
 from gors.core.hub import ModelLoadError
 from gors.core.io import PathError
-from gors.core.lock import LockError, run_folder_lock
+from gors.core.lock import LockError, check_run_folder, run_folder_lock
 from gors.core.store import StoreError
 
 # 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
@@ -608,14 +608,6 @@ def _interrupt_on_sigterm() -> Callable[[], None]:
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-
-
-def check_run_folder(output_dir: str, command: str) -> None:
-    """Refuse a run folder that does not exist (a mistyped `--output_dir`) for `command`, which reads
-    what earlier stages wrote there: before its lock would create the folder and leave it behind."""
-    if not os.path.exists(output_dir):
-        raise FileNotFoundError(f"--output_dir {output_dir}: no such run folder; `{command}` works on the folder of "
-                                "a run that `gors generate` (or `gors run`) started: check the path")
 
 
 def quiet_dependency_warnings() -> None:

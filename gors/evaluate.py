@@ -133,6 +133,11 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
         # The paper's model; the toy benchmark's world is drawn only by the toy pipeline that ships with gors.
         toy_only = all(name == "toy" for name, _ in specs)
         config.pretrained_model_name_or_path = str(PRETRAINED_DIR / "pipeline") if toy_only else SD2_BASE
+    if config.images is not None and sampling_overrides(config):
+        # Images made elsewhere are scored as they are: the values would be recorded as if they made them.
+        given = ", ".join(f"--{flag}" for flag in sampling_overrides(config))
+        raise ValueError(f"{given} with --images: existing images are scored as they are; drop {given}, or drop "
+                         "--images to generate with them")
     if config.images is not None and config.lora is not None:
         # The images are scored as they are: a LoRA would be ignored, yet recorded in summary.json.
         raise ValueError(f"--lora={config.lora!r} with --images: existing images are scored as they are; drop "

@@ -99,7 +99,7 @@ def score_settings(config: ScoreConfig | RunConfig, accelerator: Accelerator, re
         | versioned(reward)
 
 
-@holds_stages("generate", "score")
+@holds_stages("generate", "score", reads_run=True)
 def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = None) -> dict[SampleKey, dict]:
     """Stage 2: score every sample of the run with its reward; returns all its score rows.
 

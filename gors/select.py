@@ -150,7 +150,7 @@ def _check_reward_value(row: dict[str, Any], folder: Path) -> None:
                          "gors writes them. Delete that folder and run `gors score` again")
 
 
-@holds_stages("select")
+@holds_stages("select", reads_run=True)
 def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, Any]:
     """Select samples with reward > tau; returns the summary written to `selection_summary.json`.
 

@@ -289,6 +289,11 @@ def test_sampling_flags_replace_the_protocols_and_are_recorded(tmp_path, capsys)
         assert image.size == (48, 48)
     with pytest.raises(SystemExit, match=r"--resolution=50: use a multiple of 8"):
         parse_config(EvaluateConfig, ["--resolution", "50"])
+    # Images made elsewhere are scored as they are: no sampling values to record for them.
+    with pytest.raises(ValueError, match=r"^--num_inference_steps with --images: existing images are scored as they "
+                                         r"are; drop --num_inference_steps"):
+        evaluate(EvaluateConfig(benchmarks="toy", images=str(tmp_path), num_inference_steps=3,
+                                output_dir=str(tmp_path / "external")))
 
 
 def test_score_folder_from_before_the_dtype_was_recorded_resumes(tmp_path, capsys, caplog):

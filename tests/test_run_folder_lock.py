@@ -236,6 +236,10 @@ def test_stage_functions_called_from_a_script_hold_the_folder_as_the_commands_do
             holder.kill()
             holder.wait()
             holder.stdout.close()
+    # A stage that reads earlier stages' files refuses a mistyped folder rather than make it (and its parents).
+    with pytest.raises(FileNotFoundError, match=r"no such run folder; `gors select` works on the folder of a run"):
+        select(SelectConfig(output_dir=str(tmp_path / "typo" / "run"), reward_threshold=0.5))
+    assert not (tmp_path / "typo").exists()
     # Under a command that holds the folder (`gors run`, the CLI), a stage takes no lock again: no refusal.
     with run_folder_lock(run, ["select"], "gors run"):
         with pytest.raises(StoreError):  # past the lock: the empty folder has no samples

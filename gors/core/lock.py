@@ -218,13 +218,25 @@ def holding(folder: str | Path, stages: Sequence[str], command: str) -> Iterator
         yield
 
 
-def holds_stages(*stages: str) -> Callable[[F], F]:
+def check_run_folder(output_dir: str | Path, command: str) -> None:
+    """Refuse a run folder that does not exist (a mistyped `--output_dir`) for `command`, which reads
+    what earlier stages wrote there: before its lock would create the folder and leave it behind."""
+    if not os.path.exists(output_dir):
+        raise FileNotFoundError(f"--output_dir {output_dir}: no such run folder; `{command}` works on the folder of "
+                                "a run that `gors generate` (or `gors run`) started: check the path")
+
+
+def holds_stages(*stages: str, reads_run: bool = False) -> Callable[[F], F]:
     """A stage function `function(config, ...)` runs `holding` `stages` of `config.output_dir`, as `gors <stage>`
-    does, also when a script calls it. `function.__name__` names the holder in a refusal (`gors generate`)."""
+    does, also when a script calls it. `function.__name__` names the holder in a refusal (`gors generate`).
+    `reads_run`: the stage reads what earlier ones wrote, so a folder that does not exist is refused
+    (`check_run_folder`) rather than made by the lock."""
 
     def decorate(function: F) -> F:
         @functools.wraps(function)
         def locked(config: Any, *args: Any, **kwargs: Any) -> Any:
+            if reads_run:
+                check_run_folder(config.output_dir, f"gors {function.__name__}")
             with holding(config.output_dir, stages, f"gors {function.__name__}"):
                 return function(config, *args, **kwargs)
 
