@@ -208,7 +208,9 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
 @contextmanager
 def holding(folder: str | Path, stages: Sequence[str], command: str) -> Iterator[None]:
     """`run_folder_lock` of the `stages` of `folder` that this call stack does not hold already: a stage run by
-    a command that holds its lock (`gors run`, the CLI) takes none again, one a script calls takes it."""
+    a command that holds its lock (`gors run`, the CLI) takes none again, one a script calls takes it. As
+    `run_folder_lock`, it is collective: call it on every process of a launch. A thread starts with an empty
+    context, so a stage called from a thread of a holder takes the locks again (and is refused)."""
     held = _HELD.get()
     missing = [stage for stage in stages if (os.path.realpath(folder), stage) not in held]
     if not missing:
