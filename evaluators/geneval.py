@@ -137,8 +137,8 @@ class GenEvalBenchmark(Benchmark):
     def resample_summary(self, rows: list[dict[str, Any]], evaluated: list[dict[str, Any]]) -> dict[str, Any]:
         """`overall` undefined in a resample without a whole task of the evaluation: a mean over fewer tasks is
         another quantity (a quick run's resamples lack one often; the full 553 prompts' never). Where a task has
-        a single prompt, only the resamples that keep every prompt of it define it, and they agree: no
-        resample defines it then, rather than an interval of width 0."""
+        a single prompt, no resample defines it: no standard error or interval, rather than one that ignores
+        that task's uncertainty."""
         summary = self.aggregate(rows)
         prompts: dict[str, set[int]] = {}
         for row in evaluated:

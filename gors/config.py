@@ -278,7 +278,8 @@ class GenerationFields:
         _check(self.generation_batch_size >= 1, f"--generation_batch_size={self.generation_batch_size}: must be >= 1")
         _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
         _check(self.guidance_scale is None or 0 <= self.guidance_scale < math.inf,
-               f"--guidance_scale={self.guidance_scale}: must be >= 0 and finite (1 or less turns guidance off)")
+               f"--guidance_scale={self.guidance_scale}: must be >= 0 and finite (1 or less turns "
+               "classifier-free guidance off; FLUX.1 [dev] takes the value as an input)")
 
 
 @dataclass
@@ -820,12 +821,14 @@ class EvaluateConfig:
                                         "(README, Model families). Another value is another protocol: the results "
                                         "record it, and the numbers do not compare with published ones."})
     guidance_scale: float | None = field(
-        default=None, metadata={"help": "Classifier-free guidance (>= 0; 1 or less: none); default: each "
-                                        "benchmark's protocol for the model's family (e.g. 0 for a distilled "
-                                        "SDXL-Turbo)."})
+        default=None, metadata={"help": "Classifier-free guidance (>= 0; 1 or less turns it off, except for FLUX.1 "
+                                        "[dev], which takes the value as an input); default: each benchmark's "
+                                        "protocol for the model's family (README, Model families); a distilled "
+                                        "checkpoint needs its own, e.g. 0 for SDXL-Turbo."})
     resolution: int | None = field(
         default=None, metadata={"help": "Image side in pixels; default: each benchmark's protocol for the model's "
-                                        "family (the checkpoint's own side for SD 1/2; SDXL-Turbo: 512)."})
+                                        "family (SD 1/2: the checkpoint's own side; SDXL, SD3, FLUX.1: 1024); "
+                                        "SDXL-Turbo wants 512: pass it."})
     scorer_options: dict[str, Any] = field(
         default_factory=dict,
         metadata={"help": "Keyword arguments of the scorers as a JSON/YAML mapping keyed by benchmark (or "
@@ -861,7 +864,8 @@ class EvaluateConfig:
         _check(self.num_inference_steps is None or self.num_inference_steps >= 1,
                f"--num_inference_steps={self.num_inference_steps}: must be >= 1")
         _check(self.guidance_scale is None or 0 <= self.guidance_scale < math.inf,
-               f"--guidance_scale={self.guidance_scale}: must be >= 0 and finite (1 or less turns guidance off)")
+               f"--guidance_scale={self.guidance_scale}: must be >= 0 and finite (1 or less turns "
+               "classifier-free guidance off; FLUX.1 [dev] takes the value as an input)")
         _check(self.resolution is None or (self.resolution >= 8 and self.resolution % 8 == 0),
                f"--resolution={self.resolution}: use a multiple of 8 (e.g. 512)")
         _check(self.scorer_batch_size >= 1, f"--scorer_batch_size={self.scorer_batch_size}: must be >= 1")
