@@ -650,13 +650,14 @@ def _run(argv: list[str]) -> None:
             return
         if command is None:
             words = [other for other in COMMANDS if other.startswith(f"{argv[0]} ")]
-            if words and argv[1:2] in ([], ["-h"], ["--help"]):  # the first word of a two-word command
+            if words and argv[1:2] in (["-h"], ["--help"]):  # the first word of a two-word command
                 print("\n".join([f"usage: gors {argv[0]} SUBCOMMAND [flags]", "", "subcommands:",
                                   *(f"  {word.split()[1]:<12} {COMMANDS[word].help}" for word in words)]))
                 return
             if words:
-                raise SystemExit(f"gors {argv[0]}: unknown subcommand {argv[1]!r}; give one of "
-                                 f"{', '.join(f'gors {w}' for w in words)}")
+                subcommands = ", ".join(f"gors {word}" for word in words)
+                raise SystemExit(f"gors {argv[0]}: unknown subcommand {argv[1]!r}; give one of {subcommands}"
+                                 if argv[1:] else f"gors {argv[0]}: give its subcommand: {subcommands}")
             raise SystemExit(f"gors: unknown command {argv[0]!r}\n{usage()}")
         config = parse_config(_load(command.config), argv[len(name.split()):], prog=f"gors {name}")
         if command.reads_run:
