@@ -1245,7 +1245,7 @@ class Updates:
                 self.lr_scheduler.step()
 
 
-@holds_stages("select", "train", reads_run=True)
+@holds_stages("select", "train")
 def train(config: TrainConfig | RunConfig, accelerator: Accelerator | None = None, continue_from: Path | None = None,
           reset_optimizer: bool = False, validation_dir: Path | None = None, schedule_steps: int | None = None) -> Path:
     """Run GORS training for a run folder that has `selection.jsonl`; returns the LoRA file (see

@@ -133,6 +133,8 @@ def test_a_folder_the_lock_made_is_removed_when_the_command_fails_before_writing
 
     fail_in(tmp_path / "typo")
     assert not (tmp_path / "typo").exists()  # no folder holding only .lock-* files
+    fail_in(tmp_path / "mistyped" / "parent" / "run")
+    assert not (tmp_path / "mistyped").exists()  # nor the parents it made
     fail_in(tmp_path / "started", write="metadata.jsonl")
     assert sorted(p.name for p in (tmp_path / "started").iterdir()) == [".lock-generate", ".lock-score",
                                                                          "metadata.jsonl"]  # work is kept
