@@ -86,11 +86,11 @@ UNSHOWN_VALUES = ("prompt set", "judge models", "scorer", "questions", "sampling
 SAMPLING_KEYS = ("num_inference_steps", "guidance_scale", "resolution", "seed", "seed_rule", "dtype")
 
 
-def evaluation_protocols(folder: Path) -> dict[str, dict[str, Any]]:
+def evaluation_protocols(summaries: list[Any]) -> dict[str, dict[str, Any]]:
     """Report column -> what its value was measured with (`PROTOCOL_KEYS`), from a `gors evaluate` folder's
     summaries; a key the summary does not record is left out."""
     protocols = {}
-    for summary in _summaries(folder) or []:
+    for summary in summaries:
         if not isinstance(summary, dict) or not isinstance(summary.get("label"), str):
             continue
         results = summary.get("results") or {}
@@ -154,13 +154,9 @@ def protocol_notes(protocols: dict[str, dict[str, dict[str, Any]]]) -> list[str]
     return notes
 
 
-def load_evaluation(folder: Path) -> dict[str, float | None] | None:
-    """Report column (`column_name`) -> main metric value from a `gors evaluate` folder (None where its
-    summary holds none); None when the folder has no summary."""
-    summaries = _summaries(folder)
-    if summaries is None:
-        return None
-    path = folder / "summary.json"
+def evaluation_values(path: Path, summaries: list[Any]) -> dict[str, float | None]:
+    """Report column (`column_name`) -> main metric value from the summaries of a `gors evaluate` folder's
+    summary.json at `path` (None where a summary holds none); a summary without them is an error naming it."""
     values: dict[str, float | None] = {}
     for index, summary in enumerate(summaries):
         missing = [key for key in ("label", "primary_metric")
@@ -337,14 +333,14 @@ def labels(folders: Sequence[Path]) -> list[str]:
     return names
 
 
-def quick_run_notes(folder: Path, name: str) -> list[str]:
+def quick_run_notes(summaries: list[Any], name: str) -> list[str]:
     """A line per benchmark of a `gors evaluate` folder that the report sets beside published numbers but that
     ran on fewer prompts (`--max_prompts`) or other images per prompt than the benchmark's protocol."""
     from evaluators import available_benchmarks, benchmark_class
 
     published = {label for values in PUBLISHED.values() for label in values}
     notes = []
-    for summary in _summaries(folder) or []:
+    for summary in summaries:
         label = str(summary.get("label")) if isinstance(summary, dict) else ""
         benchmark = label.split(":")[0]
         if label not in published or benchmark not in available_benchmarks():
@@ -374,16 +370,19 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
     runs: dict[str, dict[str, list[tuple[int, float]]]] = {}
     rounds: dict[str, list[dict[str, float]]] = {}
     quick: list[str] = []
+    scales: dict[str, str] = {}
     paths = [Path(folder) for folder in folders]
     for folder, name in zip(paths, labels(paths)):
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: {not_a_folder(folder)} (give `gors evaluate` or training output "
                                     "folders)")
-        evaluation = load_evaluation(folder)
+        summaries = _summaries(folder)
+        evaluation = None if summaries is None else evaluation_values(folder / "summary.json", summaries)
         if evaluation:  # a folder whose summaries hold no value is a row of "-"
             evaluations[name] = evaluation
-            protocols[name] = evaluation_protocols(folder)
-            quick += quick_run_notes(folder, name)
+            protocols[name] = evaluation_protocols(summaries)
+            quick += quick_run_notes(summaries, name)
+            scales |= {column_name(summary): column_scale(summary) for summary in summaries}
         if (folder / "logs").is_dir():
             scalars = load_scalars(folder)
             if scalars:
@@ -404,8 +403,6 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
         parts += ["## Benchmarks (main metric of each; published numbers in italics)", "",
                   markdown_table(evaluations), "", *protocol_notes(protocols), *quick, "", "![benchmarks](benchmarks.png)",
                   ""]
-        scales = {column_name(summary): column_scale(summary) for folder in paths
-                  for summary in _summaries(folder) or [] if isinstance(summary, dict) and "primary_metric" in summary}
         _plot_bars(evaluations, scales, output_dir / "benchmarks.png")
         written.append("benchmarks.png")
     if runs:

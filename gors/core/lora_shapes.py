@@ -175,10 +175,11 @@ def read_lora_shapes(file: Path) -> dict[str, tuple[int, ...]]:
         return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
 
 
-def check_lora_shapes(pipeline: DiffusionPipeline, file: Path, lora: str) -> None:
-    """Refuse a local diffusers-format LoRA file that is no whole LoRA, or with a weight that finds no layer
-    of `pipeline` or does not fit it. Other formats are left to diffusers, which converts them."""
-    layers = lora_layers(read_lora_shapes(file))
+def check_lora_shapes(pipeline: DiffusionPipeline, shapes: dict[str, tuple[int, ...]], lora: str) -> None:
+    """Refuse a local diffusers-format LoRA file (its `read_lora_shapes`) that is no whole LoRA, or with a weight
+    that finds no layer of `pipeline` or does not fit it. Other formats are left to diffusers, which converts
+    them."""
+    layers = lora_layers(shapes)
     if layers is None:
         return
     problem = lora_file_problem(layers)

@@ -170,11 +170,13 @@ def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
     same family: a local diffusers-format file is checked against the pipeline's layers first
     (`check_lora_shapes`); for other LoRAs torch's 60-line size-mismatch error is cut to one line. A LoRA
     that adapted no layer is refused, and one of another format (kohya) whose file adapts more layers of a
-    component than loaded is warned of: diffusers skips the names it cannot place without a word. The LoRA linear layers
-    then run fused (`gors.core.fused_lora`)."""
+    component than loaded is warned of: diffusers skips the names it cannot place without a word. The LoRA
+    linear layers then run fused (`gors.core.fused_lora`)."""
     file = local_lora_file(lora)
-    if file is not None and file.suffix == ".safetensors":
-        check_lora_shapes(pipeline, file, lora)
+    # A local safetensors file's header (no tensor), read once for both checks; diffusers reads any other.
+    shapes = read_lora_shapes(file) if file is not None and file.suffix == ".safetensors" else None
+    if shapes is not None:
+        check_lora_shapes(pipeline, shapes, lora)
     peft_logger = logging.getLogger("diffusers.loaders.peft")  # logs the whole error before raising it
     base_logger = logging.getLogger("diffusers.loaders.lora_base")
     level = peft_logger.level
@@ -200,9 +202,9 @@ def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
     if not loaded:
         raise ValueError(f"LoRA {lora} adapted no layer of {model_name(pipeline)}: none of its weight names is a "
                          "layer of this model; pass the model it was trained on (or a LoRA in diffusers' format)")
-    if file is not None and file.suffix == ".safetensors":
+    if shapes is not None:
         denoiser = "transformer" if isinstance(getattr(pipeline, "transformer", None), torch.nn.Module) else "unet"
-        left_out = lora_layers_left_out(file_lora_layer_counts(read_lora_shapes(file), denoiser), loaded)
+        left_out = lora_layers_left_out(file_lora_layer_counts(shapes, denoiser), loaded)
         if left_out:
             logger.warning("LoRA %s loaded in part (%s): diffusers left out the names it could not place in %s, "
                            "so samples show a part of the LoRA", lora, "; ".join(left_out), model_name(pipeline))
