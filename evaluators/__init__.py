@@ -53,10 +53,12 @@ def register_benchmark(name: str) -> Callable[[type[Benchmark]], type[Benchmark]
 
 
 def available_benchmarks() -> list[str]:
+    """Names of the built-in, registered and entry-point benchmarks, sorted."""
     return sorted(set(_BENCHMARKS) | set(_REGISTERED) | set(_entry_points()))
 
 
 def benchmark_class(name: str) -> type[Benchmark]:
+    """The `Benchmark` subclass of a name (importing its module), checked; unknown names are refused."""
     if name in _REGISTERED:
         return _REGISTERED[name]
     path = _BENCHMARKS.get(name) or _entry_points().get(name)
@@ -73,6 +75,7 @@ def benchmark_class(name: str) -> type[Benchmark]:
 
 
 def get_benchmark(name: str, **kwargs: Any) -> Benchmark:
+    """An instance of the named benchmark, built with its options `kwargs`."""
     return benchmark_class(name)(**kwargs)
 
 

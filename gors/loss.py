@@ -14,8 +14,12 @@ script defaults instead to `--precondition_outputs 1`: it compares `x_sigma - si
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from diffusers import SchedulerMixin
 
 
 def reward_weighted_loss(model_pred: torch.Tensor, target: torch.Tensor, rewards: torch.Tensor,
@@ -44,7 +48,7 @@ def reward_weighted_loss(model_pred: torch.Tensor, target: torch.Tensor, rewards
     return (rewards.float() * per_sample).mean()
 
 
-def diffusion_target(scheduler, latents: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+def diffusion_target(scheduler: SchedulerMixin, latents: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
     """What the U-Net learns to predict, by the scheduler's `prediction_type` ('epsilon' or 'v_prediction')."""
     prediction_type = scheduler.config.prediction_type
     if prediction_type == "epsilon":
@@ -70,7 +74,7 @@ def timestep_density(scheme: str, batch_size: int, logit_mean: float = 0.0, logi
     return u
 
 
-def flow_matching_sigmas(scheduler, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def flow_matching_sigmas(scheduler: SchedulerMixin, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(timesteps, sigmas) of the scheduler's training table at the positions `u` in [0, 1].
 
     Index `floor(u * num_train_timesteps)` of the scheduler's `timesteps` and `sigmas`, as diffusers'

@@ -11,9 +11,13 @@ runs on a machine that has neither the network nor a cached copy.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gors.core.hub import check_model_path, load_hint, one_line, raise_if_gated
+
+if TYPE_CHECKING:
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextModel
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +95,8 @@ def architecture_configs(pretrained_model_name_or_path: str = SD2_BASE) -> tuple
     return unet_config, text_config
 
 
-def empty_models(unet_config: dict[str, Any], text_encoder_config: dict[str, Any]):
+def empty_models(unet_config: dict[str, Any], text_encoder_config: dict[str, Any]
+                 ) -> tuple[UNet2DConditionModel, CLIPTextModel]:
     """A `UNet2DConditionModel` and a `CLIPTextModel` with their parameters on the meta device.
 
     Building them this way allocates no memory and takes about a second, against tens of seconds

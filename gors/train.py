@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -106,6 +106,9 @@ from gors.validation import (
     preserved_rng,
     training_identity,
 )
+
+if TYPE_CHECKING:
+    from diffusers import SchedulerMixin
 
 # 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
 __getattr__ = moved_names(__name__, {
@@ -261,7 +264,7 @@ def check_samples_model(config: TrainConfig | RunConfig, loaded: str | None = No
                            store.root)
 
 
-def load_training_scheduler(family: TrainingFamily):
+def load_training_scheduler(family: TrainingFamily) -> SchedulerMixin:
     """The family's noise schedule (its config only, no weights), after checking that `--anchor_below`
     leaves some timestep that training draws to learn from."""
     scheduler = family.load_scheduler()  # checks --timestep_range against the schedule

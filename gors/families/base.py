@@ -29,6 +29,7 @@ from gors.loss import (
 
 if TYPE_CHECKING:
     from diffusers import SchedulerMixin
+    from transformers import PreTrainedTokenizerBase
 
 # One text encoder's outputs, by name ("hidden", "pooled", ...), one row per prompt.
 Encoding = dict[str, torch.Tensor]
@@ -130,10 +131,11 @@ class TrainingFamily:
                                subfolder="scheduler", revision=self.revision)
 
     # ----- prompts ----------------------------------------------------------------------------
-    def max_length(self, encoder: TextEncoder, tokenizer) -> int:
+    def max_length(self, encoder: TextEncoder, tokenizer: PreTrainedTokenizerBase) -> int:
+        """The token length prompts are padded and cut to: T5's `max_sequence_length`, else the tokenizer's."""
         return self.settings["max_sequence_length"] if encoder.t5 else tokenizer.model_max_length
 
-    def tokenize(self, encoder: TextEncoder, tokenizer, prompts: list[str]) -> torch.Tensor:
+    def tokenize(self, encoder: TextEncoder, tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> torch.Tensor:
         """Token ids (N, L), padded to the length the pipeline pads to."""
         return tokenizer(prompts, padding="max_length", max_length=self.max_length(encoder, tokenizer),
                          truncation=True, return_tensors="pt").input_ids
@@ -152,17 +154,17 @@ class TrainingFamily:
         return conditioning
 
     # ----- latents and loss -------------------------------------------------------------------
-    def scale_latents(self, latents: torch.Tensor, vae_config) -> torch.Tensor:
+    def scale_latents(self, latents: torch.Tensor, vae_config: Any) -> torch.Tensor:
         """VAE latents in the denoiser's space: `(z - shift) * scale`."""
         shift = getattr(vae_config, "shift_factor", None) or 0.0
         return (latents - shift) * vae_config.scaling_factor if shift else latents * vae_config.scaling_factor
 
-    def sample_noise(self, latents: torch.Tensor, scheduler) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample_noise(self, latents: torch.Tensor, scheduler: SchedulerMixin) -> tuple[torch.Tensor, torch.Tensor]:
         """(noise, position) of one micro-batch, drawn in this order before anything else random:
         the position is a timestep (DDPM) or a place u in [0, 1] of the schedule (flow matching)."""
         raise NotImplementedError
 
-    def loss(self, denoiser: torch.nn.Module, scheduler, batch: Batch, conditioning: dict[str, torch.Tensor],
+    def loss(self, denoiser: torch.nn.Module, scheduler: SchedulerMixin, batch: Batch, conditioning: dict[str, torch.Tensor],
              noise: torch.Tensor, position: torch.Tensor, dtype: torch.dtype,
              base_prediction: BasePrediction | None = None) -> torch.Tensor:
         """The reward-weighted loss of one micro-batch (a scalar, float32). `base_prediction`: the base
@@ -193,7 +195,7 @@ class TrainingFamily:
 class DDPMFamily(TrainingFamily):
     """U-Net families trained on the DDPM forward process: uniform integer timesteps, epsilon or v target."""
 
-    def load_scheduler(self):
+    def load_scheduler(self) -> SchedulerMixin:
         """The schedule, after checking that `--timestep_range` lies in it (before any weights load)."""
         scheduler = super().load_scheduler()
         num_timesteps = scheduler.config.num_train_timesteps
@@ -203,7 +205,7 @@ class DDPMFamily(TrainingFamily):
                              f"timesteps; give an END <= {num_timesteps}")
         return scheduler
 
-    def sample_noise(self, latents: torch.Tensor, scheduler) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample_noise(self, latents: torch.Tensor, scheduler: SchedulerMixin) -> tuple[torch.Tensor, torch.Tensor]:
         noise = torch.randn_like(latents)
         begin, end = self.settings["timestep_range"] or (0, scheduler.config.num_train_timesteps)
         timesteps = torch.randint(begin, end, (len(latents),), device=latents.device)
@@ -214,7 +216,7 @@ class DDPMFamily(TrainingFamily):
         options = {k: self.settings[k] for k in ("timestep_range", "anchor_below") if self.settings[k] is not None}
         return super().fingerprint() | options
 
-    def loss(self, denoiser: torch.nn.Module, scheduler, batch: Batch, conditioning: dict[str, torch.Tensor],
+    def loss(self, denoiser: torch.nn.Module, scheduler: SchedulerMixin, batch: Batch, conditioning: dict[str, torch.Tensor],
              noise: torch.Tensor, position: torch.Tensor, dtype: torch.dtype,
              base_prediction: BasePrediction | None = None) -> torch.Tensor:
         noisy = scheduler.add_noise(batch.latents, noise, position)
@@ -243,13 +245,13 @@ class FlowMatchingFamily(TrainingFamily):
     denoiser_lora_targets = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                              "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
 
-    def sample_noise(self, latents: torch.Tensor, scheduler) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample_noise(self, latents: torch.Tensor, scheduler: SchedulerMixin) -> tuple[torch.Tensor, torch.Tensor]:
         noise = torch.randn_like(latents)
         s = self.settings
         u = timestep_density(s["weighting_scheme"], len(latents), s["logit_mean"], s["logit_std"], s["mode_scale"])
         return noise, u
 
-    def loss(self, denoiser: torch.nn.Module, scheduler, batch: Batch, conditioning: dict[str, torch.Tensor],
+    def loss(self, denoiser: torch.nn.Module, scheduler: SchedulerMixin, batch: Batch, conditioning: dict[str, torch.Tensor],
              noise: torch.Tensor, position: torch.Tensor, dtype: torch.dtype,
              base_prediction: BasePrediction | None = None) -> torch.Tensor:
         timesteps, sigmas = flow_matching_sigmas(scheduler, position)

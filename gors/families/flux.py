@@ -11,9 +11,11 @@ vector is one of 768 numbers beside T5's states; see the README).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from gors.core.backbones import flux_guidance_embeds
+from gors.core.backbones import Backbone, flux_guidance_embeds
 from gors.core.transfer import to_device
 from gors.families.base import Batch, Encoding, FlowMatchingFamily, TextEncoder, TrainingDefaults
 
@@ -47,11 +49,12 @@ class FluxFamily(FlowMatchingFamily):
     # diffusers' FLUX LoRA script: uniform timesteps, no weighting.
     defaults = TrainingDefaults(train_text_encoder=False, weighting_scheme="none", max_sequence_length=512)
 
-    def __init__(self, backbone, pretrained_model_name_or_path, revision, settings):
+    def __init__(self, backbone: Backbone, pretrained_model_name_or_path: str, revision: str | None,
+                 settings: dict[str, Any]) -> None:
         super().__init__(backbone, pretrained_model_name_or_path, revision, settings)
         self.guidance_embeds = flux_guidance_embeds(pretrained_model_name_or_path, revision)
 
-    def fingerprint(self):
+    def fingerprint(self) -> dict[str, Any]:
         guidance = {"guidance_scale": self.settings["guidance_scale"]} if self.guidance_embeds else {}
         return super().fingerprint() | guidance
 
