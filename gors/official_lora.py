@@ -59,7 +59,8 @@ GORS_CHECKPOINTS = PinnedSource(
     offline_hint="(a copy of T2I-CompBench's GORS_finetune/checkpoint/ folder, keeping the <category>/ sub-folders)",
 )
 # The classes whose nn.Linear children lora_diffusion replaced: the official training script
-# targets "CrossAttention" (diffusers' name for `Attention` before 0.14) and "CLIPAttention".
+# targets "CrossAttention" and "Attention" (diffusers renamed the first to the second after 0.14)
+# in the U-Net, "CLIPAttention" in the text encoder.
 UNET_ATTENTION_CLASSES = ("CrossAttention", "Attention")
 TEXT_ENCODER_ATTENTION_CLASSES = ("CLIPAttention",)
 # Bump when the converted file changes, so stale conversions in the cache are not reused.
