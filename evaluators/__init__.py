@@ -19,7 +19,7 @@ from typing import Any
 from evaluators.base import Benchmark, BenchmarkPrompt, check_benchmark_class
 from evaluators.results import Metric
 from gors.core import paper
-from rewards.registry import check_name
+from rewards.registry import check_name, import_error
 
 _BENCHMARKS = {
     "geneval": "evaluators.geneval:GenEvalBenchmark",
@@ -42,7 +42,7 @@ def register_benchmark(name: str) -> Callable[[type[Benchmark]], type[Benchmark]
 
     def decorator(cls: type[Benchmark]) -> type[Benchmark]:
         if not (isinstance(cls, type) and issubclass(cls, Benchmark)):
-            raise TypeError(f"@register_benchmark({name!r}) expects a Benchmark subclass, got {cls!r}")
+            raise ValueError(f"@register_benchmark({name!r}) expects a Benchmark subclass, got {cls!r}")
         check_name("benchmark", name, cls, _REGISTERED.get(name), name in _BENCHMARKS)
         check_benchmark_class(cls)
         cls.name = name
@@ -67,9 +67,14 @@ def benchmark_class(name: str) -> type[Benchmark]:
                          "your own is known once the module that registers it is imported (from Python), or, on "
                          "the command line, as an entry point of the gors.benchmarks group")
     module, _, cls = path.partition(":")
-    found = getattr(importlib.import_module(module), cls)
+    try:
+        found = getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as err:
+        if name in _BENCHMARKS:  # gors' own: a broken install, with its traceback
+            raise
+        raise import_error(name, path, err, "benchmark") from err
     if not (isinstance(found, type) and issubclass(found, Benchmark)):
-        raise TypeError(f"benchmark {name!r} ({path}) is not a Benchmark subclass")
+        raise ValueError(f"benchmark {name!r} ({path}) is not a Benchmark subclass")
     check_benchmark_class(found)
     return found
 

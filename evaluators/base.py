@@ -297,7 +297,7 @@ class Benchmark:
             prompts = self.prompts()
             wrong = next((p for p in prompts if not isinstance(p, BenchmarkPrompt)), None)
             if wrong is not None:
-                raise TypeError(f"{type(self).__qualname__}.prompts() gave {wrong!r}; it returns BenchmarkPrompt "
+                raise ValueError(f"{type(self).__qualname__}.prompts() gave {wrong!r}; it returns BenchmarkPrompt "
                                 "objects, e.g. BenchmarkPrompt(text, metadata)")
             self.__dict__["_prompts"] = prompts
         return self.__dict__["_prompts"]
@@ -420,9 +420,9 @@ class Benchmark:
     def check_images_readable(self) -> None:
         """Refuse, before any work, `--images` on a benchmark that cannot read an image folder."""
         if not self.reads_images():
-            from evaluators import available_benchmarks, benchmark_class  # here: `evaluators` imports this module
+            from evaluators import available_benchmarks  # here: `evaluators` imports this module
 
-            readers = [name for name in available_benchmarks() if benchmark_class(name).reads_images()]
+            readers = [name for name in available_benchmarks() if _reads_images(name)]
             raise ValueError(f"--images: {self.name} cannot read an image folder; use --images with "
                              f"{', '.join(readers)}, or generate {self.name}'s images without --images")
 
@@ -678,6 +678,17 @@ class Benchmark:
         return summary
 
 
+def _reads_images(name: str) -> bool:
+    """Whether benchmark `name` reads an image folder; False for an installed one that does not import
+    (its own error belongs to a command that runs it, not to a message about another)."""
+    from evaluators import benchmark_class  # here: `evaluators` imports this module
+
+    try:
+        return benchmark_class(name).reads_images()
+    except ValueError:
+        return False
+
+
 def check_benchmark_class(cls: type[Benchmark]) -> None:
     """Refuse, when a benchmark class is registered or looked up, what would otherwise surface only after
     its images are generated and scored, or never: `prompts` or `summarize` not implemented, a
@@ -686,17 +697,17 @@ def check_benchmark_class(cls: type[Benchmark]) -> None:
     what = f"benchmark class {cls.__qualname__}"
     missing = [hook for hook in ("prompts", "summarize") if getattr(cls, hook) is getattr(Benchmark, hook)]
     if missing:
-        raise TypeError(f"{what} does not implement {' and '.join(missing)}; see README, Adding a benchmark")
+        raise ValueError(f"{what} does not implement {' and '.join(missing)}; see README, Adding a benchmark")
     declared = [metric.key for metric in cls.metrics]
     if cls.primary_metric not in declared:
-        raise TypeError(f"{what}: primary_metric={cls.primary_metric!r} is not among its metrics {declared}; declare "
+        raise ValueError(f"{what}: primary_metric={cls.primary_metric!r} is not among its metrics {declared}; declare "
                         f"it there (metrics = (Metric({cls.primary_metric!r}, ...), ...))")
     protocol_fields = {f.name for f in fields(Benchmark)}
     for klass in cls.__mro__[: cls.__mro__.index(Benchmark)]:
         redeclared = sorted(protocol_fields & set(vars(klass)))
         if redeclared and "__dataclass_fields__" not in vars(klass):
-            raise TypeError(f"{klass.__qualname__} sets {', '.join(redeclared)} but is not a dataclass, so the "
+            raise ValueError(f"{klass.__qualname__} sets {', '.join(redeclared)} but is not a dataclass, so the "
                             "values would be ignored: put @dataclass on the class (under @register_benchmark)")
         if "seed_fn" in vars(klass) and not isinstance(vars(klass)["seed_fn"], staticmethod):
-            raise TypeError(f"{klass.__qualname__}.seed_fn: wrap the function in staticmethod(...), so that it "
+            raise ValueError(f"{klass.__qualname__}.seed_fn: wrap the function in staticmethod(...), so that it "
                             "is called as seed_fn(base_seed, prompt_index, image_index)")

@@ -457,7 +457,7 @@ EXPECTED_ERRORS = (ValueError, FileNotFoundError, StoreError, LockError, Checksu
 # them: such an error can only have been raised once its module was imported. `RewardError`: a user's
 # reward returned a score out of range, no score or details that are not JSON. `DeviceMemoryError`: a stage
 # ran out of device memory, and its message names the flag that lowers it.
-LAZY_EXPECTED_ERRORS = ("rewards.base:RewardError", "gors.core.memory:DeviceMemoryError")
+LAZY_EXPECTED_ERRORS = ("gors.core.scoring:RewardError", "gors.core.memory:DeviceMemoryError")
 
 
 # How long a failing process other than the main one waits before it reports: when the main process

@@ -13,7 +13,6 @@ from accelerate import Accelerator
 from gors.checkpoints import MICRO_BATCH_FIELDS, checkpoint_step, find_checkpoint, read_marker
 from gors.config import RunConfig
 from gors.core.backbones import check_trainable, detect_backbone
-from gors.core.hub import check_model_path
 from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import check_category, load_prompts, recorded_category
@@ -35,8 +34,7 @@ from gors.train import (
 )
 from gors.validation import validation_target
 from rewards.base import MODEL_FLAG
-from rewards.combined import check_models_cached, check_reward_options, download_reward_files, parse_reward_list
-from rewards.registry import get_reward_class
+from rewards.combined import check_models_cached, check_reward_options, download_reward_files
 
 STAGES = ("generate", "score", "select", "train")
 
@@ -139,10 +137,6 @@ def check_run_inputs(config: RunConfig) -> None:
     reward = config.reward_name(prompt_set.category)
     check_prompt_metadata(reward, prompts, metadata)
     check_reward_options(reward, config.reward_options, model_name_or_path=config.reward_model_name_or_path)
-    if config.reward_model_name_or_path is not None:  # a mistyped folder stops the run before, not after, generating
-        specs = parse_reward_list(reward)
-        default = get_reward_class(specs[0].name).default_model if len(specs) == 1 else None
-        check_model_path(config.reward_model_name_or_path, MODEL_FLAG, default)
     if config.select_top_fraction is None and config.tau_schedule is None:
         threshold_fn(config, prompt_set.category)  # no tau, or an unknown --category
     _optimizer_class(config.use_8bit_adam)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import json
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -13,6 +12,8 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 from PIL import Image
+
+from gors.core.scoring import RewardError, checked_scores
 
 # The option that sets a reward's model on the command line, named in load errors.
 MODEL_FLAG = "--reward_model_name_or_path"
@@ -54,11 +55,6 @@ def same_size_batches(images: Sequence[Image.Image], indices: Iterable[int], bat
             for _, same_size in itertools.groupby(ordered, key=lambda i: images[i].size)
             for group in [list(same_size)]
             for start in range(0, len(group), batch_size)]
-
-
-class RewardError(RuntimeError):
-    """A reward's output breaks the protocol (a score missing, not a number or out of range, details
-    that are not JSON): a bug of that reward, which the message names with the image and its prompt."""
 
 
 @dataclass
@@ -201,36 +197,8 @@ class Reward:
         if not isinstance(output, RewardOutput):
             raise RewardError(f"{name}._score returned a {type(output).__name__}; return a RewardOutput(scores=..., "
                               "details=...)")
-        if len(output.scores) != len(prompts) or len(output.details) != len(prompts):
-            raise RewardError(f"{name} returned {len(output.scores)} scores and {len(output.details)} details "
-                              f"for {len(prompts)} images; a reward returns one of each per image")
-        low, high = self.score_range
-        scores = []
-        for index, value in enumerate(output.scores):
-            where = f"for image {index} ({prompts[index]!r})"
-            try:
-                value = float(value)  # a numpy or 0-d torch number is written as a plain float
-            except (TypeError, ValueError):
-                raise RewardError(f"{name} returned {value!r} {where}, not a number; each score is a float in "
-                                  f"[{low}, {high}]") from None
-            if not math.isfinite(value):
-                raise RewardError(f"{name} returned {value} {where}, not a finite number; each score is a float "
-                                  f"in [{low}, {high}]")
-            if not low - 1e-6 <= value <= high + 1e-6:
-                raise RewardError(f"{name} returned {value} {where}, outside [{low}, {high}]; clip or rescale its "
-                                  "scores into that range")
-            scores.append(value)
-        for index, details in enumerate(output.details):
-            if not isinstance(details, dict):
-                raise RewardError(f"{name} returned details of type {type(details).__name__} for image {index} "
-                                  f"({prompts[index]!r}); each image's details are a dict")
-            try:
-                json.dumps(details)
-            except (TypeError, ValueError) as err:
-                raise RewardError(f"{name}'s details for image {index} cannot be written as JSON ({err}) for prompt "
-                                  f"{prompts[index]!r}; give plain numbers, strings, lists and dicts (e.g. float(x), "
-                                  "array.tolist())") from None
-        return RewardOutput(scores=scores, details=output.details)
+        return RewardOutput(scores=checked_scores(name, output, prompts, tuple(self.score_range)),
+                            details=output.details)
 
     def _score(
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None

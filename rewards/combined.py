@@ -7,6 +7,7 @@ a `module:Class` path or a weighted list) into a ready `Reward`.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 import numbers
@@ -19,7 +20,7 @@ import numpy
 import torch
 from PIL import Image
 
-from gors.core.hub import ModelLoadError, check_cached, check_model_path, recording_loads
+from gors.core.hub import ModelLoadError, check_cached, check_model_path, note_load, recording_loads
 from rewards.base import MODEL_FLAG, Reward, RewardOutput
 from rewards.registry import available_rewards, get_reward_class
 
@@ -196,8 +197,8 @@ class WeightedReward(Reward):
         given by --reward_options, never by --reward_model_name_or_path, which a list refuses)."""
         cls = get_reward_class(name)
         try:
-            return cls(device=self.device, torch_dtype=member_dtype(cls, self.torch_dtype), batch_size=batch_size,
-                       **options)
+            return built(cls, options, device=self.device, torch_dtype=member_dtype(cls, self.torch_dtype),
+                         batch_size=batch_size)
         except ModelLoadError as err:
             message = str(err).replace(f"{MODEL_FLAG}=", f"--reward_options {name} model_name_or_path=", 1)
             raise ModelLoadError(message) from err
@@ -388,8 +389,15 @@ def check_reward_options(text: str, options: Mapping[str, Any] | None, flag: str
     names = {spec.name for spec in specs}
     stray = sorted(set(options) - names)
     if stray:
-        raise ValueError(f"{flag}: {', '.join(map(repr, stray))} names no member of the reward list {text!r}: its "
-                         f"options are keyed by member, e.g. '{{\"{specs[0].name}\": {{\"{stray[0]}\": ...}}}}'")
+        # A member's name mistyped (or a `module:Class` member named by its class alone), or a member's option
+        # given at the top level.
+        meant = next((name for name in sorted(names) if name.rpartition(":")[2] == stray[0]), None) \
+            or next(iter(difflib.get_close_matches(stray[0], sorted(names), n=1)), None)
+        example = (f"'{{\"{meant}\": {{...}}}}'" if meant is not None
+                   else f"'{{\"{specs[0].name}\": {{\"{stray[0]}\": ...}}}}'")
+        raise ValueError(f"{flag}: {', '.join(map(repr, stray))} names no member of the reward list {text!r} "
+                         f"({', '.join(map(repr, [spec.name for spec in specs]))}): its options are keyed by member, "
+                         f"e.g. {example}")
     for spec in specs:
         member = options.get(spec.name, {})
         if not isinstance(member, Mapping):
@@ -443,15 +451,33 @@ def _build_reward(
         if model_name_or_path is not None:
             _check_model_flag(cls, options, model_name_or_path)
             options["model_name_or_path"] = model_name_or_path
-        return cls(device=device, torch_dtype=torch_dtype, batch_size=batch_size, **options)
+        return built(cls, options, device=device, torch_dtype=torch_dtype, batch_size=batch_size)
     if model_name_or_path is not None:
         raise ValueError(_ambiguous_model(model_name_or_path, text))
     return WeightedReward(specs, device, torch_dtype, batch_size, options=options)
 
 
+# The packages whose rewards load every model through `gors.core.hub.from_pretrained` (or `note_load`).
+GORS_PACKAGES = ("rewards", "evaluators", "gors")
+
+
+def built(cls: type[Reward], options: Mapping[str, Any], **kwargs: Any) -> Reward:
+    """`cls(**kwargs, **options)`. A reward class of one's own may load its models with a plain
+    `from_pretrained`, which records no version: the models it declares (`Reward.models`) are recorded as
+    loaded too, so that its score folders are bound to their versions as gors' own rewards' are."""
+    with recording_loads() as loads:
+        reward = cls(**kwargs, **options)
+    if cls.__module__.partition(".")[0] not in GORS_PACKAGES:
+        for name in cls.models(options).values():
+            expanded = os.path.expanduser(name)
+            if (expanded if os.path.exists(expanded) else name) not in loads:
+                note_load(expanded if os.path.exists(expanded) else name)
+    return reward
+
+
 def _check_model_flag(cls: type[Reward], options: Mapping[str, Any], model_name_or_path: str) -> None:
-    """Refuse a `--reward_model_name_or_path` that disagrees with the options' or that the reward would refuse
-    (`Reward.check_options`, e.g. a reward without a model)."""
+    """Refuse a `--reward_model_name_or_path` that disagrees with the options', that the reward would refuse
+    (`Reward.check_options`, e.g. a reward without a model) or a folder that does not exist."""
     flag = f"--reward_model_name_or_path={model_name_or_path!r}"
     if options.get("model_name_or_path", model_name_or_path) != model_name_or_path:
         raise ValueError(f"{flag} and --reward_options model_name_or_path={options['model_name_or_path']!r} "
@@ -460,6 +486,7 @@ def _check_model_flag(cls: type[Reward], options: Mapping[str, Any], model_name_
         cls.check_options({**options, "model_name_or_path": model_name_or_path})
     except ValueError as err:
         raise ValueError(f"{flag}: {err}") from None
+    check_model_path(model_name_or_path, MODEL_FLAG, cls.default_model)
 
 
 def _ambiguous_model(model_name_or_path: str, text: str) -> str:

@@ -71,7 +71,7 @@ def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
 
     def decorator(cls: type[Reward]) -> type[Reward]:
         if not (isinstance(cls, type) and issubclass(cls, Reward)):
-            raise TypeError(f"@register_reward({name!r}) expects a Reward subclass, got {cls!r}")
+            raise ValueError(f"@register_reward({name!r}) expects a Reward subclass, got {cls!r}")
         check_name("reward", name, cls, _REGISTERED.get(name), name in _BUILTIN)
         check_reward_class(cls)
         cls.name = name
@@ -123,26 +123,26 @@ def _described(name: str, path: str) -> str:
     return repr(name) if name == path else f"{name!r} (entry point {path})"
 
 
-def _import_error(name: str, path: str, err: Exception) -> ValueError:
-    """Why reward `name` (a `module:Class` path or an entry point's name, at `path`) did not import, and
-    for a module not found, the fix: its folder on PYTHONPATH."""
+def import_error(name: str, path: str, err: Exception, kind: str = "reward") -> ValueError:
+    """Why `kind` (reward, benchmark) `name` (a `module:Class` path or an entry point's name, at `path`) did
+    not import, and for a module not found, the fix: its folder on PYTHONPATH."""
     what = _described(name, path)
     module_name = path.partition(":")[0]
     if isinstance(err, ModuleNotFoundError) and _is_missing(err, module_name):
-        return ValueError(f"Could not import reward {what}: {err}, neither on the Python path nor in the working "
+        return ValueError(f"Could not import {kind} {what}: {err}, neither on the Python path nor in the working "
                           f"directory ({os.getcwd()}). Add the folder that holds it to PYTHONPATH, e.g. "
                           f"`PYTHONPATH=/path/to/folder gors ...`, or install it.")
-    return ValueError(f"Could not import reward {what}: {err}")
+    return ValueError(f"Could not import {kind} {what}: {err}")
 
 
 def check_reward_class(cls: type[Reward]) -> None:
     """Refuse a reward class that would fail only once scoring starts, or whose scores the stages would
     misread: one without its own `_score`, or one that declares scores outside [0, 1]."""
     if cls._score is Reward._score and cls.score is Reward.score:
-        raise TypeError(f"reward class {cls.__qualname__} does not implement _score(images, prompts, metadata) -> "
+        raise ValueError(f"reward class {cls.__qualname__} does not implement _score(images, prompts, metadata) -> "
                         "RewardOutput; see README, Adding a reward")
     if tuple(cls.score_range) != Reward.score_range:
-        raise TypeError(f"reward class {cls.__qualname__} declares score_range {cls.score_range}: every reward scores "
+        raise ValueError(f"reward class {cls.__qualname__} declares score_range {cls.score_range}: every reward scores "
                         "in [0, 1] (selection's tau, weighted lists and benchmarks assume it); rescale its scores in "
                         "_score and leave score_range as it is")
 
@@ -159,7 +159,7 @@ def get_reward_class(name: str) -> type[Reward]:
         try:
             cls = _import_class(path)
         except (ImportError, AttributeError) as err:
-            raise _import_error(name, path, err) from err
+            raise import_error(name, path, err) from err
         if isinstance(cls, type) and issubclass(cls, Reward):
             check_reward_class(cls)
             return cls

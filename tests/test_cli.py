@@ -753,6 +753,8 @@ def test_a_mistyped_reward_model_folder_stops_a_run_before_any_image(make_run_co
                                                 r"such as 'Salesforce/blip-vqa-capfilt-large'"):
         run(config)
     assert not samples_dir(config.output_dir).exists()  # nothing generated
+    with pytest.raises(FileNotFoundError, match=r"--reward_model_name_or_path=.*tiny_bilp': no such folder"):
+        check_reward_options("b_vqa", {}, model_name_or_path=str(tmp_path / "tiny_bilp"))  # as `gors score` checks
     # In options too, a member's of a composite reward included.
     with pytest.raises(FileNotFoundError, match=r"--reward_options clip_model_name_or_path='\./clip': no such folder\. "
                                                 r".*such as 'openai/clip-vit-base-patch32'"):  # the option's default

@@ -136,7 +136,7 @@ def test_a_local_folder_that_is_not_there_is_refused_not_reported_as_done(hub, t
     with pytest.raises(FileNotFoundError, match=r"--pretrained_model_name_or_path='\./typo_model': no such folder"):
         download("generate", RunConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path="./typo_model",
                                        train_prompts="toy:train"))
-    with pytest.raises(FileNotFoundError, match=r"--reward b_vqa model_name_or_path='/no/such/cls': no such folder"):
+    with pytest.raises(FileNotFoundError, match=r"^--reward_model_name_or_path='/no/such/cls': no such folder"):
         download("score", RunConfig(output_dir=str(tmp_path / "run"), reward="b_vqa",
                                     reward_model_name_or_path="/no/such/cls"))
     assert "[download] done" not in capsys.readouterr().out

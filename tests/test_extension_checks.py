@@ -64,9 +64,9 @@ def test_reward_classes_without_score_or_with_another_range_are_refused():
     class Raw255(Constant):
         score_range = (0.0, 255.0)
 
-    with pytest.raises(TypeError, match=r"NoScore does not implement _score\(images, prompts, metadata\)"):
+    with pytest.raises(ValueError, match=r"NoScore does not implement _score\(images, prompts, metadata\)"):
         register_reward("no_score")(NoScore)
-    with pytest.raises(TypeError, match=r"Raw255 declares score_range \(0.0, 255.0\): every reward scores in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"Raw255 declares score_range \(0.0, 255.0\): every reward scores in \[0, 1\]"):
         register_reward("raw")(Raw255)
 
 
@@ -114,7 +114,7 @@ class TwoPrompts(Benchmark):
 ])
 def test_benchmark_classes_that_break_the_rules_are_refused_when_registered(body, message):
     broken = dataclass(type("Broken", (TwoPrompts,), body))
-    with pytest.raises(TypeError, match=message):
+    with pytest.raises(ValueError, match=message):
         register_benchmark("broken")(broken)
 
 
@@ -122,7 +122,7 @@ def test_protocol_defaults_in_a_class_that_is_no_dataclass_are_refused():
     class Undecorated(TwoPrompts):
         num_inference_steps = 20
 
-    with pytest.raises(TypeError, match=r"Undecorated sets num_inference_steps but is not a dataclass, so the values "
+    with pytest.raises(ValueError, match=r"Undecorated sets num_inference_steps but is not a dataclass, so the values "
                                          r"would be ignored: put @dataclass"):
         register_benchmark("undecorated")(Undecorated)
     register_benchmark("decorated")(dataclass(type("Decorated", (TwoPrompts,), {"num_inference_steps": 20,
@@ -142,7 +142,7 @@ def test_an_unknown_scorer_stops_an_evaluation_before_any_image(tmp_path):
 
 def test_prompts_that_are_not_benchmark_prompts_and_a_summary_without_its_metric_are_named(tmp_path):
     texts = dataclass(type("Texts", (TwoPrompts,), {"prompts": lambda self: ["a red circle"]}))()
-    with pytest.raises(TypeError, match=r"Texts.prompts\(\) gave 'a red circle'; it returns BenchmarkPrompt objects"):
+    with pytest.raises(ValueError, match=r"Texts.prompts\(\) gave 'a red circle'; it returns BenchmarkPrompt objects"):
         texts.cached_prompts()
     flags = {"num_inference_steps": 1, "resolution": 32, "max_prompts": 1}
     wrong_key = dataclass(type("WrongKey", (TwoPrompts,), {"summarize": lambda self, rows: {"acc": 1.0}}))(**flags)
@@ -150,3 +150,52 @@ def test_prompts_that_are_not_benchmark_prompts_and_a_summary_without_its_metric
                                          r"\['acc'\]; the images and scores in .* are kept"):
         wrong_key.evaluate(str(PRETRAINED_DIR / "pipeline"), tmp_path / "eval")
     assert len(list((tmp_path / "eval" / "scores").glob("*.jsonl"))) == 1  # kept for the fixed class
+
+
+def test_a_reward_that_overrides_score_is_held_to_the_protocol_when_its_scores_are_written():
+    from PIL import Image
+
+    from gors.core.scoring import RewardError, score_rows
+
+    class Overriding(Reward):  # `score` itself, not `_score`: the base's own check never runs
+        def score(self, images, prompts, metadata=None):
+            return RewardOutput([5.0] * len(images), [{}] * len(images))
+
+    register_reward("overriding")(Overriding)
+    records = [{"prompt_index": 0, "image_index": 0, "path": "a.png", "prompt": "a red circle"}]
+    with pytest.raises(RewardError, match=r"Overriding returned 5.0 for image 0 \('a red circle'\), outside "
+                                          r"\[0.0, 1.0\]; clip or rescale"):
+        score_rows(Overriding(), records, [Image.new("RGB", (8, 8))])
+
+
+def test_the_models_a_reward_of_ones_own_declares_are_recorded_however_it_loads_them(tmp_path):
+    from gors.core.fingerprints import local_fingerprint
+    from rewards.combined import build_reward
+
+    model = tmp_path / "my_model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+
+    class PlainLoad(Constant):  # reads its model without gors.core.hub.from_pretrained: nothing noted
+        def __init__(self, model_name_or_path=None, **kwargs):
+            super().__init__(model_name_or_path, **kwargs)
+            self.config = (tmp_path / "my_model" / "config.json").read_text()
+
+    register_reward("plain_load")(PlainLoad)
+    alone = build_reward("plain_load", model_name_or_path=str(model))
+    assert alone.model_commits == {str(model): local_fingerprint(model)}
+    listed = build_reward("plain_load:0.5,toy_oracle:0.5", options={"plain_load": {"model_name_or_path": str(model)}})
+    assert listed.model_commits == {str(model): local_fingerprint(model)}
+
+
+def test_an_installed_benchmark_that_does_not_import_is_one_line_and_spares_other_messages(monkeypatch):
+    monkeypatch.setattr(evaluators, "_entry_points", lambda: {"broken": "no_such_package.benchmarks:Broken"})
+    with pytest.raises(ValueError, match=r"^Could not import benchmark 'broken' \(entry point "
+                                         r"no_such_package.benchmarks:Broken\): No module named 'no_such_package'.* "
+                                         r"Add the folder that holds it to PYTHONPATH"):
+        evaluators.benchmark_class("broken")
+    # Listing the benchmarks that read image folders, for another's refusal, passes over it.
+    register_benchmark("two_prompts")(dataclass(TwoPrompts))
+    with pytest.raises(ValueError, match=r"^--images: two_prompts cannot read an image folder; use --images with "
+                                         r"geneval, "):
+        evaluators.get_benchmark("two_prompts").check_images_readable()

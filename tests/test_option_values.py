@@ -156,7 +156,14 @@ def test_the_reward_model_flag_and_a_lists_options_are_checked_before_any_work()
     with pytest.raises(ValueError, match=r"--reward_model_name_or_path='m' is ambiguous for the reward list"):
         check_reward_options("toy_oracle:0.5,toy_classifier:0.5", {}, model_name_or_path="m")
     with pytest.raises(ValueError, match=r"^--reward_options: 'checks' names no member of the reward list "
-                                         r"'toy_oracle:0.5,toy_classifier:0.5': its options are keyed by member, e.g. "
-                                         r"'\{\"toy_oracle\": \{\"checks\": ...\}\}'$"):
+                                         r"'toy_oracle:0.5,toy_classifier:0.5' \('toy_oracle', 'toy_classifier'\): its "
+                                         r"options are keyed by member, e.g. '\{\"toy_oracle\": \{\"checks\": ...\}\}'$"):
         check_reward_options("toy_oracle:0.5,toy_classifier:0.5", {"checks": "all"})
+    # A member's name mistyped, or a `module:Class` member named by its class alone: that member is suggested.
+    with pytest.raises(ValueError, match=r"'toy_orcale' names no member .* e.g. '\{\"toy_oracle\": \{...\}\}'$"):
+        check_reward_options("toy_oracle:0.5,toy_classifier:0.5", {"toy_orcale": {"checks": "all"}})
+    with pytest.raises(ValueError, match=r"'GenEvalGradedReward' names no member .* e.g. "
+                                         r"'\{\"rewards.geneval_graded:GenEvalGradedReward\": \{...\}\}'$"):
+        check_reward_options("toy_oracle:0.5,rewards.geneval_graded:GenEvalGradedReward:0.5",
+                             {"GenEvalGradedReward": {}})
     check_reward_options("toy_oracle:0.5,toy_classifier:0.5", {"toy_oracle": {"checks": "all"}})

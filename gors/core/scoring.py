@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -59,6 +60,51 @@ class Scorer(Protocol):
 
     def score(self, images: Sequence[Image.Image], prompts: Sequence[str],
               metadata: Sequence[dict[str, Any]] | None = None) -> ScoreOutput: ...
+
+
+class RewardError(RuntimeError):
+    """A reward's output breaks the protocol (a score missing, not a number or out of range, details
+    that are not JSON): a bug of that reward, which the message names with the image and its prompt."""
+
+
+def checked_scores(name: str, output: ScoreOutput, prompts: Sequence[str],
+                   score_range: tuple[float, float] = (0.0, 1.0)) -> list[float]:
+    """The scores of scorer `name`'s `output` on `prompts` as plain floats, after checking the protocol:
+    one finite score in `score_range` and one JSON-writable details dict per image. Else a `RewardError`
+    naming the image, its prompt and the value, so that nothing of the batch is written."""
+    low, high = score_range
+    scores, details = getattr(output, "scores", None), getattr(output, "details", None)
+    if not isinstance(scores, Sequence) or not isinstance(details, Sequence):
+        raise RewardError(f"{name} returned a {type(output).__name__}; return a RewardOutput(scores=..., details=...)")
+    if len(scores) != len(prompts) or len(details) != len(prompts):
+        raise RewardError(f"{name} returned {len(scores)} scores and {len(details)} details for {len(prompts)} "
+                          "images; a reward returns one of each per image")
+    checked = []
+    for index, value in enumerate(scores):
+        where = f"for image {index} ({prompts[index]!r})"
+        try:
+            value = float(value)  # a numpy or 0-d torch number is written as a plain float
+        except (TypeError, ValueError):
+            raise RewardError(f"{name} returned {value!r} {where}, not a number; each score is a float in "
+                              f"[{low}, {high}]") from None
+        if not math.isfinite(value):
+            raise RewardError(f"{name} returned {value} {where}, not a finite number; each score is a float "
+                              f"in [{low}, {high}]")
+        if not low - 1e-6 <= value <= high + 1e-6:
+            raise RewardError(f"{name} returned {value} {where}, outside [{low}, {high}]; clip or rescale its "
+                              "scores into that range")
+        checked.append(value)
+    for index, entry in enumerate(details):
+        if not isinstance(entry, dict):
+            raise RewardError(f"{name} returned details of type {type(entry).__name__} for image {index} "
+                              f"({prompts[index]!r}); each image's details are a dict")
+        try:
+            json.dumps(entry)
+        except (TypeError, ValueError) as err:
+            raise RewardError(f"{name}'s details for image {index} cannot be written as JSON ({err}) for prompt "
+                              f"{prompts[index]!r}; give plain numbers, strings, lists and dicts (e.g. float(x), "
+                              "array.tolist())") from None
+    return checked
 
 
 SETTINGS_FILE = "settings.json"  # the reward and options that filled a score folder
@@ -224,17 +270,14 @@ def score_rows(
     metadata = list(records)
     if prompt_metadata is not None:
         metadata = [{**prompt_metadata[r["prompt_index"]], **r} for r in records]
-    output = reward.score(images, [r["prompt"] for r in records], metadata=metadata)
-    if not len(output.scores) == len(output.details) == len(records):
-        raise RuntimeError(
-            f"{type(reward).__name__} returned {len(output.scores)} scores and {len(output.details)} "
-            f"details for {len(records)} images; a scorer returns one score and one details dict per "
-            f"image. Nothing of this batch was written; fix the scorer and score again."
-        )
+    prompts = [r["prompt"] for r in records]
+    output = reward.score(images, prompts, metadata=metadata)
+    # Again here: a reward class may override `score`, which checks its own outputs (`Reward._checked`).
+    scores = checked_scores(type(reward).__name__, output, prompts)
     return [
         {"prompt_index": r["prompt_index"], "image_index": r["image_index"], "path": r["path"],
          IMAGE_HASH: r.get(IMAGE_HASH), "prompt": r["prompt"], "reward": value, "details": details}
-        for r, value, details in zip(records, output.scores, output.details)
+        for r, value, details in zip(records, scores, output.details)
     ]
 
 
