@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import warnings
-from argparse import ArgumentParser
+from argparse import SUPPRESS, ArgumentParser
 from contextlib import contextmanager, nullcontext
 from dataclasses import Field, dataclass, fields
 from types import UnionType
@@ -79,7 +79,7 @@ class ConfigParser(HfArgumentParser):
             parser.add_argument(f"--{field.name}", f"--{field.name.replace('_', '-')}", type=string_to_bool, nargs="?",
                                 const=True, default=None, **options)
             parser.add_argument(f"--no_{field.name}", f"--no-{field.name.replace('_', '-')}", action="store_false",
-                                dest=field.name, default=None, help=f"--{field.name} off.")
+                                dest=field.name, default=SUPPRESS, help=f"--{field.name} off.")
         elif _optional_number(field.type):
             HfArgumentParser._parse_dataclass_field(parser, field)
             action = next(action for action in parser._actions if action.dest == field.name)
@@ -87,6 +87,10 @@ class ConfigParser(HfArgumentParser):
             action.help = f"{action.help or ''} `none`: unset.".strip()
         else:
             HfArgumentParser._parse_dataclass_field(parser, field)
+            if field.default is True:
+                # HfArgumentParser's `--no_flag` repeats the flag's help, and its default (False) reads as the flag's.
+                negation = next(action for action in parser._actions if f"--no_{field.name}" in action.option_strings)
+                negation.help, negation.default = f"--{field.name} off.", SUPPRESS
 
     def error(self, message: str) -> NoReturn:
         """A bad flag: a SystemExit with one line (argparse would print the whole usage on every process), with the
@@ -567,7 +571,8 @@ def _fail(message: str, bars_before: set[int] = frozenset()) -> NoReturn:
 def expected_errors(interrupted: str = INTERRUPTED) -> Iterator[None]:
     """End an expected error (`EXPECTED_ERRORS`, a SystemExit with a message, Ctrl-C: `interrupted`) with one
     line `error: <message>` on stderr and exit status 2, without a traceback: one line per launch, from the
-    main process (another process speaks only if the main one has not stopped within `REPORT_GRACE_S`).
+    main process (another process speaks only if the main one has not stopped within `REPORT_GRACE_S`; of
+    Ctrl-C, which the launcher passes to every process, never).
 
     `GORS_TRACEBACK=1` lets them through with their traceback, for debugging.
     """
@@ -579,6 +584,8 @@ def expected_errors(interrupted: str = INTERRUPTED) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
+        if _process_index() != 0:  # a launcher passes Ctrl-C to every process: the main one says it for the launch
+            raise SystemExit(2) from None
         _fail(interrupted, bars)
     except Exception as err:
         known = _disk_problem(err) or _peer_lost(err)

@@ -273,13 +273,25 @@ class GenerationFields:
         # Image i of prompt p is seeded seed + 100 000 p + i (`gors.core.store.sample_seed`).
         _check(1 <= self.images_per_prompt < 100_000,
                f"--images_per_prompt={self.images_per_prompt}: must be in [1, 99 999] (each image has its own seed)")
-        _check(self.num_inference_steps is None or self.num_inference_steps >= 1,
-               f"--num_inference_steps={self.num_inference_steps}: must be >= 1")
+        _check_sampling(self.num_inference_steps, self.guidance_scale)
         _check(self.generation_batch_size >= 1, f"--generation_batch_size={self.generation_batch_size}: must be >= 1")
         _check(self.max_prompts is None or self.max_prompts >= 1, f"--max_prompts={self.max_prompts}: must be >= 1")
-        _check(self.guidance_scale is None or 0 <= self.guidance_scale < math.inf,
-               f"--guidance_scale={self.guidance_scale}: must be >= 0 and finite (1 or less turns "
-               "classifier-free guidance off; FLUX.1 [dev] takes the value as an input)")
+
+
+def _check_sampling(steps: int | None, guidance: float | None, resolution: int | None = None,
+                    prefix: str = "") -> None:
+    """Refuse sampling values out of range (`--<prefix>num_inference_steps`, ...); None is each's default."""
+    _check(steps is None or steps >= 1, f"--{prefix}num_inference_steps={steps}: must be >= 1")
+    _check(guidance is None or 0 <= guidance < math.inf,
+           f"--{prefix}guidance_scale={guidance}: must be >= 0 and finite (1 or less turns "
+           "classifier-free guidance off; FLUX.1 [dev] takes the value as an input)")
+    _check(resolution is None or (resolution >= 8 and resolution % 8 == 0),
+           f"--{prefix}resolution={resolution}: use a multiple of 8 (e.g. 512)")
+
+
+# Benchmark validation's sampling in place of the benchmark's protocol: field -> the benchmark field it sets.
+VALIDATION_SAMPLING_FIELDS = {"validation_num_inference_steps": "num_inference_steps",
+                              "validation_guidance_scale": "guidance_scale", "validation_resolution": "resolution"}
 
 
 @dataclass
@@ -504,6 +516,15 @@ class TrainingFields:
     )
     validation_num_prompts: int = field(default=16, metadata={"help": "Validation prompts (spread over the benchmark)."})
     validation_images_per_prompt: int = field(default=1, metadata={"help": "Validation images per prompt."})
+    validation_num_inference_steps: int | None = field(
+        default=None, metadata={"help": "Sampling steps of benchmark validation; default: the benchmark's protocol for "
+                                        "the model's family, as `gors evaluate` (a distilled checkpoint needs its own)."})
+    validation_guidance_scale: float | None = field(
+        default=None, metadata={"help": "Classifier-free guidance of benchmark validation; default: the benchmark's "
+                                        "protocol for the model's family (e.g. 0 for SDXL-Turbo)."})
+    validation_resolution: int | None = field(
+        default=None, metadata={"help": "Image side (pixels) of benchmark validation; default: the benchmark's "
+                                        "protocol for the model's family (SDXL-Turbo wants 512)."})
     validation_metric: str | None = field(
         default=None, metadata={"help": "Summary key that picks the best checkpoint (a metric the benchmark declares, "
                                         "not a further column such as columns.B-CLIP); default: the benchmark's main "
@@ -556,8 +577,8 @@ class TrainingFields:
         if self.validation_benchmark is not None:
             return
         defaults = {f.name: f.default for f in fields(TrainingFields)}
-        given = [name for name in ("validation_metric", "validation_num_prompts", "validation_images_per_prompt")
-                 if getattr(self, name) != defaults[name]]
+        given = [name for name in ("validation_metric", "validation_num_prompts", "validation_images_per_prompt",
+                                   *VALIDATION_SAMPLING_FIELDS) if getattr(self, name) != defaults[name]]
         given += ["validation_scorer_options"] if self.validation_scorer_options else []
         _check(not given, f"{', '.join(f'--{name}' for name in given)} without --validation_benchmark: "
                           f"{'it sets' if len(given) == 1 else 'they set'} up benchmark validation, which is off. "
@@ -611,6 +632,8 @@ class TrainingFields:
         _check_report_to(self.report_to)
         _check(self.validation_num_prompts >= 1 and self.validation_images_per_prompt >= 1,
                "--validation_num_prompts and --validation_images_per_prompt must be >= 1")
+        _check_sampling(self.validation_num_inference_steps, self.validation_guidance_scale,
+                        self.validation_resolution, prefix="validation_")
         self.validation_scorer_options = parse_mapping(self.validation_scorer_options, "--validation_scorer_options")
         self._check_benchmark_validation_flags()
         if self.validation_benchmark is not None:
@@ -787,7 +810,8 @@ class EvaluateConfig:
     )
     pretrained_model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "Any diffusers text-to-image pipeline to evaluate (Hub id or folder); default "
+        metadata={"help": "Any diffusers text-to-image pipeline to evaluate (Hub id or folder); default: the base "
+                          "model that a gors run folder given as --lora was trained on, else "
                           "stabilityai/stable-diffusion-2-base, or the toy pipeline that ships with gors where every "
                           "benchmark is toy; unused with --images."},
     )
@@ -861,13 +885,7 @@ class EvaluateConfig:
                f"--images_per_prompt={self.images_per_prompt}: must be >= 1")
         _check(self.generation_batch_size is None or self.generation_batch_size >= 1,
                f"--generation_batch_size={self.generation_batch_size}: must be >= 1")
-        _check(self.num_inference_steps is None or self.num_inference_steps >= 1,
-               f"--num_inference_steps={self.num_inference_steps}: must be >= 1")
-        _check(self.guidance_scale is None or 0 <= self.guidance_scale < math.inf,
-               f"--guidance_scale={self.guidance_scale}: must be >= 0 and finite (1 or less turns "
-               "classifier-free guidance off; FLUX.1 [dev] takes the value as an input)")
-        _check(self.resolution is None or (self.resolution >= 8 and self.resolution % 8 == 0),
-               f"--resolution={self.resolution}: use a multiple of 8 (e.g. 512)")
+        _check_sampling(self.num_inference_steps, self.guidance_scale, self.resolution)
         _check(self.scorer_batch_size >= 1, f"--scorer_batch_size={self.scorer_batch_size}: must be >= 1")
         _check(0.0 <= self.lora_dropout < 1.0, f"--lora_dropout={self.lora_dropout}: must be in [0, 1), e.g. 0.1")
         _check(self.lora_dropout == 0.0 or self.lora is not None,

@@ -31,10 +31,12 @@ from gors.core.backbones import (
     family_precision,
 )
 from gors.core.distributed import make_accelerator, process_state
+from gors.core.hub import looks_like_local_path
 from gors.core.io import atomic_write_json, not_a_folder, read_json
 from gors.core.lock import holding
 from gors.core.pipeline import check_lora_path
-from gors.core.store import SampleStore, recorded_model_commits, recorded_name, same_value
+from gors.core.run_folder import samples_dir
+from gors.core.store import SETTINGS, SampleStore, recorded_model_commits, recorded_name, same_value
 from gors.core.toy import PRETRAINED_DIR
 from gors.official_lora import OFFICIAL_PREFIX, resolve_lora
 from gors.sd2_architecture import SD2_BASE
@@ -130,9 +132,10 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
         raise FileNotFoundError(f"--images {config.images}: {not_a_folder(config.images)}; pass the folder of the "
                                 "benchmark's images")
     if config.images is None and config.pretrained_model_name_or_path is None:
-        # The paper's model; the toy benchmark's world is drawn only by the toy pipeline that ships with gors.
+        trained = trained_base_model(config.lora) if config.lora is not None else None
+        # Else the paper's model; the toy benchmark's world is drawn only by the toy pipeline that ships with gors.
         toy_only = all(name == "toy" for name, _ in specs)
-        config.pretrained_model_name_or_path = str(PRETRAINED_DIR / "pipeline") if toy_only else SD2_BASE
+        config.pretrained_model_name_or_path = trained or (str(PRETRAINED_DIR / "pipeline") if toy_only else SD2_BASE)
     if config.images is not None and sampling_overrides(config):
         # Images made elsewhere are scored as they are: the values would be recorded as if they made them.
         given = ", ".join(f"--{flag}" for flag in sampling_overrides(config))
@@ -221,6 +224,30 @@ def generator_versions(folder: Path) -> dict[str, str | None]:
 def same_versions(earlier: dict[str, str | None], now: dict[str, str | None]) -> bool:
     """Whether two `generator_versions` can be of one generator: equal wherever both are known."""
     return all(earlier[key] is None or now[key] is None or earlier[key] == now[key] for key in now)
+
+
+def trained_base_model(lora: str) -> str | None:
+    """The base model that the LoRA of a gors run folder (or of its `best/` or a checkpoint in it) was
+    trained on, as its samples recorded it; None for a LoRA of another origin. A local model that is no
+    longer at the recorded path is refused, naming the flag that gives it."""
+    folder = Path(lora).expanduser()
+    folder = folder if folder.is_dir() else folder.parent  # a LoRA file: its folder
+    run = next((f for f in (folder, folder.parent, folder.parent.parent) if (samples_dir(f) / SETTINGS).is_file()),
+               None)
+    if run is None:
+        return None
+    settings = SampleStore(samples_dir(run)).load_settings() or {}
+    model = settings.get("model")
+    if not isinstance(model, str):
+        return None
+    if looks_like_local_path(model) and not Path(model).expanduser().exists():
+        raise FileNotFoundError(f"--lora={lora!r} was trained on {model!r} ({samples_dir(run) / SETTINGS}), which is "
+                                "not there from here: pass its base model with --pretrained_model_name_or_path")
+    if process_state().is_main_process:
+        revision = f" (its samples used revision {settings['revision']}; this loads the default one)" \
+            if settings.get("revision") else ""
+        print(f"note: --pretrained_model_name_or_path {model}, the base model --lora {lora} was trained on{revision}")
+    return model
 
 
 def sample_counts(summary: dict[str, Any]) -> str:

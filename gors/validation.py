@@ -35,8 +35,8 @@ from PIL import Image
 from evaluators.base import FIXED_BATCH_FLAGS
 from evaluators.results import metric_value
 from gors.checkpoints import RECORDED_WHERE_KNOWN
-from gors.config import RunConfig, TrainConfig
-from gors.core.backbones import FAMILIES, Backbone
+from gors.config import VALIDATION_SAMPLING_FIELDS, RunConfig, TrainConfig
+from gors.core.backbones import FAMILIES, Backbone, check_resolution
 from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder
 from gors.core.memory import BatchLimits
 from gors.core.pipeline import sampler_name
@@ -167,6 +167,12 @@ def _is_column(key: str) -> bool:
     return key.partition(".")[0] == _COLUMNS
 
 
+def validation_sampling(config: TrainConfig | RunConfig) -> dict[str, Any]:
+    """The sampling values given in place of the validation benchmark's protocol (benchmark field -> value)."""
+    return {field: getattr(config, flag) for flag, field in VALIDATION_SAMPLING_FIELDS.items()
+            if getattr(config, flag) is not None}
+
+
 def validation_target(config: TrainConfig | RunConfig) -> ValidationTarget:
     """The benchmark, metric and scorer options of `--validation_*`, checked: a metric the benchmark
     does not declare or validation does not compute (a further column), or a scorer option its scorer
@@ -176,7 +182,7 @@ def validation_target(config: TrainConfig | RunConfig) -> ValidationTarget:
 
     name, subset = parse_benchmarks(config.validation_benchmark)[0]
     benchmark = build_benchmark(name, subset, max_prompts=config.validation_num_prompts,
-                                images_per_prompt=config.validation_images_per_prompt)
+                                images_per_prompt=config.validation_images_per_prompt, **validation_sampling(config))
     label = benchmark_label(name, subset)
     metric = config.validation_metric or benchmark.primary_metric
     choices = ", ".join(declared.key for declared in benchmark.metrics if not _is_column(declared.key))
@@ -215,14 +221,18 @@ class BenchmarkValidation:
         self.options = config.validation_scorer_options
         family = backbone or FAMILIES["StableDiffusionPipeline"]
         self.backbone = self.benchmark.sampling_backbone(family)
+        if config.validation_resolution is not None:
+            check_resolution(family, config.validation_resolution, "--validation_resolution")
         resolution = self.benchmark.protocol(self.backbone).resolution
         scorer = self.benchmark.scorer_spec(self.options)[0]
-        # What makes two validations' values comparable; a best LoRA is kept only against its like.
+        # What makes two validations' values comparable; a best LoRA is kept only against its like. Steps and
+        # guidance only where given: the protocol's are the sampler's (and best LoRAs recorded before keep theirs).
+        overrides = {key: value for key, value in validation_sampling(config).items() if key != "resolution"}
         self.settings: dict[str, Any] = json.loads(json.dumps({
             "benchmark": self.label, "metric": self.metric, "num_prompts": config.validation_num_prompts,
             "images_per_prompt": config.validation_images_per_prompt, "scorer_options": self.options,
             "sampler": sampler_name(self.backbone), "resolution": resolution,
-            "scoring_versions": scoring_versions(scorer),
+            "scoring_versions": scoring_versions(scorer), **overrides,
         }, sort_keys=True))
         self._earlier = earlier_settings(self.benchmark, family, resolution, scorer)
         self.accelerator = accelerator

@@ -274,6 +274,16 @@ def test_every_command_parses_its_config_and_has_help(command, capsys):
     assert out.startswith(f"usage: gors {command}") and "--config" in out
 
 
+def test_a_negated_flag_says_it_turns_its_flag_off(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    # A flag on by default (HfArgumentParser repeated its help with "default: False") and one whose default is
+    # the family's (None): each negation says what it turns off, and only that.
+    assert "--no_cache_text_embeddings, --no-cache-text-embeddings --cache_text_embeddings off. --max" in out
+    assert "--no_train_text_encoder, --no-train-text-encoder --train_text_encoder off. --train_text_encoder_2" in out
+
+
 def test_gors_help_lists_every_command(capsys):
     main(["--help"])
     out = capsys.readouterr().out
@@ -404,6 +414,12 @@ def test_interrupt_is_one_line(monkeypatch, capsys, tmp_path):
     (tmp_path / "samples").mkdir()
     message = one_error_line(capsys, ["train", "--output_dir", str(tmp_path)])
     assert message.endswith("resume where it stopped (training: from its last checkpoint)\n")
+    # Another process of a launch: the launcher passed Ctrl-C to every process, and the main one says it.
+    monkeypatch.setattr("gors.cli._process_index", lambda: 1)
+    monkeypatch.setattr("gors.cli.time.sleep", lambda seconds: pytest.fail("waited before exiting"))
+    with pytest.raises(SystemExit) as stopped:
+        main(["report", str(tmp_path)])
+    assert stopped.value.code == 2 and capsys.readouterr().err == ""
 
 
 def test_a_command_group_lists_its_subcommands(capsys):

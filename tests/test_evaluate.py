@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 
 import pytest
+import torch
 from PIL import Image
 
 from evaluators import build_benchmark, parse_benchmarks
@@ -536,3 +537,33 @@ def test_without_a_model_the_toy_benchmark_renders_with_the_toy_pipeline_and_oth
     given = EvaluateConfig(output_dir=str(tmp_path / "given"), benchmarks="toy", pretrained_model_name_or_path="m/x")
     plan_benchmarks(given)
     assert given.pretrained_model_name_or_path == "m/x"
+
+
+def test_without_a_model_a_run_folders_lora_is_evaluated_on_the_base_model_it_was_trained_on(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    from gors.evaluate import plan_benchmarks, trained_base_model
+
+    base = tmp_path / "my_sdxl"
+    base.mkdir()
+    run = tmp_path / "run"
+    (run / "samples").mkdir(parents=True)
+    (run / "samples" / "settings.json").write_text(json.dumps({"model": str(base), "revision": None}))
+    for folder in (run, run / "best", run / "checkpoints" / "checkpoint-10"):
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({"unet.a.lora_A.weight": torch.zeros(4, 8)}, str(folder / "pytorch_lora_weights.safetensors"))
+        assert trained_base_model(str(folder)) == str(base)  # the run folder, its best/ and its checkpoints
+    assert trained_base_model(str(run / "pytorch_lora_weights.safetensors")) == str(base)  # the file itself
+    config = EvaluateConfig(output_dir=str(tmp_path / "eval"), benchmarks="toy", lora=str(run / "best"))
+    plan_benchmarks(config)
+    assert config.pretrained_model_name_or_path == str(base)
+    assert f"note: --pretrained_model_name_or_path {base}, the base model --lora" in capsys.readouterr().out
+    # A LoRA from elsewhere keeps the default; a Hub id is taken as it is; a local model gone is named.
+    assert trained_base_model(str(tmp_path)) is None
+    (run / "samples" / "settings.json").write_text(json.dumps({"model": "someone/sdxl", "revision": "v2"}))
+    assert trained_base_model(str(run)) == "someone/sdxl"
+    assert "its samples used revision v2; this loads the default one" in capsys.readouterr().out
+    (run / "samples" / "settings.json").write_text(json.dumps({"model": str(tmp_path / "gone")}))
+    with pytest.raises(FileNotFoundError, match=r"--lora=.* was trained on .*gone' \(.*settings.json\), which is not "
+                                                r"there from here: pass its base model with --pretrained_model_name"):
+        trained_base_model(str(run))

@@ -305,6 +305,8 @@ def test_a_density_parameter_the_scheme_does_not_draw_with_is_named_as_doing_not
     ("tiny_flux", dict(train_text_encoder=True),
      r"--train_text_encoder: gors trains only the transformer of a FluxPipeline \(flux family\); its text encoders "
      r"stay frozen \(and cached\)\. Leave the flag unset\."),
+    ("tiny_flux", dict(train_text_encoder_2=True), r"^--train_text_encoder_2: gors trains only the transformer of a "
+                                                   r"FluxPipeline"),  # the flag given is named
     ("tiny_sd", dict(train_text_encoder_2=True),
      r"--train_text_encoder_2: a StableDiffusionPipeline \(sd family\) has no second CLIP text encoder; "
      r"use --train_text_encoder\."),
@@ -328,7 +330,7 @@ def test_a_density_parameter_the_scheme_does_not_draw_with_is_named_as_doing_not
     ("tiny_sd3", dict(timestep_range=[500, 1000]),
      r"--timestep_range: a StableDiffusion3Pipeline \(sd3 family\) trains a rectified flow, whose timesteps come from "
      r"--weighting_scheme; --timestep_range applies to the DDPM families \(SD 1/2, SDXL\)\."),
-], ids=["flux_text_encoder", "sd_text_encoder_2", "sd_weighting", "sd3_t5_length", "sdxl_t5_length", "sd3_resolution",
+], ids=["flux_text_encoder", "flux_text_encoder_2", "sd_text_encoder_2", "sd_weighting", "sd3_t5_length", "sdxl_t5_length", "sd3_resolution",
         "flux_nothing_to_train", "sd3_nothing_to_train", "flux_anchor", "sd3_timestep_range"])
 def test_settings_a_family_cannot_take_are_refused_before_any_weights_load(model, overrides, error, request, tmp_path,
                                                                          no_weights):

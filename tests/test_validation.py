@@ -275,7 +275,9 @@ def test_a_column_metric_is_refused_before_any_weights_load(make_run_config, tmp
     (dict(validation_scorer_options={"threshold": 0.5}), "--validation_scorer_options"),
     (dict(validation_metric="binding_accuracy", validation_num_prompts=4),
      "--validation_metric, --validation_num_prompts"),
-], ids=["metric", "num_prompts", "images_per_prompt", "scorer_options", "two"])
+    (dict(validation_num_inference_steps=4, validation_resolution=32),
+     "--validation_num_inference_steps, --validation_resolution"),
+], ids=["metric", "num_prompts", "images_per_prompt", "scorer_options", "two", "sampling"])
 def test_benchmark_validation_flags_without_a_benchmark_are_refused(make_run_config, flags, named):
     with pytest.raises(ValueError, match=rf"^{named} without --validation_benchmark: .* Name the benchmark "
                                          r"\(e\.g\. --validation_benchmark t2i_compbench:color\), or drop"):
@@ -381,3 +383,33 @@ def test_a_validation_scorer_that_does_not_load_fails_before_any_training_step(
                               max_train_steps=2, report_to="none"))
     reset_process_state()
     assert steps == []
+
+
+def test_validation_samples_with_the_sampling_given_in_place_of_the_protocol_and_a_best_lora_is_bound_to_it(
+        make_run_config, tmp_path, monkeypatch):
+    from gors.core.backbones import FAMILIES
+
+    # As `gors evaluate`'s flags, for a distilled checkpoint that wants a few steps without guidance.
+    sampling = dict(validation_num_inference_steps=2, validation_guidance_scale=0.0, validation_resolution=32)
+    target = validation_target(make_run_config(validation_benchmark="toy:train", **sampling))
+    assert (target.benchmark.num_inference_steps, target.benchmark.guidance_scale, target.benchmark.resolution) == (
+        2, 0.0, 32)
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.9])
+    validation.start(0, training="A")
+    _validate(validation, range(1, 2))
+    # The same training validated otherwise: its best does not compare, and this run's first value replaces it.
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.1], **sampling)
+    assert {key: validation.settings[key] for key in ("num_inference_steps", "guidance_scale", "resolution")} == {
+        "num_inference_steps": 2, "guidance_scale": 0.0, "resolution": 32}
+    validation.start(1, training="A")
+    _validate(validation, range(2, 3))
+    assert (_best(tmp_path)["step"], _best(tmp_path)["value"]) == (2, 0.1)
+    for flags, message in ((dict(validation_num_inference_steps=0), r"--validation_num_inference_steps=0: must be >= 1"),
+                           (dict(validation_guidance_scale=-1.0), r"--validation_guidance_scale=-1.0: must be >= 0"),
+                           (dict(validation_resolution=36), r"--validation_resolution=36: use a multiple of 8")):
+        with pytest.raises(ValueError, match=message):
+            make_run_config(validation_benchmark="toy:train", **flags)
+    config = make_run_config(output_dir=str(tmp_path / "flux"), validation_benchmark="toy:train",
+                             validation_resolution=40)
+    with pytest.raises(ValueError, match=r"^--validation_resolution=40: a FluxPipeline needs a multiple of 16"):
+        BenchmarkValidation(config, make_accelerator(), backbone=FAMILIES["FluxPipeline"])

@@ -245,11 +245,12 @@ def detect_backbone(pretrained_model_name_or_path: str, revision: str | None = N
     return backbone
 
 
-def check_resolution(backbone: Backbone, resolution: int) -> int:
-    """`resolution` if the family can take it (a multiple of its VAE factor x patch size), else a clear error."""
+def check_resolution(backbone: Backbone, resolution: int, flag: str = "--resolution") -> int:
+    """`resolution` if the family can take it (a multiple of its VAE factor x patch size), else a clear error
+    naming `flag`."""
     if resolution % backbone.resolution_multiple:
         raise ValueError(
-            f"--resolution={resolution}: a {backbone.pipeline_class} needs a multiple of {backbone.resolution_multiple} "
+            f"{flag}={resolution}: a {backbone.pipeline_class} needs a multiple of {backbone.resolution_multiple} "
             f"(e.g. {resolution - resolution % backbone.resolution_multiple or backbone.resolution_multiple})."
         )
     return resolution

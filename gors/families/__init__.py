@@ -79,7 +79,8 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
     label = f"a {backbone.pipeline_class} ({backbone.name} family)"
     clip = [encoder for encoder in cls.text_encoders if encoder.lora]
     if not clip and (config.train_text_encoder or config.train_text_encoder_2):
-        raise ValueError(f"--train_text_encoder: gors trains only the transformer of {label}; its text encoders "
+        given = "--train_text_encoder" if config.train_text_encoder else "--train_text_encoder_2"
+        raise ValueError(f"{given}: gors trains only the transformer of {label}; its text encoders "
                          "stay frozen (and cached). Leave the flag unset.")
     if config.train_text_encoder_2 and len(clip) < 2:
         raise ValueError(f"--train_text_encoder_2: {label} has no second CLIP text encoder; use --train_text_encoder.")
