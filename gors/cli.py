@@ -134,11 +134,21 @@ def _unset_lists(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+@dataclass(frozen=True)
+class Derived:
+    """A default computed from the other parsed values (e.g. a recipe's output folder from its category
+    and `--unbiased`) where neither a flag nor the config file gives it; `shown` is what --help prints."""
+
+    shown: str
+    compute: Callable[[dict[str, Any]], Any]
+
+
 def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict[str, Any] | None = None,
                  prog: str | None = None) -> C:
     """Parse a config dataclass from flags and an optional `--config FILE.yaml`.
 
-    Precedence: command-line flags > YAML file > `defaults` (e.g. a recipe's) > the dataclass defaults.
+    Precedence: command-line flags > YAML file > `defaults` (e.g. a recipe's; a `Derived` one is computed
+    from the values parsed) > the dataclass defaults.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     # No abbreviations: `--conf FILE` would otherwise parse as --config without being read as one.
@@ -159,10 +169,13 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     unknown = sorted(set(merged) - known)
     if unknown:
         raise SystemExit(f"Unknown config keys {unknown} for {cls.__name__}; see --help for the valid names.")
+    derived = {name: value for name, value in merged.items() if isinstance(value, Derived)}
+    merged |= {name: value.shown for name, value in derived.items()}
     _positionals_optional(parser, merged)
     parser.set_defaults(**merged)
     namespace = parser.parse_args(argv)
     values = _unset_lists({name: getattr(namespace, name) for name in known})
+    values |= {name: value.compute(values) for name, value in derived.items() if name not in given}
     try:
         config = cls(**values)
         if hasattr(config, "check_given"):

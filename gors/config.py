@@ -324,8 +324,18 @@ class RewardFields:
     def _check_reward(self) -> None:
         _check(
             not (self.reward is not None and self.unbiased),
-            f"--reward={self.reward!r} and --unbiased both choose the reward; give one of them",
+            f"--reward={self.reward!r} (given, or set by a recipe or a --config file) and --unbiased both choose the "
+            "reward; give one of them",
         )
+        if self.category is not None:
+            from gors.core.paper import ALL_CATEGORIES
+            from gors.core.prompts import TOY_CATEGORY
+
+            known = (*ALL_CATEGORIES, TOY_CATEGORY)
+            close = difflib.get_close_matches(self.category, known, n=1)
+            _check(self.category in known, f"--category={self.category!r} (given, or set by a recipe or a --config "
+                   f"file) is no category: give one of {', '.join(known)}"
+                   + (f" (did you mean {close[0]!r}?)" if close else ""))
         if self.reward is not None:
             from rewards.combined import parse_reward_list
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from gors.cli import TRAINING_INTERRUPTED, expected_errors, parse_config, quiet_dependency_warnings
+from gors.cli import TRAINING_INTERRUPTED, Derived, expected_errors, parse_config, quiet_dependency_warnings
 from gors.config import RunConfig
 from gors.core.paper import CATEGORIES, GORS_GLOBAL_BATCH
 
@@ -23,7 +23,10 @@ def recipe_defaults(category: str) -> dict[str, Any]:
     return {
         "train_prompts": category,
         "category": category,
-        "output_dir": f"runs/gors_{category}",
+        # The category's (a --config file may change it) and whether unbiased: no run replaces another's LoRA.
+        "output_dir": Derived("runs/gors_<category>, + _unbiased with --unbiased",
+                              lambda values: f"runs/gors_{values['category'] or category}"
+                                             f"{'_unbiased' if values['unbiased'] else ''}"),
         # The paper's 2 per GPU x 8 GPUs, on any number of GPUs that divides it (accumulating on fewer).
         "global_batch_size": GORS_GLOBAL_BATCH,
     }

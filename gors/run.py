@@ -35,6 +35,7 @@ from gors.train import (
 from gors.validation import validation_target
 from rewards.base import MODEL_FLAG
 from rewards.combined import check_models_cached, check_reward_options, download_reward_files
+from rewards.paper import check_tau_on_scale
 
 STAGES = ("generate", "score", "select", "train")
 
@@ -139,6 +140,8 @@ def check_run_inputs(config: RunConfig) -> None:
     check_reward_options(reward, config.reward_options, model_name_or_path=config.reward_model_name_or_path)
     if config.select_top_fraction is None and config.tau_schedule is None:
         threshold_fn(config, prompt_set.category)  # no tau, or an unknown --category
+        if config.reward_threshold is None:
+            check_tau_on_scale(config.category or prompt_set.category, reward)
     _optimizer_class(config.use_8bit_adam)
     if config.resume_from_checkpoint and config.resume_from_checkpoint != "latest":  # mistyped: now, not hours on
         find_checkpoint(config.output_dir, config.resume_from_checkpoint)
@@ -159,6 +162,27 @@ def check_run_inputs(config: RunConfig) -> None:
                         model_flag=MODEL_FLAG)
     # The reward's data files (3-in-1's prompt lists, ...), which it would fetch only once generation is done.
     download_reward_files(reward, config.reward_model_name_or_path, config.reward_options)
+
+
+def run_plan(config: RunConfig, num_processes: int) -> str:
+    """What the run does, in one line, as a recipe, a config file and the flags resolved it (after
+    `check_run_inputs`): prompts, images, reward, selection rule, updates and the run folder."""
+    prompt_set = load_prompts(config.train_prompts)
+    prompts = len(prompt_set.prompts[: config.max_prompts])
+    if config.select_top_fraction is not None:
+        selection = f"each prompt's top {config.select_top_fraction:g} by reward"
+    elif config.tau_schedule is not None:
+        selection = f"reward > tau per round {', '.join(f'{tau:g}' for tau in config.tau_schedule)} (--tau_schedule)"
+    else:
+        selection = f"reward > tau ({threshold_fn(config, prompt_set.category)[1]})"
+    micro = ("found before the first step" if config.auto_train_batch_size
+             else f"{config.train_batch_size} per process x {num_processes} x {config.gradient_accumulation_steps}")
+    per_update = config.global_batch_size or config.train_batch_size * num_processes * config.gradient_accumulation_steps
+    rounds = f", {config.rounds} rounds" if config.rounds > 1 else ""
+    return (f"[run] {config.pretrained_model_name_or_path} on {config.train_prompts}: {prompts} prompts x "
+            f"{config.images_per_prompt} images, reward {config.reward_name(prompt_set.category)}, kept: "
+            f"{selection}; {config.max_train_steps} updates of {per_update} samples ({micro}){rounds} -> "
+            f"{config.output_dir}")
 
 
 def scored_already(config: RunConfig, num_prompts: int, reward: str) -> bool:
@@ -191,6 +215,7 @@ def run(config: RunConfig, command: str = "gors run") -> None:
                          "--output_dir")
     accelerator = training_accelerator(config)
     check_data_parallel(accelerator)
+    accelerator.print(run_plan(config, accelerator.num_processes))
     if config.rounds == 1:
         run_stages(config, accelerator, command)
     else:

@@ -249,6 +249,23 @@ def accepted_options(cls: type) -> list[str] | None:
     return None
 
 
+def check_member_options(name: str, member: Any, settings: Mapping[str, Any] | None = None) -> None:
+    """Refuse, before any model loads, the options `member` of a composite reward's member `name` when they
+    are no mapping, name an option its class does not take, or hold a value it would refuse (its
+    `check_options`, over `settings`: what the composite itself sets in it)."""
+    if not isinstance(member, Mapping):
+        raise ValueError(f"{name}: its options are {member!r}; give a mapping of its keyword arguments")
+    member_class = get_reward_class(name)
+    accepted = accepted_options(member_class)
+    unknown = [] if accepted is None else sorted(set(member) - set(accepted) - set(SET_BY_GORS))
+    if unknown:
+        raise ValueError(f"{name} has no option {', '.join(map(repr, unknown))}")
+    try:
+        member_class.check_options({**(settings or {}), **member})
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+
+
 # Annotations whose values a command line or YAML file can get wrong, and the Python types each admits
 # (a path object for a text option, as Python callers pass model folders; numpy's numbers for numbers).
 _PLAIN_TYPES = {"int": (numbers.Integral,), "float": (numbers.Real,), "str": (str, os.PathLike),

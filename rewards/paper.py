@@ -35,8 +35,8 @@ def resolve_reward(reward: str | None, unbiased: bool, category: str | None) -> 
     if reward is not None:
         if unbiased:
             raise ValueError(
-                f"--reward={reward!r} and --unbiased both choose the reward; give one of them "
-                "(--unbiased picks the paper's unbiased reward for --category)."
+                f"--reward={reward!r} (given, or set by a recipe or a --config file) and --unbiased both choose the "
+                "reward; give one of them (--unbiased picks the paper's unbiased reward for --category)."
             )
         return reward
     table = UNBIASED_REWARD if unbiased else METRIC_REWARD
@@ -47,6 +47,9 @@ def resolve_reward(reward: str | None, unbiased: bool, category: str | None) -> 
                 f"({', '.join(UNBIASED_REWARD)}) or name the reward with --reward."
             )
         return DEFAULT_REWARD
+    if unbiased and category in paper.ALL_CATEGORIES and category not in table:
+        raise ValueError(f"--unbiased: the paper has no unbiased reward for {category} prompts (only for "
+                         f"{', '.join(paper.UNBIASED_REWARD)}); name the reward with --reward")
     if category not in table:
         raise ValueError(f"Unknown category {category!r}; known: {', '.join(table)}")
     return table[category]
@@ -58,6 +61,24 @@ def toy_threshold(reward: str) -> float:
         known = ", ".join(f"{name} {tau}" for name, tau in TOY_THRESHOLDS.items())
         raise ValueError(f"No toy tau for reward {reward!r} (the toy taus: {known}); pass --reward_threshold.")
     return TOY_THRESHOLDS[reward]
+
+
+# Rewards on whose scale a category's tau keeps no sample: the paper's non-spatial tau (0.75) read on its
+# metric, CLIPScore's raw cosine, which for an image and its prompt lies around 0.2-0.4 (README, Rewards).
+TAU_ABOVE_SCALE: dict[tuple[str, str], str] = {
+    ("non_spatial", "clip_score"): "CLIPScore's raw cosine, about 0.2-0.4 for an image and its prompt",
+}
+
+
+def check_tau_on_scale(category: str, reward: str) -> None:
+    """Refuse, before any image is generated, selecting by `reward` with `category`'s tau where that tau is
+    above the reward's scale (`TAU_ABOVE_SCALE`): every sample would be generated and scored, then none kept."""
+    scale = TAU_ABOVE_SCALE.get((category, reward))
+    if scale is not None:
+        tau = min(paper.SELECTION_THRESHOLDS[category])
+        raise ValueError(f"the paper's {category} tau ({tau}) is above what {reward} scores ({scale}), so no sample "
+                         "would be kept after generating and scoring them all: pass --reward_threshold, or "
+                         "--select_top_fraction (e.g. 0.25: each prompt's best quarter), or --unbiased")
 
 
 def selection_threshold(category: str, reward: str, prompt_index: int) -> float:

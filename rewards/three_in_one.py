@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from rewards.base import Reward, RewardOutput, check_choice
-from rewards.combined import SET_BY_GORS, accepted_options, member_models
+from rewards.combined import check_member_options, member_models
 from rewards.registry import get_reward_class
 
 Kind = Literal["all", "spatial", "action"]
@@ -112,18 +112,7 @@ class ThreeInOneReward(Reward):
         if questions is not None and given is not None and os.fspath(given) != os.fspath(questions):
             raise ValueError(f"two question tables: questions={questions!r} and b_vqa questions={given!r}; give one")
         for name in MEMBERS.values():
-            member = options.get(name) or {}
-            if not isinstance(member, Mapping):
-                raise ValueError(f"{name}: its options are {member!r}; give a mapping of its keyword arguments")
-            member_class = get_reward_class(name)
-            accepted = accepted_options(member_class)
-            unknown = [] if accepted is None else sorted(set(member) - set(accepted) - set(SET_BY_GORS))
-            if unknown:
-                raise ValueError(f"{name} has no option {', '.join(map(repr, unknown))}")
-            try:
-                member_class.check_options({**MEMBER_DEFAULTS.get(name, {}), **member})
-            except ValueError as err:
-                raise ValueError(f"{name}: {err}") from None
+            check_member_options(name, options.get(name) or {}, MEMBER_DEFAULTS.get(name))
 
     @classmethod
     def download_files(cls, options: Mapping[str, Any]) -> None:

@@ -8,9 +8,11 @@ from typing import Any
 import torch
 
 from rewards.base import RewardOutput
-from rewards.combined import RewardSpec, WeightedReward, member_models
+from rewards.combined import RewardSpec, WeightedReward, check_member_options, member_models
 
 MEMBERS = ("grounded_sam", "grounded_detection", "blip_clip")
+# What this reward sets in a member: grounded detection judges the spatial part of complex prompts.
+MEMBER_SETTINGS: dict[str, dict[str, Any]] = {"grounded_detection": {"complex": True}}
 
 
 class UnbiasedComplexReward(WeightedReward):
@@ -37,6 +39,19 @@ class UnbiasedComplexReward(WeightedReward):
     description = "unbiased complex reward: mean of grounded_sam, grounded_detection and blip_clip"
 
     @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse, before any of the three models loads, a `model_name_or_path` (each member has its own),
+        weights for no member, and a member's option it does not take or a value it would refuse."""
+        if options.get("model_name_or_path") is not None:
+            raise ValueError("unbiased_complex combines three rewards; give each one's model in its options "
+                             "(grounded_sam, grounded_detection, blip_clip: {'model_name_or_path': ...})")
+        unknown = sorted(set(options.get("weights") or {}) - set(MEMBERS))
+        if unknown:
+            raise ValueError(f"weights for unknown members {unknown}; the members are {list(MEMBERS)}")
+        for name in MEMBERS:
+            check_member_options(name, options.get(name) or {}, MEMBER_SETTINGS.get(name))
+
+    @classmethod
     def models(cls, options: Mapping[str, Any]) -> dict[str, str]:
         """The three members' models, keyed `<member>.<option>` (e.g. `grounded_sam.sam_model_name_or_path`)."""
         return member_models({name: options.get(name) or {} for name in MEMBERS})
@@ -52,21 +67,11 @@ class UnbiasedComplexReward(WeightedReward):
         grounded_detection: Mapping[str, Any] | None = None,
         blip_clip: Mapping[str, Any] | None = None,
     ) -> None:
-        if model_name_or_path is not None:
-            raise ValueError(
-                "unbiased_complex combines three rewards; give each one's model in its options "
-                "(grounded_sam, grounded_detection, blip_clip: {'model_name_or_path': ...})"
-            )
+        given = {"grounded_sam": grounded_sam, "grounded_detection": grounded_detection, "blip_clip": blip_clip}
+        self.check_options({"model_name_or_path": model_name_or_path, "weights": weights, **given})
         weights = dict(weights or {})
-        unknown = sorted(set(weights) - set(MEMBERS))
-        if unknown:
-            raise ValueError(f"weights for unknown members {unknown}; the members are {list(MEMBERS)}")
         specs = [RewardSpec(name, weights.get(name, 1.0)) for name in MEMBERS]
-        options = {
-            "grounded_sam": dict(grounded_sam or {}),
-            "grounded_detection": {"complex": True, **(grounded_detection or {})},
-            "blip_clip": dict(blip_clip or {}),
-        }
+        options = {name: {**MEMBER_SETTINGS.get(name, {}), **(given[name] or {})} for name in MEMBERS}
         super().__init__(specs, device, torch_dtype, batch_size, options=options)
 
     def image_weights(self, outputs: Mapping[str, RewardOutput], index: int) -> dict[str, float]:

@@ -178,18 +178,46 @@ def test_anchor_below_0_turns_a_default_anchor_off():
     assert parse_config(RunConfig, [], defaults={"anchor_below": 500}).anchor_below == 500
 
 
-def test_recipes_carry_the_paper_defaults():
+def test_recipes_carry_the_paper_defaults(tmp_path):
     config = parse_config(RunConfig, ["--images_per_prompt", "2"], defaults=recipe_defaults("texture"))
     assert (config.train_prompts, config.category, config.reward_name()) == ("texture", "texture", "b_vqa")
     assert config.pretrained_model_name_or_path == "stabilityai/stable-diffusion-2-base"
     assert (config.rank, config.learning_rate, config.text_encoder_learning_rate) == (4, 1e-4, 5e-6)
     assert (config.train_batch_size, config.max_train_steps, config.seed) == (2, 15000, 42)
     assert config.global_batch_size == 16  # 2 x 8 GPUs, accumulated on fewer
+    # The output folder follows the category and --unbiased (a biased and an unbiased run never share one),
+    # unless a flag or the config file gives it.
+    assert config.output_dir == "runs/gors_texture"
+    unbiased = parse_config(RunConfig, ["--unbiased"], defaults=recipe_defaults("texture"))
+    assert unbiased.output_dir == "runs/gors_texture_unbiased"
+    given = parse_config(RunConfig, ["--unbiased", "--output_dir", "mine"], defaults=recipe_defaults("texture"))
+    assert given.output_dir == "mine"
+    yaml_file = tmp_path / "shape.yaml"
+    yaml_file.write_text("category: shape\ntrain_prompts: shape\n")
+    assert parse_config(RunConfig, ["--config", str(yaml_file)], defaults=recipe_defaults("texture")).output_dir == \
+        "runs/gors_shape"
     off = parse_config(RunConfig, ["--global_batch_size", "0"], defaults=recipe_defaults("texture"))
     assert off.global_batch_size is None  # an older run's own batch, e.g. to resume it
     assert config.images_per_prompt == 2
     with pytest.raises(ValueError, match="Unknown category"):
         recipe_defaults("colour")
+    # A mistyped --category stops at parsing (it read as another category's prompts before).
+    with pytest.raises(SystemExit, match=r"^error: --category='colour' \(given, or set by a recipe or a --config "
+                                         r"file\) is no category: give one of color, .* \(did you mean 'color'\?\)"):
+        parse_config(RunConfig, ["--category", "colour"], defaults=recipe_defaults("color"))
+
+
+def test_unbiased_says_which_categories_have_an_unbiased_reward_and_where_a_reward_came_from():
+    from gors.recipes import geneval_recipe_defaults
+
+    config = parse_config(RunConfig, ["--train_prompts", "numeracy", "--category", "numeracy", "--unbiased"])
+    with pytest.raises(ValueError, match=r"^--unbiased: the paper has no unbiased reward for numeracy prompts \(only "
+                                         r"for color, .*complex\); name the reward with --reward$"):
+        config.reward_name()
+    assert parse_config(RunConfig, ["--category", "numeracy"]).reward_name() == "numeracy"  # its metric
+    with pytest.raises(SystemExit, match=r"--reward='geneval_graded' \(given, or set by a recipe or a --config "
+                                         r"file\) and --unbiased both choose the reward"):
+        parse_config(RunConfig, ["--unbiased"], defaults=geneval_recipe_defaults())
 
 
 def test_gors_rewards_lists_b_vqa(capsys):
@@ -778,6 +806,33 @@ def test_a_mistyped_reward_model_folder_stops_a_run_before_any_image(make_run_co
     with pytest.raises(FileNotFoundError, match=r"--reward_options model_name_or_path='\./blip': no such folder"):
         check_reward_options("three_in_one", {"b_vqa": {"model_name_or_path": "./blip"}})
     check_reward_options("blip_clip", {"clip_model_name_or_path": "openai/clip-vit-base-patch16"})  # a Hub id: later
+
+
+def test_a_paper_tau_above_the_rewards_scale_stops_a_run_before_any_image(make_run_config, tmp_path):
+    from gors.core.run_folder import samples_dir
+    from gors.run import run
+
+    # The non_spatial recipe's metric reward: CLIPScore's raw cosine never reaches the paper's 0.75.
+    config = make_run_config(output_dir=str(tmp_path / "run"), reward=None, category="non_spatial",
+                             reward_model_name_or_path=None, reward_threshold=None, select_top_fraction=None)
+    with pytest.raises(ValueError, match=r"^the paper's non_spatial tau \(0.75\) is above what clip_score scores "
+                                         r"\(CLIPScore's raw cosine, .*\), so no sample would be kept .* pass "
+                                         r"--reward_threshold, or --select_top_fraction .* or --unbiased$"):
+        run(config)
+    assert not samples_dir(config.output_dir).exists()  # nothing generated
+
+
+def test_a_run_says_what_it_will_do_as_the_flags_resolved_it(make_run_config, tmp_path):
+    from gors.run import run_plan
+
+    config = make_run_config(output_dir=str(tmp_path / "run"))
+    plan = run_plan(config, num_processes=2)
+    assert plan.startswith(f"[run] {config.pretrained_model_name_or_path} on {config.train_prompts}: "
+                           "3 prompts x 2 images, reward b_vqa, "  # the prompt file's 3 (a blank line is none)
+                           "kept: reward > tau (--reward_threshold=0.0); 2 updates of 4 samples (2 per process x 2 x 1)")
+    assert plan.endswith(f"-> {config.output_dir}")
+    top = run_plan(make_run_config(reward_threshold=None, select_top_fraction=0.25), num_processes=1)
+    assert "kept: each prompt's top 0.25 by reward; 2 updates of 2 samples (2 per process x 1 x 1)" in top
 
 
 def test_a_mistyped_option_on_a_scored_folder_is_named_not_blamed_on_the_folder(tmp_path):

@@ -83,6 +83,20 @@ def test_three_in_one_rejects_a_single_model_path():
         load("three_in_one", model_name_or_path="Salesforce/blip-vqa-capfilt-large")
 
 
+def test_unbiased_complex_refuses_a_single_model_path_and_bad_member_options_before_any_work():
+    from rewards.combined import check_reward_options
+
+    # As three_in_one: checked with the options (`gors run` before generating), not when the reward loads.
+    with pytest.raises(ValueError, match=r"^--reward_model_name_or_path='m': unbiased_complex combines three "
+                                         r"rewards; give each one's model in its options"):
+        check_reward_options("unbiased_complex", {}, model_name_or_path="m")
+    with pytest.raises(ValueError, match=r"grounded_sam has no option 'sam_model'"):
+        check_reward_options("unbiased_complex", {"grounded_sam": {"sam_model": "x"}})
+    with pytest.raises(ValueError, match=r"weights for unknown members \['grounded_sma'\]"):
+        check_reward_options("unbiased_complex", {"weights": {"grounded_sma": 2.0}})
+    check_reward_options("unbiased_complex", {"weights": {"blip_clip": 2.0}, "grounded_detection": {"complex": True}})
+
+
 def test_unbiased_complex_averages_the_unbiased_rewards(models):
     reward = load(
         "unbiased_complex", device="cpu", weights={"blip_clip": 2.0},
