@@ -173,6 +173,9 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     merged |= {name: value.shown for name, value in derived.items()}
     _positionals_optional(parser, merged)
     parser.set_defaults(**merged)
+    for action in parser._actions:  # set_defaults gave the negations their dest's value: --help would show it
+        if any(option.startswith("--no_") for option in action.option_strings):
+            action.default = SUPPRESS
     namespace = parser.parse_args(argv)
     values = _unset_lists({name: getattr(namespace, name) for name in known})
     values |= {name: value.compute(values) for name, value in derived.items() if name not in given}

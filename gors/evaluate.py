@@ -31,11 +31,12 @@ from gors.core.backbones import (
     family_precision,
 )
 from gors.core.distributed import make_accelerator, process_state
+from gors.core.fingerprints import is_local_fingerprint
 from gors.core.hub import looks_like_local_path
 from gors.core.io import atomic_write_json, not_a_folder, read_json
 from gors.core.lock import holding
 from gors.core.pipeline import check_lora_path
-from gors.core.run_folder import samples_dir
+from gors.core.run_folder import round_dir, samples_dir
 from gors.core.store import SETTINGS, SampleStore, recorded_model_commits, recorded_name, same_value
 from gors.core.toy import PRETRAINED_DIR
 from gors.official_lora import OFFICIAL_PREFIX, resolve_lora
@@ -231,17 +232,24 @@ def trained_base_model(lora: str) -> str | None:
     trained on, as its samples recorded it; None for a LoRA of another origin. A local model that is no
     longer at the recorded path is refused, naming the flag that gives it."""
     folder = Path(lora).expanduser()
-    folder = folder if folder.is_dir() else folder.parent  # a LoRA file: its folder
-    run = next((f for f in (folder, folder.parent, folder.parent.parent) if (samples_dir(f) / SETTINGS).is_file()),
-               None)
-    if run is None:
+    if lora.startswith(OFFICIAL_PREFIX) or not folder.exists():  # a release, a Hub id: no run folder of its own
         return None
-    settings = SampleStore(samples_dir(run)).load_settings() or {}
+    folder = folder if folder.is_dir() else folder.parent  # a LoRA file: its folder
+    # A --rounds run's LoRA is in its folder, its samples in its rounds' (each of the same base model).
+    stores = [samples_dir(f) for candidate in (folder, folder.parent, folder.parent.parent)
+              for f in (candidate, round_dir(candidate, 0))]
+    store = next((s for s in stores if (s / SETTINGS).is_file()), None)
+    if store is None:
+        return None
+    settings = SampleStore(store).load_settings() or {}
     model = settings.get("model")
     if not isinstance(model, str):
         return None
-    if looks_like_local_path(model) and not Path(model).expanduser().exists():
-        raise FileNotFoundError(f"--lora={lora!r} was trained on {model!r} ({samples_dir(run) / SETTINGS}), which is "
+    # A local model by its path as typed then: elsewhere, or from another working directory, it is not there.
+    commits = recorded_model_commits(store)
+    local = looks_like_local_path(model) or is_local_fingerprint(commits.get(recorded_name(commits, model) or model))
+    if local and not Path(model).expanduser().exists():
+        raise FileNotFoundError(f"--lora={lora!r} was trained on local model {model!r} ({store / SETTINGS}), which is "
                                 "not there from here: pass its base model with --pretrained_model_name_or_path")
     if process_state().is_main_process:
         revision = f" (its samples used revision {settings['revision']}; this loads the default one)" \

@@ -12,7 +12,7 @@ from accelerate import Accelerator
 
 from gors.checkpoints import MICRO_BATCH_FIELDS, checkpoint_step, find_checkpoint, read_marker
 from gors.config import RunConfig
-from gors.core.backbones import check_trainable, detect_backbone
+from gors.core.backbones import check_resolution, check_trainable, detect_backbone
 from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import check_category, load_prompts, recorded_category
@@ -155,6 +155,8 @@ def check_run_inputs(config: RunConfig) -> None:
     load_training_scheduler(family)  # --anchor_below against the schedule's timesteps
     if config.validation_benchmark:
         validation_target(config)  # offline, its scorer's models in the cache too
+        if config.validation_resolution is not None:
+            check_resolution(backbone, config.validation_resolution, "--validation_resolution")
     if config.rounds == 1 and scored_already(config, len(prompts), reward):
         return  # a rerun after scoring (training stopped): the reward is not built, its files not needed
     # Last: a mistake in the flags above is the user's to fix before fetching anything.
@@ -178,10 +180,11 @@ def run_plan(config: RunConfig, num_processes: int) -> str:
     micro = ("found before the first step" if config.auto_train_batch_size
              else f"{config.train_batch_size} per process x {num_processes} x {config.gradient_accumulation_steps}")
     per_update = config.global_batch_size or config.train_batch_size * num_processes * config.gradient_accumulation_steps
+    updates = config.round_steps() * config.rounds if config.steps_per_round else config.max_train_steps
     rounds = f", {config.rounds} rounds" if config.rounds > 1 else ""
     return (f"[run] {config.pretrained_model_name_or_path} on {config.train_prompts}: {prompts} prompts x "
             f"{config.images_per_prompt} images, reward {config.reward_name(prompt_set.category)}, kept: "
-            f"{selection}; {config.max_train_steps} updates of {per_update} samples ({micro}){rounds} -> "
+            f"{selection}; {updates} updates of {per_update} samples ({micro}){rounds} -> "
             f"{config.output_dir}")
 
 

@@ -310,6 +310,13 @@ def test_a_negated_flag_says_it_turns_its_flag_off(capsys):
     # the family's (None): each negation says what it turns off, and only that.
     assert "--no_cache_text_embeddings, --no-cache-text-embeddings --cache_text_embeddings off. --max" in out
     assert "--no_train_text_encoder, --no-train-text-encoder --train_text_encoder off. --train_text_encoder_2" in out
+    # Also where a recipe (or a --config file) sets the flag's value.
+    from gors.toy.demo import toy_defaults
+
+    with pytest.raises(SystemExit):
+        parse_config(RunConfig, ["--help"], defaults=toy_defaults())
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--no_sample_latents, --no-sample-latents --sample_latents off. --checkpointing_steps" in out
 
 
 def test_gors_help_lists_every_command(capsys):
@@ -833,6 +840,8 @@ def test_a_run_says_what_it_will_do_as_the_flags_resolved_it(make_run_config, tm
     assert plan.endswith(f"-> {config.output_dir}")
     top = run_plan(make_run_config(reward_threshold=None, select_top_fraction=0.25), num_processes=1)
     assert "kept: each prompt's top 0.25 by reward; 2 updates of 2 samples (2 per process x 1 x 1)" in top
+    rounds = run_plan(make_run_config(rounds=2, steps_per_round=3, replay="none"), num_processes=1)
+    assert "; 6 updates of 2 samples (2 per process x 1 x 1), 2 rounds ->" in rounds  # not --max_train_steps
 
 
 def test_a_mistyped_option_on_a_scored_folder_is_named_not_blamed_on_the_folder(tmp_path):

@@ -539,7 +539,8 @@ def test_without_a_model_the_toy_benchmark_renders_with_the_toy_pipeline_and_oth
     assert given.pretrained_model_name_or_path == "m/x"
 
 
-def test_without_a_model_a_run_folders_lora_is_evaluated_on_the_base_model_it_was_trained_on(tmp_path, capsys):
+def test_without_a_model_a_run_folders_lora_is_evaluated_on_the_base_model_it_was_trained_on(tmp_path, capsys,
+                                                                                                monkeypatch):
     from safetensors.torch import save_file
 
     from gors.evaluate import plan_benchmarks, trained_base_model
@@ -563,6 +564,21 @@ def test_without_a_model_a_run_folders_lora_is_evaluated_on_the_base_model_it_wa
     (run / "samples" / "settings.json").write_text(json.dumps({"model": "someone/sdxl", "revision": "v2"}))
     assert trained_base_model(str(run)) == "someone/sdxl"
     assert "its samples used revision v2; this loads the default one" in capsys.readouterr().out
+    # A release or a Hub id is no run folder, even where the working directory is one.
+    monkeypatch.chdir(run)
+    assert trained_base_model("official:color") is None and trained_base_model("someone/sd2-lora") is None
+    # A --rounds run: its LoRA in its folder, its samples in its rounds'.
+    rounds = tmp_path / "rounds"
+    (rounds / "round-000" / "samples").mkdir(parents=True)
+    (rounds / "round-000" / "samples" / "settings.json").write_text(json.dumps({"model": "someone/sdxl"}))
+    save_file({"unet.a.lora_A.weight": torch.zeros(4, 8)}, str(rounds / "pytorch_lora_weights.safetensors"))
+    assert trained_base_model(str(rounds)) == "someone/sdxl"
+    # A local model recorded by a relative path (its fingerprint says local), looked for from elsewhere.
+    (run / "samples" / "settings.json").write_text(json.dumps({"model": "models/sdxl"}))
+    (run / "samples" / "models.json").write_text(json.dumps({"models/sdxl": "sha256:" + "0" * 64}))
+    with pytest.raises(FileNotFoundError, match=r"was trained on local model 'models/sdxl'"):
+        trained_base_model(str(run))
+    (run / "samples" / "models.json").unlink()
     (run / "samples" / "settings.json").write_text(json.dumps({"model": str(tmp_path / "gone")}))
     with pytest.raises(FileNotFoundError, match=r"--lora=.* was trained on .*gone' \(.*settings.json\), which is not "
                                                 r"there from here: pass its base model with --pretrained_model_name"):

@@ -199,3 +199,17 @@ def test_an_installed_benchmark_that_does_not_import_is_one_line_and_spares_othe
     with pytest.raises(ValueError, match=r"^--images: two_prompts cannot read an image folder; use --images with "
                                          r"geneval, "):
         evaluators.get_benchmark("two_prompts").check_images_readable()
+
+
+def test_scores_may_come_as_an_array_or_a_tensor_and_are_written_as_floats():
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    for make in (np.array, torch.tensor):
+        class Arrays(Reward):
+            def _score(self, images, prompts, metadata, make=make):
+                return RewardOutput(make([0.25] * len(images)), [{}] * len(images))
+
+        output = Arrays().score([Image.new("RGB", (8, 8))] * 2, ["a", "b"])
+        assert output.scores == [0.25, 0.25] and all(type(score) is float for score in output.scores)

@@ -413,3 +413,14 @@ def test_validation_samples_with_the_sampling_given_in_place_of_the_protocol_and
                              validation_resolution=40)
     with pytest.raises(ValueError, match=r"^--validation_resolution=40: a FluxPipeline needs a multiple of 16"):
         BenchmarkValidation(config, make_accelerator(), backbone=FAMILIES["FluxPipeline"])
+
+
+def test_a_validation_resolution_the_family_cannot_take_stops_a_run_before_any_image(make_run_config, tiny_sd3,
+                                                                                     tmp_path):
+    from gors.run import check_run_inputs
+
+    config = make_run_config(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path=str(tiny_sd3),
+                             validation_benchmark="toy:train", validation_resolution=24)
+    with pytest.raises(ValueError, match=r"^--validation_resolution=24: a StableDiffusion3Pipeline needs a multiple "
+                                         r"of 16"):
+        check_run_inputs(config)

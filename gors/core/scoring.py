@@ -73,9 +73,11 @@ def checked_scores(name: str, output: ScoreOutput, prompts: Sequence[str],
     one finite score in `score_range` and one JSON-writable details dict per image. Else a `RewardError`
     naming the image, its prompt and the value, so that nothing of the batch is written."""
     low, high = score_range
-    scores, details = getattr(output, "scores", None), getattr(output, "details", None)
-    if not isinstance(scores, Sequence) or not isinstance(details, Sequence):
-        raise RewardError(f"{name} returned a {type(output).__name__}; return a RewardOutput(scores=..., details=...)")
+    try:  # a list, or a numpy array or tensor of scores
+        scores, details = list(output.scores), list(output.details)
+    except (AttributeError, TypeError):
+        raise RewardError(f"{name} returned a {type(output).__name__}; return a RewardOutput(scores=..., "
+                          "details=...), one score and one details dict per image") from None
     if len(scores) != len(prompts) or len(details) != len(prompts):
         raise RewardError(f"{name} returned {len(scores)} scores and {len(details)} details for {len(prompts)} "
                           "images; a reward returns one of each per image")
