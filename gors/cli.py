@@ -79,7 +79,7 @@ class ConfigParser(HfArgumentParser):
             parser.add_argument(f"--{field.name}", f"--{field.name.replace('_', '-')}", type=string_to_bool, nargs="?",
                                 const=True, default=None, **options)
             parser.add_argument(f"--no_{field.name}", f"--no-{field.name.replace('_', '-')}", action="store_false",
-                                dest=field.name, default=SUPPRESS, help=f"--{field.name} off.")
+                                dest=field.name, help=f"--{field.name} off.")
         elif _optional_number(field.type):
             HfArgumentParser._parse_dataclass_field(parser, field)
             action = next(action for action in parser._actions if action.dest == field.name)
@@ -87,10 +87,9 @@ class ConfigParser(HfArgumentParser):
             action.help = f"{action.help or ''} `none`: unset.".strip()
         else:
             HfArgumentParser._parse_dataclass_field(parser, field)
-            if field.default is True:
-                # HfArgumentParser's `--no_flag` repeats the flag's help, and its default (False) reads as the flag's.
+            if field.default is True:  # HfArgumentParser's `--no_flag` repeats the flag's help
                 negation = next(action for action in parser._actions if f"--no_{field.name}" in action.option_strings)
-                negation.help, negation.default = f"--{field.name} off.", SUPPRESS
+                negation.help = f"--{field.name} off."
 
     def error(self, message: str) -> NoReturn:
         """A bad flag: a SystemExit with one line (argparse would print the whole usage on every process), with the
@@ -173,7 +172,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     merged |= {name: value.shown for name, value in derived.items()}
     _positionals_optional(parser, merged)
     parser.set_defaults(**merged)
-    for action in parser._actions:  # set_defaults gave the negations their dest's value: --help would show it
+    for action in parser._actions:  # a negation's default, its dest's value, would read in --help as its own
         if any(option.startswith("--no_") for option in action.option_strings):
             action.default = SUPPRESS
     namespace = parser.parse_args(argv)
