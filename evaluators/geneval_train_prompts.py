@@ -50,7 +50,7 @@ import numpy as np
 
 from evaluators.geneval import load_geneval_metadata
 from gors.core.data import ChecksumError, DownloadError
-from gors.core.io import atomic_write_bytes
+from gors.core.io import atomic_write_bytes, make_folder
 from rewards.geneval_rules import COLORS, GENEVAL_CLASSES, RELATIONS, TAGS
 
 TRAIN_TAGS = ("two_object", "counting", "colors", "position", "color_attr")
@@ -201,7 +201,7 @@ def generate_train_prompts(
 def write_train_prompts(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> Path:
     """Write `rows` as JSON lines (GenEval's `evaluation_metadata.jsonl` format), atomically; returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     atomic_write_bytes(path, "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8"))
     return path
 

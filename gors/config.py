@@ -799,6 +799,14 @@ class RunConfig(RoundFields, PipelineFields, GenerationFields, ScoringFields, Se
         self._check_generation()
         self._check_rounds()
 
+    def check_given(self, given: set[str]) -> None:
+        """`TrainingFields.check_given`, and --max_train_steps beside --steps_per_round, which sets the updates."""
+        super().check_given(given)
+        if "max_train_steps" in given and self.steps_per_round is not None:
+            raise ValueError(f"--max_train_steps={self.max_train_steps} with --steps_per_round={self.steps_per_round}, "
+                             f"which sets the updates (--rounds x --steps_per_round = "
+                             f"{self.rounds * self.steps_per_round}): drop one of the two")
+
 
 @dataclass
 class EvaluateConfig:

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Sequence
 
 from gors.cli import TRAINING_INTERRUPTED, Derived, expected_errors, parse_config, quiet_dependency_warnings
 from gors.config import RunConfig
+from gors.core.io import make_folder
 from gors.core.paper import CATEGORIES, GORS_GLOBAL_BATCH
 
 
@@ -78,7 +78,7 @@ def with_geneval_train_prompts(config: RunConfig) -> RunConfig:
         return config
     from evaluators.geneval_train_prompts import DEFAULT_NUM_PROMPTS, generate_train_prompts, write_train_prompts
 
-    path = Path(config.output_dir) / GENEVAL_TRAIN_FILE
+    path = make_folder(config.output_dir, "--output_dir") / GENEVAL_TRAIN_FILE  # a file there: one line
     if not path.is_file():  # every process writes the same bytes atomically
         write_train_prompts(path, generate_train_prompts(DEFAULT_NUM_PROMPTS, GENEVAL_TRAIN_SEED))
     return replace(config, train_prompts=str(path))

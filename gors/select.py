@@ -44,8 +44,8 @@ def threshold_fn(config: SelectConfig | RunConfig,
                  prompt_set_category: str | None) -> tuple[Callable[[int], float], str]:
     """tau as a function of the prompt index, and a description of where it came from: --reward_threshold,
     else the category's (`rewards.paper.selection_threshold`: the paper's, or the toy world's for the reward)."""
-    if config.reward_threshold is not None:
-        return (lambda _index: config.reward_threshold), f"--reward_threshold={config.reward_threshold}"
+    if config.reward_threshold is not None:  # --reward_threshold, a recipe's default, or a round's --tau_schedule value
+        return (lambda _index: config.reward_threshold), f"tau = {config.reward_threshold:g}"
     category = config.category or prompt_set_category
     if category is None:
         raise ValueError(

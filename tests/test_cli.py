@@ -207,6 +207,22 @@ def test_recipes_carry_the_paper_defaults(tmp_path):
         parse_config(RunConfig, ["--category", "colour"], defaults=recipe_defaults("color"))
 
 
+def test_max_train_steps_beside_steps_per_round_is_refused():
+    with pytest.raises(SystemExit, match=r"^error: --max_train_steps=100 with --steps_per_round=1, which sets the "
+                                         r"updates \(--rounds x --steps_per_round = 2\): drop one of the two$"):
+        parse_config(RunConfig, ["--rounds", "2", "--steps_per_round", "1", "--max_train_steps", "100"])
+    assert parse_config(RunConfig, ["--rounds", "2", "--steps_per_round", "1"]).round_steps() == 1
+
+
+def test_the_geneval_recipe_refuses_an_output_dir_that_is_a_file_in_one_line(tmp_path):
+    from gors.core.io import PathError
+    from gors.recipes import geneval_recipe_config
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(PathError, match=r"^--output_dir='.*afile' is a file, not a folder"):
+        geneval_recipe_config(["--output_dir", str(tmp_path / "afile")])
+
+
 def test_unbiased_says_which_categories_have_an_unbiased_reward_and_where_a_reward_came_from():
     from gors.recipes import geneval_recipe_defaults
 
@@ -836,7 +852,7 @@ def test_a_run_says_what_it_will_do_as_the_flags_resolved_it(make_run_config, tm
     plan = run_plan(config, num_processes=2)
     assert plan.startswith(f"[run] {config.pretrained_model_name_or_path} on {config.train_prompts}: "
                            "3 prompts x 2 images, reward b_vqa, "  # the prompt file's 3 (a blank line is none)
-                           "kept: reward > tau (--reward_threshold=0.0); 2 updates of 4 samples (2 per process x 2 x 1)")
+                           "kept: reward > tau (tau = 0); 2 updates of 4 samples (2 per process x 2 x 1)")
     assert plan.endswith(f"-> {config.output_dir}")
     top = run_plan(make_run_config(reward_threshold=None, select_top_fraction=0.25), num_processes=1)
     assert "kept: each prompt's top 0.25 by reward; 2 updates of 2 samples (2 per process x 1 x 1)" in top
