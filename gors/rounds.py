@@ -150,9 +150,14 @@ def finished_rounds(config: RunConfig, wanted: dict[str, Any]) -> list[dict[str,
             shown = [", ".join("the paper's" if tau is None else f"{tau:g}" for tau in each) for each in taus]
             changed.append(f"the taus of the {finished} finished round(s): {shown[0]} -> {shown[1]}")
         if changed:
+            # Without --steps_per_round a round's updates are --max_train_steps / --rounds: growing --rounds shrinks them.
+            derived = (config.steps_per_round is None and "steps_per_round" in wanted
+                       and not same_value(recorded["steps_per_round"], wanted["steps_per_round"]))
+            keep = (f"; to grow --rounds, pass --steps_per_round {recorded['steps_per_round']} (else a round's updates "
+                    "are --max_train_steps / --rounds)") if derived else ""
             raise ValueError(f"{path}: finished rounds were made with other settings ({'; '.join(changed)}); rerun with "
                              "theirs, or use a new --output_dir (only --rounds may grow, and the taus of the rounds "
-                             "still to come may change: pass --tau_schedule with the finished rounds' taus first)")
+                             f"still to come may change: pass --tau_schedule with the finished rounds' taus first){keep}")
         grown = recorded["rounds"] != config.rounds
         if grown and config.lr_scheduler not in LENGTHLESS_SCHEDULES and not config.reset_optimizer:
             raise ValueError(f"{path}: the finished rounds ran --lr_scheduler {config.lr_scheduler} laid out over "

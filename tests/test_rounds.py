@@ -166,7 +166,9 @@ def test_a_run_stopped_in_round_1_resumes_there_as_if_never_stopped(one_process_
     run(make_run_config(output_dir=str(stopped_dir), **ROUNDS))  # the same command: no flag needed to go on
     reset_process_state()
     assert _hashes(stopped_dir / "round-000") == round0  # the finished round is not run again
-    with pytest.raises(ValueError, match=r"finished rounds were made with other settings \(steps_per_round: 2 -> 3"):
+    # A round's updates came from --max_train_steps / --rounds: the message names the flag that keeps them.
+    with pytest.raises(ValueError, match=r"finished rounds were made with other settings \(steps_per_round: 2 -> 3"
+                                         r".*; to grow --rounds, pass --steps_per_round 2 \(else"):
         run(make_run_config(output_dir=str(stopped_dir), **{**settings, "max_train_steps": 6}))
     reset_process_state()
     assert load_file(str(stopped_dir / "pytorch_lora_weights.safetensors")).keys() == load_file(
