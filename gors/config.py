@@ -289,9 +289,15 @@ def _check_sampling(steps: int | None, guidance: float | None, resolution: int |
            f"--{prefix}resolution={resolution}: use a multiple of 8 (e.g. 512)")
 
 
-# Benchmark validation's sampling in place of the benchmark's protocol: field -> the benchmark field it sets.
-VALIDATION_SAMPLING_FIELDS = {"validation_num_inference_steps": "num_inference_steps",
-                              "validation_guidance_scale": "guidance_scale", "validation_resolution": "resolution"}
+# The sampling values `gors evaluate` (and, prefixed `validation_`, validation during training) may give in
+# place of a benchmark's protocol: the benchmark fields they set.
+SAMPLING_FLAGS = ("num_inference_steps", "guidance_scale", "resolution")
+
+
+def sampling_overrides(config: Any, prefix: str = "") -> dict[str, Any]:
+    """The sampling values `config` gives in place of a benchmark's protocol (benchmark field -> value),
+    from its fields `<prefix><field>`."""
+    return {flag: getattr(config, prefix + flag) for flag in SAMPLING_FLAGS if getattr(config, prefix + flag) is not None}
 
 
 @dataclass
@@ -588,7 +594,8 @@ class TrainingFields:
             return
         defaults = {f.name: f.default for f in fields(TrainingFields)}
         given = [name for name in ("validation_metric", "validation_num_prompts", "validation_images_per_prompt",
-                                   *VALIDATION_SAMPLING_FIELDS) if getattr(self, name) != defaults[name]]
+                                   *(f"validation_{flag}" for flag in SAMPLING_FLAGS))
+                 if getattr(self, name) != defaults[name]]
         given += ["validation_scorer_options"] if self.validation_scorer_options else []
         _check(not given, f"{', '.join(f'--{name}' for name in given)} without --validation_benchmark: "
                           f"{'it sets' if len(given) == 1 else 'they set'} up benchmark validation, which is off. "

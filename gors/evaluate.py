@@ -22,7 +22,7 @@ from tabulate import tabulate
 from evaluators import benchmark_label, build_benchmark, parse_benchmarks
 from evaluators.base import SUMMARY_FILE, Benchmark, ScorerKey
 from evaluators.results import UNIT_SCALE, metric_value
-from gors.config import EvaluateConfig
+from gors.config import EvaluateConfig, sampling_overrides
 from gors.core.backbones import (
     check_lora_fits,
     check_lora_loader,
@@ -111,14 +111,6 @@ class BenchmarkPlan:
 
 
 EVALUATE_LOCKS = ("evaluate",)  # what `evaluate` holds of its --output_dir
-SAMPLING_FLAGS = ("num_inference_steps", "guidance_scale", "resolution")
-
-
-def sampling_overrides(config: EvaluateConfig) -> dict[str, Any]:
-    """The sampling values given in place of the benchmarks' protocols (flag -> value)."""
-    return {flag: getattr(config, flag) for flag in SAMPLING_FLAGS if getattr(config, flag) is not None}
-
-
 def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
     """The benchmarks `gors evaluate` runs under `config`, each with its scorers' options checked (offline,
     their models in the local cache) and their data files fetched: every mistake that can be found

@@ -35,7 +35,7 @@ from PIL import Image
 from evaluators.base import FIXED_BATCH_FLAGS
 from evaluators.results import metric_value
 from gors.checkpoints import RECORDED_WHERE_KNOWN
-from gors.config import VALIDATION_SAMPLING_FIELDS, RunConfig, TrainConfig
+from gors.config import RunConfig, TrainConfig, sampling_overrides
 from gors.core.backbones import FAMILIES, Backbone, check_resolution
 from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder
 from gors.core.memory import BatchLimits
@@ -167,12 +167,6 @@ def _is_column(key: str) -> bool:
     return key.partition(".")[0] == _COLUMNS
 
 
-def validation_sampling(config: TrainConfig | RunConfig) -> dict[str, Any]:
-    """The sampling values given in place of the validation benchmark's protocol (benchmark field -> value)."""
-    return {field: getattr(config, flag) for flag, field in VALIDATION_SAMPLING_FIELDS.items()
-            if getattr(config, flag) is not None}
-
-
 def validation_target(config: TrainConfig | RunConfig) -> ValidationTarget:
     """The benchmark, metric and scorer options of `--validation_*`, checked: a metric the benchmark
     does not declare or validation does not compute (a further column), or a scorer option its scorer
@@ -182,7 +176,7 @@ def validation_target(config: TrainConfig | RunConfig) -> ValidationTarget:
 
     name, subset = parse_benchmarks(config.validation_benchmark)[0]
     benchmark = build_benchmark(name, subset, max_prompts=config.validation_num_prompts,
-                                images_per_prompt=config.validation_images_per_prompt, **validation_sampling(config))
+                                images_per_prompt=config.validation_images_per_prompt, **sampling_overrides(config, "validation_"))
     label = benchmark_label(name, subset)
     metric = config.validation_metric or benchmark.primary_metric
     choices = ", ".join(declared.key for declared in benchmark.metrics if not _is_column(declared.key))
@@ -227,7 +221,7 @@ class BenchmarkValidation:
         scorer = self.benchmark.scorer_spec(self.options)[0]
         # What makes two validations' values comparable; a best LoRA is kept only against its like. Steps and
         # guidance only where given: the protocol's are the sampler's (and best LoRAs recorded before keep theirs).
-        overrides = {key: value for key, value in validation_sampling(config).items() if key != "resolution"}
+        overrides = {key: value for key, value in sampling_overrides(config, "validation_").items() if key != "resolution"}
         self.settings: dict[str, Any] = json.loads(json.dumps({
             "benchmark": self.label, "metric": self.metric, "num_prompts": config.validation_num_prompts,
             "images_per_prompt": config.validation_images_per_prompt, "scorer_options": self.options,

@@ -487,8 +487,9 @@ def built(cls: type[Reward], options: Mapping[str, Any], **kwargs: Any) -> Rewar
     if cls.__module__.partition(".")[0] not in GORS_PACKAGES:
         for name in cls.models(options).values():
             expanded = os.path.expanduser(name)
-            if (expanded if os.path.exists(expanded) else name) not in loads:
-                note_load(expanded if os.path.exists(expanded) else name)
+            spelled = expanded if os.path.exists(expanded) else name  # as `from_pretrained` records it
+            if spelled not in loads:
+                note_load(spelled)
     return reward
 
 
