@@ -213,10 +213,11 @@ def component_config(folder: Path, component: str) -> dict[str, Any]:
 
 
 def build(folder: Path, component: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """A component with random weights, from its config in `folder`, built on `device` and frozen.
+    """A component with random weights, from its config in `folder`, on `device`, frozen, in `dtype`.
 
-    As `GORSTrainer` loads one (in fp32, then `_frozen`: no gradients, cast to the mixed-precision
-    dtype), except that its weights are initialised here instead of read.
+    The trainer reads its base weights straight in the mixed-precision dtype (`GORSTrainer._load_frozen`);
+    random weights are initialised here in fp32 and then cast. The fp32 copy exists only while building:
+    the peak memory measured is reset after the models are built.
     """
     library, class_name = read_model_index(str(folder))[component]
     cls = getattr(importlib.import_module(library), class_name)
@@ -375,8 +376,8 @@ def cache_encodings(folder: Path, tiny: bool, args) -> dict[str, dict[str, torch
 
 
 class _QuietCast(logging.Filter):
-    """Drops diffusers' warning on `ModelMixin.to(dtype)`, which `GORSTrainer._frozen` casts with too; it
-    fires even when no module has to stay in fp32 (`... kept in float32: []`)."""
+    """Drops diffusers' warning on `ModelMixin.to(dtype)`, which `build` casts with; it fires even when no
+    module has to stay in fp32 (`... kept in float32: []`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "should be kept in float32: []" not in record.getMessage()

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import Any
 
 from evaluators.base import Benchmark, BenchmarkPrompt, check_benchmark_class
 from evaluators.results import Metric
 from gors.core import paper
-from rewards.registry import check_name, import_error
+from rewards.registry import check_name, declared_entry_points, import_error
 
 _BENCHMARKS = {
     "geneval": "evaluators.geneval:GenEvalBenchmark",
@@ -30,11 +29,6 @@ _BENCHMARKS = {
 }
 _REGISTERED: dict[str, type[Benchmark]] = {}
 ENTRY_POINT_GROUP = "gors.benchmarks"
-
-
-def _entry_points() -> dict[str, str]:
-    """Benchmarks that installed packages declare in the `gors.benchmarks` group: name -> "module:Class"."""
-    return {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def register_benchmark(name: str) -> Callable[[type[Benchmark]], type[Benchmark]]:
@@ -54,14 +48,14 @@ def register_benchmark(name: str) -> Callable[[type[Benchmark]], type[Benchmark]
 
 def available_benchmarks() -> list[str]:
     """Names of the built-in, registered and entry-point benchmarks, sorted."""
-    return sorted(set(_BENCHMARKS) | set(_REGISTERED) | set(_entry_points()))
+    return sorted(set(_BENCHMARKS) | set(_REGISTERED) | set(declared_entry_points(ENTRY_POINT_GROUP)))
 
 
 def benchmark_class(name: str) -> type[Benchmark]:
     """The `Benchmark` subclass of a name (importing its module), checked; unknown names are refused."""
     if name in _REGISTERED:
         return _REGISTERED[name]
-    path = _BENCHMARKS.get(name) or _entry_points().get(name)
+    path = _BENCHMARKS.get(name) or declared_entry_points(ENTRY_POINT_GROUP).get(name)
     if path is None:
         raise ValueError(f"Unknown benchmark {name!r}; known: {', '.join(available_benchmarks())}. A benchmark of "
                          "your own is known once the module that registers it is imported (from Python), or, on "
@@ -136,6 +130,7 @@ def build_benchmark(name: str, subset: str | None = None, **kwargs: Any) -> Benc
 
 
 def benchmark_label(name: str, subset: str | None) -> str:
+    """How results name a benchmark and its subset: `t2i_compbench:color`, or the name alone without one."""
     return name if subset is None else f"{name}:{subset}"
 
 

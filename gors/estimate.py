@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gors.config import parse_mapping
+from gors.core.io import is_json_number
 from gors.core.paper import (
     GORS_GLOBAL_BATCH,
     GORS_IMAGES_PER_PROMPT,
@@ -93,7 +94,7 @@ ONE_OFF_KEYS = ("setup_seconds", "warmup_seconds", "wrapup_seconds")
 
 def _number(value: Any) -> bool:
     """A finite JSON number (true and false are no numbers)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_json_number(value) and math.isfinite(value)
 
 
 def _one_off(entry: dict[str, Any]) -> dict[str, Any]:

@@ -32,12 +32,20 @@ from gors.core.backbones import (
 )
 from gors.core.distributed import make_accelerator, process_state
 from gors.core.fingerprints import is_local_fingerprint
-from gors.core.hub import looks_like_local_path
+from gors.core.hub import looks_like_local_path, model_version
 from gors.core.io import atomic_write_json, not_a_folder, read_json
 from gors.core.lock import holding
 from gors.core.pipeline import check_lora_path
 from gors.core.run_folder import round_dir, samples_dir
-from gors.core.store import SETTINGS, SampleStore, recorded_model_commits, recorded_name, same_value
+from gors.core.store import (
+    MODELS,
+    SETTINGS,
+    SampleStore,
+    describe_version_change,
+    recorded_model_commits,
+    recorded_name,
+    same_value,
+)
 from gors.core.toy import PRETRAINED_DIR
 from gors.official_lora import OFFICIAL_PREFIX, resolve_lora
 from gors.sd2_architecture import SD2_BASE
@@ -243,10 +251,19 @@ def trained_base_model(lora: str) -> str | None:
     if local and not Path(model).expanduser().exists():
         raise FileNotFoundError(f"--lora={lora!r} was trained on local model {model!r} ({store / SETTINGS}), which is "
                                 "not there from here: pass its base model with --pretrained_model_name_or_path")
+    # The name alone may load other weights here: a folder overwritten in place, another one at a relative path
+    # from this directory, another snapshot in this machine's cache or a --revision of the samples' (gors
+    # evaluate loads a Hub model's default revision). A model the cache does not hold yet is compared with
+    # nothing here; its evaluation records the commit it loaded (results' `models`).
+    recorded, now = commits.get(recorded_name(commits, model)), model_version(model)
+    if recorded is not None and now is not None and recorded != now:
+        fix = ("a folder holding that version" if is_local_fingerprint(recorded) else
+               f"a local copy of commit {recorded} (`hf download {model} --revision {recorded} --local-dir DIR`)")
+        raise ValueError(f"--lora={lora!r} was trained on {model!r} as {store / MODELS} records it, and here "
+                         f"{describe_version_change(model, recorded, now)}: evaluating the LoRA on another base "
+                         f"model would measure something else. Pass --pretrained_model_name_or_path with {fix}")
     if process_state().is_main_process:
-        revision = f" (its samples used revision {settings['revision']}; this loads the default one)" \
-            if settings.get("revision") else ""
-        print(f"note: --pretrained_model_name_or_path {model}, the base model --lora {lora} was trained on{revision}")
+        print(f"note: --pretrained_model_name_or_path {model}, the base model --lora {lora} was trained on")
     return model
 
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
+from gors.core.backbones import LORA_WEIGHT_NAME
 from gors.core.fused_lora import fuse_lora_forward
 from gors.core.io import publish_files
 
 UNET_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 TEXT_ENCODER_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "out_proj")
-LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 SD_PIPELINE = "StableDiffusionPipeline"
 TEXT_MODEL_PREFIX = "text_model."
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from gors._moved import moved_names
 from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
 from gors.core.io import file_sha256, set_usual_permissions
@@ -33,8 +34,10 @@ from gors.lora import LORA_WEIGHT_NAME, TEXT_ENCODER_TARGET_MODULES, UNET_TARGET
 from gors.sd2_architecture import SD2_BASE, architecture_configs, empty_models
 
 OFFICIAL_PREFIX = "official:"
-# lora_diffusion names the text-encoder file after the U-Net one: <stem>.pt -> <stem>.text_encoder.pt.
-TEXT_ENCODER_SUFFIX = LORA_DIFFUSION_TEXT_ENCODER_SUFFIX
+# 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
+__getattr__ = moved_names(__name__, {
+    "TEXT_ENCODER_SUFFIX": "gors.core.pipeline:LORA_DIFFUSION_TEXT_ENCODER_SUFFIX",
+})
 # sha256 of the files under GORS_finetune/checkpoint/ at T2I_COMPBENCH_COMMIT.
 OFFICIAL_LORA_SHA256: dict[str, str] = {
     "color/lora_weight_e357_s124500.pt": "aa383a5a81af07ac1fa5e9cc57db64cac09d1568d20593cd1cc5f6fd27bf6806",
@@ -90,7 +93,7 @@ def official_lora_files(category: str) -> tuple[Path, Path]:
     """
     _check_category(category)
     stem = f"{category}/{OFFICIAL_CHECKPOINT_STEMS[category]}"
-    return fetch_pinned_file(GORS_CHECKPOINTS, stem + ".pt"), fetch_pinned_file(GORS_CHECKPOINTS, stem + TEXT_ENCODER_SUFFIX)
+    return fetch_pinned_file(GORS_CHECKPOINTS, stem + ".pt"), fetch_pinned_file(GORS_CHECKPOINTS, stem + LORA_DIFFUSION_TEXT_ENCODER_SUFFIX)
 
 
 def lora_diffusion_targets(model: torch.nn.Module, attention_classes: Sequence[str]) -> list[tuple[str, torch.nn.Linear]]:
@@ -226,7 +229,7 @@ def checkpoint_pair(source: str | os.PathLike[str] | tuple[str | os.PathLike[str
     else:
         path = Path(source).expanduser()
         if path.is_dir():
-            found = sorted(path.glob("*" + TEXT_ENCODER_SUFFIX))
+            found = sorted(path.glob("*" + LORA_DIFFUSION_TEXT_ENCODER_SUFFIX))
             if not found and any((path / name).is_file() for name in LORA_WEIGHT_FILES):
                 raise ValueError(
                     f"{path} already holds a diffusers LoRA ({LORA_WEIGHT_NAME}): nothing to convert. Pass the folder "
@@ -234,14 +237,14 @@ def checkpoint_pair(source: str | os.PathLike[str] | tuple[str | os.PathLike[str
                 )
             if len(found) != 1:
                 raise FileNotFoundError(
-                    f"{path} holds {len(found)} '*{TEXT_ENCODER_SUFFIX}' files; expected exactly one "
-                    f"<name>.pt with its <name>{TEXT_ENCODER_SUFFIX}. Pass the U-Net .pt file instead."
+                    f"{path} holds {len(found)} '*{LORA_DIFFUSION_TEXT_ENCODER_SUFFIX}' files; expected exactly one "
+                    f"<name>.pt with its <name>{LORA_DIFFUSION_TEXT_ENCODER_SUFFIX}. Pass the U-Net .pt file instead."
                 )
             path = found[0]
-        if path.name.endswith(TEXT_ENCODER_SUFFIX):
-            unet_pt, text_pt = path.with_name(path.name[: -len(TEXT_ENCODER_SUFFIX)] + ".pt"), path
+        if path.name.endswith(LORA_DIFFUSION_TEXT_ENCODER_SUFFIX):
+            unet_pt, text_pt = path.with_name(path.name[: -len(LORA_DIFFUSION_TEXT_ENCODER_SUFFIX)] + ".pt"), path
         elif path.suffix == ".pt":
-            unet_pt, text_pt = path, path.with_name(path.stem + TEXT_ENCODER_SUFFIX)
+            unet_pt, text_pt = path, path.with_name(path.stem + LORA_DIFFUSION_TEXT_ENCODER_SUFFIX)
         else:
             raise ValueError(
                 f"LoRA source {str(source)!r} is not official:<category>, a folder or a lora_diffusion .pt file."
@@ -250,7 +253,7 @@ def checkpoint_pair(source: str | os.PathLike[str] | tuple[str | os.PathLike[str
         if not file.is_file():
             raise FileNotFoundError(
                 f"LoRA checkpoint {str(file)!r} does not exist: a lora_diffusion LoRA is a <name>.pt (U-Net) "
-                f"with <name>{TEXT_ENCODER_SUFFIX} next to it."
+                f"with <name>{LORA_DIFFUSION_TEXT_ENCODER_SUFFIX} next to it."
             )
     return unet_pt, text_pt
 
@@ -317,8 +320,9 @@ def convert_official_lora(
     return write_diffusers_lora(output_dir, unet_state, text_state, record)
 
 
-def resolve_lora(lora: str | None, pretrained_model_name_or_path: str = SD2_BASE) -> str | None:
-    """`official:<category>` -> a folder holding the converted official LoRA; anything else unchanged.
+def resolve_lora(lora: str | None) -> str | None:
+    """`official:<category>` -> a folder holding the converted official LoRA (for SD-2-base, which it was
+    trained on); anything else unchanged.
 
     The conversion runs once into `$GORS_CACHE_DIR/official_lora/<commit>/<version>/<category>`
     and is reused; concurrent processes each convert into a staging folder and the first rename wins.
@@ -333,7 +337,7 @@ def resolve_lora(lora: str | None, pretrained_model_name_or_path: str = SD2_BASE
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{category}."))
     try:
-        convert_official_lora(lora, staging, pretrained_model_name_or_path)
+        convert_official_lora(lora, staging, SD2_BASE)
         set_usual_permissions(staging)  # mkdtemp makes it private; the cache is shared like any model cache
         try:
             os.rename(staging, folder)
@@ -354,7 +358,7 @@ class ConvertLoraConfig:
         "positional": True, "metavar": "IN",
         "help": f"official:<category> ({', '.join(CATEGORIES)}; downloaded from {T2I_COMPBENCH_REPOSITORY} "
         f"at commit {T2I_COMPBENCH_COMMIT[:7]}, sha256-checked, GORS_DATA_DIR for offline copies), a folder "
-        f"holding <name>.pt and <name>{TEXT_ENCODER_SUFFIX}, or the U-Net <name>.pt itself.",
+        f"holding <name>.pt and <name>{LORA_DIFFUSION_TEXT_ENCODER_SUFFIX}, or the U-Net <name>.pt itself.",
     })
     output_dir: str = field(metadata={
         "positional": True, "metavar": "OUT", "help": "Folder to write the diffusers LoRA into.",

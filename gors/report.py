@@ -29,12 +29,8 @@ from typing import Any
 from tabulate import tabulate
 
 from evaluators.results import UNIT_SCALE, metric_value
-from gors.core.io import atomic_write_bytes, make_folder, not_a_folder, read_json
+from gors.core.io import atomic_write_bytes, is_json_number, make_folder, not_a_folder, read_json
 from gors.core.paper import PUBLISHED, PUBLISHED_PROMPTS
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _summaries(folder: Path) -> list[Any] | None:
@@ -165,7 +161,7 @@ def evaluation_values(path: Path, summaries: list[Any]) -> dict[str, float | Non
             raise ValueError(f"{path}: summaries[{index}] has no {' or '.join(map(repr, missing))}; expected the "
                              "summary.json of `gors evaluate` (rerun it to write one)")
         value = metric_value(summary, summary["primary_metric"])  # a dotted key reads one level deeper
-        if value is not None and not _is_number(value):
+        if value is not None and not is_json_number(value):
             raise ValueError(f"{path}: summaries[{index}] ({summary['label']}): its main metric "
                              f"{summary['primary_metric']!r} is {value!r}, not a number")
         values[column_name(summary)] = None if value is None else float(value)
@@ -219,7 +215,7 @@ def _check_round(entry: Any, index: int, path: Path) -> None:
         raise ValueError(f"{path}: rounds[{index}] lacks {', '.join(missing)}; expected the rounds.json that an "
                          "online `gors run --rounds N` writes")
     # mean_reward_selected is null for a round that selected nothing.
-    bad = [key for key in ROUND_KEYS if not _is_number(entry[key]) and not (key == "mean_reward_selected"
+    bad = [key for key in ROUND_KEYS if not is_json_number(entry[key]) and not (key == "mean_reward_selected"
                                                                              and entry[key] is None)]
     if bad:
         raise ValueError(f"{path}: rounds[{index}]: {', '.join(f'{key}={entry[key]!r}' for key in bad)} "
@@ -266,15 +262,14 @@ def _save_figure(figure: Any, path: Path) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def markdown_table(rows: dict[str, dict[str, float]], with_published: bool = True) -> str:
+def markdown_table(rows: dict[str, dict[str, float]]) -> str:
     """Checkpoints x benchmarks; published rows (in italics) for the benchmarks that appear."""
     columns = sorted({label for values in rows.values() for label in values})
     table = dict(rows)
-    if with_published:
-        for name, values in PUBLISHED.items():
-            shown = {label: v for label, v in values.items() if label in columns}
-            if shown:
-                table[f"*{name}*"] = shown
+    for name, values in PUBLISHED.items():
+        shown = {label: v for label, v in values.items() if label in columns}
+        if shown:
+            table[f"*{name}*"] = shown
     body = [[name, *(values.get(c) for c in columns)] for name, values in table.items()]
     # Folder names such as `7.5` or `0500` stay as written (tabulate would format them as numbers).
     return tabulate(body, headers=["checkpoint", *columns], tablefmt="github", floatfmt=".4f", missingval="-",

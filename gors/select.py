@@ -18,7 +18,7 @@ import numpy as np
 
 from gors._moved import moved_names
 from gors.config import RunConfig, SelectConfig
-from gors.core.io import TornLineError, atomic_write_json, atomic_write_jsonl, read_json, read_jsonl
+from gors.core.io import TornLineError, atomic_write_json, atomic_write_jsonl, is_json_number, read_json, read_jsonl
 from gors.core.lock import holds_stages
 from gors.core.prompts import TOY_CATEGORY, check_category, recorded_category
 from gors.core.run_folder import (
@@ -138,7 +138,7 @@ def _check_zero_rewards(kept: list[dict[str, Any]], reward: str, warn: bool) -> 
 
 def _is_reward(value: Any) -> bool:
     """Whether `value` is a reward as gors writes them: a number in [0, 1] (not NaN)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+    return is_json_number(value) and 0.0 <= value <= 1.0
 
 
 def _check_reward_value(row: dict[str, Any], folder: Path) -> None:

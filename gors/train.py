@@ -9,7 +9,7 @@ Checkpoints are saved atomically and resumed only under the settings that made t
 The loop is the same for every model family; what differs (the components, prompt encoding, the
 loss, the LoRA targets) is asked of the family (`gors.families`). Frozen text encoders run once
 over the selection's prompts and their outputs are cached, as the VAE latents are, so a frozen T5
-is never loaded while training.
+is not loaded while training (unless --no_cache_text_embeddings).
 """
 
 from __future__ import annotations
@@ -747,78 +747,22 @@ class GORSTrainer:
     def train(self) -> Path:
         """Train to `max_train_steps`, resuming if asked; returns the path of the saved LoRA."""
         config, accelerator = self.config, self.accelerator
-        set_seed(config.seed, device_specific=True)
-        self.selection = load_selection(config.output_dir)  # fail before loading any model
-        self.fingerprint = self._fingerprint()
-        # --auto_train_batch_size: the micro-batch this training found before, else tried at the first step.
-        recorded = config.auto_train_batch_size and self._adopt_recorded_micro_batch()
-        check_agreement(accelerator.state, self.fingerprint, "the training", SAME_TRAINING_FIX)
-        # Every check that can refuse comes before `_checkpoint_to_resume` may set this folder's checkpoints
-        # aside: a refused run leaves them where they were, and a corrected rerun goes on from them.
-        self._check_continue_from()
-        config.check_optimizer()  # again: a config changed after it was made
-        self.noise_scheduler = load_training_scheduler(self.family)
-        self._check_images()
-        self.validation = (BenchmarkValidation(config, accelerator, self.backbone, self.validation_dir)
-                           if config.validation_benchmark else None)
-        checkpoint = self._checkpoint_to_resume()  # a refused resume, too, fails before loading any model
-        self._setup_models()
-        self._check_base_commit()
-        self._setup_optimizer()
-        self._register_hooks()
-        self._load_data()
+        checkpoint = self._set_up()
+        global_step = self._resume(checkpoint)
+        self._start_logging(global_step, resumed=checkpoint is not None)
 
-        self.prepare()
-        if config.auto_train_batch_size and not recorded:
-            self._fit_micro_batch()
         models = list(self.trained_modules().values())
-
-        global_step = 0
-        if checkpoint is not None:
-            accelerator.load_state(str(checkpoint))
-            global_step = checkpoint_step(checkpoint)
-            accelerator.print(f"[train] resumed from {checkpoint} at step {global_step}")
-            own = checkpoint.parent.resolve() == (Path(config.output_dir) / CHECKPOINTS_DIR).resolve()
-            if accelerator.is_main_process and own:  # never another run folder's, which --resume_from_checkpoint may name
-                prune_checkpoints(checkpoint, config.checkpoints_total_limit)
-            if global_step == config.max_train_steps:
-                accelerator.print(f"[train] the checkpoint is at --max_train_steps={global_step}: nothing to train; "
-                                  "saving its LoRA")
-        elif self.continue_from is not None:
-            global_step = self._continue(self.continue_from)
-
-        if global_step == 0:
-            self._set_aside_logs()  # before the trackers start writing this training's
-        self._start_validation(global_step)
-        if accelerator.is_main_process:
-            tracker_config = {k: v for k, v in asdict(config).items() if isinstance(v, (int, float, str, bool))}
-            accelerator.init_trackers("gors", config=tracker_config)
-            if config.validation_prompts and self._tensorboard() is None:
-                accelerator.print(f"[train] warning: --validation_prompts renders go to TensorBoard, which "
-                                  f"--report_to={config.report_to} does not write: not rendered")
-        if checkpoint is None:
-            self._log_selection(global_step)
-        if global_step < config.max_train_steps:
-            accelerator.print(f"[train] {len(self.selection)} selected samples: {self._steps_to_train(global_step)} of "
-                              f"{config.train_batch_size} x {accelerator.num_processes} x "
-                              f"{config.gradient_accumulation_steps}")
-            if config.gradient_accumulation_steps > 1 and not config.auto_train_batch_size:
-                # Small micro-batches leave a large GPU waiting on the host (benchmarks/README.md).
-                whole = config.train_batch_size * config.gradient_accumulation_steps
-                accelerator.print(f"[train] note: each update accumulates {config.gradient_accumulation_steps} "
-                                  f"micro-batches of {config.train_batch_size}; where memory allows, "
-                                  f"--train_batch_size {whole} trains as many samples per update in one step, in "
-                                  "less time per sample")
-
         params = [p for m in models for p in m.parameters() if p.requires_grad]
         accumulation = config.gradient_accumulation_steps
         bar = progress_bar(config.max_train_steps, accelerator, "train")
         bar.update(global_step)
         for module in models:
             module.train()
-        # Not the folder's latest checkpoint: another training's, set aside. Under CUDA graphs the second step
-        # records the graphs, a one-off like the first step's compiling (after an --auto_train_batch_size trial,
-        # which compiled already, a step earlier: the pace then leaves out one ordinary step).
+        # The step this training starts from, not the folder's latest checkpoint (the stage's default): those
+        # checkpoints may be another training's, set aside, and a resume may start from another folder's.
+        # Under CUDA graphs the second step records the graphs, a one-off like the first step's compiling
+        # (after an --auto_train_batch_size trial, which compiled already, a step earlier: the pace then
+        # leaves out one ordinary step).
         work_starts(done_before=global_step, warmup_units=2 if self.cuda_graphs else 1)
         first_step = global_step
         # fp16's loss scaler skips an update whose loss overflowed, and the training goes on.
@@ -864,7 +808,86 @@ class GORSTrainer:
             if checkpointing:
                 self.save_checkpoint(global_step)
         bar.close()
+        return self._finish(global_step)
 
+    def _set_up(self) -> Path | None:
+        """Every check that can refuse, then the models, optimizer and data, prepared (and the micro-batch
+        tried where --auto_train_batch_size has none recorded); the checkpoint to resume from, if any."""
+        config, accelerator = self.config, self.accelerator
+        set_seed(config.seed, device_specific=True)
+        self.selection = load_selection(config.output_dir)  # fail before loading any model
+        self.fingerprint = self._fingerprint()
+        # --auto_train_batch_size: the micro-batch this training found before, else tried at the first step.
+        recorded = config.auto_train_batch_size and self._adopt_recorded_micro_batch()
+        check_agreement(accelerator.state, self.fingerprint, "the training", SAME_TRAINING_FIX)
+        # Every check that can refuse comes before `_checkpoint_to_resume` may set this folder's checkpoints
+        # aside: a refused run leaves them where they were, and a corrected rerun goes on from them.
+        self._check_continue_from()
+        config.check_optimizer()  # again: a config changed after it was made
+        self.noise_scheduler = load_training_scheduler(self.family)
+        self._check_images()
+        self.validation = (BenchmarkValidation(config, accelerator, self.backbone, self.validation_dir)
+                           if config.validation_benchmark else None)
+        checkpoint = self._checkpoint_to_resume()  # a refused resume, too, fails before loading any model
+        self._setup_models()
+        self._check_base_commit()
+        self._setup_optimizer()
+        self._register_hooks()
+        self._load_data()
+
+        self.prepare()
+        if config.auto_train_batch_size and not recorded:
+            self._fit_micro_batch()
+        return checkpoint
+
+    def _resume(self, checkpoint: Path | None) -> int:
+        """Load `checkpoint` (or the LoRA --continue_from names); the step training goes on from."""
+        config, accelerator = self.config, self.accelerator
+        global_step = 0
+        if checkpoint is not None:
+            accelerator.load_state(str(checkpoint))
+            global_step = checkpoint_step(checkpoint)
+            accelerator.print(f"[train] resumed from {checkpoint} at step {global_step}")
+            own = checkpoint.parent.resolve() == (Path(config.output_dir) / CHECKPOINTS_DIR).resolve()
+            if accelerator.is_main_process and own:  # never another run folder's, which --resume_from_checkpoint may name
+                prune_checkpoints(checkpoint, config.checkpoints_total_limit)
+            if global_step == config.max_train_steps:
+                accelerator.print(f"[train] the checkpoint is at --max_train_steps={global_step}: nothing to train; "
+                                  "saving its LoRA")
+        elif self.continue_from is not None:
+            global_step = self._continue(self.continue_from)
+        return global_step
+
+    def _start_logging(self, global_step: int, resumed: bool) -> None:
+        """Validation's record, the trackers, the selection's statistics (a training's first start only)
+        and what is left to train."""
+        config, accelerator = self.config, self.accelerator
+        if global_step == 0:
+            self._set_aside_logs()  # before the trackers start writing this training's
+        self._start_validation(global_step)
+        if accelerator.is_main_process:
+            tracker_config = {k: v for k, v in asdict(config).items() if isinstance(v, (int, float, str, bool))}
+            accelerator.init_trackers("gors", config=tracker_config)
+            if config.validation_prompts and self._tensorboard() is None:
+                accelerator.print(f"[train] warning: --validation_prompts renders go to TensorBoard, which "
+                                  f"--report_to={config.report_to} does not write: not rendered")
+        if not resumed:
+            self._log_selection(global_step)
+        if global_step < config.max_train_steps:
+            accelerator.print(f"[train] {len(self.selection)} selected samples: {self._steps_to_train(global_step)} of "
+                              f"{config.train_batch_size} x {accelerator.num_processes} x "
+                              f"{config.gradient_accumulation_steps}")
+            if config.gradient_accumulation_steps > 1 and not config.auto_train_batch_size:
+                # Small micro-batches leave a large GPU waiting on the host (benchmarks/README.md).
+                whole = config.train_batch_size * config.gradient_accumulation_steps
+                accelerator.print(f"[train] note: each update accumulates {config.gradient_accumulation_steps} "
+                                  f"micro-batches of {config.train_batch_size}; where memory allows, "
+                                  f"--train_batch_size {whole} trains as many samples per update in one step, in "
+                                  "less time per sample")
+
+    def _finish(self, global_step: int) -> Path:
+        """Save the final LoRA (main process) and close the trackers and hooks; the LoRA's path."""
+        accelerator = self.accelerator
         accelerator.wait_for_everyone()
         self.check_finite(global_step)
         if accelerator.is_main_process:

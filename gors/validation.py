@@ -37,7 +37,7 @@ from evaluators.results import metric_value
 from gors.checkpoints import RECORDED_WHERE_KNOWN
 from gors.config import RunConfig, TrainConfig, sampling_overrides
 from gors.core.backbones import FAMILIES, Backbone, check_resolution
-from gors.core.io import atomic_write_json, publish_folder, read_jsonl, recover_folder
+from gors.core.io import atomic_write_json, is_json_number, publish_folder, read_jsonl, recover_folder
 from gors.core.memory import BatchLimits
 from gors.core.pipeline import sampler_name
 from rewards.combined import scoring_versions
@@ -321,7 +321,7 @@ class BenchmarkValidation:
         logs = {}
         for declared in self.benchmark.metrics:
             value = metric_value(summary, declared.key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if is_json_number(value):
                 logs[f"validation/{self.label}/{declared.key}"] = float(value)
         return logs
 

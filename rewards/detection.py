@@ -79,7 +79,9 @@ class Detector(Protocol):
         threshold: float,
         text_threshold: float | None = None,
         nms_iou: float | None = None,
-    ) -> list[list[Detection]]: ...
+    ) -> list[list[Detection]]:
+        """Per image, the detections of its `labels` with confidence >= `threshold` (in [0, 1]), most
+        confident first, each box (x_min, y_min, x_max, y_max) in pixels of that image."""
 
 
 def select_detections(

@@ -79,6 +79,7 @@ class ClauseGrade:
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The grade as a score's JSON details (the class under `class`)."""
         return {"kind": self.kind, "index": self.index, "class": self.classname, "credits": dict(self.credits),
                 "reason": self.reason}
 

@@ -81,6 +81,7 @@ class NounList:
         return cls(tuple(singular), tuple(plural))
 
     def to_singular(self, plural: str) -> str:
+        """The list's singular of `plural` (one of `self.plural`: ValueError otherwise)."""
         return self.singular[self.plural.index(plural)]
 
 

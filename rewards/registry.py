@@ -46,9 +46,9 @@ _REGISTERED: dict[str, type[Reward]] = {}
 ENTRY_POINT_GROUP = "gors.rewards"
 
 
-def _entry_points() -> dict[str, str]:
-    """Rewards that installed packages declare in the `gors.rewards` entry-point group: name -> path."""
-    return {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
+def declared_entry_points(group: str = ENTRY_POINT_GROUP) -> dict[str, str]:
+    """What installed packages declare in an entry-point `group` (rewards: `gors.rewards`): name -> "module:Class"."""
+    return {point.name: point.value for point in entry_points(group=group)}
 
 
 def check_name(kind: str, name: str, cls: type, registered: type | None, builtin: bool) -> None:
@@ -83,7 +83,7 @@ def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
 
 def available_rewards() -> list[str]:
     """Names of all registered and built-in rewards, sorted."""
-    return sorted(set(_BUILTIN) | set(_REGISTERED) | set(_entry_points()))
+    return sorted(set(_BUILTIN) | set(_REGISTERED) | set(declared_entry_points()))
 
 
 def _is_missing(err: ModuleNotFoundError, module_name: str) -> bool:
@@ -153,7 +153,7 @@ def get_reward_class(name: str) -> type[Reward]:
         return _REGISTERED[name]
     if name in _BUILTIN:
         return _import_class(_BUILTIN[name])
-    plugins = _entry_points()
+    plugins = declared_entry_points()
     if name in plugins or ":" in name:
         path = plugins.get(name, name)
         try:

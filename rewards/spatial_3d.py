@@ -30,7 +30,8 @@ DEFAULT_DEPTH_MODEL = "Intel/dpt-hybrid-midas"
 class DepthModel(Protocol):
     """Anything that predicts depth like `DepthEstimator.predict` (the reward accepts one ready-built)."""
 
-    def predict(self, images: list[Image.Image]) -> list[np.ndarray]: ...
+    def predict(self, images: list[Image.Image]) -> list[np.ndarray]:
+        """One (height, width) map per image, at the image's size, in [0, 1] with larger = nearer."""
 
 
 class DepthEstimator:

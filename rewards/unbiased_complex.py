@@ -75,8 +75,9 @@ class UnbiasedComplexReward(WeightedReward):
         super().__init__(specs, device, torch_dtype, batch_size, options=options)
 
     def image_weights(self, outputs: Mapping[str, RewardOutput], index: int) -> dict[str, float]:
-        # The spatial member counts only where the prompt is spatial: a relation word and two objects
-        # (a relation word alone, "nearby", is no layout to judge, and would count as a 0).
+        """The members' weights for image `index`: the spatial member counts only where the prompt is
+        spatial, a relation word and two objects (a relation word alone, "nearby", is no layout to judge,
+        and would count as a 0)."""
         spatial = outputs["grounded_detection"].details[index]
         if spatial.get("relation") is not None and spatial.get("objects") is not None:
             return self.weights

@@ -223,6 +223,15 @@ def test_the_geneval_recipe_refuses_an_output_dir_that_is_a_file_in_one_line(tmp
         geneval_recipe_config(["--output_dir", str(tmp_path / "afile")])
 
 
+def test_a_link_to_a_missing_folder_is_named_as_such(tmp_path):
+    from gors.core.io import PathError, make_folder
+
+    (tmp_path / "scratch").symlink_to(tmp_path / "unmounted" / "runs")
+    with pytest.raises(PathError, match=r"^--output_dir='.*scratch' is a link to .*unmounted/runs, which does not "
+                                        r"exist \(not mounted\?\); pass a folder"):
+        make_folder(tmp_path / "scratch", "--output_dir")
+
+
 def test_unbiased_says_which_categories_have_an_unbiased_reward_and_where_a_reward_came_from():
     from gors.recipes import geneval_recipe_defaults
 

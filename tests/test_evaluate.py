@@ -14,6 +14,7 @@ from evaluators import build_benchmark, parse_benchmarks
 from gors.cli import main, parse_config
 from gors.config import EvaluateConfig
 from gors.core.distributed import make_accelerator
+from gors.core.fingerprints import local_fingerprint
 from gors.core.hub import ModelLoadError
 from gors.core.store import StoreError
 from gors.core.toy import PRETRAINED_DIR
@@ -563,7 +564,28 @@ def test_without_a_model_a_run_folders_lora_is_evaluated_on_the_base_model_it_wa
     assert trained_base_model(str(tmp_path)) is None
     (run / "samples" / "settings.json").write_text(json.dumps({"model": "someone/sdxl", "revision": "v2"}))
     assert trained_base_model(str(run)) == "someone/sdxl"
-    assert "its samples used revision v2; this loads the default one" in capsys.readouterr().out
+    # The version the samples record against the one the name loads here: the cache's default snapshot.
+    (run / "samples" / "models.json").write_text(json.dumps({"someone/sdxl": "a" * 40}))
+    monkeypatch.setattr("gors.evaluate.model_version", lambda name: "a" * 40)
+    assert trained_base_model(str(run)) == "someone/sdxl"
+    monkeypatch.setattr("gors.evaluate.model_version", lambda name: "b" * 40)
+    with pytest.raises(ValueError, match=r"was trained on 'someone/sdxl' as .*models.json records it, and here "
+                                         r"someone/sdxl was at commit a{40}, now b{40}.*Pass "
+                                         r"--pretrained_model_name_or_path with a local copy of commit a{40} "
+                                         r"\(`hf download someone/sdxl --revision a{40} --local-dir DIR`\)"):
+        trained_base_model(str(run))
+    monkeypatch.undo()
+    (run / "samples" / "models.json").unlink()
+    # A local base model overwritten in place since.
+    (base / "weights.bin").write_bytes(b"one")
+    (run / "samples" / "settings.json").write_text(json.dumps({"model": str(base)}))
+    (run / "samples" / "models.json").write_text(json.dumps({str(base): local_fingerprint(base)}))
+    assert trained_base_model(str(run)) == str(base)
+    (base / "weights.bin").write_bytes(b"two")
+    with pytest.raises(ValueError, match=r"the files of local model .*my_sdxl changed since .*Pass "
+                                         r"--pretrained_model_name_or_path with a folder holding that version"):
+        trained_base_model(str(run))
+    (run / "samples" / "models.json").unlink()
     # A release or a Hub id is no run folder, even where the working directory is one.
     monkeypatch.chdir(run)
     assert trained_base_model("official:color") is None and trained_base_model("someone/sd2-lora") is None

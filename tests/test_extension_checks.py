@@ -189,7 +189,7 @@ def test_the_models_a_reward_of_ones_own_declares_are_recorded_however_it_loads_
 
 
 def test_an_installed_benchmark_that_does_not_import_is_one_line_and_spares_other_messages(monkeypatch):
-    monkeypatch.setattr(evaluators, "_entry_points", lambda: {"broken": "no_such_package.benchmarks:Broken"})
+    monkeypatch.setattr(evaluators, "declared_entry_points", lambda group: {"broken": "no_such_package.benchmarks:Broken"})
     with pytest.raises(ValueError, match=r"^Could not import benchmark 'broken' \(entry point "
                                          r"no_such_package.benchmarks:Broken\): No module named 'no_such_package'.* "
                                          r"Add the folder that holds it to PYTHONPATH"):

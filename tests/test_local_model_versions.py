@@ -141,6 +141,20 @@ def test_a_folder_made_by_a_local_model_refuses_the_model_changed_in_place(tmp_p
     assert recorded_model_commits(folder) == {str(model): local_fingerprint(model)}
 
 
+
+def test_a_relative_model_path_that_names_another_folder_from_here_is_said_so(tmp_path, monkeypatch):
+    _model(tmp_path / "a" / "model")
+    second = _model(tmp_path / "b" / "model")
+    _rewrite(second / "unet" / "diffusion_pytorch_model.safetensors", b"\x04" * 64)
+    folder = tmp_path / "scores"
+    monkeypatch.chdir(tmp_path / "a")
+    check_model_commits(folder, {"model": model_version("model")}, False, "scores")
+    monkeypatch.chdir(tmp_path / "b")
+    with pytest.raises(StoreError, match=rf"retrained or overwritten in place, or another folder than then: from here "
+                                         rf"it is {second}"):
+        check_model_commits(folder, {"model": model_version("model")}, True, "scores")
+
+
 def test_a_folder_recorded_before_fingerprints_takes_the_current_files_with_a_warning(tmp_path, caplog):
     model = _model(tmp_path / "model")
     (tmp_path / MODELS).write_text(json.dumps({str(model): None}))  # gors 0.2 before fingerprints

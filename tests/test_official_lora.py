@@ -19,8 +19,8 @@ from gors import official_lora
 from gors.core.data import ChecksumError
 from gors.lora import TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES, add_lora, load_lora
 from gors.official_lora import (
+    LORA_DIFFUSION_TEXT_ENCODER_SUFFIX,
     OFFICIAL_CHECKPOINT_STEMS,
-    TEXT_ENCODER_SUFFIX,
     LoraConversionError,
     checkpoint_pair,
     convert_lora_diffusion,
@@ -270,7 +270,7 @@ def test_official_files_download_once_with_sha256_check(monkeypatch, tmp_path):
         unet_pt, text_pt = official_lora_files("spatial")
         assert [github_url(path) for path in server.requests] == [
             "https://raw.githubusercontent.com/Karine-Huang/T2I-CompBench/1b7094991a57f3c22abdd4f6e8ba6c1a15517073/"
-            f"GORS_finetune/checkpoint/spatial/spatial{suffix}" for suffix in (".pt", TEXT_ENCODER_SUFFIX)
+            f"GORS_finetune/checkpoint/spatial/spatial{suffix}" for suffix in (".pt", LORA_DIFFUSION_TEXT_ENCODER_SUFFIX)
         ]
         assert unet_pt.read_bytes() == (CHECKPOINTS / "spatial" / "spatial.pt").read_bytes()
         assert str(text_pt).startswith(str(tmp_path / "cache"))

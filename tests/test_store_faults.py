@@ -159,6 +159,23 @@ def test_a_lora_retrained_at_the_same_path_is_other_settings(tmp_path, caplog):
     assert json.loads((store.root / SETTINGS).read_text())["lora_sha256"] is not None
 
 
+def test_a_lora_moved_or_copied_elsewhere_resumes_its_store_and_is_recorded_where_it_is_now(tmp_path):
+    lora = tmp_path / "lora.safetensors"
+    lora.write_bytes(b"weights")
+    store = SampleStore(tmp_path / "samples")
+    _lora_run(store, lora)
+    moved = tmp_path / "elsewhere" / "lora.safetensors"
+    moved.parent.mkdir()
+    lora.rename(moved)
+    _lora_run(store, moved)  # the same weights: not refused as another LoRA
+    assert json.loads((store.root / SETTINGS).read_text())["lora"] == str(moved)
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(b"other weights")
+    with pytest.raises(StoreError, match=r"lora: .*elsewhere/lora.safetensors\" -> .*other.safetensors\"; "
+                                         r"lora_sha256: "):
+        _lora_run(store, other)
+
+
 def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path):
     from gors.core.pipeline import check_lora_path, lora_sha256
 

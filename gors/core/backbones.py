@@ -29,6 +29,7 @@ from typing import Any
 from gors.core.hub import ModelLoadError, check_model_path, load_hint, one_line, raise_if_gated
 
 MODEL_INDEX = "model_index.json"
+MODEL_FLAG = "--pretrained_model_name_or_path"  # the option that names the pipeline in every refusal here
 
 
 @dataclass(frozen=True)
@@ -135,15 +136,14 @@ def _say_bf16(pipeline_class: str) -> None:
 TRAINABLE = tuple(family.name for family in FAMILIES.values() if family.trainable)
 
 
-def read_model_index(pretrained_model_name_or_path: str, revision: str | None = None,
-                     flag: str = "--pretrained_model_name_or_path") -> dict[str, Any]:
+def read_model_index(pretrained_model_name_or_path: str, revision: str | None = None) -> dict[str, Any]:
     """The checkpoint's `model_index.json` (a local folder's, or downloaded alone from the Hub)."""
-    name = check_model_path(pretrained_model_name_or_path, flag)
+    name = check_model_path(pretrained_model_name_or_path, MODEL_FLAG)
     if os.path.isdir(name):
         path = Path(name) / MODEL_INDEX
         if not path.is_file():
             raise FileNotFoundError(
-                f"{flag}={pretrained_model_name_or_path!r} has no {MODEL_INDEX}: it is not a diffusers pipeline "
+                f"{MODEL_FLAG}={pretrained_model_name_or_path!r} has no {MODEL_INDEX}: it is not a diffusers pipeline "
                 f"folder. Pass a folder written by `pipeline.save_pretrained` or a Hub id of a diffusers pipeline."
             )
         return json.loads(path.read_text())
@@ -152,15 +152,14 @@ def read_model_index(pretrained_model_name_or_path: str, revision: str | None = 
     try:
         return dict(DiffusionPipeline.load_config(name, revision=revision))
     except (OSError, ValueError) as err:
-        raise_if_gated(err, pretrained_model_name_or_path, flag)
+        raise_if_gated(err, pretrained_model_name_or_path, MODEL_FLAG)
         raise ModelLoadError(
-            f"{flag}={pretrained_model_name_or_path!r}: could not read its {MODEL_INDEX} ({one_line(err)}). "
+            f"{MODEL_FLAG}={pretrained_model_name_or_path!r}: could not read its {MODEL_INDEX} ({one_line(err)}). "
             f"{load_hint(name, err)}"
         ) from err
 
 
-def component_config(name: str, subfolder: str, revision: str | None,
-                     flag: str = "--pretrained_model_name_or_path") -> dict[str, Any]:
+def component_config(name: str, subfolder: str, revision: str | None) -> dict[str, Any]:
     """The `config.json` of one component of a pipeline folder or Hub id (no weights are read)."""
     from diffusers.configuration_utils import ConfigMixin
 
@@ -170,7 +169,7 @@ def component_config(name: str, subfolder: str, revision: str | None,
     try:
         return dict(_Config.load_config(name, subfolder=subfolder, revision=revision))
     except (OSError, ValueError) as err:  # diffusers calls a gated repo "not a valid model identifier"
-        raise_if_gated(err, name, flag)
+        raise_if_gated(err, name, MODEL_FLAG)
         raise
 
 
@@ -218,15 +217,14 @@ def _has(name: str, subfolder: str, revision: str | None) -> bool:
     return True
 
 
-def detect_backbone(pretrained_model_name_or_path: str, revision: str | None = None,
-                    flag: str = "--pretrained_model_name_or_path") -> Backbone:
+def detect_backbone(pretrained_model_name_or_path: str, revision: str | None = None) -> Backbone:
     """The family of a checkpoint, from the pipeline class its `model_index.json` names (no weights are read)."""
-    index = read_model_index(pretrained_model_name_or_path, revision, flag)
+    index = read_model_index(pretrained_model_name_or_path, revision)
     class_name = index.get("_class_name")
     if not isinstance(class_name, str):
-        raise ValueError(f"{flag}={pretrained_model_name_or_path!r}: its {MODEL_INDEX} names no pipeline class "
+        raise ValueError(f"{MODEL_FLAG}={pretrained_model_name_or_path!r}: its {MODEL_INDEX} names no pipeline class "
                          "(`_class_name`); it is not a diffusers pipeline.")
-    name = check_model_path(pretrained_model_name_or_path, flag)
+    name = check_model_path(pretrained_model_name_or_path, MODEL_FLAG)
     if class_name not in FAMILIES:
         return _generic(class_name, name, revision)
     backbone = FAMILIES[class_name]
@@ -258,7 +256,7 @@ def check_resolution(backbone: Backbone, resolution: int, flag: str = "--resolut
 
 # Components a diffusers-format LoRA names its weights by ("unet.down_blocks...", "transformer.x...").
 LORA_COMPONENTS = ("unet", "transformer", "text_encoder", "text_encoder_2", "text_encoder_3")
-LORA_FILE = "pytorch_lora_weights.safetensors"
+LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 
 
 def check_lora_loader(backbone: Backbone, lora: str) -> None:
@@ -278,7 +276,7 @@ def check_lora_fits(pretrained_model_name_or_path: str, lora: str, revision: str
     Other formats (kohya, a Hub id) are left to diffusers' `load_lora_weights`, which converts them.
     """
     path = Path(lora).expanduser()
-    file = path / LORA_FILE if path.is_dir() else path
+    file = path / LORA_WEIGHT_NAME if path.is_dir() else path
     if not file.is_file() or file.suffix != ".safetensors":  # a Hub id, or a torch pickle: diffusers reads it
         return
     from safetensors import safe_open
@@ -300,7 +298,7 @@ def check_trainable(backbone: Backbone, flag_value: str) -> None:
     """Refuse, before any weights load, a family `gors train` does not support."""
     if not backbone.trainable:
         raise ValueError(
-            f"--pretrained_model_name_or_path={flag_value!r} is a {backbone.pipeline_class} ({backbone.name} family); "
+            f"{MODEL_FLAG}={flag_value!r} is a {backbone.pipeline_class} ({backbone.name} family); "
             f"gors trains the {', '.join(TRAINABLE)} families ({', '.join(f.pipeline_class for f in FAMILIES.values())}). "
             "It generates and evaluates any diffusers pipeline: `gors generate` and `gors evaluate` work on it."
         )

@@ -46,7 +46,10 @@ class NotSharedError(PathError):
 def unusable_path(err: OSError, path: str | Path, flag: str | None = None) -> PathError:
     """`err` (one of `UNUSABLE_PATH`) as one line naming the path, the flag that gave it and the fix."""
     given = f"{flag}={str(path)!r}" if flag else str(path)
-    if isinstance(err, FileExistsError):
+    if isinstance(err, FileExistsError) and Path(err.filename or path).is_symlink() \
+            and not Path(err.filename or path).exists():
+        problem = f"is a link to {os.readlink(err.filename or path)}, which does not exist (not mounted?)"
+    elif isinstance(err, FileExistsError):
         problem = "is a file, not a folder"
     elif isinstance(err, NotADirectoryError):
         problem = "lies under a file, not a folder"
@@ -109,6 +112,12 @@ def hash_file_into(digest: hashlib._Hash, path: str | Path) -> None:
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
+
+
+def is_json_number(value: Any) -> bool:
+    """Whether a value read from JSON is a number: an int or a float (NaN and infinities included), not
+    true or false, which Python counts as ints."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read_json(path: str | Path, what: str) -> Any:

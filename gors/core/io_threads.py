@@ -55,6 +55,7 @@ class OrderedWorker:
         return self
 
     def put(self, item: Any) -> None:
+        """Queue `item` for the worker, waiting while `max_pending` items wait; raises the worker's error."""
         self._raise_error()
         while True:
             try:

@@ -12,7 +12,7 @@ from accelerate import Accelerator
 
 from gors.core.backbones import (
     FAMILIES,
-    LORA_FILE,
+    LORA_WEIGHT_NAME,
     Backbone,
     check_lora_fits,
     check_lora_loader,
@@ -216,7 +216,7 @@ def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
 
 
 # The files `load_lora_weights(folder)` reads, in its order: a gors LoRA is the first.
-LORA_WEIGHT_FILES = (LORA_FILE, "pytorch_lora_weights.bin")
+LORA_WEIGHT_FILES = (LORA_WEIGHT_NAME, "pytorch_lora_weights.bin")
 # LoRA files that diffusers reads with `torch.load` (any other file but .safetensors is refused).
 TORCH_LORA_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
@@ -237,18 +237,18 @@ def check_lora_path(lora: str, flag: str = "--lora") -> None:
     path = Path(lora).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{flag}={lora!r}: no such file or folder; pass a LoRA folder (e.g. a gors run "
-                                f"folder, which holds {LORA_FILE}) or the weights file itself")
+                                f"folder, which holds {LORA_WEIGHT_NAME}) or the weights file itself")
     if path.is_dir() and not any((path / name).is_file() for name in LORA_WEIGHT_FILES):
         if any(path.glob(f"*{LORA_DIFFUSION_TEXT_ENCODER_SUFFIX}")):
             raise FileNotFoundError(_convert_first(lora, flag))
-        raise FileNotFoundError(f"{flag}={lora!r} is not a LoRA folder (it holds no {LORA_FILE}); pass a folder "
+        raise FileNotFoundError(f"{flag}={lora!r} is not a LoRA folder (it holds no {LORA_WEIGHT_NAME}); pass a folder "
                                 "a gors run or `save_lora_weights` wrote, or the weights file itself")
     if path.is_file() and path.suffix != ".safetensors" and path.suffix not in TORCH_LORA_SUFFIXES:
         raise ValueError(f"{flag}={lora!r} is not a LoRA file: pass a .safetensors file (or a torch "
                          f"{', '.join(TORCH_LORA_SUFFIXES)} file), or the folder a gors run wrote")
     if path.is_file() and path.suffix in TORCH_LORA_SUFFIXES:
         _check_torch_lora(path, lora, flag)
-    _check_safetensors(path / LORA_FILE if path.is_dir() else path, lora, flag)
+    _check_safetensors(path / LORA_WEIGHT_NAME if path.is_dir() else path, lora, flag)
 
 
 def _check_torch_lora(file: Path, lora: str, flag: str) -> None:

@@ -24,10 +24,12 @@ def reward_key(reward: str) -> str:
 
 
 def samples_dir(output_dir: str | Path) -> Path:
+    """The run folder's sample store (`gors.core.store.SampleStore`), written by `gors generate`."""
     return Path(output_dir) / SAMPLES_DIR
 
 
 def scores_dir(output_dir: str | Path, reward: str) -> Path:
+    """Where `gors score` writes `reward`'s scores of the run's samples: one folder per reward spec."""
     return Path(output_dir) / SCORES_DIR / reward_key(reward)
 
 

@@ -144,6 +144,8 @@ def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: Stor
     if recorded is None or not store.records():
         return []
     recorded, adopted = adopt_later_settings(recorded, wanted, LATER_SETTINGS)
+    if recorded.get("lora_sha256") is not None and recorded["lora_sha256"] == wanted.get("lora_sha256"):
+        recorded = {**recorded, "lora": wanted.get("lora")}  # the same weights, moved or copied elsewhere
     changes = settings_changes(recorded, wanted)
     if changes:
         raise StoreError(

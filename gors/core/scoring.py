@@ -51,6 +51,8 @@ from gors.core.store import (
 
 
 class ScoreOutput(Protocol):
+    """A scored batch: one score in [0, 1] and one JSON-serialisable details mapping per image, in order."""
+
     scores: list[float]
     details: list[dict[str, Any]]
 
@@ -59,7 +61,8 @@ class Scorer(Protocol):
     """What scoring needs of a reward (`rewards.Reward` is one): scores in [0, 1] and details per image."""
 
     def score(self, images: Sequence[Image.Image], prompts: Sequence[str],
-              metadata: Sequence[dict[str, Any]] | None = None) -> ScoreOutput: ...
+              metadata: Sequence[dict[str, Any]] | None = None) -> ScoreOutput:
+        """Score `images` against their `prompts` (same length); `metadata`: the store's record of each image."""
 
 
 class RewardError(RuntimeError):

@@ -5,6 +5,7 @@ Layout (every process writes only its own part, so no two processes touch one fi
     samples/
       prompts.json                 the prompt set the store was generated from
       settings.json                what made its images: model, LoRA, dtype, scheduler, protocol, gors version
+      models.json                  the version of each model that made them (Hub commit or local fingerprint)
       part-00000/metadata.jsonl    one record per image: file_name, prompt, prompt_index, image_index, seed,
                                    image_sha256, ...
       part-00000/00000_000.png
@@ -53,10 +54,12 @@ IMAGE_HASH = "image_sha256"
 
 
 def sample_key(record: dict[str, Any]) -> SampleKey:
+    """What identifies a sample across runs and process layouts: (prompt index, image index)."""
     return int(record["prompt_index"]), int(record["image_index"])
 
 
 def sample_file_name(prompt_index: int, image_index: int) -> str:
+    """The image file of a sample within its part folder, e.g. `00012_003.png` (sorts by prompt, then image)."""
     return f"{prompt_index:05d}_{image_index:03d}.png"
 
 
@@ -92,6 +95,7 @@ class SampleStore:
         self.root = Path(root)
 
     def part_dir(self, rank: int) -> Path:
+        """The folder process `rank` writes its images and metadata into (no two processes share one)."""
         return self.root / f"part-{rank:05d}"
 
     def _metadata_files(self) -> list[Path]:
@@ -113,6 +117,7 @@ class SampleStore:
         return [records[key] for key in sorted(records)]
 
     def image_path(self, record: dict[str, Any]) -> Path:
+        """The image file of a metadata record (its `path` is relative to the store's root)."""
         return self.root / record["path"]
 
     def open_image(self, record: dict[str, Any]) -> Image.Image:
@@ -176,9 +181,11 @@ class SampleStore:
 
     # The prompt set is saved beside the samples so later stages need no --train_prompts.
     def save_prompts(self, info: dict[str, Any]) -> None:
+        """Record the prompt set the store is generated from (`prompts.json`), atomically."""
         atomic_write_json(self.root / "prompts.json", info)
 
     def load_prompts(self) -> dict[str, Any]:
+        """The recorded prompt set; StoreError when the folder holds no samples yet."""
         path = self.root / "prompts.json"
         if not path.exists():
             raise StoreError(f"No samples in {self.root}: run `gors generate --output_dir ...` first.")
@@ -187,6 +194,7 @@ class SampleStore:
 
     # The generation settings, so that a rerun cannot add images of another model or protocol.
     def save_settings(self, settings: dict[str, Any]) -> None:
+        """Record what makes the store's images (`settings.json`), atomically."""
         atomic_write_json(self.root / SETTINGS, settings)
 
     def load_settings(self) -> dict[str, Any] | None:
@@ -287,8 +295,11 @@ def check_model_commits(folder: str | Path, commits: dict[str, str | None], fill
 def describe_version_change(name: str, old: str, new: str) -> str:
     """One model's change of version (`model_version`), with its likely cause, for a refusal."""
     if is_local_fingerprint(old) and is_local_fingerprint(new):
+        # A relative path names another folder from another working directory.
+        elsewhere = "" if Path(name).expanduser().is_absolute() else \
+            f", or another folder than then: from here it is {Path(name).expanduser().resolve()}"
         return (f"the files of local model {name} changed since (fingerprint {old[:19]}..., now {new[:19]}...): "
-                "retrained or overwritten in place")
+                f"retrained or overwritten in place{elsewhere}")
     if is_local_fingerprint(old) or is_local_fingerprint(new):
         then, now = ("a local folder", f"the Hub model at commit {new}") if is_local_fingerprint(old) else \
             (f"the Hub model at commit {old}", "a local folder")

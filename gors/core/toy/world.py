@@ -50,6 +50,8 @@ _PROMPT = re.compile(rf"^{_OBJECT}(?: (and|{'|'.join(RELATIONS)}) {_OBJECT})?$")
 
 @dataclass(frozen=True)
 class ToyObject:
+    """One shape of one colour in a toy image (the names in `COLOURS` and `SHAPES`)."""
+
     colour: str
     shape: str
 
@@ -78,6 +80,8 @@ class ToyPrompt:
 
     @classmethod
     def parse(cls, text: str) -> "ToyPrompt":
+        """The prompt `text` describes ('a red circle and a blue square', or with a relation); case and
+        surrounding spaces do not matter; ValueError for text outside the toy world's grammar."""
         match = _PROMPT.match(text.strip().lower())
         if not match:
             raise ValueError(
@@ -165,6 +169,7 @@ def sample_scene(prompt: ToyPrompt, rng: np.random.Generator, image_size: int = 
 
 
 def all_objects() -> list[ToyObject]:
+    """Every colour-shape combination, colours first."""
     return [ToyObject(c, s) for c in COLOURS for s in SHAPES]
 
 
@@ -179,6 +184,7 @@ def two_object_prompts(objects: list[ToyObject]) -> list[ToyPrompt]:
 
 
 def is_held_out(prompt: ToyPrompt) -> bool:
+    """Whether `prompt` names a colour-shape combination kept out of training (`HELD_OUT_COMBINATIONS`)."""
     return any((o.colour, o.shape) in HELD_OUT_COMBINATIONS for o in prompt.objects)
 
 
