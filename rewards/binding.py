@@ -227,7 +227,8 @@ def binding_score(
     """Image score in [0, 1] and its explanation, from the prompt's phrases and the segments.
 
     The mean of `pair_score` over the unique (attribute, object) pairs; without any pair the
-    mean of `object_presence` over the unique objects; 1.0 without any object. Beside pairs,
+    mean of `object_presence` over the unique objects; 0.0 without any object (nothing the image
+    could get right, so nothing to reward: 1.0 would select every such image). Beside pairs,
     objects named without an attribute are not scored (an attribute-binding reward: their
     presence is not what it judges). The dict holds
     "pairs" (one `pair_score` dict each), "presence" (one `object_presence` dict per object,

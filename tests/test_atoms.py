@@ -14,6 +14,7 @@ from rewards.atoms import (
     aggregate,
     answer_variants,
     atoms_from_vqa_list,
+    looks_plural,
     pluralize,
     prompt_atoms,
     tifa_correct,
@@ -176,6 +177,18 @@ def test_parser_skills_and_edge_cases() -> None:
     # A finite verb becomes a do-question; numbers above ten keep their word.
     assert ["Does the cat sit on the mat?", "Yes"] in pairs(prompt_atoms("a cat sits on a mat"))
     assert pairs(prompt_atoms("twelve red apples"))[0] == ["How many apples are in the image?", "twelve"]
+    # The digit 1 counts one, as the word does: a singular question.
+    assert ["Is the dog red?", "Yes"] in pairs(prompt_atoms("1 red dog"))
+    # A finite verb in -ies: "carries" -> "carry".
+    assert "Does the man carry the box?" in [a.question for a in prompt_atoms("a man carries a box")]
+
+
+@pytest.mark.parametrize(
+    ("noun", "plural"),
+    [("cars", True), ("mice", True), ("glass", False), ("cactus", False), ("tennis", False), ("dog", False)],
+)
+def test_looks_plural(noun: str, plural: bool) -> None:
+    assert looks_plural(noun) is plural
 
 
 def test_pluralize() -> None:

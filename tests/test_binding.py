@@ -44,6 +44,7 @@ def square(x0: int, y0: int, x1: int, y1: int) -> np.ndarray:
         ("A long, narrow yellow kitchen", "long narrow yellow", "kitchen"),
         ("the diamond-studded bracelet", "diamond-studded", "bracelet"),
         ("a star-shaped cookie", "star-shaped", "cookie"),
+        ("a hot-air balloon", "", "hot-air balloon"),  # a hyphen alone makes no attribute
         ("Two hot dogs", "", "hot dogs"),
         ("a mirror", "", "mirror"),
         ("the other orange", "", "orange"),
@@ -108,6 +109,7 @@ def test_box_mask_covers_pixel_centres_in_box() -> None:
     assert mask.sum() == 4 * 3
     assert mask[1:4, 2:6].all()
     assert np.array_equal(box_mask((2.0, 1.0, 6.0, 4.0), 8, 5), mask)
+    assert box_mask((0.0, 0.0, 2.5, 2.5), 4, 4).sum() == 3 * 3  # a centre on the box's edge is inside
 
 
 def test_pair_score_is_best_iou_times_geometric_mean_confidence() -> None:
@@ -192,6 +194,14 @@ def test_without_attributes_scores_object_presence() -> None:
         {"object": "giraffe", "score": 0.0, "reason": "no 'giraffe' detected"},
     ]
     assert details["presence"][0]["score"] == 0.8
+
+
+def test_object_presence_means_unique_objects() -> None:
+    phrases = [BindingPhrase("a dog", "", "dog")] * 2 + [BindingPhrase("a cat", "", "cat")]
+    objects = [Segment("dog", 0.9, square(0, 0, 2, 2)), Segment("cat", 0.3, square(3, 3, 5, 5))]
+    score, details = binding_score(phrases, objects, [])
+    assert score == pytest.approx((0.9 + 0.3) / 2)  # the dog named twice counts once
+    assert [p["object"] for p in details["presence"]] == ["dog", "cat"]
 
 
 def test_without_objects_scores_zero() -> None:

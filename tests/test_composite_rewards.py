@@ -78,6 +78,23 @@ def test_three_in_one_reads_the_official_sub_splits(models, monkeypatch):
     assert [d["kind"] for d in out.details] == ["spatial", "action", "all"]
 
 
+def test_official_sub_splits_hold_the_train_lists_too(monkeypatch):
+    from rewards.three_in_one import _official_subsplits, normalise_prompt, prompt_kind
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
+    if not (shared / "t2i_compbench" / "complex_train_spatial.txt").is_file():
+        pytest.skip("needs ../shared/benchmarks")
+    monkeypatch.setenv("GORS_DATA_DIR", str(shared))
+    subsplits = _official_subsplits()
+    train_spatial = "The green plant was on top of the white nightstand."  # complex_train_spatial
+    train_action = "The rectangular mirror was hung above the marble sink."  # complex_train_action
+    assert normalise_prompt(train_spatial) in subsplits["spatial"]
+    assert normalise_prompt(train_action) in subsplits["action"]
+    assert normalise_prompt(SPATIAL) in subsplits["spatial"] and normalise_prompt(ACTION) in subsplits["action"]
+    assert [prompt_kind(p, subsplits["spatial"], subsplits["action"]) for p in (train_spatial, train_action, BOTH)] == [
+        "spatial", "action", "all"]
+
+
 def test_three_in_one_rejects_a_single_model_path():
     with pytest.raises(ValueError, match="give each one's model"):
         load("three_in_one", model_name_or_path="Salesforce/blip-vqa-capfilt-large")

@@ -20,6 +20,7 @@ from rewards.geneval_graded_rules import (
     exclude_credit,
     grade_image,
     graded_score,
+    include_credits,
     remember_colors,
 )
 from rewards.geneval_rules import COLORS, RELATIONS, GenEvalObject, judge_image
@@ -108,6 +109,23 @@ def test_position_credit_is_the_share_of_pairs_in_the_relation() -> None:
     meta["include"][1]["count"] = 2
     half = grade_image({"dog": [obj(200, 0)], "cat": [obj(0, 0, 0.95), obj(400, 0, 0.9)]}, meta, none)
     assert half.clauses[1].credits == {"class": 1.0, "count": 1.0, "position": 0.5}
+
+
+def test_position_credit_counts_pairs_over_both_clauses_counts() -> None:
+    # One dog, two target cats: left of one of them, 1 of 1 x 2 pairs.
+    meta = {"tag": "position", "include": [{"class": "cat", "count": 2},
+                                           {"class": "dog", "count": 1, "position": ["left of", 0]}]}
+    found = {"cat": [GenEvalObject((100, 0, 110, 10), 0.95), GenEvalObject((-100, 0, -90, 10), 0.9)],
+             "dog": [GenEvalObject((0, 0, 10, 10), 0.9)]}
+    assert include_credits(found, meta, colours_by_score({})) == [
+        {"class": 1.0, "count": 1.0}, {"class": 1.0, "position": 0.5}]
+
+
+def test_colour_credit_is_over_the_asked_count() -> None:
+    # Two red cars asked, one found (red): half the count and half the colour.
+    meta = {"tag": "colors", "include": [{"class": "car", "count": 2, "color": "red"}]}
+    credits = include_credits({"car": [obj(0, 0, 0.95)]}, meta, colours_by_score({0.95: "red"}))
+    assert credits == [{"class": 1.0, "count": 0.5, "color": 0.5}]
 
 
 def test_graded_score_combination() -> None:

@@ -71,6 +71,21 @@ def test_diagonal_offset_gives_two_relations_and_dead_zone_scales_with_size() ->
     assert relative_position(obj(30, 60).box, obj(0, 0).box) == {"below"}
 
 
+@pytest.mark.parametrize(
+    ("box_b", "relations"),
+    [
+        # A = (0, 0, 10, 10); 10 px boxes: dead zone 0.1 x (10 + 10) = 2 px on x.
+        ((5, 0, 15, 10), {"left of"}),  # offset -5: revised -3, -3 / 5 = -0.6
+        ((3.5, 0, 13.5, 10), set()),  # offset -3.5: -1.5 / 3.5 = -0.43
+        ((4, 0, 14, 10), set()),  # offset -4: -2 / 4 = -0.5 exactly, not beyond 0.5
+        # B 30 px wide: dead zone 0.1 x (10 + 30) = 4 px, the two sizes each their own.
+        ((-4, 0, 26, 10), set()),  # offset -6: -2 / 6 = -0.33
+    ],
+)
+def test_relation_share_and_dead_zone_boundaries(box_b, relations: set[str]) -> None:
+    assert relative_position((0, 0, 10, 10), box_b) == relations
+
+
 # ---- thresholds and the per-class cap ----
 
 def test_counting_threshold_applies_to_counting_prompts_only() -> None:
@@ -179,6 +194,24 @@ def test_position() -> None:
     assert result.reason == "expected dog right of target, found  target"  # no relation: the official text
     result = judge_image({"dog": [obj(0, 0)]}, meta, no_colours)
     assert result.reason == "expected teddy bear>=1, found 0\nno target for dog to be right of"
+
+
+@pytest.mark.parametrize(
+    ("counts", "cats", "dogs"),
+    [
+        # Two dogs: the first is left of the cat, the second is not.
+        ((1, 2), [GenEvalObject((100, 0, 110, 10), 0.95)],
+         [GenEvalObject((0, 0, 10, 10), 0.9), GenEvalObject((200, 0, 210, 10), 0.8)]),
+        # Two target cats: the dog is left of the first, not of the second.
+        ((2, 1), [GenEvalObject((100, 0, 110, 10), 0.95), GenEvalObject((-100, 0, -90, 10), 0.9)],
+         [GenEvalObject((0, 0, 10, 10), 0.9)]),
+    ],
+)
+def test_position_needs_every_object_and_target_pair(counts, cats, dogs) -> None:
+    meta = {"tag": "position", "include": [{"class": "cat", "count": counts[0]},
+                                           {"class": "dog", "count": counts[1], "position": ["left of", 0]}]}
+    result = judge_image({"cat": cats, "dog": dogs}, meta, no_colours)
+    assert (result.correct, result.reason) == (False, "expected dog left of target, found right of target")
 
 
 def test_position_uses_the_most_confident_objects_only() -> None:

@@ -19,6 +19,7 @@ from evaluators.results import (
     Metric,
     bootstrap,
     bootstrap_draws,
+    bootstrap_settings,
     group_by_prompt,
     metric_results,
     metric_value,
@@ -68,8 +69,16 @@ def test_bootstrap_is_deterministic_for_a_fixed_seed() -> None:
     assert first != bootstrap(groups, mean_score, num_resamples=50, seed=12)
     assert np.array_equal(bootstrap_draws(4, 50, 11), bootstrap_draws(4, 50, 11))
     assert bootstrap_draws(4, 50, 11).shape == (50, 4)
+    assert set(bootstrap_draws(3, 200, 0).ravel().tolist()) == {0, 1, 2}  # every group, none beyond
     with pytest.raises(ValueError, match="at least one group"):
         bootstrap_draws(0)
+
+
+def test_bootstrap_settings_describe_the_defaults() -> None:
+    assert bootstrap_settings() == {"unit": "prompt", "resamples": 1000, "seed": 0, "confidence": 0.95,
+                                    "interval": "percentile"}
+    assert bootstrap_settings(200, 3, 0.9) == {"unit": "prompt", "resamples": 200, "seed": 3, "confidence": 0.9,
+                                               "interval": "percentile"}
 
 
 def test_a_prompt_drawn_twice_counts_twice() -> None:

@@ -16,6 +16,7 @@ from rewards import get_reward_class
 from rewards.detection import Detection
 from rewards.numeracy import NumeracyReward
 from rewards.numeracy_rule import (
+    OFFICIAL_RENAMES,
     CountedObject,
     NounList,
     counted_objects,
@@ -110,6 +111,16 @@ def test_judge_spatial_3d_scores_without_floor() -> None:
     assert judge_spatial_3d(None, near, None, depth).score == pytest.approx(0.25 * 0.9)
 
 
+def test_judge_spatial_3d_reads_both_boxes_transposed() -> None:
+    depth = np.zeros((20, 20))
+    depth[:, :5] = 1.0  # near in columns 0-4: the transposed reading of y 0..4
+    dog, desk = det("dog", 0.9, (0, 0, 10, 10)), det("desk", 0.8, (0, 0, 10, 12))
+    verdict = judge_spatial_3d("in front of", dog, desk, depth)
+    # Transposed, the desk's region is rows 0-9, columns 0-11: 5 / 12 near, farther than the dog's 1 / 2.
+    assert verdict.depths == pytest.approx((0.5, 5 / 12))
+    assert verdict.score == pytest.approx(0.25 * 0.9 + 0.25 * 0.8 + 0.5)
+
+
 def test_pick_detections_follows_the_official_walk() -> None:
     detections = [det("dog", 0.9, (0, 0, 1, 1)), det("dog", 0.8, (1, 1, 2, 2)), det("desk", 0.7, (2, 2, 3, 3)),
                   det("dog", 0.6, (3, 3, 4, 4))]
@@ -124,6 +135,12 @@ def test_pick_detections_follows_the_official_walk() -> None:
     assert pick_detections_3d(house, ("bird", "birdhouse")) == (house[0], house[0])
     assert pick_detections_3d(house, ("birdhouse", "bird")) == (house[0], house[0])
     assert pick_detections_3d(house, ("dog", "birdhouse")) == (None, house[0])
+    assert pick_detections_3d(house, ("bird", "dog")) == (house[0], None)
+
+
+def test_pick_detections_keeps_the_last_detection_of_the_second_object_too() -> None:
+    detections = [det("desk", 0.9, (0, 0, 1, 1)), det("desk", 0.8, (1, 1, 2, 2)), det("dog", 0.7, (2, 2, 3, 3))]
+    assert pick_detections_3d(detections, ("dog", "desk")) == (detections[2], detections[1])
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/benchmarks")
@@ -158,6 +175,10 @@ def test_noun_list_parsing() -> None:
         ("six people gathered for a picnic", [("person", "person", 6)]),
         ("one sheep, two sheep", [("sheep", "sheep", 1), ("sheep", "sheep", 2)]),
         ("two ice creams and an ice cream", [("ice cream", "ice cream", 2), ("ice cream", "ice cream", 1)]),
+        # A two-word noun takes a number only in its plural after two..eight; else it counts 1 as written.
+        ("two ice cream", [("ice cream", "ice cream", 1)]),
+        ("an ice creams", [("ice creams", "ice creams", 1)]),
+        ("eight dogs", [("dog", "dog", 8)]),
         ("two ships", [("ship", "boat", 2)]),
         ("one apples", [("apple", "apple", 1)]),  # a plural after one counts 1
         ("two dog", [("dog", "dog", 2)]),  # officially a crash
@@ -168,6 +189,15 @@ def test_noun_list_parsing() -> None:
 )
 def test_counted_objects(prompt: str, expected: list[tuple[str, str, int]]) -> None:
     assert counted_objects(prompt, NOUNS) == [CountedObject(*e) for e in expected]
+
+
+def test_official_renames() -> None:
+    # numeracy_eval.py: boy, girl, man, woman -> person; ship -> boat; telivision -> tv; goldfish -> fish;
+    # painting -> picture.
+    assert OFFICIAL_RENAMES == {"boy": "person", "girl": "person", "man": "person", "woman": "person",
+                                "ship": "boat", "telivision": "tv", "goldfish": "fish", "painting": "picture"}
+    nouns = NounList.parse(["dog - dogs", "man - men", "goldfish - goldfish"])
+    assert [o.name for o in counted_objects("a man and a goldfish", nouns)] == ["person", "fish"]
 
 
 def test_counted_objects_without_renames_and_tokens() -> None:
@@ -185,6 +215,21 @@ def test_deduplicate_merges_near_identical_boxes_of_one_label() -> None:
     assert deduplicate([big, same, inside, cat, apart, half]) == [big, cat, apart, half]
 
 
+@pytest.mark.parametrize(
+    ("boxes", "kept"),
+    [
+        # The kept (more confident) box lies inside the new one: covers 100 % of the first box.
+        ([(10, 10, 19, 19), (0, 0, 99, 99)], 1),
+        # Shifted 9 px: intersection 91 x 100 pixels with the +1-pixel convention, 91 % of each box.
+        ([(0, 0, 99, 99), (9, 0, 108, 99)], 1),
+        # Shifted 15 px: 85 % of each box, IoU 0.74: two dogs.
+        ([(0, 0, 99, 99), (15, 0, 114, 99)], 2),
+    ],
+)
+def test_deduplicate_overlap_thresholds(boxes, kept: int) -> None:
+    assert len(deduplicate([det("dog", 0.9, boxes[0]), det("dog", 0.8, boxes[1])])) == kept
+
+
 def test_judge_numeracy_half_presence_half_count() -> None:
     asked = [CountedObject("dog", "dog", 2), CountedObject("cat", "cat", 3), CountedObject("boy", "person", 1)]
     found = [det("dog", 0.9, (0, 0, 1, 1)), det("dog", 0.9, (5, 5, 6, 6)), det("cat", 0.9, (0, 0, 1, 1))]
@@ -193,6 +238,8 @@ def test_judge_numeracy_half_presence_half_count() -> None:
     assert verdict.detected == [2, 1, 0]
     assert "person: none detected" in verdict.reason and "cat: 1 detected, asked 3" in verdict.reason
     assert judge_numeracy([CountedObject("dog", "dog", 2)], found[:2]).score == 1.0
+    three = found[:2] + [det("dog", 0.9, (9, 9, 10, 10))]
+    assert judge_numeracy([CountedObject("dog", "dog", 2)], three).score == 0.5  # too many: presence only
     empty = judge_numeracy([], found)
     assert empty.score == 0.0 and "no countable object" in empty.reason
 

@@ -92,6 +92,11 @@ def test_iou() -> None:
         # Right side, but the other axis dominates.
         ("on the left of", TOP, BOTTOM, 0.0),  # dx = 20 > 0, dy = 300
         ("on the top of", LEFT, RIGHT, 0.0),  # dy = 20 > 0, dx = 300
+        ("on the right of", (100, 0, 110, 10), (0, 200, 10, 210), 0.0),  # dx = -100 < 0, dy = 200
+        ("on the bottom of", (0, 200, 10, 210), (300, 0, 310, 10), 0.0),  # dy = -200 < 0, dx = 300
+        # A diagonal tie |dx| == |dy|: neither axis dominates, officially 0.
+        ("on the left of", (0, 0, 10, 10), (100, 100, 110, 110), 0.0),
+        ("on the top of", (0, 0, 10, 10), (100, 100, 110, 110), 0.0),
         # Official quirk: "on top of" has no branch.
         ("on top of", TOP, BOTTOM, 0.0),
         (None, LEFT, RIGHT, 0.0),
@@ -129,6 +134,8 @@ def test_proximity(relation: str) -> None:
     assert position_score(relation, a, (100.0, 100.0, 120.0, 120.0)) == 1.0  # both < 150
     # Far on x but close on y: OR rule gives 1.
     assert position_score(relation, a, (400.0, 50.0, 420.0, 70.0)) == 1.0
+    # Exactly 150 px apart on x is not within 150 (official `<`): 150 / max(150, 200).
+    assert position_score(relation, (0.0, 0.0, 10.0, 10.0), (150.0, 200.0, 160.0, 210.0)) == 0.75
     # Far on both axes: 150 / max(|dx|, |dy|) = 150 / 400.
     assert position_score(relation, a, (300.0, 400.0, 320.0, 420.0)) == pytest.approx(150 / 400)
     # Either direction, the same.
@@ -222,6 +229,9 @@ def test_complex_objects(prompt: str, objects) -> None:
 def test_complex_objects_by_phrase_heads() -> None:
     prompt = "The red hat was on top of the brown coat rack."
     assert spatial_objects(prompt, complex=True, backend="builtin", noun_rule="head") == ("hat", "rack")
+    # Two prepositions give four heads: no pair, as with the official nouns.
+    prompt = "a cat on the left of a dog near a tree"
+    assert spatial_objects(prompt, complex=True, backend="builtin", noun_rule="head") is None
 
 
 def tokens(tagged: str) -> list[TaggedToken]:

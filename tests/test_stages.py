@@ -147,6 +147,17 @@ def test_select_with_explicit_threshold_and_strict_inequality(tmp_path, make_run
     assert summary["num_selected"] == 1  # reward > tau, not >=
 
 
+def test_select_with_a_threshold_other_than_one_half_and_its_summary(tmp_path, make_run_config):
+    _fake_scored_run(tmp_path, None, {0: 0.5, 1: 0.6, 2: 0.3, 3: 0.1})
+    summary = select(make_run_config(output_dir=str(tmp_path), reward_threshold=0.4))
+    kept = [json.loads(line) for line in (tmp_path / "selection.jsonl").read_text().splitlines()]
+    assert [(row["prompt_index"], row["threshold"]) for row in kept] == [(0, 0.4), (1, 0.4)]
+    assert summary["threshold"] == "tau = 0.4"
+    assert (summary["num_samples"], summary["num_selected"], summary["num_prompts_with_selection"]) == (4, 2, 2)
+    assert summary["all"]["count"] == 4 and summary["dropped"]["mean"] == pytest.approx(0.2)
+    assert summary["selected"]["mean"] == pytest.approx(0.55)
+
+
 def test_select_without_survivors_shows_distribution_and_threshold(tmp_path, make_run_config):
     _fake_scored_run(tmp_path, "spatial", {0: 0.1, 1: 0.35})
     with pytest.raises(ValueError) as error:
@@ -207,6 +218,16 @@ def test_top_fraction_keeps_each_prompts_best_images():
     assert top_fraction(rewards, 1.0) == {(p, i) for p, i, _ in rewards}
     hundred = [(0, i, i / 100) for i in range(100)]
     assert len(top_fraction(hundred, 0.07)) == 7  # 0.07 x 100 is 7.000000000000001 in floating point
+    assert top_fraction([(0, i, i / 10) for i in range(4)], 0.3) == {(0, 2), (0, 3)}  # ceil(1.2) = 2, rounded up
+
+
+def test_reward_statistics():
+    from gors.select import reward_statistics
+
+    assert reward_statistics([0.0, 0.25, 0.5, 0.75, 1.0]) == {
+        "count": 5, "mean": 0.5, "std": pytest.approx(0.3535533905932738), "min": 0.0, "q25": 0.25, "median": 0.5,
+        "q75": 0.75, "max": 1.0}
+    assert reward_statistics([]) == {"count": 0}
 
 
 def test_select_top_fraction_ignores_tau(tmp_path, make_run_config):

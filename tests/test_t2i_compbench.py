@@ -194,6 +194,16 @@ def test_summary_and_paper_table_on_hand_made_rows() -> None:
         color.summarize([])
 
 
+def test_a_column_computed_for_only_some_images_has_no_mean() -> None:
+    # A mean over a subset of the images would not be the category's number: None, shown as "-".
+    rows = rows_of([0.2, 0.4, 0.6, 0.8], {"CLIPScore": [0.3] * 4})
+    rows[0]["columns"]["B-CLIP"] = 0.9
+    rows[1]["columns"]["MLLM-CoT"] = 0.5
+    table_row = T2ICompBenchBenchmark(category="color", images_per_prompt=2).summarize(rows)["table"][0]
+    assert table_row["B-CLIP"] is None and table_row["CLIPScore"] == pytest.approx(0.3)
+    assert "MLLM-CoT" not in table_row  # an optional column only where every image has it
+
+
 def test_unofficial_questions_warn_once_and_name_the_known_differences(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -42,7 +42,10 @@ def test_cosine_to_score_mappings():
 @pytest.mark.parametrize(
     ("reply", "rating"),
     [("85", 85.0), ("Score: 72/100", 72.0), ("<think>maybe 10?</think>\n90", 90.0), ("7.5", 7.5),
-     ("I cannot tell.", None), ("150", None), ("0", 0.0)],
+     ("I cannot tell.", None), ("150", None), ("0", 0.0),
+     ("100", 100.0),  # the top of the scale is a rating
+     ("Qwen3 rates it 85", 85.0),  # a digit inside a word is no number
+     ("<think>1</think>70<think>2</think>", 70.0)],  # each thinking block ends at its own </think>
 )
 def test_parse_judge_rating(reply, rating):
     assert parse_judge_rating(reply) == rating
