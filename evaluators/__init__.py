@@ -11,7 +11,9 @@ group of installed packages, e.g. in a plugin's pyproject.toml:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -115,7 +117,21 @@ def parse_benchmarks(spec: str) -> list[tuple[str, str | None]]:
             expanded += [(name, category) for category in paper.ALL_CATEGORIES]
         else:
             expanded.append((name, subset))
-    return list(dict.fromkeys(expanded))
+    # Each benchmark once, its default subset named or not (`toy,toy:held_out`): the first spelling is kept.
+    # (The default is looked up only for a benchmark named twice: it imports the benchmark's module.)
+    named = Counter(name for name, _ in expanded)
+    once: dict[tuple[str, str | None], tuple[str, str | None]] = {}
+    for name, subset in expanded:
+        key = subset if subset is not None or named[name] == 1 else _default_subset(name)
+        once.setdefault((name, key), (name, subset))
+    return list(once.values())
+
+
+def _default_subset(name: str) -> str | None:
+    """The subset benchmark `name` evaluates when none is named (its `subset_field`'s default), or None."""
+    cls = benchmark_class(name)
+    field = next((f for f in dataclasses.fields(cls) if f.name == cls.subset_field), None)
+    return field.default if field is not None and isinstance(field.default, str) else None
 
 
 def build_benchmark(name: str, subset: str | None = None, **kwargs: Any) -> Benchmark:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 import typing
 from collections.abc import Mapping
@@ -200,6 +201,7 @@ class RunFolderFields:
 
     def _check_run_folder(self) -> None:
         _check(bool(self.output_dir.strip()), "--output_dir='': give the run folder, e.g. --output_dir gors_output")
+        self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a YAML file or a quoted flag, as a shell would
         _check(0 <= self.seed < SEED_LIMIT, f"--seed={self.seed}: must be in [0, {SEED_LIMIT - 1}]")
         _check_mixed_precision(self.mixed_precision)
 
@@ -901,6 +903,8 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         _check(bool(self.output_dir.strip()), "--output_dir='': give the evaluation folder, e.g. --output_dir eval_output")
+        self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a YAML file or a quoted flag, as a shell would
+        self.images = None if self.images is None else os.path.expanduser(self.images)
         _check(bool(self.extra_columns) or self.columns in ("default", "none", "all"),
                f"--columns={self.columns!r}: give default, none, all or comma-separated column names, e.g. MLLM-CoT")
         _check_mixed_precision(self.mixed_precision)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -440,6 +441,8 @@ class ReportConfig:
     def __post_init__(self) -> None:
         if not self.output_dir.strip():
             raise ValueError("--output_dir='': give the folder the report goes to, e.g. --output_dir report")
+        self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a quoted flag, as a shell would
+        self.folders = [os.path.expanduser(folder) for folder in self.folders]
 
 
 def write_report(config: ReportConfig) -> None:

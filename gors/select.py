@@ -147,7 +147,9 @@ def _check_reward_value(row: dict[str, Any], folder: Path) -> None:
     if not _is_reward(row.get("reward")):
         value = row.get("reward")
         raise StoreError(f"{folder} holds reward {value!r} for {row.get('path')}; rewards are numbers in [0, 1], as "
-                         "gors writes them. Delete that folder and run `gors score` again")
+                         f"gors writes them. Delete that row (\"prompt_index\": {row.get('prompt_index')}, "
+                         f"\"image_index\": {row.get('image_index')}) from its part-*.jsonl file there and run "
+                         "`gors score` again: it scores that sample again")
 
 
 @holds_stages("select", reads_run=True)
@@ -252,7 +254,11 @@ def load_selection(output_dir: str | Path) -> list[dict[str, Any]]:
     if isinstance(selected, int) and len(rows) < selected:  # more is a rounds run's replayed rows
         raise StoreError(f"{path} holds {len(rows)} samples, {summary_path.name} says gors select kept {selected}: the "
                          f"file lost lines since; {again}")
-    for row in rows:
+    for number, row in enumerate(rows, start=1):
+        missing = [key for key in ("path", "prompt") if not isinstance(row.get(key), str)]
+        if missing:
+            raise StoreError(f"{path}:{number} has no {' and no '.join(missing)} text, which gors select writes in "
+                             f"every row: {again}")
         if not _is_reward(row.get("reward")):
             raise StoreError(f"{path} holds reward {row.get('reward')!r} for {row.get('path')}; rewards are numbers in "
                              f"[0, 1]: {again}")

@@ -7,6 +7,7 @@ relations), so training on one and evaluating on the other shows reward hacking,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,11 @@ class ToyClassifierReward(Reward):
             )
         model = from_pretrained(ToyClassifier.from_pretrained, path, MODEL_FLAG, dtype=self.torch_dtype)
         self.model = model.to(self.device).eval().requires_grad_(False)
+
+    @classmethod
+    def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:
+        """Refuse a prompt outside the toy world before any image is generated for it."""
+        world.check_toy_prompts(prompts, cls.name)
 
     def _score(
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from PIL import Image
 
-from gors.core.toy.world import ToyPrompt
+from gors.core.toy.world import ToyPrompt, check_toy_prompts
 from rewards import toy_rules as oracle
 from rewards.base import Reward, RewardOutput
 
@@ -60,6 +60,11 @@ class ToyOracleReward(Reward):
         self.check_options({"model_name_or_path": model_name_or_path, "checks": checks})
         super().__init__(None, device, torch_dtype, batch_size)
         self.checks = checks
+
+    @classmethod
+    def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[dict[str, Any]] | None) -> None:
+        """Refuse a prompt outside the toy world before any image is generated for it."""
+        check_toy_prompts(prompts, cls.name)
 
     def _score(
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None

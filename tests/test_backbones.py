@@ -137,7 +137,7 @@ def test_train_on_another_family_stops_before_loading_weights(tiny_pixart, make_
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    kept = '{"path": "00000_000.png", "reward": 0.9}\n'
+    kept = '{"path": "00000_000.png", "prompt": "p", "reward": 0.9}\n'
     (run_dir / "selection.jsonl").write_text(kept)  # finished work that must survive the refusal
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_pixart)])

@@ -712,7 +712,13 @@ def test_a_corrupt_store_file_is_named(tmp_path, capsys):
     samples.mkdir(parents=True)
     (samples / "prompts.json").write_text('{"prompts": [')
     message = one_error_line(capsys, ["select", "--output_dir", str(tmp_path / "run"), "--reward_threshold", "0.5"])
-    assert f"{samples / 'prompts.json'}: not valid JSON" in message and "the prompt set `gors generate` recorded" in message
+    assert f"{samples / 'prompts.json'}: not valid JSON" in message
+    assert message.endswith("the prompt set `gors generate` records: run it again with the flags that made the "
+                            "samples, which writes the file anew, or restore it\n")
+    (samples / "prompts.json").write_text("[1, 2]")
+    message = one_error_line(capsys, ["select", "--output_dir", str(tmp_path / "run"), "--reward_threshold", "0.5"])
+    assert message == (f"error: {samples / 'prompts.json'} holds no prompt list, which `gors generate` records: run "
+                       "it again with the flags that made the samples, which writes the file anew, or restore it\n")
 
 
 @pytest.mark.parametrize("command", ["score", "select", "train"])
@@ -985,3 +991,16 @@ def test_the_hub_argument_warning_of_diffusers_config_loading_is_silenced_for_go
 
     assert loading_warnings(silenced=False)  # the dependencies still warn (else this test checks nothing)
     assert loading_warnings(silenced=True) == []
+
+
+def test_a_home_folder_tilde_in_an_output_or_image_folder_is_expanded_as_a_shell_would(tmp_path, monkeypatch):
+    from gors.config import EvaluateConfig, GenerateConfig
+    from gors.report import ReportConfig
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "config.yaml").write_text("output_dir: ~/runs/toy\n")
+    assert parse_config(GenerateConfig, ["--config", str(tmp_path / "config.yaml")]).output_dir == \
+        str(tmp_path / "runs" / "toy")
+    evaluation = parse_config(EvaluateConfig, ["--output_dir", "~/eval", "--images", "~/images"])
+    assert (evaluation.output_dir, evaluation.images) == (str(tmp_path / "eval"), str(tmp_path / "images"))
+    assert ReportConfig(folders=["~/eval"], output_dir="~/report").folders == [str(tmp_path / "eval")]

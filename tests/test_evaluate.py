@@ -37,6 +37,9 @@ def test_benchmark_specs():
     assert ("t2i_compbench", "numeracy") in everything and ("t2i_compbench", "3d_spatial") in everything
     assert [b for b, _ in everything].count("t2i_compbench") == 8 and ("lpg_bench", None) in everything
     assert parse_benchmarks("toy,toy") == [("toy", None)]
+    # Its default subset named or not is one benchmark, evaluated once under the first spelling.
+    assert parse_benchmarks("toy,toy:held_out") == [("toy", None)]
+    assert parse_benchmarks("toy:held_out,toy,toy:train") == [("toy", "held_out"), ("toy", "train")]
     for bad in ("", "genevel", "color"):
         with pytest.raises(ValueError, match="--benchmarks"):
             parse_benchmarks(bad)

@@ -357,7 +357,7 @@ def test_cli_refuses_8bit_adam_without_bitsandbytes_with_one_error_line(tiny_sd,
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
     (tmp_path / "run").mkdir()  # gors train reads an existing run folder, with a selection
-    (tmp_path / "run" / "selection.jsonl").write_text('{"path": "00000_000.png", "reward": 0.9}\n')
+    (tmp_path / "run" / "selection.jsonl").write_text('{"path": "00000_000.png", "prompt": "p", "reward": 0.9}\n')
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--output_dir", str(tmp_path / "run"), "--pretrained_model_name_or_path", str(tiny_sd),
               "--use_8bit_adam"])
@@ -374,7 +374,7 @@ def test_cli_refuses_a_text_encoder_lora_on_flux_with_one_error_line(flag, tiny_
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    kept = b'{"path": "00000_000.png", "reward": 0.9}\r\n'
+    kept = b'{"path": "00000_000.png", "prompt": "p", "reward": 0.9}\r\n'
     (run_dir / "selection.jsonl").write_bytes(kept)  # finished work that must survive the refusal
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_flux), *flag])

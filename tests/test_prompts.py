@@ -178,6 +178,31 @@ def test_read_prompt_file_crlf_and_blanks(tmp_path: Path) -> None:
     assert (ps.name, ps.category, ps.source) == ("mine", None, str(f))
 
 
+def test_prompts_are_cut_at_line_feeds_only_and_lose_invisible_characters_at_their_ends(tmp_path: Path) -> None:
+    joined = tmp_path / "joined.txt"  # two files saved with a BOM, joined by `cat`; a form feed, U+0085, U+2028
+    joined.write_text("\ufeffa red cube\n\ufeffa blue ball\u200b\na cat\x0cnear a dog\x85and\u2028more\n",
+                      encoding="utf-8")
+    assert P.read_prompt_file(joined) == ["a red cube", "a blue ball", "a cat\x0cnear a dog\x85and\u2028more"]
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text('{"prompt": "a red cube"}\n\ufeff{"prompt": "a dog\u2028and a cat\u200b"}\n', encoding="utf-8")
+    assert P.read_prompt_jsonl(jsonl)[0] == ["a red cube", "a dog\u2028and a cat"]
+
+
+def test_json_csv_and_yaml_files_are_refused_and_a_capitalised_jsonl_is_json_lines(tmp_path: Path) -> None:
+    listed = tmp_path / "prompts.json"
+    listed.write_text('[\n "a red circle and a blue square"\n]\n')
+    with pytest.raises(ValueError, match=r"prompts.json' is a .json file, which gors would read line by line as "
+                                         r"prompts: pass a text file .* or a .jsonl file"):
+        P.load_prompts(str(listed))
+    for name in ("p.csv", "p.YAML"):
+        (tmp_path / name).write_text("prompt\na cat\n")
+        with pytest.raises(ValueError, match=rf"{name}' is a "):
+            P.load_prompts(str(tmp_path / name))
+    upper = tmp_path / "UP.JSONL"
+    upper.write_text('{"prompt": "a red circle"}\n')
+    assert P.load_prompts(str(upper)).prompts == ["a red circle"]
+
+
 def test_local_file_with_official_name_gets_category(tmp_path: Path) -> None:
     f = tmp_path / "texture_train.txt"
     f.write_text("a wooden table\n")

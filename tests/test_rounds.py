@@ -301,7 +301,7 @@ def test_each_round_takes_its_tau_and_the_replay_asked_for(make_run_config, tmp_
     for r in range(2):  # two finished rounds' selections
         folder = round_dir(tmp_path, r)
         folder.mkdir()
-        rows = [{"path": f"part-00000/{r}_{i}.png", "reward": 0.9} for i in range(r + 1)]
+        rows = [{"path": f"part-00000/{r}_{i}.png", "prompt": "p", "reward": 0.9} for i in range(r + 1)]
         (folder / SELECTION_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
     everything = replayed_rows(tmp_path, 2, "all")
     assert [(row["round"], row["samples"]) for row in everything] == [(0, "../round-000/samples")] + [

@@ -558,7 +558,9 @@ def test_select_refuses_a_score_row_whose_reward_is_no_number_in_0_1(selected_ru
     rows[0]["reward"] = value
     part.write_text("".join(json.dumps(row) + "\n" for row in rows))
     with pytest.raises(StoreError, match=rf"{folder} holds reward .* for {rows[0]['path']}; rewards are numbers in "
-                                         r"\[0, 1\].*Delete that folder and run `gors score` again"):
+                                         r"\[0, 1\].*Delete that row \(\"prompt_index\": \d+, \"image_index\": \d+\) "
+                                         r"from its part-\*.jsonl file there and run `gors score` again: it scores "
+                                         r"that sample again"):
         select(replace(selected_run, output_dir=str(run)))
     assert not (run / "selection.jsonl").exists()
 
@@ -570,17 +572,32 @@ def test_training_refuses_an_emptied_selection_or_a_reward_that_is_no_loss_weigh
     path.write_text("")
     with pytest.raises(StoreError, match=r"selection.jsonl holds no sample .*run `gors select --output_dir"):
         load_selection(tmp_path)
-    path.write_text(json.dumps({"path": "p-0/a.png", "reward": "x"}) + "\n")
+    path.write_text(json.dumps({"path": "p-0/a.png", "prompt": "p", "reward": "x"}) + "\n")
     with pytest.raises(StoreError, match=r"holds reward 'x' for p-0/a.png; rewards are numbers in \[0, 1\]"):
         load_selection(tmp_path)
+    # Rows edited by hand: each needs its path and prompt, and is a JSON object.
     path.write_text(json.dumps({"path": "p-0/a.png", "reward": 0.5}) + "\n")
-    assert load_selection(tmp_path) == [{"path": "p-0/a.png", "reward": 0.5}]
+    with pytest.raises(StoreError, match=r"selection.jsonl:1 has no prompt text, which gors select writes in every "
+                                         r"row: run `gors select"):
+        load_selection(tmp_path)
+    path.write_text(json.dumps({"path": "p-0/a.png", "prompt": "p", "reward": 0.5}) + "\n[1, 2]\n")
+    with pytest.raises(ValueError, match=r"selection.jsonl:2 is '\[1, 2\]', not a JSON object as gors writes each "
+                                         r"line; fix or delete that line"):
+        load_selection(tmp_path)
+    # A script that filtered the rows and left out the last line feed: the rows are whole, and read.
+    path.write_text(json.dumps({"path": "p-0/a.png", "prompt": "p", "reward": 0.5}))
+    assert load_selection(tmp_path) == [{"path": "p-0/a.png", "prompt": "p", "reward": 0.5}]
+    path.write_text(json.dumps({"path": "p-0/a.png", "prompt": "p", "reward": 0.5})[:-3])
+    with pytest.raises(StoreError, match=r"is cut short"):
+        load_selection(tmp_path)
+    path.write_text(json.dumps({"path": "p-0/a.png", "prompt": "p", "reward": 0.5}) + "\n")
+    assert load_selection(tmp_path) == [{"path": "p-0/a.png", "prompt": "p", "reward": 0.5}]
 
 
 def test_training_refuses_a_selection_that_lost_lines_since_select_wrote_it(tmp_path):
     from gors.select import load_selection
 
-    rows = [{"path": f"p-{i}/a.png", "reward": 0.5} for i in range(3)]
+    rows = [{"path": f"p-{i}/a.png", "prompt": "p", "reward": 0.5} for i in range(3)]
     path = tmp_path / "selection.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows)[:-5])  # a copy cut short
     with pytest.raises(StoreError, match=r"selection.jsonl is cut short \(its last line is incomplete; gors select "
@@ -593,3 +610,14 @@ def test_training_refuses_a_selection_that_lost_lines_since_select_wrote_it(tmp_
         load_selection(tmp_path)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows * 2))  # more: rows a rounds run replays
     assert len(load_selection(tmp_path)) == 6
+
+
+def test_a_score_file_set_aside_beside_the_parts_is_not_read(tmp_path):
+    from gors.core.scoring import read_score_rows
+
+    record = {"prompt_index": 0, "image_index": 0, "path": "part-00000/00000_000.png", "image_sha256": "a" * 64}
+    row = {"prompt_index": 0, "image_index": 0, "prompt": "p", "reward": 0.25, "image_sha256": "a" * 64}
+    append_jsonl(tmp_path / "part-00000.jsonl", [row])
+    append_jsonl(tmp_path / "part-00000.old.jsonl", [{**row, "reward": 1.0}])  # sorts after, so it would win
+    append_jsonl(tmp_path / "part-00001 (copy).jsonl", [{**row, "reward": 1.0}])
+    assert read_score_rows(tmp_path, [record])[(0, 0)]["reward"] == 0.25

@@ -317,3 +317,13 @@ def test_the_packaged_pipeline_runs_in_plain_diffusers():
     image = pipeline("a red circle", num_inference_steps=2, height=64, width=64,
                      generator=torch.Generator().manual_seed(0)).images[0]
     assert image.size == (64, 64)
+
+
+@pytest.mark.parametrize("reward", ["toy_oracle", "toy_classifier", "toy_oracle:0.5,toy_classifier:0.5"])
+def test_a_toy_reward_refuses_a_prompt_outside_the_toy_world_before_anything_is_generated(reward):
+    from gors.score import check_prompt_metadata
+
+    check_prompt_metadata(reward, ["a red circle and a blue square", "a green triangle"], None)
+    with pytest.raises(ValueError, match=r"^the toy_\w+ reward judges toy-world prompts only; prompt 1: "
+                                         r"'a red/blue circle' is not a toy-world prompt"):
+        check_prompt_metadata(reward, ["a red circle", "a red/blue circle"], None)

@@ -298,12 +298,17 @@ def read_jsonl(path: str | Path, whole: bool = False) -> Iterator[dict[str, Any]
 
     A torn last line is left out with a warning (once per process and file state) and the file is
     not touched: a reader cannot know whether a writer is still appending to it. With `whole` (a
-    file written atomically, which no writer appends to) it is a `TornLineError` instead. A
-    malformed line before the last one is an error that names the file and line.
+    file written atomically, which no writer appends to) it is a `TornLineError` instead, unless the
+    line is a whole JSON object (a file edited by a script that left out the last line feed). A
+    malformed line before the last one, or one that is no JSON object, is an error that names the
+    file and line.
     """
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.endswith("\n"):
+                if whole and _is_json_object(line):
+                    yield _json_object(line, path, number)
+                    return
                 if whole:
                     raise TornLineError(f"{path}:{number} is cut short (its last line is incomplete)")
                 key = (str(path), os.fstat(handle.fileno()).st_size)
@@ -316,7 +321,23 @@ def read_jsonl(path: str | Path, whole: bool = False) -> Iterator[dict[str, Any]
                     )
                 return
             if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{number} is not valid JSON ({err}); fix or delete that line") from err
+                yield _json_object(line, path, number)
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _json_object(line: str, path: str | Path, number: int) -> dict[str, Any]:
+    """Line `number` of jsonl file `path` as the JSON object it must be; ValueError naming the line."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{number} is not valid JSON ({err}); fix or delete that line") from err
+    if not isinstance(row, dict):
+        raise ValueError(f"{path}:{number} is {line.strip()[:60]!r}, not a JSON object as gors writes each line; fix "
+                         "or delete that line")
+    return row

@@ -115,6 +115,26 @@ def _read_text(path: Path) -> str:
     return text
 
 
+# Invisible characters a prompt may carry at its ends from editors and concatenated files: byte-order marks
+# (two Windows files joined by `cat`), zero-width spaces and joiners, the word joiner.
+_INVISIBLE = "\ufeff\u200b\u200c\u200d\u2060"
+
+
+def _clean(text: str) -> str:
+    """`text` without whitespace and invisible characters at its ends."""
+    return text.strip().strip(_INVISIBLE).strip()
+
+
+def _lines(text: str) -> list[str]:
+    """A file's lines at LF (CRLF's CR is stripped as whitespace), each `_clean`. Only LF: `str.splitlines`
+    would also cut a prompt at a form feed, U+0085 or U+2028."""
+    return [_clean(line) for line in text.split("\n")]
+
+
+# Formats gors does not read as prompt files: read as lines, their syntax would become prompts.
+_NOT_PROMPT_FILES = (".json", ".csv", ".tsv", ".yaml", ".yml", ".parquet")
+
+
 def read_prompt_file(path: str | os.PathLike[str]) -> list[str]:
     """Read one prompt per line (CRLF or LF), stripping surrounding whitespace and skipping blank lines."""
     path = Path(path)
@@ -123,8 +143,12 @@ def read_prompt_file(path: str | os.PathLike[str]) -> list[str]:
             f"Prompt file {str(path)!r} does not exist: pass an existing text file with one prompt per "
             f"line, or a T2I-CompBench name such as 'color'."
         )
-    prompts = [line.strip() for line in _read_text(path).splitlines()]
-    prompts = [p for p in prompts if p]
+    if path.suffix.lower() in _NOT_PROMPT_FILES:
+        raise ValueError(f"Prompt file {str(path)!r} is a {path.suffix} file, which gors would read line by line as "
+                         "prompts: pass a text file with one prompt per line, or a .jsonl file with one JSON object "
+                         "per line, each with a 'prompt' (e.g. `jq -c '.[] | {prompt: .}'` turns a JSON list of "
+                         "strings into one)")
+    prompts = [line for line in _lines(_read_text(path)) if line]
     if not prompts:
         raise ValueError(f"Prompt file {str(path)!r} contains no prompts (only blank lines).")
     return prompts
@@ -138,21 +162,21 @@ def read_prompt_jsonl(path: str | os.PathLike[str]) -> tuple[list[str], list[dic
         raise FileNotFoundError(f"Prompt file {str(path)!r} does not exist: pass an existing .jsonl file with one "
                                 f"JSON object per line, each with a 'prompt'.")
     rows = []
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
-        if not line.strip():
+    for number, line in enumerate(_lines(_read_text(path)), start=1):
+        if not line:
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}, line {number}: not JSON ({err}); a .jsonl prompt file holds one JSON object "
                              f"per line, e.g. {{\"prompt\": \"a photo of a cat\", ...}}") from err
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not _clean(row["prompt"]):
             raise ValueError(f"{path}, line {number}: {line.strip()[:80]!r} is not a JSON object with a non-empty "
                              f"'prompt' string")
         rows.append(row)
     if not rows:
         raise ValueError(f"Prompt file {str(path)!r} contains no prompts (only blank lines).")
-    return [row["prompt"].strip() for row in rows], rows
+    return [_clean(row["prompt"]) for row in rows], rows
 
 
 @dataclass
@@ -262,7 +286,7 @@ def load_prompts(spec: str, split: str = "train") -> PromptSet:
         filename = stem + ".txt"
         path = fetch_t2i_compbench_file(filename)
         return PromptSet(stem, read_prompt_file(path), category_of(stem), t2i_compbench_url(filename))
-    if not forced and path.suffix == ".jsonl":
+    if not forced and path.suffix.lower() == ".jsonl":
         prompts, metadata = read_prompt_jsonl(path)
         return PromptSet(path.stem, prompts, None, str(path), metadata)
     if not forced and path.exists():  # a folder or non-text file: `read_prompt_file` says which

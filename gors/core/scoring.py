@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -113,12 +114,15 @@ def checked_scores(name: str, output: ScoreOutput, prompts: Sequence[str],
 
 
 SETTINGS_FILE = "settings.json"  # the reward and options that filled a score folder
+_PART = re.compile(r"part-\d{5,}\.jsonl")  # `score_part`'s names
 
 logger = logging.getLogger(__name__)
 
 
 def _score_parts(folder: Path) -> list[Path]:
-    return sorted(Path(folder).glob("part-*.jsonl"))
+    """The folder's score files as `score_part` names them: a copy set aside beside them
+    (`part-00000.old.jsonl`) would otherwise mix its rows in."""
+    return sorted(path for path in Path(folder).glob("part-*.jsonl") if _PART.fullmatch(path.name))
 
 
 def _rows_by_key(folder: Path) -> dict[SampleKey, list[dict]]:
@@ -169,8 +173,9 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
     `LATER_SCORE_SETTINGS` (an older gors), takes `wanted` with a warning.
     """
     path = Path(scores_folder) / SETTINGS_FILE
-    recorded = read_json(path, "the scorer settings gors wrote there (delete that scores folder to score again)") \
-        if path.is_file() else None
+    recorded = read_json(path, "the scorer settings gors writes there: restore the file, or delete it and score "
+                               "again with the reward and options that made the scores, which records them again "
+                               "(unchecked: it cannot know they made them)") if path.is_file() else None
     if recorded == wanted:
         return False
     if not scored or recorded is None:

@@ -55,7 +55,12 @@ IMAGE_HASH = "image_sha256"
 
 def sample_key(record: dict[str, Any]) -> SampleKey:
     """What identifies a sample across runs and process layouts: (prompt index, image index)."""
-    return int(record["prompt_index"]), int(record["image_index"])
+    try:
+        return int(record["prompt_index"]), int(record["image_index"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"a row without integer prompt_index and image_index, {json.dumps(record)[:80]}: gors writes "
+                         "both in every row of metadata.jsonl and score files, so this one was edited; fix or delete "
+                         "it") from None
 
 
 def sample_file_name(prompt_index: int, image_index: int) -> str:
@@ -189,8 +194,12 @@ class SampleStore:
         path = self.root / "prompts.json"
         if not path.exists():
             raise StoreError(f"No samples in {self.root}: run `gors generate --output_dir ...` first.")
-        return read_json(path, "the prompt set `gors generate` recorded (generate into a new --output_dir, or "
-                               "restore the file)")
+        info = read_json(path, "the prompt set `gors generate` records: run it again with the flags that made the "
+                               "samples, which writes the file anew, or restore it")
+        if not isinstance(info, dict) or not isinstance(info.get("prompts"), list):
+            raise StoreError(f"{path} holds no prompt list, which `gors generate` records: run it again with the flags "
+                             "that made the samples, which writes the file anew, or restore it")
+        return info
 
     # The generation settings, so that a rerun cannot add images of another model or protocol.
     def save_settings(self, settings: dict[str, Any]) -> None:
@@ -200,8 +209,14 @@ class SampleStore:
     def load_settings(self) -> dict[str, Any] | None:
         """The recorded generation settings; None for a new store or one made before gors recorded them."""
         path = self.root / SETTINGS
-        return read_json(path, "the generation settings `gors generate` recorded (generate into a new --output_dir, "
-                               "or restore the file)") if path.is_file() else None
+        if not path.is_file():
+            return None
+        fix = ("restore the file, or delete it and run `gors generate` with the flags that made the images, which "
+               "records them again (unchecked: it cannot know they made them)")
+        settings = read_json(path, f"the generation settings `gors generate` records: {fix}")
+        if not isinstance(settings, dict):
+            raise StoreError(f"{path} holds no settings mapping, which `gors generate` records: {fix}")
+        return settings
 
 
 def has_bytes(path: Path) -> bool:

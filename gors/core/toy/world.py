@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +94,16 @@ class ToyPrompt:
             return cls((ToyObject(colour_a, shape_a),))
         objects = (ToyObject(colour_a, shape_a), ToyObject(colour_b, shape_b))
         return cls(objects, None if joiner == "and" else joiner)
+
+
+def check_toy_prompts(prompts: Sequence[str], judge: str) -> None:
+    """ValueError naming the first of `prompts` outside the toy world's grammar (`ToyPrompt.parse`), for a
+    `judge` (a reward) that reads only toy-world prompts: before any image is generated for them."""
+    for index, prompt in enumerate(prompts):
+        try:
+            ToyPrompt.parse(prompt)
+        except ValueError as err:
+            raise ValueError(f"the {judge} reward judges toy-world prompts only; prompt {index}: {err}") from None
 
 
 @dataclass(frozen=True)
