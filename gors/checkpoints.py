@@ -26,6 +26,7 @@ from accelerate import Accelerator
 
 import gors
 from gors.config import RunConfig, TrainConfig
+from gors.core.fingerprints import is_local_fingerprint
 from gors.core.hub import model_version
 from gors.core.io import atomic_write_json, file_sha256, publish_folder, read_json, recover_folder
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
@@ -159,10 +160,14 @@ def fingerprint_differences(recorded: dict[str, Any], fingerprint: dict[str, Any
                             with_selection: bool = True, ignore: Collection[str] = ()) -> list[str]:
     """Each setting that differs between a checkpoint's fingerprint and this run's, as "name old there, new now";
     those named in `ignore` left out."""
+    # A local base model moved or copied elsewhere is the same model: its files' fingerprint says so.
+    commit = recorded.get(BASE_MODEL_COMMIT)
+    moved = {"pretrained_model_name_or_path"} if is_local_fingerprint(commit) and \
+        commit == fingerprint.get(BASE_MODEL_COMMIT) else set()
     return [f"{key} {recorded.get(key)!r} {there}, {fingerprint.get(key)!r} now"
             for key in sorted(recorded.keys() | fingerprint.keys())
             if not same_value(recorded.get(key), fingerprint.get(key))
-            and (with_selection or not key.startswith("selection_")) and key not in ignore
+            and (with_selection or not key.startswith("selection_")) and key not in ignore and key not in moved
             and not (key in RECORDED_WHERE_KNOWN and (key not in recorded or key not in fingerprint))]
 
 

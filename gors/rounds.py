@@ -39,8 +39,14 @@ from gors.core.distributed import main_process_decides
 from gors.core.io import atomic_write_bytes, atomic_write_json, read_json
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import load_prompts
-from gors.core.run_folder import CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_SUMMARY_FILE, round_dir
-from gors.core.store import SAMPLE_SEED_STRIDE, adopt_later_settings, same_value
+from gors.core.run_folder import CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_SUMMARY_FILE, round_dir, samples_dir
+from gors.core.store import (
+    SAMPLE_SEED_STRIDE,
+    adopt_later_settings,
+    moved_local_model,
+    recorded_model_commits,
+    same_value,
+)
 from gors.lora import LORA_WEIGHT_NAME
 from gors.run import STAGES, RoundInputs, run_stages
 from gors.select import load_selection
@@ -142,8 +148,12 @@ def finished_rounds(config: RunConfig, wanted: dict[str, Any]) -> list[dict[str,
         if missing:
             logger.warning("%s does not record %s (an older gors): its rounds are taken to have been made with this "
                            "run's", path, ", ".join(missing))
+        # A local base model moved or copied elsewhere is the same model: round 0's samples record its files.
+        moved = {"pretrained_model_name_or_path"} if recorded.get("revision") is None and moved_local_model(
+            recorded["pretrained_model_name_or_path"], wanted["pretrained_model_name_or_path"],
+            recorded_model_commits(samples_dir(round_dir(config.output_dir, 0)))) else set()
         changed = [f"{name}: {recorded[name]!r} -> {value!r}" for name, value in wanted.items()
-                   if name not in ("rounds", *TAU_SETTINGS) and not same_value(recorded[name], value)]
+                   if name not in ("rounds", *TAU_SETTINGS, *moved) and not same_value(recorded[name], value)]
         finished = len(record["rounds"])
         taus = [finished_taus(settings, finished) for settings in (recorded, wanted)]
         if not same_value(*taus):

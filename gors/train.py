@@ -76,6 +76,7 @@ from gors.core.store import (
     SampleStore,
     StoreError,
     describe_version_change,
+    moved_local_model,
     recorded_model_commits,
     recorded_name,
     same_value,
@@ -243,6 +244,9 @@ def check_generating_model(config: TrainConfig | RunConfig, generated: dict[str,
             + ("" if is_local_fingerprint(recorded) else
                f"; or, with `gors train`, pass --revision {recorded} to train the version that generated them") + "."
         )
+    if revision is None and config.revision is None and \
+            moved_local_model(model, config.pretrained_model_name_or_path, versions or {}):
+        return
     made_by = f"{model!r}" + (f" at revision {revision!r}" if revision else "")
     given = f"{config.pretrained_model_name_or_path!r}" + (f" at revision {config.revision!r}" if config.revision else "")
     raise ValueError(

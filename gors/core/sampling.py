@@ -43,6 +43,8 @@ from gors.core.store import (
     adopt_later_settings,
     check_cached_commits,
     check_model_commits,
+    moved_local_model,
+    recorded_model_commits,
     same_value,
     sample_file_name,
     sample_key,
@@ -144,8 +146,12 @@ def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: Stor
     if recorded is None or not store.records():
         return []
     recorded, adopted = adopt_later_settings(recorded, wanted, LATER_SETTINGS)
+    # The same weights, moved or copied elsewhere: the store takes their new path.
     if recorded.get("lora_sha256") is not None and recorded["lora_sha256"] == wanted.get("lora_sha256"):
-        recorded = {**recorded, "lora": wanted.get("lora")}  # the same weights, moved or copied elsewhere
+        recorded = {**recorded, "lora": wanted.get("lora")}
+    if recorded.get("revision") is None and wanted.get("revision") is None and \
+            moved_local_model(recorded.get("model"), wanted.get("model"), recorded_model_commits(store.root)):
+        recorded = {**recorded, "model": wanted.get("model")}
     changes = settings_changes(recorded, wanted)
     if changes:
         raise StoreError(

@@ -268,6 +268,16 @@ def recorded_name(recorded: Mapping[str, Any], name: str) -> str | None:
     return next((known for known in recorded if same_value(known, name)), None)
 
 
+def moved_local_model(recorded: Any, wanted: Any, versions: Mapping[str, str | None]) -> bool:
+    """Whether local model path `wanted`, another than the `recorded` one, holds the very files that a folder's
+    `models.json` (`versions`) records for `recorded`: the model moved or copied elsewhere (a fingerprint reads
+    the files' names relative to the folder and their contents, never where the folder is), so the same model."""
+    if not (isinstance(recorded, str) and isinstance(wanted, str)) or same_value(recorded, wanted):
+        return False
+    version = versions.get(recorded_name(versions, recorded) or recorded)
+    return is_local_fingerprint(version) and model_version(wanted) == version
+
+
 def check_model_commits(folder: str | Path, commits: dict[str, str | None], filled: bool, what: str) -> None:
     """Record in `folder/models.json` the version of each model loaded to fill it (`commits`: name ->
     `gors.core.hub.model_version`, from `recording_loads`: a Hub commit, a local folder's fingerprint);
