@@ -8,6 +8,7 @@ does the same without this command: it downloads and converts the file once into
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -42,6 +43,9 @@ class ConvertDetectorConfig:
     output_dir: str = field(metadata={
         "positional": True, "metavar": "OUT", "help": "Folder to write the transformers model into.",
     })
+
+    def __post_init__(self) -> None:
+        self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a quoted argument, as a shell would
 
 
 def convert(config: ConvertDetectorConfig) -> None:

@@ -32,7 +32,7 @@ from gors.core.backbones import (
 )
 from gors.core.distributed import make_accelerator, process_state
 from gors.core.fingerprints import is_local_fingerprint
-from gors.core.hub import looks_like_local_path, model_version
+from gors.core.hub import cached_snapshot, looks_like_local_path, model_version
 from gors.core.io import atomic_write_json, not_a_folder, read_json
 from gors.core.lock import holding
 from gors.core.pipeline import check_lora_path
@@ -252,18 +252,25 @@ def trained_base_model(lora: str) -> str | None:
         raise FileNotFoundError(f"--lora={lora!r} was trained on local model {model!r} ({store / SETTINGS}), which is "
                                 "not there from here: pass its base model with --pretrained_model_name_or_path")
     # The name alone may load other weights here: a folder overwritten in place, another one at a relative path
-    # from this directory, another snapshot in this machine's cache or a --revision of the samples' (gors
-    # evaluate loads a Hub model's default revision). A model the cache does not hold yet is compared with
-    # nothing here; its evaluation records the commit it loaded (results' `models`).
+    # from this directory, another snapshot in this machine's cache, or not the --revision the samples used
+    # (gors evaluate loads a Hub model's default revision). A model the cache does not hold yet is compared
+    # with nothing here; its evaluation records the commit it loaded (results' `models`).
     recorded, now = commits.get(recorded_name(commits, model)), model_version(model)
+    revision = settings.get("revision")
     if recorded is not None and now is not None and recorded != now:
+        snapshot = None if is_local_fingerprint(recorded) else cached_snapshot(model, recorded)
         fix = ("a folder holding that version" if is_local_fingerprint(recorded) else
+               f"its snapshot in this machine's cache, {snapshot}" if snapshot else
                f"a local copy of commit {recorded} (`hf download {model} --revision {recorded} --local-dir DIR`)")
+        cause = (f"its samples used --revision {revision} ({recorded}), and gors evaluate loads the default one "
+                 f"({now})" if revision else describe_version_change(model, recorded, now))
         raise ValueError(f"--lora={lora!r} was trained on {model!r} as {store / MODELS} records it, and here "
-                         f"{describe_version_change(model, recorded, now)}: evaluating the LoRA on another base "
-                         f"model would measure something else. Pass --pretrained_model_name_or_path with {fix}")
+                         f"{cause}: evaluating the LoRA on another base model would measure something else. Pass "
+                         f"--pretrained_model_name_or_path with {fix}")
     if process_state().is_main_process:
-        print(f"note: --pretrained_model_name_or_path {model}, the base model --lora {lora} was trained on")
+        unchecked = f" (its samples used --revision {revision}; this loads the default one)" \
+            if revision and now is None else ""
+        print(f"note: --pretrained_model_name_or_path {model}, the base model --lora {lora} was trained on{unchecked}")
     return model
 
 

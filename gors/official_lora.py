@@ -368,6 +368,9 @@ class ConvertLoraConfig:
         "(default: %(default)s, whose configs are built in when offline).",
     })
 
+    def __post_init__(self) -> None:
+        self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a quoted argument, as a shell would
+
 
 def convert(config: ConvertLoraConfig) -> None:
     """`gors convert-lora IN OUT`: convert, and say how to use the result; bad input exits with its reason."""

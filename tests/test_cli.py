@@ -230,6 +230,9 @@ def test_a_link_to_a_missing_folder_is_named_as_such(tmp_path):
     with pytest.raises(PathError, match=r"^--output_dir='.*scratch' is a link to .*unmounted/runs, which does not "
                                         r"exist \(not mounted\?\); pass a folder"):
         make_folder(tmp_path / "scratch", "--output_dir")
+    with pytest.raises(PathError, match=r"^--output_dir='.*scratch/run1' lies under .*scratch, which is a link to "
+                                        r".*unmounted/runs, which does not exist"):
+        make_folder(tmp_path / "scratch" / "run1", "--output_dir")
 
 
 def test_unbiased_says_which_categories_have_an_unbiased_reward_and_where_a_reward_came_from():
@@ -1004,3 +1007,10 @@ def test_a_home_folder_tilde_in_an_output_or_image_folder_is_expanded_as_a_shell
     evaluation = parse_config(EvaluateConfig, ["--output_dir", "~/eval", "--images", "~/images"])
     assert (evaluation.output_dir, evaluation.images) == (str(tmp_path / "eval"), str(tmp_path / "images"))
     assert ReportConfig(folders=["~/eval"], output_dir="~/report").folders == [str(tmp_path / "eval")]
+    from gors.convert_detector import ConvertDetectorConfig
+    from gors.official_lora import ConvertLoraConfig
+    from gors.toy.pretrain import ToyPretrainConfig
+
+    assert ConvertLoraConfig(source="official:color", output_dir="~/lora").output_dir == str(tmp_path / "lora")
+    assert ConvertDetectorConfig("geneval", "official", "~/detector").output_dir == str(tmp_path / "detector")
+    assert ToyPretrainConfig(output_dir="~/toy").output_dir == str(tmp_path / "toy")

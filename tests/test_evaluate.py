@@ -567,15 +567,23 @@ def test_without_a_model_a_run_folders_lora_is_evaluated_on_the_base_model_it_wa
     assert trained_base_model(str(tmp_path)) is None
     (run / "samples" / "settings.json").write_text(json.dumps({"model": "someone/sdxl", "revision": "v2"}))
     assert trained_base_model(str(run)) == "someone/sdxl"
+    # Not in the cache: nothing to compare with yet, and the note says which revision the samples used.
+    assert "(its samples used --revision v2; this loads the default one)" in capsys.readouterr().out
     # The version the samples record against the one the name loads here: the cache's default snapshot.
     (run / "samples" / "models.json").write_text(json.dumps({"someone/sdxl": "a" * 40}))
     monkeypatch.setattr("gors.evaluate.model_version", lambda name: "a" * 40)
     assert trained_base_model(str(run)) == "someone/sdxl"
     monkeypatch.setattr("gors.evaluate.model_version", lambda name: "b" * 40)
-    with pytest.raises(ValueError, match=r"was trained on 'someone/sdxl' as .*models.json records it, and here "
-                                         r"someone/sdxl was at commit a{40}, now b{40}.*Pass "
-                                         r"--pretrained_model_name_or_path with a local copy of commit a{40} "
-                                         r"\(`hf download someone/sdxl --revision a{40} --local-dir DIR`\)"):
+    with pytest.raises(ValueError, match=r"was trained on 'someone/sdxl' as .*models.json records it, and here its "
+                                         r"samples used --revision v2 \(a{40}\), and gors evaluate loads the default "
+                                         r"one \(b{40}\).*Pass --pretrained_model_name_or_path with a local copy of "
+                                         r"commit a{40} \(`hf download someone/sdxl --revision a{40} --local-dir DIR`\)"):
+        trained_base_model(str(run))
+    (run / "samples" / "settings.json").write_text(json.dumps({"model": "someone/sdxl", "revision": None}))
+    monkeypatch.setattr("gors.evaluate.cached_snapshot", lambda name, commit: tmp_path / "snapshots" / commit)
+    with pytest.raises(ValueError, match=r"and here someone/sdxl was at commit a{40}, now b{40}: updated on the Hub "
+                                         r"since.*Pass --pretrained_model_name_or_path with its snapshot in this "
+                                         r"machine's cache, .*snapshots/a{40}$"):
         trained_base_model(str(run))
     monkeypatch.undo()
     (run / "samples" / "models.json").unlink()

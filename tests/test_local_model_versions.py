@@ -13,7 +13,7 @@ import pytest
 
 import gors.core.fingerprints as fingerprints
 from gors.core.fingerprints import LOCAL_PREFIX, local_fingerprint
-from gors.core.hub import model_version
+from gors.core.hub import cached_snapshot, model_version
 from gors.core.store import MODELS, StoreError, check_model_commits, recorded_model_commits
 
 
@@ -124,6 +124,9 @@ def test_model_version_is_a_commit_for_a_hub_id_and_a_fingerprint_for_a_local_pa
     assert model_version("org/model") == "a" * 40
     assert model_version(str(model)) == local_fingerprint(model)
     assert model_version("org/absent") is None
+    assert cached_snapshot("org/model", "a" * 40) is None  # the ref alone, no files
+    (refs.parent / "snapshots" / ("a" * 40)).mkdir(parents=True)
+    assert cached_snapshot("org/model", "a" * 40) == refs.parent / "snapshots" / ("a" * 40)
 
 
 def test_a_folder_made_by_a_local_model_refuses_the_model_changed_in_place(tmp_path):
@@ -139,7 +142,6 @@ def test_a_folder_made_by_a_local_model_refuses_the_model_changed_in_place(tmp_p
     # Before anything is scored, the folder takes the model as it is now.
     check_model_commits(folder, {str(model): model_version(str(model))}, False, "scores")
     assert recorded_model_commits(folder) == {str(model): local_fingerprint(model)}
-
 
 
 def test_a_relative_model_path_that_names_another_folder_from_here_is_said_so(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ from gors.core.store import SETTINGS, SampleStore, StoreError
 from gors.generate import generate
 from gors.score import score
 from gors.select import select
+from gors.testing.sd import build_tiny_sd_pipeline
 from gors.train import train
 from rewards import Reward, RewardOutput
 
@@ -57,9 +58,6 @@ def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_
         generate(make_run_config(images_per_prompt=3, resolution=16, guidance_scale=5.0))
     assert "guidance_scale: 7.5 -> 5.0" in str(error.value) and "seed:" not in str(error.value)
     assert len(store.records()) == 4
-    another = shutil.copytree(tiny_sd, tmp_path / "another_model")  # the same weights, another model path
-    with pytest.raises(StoreError, match=r"model: .* -> \".*another_model\""):
-        generate(make_run_config(pretrained_model_name_or_path=str(another)))
     # The same settings may ask for more images and more prompts, with the model's folder spelled another way.
     monkeypatch.chdir(tiny_sd.parent)
     store = generate(make_run_config(images_per_prompt=3, pretrained_model_name_or_path=f"{tiny_sd.name}/"))
@@ -68,6 +66,15 @@ def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_
     with pytest.raises(StoreError, match=r"holds samples of 3 prompts and 2 are asked for.*--max_prompts 3 or more, "
                                          r"with the --train_prompts that made this store\)"):
         generate(make_run_config(images_per_prompt=3, max_prompts=2))
+    # The same files at another path (the model moved or copied) are the same model: the store takes the path.
+    another = shutil.copytree(tiny_sd, tmp_path / "another_model")
+    store = generate(make_run_config(images_per_prompt=3, pretrained_model_name_or_path=str(another)))
+    assert len(store.records()) == 9 and json.loads((store.root / SETTINGS).read_text())["model"] == str(another)
+    # Other files at another path are another model.
+    other = tmp_path / "other_model"
+    build_tiny_sd_pipeline(other, seed=1, resolution=32)
+    with pytest.raises(StoreError, match=r"model: .*another_model\" -> \".*other_model\""):
+        generate(make_run_config(images_per_prompt=3, pretrained_model_name_or_path=str(other)))
 
 
 def test_a_store_from_before_settings_is_adopted_with_a_warning(make_run_config, caplog):
@@ -173,6 +180,12 @@ def test_a_lora_moved_or_copied_elsewhere_resumes_its_store_and_is_recorded_wher
     other.write_bytes(b"other weights")
     with pytest.raises(StoreError, match=r"lora: .*elsewhere/lora.safetensors\" -> .*other.safetensors\"; "
                                          r"lora_sha256: "):
+        _lora_run(store, other)
+    # A store from before the sha256 was recorded knows no weights: another path is another LoRA.
+    recorded = json.loads((store.root / SETTINGS).read_text())
+    del recorded["lora_sha256"]
+    atomic_write_json(store.root / SETTINGS, recorded)
+    with pytest.raises(StoreError, match=r"lora: .*elsewhere/lora.safetensors\" -> .*other.safetensors\""):
         _lora_run(store, other)
 
 
@@ -621,3 +634,57 @@ def test_a_score_file_set_aside_beside_the_parts_is_not_read(tmp_path):
     append_jsonl(tmp_path / "part-00000.old.jsonl", [{**row, "reward": 1.0}])  # sorts after, so it would win
     append_jsonl(tmp_path / "part-00001 (copy).jsonl", [{**row, "reward": 1.0}])
     assert read_score_rows(tmp_path, [record])[(0, 0)]["reward"] == 0.25
+
+
+def test_a_store_of_a_prompt_read_with_invisible_characters_by_an_older_gors_is_named_as_such(tmp_path):
+    from gors.core.sampling import StoreFlags, _check_same_prompts
+
+    store = SampleStore(tmp_path / "samples")
+    append_jsonl(store.part_dir(0) / "metadata.jsonl", [{"file_name": "00000_000.png", "prompt": "a red circle\u200b",
+                                                         "prompt_index": 0, "image_index": 0}])
+    with pytest.raises(StoreError, match=r"holds samples of prompt 0 as an older gors read it, 'a red circle\\u200b', "
+                                         r"with invisible characters at its ends that gors now strips"):
+        _check_same_prompts(store, ["a red circle"], StoreFlags())
+    with pytest.raises(StoreError, match=r"holds samples of another prompt set"):
+        _check_same_prompts(store, ["a blue circle"], StoreFlags())
+
+
+def test_a_metadata_or_score_row_edited_without_its_keys_is_named_with_its_file_and_row(tmp_path):
+    from gors.core.scoring import read_score_rows
+
+    store = SampleStore(tmp_path / "samples")
+    metadata = store.part_dir(0) / "metadata.jsonl"
+    append_jsonl(metadata, [{"file_name": "00000_000.png", "prompt": "p", "prompt_index": 0, "image_index": 0},
+                            {"file_name": "00000_001.png", "prompt": "p", "image_index": 1}])
+    with pytest.raises(ValueError, match=rf"^{metadata}, row 2: no integer prompt_index and image_index, which gors "
+                                         r"writes in every row; fix or delete that line$"):
+        store.records()
+    metadata.write_text(json.dumps({"prompt": "p", "prompt_index": 0, "image_index": 0}) + "\n")
+    with pytest.raises(ValueError, match=rf"^{metadata}, row 1: no file_name text"):
+        store.records()
+    scores = tmp_path / "scores"
+    append_jsonl(scores / "part-00000.jsonl", [{"prompt_index": "x", "image_index": 0, "reward": 0.5}])
+    with pytest.raises(ValueError, match=r"part-00000.jsonl, row 1: no integer prompt_index and image_index"):
+        read_score_rows(scores, [])
+
+
+def test_settings_and_model_files_holding_no_mapping_are_named_with_a_fix_that_keeps_the_work(tmp_path):
+    from gors.core.scoring import check_settings
+    from gors.core.store import recorded_model_commits
+
+    store = SampleStore(tmp_path / "samples")
+    store.root.mkdir()
+    (store.root / SETTINGS).write_text("[1, 2]")
+    with pytest.raises(StoreError, match=r"settings.json holds no settings mapping, which `gors generate` records: "
+                                         r"restore the file, or delete it and run `gors generate` with the flags that "
+                                         r"made the images"):
+        store.load_settings()
+    (tmp_path / "scores").mkdir()
+    (tmp_path / "scores" / "settings.json").write_text("[1, 2]")
+    with pytest.raises(StoreError, match=r"holds no settings mapping, which gors writes there: restore the file, or "
+                                         r"delete it and score again"):
+        check_settings(tmp_path / "scores", {"reward": "b_vqa"}, True)
+    (store.root / "models.json").write_text('"model"')
+    with pytest.raises(StoreError, match=r"models.json holds no mapping of models to versions.*restore the file, or "
+                                         r"delete it"):
+        recorded_model_commits(store.root)

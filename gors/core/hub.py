@@ -165,6 +165,13 @@ def hub_commit(name: str, revision: str | None = None) -> str | None:
         return None
 
 
+def cached_snapshot(name: str, commit: str) -> Path | None:
+    """The folder of Hub model `name` at `commit` in the local Hugging Face cache, where it holds one: a
+    local path that loads exactly that version, offline."""
+    folder = _cache_folder(name) / "snapshots" / commit
+    return folder if folder.is_dir() else None
+
+
 def model_version(name: str, revision: str | None = None) -> str | None:
     """What identifies the weights a `from_pretrained(name, revision=revision)` reads, as run folders
     record it: a Hub model's commit (`hub_commit`), or a local file's or folder's fingerprint

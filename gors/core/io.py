@@ -46,9 +46,10 @@ class NotSharedError(PathError):
 def unusable_path(err: OSError, path: str | Path, flag: str | None = None) -> PathError:
     """`err` (one of `UNUSABLE_PATH`) as one line naming the path, the flag that gave it and the fix."""
     given = f"{flag}={str(path)!r}" if flag else str(path)
-    if isinstance(err, FileExistsError) and Path(err.filename or path).is_symlink() \
-            and not Path(err.filename or path).exists():
-        problem = f"is a link to {os.readlink(err.filename or path)}, which does not exist (not mounted?)"
+    failed = Path(err.filename or path)  # the path itself, or the one of its parents that failed
+    if isinstance(err, FileExistsError) and failed.is_symlink() and not failed.exists():
+        where = "is" if failed == Path(path) else f"lies under {failed}, which is"
+        problem = f"{where} a link to {os.readlink(failed)}, which does not exist (not mounted?)"
     elif isinstance(err, FileExistsError):
         problem = "is a file, not a folder"
     elif isinstance(err, NotADirectoryError):
@@ -306,11 +307,12 @@ def read_jsonl(path: str | Path, whole: bool = False) -> Iterator[dict[str, Any]
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.endswith("\n"):
-                if whole and _is_json_object(line):
-                    yield _json_object(line, path, number)
-                    return
                 if whole:
-                    raise TornLineError(f"{path}:{number} is cut short (its last line is incomplete)")
+                    last = _json_or_none(line)
+                    if not isinstance(last, dict):
+                        raise TornLineError(f"{path}:{number} is cut short (its last line is incomplete)")
+                    yield last
+                    return
                 key = (str(path), os.fstat(handle.fileno()).st_size)
                 if key not in _reported_torn:
                     _reported_torn.add(key)
@@ -324,11 +326,11 @@ def read_jsonl(path: str | Path, whole: bool = False) -> Iterator[dict[str, Any]
                 yield _json_object(line, path, number)
 
 
-def _is_json_object(line: str) -> bool:
+def _json_or_none(line: str) -> Any:
     try:
-        return isinstance(json.loads(line), dict)
+        return json.loads(line)
     except json.JSONDecodeError:
-        return False
+        return None
 
 
 def _json_object(line: str, path: str | Path, number: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,20 +116,20 @@ def _read_text(path: Path) -> str:
     return text
 
 
-# Invisible characters a prompt may carry at its ends from editors and concatenated files: byte-order marks
-# (two Windows files joined by `cat`), zero-width spaces and joiners, the word joiner.
-_INVISIBLE = "\ufeff\u200b\u200c\u200d\u2060"
+# Whitespace and the invisible characters a prompt may carry at its ends from editors and concatenated files:
+# byte-order marks (two Windows files joined by `cat`), zero-width spaces and joiners, the word joiner.
+_EDGES = re.compile(r"^[\s\ufeff\u200b\u200c\u200d\u2060]+|[\s\ufeff\u200b\u200c\u200d\u2060]+$")
 
 
-def _clean(text: str) -> str:
-    """`text` without whitespace and invisible characters at its ends."""
-    return text.strip().strip(_INVISIBLE).strip()
+def clean_prompt(text: str) -> str:
+    """`text` without whitespace and invisible characters at its ends, as gors reads a prompt from a file."""
+    return _EDGES.sub("", text)
 
 
 def _lines(text: str) -> list[str]:
-    """A file's lines at LF (CRLF's CR is stripped as whitespace), each `_clean`. Only LF: `str.splitlines`
+    """A file's lines at LF (CRLF's CR is stripped as whitespace), each `clean_prompt`. Only LF: `str.splitlines`
     would also cut a prompt at a form feed, U+0085 or U+2028."""
-    return [_clean(line) for line in text.split("\n")]
+    return [clean_prompt(line) for line in text.split("\n")]
 
 
 # Formats gors does not read as prompt files: read as lines, their syntax would become prompts.
@@ -170,13 +171,13 @@ def read_prompt_jsonl(path: str | os.PathLike[str]) -> tuple[list[str], list[dic
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}, line {number}: not JSON ({err}); a .jsonl prompt file holds one JSON object "
                              f"per line, e.g. {{\"prompt\": \"a photo of a cat\", ...}}") from err
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not _clean(row["prompt"]):
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not clean_prompt(row["prompt"]):
             raise ValueError(f"{path}, line {number}: {line.strip()[:80]!r} is not a JSON object with a non-empty "
                              f"'prompt' string")
         rows.append(row)
     if not rows:
         raise ValueError(f"Prompt file {str(path)!r} contains no prompts (only blank lines).")
-    return [_clean(row["prompt"]) for row in rows], rows
+    return [clean_prompt(row["prompt"]) for row in rows], rows
 
 
 @dataclass

@@ -36,6 +36,7 @@ from gors.core.hub import recording_loads
 from gors.core.io_threads import OrderedWorker
 from gors.core.memory import DROP_OVERLAP, MORE_MEMORY, BatchLimit, in_batches_that_fit
 from gors.core.pipeline import cpu_generators
+from gors.core.prompts import clean_prompt
 from gors.core.store import (
     SETTINGS,
     SampleStore,
@@ -79,6 +80,12 @@ def _check_same_prompts(store: SampleStore, prompts: list[str], flags: StoreFlag
         )
     for record in records:
         index = record["prompt_index"]
+        if index < len(prompts) and record["prompt"] != prompts[index] == clean_prompt(record["prompt"]):
+            raise StoreError(
+                f"{store.root} holds samples of prompt {index} as an older gors read it, {record['prompt']!r}, with "
+                f"invisible characters at its ends that gors now strips ({prompts[index]!r}): generate into a new "
+                "--output_dir (this store's images stay as they are)"
+            )
         if index >= len(prompts) or prompts[index] != record["prompt"]:
             found = prompts[index] if index < len(prompts) else "<no such prompt>"
             raise StoreError(
@@ -145,10 +152,11 @@ def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: Stor
     recorded = store.load_settings()
     if recorded is None or not store.records():
         return []
-    recorded, adopted = adopt_later_settings(recorded, wanted, LATER_SETTINGS)
-    # The same weights, moved or copied elsewhere: the store takes their new path.
+    # The same weights, moved or copied elsewhere, by the sha256 the store itself recorded (one adopted
+    # below from `wanted` says nothing): the store takes their new path.
     if recorded.get("lora_sha256") is not None and recorded["lora_sha256"] == wanted.get("lora_sha256"):
         recorded = {**recorded, "lora": wanted.get("lora")}
+    recorded, adopted = adopt_later_settings(recorded, wanted, LATER_SETTINGS)
     if recorded.get("revision") is None and wanted.get("revision") is None and \
             moved_local_model(recorded.get("model"), wanted.get("model"), recorded_model_commits(store.root)):
         recorded = {**recorded, "model": wanted.get("model")}

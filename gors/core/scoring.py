@@ -173,9 +173,11 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
     `LATER_SCORE_SETTINGS` (an older gors), takes `wanted` with a warning.
     """
     path = Path(scores_folder) / SETTINGS_FILE
-    recorded = read_json(path, "the scorer settings gors writes there: restore the file, or delete it and score "
-                               "again with the reward and options that made the scores, which records them again "
-                               "(unchecked: it cannot know they made them)") if path.is_file() else None
+    fix = ("restore the file, or delete it and score again with the reward and options that made the scores, which "
+           "records them again (unchecked: it cannot know they made them)")
+    recorded = read_json(path, f"the scorer settings gors writes there: {fix}") if path.is_file() else None
+    if recorded is not None and not isinstance(recorded, dict):
+        raise StoreError(f"{path} holds no settings mapping, which gors writes there: {fix}")
     if recorded == wanted:
         return False
     if not scored or recorded is None:

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from PIL import Image, UnidentifiedImageError
 
@@ -110,13 +110,13 @@ class SampleStore:
         """All finished records, sorted by (prompt_index, image_index), each with `path` relative to the root."""
         records: dict[SampleKey, dict[str, Any]] = {}
         for metadata in self._metadata_files():
-            for record in read_jsonl(metadata):
+            for record in sample_rows(metadata, needs=("file_name",)):
                 key = sample_key(record)
                 record["path"] = f"{metadata.parent.name}/{record['file_name']}"
                 if key in records:
                     raise StoreError(
-                        f"Sample {key} is recorded twice ({records[key]['path']} and {record['path']}); "
-                        f"remove one of the two lines from its metadata.jsonl."
+                        f"Sample {key} is recorded twice ({records[key]['path']} and {record['path']}): remove a "
+                        "part folder copied beside the others, else one of the two lines from its metadata.jsonl."
                     )
                 records[key] = record
         return [records[key] for key in sorted(records)]
@@ -179,7 +179,7 @@ class SampleStore:
     def add_columns(self, columns: dict[SampleKey, dict[str, Any]]) -> None:
         """Merge per-sample columns (e.g. a reward) into the metadata files, atomically per file."""
         for metadata in self._metadata_files():
-            rows = list(read_jsonl(metadata))
+            rows = list(sample_rows(metadata))
             for row in rows:
                 row.update(columns.get(sample_key(row), {}))
             atomic_write_jsonl(metadata, rows)
@@ -259,7 +259,12 @@ def recorded_model_commits(folder: str | Path) -> dict[str, str | None]:
     model's "sha256:..." fingerprint); {} when none is recorded (nothing made yet, or made before gors
     0.2 recorded them)."""
     path = Path(folder) / MODELS
-    return read_json(path, "the versions of the models that made this folder's contents") if path.is_file() else {}
+    fix = "restore the file, or delete it: the next run records the models it loads (unchecked against earlier ones)"
+    versions = read_json(path, f"the versions of the models that made this folder's contents; {fix}") \
+        if path.is_file() else {}
+    if not isinstance(versions, dict):
+        raise StoreError(f"{path} holds no mapping of models to versions, which gors writes there; {fix}")
+    return versions
 
 
 def recorded_name(recorded: Mapping[str, Any], name: str) -> str | None:
@@ -372,6 +377,22 @@ def settings_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[s
     ]
 
 
+def sample_rows(path: Path, needs: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
+    """The rows of one of a store's or a score folder's jsonl files, each with its sample's indices and the text
+    fields in `needs`, as gors writes them; a row edited without them is a ValueError naming the file and row."""
+    for number, row in enumerate(read_jsonl(path), start=1):
+        try:
+            sample_key(row)
+        except ValueError:
+            raise ValueError(f"{path}, row {number}: no integer prompt_index and image_index, which gors writes in "
+                             "every row; fix or delete that line") from None
+        missing = [key for key in needs if not isinstance(row.get(key), str)]
+        if missing:
+            raise ValueError(f"{path}, row {number}: no {missing[0]} text, which gors writes in every row; fix or "
+                             "delete that line")
+        yield row
+
+
 def read_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """Records of several jsonl shards, in file order."""
-    return [row for path in paths for row in read_jsonl(path)]
+    return [row for path in paths for row in sample_rows(path)]

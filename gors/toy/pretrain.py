@@ -19,6 +19,7 @@ held-out colour-shape combinations (as T2I-CompBench's unseen split is unseen by
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -99,6 +100,7 @@ class ToyPretrainConfig:
     def __post_init__(self) -> None:
         if not str(self.output_dir).strip():
             raise ValueError("--output_dir='': give the folder the toy model goes to, e.g. toy_model")
+        self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a quoted flag, as a shell would
         if self.prediction_type not in PREDICTION_TYPES:
             raise ValueError(f"--prediction_type {self.prediction_type!r}: choose one of {', '.join(PREDICTION_TYPES)}")
         if not 1 <= len(self.unet_channels) <= 4 or any(c <= 0 or c % 16 for c in self.unet_channels):
