@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 # A lock holder in another process, as light as can be (no torch): it takes the lock and sleeps.
 HOLDER = ("import sys, time; from pathlib import Path; from gors.core.lock import _acquire; "
-          "_acquire(Path(sys.argv[1]), sys.argv[2], 'gors score'); print('held', flush=True); time.sleep(300)")
+          "[_acquire(Path(sys.argv[1]), stage, 'gors score') for stage in sys.argv[2:]]; print('held', flush=True); "
+          "time.sleep(300)")
 
 
 def wait_for(condition, timeout: float = 120.0) -> None:
@@ -64,9 +65,9 @@ def test_gors_score_is_refused_while_gors_generate_writes_the_folder(tmp_path, c
     assert capsys.readouterr().err.startswith(f"error: {run} is being written by `gors generate`")
 
 
-def test_lock_of_a_killed_holder_is_taken_over_with_a_note(tmp_path, capsys):
+def test_lock_of_a_killed_holder_is_taken_over_with_one_note(tmp_path, capsys):
     run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), "score"], cwd=REPO, env=ENV,
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), "score", "select"], cwd=REPO, env=ENV,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
@@ -75,9 +76,12 @@ def test_lock_of_a_killed_holder_is_taken_over_with_a_note(tmp_path, capsys):
                 pass
         holder.kill()
         holder.wait()
-        with run_folder_lock(run, ["score"], "gors score"):
-            assert holder_pid(run, "score") == os.getpid()
-        assert f"taking over the lock of `gors score` (pid {holder.pid} " in capsys.readouterr().err
+        with run_folder_lock(run, ["score", "select"], "gors score"):
+            assert holder_pid(run, "score") == holder_pid(run, "select") == os.getpid()
+        notes = capsys.readouterr().err
+        assert notes.count("taking over") == 1  # one holder of both stages: one note
+        assert f"taking over the lock of `gors score` (pid {holder.pid} " in notes
+        assert "which holds it no longer (it stopped, or this folder is a copy made while it ran)" in notes
     finally:
         holder.kill()
         holder.wait()

@@ -66,6 +66,9 @@ def _shares_beyond(folder: Path, stages: Sequence[str], num_processes: int) -> l
     return sorted(names)
 
 
+_noted_stale: set[tuple[str, Any, Any]] = set()
+
+
 def _describe(record: dict) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["started"]))
     return f"`{record['command']}` (pid {record['pid']} on host {record['host']}, since {started})"
@@ -97,9 +100,11 @@ def _acquire(folder: Path, stage: str, command: str, note_stale: bool = True) ->
         raise LockError(f"{folder} is being written by {who}; wait for it or stop it. "
                         "A stale lock is taken over automatically.") from None
     stale = _read_record(fd) if note_stale else None
-    if stale:
-        print(f"note: {folder}: taking over the lock of {_describe(stale)}, which is no longer running",
-              file=sys.stderr)
+    # Once per folder and holder: a command takes several stages' locks, which the holder held alike.
+    if stale and (str(folder), stale["pid"], stale["host"]) not in _noted_stale:
+        _noted_stale.add((str(folder), stale["pid"], stale["host"]))
+        print(f"note: {folder}: taking over the lock of {_describe(stale)}, which holds it no longer (it stopped, "
+              "or this folder is a copy made while it ran)", file=sys.stderr)
     record = {"stage": stage, "command": command, "pid": os.getpid(), "host": socket.gethostname(),
               "argv": sys.argv, "started": time.time()}
     os.ftruncate(fd, 0)

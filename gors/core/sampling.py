@@ -185,6 +185,39 @@ def check_seed_range(protocol: SamplingProtocol, num_prompts: int) -> None:
                          f"[{low}, {high}] torch accepts; pass a --seed in [{least}, {most}]")
 
 
+def _prepare_store(store: SampleStore, prompts: list[str], protocol: SamplingProtocol, settings: Mapping[str, Any],
+                   prompt_info: dict[str, Any] | None, accelerator: Accelerator, flags: StoreFlags) -> dict[str, Any]:
+    """Check that `store` may take images of `prompts` under `protocol` and the pipeline `settings`, repair what an
+    interruption left, and record the prompts and settings (main process); the settings the images are made with."""
+    wanted = json.loads(json.dumps(
+        {**protocol.settings(), "gors_version": gors.__version__, **settings}, sort_keys=True, default=str
+    ))
+    # On every process, so that all of them stop on a mismatch.
+    check_seed_range(protocol, len(prompts))
+    _check_same_prompts(store, prompts, flags)
+    adopted = _check_same_settings(store, wanted, flags)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        store.cut_torn_records()  # their images are generated again, as their records are gone
+        dropped = store.drop_records_without_image()
+        if dropped:
+            logger.warning("%d records had no image file and will be generated again", dropped)
+        if store.load_settings() is None and store.records():
+            logger.warning("%s was made before gors recorded generation settings; it is taken to have been made "
+                           "with the current ones: %s", store.root, json.dumps(wanted, sort_keys=True))
+        if adopted:
+            logger.warning("%s was made before gors recorded %s; its images are taken to have been made with the "
+                           "current value: %s", store.root, ", ".join(adopted),
+                           json.dumps({key: wanted[key] for key in adopted}))
+        store.save_prompts({**(prompt_info or {}), "prompts": prompts})
+        # A path spelled otherwise now (`same_value`) keeps its recorded spelling, which the other stages compare with.
+        recorded = store.load_settings() or {}
+        store.save_settings({key: recorded[key] if key in recorded and same_value(recorded[key], value) else value
+                             for key, value in wanted.items()})
+    accelerator.wait_for_everyone()
+    return wanted
+
+
 def generate_samples(
     store: SampleStore,
     prompts: list[str],
@@ -216,32 +249,7 @@ def generate_samples(
     """
     if settings is None:
         settings = {key: (prompt_info or {}).get(key) for key in ("model", "lora")}
-    wanted = json.loads(json.dumps(
-        {**protocol.settings(), "gors_version": gors.__version__, **settings}, sort_keys=True, default=str
-    ))
-    # On every process, so that all of them stop on a mismatch.
-    check_seed_range(protocol, len(prompts))
-    _check_same_prompts(store, prompts, flags)
-    adopted = _check_same_settings(store, wanted, flags)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        store.cut_torn_records()  # their images are generated again below, as their records are gone
-        dropped = store.drop_records_without_image()
-        if dropped:
-            logger.warning("%d records had no image file and will be generated again", dropped)
-        if store.load_settings() is None and store.records():
-            logger.warning("%s was made before gors recorded generation settings; it is taken to have been made "
-                           "with the current ones: %s", store.root, json.dumps(wanted, sort_keys=True))
-        if adopted:
-            logger.warning("%s was made before gors recorded %s; its images are taken to have been made with the "
-                           "current value: %s", store.root, ", ".join(adopted),
-                           json.dumps({key: wanted[key] for key in adopted}))
-        store.save_prompts({**(prompt_info or {}), "prompts": prompts})
-        # A path spelled otherwise now (`same_value`) keeps its recorded spelling, which the other stages compare with.
-        recorded = store.load_settings() or {}
-        store.save_settings({key: recorded[key] if key in recorded and same_value(recorded[key], value) else value
-                             for key, value in wanted.items()})
-    accelerator.wait_for_everyone()
+    wanted = _prepare_store(store, prompts, protocol, settings, prompt_info, accelerator, flags)
 
     def plan() -> tuple[int, list[tuple[int, int]]]:
         done = {sample_key(record) for record in store.records()}
@@ -340,10 +348,10 @@ def generate_samples(
             bar.close()
     accelerator.wait_for_everyone()
     if accelerator.num_processes > 1:  # one process wrote them all itself: nothing to wait for
-        wanted = set(todo)
+        made = set(todo)
         visible = wait_until_visible(lambda: {sample_key(record) for record in store.records()},
-                                     lambda keys: wanted <= keys)
-        if not wanted <= visible:
-            raise StoreError(f"{len(wanted - visible)} of the {len(wanted)} images generated now are not visible in "
+                                     lambda keys: made <= keys)
+        if not made <= visible:
+            raise StoreError(f"{len(made - visible)} of the {len(made)} images generated now are not visible in "
                              f"{store.root} from {socket.gethostname()}: {NOT_VISIBLE}")
     return store
