@@ -269,7 +269,7 @@ def trained_base_model(lora: str) -> str | None:
                          f"--pretrained_model_name_or_path with {fix}")
     if process_state().is_main_process:
         unchecked = f" (its samples used --revision {revision}; this loads the default one)" \
-            if revision and now is None else ""
+            if revision and (recorded is None or now is None) else ""
         print(f"note: --pretrained_model_name_or_path {model}, the base model --lora {lora} was trained on{unchecked}")
     return model
 

@@ -1049,7 +1049,9 @@ class GORSTrainer:
         folder = self.validation_dir or self.output_dir
         if self.validation is not None:
             # Online rounds (`validation_dir`) train one LoRA on one selection per round: one training.
-            self.validation.start(step, training_identity(self.fingerprint, with_selection=self.validation_dir is None))
+            with_selection = self.validation_dir is None
+            self.validation.start(step, training_identity(self.fingerprint, with_selection),
+                                  recorded_as=[training_identity(self.fingerprint, with_selection, by_path=True)])
         elif step == 0:
             if self.accelerator.is_main_process:
                 discard_validation_results(folder)

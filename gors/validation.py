@@ -20,7 +20,7 @@ import hashlib
 import json
 import random
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +34,10 @@ from PIL import Image
 
 from evaluators.base import FIXED_BATCH_FLAGS
 from evaluators.results import metric_value
-from gors.checkpoints import RECORDED_WHERE_KNOWN
+from gors.checkpoints import BASE_MODEL_COMMIT, RECORDED_WHERE_KNOWN
 from gors.config import RunConfig, TrainConfig, sampling_overrides
 from gors.core.backbones import FAMILIES, Backbone, check_resolution
+from gors.core.fingerprints import is_local_fingerprint
 from gors.core.io import atomic_write_json, is_json_number, publish_folder, read_jsonl, recover_folder
 from gors.core.memory import BatchLimits
 from gors.core.pipeline import sampler_name
@@ -79,14 +80,19 @@ def is_better(value: float, best: float | None, higher_is_better: bool) -> bool:
     return best is None or (value > best if higher_is_better else value < best)
 
 
-def training_identity(fingerprint: dict[str, Any], with_selection: bool = True) -> str:
+def training_identity(fingerprint: dict[str, Any], with_selection: bool = True, by_path: bool = False) -> str:
     """A hash (16 hex digits) of a training's checkpoint fingerprint (`gors.checkpoints.training_fingerprint`):
     which training a best LoRA belongs to. `with_selection=False` leaves the selection out, for online
-    rounds: one LoRA trained on one selection per round, whose rounds' fingerprints differ only there."""
+    rounds: one LoRA trained on one selection per round, whose rounds' fingerprints differ only there.
+
+    A local base model counts by its files' fingerprint, not its path, so that the training of a model
+    moved elsewhere keeps its best LoRA; `by_path`: by its path, as best LoRAs recorded before were."""
     # The base model's commit and the precision are left out: a checkpoint of another is set aside with its best
     # LoRA, and a best LoRA recorded before they were stays that of its training.
     kept = {key: value for key, value in fingerprint.items()
             if (with_selection or not key.startswith("selection_")) and key not in RECORDED_WHERE_KNOWN}
+    if not by_path and is_local_fingerprint(fingerprint.get(BASE_MODEL_COMMIT)):
+        kept["pretrained_model_name_or_path"] = fingerprint[BASE_MODEL_COMMIT]
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -237,9 +243,10 @@ class BenchmarkValidation:
         self.training: str | None = None
         self.best: dict[str, Any] | None = None
 
-    def start(self, step: int, training: str) -> None:
+    def start(self, step: int, training: str, recorded_as: Collection[str] = ()) -> None:
         """Set up for a run at `step` (0: a fresh start; more: resumed or continued there) of the training
-        `training` (`training_identity`), on every process. A fresh start discards the folder's
+        `training` (`training_identity`; `recorded_as`: the identities an earlier gors gave it), on every
+        process. A fresh start discards the folder's
         validation results (`discard_validation_results`); a resumed run discards those after `step`
         (`discard_steps_after`) and competes with the recorded best LoRA only when it is of this training,
         these validation settings and a step up to `step`: another's value does not compare, and the
@@ -261,8 +268,9 @@ class BenchmarkValidation:
         recorded = best.get("validation") if best is not None else None
         if isinstance(recorded, dict):
             recorded = {**self._earlier, **recorded}
-        if best is not None and (best.get("training"), recorded) != (training, self.settings):
-            changed = (["training"] if best.get("training") != training else []) + sorted(
+        same_training = best is not None and best.get("training") in (training, *recorded_as)
+        if best is not None and not (same_training and recorded == self.settings):
+            changed = ([] if same_training else ["training"]) + sorted(
                 key for key in self.settings if not isinstance(recorded, dict) or recorded.get(key) != self.settings[key])
             accelerator.print(f"[validation] {best_file} differs from this run in {', '.join(changed)}: a value "
                               "validated otherwise does not compare, and this run's first validation replaces it")

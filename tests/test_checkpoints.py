@@ -123,6 +123,27 @@ def test_a_checkpoint_is_bound_to_the_base_models_commit_where_both_know_it(tmp_
     assert training_identity(at_a) == training_identity(unknown)  # a best LoRA stays its training's
 
 
+def test_a_local_base_model_moved_elsewhere_keeps_its_checkpoints_and_best_lora(tmp_path, monkeypatch):
+    import gors.checkpoints
+    from gors.checkpoints import fingerprint_differences
+    from gors.validation import training_identity
+
+    files = "sha256:" + "1" * 64
+    monkeypatch.setattr(gors.checkpoints, "model_version", lambda name, revision=None: files)
+    before = training_fingerprint(TrainConfig(output_dir=str(tmp_path), pretrained_model_name_or_path="/a/m"), [], 1, {})
+    moved = training_fingerprint(TrainConfig(output_dir=str(tmp_path), pretrained_model_name_or_path="/b/m"), [], 1, {})
+    assert fingerprint_differences(before, moved) == []
+    assert training_identity(before) == training_identity(moved)
+    assert training_identity(before, by_path=True) != training_identity(moved, by_path=True)  # as recorded before
+    other = moved | {"base_model_commit": "sha256:" + "2" * 64}  # other files: the path counts again
+    assert fingerprint_differences(before, other) == [
+        f"base_model_commit '{files}' in the checkpoint, 'sha256:{'2' * 64}' now",
+        "pretrained_model_name_or_path '/a/m' in the checkpoint, '/b/m' now"]
+    unrecorded = {key: value for key, value in before.items() if key != "base_model_commit"}  # an older checkpoint
+    assert fingerprint_differences(unrecorded, moved) == [
+        "pretrained_model_name_or_path '/a/m' in the checkpoint, '/b/m' now"]
+
+
 def test_a_checkpoint_is_bound_to_its_mixed_precision_where_recorded(tmp_path):
     """fp16 keeps a loss scaler that bf16 and fp32 lack, and each computes other gradients: a checkpoint
     resumes only under its own precision. One made before it was recorded resumes as before."""

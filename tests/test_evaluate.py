@@ -569,6 +569,9 @@ def test_without_a_model_a_run_folders_lora_is_evaluated_on_the_base_model_it_wa
     assert trained_base_model(str(run)) == "someone/sdxl"
     # Not in the cache: nothing to compare with yet, and the note says which revision the samples used.
     assert "(its samples used --revision v2; this loads the default one)" in capsys.readouterr().out
+    monkeypatch.setattr("gors.evaluate.model_version", lambda name: "b" * 40)  # cached, but nothing recorded
+    assert trained_base_model(str(run)) == "someone/sdxl"
+    assert "(its samples used --revision v2; this loads the default one)" in capsys.readouterr().out
     # The version the samples record against the one the name loads here: the cache's default snapshot.
     (run / "samples" / "models.json").write_text(json.dumps({"someone/sdxl": "a" * 40}))
     monkeypatch.setattr("gors.evaluate.model_version", lambda name: "a" * 40)

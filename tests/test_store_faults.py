@@ -688,3 +688,33 @@ def test_settings_and_model_files_holding_no_mapping_are_named_with_a_fix_that_k
     with pytest.raises(StoreError, match=r"models.json holds no mapping of models to versions.*restore the file, or "
                                          r"delete it"):
         recorded_model_commits(store.root)
+
+
+def test_a_store_whose_local_model_moved_records_it_at_its_new_path_only(tmp_path, monkeypatch):
+    """Accepted at its new path (the same files), the model is checked there from then on: whatever is put at
+    the old path later is not this run's model. A path recorded as typed (`~/m`) is found too."""
+    from gors.core.fingerprints import local_fingerprint
+    from gors.core.sampling import StoreFlags, _check_same_settings, _prepare_store
+    from gors.core.store import MODELS, recorded_model_commits
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "model_index.json").write_text("{}")
+    store = SampleStore(tmp_path / "samples")
+    append_jsonl(store.part_dir(0) / "metadata.jsonl", [{"file_name": "00000_000.png", "prompt": "p",
+                                                         "prompt_index": 0, "image_index": 0}])
+    protocol = SamplingProtocol(images_per_prompt=1, num_inference_steps=2, guidance_scale=7.5, resolution=8, seed=0)
+    settings = {"model": "~/m", "revision": None}
+    wanted = {**json.loads(json.dumps(protocol.settings())), "gors_version": gors.__version__, **settings}
+    store.save_settings(wanted)
+    store.save_prompts({"prompts": ["p"]})
+    atomic_write_json(store.root / MODELS, {str(model): local_fingerprint(model)})
+    moved = tmp_path / "disk2" / "m"
+    moved.parent.mkdir()
+    model.rename(moved)
+    assert _check_same_settings(store, {**wanted, "model": str(moved)}, StoreFlags())[1] == "~/m"
+    _prepare_store(store, ["p"], protocol, {**settings, "model": str(moved)}, None, make_accelerator(),
+                   StoreFlags())
+    assert recorded_model_commits(store.root) == {str(moved): local_fingerprint(moved)}
+    assert json.loads((store.root / SETTINGS).read_text())["model"] == str(moved)

@@ -474,13 +474,13 @@ def test_the_best_lora_is_the_best_value_by_the_metrics_direction_and_survives_a
     from gors.core.distributed import make_accelerator
     from gors.validation import BenchmarkValidation
 
-    def validate(metric, values, resumed=False):
+    def validate(metric, values, resumed=False, training="one training", recorded_as=()):
         """Validate at steps 1, 2, ... (resumed: after the recorded best's step) with the benchmark's
         summaries giving `values`; the saved LoRA file holds its step."""
         config = make_run_config(output_dir=str(tmp_path), validation_benchmark="toy:train", validation_metric=metric)
         validation = BenchmarkValidation(config, make_accelerator())
         resumed_at = json.loads((tmp_path / "best" / "best.json").read_text())["step"] if resumed else 0
-        validation.start(resumed_at, training="one training")
+        validation.start(resumed_at, training=training, recorded_as=recorded_as)
         validation._scorer = object()  # the stubbed benchmark scores nothing
         key, _, sub = metric.partition(".")
         summaries = iter([{key: {sub: v}} if sub else {key: v} for v in values])
@@ -494,6 +494,11 @@ def test_the_best_lora_is_the_best_value_by_the_metrics_direction_and_survives_a
     assert (best["step"], best["value"], lora) == (2, 0.5, "2")  # the highest, its LoRA with it
     best, lora = validate("binding_accuracy", [0.45], resumed=True)  # a resumed run competes with the earlier best
     assert (best["step"], lora) == (2, "2")
+    # The training under the identity an earlier gors gave it (a local base model by its path): still its best.
+    best, lora = validate("binding_accuracy", [0.45], resumed=True, training="by files", recorded_as=["one training"])
+    assert (best["step"], lora, best["training"]) == (2, "2", "one training")
+    best, lora = validate("binding_accuracy", [0.45], resumed=True, training="another training")
+    assert (best["step"], lora, best["training"]) == (3, "3", "another training")  # another's value does not compare
     best, lora = validate("binding_errors.exchanged", [0.3, 0.1, 0.2])  # a share of errors: the lowest
     assert (best["step"], best["value"], best["metric"], lora) == (2, 0.1, "binding_errors.exchanged", "2")
 

@@ -66,7 +66,7 @@ def _shares_beyond(folder: Path, stages: Sequence[str], num_processes: int) -> l
     return sorted(names)
 
 
-_noted_stale: set[tuple[str, Any, Any]] = set()
+_noted_stale: set[tuple[str, str, str]] = set()
 
 
 def _describe(record: dict) -> str:
@@ -101,8 +101,8 @@ def _acquire(folder: Path, stage: str, command: str, note_stale: bool = True) ->
                         "A stale lock is taken over automatically.") from None
     stale = _read_record(fd) if note_stale else None
     # Once per folder and holder: a command takes several stages' locks, which the holder held alike.
-    if stale and (str(folder), stale["pid"], stale["host"]) not in _noted_stale:
-        _noted_stale.add((str(folder), stale["pid"], stale["host"]))
+    if stale and (str(folder), str(stale["pid"]), str(stale["host"])) not in _noted_stale:
+        _noted_stale.add((str(folder), str(stale["pid"]), str(stale["host"])))
         print(f"note: {folder}: taking over the lock of {_describe(stale)}, which holds it no longer (it stopped, "
               "or this folder is a copy made while it ran)", file=sys.stderr)
     record = {"stage": stage, "command": command, "pid": os.getpid(), "host": socket.gethostname(),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,14 +115,15 @@ def _read_text(path: Path) -> str:
     return text
 
 
-# Whitespace and the invisible characters a prompt may carry at its ends from editors and concatenated files:
-# byte-order marks (two Windows files joined by `cat`), zero-width spaces and joiners, the word joiner.
-_EDGES = re.compile(r"^[\s\ufeff\u200b\u200c\u200d\u2060]+|[\s\ufeff\u200b\u200c\u200d\u2060]+$")
+# Whitespace (every character `str.isspace` counts, the highest being U+3000) and the invisible characters a
+# prompt may carry at its ends from editors and concatenated files: byte-order marks (two Windows files joined
+# by `cat`), zero-width spaces and joiners, the word joiner.
+_EDGES = "".join(c for c in map(chr, range(0x3001)) if c.isspace()) + "\ufeff\u200b\u200c\u200d\u2060"
 
 
 def clean_prompt(text: str) -> str:
     """`text` without whitespace and invisible characters at its ends, as gors reads a prompt from a file."""
-    return _EDGES.sub("", text)
+    return text.strip(_EDGES)
 
 
 def _lines(text: str) -> list[str]:

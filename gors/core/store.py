@@ -110,7 +110,7 @@ class SampleStore:
         """All finished records, sorted by (prompt_index, image_index), each with `path` relative to the root."""
         records: dict[SampleKey, dict[str, Any]] = {}
         for metadata in self._metadata_files():
-            for record in sample_rows(metadata, needs=("file_name",)):
+            for record in sample_rows(metadata, needs=("file_name", "prompt")):
                 key = sample_key(record)
                 record["path"] = f"{metadata.parent.name}/{record['file_name']}"
                 if key in records:
@@ -273,14 +273,29 @@ def recorded_name(recorded: Mapping[str, Any], name: str) -> str | None:
     return next((known for known in recorded if same_value(known, name)), None)
 
 
+def _recorded_version(versions: Mapping[str, str | None], name: str) -> str | None:
+    """The version `versions` (a `models.json`) records for model `name`, however its path is spelled: settings
+    keep a path as typed (`~/m`), `models.json` as it was loaded (expanded)."""
+    return versions.get(recorded_name(versions, name) or recorded_name(versions, os.path.expanduser(name)) or name)
+
+
 def moved_local_model(recorded: Any, wanted: Any, versions: Mapping[str, str | None]) -> bool:
     """Whether local model path `wanted`, another than the `recorded` one, holds the very files that a folder's
     `models.json` (`versions`) records for `recorded`: the model moved or copied elsewhere (a fingerprint reads
     the files' names relative to the folder and their contents, never where the folder is), so the same model."""
     if not (isinstance(recorded, str) and isinstance(wanted, str)) or same_value(recorded, wanted):
         return False
-    version = versions.get(recorded_name(versions, recorded) or recorded)
+    version = _recorded_version(versions, recorded)
     return is_local_fingerprint(version) and model_version(wanted) == version
+
+
+def rename_recorded_model(folder: str | Path, old: str, new: str) -> None:
+    """Record in `folder`'s `models.json` the version of model `old` under its new path `new` (it moved)."""
+    versions = recorded_model_commits(folder)
+    key = recorded_name(versions, old) or recorded_name(versions, os.path.expanduser(old))
+    if key is not None:
+        versions = {name: version for name, version in versions.items() if name != key} | {new: versions[key]}
+        atomic_write_json(Path(folder) / MODELS, versions)
 
 
 def check_model_commits(folder: str | Path, commits: dict[str, str | None], filled: bool, what: str) -> None:
