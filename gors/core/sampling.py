@@ -45,8 +45,8 @@ from gors.core.store import (
     check_cached_commits,
     check_model_commits,
     moved_local_model,
+    record_moved_model,
     recorded_model_commits,
-    rename_recorded_model,
     same_value,
     sample_file_name,
     sample_key,
@@ -142,11 +142,10 @@ class SamplingProtocol:
 LATER_SETTINGS = ("lora_sha256", "call_kwargs")
 
 
-def _check_same_settings(store: SampleStore, wanted: dict[str, Any],
-                         flags: StoreFlags) -> tuple[list[str], str | None]:
+def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: StoreFlags) -> list[str]:
     """Refuse to add images made with other settings to a store; returns the keys the recorded settings
-    lacked and take from `wanted` (`LATER_SETTINGS`), and the recorded path of a local base model that
-    `wanted` names moved elsewhere (`moved_local_model`), else None.
+    lacked and take from `wanted` (`LATER_SETTINGS`). A local base model moved elsewhere (`moved_local_model`)
+    is the same model.
 
     A store without settings is adopted; so is one without records (the settings file is written
     before the first image, so a run stopped before it, or one that failed on a bad seed or LoRA,
@@ -154,16 +153,15 @@ def _check_same_settings(store: SampleStore, wanted: dict[str, Any],
     """
     recorded = store.load_settings()
     if recorded is None or not store.records():
-        return [], None
+        return []
     # The same weights, moved or copied elsewhere, by the sha256 the store itself recorded (one adopted
     # below from `wanted` says nothing): the store takes their new path.
     if recorded.get("lora_sha256") is not None and recorded["lora_sha256"] == wanted.get("lora_sha256"):
         recorded = {**recorded, "lora": wanted.get("lora")}
     recorded, adopted = adopt_later_settings(recorded, wanted, LATER_SETTINGS)
-    moved_from = None
     if recorded.get("revision") is None and wanted.get("revision") is None and \
             moved_local_model(recorded.get("model"), wanted.get("model"), recorded_model_commits(store.root)):
-        moved_from, recorded = recorded["model"], {**recorded, "model": wanted.get("model")}
+        recorded = {**recorded, "model": wanted.get("model")}
     changes = settings_changes(recorded, wanted)
     if changes:
         raise StoreError(
@@ -171,7 +169,7 @@ def _check_same_settings(store: SampleStore, wanted: dict[str, Any],
             f"new --output_dir, or rerun with the settings that made it ({store.root / SETTINGS} lists them); "
             f"only {flags.may_change} may change in a store."
         )
-    return adopted, moved_from
+    return adopted
 
 
 # What `torch.Generator.manual_seed` accepts.
@@ -199,7 +197,7 @@ def _prepare_store(store: SampleStore, prompts: list[str], protocol: SamplingPro
     # On every process, so that all of them stop on a mismatch.
     check_seed_range(protocol, len(prompts))
     _check_same_prompts(store, prompts, flags)
-    adopted, moved_from = _check_same_settings(store, wanted, flags)
+    adopted = _check_same_settings(store, wanted, flags)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         store.cut_torn_records()  # their images are generated again, as their records are gone
@@ -218,8 +216,8 @@ def _prepare_store(store: SampleStore, prompts: list[str], protocol: SamplingPro
         recorded = store.load_settings() or {}
         store.save_settings({key: recorded[key] if key in recorded and same_value(recorded[key], value) else value
                              for key, value in wanted.items()})
-        if moved_from is not None:  # checked from now on at its new path only: the old one may hold anything later
-            rename_recorded_model(store.root, moved_from, wanted["model"])
+        if isinstance(wanted.get("model"), str) and wanted.get("revision") is None:
+            record_moved_model(store.root, wanted["model"])  # checked at its new path only from now on
     accelerator.wait_for_everyone()
     return wanted
 

@@ -289,13 +289,20 @@ def moved_local_model(recorded: Any, wanted: Any, versions: Mapping[str, str | N
     return is_local_fingerprint(version) and model_version(wanted) == version
 
 
-def rename_recorded_model(folder: str | Path, old: str, new: str) -> None:
-    """Record in `folder`'s `models.json` the version of model `old` under its new path `new` (it moved)."""
+def record_moved_model(folder: str | Path, model: str) -> None:
+    """Record local model `model` in `folder`'s `models.json` at its path only: a key of another path that records
+    the very files `model` holds now (the model moved or copied there) is renamed to `model`, so that whatever is
+    put at the old path later is not taken for the folder's model. Idempotent: also tidies a folder left between
+    two writes, or one that took the model at a new path before it held any image."""
     versions = recorded_model_commits(folder)
-    key = recorded_name(versions, old) or recorded_name(versions, os.path.expanduser(old))
-    if key is not None:
-        versions = {name: version for name, version in versions.items() if name != key} | {new: versions[key]}
-        atomic_write_json(Path(folder) / MODELS, versions)
+    moved = [key for key, version in versions.items() if is_local_fingerprint(version) and not same_value(key, model)]
+    if not moved:
+        return
+    now = model_version(model)
+    moved = [key for key in moved if versions[key] == now]
+    if moved:
+        atomic_write_json(Path(folder) / MODELS,
+                          {key: version for key, version in versions.items() if key not in moved} | {model: now})
 
 
 def check_model_commits(folder: str | Path, commits: dict[str, str | None], filled: bool, what: str) -> None:
