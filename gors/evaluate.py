@@ -44,6 +44,7 @@ from gors.core.store import (
     describe_version_change,
     recorded_model_commits,
     recorded_name,
+    recorded_version,
     same_value,
 )
 from gors.core.toy import PRETRAINED_DIR
@@ -247,7 +248,7 @@ def trained_base_model(lora: str) -> str | None:
         return None
     # A local model by its path as typed then: elsewhere, or from another working directory, it is not there.
     commits = recorded_model_commits(store)
-    local = looks_like_local_path(model) or is_local_fingerprint(commits.get(recorded_name(commits, model) or model))
+    local = looks_like_local_path(model) or is_local_fingerprint(recorded_version(commits, model))
     if local and not Path(model).expanduser().exists():
         raise FileNotFoundError(f"--lora={lora!r} was trained on local model {model!r} ({store / SETTINGS}), which is "
                                 "not there from here: pass its base model with --pretrained_model_name_or_path")
@@ -255,7 +256,7 @@ def trained_base_model(lora: str) -> str | None:
     # from this directory, another snapshot in this machine's cache, or not the --revision the samples used
     # (gors evaluate loads a Hub model's default revision). A model the cache does not hold yet is compared
     # with nothing here; its evaluation records the commit it loaded (results' `models`).
-    recorded, now = commits.get(recorded_name(commits, model)), model_version(model)
+    recorded, now = recorded_version(commits, model), model_version(model)
     revision = settings.get("revision")
     if recorded is not None and now is not None and recorded != now:
         snapshot = None if is_local_fingerprint(recorded) else cached_snapshot(model, recorded)

@@ -55,12 +55,7 @@ IMAGE_HASH = "image_sha256"
 
 def sample_key(record: dict[str, Any]) -> SampleKey:
     """What identifies a sample across runs and process layouts: (prompt index, image index)."""
-    try:
-        return int(record["prompt_index"]), int(record["image_index"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"a row without integer prompt_index and image_index, {json.dumps(record)[:80]}: gors writes "
-                         "both in every row of metadata.jsonl and score files, so this one was edited; fix or delete "
-                         "it") from None
+    return int(record["prompt_index"]), int(record["image_index"])
 
 
 def sample_file_name(prompt_index: int, image_index: int) -> str:
@@ -273,7 +268,7 @@ def recorded_name(recorded: Mapping[str, Any], name: str) -> str | None:
     return next((known for known in recorded if same_value(known, name)), None)
 
 
-def _recorded_version(versions: Mapping[str, str | None], name: str) -> str | None:
+def recorded_version(versions: Mapping[str, str | None], name: str) -> str | None:
     """The version `versions` (a `models.json`) records for model `name`, however its path is spelled: settings
     keep a path as typed (`~/m`), `models.json` as it was loaded (expanded)."""
     return versions.get(recorded_name(versions, name) or recorded_name(versions, os.path.expanduser(name)) or name)
@@ -285,7 +280,7 @@ def moved_local_model(recorded: Any, wanted: Any, versions: Mapping[str, str | N
     the files' names relative to the folder and their contents, never where the folder is), so the same model."""
     if not (isinstance(recorded, str) and isinstance(wanted, str)) or same_value(recorded, wanted):
         return False
-    version = _recorded_version(versions, recorded)
+    version = recorded_version(versions, recorded)
     return is_local_fingerprint(version) and model_version(wanted) == version
 
 
@@ -405,7 +400,7 @@ def sample_rows(path: Path, needs: tuple[str, ...] = ()) -> Iterator[dict[str, A
     for number, row in enumerate(read_jsonl(path), start=1):
         try:
             sample_key(row)
-        except ValueError:
+        except (KeyError, TypeError, ValueError):
             raise ValueError(f"{path}, row {number}: no integer prompt_index and image_index, which gors writes in "
                              "every row; fix or delete that line") from None
         missing = [key for key in needs if not isinstance(row.get(key), str)]
