@@ -40,7 +40,9 @@ def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd,
     ]
     # Scoring overlapped with generation here; the two-round run of test_rounds scores after it. The
     # processes anchor different rows to the base model (--anchor_below), so its forward must be their own.
-    launch_gors(["run", *flags, "--overlap_scoring", "--anchor_below", "500"], cwd=tmp_path)
+    launched = launch_gors(["run", *flags, "--overlap_scoring", "--anchor_below", "500"], cwd=tmp_path)
+    # The tiny BLIP's resolution note is the same on both processes: the main one says it.
+    assert launched.stderr.count("B-VQA on ") == 1, launched.stderr[-3000:]
 
     store = SampleStore(run_dir / "samples")
     keys = [(r["prompt_index"], r["image_index"]) for r in store.records()]
@@ -257,3 +259,28 @@ def test_processes_scoring_alongside_generation_with_other_reward_commits_stop_b
     message = outcomes[0]["outcome"]
     assert message.startswith("the processes of this launch do not agree on the models that score: org/reward ")
     assert f"'{'a' * 40}' on process 0" in message and f"'{'b' * 40}' on process 1" in message
+
+
+def test_under_several_processes_shared_warnings_are_said_once_and_own_work_by_each_naming_itself(caplog):
+    import logging
+
+    from gors.core.distributed import OWN_WORK_LOGGERS, SHARED_WARNING_LOGGERS, speak_once
+
+    loggers = [logging.getLogger(name) for name in (*SHARED_WARNING_LOGGERS, *OWN_WORK_LOGGERS)]
+    saved = [(logger, logger.level, list(logger.filters)) for logger in loggers]
+    try:
+        speak_once(SimpleNamespace(num_processes=1, is_main_process=False, process_index=0))  # alone: unchanged
+        assert [(logger.level, logger.filters) for logger in loggers] == [(level, f) for _, level, f in saved]
+        for _ in range(2):  # idempotent: one name per message
+            speak_once(SimpleNamespace(num_processes=2, is_main_process=False, process_index=1))
+        with caplog.at_level(logging.WARNING):
+            logging.getLogger("rewards.b_vqa").warning("a model's note")
+            logging.getLogger("gors.core.sampling").warning("a store's history")
+            logging.getLogger("gors.core.sampling").error("this process failed")
+            logging.getLogger("gors.core.memory").warning("out of device memory")
+        assert [record.getMessage() for record in caplog.records] == [
+            "this process failed", "process 1: out of device memory"]
+    finally:
+        for logger, level, filters in saved:
+            logger.setLevel(level)
+            logger.filters[:] = filters
