@@ -46,7 +46,7 @@ from gors.core.backbones import FAMILIES, Backbone, SamplingDefaults, detect_bac
 from gors.core.data import PinnedSource
 from gors.core.distributed import make_accelerator
 from gors.core.io import atomic_write_json, atomic_write_jsonl, file_sha256
-from gors.core.memory import BatchLimits
+from gors.core.memory import BatchLimit, BatchLimits
 from gors.core.pipeline import inference_dtype, load_pipeline, pipeline_settings
 from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
 from gors.core.scoring import score_samples
@@ -579,84 +579,34 @@ class Benchmark:
             self.check_scorer_options(self.name, scorer_options, column_options, extra_columns, with_columns,
                                       flag="scorer_options")
         prompts = self.cached_prompts()
-        protocol = None  # with `images`, the images were made elsewhere: the results record the fields as given
         if images is not None:
-            self.check_images_readable()
-            folder = Path(images)
-            if not folder.is_dir():
-                raise FileNotFoundError(f"--images {folder}: no such folder")
-            samples: Any = ImageFolderSamples(self.read_images(folder), prompts)
+            samples, protocol = self._read_images(images, prompts)
         else:
-            if pipeline_loader is None and pretrained_model_name_or_path is None:
-                raise ValueError("give a model (pretrained_model_name_or_path) or an image folder (images)")
-
-            # The family decides the defaults before any weights load (validation names its pipeline's family).
-            if pipeline_loader is None:
-                backbone = self.sampling_backbone(detect_backbone(pretrained_model_name_or_path))
-            protocol = self.protocol(backbone)
-
-            def load():
-                dtype = inference_dtype(accelerator, None)
-                return load_pipeline(pretrained_model_name_or_path, accelerator.device, dtype, lora=lora,
-                                     backbone=backbone, torch_compile=torch_compile, lora_dropout=lora_dropout)
-
-            store = generate_samples(
-                SampleStore(output_dir / "samples"), [p.text for p in prompts], protocol,
-                pipeline_loader or load, accelerator,
-                prompt_info={"benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora},
-                settings=pipeline_settings(pretrained_model_name_or_path, inference_dtype(accelerator, None), lora=lora,
-                                           backbone=backbone, lora_dropout=lora_dropout),
-                desc=f"{self.name}: generate",
-                flags=flags,
-                limit=None if batch_limits is None else batch_limits.generation,
-            )
-            samples = FirstImages(store, protocol.images_per_prompt)
-        metadata = [dict(p.metadata) for p in prompts]
+            samples, protocol = self._generate(
+                pretrained_model_name_or_path, lora, output_dir, prompts, accelerator, pipeline_loader, backbone,
+                torch_compile, lora_dropout, flags, None if batch_limits is None else batch_limits.generation)
         main_spec = self.scorer_spec(scorer_options)
         main_dtype = scorer.torch_dtype if scorer is not None else scorer_dtype(main_spec[0], accelerator)
-        scores = score_samples(
-            samples, output_dir / "scores",
+        scoring = _Scoring(samples, output_dir, accelerator, [dict(p.metadata) for p in prompts],
+                           scorer_batch_size, scorer_batch_flag)
+        scores = scoring.score(
+            "scores", self.name,
             lambda: scorer or self.make_scorer(accelerator, scorer_options, scorer_batch_size, cache=scorer_cache),
-            batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: score",
-            batch_flag=scorer_batch_flag,
-            prompt_metadata=metadata,
-            settings=scorer_settings(*main_spec, main_dtype),
-            limit=None if batch_limits is None else batch_limits.scoring,
+            scorer_settings(*main_spec, main_dtype), limit=None if batch_limits is None else batch_limits.scoring,
         )
         column_scores = {
-            column: score_samples(
-                samples, output_dir / "columns" / column,
+            column: scoring.score(
+                f"columns/{column}", f"{self.name}: {column}",
                 lambda column=column: self.make_scorer(
                     accelerator, (column_options or {}).get(column), scorer_batch_size, column, scorer_cache,
                     scorer_options,
                 ),
-                batch_size=scorer_batch_size, accelerator=accelerator, desc=f"{self.name}: {column}",
-                batch_flag=scorer_batch_flag,
-                prompt_metadata=metadata,
-                settings=self._column_settings(accelerator, column_options, column, scorer_options),
+                self._column_settings(accelerator, column_options, column, scorer_options),
             )
             for column in computed
         }
-        rows = []
-        for key in sorted(scores):
-            score_row = scores[key]
-            row = {"prompt_index": key[0], "image_index": key[1], "prompt": score_row["prompt"],
-                   "path": score_row["path"], "score": score_row["reward"], "details": score_row["details"]}
-            if column_scores:
-                row["columns"] = {column: by_key[key]["reward"] for column, by_key in column_scores.items()}
-            rows.append({**row, **self.judge(row)})
-        summary = {
-            "benchmark": self.name, "model": pretrained_model_name_or_path, "lora": lora,
-            "images": str(images) if images is not None else None, "higher_is_better": self.higher_is_better,
-            **self.aggregate(rows),
-            **self.provenance(rows),
-        }
-        absent = object()
-        if metric_value(summary, self.primary_metric, absent) is absent:
-            raise ValueError(f"{type(self).__qualname__}.summarize returned no {self.primary_metric!r} (its "
-                             f"primary_metric), only {sorted(self.summarize(rows))}; the images and scores in "
-                             f"{output_dir} are kept for the next run")
-        summary["results"] = self.results(rows, summary, protocol)
+        rows = self._judged_rows(scores, column_scores)
+        summary = self._summary(rows, output_dir, protocol, pretrained_model_name_or_path, lora, images)
         # What scored (reward, options, dtype, scoring versions) and the precision that generated: two evaluations
         # compare exactly only where both are one (`gors report`'s protocol notes).
         summary["results"]["scorer"] = json.loads(json.dumps(scorer_settings(*main_spec, main_dtype), default=str))
@@ -676,6 +626,90 @@ class Benchmark:
             self.write_official(rows, summary, output_dir)
         accelerator.wait_for_everyone()
         return summary
+
+    def _generate(self, model: str | None, lora: str | None, output_dir: Path, prompts: Sequence[BenchmarkPrompt],
+                  accelerator: Accelerator, pipeline_loader: Callable[[], Any] | None, backbone: Backbone | None,
+                  torch_compile: str, lora_dropout: float, flags: StoreFlags,
+                  limit: BatchLimit | None) -> tuple[FirstImages, SamplingProtocol]:
+        """The benchmark's images of `model` (+ `lora`, or the pipeline `pipeline_loader` gives, of family
+        `backbone`) under its protocol, generated into `output_dir / samples` where missing, and the protocol."""
+        if pipeline_loader is None and model is None:
+            raise ValueError("give a model (pretrained_model_name_or_path) or an image folder (images)")
+        # The family decides the defaults before any weights load (validation names its pipeline's family).
+        if pipeline_loader is None:
+            backbone = self.sampling_backbone(detect_backbone(model))
+        protocol = self.protocol(backbone)
+        dtype = inference_dtype(accelerator, None)
+
+        def load():
+            return load_pipeline(model, accelerator.device, dtype, lora=lora, backbone=backbone,
+                                 torch_compile=torch_compile, lora_dropout=lora_dropout)
+
+        store = generate_samples(
+            SampleStore(output_dir / "samples"), [p.text for p in prompts], protocol, pipeline_loader or load,
+            accelerator, prompt_info={"benchmark": self.name, "model": model, "lora": lora},
+            settings=pipeline_settings(model, dtype, lora=lora, backbone=backbone, lora_dropout=lora_dropout),
+            desc=f"{self.name}: generate", flags=flags, limit=limit,
+        )
+        return FirstImages(store, protocol.images_per_prompt), protocol
+
+    def _read_images(self, images: str | Path, prompts: Sequence[BenchmarkPrompt]) -> tuple[Any, None]:
+        """The samples of an image folder made elsewhere, and no protocol: the results record the fields as given."""
+        self.check_images_readable()
+        folder = Path(images)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"--images {folder}: no such folder")
+        return ImageFolderSamples(self.read_images(folder), prompts), None
+
+    def _judged_rows(self, scores: dict[tuple[int, int], dict[str, Any]],
+                     column_scores: dict[str, dict[tuple[int, int], dict[str, Any]]]) -> list[dict[str, Any]]:
+        """One results row per scored image, in (prompt, image) order: its score, columns and `judge`'s fields."""
+        rows = []
+        for key in sorted(scores):
+            score_row = scores[key]
+            row = {"prompt_index": key[0], "image_index": key[1], "prompt": score_row["prompt"],
+                   "path": score_row["path"], "score": score_row["reward"], "details": score_row["details"]}
+            if column_scores:
+                row["columns"] = {column: by_key[key]["reward"] for column, by_key in column_scores.items()}
+            rows.append({**row, **self.judge(row)})
+        return rows
+
+    def _summary(self, rows: list[dict[str, Any]], output_dir: Path, protocol: SamplingProtocol | None,
+                 model: str | None, lora: str | None, images: str | Path | None) -> dict[str, Any]:
+        """The summary of `rows`: the metrics, their provenance and the results record (`results`)."""
+        summary = {
+            "benchmark": self.name, "model": model, "lora": lora,
+            "images": str(images) if images is not None else None, "higher_is_better": self.higher_is_better,
+            **self.aggregate(rows),
+            **self.provenance(rows),
+        }
+        absent = object()
+        if metric_value(summary, self.primary_metric, absent) is absent:
+            raise ValueError(f"{type(self).__qualname__}.summarize returned no {self.primary_metric!r} (its "
+                             f"primary_metric), only {sorted(self.summarize(rows))}; the images and scores in "
+                             f"{output_dir} are kept for the next run")
+        summary["results"] = self.results(rows, summary, protocol)
+        return summary
+
+
+@dataclass(frozen=True)
+class _Scoring:
+    """What every score folder of one evaluation shares: its samples, folder, device, prompts' metadata
+    (the rule scorers' inputs) and batch size."""
+
+    samples: Any
+    output_dir: Path
+    accelerator: Accelerator
+    prompt_metadata: list[dict[str, Any]]
+    batch_size: int
+    batch_flag: str | None
+
+    def score(self, folder: str, desc: str, make: Callable[[], Reward], settings: dict[str, Any],
+              limit: BatchLimit | None = None) -> dict[tuple[int, int], dict[str, Any]]:
+        """Score the samples into `output_dir / folder` with the scorer `make` builds (when any is missing)."""
+        return score_samples(self.samples, self.output_dir / folder, make, batch_size=self.batch_size,
+                             accelerator=self.accelerator, desc=desc, batch_flag=self.batch_flag,
+                             prompt_metadata=self.prompt_metadata, settings=settings, limit=limit)
 
 
 def _reads_images(name: str) -> bool:
