@@ -2,7 +2,7 @@
 
 Each script's `measure(argv)` times gors against the reference procedure as the official code runs
 it (see the script's docstring) and returns its rows; this runs them in turn with the same device
-flags and writes the table with the date and the machine, as the README's speed table shows it.
+flags and writes the table with the date and the machine, as benchmarks/README.md's speed table shows it.
 
     python -m benchmarks                                   # CPU, reduced sizes (under 15 minutes on 2 cores)
     python -m benchmarks --device cuda --full-size         # the real architecture sizes on a GPU

@@ -731,7 +731,7 @@ def check_benchmark_class(cls: type[Benchmark]) -> None:
     what = f"benchmark class {cls.__qualname__}"
     missing = [hook for hook in ("prompts", "summarize") if getattr(cls, hook) is getattr(Benchmark, hook)]
     if missing:
-        raise ValueError(f"{what} does not implement {' and '.join(missing)}; see README, Adding a benchmark")
+        raise ValueError(f"{what} does not implement {' and '.join(missing)}; see docs/extending.md, Adding a benchmark")
     declared = [metric.key for metric in cls.metrics]
     if cls.primary_metric not in declared:
         raise ValueError(f"{what}: primary_metric={cls.primary_metric!r} is not among its metrics {declared}; declare "

@@ -9,7 +9,7 @@ its generator with 42 + n before the n-th image). The official tools read images
 (prompt p, image i -> p * 10 + i); `read_images` reads that layout, and `write_official` writes
 each metric's ``vqa_result.json`` where the official scripts put it.
 
-Sampling differs from the official script in two ways (the README's "Sampling differences"): the
+Sampling differs from the official script in two ways (docs/benchmarks.md, "Sampling differences"): the
 initial noise comes from a CPU generator (the script seeds a CUDA one, whose noise for a seed is
 another), and generation runs in the precision of `--mixed_precision` or the accelerate config (fp16 in
 the shipped GPU configs, as the script samples; fp32 on the CPU).

@@ -869,12 +869,12 @@ class EvaluateConfig:
     )
     num_inference_steps: int | None = field(
         default=None, metadata={"help": "Sampling steps; default: each benchmark's protocol for the model's family "
-                                        "(README, Model families). Another value is another protocol: the results "
+                                        "(docs/model_families.md). Another value is another protocol: the results "
                                         "record it, and the numbers do not compare with published ones."})
     guidance_scale: float | None = field(
         default=None, metadata={"help": "Classifier-free guidance (>= 0; 1 or less turns it off, except for FLUX.1 "
                                         "[dev], which takes the value as an input); default: each benchmark's "
-                                        "protocol for the model's family (README, Model families); a distilled "
+                                        "protocol for the model's family (docs/model_families.md); a distilled "
                                         "checkpoint needs its own, e.g. 0 for SDXL-Turbo."})
     resolution: int | None = field(
         default=None, metadata={"help": "Image side in pixels; default: each benchmark's protocol for the model's "

@@ -21,7 +21,7 @@ DEFAULT_REWARD = "b_vqa"
 # own (the paper's tau is per category, whichever reward). The oracle scores the fraction of binding
 # checks passed, so 0.99 keeps exactly the images with every binding right. The classifier gives
 # correct renders about 0.95 and swapped ones about 0; 0.9 rather than 0.5 was chosen on the
-# validation split of the train prompts (README).
+# validation split of the train prompts (docs/toy_world_results.md).
 TOY_THRESHOLDS: dict[str, float] = {METRIC_REWARD[TOY_CATEGORY]: 0.99, UNBIASED_REWARD[TOY_CATEGORY]: 0.9}
 THRESHOLD_CATEGORIES = (*paper.CATEGORIES, TOY_CATEGORY)  # the categories with a default tau
 
@@ -64,7 +64,7 @@ def toy_threshold(reward: str) -> float:
 
 
 # Rewards on whose scale a category's tau keeps no sample: the paper's non-spatial tau (0.75) read on its
-# metric, CLIPScore's raw cosine, which for an image and its prompt lies around 0.2-0.4 (README, Rewards).
+# metric, CLIPScore's raw cosine, which for an image and its prompt lies around 0.2-0.4 (docs/rewards.md).
 TAU_ABOVE_SCALE: dict[tuple[str, str], str] = {
     ("non_spatial", "clip_score"): "CLIPScore's raw cosine, about 0.2-0.4 for an image and its prompt",
 }

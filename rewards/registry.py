@@ -140,7 +140,7 @@ def check_reward_class(cls: type[Reward]) -> None:
     misread: one without its own `_score`, or one that declares scores outside [0, 1]."""
     if cls._score is Reward._score and cls.score is Reward.score:
         raise ValueError(f"reward class {cls.__qualname__} does not implement _score(images, prompts, metadata) -> "
-                        "RewardOutput; see README, Adding a reward")
+                        "RewardOutput; see docs/extending.md, Adding a reward")
     if tuple(cls.score_range) != Reward.score_range:
         raise ValueError(f"reward class {cls.__qualname__} declares score_range {cls.score_range}: every reward scores "
                         "in [0, 1] (selection's tau, weighted lists and benchmarks assume it); rescale its scores in "

@@ -1,4 +1,4 @@
-"""A reward or benchmark of one's own that breaks the extension rules (README, Extending gors) is refused
+"""A reward or benchmark of one's own that breaks the extension rules (docs/extending.md) is refused
 when it is registered or looked up, or before any image is generated, with a message that says what to
 change, instead of failing after generation and scoring or being silently misread."""
 

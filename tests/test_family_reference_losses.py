@@ -4,7 +4,7 @@ The references follow diffusers' example scripts at their defaults, one micro-ba
 `train_text_to_image_lora_sdxl.py` (SDXL: DDPM noise, the time ids from original size, crop and
 target size, both CLIP encoders' penultimate states and bigG's pooled projection),
 `train_dreambooth_lora_sd3.py` (SD3, without `--precondition_outputs`, which gors does not apply:
-README "Training on each family") and `train_dreambooth_lora_flux.py` (FLUX.1: packed latents,
+docs/model_families.md, "Training on each family") and `train_dreambooth_lora_flux.py` (FLUX.1: packed latents,
 timestep / 1000, the guidance vector of dev, none for schnell). Both sides draw their own noise and
 timesteps from the same seed, in the scripts' order (noise, then timesteps), and weight each
 sample's loss by its reward (GORS' loss). They agree to float rounding.

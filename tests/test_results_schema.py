@@ -1,5 +1,5 @@
 """The results schema of summary.json: bootstrap statistics as pure functions (no model), the
-shared protocol fields of every benchmark, and the README's "Adding a benchmark" example run on
+shared protocol fields of every benchmark, and the "Adding a benchmark" example of docs/extending.md run on
 the packaged toy model."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from evaluators.results import (
 )
 from gors.core.store import sample_seed
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+EXTENDING = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 
 def rows_of(prompt_scores: list[list[float]]) -> list[dict]:
@@ -153,9 +153,9 @@ def test_every_nth_keeps_at_most_max_prompts_spread_over_the_list() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# The README's example.
+# docs/extending.md's example.
 
-# Kept equal to the code block under "### Adding a benchmark" in README.md (checked below).
+# Kept equal to the code block under "## Adding a benchmark" in docs/extending.md (checked below).
 EXAMPLE = '''
 from dataclasses import dataclass
 
@@ -211,8 +211,8 @@ def test_readme_example_runs_on_the_packaged_toy_model(tmp_path: Path, monkeypat
 
 
 def test_readme_example_is_the_tested_one() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert "### Adding a benchmark" in text
-    section = text.split("### Adding a benchmark", 1)[1]
+    text = EXTENDING.read_text(encoding="utf-8")
+    assert "## Adding a benchmark" in text
+    section = text.split("## Adding a benchmark", 1)[1]
     block = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert block is not None and block.group(1) == EXAMPLE

@@ -1,4 +1,4 @@
-"""The layout of a run folder: where each stage reads and writes (see the README's "Output layout")."""
+"""The layout of a run folder: where each stage reads and writes (see docs/run_folders.md, "Output layout")."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ library versions and the number of CPU threads, and the batch it is generated in
 prompts beside it: kernels split their work over the batch dimension), by one 1/255 step in a few
 pixels on CPU. Two runs on one machine that batch an image alike (the same missing samples, batch
 size, number of processes and threads) give it bit-identical; a resumed run or another number of
-processes may batch it differently. The README's "Output layout" says what was measured.
+processes may batch it differently. docs/run_folders.md ("Output layout") says what was measured.
 """
 
 from __future__ import annotations

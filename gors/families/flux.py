@@ -6,7 +6,7 @@ As `FluxPipeline` conditions: CLIP-L's pooled output is the pooled vector, T5's 
 latents are packed into 2 x 2 patches with (0, row, column) ids; the transformer takes the
 timestep / 1000 and, for guidance-distilled [dev], the guidance scale the samples were drawn with.
 Only the transformer trains: diffusers can train FLUX.1's CLIP encoder, gors does not (its pooled
-vector is one of 768 numbers beside T5's states; see the README).
+vector is one of 768 numbers beside T5's states; see docs/model_families.md).
 """
 
 from __future__ import annotations

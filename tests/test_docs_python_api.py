@@ -1,4 +1,4 @@
-"""The README's "From Python" example runs as written, as a user's script, and prints what it says."""
+"""The "From Python" example of docs/stages.md runs as written, as a user's script, and prints what it says."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_readme_python_example_runs_the_loop_evaluates_and_scores(tmp_path):
-    section = (REPO / "README.md").read_text(encoding="utf-8").split("### From Python", 1)[1]
+    section = (REPO / "docs" / "stages.md").read_text(encoding="utf-8").split("## From Python", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     (tmp_path / "example.py").write_text(code, encoding="utf-8")
     env = os.environ | {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
