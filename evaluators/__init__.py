@@ -20,7 +20,7 @@ from typing import Any
 from evaluators.base import Benchmark, BenchmarkPrompt, check_benchmark_class
 from evaluators.results import Metric
 from gors.core import paper
-from rewards.registry import check_name, declared_entry_points, import_error
+from rewards.registry import check_entry_point_name, check_name, declared_entry_points, entry_point_path, import_error
 
 _BENCHMARKS = {
     "geneval": "evaluators.geneval:GenEvalBenchmark",
@@ -57,7 +57,8 @@ def benchmark_class(name: str) -> type[Benchmark]:
     """The `Benchmark` subclass of a name (importing its module), checked; unknown names are refused."""
     if name in _REGISTERED:
         return _REGISTERED[name]
-    path = _BENCHMARKS.get(name) or declared_entry_points(ENTRY_POINT_GROUP).get(name)
+    plugin = entry_point_path("benchmark", name, ENTRY_POINT_GROUP, _BENCHMARKS)  # None for gors' own
+    path = _BENCHMARKS.get(name) or plugin
     if path is None:
         raise ValueError(f"Unknown benchmark {name!r}; known: {', '.join(available_benchmarks())}. A benchmark of "
                          "your own is known once the module that registers it is imported (from Python), or, on "
@@ -72,6 +73,10 @@ def benchmark_class(name: str) -> type[Benchmark]:
     if not (isinstance(found, type) and issubclass(found, Benchmark)):
         raise ValueError(f"benchmark {name!r} ({path}) is not a Benchmark subclass")
     check_benchmark_class(found)
+    if vars(found).get("name") != name:  # summaries, folders and validation's best.json file it by its name
+        if plugin is not None:
+            check_entry_point_name("benchmark", name, found, path)
+        found.name = name
     return found
 
 

@@ -41,6 +41,7 @@ from evaluators.results import (
     metric_results,
     metric_value,
     resampled_rows,
+    summary_problem,
 )
 from gors.core.backbones import FAMILIES, Backbone, SamplingDefaults, detect_backbone, family_precision
 from gors.core.data import PinnedSource
@@ -473,7 +474,11 @@ class Benchmark:
                   reward, merged) for column, reward, merged in
                  self.scorer_specs(options, column_options, extra_columns, with_columns)]
         for what, reward, merged in specs:
-            check_options(get_reward_class(reward), merged, what, flag)
+            try:
+                reward_class = get_reward_class(reward)
+            except ValueError as err:  # the class's own `scorer` or `columns` name it, not the user's flags
+                raise ValueError(f"benchmark class {type(self).__qualname__} ({what}): {err}") from err
+            check_options(reward_class, merged, what, flag)
         for what, reward, merged in specs:  # a mistyped option first: it is the user's to fix
             check_models_cached(reward, None, merged, what, flag)
 
@@ -688,6 +693,10 @@ class Benchmark:
             raise ValueError(f"{type(self).__qualname__}.summarize returned no {self.primary_metric!r} (its "
                              f"primary_metric), only {sorted(self.summarize(rows))}; the images and scores in "
                              f"{output_dir} are kept for the next run")
+        problem = summary_problem(summary, self.metrics)
+        if problem is not None:
+            raise ValueError(f"{type(self).__qualname__}.summarize {problem}; the images and scores in {output_dir} "
+                             "are kept for the next run")
         summary["results"] = self.results(rows, summary, protocol)
         return summary
 

@@ -46,7 +46,7 @@ from evaluators.geneval2_tables import (
     per_atomicity_table,
     per_skill_table,
 )
-from evaluators.results import Metric
+from evaluators.results import PERCENT_SCALE, Metric
 from gors.core.data import PinnedSource, fetch_pinned_file, sha256_of
 from gors.core.io import atomic_write_bytes, atomic_write_json, atomic_write_jsonl
 from rewards.atoms import answer_variants, tifa_correct
@@ -68,7 +68,6 @@ GENEVAL2 = PinnedSource(
     },
     offline_hint="(a copy of geneval2_data.jsonl from github.com/facebookresearch/GenEval2), or pass data_path",
 )
-X100 = "x100"  # the official tools print every Soft-TIFA number in percent points
 
 
 def load_geneval2_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -130,10 +129,10 @@ class GenEval2Benchmark(Benchmark):
     primary_metric = "soft_tifa_gm"
     official_images_per_prompt = 1
     metrics = (
-        Metric("soft_tifa_gm", scale=X100, help="Soft-TIFA GM: mean over images of the geometric mean of atom scores"),
-        Metric("soft_tifa_am", scale=X100, help="Soft-TIFA AM: mean over images of the mean atom score"),
-        Metric("tifa", scale=X100, help="TIFA: share of atoms answered as expected, mean over images"),
-        Metric("vqascore", scale=X100, help="VQAScore: probability of 'Yes' to the whole prompt, mean over images"),
+        Metric("soft_tifa_gm", scale=PERCENT_SCALE, help="Soft-TIFA GM: mean over images of the geometric mean of atom scores"),
+        Metric("soft_tifa_am", scale=PERCENT_SCALE, help="Soft-TIFA AM: mean over images of the mean atom score"),
+        Metric("tifa", scale=PERCENT_SCALE, help="TIFA: share of atoms answered as expected, mean over images"),
+        Metric("vqascore", scale=PERCENT_SCALE, help="VQAScore: probability of 'Yes' to the whole prompt, mean over images"),
         Metric("all_atoms_correct", help="share of images with every atom answered as expected"),
     )
 
@@ -207,7 +206,7 @@ class GenEval2Benchmark(Benchmark):
         summary.update({
             "all_atoms_correct": sum(row["correct"] for row in rows) / len(rows),
             "num_images": len(rows), "num_prompts": len({row["prompt_index"] for row in rows}),
-            "images_per_prompt": self.num_images, "scale": X100, "licence": LICENCE,
+            "images_per_prompt": self.num_images, "scale": PERCENT_SCALE, "licence": LICENCE,
         })
         return summary
 

@@ -37,6 +37,8 @@ on one core; nothing beside the hours of generating and scoring.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -48,6 +50,9 @@ BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
 UNIT_SCALE = "[0, 1]"  # a share or a mean reward; every reward scores in [0, 1]
+PERCENT_SCALE = "x100"  # the same in percent points, as some official tools print them
+# The scales whose range a summary is checked against.
+SCALE_RANGES = {UNIT_SCALE: (0.0, 1.0), PERCENT_SCALE: (0.0, 100.0)}
 
 T = TypeVar("T")
 
@@ -79,6 +84,27 @@ def metric_value(summary: Mapping[str, Any], key: str, default: Any = None) -> A
     if not dot:
         return value
     return value.get(tail, default) if isinstance(value, Mapping) else default
+
+
+def summary_problem(summary: Mapping[str, Any], metrics: Sequence[Metric]) -> str | None:
+    """What is wrong with a benchmark's `summary` for its declared `metrics`, or None: a value JSON cannot
+    hold (a numpy number), or a metric that is no number (None: undefined, allowed) or lies outside the range
+    of its scale (`SCALE_RANGES`; 1e-6 of rounding allowed)."""
+    try:
+        json.dumps(summary)
+    except (TypeError, ValueError) as err:
+        return f"returned a value JSON cannot hold ({err}); return plain numbers (float(x), array.tolist())"
+    for metric in metrics:
+        value = metric_value(summary, metric.key)
+        if value is None or metric.scale not in SCALE_RANGES:
+            continue
+        low, high = SCALE_RANGES[metric.scale]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"returned {value!r} for {metric.key!r}, not a finite number (or None where it is undefined)"
+        if not low - 1e-6 <= value <= high + 1e-6:
+            return (f"returned {value} for {metric.key!r}, outside its declared scale {metric.scale}; rescale it, or "
+                    f"declare its scale (Metric({metric.key!r}, scale=...))")
+    return None
 
 
 def group_by_prompt(rows: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:

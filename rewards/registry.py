@@ -11,9 +11,10 @@ Python path, else from the working directory. An entry point, e.g. in a plugin's
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any
@@ -44,11 +45,49 @@ _BUILTIN: dict[str, str] = {
 }
 _REGISTERED: dict[str, type[Reward]] = {}
 ENTRY_POINT_GROUP = "gors.rewards"
+logger = logging.getLogger(__name__)
+_SAID_SHADOWED: set[tuple[str, str]] = set()
 
 
-def declared_entry_points(group: str = ENTRY_POINT_GROUP) -> dict[str, str]:
-    """What installed packages declare in an entry-point `group` (rewards: `gors.rewards`): name -> "module:Class"."""
-    return {point.name: point.value for point in entry_points(group=group)}
+def declared_entry_points(group: str = ENTRY_POINT_GROUP) -> dict[str, list[str]]:
+    """What installed packages declare in an entry-point `group` (rewards: `gors.rewards`): name -> each
+    distinct "module:Class" declared under it (two or more: packages that clash)."""
+    declared: dict[str, list[str]] = {}
+    for point in entry_points(group=group):
+        paths = declared.setdefault(point.name, [])
+        if point.value not in paths:
+            paths.append(point.value)
+    return declared
+
+
+def entry_point_path(kind: str, name: str, group: str, builtin: Collection[str]) -> str | None:
+    """The "module:Class" that installed packages declare as `kind` (reward, benchmark) `name` in entry-point
+    `group`; None where none does, or where `name` is one of gors' own (`builtin`), which it keeps meaning
+    (said once per name in a warning). Two packages declaring `name` as different classes are refused: there
+    is no right one to pick."""
+    paths = declared_entry_points(group).get(name, [])
+    if not paths:
+        return None
+    if name in builtin:
+        if (group, name) not in _SAID_SHADOWED:
+            _SAID_SHADOWED.add((group, name))
+            logger.warning("the %s entry point %s = %s is ignored: %r is gors' own %s, which it keeps naming; give "
+                           "the entry point another name", group, name, " and ".join(paths), name, kind)
+        return None
+    if len(paths) > 1:
+        raise ValueError(f"{kind} {name!r} is declared by installed packages as {len(paths)} classes "
+                         f"({', '.join(paths)}) in the {group} entry points: uninstall all but one, or rename "
+                         "the others' entry points")
+    return paths[0]
+
+
+def check_entry_point_name(kind: str, name: str, cls: type, path: str) -> None:
+    """Refuse a class reached as entry point `name` that registers itself (`@register_{kind}`) under another
+    name: its results would be filed under two names."""
+    own = vars(cls).get("name")
+    if own and own != name:
+        raise ValueError(f"{kind} entry point {name!r} ({path}) names a class registered as {own!r}: name the "
+                         f"entry point {own!r}, or register the class as {name!r}")
 
 
 def check_name(kind: str, name: str, cls: type, registered: type | None, builtin: bool) -> None:
@@ -151,17 +190,19 @@ def get_reward_class(name: str) -> type[Reward]:
     """The class behind a reward name or a `module:Class` path (its module found as `_import_module` finds it)."""
     if name in _REGISTERED:
         return _REGISTERED[name]
+    plugin = entry_point_path("reward", name, ENTRY_POINT_GROUP, _BUILTIN)  # None for gors' own
     if name in _BUILTIN:
         return _import_class(_BUILTIN[name])
-    plugins = declared_entry_points()
-    if name in plugins or ":" in name:
-        path = plugins.get(name, name)
+    if plugin is not None or ":" in name:
+        path = plugin or name
         try:
             cls = _import_class(path)
         except (ImportError, AttributeError) as err:
             raise import_error(name, path, err) from err
         if isinstance(cls, type) and issubclass(cls, Reward):
             check_reward_class(cls)
+            if plugin is not None:
+                check_entry_point_name("reward", name, cls, path)
             return cls
         raise ValueError(f"{_described(name, path)} is not a Reward subclass")
     raise ValueError(

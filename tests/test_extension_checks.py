@@ -4,6 +4,7 @@ change, instead of failing after generation and scoring or being silently misrea
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -135,7 +136,8 @@ def test_protocol_defaults_in_a_class_that_is_no_dataclass_are_refused():
 
 def test_an_unknown_scorer_stops_an_evaluation_before_any_image(tmp_path):
     benchmark = dataclass(type("Misnamed", (TwoPrompts,), {"scorer": "toy_orcale"}))()
-    with pytest.raises(ValueError, match="Unknown reward 'toy_orcale'"):
+    with pytest.raises(ValueError, match=r"^benchmark class Misnamed \(.*scorer 'toy_orcale'\): Unknown reward "
+                                         r"'toy_orcale'"):
         benchmark.evaluate(str(PRETRAINED_DIR / "pipeline"), tmp_path / "eval")
     assert not (tmp_path / "eval" / "samples").exists()
 
@@ -150,6 +152,21 @@ def test_prompts_that_are_not_benchmark_prompts_and_a_summary_without_its_metric
                                          r"\['acc'\]; the images and scores in .* are kept"):
         wrong_key.evaluate(str(PRETRAINED_DIR / "pipeline"), tmp_path / "eval")
     assert len(list((tmp_path / "eval" / "scores").glob("*.jsonl"))) == 1  # kept for the fixed class
+    import numpy as np
+
+    for summary, problem in [
+        ({"accuracy": np.float32(1.0)}, r"returned a value JSON cannot hold \(Object of type float32 is not JSON "
+                                        r"serializable\); return plain numbers \(float\(x\), array.tolist\(\)\)"),
+        ({"accuracy": 93.2}, r"returned 93.2 for 'accuracy', outside its declared scale \[0, 1\]; rescale it, or "
+                             r"declare its scale"),
+        ({"accuracy": "high"}, r"returned 'high' for 'accuracy', not a finite number"),
+    ]:
+        broken = dataclass(type("Broken", (TwoPrompts,), {"summarize": lambda self, rows, s=summary: s}))(**flags)
+        with pytest.raises(ValueError, match=rf"^Broken.summarize {problem}.*; the images and scores in .* are kept"):
+            broken.evaluate(str(PRETRAINED_DIR / "pipeline"), tmp_path / "eval")
+    assert not (tmp_path / "eval" / "results.jsonl").exists()  # nothing half-written
+    undefined = dataclass(type("Undefined", (TwoPrompts,), {"summarize": lambda self, rows: {"accuracy": None}}))
+    assert undefined(**flags).evaluate(str(PRETRAINED_DIR / "pipeline"), tmp_path / "eval")["accuracy"] is None
 
 
 def test_a_reward_that_overrides_score_is_held_to_the_protocol_when_its_scores_are_written():
@@ -189,7 +206,11 @@ def test_the_models_a_reward_of_ones_own_declares_are_recorded_however_it_loads_
 
 
 def test_an_installed_benchmark_that_does_not_import_is_one_line_and_spares_other_messages(monkeypatch):
-    monkeypatch.setattr(evaluators, "declared_entry_points", lambda group: {"broken": "no_such_package.benchmarks:Broken"})
+    def declared(group):
+        return {"broken": ["no_such_package.benchmarks:Broken"]} if group == evaluators.ENTRY_POINT_GROUP else {}
+
+    monkeypatch.setattr(rewards.registry, "declared_entry_points", declared)
+    monkeypatch.setattr(evaluators, "declared_entry_points", declared)
     with pytest.raises(ValueError, match=r"^Could not import benchmark 'broken' \(entry point "
                                          r"no_such_package.benchmarks:Broken\): No module named 'no_such_package'.* "
                                          r"Add the folder that holds it to PYTHONPATH"):
@@ -213,3 +234,101 @@ def test_scores_may_come_as_an_array_or_a_tensor_and_are_written_as_floats():
 
         output = Arrays().score([Image.new("RGB", (8, 8))] * 2, ["a", "b"])
         assert output.scores == [0.25, 0.25] and all(type(score) is float for score in output.scores)
+
+
+PLUGIN = """
+from dataclasses import dataclass
+from evaluators import Benchmark, BenchmarkPrompt, Metric, register_benchmark
+from rewards import Reward, RewardOutput, register_reward
+
+class Half(Reward):
+    def _score(self, images, prompts, metadata):
+        return RewardOutput([0.5] * len(images))
+
+class Quarter(Half):
+    def _score(self, images, prompts, metadata):
+        return RewardOutput([0.25] * len(images))
+
+@register_reward("registered_half")
+class RegisteredHalf(Half):
+    pass
+
+@register_benchmark("two_prompts_plugin")
+@dataclass
+class TwoPrompts(Benchmark):
+    scorer = "toy_oracle"
+    metrics = (Metric("accuracy", "share of images scored 1", "[0, 1]"),)
+    primary_metric = "accuracy"
+
+    def prompts(self):
+        return [BenchmarkPrompt("a red circle"), BenchmarkPrompt("a blue square")]
+
+    def summarize(self, rows):
+        return {"accuracy": sum(row["score"] == 1.0 for row in rows) / len(rows)}
+
+@dataclass
+class Undecorated(TwoPrompts):
+    pass
+"""
+
+
+def installed(tmp_path, monkeypatch, packages: dict[str, str]):
+    """Packages that declare entry points (`packages`: distribution name -> entry_points.txt), all of them
+    pointing into one module `ep_plugin` on the Python path."""
+    (tmp_path / "ep_plugin.py").write_text(PLUGIN)
+    for name, points in packages.items():
+        dist = tmp_path / f"{name}-0.1.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+        (dist / "entry_points.txt").write_text(points)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ep_plugin", raising=False)
+
+
+def test_an_entry_point_named_like_a_builtin_is_said_to_be_ignored_and_the_builtin_kept(tmp_path, monkeypatch, caplog):
+    installed(tmp_path, monkeypatch, {"shadowing": "[gors.rewards]\nb_vqa = ep_plugin:Half\n"
+                                                   "[gors.benchmarks]\ntoy = ep_plugin:Undecorated\n"})
+    monkeypatch.setattr(rewards.registry, "_SAID_SHADOWED", set())
+    with caplog.at_level("WARNING"):
+        assert rewards.registry.get_reward_class("b_vqa").__name__ == "BVQAReward"
+        assert rewards.registry.get_reward_class("b_vqa").__name__ == "BVQAReward"
+        assert evaluators.benchmark_class("toy").__name__ == "ToyBenchmark"
+    said = [record.getMessage() for record in caplog.records]
+    assert said == [
+        "the gors.rewards entry point b_vqa = ep_plugin:Half is ignored: 'b_vqa' is gors' own reward, which it keeps "
+        "naming; give the entry point another name",
+        "the gors.benchmarks entry point toy = ep_plugin:Undecorated is ignored: 'toy' is gors' own benchmark, which "
+        "it keeps naming; give the entry point another name",
+    ]  # once per name
+
+
+def test_a_name_two_packages_declare_as_different_classes_is_refused(tmp_path, monkeypatch):
+    installed(tmp_path, monkeypatch, {"first": "[gors.rewards]\nhalf = ep_plugin:Half\nsame = ep_plugin:Half\n",
+                                      "second": "[gors.rewards]\nhalf = ep_plugin:Quarter\nsame = ep_plugin:Half\n"})
+    with pytest.raises(ValueError, match=r"reward 'half' is declared by installed packages as 2 classes "
+                                         r"\(ep_plugin:(Half|Quarter), ep_plugin:(Half|Quarter)\) in the gors.rewards "
+                                         r"entry points: uninstall all but one"):
+        rewards.registry.get_reward_class("half")
+    assert rewards.registry.get_reward_class("same").__name__ == "Half"  # the same class twice is one
+
+
+def test_an_entry_point_is_the_name_of_its_class(tmp_path, monkeypatch):
+    installed(tmp_path, monkeypatch, {"plugin": "[gors.rewards]\nhalf2 = ep_plugin:RegisteredHalf\n"
+                                                "[gors.benchmarks]\nplain = ep_plugin:Undecorated\n"
+                                                "renamed = ep_plugin:TwoPrompts\n"})
+    with pytest.raises(ValueError, match=r"reward entry point 'half2' \(ep_plugin:RegisteredHalf\) names a class "
+                                         r"registered as 'registered_half': name the entry point 'registered_half'"):
+        rewards.registry.get_reward_class("half2")
+    with pytest.raises(ValueError, match=r"benchmark entry point 'renamed' .* registered as 'two_prompts_plugin'"):
+        evaluators.benchmark_class("renamed")
+    # An undecorated subclass takes its entry point's name, not its parent's: summaries and folders name it so.
+    plain = evaluators.benchmark_class("plain")
+    assert (plain.name, plain.__mro__[1].name) == ("plain", "two_prompts_plugin")
+    assert evaluators.get_benchmark("plain").name == "plain"
+
+
+def test_a_benchmark_class_in_the_builtin_table_takes_its_key_as_name(monkeypatch, tmp_path):
+    (tmp_path / "table_bench.py").write_text(PLUGIN.replace('@register_benchmark("two_prompts_plugin")\n', ""))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(evaluators._BENCHMARKS, "table_bench", "table_bench:TwoPrompts")
+    assert evaluators.get_benchmark("table_bench").name == "table_bench"
