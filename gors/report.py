@@ -176,7 +176,8 @@ def load_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
 
     latest: dict[str, dict[int, tuple[float, float]]] = {}  # tag -> step -> (wall time, value)
     for events in sorted((folder / "logs").rglob("events.out.tfevents.*")):
-        accumulator = EventAccumulator(str(events))
+        # Every point: by default TensorBoard keeps 10 000 per tag, a random sample of a 15 000-step run's.
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
         accumulator.Reload()
         for tag in accumulator.Tags().get("scalars", []):
             points = latest.setdefault(tag, {})
