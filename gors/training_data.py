@@ -7,6 +7,7 @@ from that distribution, exactly what encoding on the fly would give, for the cos
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -18,6 +19,7 @@ from typing import Any, Callable
 import torch
 from accelerate import Accelerator
 from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torchvision import transforms
 
@@ -54,7 +56,7 @@ def _fingerprint(selection: list[dict[str, Any]], settings: dict[str, Any]) -> s
 def cache_damage(path: Path, rows: int | None = None) -> str | None:
     """What makes a cache file unusable (a header that does not read, e.g. a file cut short; tensors of
     other lengths than `rows`, or than each other), in words; None when it reads. Header only."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
 
     try:
         with safe_open(str(path), "pt") as handle:
@@ -83,54 +85,85 @@ def sharded_cache(
 ) -> dict[str, torch.Tensor]:
     """Tensors computed once per item, in item order, cached in the safetensors file `path`.
 
-    Each process computes a contiguous share of the items, `batch_size` at a time (`compute(indices)`
-    returns each named tensor with one row per index), and writes its part atomically; the main
-    process merges the parts into `path`. A kill at any point loses at most the unfinished parts:
-    a rerun reuses `path`, or the finished parts, and computes only the rest. A file that does not read
-    (`cache_damage`) is computed again.
+    The items are computed `batch_size` at a time (`compute(indices)` returns each named tensor with one
+    row per index). One process writes `path` itself, atomically; under several, each computes a contiguous
+    share and writes its part atomically, and the main process merges the parts into `path`. A kill at any
+    point loses at most the unfinished parts: a rerun reuses `path`, or the finished parts, and computes
+    only the rest. A file that does not read (`cache_damage`) is computed again.
     """
     def cached() -> bool:
         _drop_damaged(path, num_items)
         return path.exists()
 
     # Decided once: processes that each looked at a network filesystem could disagree, and wait at other barriers.
-    if not main_process_decides(accelerator.state, cached):
-        world = accelerator.num_processes
-        stem = path.name.removesuffix(".safetensors")
-        part = path.with_name(f"{stem}.part-{accelerator.process_index:05d}-of-{world:05d}.safetensors")
-        _drop_damaged(part, None)
-        if not part.exists():
-            rows: dict[str, list[torch.Tensor]] = {}
-            with accelerator.split_between_processes(list(range(num_items))) as indices:
-                bar = progress_bar(len(indices), accelerator, description)
-                for batch in batches(indices, batch_size):
-                    for name, value in compute(batch).items():
-                        rows.setdefault(name, []).append(value.cpu())
-                    bar.update(len(batch))
-                bar.close()
-            tensors = {"index": torch.tensor(indices, dtype=torch.long)}
-            tensors |= {name: torch.cat(values).contiguous() for name, values in rows.items()}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = part.with_suffix(".tmp")
-            save_file(tensors, str(tmp))
-            tmp.replace(part)
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            parts = sorted(path.parent.glob(f"{stem}.part-*-of-{world:05d}.safetensors"))
-            loaded = [t for t in (load_file(str(p)) for p in parts) if len(t) > 1]  # a process may have had none
-            order = torch.cat([t["index"] for t in loaded]).argsort()
-            if len(order) != num_items:
-                raise RuntimeError(f"{path}: {len(order)} rows computed for {num_items} items")
-            names = [name for name in loaded[0] if name != "index"]
-            merged = {name: torch.cat([t[name] for t in loaded])[order].contiguous() for name in names}
-            tmp = path.with_suffix(".tmp")
-            save_file(merged, str(tmp))
-            tmp.replace(path)
-            # This launch's parts, and any a launch at another process count was killed before merging.
-            for p in path.parent.glob(f"{stem}.part-*"):
-                p.unlink(missing_ok=True)
-        accelerator.wait_for_everyone()
-    return load_file(str(path))
+    if main_process_decides(accelerator.state, cached):
+        return load_file(str(path))
+    world = accelerator.num_processes
+    stem = path.name.removesuffix(".safetensors")
+    if world == 1:  # the one share is the whole cache, in item order: written as the cache itself
+        cache = _write_share(path, list(range(num_items)), compute, accelerator, batch_size, description)
+        _remove_parts(path.parent, stem)
+        return cache
+    part = path.with_name(f"{stem}.part-{accelerator.process_index:05d}-of-{world:05d}.safetensors")
+    _drop_damaged(part, None)
+    if not part.exists():
+        with accelerator.split_between_processes(list(range(num_items))) as indices:
+            _write_share(part, indices, compute, accelerator, batch_size, description, with_index=True)
+    accelerator.wait_for_everyone()
+    merged = None
+    if accelerator.is_main_process:
+        merged = _merge_parts(path, sorted(path.parent.glob(f"{stem}.part-*-of-{world:05d}.safetensors")), num_items)
+        _remove_parts(path.parent, stem)
+    accelerator.wait_for_everyone()
+    return merged if merged is not None else load_file(str(path))
+
+
+def _remove_parts(folder: Path, stem: str) -> None:
+    """Delete the parts of cache `stem`: this launch's, merged, and any a launch at another process count
+    was killed before merging."""
+    for stale in folder.glob(f"{stem}.part-*"):
+        stale.unlink(missing_ok=True)
+
+
+def _write_share(target: Path, indices: list[int], compute: Callable[[list[int]], dict[str, torch.Tensor]],
+                 accelerator: Accelerator, batch_size: int, description: str,
+                 with_index: bool = False) -> dict[str, torch.Tensor]:
+    """Compute the items `indices` and write them atomically to `target` (`with_index`: with an `index`
+    tensor, for the merge); returns the tensors. Each tensor is joined as its batches are let go: a
+    paper-size latent cache is gigabytes, held here about twice while it is written."""
+    rows: dict[str, list[torch.Tensor]] = {}
+    bar = progress_bar(len(indices), accelerator, description)
+    for batch in batches(indices, batch_size):
+        for name, value in compute(batch).items():
+            rows.setdefault(name, []).append(value.cpu())
+        bar.update(len(batch))
+    bar.close()
+    tensors = {"index": torch.tensor(indices, dtype=torch.long)} if with_index else {}
+    for name in list(rows):
+        tensors[name] = torch.cat(rows.pop(name)).contiguous()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(target)
+    return tensors
+
+
+def _merge_parts(path: Path, parts: list[Path], num_items: int) -> dict[str, torch.Tensor]:
+    """The processes' `parts` joined in item order, written atomically to `path` and returned. Read one
+    tensor at a time, so that no part is held whole beside the result."""
+    with contextlib.ExitStack() as stack:
+        handles = [stack.enter_context(safe_open(str(p), "pt")) for p in parts]
+        handles = [h for h in handles if len(h.keys()) > 1]  # a process may have had no items
+        index = torch.cat([h.get_tensor("index") for h in handles])
+        # The shares are contiguous and in process order (`split_between_processes`).
+        if not torch.equal(index, torch.arange(num_items)):
+            raise RuntimeError(f"{path}: its parts hold {len(index)} rows, not items 0 to {num_items - 1} in order")
+        merged = {name: torch.cat([h.get_tensor(name) for h in handles]) for name in handles[0].keys()
+                  if name != "index"}
+    tmp = path.with_suffix(".tmp")
+    save_file(merged, str(tmp))
+    tmp.replace(path)
+    return merged
 
 
 def text_cache_name(component: str, prompts: list[str], tokens: torch.Tensor, model_id: str, revision: str | None,

@@ -185,11 +185,11 @@ def test_a_damaged_cache_file_is_computed_again(tmp_path, caplog):
     again = sharded_cache(path, 5, compute, accelerator, 2, "encode")
     assert torch.equal(again["value"], first["value"]) and computed == [0, 1, 2, 3, 4] * 2
     assert f"{path} is damaged (Error while deserializing header" in caplog.text
-    part = path.with_name("latents.part-00000-of-00001.safetensors")  # a part a killed run left, garbled
+    part = path.with_name("latents.part-00000-of-00001.safetensors")  # a part an older gors left, garbled
     path.unlink()
     part.write_bytes(b"garbage" * 4)
     assert torch.equal(sharded_cache(path, 5, compute, accelerator, 2, "encode")["value"], first["value"])
-    assert f"{part} is damaged" in caplog.text and not part.exists()
+    assert not part.exists()  # one process writes the cache itself, and removes what parts it finds
     save_file({"value": torch.zeros(3, 1)}, str(path))  # another selection's length
     assert torch.equal(sharded_cache(path, 5, compute, accelerator, 2, "encode")["value"], first["value"])
     assert "its tensors hold [3] rows, 5 expected" in caplog.text
