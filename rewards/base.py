@@ -187,7 +187,10 @@ class Reward:
         if not images:  # many models cannot run an empty batch; no image has no score
             return RewardOutput([], [])
         rgb = [image if image.mode == "RGB" else image.convert("RGB") for image in images]
-        output = self._score(rgb, list(prompts), list(metadata) if metadata is not None else None)
+        try:
+            output = self._score(rgb, list(prompts), list(metadata) if metadata is not None else None)
+        except ValueError as err:  # the command prints it as one line: it names the reward that raised it
+            raise ValueError(f"{type(self).__name__} on a batch of {len(prompts)} from {prompts[0]!r}: {err}") from err
         return self._checked(output, list(prompts))
 
     def _checked(self, output: RewardOutput, prompts: list[str]) -> RewardOutput:

@@ -332,3 +332,14 @@ def test_a_benchmark_class_in_the_builtin_table_takes_its_key_as_name(monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(evaluators._BENCHMARKS, "table_bench", "table_bench:TwoPrompts")
     assert evaluators.get_benchmark("table_bench").name == "table_bench"
+
+
+def test_a_value_error_inside_score_names_the_reward_and_its_batch():
+    from PIL import Image
+
+    class Picky(Reward):
+        def _score(self, images, prompts, metadata):
+            raise ValueError("bad input on a yellow prompt")
+
+    with pytest.raises(ValueError, match=r"^Picky on a batch of 2 from 'a yellow star': bad input on a yellow prompt$"):
+        Picky().score([Image.new("RGB", (4, 4))] * 2, ["a yellow star", "a red circle"])

@@ -26,6 +26,7 @@ from evaluators.results import (
     percentile_interval,
     resampled_rows,
     standard_error,
+    summary_problem,
 )
 from gors.core.store import sample_seed
 
@@ -111,6 +112,21 @@ def test_metric_block_lookup_absent_and_undefined_metrics() -> None:
     assert standard_error([0.5, None]) is None and percentile_interval([None, 0.5]) is None
     with pytest.raises(ValueError, match="confidence"):
         percentile_interval([0.1, 0.2], confidence=95)
+
+
+def test_a_summary_is_checked_against_its_declared_scales() -> None:
+    metrics = (Metric("share"), Metric("percent", scale="x100"), Metric("cosine", scale="[-1, 1] (cosine)"),
+               Metric("columns.B-CLIP"))
+    fine = {"share": 1.0, "percent": 100, "cosine": -0.5, "columns": {"B-CLIP": 0.0}}
+    assert summary_problem(fine, metrics) is None
+    assert summary_problem({**fine, "share": None}, metrics) is None  # undefined
+    assert summary_problem({**fine, "share": 1.0000001}, metrics) is None  # rounding
+    assert "outside its declared scale x100" in summary_problem({**fine, "percent": 100.1}, metrics)
+    assert "'columns.B-CLIP', outside its declared scale [0, 1]" in summary_problem(
+        {**fine, "columns": {"B-CLIP": -0.1}}, metrics)
+    assert "returned True for 'share', not a finite number" in summary_problem({**fine, "share": True}, metrics)
+    assert "returned nan for 'share'" in summary_problem({**fine, "share": float("nan")}, metrics)
+    assert "JSON cannot hold" in summary_problem({**fine, "extra": {1, 2}}, metrics)
 
 
 # --------------------------------------------------------------------------------------------
