@@ -89,16 +89,18 @@ def get_benchmark(name: str, **kwargs: Any) -> Benchmark:
 ALL_BENCHMARKS = ("t2i_compbench", "geneval", "geneval2", "lpg_bench")
 
 
-def parse_benchmarks(spec: str) -> list[tuple[str, str | None]]:
+def parse_benchmarks(spec: str, flag: str = "--benchmarks") -> list[tuple[str, str | None]]:
     """``"all" | "t2i_compbench[:color,shape]" | "geneval,toy:train" ...`` -> [(benchmark, subset), ...].
 
     Items are comma-separated; after ``name:subset``, further items that are not benchmark names
     are more subsets of the same benchmark (``t2i_compbench:color,shape,geneval``). A bare
-    ``t2i_compbench`` means all of its categories.
+    ``t2i_compbench`` means all of its categories. `flag`: the option that gave `spec`, for messages
+    (`--benchmarks`, which alone takes ``all``).
     """
     items = [item.strip() for item in spec.split(",") if item.strip()]
+    known_names = ", ".join(["all"] * (flag == "--benchmarks") + available_benchmarks())
     if not items:
-        raise ValueError(f"--benchmarks={spec!r}: name at least one of all, {', '.join(available_benchmarks())}")
+        raise ValueError(f"{flag}={spec!r}: name at least one of {known_names}")
     parsed: list[tuple[str, str | None]] = []
     current: str | None = None
     known = set(available_benchmarks())
@@ -113,9 +115,8 @@ def parse_benchmarks(spec: str) -> list[tuple[str, str | None]]:
         elif current is not None and not sep:
             parsed.append((current, item))
         else:
-            raise ValueError(
-                f"--benchmarks={spec!r}: unknown benchmark {item!r}; known: all, {', '.join(available_benchmarks())}"
-            )
+            raise ValueError(f"{flag}={spec!r}: unknown benchmark {item!r}; known: {known_names} (one of your own: "
+                             f"an entry point of the {ENTRY_POINT_GROUP} group, see docs/extending.md)")
     expanded = []
     for name, subset in parsed:
         if name == "t2i_compbench" and subset is None:

@@ -658,10 +658,7 @@ class TrainingFields:
         if self.validation_benchmark is not None:
             from evaluators import parse_benchmarks
 
-            try:
-                specs = parse_benchmarks(self.validation_benchmark)
-            except ValueError as err:
-                raise ValueError(str(err).replace("--benchmarks", "--validation_benchmark")) from err
+            specs = parse_benchmarks(self.validation_benchmark, "--validation_benchmark")
             _check(len(specs) == 1, f"--validation_benchmark={self.validation_benchmark!r}: name one benchmark or "
                                     "category (e.g. t2i_compbench:color)")
 

@@ -504,8 +504,11 @@ def test_the_best_lora_is_the_best_value_by_the_metrics_direction_and_survives_a
 
 
 def test_unknown_validation_benchmark_is_a_clear_error(make_run_config):
-    with pytest.raises(ValueError, match="--validation_benchmark.*unknown benchmark 'genevel'"):
+    with pytest.raises(ValueError, match=r"^--validation_benchmark='genevel': unknown benchmark 'genevel'; known: "
+                                         r"geneval, .* \(one of your own: an entry point of the gors.benchmarks "
+                                         r"group, see docs/extending.md\)") as refused:
         make_run_config(validation_benchmark="genevel")
+    assert "all" not in str(refused.value).split("known: ")[1].split(", ")  # validation measures one benchmark
 
 
 # `gors` that SIGKILLs itself while saving checkpoint-<step> (argv[1]): after the LoRA file, before the
