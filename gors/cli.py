@@ -355,22 +355,63 @@ def reward_table() -> list[dict[str, str]]:
     return rows
 
 
-def list_rewards(config: RewardsConfig) -> None:
-    """Print the registered rewards (`gors rewards`), each with its description under it."""
+def print_listing(rows: list[dict[str, str]], columns: dict[str, str], footer: str) -> None:
+    """Print `rows` as a table of `columns` (row key -> header), each row's description on a line under it,
+    then `footer`."""
     from tabulate import tabulate
 
-    rows = reward_table()
-    columns = {"name": "name", "model": "default model", "range": "range", "categories": "categories",
-               "role": "paper's GORS reward for"}
     header, *lines = tabulate([[row[key] for key in columns] for row in rows], headers=list(columns.values()),
                               tablefmt="plain", disable_numparse=True).splitlines()
     print(header)
     for line, row in zip(lines, rows):  # one line per row: no cell holds a line break
         print(line)
         print(f"    {row['description']}")
-    print("\nUse one with --reward NAME, mix them with --reward b_vqa:0.7,blip_clip:0.3, or pick the paper's unbiased "
-          "reward with --unbiased. Your own: @rewards.register_reward('name'), a 'gors.rewards' entry point, or "
-          "--reward my_module:MyReward.")
+    print(f"\n{footer}")
+
+
+def list_rewards(config: RewardsConfig) -> None:
+    """Print the registered rewards (`gors rewards`), each with its description under it."""
+    print_listing(reward_table(), {"name": "name", "model": "default model", "range": "range",
+                                   "categories": "categories", "role": "paper's GORS reward for"},
+                  "Use one with --reward NAME, mix them with --reward b_vqa:0.7,blip_clip:0.3, or pick the paper's "
+                  "unbiased reward with --unbiased. Your own: @rewards.register_reward('name'), a 'gors.rewards' entry "
+                  "point, or --reward my_module:MyReward.")
+
+
+@dataclass
+class BenchmarksConfig:
+    """`gors benchmarks`: the registered benchmarks, their scorers, main metrics and subsets."""
+
+
+def benchmark_table() -> list[dict[str, str]]:
+    """One row per registered benchmark (gors' own, registered, installed): name, how a subset is named,
+    scorer, main metric and its scale, description."""
+    import evaluators
+
+    rows = []
+    for name in evaluators.available_benchmarks():
+        try:
+            cls = evaluators.benchmark_class(name)
+        except (ImportError, ValueError) as err:  # a plugin that fails to import must not hide the others
+            rows.append({"name": name, "subset": "-", "scorer": "-", "metric": "-",
+                         "description": f"cannot be imported: {err}"})
+            continue
+        metric = next(m for m in cls.metrics if m.key == cls.primary_metric)
+        rows.append({"name": name, "subset": f"{name}:<{cls.subset_field}>" if cls.subset_field else "-",
+                     # A scorer that depends on the subset (T2I-CompBench's category) is a property of the instance.
+                     "scorer": cls.scorer if isinstance(cls.scorer, str) else "by subset",
+                     "metric": f"{metric.key} {metric.scale}",
+                     "description": (cls.__doc__ or "").strip().split("\n")[0]})
+    return rows
+
+
+def list_benchmarks(config: BenchmarksConfig) -> None:
+    """Print the registered benchmarks (`gors benchmarks`), each with its description under it."""
+    print_listing(benchmark_table(), {"name": "name", "subset": "subset", "scorer": "scorer",
+                                      "metric": "main metric"},
+                  "Evaluate with gors evaluate --benchmarks NAME[:SUBSET],... (all: every T2I-CompBench category, "
+                  "GenEval, GenEval 2, LPG-Bench), validate with --validation_benchmark NAME[:SUBSET]. Your own: "
+                  "@evaluators.register_benchmark('name') or a 'gors.benchmarks' entry point (docs/extending.md).")
 
 
 # Every stage keeps its finished work (images, score rows, checkpoints) and skips it when rerun.
@@ -416,6 +457,7 @@ COMMANDS: dict[str, Command] = {
     "evaluate": Command("gors.config:EvaluateConfig", "gors.evaluate:evaluate",
                         "run benchmarks on a checkpoint, a LoRA or an image folder"),
     "rewards": Command("gors.cli:RewardsConfig", "gors.cli:list_rewards", "list the registered rewards"),
+    "benchmarks": Command("gors.cli:BenchmarksConfig", "gors.cli:list_benchmarks", "list the registered benchmarks"),
     "estimate": Command("gors.estimate:EstimateConfig", "gors.estimate:estimate_command",
                         "GPU-hours of a full run (default: the paper's colour run) from a run's timings.json"),
     "report": Command("gors.report:ReportConfig", "gors.report:write_report",

@@ -254,6 +254,16 @@ def test_gors_rewards_lists_b_vqa(capsys):
     assert "b_vqa" in out and "Salesforce/blip-vqa-capfilt-large" in out and "[0, 1]" in out
 
 
+def test_gors_benchmarks_lists_each_with_its_subsets_scorer_and_main_metric(capsys):
+    main(["benchmarks"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:] if line and not line.startswith(" ")}
+    assert rows["t2i_compbench"] == ["t2i_compbench:<category>", "by", "subset", "score", "[0,", "1]"]
+    assert rows["geneval2"] == ["-", "soft_tifa", "soft_tifa_gm", "x100"]
+    assert rows["toy"] == ["toy:<split>", "toy_oracle", "binding_accuracy", "[0,", "1]"]
+    assert {"geneval", "lpg_bench"} <= set(rows)
+
+
 def test_recipe_script_help_runs():
     result = subprocess.run([sys.executable, "recipes/gors_color.py", "--help"], capture_output=True, text=True,
                             cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
