@@ -321,7 +321,7 @@ def test_a_reward_module_that_is_nowhere_names_pythonpath_and_itself_once(consol
 
 @pytest.mark.slow
 def test_gors_console_script_scores_with_a_reward_module_in_the_working_directory(tmp_path):
-    """The README's `gors score --reward my_module:Brightness`, run as the user runs it."""
+    """docs/extending.md's `gors score --reward my_module:Brightness`, run as the user runs it."""
     from gors.core.prompts import load_prompts
     from gors.core.store import SampleStore
 

@@ -14,7 +14,7 @@ compared with the reference:
 - identical: every image, score, the selection and the final LoRA equal the reference's, bit for bit.
 
 Generation runs one image per pipeline call (`--generation_batch_size 1`): an image generated
-in another batch can differ by 1/255 in a few pixels on a CPU (see docs/run_folders.md, "Resuming"), and
+in another batch can differ by 1/255 in a few pixels on a CPU (see docs/run_folders.md, "Output layout"), and
 the point here is whether anything is lost or repeated, not which batch an image lands in.
 Prints one line per fault and the summary "faults N, resumed N, lost 0, duplicated 0, results
 identical N". Not part of `make test`: it takes about 30 s per fault on 2 CPU cores.
