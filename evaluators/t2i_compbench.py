@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from tabulate import tabulate
 
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, image_index_seed, pinned_data
 from evaluators.results import Metric
@@ -309,18 +308,3 @@ def _check_png(path: Path) -> None:
             image.verify()
     except (OSError, SyntaxError, ValueError, UnidentifiedImageError) as err:
         raise ValueError(f"{path} is not a readable PNG ({err}); regenerate it or replace it") from err
-
-
-def paper_table(summaries: Sequence[Mapping[str, Any]]) -> str:
-    """A markdown table with one row per category, in the paper's order: metric, score, columns.
-
-    `summaries` are `T2ICompBenchBenchmark.evaluate` results (or `summarize` outputs) of any
-    categories; every value is in [0, 1], shown with 4 decimals, "-" when a column was not computed.
-    An optional column (MLLM-CoT) is shown when at least one category computed it.
-    """
-    rows = {summary["category"]: summary["table"][0] for summary in summaries}
-    columns = [*COLUMNS, *(k for k in OPTIONAL_COLUMNS if any(k in row for row in rows.values()))]
-    table = [[rows[c]["category"], rows[c]["metric"], rows[c]["score"], *(rows[c].get(k) for k in columns)]
-             for c in CATEGORIES if c in rows]
-    return tabulate(table, headers=["category", "metric", "score", *columns], tablefmt="github", floatfmt=".4f",
-                    missingval="-")
