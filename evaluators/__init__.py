@@ -73,11 +73,25 @@ def benchmark_class(name: str) -> type[Benchmark]:
     if not (isinstance(found, type) and issubclass(found, Benchmark)):
         raise ValueError(f"benchmark {name!r} ({path}) is not a Benchmark subclass")
     check_benchmark_class(found)
-    if vars(found).get("name") != name:  # summaries, folders and validation's best.json file it by its name
-        if plugin is not None:
-            check_entry_point_name("benchmark", name, found, path)
-        found.name = name
-    return found
+    if plugin is not None:
+        check_entry_point_name("benchmark", name, found, path)
+    return _named(found, name)
+
+
+_NAMED: dict[tuple[type[Benchmark], str], type[Benchmark]] = {}
+
+
+def _named(cls: type[Benchmark], name: str) -> type[Benchmark]:
+    """`cls` where it carries `name` as its own; else a subclass of it that does, made once per name:
+    summaries, folders and validation's best.json file a benchmark by its class's `name`, and a class
+    without one of its own (an undecorated subclass, one in the built-in table) would give its parent's
+    or none. The class itself is left as it is, so that each name it is reached by keeps its own."""
+    if vars(cls).get("name") == name:
+        return cls
+    if (cls, name) not in _NAMED:
+        _NAMED[cls, name] = type(cls.__name__, (cls,), {"name": name, "__module__": cls.__module__,
+                                                       "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+    return _NAMED[cls, name]
 
 
 def get_benchmark(name: str, **kwargs: Any) -> Benchmark:

@@ -109,7 +109,7 @@ _FILE_HINT = "<prompt>_<index:06d>.png, index = prompt * images_per_prompt + ima
 
 @dataclass
 class T2ICompBenchBenchmark(Benchmark):
-    """T2I-CompBench (Huang et al., 2023): one category, scored with its official metric (module docstring).
+    """T2I-CompBench (Huang et al., 2023): one category, scored with its official metric.
 
     The protocol fields (max_prompts, images_per_prompt, num_inference_steps, guidance_scale,
     resolution, seed, batch_size) are `Benchmark`'s, with the official defaults: 10 images per

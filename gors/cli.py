@@ -342,7 +342,7 @@ def reward_table() -> list[dict[str, str]]:
         ]
         try:
             cls = rewards.get_reward_class(name)
-        except (ImportError, ValueError) as err:  # a plugin that fails to import must not hide the others
+        except Exception as err:  # a plugin that fails to import, however, must not hide the others
             rows.append({"name": name, "model": "-", "range": "-", "categories": "-", "role": "; ".join(role) or "-",
                          "description": f"cannot be imported: {err}"})
             continue
@@ -392,7 +392,7 @@ def benchmark_table() -> list[dict[str, str]]:
     for name in evaluators.available_benchmarks():
         try:
             cls = evaluators.benchmark_class(name)
-        except (ImportError, ValueError) as err:  # a plugin that fails to import must not hide the others
+        except Exception as err:  # a plugin that fails to import, however, must not hide the others
             rows.append({"name": name, "subset": "-", "scorer": "-", "metric": "-",
                          "description": f"cannot be imported: {err}"})
             continue

@@ -11,7 +11,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +24,7 @@ from torchvision import transforms
 
 from gors._moved import moved_names
 from gors.core.distributed import batches, main_process_decides, progress_bar
+from gors.core.logs import own_work_logger
 from gors.core.store import selection_identity
 
 # 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
@@ -32,7 +32,7 @@ __getattr__ = moved_names(__name__, {
     "CACHE_DIR": "gors.core.run_folder:LATENT_CACHE_DIR",
 })
 
-logger = logging.getLogger(__name__)
+logger = own_work_logger(__name__)  # this process's cache parts
 
 
 def image_transform(resolution: int, center_crop: bool) -> transforms.Compose:
@@ -91,15 +91,19 @@ def sharded_cache(
     point loses at most the unfinished parts: a rerun reuses `path`, or the finished parts, and computes
     only the rest. A file that does not read (`cache_damage`) is computed again.
     """
+    stem = path.name.removesuffix(".safetensors")
+
     def cached() -> bool:
         _drop_damaged(path, num_items)
-        return path.exists()
+        if not path.exists():
+            return False
+        _remove_parts(path.parent, stem)  # a launch killed between its merge and its clean-up left them
+        return True
 
     # Decided once: processes that each looked at a network filesystem could disagree, and wait at other barriers.
     if main_process_decides(accelerator.state, cached):
         return load_file(str(path))
     world = accelerator.num_processes
-    stem = path.name.removesuffix(".safetensors")
     if world == 1:  # the one share is the whole cache, in item order: written as the cache itself
         cache = _write_share(path, list(range(num_items)), compute, accelerator, batch_size, description)
         _remove_parts(path.parent, stem)

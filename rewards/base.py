@@ -57,6 +57,10 @@ def same_size_batches(images: Sequence[Image.Image], indices: Iterable[int], bat
             for start in range(0, len(group), batch_size)]
 
 
+class RewardBatchError(ValueError):
+    """A ValueError a reward's `_score` raised, with the reward and its batch named."""
+
+
 @dataclass
 class RewardOutput:
     """Scores of a batch of (image, prompt) pairs.
@@ -189,8 +193,13 @@ class Reward:
         rgb = [image if image.mode == "RGB" else image.convert("RGB") for image in images]
         try:
             output = self._score(rgb, list(prompts), list(metadata) if metadata is not None else None)
-        except ValueError as err:  # the command prints it as one line: it names the reward that raised it
-            raise ValueError(f"{type(self).__name__} on a batch of {len(prompts)} from {prompts[0]!r}: {err}") from err
+        except ValueError as err:
+            # The command prints it as one line: it names the reward that raised it. Its own ValueError types
+            # pass as they are, as does a member reward's error in a composite one (named once, by the member).
+            if type(err) is not ValueError:
+                raise
+            first = prompts[0] if len(prompts[0]) <= 80 else prompts[0][:77] + "..."
+            raise RewardBatchError(f"{type(self).__name__} on a batch of {len(prompts)} from {first!r}: {err}") from err
         return self._checked(output, list(prompts))
 
     def _checked(self, output: RewardOutput, prompts: list[str]) -> RewardOutput:

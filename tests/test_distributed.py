@@ -261,25 +261,37 @@ def test_processes_scoring_alongside_generation_with_other_reward_commits_stop_b
     assert f"'{'a' * 40}' on process 0" in message and f"'{'b' * 40}' on process 1" in message
 
 
-def test_under_several_processes_shared_warnings_are_said_once_and_own_work_by_each_naming_itself(caplog):
+def test_under_several_processes_shared_warnings_are_said_once_and_own_work_by_each_naming_itself(caplog,
+                                                                                                monkeypatch):
     import logging
 
-    from gors.core.distributed import OWN_WORK_LOGGERS, SHARED_WARNING_LOGGERS, speak_once
+    import gors.core.io  # noqa: F401  (their own-work loggers are made on import)
+    import gors.core.memory  # noqa: F401
+    import gors.training_data  # noqa: F401
+    from gors.core import logs
 
-    loggers = [logging.getLogger(name) for name in (*SHARED_WARNING_LOGGERS, *OWN_WORK_LOGGERS)]
+    names = (*logs.PACKAGES, "gors.core.memory", "gors.core.io.writes", "gors.training_data", "made.later")
+    loggers = [logging.getLogger(name) for name in names]
     saved = [(logger, logger.level, list(logger.filters)) for logger in loggers]
+    monkeypatch.setattr(logs, "_process", None)
+    monkeypatch.setattr(logs, "_own_work", set(logs._own_work))
     try:
-        speak_once(SimpleNamespace(num_processes=1, is_main_process=False, process_index=0))  # alone: unchanged
+        logs.speak_once(1, 0)  # alone: unchanged
         assert [(logger.level, logger.filters) for logger in loggers] == [(level, f) for _, level, f in saved]
         for _ in range(2):  # idempotent: one name per message
-            speak_once(SimpleNamespace(num_processes=2, is_main_process=False, process_index=1))
+            logs.speak_once(2, 1)
+        logs.own_work_logger("made.later")  # a logger made after speak_once is set up as well
         with caplog.at_level(logging.WARNING):
             logging.getLogger("rewards.b_vqa").warning("a model's note")
-            logging.getLogger("gors.core.sampling").warning("a store's history")
+            logging.getLogger("gors.core.io").warning("a shared file's cut line")
             logging.getLogger("gors.core.sampling").error("this process failed")
             logging.getLogger("gors.core.memory").warning("out of device memory")
+            logging.getLogger("gors.core.io.writes").warning("cut its own part's line")
+            logging.getLogger("gors.training_data").warning("its own cache part is damaged")
+            logging.getLogger("made.later").warning("later")
         assert [record.getMessage() for record in caplog.records] == [
-            "this process failed", "process 1: out of device memory"]
+            "this process failed", "process 1: out of device memory", "process 1: cut its own part's line",
+            "process 1: its own cache part is damaged", "process 1: later"]
     finally:
         for logger, level, filters in saved:
             logger.setLevel(level)

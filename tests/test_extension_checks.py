@@ -315,7 +315,7 @@ def test_a_name_two_packages_declare_as_different_classes_is_refused(tmp_path, m
 def test_an_entry_point_is_the_name_of_its_class(tmp_path, monkeypatch):
     installed(tmp_path, monkeypatch, {"plugin": "[gors.rewards]\nhalf2 = ep_plugin:RegisteredHalf\n"
                                                 "[gors.benchmarks]\nplain = ep_plugin:Undecorated\n"
-                                                "renamed = ep_plugin:TwoPrompts\n"})
+                                                "alias = ep_plugin:Undecorated\nrenamed = ep_plugin:TwoPrompts\n"})
     with pytest.raises(ValueError, match=r"reward entry point 'half2' \(ep_plugin:RegisteredHalf\) names a class "
                                          r"registered as 'registered_half': name the entry point 'registered_half'"):
         rewards.registry.get_reward_class("half2")
@@ -324,7 +324,9 @@ def test_an_entry_point_is_the_name_of_its_class(tmp_path, monkeypatch):
     # An undecorated subclass takes its entry point's name, not its parent's: summaries and folders name it so.
     plain = evaluators.benchmark_class("plain")
     assert (plain.name, plain.__mro__[1].name) == ("plain", "two_prompts_plugin")
-    assert evaluators.get_benchmark("plain").name == "plain"
+    assert evaluators.get_benchmark("plain").name == "plain" and evaluators.benchmark_class("plain") is plain
+    # Two names for one undecorated class: each keeps its own, whichever is looked up first.
+    assert [evaluators.get_benchmark(name).name for name in ("alias", "plain", "alias")] == ["alias", "plain", "alias"]
 
 
 def test_a_benchmark_class_in_the_builtin_table_takes_its_key_as_name(monkeypatch, tmp_path):
@@ -343,3 +345,31 @@ def test_a_value_error_inside_score_names_the_reward_and_its_batch():
 
     with pytest.raises(ValueError, match=r"^Picky on a batch of 2 from 'a yellow star': bad input on a yellow prompt$"):
         Picky().score([Image.new("RGB", (4, 4))] * 2, ["a yellow star", "a red circle"])
+    register_reward("picky")(Picky)
+    from rewards.combined import build_reward
+
+    mixed = build_reward("picky:0.5,toy_oracle:0.5")  # named once, by the member that raised it
+    with pytest.raises(ValueError, match=r"^Picky on a batch of 1 from 'a yellow star': bad input on a yellow prompt$"):
+        mixed.score([Image.new("RGB", (4, 4))], ["a yellow star"])
+    with pytest.raises(ValueError, match=r"^Picky on a batch of 1 from '(long ){15}lo\.\.\.': bad input"):
+        Picky().score([Image.new("RGB", (4, 4))], ["long " * 40])
+
+    class NotText(Reward):  # a ValueError of its own type passes as it is
+        def _score(self, images, prompts, metadata):
+            raise UnicodeError("not text")
+
+    with pytest.raises(UnicodeError, match="^not text$"):
+        NotText().score([Image.new("RGB", (4, 4))], ["a"])
+
+
+def test_listings_show_a_plugin_that_raises_on_import_and_the_others(tmp_path, monkeypatch, capsys):
+    from gors.cli import main
+
+    installed(tmp_path, monkeypatch, {"plugin": "[gors.benchmarks]\nraising = ep_raising:Anything\n"
+                                                "[gors.rewards]\nraising = ep_raising:Anything\n"})
+    (tmp_path / "ep_raising.py").write_text("raise RuntimeError('needs a GPU at import')\n")
+    main(["benchmarks"])
+    main(["rewards"])
+    out = capsys.readouterr().out
+    assert out.count("cannot be imported: needs a GPU at import") == 2
+    assert "toy_oracle" in out and "t2i_compbench" in out

@@ -201,6 +201,12 @@ def test_a_damaged_cache_file_is_computed_again(tmp_path, caplog):
         file.write_bytes(b"left by a killed launch")
     assert torch.equal(sharded_cache(path, 5, compute, accelerator, 2, "encode")["value"], first["value"])
     assert sorted(file.name for file in path.parent.iterdir()) == ["latents.safetensors"]
+    # Parts a launch left when killed between its merge and its clean-up: removed when the cache is reused.
+    for file in stale:
+        file.write_bytes(b"merged already")
+    assert torch.equal(sharded_cache(path, 5, compute, accelerator, 2, "encode")["value"], first["value"])
+    assert sorted(file.name for file in path.parent.iterdir()) == ["latents.safetensors"]
+    assert computed == [0, 1, 2, 3, 4] * 5  # reused, not computed again
 
 
 def test_two_spellings_of_one_local_folder_are_one_setting(tmp_path, monkeypatch):

@@ -21,7 +21,6 @@ scores whatever has no row yet.
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +31,7 @@ import torch
 from PIL import Image
 
 from gors.core.io_threads import DONE, finish
+from gors.core.logs import own_work_logger
 from gors.core.memory import DROP_OVERLAP, MORE_MEMORY
 from gors.core.scoring import (
     Scorer,
@@ -42,7 +42,7 @@ from gors.core.scoring import (
 )
 from gors.core.store import SampleKey, same_image, sample_key
 
-logger = logging.getLogger(__name__)
+logger = own_work_logger(__name__)  # this process's scoring thread
 
 
 class BackgroundScorer:

@@ -6,14 +6,13 @@ contiguous slices whose sizes differ by at most one.
 Processes started by a launcher (torchrun, which `accelerate launch --multi_gpu` runs) die with it:
 torchrun starts each worker in its own session, so a launcher killed alone (SIGKILL, OOM killer)
 would leave its workers writing into the run folder. `make_accelerator` and `process_state` start
-that watch (`die_with_launcher`), and make gors' warnings speak once per launch (`speak_once`).
+that watch (`die_with_launcher`), and make gors' warnings speak once per launch (`gors.core.logs`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 import os
 import pickle
 import signal
@@ -29,6 +28,7 @@ from accelerate import Accelerator, PartialState
 from tqdm.auto import tqdm
 
 import gors
+from gors.core.logs import speak_once
 
 T = TypeVar("T")
 
@@ -38,12 +38,6 @@ SHARED_CHECK_PREFIX = ".shared-check-"  # + host, pid and time of the command th
 # How long another node may take to see a file the main process wrote (network filesystems publish
 # new files with a delay); every stage relies on the same visibility after its barriers.
 SHARED_CHECK_WAIT_S = 30.0
-# The packages whose warnings (a model's resolution note, a store made by an older gors) are the same on every
-# process: under a multi-process launch the main process says them.
-SHARED_WARNING_LOGGERS = ("gors", "rewards", "evaluators")
-# gors' loggers whose warnings are about one process's own work (its device's memory, the files and threads it
-# writes with): every process says its own, naming itself.
-OWN_WORK_LOGGERS = ("gors.core.memory", "gors.core.io", "gors.core.io_threads", "gors.core.background_scoring")
 # What to do when processes disagree on a model's version, each read in its node's own Hugging Face cache
 # (or its own copy of a local folder).
 SAME_SNAPSHOT_FIX = ("Every node must resolve each model to the same snapshot: point HF_HOME at one shared cache, "
@@ -96,39 +90,11 @@ def die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class _NameProcess(logging.Filter):
-    """Starts a record's message with `process N: `."""
-
-    def __init__(self, index: int) -> None:
-        super().__init__()
-        self.index = index
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = f"process {self.index}: {record.msg}"
-        return True
-
-
-def speak_once(state: PartialState) -> None:
-    """Under a multi-process launch, let only the main process log gors' warnings (`SHARED_WARNING_LOGGERS`),
-    each process its errors, and every process the warnings about its own work (`OWN_WORK_LOGGERS`), which
-    name the process. One process alone: nothing changes. Idempotent."""
-    if state.num_processes == 1:
-        return
-    if not state.is_main_process:
-        for name in SHARED_WARNING_LOGGERS:
-            logging.getLogger(name).setLevel(logging.ERROR)
-    for name in OWN_WORK_LOGGERS:
-        own = logging.getLogger(name)
-        own.setLevel(logging.WARNING)  # not the package's ERROR above
-        if not any(isinstance(f, _NameProcess) for f in own.filters):
-            own.addFilter(_NameProcess(state.process_index))
-
-
 def make_accelerator(**kwargs: Any) -> Accelerator:
     """An `Accelerator` that also forms a process group on CPU-only machines (gloo)."""
     die_with_launcher()
     accelerator = Accelerator(cpu=_cpu_only(), **kwargs)
-    speak_once(accelerator.state)
+    speak_once(accelerator.num_processes, accelerator.process_index)
     return accelerator
 
 
@@ -136,7 +102,7 @@ def process_state() -> PartialState:
     """The process layout without an Accelerator, for stages that train nothing."""
     die_with_launcher()
     state = PartialState(cpu=_cpu_only())
-    speak_once(state)
+    speak_once(state.num_processes, state.process_index)
     return state
 
 

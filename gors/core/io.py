@@ -28,7 +28,11 @@ from typing import Any, Callable, Iterable, Iterator
 
 from PIL import Image
 
+from gors.core.logs import own_work_logger
+
 logger = logging.getLogger(__name__)
+# This process's own writes (the part files it appends to): every process says its own.
+writes_logger = own_work_logger(f"{__name__}.writes")
 
 # What the OS says when a path given by the user is unusable: a file where a folder belongs (or the
 # reverse), or no permission. The user fixes these from the message; any other OSError is a fault.
@@ -269,7 +273,7 @@ def repair_jsonl(path: str | Path) -> bool:
         handle.truncate(start)
         handle.flush()
         os.fsync(handle.fileno())
-    logger.warning("%s: cut its incomplete last line (an interrupted write); that record is written again", path)
+    writes_logger.warning("%s: cut its incomplete last line (an interrupted write); that record is written again", path)
     return True
 
 

@@ -9,15 +9,16 @@ given, exactly as a loop in the caller would, so files, records and scores come 
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
+from gors.core.logs import own_work_logger
+
 DONE = object()  # a worker queue's end marker
-logger = logging.getLogger(__name__)
+logger = own_work_logger(__name__)  # this process's threads
 T = TypeVar("T")
 U = TypeVar("U")
 

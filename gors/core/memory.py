@@ -15,14 +15,15 @@ Every stage writes as it goes and resumes, so the same command with other values
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
 
-logger = logging.getLogger(__name__)
+from gors.core.logs import own_work_logger
+
+logger = own_work_logger(__name__)  # this process's device
 T = TypeVar("T")
 
 # What to do when one item does not fit: the stage's own advice goes before it.
