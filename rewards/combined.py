@@ -21,6 +21,8 @@ import torch
 from PIL import Image
 
 from gors.core.hub import ModelLoadError, check_cached, check_model_path, note_load, recording_loads
+from gors.core.io import file_sha256
+from gors.core.scoring import SOURCES_SETTING
 from rewards.base import MODEL_FLAG, Reward, RewardOutput
 from rewards.registry import available_rewards, get_reward_class
 
@@ -87,11 +89,28 @@ def scoring_versions(reward: str) -> dict[str, int]:
     return {name: version for name, version in versions.items() if version > 1}
 
 
+# The packages whose rewards change their scores only with a release (and their `scoring_version`).
+OWN_PACKAGES = ("rewards", "gors", "evaluators")
+
+
+def plugin_sources(reward: str) -> dict[str, str]:
+    """The sha256 of the source file of each reward `reward` names that is not gors' own (a plugin, a
+    `module:Class`): an edited plugin is noticed where its old scores are read (`SOURCES_SETTING`)."""
+    sources = {}
+    for spec in parse_reward_list(reward):
+        cls = get_reward_class(spec.name)
+        path = inspect.getsourcefile(cls) if cls.__module__.split(".")[0] not in OWN_PACKAGES else None
+        if path is not None and os.path.isfile(path):
+            sources[spec.name] = file_sha256(path)
+    return sources
+
+
 def versioned(reward: str) -> dict[str, Any]:
     """`{"scoring_versions": ...}` for a score folder's settings, or nothing when every version is 1
-    (so that folders made before versions were recorded keep resuming)."""
-    versions = scoring_versions(reward)
-    return {"scoring_versions": versions} if versions else {}
+    (so that folders made before versions were recorded keep resuming); with `SOURCES_SETTING` for a
+    reward that is not gors' own."""
+    versions, sources = scoring_versions(reward), plugin_sources(reward)
+    return {**({"scoring_versions": versions} if versions else {}), **({SOURCES_SETTING: sources} if sources else {})}
 
 
 def is_single(specs: Sequence[RewardSpec], text: str) -> bool:

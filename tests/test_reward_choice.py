@@ -406,3 +406,36 @@ def test_a_category_other_than_the_prompts_is_refused_where_it_would_judge_them(
     check_category(RunConfig(category="color"), None, "x")  # a prompt file takes any category
     check_category(RunConfig(category="spatial"), "3d_spatial", "x")  # no tau of its own: borrows spatial's
     check_category(RunConfig(category="toy"), "toy", "x")
+
+
+def test_an_edited_plugin_rewards_old_scores_are_kept_with_a_warning(console_script_path, caplog):
+    """A plugin reward's source file is recorded with its scores (informational): an edit is warned of where
+    the old scores are read, not refused (a docstring edit would refuse every score)."""
+    import json
+
+    from gors.core.scoring import SETTINGS_FILE, check_settings
+    from gors.core.store import StoreError
+    from rewards.combined import versioned
+
+    module = console_script_path / "cwd_reward_edited.py"
+    module.write_text(BRIGHTNESS_MODULE)
+    before = versioned("cwd_reward_edited:Brightness:1,toy_oracle:1")
+    assert list(before["plugin_sources"]) == ["cwd_reward_edited:Brightness"]  # gors' own rewards: not recorded
+    assert "plugin_sources" not in versioned("toy_oracle")
+    folder = console_script_path / "scores"
+    folder.mkdir()
+    settings = {"reward": "cwd_reward_edited:Brightness", "options": {}, **before}
+    (folder / SETTINGS_FILE).write_text(json.dumps(settings))
+    assert check_settings(folder, settings, scored=True) is False and not caplog.records
+    module.write_text(BRIGHTNESS_MODULE.replace("/ 255", "/ 255.0"))
+    edited = {**settings, **versioned("cwd_reward_edited:Brightness")}
+    assert edited["plugin_sources"] != settings["plugin_sources"]
+    assert check_settings(folder, edited, scored=True) is False  # kept, and the record stays the old one
+    assert "holds scores made when the source file of cwd_reward_edited:Brightness was another: the scores are " \
+           "kept as they are; if the change changes them, raise the reward's scoring_version" in caplog.text
+    # A folder an earlier gors scored records the sources now; other settings still refuse.
+    older = {key: value for key, value in settings.items() if key != "plugin_sources"}
+    (folder / SETTINGS_FILE).write_text(json.dumps(older))
+    assert check_settings(folder, edited, scored=True) is True
+    with pytest.raises(StoreError, match="holds scores made with"):
+        check_settings(folder, {**edited, "options": {"scale": 2}}, scored=True)

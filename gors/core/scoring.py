@@ -163,6 +163,9 @@ def load_scores(output_dir: str | Path, reward: str,
 # Settings keys a later gors added: a score folder recorded before it lacks them and is taken to
 # have been scored with the current value (as a folder without settings is), with a warning.
 LATER_SCORE_SETTINGS = ("dtype",)
+# The sha256 of a plugin reward's source file (`rewards.combined.plugin_sources`): informational, never
+# refusing (an edited docstring would refuse every score), so that an edit is warned of.
+SOURCES_SETTING = "plugin_sources"
 
 
 def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool) -> bool:
@@ -182,15 +185,23 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
         return False
     if not scored or recorded is None:
         return True
-    completed, adopted = adopt_later_settings(recorded, dict(wanted), LATER_SCORE_SETTINGS)
-    if not same_value(completed, dict(wanted)):
+    recorded_sources, sources = recorded.get(SOURCES_SETTING), wanted.get(SOURCES_SETTING)
+    if isinstance(recorded_sources, dict) and recorded_sources != sources:
+        edited = sorted(name for name, digest in (sources or {}).items() if recorded_sources.get(name) != digest)
+        logger.warning("%s holds scores made when the source file of %s was another: the scores are kept as they "
+                       "are; if the change changes them, raise the reward's scoring_version (the folder then refuses "
+                       "them) or delete the folder to score again", scores_folder, ", ".join(edited) or "a reward")
+    compared = {key: value for key, value in wanted.items() if key != SOURCES_SETTING}
+    completed, adopted = adopt_later_settings({key: value for key, value in recorded.items() if key != SOURCES_SETTING},
+                                              compared, LATER_SCORE_SETTINGS)
+    if not same_value(completed, compared):
         raise StoreError(
             f"{scores_folder} holds scores made with {json.dumps(recorded, sort_keys=True)}, not the "
             f"{json.dumps(wanted, sort_keys=True)} asked for now. Use a new output folder, or delete "
             f"{scores_folder} to score again."
         )
     if not adopted:  # the same settings, a path spelled otherwise (`same_value`): the record stays as it is
-        return False
+        return recorded_sources is None and sources is not None  # but takes the sources it did not record
     logger.warning("%s was scored before gors recorded the scorer's %s; its scores are taken to have been made "
                    "with %s (if they were not, e.g. a Qwen3-VL reward scored in float16 by an older gors, delete "
                    "the folder to score again)", scores_folder, ", ".join(adopted),
