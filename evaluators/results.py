@@ -5,7 +5,7 @@ Each `summary.json` keeps the benchmark's own keys (``overall``, ``soft_tifa_gm`
 
     "results": {
       "schema_version": 1,
-      "gors_version": "0.1.0",
+      "gors_version": "0.2.0",
       "benchmark": "geneval",
       "data": {"repository": "djghosh13/geneval", "commit": "af49...",
                "files": {"evaluation_metadata.jsonl": "<sha256>"}, "prompts_sha256": "<of the evaluated prompts>"},

@@ -14,6 +14,6 @@ PARENT_AT_START = os.getppid()
 
 from gors import _moved  # noqa: E402  (after the parent is read)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 _moved.install()

@@ -62,6 +62,10 @@ def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_
     monkeypatch.chdir(tiny_sd.parent)
     store = generate(make_run_config(images_per_prompt=3, pretrained_model_name_or_path=f"{tiny_sd.name}/"))
     assert len(store.records()) == 9 and json.loads((store.root / SETTINGS).read_text()) == settings
+    # A store an earlier gors made takes this one's images: its version is recorded, not compared.
+    (store.root / SETTINGS).write_text(json.dumps({**settings, "gors_version": "0.1.0"}))
+    store = generate(make_run_config(images_per_prompt=3, max_prompts=3))
+    assert json.loads((store.root / SETTINGS).read_text())["gors_version"] == gors.__version__
     # Fewer prompts than the store holds: the later stages would use them all, so it is refused.
     with pytest.raises(StoreError, match=r"holds samples of 3 prompts and 2 are asked for.*--max_prompts 3 or more, "
                                          r"with the --train_prompts that made this store\)"):

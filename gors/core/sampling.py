@@ -140,6 +140,10 @@ class SamplingProtocol:
 # Settings keys a later gors added: a store recorded before it lacks them and is taken
 # to have been made with the current value (as a store without settings is), with a warning.
 LATER_SETTINGS = ("lora_sha256", "call_kwargs")
+# Settings a store records but does not compare: the gors that last added images. A release that changes what
+# an image is under the same settings says so with a settings key of its own (as `lora_sha256` came), not by
+# its version number, which would refuse every store an earlier release made.
+INFORMATIONAL_SETTINGS = ("gors_version",)
 
 
 def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: StoreFlags) -> list[str]:
@@ -159,6 +163,7 @@ def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: Stor
     if recorded.get("lora_sha256") is not None and recorded["lora_sha256"] == wanted.get("lora_sha256"):
         recorded = {**recorded, "lora": wanted.get("lora")}
     recorded, adopted = adopt_later_settings(recorded, wanted, LATER_SETTINGS)
+    recorded = {**recorded, **{key: wanted[key] for key in INFORMATIONAL_SETTINGS if key in wanted}}
     if recorded.get("revision") is None and wanted.get("revision") is None and \
             moved_local_model(recorded.get("model"), wanted.get("model"), recorded_model_commits(store.root)):
         recorded = {**recorded, "model": wanted.get("model")}
