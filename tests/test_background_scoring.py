@@ -197,6 +197,65 @@ def test_the_workers_error_keeps_its_kind_so_an_expected_one_stays_one_line(tmp_
         scorer.close()
 
 
+def test_a_disk_error_of_the_worker_keeps_its_errno_and_file_for_the_one_line_message(tmp_path, monkeypatch):
+    import errno
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    import gors.core.scoring
+    from gors.cli import _disk_problem
+    from gors.core.background_scoring import BackgroundScorer
+
+    def over_quota(path, rows):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded", str(path))
+
+    monkeypatch.setattr(gors.core.scoring, "append_jsonl", over_quota)
+    scorer = BackgroundScorer(tmp_path, lambda: SimpleNamespace(score=lambda images, prompts, metadata=None:
+                                                                SimpleNamespace(scores=[0.5], details=[{}])), 1, 0, "cpu")
+    scorer.open()
+    scorer.add([{"prompt_index": 0, "image_index": 0, "prompt": "p", "path": "0.png"}], [Image.new("RGB", (8, 8))])
+    with pytest.raises(OSError) as raised:
+        scorer.close()
+    assert raised.value.errno == errno.EDQUOT and raised.value.filename == str(scorer.out_file)
+    assert _disk_problem(raised.value).startswith(f"disk quota exceeded writing {scorer.out_file}")
+
+
+def test_a_worker_that_cannot_start_stops_generation_rather_than_blocking_it(tmp_path):
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from gors.core.background_scoring import BackgroundScorer
+
+    scorer = BackgroundScorer(tmp_path, lambda: SimpleNamespace(score=None), 1, 0, "cpu", max_pending=1)
+    scorer.device = torch.device("cuda", 0)  # this machine has no GPU: the thread's set-up fails
+    scorer.open()
+    batch = ([{"prompt_index": 0, "image_index": 0, "prompt": "p", "path": "0.png"}], [Image.new("RGB", (8, 8))])
+    with pytest.raises(Exception, match="scoring overlapped with generation failed"):
+        for _ in range(5):  # the queue holds one: without the error recorded the third add would wait forever
+            scorer.add(*batch)
+            scorer._thread.join(10)
+
+
+def test_abandoning_after_an_interrupt_logs_the_workers_error_of_any_kind(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from gors.core.background_scoring import BackgroundScorer
+
+    def broken(images, prompts, metadata=None):
+        raise ValueError("no colour in the prompt")
+
+    scorer = BackgroundScorer(tmp_path, lambda: SimpleNamespace(score=broken), 1, 0, "cpu")
+    scorer.open()
+    scorer.add([{"prompt_index": 0, "image_index": 0, "prompt": "p", "path": "0.png"}], [Image.new("RGB", (8, 8))])
+    scorer._thread.join(10)
+    scorer.abandon()  # as after Ctrl-C: the interrupt stays the error raised
+    assert "scoring overlapped with generation failed: no colour in the prompt" in caplog.text
+
+
 def test_an_interrupted_generation_writes_its_batch_without_waiting_for_a_full_scorer(tmp_path):
     import threading
     from types import SimpleNamespace

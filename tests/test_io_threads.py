@@ -47,6 +47,25 @@ def test_the_workers_error_stops_the_caller_at_its_next_item():
     assert done == [0]
 
 
+def test_a_failed_worker_lets_no_more_items_in_than_the_queue_held():
+    """A caller waiting on the full queue when the worker fails gets the error: the failed worker does not
+    empty its queue to let one more item (a whole generated batch, never written) in."""
+    given: list[int] = []
+    release = threading.Event()
+
+    def work(item: int) -> None:
+        assert release.wait(10)
+        raise OSError(28, "No space left on device")
+
+    threading.Timer(0.5, release.set).start()  # fails while the caller waits to put item 2
+    with pytest.raises(OSError):
+        with OrderedWorker(work, name="test-writer", max_pending=1) as worker:
+            for item in range(100):
+                worker.put(item)
+                given.append(item)
+    assert given == [0, 1]  # 0 taken, 1 queued; 2 waited for room and met the error
+
+
 def test_an_error_of_the_block_still_writes_what_is_queued_and_is_the_one_raised(caplog):
     done: list[int] = []
 

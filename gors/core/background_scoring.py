@@ -137,7 +137,7 @@ class BackgroundScorer:
                 self._queue.get_nowait()
         try:
             self.close()
-        except RuntimeError as err:
+        except Exception as err:  # of any kind: the interrupt or generation's error is the one raised
             logger.warning("%s", err)
 
     def _raise_worker_error(self) -> None:
@@ -146,22 +146,24 @@ class BackgroundScorer:
             message = (f"scoring overlapped with generation failed: {self._error}. The images generated so far are in "
                        f"the store and every finished score row in {self.out_file}; fix the cause and rerun: only "
                        "what is missing is generated and scored.")
-            # Of the worker's own kind, so that an expected error (a bad reward's output) stays one line.
+            # Of the worker's own kind, so that an expected error (a bad reward's output, a full disk: an OSError
+            # keeps its errno and file) stays one line.
             try:
-                error = type(self._error)(message)
+                error = type(self._error)(self._error.errno, message, self._error.filename) \
+                    if isinstance(self._error, OSError) and self._error.errno is not None else type(self._error)(message)
             except Exception:  # a kind that takes other arguments
                 error = RuntimeError(message)
             raise error from self._error
 
     def _work(self, reward: Scorer) -> None:
-        if self.device.type == "cuda":  # a new thread starts on GPU 0: this process's GPU, for code that assumes it
-            torch.cuda.set_device(self.device)
-        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights copied on the default stream
         records: list[dict[str, Any]] = []
         images: list[Image.Image] = []
         try:
+            if self.device.type == "cuda":  # a new thread starts on GPU 0: this process's GPU, for code assuming it
+                torch.cuda.set_device(self.device)
+            stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+            if stream is not None:
+                stream.wait_stream(torch.cuda.current_stream(self.device))  # the weights copied on the default stream
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 while True:
                     item = self._queue.get()
@@ -180,9 +182,5 @@ class BackgroundScorer:
                             self.batch_flag, f"{DROP_OVERLAP}, or {MORE_MEMORY}")
                     if finished:
                         return
-        except BaseException as err:  # handed to the generation thread by `add` or `close`
+        except BaseException as err:  # handed to the generation thread by `add` (which looks every second) or `close`
             self._error = err
-            # Unblock a producer waiting on a full queue: it then sees the error.
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    self._queue.get_nowait()

@@ -8,7 +8,6 @@ given, exactly as a loop in the caller would, so files, records and scores come 
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -62,7 +61,7 @@ class OrderedWorker:
             try:
                 self._queue.put(item, timeout=1.0)
                 return
-            except queue.Full:  # a worker that failed empties the queue and stops: look again
+            except queue.Full:  # a worker that failed takes no more items: look again
                 self._raise_error()
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
@@ -81,11 +80,8 @@ class OrderedWorker:
         try:
             while (item := self._queue.get()) is not DONE:
                 self._work(item)
-        except BaseException as error:  # handed to the caller by `put` or on leaving the block
+        except BaseException as error:  # handed to the caller by `put` (which looks every second) or on leaving
             self._error = error
-            with contextlib.suppress(queue.Empty):  # unblock a caller waiting on a full queue
-                while True:
-                    self._queue.get_nowait()
 
 
 def prefetched(items: Iterable[T], load: Callable[[T], U], name: str, ahead: int = 1) -> Iterator[tuple[T, U]]:
