@@ -565,9 +565,11 @@ def _disk_problem(err: BaseException) -> str | None:
         return (f"a file could not be written whole (torch.save: {failed_write}): the disk is probably full or over "
                 "quota; free some space and run the same command again; what was finished is kept (each file is "
                 "written whole or not at all)")
-    if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
-        code = err.errno
-        where = f" {'on' if code == errno.EACCES else 'writing'} {err.filename}" if err.filename else ""
+    # The error itself, or the one it was raised from (overlapped scoring re-raises its thread's with context).
+    failed = next((e for e in (err, err.__cause__) if isinstance(e, OSError) and e.errno in DISK_ERRNOS), None)
+    if failed is not None:
+        code = failed.errno
+        where = f" {'on' if code == errno.EACCES else 'writing'} {failed.filename}" if failed.filename else ""
     elif "No space left on device" in str(err):
         code, where = errno.ENOSPC, ""
     else:

@@ -32,6 +32,7 @@ from tabulate import tabulate
 from evaluators.results import UNIT_SCALE, metric_value
 from gors.core.io import atomic_write_bytes, is_json_number, make_folder, not_a_folder, read_json
 from gors.core.paper import PUBLISHED, PUBLISHED_PROMPTS
+from gors.core.scoring import SOURCES_SETTING
 
 
 def _summaries(folder: Path) -> list[Any] | None:
@@ -109,11 +110,13 @@ def evaluation_protocols(summaries: list[Any]) -> dict[str, dict[str, Any]]:
 
 def _scorer(recorded: Any) -> dict[str, Any] | None:
     """A summary's `results.scorer` as compared: scoring versions all 1 when none are recorded (`versioned`
-    leaves them out), and without the question table's path (`questions` compares the tables' contents)."""
+    leaves them out), without the question table's path (`questions` compares the tables' contents) and
+    without a plugin reward's source hash (an edited comment changes it, not the scores)."""
     if not isinstance(recorded, dict):
         return None
     options = {key: value for key, value in (recorded.get("options") or {}).items() if key != "questions"}
-    return {**recorded, "options": options, "scoring_versions": recorded.get("scoring_versions") or {}}
+    kept = {key: value for key, value in recorded.items() if key != SOURCES_SETTING}  # informational: a comment edit
+    return {**kept, "options": options, "scoring_versions": recorded.get("scoring_versions") or {}}
 
 
 def _question_sources(summary: dict[str, Any]) -> list[Any] | None:

@@ -99,7 +99,12 @@ def plugin_sources(reward: str) -> dict[str, str]:
     sources = {}
     for spec in parse_reward_list(reward):
         cls = get_reward_class(spec.name)
-        path = inspect.getsourcefile(cls) if cls.__module__.split(".")[0] not in OWN_PACKAGES else None
+        if cls.__module__.split(".")[0] in OWN_PACKAGES:
+            continue
+        try:
+            path = inspect.getsourcefile(cls)
+        except (TypeError, OSError):  # defined where no file holds it (a notebook, `python -c`)
+            path = None
         if path is not None and os.path.isfile(path):
             sources[spec.name] = file_sha256(path)
     return sources

@@ -197,7 +197,7 @@ def test_the_workers_error_keeps_its_kind_so_an_expected_one_stays_one_line(tmp_
         scorer.close()
 
 
-def test_a_disk_error_of_the_worker_keeps_its_errno_and_file_for_the_one_line_message(tmp_path, monkeypatch):
+def test_a_disk_error_of_the_worker_is_still_a_one_line_disk_message(tmp_path, monkeypatch):
     import errno
     from types import SimpleNamespace
 
@@ -217,7 +217,6 @@ def test_a_disk_error_of_the_worker_keeps_its_errno_and_file_for_the_one_line_me
     scorer.add([{"prompt_index": 0, "image_index": 0, "prompt": "p", "path": "0.png"}], [Image.new("RGB", (8, 8))])
     with pytest.raises(OSError) as raised:
         scorer.close()
-    assert raised.value.errno == errno.EDQUOT and raised.value.filename == str(scorer.out_file)
     assert _disk_problem(raised.value).startswith(f"disk quota exceeded writing {scorer.out_file}")
 
 

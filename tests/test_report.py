@@ -221,6 +221,10 @@ def test_evaluations_of_one_benchmark_measured_otherwise_are_noted(tmp_path):
     moved = [recorded(name, scorer | {"options": {"questions": path}}, "float16")
              for name, path in (("f", "questions.json"), ("g", "/home/u/questions.json"))]
     assert "note:" not in report(moved, tmp_path / "report").read_text()
+    # A plugin reward's source hash is informational (a comment edit changes it): no scorer difference.
+    edited = [recorded(name, scorer | {"plugin_sources": {"toy_binding": digest}}, "float16")
+              for name, digest in (("h", "a" * 64), ("i", "b" * 64))]
+    assert "note:" not in report(edited, tmp_path / "report").read_text()
     # Summaries written before `results.scorer`: the judge models a benchmark's fields name are compared.
     def judged(name: str, model: str) -> Path:
         folder = evaluation(name, 150)

@@ -439,3 +439,23 @@ def test_an_edited_plugin_rewards_old_scores_are_kept_with_a_warning(console_scr
     assert check_settings(folder, edited, scored=True) is True
     with pytest.raises(StoreError, match="holds scores made with"):
         check_settings(folder, {**edited, "options": {"scale": 2}}, scored=True)
+
+
+
+def test_a_reward_defined_where_no_file_holds_it_records_no_source(monkeypatch):
+    """A reward registered in a notebook or `python -c` has no source file: nothing is recorded, and
+    scoring goes on."""
+    import types
+
+    import rewards.registry
+    from rewards.combined import versioned
+
+    monkeypatch.setattr(rewards.registry, "_REGISTERED", {})
+    module = types.ModuleType("notebook_cell")  # no __file__
+    exec("from rewards import Reward, RewardOutput\n"
+         "class InCell(Reward):\n"
+         "    def _score(self, images, prompts, metadata):\n"
+         "        return RewardOutput([0.5] * len(images))\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, "notebook_cell", module)
+    rewards.registry.register_reward("in_cell")(module.InCell)
+    assert versioned("in_cell") == {}

@@ -146,11 +146,10 @@ class BackgroundScorer:
             message = (f"scoring overlapped with generation failed: {self._error}. The images generated so far are in "
                        f"the store and every finished score row in {self.out_file}; fix the cause and rerun: only "
                        "what is missing is generated and scored.")
-            # Of the worker's own kind, so that an expected error (a bad reward's output, a full disk: an OSError
-            # keeps its errno and file) stays one line.
+            # Of the worker's own kind, so that an expected error (a bad reward's output) stays one line; a disk
+            # error is recognised by its cause's errno (`gors.cli`).
             try:
-                error = type(self._error)(self._error.errno, message, self._error.filename) \
-                    if isinstance(self._error, OSError) and self._error.errno is not None else type(self._error)(message)
+                error = type(self._error)(message)
             except Exception:  # a kind that takes other arguments
                 error = RuntimeError(message)
             raise error from self._error

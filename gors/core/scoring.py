@@ -166,6 +166,7 @@ LATER_SCORE_SETTINGS = ("dtype",)
 # The sha256 of a plugin reward's source file (`rewards.combined.plugin_sources`): informational, never
 # refusing (an edited docstring would refuse every score), so that an edit is warned of.
 SOURCES_SETTING = "plugin_sources"
+_SAID_EDITED: set[Path] = set()  # the score folders whose edited plugin this process has warned of
 
 
 def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool) -> bool:
@@ -186,7 +187,8 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
     if not scored or recorded is None:
         return True
     recorded_sources, sources = recorded.get(SOURCES_SETTING), wanted.get(SOURCES_SETTING)
-    if isinstance(recorded_sources, dict) and recorded_sources != sources:
+    if isinstance(recorded_sources, dict) and recorded_sources != sources and scores_folder not in _SAID_EDITED:
+        _SAID_EDITED.add(scores_folder)  # once per command (overlapped scoring opens the folder twice)
         edited = sorted(name for name, digest in (sources or {}).items() if recorded_sources.get(name) != digest)
         logger.warning("%s holds scores made when the source file of %s was another: the scores are kept as they "
                        "are; if the change changes them, raise the reward's scoring_version (the folder then refuses "
