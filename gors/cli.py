@@ -328,6 +328,11 @@ class RewardsConfig:
     """`gors rewards`: the registered rewards, their default models, score ranges and roles in the paper."""
 
 
+def first_line(doc: str | None) -> str:
+    """The first line of a docstring, for a listing; "" without one."""
+    return (doc or "").strip().split("\n")[0]
+
+
 def reward_table() -> list[dict[str, str]]:
     """One row per registered reward: name, default model, score range, categories, paper role, description."""
     import rewards
@@ -350,7 +355,7 @@ def reward_table() -> list[dict[str, str]]:
         rows.append({
             "name": name, "model": cls.default_model or "-", "range": f"[{low:g}, {high:g}]",
             "categories": ", ".join(cls.categories) or "-", "role": "; ".join(role) or "-",
-            "description": cls.description or (cls.__doc__ or "").strip().split("\n")[0],
+            "description": cls.description or first_line(cls.__doc__),
         })
     return rows
 
@@ -401,7 +406,7 @@ def benchmark_table() -> list[dict[str, str]]:
                      # A scorer that depends on the subset (T2I-CompBench's category) is a property of the instance.
                      "scorer": cls.scorer if isinstance(cls.scorer, str) else "by subset",
                      "metric": f"{metric.key} {metric.scale}",
-                     "description": (cls.__doc__ or "").strip().split("\n")[0]})
+                     "description": first_line(cls.__doc__)})
     return rows
 
 

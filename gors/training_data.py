@@ -146,9 +146,7 @@ def _write_share(target: Path, indices: list[int], compute: Callable[[list[int]]
     for name in list(rows):
         tensors[name] = torch.cat(rows.pop(name)).contiguous()
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    save_file(tensors, str(tmp))
-    tmp.replace(target)
+    _save_atomically(tensors, target)
     return tensors
 
 
@@ -164,10 +162,15 @@ def _merge_parts(path: Path, parts: list[Path], num_items: int) -> dict[str, tor
             raise RuntimeError(f"{path}: its parts hold {len(index)} rows, not items 0 to {num_items - 1} in order")
         merged = {name: torch.cat([h.get_tensor(name) for h in handles]) for name in handles[0].keys()
                   if name != "index"}
-    tmp = path.with_suffix(".tmp")
-    save_file(merged, str(tmp))
-    tmp.replace(path)
+    _save_atomically(merged, path)
     return merged
+
+
+def _save_atomically(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write `tensors` to the safetensors file `path` whole or not at all (beside it, then renamed)."""
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(path)
 
 
 def text_cache_name(component: str, prompts: list[str], tokens: torch.Tensor, model_id: str, revision: str | None,

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gors.core.logs import first_time
 from rewards.noun_phrases import OFFICIAL_INSTALL, OFFICIAL_PARSER, is_official_parser
 
 logger = logging.getLogger(__name__)
@@ -151,9 +152,6 @@ def unofficial_term_parsers_message(parsers: Sequence[Mapping[str, Any]]) -> str
             f"A question table does not cover these; install the official parser ({OFFICIAL_INSTALL}) for them.")
 
 
-_warned: set[tuple[str, str]] = set()
-
-
 def warn_unofficial_questions(category: str, provenance: Sequence[Mapping[str, Any]]) -> str | None:
     """Log `unofficial_questions_message` once per process and category; returns the message (or None)."""
     return _warn_once(category, unofficial_questions_message(category, provenance))
@@ -165,7 +163,6 @@ def warn_unofficial_term_parsers(parsers: Sequence[Mapping[str, Any]]) -> str | 
 
 
 def _warn_once(category: str, message: str | None) -> str | None:
-    if message is not None and (category, message) not in _warned:
-        _warned.add((category, message))
+    if message is not None and first_time("unofficial questions", category, message):
         logger.warning(message)
     return message

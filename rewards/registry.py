@@ -19,6 +19,7 @@ from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any
 
+from gors.core.logs import first_time
 from rewards.base import Reward
 
 # Built-in rewards are imported lazily: name -> "module:Class".
@@ -46,7 +47,6 @@ _BUILTIN: dict[str, str] = {
 _REGISTERED: dict[str, type[Reward]] = {}
 ENTRY_POINT_GROUP = "gors.rewards"
 logger = logging.getLogger(__name__)
-_SAID_SHADOWED: set[tuple[str, str]] = set()
 
 
 def declared_entry_points(group: str = ENTRY_POINT_GROUP) -> dict[str, list[str]]:
@@ -69,8 +69,7 @@ def entry_point_path(kind: str, name: str, group: str, builtin: Collection[str])
     if not paths:
         return None
     if name in builtin:
-        if (group, name) not in _SAID_SHADOWED:
-            _SAID_SHADOWED.add((group, name))
+        if first_time("shadowed entry point", group, name):
             logger.warning("the %s entry point %s = %s is ignored: %r is gors' own %s, which it keeps naming; give "
                            "the entry point another name", group, name, " and ".join(paths), name, kind)
         return None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 import evaluators
+import gors.core.logs
 import rewards.registry
 from evaluators import Benchmark, BenchmarkPrompt, Metric, register_benchmark
 from gors.core.toy import PRETRAINED_DIR
@@ -288,7 +289,7 @@ def installed(tmp_path, monkeypatch, packages: dict[str, str]):
 def test_an_entry_point_named_like_a_builtin_is_said_to_be_ignored_and_the_builtin_kept(tmp_path, monkeypatch, caplog):
     installed(tmp_path, monkeypatch, {"shadowing": "[gors.rewards]\nb_vqa = ep_plugin:Half\n"
                                                    "[gors.benchmarks]\ntoy = ep_plugin:Undecorated\n"})
-    monkeypatch.setattr(rewards.registry, "_SAID_SHADOWED", set())
+    monkeypatch.setattr(gors.core.logs, "_said", set())  # each warning said anew
     with caplog.at_level("WARNING"):
         assert rewards.registry.get_reward_class("b_vqa").__name__ == "BVQAReward"
         assert rewards.registry.get_reward_class("b_vqa").__name__ == "BVQAReward"

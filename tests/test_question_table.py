@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import gors.core.logs
 import rewards.noun_phrases as np_module
 import rewards.question_differences as differences
 from gors.questions import main as questions_main
@@ -208,7 +209,7 @@ def test_warning_text() -> None:
 
 
 def test_warning_is_logged_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(differences, "_warned", set())
+    monkeypatch.setattr(gors.core.logs, "_said", set())  # each warning said anew
     provenance = [{"source": "parser", "parser": dict(BUILTIN), "images": 20}]
     with caplog.at_level(logging.WARNING, logger=differences.__name__):
         first = warn_unofficial_questions("complex", provenance)

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import gors.core.logs
 from evaluators import build_benchmark, get_benchmark
 from evaluators.base import image_index_seed
 from evaluators.t2i_compbench import CATEGORIES, T2ICompBenchBenchmark
 from gors.core.paper import ALL_CATEGORIES
 from gors.core.prompts import T2I_COMPBENCH_COMMIT
-from rewards import question_differences
 from rewards.noun_phrases import OFFICIAL_PARSER, parser_record
 from rewards.question_differences import builtin_differences
 
@@ -200,7 +200,7 @@ def test_a_column_computed_for_only_some_images_has_no_mean() -> None:
 def test_unofficial_questions_warn_once_and_name_the_known_differences(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(question_differences, "_warned", set())  # as in a fresh process
+    monkeypatch.setattr(gors.core.logs, "_said", set())  # each warning said anew  # as in a fresh process
     color = T2ICompBenchBenchmark(category="color", images_per_prompt=2)
     builtin = {"source": "parser", "parser": parser_record("builtin")}
     rows = [{**row, "details": {"question_source": builtin}} for row in rows_of([0.2, 0.4, 0.6, 0.8])]
@@ -219,7 +219,7 @@ def test_complex_records_and_warns_of_the_parser_behind_3_in_1s_spatial_and_clip
 ) -> None:
     """A question table makes B-VQA's questions official; 3-in-1's spatial object names and the adjectives its
     CLIP term removes still come from the parser on the machine, which the summary records and names."""
-    monkeypatch.setattr(question_differences, "_warned", set())
+    monkeypatch.setattr(gors.core.logs, "_said", set())  # each warning said anew
     complex_ = T2ICompBenchBenchmark(category="complex", images_per_prompt=2)
     table = {"source": "table", "table_sha256": "ab" * 32, "parser": dict(OFFICIAL_PARSER)}
     builtin = parser_record("builtin")

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from PIL import Image
 
-from gors.core.logs import own_work_logger
+from gors.core.logs import first_time, own_work_logger
 
 logger = logging.getLogger(__name__)
 # This process's own writes (the part files it appends to): every process says its own.
@@ -290,10 +290,6 @@ def append_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
         os.fsync(handle.fileno())
 
 
-# (path, size) of torn files already reported by this process: a stage reads a file several times.
-_reported_torn: set[tuple[str, int]] = set()
-
-
 class TornLineError(ValueError):
     """A jsonl file written whole (atomically) ends in a line cut short: it was damaged since."""
 
@@ -317,9 +313,8 @@ def read_jsonl(path: str | Path, whole: bool = False) -> Iterator[dict[str, Any]
                         raise TornLineError(f"{path}:{number} is cut short (its last line is incomplete)")
                     yield last
                     return
-                key = (str(path), os.fstat(handle.fileno()).st_size)
-                if key not in _reported_torn:
-                    _reported_torn.add(key)
+                # Once per file state: a stage reads a file several times.
+                if first_time("torn line", str(path), os.fstat(handle.fileno()).st_size):
                     logger.warning(
                         "%s:%d is incomplete (an interrupted write or a copy cut short): its record is left out. "
                         "Rerun the stage that wrote the file (with the same --output_dir): it cuts the line and "

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from gors.core.io import UNUSABLE_PATH, PathError, make_folder, unusable_path
+from gors.core.logs import first_time
 
 # The (folder, stage) locks the current call stack holds: a stage function called by a command that holds its
 # lock (`gors run`'s generate, the CLI's) runs under it (`holds_stages`).
@@ -66,9 +67,6 @@ def _shares_beyond(folder: Path, stages: Sequence[str], num_processes: int) -> l
     return sorted(names)
 
 
-_noted_stale: set[tuple[str, str, str]] = set()
-
-
 def _describe(record: dict) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["started"]))
     return f"`{record['command']}` (pid {record['pid']} on host {record['host']}, since {started})"
@@ -101,8 +99,7 @@ def _acquire(folder: Path, stage: str, command: str, note_stale: bool = True) ->
                         "A stale lock is taken over automatically.") from None
     stale = _read_record(fd) if note_stale else None
     # Once per folder and holder: a command takes several stages' locks, which the holder held alike.
-    if stale and (str(folder), str(stale["pid"]), str(stale["host"])) not in _noted_stale:
-        _noted_stale.add((str(folder), str(stale["pid"]), str(stale["host"])))
+    if stale and first_time("stale lock", str(folder), str(stale["pid"]), str(stale["host"])):
         print(f"note: {folder}: taking over the lock of {_describe(stale)}, which holds it no longer (it stopped, "
               "or this folder is a copy made while it ran)", file=sys.stderr)
     record = {"stage": stage, "command": command, "pid": os.getpid(), "host": socket.gethostname(),

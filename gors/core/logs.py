@@ -5,7 +5,7 @@ multi-process launch only the main process says them, and every process its erro
 `gors.core.distributed.make_accelerator` and `process_state` run). A warning about one process's own work
 (its device's memory, the part files and threads it writes with) comes from a logger that
 `own_work_logger` made: every process says its own, starting `process N:`. One process alone: nothing
-changes.
+changes. A warning about one thing (a file, a folder, a name) is said once per process (`first_time`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import logging
 PACKAGES = ("gors", "rewards", "evaluators")
 _own_work: set[str] = set()
 _process: int | None = None  # this process's index, once `speak_once` found several
+_said: set[tuple[object, ...]] = set()
 
 
 class _NameProcess(logging.Filter):
@@ -28,6 +29,15 @@ class _NameProcess(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg = f"process {self.index}: {record.msg}"
         return True
+
+
+def first_time(*key: object) -> bool:
+    """Whether this process meets `key` (a kind of warning, then what it is about) for the first time: a
+    warning said at every meeting (each stage's lock, each read of a file) is said once."""
+    if key in _said:
+        return False
+    _said.add(key)
+    return True
 
 
 def own_work_logger(name: str) -> logging.Logger:

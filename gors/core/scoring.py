@@ -34,6 +34,7 @@ from gors.core.distributed import (
 )
 from gors.core.io import append_jsonl, atomic_write_json, filter_jsonl, read_json, repair_jsonl
 from gors.core.io_threads import prefetched
+from gors.core.logs import first_time
 from gors.core.memory import MORE_MEMORY, BatchLimit, in_batches_that_fit
 from gors.core.run_folder import samples_dir, scores_dir
 from gors.core.store import (
@@ -166,7 +167,6 @@ LATER_SCORE_SETTINGS = ("dtype",)
 # The sha256 of a plugin reward's source file (`rewards.combined.plugin_sources`): informational, never
 # refusing (an edited docstring would refuse every score), so that an edit is warned of.
 SOURCES_SETTING = "plugin_sources"
-_SAID_EDITED: set[Path] = set()  # the score folders whose edited plugin this process has warned of
 
 
 def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool) -> bool:
@@ -187,8 +187,8 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
     if not scored or recorded is None:
         return True
     recorded_sources, sources = recorded.get(SOURCES_SETTING), wanted.get(SOURCES_SETTING)
-    if isinstance(recorded_sources, dict) and recorded_sources != sources and scores_folder not in _SAID_EDITED:
-        _SAID_EDITED.add(scores_folder)  # once per command (overlapped scoring opens the folder twice)
+    # Once per command: overlapped scoring opens the folder twice.
+    if isinstance(recorded_sources, dict) and recorded_sources != sources and first_time("edited plugin", scores_folder):
         edited = sorted(name for name, digest in (sources or {}).items() if recorded_sources.get(name) != digest)
         logger.warning("%s holds scores made when the source file of %s was another: the scores are kept as they "
                        "are; if the change changes them, raise the reward's scoring_version (the folder then refuses "
