@@ -59,6 +59,43 @@ def check_density_options(config: Any, scheme: str | None, label: str) -> None:
     logger.warning("%s: %s. Drop %s: %s does nothing here.", ", ".join(unused), advice, them, them)
 
 
+def sampled_t5_length(cls: type[TrainingFamily], backbone: Backbone) -> int | None:
+    """The T5 tokens gors samples `backbone` with (generation, evaluation, validation): what training takes."""
+    return backbone.call_kwargs.get("max_sequence_length", cls.defaults.max_sequence_length)
+
+
+def refuse_untrainable(config: Any, cls: type[TrainingFamily], backbone: Backbone, sampled_resolution: int | None,
+                       label: str) -> None:
+    """Refuse the settings `cls` cannot train (see `resolve_training`), naming the flag and what to pass."""
+    clip = cls.lora_text_encoders()
+    if not clip and (config.train_text_encoder or config.train_text_encoder_2):
+        given = "--train_text_encoder" if config.train_text_encoder else "--train_text_encoder_2"
+        raise ValueError(f"{given}: gors trains only the transformer of {label}; its text encoders "
+                         "stay frozen (and cached). Leave the flag unset.")
+    if config.train_text_encoder_2 and len(clip) < 2:
+        raise ValueError(f"--train_text_encoder_2: {label} has no second CLIP text encoder; use --train_text_encoder.")
+    flow = cls.trains_a_flow()
+    if config.weighting_scheme is not None and not flow:
+        raise ValueError(f"--weighting_scheme={config.weighting_scheme}: {label} trains with the DDPM loss; the "
+                         "flow-matching options apply to SD3 and FLUX.1.")
+    for flag in ("timestep_range", "anchor_below"):
+        if getattr(config, flag) is not None and flow:
+            raise ValueError(f"--{flag}: {label} trains a rectified flow, whose timesteps come from "
+                             f"--weighting_scheme; --{flag} applies to the DDPM families (SD 1/2, SDXL).")
+    if config.max_sequence_length is not None and not cls.has_t5():
+        raise ValueError(f"--max_sequence_length: {label} has no T5 encoder; its CLIP encoders take 77 tokens.")
+    sampled_length = sampled_t5_length(cls, backbone)
+    if cls.has_t5() and config.max_sequence_length not in (None, sampled_length):
+        raise ValueError(f"--max_sequence_length={config.max_sequence_length}: gors samples {label} with the "
+                         f"{sampled_length} T5 tokens (generation, evaluation, validation); training "
+                         "on another length would train a conditioning no sampler uses. Leave the flag unset.")
+    if None not in (config.resolution, sampled_resolution) and config.resolution != sampled_resolution:
+        raise ValueError(f"--resolution={config.resolution}: the samples were generated at {sampled_resolution} px "
+                         "(samples/settings.json); training at another side would resize every image. Leave "
+                         f"--resolution unset (or pass {sampled_resolution}), or generate again at "
+                         f"{config.resolution} in a new --output_dir.")
+
+
 def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | None = None,
                      sampled_resolution: int | None = None) -> tuple[C, TrainingFamily]:
     """`config` with every family-dependent default filled in, and the family that trains it.
@@ -77,41 +114,15 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
     cls = TRAINING_FAMILIES[backbone.name]
     cls.check_checkpoint(config.pretrained_model_name_or_path, config.revision)
     label = f"a {backbone.pipeline_class} ({backbone.name} family)"
-    clip = [encoder for encoder in cls.text_encoders if encoder.lora]
-    if not clip and (config.train_text_encoder or config.train_text_encoder_2):
-        given = "--train_text_encoder" if config.train_text_encoder else "--train_text_encoder_2"
-        raise ValueError(f"{given}: gors trains only the transformer of {label}; its text encoders "
-                         "stay frozen (and cached). Leave the flag unset.")
-    if config.train_text_encoder_2 and len(clip) < 2:
-        raise ValueError(f"--train_text_encoder_2: {label} has no second CLIP text encoder; use --train_text_encoder.")
-    flow = cls.training_scheduler != "DDPMScheduler"
-    if config.weighting_scheme is not None and not flow:
-        raise ValueError(f"--weighting_scheme={config.weighting_scheme}: {label} trains with the DDPM loss; the "
-                         "flow-matching options apply to SD3 and FLUX.1.")
-    for flag in ("timestep_range", "anchor_below"):
-        if getattr(config, flag) is not None and flow:
-            raise ValueError(f"--{flag}: {label} trains a rectified flow, whose timesteps come from "
-                             f"--weighting_scheme; --{flag} applies to the DDPM families (SD 1/2, SDXL).")
-    has_t5 = any(encoder.t5 for encoder in cls.text_encoders)
-    if config.max_sequence_length is not None and not has_t5:
-        raise ValueError(f"--max_sequence_length: {label} has no T5 encoder; its CLIP encoders take 77 tokens.")
-    sampled_length = backbone.call_kwargs.get("max_sequence_length", cls.defaults.max_sequence_length)
-    if has_t5 and config.max_sequence_length not in (None, sampled_length):
-        raise ValueError(f"--max_sequence_length={config.max_sequence_length}: gors samples {label} with the "
-                         f"{sampled_length} T5 tokens (generation, evaluation, validation); training "
-                         "on another length would train a conditioning no sampler uses. Leave the flag unset.")
-    if None not in (config.resolution, sampled_resolution) and config.resolution != sampled_resolution:
-        raise ValueError(f"--resolution={config.resolution}: the samples were generated at {sampled_resolution} px "
-                         "(samples/settings.json); training at another side would resize every image. Leave "
-                         f"--resolution unset (or pass {sampled_resolution}), or generate again at "
-                         f"{config.resolution} in a new --output_dir.")
+    refuse_untrainable(config, cls, backbone, sampled_resolution, label)
 
+    clip = cls.lora_text_encoders()
     first = cls.defaults.train_text_encoder if config.train_text_encoder is None else config.train_text_encoder
     second = (first if config.train_text_encoder_2 is None else config.train_text_encoder_2) and len(clip) > 1
     if not (config.train_unet or first or second):
         raise ValueError(f"--no_train_unet leaves nothing to train on {label}: train its "
                          f"{'text encoders' if clip else 'transformer'}.")
-    scheme = (config.weighting_scheme or cls.defaults.weighting_scheme) if flow else None
+    scheme = (config.weighting_scheme or cls.defaults.weighting_scheme) if cls.trains_a_flow() else None
     check_density_options(config, scheme, label)
     resolution = sampled_resolution if config.resolution is None else config.resolution
     sampling = backbone.sampling.resolve(None, sampled_guidance, resolution)
@@ -121,7 +132,7 @@ def resolve_training(config: C, backbone: Backbone, sampled_guidance: float | No
         train_text_encoder=bool(first and clip),
         train_text_encoder_2=bool(second),
         weighting_scheme=scheme,
-        max_sequence_length=(config.max_sequence_length or sampled_length) if has_t5 else None,
+        max_sequence_length=(config.max_sequence_length or sampled_t5_length(cls, backbone)) if cls.has_t5() else None,
     )
     settings = {name: getattr(resolved, name) for name in (
         "resolution", "train_text_encoder_2", "weighting_scheme", "logit_mean", "logit_std", "mode_scale",

@@ -112,6 +112,20 @@ class TrainingFamily:
     def check_checkpoint(cls, pretrained_model_name_or_path: str, revision: str | None) -> None:
         """Refuse, from its configs (no weights), a checkpoint of the family that this training does not fit."""
 
+    @classmethod
+    def lora_text_encoders(cls) -> list[TextEncoder]:
+        """The text encoders that can carry a LoRA (the CLIP ones), in the pipeline's order."""
+        return [encoder for encoder in cls.text_encoders if encoder.lora]
+
+    @classmethod
+    def trains_a_flow(cls) -> bool:
+        """Whether the denoiser learns a rectified flow (SD3, FLUX.1) rather than DDPM noise."""
+        return cls.training_scheduler != "DDPMScheduler"
+
+    @classmethod
+    def has_t5(cls) -> bool:
+        return any(encoder.t5 for encoder in cls.text_encoders)
+
     # ----- loading ----------------------------------------------------------------------------
     def load(self, component: str, dtype: torch.dtype = torch.float32) -> Any:
         """One component of the checkpoint, by the class its `model_index.json` names (as diffusers loads it)."""
@@ -181,14 +195,14 @@ class TrainingFamily:
         (and, with a second CLIP encoder, whether it trains)."""
         fingerprint = {f"{self.denoiser}_target_modules": list(self.denoiser_lora_targets),
                        "text_encoder_target_modules": list(self.text_encoder_lora_targets)}
-        if sum(encoder.lora for encoder in self.text_encoders) > 1:
+        if len(self.lora_text_encoders()) > 1:
             fingerprint["train_text_encoder_2"] = self.settings["train_text_encoder_2"]
         return fingerprint
 
     def trained_text_encoders(self, train_text_encoder: bool) -> list[TextEncoder]:
         """The encoders that carry a LoRA: the first CLIP with `train_text_encoder`, the second with
         `--train_text_encoder_2`."""
-        clip = [encoder for encoder in self.text_encoders if encoder.lora]
+        clip = self.lora_text_encoders()
         return clip[:1] * train_text_encoder + clip[1:2] * bool(self.settings["train_text_encoder_2"])
 
 
