@@ -70,7 +70,7 @@ def table_data(results: list[SpeedResult], seconds: dict[str, float], device: st
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--full-size", action="store_true", help="the real architecture sizes (a GPU)")
     parser.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(SCRIPTS)}")

@@ -264,7 +264,7 @@ class OfficialBVQA:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--full-size", action="store_true", help="all 12 vision and 12 text layers")
     parser.add_argument("--vision_layers", type=int, default=2, help="of 12 in BLIP ViT-B/16")

@@ -90,7 +90,7 @@ def gors(*args: str, devices: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="cost_model.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="cost_model.py", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--full-size", action="store_true",
                         help="SD-2-base at 512 px and the 12 + 12-layer BLIP VQA (a GPU)")

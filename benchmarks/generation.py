@@ -129,7 +129,7 @@ def column(images: list[Image.Image]) -> Image.Image:
 
 
 def measure(argv: list[str] | None = None) -> list[SpeedResult]:
-    parser = argparse.ArgumentParser(prog="generation.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="generation.py", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed pairs of batches")
     parser.add_argument("--full-size", action="store_true", help="SD-2-base's real architecture at 512 px")

@@ -208,7 +208,7 @@ def check_fused_lora_layers(device: torch.device) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="gpu_checks.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="gpu_checks.py", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     device = torch.device(parser.parse_args().device)
     if device.type == "cuda" and not torch.cuda.is_available():

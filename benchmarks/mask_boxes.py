@@ -65,7 +65,7 @@ def blob_masks(count: int, size: int, device: torch.device, seed: int = 0) -> to
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--full-size", action="store_true",
                         help="accepted for the common runner; the default sizes are already GenEval's")

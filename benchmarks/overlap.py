@@ -52,7 +52,7 @@ def log(message: str) -> None:
 
 
 def measure(argv: list[str] | None = None) -> list[SpeedResult]:
-    parser = argparse.ArgumentParser(prog="overlap.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="overlap.py", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed pairs")
     parser.add_argument("--full-size", action="store_true", help="SD-2-base at 512 px and the 12 + 12-layer BLIP")

@@ -420,7 +420,7 @@ def table(results: list[Result], tiny: bool) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--families", default="sd,sdxl,sd3,flux", help="comma-separated: sd, sdxl, sd3, flux")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true",

@@ -732,7 +732,7 @@ def profile(loop: GorsLoop, steps: int, rows: int) -> None:
 
 
 def measure(argv: list[str] | None = None) -> list[SpeedResult]:
-    parser = argparse.ArgumentParser(prog="train_step.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="train_step.py", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed pairs of steps per row")
     parser.add_argument("--full-size", action="store_true", help="SD-2-base's real U-Net, text encoder and VAE")

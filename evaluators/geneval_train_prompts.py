@@ -209,7 +209,7 @@ def write_train_prompts(path: str | os.PathLike[str], rows: Sequence[Mapping[str
 def main(argv: Sequence[str] | None = None) -> Path:
     """Command line: write GenEval-style training prompts to --output."""
     parser = argparse.ArgumentParser(prog="python -m evaluators.geneval_train_prompts",
-                                     description=__doc__.split("\n\n")[0])
+                                     description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--output", required=True, help="the .jsonl file to write (a --train_prompts for gors run)")
     parser.add_argument("--num_prompts", type=int, default=DEFAULT_NUM_PROMPTS, help="how many prompts (default 700)")
     parser.add_argument("--seed", type=int, default=0, help="which prompts and wordings (default 0)")

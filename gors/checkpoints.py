@@ -35,7 +35,7 @@ from gors.core.store import same_value, selection_identity
 logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"checkpoint-(\d+)")
-_INCOMPLETE = f"no {CHECKPOINT_MARKER}: an interrupted save, or one by gors 0.1"
+INCOMPLETE_CHECKPOINT = f"no {CHECKPOINT_MARKER}: an interrupted save, or one by gors 0.1"
 
 # Settings that a checkpoint is bound to: they shape the adapters and the optimizer state it holds
 # (a changed learning rate or Adam setting would be silently overwritten by the loaded optimizer),
@@ -100,7 +100,7 @@ def find_checkpoint(output_dir: str | Path, resume_from: str,
         folders = _checkpoint_folders(root)
         incomplete = [p for p in folders if read_marker(p) is None]
         if incomplete:
-            warn(f"ignoring incomplete checkpoints ({_INCOMPLETE}): {', '.join(str(p) for p in incomplete)}")
+            warn(f"ignoring incomplete checkpoints ({INCOMPLETE_CHECKPOINT}): {', '.join(str(p) for p in incomplete)}")
         complete = [p for p in folders if p not in incomplete]
         return complete[-1] if complete else None
     flag = f"--resume_from_checkpoint={resume_from!r}"
@@ -114,7 +114,7 @@ def find_checkpoint(output_dir: str | Path, resume_from: str,
     except ValueError as err:
         raise ValueError(f"{flag}: {err}; pass 'latest' or such a folder") from None
     if read_marker(path) is None:
-        raise ValueError(f"{flag}: {path} is incomplete ({_INCOMPLETE}); pass 'latest' to resume from the newest "
+        raise ValueError(f"{flag}: {path} is incomplete ({INCOMPLETE_CHECKPOINT}); pass 'latest' to resume from the newest "
                          "complete checkpoint")
     return path
 

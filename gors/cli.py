@@ -216,7 +216,7 @@ def _read_yaml(path: str, cls: type) -> dict[str, Any]:
     except FileNotFoundError:
         raise SystemExit(f"--config {path}: no such file") from None
     except (IsADirectoryError, PermissionError) as err:
-        raise SystemExit(f"--config {path}: {err.strerror.lower()}; pass a YAML file you can read") from None
+        raise SystemExit(f"--config {path}: {(err.strerror or str(err)).lower()}; pass a YAML file you can read") from None
     except UnicodeDecodeError:
         raise SystemExit(f"--config {path}: not a UTF-8 text file; pass a YAML file") from None
     except yaml.YAMLError as err:

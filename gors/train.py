@@ -30,6 +30,7 @@ from PIL import Image
 from gors._moved import moved_names
 from gors.checkpoints import (
     BASE_MODEL_COMMIT,
+    INCOMPLETE_CHECKPOINT,
     check_intact,
     check_resumable,
     checkpoint_step,
@@ -1075,9 +1076,12 @@ class GORSTrainer:
         if checkpoint is None:
             return
         step = checkpoint_step(checkpoint)
+        marker = read_marker(checkpoint)
+        if marker is None:
+            raise ValueError(f"cannot continue training from {checkpoint}: it is incomplete ({INCOMPLETE_CHECKPOINT}); "
+                             "continue from a complete checkpoint of that run")
         # Its selection is another folder's: the settings must match, the data may not.
-        differences = fingerprint_differences(read_marker(checkpoint)["fingerprint"], self.fingerprint, "there",
-                                              with_selection=False)
+        differences = fingerprint_differences(marker["fingerprint"], self.fingerprint, "there", with_selection=False)
         if differences:
             raise ValueError(f"cannot continue training from {checkpoint}: it was trained with other settings "
                              f"({'; '.join(differences)}). Use the settings of that run, or a new --output_dir.")

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from two_processes import launch_gors
 
 from gors.core.distributed import reset_process_state
-from gors.core.run_folder import CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_FILE, round_dir
+from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_FILE, round_dir
 from gors.core.store import SampleStore, sample_seed
 from gors.generate import generate
 from gors.lora import LORA_WEIGHT_NAME
@@ -226,6 +226,23 @@ def test_a_refused_continue_leaves_the_rounds_own_checkpoints_in_place(one_proce
     reset_process_state()
     assert _hashes(checkpoints) == before
     assert not list(round_dir(run_dir, 1).glob(f"{CHECKPOINTS_DIR}.previous-*"))
+
+
+def test_training_refuses_to_continue_from_an_incomplete_checkpoint(one_process_rounds, make_run_config, tmp_path):
+    # `train(continue_from=...)` from Python: a save that never finished (no marker) is refused by name, before
+    # the folder's own checkpoints are touched.
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_process_rounds, run_dir)
+    config = make_run_config(output_dir=str(run_dir), **ROUNDS)
+    checkpoints = round_dir(run_dir, 1) / CHECKPOINTS_DIR
+    before = _hashes(checkpoints)
+    previous = round_dir(run_dir, 0) / CHECKPOINTS_DIR / "checkpoint-2"
+    (previous / CHECKPOINT_MARKER).unlink()
+    with pytest.raises(ValueError, match=rf"cannot continue training from {previous}: it is incomplete \(no "
+                                         rf"{CHECKPOINT_MARKER}: an interrupted save"):
+        train(round_config(config, 1), continue_from=previous, schedule_steps=config.round_steps() * config.rounds)
+    reset_process_state()
+    assert _hashes(checkpoints) == before
 
 
 def test_a_round_refuses_to_go_on_from_a_damaged_checkpoint_of_the_round_before(one_process_rounds, make_run_config,

@@ -61,7 +61,7 @@ def unusable_path(err: OSError, path: str | Path, flag: str | None = None) -> Pa
     elif isinstance(err, IsADirectoryError):
         problem = "is a folder, not a file"
     else:
-        problem = f"cannot be written: {err.strerror.lower()} on {err.filename or path}"
+        problem = f"cannot be written: {(err.strerror or str(err)).lower()} on {err.filename or path}"
     return PathError(f"{given} {problem}; pass a folder path that you can write to")
 
 

@@ -94,7 +94,7 @@ def compare(folders: Sequence[str | Path]) -> list[list]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("folders", nargs="+", help="A B pairs: run or evaluation folders, one pair per training seed")
     args = parser.parse_args(argv)
     try:

@@ -74,7 +74,7 @@ def evaluate(pipe, variant: str) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="recipes/toy_lora_by_step.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="recipes/toy_lora_by_step.py", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--lora", required=True, help="A toy run folder (or any folder with its LoRA).")
     parser.add_argument("--variants", default="base,all,first10,last10", help="Comma-separated; see the module doc.")
     args = parser.parse_args(argv)
