@@ -27,7 +27,7 @@ from gors.train import GORSTrainer, train
 COMPILED: list[int] = []  # graphs compiled by the counting backend, over the whole test session
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # dynamo refuses a name registered twice: once per process, in any test order
 def counting_backend() -> str:
     from torch._dynamo import register_backend
     from torch._dynamo.backends.registry import lookup_backend
