@@ -50,13 +50,15 @@ from gors.core.paper import (
 )
 from gors.timings import TIMINGS_FILE, read_timings
 
-# gors' speed over the official procedure per stage: the medians of the paired ratios that the
-# scripts in benchmarks/ measured on 2 CPU cores at reduced sizes (benchmarks/README.md): B-VQA
-# against T2I-CompBench's 8 passes, training (U-Net + text-encoder LoRA) against diffusers' LoRA
-# loop, generation in batches of 8 against T2I-CompBench's one image per pipeline call. A GPU's
-# own ratios (`python -m benchmarks --device cuda --full-size`) replace them through
+# gors' speed over the official procedure per stage: the medians of the paired ratios that
+# `python -m benchmarks` measured on 2 CPU cores at reduced sizes (benchmarks/results/2026-12-05-cpu/speed.json,
+# rounded; a test holds them to it): B-VQA against T2I-CompBench's 8 passes, training (U-Net + text-encoder
+# LoRA) against diffusers' LoRA loop, generation in batches of 8 against T2I-CompBench's one image per pipeline
+# call. A GPU's own ratios (`python -m benchmarks --device cuda --full-size`) replace them through
 # --reference_speedups. Selection has no official counterpart that was measured: its ratio is 1.
-CPU_MEASURED_SPEEDUPS = {"generate": 2.26, "score": 7.11, "train": 1.37}
+CPU_MEASURED_SPEEDUPS = {"generate": 1.92, "score": 7.28, "train": 1.42}
+# The speed table those defaults come from, relative to the repository root.
+CPU_MEASURED_TABLE = "benchmarks/results/2026-12-05-cpu/speed.json"
 # gors' batch in `benchmarks/generation.py`, whose ratio over the official one image per call prices generation.
 GENERATION_RATIO_BATCH = 8
 SPEEDUP_STAGES = ("generate", "score", "select", "train")

@@ -103,3 +103,12 @@ def test_a_training_ratio_measured_at_another_gors_batch_than_the_calibrations_i
     with pytest.raises(SystemExit):  # gors estimate's default training ratio is of gors at batch 2
         cost_model.main(["--train_batch_size", "16"])
     assert "--train_batch_size 16 needs its training ratio" in capsys.readouterr().err
+
+
+def test_the_default_ratios_are_the_kept_cpu_tables_medians():
+    # `gors estimate`'s default official column must come from a speed table kept in the repository, not from
+    # numbers typed in: the defaults are its medians, rounded as printed.
+    from gors.estimate import CPU_MEASURED_SPEEDUPS, CPU_MEASURED_TABLE, speed_table_ratios
+
+    kept = speed_table_ratios(BENCHMARKS.parent / CPU_MEASURED_TABLE)
+    assert {stage: round(ratio, 2) for stage, ratio in kept.items()} == CPU_MEASURED_SPEEDUPS
