@@ -92,6 +92,7 @@ def adapters_disabled(*modules: torch.nn.Module) -> Iterator[None]:
 
 
 def lora_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The trainable LoRA parameters of `module` (peft's `lora_A` / `lora_B`, DoRA's magnitudes)."""
     return [p for name, p in module.named_parameters() if "lora_" in name and p.requires_grad]
 
 

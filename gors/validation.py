@@ -77,6 +77,7 @@ def preserved_rng(device: torch.device) -> Iterator[None]:
 
 
 def is_better(value: float, best: float | None, higher_is_better: bool) -> bool:
+    """Whether `value` beats `best` (None: nothing yet) in the metric's direction; a tie does not."""
     return best is None or (value > best if higher_is_better else value < best)
 
 

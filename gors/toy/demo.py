@@ -77,7 +77,8 @@ class ToyRunConfig(RunConfig):
                              "trains on; train on toy:train (or toy:fit with --eval_split val)")
 
 
-def toy_defaults(output_dir: str = "toy_output") -> dict:
+def toy_defaults(output_dir: str = "toy_output") -> dict[str, Any]:
+    """The toy recipe's `RunConfig` values (`recipes/gors_toy.py`, `make demo`), each flag as it reads."""
     return {
         "output_dir": output_dir,
         "pretrained_model_name_or_path": str(PRETRAINED_DIR / "pipeline"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from tabulate import tabulate
@@ -23,6 +24,9 @@ from gors.core.pipeline import check_lora_path, cpu_generators, load_pipeline
 from gors.core.toy import PRETRAINED_DIR
 from gors.core.toy.world import split_prompts
 from rewards.toy_rules import BINDING_ERRORS, judge_image
+
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
 
 STEPS, GUIDANCE, IMAGES_PER_PROMPT, PROMPTS_PER_CALL = 20, 4.0, 4, 8
 
@@ -38,14 +42,15 @@ def steps_on(variant: str) -> Callable[[int], bool]:
     raise SystemExit(f"error: variant {variant!r}; use base, all, firstK or lastK (K <= {STEPS})")
 
 
-def embeddings(pipe, texts: list[str], lora: bool) -> torch.Tensor:
+def embeddings(pipe: DiffusionPipeline, texts: list[str], lora: bool) -> torch.Tensor:
     """[unconditional; prompt] embeddings, as the pipeline concatenates them, with or without the text-encoder LoRA."""
     (pipe.enable_lora if lora else pipe.disable_lora)()
     prompt, negative = pipe.encode_prompt(texts, pipe.device, 1, True, [""] * len(texts))
     return torch.cat([negative, prompt])
 
 
-def evaluate(pipe, variant: str) -> dict[str, float]:
+def evaluate(pipe: DiffusionPipeline, variant: str) -> dict[str, float]:
+    """Held-out binding accuracy and error shares (in [0, 1]) with the LoRA on only at the steps `variant` names."""
     on = steps_on(variant)
     prompts = split_prompts()[1]
     bound, errors = [], []

@@ -20,6 +20,7 @@ LATENT_SCALE = 8  # pixels per latent cell along each side, as in Stable Diffusi
 
 
 def toy_words() -> list[str]:
+    """Every word of the toy world's prompts (articles, colours, shapes, relations): the tokenizer's vocabulary."""
     words = {"a", "an", "and"} | set(COLOURS) | set(SHAPES)
     for relation in RELATIONS:
         words |= set(relation.split())

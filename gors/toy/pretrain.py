@@ -24,6 +24,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -43,6 +44,9 @@ from gors.core.toy.world import (
     sample_scene,
     split_prompts,
 )
+
+if TYPE_CHECKING:
+    from diffusers import AutoencoderKL, DDPMScheduler
 
 PREDICTION_TYPES = ("epsilon", "v_prediction")
 
@@ -148,6 +152,7 @@ def loads_in_float32(folder: Path) -> None:
     atomic_write_json(folder / "config.json", {**config, "dtype": "float32"})
 
 def swapped_colours(prompt: ToyPrompt) -> ToyPrompt:
+    """`prompt` with its two colours exchanged: the caption of an image drawn with the binding wrong."""
     a, b = prompt.objects
     return ToyPrompt((ToyObject(b.colour, a.shape), ToyObject(a.colour, b.shape)), prompt.relation)
 
@@ -186,7 +191,7 @@ def _to_tensor(images: list[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 127.5 - 1.0
 
 
-def train_vae(vae, pixels: torch.Tensor, steps: int, generator: torch.Generator) -> float:
+def train_vae(vae: AutoencoderKL, pixels: torch.Tensor, steps: int, generator: torch.Generator) -> float:
     """Reconstruction (MSE) plus a light KL term; returns the latent scaling factor 1 / std."""
     optimizer = torch.optim.AdamW(vae.parameters(), lr=1e-3)
     vae.train()
@@ -207,7 +212,8 @@ def _latent_means(vae, pixels: torch.Tensor) -> torch.Tensor:
     return torch.cat([vae.encode(pixels[i : i + 256]).latent_dist.mean for i in range(0, len(pixels), 256)])
 
 
-def encode_corpus(vae, pixels: torch.Tensor, scaling_factor: float) -> torch.Tensor:
+def encode_corpus(vae: AutoencoderKL, pixels: torch.Tensor, scaling_factor: float) -> torch.Tensor:
+    """The scaled latent means of `pixels` (N, 3, H, W in [-1, 1]): what the U-Net pretrains on."""
     return _latent_means(vae, pixels) * scaling_factor
 
 
@@ -249,7 +255,7 @@ def train_text_to_image(components: dict, latents: torch.Tensor, captions: list[
     text_encoder.eval()
 
 
-def denoising_target(scheduler, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+def denoising_target(scheduler: DDPMScheduler, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """What the U-Net should predict for `x0` noised with `noise` at timesteps `t`."""
     if scheduler.config.prediction_type == "v_prediction":
         return scheduler.get_velocity(x0, noise, t)
