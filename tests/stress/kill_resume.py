@@ -144,7 +144,7 @@ def compare(reference: dict, found: dict) -> tuple[int, int, list[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--faults", type=int, default=30, help="How many runs to kill and resume.")
     parser.add_argument("--processes", type=int, default=2, help="Processes per run (gloo on a CPU).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the kill times within a stage.")
