@@ -209,40 +209,31 @@ def test_a_round_goes_on_from_the_step_the_round_before_ended_not_from_its_newes
     assert not round_dir(run_dir, 1).exists()
 
 
-def test_a_refused_continue_leaves_the_rounds_own_checkpoints_in_place(one_process_rounds, make_run_config,
+@pytest.mark.parametrize("problem", ["other settings", "incomplete"])
+def test_a_refused_continue_leaves_the_rounds_own_checkpoints_in_place(problem, one_process_rounds, make_run_config,
                                                                        tmp_path):
-    # Round 1 with settings round 0's checkpoint was not trained with (as another --num_processes would be):
-    # refused before its own checkpoints are set aside, so the rerun with the original settings goes on from them.
+    # Round 1 going on from round 0's checkpoint is refused before its own checkpoints are set aside, so the rerun
+    # with the original settings goes on from them: a checkpoint trained with other settings (as another
+    # --num_processes would be), or one whose save never finished (no marker: `train(continue_from=...)` from
+    # Python, where `gors run --rounds` checks it first).
     run_dir = tmp_path / "run"
     shutil.copytree(one_process_rounds, run_dir)
     config = make_run_config(output_dir=str(run_dir), **ROUNDS)
     checkpoints = round_dir(run_dir, 1) / CHECKPOINTS_DIR
     before = _hashes(checkpoints)
     previous = round_dir(run_dir, 0) / CHECKPOINTS_DIR / "checkpoint-2"
-    with pytest.raises(ValueError, match=rf"cannot continue training from {previous}: it was trained with other "
-                                         r"settings \(rank 4 there, 8 now\)"):
-        train(replace(round_config(config, 1), rank=8), continue_from=previous,
-              schedule_steps=config.round_steps() * config.rounds)
+    this_round = round_config(config, 1)
+    if problem == "incomplete":
+        (previous / CHECKPOINT_MARKER).unlink()
+        why = rf"it is incomplete \(no {CHECKPOINT_MARKER}: an interrupted save"
+    else:
+        this_round = replace(this_round, rank=8)
+        why = r"it was trained with other settings \(rank 4 there, 8 now\)"
+    with pytest.raises(ValueError, match=rf"cannot continue training from {previous}: {why}"):
+        train(this_round, continue_from=previous, schedule_steps=config.round_steps() * config.rounds)
     reset_process_state()
     assert _hashes(checkpoints) == before
     assert not list(round_dir(run_dir, 1).glob(f"{CHECKPOINTS_DIR}.previous-*"))
-
-
-def test_training_refuses_to_continue_from_an_incomplete_checkpoint(one_process_rounds, make_run_config, tmp_path):
-    # `train(continue_from=...)` from Python: a save that never finished (no marker) is refused by name, before
-    # the folder's own checkpoints are touched.
-    run_dir = tmp_path / "run"
-    shutil.copytree(one_process_rounds, run_dir)
-    config = make_run_config(output_dir=str(run_dir), **ROUNDS)
-    checkpoints = round_dir(run_dir, 1) / CHECKPOINTS_DIR
-    before = _hashes(checkpoints)
-    previous = round_dir(run_dir, 0) / CHECKPOINTS_DIR / "checkpoint-2"
-    (previous / CHECKPOINT_MARKER).unlink()
-    with pytest.raises(ValueError, match=rf"cannot continue training from {previous}: it is incomplete \(no "
-                                         rf"{CHECKPOINT_MARKER}: an interrupted save"):
-        train(round_config(config, 1), continue_from=previous, schedule_steps=config.round_steps() * config.rounds)
-    reset_process_state()
-    assert _hashes(checkpoints) == before
 
 
 def test_a_round_refuses_to_go_on_from_a_damaged_checkpoint_of_the_round_before(one_process_rounds, make_run_config,
