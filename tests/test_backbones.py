@@ -66,13 +66,25 @@ def test_a_folder_without_model_index_is_a_clear_error(tmp_path: Path) -> None:
         detect_backbone(str(tmp_path))
 
 
-def test_resolution_and_training_checks_name_the_family() -> None:
+def test_resolution_and_training_checks_name_the_family(monkeypatch: pytest.MonkeyPatch) -> None:
     flux = FAMILIES["FluxPipeline"]
     assert check_resolution(flux, 1024) == 1024
     with pytest.raises(ValueError, match="FluxPipeline needs a multiple of 16"):
         check_resolution(flux, 520)
     for family in FAMILIES.values():
         check_trainable(family, family.name)
+    # A trainable backbone without a training family (or the reverse) would fail deep in training: the two
+    # registries, kept in two layers, must name the same families.
+    from gors.core.backbones import TRAINABLE
+    from gors.families import TRAINING_FAMILIES
+
+    assert sorted(TRAINABLE) == sorted(TRAINING_FAMILIES)
+    # Sampling defaults alone make no family trainable, nor listed as one in the refusal.
+    untrained = Backbone("pixart", "PixArtSigmaPipeline", SamplingDefaults(20, 4.5, 1024))
+    monkeypatch.setitem(FAMILIES, "PixArtSigmaPipeline", untrained)
+    with pytest.raises(ValueError, match=r"families \(StableDiffusionPipeline, StableDiffusionXLPipeline, "
+                                         r"StableDiffusion3Pipeline, FluxPipeline\)\. It generates"):
+        check_trainable(untrained, "PixArt-alpha/PixArt-Sigma-XL-2-1024-MS")
     sana = Backbone("pipeline", "SanaPipeline", SamplingDefaults(20, 4.5, 1024))
     with pytest.raises(ValueError, match="gors trains the sd, sdxl, sd3, flux families .*StableDiffusionXLPipeline.* "
                                          "generates and evaluates any diffusers pipeline"):

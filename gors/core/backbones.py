@@ -299,6 +299,7 @@ def check_trainable(backbone: Backbone, flag_value: str) -> None:
     if not backbone.trainable:
         raise ValueError(
             f"{MODEL_FLAG}={flag_value!r} is a {backbone.pipeline_class} ({backbone.name} family); "
-            f"gors trains the {', '.join(TRAINABLE)} families ({', '.join(f.pipeline_class for f in FAMILIES.values())}). "
+            f"gors trains the {', '.join(TRAINABLE)} families "
+            f"({', '.join(f.pipeline_class for f in FAMILIES.values() if f.trainable)}). "
             "It generates and evaluates any diffusers pipeline: `gors generate` and `gors evaluate` work on it."
         )
