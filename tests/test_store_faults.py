@@ -213,8 +213,13 @@ def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path):
     (folder / "other.txt").write_text("not part of the LoRA")
     assert lora_sha256(str(folder)) == lora_sha256(str(folder / "pytorch_lora_weights.safetensors"))
     assert lora_sha256(None) is None and lora_sha256("user/hub-lora") is None
-    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+    with pytest.raises(FileNotFoundError, match="no such file or folder") as missing:
         check_lora_path(str(tmp_path / "missing"))
+    assert "Hub" not in str(missing.value)  # a path, not a Hub id: no download advice
+    with pytest.raises(FileNotFoundError, match=r"--lora='user/hub-lora': no such file or folder; .*a LoRA on the "
+                                                r"Hugging Face Hub is read from a local copy: `hf download user/hub-lora "
+                                                r"--local-dir DIR`, then pass DIR"):
+        check_lora_path("user/hub-lora")
 
 
 def test_a_lora_of_another_base_model_is_one_line(tmp_path, tiny_sd, capsys, caplog):
