@@ -26,6 +26,7 @@ import torch
 from gors._moved import moved_names
 from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
+from gors.core.hub import download_lora, is_hub_id
 from gors.core.io import file_sha256, set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
 from gors.core.pipeline import LORA_DIFFUSION_TEXT_ENCODER_SUFFIX, LORA_WEIGHT_FILES
@@ -320,13 +321,21 @@ def convert_official_lora(
     return write_diffusers_lora(output_dir, unet_state, text_state, record)
 
 
+def is_hub_lora(lora: str) -> bool:
+    """Whether `--lora` names a LoRA on the Hugging Face Hub (`org/name`): no official release, no local path."""
+    return not lora.startswith(OFFICIAL_PREFIX) and is_hub_id(lora)
+
+
 def resolve_lora(lora: str | None) -> str | None:
     """`official:<category>` -> a folder holding the converted official LoRA (for SD-2-base, which it was
-    trained on); anything else unchanged.
+    trained on); a Hub id (`org/name`, no such local path) -> its LoRA downloaded into the Hub cache
+    (`gors.core.hub.download_lora`); a local path unchanged.
 
     The conversion runs once into `$GORS_CACHE_DIR/official_lora/<commit>/<version>/<category>`
     and is reused; concurrent processes each convert into a staging folder and the first rename wins.
     """
+    if lora is not None and is_hub_lora(lora):
+        return download_lora(lora, LORA_WEIGHT_NAME)
     if lora is None or not lora.startswith(OFFICIAL_PREFIX):
         return lora
     category = lora[len(OFFICIAL_PREFIX):]

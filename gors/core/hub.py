@@ -127,6 +127,36 @@ def load_hint(name: str, err: BaseException | None = None) -> str:
             "on an offline machine set HF_HUB_OFFLINE=1 and pass a local folder.")
 
 
+def is_hub_id(name: str) -> bool:
+    """Whether `name` reads as a Hub repository id (`org/name`) rather than a path on disk."""
+    return name.count("/") == 1 and not looks_like_local_path(name)
+
+
+def download_lora(repo_id: str, weight_name: str, flag: str = "--lora") -> str:
+    """A LoRA on the Hugging Face Hub (`org/name`, its default revision), downloaded once into the Hub cache
+    (offline: the cached copy), as the path diffusers' `load_lora_weights(repo_id)` would read: the snapshot
+    folder holding `weight_name`, else the repository's one top-level `.safetensors` file."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        try:
+            return str(Path(hf_hub_download(repo_id, weight_name)).parent)
+        except EntryNotFoundError:  # not in the repository, or offline and not cached: its safetensors files
+            folder = Path(snapshot_download(repo_id, allow_patterns=["*.safetensors"]))
+    except Exception as err:  # the Hub's and the network's errors, of many types: each said in one line
+        raise_if_gated(err, repo_id, flag)
+        raise ModelLoadError(f"{flag}={repo_id!r}: no such local file or folder, and the LoRA could not be read "
+                             f"from the Hugging Face Hub ({one_line(err)}). {load_hint(repo_id, err)}") from err
+    found = sorted(path.name for path in folder.glob("*.safetensors"))
+    if len(found) == 1:
+        return str(folder / found[0])
+    held = f"several .safetensors files ({', '.join(found)})" if found else "no .safetensors file"
+    raise ModelLoadError(f"{flag}={repo_id!r}: the repository holds no {weight_name} and {held} at its top level: "
+                         f"download the one to use (`hf download {repo_id} FILE --local-dir DIR`) and pass "
+                         f"{flag} DIR/FILE")
+
+
 def looks_like_local_path(name: str) -> bool:
     """True when `name` is meant as a folder on disk rather than a Hub id such as `org/model`."""
     return (

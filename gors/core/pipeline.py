@@ -21,7 +21,7 @@ from gors.core.backbones import (
 )
 from gors.core.compiling import NO_COMPILE, compile_module
 from gors.core.fused_lora import fuse_lora_forward
-from gors.core.hub import from_pretrained, looks_like_local_path
+from gors.core.hub import from_pretrained, is_hub_id
 from gors.core.io import files_sha256
 from gors.core.lora_shapes import (
     check_lora_shapes,
@@ -236,8 +236,9 @@ def check_lora_path(lora: str, flag: str = "--lora") -> None:
     lora_diffusion checkpoint (to convert first, `gors convert-lora`)."""
     path = Path(lora).expanduser()
     if not path.exists():
-        # diffusers' `load_lora_weights` would take a Hub id; gors reads a LoRA from disk, to hash and check it.
-        hub = "" if looks_like_local_path(lora) else (
+        # diffusers' `load_lora_weights` would take a Hub id; gors reads a LoRA from disk, to hash and check it
+        # (`gors evaluate --lora` downloads one first).
+        hub = "" if not is_hub_id(lora) else (
             f"; a LoRA on the Hugging Face Hub is read from a local copy: `hf download {lora} --local-dir DIR`, then "
             "pass DIR")
         raise FileNotFoundError(f"{flag}={lora!r}: no such file or folder; pass a LoRA folder (e.g. a gors run "

@@ -1,0 +1,94 @@
+"""`gors evaluate --lora org/name`: a LoRA on the Hugging Face Hub, read through huggingface_hub from its cache.
+
+Offline, as every test: the cache is laid out as `hf download` leaves it (`hub_cache`), so the real
+`hf_hub_download` / `snapshot_download` resolve it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gors.core.hub import ModelLoadError, is_hub_id
+from gors.core.pipeline import lora_sha256
+from gors.lora import LORA_WEIGHT_NAME, UNET_TARGET_MODULES, add_lora, save_lora
+from gors.official_lora import is_hub_lora, resolve_lora
+
+
+@pytest.fixture(scope="module")
+def lora_file(tiny_sd, tmp_path_factory) -> Path:
+    """A U-Net LoRA of the tiny SD pipeline with non-zero up-projections, as `save_lora` writes it."""
+    from diffusers import UNet2DConditionModel
+
+    unet = UNet2DConditionModel.from_pretrained(tiny_sd, subfolder="unet")
+    add_lora(unet, UNET_TARGET_MODULES, rank=4)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in unet.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return save_lora(tmp_path_factory.mktemp("lora"), {"unet": unet})
+
+
+def snapshot(cache: Path, repo_id: str) -> Path:
+    return next((cache / ("models--" + repo_id.replace("/", "--")) / "snapshots").iterdir())
+
+
+def test_hub_ids_are_told_from_paths_and_releases():
+    assert is_hub_lora("user/tiny-lora")
+    assert not any(is_hub_lora(name) for name in ("official:color", "mylora", "./user/lora", "/abs/lora", "a/b/c",
+                                                  "~/lora/x"))
+    assert is_hub_id("user/tiny-lora") and not is_hub_id("mylora")
+
+
+def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache, lora_file):
+    repos = ("user/tiny-lora", "user/one-file", "user/two-files", "user/no-lora")
+    cache = hub_cache(*repos)
+    shutil.copy(lora_file, snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME)
+    folder = resolve_lora("user/tiny-lora")
+    assert Path(folder) == snapshot(cache, "user/tiny-lora")
+    assert lora_sha256(folder) == lora_sha256(str(lora_file))
+    # Another name: the repository's one safetensors file, as diffusers picks it.
+    shutil.copy(lora_file, snapshot(cache, "user/one-file") / "my_lora.safetensors")
+    assert resolve_lora("user/one-file") == str(snapshot(cache, "user/one-file") / "my_lora.safetensors")
+    for name in ("b.safetensors", "a.safetensors"):
+        shutil.copy(lora_file, snapshot(cache, "user/two-files") / name)
+    with pytest.raises(ModelLoadError, match=r"^--lora='user/two-files': the repository holds no "
+                                             r"pytorch_lora_weights\.safetensors and several \.safetensors files "
+                                             r"\(a\.safetensors, b\.safetensors\) at its top level: download the one "
+                                             r"to use \(`hf download user/two-files FILE --local-dir DIR`\)"):
+        resolve_lora("user/two-files")
+    with pytest.raises(ModelLoadError, match=r"no \.safetensors file at its top level"):
+        resolve_lora("user/no-lora")
+    # Not in the cache, offline: one line that says so and what to do.
+    with pytest.raises(ModelLoadError, match=r"^--lora='user/missing': no such local file or folder, and the LoRA "
+                                             r"could not be read from the Hugging Face Hub \(.*\)\. HF_HUB_OFFLINE=1 "
+                                             r"is set, so only the local cache is searched"):
+        resolve_lora("user/missing")
+    assert resolve_lora(str(lora_file)) == str(lora_file)  # a local path as given
+
+
+def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, lora_file, tiny_sd, tmp_path):
+    from gors.config import EvaluateConfig
+    from gors.evaluate import evaluate
+
+    shutil.copy(lora_file, snapshot(hub_cache("user/tiny-lora"), "user/tiny-lora") / LORA_WEIGHT_NAME)
+    images = {}
+    for name, lora in (("hub", "user/tiny-lora"), ("local", str(lora_file.parent)), ("none", None)):
+        config = EvaluateConfig(pretrained_model_name_or_path=str(tiny_sd), lora=lora, benchmarks="toy",
+                                max_prompts=2, images_per_prompt=1, output_dir=str(tmp_path / name), columns="none")
+        evaluate(config)
+        images[name] = [np.asarray(Image.open(path)) for path in
+                        sorted((tmp_path / name / "toy" / "held_out" / "samples").rglob("*.png"))]
+    assert len(images["hub"]) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(images["hub"], images["local"]))  # the same LoRA, applied
+    assert not any(np.array_equal(a, b) for a, b in zip(images["hub"], images["none"]))
+    assert json.loads((tmp_path / "hub" / "summary.json").read_text())["lora"] == "user/tiny-lora"
+    settings = json.loads((tmp_path / "hub" / "toy" / "held_out" / "samples" / "settings.json").read_text())
+    assert settings["lora_sha256"] == lora_sha256(str(lora_file))
