@@ -26,7 +26,8 @@ import torch
 from gors._moved import moved_names
 from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
-from gors.core.hub import download_lora, is_hub_id
+from gors.core.distributed import main_process_decides, process_state
+from gors.core.hub import download_lora, is_hub_id, snapshot_commit
 from gors.core.io import file_sha256, set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
 from gors.core.pipeline import LORA_DIFFUSION_TEXT_ENCODER_SUFFIX, LORA_WEIGHT_FILES
@@ -321,9 +322,25 @@ def convert_official_lora(
     return write_diffusers_lora(output_dir, unet_state, text_state, record)
 
 
+# Weight files given by a path that does not exist: a mistyped local file, not a Hub id.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+
+
 def is_hub_lora(lora: str) -> bool:
     """Whether `--lora` names a LoRA on the Hugging Face Hub (`org/name`): no official release, no local path."""
-    return not lora.startswith(OFFICIAL_PREFIX) and is_hub_id(lora)
+    return not lora.startswith(OFFICIAL_PREFIX) and not lora.endswith(_WEIGHT_SUFFIXES) and is_hub_id(lora)
+
+
+def hub_lora(repo_id: str) -> str:
+    """The LoRA file of Hub id `repo_id` (`gors.core.hub.download_lora`), the same commit on every process: the
+    main process resolves the repository's main branch, the others download that commit (a push between their
+    requests would otherwise give them other weights). A collective call under several processes."""
+    state = process_state()
+    commit = main_process_decides(state, lambda: snapshot_commit(download_lora(repo_id, LORA_WEIGHT_NAME)))
+    path = download_lora(repo_id, LORA_WEIGHT_NAME, revision=commit)
+    if state.is_main_process:  # a mistyped local path could name someone's repository: say what was read
+        print(f"note: --lora {repo_id} is read from the Hugging Face Hub: {Path(path).name} at commit {commit}")
+    return path
 
 
 def resolve_lora(lora: str | None) -> str | None:
@@ -335,7 +352,7 @@ def resolve_lora(lora: str | None) -> str | None:
     and is reused; concurrent processes each convert into a staging folder and the first rename wins.
     """
     if lora is not None and is_hub_lora(lora):
-        return download_lora(lora, LORA_WEIGHT_NAME)
+        return hub_lora(lora)
     if lora is None or not lora.startswith(OFFICIAL_PREFIX):
         return lora
     category = lora[len(OFFICIAL_PREFIX):]

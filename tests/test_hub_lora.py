@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from two_processes import launch_gors
 
 from gors.core.hub import ModelLoadError, is_hub_id
 from gors.core.pipeline import lora_sha256
@@ -43,17 +44,20 @@ def snapshot(cache: Path, repo_id: str) -> Path:
 def test_hub_ids_are_told_from_paths_and_releases():
     assert is_hub_lora("user/tiny-lora")
     assert not any(is_hub_lora(name) for name in ("official:color", "mylora", "./user/lora", "/abs/lora", "a/b/c",
-                                                  "~/lora/x"))
+                                                  "~/lora/x", "runs/lora.safetensors", "org/name@v1", "C:/runs"))
     assert is_hub_id("user/tiny-lora") and not is_hub_id("mylora")
 
 
-def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache, lora_file):
+def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache, lora_file, capsys):
     repos = ("user/tiny-lora", "user/one-file", "user/two-files", "user/no-lora")
     cache = hub_cache(*repos)
     shutil.copy(lora_file, snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME)
-    folder = resolve_lora("user/tiny-lora")
-    assert Path(folder) == snapshot(cache, "user/tiny-lora")
-    assert lora_sha256(folder) == lora_sha256(str(lora_file))
+    (snapshot(cache, "user/tiny-lora") / "pytorch_lora_weights.bin").write_bytes(b"another format, not read")
+    resolved = resolve_lora("user/tiny-lora")
+    assert Path(resolved) == snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME  # the file, not what lies beside
+    assert lora_sha256(resolved) == lora_sha256(str(lora_file))
+    assert (f"note: --lora user/tiny-lora is read from the Hugging Face Hub: {LORA_WEIGHT_NAME} at commit "
+            f"{snapshot(cache, 'user/tiny-lora').name}") in capsys.readouterr().out
     # Another name: the repository's one safetensors file, as diffusers picks it.
     shutil.copy(lora_file, snapshot(cache, "user/one-file") / "my_lora.safetensors")
     assert resolve_lora("user/one-file") == str(snapshot(cache, "user/one-file") / "my_lora.safetensors")
@@ -64,7 +68,13 @@ def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache,
                                              r"\(a\.safetensors, b\.safetensors\) at its top level: download the one "
                                              r"to use \(`hf download user/two-files FILE --local-dir DIR`\)"):
         resolve_lora("user/two-files")
-    with pytest.raises(ModelLoadError, match=r"no \.safetensors file at its top level"):
+    # Offline, a cache that holds no top-level safetensors file says so (the repository may hold one); a LoRA in a
+    # subfolder is not the one load_lora_weights reads.
+    (snapshot(cache, "user/no-lora") / "sub").mkdir()
+    shutil.copy(lora_file, snapshot(cache, "user/no-lora") / "sub" / LORA_WEIGHT_NAME)
+    with pytest.raises(ModelLoadError, match=r"^--lora='user/no-lora': the local cache holds no "
+                                             r"pytorch_lora_weights\.safetensors and no \.safetensors file of it, and "
+                                             r"HF_HUB_OFFLINE=1 is set"):
         resolve_lora("user/no-lora")
     # Not in the cache, offline: one line that says so and what to do.
     with pytest.raises(ModelLoadError, match=r"^--lora='user/missing': no such local file or folder, and the LoRA "
@@ -74,11 +84,18 @@ def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache,
     assert resolve_lora(str(lora_file)) == str(lora_file)  # a local path as given
 
 
-def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, lora_file, tiny_sd, tmp_path):
+def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, lora_file, tiny_sd, tmp_path, monkeypatch):
     from gors.config import EvaluateConfig
     from gors.evaluate import evaluate
 
-    shutil.copy(lora_file, snapshot(hub_cache("user/tiny-lora"), "user/tiny-lora") / LORA_WEIGHT_NAME)
+    cache = hub_cache("user/tiny-lora")
+    shutil.copy(lora_file, snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))  # the launched processes' huggingface_hub reads it at import
+    flags = ["--pretrained_model_name_or_path", str(tiny_sd), "--benchmarks", "toy", "--max_prompts", "2",
+             "--images_per_prompt", "1", "--columns", "none"]
+    launched = launch_gors(["evaluate", *flags, "--lora", "user/tiny-lora", "--output_dir", str(tmp_path / "two")],
+                           cwd=tmp_path)
+    assert launched.stdout.count("note: --lora user/tiny-lora is read from the Hugging Face Hub") == 1
     images = {}
     for name, lora in (("hub", "user/tiny-lora"), ("local", str(lora_file.parent)), ("none", None)):
         config = EvaluateConfig(pretrained_model_name_or_path=str(tiny_sd), lora=lora, benchmarks="toy",
@@ -86,7 +103,11 @@ def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, lora_file,
         evaluate(config)
         images[name] = [np.asarray(Image.open(path)) for path in
                         sorted((tmp_path / name / "toy" / "held_out" / "samples").rglob("*.png"))]
-    assert len(images["hub"]) == 2
+    images["two"] = [np.asarray(Image.open(path)) for path in
+                     sorted((tmp_path / "two" / "toy" / "held_out" / "samples").rglob("*.png"))]
+    assert len(images["hub"]) == 2 and len(images["two"]) == 2
+    # Two processes, the same LoRA: batched otherwise, so within one 1/255 step (docs/run_folders.md).
+    assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(images["hub"], images["two"]))
     assert all(np.array_equal(a, b) for a, b in zip(images["hub"], images["local"]))  # the same LoRA, applied
     assert not any(np.array_equal(a, b) for a, b in zip(images["hub"], images["none"]))
     assert json.loads((tmp_path / "hub" / "summary.json").read_text())["lora"] == "user/tiny-lora"

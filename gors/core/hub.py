@@ -128,22 +128,37 @@ def load_hint(name: str, err: BaseException | None = None) -> str:
 
 
 def is_hub_id(name: str) -> bool:
-    """Whether `name` reads as a Hub repository id (`org/name`) rather than a path on disk."""
-    return name.count("/") == 1 and not looks_like_local_path(name)
+    """Whether `name` reads as a Hub repository id (`org/name`, valid as the Hub spells ids) rather than a path."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if name.count("/") != 1 or looks_like_local_path(name):
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
-def download_lora(repo_id: str, weight_name: str, flag: str = "--lora") -> str:
-    """A LoRA on the Hugging Face Hub (`org/name`, its default revision), downloaded once into the Hub cache
-    (offline: the cached copy), as the path diffusers' `load_lora_weights(repo_id)` would read: the snapshot
-    folder holding `weight_name`, else the repository's one top-level `.safetensors` file."""
+def snapshot_commit(path: str | Path) -> str:
+    """The commit of a file at the top of a Hub cache snapshot (`.../snapshots/<commit>/<file>`)."""
+    return Path(path).parent.name
+
+
+def download_lora(repo_id: str, weight_name: str, flag: str = "--lora", revision: str | None = None) -> str:
+    """A LoRA on the Hugging Face Hub (`org/name`; `revision`, default its main branch), downloaded once into the
+    Hub cache (offline: the cached copy): the file `weight_name` at the repository's top level, else its one
+    top-level `.safetensors` file (diffusers' `load_lora_weights(repo_id)` reads the same where there is one)."""
     from huggingface_hub import hf_hub_download, snapshot_download
     from huggingface_hub.errors import EntryNotFoundError
 
     try:
         try:
-            return str(Path(hf_hub_download(repo_id, weight_name)).parent)
-        except EntryNotFoundError:  # not in the repository, or offline and not cached: its safetensors files
-            folder = Path(snapshot_download(repo_id, allow_patterns=["*.safetensors"]))
+            return hf_hub_download(repo_id, weight_name, revision=revision)
+        except EntryNotFoundError:  # not in the repository, or offline and not cached: its top-level safetensors
+            folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=["*.safetensors"],
+                                            ignore_patterns=["*/*"]))
     except Exception as err:  # the Hub's and the network's errors, of many types: each said in one line
         raise_if_gated(err, repo_id, flag)
         raise ModelLoadError(f"{flag}={repo_id!r}: no such local file or folder, and the LoRA could not be read "
@@ -152,6 +167,10 @@ def download_lora(repo_id: str, weight_name: str, flag: str = "--lora") -> str:
     if len(found) == 1:
         return str(folder / found[0])
     held = f"several .safetensors files ({', '.join(found)})" if found else "no .safetensors file"
+    offline = offline_setting()
+    if offline and not found:  # the cache may hold less than the repository
+        raise ModelLoadError(f"{flag}={repo_id!r}: the local cache holds no {weight_name} and no .safetensors file "
+                             f"of it, and {offline} is set: {load_hint(repo_id)}")
     raise ModelLoadError(f"{flag}={repo_id!r}: the repository holds no {weight_name} and {held} at its top level: "
                          f"download the one to use (`hf download {repo_id} FILE --local-dir DIR`) and pass "
                          f"{flag} DIR/FILE")
