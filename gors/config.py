@@ -841,8 +841,9 @@ class EvaluateConfig:
     )
     lora: str | None = field(
         default=None,
-        metadata={"help": "LoRA folder (diffusers format, e.g. a gors run folder) or its weights file, a Hugging Face "
-                          "Hub id of a diffusers-format LoRA (downloaded into the Hub cache), or official:<category> "
+        metadata={"help": "LoRA folder (diffusers format, e.g. a gors run folder) or its weights file, hub:<org>/<name> "
+                          "for a diffusers-format LoRA on the Hugging Face Hub (downloaded into its cache), or "
+                          "official:<category> "
                           "for the GORS checkpoints released with T2I-CompBench (downloaded and converted once)."},
     )
     lora_dropout: float = field(

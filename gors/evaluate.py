@@ -48,7 +48,7 @@ from gors.core.store import (
     same_value,
 )
 from gors.core.toy import PRETRAINED_DIR
-from gors.official_lora import OFFICIAL_PREFIX, is_hub_lora, resolve_lora
+from gors.official_lora import HUB_PREFIX, OFFICIAL_PREFIX, resolve_lora
 from gors.sd2_architecture import SD2_BASE
 from rewards import Reward
 from rewards.combined import download_reward_files
@@ -147,7 +147,7 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
         # The images are scored as they are: a LoRA would be ignored, yet recorded in summary.json.
         raise ValueError(f"--lora={config.lora!r} with --images: existing images are scored as they are; drop "
                          "--lora, or drop --images to generate with the LoRA")
-    if config.lora is not None and not config.lora.startswith(OFFICIAL_PREFIX) and not is_hub_lora(config.lora):
+    if config.lora is not None and not config.lora.startswith((OFFICIAL_PREFIX, HUB_PREFIX)):
         check_lora_path(config.lora)  # `gors download evaluate` too: a local LoRA is nothing to download
     benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts, images_per_prompt=config.images_per_prompt,
                                          batch_size=config.generation_batch_size, **sampling_overrides(config)))
@@ -289,7 +289,7 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
     benchmarks, options and LoRA are checked before `--output_dir` is locked (`EVALUATE_LOCKS`), so that a
     mistake leaves no folder behind."""
     plans = plan_benchmarks(config)
-    lora = resolve_lora(config.lora)  # official:<category> or a Hub id -> a local LoRA, downloaded once
+    lora = resolve_lora(config.lora)  # official:<category> or hub:<org>/<name> -> a local LoRA, downloaded once
     if lora is not None:
         check_lora_path(lora)  # before any store records settings or any weights load
         if config.images is None:

@@ -36,6 +36,10 @@ from gors.lora import LORA_WEIGHT_NAME, TEXT_ENCODER_TARGET_MODULES, UNET_TARGET
 from gors.sd2_architecture import SD2_BASE, architecture_configs, empty_models
 
 OFFICIAL_PREFIX = "official:"
+# `--lora hub:<org>/<name>`: a LoRA on the Hugging Face Hub. A prefix, not a bare id: gors' own run folders
+# (`runs/gors_color`) read like Hub ids, and a folder missing from the working directory must not fetch someone's
+# repository of that name.
+HUB_PREFIX = "hub:"
 # 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
 __getattr__ = moved_names(__name__, {
     "TEXT_ENCODER_SUFFIX": "gors.core.pipeline:LORA_DIFFUSION_TEXT_ENCODER_SUFFIX",
@@ -322,36 +326,32 @@ def convert_official_lora(
     return write_diffusers_lora(output_dir, unet_state, text_state, record)
 
 
-# Weight files given by a path that does not exist: a mistyped local file, not a Hub id.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
-
-
-def is_hub_lora(lora: str) -> bool:
-    """Whether `--lora` names a LoRA on the Hugging Face Hub (`org/name`): no official release, no local path."""
-    return not lora.startswith(OFFICIAL_PREFIX) and not lora.endswith(_WEIGHT_SUFFIXES) and is_hub_id(lora)
-
-
-def hub_lora(repo_id: str) -> str:
-    """The LoRA file of Hub id `repo_id` (`gors.core.hub.download_lora`), the same commit on every process: the
+def hub_lora(lora: str) -> str:
+    """The LoRA file of `hub:<org>/<name>` (`gors.core.hub.download_lora`), the same commit on every process: the
     main process resolves the repository's main branch, the others download that commit (a push between their
     requests would otherwise give them other weights). A collective call under several processes."""
+    repo_id = lora[len(HUB_PREFIX):]
+    if not is_hub_id(repo_id):
+        raise ValueError(f"--lora={lora!r}: after {HUB_PREFIX} give a Hugging Face Hub repository id, "
+                         f"{HUB_PREFIX}<org>/<name>")
     state = process_state()
-    commit = main_process_decides(state, lambda: snapshot_commit(download_lora(repo_id, LORA_WEIGHT_NAME)))
-    path = download_lora(repo_id, LORA_WEIGHT_NAME, revision=commit)
+    commit = main_process_decides(
+        state, lambda: snapshot_commit(download_lora(repo_id, LORA_WEIGHT_NAME, shown=lora)))
+    path = download_lora(repo_id, LORA_WEIGHT_NAME, shown=lora, revision=commit)
     if state.is_main_process:  # a mistyped local path could name someone's repository: say what was read
-        print(f"note: --lora {repo_id} is read from the Hugging Face Hub: {Path(path).name} at commit {commit}")
+        print(f"note: --lora {lora} is read from the Hugging Face Hub: {Path(path).name} at commit {commit}")
     return path
 
 
 def resolve_lora(lora: str | None) -> str | None:
     """`official:<category>` -> a folder holding the converted official LoRA (for SD-2-base, which it was
-    trained on); a Hub id (`org/name`, no such local path) -> its LoRA downloaded into the Hub cache
-    (`gors.core.hub.download_lora`); a local path unchanged.
+    trained on); `hub:<org>/<name>` -> its LoRA file downloaded into the Hub cache (`hub_lora`); a local path
+    unchanged.
 
     The conversion runs once into `$GORS_CACHE_DIR/official_lora/<commit>/<version>/<category>`
     and is reused; concurrent processes each convert into a staging folder and the first rename wins.
     """
-    if lora is not None and is_hub_lora(lora):
+    if lora is not None and lora.startswith(HUB_PREFIX):
         return hub_lora(lora)
     if lora is None or not lora.startswith(OFFICIAL_PREFIX):
         return lora

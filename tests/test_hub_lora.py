@@ -1,4 +1,4 @@
-"""`gors evaluate --lora org/name`: a LoRA on the Hugging Face Hub, read through huggingface_hub from its cache.
+"""`gors evaluate --lora hub:org/name`: a LoRA on the Hugging Face Hub, read through huggingface_hub from its cache.
 
 Offline, as every test: the cache is laid out as `hf download` leaves it (`hub_cache`), so the real
 `hf_hub_download` / `snapshot_download` resolve it.
@@ -19,7 +19,7 @@ from two_processes import launch_gors
 from gors.core.hub import ModelLoadError, is_hub_id
 from gors.core.pipeline import lora_sha256
 from gors.lora import LORA_WEIGHT_NAME, UNET_TARGET_MODULES, add_lora, save_lora
-from gors.official_lora import is_hub_lora, resolve_lora
+from gors.official_lora import resolve_lora
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +41,14 @@ def snapshot(cache: Path, repo_id: str) -> Path:
     return next((cache / ("models--" + repo_id.replace("/", "--")) / "snapshots").iterdir())
 
 
-def test_hub_ids_are_told_from_paths_and_releases():
-    assert is_hub_lora("user/tiny-lora")
-    assert not any(is_hub_lora(name) for name in ("official:color", "mylora", "./user/lora", "/abs/lora", "a/b/c",
-                                                  "~/lora/x", "runs/lora.safetensors", "org/name@v1", "C:/runs"))
-    assert is_hub_id("user/tiny-lora") and not is_hub_id("mylora")
+def test_only_the_hub_prefix_goes_to_the_hub(lora_file):
+    # gors' own run folders read like Hub ids: a relative folder missing here stays a local path.
+    assert resolve_lora("runs/gors_color") == "runs/gors_color"
+    assert resolve_lora(str(lora_file)) == str(lora_file)
+    with pytest.raises(ValueError, match=r"^--lora='hub:mylora': after hub: give a Hugging Face Hub repository id"):
+        resolve_lora("hub:mylora")
+    assert is_hub_id("user/tiny-lora") and not any(is_hub_id(name) for name in (
+        "mylora", "./user/lora", "/abs/lora", "a/b/c", "~/lora/x", "org/name@v1"))
 
 
 def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache, lora_file, capsys):
@@ -53,34 +56,34 @@ def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache,
     cache = hub_cache(*repos)
     shutil.copy(lora_file, snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME)
     (snapshot(cache, "user/tiny-lora") / "pytorch_lora_weights.bin").write_bytes(b"another format, not read")
-    resolved = resolve_lora("user/tiny-lora")
+    resolved = resolve_lora("hub:user/tiny-lora")
     assert Path(resolved) == snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME  # the file, not what lies beside
     assert lora_sha256(resolved) == lora_sha256(str(lora_file))
-    assert (f"note: --lora user/tiny-lora is read from the Hugging Face Hub: {LORA_WEIGHT_NAME} at commit "
+    assert (f"note: --lora hub:user/tiny-lora is read from the Hugging Face Hub: {LORA_WEIGHT_NAME} at commit "
             f"{snapshot(cache, 'user/tiny-lora').name}") in capsys.readouterr().out
     # Another name: the repository's one safetensors file, as diffusers picks it.
     shutil.copy(lora_file, snapshot(cache, "user/one-file") / "my_lora.safetensors")
-    assert resolve_lora("user/one-file") == str(snapshot(cache, "user/one-file") / "my_lora.safetensors")
+    assert resolve_lora("hub:user/one-file") == str(snapshot(cache, "user/one-file") / "my_lora.safetensors")
     for name in ("b.safetensors", "a.safetensors"):
         shutil.copy(lora_file, snapshot(cache, "user/two-files") / name)
-    with pytest.raises(ModelLoadError, match=r"^--lora='user/two-files': the repository holds no "
+    with pytest.raises(ModelLoadError, match=r"^--lora='hub:user/two-files': the repository holds no "
                                              r"pytorch_lora_weights\.safetensors and several \.safetensors files "
                                              r"\(a\.safetensors, b\.safetensors\) at its top level: download the one "
                                              r"to use \(`hf download user/two-files FILE --local-dir DIR`\)"):
-        resolve_lora("user/two-files")
+        resolve_lora("hub:user/two-files")
     # Offline, a cache that holds no top-level safetensors file says so (the repository may hold one); a LoRA in a
     # subfolder is not the one load_lora_weights reads.
     (snapshot(cache, "user/no-lora") / "sub").mkdir()
     shutil.copy(lora_file, snapshot(cache, "user/no-lora") / "sub" / LORA_WEIGHT_NAME)
-    with pytest.raises(ModelLoadError, match=r"^--lora='user/no-lora': the local cache holds no "
+    with pytest.raises(ModelLoadError, match=r"^--lora='hub:user/no-lora': the local cache holds no "
                                              r"pytorch_lora_weights\.safetensors and no \.safetensors file of it, and "
                                              r"HF_HUB_OFFLINE=1 is set"):
-        resolve_lora("user/no-lora")
+        resolve_lora("hub:user/no-lora")
     # Not in the cache, offline: one line that says so and what to do.
-    with pytest.raises(ModelLoadError, match=r"^--lora='user/missing': no such local file or folder, and the LoRA "
+    with pytest.raises(ModelLoadError, match=r"^--lora='hub:user/missing': the LoRA "
                                              r"could not be read from the Hugging Face Hub \(.*\)\. HF_HUB_OFFLINE=1 "
                                              r"is set, so only the local cache is searched"):
-        resolve_lora("user/missing")
+        resolve_lora("hub:user/missing")
     assert resolve_lora(str(lora_file)) == str(lora_file)  # a local path as given
 
 
@@ -93,11 +96,11 @@ def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, lora_file,
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))  # the launched processes' huggingface_hub reads it at import
     flags = ["--pretrained_model_name_or_path", str(tiny_sd), "--benchmarks", "toy", "--max_prompts", "2",
              "--images_per_prompt", "1", "--columns", "none"]
-    launched = launch_gors(["evaluate", *flags, "--lora", "user/tiny-lora", "--output_dir", str(tmp_path / "two")],
+    launched = launch_gors(["evaluate", *flags, "--lora", "hub:user/tiny-lora", "--output_dir", str(tmp_path / "two")],
                            cwd=tmp_path)
-    assert launched.stdout.count("note: --lora user/tiny-lora is read from the Hugging Face Hub") == 1
+    assert launched.stdout.count("note: --lora hub:user/tiny-lora is read from the Hugging Face Hub") == 1
     images = {}
-    for name, lora in (("hub", "user/tiny-lora"), ("local", str(lora_file.parent)), ("none", None)):
+    for name, lora in (("hub", "hub:user/tiny-lora"), ("local", str(lora_file.parent)), ("none", None)):
         config = EvaluateConfig(pretrained_model_name_or_path=str(tiny_sd), lora=lora, benchmarks="toy",
                                 max_prompts=2, images_per_prompt=1, output_dir=str(tmp_path / name), columns="none")
         evaluate(config)
@@ -110,6 +113,6 @@ def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, lora_file,
     assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(images["hub"], images["two"]))
     assert all(np.array_equal(a, b) for a, b in zip(images["hub"], images["local"]))  # the same LoRA, applied
     assert not any(np.array_equal(a, b) for a, b in zip(images["hub"], images["none"]))
-    assert json.loads((tmp_path / "hub" / "summary.json").read_text())["lora"] == "user/tiny-lora"
+    assert json.loads((tmp_path / "hub" / "summary.json").read_text())["lora"] == "hub:user/tiny-lora"
     settings = json.loads((tmp_path / "hub" / "toy" / "held_out" / "samples" / "settings.json").read_text())
     assert settings["lora_sha256"] == lora_sha256(str(lora_file))

@@ -217,8 +217,8 @@ def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path):
         check_lora_path(str(tmp_path / "missing"))
     assert "Hub" not in str(missing.value)  # a path, not a Hub id: no download advice
     with pytest.raises(FileNotFoundError, match=r"--lora='user/hub-lora': no such file or folder; .*a LoRA on the "
-                                                r"Hugging Face Hub is read from a local copy: `hf download user/hub-lora "
-                                                r"--local-dir DIR`, then pass DIR"):
+                                                r"Hugging Face Hub: `gors evaluate --lora hub:user/hub-lora` downloads it, "
+                                                r"elsewhere pass a local copy \(`hf download user/hub-lora --local-dir DIR`\)"):
         check_lora_path("user/hub-lora")
 
 

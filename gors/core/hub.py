@@ -146,12 +146,16 @@ def snapshot_commit(path: str | Path) -> str:
     return Path(path).parent.name
 
 
-def download_lora(repo_id: str, weight_name: str, flag: str = "--lora", revision: str | None = None) -> str:
+def download_lora(repo_id: str, weight_name: str, flag: str = "--lora", shown: str | None = None,
+                  revision: str | None = None) -> str:
     """A LoRA on the Hugging Face Hub (`org/name`; `revision`, default its main branch), downloaded once into the
     Hub cache (offline: the cached copy): the file `weight_name` at the repository's top level, else its one
-    top-level `.safetensors` file (diffusers' `load_lora_weights(repo_id)` reads the same where there is one)."""
+    top-level `.safetensors` file (diffusers' `load_lora_weights(repo_id)` reads the same where there is one).
+    `shown`: the option's value as typed, for messages (default `repo_id`)."""
     from huggingface_hub import hf_hub_download, snapshot_download
     from huggingface_hub.errors import EntryNotFoundError
+
+    given = f"{flag}={(shown or repo_id)!r}"
 
     try:
         try:
@@ -161,19 +165,18 @@ def download_lora(repo_id: str, weight_name: str, flag: str = "--lora", revision
                                             ignore_patterns=["*/*"]))
     except Exception as err:  # the Hub's and the network's errors, of many types: each said in one line
         raise_if_gated(err, repo_id, flag)
-        raise ModelLoadError(f"{flag}={repo_id!r}: no such local file or folder, and the LoRA could not be read "
-                             f"from the Hugging Face Hub ({one_line(err)}). {load_hint(repo_id, err)}") from err
+        raise ModelLoadError(f"{given}: the LoRA could not be read from the Hugging Face Hub ({one_line(err)}). "
+                             f"{load_hint(repo_id, err)}") from err
     found = sorted(path.name for path in folder.glob("*.safetensors"))
     if len(found) == 1:
         return str(folder / found[0])
     held = f"several .safetensors files ({', '.join(found)})" if found else "no .safetensors file"
     offline = offline_setting()
     if offline and not found:  # the cache may hold less than the repository
-        raise ModelLoadError(f"{flag}={repo_id!r}: the local cache holds no {weight_name} and no .safetensors file "
-                             f"of it, and {offline} is set: {load_hint(repo_id)}")
-    raise ModelLoadError(f"{flag}={repo_id!r}: the repository holds no {weight_name} and {held} at its top level: "
-                         f"download the one to use (`hf download {repo_id} FILE --local-dir DIR`) and pass "
-                         f"{flag} DIR/FILE")
+        raise ModelLoadError(f"{given}: the local cache holds no {weight_name} and no .safetensors file of it, and "
+                             f"{offline} is set: {load_hint(repo_id)}")
+    raise ModelLoadError(f"{given}: the repository holds no {weight_name} and {held} at its top level: download "
+                         f"the one to use (`hf download {repo_id} FILE --local-dir DIR`) and pass its path DIR/FILE")
 
 
 def looks_like_local_path(name: str) -> bool:
