@@ -93,6 +93,25 @@ def tiny_sd(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_sd_lora(tiny_sd, tmp_path_factory) -> Path:
+    """The file of a U-Net LoRA of `tiny_sd` with non-zero up-projections (a trained one's shape), as `save_lora`
+    writes it: it changes the images."""
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    from gors.lora import UNET_TARGET_MODULES, add_lora, save_lora
+
+    unet = UNet2DConditionModel.from_pretrained(tiny_sd, subfolder="unet")
+    add_lora(unet, UNET_TARGET_MODULES, rank=4)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in unet.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return save_lora(tmp_path_factory.mktemp("tiny_sd_lora"), {"unet": unet})
+
+
+@pytest.fixture(scope="session")
 def tiny_sdxl(tmp_path_factory) -> Path:
     """Folder of a tiny random StableDiffusionXLPipeline (CLIP-L and bigG, size conditions)."""
     from gors.testing.sdxl import build_tiny_sdxl_pipeline

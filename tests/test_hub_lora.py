@@ -12,60 +12,44 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 from two_processes import launch_gors
 
 from gors.core.hub import ModelLoadError, is_hub_id
 from gors.core.pipeline import lora_sha256
-from gors.lora import LORA_WEIGHT_NAME, UNET_TARGET_MODULES, add_lora, save_lora
+from gors.lora import LORA_WEIGHT_NAME
 from gors.official_lora import resolve_lora
-
-
-@pytest.fixture(scope="module")
-def lora_file(tiny_sd, tmp_path_factory) -> Path:
-    """A U-Net LoRA of the tiny SD pipeline with non-zero up-projections, as `save_lora` writes it."""
-    from diffusers import UNet2DConditionModel
-
-    unet = UNet2DConditionModel.from_pretrained(tiny_sd, subfolder="unet")
-    add_lora(unet, UNET_TARGET_MODULES, rank=4)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in unet.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    return save_lora(tmp_path_factory.mktemp("lora"), {"unet": unet})
 
 
 def snapshot(cache: Path, repo_id: str) -> Path:
     return next((cache / ("models--" + repo_id.replace("/", "--")) / "snapshots").iterdir())
 
 
-def test_only_the_hub_prefix_goes_to_the_hub(lora_file):
+def test_only_the_hub_prefix_goes_to_the_hub(tiny_sd_lora):
     # gors' own run folders read like Hub ids: a relative folder missing here stays a local path.
     assert resolve_lora("runs/gors_color") == "runs/gors_color"
-    assert resolve_lora(str(lora_file)) == str(lora_file)
+    assert resolve_lora(str(tiny_sd_lora)) == str(tiny_sd_lora)
     with pytest.raises(ValueError, match=r"^--lora='hub:mylora': after hub: give a Hugging Face Hub repository id"):
         resolve_lora("hub:mylora")
     assert is_hub_id("user/tiny-lora") and not any(is_hub_id(name) for name in (
         "mylora", "./user/lora", "/abs/lora", "a/b/c", "~/lora/x", "org/name@v1"))
 
 
-def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache, lora_file, capsys):
+def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache, tiny_sd_lora, capsys):
     repos = ("user/tiny-lora", "user/one-file", "user/two-files", "user/no-lora")
     cache = hub_cache(*repos)
-    shutil.copy(lora_file, snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME)
+    shutil.copy(tiny_sd_lora, snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME)
     (snapshot(cache, "user/tiny-lora") / "pytorch_lora_weights.bin").write_bytes(b"another format, not read")
     resolved = resolve_lora("hub:user/tiny-lora")
     assert Path(resolved) == snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME  # the file, not what lies beside
-    assert lora_sha256(resolved) == lora_sha256(str(lora_file))
+    assert lora_sha256(resolved) == lora_sha256(str(tiny_sd_lora))
     assert (f"note: --lora hub:user/tiny-lora is read from the Hugging Face Hub: {LORA_WEIGHT_NAME} at commit "
             f"{snapshot(cache, 'user/tiny-lora').name}") in capsys.readouterr().out
     # Another name: the repository's one safetensors file, as diffusers picks it.
-    shutil.copy(lora_file, snapshot(cache, "user/one-file") / "my_lora.safetensors")
+    shutil.copy(tiny_sd_lora, snapshot(cache, "user/one-file") / "my_lora.safetensors")
     assert resolve_lora("hub:user/one-file") == str(snapshot(cache, "user/one-file") / "my_lora.safetensors")
     for name in ("b.safetensors", "a.safetensors"):
-        shutil.copy(lora_file, snapshot(cache, "user/two-files") / name)
+        shutil.copy(tiny_sd_lora, snapshot(cache, "user/two-files") / name)
     with pytest.raises(ModelLoadError, match=r"^--lora='hub:user/two-files': the repository holds no "
                                              r"pytorch_lora_weights\.safetensors and several \.safetensors files "
                                              r"\(a\.safetensors, b\.safetensors\) at its top level: download the one "
@@ -74,7 +58,7 @@ def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache,
     # Offline, a cache that holds no top-level safetensors file says so (the repository may hold one); a LoRA in a
     # subfolder is not the one load_lora_weights reads.
     (snapshot(cache, "user/no-lora") / "sub").mkdir()
-    shutil.copy(lora_file, snapshot(cache, "user/no-lora") / "sub" / LORA_WEIGHT_NAME)
+    shutil.copy(tiny_sd_lora, snapshot(cache, "user/no-lora") / "sub" / LORA_WEIGHT_NAME)
     with pytest.raises(ModelLoadError, match=r"^--lora='hub:user/no-lora': the local cache holds no "
                                              r"pytorch_lora_weights\.safetensors and no \.safetensors file of it, and "
                                              r"HF_HUB_OFFLINE=1 is set"):
@@ -84,15 +68,15 @@ def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache,
                                              r"could not be read from the Hugging Face Hub \(.*\)\. HF_HUB_OFFLINE=1 "
                                              r"is set, so only the local cache is searched"):
         resolve_lora("hub:user/missing")
-    assert resolve_lora(str(lora_file)) == str(lora_file)  # a local path as given
+    assert resolve_lora(str(tiny_sd_lora)) == str(tiny_sd_lora)  # a local path as given
 
 
-def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, lora_file, tiny_sd, tmp_path, monkeypatch):
+def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, tiny_sd_lora, tiny_sd, tmp_path, monkeypatch):
     from gors.config import EvaluateConfig
     from gors.evaluate import evaluate
 
     cache = hub_cache("user/tiny-lora")
-    shutil.copy(lora_file, snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME)
+    shutil.copy(tiny_sd_lora, snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))  # the launched processes' huggingface_hub reads it at import
     flags = ["--pretrained_model_name_or_path", str(tiny_sd), "--benchmarks", "toy", "--max_prompts", "2",
              "--images_per_prompt", "1", "--columns", "none"]
@@ -100,7 +84,7 @@ def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, lora_file,
                            cwd=tmp_path)
     assert launched.stdout.count("note: --lora hub:user/tiny-lora is read from the Hugging Face Hub") == 1
     images = {}
-    for name, lora in (("hub", "hub:user/tiny-lora"), ("local", str(lora_file.parent)), ("none", None)):
+    for name, lora in (("hub", "hub:user/tiny-lora"), ("local", str(tiny_sd_lora.parent)), ("none", None)):
         config = EvaluateConfig(pretrained_model_name_or_path=str(tiny_sd), lora=lora, benchmarks="toy",
                                 max_prompts=2, images_per_prompt=1, output_dir=str(tmp_path / name), columns="none")
         evaluate(config)
@@ -115,4 +99,4 @@ def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, lora_file,
     assert not any(np.array_equal(a, b) for a, b in zip(images["hub"], images["none"]))
     assert json.loads((tmp_path / "hub" / "summary.json").read_text())["lora"] == "hub:user/tiny-lora"
     settings = json.loads((tmp_path / "hub" / "toy" / "held_out" / "samples" / "settings.json").read_text())
-    assert settings["lora_sha256"] == lora_sha256(str(lora_file))
+    assert settings["lora_sha256"] == lora_sha256(str(tiny_sd_lora))

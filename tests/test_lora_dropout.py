@@ -11,22 +11,11 @@ import pytest
 import torch
 
 from gors.core.pipeline import LoraOutputDropout, cpu_generators, load_pipeline, pipeline_settings
-from gors.lora import UNET_TARGET_MODULES, add_lora, save_lora
 
 
 @pytest.fixture(scope="module")
-def lora_dir(tiny_sd, tmp_path_factory) -> Path:
-    """A U-Net LoRA of the tiny SD pipeline with non-zero up-projections (a trained one's shape)."""
-    from diffusers import UNet2DConditionModel
-
-    unet = UNet2DConditionModel.from_pretrained(tiny_sd, subfolder="unet")
-    add_lora(unet, UNET_TARGET_MODULES, rank=4)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in unet.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    return save_lora(tmp_path_factory.mktemp("lora"), {"unet": unet}).parent
+def lora_dir(tiny_sd_lora) -> Path:
+    return tiny_sd_lora.parent
 
 
 def images(pipeline, seeds=(3, 4)) -> np.ndarray:
