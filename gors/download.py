@@ -10,7 +10,7 @@ What a command needs is read from its config, not from a list kept here:
 - every model of the reward and of the benchmarks' scorers (`Reward.models`; the validation
   benchmark's for `run` and `train`), whole but for the weight formats their loaders do not read;
 - the files gors itself fetches, pinned (`gors.core.data`): T2I-CompBench prompt files, benchmark
-  data, rewards' data (`Reward.download_files`) and `--lora official:<category>` with its conversion.
+  data, rewards' data (`Reward.download_files`) and `--lora official:<category>` with its conversion or `--lora hub:<org>/<name>`.
 
 Hub models go to the Hugging Face cache (`HF_HOME`/`HF_HUB_CACHE`), gors' files to `GORS_CACHE_DIR`.
 Run on one process; a model already cached is checked against the Hub and completed, not fetched again.

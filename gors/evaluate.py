@@ -233,7 +233,7 @@ def trained_base_model(lora: str) -> str | None:
     trained on, as its samples recorded it; None for a LoRA of another origin. A local model that is no
     longer at the recorded path is refused, naming the flag that gives it."""
     folder = Path(lora).expanduser()
-    if lora.startswith(OFFICIAL_PREFIX) or not folder.exists():  # a release, a Hub id: no run folder of its own
+    if lora.startswith((OFFICIAL_PREFIX, HUB_PREFIX)) or not folder.exists():  # a release, a Hub LoRA: no run
         return None
     folder = folder if folder.is_dir() else folder.parent  # a LoRA file: its folder
     # A --rounds run's LoRA is in its folder, its samples in its rounds' (each of the same base model).

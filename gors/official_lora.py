@@ -27,7 +27,7 @@ from gors._moved import moved_names
 from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
 from gors.core.distributed import main_process_decides, process_state
-from gors.core.hub import download_lora, is_hub_id, snapshot_commit
+from gors.core.hub import download_lora, is_repo_id, snapshot_commit
 from gors.core.io import file_sha256, set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
 from gors.core.pipeline import LORA_DIFFUSION_TEXT_ENCODER_SUFFIX, LORA_WEIGHT_FILES
@@ -331,7 +331,7 @@ def hub_lora(lora: str) -> str:
     main process resolves the repository's main branch, the others download that commit (a push between their
     requests would otherwise give them other weights). A collective call under several processes."""
     repo_id = lora[len(HUB_PREFIX):]
-    if not is_hub_id(repo_id):
+    if not is_repo_id(repo_id):
         raise ValueError(f"--lora={lora!r}: after {HUB_PREFIX} give a Hugging Face Hub repository id, "
                          f"{HUB_PREFIX}<org>/<name>")
     state = process_state()

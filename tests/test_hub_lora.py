@@ -47,11 +47,12 @@ def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache,
             f"{snapshot(cache, 'user/tiny-lora').name}") in capsys.readouterr().out
     # Another name: the repository's one safetensors file, as diffusers picks it.
     shutil.copy(tiny_sd_lora, snapshot(cache, "user/one-file") / "my_lora.safetensors")
+    shutil.copy(tiny_sd_lora, snapshot(cache, "user/one-file") / "optimizer.safetensors")  # no LoRA, as diffusers says
     assert resolve_lora("hub:user/one-file") == str(snapshot(cache, "user/one-file") / "my_lora.safetensors")
     for name in ("b.safetensors", "a.safetensors"):
         shutil.copy(tiny_sd_lora, snapshot(cache, "user/two-files") / name)
     with pytest.raises(ModelLoadError, match=r"^--lora='hub:user/two-files': the repository holds no "
-                                             r"pytorch_lora_weights\.safetensors and several \.safetensors files "
+                                             r"pytorch_lora_weights\.safetensors and several LoRA-like \.safetensors files "
                                              r"\(a\.safetensors, b\.safetensors\) at its top level: download the one "
                                              r"to use \(`hf download user/two-files FILE --local-dir DIR`\)"):
         resolve_lora("hub:user/two-files")
@@ -60,8 +61,8 @@ def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache,
     (snapshot(cache, "user/no-lora") / "sub").mkdir()
     shutil.copy(tiny_sd_lora, snapshot(cache, "user/no-lora") / "sub" / LORA_WEIGHT_NAME)
     with pytest.raises(ModelLoadError, match=r"^--lora='hub:user/no-lora': the local cache holds no "
-                                             r"pytorch_lora_weights\.safetensors and no \.safetensors file of it, and "
-                                             r"HF_HUB_OFFLINE=1 is set"):
+                                             r"pytorch_lora_weights\.safetensors and no \.safetensors file of it\. "
+                                             r"HF_HUB_OFFLINE=1 is set, so only the local cache is searched"):
         resolve_lora("hub:user/no-lora")
     # Not in the cache, offline: one line that says so and what to do.
     with pytest.raises(ModelLoadError, match=r"^--lora='hub:user/missing': the LoRA "
@@ -69,6 +70,14 @@ def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache,
                                              r"is set, so only the local cache is searched"):
         resolve_lora("hub:user/missing")
     assert resolve_lora(str(tiny_sd_lora)) == str(tiny_sd_lora)  # a local path as given
+
+
+def test_the_prefix_settles_a_name_that_is_also_a_local_folder(hub_cache, tiny_sd_lora, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "color").mkdir(parents=True)  # a run folder of the same name here
+    shutil.copy(tiny_sd_lora, snapshot(hub_cache("runs/color"), "runs/color") / LORA_WEIGHT_NAME)
+    assert Path(resolve_lora("hub:runs/color")).name == LORA_WEIGHT_NAME  # the Hub's, not refused
+    assert resolve_lora("runs/color") == "runs/color"
 
 
 def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, tiny_sd_lora, tiny_sd, tmp_path, monkeypatch):

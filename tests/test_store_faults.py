@@ -193,7 +193,7 @@ def test_a_lora_moved_or_copied_elsewhere_resumes_its_store_and_is_recorded_wher
         _lora_run(store, other)
 
 
-def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path):
+def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path, monkeypatch):
     from gors.core.pipeline import check_lora_path, lora_sha256
 
     folder = tmp_path / "run"
@@ -216,10 +216,16 @@ def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file or folder") as missing:
         check_lora_path(str(tmp_path / "missing"))
     assert "Hub" not in str(missing.value)  # a path, not a Hub id: no download advice
-    with pytest.raises(FileNotFoundError, match=r"--lora='user/hub-lora': no such file or folder; .*a LoRA on the "
-                                                r"Hugging Face Hub: `gors evaluate --lora hub:user/hub-lora` downloads it, "
-                                                r"elsewhere pass a local copy \(`hf download user/hub-lora --local-dir DIR`\)"):
+    with pytest.raises(FileNotFoundError, match=r"--lora='user/hub-lora': no such file or folder; .*; "
+                                                r"if user/hub-lora is a LoRA on the Hugging Face Hub, `gors evaluate --lora "
+                                                r"hub:user/hub-lora` downloads it \(elsewhere pass a local copy: `hf "
+                                                r"download user/hub-lora --local-dir DIR`\)"):
         check_lora_path("user/hub-lora")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # a mistyped run folder whose parent is here: no Hub advice
+    with pytest.raises(FileNotFoundError, match="no such file or folder") as missing:
+        check_lora_path("runs/gors_colr")
+    assert "Hub" not in str(missing.value)
 
 
 def test_a_lora_of_another_base_model_is_one_line(tmp_path, tiny_sd, capsys, caplog):

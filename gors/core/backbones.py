@@ -273,11 +273,11 @@ def check_lora_fits(pretrained_model_name_or_path: str, lora: str, revision: str
     """Refuse, before any weights load, a local diffusers-format LoRA made for another model family:
     one whose weights name components (`unet`, `transformer`, ...) the pipeline does not have.
 
-    Other formats (kohya, a Hub id) are left to diffusers' `load_lora_weights`, which converts them.
+    Other formats (kohya) are left to diffusers' `load_lora_weights`, which converts them.
     """
     path = Path(lora).expanduser()
     file = path / LORA_WEIGHT_NAME if path.is_dir() else path
-    if not file.is_file() or file.suffix != ".safetensors":  # a Hub id, or a torch pickle: diffusers reads it
+    if not file.is_file() or file.suffix != ".safetensors":  # a torch pickle: diffusers reads it
         return
     from safetensors import safe_open
 

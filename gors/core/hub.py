@@ -64,11 +64,12 @@ def find_in_chain(err: BaseException, kinds: type[BaseException] | tuple[type[Ba
     return None
 
 
-def raise_if_gated(err: BaseException, name: str, flag: str) -> None:
+def raise_if_gated(err: BaseException, name: str, flag: str, shown: str | None = None) -> None:
     """Raise a `ModelLoadError` saying what to do if `err` comes from a gated repository.
 
     diffusers reports a `GatedRepoError` (a `RepositoryNotFoundError`) as "not a valid model identifier":
     the user would never learn that the license must be accepted.
+    `shown`: the option's value as typed, where it is not `name` (`hub:<name>`).
     """
     from huggingface_hub.errors import GatedRepoError
 
@@ -79,7 +80,7 @@ def raise_if_gated(err: BaseException, name: str, flag: str) -> None:
     # A pipeline can take a component from another repository: name the one that is gated.
     what = "is a gated repository" if repo_id == name else f"needs the gated repository {repo_id}"
     raise ModelLoadError(
-        f"{flag}={name!r} {what}: accept its license at https://huggingface.co/{repo_id} while logged in there, "
+        f"{flag}={(shown or name)!r} {what}: accept its license at https://huggingface.co/{repo_id} while logged in there, "
         "then run `hf auth login` (or set HF_TOKEN) on this machine."
     ) from err
 
@@ -127,18 +128,21 @@ def load_hint(name: str, err: BaseException | None = None) -> str:
             "on an offline machine set HF_HUB_OFFLINE=1 and pass a local folder.")
 
 
-def is_hub_id(name: str) -> bool:
-    """Whether `name` reads as a Hub repository id (`org/name`, valid as the Hub spells ids) rather than a path."""
+def is_repo_id(name: str) -> bool:
+    """Whether `name` is a valid Hub repository id of the form `org/name`."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
-    if name.count("/") != 1 or looks_like_local_path(name):
-        return False
     try:
         validate_repo_id(name)
     except HFValidationError:
         return False
-    return True
+    return name.count("/") == 1
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether `name` reads as a Hub repository id (`org/name`) rather than a path on disk."""
+    return is_repo_id(name) and not looks_like_local_path(name)
 
 
 def snapshot_commit(path: str | Path) -> str:
@@ -164,17 +168,19 @@ def download_lora(repo_id: str, weight_name: str, flag: str = "--lora", shown: s
             folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=["*.safetensors"],
                                             ignore_patterns=["*/*"]))
     except Exception as err:  # the Hub's and the network's errors, of many types: each said in one line
-        raise_if_gated(err, repo_id, flag)
+        raise_if_gated(err, repo_id, flag, shown)
         raise ModelLoadError(f"{given}: the LoRA could not be read from the Hugging Face Hub ({one_line(err)}). "
                              f"{load_hint(repo_id, err)}") from err
-    found = sorted(path.name for path in folder.glob("*.safetensors"))
+    # As diffusers' own guess: an optimizer's, a scheduler's or an intermediate checkpoint's file is no LoRA.
+    found = sorted(path.name for path in folder.glob("*.safetensors")
+                   if not any(word in path.name for word in ("scheduler", "optimizer", "checkpoint")))
     if len(found) == 1:
         return str(folder / found[0])
-    held = f"several .safetensors files ({', '.join(found)})" if found else "no .safetensors file"
+    held = f"several LoRA-like .safetensors files ({', '.join(found)})" if found else "no .safetensors file"
     offline = offline_setting()
     if offline and not found:  # the cache may hold less than the repository
-        raise ModelLoadError(f"{given}: the local cache holds no {weight_name} and no .safetensors file of it, and "
-                             f"{offline} is set: {load_hint(repo_id)}")
+        raise ModelLoadError(f"{given}: the local cache holds no {weight_name} and no .safetensors file of it. "
+                             f"{load_hint(repo_id)}")
     raise ModelLoadError(f"{given}: the repository holds no {weight_name} and {held} at its top level: download "
                          f"the one to use (`hf download {repo_id} FILE --local-dir DIR`) and pass its path DIR/FILE")
 

@@ -238,9 +238,9 @@ def check_lora_path(lora: str, flag: str = "--lora") -> None:
     if not path.exists():
         # diffusers' `load_lora_weights` would take a Hub id; gors reads a LoRA from disk, to hash and check it
         # (`gors evaluate --lora hub:<id>` downloads one first).
-        hub = "" if not is_hub_id(lora) else (
-            f"; a LoRA on the Hugging Face Hub: `gors evaluate --lora hub:{lora}` downloads it, elsewhere pass a local "
-            f"copy (`hf download {lora} --local-dir DIR`)")
+        hub = "" if not is_hub_id(lora) or path.parent.is_dir() else (
+            f"; if {lora} is a LoRA on the Hugging Face Hub, `gors evaluate --lora hub:{lora}` downloads it (elsewhere "
+            f"pass a local copy: `hf download {lora} --local-dir DIR`)")
         raise FileNotFoundError(f"{flag}={lora!r}: no such file or folder; pass a LoRA folder (e.g. a gors run "
                                 f"folder, which holds {LORA_WEIGHT_NAME}) or the weights file itself{hub}")
     if path.is_dir() and not any((path / name).is_file() for name in LORA_WEIGHT_FILES):
