@@ -293,8 +293,8 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
     if lora is not None:
         check_lora_path(lora)  # before any store records settings or any weights load
         if config.images is None:
-            check_lora_loader(detect_backbone(config.pretrained_model_name_or_path), lora)
-            check_lora_fits(config.pretrained_model_name_or_path, lora)
+            check_lora_loader(detect_backbone(config.pretrained_model_name_or_path), lora, shown=config.lora)
+            check_lora_fits(config.pretrained_model_name_or_path, lora, shown=config.lora)
     overrides = sampling_overrides(config)
     if config.images is None and config.resolution is not None:  # the family's VAE factor x patch size
         check_resolution(detect_backbone(config.pretrained_model_name_or_path), config.resolution)

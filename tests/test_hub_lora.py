@@ -109,3 +109,20 @@ def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, tiny_sd_lo
     assert json.loads((tmp_path / "hub" / "summary.json").read_text())["lora"] == "hub:user/tiny-lora"
     settings = json.loads((tmp_path / "hub" / "toy" / "held_out" / "samples" / "settings.json").read_text())
     assert settings["lora_sha256"] == lora_sha256(str(tiny_sd_lora))
+
+
+def test_a_hub_lora_of_another_family_is_refused_by_its_name(hub_cache, tiny_sd, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from gors.config import EvaluateConfig
+    from gors.evaluate import evaluate
+
+    cache = hub_cache("user/flux-lora")
+    save_file({"transformer.x.lora_A.weight": torch.zeros(1, 4)}, str(snapshot(cache, "user/flux-lora") / LORA_WEIGHT_NAME))
+    config = EvaluateConfig(pretrained_model_name_or_path=str(tiny_sd), lora="hub:user/flux-lora", benchmarks="toy",
+                            max_prompts=2, images_per_prompt=1, output_dir=str(tmp_path / "eval"))
+    with pytest.raises(ValueError, match=r"^--lora='hub:user/flux-lora' has weights for transformer, but the "
+                                         r"StableDiffusionPipeline"):
+        evaluate(config)
+    assert not (tmp_path / "eval").exists()  # refused before any work

@@ -259,19 +259,22 @@ LORA_COMPONENTS = ("unet", "transformer", "text_encoder", "text_encoder_2", "tex
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 
 
-def check_lora_loader(backbone: Backbone, lora: str) -> None:
+def check_lora_loader(backbone: Backbone, lora: str, shown: str | None = None) -> None:
     """Refuse, before any weights load, a LoRA for a pipeline class that diffusers loads none into
-    (e.g. PixArt-Sigma's, which gors evaluates but does not train)."""
+    (e.g. PixArt-Sigma's, which gors evaluates but does not train). `shown`: `--lora` as typed where `lora` is
+    what it resolved to (`official:<category>`, `hub:<org>/<name>`)."""
     import diffusers
 
     if not hasattr(getattr(diffusers, backbone.pipeline_class), "load_lora_weights"):
-        raise ValueError(f"--lora={lora!r}: a {backbone.pipeline_class} has no LoRA loader in diffusers "
+        raise ValueError(f"--lora={(shown or lora)!r}: a {backbone.pipeline_class} has no LoRA loader in diffusers "
                          f"{diffusers.__version__}; evaluate it without --lora")
 
 
-def check_lora_fits(pretrained_model_name_or_path: str, lora: str, revision: str | None = None) -> None:
+def check_lora_fits(pretrained_model_name_or_path: str, lora: str, revision: str | None = None,
+                    shown: str | None = None) -> None:
     """Refuse, before any weights load, a local diffusers-format LoRA made for another model family:
-    one whose weights name components (`unet`, `transformer`, ...) the pipeline does not have.
+    one whose weights name components (`unet`, `transformer`, ...) the pipeline does not have (`shown`: as
+    `check_lora_loader`'s).
 
     Other formats (kohya) are left to diffusers' `load_lora_weights`, which converts them.
     """
@@ -288,7 +291,7 @@ def check_lora_fits(pretrained_model_name_or_path: str, lora: str, revision: str
     foreign = sorted(named - present)
     if foreign:
         raise ValueError(
-            f"--lora={lora!r} has weights for {', '.join(sorted(named))}, but the {index.get('_class_name')} at "
+            f"--lora={(shown or lora)!r} has weights for {', '.join(sorted(named))}, but the {index.get('_class_name')} at "
             f"{pretrained_model_name_or_path!r} has no {', '.join(foreign)}: the LoRA was trained on another model "
             "family. Pass the base model it was trained on."
         )
