@@ -336,8 +336,8 @@ def hub_lora(lora: str) -> str:
                          f"{HUB_PREFIX}<org>/<name>")
     state = process_state()
     commit = main_process_decides(
-        state, lambda: snapshot_commit(download_lora(repo_id, LORA_WEIGHT_NAME, shown=lora)))
-    path = download_lora(repo_id, LORA_WEIGHT_NAME, shown=lora, revision=commit)
+        state, lambda: snapshot_commit(download_lora(repo_id, *LORA_WEIGHT_FILES, shown=lora)))
+    path = download_lora(repo_id, *LORA_WEIGHT_FILES, shown=lora, revision=commit)
     if state.is_main_process:  # a mistyped local path could name someone's repository: say what was read
         print(f"note: --lora {lora} is read from the Hugging Face Hub: {Path(path).name} at commit {commit}")
     return path

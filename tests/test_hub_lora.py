@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
+from safetensors.torch import load_file
 from two_processes import launch_gors
 
 from gors.core.hub import ModelLoadError, is_hub_id
@@ -61,8 +63,9 @@ def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache,
     (snapshot(cache, "user/no-lora") / "sub").mkdir()
     shutil.copy(tiny_sd_lora, snapshot(cache, "user/no-lora") / "sub" / LORA_WEIGHT_NAME)
     with pytest.raises(ModelLoadError, match=r"^--lora='hub:user/no-lora': the local cache holds no "
-                                             r"pytorch_lora_weights\.safetensors and no \.safetensors file of it\. "
-                                             r"HF_HUB_OFFLINE=1 is set, so only the local cache is searched"):
+                                             r"pytorch_lora_weights\.safetensors, no other LoRA \.safetensors file at its "
+                                             r"top level and no pytorch_lora_weights\.bin\. HF_HUB_OFFLINE=1 is set, so only "
+                                             r"the local cache is searched"):
         resolve_lora("hub:user/no-lora")
     # Not in the cache, offline: one line that says so and what to do.
     with pytest.raises(ModelLoadError, match=r"^--lora='hub:user/missing': the LoRA "
@@ -70,6 +73,9 @@ def test_a_hub_lora_resolves_to_the_file_load_lora_weights_would_read(hub_cache,
                                              r"is set, so only the local cache is searched"):
         resolve_lora("hub:user/missing")
     assert resolve_lora(str(tiny_sd_lora)) == str(tiny_sd_lora)  # a local path as given
+    # A repository with a torch file only, as older diffusers saved LoRAs: that file, as diffusers falls back to it.
+    torch.save(load_file(str(tiny_sd_lora)), snapshot(hub_cache("user/bin-lora"), "user/bin-lora") / "pytorch_lora_weights.bin")
+    assert Path(resolve_lora("hub:user/bin-lora")).name == "pytorch_lora_weights.bin"
 
 
 def test_the_prefix_settles_a_name_that_is_also_a_local_folder(hub_cache, tiny_sd_lora, tmp_path, monkeypatch):
@@ -112,7 +118,6 @@ def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, tiny_sd_lo
 
 
 def test_a_hub_lora_of_another_family_is_refused_by_its_name(hub_cache, tiny_sd, tmp_path):
-    import torch
     from safetensors.torch import save_file
 
     from gors.config import EvaluateConfig

@@ -150,39 +150,44 @@ def snapshot_commit(path: str | Path) -> str:
     return Path(path).parent.name
 
 
-def download_lora(repo_id: str, weight_name: str, flag: str = "--lora", shown: str | None = None,
+def download_lora(repo_id: str, weight_name: str, pickle_name: str, flag: str = "--lora", shown: str | None = None,
                   revision: str | None = None) -> str:
     """A LoRA on the Hugging Face Hub (`org/name`; `revision`, default its main branch), downloaded once into the
-    Hub cache (offline: the cached copy): the file `weight_name` at the repository's top level, else its one
-    top-level `.safetensors` file (diffusers' `load_lora_weights(repo_id)` reads the same where there is one).
-    `shown`: the option's value as typed, for messages (default `repo_id`)."""
+    Hub cache (offline: the cached copy), as diffusers' `load_lora_weights(repo_id)` picks it: the file
+    `weight_name` at the repository's top level, else its one top-level `.safetensors` file that is no
+    optimizer's, scheduler's or checkpoint's, else the torch file `pickle_name`. `shown`: the option's value as
+    typed, for messages (default `repo_id`)."""
     from huggingface_hub import hf_hub_download, snapshot_download
     from huggingface_hub.errors import EntryNotFoundError
 
     given = f"{flag}={(shown or repo_id)!r}"
-
     try:
         try:
             return hf_hub_download(repo_id, weight_name, revision=revision)
         except EntryNotFoundError:  # not in the repository, or offline and not cached: its top-level safetensors
             folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=["*.safetensors"],
                                             ignore_patterns=["*/*"]))
+        found = sorted(path.name for path in folder.glob("*.safetensors")
+                       if not any(word in path.name for word in ("scheduler", "optimizer", "checkpoint")))
+        if not found:
+            try:
+                return hf_hub_download(repo_id, pickle_name, revision=revision)
+            except EntryNotFoundError:
+                pass
     except Exception as err:  # the Hub's and the network's errors, of many types: each said in one line
         raise_if_gated(err, repo_id, flag, shown)
         raise ModelLoadError(f"{given}: the LoRA could not be read from the Hugging Face Hub ({one_line(err)}). "
                              f"{load_hint(repo_id, err)}") from err
-    # As diffusers' own guess: an optimizer's, a scheduler's or an intermediate checkpoint's file is no LoRA.
-    found = sorted(path.name for path in folder.glob("*.safetensors")
-                   if not any(word in path.name for word in ("scheduler", "optimizer", "checkpoint")))
     if len(found) == 1:
         return str(folder / found[0])
-    held = f"several LoRA-like .safetensors files ({', '.join(found)})" if found else "no .safetensors file"
-    offline = offline_setting()
-    if offline and not found:  # the cache may hold less than the repository
-        raise ModelLoadError(f"{given}: the local cache holds no {weight_name} and no .safetensors file of it. "
-                             f"{load_hint(repo_id)}")
-    raise ModelLoadError(f"{given}: the repository holds no {weight_name} and {held} at its top level: download "
-                         f"the one to use (`hf download {repo_id} FILE --local-dir DIR`) and pass its path DIR/FILE")
+    if not found:
+        where = "the local cache holds" if offline_setting() else "the repository holds"  # a cache may hold less
+        raise ModelLoadError(f"{given}: {where} no {weight_name}, no other LoRA .safetensors file at its top level "
+                             f"and no {pickle_name}. " + (load_hint(repo_id) if offline_setting() else
+                                                          "Pass a LoRA in diffusers' format"))
+    raise ModelLoadError(f"{given}: the repository holds no {weight_name} and several LoRA-like .safetensors files "
+                         f"({', '.join(found)}) at its top level: download the one to use (`hf download {repo_id} "
+                         "FILE --local-dir DIR`) and pass its path DIR/FILE")
 
 
 def looks_like_local_path(name: str) -> bool:

@@ -193,7 +193,10 @@ def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
     except ValueError as err:  # peft's NoMatchingPeftModuleError: no name of the file is a layer of the model
         if type(err).__name__ != "NoMatchingPeftModuleError":
             raise
-        raise ValueError(f"LoRA {lora} matches no layer of {model_name(pipeline)} ({str(err).splitlines()[0]}): it "
+        # peft's first line lists every target module, thousands of characters for a real model: cut it short.
+        cause = str(err).splitlines()[0]
+        cause = cause if len(cause) <= 200 else cause[:200] + " ..."
+        raise ValueError(f"LoRA {lora} matches no layer of {model_name(pipeline)} ({cause}): it "
                          "was trained on another model; pass the model it was trained on") from None
     finally:
         peft_logger.setLevel(level)
