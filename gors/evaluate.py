@@ -48,7 +48,7 @@ from gors.core.store import (
     same_value,
 )
 from gors.core.toy import PRETRAINED_DIR
-from gors.official_lora import HUB_PREFIX, OFFICIAL_PREFIX, resolve_lora
+from gors.official_lora import REMOTE_LORA_PREFIXES, resolve_lora
 from gors.sd2_architecture import SD2_BASE
 from rewards import Reward
 from rewards.combined import download_reward_files
@@ -147,7 +147,7 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
         # The images are scored as they are: a LoRA would be ignored, yet recorded in summary.json.
         raise ValueError(f"--lora={config.lora!r} with --images: existing images are scored as they are; drop "
                          "--lora, or drop --images to generate with the LoRA")
-    if config.lora is not None and not config.lora.startswith((OFFICIAL_PREFIX, HUB_PREFIX)):
+    if config.lora is not None and not config.lora.startswith(REMOTE_LORA_PREFIXES):
         check_lora_path(config.lora)  # `gors download evaluate` too: a local LoRA is nothing to download
     benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts, images_per_prompt=config.images_per_prompt,
                                          batch_size=config.generation_batch_size, **sampling_overrides(config)))
@@ -233,7 +233,7 @@ def trained_base_model(lora: str) -> str | None:
     trained on, as its samples recorded it; None for a LoRA of another origin. A local model that is no
     longer at the recorded path is refused, naming the flag that gives it."""
     folder = Path(lora).expanduser()
-    if lora.startswith((OFFICIAL_PREFIX, HUB_PREFIX)) or not folder.exists():  # a release, a Hub LoRA: no run
+    if lora.startswith(REMOTE_LORA_PREFIXES) or not folder.exists():  # a release, a Hub LoRA: no run
         return None
     folder = folder if folder.is_dir() else folder.parent  # a LoRA file: its folder
     # A --rounds run's LoRA is in its folder, its samples in its rounds' (each of the same base model).

@@ -40,6 +40,8 @@ OFFICIAL_PREFIX = "official:"
 # (`runs/gors_color`) read like Hub ids, and a folder missing from the working directory must not fetch someone's
 # repository of that name.
 HUB_PREFIX = "hub:"
+# The `--lora` values that name no local path: `resolve_lora` fetches them.
+REMOTE_LORA_PREFIXES = (OFFICIAL_PREFIX, HUB_PREFIX)
 # 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
 __getattr__ = moved_names(__name__, {
     "TEXT_ENCODER_SUFFIX": "gors.core.pipeline:LORA_DIFFUSION_TEXT_ENCODER_SUFFIX",
@@ -335,11 +337,12 @@ def hub_lora(lora: str) -> str:
         raise ValueError(f"--lora={lora!r}: after {HUB_PREFIX} give a Hugging Face Hub repository id, "
                          f"{HUB_PREFIX}<org>/<name>")
     state = process_state()
-    commit = main_process_decides(
-        state, lambda: snapshot_commit(download_lora(repo_id, *LORA_WEIGHT_FILES, shown=lora)))
-    path = download_lora(repo_id, *LORA_WEIGHT_FILES, shown=lora, revision=commit)
-    if state.is_main_process:  # a mistyped local path could name someone's repository: say what was read
+    path = main_process_decides(state, lambda: download_lora(repo_id, *LORA_WEIGHT_FILES, shown=lora))
+    commit = snapshot_commit(path)
+    if state.is_main_process:  # the main branch moves: say which weights the results are of
         print(f"note: --lora {lora} is read from the Hugging Face Hub: {Path(path).name} at commit {commit}")
+    else:  # its own cache (another node's may not hold the main process's path)
+        path = download_lora(repo_id, *LORA_WEIGHT_FILES, shown=lora, revision=commit)
     return path
 
 

@@ -181,9 +181,10 @@ def download_lora(repo_id: str, weight_name: str, pickle_name: str, flag: str = 
     if len(found) == 1:
         return str(folder / found[0])
     if not found:
-        where = "the local cache holds" if offline_setting() else "the repository holds"  # a cache may hold less
+        offline = offline_setting() is not None  # then the cache may hold less than the repository
+        where = "the local cache holds" if offline else "the repository holds"
         raise ModelLoadError(f"{given}: {where} no {weight_name}, no other LoRA .safetensors file at its top level "
-                             f"and no {pickle_name}. " + (load_hint(repo_id) if offline_setting() else
+                             f"and no {pickle_name}. " + (load_hint(repo_id) if offline else
                                                           "Pass a LoRA in diffusers' format"))
     raise ModelLoadError(f"{given}: the repository holds no {weight_name} and several LoRA-like .safetensors files "
                          f"({', '.join(found)}) at its top level: download the one to use (`hf download {repo_id} "
