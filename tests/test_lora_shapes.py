@@ -182,3 +182,28 @@ def test_a_component_left_out_is_named_where_diffusers_splits_others(tiny_flux, 
     assert loaded_lora_layers(pipeline) == {"transformer": 3}  # as many as the file's 1 + len(t5_queries)
     assert len(t5_queries) == 2
     assert f"LoRA {file} loaded in part (text_encoder_2: 2 in the file, 0 loaded)" in caplog.text
+
+
+def test_a_lora_saved_from_a_peft_models_state_dict_is_refused_with_the_fix(tiny_sd, tmp_path):
+    """`model.state_dict()` keeps peft's adapter name in every LoRA weight's name; diffusers fails on it
+    without saying why."""
+    from diffusers import StableDiffusionPipeline
+
+    from gors.core.lora_shapes import peft_adapter_names
+    from gors.core.pipeline import load_lora
+    from gors.lora import add_lora
+
+    trained = StableDiffusionPipeline.from_pretrained(str(tiny_sd))
+    add_lora(trained.unet, ["to_q", "to_k", "to_v", "to_out.0"], rank=4)
+    weights = {f"unet.{key}": value for key, value in trained.unet.state_dict().items() if "lora_" in key}
+    assert peft_adapter_names({key: value.shape for key, value in weights.items()}) == ["default"]
+    (tmp_path / "peft").mkdir()
+    save_file(weights, str(tmp_path / "peft" / "pytorch_lora_weights.safetensors"))
+    pipeline = StableDiffusionPipeline.from_pretrained(str(tiny_sd))
+    with pytest.raises(ValueError, match=r"^LoRA \S+peft was saved from a peft model's state_dict\(\): its weight names "
+                                         r"keep the adapter name 'default' \(unet\.\S+\.lora_A\.default\.weight\), "
+                                         r"which diffusers does not read\. Save it with "
+                                         r"peft\.get_peft_model_state_dict\(model\)"):
+        load_lora(pipeline, str(tmp_path / "peft"))
+    assert pipeline.get_list_adapters() == {}
+    assert peft_adapter_names({f"{TO_Q}.lora_A.weight": (4, 64), f"{TO_Q}.lora.up.weight": (64, 4)}) == []

@@ -9,6 +9,7 @@ before anything loads, and the first that does not fit is named.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +30,9 @@ LORA_SUFFIXES = {
     ".lora_linear_layer.down.weight": "down",
     ".lora_linear_layer.up.weight": "up",
 }
+# A peft model's own state dict keeps the adapter's name in each weight's (`...to_q.lora_A.default.weight`);
+# `get_peft_model_state_dict` and diffusers' `save_lora_weights` drop it, and diffusers reads no other.
+_ADAPTER_NAMED = re.compile(r"\.lora_[AB]\.([^.]+)\.weight$")
 # Entries of a diffusers-format file that carry no projection (scales, DoRA magnitudes, biases).
 _OTHER_ENDINGS = (".alpha", ".lora_magnitude_vector", ".lora_B.bias", ".lora.up.bias")
 
@@ -175,10 +179,26 @@ def read_lora_shapes(file: Path) -> dict[str, tuple[int, ...]]:
         return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
 
 
+def peft_adapter_names(shapes: dict[str, tuple[int, ...]]) -> list[str]:
+    """The adapter names a LoRA file's weight names keep (`lora_A.default.weight`: ["default"]), sorted; empty
+    for the files diffusers reads."""
+    return sorted({match.group(1) for key in shapes if (match := _ADAPTER_NAMED.search(key))})
+
+
 def check_lora_shapes(pipeline: DiffusionPipeline, shapes: dict[str, tuple[int, ...]], lora: str) -> None:
     """Refuse a local diffusers-format LoRA file (its `read_lora_shapes`) that is no whole LoRA, or with a weight
-    that finds no layer of `pipeline` or does not fit it. Other formats are left to diffusers, which converts
-    them."""
+    that finds no layer of `pipeline` or does not fit it, and one saved from a peft model's own state dict (which
+    diffusers fails on with an error that does not say why). Other formats are left to diffusers, which
+    converts them."""
+    adapters = peft_adapter_names(shapes)
+    if adapters:
+        example = next(key for key in shapes if _ADAPTER_NAMED.search(key))
+        raise ValueError(
+            f"LoRA {lora} was saved from a peft model's state_dict(): its weight names keep the adapter name "
+            f"{', '.join(map(repr, adapters))} ({example}), which diffusers does not read. Save it with "
+            "peft.get_peft_model_state_dict(model) (or a pipeline's save_lora_weights), which drops the name"
+            + (", one adapter per file" if len(adapters) > 1 else "")
+        )
     layers = lora_layers(shapes)
     if layers is None:
         return
