@@ -207,3 +207,30 @@ def test_a_lora_saved_from_a_peft_models_state_dict_is_refused_with_the_fix(tiny
         load_lora(pipeline, str(tmp_path / "peft"))
     assert pipeline.get_list_adapters() == {}
     assert peft_adapter_names({f"{TO_Q}.lora_A.weight": (4, 64), f"{TO_Q}.lora.up.weight": (64, 4)}) == []
+
+
+def test_weights_of_any_model_component_of_the_pipeline_are_checked(tiny_sd, sd_lora, tmp_path):
+    """A family whose model components are named otherwise than `LORA_COMPONENTS` (here SD's `vae`, which no
+    family's LoRA adapts) gets its file checked as well, rather than passed to diffusers unread."""
+    from diffusers import StableDiffusionPipeline
+
+    from gors.core.lora_shapes import lora_components
+    from gors.core.pipeline import load_lora
+
+    pipeline = StableDiffusionPipeline.from_pretrained(str(tiny_sd))
+    assert lora_components(pipeline) == ("unet", "transformer", "text_encoder", "text_encoder_2", "text_encoder_3",
+                                         "vae")
+    shapes = {"vae.decoder.conv_in.lora_A.weight": (4, 8), "vae.decoder.conv_in.lora_B.weight": (8, 4)}
+    assert lora_layers(shapes) is None
+    assert lora_layers(shapes, lora_components(pipeline)) == [LoraLayer("vae", "decoder.conv_in", (4, 8), (8, 4))]
+
+    def vae_layer(weights):
+        weights["vae.decoder.up_blocks.9.conv.lora.down.weight"] = torch.zeros(4, 8)
+        weights["vae.decoder.up_blocks.9.conv.lora.up.weight"] = torch.zeros(8, 4)
+
+    lora = _edited(sd_lora, tmp_path / "vae", vae_layer)
+    with pytest.raises(ValueError, match=rf"^LoRA {lora} does not fit {tiny_sd}: it has weights for "
+                                         r"vae\.decoder\.up_blocks\.9\.conv, a layer this StableDiffusionPipeline "
+                                         r"does not have\."):
+        load_lora(pipeline, lora)
+    assert pipeline.get_list_adapters() == {}

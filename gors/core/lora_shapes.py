@@ -51,13 +51,23 @@ class LoraLayer:
         return f"{self.component}.{self.path}"
 
 
-def lora_layers(shapes: dict[str, tuple[int, ...]]) -> list[LoraLayer] | None:
-    """The layers of a diffusers-format LoRA state dict given as {weight name: shape}; None for any
-    other format (kohya, lora_diffusion, attention-processor names: diffusers converts those itself)."""
+def lora_components(pipeline: DiffusionPipeline) -> tuple[str, ...]:
+    """The names a diffusers-format LoRA file of `pipeline` may begin its weight names with: every family's
+    (`LORA_COMPONENTS`) and the pipeline's own model components, so that a family whose denoiser or encoder
+    is named otherwise is checked too."""
+    own = (name for name, value in pipeline.components.items() if isinstance(value, torch.nn.Module))
+    return tuple(dict.fromkeys((*LORA_COMPONENTS, *own)))
+
+
+def lora_layers(shapes: dict[str, tuple[int, ...]], components: tuple[str, ...] = LORA_COMPONENTS,
+                ) -> list[LoraLayer] | None:
+    """The layers of a diffusers-format LoRA state dict given as {weight name: shape}, whose names begin with
+    one of `components`; None for any other format (kohya, lora_diffusion, attention-processor names:
+    diffusers converts those itself)."""
     layers: dict[str, LoraLayer] = {}
     for key, shape in shapes.items():
         component, _, rest = key.partition(".")
-        if component not in LORA_COMPONENTS:
+        if component not in components:
             return None
         if rest.endswith(_OTHER_ENDINGS):
             continue
@@ -127,15 +137,16 @@ KOHYA_PREFIXES = {"lora_unet_": "denoiser", "lora_te_": "text_encoder", "lora_te
 UNPLACED = ""  # layers whose name says no component
 
 
-def file_lora_layer_counts(shapes: dict[str, tuple[int, ...]], denoiser: str) -> dict[str, int]:
+def file_lora_layer_counts(shapes: dict[str, tuple[int, ...]], denoiser: str,
+                           components: tuple[str, ...] = LORA_COMPONENTS) -> dict[str, int]:
     """Component -> how many of its layers a LoRA file of any format adapts (its down-projections), by the
-    names' component (`unet.`, kohya's `lora_te2_`, ...); `UNPLACED` for names that say none. `denoiser`:
-    the pipeline's U-Net or transformer component."""
+    names' component (one of `components`, kohya's `lora_te2_`, ...); `UNPLACED` for names that say none.
+    `denoiser`: the pipeline's U-Net or transformer component."""
     counts: dict[str, int] = {}
     for key in shapes:
         if not key.endswith(_DOWN_ENDINGS):
             continue
-        component = key.split(".", 1)[0] if key.split(".", 1)[0] in LORA_COMPONENTS else UNPLACED
+        component = key.split(".", 1)[0] if key.split(".", 1)[0] in components else UNPLACED
         kohya = next((prefix for prefix in KOHYA_PREFIXES if key.startswith(prefix)), None)
         if kohya is not None:
             component = denoiser if KOHYA_PREFIXES[kohya] == "denoiser" else KOHYA_PREFIXES[kohya]
@@ -199,7 +210,7 @@ def check_lora_shapes(pipeline: DiffusionPipeline, shapes: dict[str, tuple[int, 
             "peft.get_peft_model_state_dict(model) (or a pipeline's save_lora_weights), which drops the name"
             + (", one adapter per file" if len(adapters) > 1 else "")
         )
-    layers = lora_layers(shapes)
+    layers = lora_layers(shapes, lora_components(pipeline))
     if layers is None:
         return
     problem = lora_file_problem(layers)

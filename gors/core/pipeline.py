@@ -27,6 +27,7 @@ from gors.core.lora_shapes import (
     check_lora_shapes,
     file_lora_layer_counts,
     loaded_lora_layers,
+    lora_components,
     lora_layers_left_out,
     model_name,
     read_lora_shapes,
@@ -207,7 +208,7 @@ def load_lora(pipeline: DiffusionPipeline, lora: str) -> None:
                          "layer of this model; pass the model it was trained on (or a LoRA in diffusers' format)")
     if shapes is not None:
         denoiser = "transformer" if isinstance(getattr(pipeline, "transformer", None), torch.nn.Module) else "unet"
-        left_out = lora_layers_left_out(file_lora_layer_counts(shapes, denoiser), loaded)
+        left_out = lora_layers_left_out(file_lora_layer_counts(shapes, denoiser, lora_components(pipeline)), loaded)
         if left_out:
             logger.warning("LoRA %s loaded in part (%s): diffusers left out the names it could not place in %s, "
                            "so samples show a part of the LoRA", lora, "; ".join(left_out), model_name(pipeline))
