@@ -74,7 +74,7 @@ def plan(command: str, config: Any) -> tuple[list[ModelNeed], list[tuple[str, An
     files: list[tuple[str, Any]] = []
     if command == "evaluate":
         from gors.evaluate import plan_benchmarks
-        from gors.official_lora import resolve_lora
+        from gors.lora_sources import resolve_lora
 
         for benchmark in plan_benchmarks(config):  # which fetches the scorers' data files (and names the default model)
             files.append((f"{benchmark.label} prompts", benchmark.benchmark.prompts))

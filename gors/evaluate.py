@@ -48,7 +48,7 @@ from gors.core.store import (
     same_value,
 )
 from gors.core.toy import PRETRAINED_DIR
-from gors.official_lora import REMOTE_LORA_PREFIXES, resolve_lora
+from gors.lora_sources import REMOTE_LORA_PREFIXES, resolve_lora
 from gors.sd2_architecture import SD2_BASE
 from rewards import Reward
 from rewards.combined import download_reward_files

@@ -8,7 +8,8 @@ which this module reproduces (`lora_diffusion_targets`) to give every pair its m
 
 `gors convert-lora official:color OUT` writes `OUT/pytorch_lora_weights.safetensors`, which
 `StableDiffusionPipeline.load_lora_weights(OUT)`, `gors.lora.load_lora` and `--lora OUT` load.
-`resolve_lora("official:color")` does the same once into the cache and returns the folder.
+`official_lora_folder("color")` (what `--lora official:color` reads) does the same once into the cache
+and returns the folder.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ import torch
 from gors._moved import moved_names
 from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
-from gors.core.distributed import main_process_decides, process_state
-from gors.core.hub import download_lora, is_repo_id, snapshot_commit
 from gors.core.io import file_sha256, set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
 from gors.core.pipeline import LORA_DIFFUSION_TEXT_ENCODER_SUFFIX, LORA_WEIGHT_FILES
@@ -36,15 +35,10 @@ from gors.lora import LORA_WEIGHT_NAME, TEXT_ENCODER_TARGET_MODULES, UNET_TARGET
 from gors.sd2_architecture import SD2_BASE, architecture_configs, empty_models
 
 OFFICIAL_PREFIX = "official:"
-# `--lora hub:<org>/<name>`: a LoRA on the Hugging Face Hub. A prefix, not a bare id: gors' own run folders
-# (`runs/gors_color`) read like Hub ids, and a folder missing from the working directory must not fetch someone's
-# repository of that name.
-HUB_PREFIX = "hub:"
-# The `--lora` values that name no local path: `resolve_lora` fetches them.
-REMOTE_LORA_PREFIXES = (OFFICIAL_PREFIX, HUB_PREFIX)
 # 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
 __getattr__ = moved_names(__name__, {
     "TEXT_ENCODER_SUFFIX": "gors.core.pipeline:LORA_DIFFUSION_TEXT_ENCODER_SUFFIX",
+    "resolve_lora": "gors.lora_sources:resolve_lora",
 })
 # sha256 of the files under GORS_finetune/checkpoint/ at T2I_COMPBENCH_COMMIT.
 OFFICIAL_LORA_SHA256: dict[str, str] = {
@@ -328,37 +322,10 @@ def convert_official_lora(
     return write_diffusers_lora(output_dir, unet_state, text_state, record)
 
 
-def hub_lora(lora: str) -> str:
-    """The LoRA file of `hub:<org>/<name>` (`gors.core.hub.download_lora`), the same commit on every process: the
-    main process resolves the repository's main branch, the others download that commit (a push between their
-    requests would otherwise give them other weights). A collective call under several processes."""
-    repo_id = lora[len(HUB_PREFIX):]
-    if not is_repo_id(repo_id):
-        raise ValueError(f"--lora={lora!r}: after {HUB_PREFIX} give a Hugging Face Hub repository id, "
-                         f"{HUB_PREFIX}<org>/<name>")
-    state = process_state()
-    path = main_process_decides(state, lambda: download_lora(repo_id, *LORA_WEIGHT_FILES, shown=lora))
-    commit = snapshot_commit(path)
-    if state.is_main_process:  # the main branch moves: say which weights the results are of
-        print(f"note: --lora {lora} is read from the Hugging Face Hub: {Path(path).name} at commit {commit}")
-    else:  # its own cache (another node's may not hold the main process's path)
-        path = download_lora(repo_id, *LORA_WEIGHT_FILES, shown=lora, revision=commit)
-    return path
-
-
-def resolve_lora(lora: str | None) -> str | None:
-    """`official:<category>` -> a folder holding the converted official LoRA (for SD-2-base, which it was
-    trained on); `hub:<org>/<name>` -> its LoRA file downloaded into the Hub cache (`hub_lora`); a local path
-    unchanged.
-
-    The conversion runs once into `$GORS_CACHE_DIR/official_lora/<commit>/<version>/<category>`
-    and is reused; concurrent processes each convert into a staging folder and the first rename wins.
-    """
-    if lora is not None and lora.startswith(HUB_PREFIX):
-        return hub_lora(lora)
-    if lora is None or not lora.startswith(OFFICIAL_PREFIX):
-        return lora
-    category = lora[len(OFFICIAL_PREFIX):]
+def official_lora_folder(category: str) -> str:
+    """A folder holding the official LoRA of `category`, converted to the diffusers format (for SD-2-base, which
+    it was trained on): once into `$GORS_CACHE_DIR/official_lora/<commit>/<version>/<category>`, then reused.
+    Concurrent processes each convert into a staging folder and the first rename wins."""
     _check_category(category)
     folder = cache_root() / "official_lora" / T2I_COMPBENCH_COMMIT / CONVERSION_VERSION / category
     if (folder / LORA_WEIGHT_NAME).is_file():
@@ -366,7 +333,7 @@ def resolve_lora(lora: str | None) -> str | None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{category}."))
     try:
-        convert_official_lora(lora, staging, SD2_BASE)
+        convert_official_lora(f"{OFFICIAL_PREFIX}{category}", staging, SD2_BASE)
         set_usual_permissions(staging)  # mkdtemp makes it private; the cache is shared like any model cache
         try:
             os.rename(staging, folder)

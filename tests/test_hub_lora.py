@@ -20,7 +20,7 @@ from two_processes import launch_gors
 from gors.core.hub import ModelLoadError, is_hub_id
 from gors.core.pipeline import lora_sha256
 from gors.lora import LORA_WEIGHT_NAME
-from gors.official_lora import resolve_lora
+from gors.lora_sources import resolve_lora
 
 
 def snapshot(cache: Path, repo_id: str) -> Path:

@@ -68,6 +68,8 @@ def test_real_modules_are_never_shadowed(fresh_aliases):
     ("gors.training_data:CACHE_DIR", "gors.core.run_folder:LATENT_CACHE_DIR"),
     ("gors.cli:run_stages", "gors.run:run_stages"),
     ("gors.cli:run", "gors.run:run"),
+    ("gors.official_lora:TEXT_ENCODER_SUFFIX", "gors.core.pipeline:LORA_DIFFUSION_TEXT_ENCODER_SUFFIX"),
+    ("gors.official_lora:resolve_lora", "gors.lora_sources:resolve_lora"),
 ])
 def test_names_moved_out_of_a_staying_module_warn_and_forward(old, new):
     (old_module, old_name), (new_module, new_name) = old.split(":"), new.split(":")

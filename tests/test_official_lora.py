@@ -18,6 +18,7 @@ from pinned_http import file_server, forbid_internet, github_url, local_source, 
 from gors import official_lora
 from gors.core.data import ChecksumError
 from gors.lora import TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES, add_lora, load_lora
+from gors.lora_sources import resolve_lora
 from gors.official_lora import (
     LORA_DIFFUSION_TEXT_ENCODER_SUFFIX,
     OFFICIAL_CHECKPOINT_STEMS,
@@ -28,7 +29,6 @@ from gors.official_lora import (
     map_lora_pairs,
     official_lora_files,
     read_lora_diffusion,
-    resolve_lora,
 )
 from gors.sd2_architecture import (
     SD2_BASE,
