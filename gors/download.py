@@ -18,7 +18,7 @@ Run on one process; a model already cached is checked against the Hub and comple
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gors.core.hub import (
@@ -73,10 +73,11 @@ def plan(command: str, config: Any) -> tuple[list[ModelNeed], list[tuple[str, An
     models: list[ModelNeed] = []
     files: list[tuple[str, Any]] = []
     if command == "evaluate":
-        from gors.evaluate import plan_benchmarks
+        from gors.evaluate import evaluated_model, plan_benchmarks
         from gors.lora_sources import resolve_lora
 
-        for benchmark in plan_benchmarks(config):  # which fetches the scorers' data files (and names the default model)
+        config = replace(config, pretrained_model_name_or_path=evaluated_model(config))
+        for benchmark in plan_benchmarks(config):  # which fetches the scorers' data files
             files.append((f"{benchmark.label} prompts", benchmark.benchmark.prompts))
             models += _scorer_needs(benchmark.scorer_specs(), benchmark.label)
         if config.images is None:

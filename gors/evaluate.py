@@ -11,7 +11,7 @@ T2I-CompBench's MLLM-CoT.
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,18 @@ class BenchmarkPlan:
 
 
 EVALUATE_LOCKS = ("evaluate",)  # what `evaluate` holds of its --output_dir
+def evaluated_model(config: EvaluateConfig) -> str | None:
+    """The model `gors evaluate` generates with: `--pretrained_model_name_or_path`, else the base model a run
+    folder's `--lora` was trained on (`trained_base_model`, which says so), else the paper's SD-2-base, or the
+    toy pipeline that ships with gors where the toy benchmark alone is evaluated (its world is drawn by that
+    pipeline only). None for `--images` without a model: the images are scored as they are."""
+    if config.images is not None or config.pretrained_model_name_or_path is not None:
+        return config.pretrained_model_name_or_path
+    trained = trained_base_model(config.lora) if config.lora is not None else None
+    toy_only = all(name == "toy" for name, _ in parse_benchmarks(config.benchmarks))
+    return trained or (str(PRETRAINED_DIR / "pipeline") if toy_only else SD2_BASE)
+
+
 def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
     """The benchmarks `gors evaluate` runs under `config`, each with its scorers' options checked (offline,
     their models in the local cache) and their data files fetched: every mistake that can be found
@@ -133,11 +145,6 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
     if config.images is not None and not Path(config.images).is_dir():  # before any benchmark data downloads
         raise FileNotFoundError(f"--images {config.images}: {not_a_folder(config.images)}; pass the folder of the "
                                 "benchmark's images")
-    if config.images is None and config.pretrained_model_name_or_path is None:
-        trained = trained_base_model(config.lora) if config.lora is not None else None
-        # Else the paper's model; the toy benchmark's world is drawn only by the toy pipeline that ships with gors.
-        toy_only = all(name == "toy" for name, _ in specs)
-        config.pretrained_model_name_or_path = trained or (str(PRETRAINED_DIR / "pipeline") if toy_only else SD2_BASE)
     if config.images is not None and sampling_overrides(config):
         # Images made elsewhere are scored as they are: the values would be recorded as if they made them.
         given = ", ".join(f"--{flag}" for flag in sampling_overrides(config))
@@ -288,6 +295,7 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
     """Run every benchmark of `config.benchmarks`; returns their summaries (also in summary.json). The
     benchmarks, options and LoRA are checked before `--output_dir` is locked (`EVALUATE_LOCKS`), so that a
     mistake leaves no folder behind."""
+    config = replace(config, pretrained_model_name_or_path=evaluated_model(config))
     plans = plan_benchmarks(config)
     lora = resolve_lora(config.lora)  # official:<category> or hub:<org>/<name> -> a local LoRA, downloaded once
     if lora is not None:

@@ -15,7 +15,6 @@ from gors.cli import main, parse_config
 from gors.config import EvaluateConfig
 from gors.core.distributed import make_accelerator
 from gors.core.fingerprints import local_fingerprint
-from gors.core.hub import ModelLoadError
 from gors.core.store import StoreError
 from gors.core.toy import PRETRAINED_DIR
 from gors.evaluate import drop_unneeded, evaluate
@@ -525,29 +524,29 @@ def test_earlier_results_are_kept_only_for_the_same_model_and_lora_with_their_fo
 
 
 def test_without_a_model_the_toy_benchmark_renders_with_the_toy_pipeline_and_others_with_sd2_base(tmp_path):
-    from gors.evaluate import plan_benchmarks
+    from gors.evaluate import evaluated_model
 
     # The toy world is drawn only by the pipeline that ships with gors: SD 2 base (needing a download) there
     # would score nothing meaningful.
     config = EvaluateConfig(output_dir=str(tmp_path / "toy"), benchmarks="toy", max_prompts=1, images_per_prompt=1)
     assert config.pretrained_model_name_or_path is None
+    assert evaluated_model(config) == str(PRETRAINED_DIR / "pipeline")
     [summary] = evaluate(config)
-    assert config.pretrained_model_name_or_path == str(PRETRAINED_DIR / "pipeline")
-    assert summary["num_images"] == 1
-    config = EvaluateConfig(output_dir=str(tmp_path / "both"), benchmarks="toy,t2i_compbench:color")
-    with pytest.raises(ModelLoadError, match="blip-vqa"):  # B-VQA's model is not in this machine's cache
-        plan_benchmarks(config)
-    assert config.pretrained_model_name_or_path == "stabilityai/stable-diffusion-2-base"
+    assert summary["model"] == str(PRETRAINED_DIR / "pipeline") and summary["num_images"] == 1
+    assert config.pretrained_model_name_or_path is None  # the caller's config is left as given
+    both = EvaluateConfig(output_dir=str(tmp_path / "both"), benchmarks="toy,t2i_compbench:color")
+    assert evaluated_model(both) == "stabilityai/stable-diffusion-2-base"
     given = EvaluateConfig(output_dir=str(tmp_path / "given"), benchmarks="toy", pretrained_model_name_or_path="m/x")
-    plan_benchmarks(given)
-    assert given.pretrained_model_name_or_path == "m/x"
+    assert evaluated_model(given) == "m/x"
+    images = EvaluateConfig(output_dir=str(tmp_path / "images"), benchmarks="toy", images=str(tmp_path))
+    assert evaluated_model(images) is None  # scored as they are
 
 
 def test_without_a_model_a_run_folders_lora_is_evaluated_on_the_base_model_it_was_trained_on(tmp_path, capsys,
                                                                                                 monkeypatch):
     from safetensors.torch import save_file
 
-    from gors.evaluate import plan_benchmarks, trained_base_model
+    from gors.evaluate import evaluated_model, trained_base_model
 
     base = tmp_path / "my_sdxl"
     base.mkdir()
@@ -560,8 +559,7 @@ def test_without_a_model_a_run_folders_lora_is_evaluated_on_the_base_model_it_wa
         assert trained_base_model(str(folder)) == str(base)  # the run folder, its best/ and its checkpoints
     assert trained_base_model(str(run / "pytorch_lora_weights.safetensors")) == str(base)  # the file itself
     config = EvaluateConfig(output_dir=str(tmp_path / "eval"), benchmarks="toy", lora=str(run / "best"))
-    plan_benchmarks(config)
-    assert config.pretrained_model_name_or_path == str(base)
+    assert evaluated_model(config) == str(base)
     assert f"note: --pretrained_model_name_or_path {base}, the base model --lora" in capsys.readouterr().out
     # A LoRA from elsewhere keeps the default; a Hub id is taken as it is; a local model gone is named.
     assert trained_base_model(str(tmp_path)) is None
