@@ -125,6 +125,10 @@ def replayed_rows(output_dir: str | Path, index: int, replay: str) -> list[dict[
     return rows
 
 
+_START_AGAIN = ("delete it: `gors run --rounds` then goes through the rounds again, each reusing its folder's "
+                "finished samples, scores and checkpoints")
+
+
 def finished_rounds(config: RunConfig, wanted: dict[str, Any]) -> list[dict[str, Any]]:
     """The rounds `rounds.json` records as finished, after checking they were made with this run's settings.
 
@@ -132,48 +136,51 @@ def finished_rounds(config: RunConfig, wanted: dict[str, Any]) -> list[dict[str,
     taken to be this run's, with a warning.
     """
     path = Path(config.output_dir) / ROUNDS_FILE
-    again = ("delete it: `gors run --rounds` then goes through the rounds again, each reusing its folder's finished "
-             "samples, scores and checkpoints")
-    record = read_json(path, f"the rounds gors recorded there; {again}") if path.is_file() else {"settings": None,
-                                                                                                  "rounds": []}
+    record = read_json(path, f"the rounds gors recorded there; {_START_AGAIN}") if path.is_file() else {
+        "settings": None, "rounds": []}
     if not (isinstance(record, dict) and isinstance(record.get("rounds"), list)
             and isinstance(record.get("settings"), (dict, type(None)))):
-        raise ValueError(f"{path}: not a rounds file (no 'settings' and 'rounds'); {again}")
-    recorded = record["settings"]
-    if recorded is not None:
-        recorded, missing = adopt_later_settings(RECORDED_DEFAULTS | recorded, wanted, wanted)
-        if len(record["rounds"]) > config.rounds:
-            raise ValueError(f"{path}: {len(record['rounds'])} rounds are finished, more than --rounds={config.rounds}; "
-                             f"rerun with --rounds={len(record['rounds'])} or more, or use a new --output_dir")
-        if missing:
-            logger.warning("%s does not record %s (an older gors): its rounds are taken to have been made with this "
-                           "run's", path, ", ".join(missing))
-        # A local base model moved or copied elsewhere is the same model: round 0's samples record its files.
-        moved = {"pretrained_model_name_or_path"} if recorded.get("revision") is None and moved_local_model(
-            recorded["pretrained_model_name_or_path"], wanted["pretrained_model_name_or_path"],
-            recorded_model_commits(samples_dir(round_dir(config.output_dir, 0)))) else set()
-        changed = [f"{name}: {recorded[name]!r} -> {value!r}" for name, value in wanted.items()
-                   if name not in ("rounds", *TAU_SETTINGS, *moved) and not same_value(recorded[name], value)]
-        finished = len(record["rounds"])
-        taus = [finished_taus(settings, finished) for settings in (recorded, wanted)]
-        if not same_value(*taus):
-            shown = [", ".join("the paper's" if tau is None else f"{tau:g}" for tau in each) for each in taus]
-            changed.append(f"the taus of the {finished} finished round(s): {shown[0]} -> {shown[1]}")
-        if changed:
-            # Without --steps_per_round a round's updates are --max_train_steps / --rounds: growing --rounds shrinks them.
-            derived = (config.steps_per_round is None and "steps_per_round" in wanted
-                       and not same_value(recorded["steps_per_round"], wanted["steps_per_round"]))
-            keep = (f"; to grow --rounds, pass --steps_per_round {recorded['steps_per_round']} (else a round's updates "
-                    "are --max_train_steps / --rounds)") if derived else ""
-            raise ValueError(f"{path}: finished rounds were made with other settings ({'; '.join(changed)}); rerun with "
-                             "theirs, or use a new --output_dir (only --rounds may grow, and the taus of the rounds "
-                             f"still to come may change: pass --tau_schedule with the finished rounds' taus first){keep}")
-        grown = recorded["rounds"] != config.rounds
-        if grown and config.lr_scheduler not in LENGTHLESS_SCHEDULES and not config.reset_optimizer:
-            raise ValueError(f"{path}: the finished rounds ran --lr_scheduler {config.lr_scheduler} laid out over "
-                             f"--rounds={recorded['rounds']}; --rounds={config.rounds} would give their steps another LR. "
-                             f"Rerun with --rounds={recorded['rounds']}, or use a new --output_dir")
+        raise ValueError(f"{path}: not a rounds file (no 'settings' and 'rounds'); {_START_AGAIN}")
+    if record["settings"] is not None:
+        _check_round_settings(config, path, record, wanted)
     return record["rounds"]
+
+
+def _check_round_settings(config: RunConfig, path: Path, record: dict[str, Any], wanted: dict[str, Any]) -> None:
+    """Refuse to continue the finished rounds of `record` (read from `path`) with settings other than theirs: only
+    --rounds may grow, and the taus of the rounds still to come may change."""
+    recorded, missing = adopt_later_settings(RECORDED_DEFAULTS | record["settings"], wanted, wanted)
+    finished = len(record["rounds"])
+    if finished > config.rounds:
+        raise ValueError(f"{path}: {finished} rounds are finished, more than --rounds={config.rounds}; "
+                         f"rerun with --rounds={finished} or more, or use a new --output_dir")
+    if missing:
+        logger.warning("%s does not record %s (an older gors): its rounds are taken to have been made with this "
+                       "run's", path, ", ".join(missing))
+    # A local base model moved or copied elsewhere is the same model: round 0's samples record its files.
+    moved = {"pretrained_model_name_or_path"} if recorded.get("revision") is None and moved_local_model(
+        recorded["pretrained_model_name_or_path"], wanted["pretrained_model_name_or_path"],
+        recorded_model_commits(samples_dir(round_dir(config.output_dir, 0)))) else set()
+    changed = [f"{name}: {recorded[name]!r} -> {value!r}" for name, value in wanted.items()
+               if name not in ("rounds", *TAU_SETTINGS, *moved) and not same_value(recorded[name], value)]
+    taus = [finished_taus(settings, finished) for settings in (recorded, wanted)]
+    if not same_value(*taus):
+        shown = [", ".join("the paper's" if tau is None else f"{tau:g}" for tau in each) for each in taus]
+        changed.append(f"the taus of the {finished} finished round(s): {shown[0]} -> {shown[1]}")
+    if changed:
+        # Without --steps_per_round a round's updates are --max_train_steps / --rounds: growing --rounds shrinks them.
+        derived = (config.steps_per_round is None and "steps_per_round" in wanted
+                   and not same_value(recorded["steps_per_round"], wanted["steps_per_round"]))
+        keep = (f"; to grow --rounds, pass --steps_per_round {recorded['steps_per_round']} (else a round's updates "
+                "are --max_train_steps / --rounds)") if derived else ""
+        raise ValueError(f"{path}: finished rounds were made with other settings ({'; '.join(changed)}); rerun with "
+                         "theirs, or use a new --output_dir (only --rounds may grow, and the taus of the rounds "
+                         f"still to come may change: pass --tau_schedule with the finished rounds' taus first){keep}")
+    if recorded["rounds"] != config.rounds and config.lr_scheduler not in LENGTHLESS_SCHEDULES \
+            and not config.reset_optimizer:
+        raise ValueError(f"{path}: the finished rounds ran --lr_scheduler {config.lr_scheduler} laid out over "
+                         f"--rounds={recorded['rounds']}; --rounds={config.rounds} would give their steps another LR. "
+                         f"Rerun with --rounds={recorded['rounds']}, or use a new --output_dir")
 
 
 def round_summary(config: RunConfig, index: int) -> dict[str, Any]:
