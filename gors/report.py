@@ -362,74 +362,92 @@ def quick_run_notes(summaries: list[Any], name: str) -> list[str]:
 PLOTS = ("benchmarks.png", "training_curves.png", "rounds.png")
 
 
-def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> Path:
-    """Write report.md (+ PNGs) for the given evaluation and run folders; returns report.md's path."""
-    output_dir = Path(output_dir)
-    evaluations: dict[str, dict[str, float | None]] = {}
-    protocols: dict[str, dict[str, dict[str, Any]]] = {}
-    runs: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    rounds: dict[str, list[dict[str, float]]] = {}
-    quick: list[str] = []
-    scales: dict[str, str] = {}
-    paths = [Path(folder) for folder in folders]
-    for folder, name in zip(paths, labels(paths)):
+@dataclass
+class _ReportInputs:
+    """What the report shows, read from its folders (each under its label)."""
+
+    evaluations: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    protocols: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    quick: list[str] = field(default_factory=list)  # notes on evaluations too small to compare
+    scales: dict[str, str] = field(default_factory=dict)  # benchmark column -> its unit
+    runs: dict[str, dict[str, list[tuple[int, float]]]] = field(default_factory=dict)  # TensorBoard scalars
+    rounds: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+
+    def read(self, folder: Path, name: str) -> None:
+        """Add `folder`'s evaluation summary, training logs and rounds; refuse a folder with none of them."""
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: {not_a_folder(folder)} (give `gors evaluate` or training output "
                                     "folders)")
         summaries = _summaries(folder)
         evaluation = None if summaries is None else evaluation_values(folder / "summary.json", summaries)
         if evaluation:  # a folder whose summaries hold no value is a row of "-"
-            evaluations[name] = evaluation
-            protocols[name] = evaluation_protocols(summaries)
-            quick += quick_run_notes(summaries, name)
-            scales |= {column_name(summary): column_scale(summary) for summary in summaries}
-        if (folder / "logs").is_dir():
-            scalars = load_scalars(folder)
-            if scalars:
-                runs[name] = scalars
-        rows = round_rows(folder, runs.get(name, {}))
+            self.evaluations[name] = evaluation
+            self.protocols[name] = evaluation_protocols(summaries)
+            self.quick += quick_run_notes(summaries, name)
+            self.scales |= {column_name(summary): column_scale(summary) for summary in summaries}
+        scalars = load_scalars(folder) if (folder / "logs").is_dir() else {}
+        if scalars:
+            self.runs[name] = scalars
+        rows = round_rows(folder, scalars)
         if rows:  # a --rounds run made with --report_to none has its rounds.json and no logs
-            rounds[name] = rows
-        if evaluation == {} and name not in runs and name not in rounds:
+            self.rounds[name] = rows
+        if evaluation == {} and not scalars and not rows:
             raise ValueError(f"{folder / 'summary.json'} lists no benchmark (its 'summaries' list is empty): run "
                              "`gors evaluate` with this --output_dir again, or give another folder")
-        if evaluation is None and name not in runs and name not in rounds:
+        if evaluation is None and not scalars and not rows:
             raise ValueError(f"{folder} has neither a summary.json from `gors evaluate` nor TensorBoard logs nor "
                              "the rounds.json of a --rounds run; give such folders")
+
+
+def _benchmark_section(inputs: _ReportInputs, output_dir: Path) -> list[str]:
+    _plot_bars(inputs.evaluations, inputs.scales, output_dir / "benchmarks.png")
+    return ["## Benchmarks (main metric of each; published numbers in italics)", "", markdown_table(inputs.evaluations),
+            "", *protocol_notes(inputs.protocols), *inputs.quick, "", "![benchmarks](benchmarks.png)", ""]
+
+
+def _training_section(inputs: _ReportInputs, output_dir: Path) -> list[str]:
+    # Logs without a loss or validation point (a run stopped before its first step, or rounds/* only)
+    # have no curve: said in words, and no empty plot.
+    lines = ["## Training", "", *(f"{name}: no training loss or validation metric in its logs"
+                                  for name, series in inputs.runs.items() if not curve_tags({name: series}))]
+    if curve_tags(inputs.runs):
+        _plot_curves(inputs.runs, output_dir / "training_curves.png")
+        lines += ["", "![training curves](training_curves.png)"]
+    return [*lines, ""]
+
+
+def _rounds_section(inputs: _ReportInputs, output_dir: Path) -> list[str]:
+    lines = ["## Rounds", ""]
+    for name, rows in inputs.rounds.items():
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        lines += [f"### {name}", "", tabulate([[row.get(c) for c in columns] for row in rows], headers=columns,
+                                                tablefmt="github", floatfmt=".4f", missingval="-",
+                                                disable_numparse=[0]), ""]
+    _plot_rounds(inputs.rounds, output_dir / "rounds.png")
+    return [*lines, "![rounds](rounds.png)", ""]
+
+
+def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> Path:
+    """Write report.md (+ PNGs) for the given evaluation and run folders; returns report.md's path."""
+    output_dir = Path(output_dir)
+    inputs = _ReportInputs()
+    paths = [Path(folder) for folder in folders]
+    for folder, name in zip(paths, labels(paths)):
+        inputs.read(folder, name)
     make_folder(output_dir, "--output_dir")
     parts = ["# gors report", ""]
-    written = []
-    if evaluations:
-        parts += ["## Benchmarks (main metric of each; published numbers in italics)", "",
-                  markdown_table(evaluations), "", *protocol_notes(protocols), *quick, "", "![benchmarks](benchmarks.png)",
-                  ""]
-        _plot_bars(evaluations, scales, output_dir / "benchmarks.png")
-        written.append("benchmarks.png")
-    if runs:
-        parts += ["## Training", ""]
-        # Logs without a loss or validation point (a run stopped before its first step, or rounds/* only)
-        # have no curve: said in words, and no empty plot.
-        parts += [f"{name}: no training loss or validation metric in its logs" for name, series in runs.items()
-                  if not curve_tags({name: series})]
-        if curve_tags(runs):
-            parts += ["", "![training curves](training_curves.png)"]
-            _plot_curves(runs, output_dir / "training_curves.png")
-            written.append("training_curves.png")
-        parts += [""]
-    if rounds:
-        parts += ["## Rounds", ""]
-        for name, rows in rounds.items():
-            columns = list(dict.fromkeys(key for row in rows for key in row))
-            parts += [f"### {name}", "", tabulate([[row.get(c) for c in columns] for row in rows], headers=columns,
-                                                    tablefmt="github", floatfmt=".4f", missingval="-",
-                                                    disable_numparse=[0]), ""]
-        parts += ["![rounds](rounds.png)", ""]
-        _plot_rounds(rounds, output_dir / "rounds.png")
-        written.append("rounds.png")
+    if inputs.evaluations:
+        parts += _benchmark_section(inputs, output_dir)
+    if inputs.runs:
+        parts += _training_section(inputs, output_dir)
+    if inputs.rounds:
+        parts += _rounds_section(inputs, output_dir)
     path = output_dir / "report.md"
-    atomic_write_bytes(path, "\n".join(parts).encode("utf-8"))
-    for stale in set(PLOTS) - set(written):  # after report.md, which no longer shows them
-        (output_dir / stale).unlink(missing_ok=True)
+    text = "\n".join(parts)
+    atomic_write_bytes(path, text.encode("utf-8"))
+    for plot in PLOTS:  # one this report.md does not show is an earlier report's: removed after report.md is written
+        if f"]({plot})" not in text:
+            (output_dir / plot).unlink(missing_ok=True)
     return path
 
 
