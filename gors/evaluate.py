@@ -192,7 +192,8 @@ def earlier_summaries(path: Path, summaries: list[dict[str, Any]], header: dict[
     Image folders (`--images`) are never merged, neither earlier ones nor this run's (which records a model
     given beside them): their images may be any model's. Nor are the results of another version of the
     model or LoRA at the same name (`generator_versions`: a LoRA retrained at its path, a local model
-    overwritten, a Hub model updated).
+    overwritten, a Hub model updated); a LoRA file at another path with the same weights is the same LoRA
+    (`same_lora`).
     """
     model, lora = summaries[0].get("model") if summaries else None, summaries[0].get("lora") if summaries else None
     if not path.is_file() or model is None or summaries[0].get("images") is not None:
@@ -214,7 +215,7 @@ def earlier_summaries(path: Path, summaries: list[dict[str, Any]], header: dict[
             else None
         # An image folder's summary of an earlier gors recorded the default model too: `images` tells it apart.
         if isinstance(current, dict) and current.get("images") is None and same_value(current.get("model"), model) \
-                and same_value(current.get("lora"), lora) and same_versions(generator_versions(folder), versions):
+                and same_lora(current.get("lora"), lora, generator_versions(folder), versions):
             kept.append({"label": label, "primary_metric": entry.get("primary_metric"), "folder": str(folder),
                          **current})
     return kept
@@ -233,6 +234,17 @@ def generator_versions(folder: Path) -> dict[str, str | None]:
 def same_versions(earlier: dict[str, str | None], now: dict[str, str | None]) -> bool:
     """Whether two `generator_versions` can be of one generator: equal wherever both are known."""
     return all(earlier[key] is None or now[key] is None or earlier[key] == now[key] for key in now)
+
+
+def same_lora(earlier: str | None, now: str | None, earlier_versions: dict[str, str | None],
+              now_versions: dict[str, str | None]) -> bool:
+    """Whether two benchmark folders' images are of one generator, as far as their LoRA (the paths their summaries
+    record) and `generator_versions` tell: one path, or two holding the same weights (a Hub LoRA's file at
+    another commit of its repository after a push that left the weights as they were)."""
+    if not same_versions(earlier_versions, now_versions):
+        return False
+    return same_value(earlier, now) or earlier_versions["lora_sha256"] is not None \
+        and earlier_versions["lora_sha256"] == now_versions["lora_sha256"]
 
 
 def trained_base_model(lora: str) -> str | None:

@@ -518,6 +518,17 @@ def test_earlier_results_are_kept_only_for_the_same_model_and_lora_with_their_fo
     assert earlier_summaries(path, now, {"lora": None}) == []
     (tmp_path / "c" / "samples" / "models.json").write_text(json.dumps({}))  # a version unknown: no difference
     assert [e["label"] for e in earlier_summaries(path, now, {"lora": None})] == ["a"]
+    # A Hub LoRA read at another commit of its repository (`hub:` in both headers, another snapshot path in the
+    # summaries): the same weights are the same LoRA, other weights another.
+    snapshot = "hub/models--u--l/snapshots/{}/pytorch_lora_weights.safetensors"
+    (tmp_path / "a" / "summary.json").write_text(json.dumps({"model": "m/", "lora": snapshot.format("1"), "value": 2}))
+    at_push = [{**now[0], "lora": snapshot.format("2")}]
+    assert [e["label"] for e in earlier_summaries(path, at_push, {"lora": None})] == ["a"]
+    (tmp_path / "c" / "samples" / "settings.json").write_text(json.dumps({"model": "m", "lora_sha256": "2" * 64}))
+    assert earlier_summaries(path, at_push, {"lora": None}) == []
+    (tmp_path / "a" / "samples" / "settings.json").write_text(json.dumps({"model": "m", "lora_sha256": None}))
+    assert earlier_summaries(path, at_push, {"lora": None}) == []  # weights unknown: the paths decide
+    (tmp_path / "a" / "summary.json").write_text(json.dumps({"model": "m/", "lora": None, "value": 2}))
     # An image folder scored by an earlier gors, which recorded the default model beside its images.
     (tmp_path / "a" / "summary.json").write_text(json.dumps({"model": "m/", "lora": None, "images": "imgs", "value": 2}))
     assert earlier_summaries(path, now, {"lora": None}) == []
