@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from two_processes import launch_gors
 
 from gors.core.hub import ModelLoadError, is_hub_id
@@ -118,8 +118,6 @@ def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, tiny_sd_lo
 
 
 def test_a_hub_lora_of_another_family_is_refused_by_its_name(hub_cache, tiny_sd, tmp_path):
-    from safetensors.torch import save_file
-
     from gors.config import EvaluateConfig
     from gors.evaluate import evaluate
 
@@ -131,3 +129,34 @@ def test_a_hub_lora_of_another_family_is_refused_by_its_name(hub_cache, tiny_sd,
                                          r"StableDiffusionPipeline"):
         evaluate(config)
     assert not (tmp_path / "eval").exists()  # refused before any work
+
+
+def test_a_push_that_leaves_a_hub_loras_weights_keeps_the_folders_earlier_results(hub_cache, tiny_sd, tiny_sd_lora,
+                                                                                    tmp_path):
+    """A README edit moves the repository's main branch: the LoRA file is read at the new commit, another path
+    with the same weights, whose earlier benchmarks stay in the evaluation folder's summary."""
+    from gors.config import EvaluateConfig
+    from gors.evaluate import evaluate
+
+    cache = hub_cache("user/tiny-lora")
+    shutil.copy(tiny_sd_lora, snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME)
+
+    def evaluate_on(benchmarks: str) -> list[str]:
+        evaluate(EvaluateConfig(pretrained_model_name_or_path=str(tiny_sd), lora="hub:user/tiny-lora",
+                                benchmarks=benchmarks, max_prompts=2, images_per_prompt=1, columns="none",
+                                output_dir=str(tmp_path / "eval")))
+        return [entry["label"] for entry in json.loads((tmp_path / "eval" / "summary.json").read_text())["summaries"]]
+
+    assert evaluate_on("toy") == ["toy:held_out"]
+    repository = cache / "models--user--tiny-lora"
+    pushed = repository / "snapshots" / ("d" * 40)
+    shutil.copytree(snapshot(cache, "user/tiny-lora"), pushed)
+    (pushed / "README.md").write_text("a model card")
+    (repository / "refs" / "main").write_text("d" * 40)
+    assert evaluate_on("toy:train") == ["toy:held_out", "toy:train"]
+    # Other weights at the next push: toy:train evaluated again (its old images set aside by hand, as a store of
+    # another LoRA's is refused), toy:held_out's results are another LoRA's.
+    (pushed / LORA_WEIGHT_NAME).unlink()
+    save_file({key: value * 2 for key, value in load_file(str(tiny_sd_lora)).items()}, str(pushed / LORA_WEIGHT_NAME))
+    shutil.rmtree(tmp_path / "eval" / "toy" / "train")
+    assert evaluate_on("toy:train") == ["toy:train"]
