@@ -32,12 +32,14 @@ from accelerate import Accelerator
 from PIL import Image, UnidentifiedImageError
 
 import gors
+from evaluators.image_files import plain_rgb
 from evaluators.results import (
     SCHEMA_VERSION,
     Metric,
     bootstrap,
     bootstrap_settings,
     group_by_prompt,
+    library_versions,
     metric_results,
     metric_value,
     resampled_rows,
@@ -111,7 +113,9 @@ class ImageFolderSamples:
     keeping the old images' scores.
     """
 
-    def __init__(self, entries: Sequence[ImageEntry], prompts: Sequence[BenchmarkPrompt]) -> None:
+    def __init__(self, entries: Sequence[ImageEntry], prompts: Sequence[BenchmarkPrompt],
+                 to_rgb: Callable[[Image.Image], Image.Image] = plain_rgb) -> None:
+        self.to_rgb = to_rgb  # as the benchmark's official code reads a file (`evaluators.image_files`)
         keys = [(e.prompt_index, e.image_index) for e in entries]
         if len(set(keys)) != len(keys):
             raise StoreError("the image folder lists one (prompt, image) twice; each image must appear once")
@@ -128,7 +132,7 @@ class ImageFolderSamples:
         """The image as RGB; refused when its bytes are no longer those listed (replaced or rewritten since the
         folder was read), whose sha256 the scores are recorded under."""
         try:
-            rgb, data = read_image(Path(record["path"]))
+            rgb, data = read_image(Path(record["path"]), self.to_rgb)
         except (OSError, UnidentifiedImageError) as err:
             raise StoreError(
                 f"{record['path']} is not a readable image ({err}); regenerate or remove it and evaluate again "
@@ -374,6 +378,7 @@ class Benchmark:
         return {
             "schema_version": SCHEMA_VERSION,
             "gors_version": gors.__version__,
+            "libraries": library_versions(),
             "benchmark": self.name,
             "data": {**self.data_version(), "prompts_sha256": hashlib.sha256(prompt_texts.encode()).hexdigest()},
             "config": {**config, "seed_rule": self.seed_fn.__name__},
@@ -412,6 +417,11 @@ class Benchmark:
     def read_images(self, folder: Path) -> list[ImageEntry]:
         """The images of `folder` in this benchmark's official layout."""
         raise NotImplementedError(f"{self.name} cannot read an image folder; generate its images instead")
+
+    def image_file_rgb(self, image: Image.Image) -> Image.Image:
+        """An image file of `read_images`' folder as RGB, as the official code reads it (`evaluators.image_files`:
+        PIL's ``convert("RGB")`` by default); it matters only for files with transparency or an EXIF orientation."""
+        return plain_rgb(image)
 
     @classmethod
     def reads_images(cls) -> bool:
@@ -664,7 +674,7 @@ class Benchmark:
         folder = Path(images)
         if not folder.is_dir():
             raise FileNotFoundError(f"--images {folder}: no such folder")
-        return ImageFolderSamples(self.read_images(folder), prompts), None
+        return ImageFolderSamples(self.read_images(folder), prompts, self.image_file_rgb), None
 
     def _judged_rows(self, scores: dict[tuple[int, int], dict[str, Any]],
                      column_scores: dict[str, dict[tuple[int, int], dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -16,6 +16,8 @@ Image folders (``--images``): GenEval 2's own input, a JSON map prompt -> image 
 paths are read from the folder of the map), as ``image_paths.json`` in the folder (or the
 folder's only ``.json`` file). Every evaluated prompt needs an image and every key must be a
 GenEval 2 prompt; with `max_prompts`, prompts outside the subset are ignored.
+Each file is read upright as its EXIF orientation says, as the official script's transformers
+``load_image`` reads it (`evaluators.image_files`; gors' own images carry no orientation).
 Official output (`write_official`): ``score_lists.json`` (per prompt, its atom scores, in
 benchmark order, as ``evaluation.py`` writes them), ``image_paths.json``,
 ``benchmark_data.jsonl`` (the evaluated prompts' data rows, so ``soft_tifa_analysis.py
@@ -36,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, pinned_data
 from evaluators.geneval2_tables import (
     ATOMICITIES,
@@ -46,6 +50,7 @@ from evaluators.geneval2_tables import (
     per_atomicity_table,
     per_skill_table,
 )
+from evaluators.image_files import upright_rgb
 from evaluators.results import PERCENT_SCALE, Metric
 from gors.core.data import PinnedSource, fetch_pinned_file, sha256_of
 from gors.core.io import atomic_write_bytes, atomic_write_json, atomic_write_jsonl
@@ -209,6 +214,10 @@ class GenEval2Benchmark(Benchmark):
             "images_per_prompt": self.num_images, "scale": PERCENT_SCALE, "licence": LICENCE,
         })
         return summary
+
+    def image_file_rgb(self, image: Image.Image) -> Image.Image:
+        """Upright as its EXIF orientation says, as the official script's transformers ``load_image`` reads it."""
+        return upright_rgb(image)
 
     def read_images(self, folder: Path) -> list[ImageEntry]:
         """The images of GenEval 2's prompt -> path JSON map in `folder` (see the module docstring)."""

@@ -155,8 +155,15 @@ class LPGBenchBenchmark(Benchmark):
                 options[key] = value
         return options
 
+    def provenance(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """TIT-Score: `score_mapping`, how `tit_score` maps each cosine to [0, 1] ("clip", the default: the
+        published TIT-Score wherever positive; "affine": (1 + cosine) / 2, another scale under the same name)."""
+        mappings = sorted({row["details"]["mapping"] for row in rows if "mapping" in row["details"]})
+        return {"score_mapping": mappings[0] if len(mappings) == 1 else mappings} if mappings else {}
+
     def summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """tit_score: mean score in [0, 1]; tit_score_cosine: mean raw cosine (TIT-Score only).
+        """tit_score: mean score in [0, 1] over the images (the reference code scores one image; the mean is
+        gors'), the cosine mapped as `score_mapping` records; tit_score_cosine: mean raw cosine (TIT-Score only).
 
         `metric` names the judge that scored the rows, read from their details (an LLM judge's carry its
         reply), not the `metric` field: `--scorer_options '{"lpg_bench": {"judge": "llm"}}'` picks it too.

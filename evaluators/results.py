@@ -6,6 +6,9 @@ Each `summary.json` keeps the benchmark's own keys (``overall``, ``soft_tifa_gm`
     "results": {
       "schema_version": 1,
       "gors_version": "0.2.0",
+      "libraries": {"torch": "2.14.1", "transformers": "5.25.0", ...},  # `LIBRARIES`: the models' code and
+                                                     # the processors' (chat templates, image sizes) change
+                                                     # with them (GenEval 2's official code pins transformers 4.57)
       "benchmark": "geneval",
       "data": {"repository": "djghosh13/geneval", "commit": "af49...",
                "files": {"evaluation_metadata.jsonl": "<sha256>"}, "prompts_sha256": "<of the evaluated prompts>"},
@@ -41,6 +44,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any, TypeVar
 
 import numpy as np
@@ -170,6 +174,22 @@ def metric_results(metrics: Sequence[Metric], summary: Mapping[str, Any],
             "help": metric.help,
         }
     return block
+
+
+# The distributions whose code makes or scores the images: each model's forward and each processor (chat templates,
+# image sizes) change with their releases.
+LIBRARIES = ("torch", "diffusers", "transformers", "peft", "accelerate", "open_clip_torch")
+
+
+def library_versions() -> dict[str, str | None]:
+    """The installed version of each of `LIBRARIES` (None where one is not installed)."""
+    versions: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
 
 
 def bootstrap_settings(num_resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,

@@ -16,6 +16,9 @@ Following the TIT-Score reference code (README of `IntMeGroup/TIT-Score`, MIT; p
    description does not depend on its batch mates (checked on the tiny model; other releases
    unchecked); images of one size have prompts of one length, so a batch of generated images has
    no padding under any release.
+   In bfloat16 (on a GPU) a batch's matrix products round otherwise than one image's, which can
+   change a greedy token and so the rest of the description: the reference describes one image at a
+   time, which a batch of one (`gors evaluate --scorer_batch_size 1`) reproduces.
    A thinking describer (Qwen3-VL-*-Thinking) is refused: its reasoning would be embedded as
    the description (`rewards.vlm.check_answers_directly`).
 2. **Compare**, TIT-Score (``judge="embedding"``, default): the prompt and the description are

@@ -289,6 +289,11 @@ def test_sampling_flags_replace_the_protocols_and_are_recorded(tmp_path, capsys)
     summary = json.loads((tmp_path / "summary.json").read_text())["summaries"][0]
     config = summary["results"]["config"]
     assert (config["num_inference_steps"], config["guidance_scale"], config["resolution"]) == (3, 0.0, 48)
+    import torch
+    import transformers
+
+    libraries = summary["results"]["libraries"]  # what made and scored the images, for comparing runs
+    assert libraries["torch"] == torch.__version__.split("+")[0] and libraries["transformers"] == transformers.__version__
     with Image.open(next((tmp_path / "toy" / "held_out" / "samples").rglob("*.png"))) as image:
         assert image.size == (48, 48)
     with pytest.raises(SystemExit, match=r"--resolution=50: use a multiple of 8"):

@@ -190,6 +190,25 @@ def test_read_images_missing_prompt_or_extra_key_is_a_clear_error(tmp_path, data
     assert [e.path.name for e in entries] == ["0.png", "2.png"]
 
 
+def test_image_files_are_read_upright_as_the_official_load_image_reads_them(tmp_path, data_file):
+    """A file with an EXIF orientation (a phone photo, an editor's export) is turned as GenEval 2's transformers
+    `load_image` turns it; the benchmarks whose official code reads with PIL alone keep it as stored."""
+    from PIL import Image
+
+    from evaluators.base import ImageFolderSamples
+
+    bench = GenEval2Benchmark(data_path=str(data_file))
+    folder = _image_folder(tmp_path / "exif", [row["prompt"] for row in ROWS])
+    stored = Image.new("RGB", (16, 8), (255, 0, 0))
+    exif = stored.getexif()
+    exif[0x0112] = 6  # orientation: shown rotated 90 degrees clockwise
+    stored.save(folder / "0.png", exif=exif)
+    samples, _ = bench._read_images(str(folder), bench.cached_prompts())
+    record = samples.records()[0]
+    assert samples.open_image(record).size == (8, 16)
+    assert ImageFolderSamples(bench.read_images(folder), bench.cached_prompts()).open_image(record).size == (16, 8)
+
+
 # ---------------------------------------------------------------------------------------------
 # End to end on tiny models.
 

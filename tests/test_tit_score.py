@@ -281,6 +281,13 @@ def test_lpg_summary_names_the_judge_that_scored_the_rows():
     assert "comparable with the paper's only with its describer" in bench.declared_metric("tit_score_cosine").help
 
 
+def test_lpg_summary_records_how_tit_score_maps_the_cosine():
+    bench = LPGBenchBenchmark()
+    assert bench.provenance([_lpg_row({"cosine": 0.5, "mapping": "clip"})]) == {"score_mapping": "clip"}
+    assert bench.provenance([_lpg_row({"cosine": 0.5, "mapping": "affine"})]) == {"score_mapping": "affine"}
+    assert bench.provenance([_lpg_row({"judge_reply": "80", "parsed": True, "judge_rating": 80})]) == {}  # LLM judge
+
+
 @pytest.fixture(scope="module")
 def lpg_folder(tmp_path_factory) -> Path:
     """A local copy of an LPG-Bench-like dataset: one jsonl of {id, prompt} rows."""

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from PIL import Image, UnidentifiedImageError
 
@@ -80,12 +80,12 @@ class StoreError(RuntimeError):
     """A sample store that cannot be used as it is; the message says how to fix it."""
 
 
-def read_image(path: Path) -> tuple[Image.Image, bytes]:
-    """The image file at `path` as RGB, and its bytes (whose sha256 a record holds); OSError or
-    UnidentifiedImageError when it does not read as an image."""
+def read_image(path: Path, to_rgb: Callable[[Image.Image], Image.Image] | None = None) -> tuple[Image.Image, bytes]:
+    """The image file at `path` as RGB (`to_rgb` of it where given, else PIL's ``convert("RGB")``), and its bytes
+    (whose sha256 a record holds); OSError or UnidentifiedImageError when it does not read as an image."""
     data = path.read_bytes()
     with Image.open(io.BytesIO(data)) as image:
-        return image.convert("RGB"), data
+        return (image.convert("RGB") if to_rgb is None else to_rgb(image)), data
 
 
 class SampleStore:
