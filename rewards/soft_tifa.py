@@ -19,7 +19,8 @@ Differences from the official script, none of which changes a score on GenEval 2
 Qwen3-VL in float32: no ``generate`` (the image encoded once and its chat prefix run once, then its
 questions as one packed row of continuations; the same distribution up to round-off, which in
 bfloat16, the benchmark's dtype on a GPU, moves an answer's probability by up to 0.013 on the tiny
-test model and has not been measured on Qwen3-VL-8B, see `rewards.vlm`); variant
+test model and 0.13 relative at Qwen3-VL-8B's size with random weights, not measured with the trained
+weights, see `rewards.vlm`; ``procedure="generate"`` runs the official ``generate`` instead); variant
 token ids are deduplicated; answers the data never hold (an expected "No", digits, counts above
 ten) get their own variants; an image without atoms scores 1.0; VQAScore formats the prompt
 once (the official code calls ``format`` twice, which only matters for a prompt with braces).
@@ -28,7 +29,7 @@ once (the official code calls ``format`` twice, which only matters for a prompt 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from PIL import Image
@@ -51,6 +52,10 @@ from rewards.atoms import (
 from rewards.base import Reward, RewardOutput, check_choice
 from rewards.vlm import MODEL_FLAG, load_chat_vlm
 
+# How a question's answer distribution is computed (see `_ChatVLMReward`).
+Procedure = Literal["one_pass", "generate"]
+PROCEDURES: tuple[str, ...] = get_args(Procedure)
+
 
 class _ChatVLMReward(Reward):
     """Shared loading and question answering of the three GenEval 2 rewards.
@@ -68,6 +73,11 @@ class _ChatVLMReward(Reward):
             images are encoded `batch_size` at a time, `4 * batch_size` images per window.
         multi_token: what an answer variant of several tokens adds (see
             `rewards.atoms.variant_token_ids`): "first" (official) or "skip".
+        procedure: "one_pass" (default): each image encoded once, its questions run on its shared chat
+            prefix (`ChatVLM.next_token_probabilities`), the official distributions up to round-off; or
+            "generate": GenEval 2's own procedure, ``generate`` of one token per question with the image
+            re-encoded each time (`ChatVLM.generated_probabilities`), exact in bfloat16 too and several
+            times slower (``benchmarks/soft_tifa_one_pass.py`` measures by how much).
     """
 
     default_model = "Qwen/Qwen3-VL-8B-Instruct"
@@ -77,9 +87,12 @@ class _ChatVLMReward(Reward):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
-        """Refuse a `multi_token` other than "first" or "skip"."""
+        """Refuse a `multi_token` other than "first" or "skip" and a `procedure` other than "one_pass" or
+        "generate"."""
         if "multi_token" in options:
             check_choice("multi_token", options["multi_token"], ("first", "skip"))
+        if "procedure" in options:
+            check_choice("procedure", options["procedure"], PROCEDURES)
 
     def __init__(
         self,
@@ -88,10 +101,11 @@ class _ChatVLMReward(Reward):
         torch_dtype: torch.dtype | None = None,
         batch_size: int = 8,
         multi_token: MultiTokenPolicy = "first",
+        procedure: Procedure = "one_pass",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
-        self.check_options({"multi_token": multi_token})
-        self.multi_token = multi_token
+        self.check_options({"multi_token": multi_token, "procedure": procedure})
+        self.multi_token, self.procedure = multi_token, procedure
         self.vlm = load_chat_vlm(str(self.model_name_or_path), self.device, self.torch_dtype, MODEL_FLAG)
         self._ids: dict[tuple[str, ...], list[int]] = {}
 
@@ -109,6 +123,9 @@ class _ChatVLMReward(Reward):
         `questions` holds (image index, message, answer variants). Images are encoded in
         windows of `4 * batch_size`, each once for all of its questions.
         """
+        if self.procedure == "generate":
+            return [self._answer(self.vlm.generated_probabilities(images[index], message), variants)
+                    for index, message, variants in questions]
         answers: list[tuple[float, str]] = [(0.0, "")] * len(questions)
         window = 4 * self.batch_size
         for first in range(0, len(images), window):
@@ -123,10 +140,12 @@ class _ChatVLMReward(Reward):
             slot = {index: position for position, index in enumerate(indices)}
             asked = [(slot[questions[k][0]], questions[k][1]) for k in members]
             for j, probs in self.vlm.next_token_probabilities(encoded, asked, self.batch_size):
-                k = members[j]
-                p = variant_probability(probs, self._variant_ids(questions[k][2]))
-                answers[k] = (p, self.vlm.tokenizer.decode([int(probs.argmax())]))
+                answers[members[j]] = self._answer(probs, questions[members[j]][2])
         return answers
+
+    def _answer(self, probs: torch.Tensor, variants: tuple[str, ...]) -> tuple[float, str]:
+        """(summed probability of the answer's variants, the most probable token decoded) of one distribution."""
+        return variant_probability(probs, self._variant_ids(variants)), self.vlm.tokenizer.decode([int(probs.argmax())])
 
 
 class _AtomReward(_ChatVLMReward):
@@ -136,7 +155,8 @@ class _AtomReward(_ChatVLMReward):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
-        """Refuse `multi_token` as `_ChatVLMReward` does and an `aggregation` other than "am" or "gm"."""
+        """Refuse `multi_token` and `procedure` as `_ChatVLMReward` does and an `aggregation` other than "am" or
+        "gm"."""
         super().check_options(options)
         if "aggregation" in options:
             check_choice("aggregation", options["aggregation"], ("am", "gm"))
@@ -149,9 +169,10 @@ class _AtomReward(_ChatVLMReward):
         batch_size: int = 8,
         multi_token: MultiTokenPolicy = "first",
         aggregation: Aggregation = "gm",
+        procedure: Procedure = "one_pass",
     ) -> None:
         self.check_options({"aggregation": aggregation})
-        super().__init__(model_name_or_path, device, torch_dtype, batch_size, multi_token)
+        super().__init__(model_name_or_path, device, torch_dtype, batch_size, multi_token, procedure)
         self.aggregation = aggregation
 
     def _score(
@@ -249,9 +270,10 @@ class TIFAReward(_AtomReward):
         batch_size: int = 8,
         multi_token: MultiTokenPolicy = "first",
         aggregation: Aggregation = "am",
+        procedure: Procedure = "one_pass",
     ) -> None:
         super().__init__(
-            model_name_or_path, device, torch_dtype, batch_size, multi_token, aggregation
+            model_name_or_path, device, torch_dtype, batch_size, multi_token, aggregation, procedure
         )
 
 

@@ -38,7 +38,10 @@ round-off (checked in ``tests/test_vlm_prefix.py`` on a tiny random Qwen3-VL, to
 That holds in float32. In bfloat16, the dtype benchmarks score Qwen3-VL in on a GPU, the round-off
 is bfloat16's and depends on how the questions are packed: on the tiny random model an answer's
 probability moved by up to 0.013 between `batch_size` 8 and 1 (and by 0.006 from ``generate``);
-on Qwen3-VL-8B it has not been measured (no GPU here).
+at Qwen3-VL-8B's architecture with random weights (near-uniform distributions, an H200,
+`benchmarks/results/2026-12-04-h200/`) by 0.13 relative; with the trained weights it has not been
+measured. `ChatVLM.generated_probabilities` is the official procedure itself, for scores that
+must equal the official ones in bfloat16 too (the rewards' ``procedure="generate"``).
 
 Only checkpoints that answer right after the generation prompt are taken: a thinking variant
 (Qwen3-VL-*-Thinking), whose chat template ends the generation prompt with an open ``<think>``
@@ -225,6 +228,19 @@ class ChatVLM:
         # The processor's own expansion: one placeholder per merged patch.
         text = text.replace(self.image_token, self.image_token * self.image_tokens(image))
         return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    @torch.no_grad()
+    def generated_probabilities(self, image: Image.Image, question: str) -> torch.Tensor:
+        """P(first answer token) of `question` about `image` (RGB) by GenEval 2's own procedure: the chat inputs
+        made by the processor, then ``generate`` of one greedy token and the softmax of its scores (float32, over
+        the vocabulary). Exact in any dtype, where `next_token_probabilities` agrees up to round-off; each
+        question re-encodes the image and runs the whole prompt."""
+        messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}]
+        inputs = self.processor.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                    return_dict=True, return_tensors="pt").to(self.device)
+        output = self.model.generate(**inputs, max_new_tokens=1, do_sample=False, output_scores=True,
+                                     return_dict_in_generate=True)
+        return torch.softmax(output.scores[0].float(), dim=-1)[0]
 
     @torch.no_grad()
     def next_token_probabilities(

@@ -200,6 +200,21 @@ def test_batched_equals_one_at_a_time(reward: SoftTIFAReward, model_dir: Path) -
         np.testing.assert_allclose(single["atom_scores"], details["atom_scores"], rtol=1e-4, atol=1e-7)
 
 
+def test_the_official_generate_procedure_gives_the_one_pass_scores(reward: SoftTIFAReward, model_dir: Path) -> None:
+    """`procedure="generate"` (GenEval 2's own `generate` per question, exact in any dtype) and the default one
+    pass agree to float32 round-off, for the atoms and for VQAScore."""
+    images = random_images(2, seed=3)
+    exact = SoftTIFAReward(model_name_or_path=str(model_dir), device="cpu", procedure="generate").score(images, PROMPTS[:2])
+    for one_pass, official in zip(reward.score(images, PROMPTS[:2]).details, exact.details, strict=True):
+        assert one_pass["predicted"] == official["predicted"]
+        np.testing.assert_allclose(one_pass["atom_scores"], official["atom_scores"], rtol=1e-4, atol=1e-7)
+    vqascore = [VQAScoreReward(model_name_or_path=str(model_dir), device="cpu", procedure=procedure).score(
+        images, PROMPTS[:2]).scores for procedure in ("one_pass", "generate")]
+    np.testing.assert_allclose(*vqascore, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="procedure"):
+        SoftTIFAReward(model_name_or_path=str(model_dir), device="cpu", procedure="official")
+
+
 def test_rewards_on_one_checkpoint_share_one_model(reward: SoftTIFAReward, model_dir: Path) -> None:
     vqascore = VQAScoreReward(model_name_or_path=str(model_dir), device="cpu", batch_size=2)
     assert vqascore.vlm is reward.vlm  # GenEval 2's score and VQAScore column: one copy of the VLM

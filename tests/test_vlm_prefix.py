@@ -158,6 +158,9 @@ def test_prefix_path_equals_full_forward_and_generate(vlm: ChatVLM, plain) -> No
         assert probs.dtype == torch.float32 and probs.sum().item() == pytest.approx(1.0, abs=1e-5)
         assert relative_difference(probs, forward_probabilities(plain, pictures[index], question)) <= RTOL
         assert relative_difference(probs, generate_probabilities(plain, pictures[index], question)) <= RTOL
+        # The official procedure itself, for scores that must equal it in bfloat16 too.
+        assert torch.equal(vlm.generated_probabilities(pictures[index], question),
+                           generate_probabilities(plain, pictures[index], question))
 
 
 def test_question_tree_shares_leading_tokens() -> None:
