@@ -52,7 +52,8 @@ count are the real ones; ``--full-size`` builds all 12 + 12. Weights are random,
 The tokenizer is gors' tiny BLIP test tokenizer (`gors.testing.blip`: BERT WordPiece, [DEC] after
 the vocabulary, [ENC] after that; whole words for the prompts below, so the questions have the
 real token counts, except 'leaf', which it spells in 4 pieces and which makes one pass pad);
-the image processor is transformers' `BlipImageProcessor` (bicubic, CLIP mean and std) at 480 px.
+the image processor is transformers' `BlipImageProcessor` (bicubic, CLIP mean and std) at 480 px, which
+`BVQAReward` reads with the PIL backend (`BlipImageProcessorPil`), as BLIP resizes.
 
     python benchmarks/b_vqa_passes.py                        # CPU, 2 + 2 layers, 8 images, 3 pairs
     python benchmarks/b_vqa_passes.py --repeats 1 --images 4

@@ -20,12 +20,12 @@ its position embeddings to 24 x 24 (bicubic), and the Hub processor resizes to 3
 model gors runs at the official 480 px by default: images resized to 480 (bicubic, as both do) and
 the position embeddings interpolated back to 30 x 30 the same way, once at load. The vision
 encoder then sees the official 901 tokens; the main difference left is the round trip of the
-position embeddings (30 -> 24 -> 30), which could not be measured here (no weights offline). Two
-small ones: the processor resizes with torchvision on tensors where BLIP resizes the PIL image
-(about two grey levels at most on random images), and the official script multiplies in float32
-where gors multiplies in float64; BLIP's vision LayerNorms use eps 1e-6, transformers' BLIP config
-defaults to 1e-5, which a converted checkpoint keeps unless its config sets another (a change of the
-order of 1e-5 in the normalised activations; not checked against the Hub config offline). Like the
+position embeddings (30 -> 24 -> 30), which could not be measured here (no weights offline), and
+a small one: the official script multiplies in float32 where gors multiplies in float64 (an image
+score moves by 1e-4 in about 0.05 % of two-question images). As in BLIP's code, images are resized
+as PIL images (bicubic; transformers' default processor resizes tensors with torchvision, about
+0.015 apart after normalising), the vision LayerNorms take eps 1e-6 (transformers' BLIP config
+defaults to 1e-5), and P(yes) is the quotient of the float32 softmax's two probabilities. Like the
 official code, each question's probability is rounded
 to 4 decimals (BLIP's ``'{:.4f}'`` answer) before the product and the product to 4 decimals
 again (``decimals=None`` keeps them unrounded). `image_size=384` gives the Hub's own set-up; other
@@ -71,6 +71,9 @@ def official_question(question: str) -> str:
 
 # The official metric's input size (BLIP's configs/vqa.yaml), for its checkpoint, the reward's default model.
 OFFICIAL_IMAGE_SIZE = 480
+# BLIP's ViT builds its LayerNorms with eps 1e-6 (`partial(nn.LayerNorm, eps=1e-6)` in BLIP's models/vit.py);
+# transformers' BLIP vision config defaults to 1e-5, which a converted checkpoint keeps unless its config says.
+BLIP_VIT_LAYER_NORM_EPS = 1e-6
 logger = logging.getLogger(__name__)
 
 
@@ -101,6 +104,8 @@ class BVQAReward(Reward):
     """
 
     name = "b_vqa"
+    # 2: BLIP's own image resize (PIL), LayerNorm eps and P(yes) quotient, each as the official code has it.
+    scoring_version = 2
     # T2I-CompBench's BLIP_vqa.py runs BLIP (its vendored copy of BLIP's code) in float32.
     official_dtype = torch.float32
     default_model = "Salesforce/blip-vqa-capfilt-large"
@@ -132,7 +137,7 @@ class BVQAReward(Reward):
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
         self.check_options({"decimals": decimals, "max_questions": max_questions, "question_start": question_start})
         self.decimals = decimals
-        from transformers import BlipForQuestionAnswering, BlipProcessor
+        from transformers import BlipForQuestionAnswering, BlipImageProcessorPil, BlipProcessor
 
         self.max_questions = max_questions
         self.noun_phrase_backend = noun_phrase_backend
@@ -142,10 +147,14 @@ class BVQAReward(Reward):
         self.parser_source = {"source": "parser", "parser": parser_record(noun_phrase_backend)}
         path = str(self.model_name_or_path)
         self.processor = from_pretrained(BlipProcessor.from_pretrained, path, MODEL_FLAG)
+        # BLIP's transform resizes the PIL image (`transforms.Resize`, bicubic): the PIL backend does the same,
+        # where the default one resizes a tensor with torchvision (about 0.015 apart after normalising).
+        self.processor.image_processor = from_pretrained(BlipImageProcessorPil.from_pretrained, path, MODEL_FLAG)
         model = from_pretrained(
             BlipForQuestionAnswering.from_pretrained, path, MODEL_FLAG, dtype=self.torch_dtype
         )
         self.model = model.to(self.device).eval().requires_grad_(False)
+        set_vision_layer_norm_eps(self.model.vision_model, BLIP_VIT_LAYER_NORM_EPS)
         if image_size is None and self.model_name_or_path == self.default_model:
             image_size = OFFICIAL_IMAGE_SIZE
         elif image_size is None and self.model.vision_model.config.image_size < OFFICIAL_IMAGE_SIZE:
@@ -303,9 +312,29 @@ class BVQAReward(Reward):
             .logits[:, 0]
             .float()
         )
-        # P(yes) / (P(yes) + P(no)) of a softmax is sigmoid(logit_yes - logit_no): the
-        # normaliser cancels, and no tiny probabilities are divided.
-        return torch.sigmoid(logits[:, self.yes_id] - logits[:, self.no_id])
+        return yes_probability(logits, self.yes_id, self.no_id)
+
+
+def yes_probability(logits: torch.Tensor, yes_id: int, no_id: int) -> torch.Tensor:
+    """P(yes) / (P(yes) + P(no)) of each row of first-answer-token `logits` (rows x vocabulary, float32), in
+    [0, 1], as the official code computes it: the softmax over the vocabulary, then the quotient.
+
+    sigmoid(logit_yes - logit_no) is the same in exact arithmetic but rounds otherwise (about 1e-7, enough
+    to move a 4-decimal answer now and then); it stands in only for a row where both probabilities
+    underflow to 0, whose official quotient is NaN."""
+    probabilities = logits.softmax(-1)
+    p_yes, p_no = probabilities[:, yes_id], probabilities[:, no_id]
+    total = p_yes + p_no
+    fallback = torch.sigmoid(logits[:, yes_id] - logits[:, no_id])
+    return torch.where(total > 0, p_yes / total.clamp_min(torch.finfo(total.dtype).tiny), fallback)
+
+
+def set_vision_layer_norm_eps(vision_model: torch.nn.Module, eps: float) -> None:
+    """Give every LayerNorm of a BLIP vision model (and its config) `eps`, in place."""
+    for module in vision_model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = eps
+    vision_model.config.layer_norm_eps = eps
 
 
 def resize_position_embeddings(vision_model: torch.nn.Module, image_size: int) -> None:

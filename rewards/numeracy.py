@@ -20,7 +20,7 @@ from rewards.numeracy_rule import (
     load_noun_list,
 )
 from rewards.spatial import check_detection_options
-from rewards.spatial_rule import DETECTION_THRESHOLD, resolve_nms_iou
+from rewards.spatial_rule import DETECTION_THRESHOLD, official_scale, resolve_nms_iou
 
 
 class NumeracyReward(Reward):
@@ -54,9 +54,10 @@ class NumeracyReward(Reward):
     # T2I-CompBench++'s scripts run UniDet under float16 autocast (`Accelerator(mixed_precision='fp16')`); the
     # detectors here are other models, run in float32, the more exact.
     official_dtype = torch.float32
-    # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
+    # 4: duplicates found in the official evaluation's resized image (its pixels); 3: a Grounding DINO detector's
+    # labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
-    scoring_version = 3
+    scoring_version = 4
     default_model = "google/owlv2-base-patch16-ensemble"
     model_objects = {"model_name_or_path": "detector"}
     categories = ("numeracy",)
@@ -115,7 +116,9 @@ class NumeracyReward(Reward):
             text_threshold=self.text_threshold,
             nms_iou=self.nms_iou,
         )
-        detections = {i: deduplicate(image_detections) for i, image_detections in zip(todo, found, strict=True)}
+        # The duplicate test runs in the pixels of the official evaluation's resized image, as its boxes are.
+        detections = {i: deduplicate(image_detections, scale=official_scale(*images[i].size))
+                      for i, image_detections in zip(todo, found, strict=True)}
         scores, details = [], []
         for i, asked in enumerate(objects):
             kept = detections.get(i, [])

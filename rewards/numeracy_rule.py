@@ -158,14 +158,24 @@ def _nearly_same(box1: Box, box2: Box, overlap: float = DUPLICATE_OVERLAP) -> bo
     return iou > overlap or intersection / area1 > overlap or intersection / area2 > overlap
 
 
-def deduplicate(detections: Sequence[Detection], overlap: float = DUPLICATE_OVERLAP) -> list[Detection]:
+def deduplicate(detections: Sequence[Detection], overlap: float = DUPLICATE_OVERLAP,
+                scale: tuple[float, float] = (1.0, 1.0)) -> list[Detection]:
     """Drop each detection that nearly coincides with an earlier kept one of the same label.
 
-    `detections` are sorted most confident first, so the most confident of a cluster is kept.
+    `detections` are sorted most confident first, so the most confident of a cluster is kept. `scale`:
+    (x, y) factors from the boxes' pixels to those the test runs in (the official code's are those of
+    its resized image, `rewards.spatial_rule.official_frame`, where the +1-pixel areas weigh otherwise);
+    the detections are returned as given.
     """
+    sx, sy = scale
+
+    def scaled(box: Box) -> Box:
+        return box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
+
     kept: list[Detection] = []
     for detection in detections:
-        if not any(k.label == detection.label and _nearly_same(k.box, detection.box, overlap) for k in kept):
+        if not any(k.label == detection.label and _nearly_same(scaled(k.box), scaled(detection.box), overlap)
+                   for k in kept):
             kept.append(detection)
     return kept
 

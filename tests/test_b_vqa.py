@@ -104,14 +104,18 @@ def test_p_yes_matches_blip_generate(model_dir: Path, question_start: str) -> No
     With "enc" (the official BLIP code's behaviour) the question's first token is [ENC], the id after
     [DEC]; with "cls" it is the tokenizer's [CLS], as transformers' generate uses it.
     """
-    from transformers import BlipForQuestionAnswering, BlipProcessor
+    from transformers import BlipForQuestionAnswering, BlipImageProcessorPil, BlipProcessor
 
     reward = BVQAReward(model_name_or_path=str(model_dir), device="cpu", batch_size=4,
                         noun_phrase_backend="builtin", question_start=question_start)
     image = random_images(2, seed=3)[1]
     details = reward.score([image], ["a green bench and a red car"]).details[0]
     model = BlipForQuestionAnswering.from_pretrained(model_dir).eval()
-    processor = BlipProcessor.from_pretrained(model_dir)
+    for module in model.vision_model.modules():  # BLIP's own ViT LayerNorms, as the official code builds them
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = 1e-6
+    # BLIP's own resize of the PIL image (the official transform; see test_images_are_resized_as_blips_transform)
+    processor = BlipProcessor.from_pretrained(model_dir, image_processor=BlipImageProcessorPil.from_pretrained(model_dir))
     tokenizer = processor.tokenizer
     yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
     for question, p_yes in zip(details["questions"], details["p_yes"], strict=True):
@@ -124,6 +128,35 @@ def test_p_yes_matches_blip_generate(model_dir: Path, question_start: str) -> No
             )
         probs = generated.logits[0][0].softmax(-1)
         assert p_yes == pytest.approx((probs[yes] / (probs[yes] + probs[no])).item(), abs=1e-5)
+
+
+def test_yes_probability_is_the_official_quotient_of_the_softmax() -> None:
+    from rewards.b_vqa import yes_probability
+
+    logits = torch.tensor([[2.0, 0.5, -1.0, 3.0], [0.0, 0.0, 0.0, 0.0], [-200.0, -300.0, 0.0, 100.0]])
+    probabilities = logits.softmax(-1)
+    official = probabilities[:, 0] / (probabilities[:, 0] + probabilities[:, 1])
+    got = yes_probability(logits, 0, 1)
+    assert torch.equal(got[:2], official[:2])  # the official float32 arithmetic, not merely close
+    # Both underflow (the official quotient is NaN): the share of the two logits, 1 / (1 + e^-100).
+    assert torch.isnan(official[2]) and got[2].item() == pytest.approx(1.0)
+
+
+def test_images_are_resized_as_blips_transform(model_dir: Path) -> None:
+    """BLIP's (and so the official metric's) transform: the PIL image resized bicubic, then normalised with
+    CLIP's mean and std; transformers' default BLIP processor resizes a tensor instead. And BLIP's ViT
+    LayerNorms take eps 1e-6."""
+    from torchvision import transforms
+    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+    reward = BVQAReward(model_name_or_path=str(model_dir), device="cpu", image_size=48)
+    blip = transforms.Compose([transforms.Resize((48, 48), interpolation=transforms.InterpolationMode.BICUBIC),
+                               transforms.ToTensor(), transforms.Normalize(OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)])
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (61, 53, 3), dtype=np.uint8))
+    pixels = reward.processor.image_processor([image], return_tensors="pt").pixel_values[0]
+    assert torch.allclose(pixels, blip(image), atol=1e-6)
+    norms = [m for m in reward.model.vision_model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert norms and all(m.eps == 1e-6 for m in norms)
 
 
 def test_official_question_start_changes_the_answers(model_dir: Path) -> None:

@@ -230,6 +230,18 @@ def test_deduplicate_overlap_thresholds(boxes, kept: int) -> None:
     assert len(deduplicate([det("dog", 0.9, boxes[0]), det("dog", 0.8, boxes[1])])) == kept
 
 
+def test_duplicates_are_tested_in_the_pixels_of_the_official_resized_image() -> None:
+    """The official boxes are those of the image resized to 479 px, where the +1-pixel areas weigh more: two
+    small boxes of a 1024-px image that are two dogs in its own pixels are one there."""
+    from rewards.spatial_rule import official_scale
+
+    first, second = det("dog", 0.9, (0, 0, 10, 10)), det("dog", 0.8, (1.15, 0, 11.15, 10))  # 89.5 % covered
+    assert len(deduplicate([first, second])) == 2
+    scale = official_scale(1024, 1024)
+    assert scale == (479 / 1024, 479 / 1024)
+    assert deduplicate([first, second], scale=scale) == [first]  # 90.5 % there; the boxes are returned as given
+
+
 def test_judge_numeracy_half_presence_half_count() -> None:
     asked = [CountedObject("dog", "dog", 2), CountedObject("cat", "cat", 3), CountedObject("boy", "person", 1)]
     found = [det("dog", 0.9, (0, 0, 1, 1)), det("dog", 0.9, (5, 5, 6, 6)), det("cat", 0.9, (0, 0, 1, 1))]
@@ -338,6 +350,10 @@ def test_numeracy_reward_on_an_injected_detector(tmp_path: Path) -> None:
     assert "no countable object" in out.details[2]["reason"]
     with pytest.raises(FileNotFoundError, match="noun_file"):
         NumeracyReward(detector=detector, noun_file=tmp_path / "missing.txt")
+    # Two boxes 1.15 px apart on a 1024-px image: two dogs in its pixels, one in the official 479-px frame's.
+    close = NumeracyReward(detector=FakeDetector([det("dog", 0.9, (0, 0, 10, 10)), det("dog", 0.8, (1.15, 0, 11.15, 10))]),
+                           noun_file=noun_file, device="cpu")
+    assert close.score(images(1, size=1024), ["two dogs"]).details[0]["objects"][0]["detected"] == 1
 
 
 @pytest.fixture(scope="module")
