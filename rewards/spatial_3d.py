@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -25,6 +26,9 @@ from rewards.spatial_rule import DETECTION_THRESHOLD, resolve_nms_iou, spatial_o
 
 DEPTH_FLAG = "depth_model_name_or_path"
 DEFAULT_DEPTH_MODEL = "Intel/dpt-hybrid-midas"
+# The official script's depth input (UniDet_eval/experts/model_bank_3d.py): `Resize([480, 480])` of the PIL image
+# (torchvision's bilinear), then `Normalize(mean=0.5, std=0.5)`; `Intel/dpt-hybrid-midas` is configured for 384.
+OFFICIAL_DEPTH_SIZE = 480
 
 
 class DepthModel(Protocol):
@@ -41,10 +45,13 @@ class DepthEstimator:
     [0, 1] per image and resized bilinearly (corners aligned) to the image's size, as the official
     script prepares it. A constant prediction gives a map of zeros.
 
-    Differences from the official preprocessing: the official DPT-Hybrid (the same MiDaS weights
-    `Intel/dpt-hybrid-midas` converts) reads 480 x 480 inputs; transformers' DPT-Hybrid only
-    accepts its configured size, so the checkpoint's image processor (384 x 384) is used. The
-    official maps are also stored as 8-bit PNGs (steps of 1/255); these stay in float.
+    With `image_size` (the reward gives 480 for its default `Intel/dpt-hybrid-midas`, the MiDaS
+    weights of the official DPT-Hybrid), images are prepared as the official script prepares them:
+    resized to `image_size` x `image_size` as PIL images (torchvision's bilinear) and normalised with
+    mean and std 0.5, and the ViT-hybrid's position embeddings are interpolated to that grid
+    (bilinear, as MiDaS does; transformers' DPT-Hybrid otherwise refuses any size but its configured
+    384). Without it, the checkpoint's image processor prepares them. The official maps are also
+    stored as 8-bit PNGs (steps of 1/255); these stay in float.
 
     Args:
         model_name_or_path: Hub id or folder of an `AutoModelForDepthEstimation` checkpoint with
@@ -52,6 +59,7 @@ class DepthEstimator:
         device, torch_dtype: where and in which dtype the model runs.
         batch_size: images per forward pass.
         flag: the option named in load errors.
+        image_size: the official input side in pixels (a DPT-Hybrid's), or None for the processor's.
     """
 
     def __init__(
@@ -61,6 +69,7 @@ class DepthEstimator:
         torch_dtype: torch.dtype = torch.float32,
         batch_size: int = 8,
         flag: str = DEPTH_FLAG,
+        image_size: int | None = None,
     ) -> None:
         from transformers import AutoImageProcessor, AutoModelForDepthEstimation
 
@@ -71,6 +80,14 @@ class DepthEstimator:
             AutoModelForDepthEstimation.from_pretrained, self.model_name_or_path, flag, dtype=torch_dtype
         )
         self.model = model.to(device).eval().requires_grad_(False)
+        self.official_transform = None
+        if image_size is not None:
+            embeddings = getattr(getattr(self.model, "dpt", None), "embeddings", None)
+            if not hasattr(embeddings, "image_size"):
+                raise ValueError(f"{flag}={self.model_name_or_path!r}: depth_image_size={image_size} resizes the "
+                                 "position embeddings of a DPT (MiDaS) checkpoint; this one is no DPT")
+            embeddings.image_size = (image_size, image_size)  # its forward interpolates the position embeddings
+            self.official_transform = official_depth_transform(image_size)
 
     @torch.no_grad()
     def predict(self, images: list[Image.Image]) -> list[np.ndarray]:
@@ -78,11 +95,22 @@ class DepthEstimator:
         pass: a processor that keeps the aspect ratio (Depth Anything's) gives other sizes other shapes."""
         maps: list[np.ndarray] = [np.empty(0)] * len(images)
         for chunk in same_size_batches(images, range(len(images)), self.batch_size):
-            pixels = self.processor(images=[images[i] for i in chunk], return_tensors="pt").pixel_values
+            if self.official_transform is None:
+                pixels = self.processor(images=[images[i] for i in chunk], return_tensors="pt").pixel_values
+            else:
+                pixels = torch.stack([self.official_transform(images[i].convert("RGB")) for i in chunk])
             predicted = self.model(pixel_values=pixels.to(self.device, self.torch_dtype)).predicted_depth.float()
             for i, depth in zip(chunk, predicted, strict=True):
                 maps[i] = _normalised_map(depth, images[i].size)
         return maps
+
+
+def official_depth_transform(image_size: int) -> Any:
+    """The official script's depth input transform at `image_size` (a torchvision `Compose` of a PIL image)."""
+    from torchvision import transforms
+
+    return transforms.Compose([transforms.Resize([image_size, image_size]), transforms.ToTensor(),
+                               transforms.Normalize(mean=0.5, std=0.5)])
 
 
 def _normalised_map(depth: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
@@ -111,7 +139,8 @@ class Spatial3DReward(Reward):
       Its confidences are on another scale than UniDet's while UniDet's rule is kept (every
       (box, label) pair above 0.1, non-maximum suppression per label at IoU 0.5), so
       numbers are comparable in kind, not digit for digit (see `rewards.spatial.SpatialRuleReward`).
-    - Depth: the same MiDaS DPT-Hybrid weights through transformers (see `DepthEstimator`).
+    - Depth: the same MiDaS DPT-Hybrid weights through transformers, at the official 480 x 480 input
+      (see `DepthEstimator`).
     - The official script resizes images to 479 x 479 before detection and depth; here both run
       on the image as given (IoU and the depth order do not depend on the scale).
     - Object names: the official rule over part-of-speech tags, exact where spaCy is installed
@@ -133,17 +162,21 @@ class Spatial3DReward(Reward):
             official code does (False: the box itself).
         person_mapping: girl/boy/man/woman are detected as "person" (official).
         noun_phrase_backend: see `rewards.noun_phrases.noun_phrases`.
+        depth_image_size: the depth model's input side (see `DepthEstimator`); default 480, the official
+            script's, for `Intel/dpt-hybrid-midas`, the processor's size for any other checkpoint (a local
+            copy of the default is not recognised by its path: pass 480).
     """
 
     name = "spatial_3d"
     # T2I-CompBench++'s scripts run UniDet and DPT depth under float16 autocast (`Accelerator(mixed_precision=
     # 'fp16')`); the detectors here are other models, and both run in float32, the more exact.
     official_dtype = torch.float32
-    # 4: object names by the official part-of-speech rule (spaCy's tags where installed; "a coffee table": "coffee"),
+    # 5: the default depth model reads the official 480 x 480 input (it read its processor's 384); 4: object names by
+    # the official part-of-speech rule (spaCy's tags where installed; "a coffee table": "coffee"),
     # names matched as parts of labels, a prompt without a relation word scored on its objects (all as officially);
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
-    scoring_version = 4
+    scoring_version = 5
     default_model = "google/owlv2-base-patch16-ensemble"
     model_objects = {"model_name_or_path": "detector", "depth_model_name_or_path": "depth_model"}
     categories = ("3d_spatial",)
@@ -154,10 +187,12 @@ class Spatial3DReward(Reward):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
-        """Refuse detection options `check_detection_options` refuses and an `iou_threshold` outside (0, 1]."""
+        """Refuse detection options `check_detection_options` refuses, an `iou_threshold` outside (0, 1] and a
+        `depth_image_size` below one 16-px patch."""
         check_detection_options(options)
         if "iou_threshold" in options:
             check_number("iou_threshold", options["iou_threshold"], 0.0, 1.0, open_low=True)
+        check_number("depth_image_size", options.get("depth_image_size"), 16, math.inf, optional=True)
 
     def __init__(
         self,
@@ -175,10 +210,12 @@ class Spatial3DReward(Reward):
         transposed_depth: bool = True,
         person_mapping: bool = True,
         noun_phrase_backend: Backend = "auto",
+        depth_image_size: int | None = None,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
         self.check_options({"threshold": threshold, "text_threshold": text_threshold, "nms_iou": nms_iou,
-                            "iou_threshold": iou_threshold, "noun_phrase_backend": noun_phrase_backend})
+                            "iou_threshold": iou_threshold, "noun_phrase_backend": noun_phrase_backend,
+                            "depth_image_size": depth_image_size})
         self.threshold, self.text_threshold, self.iou_threshold = threshold, text_threshold, iou_threshold
         self.nms_iou = resolve_nms_iou(text_threshold, nms_iou)
         self.transposed_depth = transposed_depth
@@ -187,7 +224,10 @@ class Spatial3DReward(Reward):
         self.parser = parser_record(noun_phrase_backend)
         self.detector = reward_detector(self, detector)
         if depth_model is None:
-            depth_model = DepthEstimator(depth_model_name_or_path, self.device, self.torch_dtype, self.batch_size)
+            if depth_image_size is None and depth_model_name_or_path == DEFAULT_DEPTH_MODEL:
+                depth_image_size = OFFICIAL_DEPTH_SIZE
+            depth_model = DepthEstimator(depth_model_name_or_path, self.device, self.torch_dtype, self.batch_size,
+                                         image_size=depth_image_size)
         self.depth_model = depth_model
 
     def _score(

@@ -378,6 +378,33 @@ def test_depth_estimator_on_tiny_dpt(tiny_dirs: dict[str, Path], tmp_path: Path)
     assert all(np.array_equal(a, b) for a, b in zip(maps, again))
 
 
+def test_depth_reads_the_official_480_px_input_for_the_default_model(tiny_dirs: dict[str, Path], monkeypatch) -> None:
+    """The official script resizes to 480 x 480 (PIL, bilinear) and normalises with 0.5 / 0.5; transformers'
+    DPT-Hybrid is configured for 384 and reads other sizes once its position embeddings may be interpolated."""
+    import rewards.spatial_3d as spatial_3d
+    from rewards.spatial_3d import official_depth_transform
+
+    seen = []
+    estimator = DepthEstimator(str(tiny_dirs["dpt"]), torch.device("cpu"), image_size=64)
+    estimator.model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["pixel_values"]),
+                                              with_kwargs=True)
+    pictures = [images(1, 40, seed=4)[0], Image.fromarray(np.zeros((24, 40, 3), dtype=np.uint8))]
+    maps = estimator.predict(pictures)
+    assert [m.shape for m in maps] == [(40, 40), (24, 40)]
+    assert len(seen) == 2 and all(batch.shape[-2:] == (64, 64) for batch in seen)  # one pass per image size
+    assert any(torch.equal(batch[0], official_depth_transform(64)(pictures[0])) for batch in seen)
+    at_processor_size = DepthEstimator(str(tiny_dirs["dpt"]), torch.device("cpu")).predict(pictures[:1])[0]
+    assert not np.allclose(maps[0], at_processor_size)
+    # The reward gives the default checkpoint the official size, any other its processor's.
+    monkeypatch.setattr(spatial_3d, "DEFAULT_DEPTH_MODEL", str(tiny_dirs["dpt"]))
+    official = Spatial3DReward(detector=FakeDetector([]), depth_model_name_or_path=str(tiny_dirs["dpt"]), device="cpu")
+    assert official.depth_model.official_transform is not None
+    assert official.depth_model.model.dpt.embeddings.image_size == (480, 480)
+    monkeypatch.undo()
+    other = Spatial3DReward(detector=FakeDetector([]), depth_model_name_or_path=str(tiny_dirs["dpt"]), device="cpu")
+    assert other.depth_model.official_transform is None
+
+
 def test_depth_maps_of_mixed_aspect_ratios_are_those_of_each_image_alone(tmp_path: Path) -> None:
     # Depth Anything's processor keeps each image's aspect ratio: its images of two shapes cannot share a pass.
     from transformers import DepthAnythingConfig, DepthAnythingForDepthEstimation, DPTImageProcessor
@@ -393,6 +420,8 @@ def test_depth_maps_of_mixed_aspect_ratios_are_those_of_each_image_alone(tmp_pat
         patch_size=14, reassemble_hidden_size=16, neck_hidden_sizes=[8, 8, 16, 16], fusion_hidden_size=8,
         head_hidden_size=8)).eval().save_pretrained(folder)
     estimator = DepthEstimator(str(folder), torch.device("cpu"), batch_size=8)
+    with pytest.raises(ValueError, match=r"depth_image_size=480 resizes the position embeddings of a DPT"):
+        DepthEstimator(str(folder), torch.device("cpu"), image_size=480)
     pictures = [images(1, 48, seed=1)[0], images(1, 32, seed=2)[0].resize((64, 32)), images(1, 48, seed=3)[0]]
     together = estimator.predict(pictures)
     assert [m.shape for m in together] == [(48, 48), (32, 64), (48, 48)]
