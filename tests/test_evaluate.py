@@ -387,9 +387,10 @@ def test_score_folders_record_scoring_versions_and_refuse_older_scores(tmp_path)
     from gors.core.scoring import check_settings
     from gors.core.store import StoreError
 
-    assert scorer_settings("b_vqa", {}) == {"reward": "b_vqa", "options": {}}  # version 1: as before
+    assert scorer_settings("clip_score", {}) == {"reward": "clip_score", "options": {}}  # version 1: none recorded
     settings = scorer_settings("b_vqa:0.5,spatial_rule:0.5", {})
-    assert settings["scoring_versions"] == {"spatial_rule": 4}  # UniDet's rule, token-mean labels, official nouns
+    # B-VQA's BLIP resize, eps and quotient; the spatial rule's UniDet rule, token-mean labels, official nouns
+    assert settings["scoring_versions"] == {"b_vqa": 2, "spatial_rule": 4}
     (tmp_path / "settings.json").write_text(json.dumps({"reward": "b_vqa:0.5,spatial_rule:0.5", "options": {}}))
     with pytest.raises(StoreError, match="delete .* to score again"):  # scored with the 0.5 threshold
         check_settings(tmp_path, settings, scored=True)
