@@ -46,8 +46,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, image_index_seed, pinned_data
+from evaluators.image_files import upright_rgb
 from evaluators.results import Metric
 from gors.core.backbones import SamplingDefaults
 from gors.core.data import PinnedSource, fetch_pinned_file
@@ -146,6 +148,10 @@ class GenEvalBenchmark(Benchmark):
         if min(map(len, prompts.values())) < 2 or set(summary["tasks"]) != set(prompts):
             summary["overall"] = None
         return summary
+
+    def image_file_rgb(self, image: Image.Image) -> Image.Image:
+        """Upright as its EXIF orientation says, as the official ``evaluate_images.py`` opens it."""
+        return upright_rgb(image)
 
     def read_images(self, folder: Path) -> list[ImageEntry]:
         """The images of `folder` in GenEval's layout (see the module docstring)."""

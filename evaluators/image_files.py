@@ -4,10 +4,11 @@ Images gors generates are RGB PNGs without orientation tags, read alike by every
 file made elsewhere may carry transparency or an EXIF orientation, which the official scorers
 treat differently:
 
-- `plain_rgb`: PIL's ``convert("RGB")`` (T2I-CompBench's and GenEval's scripts): transparency
-  dropped, so a transparent pixel shows its stored colour, orientation tags ignored;
-- `upright_rgb`: the EXIF orientation applied first (GenEval 2 reads images with transformers'
-  ``load_image``, which calls ``ImageOps.exif_transpose``).
+- `plain_rgb`: PIL's ``convert("RGB")`` (T2I-CompBench's scripts): transparency dropped, so a
+  transparent pixel shows its stored colour, orientation tags ignored;
+- `upright_rgb`: the EXIF orientation applied first (GenEval's ``evaluate_images.py`` opens each image
+  with ``ImageOps.exif_transpose``; GenEval 2 reads images with transformers' ``load_image``, which
+  calls it too).
 """
 
 from __future__ import annotations

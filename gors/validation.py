@@ -50,11 +50,13 @@ BEST_DIR = "best"
 BEST_FILE = "best.json"
 # The side every Stable Diffusion 1/2 protocol sampled at before the checkpoint's own side was the default.
 EARLIER_SD_SIDE = 512
-# Scorers whose scoring version rose just before `best.json` recorded them: the version a record without them was
-# scored at (GenEval's detector input resized as mmdetection's raised it to 3, for its graded reward too). Versions
-# that rose earlier in 0.2's development (the detector rules', 3-in-1's) are taken as current: a record of those
-# days competes as if scored now.
-UNRECORDED_SCORING_VERSIONS = {"geneval": 2, "geneval_graded": 2}
+# Scorers whose scoring version rose since `best.json` began to record them: the version a record without them was
+# scored at (GenEval's detector input resized as mmdetection's raised it to 3, for its graded reward too; B-VQA's
+# BLIP transform to 2, and with it 3-in-1 to 5; numeracy's duplicate test to 4; the 3D rule's depth input to 5).
+# Versions that rose earlier in 0.2's development (the detector rules') are taken as current: a record of those
+# days competes as if scored now. Version 1 is what a record of no version means.
+UNRECORDED_SCORING_VERSIONS = {"geneval": 2, "geneval_graded": 2, "b_vqa": 1, "three_in_one": 4, "numeracy": 3,
+                               "spatial_3d": 4}
 VALIDATION_DIR = "validation"
 _STEP_FOLDER = "step-"
 # The summary key under which a benchmark reports its further columns (`Metric.key` "columns.B-CLIP").
@@ -160,13 +162,13 @@ def earlier_settings(benchmark: Benchmark, family: Backbone, resolution: int, sc
     """The validation settings a `best.json` written before they were recorded was validated with, for a
     model of `family` validated now at `resolution` px by reward `scorer`: the family's own sampler; 512 px
     where the benchmark samples at the checkpoint's own side now (`official_sampling.resolution` None: until
-    0.2 the Stable Diffusion 1/2 protocols sampled at 512, a 768-v model too); GenEval's scores of before
-    its detector input was resized as mmdetection's (`UNRECORDED_SCORING_VERSIONS`)."""
+    0.2 the Stable Diffusion 1/2 protocols sampled at 512, a 768-v model too); the scores of the scorers whose
+    version rose since (`UNRECORDED_SCORING_VERSIONS`)."""
     own_side = family.name in benchmark.protocol_families and benchmark.official_sampling.resolution is None
     versions = scoring_versions(scorer)
+    then = {**versions, **{name: version for name, version in UNRECORDED_SCORING_VERSIONS.items() if name in versions}}
     return {"sampler": sampler_name(family), "resolution": EARLIER_SD_SIDE if own_side else resolution,
-            "scoring_versions": {**versions, **{name: version for name, version in UNRECORDED_SCORING_VERSIONS.items()
-                                                if name in versions}}}
+            "scoring_versions": {name: version for name, version in then.items() if version > 1}}
 
 
 def _is_column(key: str) -> bool:

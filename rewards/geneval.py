@@ -15,8 +15,8 @@ level of 255, and floating-point order differ); the default, the Hub's
 another training run (detectron2's), so its numbers compare in kind, not to the decimal. Either way
 we reproduce mmdetection's test-time processing: images resized to a shortest edge of 800 and a
 longest of 1333 pixels (mmdetection's test scale; the Hub processor's own default is 384) with
-OpenCV's bilinear, which does not smooth when it shrinks (`mmdet_resize`), zero-padded to multiples
-of 32, the 100 best (query, class) pairs, masks upsampled bilinearly to the image and thresholded
+OpenCV's bilinear, which does not smooth when it shrinks (`mmdet_resize`), padded with grey 128 to
+multiples of 32 before normalising (GenEval's config: only non-square images are padded), the 100 best (query, class) pairs, masks upsampled bilinearly to the image and thresholded
 at logit 0, confidence = class probability x mean mask probability inside the mask, box = the mask's
 extent.
 
@@ -74,6 +74,9 @@ COLOR_TEMPLATES = ("a photo of a {c} {obj}", "a photo of a {c}-colored {obj}", "
 MAX_PER_IMAGE = 100  # mmdetection's Mask2Former test_cfg.max_per_image
 MMDET_TEST_SIZE = (800, 1333)  # (shortest, longest) edge of mmdetection's Mask2Former test pipeline
 MMDET_SIZE_DIVISOR = 32  # mmdetection's test pipeline pads the resized image to multiples of this
+# ... with grey 128 on every channel, before normalising (GenEval's config, mmdetection 2.x's Mask2Former LSJ test
+# pipeline: `Pad(size_divisor=32, pad_val=dict(img=(128, 128, 128)))`, then `Normalize`).
+MMDET_PAD_VALUE = 128
 _PRECISION = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -237,18 +240,25 @@ class Mask2FormerDetector:
 
     def inputs(self, images: Sequence[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's `pixel_values` and `pixel_mask` for images of one size. With `image_size`, as
-        mmdetection's test pipeline makes them: `mmdet_resize`, normalised, then zero-padded to
-        multiples of `MMDET_SIZE_DIVISOR` (the mask marks the image); else as the checkpoint's processor."""
+        mmdetection's test pipeline makes them: `mmdet_resize`, padded with grey `MMDET_PAD_VALUE` to
+        multiples of `MMDET_SIZE_DIVISOR`, normalised (the mask marks the image); else as the checkpoint's
+        processor."""
         if self.image_size is None:
             inputs = self.processor(images=list(images), return_tensors="pt")
             return inputs["pixel_values"], inputs["pixel_mask"]
         resized = [mmdet_resize(image, self.image_size) for image in images]
         inputs = self.processor(images=resized, do_resize=False, input_data_format="channels_first",
                                 return_tensors="pt")
-        height, width = inputs["pixel_values"].shape[-2:]
+        values = inputs["pixel_values"]
+        height, width = values.shape[-2:]
         pad = (-width % MMDET_SIZE_DIVISOR, -height % MMDET_SIZE_DIVISOR)
-        return (F.pad(inputs["pixel_values"], (0, pad[0], 0, pad[1])),
-                F.pad(inputs["pixel_mask"], (0, pad[0], 0, pad[1])))
+        # Grey 128 as the processor normalises a pixel: mmdetection pads before normalising.
+        grey = [(MMDET_PAD_VALUE * self.processor.rescale_factor - mean) / std
+                for mean, std in zip(self.processor.image_mean, self.processor.image_std, strict=True)]
+        padded = torch.tensor(grey, dtype=values.dtype).view(1, -1, 1, 1).repeat(
+            len(values), 1, height + pad[1], width + pad[0])
+        padded[..., :height, :width] = values
+        return padded, F.pad(inputs["pixel_mask"], (0, pad[0], 0, pad[1]))
 
     def _objects(self, predictions: InstancePredictions, threshold: float) -> dict[str, list[GenEvalObject]]:
         # One copy of the small tensors to the host, and only the kept objects' full-size masks.
@@ -384,11 +394,12 @@ class GenEvalReward(Reward):
     """
 
     name = "geneval"
+    # 4: the padding of non-square images grey 128 before normalising, as mmdetection's (3 padded 0 after);
     # 3: the detector's input resized and padded as mmdetection's test pipeline (OpenCV's bilinear, which does
     # not smooth when it shrinks; zero padding to multiples of 32, where transformers' processor stretched the
     # sides up to them) and scores compared with the thresholds in float32; 2: on CUDA the colour check runs
     # under float16 autocast, as the official one (1: float32)
-    scoring_version = 3
+    scoring_version = 4
     # GenEval's evaluate_images.py runs mmdetection's Mask2Former and open_clip's weights in float32 (the
     # colour check under float16 autocast on CUDA: `ClipColorClassifier.precision`).
     official_dtype = torch.float32

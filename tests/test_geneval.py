@@ -407,11 +407,17 @@ def test_metadata_rows_are_checked(data_dir: Path) -> None:
 def test_detector_resizes_and_pads_like_mmdetection_and_returns_masks_at_image_size(models: dict[str, str]) -> None:
     detector = Mask2FormerDetector(models["model_name_or_path"], torch.device("cpu"), image_size=(96, 160))
     image = random_images(1)[0]  # 48 x 40
-    # mmcv's rescale: x min(160 / 48, 96 / 40) = 2.4, sides rounded half up: 96 x 115; then zero-padded to 32s.
+    # mmcv's rescale: x min(160 / 48, 96 / 40) = 2.4, sides rounded half up: 96 x 115; then padded to 32s with
+    # grey 128 before normalising (GenEval's mmdetection config: Pad(pad_val=128), then Normalize).
     assert tuple(mmdet_resize(image, (96, 160)).shape) == (3, 96, 115)
     pixel_values, pixel_mask = detector.inputs([image])
     assert tuple(pixel_values.shape[-2:]) == (96, 128)
-    assert pixel_mask[0].sum(1).tolist() == [115] * 96 and pixel_values[0, :, :, 115:].abs().max() == 0
+    assert pixel_mask[0].sum(1).tolist() == [115] * 96
+    grey = (torch.tensor([128.0] * 3) - torch.tensor([123.675, 116.28, 103.53])) / torch.tensor([58.395, 57.12, 57.375])
+    assert torch.allclose(pixel_values[0, :, :, 115:], grey.view(3, 1, 1).expand(3, 96, 13), atol=1e-5)
+    unpadded = detector.processor(images=[mmdet_resize(image, (96, 160))], do_resize=False,
+                                  input_data_format="channels_first", return_tensors="pt")["pixel_values"]
+    assert torch.equal(pixel_values[..., :115], unpadded)
     found = detector.detect([image], threshold=0.0)[0]
     assert found and all(o.mask.shape == (40, 48) for objects in found.values() for o in objects)
     assert MMDET_TEST_SIZE == (800, 1333)

@@ -447,12 +447,15 @@ def test_rounds_json_checks_shrinking_a_growing_tau_schedule_and_older_files(mak
         _finished(config, 1, PROMPTS[:1], "b_vqa")
     assert "does not record reward, learning_rate (an older gors)" in caplog.text
     # Rounds recorded before scoring versions were scored by version 1 of every reward: a reward whose
-    # scores changed since (the UniDet rule of spatial_rule) is refused, the others go on.
+    # scores changed since (the UniDet rule of spatial_rule, BLIP's own transform for b_vqa) is refused, the
+    # others go on.
     del record["settings"]["scoring_versions"]
     (tmp_path / ROUNDS_FILE).write_text(json.dumps(record))
-    assert len(_finished(config, 1, PROMPTS, "b_vqa")) == 2
+    assert len(_finished(config, 1, PROMPTS, "clip_score")) == 2
     with pytest.raises(ValueError, match=r"scoring_versions: \{\} -> \{'spatial_rule': 4\}"):
         _finished(config, 1, PROMPTS, "spatial_rule")
+    with pytest.raises(ValueError, match=r"scoring_versions: \{\} -> \{'b_vqa': 2\}"):
+        _finished(config, 1, PROMPTS, "b_vqa")
 
 
 def test_a_later_round_says_the_steps_it_trains_and_a_finished_run_says_so(one_process_rounds, make_run_config,
