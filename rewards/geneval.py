@@ -16,9 +16,9 @@ another training run (detectron2's), so its numbers compare in kind, not to the 
 we reproduce mmdetection's test-time processing: images resized to a shortest edge of 800 and a
 longest of 1333 pixels (mmdetection's test scale; the Hub processor's own default is 384) with
 OpenCV's bilinear, which does not smooth when it shrinks (`mmdet_resize`), padded with grey 128 to
-multiples of 32 before normalising (GenEval's config: only non-square images are padded), the 100 best (query, class) pairs, masks upsampled bilinearly to the image and thresholded
-at logit 0, confidence = class probability x mean mask probability inside the mask, box = the mask's
-extent.
+multiples of 32 before normalising (GenEval's config; only non-square images are padded), the 100
+best (query, class) pairs, masks upsampled bilinearly to the image and thresholded at logit 0,
+confidence = class probability x mean mask probability inside the mask, box = the mask's extent.
 
 Colours follow the official code: open_clip `ViT-L-14` with OpenAI weights (QuickGELU, as OpenAI
 trained it), zero-shot over GenEval's 10 colours with the templates "a photo of a {c} {object}",
