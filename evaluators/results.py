@@ -6,9 +6,11 @@ Each `summary.json` keeps the benchmark's own keys (``overall``, ``soft_tifa_gm`
     "results": {
       "schema_version": 1,
       "gors_version": "0.2.0",
-      "libraries": {"torch": "2.14.1", "transformers": "5.25.0", ...},  # `LIBRARIES`: the models' code and
-                                                     # the processors' (chat templates, image sizes) change
-                                                     # with them (GenEval 2's official code pins transformers 4.57)
+      "libraries": {"torch": "2.14.1", "transformers": "5.25.0", ...},  # `LIBRARIES` installed when the
+                                                     # summary was written (images and scores kept from an
+                                                     # earlier run were made by the versions of that run): the
+                                                     # models' and processors' code changes with them (GenEval
+                                                     # 2's official code pins transformers 4.57)
       "benchmark": "geneval",
       "data": {"repository": "djghosh13/geneval", "commit": "af49...",
                "files": {"evaluation_metadata.jsonl": "<sha256>"}, "prompts_sha256": "<of the evaluated prompts>"},

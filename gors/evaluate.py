@@ -120,6 +120,8 @@ class BenchmarkPlan:
 
 
 EVALUATE_LOCKS = ("evaluate",)  # what `evaluate` holds of its --output_dir
+
+
 def evaluated_model(config: EvaluateConfig) -> str | None:
     """The model `gors evaluate` generates with: `--pretrained_model_name_or_path`, else the base model a run
     folder's `--lora` was trained on (`trained_base_model`, which says so), else the paper's SD-2-base, or the

@@ -29,6 +29,7 @@ DEFAULT_DEPTH_MODEL = "Intel/dpt-hybrid-midas"
 # The official script's depth input (UniDet_eval/experts/model_bank_3d.py): `Resize([480, 480])` of the PIL image
 # (torchvision's bilinear), then `Normalize(mean=0.5, std=0.5)`; `Intel/dpt-hybrid-midas` is configured for 384.
 OFFICIAL_DEPTH_SIZE = 480
+DPT_PATCH_SIZE = 16  # every DPT's ViT (MiDaS' DPT-Hybrid and DPT-Large) cuts 16-px patches
 
 
 class DepthModel(Protocol):
@@ -82,11 +83,15 @@ class DepthEstimator:
         self.model = model.to(device).eval().requires_grad_(False)
         self.official_transform = None
         if image_size is not None:
-            embeddings = getattr(getattr(self.model, "dpt", None), "embeddings", None)
-            if not hasattr(embeddings, "image_size"):
-                raise ValueError(f"{flag}={self.model_name_or_path!r}: depth_image_size={image_size} resizes the "
-                                 "position embeddings of a DPT (MiDaS) checkpoint; this one is no DPT")
-            embeddings.image_size = (image_size, image_size)  # its forward interpolates the position embeddings
+            dpt = getattr(self.model, "dpt", None)
+            if dpt is None:
+                raise ValueError(f"{flag}={self.model_name_or_path!r}: depth_image_size={image_size} applies to a DPT "
+                                 f"(MiDaS) checkpoint; this one is a {type(self.model).__name__}")
+            if image_size % self.model.config.patch_size:
+                raise ValueError(f"depth_image_size={image_size}: give a multiple of {self.model_name_or_path}'s "
+                                 f"{self.model.config.patch_size}-px patches")
+            if hasattr(dpt.embeddings, "image_size"):  # the hybrid's forward refuses other sizes, then interpolates
+                dpt.embeddings.image_size = (image_size, image_size)
             self.official_transform = official_depth_transform(image_size)
 
     @torch.no_grad()
@@ -188,11 +193,15 @@ class Spatial3DReward(Reward):
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
         """Refuse detection options `check_detection_options` refuses, an `iou_threshold` outside (0, 1] and a
-        `depth_image_size` below one 16-px patch."""
+        `depth_image_size` that is no whole number of 16-px patches."""
         check_detection_options(options)
         if "iou_threshold" in options:
             check_number("iou_threshold", options["iou_threshold"], 0.0, 1.0, open_low=True)
-        check_number("depth_image_size", options.get("depth_image_size"), 16, math.inf, optional=True)
+        size = options.get("depth_image_size")
+        check_number("depth_image_size", size, DPT_PATCH_SIZE, math.inf, optional=True)
+        if size is not None and (not isinstance(size, int) or size % DPT_PATCH_SIZE):
+            raise ValueError(f"depth_image_size={size!r}: give a multiple of the DPT's {DPT_PATCH_SIZE}-px patches, "
+                             f"e.g. {OFFICIAL_DEPTH_SIZE}")
 
     def __init__(
         self,
@@ -223,6 +232,9 @@ class Spatial3DReward(Reward):
         self.noun_phrase_backend = noun_phrase_backend
         self.parser = parser_record(noun_phrase_backend)
         self.detector = reward_detector(self, detector)
+        if depth_model is not None and depth_image_size is not None:
+            raise ValueError("depth_image_size sets the input of the depth model the reward loads; a depth_model "
+                             "given ready-built prepares its own input")
         if depth_model is None:
             if depth_image_size is None and depth_model_name_or_path == DEFAULT_DEPTH_MODEL:
                 depth_image_size = OFFICIAL_DEPTH_SIZE

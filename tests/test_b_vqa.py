@@ -133,13 +133,16 @@ def test_p_yes_matches_blip_generate(model_dir: Path, question_start: str) -> No
 def test_yes_probability_is_the_official_quotient_of_the_softmax() -> None:
     from rewards.b_vqa import yes_probability
 
-    logits = torch.tensor([[2.0, 0.5, -1.0, 3.0], [0.0, 0.0, 0.0, 0.0], [-200.0, -300.0, 0.0, 100.0]])
+    # The last two rows: yes and no far below the top token, their probabilities denormal, then both 0.
+    logits = torch.tensor([[2.0, 0.5, -1.0, 3.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.5, -5.0, 90.5],
+                           [-200.0, -300.0, 0.0, 100.0]])
     probabilities = logits.softmax(-1)
     official = probabilities[:, 0] / (probabilities[:, 0] + probabilities[:, 1])
     got = yes_probability(logits, 0, 1)
-    assert torch.equal(got[:2], official[:2])  # the official float32 arithmetic, not merely close
+    assert 0 < probabilities[2, 0] < torch.finfo(torch.float32).tiny  # a denormal
+    assert torch.equal(got[:3], official[:3])  # the official float32 arithmetic, not merely close
     # Both underflow (the official quotient is NaN): the share of the two logits, 1 / (1 + e^-100).
-    assert torch.isnan(official[2]) and got[2].item() == pytest.approx(1.0)
+    assert torch.isnan(official[3]) and got[3].item() == pytest.approx(1.0)
 
 
 def test_images_are_resized_as_blips_transform(model_dir: Path) -> None:

@@ -403,6 +403,13 @@ def test_depth_reads_the_official_480_px_input_for_the_default_model(tiny_dirs: 
     monkeypatch.undo()
     other = Spatial3DReward(detector=FakeDetector([]), depth_model_name_or_path=str(tiny_dirs["dpt"]), device="cpu")
     assert other.depth_model.official_transform is None
+    # Sizes the DPT cannot cut into whole patches are refused before any model loads; so is a size for a depth
+    # model given ready-built.
+    for size in (72, 480.5):
+        with pytest.raises(ValueError, match=rf"depth_image_size={size}: give a multiple of the DPT's 16-px patches"):
+            Spatial3DReward.check_options({"depth_image_size": size})
+    with pytest.raises(ValueError, match="a depth_model given ready-built prepares its own input"):
+        Spatial3DReward(detector=FakeDetector([]), depth_model=estimator, depth_image_size=480, device="cpu")
 
 
 def test_depth_maps_of_mixed_aspect_ratios_are_those_of_each_image_alone(tmp_path: Path) -> None:
@@ -420,7 +427,8 @@ def test_depth_maps_of_mixed_aspect_ratios_are_those_of_each_image_alone(tmp_pat
         patch_size=14, reassemble_hidden_size=16, neck_hidden_sizes=[8, 8, 16, 16], fusion_hidden_size=8,
         head_hidden_size=8)).eval().save_pretrained(folder)
     estimator = DepthEstimator(str(folder), torch.device("cpu"), batch_size=8)
-    with pytest.raises(ValueError, match=r"depth_image_size=480 resizes the position embeddings of a DPT"):
+    with pytest.raises(ValueError, match=r"depth_image_size=480 applies to a DPT \(MiDaS\) checkpoint; this one is a "
+                                         r"DepthAnythingForDepthEstimation"):
         DepthEstimator(str(folder), torch.device("cpu"), image_size=480)
     pictures = [images(1, 48, seed=1)[0], images(1, 32, seed=2)[0].resize((64, 32)), images(1, 48, seed=3)[0]]
     together = estimator.predict(pictures)

@@ -158,7 +158,8 @@ def test_prefix_path_equals_full_forward_and_generate(vlm: ChatVLM, plain) -> No
         assert probs.dtype == torch.float32 and probs.sum().item() == pytest.approx(1.0, abs=1e-5)
         assert relative_difference(probs, forward_probabilities(plain, pictures[index], question)) <= RTOL
         assert relative_difference(probs, generate_probabilities(plain, pictures[index], question)) <= RTOL
-        # The official procedure itself, for scores that must equal it in bfloat16 too.
+        # The official procedure itself, for scores that must equal it in bfloat16 too (`generate_probabilities`
+        # makes GenEval 2's evaluation.py call: max_new_tokens=1, do_sample=False, the softmax of scores[0]).
         assert torch.equal(vlm.generated_probabilities(pictures[index], question),
                            generate_probabilities(plain, pictures[index], question))
 
