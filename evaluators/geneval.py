@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, image_index_seed, pinned_data
 from evaluators.image_files import upright_rgb
@@ -149,9 +148,8 @@ class GenEvalBenchmark(Benchmark):
             summary["overall"] = None
         return summary
 
-    def image_file_rgb(self, image: Image.Image) -> Image.Image:
-        """Upright as its EXIF orientation says, as the official ``evaluate_images.py`` opens it."""
-        return upright_rgb(image)
+    # As the official ``evaluate_images.py`` opens images (``ImageOps.exif_transpose``): upright by EXIF.
+    image_file_rgb = staticmethod(upright_rgb)
 
     def read_images(self, folder: Path) -> list[ImageEntry]:
         """The images of `folder` in GenEval's layout (see the module docstring)."""

@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
-
 from evaluators.base import Benchmark, BenchmarkPrompt, ImageEntry, check_complete, pinned_data
 from evaluators.geneval2_tables import (
     ATOMICITIES,
@@ -215,9 +213,8 @@ class GenEval2Benchmark(Benchmark):
         })
         return summary
 
-    def image_file_rgb(self, image: Image.Image) -> Image.Image:
-        """Upright as its EXIF orientation says, as the official script's transformers ``load_image`` reads it."""
-        return upright_rgb(image)
+    # As the official script's transformers ``load_image`` reads images: upright by EXIF.
+    image_file_rgb = staticmethod(upright_rgb)
 
     def read_images(self, folder: Path) -> list[ImageEntry]:
         """The images of GenEval 2's prompt -> path JSON map in `folder` (see the module docstring)."""

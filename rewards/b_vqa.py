@@ -326,7 +326,7 @@ def yes_probability(logits: torch.Tensor, yes_id: int, no_id: int) -> torch.Tens
     p_yes, p_no = probabilities[:, yes_id], probabilities[:, no_id]
     total = p_yes + p_no
     fallback = torch.sigmoid(logits[:, yes_id] - logits[:, no_id])
-    return torch.where(total > 0, p_yes / torch.where(total > 0, total, torch.ones_like(total)), fallback)
+    return torch.where(total > 0, p_yes / total, fallback)  # 0 / 0 is NaN only where not taken
 
 
 def set_vision_layer_norm_eps(vision_model: torch.nn.Module, eps: float) -> None:

@@ -20,7 +20,7 @@ from rewards.numeracy_rule import (
     load_noun_list,
 )
 from rewards.spatial import check_detection_options
-from rewards.spatial_rule import DETECTION_THRESHOLD, official_scale, resolve_nms_iou
+from rewards.spatial_rule import DETECTION_THRESHOLD, resolve_nms_iou
 
 
 class NumeracyReward(Reward):
@@ -117,7 +117,7 @@ class NumeracyReward(Reward):
             nms_iou=self.nms_iou,
         )
         # The duplicate test runs in the pixels of the official evaluation's resized image, as its boxes are.
-        detections = {i: deduplicate(image_detections, scale=official_scale(*images[i].size))
+        detections = {i: deduplicate(image_detections, image_size=images[i].size)
                       for i, image_detections in zip(todo, found, strict=True)}
         scores, details = [], []
         for i, asked in enumerate(objects):

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from rewards.detection import Detection
-from rewards.spatial_rule import Box
+from rewards.spatial_rule import Box, to_official_frame
 
 # Number words the official script looks for, and what each counts.
 NUMBER_WORDS: dict[str, int] = {
@@ -159,25 +159,20 @@ def _nearly_same(box1: Box, box2: Box, overlap: float = DUPLICATE_OVERLAP) -> bo
 
 
 def deduplicate(detections: Sequence[Detection], overlap: float = DUPLICATE_OVERLAP,
-                scale: tuple[float, float] = (1.0, 1.0)) -> list[Detection]:
+                image_size: tuple[int, int] | None = None) -> list[Detection]:
     """Drop each detection that nearly coincides with an earlier kept one of the same label.
 
-    `detections` are sorted most confident first, so the most confident of a cluster is kept. `scale`:
-    (x, y) factors from the boxes' pixels to those the test runs in (the official code's are those of
-    its resized image, `rewards.spatial_rule.official_frame`, where the +1-pixel areas weigh otherwise);
-    the detections are returned as given.
+    `detections` are sorted most confident first, so the most confident of a cluster is kept. With
+    `image_size` (width, height), the test runs on the boxes in pixels of the official evaluation's resized
+    image (`rewards.spatial_rule.to_official_frame`), where the +1-pixel areas weigh otherwise; the
+    detections are returned as given.
     """
-    sx, sy = scale
-
-    def scaled(box: Box) -> Box:
-        return box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
-
-    kept: list[Detection] = []
-    for detection in detections:
-        if not any(k.label == detection.label and _nearly_same(scaled(k.box), scaled(detection.box), overlap)
-                   for k in kept):
-            kept.append(detection)
-    return kept
+    boxes = [d.box if image_size is None else to_official_frame(d, *image_size).box for d in detections]
+    kept: list[int] = []
+    for i, detection in enumerate(detections):
+        if not any(detections[k].label == detection.label and _nearly_same(boxes[k], boxes[i], overlap) for k in kept):
+            kept.append(i)
+    return [detections[i] for i in kept]
 
 
 @dataclass(frozen=True)

@@ -117,15 +117,10 @@ def official_frame(width: int, height: int) -> tuple[int, int]:
     return (new_short, new_long) if width <= height else (new_long, new_short)
 
 
-def official_scale(width: int, height: int) -> tuple[float, float]:
-    """(x, y) factors from the pixels of a `width` x `height` image to those of its `official_frame`."""
-    frame_width, frame_height = official_frame(width, height)
-    return frame_width / width, frame_height / height
-
-
 def to_official_frame(detection: Detection, width: int, height: int) -> Detection:
     """`detection` of a `width` x `height` image with its box in pixels of `official_frame`."""
-    sx, sy = official_scale(width, height)
+    frame_width, frame_height = official_frame(width, height)
+    sx, sy = frame_width / width, frame_height / height
     x0, y0, x1, y1 = detection.box
     return replace(detection, box=(x0 * sx, y0 * sy, x1 * sx, y1 * sy))
 

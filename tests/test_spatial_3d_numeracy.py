@@ -233,13 +233,12 @@ def test_deduplicate_overlap_thresholds(boxes, kept: int) -> None:
 def test_duplicates_are_tested_in_the_pixels_of_the_official_resized_image() -> None:
     """The official boxes are those of the image resized to 479 px, where the +1-pixel areas weigh more: two
     small boxes of a 1024-px image that are two dogs in its own pixels are one there."""
-    from rewards.spatial_rule import official_scale
+    from rewards.spatial_rule import official_frame
 
     first, second = det("dog", 0.9, (0, 0, 10, 10)), det("dog", 0.8, (1.15, 0, 11.15, 10))  # 89.5 % covered
     assert len(deduplicate([first, second])) == 2
-    scale = official_scale(1024, 1024)
-    assert scale == (479 / 1024, 479 / 1024)
-    assert deduplicate([first, second], scale=scale) == [first]  # 90.5 % there; the boxes are returned as given
+    assert official_frame(1024, 1024) == (479, 479)
+    assert deduplicate([first, second], image_size=(1024, 1024)) == [first]  # 90.5 % there; boxes as given
 
 
 def test_judge_numeracy_half_presence_half_count() -> None:
