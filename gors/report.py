@@ -35,7 +35,7 @@ from gors.core.paper import PUBLISHED, PUBLISHED_PROMPTS
 from gors.core.scoring import SOURCES_SETTING
 
 
-def _summaries(folder: Path) -> list[Any] | None:
+def read_summaries(folder: Path) -> list[Any] | None:
     """The `summaries` list of a `gors evaluate` folder's summary.json; None when it has none."""
     path = folder / "summary.json"
     if not path.is_file():
@@ -378,7 +378,7 @@ class _ReportInputs:
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: {not_a_folder(folder)} (give `gors evaluate` or training output "
                                     "folders)")
-        summaries = _summaries(folder)
+        summaries = read_summaries(folder)
         evaluation = None if summaries is None else evaluation_values(folder / "summary.json", summaries)
         if evaluation:  # a folder whose summaries hold no value is a row of "-"
             self.evaluations[name] = evaluation

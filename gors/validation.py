@@ -41,13 +41,12 @@ from gors.core.fingerprints import is_local_fingerprint
 from gors.core.io import atomic_write_json, is_json_number, publish_folder, read_jsonl, recover_folder
 from gors.core.memory import BatchLimits
 from gors.core.pipeline import sampler_name
+from gors.core.run_folder import BEST_DIR, BEST_FILE
 from rewards.combined import scoring_versions
 
 if TYPE_CHECKING:
     from evaluators.base import Benchmark
 
-BEST_DIR = "best"
-BEST_FILE = "best.json"
 # The side every Stable Diffusion 1/2 protocol sampled at before the checkpoint's own side was the default.
 EARLIER_SD_SIDE = 512
 # Scorers whose scoring version rose since `best.json` began to record them: the version a record without them was

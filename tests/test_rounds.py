@@ -535,3 +535,18 @@ def test_a_local_base_model_moved_elsewhere_is_the_same_model_and_its_rounds_go_
         run(make_run_config(pretrained_model_name_or_path=str(model), images_per_prompt=1,
                             **{**grown, "rounds": 4, "max_train_steps": 8}))
     reset_process_state()
+
+
+def test_gors_push_of_a_rounds_folder_stages_its_latest_round_lora_with_that_rounds_training(one_process_rounds, tmp_path):
+    """The top-level LoRA is the last round's: the card gives its step, the selection of that round, and the rounds."""
+    from gors.push import CARD_FILE, RECORD_FILE, PushConfig, push
+
+    folder = tmp_path / "run"
+    shutil.copytree(one_process_rounds, folder)
+    staged = push(PushConfig(output_dir=str(folder), repo_id="me/rounds", dry_run=True))
+    record = json.loads((staged / RECORD_FILE).read_text())
+    last = json.loads((round_dir(folder, 1) / "selection_summary.json").read_text())
+    assert record["rounds"] == 2 and record["step"] == ROUNDS["max_train_steps"]
+    assert record["selection"] == last
+    assert record["training"]["learning_rate"] == ROUNDS["learning_rate"]
+    assert "| online rounds | 2 " in (staged / CARD_FILE).read_text()

@@ -430,6 +430,14 @@ def test_benchmark_validation_logs_keeps_the_best_and_leaves_training_unchanged(
     best = json.loads((validated_dir / "best" / "best.json").read_text())
     assert best["benchmark"] == "toy:train" and best["metric"] == "binding_accuracy" and best["step"] in (1, 2)
     assert (validated_dir / "best" / "pytorch_lora_weights.safetensors").is_file()
+    # `gors push --lora best` gives the best LoRA with its step and the training it belongs to.
+    from gors.push import RECORD_FILE, PushConfig, push
+
+    staged = push(PushConfig(output_dir=str(validated_dir), repo_id="me/best", lora="best", dry_run=True))
+    record = json.loads((staged / RECORD_FILE).read_text())
+    assert record["step"] == best["step"] and record["best"] == best and record["training"]["rank"] == 4
+    assert (staged / "pytorch_lora_weights.safetensors").read_bytes() == \
+        (validated_dir / "best" / "pytorch_lora_weights.safetensors").read_bytes()
     events = list((validated_dir / "logs").rglob("events.out.tfevents.*"))
     logged = b"".join(e.read_bytes() for e in events)
     # Every declared metric, nested ones too; counts are no metric.

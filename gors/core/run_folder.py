@@ -15,6 +15,8 @@ CHECKPOINT_MARKER = "checkpoint.json"
 LATENT_CACHE_DIR = "latent_cache"
 # The outputs of frozen text encoders over the selection's prompts (`--cache_text_embeddings`).
 TEXT_EMBEDDING_CACHE_DIR = "text_embedding_cache"
+BEST_DIR = "best"  # the best LoRA of --validation_benchmark (`gors.validation`)
+BEST_FILE = "best.json"  # in BEST_DIR: whose best it is
 ROUNDS_FILE = "rounds.json"  # online GORS: what each finished round did (`gors.rounds`)
 
 

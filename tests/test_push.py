@@ -1,0 +1,241 @@
+"""`gors push`: the staged files and model card of a finished tiny run, the refusals, and the upload
+through huggingface_hub's own HTTP code to a local stand-in of the Hub's API."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gors.cli import main
+from gors.core.backbones import LORA_WEIGHT_NAME
+from gors.core.io import files_sha256
+from gors.push import BASE_ROW, CARD_FILE, LORA_ROW, RECORD_FILE, UPLOAD_DIR, PushConfig, push
+
+
+@pytest.fixture(scope="module")
+def trained_run(make_module_run_config):
+    """A finished tiny GORS run (3 prompts x 2 images, 2 training steps), and `gors evaluate` folders of its
+    base model and of its LoRA on the toy benchmark (2 prompts, 1 image each)."""
+    from gors.core.distributed import reset_process_state
+    from gors.run import run
+
+    config = make_module_run_config()
+    run(config)
+    reset_process_state()
+    folder = Path(config.output_dir)
+    for name, lora in (("eval_base", []), ("eval_lora", ["--lora", str(folder)])):
+        main(["evaluate", "--pretrained_model_name_or_path", config.pretrained_model_name_or_path, *lora,
+              "--benchmarks", "toy", "--max_prompts", "2", "--images_per_prompt", "1", "--num_inference_steps", "2",
+              "--resolution", "32", "--output_dir", str(folder.parent / name)])
+        reset_process_state()
+    return config
+
+
+def front_matter(card: str) -> dict:
+    _, metadata, _ = card.split("---\n", 2)
+    return yaml.safe_load(metadata)
+
+
+def test_a_dry_run_stages_the_lora_a_card_of_the_runs_records_and_its_evaluations(trained_run, capsys):
+    run = Path(trained_run.output_dir)
+    folder = push(PushConfig(output_dir=str(run), repo_id="me/tiny-gors", dry_run=True,
+                             base_model="stabilityai/stable-diffusion-2-base", license="openrail++",
+                             evaluation=[str(run.parent / "eval_base"), str(run.parent / "eval_lora")]))
+    assert folder == run / UPLOAD_DIR
+    assert sorted(path.name for path in folder.iterdir()) == [CARD_FILE, RECORD_FILE, LORA_WEIGHT_NAME]
+    assert (folder / LORA_WEIGHT_NAME).read_bytes() == (run / LORA_WEIGHT_NAME).read_bytes()
+    assert "nothing was uploaded" in capsys.readouterr().out
+
+    card = (folder / CARD_FILE).read_text()
+    metadata = front_matter(card)
+    assert metadata["base_model"] == "stabilityai/stable-diffusion-2-base"
+    assert metadata["license"] == "openrail++" and metadata["library_name"] == "diffusers"
+    assert {"lora", "gors", "stable-diffusion"} <= set(metadata["tags"])  # the family read from the local model
+    selection = json.loads((run / "selection_summary.json").read_text())
+    assert f"kept {selection['num_selected']} of {selection['num_samples']}" in card
+    assert "| samples | 2 per prompt, 2 steps of DDIMScheduler" in card
+    assert "rank 4 on unet (to_q, to_k, to_v, to_out.0)" in card
+    assert "the final one, step 2" in card
+    assert f"(read from {trained_run.pretrained_model_name_or_path})" in card
+    assert 'pipeline.load_lora_weights("me/tiny-gors")' in card
+
+    record = json.loads((folder / RECORD_FILE).read_text())
+    assert record["lora_sha256"] == files_sha256([run / LORA_WEIGHT_NAME])
+    assert record["step"] == 2 and record["training"]["rank"] == 4
+    assert record["prompts"]["prompts"] == ["a red circle and a blue square", "a green triangle", "a yellow circle"]
+    base = json.loads((run.parent / "eval_base" / "summary.json").read_text())["summaries"][0]
+    assert record["evaluation"][BASE_ROW]["toy:held_out"] == pytest.approx(base["binding_accuracy"])
+    assert set(record["evaluation"]) == {BASE_ROW, LORA_ROW}
+    assert f"| {LORA_ROW}" in card and f"| {BASE_ROW}" in card
+
+
+def test_a_local_base_model_leaves_the_card_without_one_and_says_which_flag_links_it(trained_run, capsys):
+    folder = push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors", dry_run=True))
+    assert "base_model" not in front_matter((folder / CARD_FILE).read_text())
+    assert "pass --base_model ORG/NAME" in capsys.readouterr().out
+
+
+def test_an_evaluation_of_other_weights_is_refused(trained_run, tmp_path):
+    run = Path(trained_run.output_dir)
+    other = tmp_path / "run"
+    shutil.copytree(run, other, ignore=shutil.ignore_patterns(UPLOAD_DIR))
+    lora = other / LORA_WEIGHT_NAME
+    lora.write_bytes(lora.read_bytes()[:-1] + b" ")  # the header's padding: still a LoRA, other bytes
+    with pytest.raises(ValueError, match="of other weights than the pushed LoRA"):
+        push(PushConfig(output_dir=str(other), repo_id="me/x", dry_run=True,
+                        evaluation=[str(run.parent / "eval_lora")]))
+
+
+def test_a_run_without_the_lora_asked_for_names_what_to_do(trained_run, tmp_path):
+    with pytest.raises(FileNotFoundError, match="holds no best LoRA.*--lora final"):
+        push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/x", lora="best", dry_run=True))
+    unfinished = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, unfinished)
+    (unfinished / LORA_WEIGHT_NAME).unlink()
+    with pytest.raises(FileNotFoundError, match="training has not finished"):
+        push(PushConfig(output_dir=str(unfinished), repo_id="me/x", dry_run=True))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--repo_id", "not a repo"], "give a Hugging Face Hub model repository"),
+    (["--repo_id", "me/x", "--base_model", "./sd"], "a local folder means nothing on the Hub"),
+    (["--repo_id", "me/x", "--lora", "middle"], "invalid choice"),
+])
+def test_bad_flags_are_one_line(trained_run, flags, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["push", "--output_dir", trained_run.output_dir, *flags])
+    error = capsys.readouterr().err.strip()
+    assert message in error and "\n" not in error
+
+
+class HubServer(ThreadingHTTPServer):
+    """The few endpoints of the Hugging Face Hub's API that an upload of small files calls: create a repository
+    and a branch, check a README's metadata, ask each file's upload mode (all "regular": inline in the commit)
+    and commit. Records the commits' files and every request; `refuse` answers every request with that status."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _HubHandler)
+        self.requests: list[str] = []
+        self.commits: list[dict] = []
+        self.refuse: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _HubHandler(BaseHTTPRequestHandler):
+    server: HubServer
+
+    def do_POST(self) -> None:  # the name http.server dispatches POST requests to
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        path = self.path.split("?")[0]
+        self.server.requests.append(f"POST {path}")
+        if self.server.refuse is not None:
+            return self._json({"error": "refused"}, self.server.refuse)
+        if path == "/api/repos/create":
+            request = json.loads(body)
+            return self._json({"url": f"{self.server.url}/{request['organization']}/{request['name']}"})
+        if path == "/api/validate-yaml":
+            yaml.safe_load(json.loads(body)["content"].split("---\n")[1])
+            return self._json({})
+        if "/preupload/" in path:
+            files = json.loads(body)["files"]
+            return self._json({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                                         for f in files]})
+        if "/branch/" in path:
+            return self._json({})
+        if "/commit/" in path:
+            lines = [json.loads(line) for line in body.splitlines() if line]
+            files = {line["value"]["path"]: base64.b64decode(line["value"]["content"])
+                     for line in lines if line["key"] == "file"}
+            self.server.commits.append({"path": path, "header": lines[0]["value"], "files": files})
+            return self._json({"commitUrl": f"{self.server.url}/me/tiny-gors/commit/{'a' * 40}",
+                               "commitOid": "a" * 40})
+        return self._json({"error": "unknown endpoint"}, 404)
+
+    def _json(self, data: dict, status: int = 200) -> None:
+        payload = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: pytest shows the assertions, not an access log."""
+
+
+@contextmanager
+def hub_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
+    """A running `HubServer` that huggingface_hub's API calls go to, online (the suite is offline) with a token."""
+    from huggingface_hub import constants
+
+    server = HubServer()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", server.url)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_push_uploads_the_staged_files_as_one_commit_on_the_branch_asked(trained_run, monkeypatch, capsys):
+    with hub_server(monkeypatch) as server:
+        folder = push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors", revision="gors",
+                                 base_model="stabilityai/stable-diffusion-2-base"))
+    assert server.requests[:2] == ["POST /api/repos/create", "POST /api/models/me/tiny-gors/branch/gors"]
+    (commit,) = server.commits
+    assert commit["path"] == "/api/models/me/tiny-gors/commit/gors"
+    assert commit["header"]["summary"] == f"gors push: the final LoRA of {Path(trained_run.output_dir).name}"
+    assert commit["files"] == {name: (folder / name).read_bytes()
+                               for name in (CARD_FILE, RECORD_FILE, LORA_WEIGHT_NAME)}
+    assert f"is at {server.url}/me/tiny-gors/commit/" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("status, hint", [(401, "the token was refused"), (403, "may not write to me")])
+def test_a_refusal_of_the_hub_is_one_line_with_what_to_do_and_the_files_stay_staged(trained_run, monkeypatch,
+                                                                                      status, hint):
+    with hub_server(monkeypatch) as server:
+        server.refuse = status
+        with pytest.raises(ValueError, match=f"pushing to me/tiny-gors failed: .*{hint}"):
+            push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors"))
+    assert (Path(trained_run.output_dir) / UPLOAD_DIR / LORA_WEIGHT_NAME).is_file()
+
+
+def test_offline_or_without_a_token_nothing_is_sent(trained_run, monkeypatch):
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE=1 is set: pushing needs the network"):
+        push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors"))
+    with hub_server(monkeypatch) as server:
+        monkeypatch.delenv("HF_TOKEN")
+        from huggingface_hub import constants
+
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(Path(trained_run.output_dir).parent / "no-token"))
+        with pytest.raises(ValueError, match="no Hugging Face token: log in with `hf auth login`"):
+            push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors"))
+    assert server.requests == []
+
+
+def test_the_help_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys; from gors.cli import main\ntry: main(['push', '--help'])\nexcept SystemExit: pass\n" \
+           "assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
