@@ -673,6 +673,19 @@ class PipelineFields:
                           "its own CUDA stream): the reward model's work overlaps the denoiser's, with both models in "
                           "memory. Same scores as scoring afterwards. Timed as one stage, generate+score."},
     )
+    push_to_hub: str | None = field(
+        default=None,
+        metadata={"help": "A Hugging Face Hub model repository, ORG/NAME: once trained, the final LoRA goes there "
+                          "with a model card of the run, as `gors push` does (a token and the network are checked "
+                          "before any work)."},
+    )
+
+    def _check_push(self) -> None:
+        if self.push_to_hub is not None:
+            from gors.core.hub import is_repo_id
+
+            _check(is_repo_id(self.push_to_hub),
+                   f"--push_to_hub={self.push_to_hub!r}: give a Hugging Face Hub model repository, ORG/NAME")
 
 
 @dataclass
@@ -804,6 +817,7 @@ class RunConfig(RoundFields, PipelineFields, GenerationFields, ScoringFields, Se
         self._check_scoring()
         self._check_generation()
         self._check_rounds()
+        self._check_push()
 
     def check_given(self, given: set[str]) -> None:
         """`TrainingFields.check_given`, and --max_train_steps beside --steps_per_round, which sets the updates."""

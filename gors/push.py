@@ -370,17 +370,25 @@ def _push_hint(err: BaseException, repo_id: str) -> str:
     return "run the same command again; the files are ready in the upload folder"
 
 
-def upload(config: PushConfig, folder: Path) -> str:
-    """Upload `folder` as one commit to `config.repo_id` (created if missing); returns the commit's URL."""
+def check_push_access(where: str) -> None:
+    """Refuse a push that cannot start: offline mode on, or no Hugging Face token. `where`: what the user
+    has meanwhile (the staged files, or a run not started yet)."""
     offline = offline_setting()
     if offline:
-        raise ValueError(f"{offline} is set: pushing needs the network. Unset it to push; the files are in {folder}")
-    from huggingface_hub import HfApi, get_token
-    from huggingface_hub.errors import HfHubHTTPError
+        raise ValueError(f"{offline} is set: pushing needs the network. Unset it to push; {where}")
+    from huggingface_hub import get_token
 
     if get_token() is None:
-        raise ValueError("no Hugging Face token: log in with `hf auth login` (a token with write access) or set "
-                         f"HF_TOKEN; the files are in {folder}")
+        raise ValueError(f"no Hugging Face token: log in with `hf auth login` (a token with write access) or set "
+                         f"HF_TOKEN; {where}")
+
+
+def upload(config: PushConfig, folder: Path) -> str:
+    """Upload `folder` as one commit to `config.repo_id` (created if missing); returns the commit's URL."""
+    check_push_access(f"the files are in {folder}")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
     api = HfApi()
     message = config.commit_message or f"gors push: the {config.lora} LoRA of {Path(config.output_dir).name}"
     try:

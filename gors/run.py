@@ -21,6 +21,7 @@ from gors.core.scoring import load_scores
 from gors.core.store import SampleStore, has_bytes
 from gors.families import resolve_training
 from gors.generate import generate
+from gors.push import PushConfig, check_push_access, push
 from gors.score import check_prompt_metadata, score, scoring_while_generating
 from gors.select import load_selection, select, threshold_fn
 from gors.timings import StageTiming, format_timings, timed_stage, write_timings
@@ -155,6 +156,8 @@ def check_run_inputs(config: RunConfig) -> None:
     load_training_scheduler(family)  # --anchor_below against the schedule's timesteps
     if config.validation_benchmark:
         validation_target(config)  # offline, its scorer's models in the cache too
+    if config.push_to_hub:
+        check_push_access("nothing has started")
         if config.validation_resolution is not None:
             check_resolution(backbone, config.validation_resolution, "--validation_resolution")
     if config.rounds == 1 and scored_already(config, len(prompts), reward):
@@ -224,3 +227,15 @@ def run(config: RunConfig, command: str = "gors run") -> None:
     else:
         run_rounds(config, accelerator, command)
     accelerator.end_training()
+    if config.push_to_hub and accelerator.is_main_process:
+        push_finished_run(config)
+
+
+def push_finished_run(config: RunConfig) -> None:
+    """`--push_to_hub`: the final LoRA and its card to the Hub (`gors push`); a failure leaves the finished run
+    as it is and names the command that pushes it."""
+    again = f"gors push --output_dir {config.output_dir} --repo_id {config.push_to_hub}"
+    try:
+        push(PushConfig(output_dir=config.output_dir, repo_id=config.push_to_hub))
+    except ValueError as err:
+        raise ValueError(f"the run is finished, its push was not: {err} Push it with `{again}`") from err

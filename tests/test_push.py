@@ -239,3 +239,29 @@ def test_the_help_imports_no_torch():
     code = "import sys; from gors.cli import main\ntry: main(['push', '--help'])\nexcept SystemExit: pass\n" \
            "assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_gors_run_push_to_hub_is_checked_before_any_work_and_pushes_the_finished_run(trained_run, monkeypatch,
+                                                                                      tmp_path):
+    from dataclasses import replace
+
+    from gors.run import run
+
+    fresh = replace(trained_run, output_dir=str(tmp_path / "fresh"), push_to_hub="me/tiny-gors")
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE=1 is set: pushing needs the network. Unset it to push; "
+                                         "nothing has started"):
+        run(fresh)
+    assert not (tmp_path / "fresh").exists()
+    with hub_server(monkeypatch) as server:
+        run(replace(trained_run, push_to_hub="me/tiny-gors"))  # every stage finished: only the push is left
+        (commit,) = server.commits
+        assert set(commit["files"]) == {CARD_FILE, RECORD_FILE, LORA_WEIGHT_NAME}
+        server.refuse = 403
+        with pytest.raises(ValueError, match=r"the run is finished, its push was not: .* Push it with `gors push "
+                                             r"--output_dir .* --repo_id me/tiny-gors`"):
+            run(replace(trained_run, push_to_hub="me/tiny-gors"))
+
+
+def test_push_to_hub_takes_a_repository_id(make_run_config):
+    with pytest.raises(ValueError, match="--push_to_hub='me': give a Hugging Face Hub model repository"):
+        make_run_config(push_to_hub="me")
