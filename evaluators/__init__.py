@@ -20,7 +20,15 @@ from typing import Any
 from evaluators.base import Benchmark, BenchmarkPrompt, check_benchmark_class
 from evaluators.results import Metric
 from gors.core import paper
-from rewards.registry import check_entry_point_name, check_name, declared_entry_points, entry_point_path, import_error
+from rewards.registry import (
+    check_entry_point_name,
+    check_name,
+    declared_entry_points,
+    entry_point_path,
+    import_class,
+    import_error,
+    is_missing,
+)
 
 _BENCHMARKS = {
     "geneval": "evaluators.geneval:GenEvalBenchmark",
@@ -128,9 +136,15 @@ def parse_benchmarks(spec: str, flag: str = "--benchmarks") -> list[tuple[str, s
             current = name if sep else None
         elif current is not None and not sep:
             parsed.append((current, item))
+        elif (by_path := class_path_benchmark(item, flag)) is not None:
+            name, subset = by_path
+            known.add(name)
+            parsed.append(by_path)
+            current = name if subset is not None else None
         else:
-            raise ValueError(f"{flag}={spec!r}: unknown benchmark {item!r}; known: {known_names} (one of your own: "
-                             f"an entry point of the {ENTRY_POINT_GROUP} group, see docs/extending.md)")
+            raise ValueError(f"{flag}={spec!r}: unknown benchmark {item!r}; known: {known_names}; one of your own: "
+                             f"'module:Class' (a Benchmark subclass), or an entry point of the {ENTRY_POINT_GROUP} "
+                             "group (docs/extending.md)")
     expanded = []
     for name, subset in parsed:
         if name == "t2i_compbench" and subset is None:
@@ -145,6 +159,35 @@ def parse_benchmarks(spec: str, flag: str = "--benchmarks") -> list[tuple[str, s
         key = subset if subset is not None or named[name] == 1 else _default_subset(name)
         once.setdefault((name, key), (name, subset))
     return list(once.values())
+
+
+def class_path_benchmark(item: str, flag: str) -> tuple[str, str | None] | None:
+    """`module:Class` or `module:Class:subset` -> (the name the class is registered by, subset), the class
+    registered under it; None where `item` is no such path or names no module to be found (a mistyped
+    benchmark name, which the caller reports). Results are filed by the class's own `name` (what
+    `@register_benchmark` sets), so a class without one is refused."""
+    module, _, rest = item.partition(":")
+    attribute, _, subset = rest.partition(":")
+    if not (attribute.isidentifier() and all(part.isidentifier() for part in module.split("."))):
+        return None
+    path = f"{module}:{attribute}"
+    try:
+        cls = import_class(path)
+    except ModuleNotFoundError as err:
+        if is_missing(err, module):
+            return None
+        raise import_error(path, path, err, "benchmark") from err
+    except (ImportError, AttributeError) as err:
+        raise import_error(path, path, err, "benchmark") from err
+    if not (isinstance(cls, type) and issubclass(cls, Benchmark)):
+        raise ValueError(f"{flag}: {path} is not a Benchmark subclass")
+    name = vars(cls).get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{flag}: {path} has no name of its own, which its results are filed by: decorate the "
+                         "class with @evaluators.register_benchmark('my_benchmark')")
+    if _REGISTERED.get(name) is not cls:
+        register_benchmark(name)(cls)
+    return name, subset or None
 
 
 def _default_subset(name: str) -> str | None:

@@ -751,6 +751,10 @@ def check_benchmark_class(cls: type[Benchmark]) -> None:
     missing = [hook for hook in ("prompts", "summarize") if getattr(cls, hook) is getattr(Benchmark, hook)]
     if missing:
         raise ValueError(f"{what} does not implement {' and '.join(missing)}; see docs/extending.md, Adding a benchmark")
+    if isinstance(cls.scorer, str) and "," in cls.scorer:
+        raise ValueError(f"{what}: scorer={cls.scorer!r} is a weighted list; a benchmark's scorer is one reward (a name "
+                         "or a module:Class path): write a Reward subclass that combines them, or score the others as "
+                         "columns")
     declared = [metric.key for metric in cls.metrics]
     if cls.primary_metric not in declared:
         raise ValueError(f"{what}: primary_metric={cls.primary_metric!r} is not among its metrics {declared}; declare "

@@ -529,7 +529,7 @@ class TrainingFields:
     validation_benchmark: str | None = field(
         default=None,
         metadata={"help": "Benchmark run with the current LoRA every --validation_steps (any one of `gors evaluate "
-                          "--benchmarks`, e.g. t2i_compbench:color, geneval, toy): metrics and an image grid go "
+                          "--benchmarks`, e.g. t2i_compbench:color, geneval, toy, module:Class): metrics and an image grid go "
                           "to TensorBoard, and the best LoRA by --validation_metric to <output_dir>/best."},
     )
     validation_num_prompts: int = field(default=16, metadata={"help": "Validation prompts (spread over the benchmark)."})
@@ -869,7 +869,9 @@ class EvaluateConfig:
     benchmarks: str = field(
         default="all",
         metadata={"help": "all | t2i_compbench[:color,shape,...] | geneval | geneval2 | lpg_bench | toy[:train], "
-                          "comma-separated. all = every T2I-CompBench category, GenEval, GenEval 2, LPG-Bench."},
+                          "comma-separated. all = every T2I-CompBench category, GenEval, GenEval 2, LPG-Bench. "
+                          "Your own: an installed entry point's name, or module:Class[:subset] "
+                          "(docs/extending.md)."},
     )
     images: str | None = field(
         default=None,

@@ -325,7 +325,7 @@ def check_options(cls: type[Reward], options: Mapping[str, Any], what: str, flag
     accepted = accepted_options(cls)
     lacking = [name for name in SET_BY_GORS if accepted is not None and name not in accepted]
     if lacking:
-        raise ValueError(f"{flag}: {what}: {cls.__name__}.__init__ does not take {', '.join(lacking)}; gors passes "
+        raise ValueError(f"{what}: {cls.__name__}.__init__ does not take {', '.join(lacking)}; gors passes "
                          f"{', '.join(SET_BY_GORS)} to every reward: take them (or **kwargs) and pass them on to "
                          "super().__init__")
     accepted = None if accepted is None else [name for name in accepted if name not in SET_BY_GORS]
@@ -432,7 +432,7 @@ def check_reward_options(text: str, options: Mapping[str, Any] | None, flag: str
     if stray:
         # A member's name mistyped (or a `module:Class` member named by its class alone), or a member's option
         # given at the top level.
-        meant = next((name for name in sorted(names) if name.rpartition(":")[2] == stray[0]), None) \
+        meant = next((name for name in sorted(names) if _spelled_alike(name.rpartition(":")[2], stray[0])), None) \
             or next(iter(difflib.get_close_matches(stray[0], sorted(names), n=1)), None)
         example = (f"'{{\"{meant}\": {{...}}}}'" if meant is not None
                    else f"'{{\"{specs[0].name}\": {{\"{stray[0]}\": ...}}}}'")
@@ -445,6 +445,12 @@ def check_reward_options(text: str, options: Mapping[str, Any] | None, flag: str
             raise ValueError(f"{flag}: the options of {spec.name!r} are {member!r}; give a mapping, e.g. "
                              f"'{{\"{spec.name}\": {{\"model_name_or_path\": \"...\"}}}}'")
         check_options(get_reward_class(spec.name), member, f"reward {spec.name!r}", flag)
+
+
+def _spelled_alike(class_name: str, key: str) -> bool:
+    """Whether an options key names a `module:Class` member by its class alone, however cased
+    (`RedFraction`, `redfraction`, `red_fraction`)."""
+    return class_name.lower() == key.replace("_", "").lower()
 
 
 def check_reward(text: str) -> list[RewardSpec]:

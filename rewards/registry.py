@@ -101,7 +101,8 @@ def check_name(kind: str, name: str, cls: type, registered: type | None, builtin
     if registered is not None and (registered.__module__, registered.__qualname__) != (cls.__module__,
                                                                                        cls.__qualname__):
         raise ValueError(f"{kind} name {name!r} is already registered to {registered.__module__}."
-                         f"{registered.__qualname__}; register {cls.__qualname__} under another name")
+                         f"{registered.__qualname__}; register {cls.__module__}.{cls.__qualname__} under another "
+                         "name")
 
 
 def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
@@ -124,7 +125,7 @@ def available_rewards() -> list[str]:
     return sorted(set(_BUILTIN) | set(_REGISTERED) | set(declared_entry_points()))
 
 
-def _is_missing(err: ModuleNotFoundError, module_name: str) -> bool:
+def is_missing(err: ModuleNotFoundError, module_name: str) -> bool:
     """Whether `err` says `module_name` itself (or a package above it) is not found, rather than a module it imports."""
     return err.name is not None and (module_name == err.name or module_name.startswith(err.name + "."))
 
@@ -141,7 +142,7 @@ def _import_module(module_name: str) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as err:
-        if not _is_missing(err, module_name) or cwd in sys.path or "" in sys.path:
+        if not is_missing(err, module_name) or cwd in sys.path or "" in sys.path:
             raise
     sys.path.append(cwd)  # last: only what no other path entry has is taken from here
     try:
@@ -150,7 +151,7 @@ def _import_module(module_name: str) -> ModuleType:
         sys.path.remove(cwd)
 
 
-def _import_class(path: str) -> Any:
+def import_class(path: str) -> Any:
     """The attribute `Class` of the module `module` in a `module:Class` path (`_import_module`)."""
     module_name, _, attr = path.partition(":")
     return getattr(_import_module(module_name), attr)
@@ -166,7 +167,7 @@ def import_error(name: str, path: str, err: Exception, kind: str = "reward") -> 
     not import, and for a module not found, the fix: its folder on PYTHONPATH."""
     what = _described(name, path)
     module_name = path.partition(":")[0]
-    if isinstance(err, ModuleNotFoundError) and _is_missing(err, module_name):
+    if isinstance(err, ModuleNotFoundError) and is_missing(err, module_name):
         return ValueError(f"Could not import {kind} {what}: {err}, neither on the Python path nor in the working "
                           f"directory ({os.getcwd()}). Add the folder that holds it to PYTHONPATH, e.g. "
                           f"`PYTHONPATH=/path/to/folder gors ...`, or install it.")
@@ -191,11 +192,11 @@ def get_reward_class(name: str) -> type[Reward]:
         return _REGISTERED[name]
     plugin = entry_point_path("reward", name, ENTRY_POINT_GROUP, _BUILTIN)  # None for gors' own
     if name in _BUILTIN:
-        return _import_class(_BUILTIN[name])
+        return import_class(_BUILTIN[name])
     if plugin is not None or ":" in name:
         path = plugin or name
         try:
-            cls = _import_class(path)
+            cls = import_class(path)
         except (ImportError, AttributeError) as err:
             raise import_error(name, path, err) from err
         if isinstance(cls, type) and issubclass(cls, Reward):

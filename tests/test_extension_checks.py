@@ -4,6 +4,7 @@ change, instead of failing after generation and scoring or being silently misrea
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 
@@ -82,7 +83,7 @@ def test_an_init_that_does_not_take_what_gors_passes_is_refused_before_generatin
         def __init__(self, gain: float = 1.0, **kwargs):
             super().__init__(**kwargs)
 
-    with pytest.raises(ValueError, match=r"--reward_options: reward 'narrow': Narrow.__init__ does not take device, "
+    with pytest.raises(ValueError, match=r"^reward 'narrow': Narrow.__init__ does not take device, "
                                          r"torch_dtype, batch_size; gors passes device, torch_dtype, batch_size to "
                                          r"every reward: take them \(or \*\*kwargs\)"):
         check_options(Narrow, {"gain": 2.0}, "reward 'narrow'", "--reward_options")
@@ -113,6 +114,7 @@ class TwoPrompts(Benchmark):
     ({"summarize": Benchmark.summarize}, "does not implement summarize"),
     ({"primary_metric": "acc"}, r"primary_metric='acc' is not among its metrics \['accuracy'\]"),
     ({"seed_fn": lambda base, p, i: base + p}, r"seed_fn: wrap the function in staticmethod\(\.\.\.\)"),
+    ({"scorer": "toy_oracle:0.5,toy_classifier:0.5"}, r"is a weighted list; a benchmark's scorer is one reward"),
 ])
 def test_benchmark_classes_that_break_the_rules_are_refused_when_registered(body, message):
     broken = dataclass(type("Broken", (TwoPrompts,), body))
@@ -374,3 +376,59 @@ def test_listings_show_a_plugin_that_raises_on_import_and_the_others(tmp_path, m
     out = capsys.readouterr().out
     assert out.count("cannot be imported: needs a GPU at import") == 2
     assert "toy_oracle" in out and "t2i_compbench" in out
+
+
+PLUGIN_BENCHMARK = '''
+from dataclasses import dataclass
+
+from evaluators import Benchmark, BenchmarkPrompt, Metric, register_benchmark
+
+
+@register_benchmark("path_bench")
+@dataclass
+class PathBenchmark(Benchmark):
+    num_inference_steps: int = 2
+    guidance_scale: float = 4.0
+    resolution: int = 64
+    official_images_per_prompt = 1
+    scorer = "toy_oracle"
+    primary_metric = "accuracy"
+    metrics = (Metric("accuracy", higher_is_better=True, scale="[0, 1]", help="share bound"),)
+
+    def prompts(self):
+        return self.subsample([BenchmarkPrompt("a red circle and a blue triangle")])
+
+    def summarize(self, rows):
+        return {"accuracy": sum(row["details"]["bound"] for row in rows) / len(rows), "num_images": len(rows)}
+
+
+@dataclass
+class Unnamed(PathBenchmark):
+    pass
+'''
+
+
+def test_a_benchmark_of_ones_own_runs_from_the_command_line_by_its_module_class_path(tmp_path, monkeypatch):
+    """`gors evaluate --benchmarks module:Class` imports the module from the working directory and files the
+    results under the name the class registers; one without a name, or no Benchmark, is refused."""
+    from gors.cli import main
+    from gors.core.toy import PRETRAINED_DIR
+    from gors.evaluate import evaluate
+
+    (tmp_path / "plugin_bench.py").write_text(PLUGIN_BENCHMARK)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "plugin_bench", raising=False)  # imported here only: gone after the test
+    main(["evaluate", "--pretrained_model_name_or_path", str(PRETRAINED_DIR / "pipeline"),
+          "--benchmarks", "plugin_bench:PathBenchmark,toy", "--max_prompts", "1", "--output_dir", "eval"])
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert [entry["label"] for entry in summary["summaries"]] == ["path_bench", "toy:held_out"]
+    assert (tmp_path / "eval" / "path_bench" / "summary.json").is_file()
+    from gors.config import EvaluateConfig
+
+    for spec, message in [("plugin_bench:Unnamed", "has no name of its own, which its results are filed by"),
+                          ("plugin_bench:Missing", "Could not import benchmark 'plugin_bench:Missing'"),
+                          ("plugin_bench:dataclass", "plugin_bench:dataclass is not a Benchmark subclass"),
+                          ("no_such_module:Thing", "unknown benchmark 'no_such_module:Thing'; known: .*'module:Class'")]:
+        with pytest.raises(ValueError, match=message):
+            evaluate(EvaluateConfig(benchmarks=spec, output_dir=str(tmp_path / "refused")))
+    assert not (tmp_path / "refused").exists()

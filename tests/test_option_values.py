@@ -166,4 +166,8 @@ def test_the_reward_model_flag_and_a_lists_options_are_checked_before_any_work()
                                          r"'\{\"rewards.geneval_graded:GenEvalGradedReward\": \{...\}\}'$"):
         check_reward_options("toy_oracle:0.5,rewards.geneval_graded:GenEvalGradedReward:0.5",
                              {"GenEvalGradedReward": {}})
+    with pytest.raises(ValueError, match=r"'geneval_graded_reward' names no member .* e.g. "
+                                         r"'\{\"rewards.geneval_graded:GenEvalGradedReward\": \{...\}\}'$"):
+        check_reward_options("toy_oracle:0.5,rewards.geneval_graded:GenEvalGradedReward:0.5",
+                             {"geneval_graded_reward": {}})
     check_reward_options("toy_oracle:0.5,toy_classifier:0.5", {"toy_oracle": {"checks": "all"}})

@@ -513,8 +513,9 @@ def test_the_best_lora_is_the_best_value_by_the_metrics_direction_and_survives_a
 
 def test_unknown_validation_benchmark_is_a_clear_error(make_run_config):
     with pytest.raises(ValueError, match=r"^--validation_benchmark='genevel': unknown benchmark 'genevel'; known: "
-                                         r"geneval, .* \(one of your own: an entry point of the gors.benchmarks "
-                                         r"group, see docs/extending.md\)") as refused:
+                                         r"geneval, .*; one of your own: 'module:Class' \(a Benchmark subclass\), "
+                                         r"or an entry point of the gors.benchmarks group \(docs/extending.md\)") \
+            as refused:
         make_run_config(validation_benchmark="genevel")
     assert "all" not in str(refused.value).split("known: ")[1].split(", ")  # validation measures one benchmark
 
