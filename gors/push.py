@@ -294,21 +294,17 @@ def card_rows(facts: RunFacts, base_model: str | None) -> list[tuple[str, str]]:
 def model_card(config: PushConfig, facts: RunFacts, evaluation: dict[str, dict[str, float | None]],
                notes: list[str], base_model: str | None, tags: list[str]) -> str:
     """The README.md of the repository: YAML metadata the Hub reads, then the card."""
-    import yaml
+    from huggingface_hub import ModelCardData
 
     from gors.report import markdown_table
 
-    metadata: dict[str, Any] = {}
-    if base_model:
-        metadata |= {"base_model": base_model, "base_model_relation": "adapter"}
-    if config.license:
-        metadata["license"] = config.license
-    metadata |= {"library_name": "diffusers", "pipeline_tag": "text-to-image",
-                 "tags": ["text-to-image", "diffusers", "lora", "gors", *tags]}
+    metadata = ModelCardData(base_model=base_model, base_model_relation="adapter" if base_model else None,
+                             license=config.license, library_name="diffusers", pipeline_tag="text-to-image",
+                             tags=["text-to-image", "diffusers", "lora", "gors", *tags])
     table = "\n".join(["| | |", "|---|---|", *(f"| {what} | {value} |" for what, value in card_rows(facts, base_model))])
     base = base_model or "BASE_MODEL"  # a local base model: the user names it
     lines = [
-        "---", yaml.safe_dump(metadata, sort_keys=False).strip(), "---", "",
+        "---", metadata.to_yaml(), "---", "",
         f"# {config.repo_id.split('/')[-1]}", "",
         f"A LoRA of {f'[{base_model}](https://huggingface.co/{base_model})' if base_model else 'a local model'} "
         f"fine-tuned with GORS (reward-driven sample selection, Huang et al., T2I-CompBench, NeurIPS 2023) by gors "
