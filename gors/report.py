@@ -36,7 +36,8 @@ from gors.core.scoring import SOURCES_SETTING
 
 
 def read_summaries(folder: Path) -> list[Any] | None:
-    """The `summaries` list of a `gors evaluate` folder's summary.json; None when it has none."""
+    """The `summaries` list of a `gors evaluate` folder's summary.json, each with the `lora_dropout` the file
+    records once for all of them (the LoRA's samples were drawn with it); None when it has none."""
     path = folder / "summary.json"
     if not path.is_file():
         return None
@@ -46,7 +47,8 @@ def read_summaries(folder: Path) -> list[Any] | None:
                          "whose summary.json lists every benchmark it evaluated")
     if not isinstance(data, dict) or not isinstance(data.get("summaries"), list):
         raise ValueError(f"{path} is not a `gors evaluate` summary (no 'summaries' list)")
-    return data["summaries"]
+    shared = {"lora_dropout": data["lora_dropout"]} if "lora_dropout" in data else {}
+    return [{**shared, **summary} if isinstance(summary, dict) else summary for summary in data["summaries"]]
 
 
 def column_scale(summary: dict[str, Any]) -> str:

@@ -156,10 +156,10 @@ def check_run_inputs(config: RunConfig) -> None:
     load_training_scheduler(family)  # --anchor_below against the schedule's timesteps
     if config.validation_benchmark:
         validation_target(config)  # offline, its scorer's models in the cache too
-    if config.push_to_hub:
-        check_push_access("nothing has started")
         if config.validation_resolution is not None:
             check_resolution(backbone, config.validation_resolution, "--validation_resolution")
+    if config.push_to_hub:
+        check_push_access("nothing has started", verify=True)
     if config.rounds == 1 and scored_already(config, len(prompts), reward):
         return  # a rerun after scoring (training stopped): the reward is not built, its files not needed
     # Last: a mistake in the flags above is the user's to fix before fetching anything.

@@ -18,7 +18,8 @@ import yaml
 from gors.cli import main
 from gors.core.backbones import LORA_WEIGHT_NAME
 from gors.core.io import files_sha256
-from gors.push import BASE_ROW, CARD_FILE, LORA_ROW, RECORD_FILE, UPLOAD_DIR, PushConfig, push
+from gors.model_card import BASE_ROW, LORA_ROW
+from gors.push import CARD_FILE, RECORD_FILE, UPLOAD_DIR, PushConfig, push
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +64,12 @@ def test_a_dry_run_stages_the_lora_a_card_of_the_runs_records_and_its_evaluation
     selection = json.loads((run / "selection_summary.json").read_text())
     assert f"kept {selection['num_selected']} of {selection['num_samples']}" in card
     assert "| samples | 2 per prompt, 2 steps of DDIMScheduler" in card
-    assert "rank 4 on unet (to_q, to_k, to_v, to_out.0)" in card
     assert "the final one, step 2" in card
-    assert f"(read from {trained_run.pretrained_model_name_or_path})" in card
+    assert f"| base model | stabilityai/stable-diffusion-2-base (the run read a local folder " \
+        f"({Path(trained_run.pretrained_model_name_or_path).name})) |" in card
+    assert "| LoRA | rank 4 on text_encoder (q_proj, k_proj, v_proj, out_proj, learning rate 5e-06); unet (to_q, " \
+        "to_k, to_v, to_out.0) |" in card  # the components of the file itself
+    assert trained_run.pretrained_model_name_or_path not in card  # a local path stays in gors_run.json only
     assert 'pipeline.load_lora_weights("me/tiny-gors")' in card
 
     record = json.loads((folder / RECORD_FILE).read_text())
@@ -120,13 +124,16 @@ def test_bad_flags_are_one_line(trained_run, flags, message, capsys):
 class HubServer(ThreadingHTTPServer):
     """The few endpoints of the Hugging Face Hub's API that an upload of small files calls: create a repository
     and a branch, check a README's metadata, ask each file's upload mode (all "regular": inline in the commit)
-    and commit. Records the commits' files and every request; `refuse` answers every request with that status."""
+    and commit; `whoami` names the token's role (`role`). Records the commits' files and every request; `refuse`
+    answers every POST with that status."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _HubHandler)
         self.requests: list[str] = []
+        self.bodies: dict[str, dict] = {}
         self.commits: list[dict] = []
         self.refuse: int | None = None
+        self.role = "write"
 
     @property
     def url(self) -> str:
@@ -136,6 +143,12 @@ class HubServer(ThreadingHTTPServer):
 class _HubHandler(BaseHTTPRequestHandler):
     server: HubServer
 
+    def do_GET(self) -> None:  # the name http.server dispatches GET requests to
+        self.server.requests.append(f"GET {self.path}")
+        if self.path == "/api/whoami-v2":
+            return self._json({"type": "user", "name": "me", "auth": {"accessToken": {"role": self.server.role}}})
+        return self._json({"error": "unknown endpoint"}, 404)
+
     def do_POST(self) -> None:  # the name http.server dispatches POST requests to
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         path = self.path.split("?")[0]
@@ -143,7 +156,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         if self.server.refuse is not None:
             return self._json({"error": "refused"}, self.server.refuse)
         if path == "/api/repos/create":
-            request = json.loads(body)
+            request = self.server.bodies[path] = json.loads(body)
             return self._json({"url": f"{self.server.url}/{request['organization']}/{request['name']}"})
         if path == "/api/validate-yaml":
             yaml.safe_load(json.loads(body)["content"].split("---\n")[1])
@@ -200,21 +213,27 @@ def test_push_uploads_the_staged_files_as_one_commit_on_the_branch_asked(trained
     with hub_server(monkeypatch) as server:
         folder = push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors", revision="gors",
                                  base_model="stabilityai/stable-diffusion-2-base"))
-    assert server.requests[:2] == ["POST /api/repos/create", "POST /api/models/me/tiny-gors/branch/gors"]
+    posts = [request for request in server.requests if request.startswith("POST")]
+    assert posts[:2] == ["POST /api/repos/create", "POST /api/models/me/tiny-gors/branch/gors"]
+    assert "visibility" not in server.bodies["/api/repos/create"]  # the namespace's default, unless --private
     (commit,) = server.commits
     assert commit["path"] == "/api/models/me/tiny-gors/commit/gors"
     assert commit["header"]["summary"] == f"gors push: the final LoRA of {Path(trained_run.output_dir).name}"
     assert commit["files"] == {name: (folder / name).read_bytes()
                                for name in (CARD_FILE, RECORD_FILE, LORA_WEIGHT_NAME)}
     assert f"is at {server.url}/me/tiny-gors/commit/" in capsys.readouterr().out
+    assert 'pipeline.load_lora_weights("me/tiny-gors", revision="gors")' in commit["files"][CARD_FILE].decode()
+    with hub_server(monkeypatch) as server:
+        push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors", private=True))
+    assert server.bodies["/api/repos/create"]["visibility"] == "private"
 
 
-@pytest.mark.parametrize("status, hint", [(401, "the token was refused"), (403, "may not write to me")])
+@pytest.mark.parametrize("status, hint", [(401, "the token was refused"), (403, "the token may not write to me")])
 def test_a_refusal_of_the_hub_is_one_line_with_what_to_do_and_the_files_stay_staged(trained_run, monkeypatch,
                                                                                       status, hint):
     with hub_server(monkeypatch) as server:
         server.refuse = status
-        with pytest.raises(ValueError, match=f"pushing to me/tiny-gors failed: .*{hint}"):
+        with pytest.raises(ValueError, match=f"pushing to me/tiny-gors failed \\(.*\\): {hint}"):
             push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors"))
     assert (Path(trained_run.output_dir) / UPLOAD_DIR / LORA_WEIGHT_NAME).is_file()
 
@@ -229,7 +248,7 @@ def test_offline_or_without_a_token_nothing_is_sent(trained_run, monkeypatch):
         monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(Path(trained_run.output_dir).parent / "no-token"))
         with pytest.raises(ValueError, match="no Hugging Face token: log in with `hf auth login`"):
             push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors"))
-    assert server.requests == []
+    assert [request for request in server.requests if "whoami" in request or request.startswith("POST")] == []
 
 
 def test_the_help_imports_no_torch():
@@ -253,7 +272,14 @@ def test_gors_run_push_to_hub_is_checked_before_any_work_and_pushes_the_finished
         run(fresh)
     assert not (tmp_path / "fresh").exists()
     with hub_server(monkeypatch) as server:
+        server.role = "read"
+        with pytest.raises(ValueError, match="the Hugging Face token may only read: .*; nothing has started"):
+            run(replace(fresh, push_to_hub="me/tiny-gors"))
+        assert not (tmp_path / "fresh").exists()
+        server.role = "write"
         run(replace(trained_run, push_to_hub="me/tiny-gors"))  # every stage finished: only the push is left
+        first_post = next(i for i, request in enumerate(server.requests) if request.startswith("POST"))
+        assert "GET /api/whoami-v2" in server.requests[:first_post]  # the token checked before any work
         (commit,) = server.commits
         assert set(commit["files"]) == {CARD_FILE, RECORD_FILE, LORA_WEIGHT_NAME}
         server.refuse = 403
@@ -265,3 +291,44 @@ def test_gors_run_push_to_hub_is_checked_before_any_work_and_pushes_the_finished
 def test_push_to_hub_takes_a_repository_id(make_run_config):
     with pytest.raises(ValueError, match="--push_to_hub='me': give a Hugging Face Hub model repository"):
         make_run_config(push_to_hub="me")
+
+
+def test_the_card_names_the_components_the_file_holds_and_leaves_out_a_selection_made_again(trained_run, tmp_path):
+    """A LoRA without a U-Net part is stated so (the file's components, not the flags'), and a selection made
+    again after the training is no longer the one it was trained on: the card leaves it out and says why."""
+    from dataclasses import replace
+
+    from gors.core.distributed import reset_process_state
+    from gors.run import run
+    from gors.select import select
+
+    text_only = tmp_path / "text_only"
+    shutil.copytree(trained_run.output_dir, text_only, ignore=shutil.ignore_patterns(
+        "checkpoints", LORA_WEIGHT_NAME, "latent_cache", "text_embedding_cache", "logs", UPLOAD_DIR))
+    run(replace(trained_run, output_dir=str(text_only), train_unet=False))
+    reset_process_state()
+    card = (push(PushConfig(output_dir=str(text_only), repo_id="me/x", dry_run=True)) / CARD_FILE).read_text()
+    assert "| LoRA | rank 4 on text_encoder (q_proj, k_proj, v_proj, out_proj, learning rate 5e-06) |" in card
+
+    reselected = tmp_path / "reselected"
+    shutil.copytree(trained_run.output_dir, reselected, ignore=shutil.ignore_patterns(UPLOAD_DIR))
+    select(replace(trained_run, output_dir=str(reselected), reward_threshold=0.25))
+    card = (push(PushConfig(output_dir=str(reselected), repo_id="me/x", dry_run=True)) / CARD_FILE).read_text()
+    assert "| selection |" not in card and "| reward |" not in card
+    assert "is not the one this LoRA was trained on (selected again since)" in card
+
+
+def test_an_evaluation_sampled_with_lora_dropout_gets_a_row_of_its_own(trained_run, tmp_path):
+    run = Path(trained_run.output_dir)
+    main(["evaluate", "--pretrained_model_name_or_path", trained_run.pretrained_model_name_or_path, "--lora", str(run),
+          "--lora_dropout", "0.5", "--benchmarks", "toy", "--max_prompts", "2", "--images_per_prompt", "1",
+          "--num_inference_steps", "2", "--resolution", "32", "--output_dir", str(tmp_path / "eval_dropout")])
+    folder = push(PushConfig(output_dir=str(run), repo_id="me/x", dry_run=True,
+                             evaluation=[str(run.parent / "eval_lora"), str(tmp_path / "eval_dropout")]))
+    record = json.loads((folder / RECORD_FILE).read_text())
+    assert set(record["evaluation"]) == {LORA_ROW, f"{LORA_ROW}, sampled with --lora_dropout 0.5"}
+    # `gors report` notes it too: summary.json records the dropout once, beside its summaries.
+    from gors.report import report
+
+    text = report([run.parent / "eval_lora", tmp_path / "eval_dropout"], tmp_path / "report").read_text()
+    assert "(LoRA dropout: eval_lora 0.0, eval_dropout 0.5)" in text
