@@ -28,7 +28,7 @@ from gors.core.run_folder import (
     samples_dir,
     scores_dir,
 )
-from gors.core.store import SETTINGS, recorded_model_commits, recorded_version, same_value
+from gors.core.store import SETTINGS, SampleStore, recorded_model_commits, recorded_version, same_value
 
 # gors.report, gors.evaluate, gors.select and gors.validation import torch: they are imported where
 # used, so that `gors push --help` answers at once.
@@ -204,6 +204,27 @@ def evaluation_rows(folders: list[str], facts: RunFacts) -> tuple[dict[str, dict
     return rows, protocol_notes(protocols)
 
 
+def lora_samples(folders: list[str], facts: RunFacts, count: int = 4) -> list[tuple[str, Path]]:
+    """(prompt, image file) of up to `count` images of the pushed LoRA from its `--evaluation` folders: the
+    first image of the first prompts of the first benchmark evaluated with it (without `--lora_dropout`), as
+    the benchmark sampled them; none without such an evaluation. Each file is checked against the sha256 its
+    record holds (`SampleStore.open_image`)."""
+    from gors.report import read_summaries
+
+    for folder in map(Path, folders):
+        for summary in read_summaries(folder) or []:
+            name, _, subset = summary["label"].partition(":")
+            store = SampleStore(folder / name / subset / "samples")
+            if summary.get("lora") is None or summary.get("lora_dropout") or \
+                    (store.load_settings() or {}).get("lora_sha256") != facts.lora_sha256:
+                continue
+            firsts = sorted((r for r in store.records() if r["image_index"] == 0), key=lambda r: r["prompt_index"])
+            for record in firsts[:count]:
+                store.open_image(record)
+            return [(record["prompt"], store.image_path(record)) for record in firsts[:count]]
+    return []
+
+
 def family_tags(model: str | None, revision: str | None) -> list[str]:
     """The Hub tags of the base model's family (`FAMILY_TAGS`); none where its model_index.json cannot be
     read here (a push from another machine than the training's, offline): tags only help search."""
@@ -294,15 +315,17 @@ def card_rows(facts: RunFacts, base_model: str | None) -> list[tuple[str, str]]:
 
 def model_card(repo_id: str, facts: RunFacts, evaluation: dict[str, dict[str, float | None]], notes: list[str],
                base_model: str | None, tags: list[str], license: str | None = None,
-               revision: str | None = None) -> str:
-    """The README.md of repository `repo_id`: the Hub's metadata (`ModelCardData`), then the card."""
+               revision: str | None = None, samples: list[tuple[str, str]] = ()) -> str:
+    """The README.md of repository `repo_id`: the Hub's metadata (`ModelCardData`), then the card.
+    `samples`: (prompt, image path in the repository) shown on the Hub's page (its widget) and in the card."""
     from huggingface_hub import ModelCardData
 
     from gors.report import markdown_table
 
     metadata = ModelCardData(base_model=base_model, base_model_relation="adapter" if base_model else None,
                              license=license, library_name="diffusers", pipeline_tag="text-to-image",
-                             tags=["text-to-image", "diffusers", "lora", "gors", *tags])
+                             tags=["text-to-image", "diffusers", "lora", "gors", *tags],
+                             widget=[{"text": prompt, "output": {"url": path}} for prompt, path in samples] or None)
     table = "\n".join(["| | |", "|---|---|", *(f"| {what} | {value} |" for what, value in card_rows(facts, base_model))])
     base = base_model or "BASE_MODEL"  # a local base model: the user names it
     at = f', revision="{revision}"' if revision else ""
@@ -317,6 +340,11 @@ def model_card(repo_id: str, facts: RunFacts, evaluation: dict[str, dict[str, fl
     ]
     if facts.notes:
         lines += [f"Left out: {note}.  " for note in facts.notes] + [""]
+    if samples:
+        lines += ["## Samples", "", "Images of this LoRA as its first `--evaluation` benchmark sampled them:", "",
+                  "| " + " | ".join(prompt.replace("|", "/") for prompt, _ in samples) + " |",
+                  "|" + "---|" * len(samples),
+                  "| " + " | ".join(f"![{index}]({path})" for index, (_, path) in enumerate(samples)) + " |", ""]
     if evaluation:
         lines += ["## Evaluation", "",
                   "The main metric of each benchmark, from `gors evaluate` (the paper's rows in italics, where it has "

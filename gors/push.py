@@ -9,7 +9,8 @@ there, for a look before anything leaves the machine):
 - `README.md`: the model card: the base model, how the samples were made, scored and selected, the
   training, and with `--evaluation` the main metric of each `gors evaluate` result of this LoRA and of
   its base model (with the paper's numbers beside them, as `gors report` shows them);
-- `gors_run.json`: the same facts as the run folder records them, for programs.
+- `gors_run.json`: the same facts as the run folder records them, for programs;
+- `images/`: with an `--evaluation` of this LoRA, the first image of its first prompts (the Hub's widget).
 
 Every fact comes from the run folder's own records (samples/settings.json, selection_summary.json,
 the reward's scores/<reward>/settings.json, the checkpoint the LoRA was saved with); the card never
@@ -29,11 +30,12 @@ from gors.core.backbones import LORA_WEIGHT_NAME
 from gors.core.hub import is_repo_id, looks_like_local_path, network_error, offline_setting, one_line
 from gors.core.io import atomic_write_bytes, publish_folder, recover_folder
 from gors.core.run_folder import BEST_DIR
-from gors.model_card import evaluation_rows, family_tags, model_card, run_facts
+from gors.model_card import evaluation_rows, family_tags, lora_samples, model_card, run_facts
 
 UPLOAD_DIR = "hub_upload"
 CARD_FILE = "README.md"
 RECORD_FILE = "gors_run.json"
+SAMPLES_DIR = "images"  # a few images of the LoRA, from its evaluation
 LORA_CHOICES = ("final", "best")
 
 
@@ -107,8 +109,14 @@ def stage_upload(config: PushConfig) -> Path:
     for note in facts.notes:
         print(f"note: {note}")
     evaluation, notes = evaluation_rows(config.evaluation, facts)
+    samples = []
+    for index, (prompt, image) in enumerate(lora_samples(config.evaluation, facts)):
+        (staging / SAMPLES_DIR).mkdir(exist_ok=True)
+        shutil.copyfile(image, staging / SAMPLES_DIR / f"{index}{image.suffix}")
+        samples.append((prompt, f"{SAMPLES_DIR}/{index}{image.suffix}"))
     card = model_card(config.repo_id, facts, evaluation, notes, base_model,
-                      family_tags(recorded, facts.generation.get("revision")), config.license, config.revision)
+                      family_tags(recorded, facts.generation.get("revision")), config.license, config.revision,
+                      samples)
     atomic_write_bytes(staging / CARD_FILE, card.encode("utf-8"))
     record = {"pushed_by": f"gors {__version__}", "base_model": base_model, **asdict(facts), "evaluation": evaluation}
     atomic_write_bytes(staging / RECORD_FILE, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8"))

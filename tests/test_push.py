@@ -52,7 +52,7 @@ def test_a_dry_run_stages_the_lora_a_card_of_the_runs_records_and_its_evaluation
                              base_model="stabilityai/stable-diffusion-2-base", license="openrail++",
                              evaluation=[str(run.parent / "eval_base"), str(run.parent / "eval_lora")]))
     assert folder == run / UPLOAD_DIR
-    assert sorted(path.name for path in folder.iterdir()) == [CARD_FILE, RECORD_FILE, LORA_WEIGHT_NAME]
+    assert sorted(path.name for path in folder.iterdir()) == [CARD_FILE, RECORD_FILE, "images", LORA_WEIGHT_NAME]
     assert (folder / LORA_WEIGHT_NAME).read_bytes() == (run / LORA_WEIGHT_NAME).read_bytes()
     assert "nothing was uploaded" in capsys.readouterr().out
 
@@ -71,6 +71,15 @@ def test_a_dry_run_stages_the_lora_a_card_of_the_runs_records_and_its_evaluation
         "to_k, to_v, to_out.0) |" in card  # the components of the file itself
     assert trained_run.pretrained_model_name_or_path not in card  # a local path stays in gors_run.json only
     assert 'pipeline.load_lora_weights("me/tiny-gors")' in card
+    # The first image of each of the LoRA's evaluation prompts (2 here), shown on the Hub's page.
+    from gors.core.store import SampleStore
+
+    store = SampleStore(run.parent / "eval_lora" / "toy" / "held_out" / "samples")
+    firsts = sorted((r for r in store.records() if r["image_index"] == 0), key=lambda r: r["prompt_index"])
+    assert metadata["widget"] == [{"text": r["prompt"], "output": {"url": f"images/{i}.png"}} for i, r in enumerate(firsts)]
+    assert [(folder / "images" / f"{i}.png").read_bytes() for i in range(2)] == \
+        [store.image_path(r).read_bytes() for r in firsts]
+    assert "| ![0](images/0.png) | ![1](images/1.png) |" in card
 
     record = json.loads((folder / RECORD_FILE).read_text())
     assert record["lora_sha256"] == files_sha256([run / LORA_WEIGHT_NAME])
@@ -212,15 +221,17 @@ def hub_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
 def test_push_uploads_the_staged_files_as_one_commit_on_the_branch_asked(trained_run, monkeypatch, capsys):
     with hub_server(monkeypatch) as server:
         folder = push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors", revision="gors",
-                                 base_model="stabilityai/stable-diffusion-2-base"))
+                                 base_model="stabilityai/stable-diffusion-2-base",
+                                 evaluation=[str(Path(trained_run.output_dir).parent / "eval_lora")]))
     posts = [request for request in server.requests if request.startswith("POST")]
     assert posts[:2] == ["POST /api/repos/create", "POST /api/models/me/tiny-gors/branch/gors"]
     assert "visibility" not in server.bodies["/api/repos/create"]  # the namespace's default, unless --private
     (commit,) = server.commits
     assert commit["path"] == "/api/models/me/tiny-gors/commit/gors"
     assert commit["header"]["summary"] == f"gors push: the final LoRA of {Path(trained_run.output_dir).name}"
-    assert commit["files"] == {name: (folder / name).read_bytes()
-                               for name in (CARD_FILE, RECORD_FILE, LORA_WEIGHT_NAME)}
+    assert commit["files"] == {path.relative_to(folder).as_posix(): path.read_bytes()
+                               for path in folder.rglob("*") if path.is_file()}
+    assert {CARD_FILE, RECORD_FILE, LORA_WEIGHT_NAME, "images/0.png", "images/1.png"} == set(commit["files"])
     assert f"is at {server.url}/me/tiny-gors/commit/" in capsys.readouterr().out
     assert 'pipeline.load_lora_weights("me/tiny-gors", revision="gors")' in commit["files"][CARD_FILE].decode()
     with hub_server(monkeypatch) as server:
