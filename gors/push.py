@@ -1,6 +1,6 @@
 """`gors push`: a run's LoRA to the Hugging Face Hub, with a model card that says how it was made.
 
-One commit of three files, put together in `<output_dir>/hub_upload/` first (`--dry_run` stops
+One commit, put together in `<output_dir>/hub_upload/` first (`--dry_run` stops
 there, for a look before anything leaves the machine):
 
 - `pytorch_lora_weights.safetensors`: the run's final LoRA (`--lora final`) or the best one of its
