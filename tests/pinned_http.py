@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import pooch
@@ -70,10 +71,12 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: pytest shows the assertions, not an access log."""
 
 
+S = TypeVar("S", bound=ThreadingHTTPServer)
+
+
 @contextmanager
-def file_server() -> Iterator[FileServer]:
-    """A running `FileServer`, shut down and its socket closed when the block ends."""
-    server = FileServer()
+def serving(server: S) -> Iterator[S]:
+    """`server` answering on a thread of its own, shut down and its socket closed when the block ends."""
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -82,6 +85,13 @@ def file_server() -> Iterator[FileServer]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@contextmanager
+def file_server() -> Iterator[FileServer]:
+    """A running `FileServer`, shut down and its socket closed when the block ends."""
+    with serving(FileServer()) as server:
+        yield server
 
 
 def local_source(source: PinnedSource, base_url: str) -> PinnedSource:

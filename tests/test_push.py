@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pinned_http import serving
 
 from gors.cli import main
 from gors.core.backbones import LORA_WEIGHT_NAME
@@ -202,20 +202,13 @@ def hub_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
     """A running `HubServer` that huggingface_hub's API calls go to, online (the suite is offline) with a token."""
     from huggingface_hub import constants
 
-    server = HubServer()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "ENDPOINT", server.url)
-    monkeypatch.setenv("HF_TOKEN", "hf_test")
-    try:
+    with serving(HubServer()) as server:
+        for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            monkeypatch.delenv(variable, raising=False)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        monkeypatch.setenv("HF_TOKEN", "hf_test")
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 def test_push_uploads_the_staged_files_as_one_commit_on_the_branch_asked(trained_run, monkeypatch, capsys):

@@ -549,4 +549,6 @@ def test_gors_push_of_a_rounds_folder_stages_its_latest_round_lora_with_that_rou
     assert record["rounds"] == 2 and record["step"] == ROUNDS["max_train_steps"]
     assert record["selection"] == last
     assert record["training"]["learning_rate"] == ROUNDS["learning_rate"]
-    assert "| online rounds | 2 " in (staged / CARD_FILE).read_text()
+    assert record["trained_in"] == "round-001"
+    assert ("| online rounds | 2: each round samples from the LoRA of the round before; this LoRA was trained in "
+            "round-001 |") in (staged / CARD_FILE).read_text()
