@@ -371,8 +371,9 @@ def prune_checkpoints(keep: Path, limit: int | None) -> None:
 
 
 def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int, fingerprint: dict[str, Any],
-                     total_limit: int | None) -> Path:
-    """Save the full training state as `checkpoints/checkpoint-<step>`, atomically; call on every process."""
+                     total_limit: int | None, max_train_steps: int | None = None) -> Path:
+    """Save the full training state as `checkpoints/checkpoint-<step>`, atomically; call on every process.
+    `max_train_steps`, the step the training goes to, is recorded for `gors status` (no resume reads it)."""
     root = Path(output_dir) / CHECKPOINTS_DIR
     final = root / f"checkpoint-{step}"
     # A deterministic name, so that every process writes into the same folder.
@@ -388,6 +389,7 @@ def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int
     if accelerator.is_main_process:
         atomic_write_json(staging / CHECKPOINT_MARKER, {
             "step": step,
+            **({"max_train_steps": max_train_steps} if max_train_steps is not None else {}),
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "gors_version": gors.__version__,
             "fingerprint": fingerprint,

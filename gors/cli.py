@@ -467,6 +467,8 @@ COMMANDS: dict[str, Command] = {
                         "GPU-hours of a full run (default: the paper's colour run) from a run's timings.json"),
     "report": Command("gors.report:ReportConfig", "gors.report:write_report",
                       "markdown table and plots of evaluation and training folders"),
+    "status": Command("gors.status:StatusConfig", "gors.status:status",
+                      "how far run folders have come, and what writes them now"),
     "push": Command("gors.push:PushConfig", "gors.push:push",
                     "a run's LoRA and a model card of how it was made -> the Hugging Face Hub", reads_run=True),
     "convert-lora": Command("gors.official_lora:ConvertLoraConfig", "gors.official_lora:convert",

@@ -1173,7 +1173,7 @@ class GORSTrainer:
         """Full training state (adapters, optimizer, LR scheduler, RNG) at `checkpoints/checkpoint-<step>`."""
         self.check_finite(step)
         return write_checkpoint(self.accelerator, self.output_dir, step, self.fingerprint,
-                                self.config.checkpoints_total_limit)
+                                self.config.checkpoints_total_limit, self.config.max_train_steps)
 
     def check_finite(self, step: int) -> None:
         """Refuse to save adapters with a NaN or infinite weight (one wait for the device): a diverged training."""

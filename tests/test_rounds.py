@@ -552,3 +552,13 @@ def test_gors_push_of_a_rounds_folder_stages_its_latest_round_lora_with_that_rou
     assert record["trained_in"] == "round-001"
     assert ("| online rounds | 2: each round samples from the LoRA of the round before; this LoRA was trained in "
             "round-001 |") in (staged / CARD_FILE).read_text()
+
+
+def test_gors_status_of_a_rounds_folder_gives_the_finished_rounds_and_the_latest_one(one_process_rounds):
+    from gors.status import folder_status
+
+    rows = dict(folder_status(one_process_rounds))
+    assert rows["rounds"] == "2 of 2 finished"
+    assert rows["round-001 samples"] == "6 images of 3 prompts (2 each)"
+    assert rows["round-001 training"].startswith(f"step {ROUNDS['max_train_steps']} of {ROUNDS['max_train_steps']} ")
+    assert rows["final LoRA"] == "pytorch_lora_weights.safetensors (round 1's)"

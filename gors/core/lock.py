@@ -67,7 +67,8 @@ def _shares_beyond(folder: Path, stages: Sequence[str], num_processes: int) -> l
     return sorted(names)
 
 
-def _describe(record: dict) -> str:
+def describe_holder(record: dict) -> str:
+    """A lock record in words: the command, its pid and host, since when."""
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["started"]))
     return f"`{record['command']}` (pid {record['pid']} on host {record['host']}, since {started})"
 
@@ -79,6 +80,24 @@ def _read_record(fd: int) -> dict | None:
     except ValueError:  # empty (released, or its holder has not written it yet) or cut short
         return None
     return record if isinstance(record, dict) and {"command", "pid", "host", "started"} <= record.keys() else None
+
+
+def lock_records(folder: str | Path) -> dict[str, dict]:
+    """Stage -> the record in its lock file, for the stages of `folder` whose lock file holds one (a command
+    holds it, or held it and was killed: the record alone cannot tell). Takes no lock: read beside a run."""
+    records = {}
+    for path in sorted(Path(folder).glob(".lock-*")):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            record = _read_record(fd)
+        finally:
+            os.close(fd)
+        if record is not None:
+            records[path.name.removeprefix(".lock-")] = record
+    return records
 
 
 def _acquire(folder: Path, stage: str, command: str, note_stale: bool = True) -> int:
@@ -94,13 +113,13 @@ def _acquire(folder: Path, stage: str, command: str, note_stale: bool = True) ->
     except BlockingIOError:
         holder = _read_record(fd)
         os.close(fd)
-        who = _describe(holder) if holder else "another command"
+        who = describe_holder(holder) if holder else "another command"
         raise LockError(f"{folder} is being written by {who}; wait for it or stop it. "
                         "A stale lock is taken over automatically.") from None
     stale = _read_record(fd) if note_stale else None
     # Once per folder and holder: a command takes several stages' locks, which the holder held alike.
     if stale and first_time("stale lock", str(folder), str(stale["pid"]), str(stale["host"])):
-        print(f"note: {folder}: taking over the lock of {_describe(stale)}, which holds it no longer (it stopped, "
+        print(f"note: {folder}: taking over the lock of {describe_holder(stale)}, which holds it no longer (it stopped, "
               "or this folder is a copy made while it ran)", file=sys.stderr)
     record = {"stage": stage, "command": command, "pid": os.getpid(), "host": socket.gethostname(),
               "argv": sys.argv, "started": time.time()}

@@ -1,0 +1,166 @@
+"""`gors status RUN [RUN ...]`: how far a run folder has come, from its files alone.
+
+For each folder: the samples generated (per prompt), each reward's scores, the selection, the
+training (the newest complete checkpoint and the step the training goes to, the final LoRA), the
+best LoRA of validation, a --rounds run's finished rounds and its latest round, and which commands
+write the folder now (the lock records, `gors.core.lock`). It takes no lock and writes nothing, so
+it runs beside the run it reports on, from any machine that mounts the folder.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gors.core.backbones import LORA_WEIGHT_NAME
+from gors.core.io import files_sha256, read_json
+from gors.core.lock import describe_holder, lock_records
+from gors.core.run_folder import (
+    BEST_DIR,
+    BEST_FILE,
+    CHECKPOINTS_DIR,
+    ROUNDS_FILE,
+    SCORES_DIR,
+    SELECTION_SUMMARY_FILE,
+    samples_dir,
+)
+from gors.core.store import SETTINGS, SampleStore
+
+
+@dataclass
+class StatusConfig:
+    """`gors status RUN [RUN ...]`: what each run folder holds so far, and what is writing it now."""
+
+    folders: list[str] = field(metadata={"positional": True, "help": "Run folders (of `gors run`, a recipe or the "
+                                                                     "stages; --rounds folders too)."})
+
+    def __post_init__(self) -> None:
+        self.folders = [os.path.expanduser(folder) for folder in self.folders]
+
+
+def _json(path: Path, what: str) -> Any:
+    return read_json(path, what) if path.is_file() else None
+
+
+def _per_prompt(counts: Counter, prompts: int) -> str:
+    """How the images spread over `prompts` prompts (image counts by prompt index)."""
+    if not counts:
+        return "none yet"
+    low, high = min(counts.values()), max(counts.values())
+    missing = prompts - len(counts)
+    if missing == 0 and low == high:
+        return f"{high} each"
+    return f"{low if not missing else 0} to {high} each" + (f", {missing} prompts without one" if missing else "")
+
+
+def sample_rows(folder: Path) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+    """The rows of the samples and of each reward's scores, and the store's records."""
+    from gors.core.scoring import read_score_rows
+
+    store = SampleStore(samples_dir(folder))
+    if not (store.root / "prompts.json").is_file():
+        return [("samples", "none yet")], []
+    records = store.records()
+    prompts = store.load_prompts()["prompts"]
+    counts = Counter(record["prompt_index"] for record in records)
+    rows = [("samples", f"{len(records)} images of {len(prompts)} prompts ({_per_prompt(counts, len(prompts))})")]
+    for scores in sorted(path for path in (folder / SCORES_DIR).glob("*") if (path / SETTINGS).is_file()):
+        reward = (_json(scores / SETTINGS, "the settings of a reward's scores") or {}).get("reward", scores.name)
+        rows.append((f"scores {reward}", f"{len(read_score_rows(scores, records))} of {len(records)} images"))
+    return rows, records
+
+
+def training_rows(folder: Path) -> list[tuple[str, str]]:
+    """The rows of the selection, the newest complete checkpoint (of how many steps) and the final LoRA."""
+    from gors.checkpoints import find_checkpoint, read_marker
+
+    rows = []
+    selection = _json(folder / SELECTION_SUMMARY_FILE, "the summary gors select writes")
+    if isinstance(selection, dict):
+        rows.append(("selection", f"{selection.get('num_selected')} of {selection.get('num_samples')} samples kept "
+                                  f"({selection.get('threshold') or 'top fraction'})"))
+    checkpoint = find_checkpoint(folder, "latest", warn=lambda message: None) \
+        if (folder / CHECKPOINTS_DIR).is_dir() else None
+    marker = read_marker(checkpoint) if checkpoint is not None else None
+    final = folder / LORA_WEIGHT_NAME
+    if marker is not None:
+        target = marker.get("max_train_steps")
+        of = f" of {target} ({100 * marker['step'] / target:.0f} %)" if target else ""
+        rows.append(("training", f"step {marker['step']}{of}: {checkpoint.name}, saved {marker.get('time', '?')}"))
+        weights = ((marker.get("files") or {}).get(LORA_WEIGHT_NAME) or {}).get("sha256")
+        if final.is_file():
+            same = weights is not None and files_sha256([final]) == weights
+            rows.append(("final LoRA", f"{final.name}" + (f" (step {marker['step']})" if same else
+                                                          " (of another training than the newest checkpoint)")))
+    elif final.is_file():
+        rows.append(("final LoRA", final.name))
+    elif selection is not None:
+        rows.append(("training", "no checkpoint yet"))
+    return rows
+
+
+def lock_rows(folder: Path) -> list[tuple[str, str]]:
+    """A row per stage a command writes (its lock record); a record whose command this machine knows is gone
+    reads as stopped (its work resumes with the same command)."""
+    rows = []
+    here = socket.gethostname()
+    for stage, record in lock_records(folder).items():
+        if "-process-" in stage:  # another process's share of a stage: its main process's row says it
+            continue
+        if record["host"] == here and not _alive(record["pid"]):
+            rows.append((f"stopped {stage}", f"{describe_holder(record)} is gone: the same command resumes it"))
+        else:
+            rows.append((f"writing {stage}", describe_holder(record)))
+    return rows
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def folder_status(folder: Path) -> list[tuple[str, str]]:
+    """(what, how far) rows of a run folder, a --rounds folder's latest round in rows of its own."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such run folder")
+    rounds = _json(folder / ROUNDS_FILE, "the record of the finished rounds")
+    started = sorted(path for path in folder.glob("round-*") if path.is_dir())
+    if rounds is None and not started:
+        return sample_rows(folder)[0] + training_rows(folder) + _best_rows(folder) + lock_rows(folder)
+    finished = (rounds or {}).get("rounds") or []
+    planned = ((rounds or {}).get("settings") or {}).get("rounds")
+    rows = [("rounds", f"{len(finished)}" + (f" of {planned}" if planned else "") + " finished")]
+    if started:
+        latest = started[-1]
+        inner = sample_rows(latest)[0] + training_rows(latest) + lock_rows(latest)
+        rows += [(f"{latest.name} {what}", value) for what, value in inner]
+    if (folder / LORA_WEIGHT_NAME).is_file() and finished:
+        rows.append(("final LoRA", f"{LORA_WEIGHT_NAME} (round {len(finished) - 1}'s)"))
+    return rows + _best_rows(folder) + lock_rows(folder)
+
+
+def _best_rows(folder: Path) -> list[tuple[str, str]]:
+    best = _json(folder / BEST_DIR / BEST_FILE, "the record of the best LoRA")
+    if not isinstance(best, dict):
+        return []
+    return [("best LoRA", f"step {best.get('step')}: {best.get('benchmark')} {best.get('metric')} "
+                          f"{best.get('value'):.4f} ({BEST_DIR}/)")]
+
+
+def status(config: StatusConfig) -> None:
+    """`gors status`: print each folder's rows."""
+    for index, folder in enumerate(map(Path, config.folders)):
+        rows = folder_status(folder)
+        width = max(len(what) for what, _ in rows)
+        print(("\n" if index else "") + f"{folder}")
+        for what, value in rows:
+            print(f"  {what:<{width}}  {value}")

@@ -1,0 +1,66 @@
+"""`gors status`: what a run folder holds at each stage, and which command writes it, without taking a lock."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gors.cli import main
+from gors.core.distributed import reset_process_state
+from gors.status import folder_status
+
+REPO = Path(__file__).resolve().parents[1]
+HOLDER = ("import sys, time; from pathlib import Path; from gors.core.lock import _acquire; "
+          "_acquire(Path(sys.argv[1]), 'train', 'gors train --output_dir x'); print('held', flush=True); "
+          "time.sleep(300)")
+
+
+def test_each_stage_shows_as_it_is_reached(make_run_config):
+    from gors.generate import generate
+    from gors.run import run
+
+    config = make_run_config(max_train_steps=2, checkpointing_steps=1)
+    folder = Path(config.output_dir)
+    generate(config)
+    reset_process_state()
+    metadata = folder / "samples" / "part-00000" / "metadata.jsonl"
+    metadata.write_text("".join(metadata.read_text().splitlines(keepends=True)[:-1]))  # as a kill leaves it
+    assert dict(folder_status(folder)) == {"samples": "5 images of 3 prompts (1 to 2 each)"}
+    run(config)
+    reset_process_state()
+    rows = dict(folder_status(folder))
+    assert rows["samples"] == "6 images of 3 prompts (2 each)"
+    assert rows["scores b_vqa"] == "6 of 6 images"
+    assert rows["selection"] == "6 of 6 samples kept (tau = 0)"
+    assert rows["training"].startswith("step 2 of 2 (100 %): checkpoint-2, saved ")
+    assert rows["final LoRA"] == "pytorch_lora_weights.safetensors (step 2)"
+    assert not any(what.startswith(("writing", "stopped")) for what in rows)  # every lock released
+
+
+def test_a_command_writing_the_folder_is_named_and_a_killed_one_reads_as_stopped(make_run_config, capsys):
+    folder = Path(make_run_config().output_dir)
+    folder.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        assert holder.stdout.readline() == "held\n"
+        main(["status", str(folder)])
+        out = capsys.readouterr().out
+        assert f"writing train  `gors train --output_dir x` (pid {holder.pid} on host " in out
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+    rows = dict(folder_status(folder))
+    assert rows["stopped train"].endswith("is gone: the same command resumes it")
+
+
+def test_a_folder_that_does_not_exist_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["status", str(tmp_path / "nothing")])
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nothing'}: no such run folder"
