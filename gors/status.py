@@ -104,17 +104,21 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
 
 
 def lock_rows(folder: Path) -> list[tuple[str, str]]:
-    """A row per stage a command writes (its lock record); a record whose command this machine knows is gone
-    reads as stopped (its work resumes with the same command)."""
-    rows = []
-    here = socket.gethostname()
+    """A row per command that writes the folder, with the stages it holds (`gors run` holds four); a record
+    whose command this machine knows is gone reads as stopped (its work resumes with the same command)."""
+    holders: dict[tuple[Any, ...], tuple[dict, list[str]]] = {}
     for stage, record in lock_records(folder).items():
         if "-process-" in stage:  # another process's share of a stage: its main process's row says it
             continue
-        if record["host"] == here and not _alive(record["pid"]):
-            rows.append((f"stopped {stage}", f"{describe_holder(record)} is gone: the same command resumes it"))
+        key = (record["pid"], record["host"], record["command"])
+        holders.setdefault(key, (record, []))[1].append(stage)
+    rows = []
+    for record, stages in holders.values():
+        if record["host"] == socket.gethostname() and not _alive(record["pid"]):
+            rows.append((f"stopped {', '.join(stages)}", f"{describe_holder(record)} is gone: the same command "
+                                                         "resumes it"))
         else:
-            rows.append((f"writing {stage}", describe_holder(record)))
+            rows.append((f"writing {', '.join(stages)}", describe_holder(record)))
     return rows
 
 

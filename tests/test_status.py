@@ -16,8 +16,8 @@ from gors.status import folder_status
 
 REPO = Path(__file__).resolve().parents[1]
 HOLDER = ("import sys, time; from pathlib import Path; from gors.core.lock import _acquire; "
-          "_acquire(Path(sys.argv[1]), 'train', 'gors train --output_dir x'); print('held', flush=True); "
-          "time.sleep(300)")
+          "[_acquire(Path(sys.argv[1]), stage, 'gors train --output_dir x') for stage in ('select', 'train')]; "
+          "print('held', flush=True); time.sleep(300)")
 
 
 def test_each_stage_shows_as_it_is_reached(make_run_config):
@@ -51,13 +51,13 @@ def test_a_command_writing_the_folder_is_named_and_a_killed_one_reads_as_stopped
         assert holder.stdout.readline() == "held\n"
         main(["status", str(folder)])
         out = capsys.readouterr().out
-        assert f"writing train  `gors train --output_dir x` (pid {holder.pid} on host " in out
+        assert f"writing select, train  `gors train --output_dir x` (pid {holder.pid} on host " in out
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
         holder.stdout.close()
     rows = dict(folder_status(folder))
-    assert rows["stopped train"].endswith("is gone: the same command resumes it")
+    assert rows["stopped select, train"].endswith("is gone: the same command resumes it")
 
 
 def test_a_folder_that_does_not_exist_is_one_line(tmp_path, capsys):
