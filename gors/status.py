@@ -132,12 +132,42 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def evaluation_rows(folder: Path) -> list[tuple[str, str]]:
+    """A row per benchmark of a `gors evaluate` folder: its images and scores so far, and once it is finished
+    its main metric (as the folder's summary.json lists it)."""
+    from evaluators.results import metric_value
+    from gors.core.scoring import read_score_rows
+    from gors.report import read_summaries
+
+    finished = {entry["label"]: entry for entry in read_summaries(folder) or [] if isinstance(entry, dict)}
+    rows = []
+    for store_root in sorted(path.parent for path in folder.glob("**/samples/prompts.json")):
+        benchmark = store_root.parent
+        label = ":".join(benchmark.relative_to(folder).parts)
+        store = SampleStore(store_root)
+        records = store.records()
+        prompts = len(store.load_prompts()["prompts"])
+        counts = Counter(record["prompt_index"] for record in records)
+        scored = len(read_score_rows(benchmark / SCORES_DIR, records)) if (benchmark / SCORES_DIR).is_dir() else 0
+        value = f"{len(records)} images of {prompts} prompts ({_per_prompt(counts, prompts)}), {scored} scored"
+        entry = finished.get(label)
+        if entry is not None and (benchmark / "summary.json").is_file():
+            metric = entry.get("primary_metric")
+            number = metric_value(entry, metric) if isinstance(metric, str) else None
+            value += f"; finished: {metric} " + (f"{number:.4f}" if isinstance(number, (int, float)) else "-")
+        rows.append((label, value))
+    return rows
+
+
 def folder_status(folder: Path) -> list[tuple[str, str]]:
-    """(what, how far) rows of a run folder, a --rounds folder's latest round in rows of its own."""
+    """(what, how far) rows of a run folder (a --rounds folder's latest round in rows of its own) or of a
+    `gors evaluate` folder."""
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such run folder")
     rounds = _json(folder / ROUNDS_FILE, "the record of the finished rounds")
     started = sorted(path for path in folder.glob("round-*") if path.is_dir())
+    if not samples_dir(folder).is_dir() and rounds is None and not started and (benchmarks := evaluation_rows(folder)):
+        return benchmarks + lock_rows(folder)
     if rounds is None and not started:
         return sample_rows(folder)[0] + training_rows(folder) + _best_rows(folder) + lock_rows(folder)
     finished = (rounds or {}).get("rounds") or []

@@ -64,3 +64,16 @@ def test_a_folder_that_does_not_exist_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["status", str(tmp_path / "nothing")])
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nothing'}: no such run folder"
+
+
+def test_a_gors_evaluate_folder_shows_each_benchmark_and_its_result_once_finished(tmp_path):
+    import json
+
+    from gors.core.toy import PRETRAINED_DIR
+
+    main(["evaluate", "--pretrained_model_name_or_path", str(PRETRAINED_DIR / "pipeline"), "--benchmarks",
+          "toy,toy:train", "--max_prompts", "2", "--images_per_prompt", "1", "--output_dir", str(tmp_path / "eval")])
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())["summaries"]
+    rows = folder_status(tmp_path / "eval")
+    assert rows == [(entry["label"], f"2 images of 2 prompts (1 each), 2 scored; finished: binding_accuracy "
+                                     f"{entry['binding_accuracy']:.4f}") for entry in summary]
