@@ -163,21 +163,26 @@ def parse_benchmarks(spec: str, flag: str = "--benchmarks") -> list[tuple[str, s
 
 def class_path_benchmark(item: str, flag: str) -> tuple[str, str | None] | None:
     """`module:Class` or `module:Class:subset` -> (the name the class is registered by, subset), the class
-    registered under it; None where `item` is no such path or names no module to be found (a mistyped
-    benchmark name, which the caller reports). Results are filed by the class's own `name` (what
+    registered under it; None where `item` is no such path, or names no module or no attribute of it to be
+    found (a mistyped benchmark name, which the caller reports with the known ones). Results are filed by the class's own `name` (what
     `@register_benchmark` sets), so a class without one is refused."""
     module, _, rest = item.partition(":")
     attribute, _, subset = rest.partition(":")
     if not (attribute.isidentifier() and all(part.isidentifier() for part in module.split("."))):
         return None
     path = f"{module}:{attribute}"
+    builtin = next((name for name, class_path in _BENCHMARKS.items() if class_path == path), None)
+    if builtin is not None:  # gors' own by its class: the name it goes by
+        return builtin, subset or None
     try:
         cls = import_class(path)
     except ModuleNotFoundError as err:
         if is_missing(err, module):
             return None
         raise import_error(path, path, err, "benchmark") from err
-    except (ImportError, AttributeError) as err:
+    except AttributeError:  # a module that holds no such name: more likely a mistyped benchmark (`gors:colour`)
+        return None
+    except ImportError as err:
         raise import_error(path, path, err, "benchmark") from err
     if not (isinstance(cls, type) and issubclass(cls, Benchmark)):
         raise ValueError(f"{flag}: {path} is not a Benchmark subclass")

@@ -243,7 +243,7 @@ class Benchmark:
     batch_size: int = 8
 
     name: ClassVar[str] = ""
-    scorer: ClassVar[str] = ""  # a reward name (or weighted list) from the rewards registry
+    scorer: ClassVar[str] = ""  # one reward from the rewards registry: a name or a module:Class path
     # The summary key that ranks checkpoints (validation keeps the best by it; reports lead with it).
     primary_metric: ClassVar[str] = "score"
     # Every number the summary reports, declared once: key, direction, scale (see evaluators.results).

@@ -18,12 +18,13 @@ from gors.core.backbones import LORA_WEIGHT_NAME, detect_backbone
 from gors.core.hub import looks_like_local_path
 from gors.core.io import files_sha256, read_json
 from gors.core.run_folder import (
-    BEST_DIR,
     BEST_FILE,
     CHECKPOINT_MARKER,
     CHECKPOINTS_DIR,
     ROUNDS_FILE,
     SELECTION_SUMMARY_FILE,
+    best_folder,
+    is_rounds_folder,
     round_dir,
     samples_dir,
     scores_dir,
@@ -89,18 +90,22 @@ def _checkpoints(run: Path) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def _trained_with(run: Path, sha256: str, best: dict[str, Any] | None) -> tuple[Path, dict[str, Any]] | None:
-    """The checkpoint the LoRA was saved with, and the folder of its training: the one holding the same weights
-    (the final LoRA is the last step's checkpoint's) or, for the best LoRA, the newest of the training its
-    `best.json` names (by any of the identities `training_identity` has given)."""
+    """The checkpoint the LoRA was saved with, and the folder of its training: one holding the same weights
+    (the final LoRA is the last step's checkpoint's), else, for the best LoRA, the first checkpoint at or after
+    its step of the training its `best.json` names (by any identity `training_identity` has given; a --rounds
+    run's best names all rounds, and the first checkpoint at or after its step is of the round it was in)."""
     from gors.validation import training_identity
 
-    for folder, record in _checkpoints(run):
+    checkpoints = _checkpoints(run)
+    for folder, record in checkpoints:
         if ((record.get("files") or {}).get(LORA_WEIGHT_NAME) or {}).get("sha256") == sha256:
             return folder, record
-        fingerprint = record["fingerprint"]
-        identities = {training_identity(fingerprint, with_selection, by_path)
+    if best is None or not isinstance(best.get("step"), int):
+        return None
+    for folder, record in reversed(checkpoints):  # oldest first
+        identities = {training_identity(record["fingerprint"], with_selection, by_path)
                       for with_selection in (True, False) for by_path in (False, True)}
-        if best is not None and best.get("training") in identities:
+        if best.get("training") in identities and (record.get("step") or 0) >= best["step"]:
             return folder, record
     return None
 
@@ -123,13 +128,14 @@ def _selection(folder: Path, training: dict[str, Any] | None, notes: list[str]) 
 def run_facts(run: Path, which: str, lora: Path) -> RunFacts:
     """What `run` records of how its `which` LoRA (`final`, `best`; the file `lora`) was made."""
     rounds = _json(run / ROUNDS_FILE, "the record of the finished rounds")
-    store = samples_dir(round_dir(run, 0) if rounds is not None else run)  # every round's base model is one
+    store = samples_dir(round_dir(run, 0) if is_rounds_folder(run) else run)  # every round's base model is one
     generation = _json(store / SETTINGS, "the generation settings of the samples") or {}
     if not generation:
         raise FileNotFoundError(f"{store / SETTINGS} is missing: {run} is no gors run folder (give the --output_dir "
                                 "of `gors run`, a recipe or `gors train`)")
     notes: list[str] = []
-    best = _json(run / BEST_DIR / BEST_FILE, "the record of the best LoRA") if which == "best" else None
+    best_record = best_folder(run) if which == "best" else None
+    best = _json(best_record / BEST_FILE, "the record of the best LoRA") if best_record is not None else None
     sha256 = files_sha256([lora])
     found = _trained_with(run, sha256, best)
     finished = (rounds or {}).get("rounds") or []
@@ -149,7 +155,7 @@ def run_facts(run: Path, which: str, lora: Path) -> RunFacts:
         generation=generation,
         model_commit=recorded_version(recorded_model_commits(store), model) if isinstance(model, str) else None,
         prompts=_json(store / "prompts.json", "the prompt set of the samples"), selection=selection, reward=reward,
-        training=training, best=best, rounds=len(finished) if rounds is not None else None,
+        training=training, best=best, rounds=len(finished) if is_rounds_folder(run) else None,
         trained_in=str(trained_in.relative_to(run)) if trained_in != run else ".", notes=notes,
     )
 

@@ -22,14 +22,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gors import __version__
 from gors.core.backbones import LORA_WEIGHT_NAME
 from gors.core.hub import is_repo_id, looks_like_local_path, network_error, offline_setting, one_line
-from gors.core.io import atomic_write_bytes, publish_folder, recover_folder
-from gors.core.run_folder import BEST_DIR
+from gors.core.io import atomic_write_bytes, publish_folder, set_usual_permissions
+from gors.core.run_folder import BEST_DIR, best_folder
 from gors.model_card import evaluation_rows, family_tags, lora_samples, model_card, run_facts
 
 UPLOAD_DIR = "hub_upload"
@@ -77,10 +78,9 @@ class PushConfig:
 
 def lora_file(run: Path, which: str) -> Path:
     """The file of the run's `which` LoRA (`LORA_CHOICES`), or an error that says why there is none."""
-    if which == "best":
-        recover_folder(run / BEST_DIR)  # a kill between publish_folder's renames
-    path = (run / BEST_DIR if which == "best" else run) / LORA_WEIGHT_NAME
-    if path.is_file():
+    folder = best_folder(run) if which == "best" else run
+    path = folder / LORA_WEIGHT_NAME if folder is not None else None
+    if path is not None and path.is_file():
         return path
     if which == "best":
         raise FileNotFoundError(f"{run} holds no best LoRA ({BEST_DIR}/{LORA_WEIGHT_NAME}): it is kept by "
@@ -92,12 +92,24 @@ def lora_file(run: Path, which: str) -> Path:
 def stage_upload(config: PushConfig) -> Path:
     """Put the pushed files together in `<output_dir>/hub_upload/` (replaced whole); returns the folder.
 
-    The card states the facts of the staged copy of the LoRA (hashed after copying), so a LoRA replaced
-    meanwhile (a `best/` published by a training still running) is never described by another's records."""
+    They are written into a folder of this push's own first (another push of the same run at the same time
+    must not empty it), removed when anything is refused, and published whole."""
     run = Path(config.output_dir)
-    staging = run / f".{UPLOAD_DIR}.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    staging = Path(tempfile.mkdtemp(prefix=f".{UPLOAD_DIR}.", suffix=".tmp", dir=run))
+    try:
+        _write_upload(config, run, staging)
+        set_usual_permissions(staging)
+        publish_folder(staging, run / UPLOAD_DIR)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return run / UPLOAD_DIR
+
+
+def _write_upload(config: PushConfig, run: Path, staging: Path) -> None:
+    """The LoRA, its card, its record and its sample images, into `staging`. The card states the facts of the
+    staged copy of the LoRA (hashed after copying), so that a LoRA replaced meanwhile (a `best/` published by a
+    training still running) is never described by another's records."""
     lora = staging / LORA_WEIGHT_NAME
     shutil.copyfile(lora_file(run, config.lora), lora)
     facts = run_facts(run, config.lora, lora)
@@ -120,8 +132,6 @@ def stage_upload(config: PushConfig) -> Path:
     atomic_write_bytes(staging / CARD_FILE, card.encode("utf-8"))
     record = {"pushed_by": f"gors {__version__}", "base_model": base_model, **asdict(facts), "evaluation": evaluation}
     atomic_write_bytes(staging / RECORD_FILE, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-    publish_folder(staging, run / UPLOAD_DIR)
-    return run / UPLOAD_DIR
 
 
 def _push_hint(err: BaseException, repo_id: str) -> str:

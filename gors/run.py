@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from gors.core.lock import run_folder_lock
 from gors.core.prompts import check_category, load_prompts, recorded_category
 from gors.core.run_folder import CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_FILE, round_dir, samples_dir
 from gors.core.scoring import load_scores
-from gors.core.store import SampleStore, has_bytes
+from gors.core.store import SampleStore, StoreError, has_bytes
 from gors.families import resolve_training
 from gors.generate import generate
 from gors.push import PushConfig, check_push_access, push
@@ -234,8 +235,8 @@ def run(config: RunConfig, command: str = "gors run") -> None:
 def push_finished_run(config: RunConfig) -> None:
     """`--push_to_hub`: the final LoRA and its card to the Hub (`gors push`); a failure leaves the finished run
     as it is and names the command that pushes it."""
-    again = f"gors push --output_dir {config.output_dir} --repo_id {config.push_to_hub}"
+    again = f"gors push --output_dir {shlex.quote(config.output_dir)} --repo_id {config.push_to_hub}"
     try:
         push(PushConfig(output_dir=config.output_dir, repo_id=config.push_to_hub))
-    except ValueError as err:
-        raise ValueError(f"the run is finished, its push was not: {err} Push it with `{again}`") from err
+    except (ValueError, OSError, StoreError) as err:
+        raise ValueError(f"the run is finished, its push was not ({err}). Push it with `{again}`") from err

@@ -26,6 +26,8 @@ from gors.core.run_folder import (
     ROUNDS_FILE,
     SCORES_DIR,
     SELECTION_SUMMARY_FILE,
+    best_folder,
+    is_rounds_folder,
     samples_dir,
 )
 from gors.core.store import SETTINGS, SampleStore
@@ -89,13 +91,15 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
     final = folder / LORA_WEIGHT_NAME
     if marker is not None:
         target = marker.get("max_train_steps")
-        of = f" of {target} ({100 * marker['step'] / target:.0f} %)" if target else ""
+        of = f" of {target} ({100 * marker['step'] // target} %)" if target else ""  # 99 % until it is done
         rows.append(("training", f"step {marker['step']}{of}: {checkpoint.name}, saved {marker.get('time', '?')}"))
         weights = ((marker.get("files") or {}).get(LORA_WEIGHT_NAME) or {}).get("sha256")
         if final.is_file():
-            same = weights is not None and files_sha256([final]) == weights
-            rows.append(("final LoRA", f"{final.name}" + (f" (step {marker['step']})" if same else
-                                                          " (of another training than the newest checkpoint)")))
+            # A marker of an older gors records no hashes: the file is named, unmatched.
+            same = None if weights is None else files_sha256([final]) == weights
+            shown = {True: f" (step {marker['step']})", False: " (not the newest checkpoint's LoRA: of another "
+                                                               "training, or a longer one's checkpoint is kept)"}
+            rows.append(("final LoRA", final.name + shown.get(same, "")))
     elif final.is_file():
         rows.append(("final LoRA", final.name))
     elif selection is not None:
@@ -114,11 +118,14 @@ def lock_rows(folder: Path) -> list[tuple[str, str]]:
         holders.setdefault(key, (record, []))[1].append(stage)
     rows = []
     for record, stages in holders.values():
-        if record["host"] == socket.gethostname() and not _alive(record["pid"]):
+        if record["host"] != socket.gethostname():
+            rows.append((f"writing {', '.join(stages)}", f"{describe_holder(record)}, by its lock record (another "
+                                                         "host: whether it still runs is not known here)"))
+        elif _alive(record["pid"]):
+            rows.append((f"writing {', '.join(stages)}", describe_holder(record)))
+        else:
             rows.append((f"stopped {', '.join(stages)}", f"{describe_holder(record)} is gone: the same command "
                                                          "resumes it"))
-        else:
-            rows.append((f"writing {', '.join(stages)}", describe_holder(record)))
     return rows
 
 
@@ -132,30 +139,43 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def is_evaluation_folder(folder: Path) -> bool:
+    """Whether `folder` is a `gors evaluate` output folder: its lock file, or its summary."""
+    return (folder / ".lock-evaluate").exists() or (folder / "summary.json").is_file()
+
+
 def evaluation_rows(folder: Path) -> list[tuple[str, str]]:
-    """A row per benchmark of a `gors evaluate` folder: its images and scores so far, and once it is finished
-    its main metric (as the folder's summary.json lists it)."""
+    """A row per benchmark of a `gors evaluate` folder (`<name>[/<subset>]`): its images and scores so far,
+    and once it is finished its main metric (as the folder's summary.json lists it); one that scored an image
+    folder (`--images`) has no images of its own."""
     from evaluators.results import metric_value
     from gors.core.scoring import read_score_rows
     from gors.report import read_summaries
 
     finished = {entry["label"]: entry for entry in read_summaries(folder) or [] if isinstance(entry, dict)}
-    rows = []
-    for store_root in sorted(path.parent for path in folder.glob("**/samples/prompts.json")):
+    progress = {}
+    for store_root in sorted([*folder.glob("*/samples"), *folder.glob("*/*/samples")]):
         benchmark = store_root.parent
-        label = ":".join(benchmark.relative_to(folder).parts)
         store = SampleStore(store_root)
+        if not (store_root / "prompts.json").is_file():
+            continue
         records = store.records()
         prompts = len(store.load_prompts()["prompts"])
         counts = Counter(record["prompt_index"] for record in records)
         scored = len(read_score_rows(benchmark / SCORES_DIR, records)) if (benchmark / SCORES_DIR).is_dir() else 0
-        value = f"{len(records)} images of {prompts} prompts ({_per_prompt(counts, prompts)}), {scored} scored"
+        progress[":".join(benchmark.relative_to(folder).parts)] = \
+            f"{len(records)} images of {prompts} prompts ({_per_prompt(counts, prompts)}), {scored} scored"
+    rows = []
+    for label in sorted(progress.keys() | finished.keys()):
         entry = finished.get(label)
-        if entry is not None and (benchmark / "summary.json").is_file():
+        shown = [progress[label]] if label in progress else []
+        if entry is not None:
+            if entry.get("images") is not None:
+                shown.append(f"scored the images of {entry['images']}")
             metric = entry.get("primary_metric")
             number = metric_value(entry, metric) if isinstance(metric, str) else None
-            value += f"; finished: {metric} " + (f"{number:.4f}" if isinstance(number, (int, float)) else "-")
-        rows.append((label, value))
+            shown.append(f"finished: {metric} " + (f"{number:.4f}" if isinstance(number, (int, float)) else "-"))
+        rows.append((label, "; ".join(shown)))
     return rows
 
 
@@ -166,10 +186,13 @@ def folder_status(folder: Path) -> list[tuple[str, str]]:
         raise FileNotFoundError(f"{folder}: no such run folder")
     rounds = _json(folder / ROUNDS_FILE, "the record of the finished rounds")
     started = sorted(path for path in folder.glob("round-*") if path.is_dir())
-    if not samples_dir(folder).is_dir() and rounds is None and not started and (benchmarks := evaluation_rows(folder)):
-        return benchmarks + lock_rows(folder)
-    if rounds is None and not started:
-        return sample_rows(folder)[0] + training_rows(folder) + _best_rows(folder) + lock_rows(folder)
+    if is_evaluation_folder(folder):
+        return (evaluation_rows(folder) or [("benchmarks", "none started yet")]) + lock_rows(folder)
+    if not is_rounds_folder(folder):
+        rows = sample_rows(folder)[0] + training_rows(folder) + _best_rows(folder) + lock_rows(folder)
+        if rows == [("samples", "none yet")] and not any(folder.glob(".lock-*")):
+            return [("run", "no gors run or evaluation in this folder yet")]
+        return rows
     finished = (rounds or {}).get("rounds") or []
     planned = ((rounds or {}).get("settings") or {}).get("rounds")
     rows = [("rounds", f"{len(finished)}" + (f" of {planned}" if planned else "") + " finished")]
@@ -183,7 +206,8 @@ def folder_status(folder: Path) -> list[tuple[str, str]]:
 
 
 def _best_rows(folder: Path) -> list[tuple[str, str]]:
-    best = _json(folder / BEST_DIR / BEST_FILE, "the record of the best LoRA")
+    found = best_folder(folder)
+    best = _json(found / BEST_FILE, "the record of the best LoRA") if found is not None else None
     if not isinstance(best, dict):
         return []
     return [("best LoRA", f"step {best.get('step')}: {best.get('benchmark')} {best.get('metric')} "
@@ -191,10 +215,18 @@ def _best_rows(folder: Path) -> list[tuple[str, str]]:
 
 
 def status(config: StatusConfig) -> None:
-    """`gors status`: print each folder's rows."""
+    """`gors status`: print each folder's rows; a folder that does not exist is said in its place, and
+    once all are printed, in the error."""
+    missing = []
     for index, folder in enumerate(map(Path, config.folders)):
+        print(("\n" if index else "") + f"{folder}")
+        if not folder.is_dir():
+            print("  no such folder")
+            missing.append(str(folder))
+            continue
         rows = folder_status(folder)
         width = max(len(what) for what, _ in rows)
-        print(("\n" if index else "") + f"{folder}")
         for what, value in rows:
             print(f"  {what:<{width}}  {value}")
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)}: no such run folder")

@@ -208,8 +208,8 @@ def test_scores_of_other_scorer_settings_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:  # an expected error: one line, exit 2
         main(argv + ["--scorer_options", '{"toy": {"checks": "all"}}'])
     assert exit_info.value.code == 2
-    assert re.search(r'^error: .*holds scores made with other settings than asked for now \(options \{\} there, '
-                     r'\{"checks": "all"\} now\)', capsys.readouterr().err, re.M)
+    assert re.search(r'^error: .*holds scores made with other settings than asked for now \(options: \{\} -> '
+                     r'\{"checks": "all"\}\)', capsys.readouterr().err, re.M)
 
 
 def test_old_toy_scores_without_a_binding_verdict_are_a_clear_error():

@@ -426,9 +426,10 @@ def test_a_benchmark_of_ones_own_runs_from_the_command_line_by_its_module_class_
     from gors.config import EvaluateConfig
 
     for spec, message in [("plugin_bench:Unnamed", "has no name of its own, which its results are filed by"),
-                          ("plugin_bench:Missing", "Could not import benchmark 'plugin_bench:Missing'"),
+                          ("plugin_bench:Missing", "unknown benchmark 'plugin_bench:Missing'; known: "),
                           ("plugin_bench:dataclass", "plugin_bench:dataclass is not a Benchmark subclass"),
                           ("no_such_module:Thing", "unknown benchmark 'no_such_module:Thing'; known: .*'module:Class'")]:
         with pytest.raises(ValueError, match=message):
             evaluate(EvaluateConfig(benchmarks=spec, output_dir=str(tmp_path / "refused")))
     assert not (tmp_path / "refused").exists()
+    assert evaluators.parse_benchmarks("evaluators.toy:ToyBenchmark:train") == [("toy", "train")]  # gors' own

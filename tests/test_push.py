@@ -287,7 +287,7 @@ def test_gors_run_push_to_hub_is_checked_before_any_work_and_pushes_the_finished
         (commit,) = server.commits
         assert set(commit["files"]) == {CARD_FILE, RECORD_FILE, LORA_WEIGHT_NAME}
         server.refuse = 403
-        with pytest.raises(ValueError, match=r"the run is finished, its push was not: .* Push it with `gors push "
+        with pytest.raises(ValueError, match=r"the run is finished, its push was not \(.*\)\. Push it with `gors push "
                                              r"--output_dir .* --repo_id me/tiny-gors`"):
             run(replace(trained_run, push_to_hub="me/tiny-gors"))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -40,6 +41,12 @@ def test_each_stage_shows_as_it_is_reached(make_run_config):
     assert rows["training"].startswith("step 2 of 2 (100 %): checkpoint-2, saved ")
     assert rows["final LoRA"] == "pytorch_lora_weights.safetensors (step 2)"
     assert not any(what.startswith(("writing", "stopped")) for what in rows)  # every lock released
+    # A checkpoint marker of an older gors records no file hashes: the final LoRA is named, unmatched.
+    marker = folder / "checkpoints" / "checkpoint-2" / "checkpoint.json"
+    marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "files"}))
+    assert dict(folder_status(folder))["final LoRA"] == "pytorch_lora_weights.safetensors"
+    # The folder above the run holds none itself.
+    assert folder_status(folder.parent) == [("run", "no gors run or evaluation in this folder yet")]
 
 
 def test_a_command_writing_the_folder_is_named_and_a_killed_one_reads_as_stopped(make_run_config, capsys):
@@ -67,8 +74,6 @@ def test_a_folder_that_does_not_exist_is_one_line(tmp_path, capsys):
 
 
 def test_a_gors_evaluate_folder_shows_each_benchmark_and_its_result_once_finished(tmp_path):
-    import json
-
     from gors.core.toy import PRETRAINED_DIR
 
     main(["evaluate", "--pretrained_model_name_or_path", str(PRETRAINED_DIR / "pipeline"), "--benchmarks",

@@ -365,6 +365,22 @@ def test_round_1_competes_with_round_0s_best(make_run_config, tmp_path, monkeypa
     reset_process_state()
     # One training across the rounds: round 1's 0.1 at step 4 does not replace round 0's 0.9 at step 2.
     assert (_best(out)["step"], _best(out)["value"]) == (2, 0.9)
+    # `gors push --lora best` gives it with round 0's training and selection, also in a copy stopped in
+    # round 0 (no rounds.json yet, as while a round runs).
+    import json
+    import shutil
+
+    from gors.push import RECORD_FILE, PushConfig, push
+
+    record = json.loads((push(PushConfig(output_dir=str(out), repo_id="me/x", lora="best", dry_run=True))
+                         / RECORD_FILE).read_text())
+    assert record["trained_in"] == "round-000" and record["step"] == 2
+    assert record["selection"] == json.loads((out / "round-000" / "selection_summary.json").read_text())
+    stopped = tmp_path / "stopped"
+    shutil.copytree(out, stopped, ignore=shutil.ignore_patterns("round-001", "rounds.json", "hub_upload"))
+    record = json.loads((push(PushConfig(output_dir=str(stopped), repo_id="me/x", lora="best", dry_run=True))
+                         / RECORD_FILE).read_text())
+    assert record["trained_in"] == "round-000" and record["rounds"] == 0
 
 
 def test_a_validation_scorer_that_does_not_load_fails_before_any_training_step(

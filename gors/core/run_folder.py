@@ -38,3 +38,18 @@ def scores_dir(output_dir: str | Path, reward: str) -> Path:
 def round_dir(output_dir: str | Path, index: int) -> Path:
     """Round `index`'s own run folder (samples, scores, selection, checkpoints, LoRA) in an online run."""
     return Path(output_dir) / f"round-{index:03d}"
+
+
+def is_rounds_folder(output_dir: str | Path) -> bool:
+    """Whether `output_dir` holds a --rounds run: its rounds file, or (stopped in round 0) its first round."""
+    return (Path(output_dir) / ROUNDS_FILE).is_file() or round_dir(output_dir, 0).is_dir()
+
+
+def best_folder(output_dir: str | Path) -> Path | None:
+    """The folder of the best LoRA of validation, for a reader: `best/`, or the copy a publish that was
+    interrupted between its two renames left aside (`.best.old`, which the training puts back); None
+    without one. Readers never rename it back themselves: that is the training's to do."""
+    for folder in (Path(output_dir) / BEST_DIR, Path(output_dir) / f".{BEST_DIR}.old"):
+        if folder.is_dir():
+            return folder
+    return None

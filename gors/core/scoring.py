@@ -47,8 +47,8 @@ from gors.core.store import (
     check_model_commits,
     read_rows,
     same_image,
-    same_value,
     sample_key,
+    settings_changes,
 )
 
 
@@ -196,13 +196,10 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
     compared = {key: value for key, value in wanted.items() if key != SOURCES_SETTING}
     completed, adopted = adopt_later_settings({key: value for key, value in recorded.items() if key != SOURCES_SETTING},
                                               compared, LATER_SCORE_SETTINGS)
-    if not same_value(completed, compared):
-        differing = sorted(key for key in completed.keys() | compared.keys()
-                           if not same_value(completed.get(key), compared.get(key)))
-        shown = "; ".join(f"{key} {json.dumps(completed.get(key), sort_keys=True)} there, "
-                          f"{json.dumps(compared.get(key), sort_keys=True)} now" for key in differing)
-        raise StoreError(f"{scores_folder} holds scores made with other settings than asked for now ({shown}). Use a "
-                         f"new output folder, or delete {scores_folder} to score again.")
+    changes = settings_changes(completed, compared)
+    if changes:
+        raise StoreError(f"{scores_folder} holds scores made with other settings than asked for now "
+                         f"({'; '.join(changes)}). Use a new output folder, or delete {scores_folder} to score again.")
     if not adopted:  # the same settings, a path spelled otherwise (`same_value`): the record stays as it is
         return recorded_sources is None and sources is not None  # but takes the sources it did not record
     logger.warning("%s was scored before gors recorded the scorer's %s; its scores are taken to have been made "
