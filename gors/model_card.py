@@ -17,6 +17,7 @@ from typing import Any
 from gors.core.backbones import LORA_WEIGHT_NAME, detect_backbone
 from gors.core.hub import looks_like_local_path
 from gors.core.io import files_sha256, read_json
+from gors.core.paper import T2I_COMPBENCH_BIBTEX
 from gors.core.run_folder import (
     BEST_FILE,
     CHECKPOINT_MARKER,
@@ -367,4 +368,5 @@ def model_card(repo_id: str, facts: RunFacts, evaluation: dict[str, dict[str, fl
         lines += ["Evaluate it with gors:", "", "```bash",
                   f"gors evaluate --pretrained_model_name_or_path {base} --lora hub:{repo_id} --benchmarks all",
                   "```", ""]
+    lines += ["## Citation", "", "GORS and T2I-CompBench:", "", "```bibtex", T2I_COMPBENCH_BIBTEX, "```", ""]
     return "\n".join(lines)

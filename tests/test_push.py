@@ -71,6 +71,7 @@ def test_a_dry_run_stages_the_lora_a_card_of_the_runs_records_and_its_evaluation
         "to_k, to_v, to_out.0) |" in card  # the components of the file itself
     assert trained_run.pretrained_model_name_or_path not in card  # a local path stays in gors_run.json only
     assert 'pipeline.load_lora_weights("me/tiny-gors")' in card
+    assert "## Citation" in card and "@article{huang2023t2icompbench," in card
     # The first image of each of the LoRA's evaluation prompts (2 here), shown on the Hub's page.
     from gors.core.store import SampleStore
 

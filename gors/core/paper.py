@@ -138,3 +138,14 @@ GORS_RUN_SOURCES: dict[str, str] = {
     "max_train_steps": "official train_text_to_image.py",
     "global_batch_size": "official train_text_to_image.py and train.sh: 2 per GPU x 8 GPUs",
 }
+
+# How the T2I-CompBench repository asks to be cited (its Readme.md at the pinned commit 1b70949): the
+# paper of GORS and of the benchmark. The model cards of `gors push` and the README give it.
+T2I_COMPBENCH_BIBTEX = """@article{huang2023t2icompbench,
+  title={T2i-compbench: A comprehensive benchmark for open-world compositional text-to-image generation},
+  author={Huang, Kaiyi and Sun, Kaiyue and Xie, Enze and Li, Zhenguo and Liu, Xihui},
+  journal={Advances in Neural Information Processing Systems},
+  volume={36},
+  pages={78723--78747},
+  year={2023}
+}"""
