@@ -13,6 +13,7 @@ import os
 import socket
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,9 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
     if marker is not None:
         target = marker.get("max_train_steps")
         of = f" of {target} ({100 * marker['step'] // target} %)" if target else ""  # 99 % until it is done
-        rows.append(("training", f"step {marker['step']}{of}: {checkpoint.name}, saved {marker.get('time', '?')}"))
+        left = _time_left(folder, marker, target)
+        rows.append(("training", f"step {marker['step']}{of}: {checkpoint.name}, saved {marker.get('time', '?')}"
+                                 + (f"; {left}" if left else "")))
         weights = ((marker.get("files") or {}).get(LORA_WEIGHT_NAME) or {}).get("sha256")
         if final.is_file():
             # A marker of an older gors records no hashes: the file is named, unmatched.
@@ -105,6 +108,29 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
     elif selection is not None:
         rows.append(("training", "no checkpoint yet"))
     return rows
+
+
+def _time_left(folder: Path, newest: dict[str, Any], target: int | None) -> str | None:
+    """The time the training needs to `target` at the pace between its two newest checkpoints (of one
+    training, each with its save time), in words; None where it cannot be told or nothing is left."""
+    from gors.checkpoints import checkpoint_step, read_marker
+
+    if not target or newest["step"] >= target:
+        return None
+    earlier = sorted((path for path in (folder / CHECKPOINTS_DIR).glob("checkpoint-*") if path.is_dir()
+                      and path.name.removeprefix("checkpoint-").isdigit()), key=checkpoint_step, reverse=True)
+    for path in earlier:
+        marker = read_marker(path)
+        if marker is None or marker["step"] >= newest["step"]:
+            continue
+        if marker.get("fingerprint") != newest.get("fingerprint") or "time" not in marker or "time" not in newest:
+            return None
+        seconds = (datetime.fromisoformat(newest["time"]) - datetime.fromisoformat(marker["time"])).total_seconds()
+        if seconds <= 0:
+            return None
+        hours = (target - newest["step"]) * seconds / (newest["step"] - marker["step"]) / 3600
+        return f"about {hours:.1f} h to go at the pace of steps {marker['step']} to {newest['step']}"
+    return None
 
 
 def lock_rows(folder: Path) -> list[tuple[str, str]]:

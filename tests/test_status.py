@@ -41,6 +41,15 @@ def test_each_stage_shows_as_it_is_reached(make_run_config):
     assert rows["training"].startswith("step 2 of 2 (100 %): checkpoint-2, saved ")
     assert rows["final LoRA"] == "pytorch_lora_weights.safetensors (step 2)"
     assert not any(what.startswith(("writing", "stopped")) for what in rows)  # every lock released
+    # A training that goes on (to step 20 here): the time it needs at its last checkpoints' pace.
+    def edit_marker(step: int, **values) -> None:
+        path = folder / "checkpoints" / f"checkpoint-{step}" / "checkpoint.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | values))
+
+    edit_marker(1, time="2026-12-06T10:00:00+00:00")
+    edit_marker(2, time="2026-12-06T10:03:00+00:00", max_train_steps=20)  # 180 s a step, 18 steps to go
+    assert dict(folder_status(folder))["training"].endswith("saved 2026-12-06T10:03:00+00:00; about 0.9 h to go "
+                                                            "at the pace of steps 1 to 2")
     # A checkpoint marker of an older gors records no file hashes: the final LoRA is named, unmatched.
     marker = folder / "checkpoints" / "checkpoint-2" / "checkpoint.json"
     marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "files"}))
