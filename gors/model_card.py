@@ -144,7 +144,7 @@ def run_facts(run: Path, which: str, lora: Path) -> RunFacts:
     training = checkpoint.get("fingerprint")
     if found is None:
         notes.append("no checkpoint of this LoRA's training is left in the run folder: the card gives no training "
-                     "settings, and the selection unchecked")
+                     "settings, and its selection is not checked against the training")
     selection = _selection(trained_in, training, notes)
     reward = None
     if isinstance(selection, dict) and isinstance(selection.get("reward"), str):
