@@ -175,16 +175,16 @@ def evaluation_rows(folders: list[str], facts: RunFacts) -> tuple[dict[str, dict
     columns measured otherwise (`protocol_notes`). A folder of another model or other weights is refused:
     the card would give its numbers as this LoRA's."""
     from gors.evaluate import generator_versions
-    from gors.report import evaluation_protocols, evaluation_values, protocol_notes, read_summaries
+    from gors.report import evaluation_protocols, evaluation_values, protocol_notes, summary_folders
 
     rows: dict[str, dict[str, float | None]] = {}
     protocols: dict[str, dict[str, Any]] = {}
     model = facts.generation.get("model")
     for folder in map(Path, folders):
-        summaries = read_summaries(folder)
-        if summaries is None:
+        found = summary_folders(folder)
+        if not found:
             raise FileNotFoundError(f"--evaluation {folder}: no summary.json; give the --output_dir of `gors evaluate`")
-        for summary in summaries:
+        for summary, benchmark_folder in found:
             if not isinstance(summary, dict) or not isinstance(summary.get("label"), str):
                 raise ValueError(f"--evaluation {folder}: its summary.json lists an entry without a label; rerun "
                                  "`gors evaluate` there to write it again")
@@ -192,8 +192,7 @@ def evaluation_rows(folders: list[str], facts: RunFacts) -> tuple[dict[str, dict
             if summary.get("images") is not None:
                 raise ValueError(f"--evaluation {folder}: {label} scored an image folder ({summary['images']}), whose "
                                  "images may be any model's: evaluate the LoRA itself (gors evaluate --lora ...)")
-            name, _, subset = label.partition(":")
-            versions = generator_versions(folder / name / subset)  # where `gors evaluate` puts a benchmark
+            versions = generator_versions(benchmark_folder)
             if not _same_model(summary.get("model"), versions["model"], model, facts.model_commit):
                 raise ValueError(f"--evaluation {folder}: {label} is of the model {summary.get('model')} (version "
                                  f"{versions['model']}), the run's is {model} (version {facts.model_commit})")
@@ -216,12 +215,11 @@ def lora_samples(folders: list[str], facts: RunFacts, count: int = 4) -> list[tu
     first image of the first prompts of the first benchmark evaluated with it (without `--lora_dropout`), as
     the benchmark sampled them; none without such an evaluation. Each file is checked against the sha256 its
     record holds (`SampleStore.open_image`)."""
-    from gors.report import read_summaries
+    from gors.report import summary_folders
 
     for folder in map(Path, folders):
-        for summary in read_summaries(folder) or []:
-            name, _, subset = summary["label"].partition(":")
-            store = SampleStore(folder / name / subset / "samples")
+        for summary, benchmark_folder in summary_folders(folder):
+            store = SampleStore(benchmark_folder / "samples")
             if summary.get("lora") is None or summary.get("lora_dropout") or \
                     (store.load_settings() or {}).get("lora_sha256") != facts.lora_sha256:
                 continue
@@ -298,7 +296,8 @@ def card_rows(facts: RunFacts, base_model: str | None) -> list[tuple[str, str]]:
                                       f"LoRA was trained in {facts.trained_in}"))
     if facts.reward:
         options = facts.reward.get("options") or {}
-        rows.append(("reward", f"{facts.reward.get('reward')} ({_shown_path(facts.reward.get('model_name_or_path'))})"
+        model = facts.reward.get("model_name_or_path")
+        rows.append(("reward", f"{facts.reward.get('reward')}" + (f" ({_shown_path(model)})" if model else "")
                                + (f", options {options}" if options else "")))
     s = facts.selection
     if s:

@@ -36,19 +36,45 @@ from gors.core.scoring import SOURCES_SETTING
 
 
 def read_summaries(folder: Path) -> list[Any] | None:
-    """The `summaries` list of a `gors evaluate` folder's summary.json, each with the `lora_dropout` the file
-    records once for all of them (the LoRA's samples were drawn with it); None when it has none."""
+    """The summaries of a `gors evaluate` folder's summary.json, each with the `lora_dropout` the file records
+    once for all of them (the LoRA's samples were drawn with it); of one benchmark's folder (its own
+    summary.json, as the toy demo's `eval_base/` has), that summary with the label and main metric its
+    benchmark gives it. None when the folder holds no summary.json."""
+    return [summary for summary, _ in summary_folders(folder)] if (folder / "summary.json").is_file() else None
+
+
+def summary_folders(folder: Path) -> list[tuple[Any, Path]]:
+    """(summary, the folder of its benchmark's images and scores) of each benchmark of a `gors evaluate` folder
+    (`<folder>/<name>[/<subset>]`), or of one benchmark's own folder; [] without a summary.json."""
     path = folder / "summary.json"
     if not path.is_file():
-        return None
+        return []
     data = read_json(path, "the summary.json of `gors evaluate`")
     if isinstance(data, dict) and "benchmark" in data and "summaries" not in data:
-        raise ValueError(f"{path} is one benchmark's summary: give the `gors evaluate` --output_dir above it, "
-                         "whose summary.json lists every benchmark it evaluated")
+        return [(_benchmark_entry(data, path), folder)]
     if not isinstance(data, dict) or not isinstance(data.get("summaries"), list):
         raise ValueError(f"{path} is not a `gors evaluate` summary (no 'summaries' list)")
     shared = {"lora_dropout": data["lora_dropout"]} if "lora_dropout" in data else {}
-    return [{**shared, **summary} if isinstance(summary, dict) else summary for summary in data["summaries"]]
+    found = []
+    for summary in data["summaries"]:
+        label = summary.get("label") if isinstance(summary, dict) else None
+        name, _, subset = label.partition(":") if isinstance(label, str) else ("", "", "")
+        found.append(({**shared, **summary} if isinstance(summary, dict) else summary, folder / name / subset))
+    return found
+
+
+def _benchmark_entry(summary: dict[str, Any], path: Path) -> dict[str, Any]:
+    """One benchmark's summary as an entry of a `gors evaluate` summary: the label and main metric its benchmark
+    (registered here) gives it."""
+    from evaluators import available_benchmarks, benchmark_class, benchmark_label
+
+    name = summary["benchmark"]
+    if name not in available_benchmarks():
+        raise ValueError(f"{path} is a summary of benchmark {name!r}, which is not known here; give the folder of "
+                         "`gors evaluate` above it, whose summary.json names each benchmark's label")
+    cls = benchmark_class(name)
+    subset = summary.get(cls.subset_field) if cls.subset_field else None
+    return {"label": benchmark_label(name, subset), "primary_metric": cls.primary_metric, **summary}
 
 
 def column_scale(summary: dict[str, Any]) -> str:

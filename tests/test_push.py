@@ -337,3 +337,20 @@ def test_an_evaluation_sampled_with_lora_dropout_gets_a_row_of_its_own(trained_r
 
     text = report([run.parent / "eval_lora", tmp_path / "eval_dropout"], tmp_path / "report").read_text()
     assert "(LoRA dropout: eval_lora 0.0, eval_dropout 0.5)" in text
+
+
+def test_one_benchmarks_own_folder_serves_as_an_evaluation_as_the_toy_demos_do(trained_run, tmp_path):
+    """The toy demo evaluates into one benchmark's folder (its own summary.json): push and report take it, with
+    the label and main metric its benchmark gives."""
+    from evaluators import get_benchmark
+    from gors.report import report
+
+    run = Path(trained_run.output_dir)
+    benchmark = get_benchmark("toy", max_prompts=2, images_per_prompt=1, num_inference_steps=2, resolution=32)
+    summary = benchmark.evaluate(trained_run.pretrained_model_name_or_path, tmp_path / "eval_gors", lora=str(run))
+    folder = push(PushConfig(output_dir=str(run), repo_id="me/x", dry_run=True, evaluation=[str(tmp_path / "eval_gors")]))
+    record = json.loads((folder / RECORD_FILE).read_text())
+    assert record["evaluation"] == {LORA_ROW: {"toy:held_out": pytest.approx(summary["binding_accuracy"])}}
+    assert (folder / "images" / "0.png").is_file()
+    text = report([tmp_path / "eval_gors"], tmp_path / "report").read_text()
+    assert "toy:held_out" in text and f"{summary['binding_accuracy']:.4f}" in text

@@ -133,8 +133,8 @@ def test_a_resumed_runs_repeated_steps_keep_the_latest_event(tmp_path):
     ("rounds.json", {"rounds": [ROUNDS["rounds"][0] | {"mean_reward": None}]},
      r"rounds\[0\]: mean_reward=None is not a number"),
     ("rounds.json", {"rounds": [3]}, r"rounds\[0\] lacks round, mean_reward"),
-    ("summary.json", {"benchmark": "toy", "binding_accuracy": 0.5},
-     "is one benchmark's summary: give the `gors evaluate` --output_dir above it"),
+    ("summary.json", {"benchmark": "nowhere", "score": 0.5},
+     "is a summary of benchmark 'nowhere', which is not known here"),
 ])
 def test_a_malformed_summary_or_rounds_file_is_an_error_naming_it(tmp_path, name, content, message):
     folder = tmp_path / "run"
