@@ -186,7 +186,7 @@ def recorded_micro_batch(fingerprint: dict[str, Any], output_dir: str | Path, re
         found = find_checkpoint(output_dir, resume_from, warn=lambda message: None)
         candidates = [(found, read_marker(found)["fingerprint"])] if found is not None else []
     else:
-        candidates = list(_complete_newest_first(Path(output_dir) / CHECKPOINTS_DIR))
+        candidates = [(folder, marker["fingerprint"]) for folder, marker in complete_checkpoints(output_dir)]
     own = [(recorded, True) for _, recorded in candidates]
     marker = read_marker(continue_from) if continue_from is not None else None  # None: refused later, as incomplete
     other = [(marker["fingerprint"], False)] if marker is not None else []
@@ -197,12 +197,13 @@ def recorded_micro_batch(fingerprint: dict[str, Any], output_dir: str | Path, re
     return None
 
 
-def _complete_newest_first(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """(folder, recorded fingerprint) of each complete checkpoint under `root`, newest first."""
-    for folder in reversed(_checkpoint_folders(root)):
+def complete_checkpoints(output_dir: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(folder, marker) of each complete checkpoint of a run folder, newest first."""
+    for folder in reversed(_checkpoint_folders(Path(output_dir) / CHECKPOINTS_DIR)):
         marker = read_marker(folder)
         if marker is not None:
-            yield folder, marker["fingerprint"]
+            yield folder, marker
+
 
 
 def previous_name(folder: Path) -> Path:
@@ -242,7 +243,8 @@ def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any
     are kept, not deleted (main process only, before any other process looks).
     """
     root = Path(output_dir) / CHECKPOINTS_DIR
-    for _, recorded in _complete_newest_first(root):
+    for _, marker in complete_checkpoints(output_dir):
+        recorded = marker["fingerprint"]
         differences = fingerprint_differences(recorded, fingerprint)
         if differences:
             aside = previous_name(root)
@@ -265,15 +267,17 @@ def own_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_trai
     Training is a function of the seed and the step, so going on from it gives what starting again
     would, without redoing its steps.
     """
-    return next((folder for folder, recorded in _complete_newest_first(Path(output_dir) / CHECKPOINTS_DIR)
-                 if not fingerprint_differences(recorded, fingerprint) and checkpoint_step(folder) <= max_train_steps),
+    return next((folder for folder, marker in complete_checkpoints(output_dir)
+                 if not fingerprint_differences(marker["fingerprint"], fingerprint)
+                 and checkpoint_step(folder) <= max_train_steps),
                 None)
 
 
 def later_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_train_steps: int) -> Path | None:
     """The newest complete checkpoint of this very training past `max_train_steps` (a longer run's), else None."""
-    return next((folder for folder, recorded in _complete_newest_first(Path(output_dir) / CHECKPOINTS_DIR)
-                 if not fingerprint_differences(recorded, fingerprint) and checkpoint_step(folder) > max_train_steps),
+    return next((folder for folder, marker in complete_checkpoints(output_dir)
+                 if not fingerprint_differences(marker["fingerprint"], fingerprint)
+                 and checkpoint_step(folder) > max_train_steps),
                 None)
 
 

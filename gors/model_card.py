@@ -16,12 +16,10 @@ from typing import Any
 
 from gors.core.backbones import LORA_WEIGHT_NAME, detect_backbone
 from gors.core.hub import looks_like_local_path
-from gors.core.io import files_sha256, read_json
+from gors.core.io import files_sha256, read_json_if_present
 from gors.core.paper import T2I_COMPBENCH_BIBTEX
 from gors.core.run_folder import (
     BEST_FILE,
-    CHECKPOINT_MARKER,
-    CHECKPOINTS_DIR,
     ROUNDS_FILE,
     SELECTION_SUMMARY_FILE,
     best_folder,
@@ -66,10 +64,6 @@ class RunFacts:
     notes: list[str]
 
 
-def _json(path: Path, what: str) -> Any:
-    return read_json(path, what) if path.is_file() else None
-
-
 def lora_components(lora: Path) -> list[str]:
     """The components a diffusers-format LoRA file holds weights for: its keys' first names, in order."""
     from safetensors import safe_open
@@ -79,15 +73,13 @@ def lora_components(lora: Path) -> list[str]:
 
 
 def _checkpoints(run: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """(training folder, `checkpoint.json`) of the run's checkpoints, a --rounds run's of every round,
-    newest first."""
-    found = []
-    for folder in (run, *sorted(run.glob("round-*"))):
-        for marker in (folder / CHECKPOINTS_DIR).glob(f"*/{CHECKPOINT_MARKER}"):
-            record = _json(marker, "a checkpoint's record, which gors writes last")
-            if isinstance(record, dict) and isinstance(record.get("fingerprint"), dict):
-                found.append((folder, record))
-    return sorted(found, key=lambda entry: entry[1].get("step") or 0, reverse=True)
+    """(training folder, marker) of the run's complete checkpoints, a --rounds run's of every round, newest
+    first."""
+    from gors.checkpoints import complete_checkpoints
+
+    found = [(folder, marker) for folder in (run, *sorted(run.glob("round-*")))
+             for _, marker in complete_checkpoints(folder)]
+    return sorted(found, key=lambda entry: entry[1]["step"], reverse=True)
 
 
 def _trained_with(run: Path, sha256: str, best: dict[str, Any] | None) -> tuple[Path, dict[str, Any]] | None:
@@ -106,7 +98,7 @@ def _trained_with(run: Path, sha256: str, best: dict[str, Any] | None) -> tuple[
     for folder, record in reversed(checkpoints):  # oldest first
         identities = {training_identity(record["fingerprint"], with_selection, by_path)
                       for with_selection in (True, False) for by_path in (False, True)}
-        if best.get("training") in identities and (record.get("step") or 0) >= best["step"]:
+        if best.get("training") in identities and record["step"] >= best["step"]:
             return folder, record
     return None
 
@@ -116,7 +108,7 @@ def _selection(folder: Path, training: dict[str, Any] | None, notes: list[str]) 
     from gors.checkpoints import selection_fingerprint
     from gors.select import load_selection
 
-    summary = _json(folder / SELECTION_SUMMARY_FILE, "the summary gors select writes")
+    summary = read_json_if_present(folder / SELECTION_SUMMARY_FILE, "the summary gors select writes")
     if summary is None or training is None:
         return summary
     if selection_fingerprint(load_selection(folder)) != training.get("selection_sha256"):
@@ -128,15 +120,15 @@ def _selection(folder: Path, training: dict[str, Any] | None, notes: list[str]) 
 
 def run_facts(run: Path, which: str, lora: Path) -> RunFacts:
     """What `run` records of how its `which` LoRA (`final`, `best`; the file `lora`) was made."""
-    rounds = _json(run / ROUNDS_FILE, "the record of the finished rounds")
+    rounds = read_json_if_present(run / ROUNDS_FILE, "the record of the finished rounds")
     store = samples_dir(round_dir(run, 0) if is_rounds_folder(run) else run)  # every round's base model is one
-    generation = _json(store / SETTINGS, "the generation settings of the samples") or {}
+    generation = read_json_if_present(store / SETTINGS, "the generation settings of the samples") or {}
     if not generation:
         raise FileNotFoundError(f"{store / SETTINGS} is missing: {run} is no gors run folder (give the --output_dir "
                                 "of `gors run`, a recipe or `gors train`)")
     notes: list[str] = []
     best_record = best_folder(run) if which == "best" else None
-    best = _json(best_record / BEST_FILE, "the record of the best LoRA") if best_record is not None else None
+    best = read_json_if_present(best_record / BEST_FILE, "the record of the best LoRA") if best_record is not None else None
     sha256 = files_sha256([lora])
     found = _trained_with(run, sha256, best)
     finished = (rounds or {}).get("rounds") or []
@@ -148,14 +140,14 @@ def run_facts(run: Path, which: str, lora: Path) -> RunFacts:
     selection = _selection(trained_in, training, notes)
     reward = None
     if isinstance(selection, dict) and isinstance(selection.get("reward"), str):
-        reward = _json(scores_dir(trained_in, selection["reward"]) / SETTINGS, "the settings of the reward's scores")
+        reward = read_json_if_present(scores_dir(trained_in, selection["reward"]) / SETTINGS, "the settings of the reward's scores")
     model = generation.get("model")
     return RunFacts(
         lora=which, lora_sha256=sha256, components=lora_components(lora),
         step=best.get("step") if best else checkpoint.get("step"), gors_version=checkpoint.get("gors_version"),
         generation=generation,
         model_commit=recorded_version(recorded_model_commits(store), model) if isinstance(model, str) else None,
-        prompts=_json(store / "prompts.json", "the prompt set of the samples"), selection=selection, reward=reward,
+        prompts=read_json_if_present(store / "prompts.json", "the prompt set of the samples"), selection=selection, reward=reward,
         training=training, best=best, rounds=len(finished) if is_rounds_folder(run) else None,
         trained_in=str(trained_in.relative_to(run)) if trained_in != run else ".", notes=notes,
     )

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from gors.core.backbones import LORA_WEIGHT_NAME
-from gors.core.io import files_sha256, read_json
+from gors.core.io import files_sha256, read_json_if_present
 from gors.core.lock import describe_holder, lock_records
 from gors.core.run_folder import (
     BEST_DIR,
     BEST_FILE,
-    CHECKPOINTS_DIR,
     ROUNDS_FILE,
     SCORES_DIR,
     SELECTION_SUMMARY_FILE,
@@ -45,10 +44,6 @@ class StatusConfig:
         self.folders = [os.path.expanduser(folder) for folder in self.folders]
 
 
-def _json(path: Path, what: str) -> Any:
-    return read_json(path, what) if path.is_file() else None
-
-
 def _per_prompt(counts: Counter, prompts: int) -> str:
     """How the images spread over `prompts` prompts (image counts by prompt index)."""
     if not counts:
@@ -60,40 +55,55 @@ def _per_prompt(counts: Counter, prompts: int) -> str:
     return f"{low if not missing else 0} to {high} each" + (f", {missing} prompts without one" if missing else "")
 
 
-def sample_rows(folder: Path) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
-    """The rows of the samples and of each reward's scores, and the store's records."""
+def store_progress(store_root: Path) -> tuple[str, list[dict[str, Any]]] | None:
+    """How far a sample store has come (its images per prompt) and its records; None before its prompts
+    are recorded."""
+    store = SampleStore(store_root)
+    if not (store_root / "prompts.json").is_file():
+        return None
+    records = store.records()
+    prompts = len(store.load_prompts()["prompts"])
+    counts = Counter(record["prompt_index"] for record in records)
+    return f"{len(records)} images of {prompts} prompts ({_per_prompt(counts, prompts)})", records
+
+
+def scored(scores_folder: Path, records: list[dict[str, Any]]) -> int:
+    """How many of `records` have a score of their own image in `scores_folder`."""
     from gors.core.scoring import read_score_rows
 
-    store = SampleStore(samples_dir(folder))
-    if not (store.root / "prompts.json").is_file():
-        return [("samples", "none yet")], []
-    records = store.records()
-    prompts = store.load_prompts()["prompts"]
-    counts = Counter(record["prompt_index"] for record in records)
-    rows = [("samples", f"{len(records)} images of {len(prompts)} prompts ({_per_prompt(counts, len(prompts))})")]
+    return len(read_score_rows(scores_folder, records)) if scores_folder.is_dir() else 0
+
+
+def sample_rows(folder: Path) -> list[tuple[str, str]]:
+    """The rows of a run folder's samples and of each reward's scores."""
+    progress = store_progress(samples_dir(folder))
+    if progress is None:
+        return [("samples", "none yet")]
+    text, records = progress
+    rows = [("samples", text)]
     for scores in sorted(path for path in (folder / SCORES_DIR).glob("*") if (path / SETTINGS).is_file()):
-        reward = (_json(scores / SETTINGS, "the settings of a reward's scores") or {}).get("reward", scores.name)
-        rows.append((f"scores {reward}", f"{len(read_score_rows(scores, records))} of {len(records)} images"))
-    return rows, records
+        reward = (read_json_if_present(scores / SETTINGS, "the settings of a reward's scores") or {}).get(
+            "reward", scores.name)
+        rows.append((f"scores {reward}", f"{scored(scores, records)} of {len(records)} images"))
+    return rows
 
 
 def training_rows(folder: Path) -> list[tuple[str, str]]:
     """The rows of the selection, the newest complete checkpoint (of how many steps) and the final LoRA."""
-    from gors.checkpoints import find_checkpoint, read_marker
+    from gors.checkpoints import complete_checkpoints
 
     rows = []
-    selection = _json(folder / SELECTION_SUMMARY_FILE, "the summary gors select writes")
+    selection = read_json_if_present(folder / SELECTION_SUMMARY_FILE, "the summary gors select writes")
     if isinstance(selection, dict):
         rows.append(("selection", f"{selection.get('num_selected')} of {selection.get('num_samples')} samples kept "
                                   f"({selection.get('threshold') or 'top fraction'})"))
-    checkpoint = find_checkpoint(folder, "latest", warn=lambda message: None) \
-        if (folder / CHECKPOINTS_DIR).is_dir() else None
-    marker = read_marker(checkpoint) if checkpoint is not None else None
+    checkpoints = list(complete_checkpoints(folder))
+    checkpoint, marker = checkpoints[0] if checkpoints else (None, None)
     final = folder / LORA_WEIGHT_NAME
     if marker is not None:
         target = marker.get("max_train_steps")
         of = f" of {target} ({100 * marker['step'] // target} %)" if target else ""  # 99 % until it is done
-        left = _time_left(folder, marker, target)
+        left = _time_left([marker for _, marker in checkpoints], target)
         rows.append(("training", f"step {marker['step']}{of}: {checkpoint.name}, saved {marker.get('time', '?')}"
                                  + (f"; {left}" if left else "")))
         weights = ((marker.get("files") or {}).get(LORA_WEIGHT_NAME) or {}).get("sha256")
@@ -110,27 +120,19 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
     return rows
 
 
-def _time_left(folder: Path, newest: dict[str, Any], target: int | None) -> str | None:
-    """The time the training needs to `target` at the pace between its two newest checkpoints (of one
-    training, each with its save time), in words; None where it cannot be told or nothing is left."""
-    from gors.checkpoints import checkpoint_step, read_marker
-
-    if not target or newest["step"] >= target:
+def _time_left(markers: list[dict[str, Any]], target: int | None) -> str | None:
+    """The time a training needs to `target` at the pace between its two newest checkpoints (`markers`, newest
+    first; of one training, each with its save time), in words; None where it cannot be told or nothing is left."""
+    if not target or len(markers) < 2 or markers[0]["step"] >= target:
         return None
-    earlier = sorted((path for path in (folder / CHECKPOINTS_DIR).glob("checkpoint-*") if path.is_dir()
-                      and path.name.removeprefix("checkpoint-").isdigit()), key=checkpoint_step, reverse=True)
-    for path in earlier:
-        marker = read_marker(path)
-        if marker is None or marker["step"] >= newest["step"]:
-            continue
-        if marker.get("fingerprint") != newest.get("fingerprint") or "time" not in marker or "time" not in newest:
-            return None
-        seconds = (datetime.fromisoformat(newest["time"]) - datetime.fromisoformat(marker["time"])).total_seconds()
-        if seconds <= 0:
-            return None
-        hours = (target - newest["step"]) * seconds / (newest["step"] - marker["step"]) / 3600
-        return f"about {hours:.1f} h to go at the pace of steps {marker['step']} to {newest['step']}"
-    return None
+    newest, before = markers[:2]
+    if before.get("fingerprint") != newest.get("fingerprint") or "time" not in before or "time" not in newest:
+        return None
+    seconds = (datetime.fromisoformat(newest["time"]) - datetime.fromisoformat(before["time"])).total_seconds()
+    if seconds <= 0:
+        return None
+    hours = (target - newest["step"]) * seconds / (newest["step"] - before["step"]) / 3600
+    return f"about {hours:.1f} h to go at the pace of steps {before['step']} to {newest['step']}"
 
 
 def lock_rows(folder: Path) -> list[tuple[str, str]]:
@@ -175,22 +177,16 @@ def evaluation_rows(folder: Path) -> list[tuple[str, str]]:
     and once it is finished its main metric (as the folder's summary.json lists it); one that scored an image
     folder (`--images`) has no images of its own."""
     from evaluators.results import metric_value
-    from gors.core.scoring import read_score_rows
     from gors.report import read_summaries
 
     finished = {entry["label"]: entry for entry in read_summaries(folder) or [] if isinstance(entry, dict)}
     progress = {}
     for store_root in sorted([*folder.glob("*/samples"), *folder.glob("*/*/samples")]):
-        benchmark = store_root.parent
-        store = SampleStore(store_root)
-        if not (store_root / "prompts.json").is_file():
-            continue
-        records = store.records()
-        prompts = len(store.load_prompts()["prompts"])
-        counts = Counter(record["prompt_index"] for record in records)
-        scored = len(read_score_rows(benchmark / SCORES_DIR, records)) if (benchmark / SCORES_DIR).is_dir() else 0
-        progress[":".join(benchmark.relative_to(folder).parts)] = \
-            f"{len(records)} images of {prompts} prompts ({_per_prompt(counts, prompts)}), {scored} scored"
+        found = store_progress(store_root)
+        if found is not None:
+            benchmark = store_root.parent
+            progress[":".join(benchmark.relative_to(folder).parts)] = \
+                f"{found[0]}, {scored(benchmark / SCORES_DIR, found[1])} scored"
     rows = []
     for label in sorted(progress.keys() | finished.keys()):
         entry = finished.get(label)
@@ -210,12 +206,12 @@ def folder_status(folder: Path) -> list[tuple[str, str]]:
     `gors evaluate` folder."""
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such run folder")
-    rounds = _json(folder / ROUNDS_FILE, "the record of the finished rounds")
+    rounds = read_json_if_present(folder / ROUNDS_FILE, "the record of the finished rounds")
     started = sorted(path for path in folder.glob("round-*") if path.is_dir())
     if is_evaluation_folder(folder):
         return (evaluation_rows(folder) or [("benchmarks", "none started yet")]) + lock_rows(folder)
     if not is_rounds_folder(folder):
-        rows = sample_rows(folder)[0] + training_rows(folder) + _best_rows(folder) + lock_rows(folder)
+        rows = sample_rows(folder) + training_rows(folder) + _best_rows(folder) + lock_rows(folder)
         if rows == [("samples", "none yet")] and not any(folder.glob(".lock-*")):
             return [("run", "no gors run or evaluation in this folder yet")]
         return rows
@@ -224,7 +220,7 @@ def folder_status(folder: Path) -> list[tuple[str, str]]:
     rows = [("rounds", f"{len(finished)}" + (f" of {planned}" if planned else "") + " finished")]
     if started:
         latest = started[-1]
-        inner = sample_rows(latest)[0] + training_rows(latest) + lock_rows(latest)
+        inner = sample_rows(latest) + training_rows(latest) + lock_rows(latest)
         rows += [(f"{latest.name} {what}", value) for what, value in inner]
     if (folder / LORA_WEIGHT_NAME).is_file() and finished:
         rows.append(("final LoRA", f"{LORA_WEIGHT_NAME} (round {len(finished) - 1}'s)"))
@@ -233,7 +229,7 @@ def folder_status(folder: Path) -> list[tuple[str, str]]:
 
 def _best_rows(folder: Path) -> list[tuple[str, str]]:
     found = best_folder(folder)
-    best = _json(found / BEST_FILE, "the record of the best LoRA") if found is not None else None
+    best = read_json_if_present(found / BEST_FILE, "the record of the best LoRA") if found is not None else None
     if not isinstance(best, dict):
         return []
     return [("best LoRA", f"step {best.get('step')}: {best.get('benchmark')} {best.get('metric')} "

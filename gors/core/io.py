@@ -135,6 +135,11 @@ def read_json(path: str | Path, what: str) -> Any:
         raise ValueError(f"{path}: not a UTF-8 text file; expected {what}") from None
 
 
+def read_json_if_present(path: str | Path, what: str) -> Any:
+    """`read_json` of `path` where the file exists, else None (a record an earlier stage may not have written)."""
+    return read_json(path, what) if Path(path).is_file() else None
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder and `os.replace`."""
     path = Path(path)

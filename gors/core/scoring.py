@@ -32,7 +32,7 @@ from gors.core.distributed import (
     progress_bar,
     wait_until_visible,
 )
-from gors.core.io import append_jsonl, atomic_write_json, filter_jsonl, read_json, repair_jsonl
+from gors.core.io import append_jsonl, atomic_write_json, filter_jsonl, read_json_if_present, repair_jsonl
 from gors.core.io_threads import prefetched
 from gors.core.logs import first_time
 from gors.core.memory import MORE_MEMORY, BatchLimit, in_batches_that_fit
@@ -179,7 +179,7 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
     path = Path(scores_folder) / SETTINGS_FILE
     fix = ("restore the file, or delete it and score again with the reward and options that made the scores, which "
            "records them again (unchecked: it cannot know they made them)")
-    recorded = read_json(path, f"the scorer settings gors writes there: {fix}") if path.is_file() else None
+    recorded = read_json_if_present(path, f"the scorer settings gors writes there: {fix}")
     if recorded is not None and not isinstance(recorded, dict):
         raise StoreError(f"{path} holds no settings mapping, which gors writes there: {fix}")
     if recorded == wanted:
