@@ -164,8 +164,8 @@ def parse_benchmarks(spec: str, flag: str = "--benchmarks") -> list[tuple[str, s
 def class_path_benchmark(item: str, flag: str) -> tuple[str, str | None] | None:
     """`module:Class` or `module:Class:subset` -> (the name the class is registered by, subset), the class
     registered under it; None where `item` is no such path, or names no module or no attribute of it to be
-    found (a mistyped benchmark name, which the caller reports with the known ones). Results are filed by the class's own `name` (what
-    `@register_benchmark` sets), so a class without one is refused."""
+    found (a mistyped benchmark name, which the caller reports with the known ones). Results are filed by
+    the class's own `name` (what `@register_benchmark` sets), so a class without one is refused."""
     module, _, rest = item.partition(":")
     attribute, _, subset = rest.partition(":")
     if not (attribute.isidentifier() and all(part.isidentifier() for part in module.split("."))):

@@ -14,6 +14,7 @@ from accelerate import Accelerator
 from gors.checkpoints import MICRO_BATCH_FIELDS, checkpoint_step, find_checkpoint, read_marker
 from gors.config import RunConfig
 from gors.core.backbones import check_resolution, check_trainable, detect_backbone
+from gors.core.distributed import main_process_decides
 from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import check_category, load_prompts, recorded_category
@@ -159,8 +160,6 @@ def check_run_inputs(config: RunConfig) -> None:
         validation_target(config)  # offline, its scorer's models in the cache too
         if config.validation_resolution is not None:
             check_resolution(backbone, config.validation_resolution, "--validation_resolution")
-    if config.push_to_hub:
-        check_push_access("nothing has started", verify=True)
     if config.rounds == 1 and scored_already(config, len(prompts), reward):
         return  # a rerun after scoring (training stopped): the reward is not built, its files not needed
     # Last: a mistake in the flags above is the user's to fix before fetching anything.
@@ -222,6 +221,8 @@ def run(config: RunConfig, command: str = "gors run") -> None:
                          "--output_dir")
     accelerator = training_accelerator(config)
     check_data_parallel(accelerator)
+    if config.push_to_hub:  # asked of the Hub once, by the process that pushes
+        main_process_decides(accelerator.state, lambda: check_push_access("nothing has started", verify=True))
     accelerator.print(run_plan(config, accelerator.num_processes))
     if config.rounds == 1:
         run_stages(config, accelerator, command)
