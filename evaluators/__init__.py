@@ -164,12 +164,15 @@ def parse_benchmarks(spec: str, flag: str = "--benchmarks") -> list[tuple[str, s
 def class_path_benchmark(item: str, flag: str) -> tuple[str, str | None] | None:
     """`module:Class` or `module:Class:subset` -> (the name the class is registered by, subset), the class
     registered under it; None where `item` is no such path, or names no module or no attribute of it to be
-    found (a mistyped benchmark name, which the caller reports with the known ones). Results are filed by
-    the class's own `name` (what `@register_benchmark` sets), so a class without one is refused."""
+    found and reads as a mistyped benchmark name (`t2i_compbenh:color`, which the caller reports with the
+    known ones). A dotted module or a CapWords class (`mybench:MyBench`) is meant as a path: one that does not
+    import is refused with the fix. Results are filed by the class's own `name` (what `@register_benchmark`
+    sets), so a class without one is refused."""
     module, _, rest = item.partition(":")
     attribute, _, subset = rest.partition(":")
     if not (attribute.isidentifier() and all(part.isidentifier() for part in module.split("."))):
         return None
+    meant_as_path = "." in module or attribute[:1].isupper()
     path = f"{module}:{attribute}"
     builtin = next((name for name, class_path in _BENCHMARKS.items() if class_path == path), None)
     if builtin is not None:  # gors' own by its class: the name it goes by
@@ -177,11 +180,13 @@ def class_path_benchmark(item: str, flag: str) -> tuple[str, str | None] | None:
     try:
         cls = import_class(path)
     except ModuleNotFoundError as err:
-        if is_missing(err, module):
+        if is_missing(err, module) and not meant_as_path:
             return None
         raise import_error(path, path, err, "benchmark") from err
     except AttributeError:  # a module that holds no such name: more likely a mistyped benchmark (`gors:colour`)
-        return None
+        if not meant_as_path:
+            return None
+        raise ValueError(f"{flag}: the module {module} has no class {attribute!r}") from None
     except ImportError as err:
         raise import_error(path, path, err, "benchmark") from err
     if not (isinstance(cls, type) and issubclass(cls, Benchmark)):

@@ -622,6 +622,8 @@ class Benchmark:
         }
         rows = self._judged_rows(scores, column_scores)
         summary = self._summary(rows, output_dir, protocol, pretrained_model_name_or_path, lora, images)
+        if lora_dropout and images is None:  # its samples' dropout, also where this folder is read alone
+            summary["lora_dropout"] = lora_dropout
         # What scored (reward, options, dtype, scoring versions) and the precision that generated: two evaluations
         # compare exactly only where both are one (`gors report`'s protocol notes).
         summary["results"]["scorer"] = json.loads(json.dumps(scorer_settings(*main_spec, main_dtype), default=str))

@@ -197,6 +197,11 @@ def recorded_micro_batch(fingerprint: dict[str, Any], output_dir: str | Path, re
     return None
 
 
+def utc_now() -> str:
+    """The time now in UTC, ISO 8601 to the second: as checkpoint markers record it."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 def complete_checkpoints(output_dir: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     """(folder, marker) of each complete checkpoint of a run folder, newest first."""
     for folder in reversed(_checkpoint_folders(Path(output_dir) / CHECKPOINTS_DIR)):
@@ -375,9 +380,12 @@ def prune_checkpoints(keep: Path, limit: int | None) -> None:
 
 
 def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int, fingerprint: dict[str, Any],
-                     total_limit: int | None, max_train_steps: int | None = None) -> Path:
+                     total_limit: int | None, max_train_steps: int | None = None,
+                     since: dict[str, Any] | None = None) -> Path:
     """Save the full training state as `checkpoints/checkpoint-<step>`, atomically; call on every process.
-    `max_train_steps`, the step the training goes to, is recorded for `gors status` (no resume reads it)."""
+    Recorded for `gors status` (no resume reads them): `max_train_steps`, the step the training goes to, and
+    `since`, the step and UTC time (`utc_now`) this process's training loop started from, so that the pace
+    is read without the time a run was down between a kill and its resume."""
     root = Path(output_dir) / CHECKPOINTS_DIR
     final = root / f"checkpoint-{step}"
     # A deterministic name, so that every process writes into the same folder.
@@ -394,7 +402,8 @@ def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int
         atomic_write_json(staging / CHECKPOINT_MARKER, {
             "step": step,
             **({"max_train_steps": max_train_steps} if max_train_steps is not None else {}),
-            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **({"since": since} if since is not None else {}),
+            "time": utc_now(),
             "gors_version": gors.__version__,
             "fingerprint": fingerprint,
             "files": file_digests(staging),

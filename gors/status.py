@@ -23,6 +23,7 @@ from gors.core.lock import describe_holder, lock_records
 from gors.core.run_folder import (
     BEST_DIR,
     BEST_FILE,
+    CHECKPOINTS_DIR,
     ROUNDS_FILE,
     SCORES_DIR,
     SELECTION_SUMMARY_FILE,
@@ -104,7 +105,7 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
         target = marker.get("max_train_steps")
         of = f" of {target} ({100 * marker['step'] // target} %)" if target else ""  # 99 % until it is done
         left = _time_left([marker for _, marker in checkpoints], target)
-        rows.append(("training", f"step {marker['step']}{of}: {checkpoint.name}, saved {marker.get('time', '?')}"
+        rows.append(("training", f"step {marker['step']}{of}: {checkpoint.name}, saved {_local_time(marker)}"
                                  + (f"; {left}" if left else "")))
         weights = ((marker.get("files") or {}).get(LORA_WEIGHT_NAME) or {}).get("sha256")
         if final.is_file():
@@ -113,48 +114,96 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
             shown = {True: f" (step {marker['step']})", False: " (not the newest checkpoint's LoRA: of another "
                                                                "training, or a longer one's checkpoint is kept)"}
             rows.append(("final LoRA", final.name + shown.get(same, "")))
-    elif final.is_file():
-        rows.append(("final LoRA", final.name))
-    elif selection is not None:
+        return rows
+    # No checkpoint of this training yet: the final LoRA, if any, is an earlier training's (whose checkpoints a
+    # training with other settings set aside as it started).
+    aside = sorted(folder.glob(f"{CHECKPOINTS_DIR}.previous-*"), key=lambda path: path.stat().st_mtime)
+    if selection is not None and (aside or not final.is_file()):
         rows.append(("training", "no checkpoint yet"))
+    if final.is_file():
+        earlier = f" (an earlier training's, checkpoints in {aside[-1].name}/)" if aside else ""
+        rows.append(("final LoRA", final.name + earlier))
     return rows
 
 
+def _local_time(marker: dict[str, Any]) -> str:
+    """A checkpoint's save time (UTC in its marker) in this machine's time zone, as lock records are shown."""
+    if "time" not in marker:
+        return "?"
+    return datetime.fromisoformat(marker["time"]).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
 def _time_left(markers: list[dict[str, Any]], target: int | None) -> str | None:
-    """The time a training needs to `target` at the pace between its two newest checkpoints (`markers`, newest
-    first; of one training, each with its save time), in words; None where it cannot be told or nothing is left."""
-    if not target or len(markers) < 2 or markers[0]["step"] >= target:
+    """The time a training needs to `target` at its recent pace, in words; None where it cannot be told or nothing
+    is left. `markers`: its checkpoints', newest first. The pace is that between the two newest checkpoints
+    saved by one training process (the same `since`: a resume's down time is no training time), else between
+    the step the newest one's process started from and it."""
+    if not target or not markers or markers[0]["step"] >= target or "time" not in markers[0]:
         return None
-    newest, before = markers[:2]
-    if before.get("fingerprint") != newest.get("fingerprint") or "time" not in before or "time" not in newest:
+    newest = markers[0]
+    before = markers[1] if len(markers) > 1 else None
+    if before is None or "time" not in before or before.get("since") != newest.get("since") \
+            or before.get("fingerprint") != newest.get("fingerprint"):
+        since = newest.get("since")
+        before = since if since is not None and since["step"] < newest["step"] else None
+    if before is None:
         return None
     seconds = (datetime.fromisoformat(newest["time"]) - datetime.fromisoformat(before["time"])).total_seconds()
     if seconds <= 0:
         return None
-    hours = (target - newest["step"]) * seconds / (newest["step"] - before["step"]) / 3600
-    return f"about {hours:.1f} h to go at the pace of steps {before['step']} to {newest['step']}"
+    left = (target - newest["step"]) * seconds / (newest["step"] - before["step"])
+    return f"about {_duration(left)} to go at the pace of steps {before['step']} to {newest['step']}"
 
 
-def lock_rows(folder: Path) -> list[tuple[str, str]]:
+def _duration(seconds: float) -> str:
+    """`seconds` in words: minutes under an hour, else hours to a tenth."""
+    return f"{max(1, round(seconds / 60))} min" if seconds < 3570 else f"{seconds / 3600:.1f} h"
+
+
+def lock_rows(folder: Path, records: dict[str, dict] | None = None, skip: frozenset = frozenset()
+              ) -> list[tuple[str, str]]:
     """A row per command that writes the folder, with the stages it holds (`gors run` holds four); a record
-    whose command this machine knows is gone reads as stopped (its work resumes with the same command)."""
+    whose command this machine knows is gone reads as stopped (its work resumes with the same command),
+    unless a process of its launch still runs here (a stray, which holds its share of the stage). `records`:
+    the folder's (`lock_records`); holders (pid, host) in `skip` are left out (shown for another folder)."""
+    records = lock_records(folder) if records is None else records
     holders: dict[tuple[Any, ...], tuple[dict, list[str]]] = {}
-    for stage, record in lock_records(folder).items():
+    shares = []
+    for stage, record in records.items():
+        if (record["pid"], record["host"]) in skip:
+            continue
         if "-process-" in stage:  # another process's share of a stage: its main process's row says it
+            shares.append((stage, record))
             continue
         key = (record["pid"], record["host"], record["command"])
         holders.setdefault(key, (record, []))[1].append(stage)
+    here = socket.gethostname()
+    live = {stage for record, stages in holders.values() if record["host"] != here or _alive(record["pid"])
+            for stage in stages}
+    strays: dict[int, tuple[dict, list[str]]] = {}
+    for stage, record in shares:
+        if stage.partition("-process-")[0] not in live and record["host"] == here and _alive(record["pid"]):
+            strays.setdefault(record["pid"], (record, []))[1].append(stage)
     rows = []
     for record, stages in holders.values():
-        if record["host"] != socket.gethostname():
+        if record["host"] != here:
             rows.append((f"writing {', '.join(stages)}", f"{describe_holder(record)}, by its lock record (another "
                                                          "host: whether it still runs is not known here)"))
         elif _alive(record["pid"]):
             rows.append((f"writing {', '.join(stages)}", describe_holder(record)))
         else:
-            rows.append((f"stopped {', '.join(stages)}", f"{describe_holder(record)} is gone: the same command "
-                                                         "resumes it"))
+            then = (f"stop the processes of its launch that still run (pid {', '.join(map(str, strays))}), then the "
+                    "same command resumes it") if strays else "the same command resumes it"
+            rows.append((f"stopped {', '.join(stages)}", f"{describe_holder(record)} is gone: {then}"))
+    for record, stages in strays.values():
+        rows.append((f"writing {', '.join(stages)}", f"{describe_holder(record)}: a process of a launch whose main "
+                                                     "process is gone"))
     return rows
+
+
+def holder_keys(records: dict[str, dict]) -> frozenset:
+    """The (pid, host) of each lock record's holder."""
+    return frozenset((record["pid"], record["host"]) for record in records.values())
 
 
 def _alive(pid: int) -> bool:
@@ -168,63 +217,86 @@ def _alive(pid: int) -> bool:
 
 
 def is_evaluation_folder(folder: Path) -> bool:
-    """Whether `folder` is a `gors evaluate` output folder: its lock file, or its summary."""
+    """Whether `folder` is (or holds) a `gors evaluate` output: its lock file, or its summary."""
     return (folder / ".lock-evaluate").exists() or (folder / "summary.json").is_file()
 
 
-def evaluation_rows(folder: Path) -> list[tuple[str, str]]:
-    """A row per benchmark of a `gors evaluate` folder (`<name>[/<subset>]`): its images and scores so far,
-    and once it is finished its main metric (as the folder's summary.json lists it); one that scored an image
-    folder (`--images`) has no images of its own."""
-    from evaluators.results import metric_value
-    from gors.report import read_summaries
+# The lock files a run's stages leave (emptied, not removed, when a command ends).
+RUN_LOCKS = tuple(f".lock-{stage}" for stage in ("generate", "score", "select", "train"))
 
-    finished = {entry["label"]: entry for entry in read_summaries(folder) or [] if isinstance(entry, dict)}
-    progress = {}
-    for store_root in sorted([*folder.glob("*/samples"), *folder.glob("*/*/samples")]):
-        found = store_progress(store_root)
-        if found is not None:
-            benchmark = store_root.parent
-            progress[":".join(benchmark.relative_to(folder).parts)] = \
-                f"{found[0]}, {scored(benchmark / SCORES_DIR, found[1])} scored"
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether a run's stages (`gors run`, a recipe, the stage commands) have written `folder`."""
+    return any((folder / name).exists() for name in RUN_LOCKS) or is_rounds_folder(folder)
+
+
+def evaluation_rows(folder: Path, in_run_folder: bool = False) -> list[tuple[str, str]]:
+    """A row per benchmark of a `gors evaluate` folder (`<name>[/<subset>]`), or of one benchmark's own folder
+    (the toy demo's `eval_base/`): its images and scores so far, and once it is finished its main metric (as
+    the folder's summary.json lists it); one that scored an image folder (`--images`) has no images of its own.
+    `in_run_folder`: the evaluation was written into a run folder, whose own samples are not a benchmark's."""
+    from evaluators import available_benchmarks
+    from evaluators.results import metric_value
+    from gors.report import summary_folders
+
+    try:
+        summaries, problem = summary_folders(folder), None
+    except ValueError as err:  # a summary this process cannot read (a benchmark of a module not importable here)
+        summaries, problem = [], str(err)
+    finished = {entry["label"]: entry for entry, _ in summaries if isinstance(entry, dict) and "label" in entry}
+    folders = {entry["label"]: where for entry, where in summaries if isinstance(entry, dict) and "label" in entry}
+    if not in_run_folder and (folder / "samples").is_dir():
+        folders = folders or {folder.name: folder}  # one benchmark's folder, before its summary names it
+    else:
+        known = set(available_benchmarks()) | {label.partition(":")[0] for label in folders}
+        for store_root in sorted([*folder.glob("*/samples"), *folder.glob("*/*/samples")]):
+            parts = store_root.parent.relative_to(folder).parts
+            if parts[0] in known:  # not the folders of other kinds a run folder holds (validation/, eval_base/)
+                folders.setdefault(":".join(parts), store_root.parent)
     rows = []
-    for label in sorted(progress.keys() | finished.keys()):
+    for label in sorted(folders):
+        found = store_progress(folders[label] / "samples")
+        shown = [f"{found[0]}, {scored(folders[label] / SCORES_DIR, found[1])} scored"] if found is not None else []
         entry = finished.get(label)
-        shown = [progress[label]] if label in progress else []
         if entry is not None:
             if entry.get("images") is not None:
                 shown.append(f"scored the images of {entry['images']}")
             metric = entry.get("primary_metric")
             number = metric_value(entry, metric) if isinstance(metric, str) else None
             shown.append(f"finished: {metric} " + (f"{number:.4f}" if isinstance(number, (int, float)) else "-"))
-        rows.append((label, "; ".join(shown)))
-    return rows
+        rows.append((label, "; ".join(shown) or "none yet"))
+    return rows + ([("summary.json", problem)] if problem else [])
 
 
 def folder_status(folder: Path) -> list[tuple[str, str]]:
     """(what, how far) rows of a run folder (a --rounds folder's latest round in rows of its own) or of a
-    `gors evaluate` folder."""
+    `gors evaluate` folder (and of both where an evaluation was written into a run folder)."""
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such run folder")
-    rounds = read_json_if_present(folder / ROUNDS_FILE, "the record of the finished rounds")
-    started = sorted(path for path in folder.glob("round-*") if path.is_dir())
-    if is_evaluation_folder(folder):
-        return (evaluation_rows(folder) or [("benchmarks", "none started yet")]) + lock_rows(folder)
+    records = lock_records(folder)
+    run = is_run_folder(folder)
+    evaluated = evaluation_rows(folder, in_run_folder=run) if is_evaluation_folder(folder) else []
+    if not run and is_evaluation_folder(folder):
+        return (evaluated or [("benchmarks", "none started yet")]) + lock_rows(folder, records)
     if not is_rounds_folder(folder):
-        rows = sample_rows(folder) + training_rows(folder) + _best_rows(folder) + lock_rows(folder)
-        if rows == [("samples", "none yet")] and not any(folder.glob(".lock-*")):
+        rows = sample_rows(folder) + training_rows(folder) + _best_rows(folder) + evaluated + lock_rows(folder, records)
+        if rows == [("samples", "none yet")] and not records:
             return [("run", "no gors run or evaluation in this folder yet")]
         return rows
+    rounds = read_json_if_present(folder / ROUNDS_FILE, "the record of the finished rounds")
+    started = sorted(path for path in folder.glob("round-*") if path.is_dir())
     finished = (rounds or {}).get("rounds") or []
     planned = ((rounds or {}).get("settings") or {}).get("rounds")
-    rows = [("rounds", f"{len(finished)}" + (f" of {planned}" if planned else "") + " finished")]
+    # The plan as the last finished round recorded it: a run resumed with more --rounds has started rounds past it.
+    of = f" of {planned}" if planned and len(started) <= planned else ""
+    rows = [("rounds", f"{len(finished)}{of} finished")]
     if started:
         latest = started[-1]
-        inner = sample_rows(latest) + training_rows(latest) + lock_rows(latest)
+        inner = sample_rows(latest) + training_rows(latest) + lock_rows(latest, skip=holder_keys(records))
         rows += [(f"{latest.name} {what}", value) for what, value in inner]
     if (folder / LORA_WEIGHT_NAME).is_file() and finished:
         rows.append(("final LoRA", f"{LORA_WEIGHT_NAME} (round {len(finished) - 1}'s)"))
-    return rows + _best_rows(folder) + lock_rows(folder)
+    return rows + _best_rows(folder) + evaluated + lock_rows(folder, records)
 
 
 def _best_rows(folder: Path) -> list[tuple[str, str]]:
@@ -237,18 +309,23 @@ def _best_rows(folder: Path) -> list[tuple[str, str]]:
 
 
 def status(config: StatusConfig) -> None:
-    """`gors status`: print each folder's rows; a folder that does not exist is said in its place, and
-    once all are printed, in the error."""
-    missing = []
+    """`gors status`: print each folder's rows; a folder that does not exist, or whose records cannot be read, is
+    said in its place and, once all are printed, in the error."""
+    failed = []
     for index, folder in enumerate(map(Path, config.folders)):
         print(("\n" if index else "") + f"{folder}")
         if not folder.is_dir():
-            print("  no such folder")
-            missing.append(str(folder))
+            print("  not a folder" if folder.exists() else "  no such folder")
+            failed.append(f"{folder}: {'not a folder' if folder.exists() else 'no such run folder'}")
             continue
-        rows = folder_status(folder)
+        try:
+            rows = folder_status(folder)
+        except ValueError as err:  # a record cut short or edited by hand: the other folders are still reported
+            print(f"  cannot be read: {err}")
+            failed.append(f"{folder}: {err}")
+            continue
         width = max(len(what) for what, _ in rows)
         for what, value in rows:
             print(f"  {what:<{width}}  {value}")
-    if missing:
-        raise FileNotFoundError(f"{', '.join(missing)}: no such run folder")
+    if failed:
+        raise ValueError("; ".join(failed))

@@ -44,6 +44,7 @@ from gors.checkpoints import (
     set_aside_logs,
     set_aside_other_trainings,
     training_fingerprint,
+    utc_now,
     write_checkpoint,
 )
 from gors.config import RunConfig, TrainConfig, check_anchor_below
@@ -372,6 +373,7 @@ class GORSTrainer:
         self.schedule_steps = schedule_steps or self.config.max_train_steps
         self.noise_scheduler = None  # loaded by `train` before any checkpoint is touched, or by `_setup_models`
         self.fingerprint: dict[str, Any] = {}  # what its checkpoints are bound to, set by `train`
+        self.since: dict[str, Any] | None = None  # the step and time `train`'s loop started from
         self._render_limit = BatchLimit()  # halved by a validation that ran out of memory
 
     # ----- set-up -------------------------------------------------------------------------
@@ -770,6 +772,7 @@ class GORSTrainer:
         # leaves out one ordinary step).
         work_starts(done_before=global_step, warmup_units=2 if self.cuda_graphs else 1)
         first_step = global_step
+        self.since = {"step": global_step, "time": utc_now()}  # each checkpoint's marker records it
         # fp16's loss scaler skips an update whose loss overflowed, and the training goes on.
         log = LossLog(accelerator, self.trained, bar,
                       stop_with=None if accelerator.scaler else self.learning_rate_flags())
@@ -1173,7 +1176,8 @@ class GORSTrainer:
         """Full training state (adapters, optimizer, LR scheduler, RNG) at `checkpoints/checkpoint-<step>`."""
         self.check_finite(step)
         return write_checkpoint(self.accelerator, self.output_dir, step, self.fingerprint,
-                                self.config.checkpoints_total_limit, self.config.max_train_steps)
+                                self.config.checkpoints_total_limit, self.config.max_train_steps,
+                                self.since)
 
     def check_finite(self, step: int) -> None:
         """Refuse to save adapters with a NaN or infinite weight (one wait for the device): a diverged training."""

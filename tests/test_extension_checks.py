@@ -426,9 +426,14 @@ def test_a_benchmark_of_ones_own_runs_from_the_command_line_by_its_module_class_
     from gors.config import EvaluateConfig
 
     for spec, message in [("plugin_bench:Unnamed", "has no name of its own, which its results are filed by"),
-                          ("plugin_bench:Missing", "unknown benchmark 'plugin_bench:Missing'; known: "),
                           ("plugin_bench:dataclass", "plugin_bench:dataclass is not a Benchmark subclass"),
-                          ("no_such_module:Thing", "unknown benchmark 'no_such_module:Thing'; known: .*'module:Class'")]:
+                          # A class (CapWords) or a dotted module is meant as a path: what is missing is named.
+                          ("plugin_bench:Missing", "the module plugin_bench has no class 'Missing'"),
+                          ("no_such_module:Thing", "Could not import benchmark 'no_such_module:Thing'.* PYTHONPATH"),
+                          ("no_such.module:thing", "Could not import benchmark 'no_such.module:thing'"),
+                          # Otherwise more likely a mistyped benchmark name and its subset: the known ones are listed.
+                          ("plugin_bench:missing", "unknown benchmark 'plugin_bench:missing'; known: "),
+                          ("t2i_compbenh:color", "unknown benchmark 't2i_compbenh:color'; known: .*'module:Class'")]:
         with pytest.raises(ValueError, match=message):
             evaluate(EvaluateConfig(benchmarks=spec, output_dir=str(tmp_path / "refused")))
     assert not (tmp_path / "refused").exists()

@@ -337,6 +337,11 @@ def test_an_evaluation_sampled_with_lora_dropout_gets_a_row_of_its_own(trained_r
 
     text = report([run.parent / "eval_lora", tmp_path / "eval_dropout"], tmp_path / "report").read_text()
     assert "(LoRA dropout: eval_lora 0.0, eval_dropout 0.5)" in text
+    # So does the benchmark's own folder, read alone: its samples were drawn with the dropout too.
+    alone = tmp_path / "eval_dropout" / "toy" / "held_out"
+    folder = push(PushConfig(output_dir=str(run), repo_id="me/x", dry_run=True, evaluation=[str(alone)]))
+    assert set(json.loads((folder / RECORD_FILE).read_text())["evaluation"]) == \
+        {f"{LORA_ROW}, sampled with --lora_dropout 0.5"}
 
 
 def test_one_benchmarks_own_folder_serves_as_an_evaluation_as_the_toy_demos_do(trained_run, tmp_path):

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -46,16 +49,30 @@ def test_each_stage_shows_as_it_is_reached(make_run_config):
         path = folder / "checkpoints" / f"checkpoint-{step}" / "checkpoint.json"
         path.write_text(json.dumps(json.loads(path.read_text()) | values))
 
-    edit_marker(1, time="2026-12-06T10:00:00+00:00")
-    edit_marker(2, time="2026-12-06T10:03:00+00:00", max_train_steps=20)  # 180 s a step, 18 steps to go
-    assert dict(folder_status(folder))["training"].endswith("saved 2026-12-06T10:03:00+00:00; about 0.9 h to go "
-                                                            "at the pace of steps 1 to 2")
+    assert json.loads((folder / "checkpoints" / "checkpoint-2" / "checkpoint.json").read_text())["since"]["step"] == 0
+    edit_marker(1, time="2026-12-06T10:00:00+00:00", since={"step": 0, "time": "2026-12-06T09:50:00+00:00"})
+    edit_marker(2, time="2026-12-06T10:03:00+00:00", since={"step": 0, "time": "2026-12-06T09:50:00+00:00"},
+                max_train_steps=20)  # 180 s a step, 18 steps to go
+    saved = datetime.fromisoformat("2026-12-06T10:03:00+00:00").astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    assert dict(folder_status(folder))["training"].endswith(f"saved {saved}; about 54 min to go at the pace of "
+                                                            "steps 1 to 2")
+    # Resumed at 12:00 from step 1 (the run was down for two hours): the pace from there, not from checkpoint 1.
+    edit_marker(2, time="2026-12-06T12:03:00+00:00", since={"step": 1, "time": "2026-12-06T12:00:00+00:00"},
+                max_train_steps=1000)
+    assert dict(folder_status(folder))["training"].endswith("about 49.9 h to go at the pace of steps 1 to 2")
     # A checkpoint marker of an older gors records no file hashes: the final LoRA is named, unmatched.
     marker = folder / "checkpoints" / "checkpoint-2" / "checkpoint.json"
     marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "files"}))
     assert dict(folder_status(folder))["final LoRA"] == "pytorch_lora_weights.safetensors"
     # The folder above the run holds none itself.
     assert folder_status(folder.parent) == [("run", "no gors run or evaluation in this folder yet")]
+    # A training with other settings sets the checkpoints aside as it starts: until its first checkpoint, the
+    # final LoRA is the earlier training's.
+    (folder / "checkpoints").rename(folder / "checkpoints.previous-1")
+    rows = dict(folder_status(folder))
+    assert rows["training"] == "no checkpoint yet"
+    assert rows["final LoRA"] == "pytorch_lora_weights.safetensors (an earlier training's, checkpoints in " \
+                                 "checkpoints.previous-1/)"
 
 
 def test_a_command_writing_the_folder_is_named_and_a_killed_one_reads_as_stopped(make_run_config, capsys):
@@ -91,3 +108,78 @@ def test_a_gors_evaluate_folder_shows_each_benchmark_and_its_result_once_finishe
     rows = folder_status(tmp_path / "eval")
     assert rows == [(entry["label"], f"2 images of 2 prompts (1 each), 2 scored; finished: binding_accuracy "
                                      f"{entry['binding_accuracy']:.4f}") for entry in summary]
+
+
+def test_a_process_still_running_after_its_main_process_died_is_named_with_what_to_do(tmp_path):
+    from gors.core.lock import lock_path
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = {"stage": "train", "command": "gors train --output_dir x", "pid": int(gone.stdout), "host":
+              socket.gethostname(), "argv": [], "started": 1.0e9}
+    lock_path(folder, "train").write_text(json.dumps(record))  # as a killed main process leaves its lock
+    stray = ("import sys, time; from pathlib import Path; from gors.core.lock import _acquire, process_lock_stage; "
+             "_acquire(Path(sys.argv[1]), process_lock_stage('train', 1), 'gors train --output_dir x'); "
+             "print('held', flush=True); time.sleep(300)")
+    holder = subprocess.Popen([sys.executable, "-c", stray, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        assert holder.stdout.readline() == "held\n"
+        rows = dict(folder_status(folder))
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+    assert rows["stopped train"].endswith(f"is gone: stop the processes of its launch that still run (pid "
+                                          f"{holder.pid}), then the same command resumes it")
+    assert rows["writing train-process-00001"].endswith("a process of a launch whose main process is gone")
+    assert dict(folder_status(folder))["stopped train"].endswith("is gone: the same command resumes it")
+
+
+def test_one_benchmarks_own_folder_and_an_evaluation_written_into_a_run_folder(make_run_config, tmp_path, capsys):
+    from gors.run import run
+
+    config = make_run_config(max_train_steps=1)
+    folder = Path(config.output_dir)
+    run(config)
+    reset_process_state()
+    main(["evaluate", "--pretrained_model_name_or_path", config.pretrained_model_name_or_path, "--benchmarks", "toy",
+          "--max_prompts", "2", "--images_per_prompt", "1", "--num_inference_steps", "2", "--resolution", "32",
+          "--output_dir", str(folder)])
+    reset_process_state()
+    # One benchmark's own folder, as the toy demo's eval_base/ is (beside the run's other folders of samples).
+    shutil.copytree(folder / "toy" / "held_out", folder / "eval_base")
+    (folder / "eval_base" / ".lock-evaluate").touch()
+    shutil.copytree(folder / "samples", folder / "validation" / "step-1" / "samples")
+    rows = dict(folder_status(folder))
+    assert rows["samples"] == "6 images of 3 prompts (2 each)" and rows["final LoRA"].endswith("(step 1)")
+    result = json.loads((folder / "toy" / "held_out" / "summary.json").read_text())["binding_accuracy"]
+    finished = f"2 images of 2 prompts (1 each), 2 scored; finished: binding_accuracy {result:.4f}"
+    assert [(what, value) for what, value in rows.items() if "images of" in value and what != "samples"] == \
+        [("toy:held_out", finished)]
+    assert folder_status(folder / "eval_base") == [("toy:held_out", finished)]
+    (folder / "eval_base" / "summary.json").unlink()  # still evaluating: the folder's name stands for its label
+    assert folder_status(folder / "eval_base") == [("eval_base", "2 images of 2 prompts (1 each), 2 scored")]
+    # A summary this process cannot read is a row; `gors status` reports the other folders, then fails.
+    (folder / "eval_base" / "summary.json").write_text(json.dumps({"benchmark": "not_known_here"}))
+    rows = dict(folder_status(folder / "eval_base"))
+    assert rows["eval_base"] == "2 images of 2 prompts (1 each), 2 scored"
+    assert "benchmark 'not_known_here', which is not known here" in rows["summary.json"]
+    (tmp_path / "a_file").write_text("")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["status", str(tmp_path / "a_file"), str(folder)])
+    captured = capsys.readouterr()
+    assert f"{tmp_path / 'a_file'}\n  not a folder\n" in captured.out and "toy:held_out" in captured.out
+    assert captured.err.strip() == f"error: {tmp_path / 'a_file'}: not a folder"
+
+
+def test_a_rounds_run_resumed_with_more_rounds_does_not_count_them_against_the_old_plan(tmp_path):
+    folder = tmp_path / "rounds"
+    for index in range(3):
+        (folder / f"round-{index:03d}").mkdir(parents=True)
+    (folder / "rounds.json").write_text(json.dumps({"settings": {"rounds": 2}, "rounds": [{}, {}]}))
+    assert dict(folder_status(folder))["rounds"] == "2 finished"
+    (folder / "round-002").rmdir()
+    assert dict(folder_status(folder))["rounds"] == "2 of 2 finished"
