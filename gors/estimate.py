@@ -90,6 +90,8 @@ class StageEstimate:
 
 # The stages whose models `--torch_compile` compiles (scoring and selection compile nothing).
 COMPILING_STAGES = ("generate", "generate+score", "train")
+# The stages that mark their batches or steps, so that their warm-up and wrap-up are told from their pace.
+TIMED_STAGES = ("generate", "score", "generate+score", "train")
 # A timings entry's seconds spent once per stage (gors.timings.StageTiming), not per unit of work.
 ONE_OFF_KEYS = ("setup_seconds", "warmup_seconds", "wrapup_seconds")
 
@@ -265,18 +267,25 @@ def _generation_warning(generate: dict[str, Any]) -> str | None:
 
 def calibration_warnings(stages: dict[str, dict[str, Any]]) -> list[str]:
     """What in the calibration makes the estimate wrong: training that validated or saved a checkpoint before
-    its last step, compiling (`--torch_compile`) in a stage whose first batch could not be told from the others
-    (its compiling is then timed as work), and generation in batches the generation ratio was not measured at."""
+    its last step, a stage whose first batch or step could not be told from the others (too few full batches or
+    steps per process, or timings of a gors before 0.2: its warm-up, compiling under `--torch_compile`, and
+    its wrap-up are then timed as work), and generation in batches the generation ratio was not measured at."""
     warnings = [_training_warning(stages["train"])] if "train" in stages else []
     warnings += [_generation_warning(stages[stage]) for stage in ("generate", "generate+score") if stage in stages]
-    compiled = sorted(stage for stage, entry in stages.items() if stage in COMPILING_STAGES
-                      and isinstance(entry.get("settings"), dict)
-                      and entry["settings"].get("torch_compile") not in (None, "no")
-                      and entry.get("warmup_seconds") is None)
-    if compiled:
-        warnings.append(f"the calibration's {', '.join(compiled)} ran with --torch_compile, and its timings do not "
-                        "tell the first batch or step (where compiling falls) from the rest: compiling is scaled as "
-                        "work. Calibrate with at least two batches and steps (three steps under CUDA graphs), with this gors")
+    compiled = {stage for stage, entry in stages.items() if stage in COMPILING_STAGES
+                and isinstance(entry.get("settings"), dict) and entry["settings"].get("torch_compile") not in (None, "no")}
+    # Timings of a gors before 0.2 record no warm-up at all: only their compiling is worth a warning of its own.
+    unsteady = sorted(stage for stage, entry in stages.items() if stage in TIMED_STAGES
+                      and entry.get("warmup_seconds") is None and ("warmup_seconds" in entry or stage in compiled))
+    if unsteady:
+        compiled = sorted(compiled & set(unsteady))
+        warnings.append(
+            f"the calibration's {', '.join(unsteady)} timings do not tell the first batch or step from the rest: "
+            "its warm-up (CUDA kernels loaded on first use" + (f"; compiling, in {', '.join(compiled)}" if compiled
+                                                               else "") + ") and its wrap-up are scaled as work. "
+            "Calibrate with this gors, each process generating and scoring at least two full batches "
+            "(--generation_batch_size, --reward_batch_size) and training at least two steps (three under CUDA "
+            "graphs)")
     return [warning for warning in warnings if warning]
 
 

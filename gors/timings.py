@@ -2,7 +2,7 @@
 
 `gors run` times each stage on the main process from its start until every process has finished
 it, and counts the work that invocation did from the run folder (images generated, images
-scored, samples selected, optimizer steps), so a resumed run reports the rate of the work it
+scored, images selected from, optimizer steps), so a resumed run reports the rate of the work it
 actually did. The file keeps the latest invocation of each stage that did work, and every
 invocation in `history`; `gors estimate` turns its rates into GPU-hours of a full run.
 """
@@ -140,11 +140,12 @@ def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Acc
 
 def warmup_and_wrapup(marks: StageMarks, end: float) -> tuple[float | None, float | None]:
     """A stage's warm-up (its first `marks.warmup_units` units' seconds beyond the pace of the units after them,
-    >= 0) and wrap-up (from its last batch to `end`), from its marks; (None, None) without units after the
-    warm-up to give a pace."""
-    if marks.work_start is None or marks.first is None or marks.last is None or marks.last[1] <= marks.first[1]:
+    >= 0) and wrap-up (from its last full batch to `end`: `StageMarks.steady_last`), from its marks; (None, None)
+    without full batches after the warm-up to give a pace."""
+    last = marks.steady_last()
+    if marks.work_start is None or marks.first is None or last is None or last[1] <= marks.first[1]:
         return None, None
-    (first_time, first_units), (last_time, last_units) = marks.first, marks.last
+    (first_time, first_units), (last_time, last_units) = marks.first, last
     pace = (last_time - first_time) / (last_units - first_units)  # seconds per unit after the warm-up
     return max(first_time - marks.work_start - first_units * pace, 0.0), end - last_time
 

@@ -157,16 +157,21 @@ def test_old_timings_and_compiled_calibrations_are_warned_of():
     compiled = _train(200) | {"generate": _entry("generate", 10, 4, torch_compile="inductor")}
     compiled["train"]["settings"]["torch_compile"] = "inductor"
     assert calibration_warnings(compiled) == [
-        "the calibration's generate, train ran with --torch_compile, and its timings do not tell the first batch or "
-        "step (where compiling falls) from the rest: compiling is scaled as work. Calibrate with at least two "
-        "batches and steps (three steps under CUDA graphs), with this gors"]
+        "the calibration's generate, train timings do not tell the first batch or step from the rest: its warm-up "
+        "(CUDA kernels loaded on first use; compiling, in generate, train) and its wrap-up are scaled as work. "
+        "Calibrate with this gors, each process generating and scoring at least two full batches "
+        "(--generation_batch_size, --reward_batch_size) and training at least two steps (three under CUDA graphs)"]
     # With its first batch's warm-up timed, compiling is counted once: only the stage without one is warned of.
     compiled["train"] |= {"warmup_seconds": 30.0, "wrapup_seconds": 1.0}
-    assert "the calibration's generate ran with --torch_compile" in calibration_warnings(compiled)[0]
+    assert "the calibration's generate timings do not tell" in calibration_warnings(compiled)[0]
     # Scoring and selection compile nothing: their settings record the flag, but no warning is due for them.
     compiled["generate"] |= {"warmup_seconds": 20.0, "wrapup_seconds": 1.0}
     compiled |= {stage: _entry(stage, 10, 4, torch_compile="inductor") for stage in ("score", "select")}
     assert calibration_warnings(compiled) == []
+    # Timings of this gors that could not tell the first batch (one batch per process) are warned of, compiled or not.
+    compiled["score"] |= {"warmup_seconds": None, "wrapup_seconds": None}
+    assert calibration_warnings(compiled) == [calibration_warnings(compiled)[0]]
+    assert calibration_warnings(compiled)[0].startswith("the calibration's score timings do not tell the first batch")
 
 
 def test_the_warnings_go_to_stderr_apart_from_the_table(tmp_path, capsys):

@@ -149,6 +149,39 @@ def test_the_first_batchs_warm_up_is_its_time_beyond_the_later_batches_pace(mark
     assert warmup_and_wrapup(marks, end) == expected
 
 
+def test_a_shorter_last_batch_is_wrap_up_not_the_pace():
+    # Batches of 8 done at 30, 34, 38, then the share's remainder of 4 at 45 (a compiled model compiles again for
+    # its shape): the pace is the full batches' 0.5 s an image, and the remainder falls in the wrap-up.
+    marks = StageMarks(10.0, None, (30.0, 8), (45.0, 28), previous=(38.0, 24), previous_batch=8)
+    assert warmup_and_wrapup(marks, 46.0) == (16.0, 8.0)
+    with listening() as marks:
+        work_starts()
+        for done in (8, 16, 20):
+            units_done(done)
+    assert marks.steady_last()[1] == 16 and marks.last[1] == 20
+    with listening() as marks:  # one full batch and the remainder: no pace to tell the first batch by
+        work_starts()
+        units_done(8)
+        units_done(12)
+    assert warmup_and_wrapup(marks, marks.last[0] + 1) == (None, None)
+    # A batch halved for memory goes on at its new size: only a last batch shorter than the one before is set apart.
+    with listening() as marks:
+        work_starts()
+        for done in (16, 32, 40, 48, 56):
+            units_done(done)
+    assert marks.steady_last()[1] == 56
+
+
+def test_a_stage_whose_first_batch_cannot_be_told_from_the_rest_is_warned_of():
+    one_batch = _entry("score", 130, 16, 1, setup=10.0) | {"warmup_seconds": None, "wrapup_seconds": None}
+    (warning,) = calibration_warnings({"score": one_batch})
+    assert warning.startswith("the calibration's score timings do not tell the first batch or step from the rest")
+    compiled = one_batch | {"stage": "train", "settings": {"torch_compile": "inductor"}}
+    assert "compiling, in train" in calibration_warnings({"train": compiled})[-1]
+    steady = one_batch | {"warmup_seconds": 3.0, "wrapup_seconds": 1.0}
+    assert calibration_warnings({"score": steady}) == []
+
+
 def test_a_stage_marks_its_batches_inside_a_timed_stage_only():
     units_done(5)  # outside a timed stage: nothing to record, no error
     with listening() as marks:

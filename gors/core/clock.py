@@ -30,6 +30,7 @@ class StageMarks:
         done_before: units finished before the stage's own work, None for what its folder held.
         first, last: (time, units done so far) at the end of the first `warmup_units` units (or the first
             `units_done` before that) and at the latest `units_done`, None before one.
+        previous: the mark before `last`, and `previous_batch` the units of the batch that it ended.
         warmup_units: the units whose end starts the pace (1; 2 where the second unit also records, as CUDA
             graphs do).
     """
@@ -38,7 +39,18 @@ class StageMarks:
     done_before: int | None = None
     first: tuple[float, int] | None = None
     last: tuple[float, int] | None = None
+    previous: tuple[float, int] | None = None
+    previous_batch: int = 0
     warmup_units: int = 1
+
+    def steady_last(self) -> tuple[float, int] | None:
+        """Where the steady pace ends: the latest mark, or the one before it where the last batch was shorter
+        than the one before (a share's remainder, which runs at another pace per unit and, compiled, compiles
+        anew): that batch is wrap-up, as the work after the last full batch."""
+        if self.last is not None and self.previous is not None \
+                and self.last[1] - self.previous[1] < self.previous_batch:
+            return self.previous
+        return self.last
 
 
 _marks: ContextVar[StageMarks | None] = ContextVar("gors_stage_marks", default=None)
@@ -63,7 +75,9 @@ def units_done(done: int) -> None:
     the device: each mark is as far ahead of the device's work as the queue of launched kernels."""
     marks = _marks.get()
     if marks is not None and marks.work_start is not None:
-        marks.last = (time.perf_counter(), done)
+        if marks.last is not None:
+            marks.previous_batch = marks.last[1] - (marks.previous[1] if marks.previous is not None else 0)
+        marks.previous, marks.last = marks.last, (time.perf_counter(), done)
         if marks.first is None or marks.first[1] < marks.warmup_units:
             marks.first = marks.last
 
