@@ -309,9 +309,14 @@ def format_plan(plan: RunPlan, stages: dict[str, dict[str, Any]]) -> str:
     for name, value in vars(plan).items():
         source = GORS_RUN_SOURCES[name] if value == getattr(defaults, name) else "given"
         lines.append(f"  {name} = {value} ({source})")
-    measured = stages["generate"]["settings"]["generation"]["num_inference_steps"]
+    generation = stages["generate"]["settings"]["generation"]
+    measured = generation["num_inference_steps"]
     lines.append(f"  the calibration sampled with {measured} denoising steps; generation time is scaled by "
                  f"{plan.num_inference_steps} / {measured}")
+    # Not scaled: a calibration at another side or of another model prices that run, not the paper's 512 px SD 2.
+    if generation.get("model") is not None:
+        lines.append(f"  the calibration's model and side, priced as they are: {generation['model']} at "
+                     f"{generation.get('resolution', '?')} px")
     return "\n".join(lines)
 
 

@@ -192,6 +192,10 @@ def test_the_plan_says_where_each_value_comes_from_and_which_were_given():
     assert "max_train_steps = 3000 (given)" in text
     assert "num_inference_steps = 50 (source unclear" in text
     assert "the calibration sampled with 30 denoising steps; generation time is scaled by 50 / 30" in text
+    assert "priced as they are" not in text  # a calibration that records no model
+    stages["generate"]["settings"]["generation"] |= {"model": "stabilityai/stable-diffusion-2-base", "resolution": 256}
+    assert "the calibration's model and side, priced as they are: stabilityai/stable-diffusion-2-base at 256 px" in \
+        format_plan(RunPlan(), stages)
 
 
 def test_a_stage_that_did_no_work_says_what_to_rerun():
