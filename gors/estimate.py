@@ -151,13 +151,18 @@ def gpu_seconds(entry: dict[str, Any], units: float, unit_scale: float = 1.0) ->
     """GPU-seconds (wall seconds x processes) of `units` units at a timings entry's pace, as (one-off,
     work): its one-off seconds once (`ONE_OFF_KEYS`, each absent in timings of gors before it was
     recorded), then each unit at the measured time per unit x `unit_scale` (e.g. the ratio of
-    denoising steps)."""
+    denoising steps). Images shared over processes are priced at the main process's pace over its own
+    share (`main_work`): the wall time is its, and a share larger than the others' (9 images on 2 GPUs)
+    would otherwise read as a slower pace."""
     if entry["work"] <= 0:
         raise ValueError(f"the {entry['stage']} timing did no work; rerun the calibration so that it does "
                          f"{entry['stage']} work (a stage it found already done is not timed)")
     one_off = sum(_one_off(entry).values())
-    per_unit = (entry["seconds"] - one_off) / entry["work"]
-    return one_off * entry["num_processes"], per_unit * unit_scale * units * entry["num_processes"]
+    processes = entry["num_processes"]
+    own = entry.get("main_work")
+    shared = entry.get("unit") == "images" and _number(own) and entry["work"] / processes <= own <= entry["work"]
+    per_gpu_unit = (entry["seconds"] - one_off) / (own if shared else entry["work"] / processes)
+    return one_off * processes, per_gpu_unit * unit_scale * units
 
 
 def estimate(stages: dict[str, dict[str, Any]], plan: RunPlan, speedups: dict[str, float]) -> list[StageEstimate]:

@@ -49,6 +49,8 @@ class StageTiming:
             batch's writing, the final checkpoint, validation and LoRA, waiting for the other processes;
             None where unknown (as `warmup_seconds`).
         work: units done by this invocation (work already in the folder does not count).
+        main_work: of `work`, the units the main process did itself (its share of the images; every step);
+            None where the stage marks no batches (select) or in timings of a gors before it was recorded.
         unit: "images", "samples" or "steps".
         num_processes: processes (GPUs) the work was shared over.
         peak_gpu_memory_gib: the main process's peak allocated GPU memory during the stage; None off GPU.
@@ -67,6 +69,7 @@ class StageTiming:
     setup_seconds: float = 0.0
     warmup_seconds: float | None = None
     wrapup_seconds: float | None = None
+    main_work: int | None = None
 
     @property
     def one_off_seconds(self) -> float:
@@ -133,6 +136,7 @@ def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Acc
         setup_seconds=marks.work_start - start if marks.work_start is not None else 0.0,
         warmup_seconds=warmup,
         wrapup_seconds=wrapup,
+        main_work=marks.last[1] if marks.last is not None else None,
     ))
     if on_finish is not None:
         on_finish(timings[-1])

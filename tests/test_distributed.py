@@ -55,6 +55,8 @@ def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd,
     # Both processes' images counted once, the steps once (not per process), on the two processes.
     assert (stages["generate+score"]["work"], stages["train"]["work"]) == (9, 2)
     assert stages["generate+score"]["num_processes"] == stages["train"]["num_processes"] == 2
+    # The main process's own share, whose pace `gors estimate` prices (its 5 images of 9; every step).
+    assert (stages["generate+score"]["main_work"], stages["train"]["main_work"]) == (5, 2)
     assert len(list(run_dir.glob("*.safetensors"))) == 1
     assert any(k.startswith("unet.") for k in load_file(str(run_dir / "pytorch_lora_weights.safetensors")))
     checkpoint = run_dir / "checkpoints" / "checkpoint-2"

@@ -35,6 +35,7 @@ def test_gors_run_records_the_work_and_rate_of_each_stage_and_a_rerun_keeps_them
         "generate": (6, "images"), "score": (6, "images"), "select": (6, "images"), "train": (2, "steps")}
     for entry in stages.values():
         assert entry["seconds"] > 0 and entry["rate"] == pytest.approx(entry["work"] / entry["seconds"])
+        assert entry["main_work"] == (None if entry["stage"] == "select" else entry["work"])  # one process: all of it
         assert entry["num_processes"] == 1 and entry["device"] == "cpu" and entry["peak_gpu_memory_gib"] is None
     # Loading the pipeline, the reward model and the trainer is set-up, apart from the work; select has none.
     for stage in ("generate", "score", "train"):
@@ -219,6 +220,13 @@ def test_estimate_counts_the_warm_up_and_wrap_up_once_and_scales_the_pace_betwee
     assert timing.one_off_seconds == 30.0 and timing.work_rate == pytest.approx(1.0)
     # Unknown (one batch, or an older gors): none counted, the whole time after the set-up is work.
     assert gpu_seconds(entry | {"warmup_seconds": None, "wrapup_seconds": None}, 1000) == pytest.approx((10.0, 1200.0))
+    # 9 images on 2 processes, 5 of them the main process's: the wall time is its 5 images' (20 s each on a GPU), not
+    # 9 images' over 2 GPUs (22.2 s). Steps are every process's: priced per step of the launch.
+    uneven = _entry("score", 100, 9, 2) | {"unit": "images", "main_work": 5}
+    assert gpu_seconds(uneven, 1000) == pytest.approx((0.0, 20000.0))
+    assert gpu_seconds({k: v for k, v in uneven.items() if k != "main_work"}, 1000)[1] == pytest.approx(22222.22)
+    steps = _entry("train", 100, 10, 2) | {"unit": "steps", "main_work": 10}
+    assert gpu_seconds(steps, 1000) == pytest.approx((0.0, 20000.0))
     with pytest.raises(ValueError, match="warmup_seconds=-1 is not a number >= 0"):
         check_stages({"score": entry | {"warmup_seconds": -1}}, {})
     with pytest.raises(ValueError, match="setup_seconds=10.0 \\+ warmup_seconds=116.0 \\+ wrapup_seconds=5.0 is more"):
