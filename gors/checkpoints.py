@@ -259,10 +259,47 @@ def set_aside_other_trainings(output_dir: str | Path, fingerprint: dict[str, Any
             root.rename(aside)
             return aside, differences
     # A kill between those renames, then a rerun of the checkpoints' own training: its folders go back.
+    _return_folders(output_dir, with_folders)
+    return None
+
+
+def _return_folders(output_dir: str | Path, with_folders: Sequence[str]) -> None:
+    """Move the folders of `with_folders` that `checkpoints/` holds back into the run folder, where it has none."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
     for name in with_folders:
         if (root / name).is_dir() and not (Path(output_dir) / name).exists():
             (root / name).rename(Path(output_dir) / name)
-    return None
+
+
+def restore_own_training(output_dir: str | Path, fingerprint: dict[str, Any], max_train_steps: int,
+                         with_folders: Sequence[str] = ()) -> Path | None:
+    """Where `checkpoints/` holds no complete checkpoint, rename back to it the `checkpoints.previous-<n>/` that
+    holds the furthest checkpoint of this very training (same fingerprint, at or before `max_train_steps`), with
+    its `with_folders` (`set_aside_other_trainings`); returns the folder it was, else None.
+
+    A run with other settings in between (a mistyped flag) set this training's checkpoints aside: the same
+    command as before then goes on from them, as it was told it would, instead of from step 0. A `checkpoints/`
+    without a complete checkpoint (a training killed before its first) is set aside in its place: nothing is
+    deleted (main process only, before any other process looks).
+    """
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    if next(complete_checkpoints(output_dir), None) is not None:
+        return None
+    found: tuple[int, Path] | None = None
+    for aside in root.parent.glob(f"{CHECKPOINTS_DIR}.previous-*"):
+        for folder in _checkpoint_folders(aside):
+            marker = read_marker(folder)
+            step = checkpoint_step(folder)
+            if marker is not None and step <= max_train_steps and (found is None or step > found[0]) \
+                    and not fingerprint_differences(marker["fingerprint"], fingerprint):
+                found = (step, aside)
+    if found is None:
+        return None
+    if root.exists():
+        root.rename(previous_name(root))
+    found[1].rename(root)
+    _return_folders(output_dir, with_folders)
+    return found[1]
 
 
 def own_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_train_steps: int) -> Path | None:

@@ -41,6 +41,7 @@ from gors.checkpoints import (
     prune_checkpoints,
     read_marker,
     recorded_micro_batch,
+    restore_own_training,
     set_aside_logs,
     set_aside_other_trainings,
     training_fingerprint,
@@ -1151,6 +1152,10 @@ class GORSTrainer:
                 accelerator.print(f"[train] {CHECKPOINTS_DIR}/ held checkpoints of a training with other settings "
                                   f"({'; '.join(moved[1])}): moved to {moved[0]}"
                                   + (f", with its {_listed([f'{name}/' for name in kept])}" if kept else ""))
+            restored = restore_own_training(config.output_dir, self.fingerprint, config.max_train_steps, with_folders)
+            if restored is not None:
+                accelerator.print(f"[train] {restored} held checkpoints of this same training, set aside by a training "
+                                  f"with other settings since: moved back to {CHECKPOINTS_DIR}/")
             checkpoint = own_checkpoint(config.output_dir, self.fingerprint, config.max_train_steps)
             later = later_checkpoint(config.output_dir, self.fingerprint, config.max_train_steps)
             if later is not None:

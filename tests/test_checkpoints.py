@@ -18,6 +18,7 @@ from gors.checkpoints import (
     find_checkpoint,
     later_checkpoint,
     own_checkpoint,
+    restore_own_training,
     set_aside_logs,
     set_aside_other_trainings,
     training_fingerprint,
@@ -179,6 +180,31 @@ def test_another_trainings_best_lora_is_set_aside_with_its_checkpoints_even_afte
     assert set_aside_other_trainings(tmp_path, fingerprint, with_folders=("best", "validation")) is None
     assert (tmp_path / "best" / "best.json").is_file() and (tmp_path / "validation").is_dir()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-2"]
+
+
+def test_the_same_training_again_goes_on_from_its_checkpoints_that_another_set_aside(tmp_path):
+    mine, slip = {"rank": 4}, {"rank": 8}
+    _checkpoint(tmp_path, "checkpoint-2", mine)
+    _checkpoint(tmp_path, "checkpoint-4", mine)
+    (tmp_path / "best").mkdir()
+    set_aside_other_trainings(tmp_path, slip, with_folders=("best",))  # a run with a mistyped flag
+    _checkpoint(tmp_path, "checkpoint-2", slip)
+    assert set_aside_other_trainings(tmp_path, mine, with_folders=("best",))[0].name == "checkpoints.previous-2"
+    # The first command again: its checkpoints come back, with its best LoRA, and it goes on from step 4.
+    assert restore_own_training(tmp_path, mine, 10, with_folders=("best",)) == tmp_path / "checkpoints.previous-1"
+    assert own_checkpoint(tmp_path, mine, max_train_steps=10).name == "checkpoint-4"
+    assert (tmp_path / "best").is_dir() and not (tmp_path / "checkpoints" / "best").exists()
+    assert restore_own_training(tmp_path, mine, 10) is None  # checkpoints/ holds them already
+    # A training killed before its first checkpoint left a checkpoints/ of nothing complete: kept aside, not deleted.
+    set_aside_other_trainings(tmp_path, slip)
+    _checkpoint(tmp_path, "checkpoint-8")
+    assert restore_own_training(tmp_path, mine, 1) is None  # none of this training at or before step 1
+    assert restore_own_training(tmp_path, mine, 10).name == "checkpoints.previous-1"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    assert sorted(p.name for p in tmp_path.glob("checkpoints.previous-*")) == [
+        "checkpoints.previous-2", "checkpoints.previous-3"]
+    assert [p.name for p in (tmp_path / "checkpoints.previous-3").iterdir()] == ["checkpoint-8"]
+    assert restore_own_training(tmp_path, slip, 10) is None  # another training's checkpoints are in place
 
 
 def test_a_decaying_lr_schedule_binds_a_checkpoint_to_the_runs_length(tmp_path):

@@ -689,6 +689,15 @@ def test_a_training_with_other_settings_sets_the_folders_checkpoints_aside(train
     assert sorted(p.name for p in (run_dir / "checkpoints.previous-1").iterdir()) == before  # kept whole
     markers = [json.loads((p / "checkpoint.json").read_text()) for p in (run_dir / "checkpoints").iterdir()]
     assert markers and all(m["fingerprint"]["rank"] == 8 for m in markers)  # only this training's
+    # The first command again (the rank was a slip): it goes on from its own checkpoints, not from step 0.
+    lora = train(replace(trained_run, output_dir=str(run_dir)))
+    reset_process_state()
+    assert "checkpoints.previous-1 held checkpoints of this same training, set aside by a training with other " \
+           "settings since: moved back to checkpoints/" in capsys.readouterr().out
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+    assert (run_dir / "checkpoints.previous-2").is_dir() and not (run_dir / "checkpoints.previous-1").exists()
+    expected = load_file(str(Path(trained_run.output_dir) / "pytorch_lora_weights.safetensors"))
+    assert all(torch.equal(load_file(str(lora))[key], expected[key]) for key in expected)
 
 
 @pytest.mark.parametrize("setting, value, error", [
