@@ -15,7 +15,6 @@ from gors.checkpoints import MICRO_BATCH_FIELDS, checkpoint_step, find_checkpoin
 from gors.config import RunConfig
 from gors.core.backbones import check_resolution, check_trainable, detect_backbone
 from gors.core.distributed import main_process_decides
-from gors.core.io import atomic_write_jsonl
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import check_category, load_prompts, recorded_category
 from gors.core.run_folder import CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_FILE, round_dir, samples_dir
@@ -25,7 +24,7 @@ from gors.families import resolve_training
 from gors.generate import generate
 from gors.push import PushConfig, check_push_access, push
 from gors.score import check_prompt_metadata, score, scoring_while_generating
-from gors.select import load_selection, select, threshold_fn
+from gors.select import select, threshold_fn
 from gors.timings import StageTiming, format_timings, timed_stage, write_timings
 from gors.train import (
     _optimizer_class,
@@ -95,9 +94,7 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
         # select reads every image's score: its work is the images it went through
         with timed_stage("select", "images", lambda: len(store.records()), accelerator, timings, resumable=False,
                          on_finish=record):
-            select(config, write=accelerator.is_main_process)
-            if inputs.replay and accelerator.is_main_process:
-                atomic_write_jsonl(Path(out) / SELECTION_FILE, load_selection(out) + inputs.replay)
+            select(config, write=accelerator.is_main_process, extra_rows=inputs.replay)
         with timed_stage("train", "steps", trained, accelerator, timings, on_finish=record):
             train(config, accelerator, continue_from=inputs.continue_from, reset_optimizer=inputs.reset_optimizer,
                   validation_dir=inputs.validation_dir, schedule_steps=inputs.schedule_steps)

@@ -11,6 +11,7 @@ import math
 import shlex
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ from gors.core.io import TornLineError, atomic_write_json, atomic_write_jsonl, i
 from gors.core.lock import holds_stages
 from gors.core.prompts import TOY_CATEGORY, check_category, recorded_category
 from gors.core.run_folder import (
+    CHECKPOINTS_DIR,
     SCORES_DIR,
     SELECTION_FILE,
     SELECTION_SUMMARY_FILE,
@@ -153,10 +155,14 @@ def _check_reward_value(row: dict[str, Any], folder: Path) -> None:
 
 
 @holds_stages("select", reads_run=True)
-def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, Any]:
+def select(config: SelectConfig | RunConfig, write: bool = True,
+           extra_rows: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Select samples with reward > tau; returns the summary written to `selection_summary.json`.
 
     Read-only unless `write`: under several processes all of them select (and fail alike), one writes.
+    `extra_rows` are written after the selected ones (an online round's replayed samples of earlier rounds).
+    A selection that checkpoints in the folder were trained on is kept aside when another replaces it
+    (`keep_trained_selection`).
     """
     store = SampleStore(samples_dir(config.output_dir))
     prompt_info = store.load_prompts()
@@ -224,13 +230,47 @@ def select(config: SelectConfig | RunConfig, write: bool = True) -> dict[str, An
     }
     if not write:
         return summary
-    atomic_write_jsonl(Path(config.output_dir) / SELECTION_FILE, kept)
+    rows = kept + list(extra_rows)
+    aside = keep_trained_selection(config.output_dir, rows)
+    atomic_write_jsonl(Path(config.output_dir) / SELECTION_FILE, rows)
     atomic_write_json(Path(config.output_dir) / SELECTION_SUMMARY_FILE, summary)
     print(
         f"[select] kept {len(kept)} of {len(records)} samples ({tau_source}); "
         f"mean reward kept {summary['selected']['mean']:.3f}, all {summary['all']['mean']:.3f}"
     )
+    if aside is not None:
+        print(f"[select] the checkpoints in {Path(config.output_dir) / CHECKPOINTS_DIR} were trained on the selection "
+              f"this one replaces: it is kept as {aside.name}; a training now trains on the new one (setting those "
+              "checkpoints aside as it starts)")
     return summary
+
+
+def keep_trained_selection(output_dir: str | Path, rows: list[dict[str, Any]]) -> Path | None:
+    """Copy `selection.jsonl` (and its summary) to `selection.previous-<n>.jsonl` (`selection_summary.previous-<n>
+    .json`) before `rows` replace it, where a complete checkpoint of the folder was trained on it (its fingerprint's
+    `selection_sha256`) and `rows` differ from it: the record of what that training's LoRA learnt from is kept.
+    Returns the copy, else None."""
+    from gors.checkpoints import complete_checkpoints, selection_fingerprint
+
+    path = Path(output_dir) / SELECTION_FILE
+    if not path.is_file():
+        return None
+    try:
+        current = selection_fingerprint(list(read_jsonl(path, whole=True)))
+    except (TornLineError, ValueError):  # a file cut short or edited into no selection: nothing trained on it as it is
+        return None
+    trained = {marker["fingerprint"].get("selection_sha256") for _, marker in complete_checkpoints(output_dir)}
+    if current not in trained or selection_fingerprint(rows) == current:
+        return None
+    number = 1
+    while (aside := path.with_name(f"selection.previous-{number}.jsonl")).exists():
+        number += 1
+    summary = path.with_name(SELECTION_SUMMARY_FILE)
+    if summary.is_file():
+        atomic_write_json(path.with_name(f"selection_summary.previous-{number}.json"), read_json(summary, "the summary "
+                                                                                                        "gors select writes"))
+    atomic_write_jsonl(aside, list(read_jsonl(path, whole=True)))
+    return aside
 
 
 def load_selection(output_dir: str | Path) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gors.core.backbones import LORA_WEIGHT_NAME
-from gors.core.io import files_sha256, read_json_if_present
+from gors.core.io import files_sha256, read_json_if_present, read_jsonl
 from gors.core.lock import describe_holder, lock_records
 from gors.core.run_folder import (
     BEST_DIR,
@@ -26,6 +26,7 @@ from gors.core.run_folder import (
     CHECKPOINTS_DIR,
     ROUNDS_FILE,
     SCORES_DIR,
+    SELECTION_FILE,
     SELECTION_SUMMARY_FILE,
     best_folder,
     is_rounds_folder,
@@ -95,11 +96,12 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
 
     rows = []
     selection = read_json_if_present(folder / SELECTION_SUMMARY_FILE, "the summary gors select writes")
-    if isinstance(selection, dict):
-        rows.append(("selection", f"{selection.get('num_selected')} of {selection.get('num_samples')} samples kept "
-                                  f"({selection.get('threshold') or 'top fraction'})"))
     checkpoints = list(complete_checkpoints(folder))
     checkpoint, marker = checkpoints[0] if checkpoints else (None, None)
+    if isinstance(selection, dict):
+        rows.append(("selection", f"{selection.get('num_selected')} of {selection.get('num_samples')} samples kept "
+                                  f"({selection.get('threshold') or 'top fraction'})"
+                                  + _selected_since(folder, marker)))
     final = folder / LORA_WEIGHT_NAME
     if marker is not None:
         target = marker.get("max_train_steps")
@@ -124,6 +126,23 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
         earlier = f" (an earlier training's, checkpoints in {aside[-1].name}/)" if aside else ""
         rows.append(("final LoRA", final.name + earlier))
     return rows
+
+
+def _selected_since(folder: Path, marker: dict[str, Any] | None) -> str:
+    """A note where the newest checkpoint was trained on another selection than `selection.jsonl` (a `gors select`
+    since), naming the kept copy it was trained on (`gors.select.keep_trained_selection`); else ""."""
+    from gors.checkpoints import selection_fingerprint
+    from gors.select import load_selection
+
+    trained = (marker or {}).get("fingerprint", {}).get("selection_sha256")
+    try:
+        if trained is None or selection_fingerprint(load_selection(folder)) == trained:
+            return ""
+    except (OSError, ValueError):  # no selection to compare (load_selection says why when training reads it)
+        return ""
+    kept = [path.name for path in sorted(folder.glob(f"{SELECTION_FILE.removesuffix('.jsonl')}.previous-*.jsonl"))
+            if selection_fingerprint(list(read_jsonl(path))) == trained]
+    return "; selected since the newest checkpoint was trained" + (f" (on {kept[-1]})" if kept else "")
 
 
 def _local_time(marker: dict[str, Any]) -> str:

@@ -677,6 +677,26 @@ def test_resume_after_a_reselection_is_refused(trained_run, tmp_path):
         train(replace(reselected, resume_from_checkpoint="latest"))
 
 
+def test_a_selection_the_checkpoints_were_trained_on_is_kept_when_another_replaces_it(trained_run, tmp_path, capsys):
+    from gors.status import folder_status
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, run_dir)
+    trained_on = (run_dir / "selection.jsonl").read_text()
+    select(replace(trained_run, output_dir=str(run_dir)))  # the same selection again: nothing to keep
+    assert not list(run_dir.glob("selection.previous-*")) and "kept as" not in capsys.readouterr().out
+    lowest = min(row["reward"] for row in load_selection(run_dir))
+    select(replace(trained_run, output_dir=str(run_dir), reward_threshold=lowest))
+    assert "were trained on the selection this one replaces: it is kept as selection.previous-1.jsonl" in \
+        capsys.readouterr().out
+    assert (run_dir / "selection.previous-1.jsonl").read_text() == trained_on
+    assert (run_dir / "selection_summary.previous-1.json").is_file()
+    assert dict(folder_status(run_dir))["selection"].endswith(
+        "; selected since the newest checkpoint was trained (on selection.previous-1.jsonl)")
+    select(replace(trained_run, output_dir=str(run_dir), reward_threshold=lowest / 2))  # not what was trained on
+    assert not (run_dir / "selection.previous-2.jsonl").exists()
+
+
 def test_a_training_with_other_settings_sets_the_folders_checkpoints_aside(trained_run, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run.output_dir, run_dir)
