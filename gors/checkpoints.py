@@ -323,15 +323,25 @@ def later_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_tr
                 None)
 
 
-def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_steps: int) -> int:
-    """The step of `checkpoint`, after checking that this run may continue from it.
+def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_steps: int,
+                    output_dir: str | Path | None = None) -> int:
+    """The step of `checkpoint`, after checking that this run (of `output_dir`) may continue from it.
 
     Refused, with each difference named: a checkpoint made under another fingerprint (its adapters
     or optimizer would not load, or the run would continue on other data or settings), and one past
-    `max_train_steps` (its weights are already trained further than asked).
+    `max_train_steps` (its weights are already trained further than asked). One of another run folder
+    is said to be so, as its selection is that folder's.
     """
     step = checkpoint_step(checkpoint)
     differences = fingerprint_differences(read_marker(checkpoint)["fingerprint"], fingerprint)
+    own = Path(output_dir).resolve() / CHECKPOINTS_DIR if output_dir is not None else None
+    if differences and own is not None and checkpoint.resolve().parent != own:
+        raise ValueError(
+            f"cannot resume from {checkpoint}: it is a checkpoint of another run folder ({checkpoint.parent.parent}), "
+            f"trained on its selection and settings ({'; '.join(differences)}). Resume this folder from one of its own "
+            f"(--resume_from_checkpoint latest, or a folder under {Path(output_dir) / CHECKPOINTS_DIR}), or run the "
+            f"training of that folder (--output_dir {checkpoint.parent.parent})."
+        )
     if differences:
         hint = " (selection.jsonl changed since, e.g. by another `gors select`)" if any(
             d.startswith("selection_") for d in differences) else ""

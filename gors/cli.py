@@ -289,8 +289,8 @@ def _yaml_scalar(value: Any, kind: Any, spec: Field, where: str) -> Any:
     ok = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
           float: isinstance(value, (int, float)) and not isinstance(value, bool), str: isinstance(value, str)}
     if not ok.get(kind, True):
-        raise SystemExit(f"{where} is not {_YAML_KINDS[kind]}: give {_YAML_KINDS[kind]} (quote text), or leave the "
-                         "key out for its default")
+        raise SystemExit(f"{where} is not {_YAML_KINDS[kind]}: give {_YAML_KINDS[kind]}"
+                         + (" (quote text)" if kind is str else "") + ", or leave the key out for its default")
     return float(value) if kind is float else value
 
 

@@ -30,7 +30,7 @@ from gors import __version__
 from gors.core.backbones import LORA_WEIGHT_NAME
 from gors.core.hub import is_repo_id, looks_like_local_path, network_error, offline_setting, one_line
 from gors.core.io import atomic_write_bytes, publish_folder, set_usual_permissions
-from gors.core.run_folder import BEST_DIR, best_folder
+from gors.core.run_folder import BEST_DIR, CHECKPOINTS_DIR, best_folder
 from gors.model_card import evaluation_rows, family_tags, lora_samples, model_card, run_facts
 
 UPLOAD_DIR = "hub_upload"
@@ -85,8 +85,15 @@ def lora_file(run: Path, which: str) -> Path:
     if which == "best":
         raise FileNotFoundError(f"{run} holds no best LoRA ({BEST_DIR}/{LORA_WEIGHT_NAME}): it is kept by "
                                 "--validation_benchmark during training; push the final LoRA (--lora final)")
-    raise FileNotFoundError(f"{run} holds no final LoRA ({LORA_WEIGHT_NAME}): its training has not finished. Run "
-                            f"the same command again to finish it, or push the best LoRA so far (--lora best)")
+    # A --rounds run keeps its checkpoints in its rounds' folders.
+    started = any(run.glob(f"{CHECKPOINTS_DIR}/checkpoint-*")) or any(run.glob(f"round-*/{CHECKPOINTS_DIR}/checkpoint-*"))
+    state = ("its training has not finished: run the command that trains it again (`gors run`, the recipe or "
+             "`gors train`), which goes on from its checkpoints" if started else
+             "it has not trained yet: run `gors run` (or the stage that comes next: `gors status` says which) first")
+    best = best_folder(run)
+    also = ", or push the best LoRA so far (--lora best)" if best is not None and (best / LORA_WEIGHT_NAME).is_file() \
+        else ""
+    raise FileNotFoundError(f"{run} holds no final LoRA ({LORA_WEIGHT_NAME}): {state}{also}")
 
 
 def stage_upload(config: PushConfig) -> Path:

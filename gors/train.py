@@ -1173,7 +1173,7 @@ class GORSTrainer:
             start = "its LoRA so far" if self.continue_from is not None else "step 0"
             accelerator.print(f"[train] no checkpoint of this folder to resume from; starting from {start}")
         else:
-            check_resumable(checkpoint, self.fingerprint, config.max_train_steps)
+            check_resumable(checkpoint, self.fingerprint, config.max_train_steps, config.output_dir)
             check_intact(checkpoint, config.resume_from_checkpoint)
         return checkpoint
 

@@ -593,7 +593,8 @@ def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("text, message", [
     ("max_train_steps: {a: b\n", r"bad.yaml: YAML syntax error at line 2, column 1: expected .,. or .}."),
     ("validation_prompts: a red circle\n", "validation_prompts: 'a red circle' is not a list: use a YAML list"),
-    ("images_per_prompt: 2.5\n", "images_per_prompt: 2.5 is not a whole number"),
+    ("images_per_prompt: 2.5\n", "images_per_prompt: 2.5 is not a whole number: give a whole number, or leave the "
+                                "key out for its default$"),  # no advice to quote: the field takes no text
     ("images_per_prompt: [1, 2]\n", r"images_per_prompt: \[1, 2\] is not a whole number"),
     ("images_per_prompt: null\n", r"images_per_prompt: None \(null\) is not allowed"),
     ("lr_scheduler: no\n", r"lr_scheduler: False reads as the YAML boolean false \(YAML 1\.1 reads yes, no, on and "
@@ -602,7 +603,8 @@ def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):
     # Not a suggestion of "off", which it does not take either: what it takes.
     ("report_to: off\n", r"report_to: False reads as .*; report_to: One Accelerate tracker \(tensorboard, wandb, "
                           r"mlflow, \.\.\.: accelerate's LoggerType names\), all \(every installed one\) or none$"),
-    ("train_unet: 1\n", "train_unet: 1 is not true or false"),
+    ("train_unet: 1\n", "train_unet: 1 is not true or false: give true or false, or leave"),
+    ("output_dir: 12\n", r"output_dir: 12 is not text: give text \(quote text\), or leave"),
     ("learning_rate: 1e-4x\n", "learning_rate: '1e-4x' is not a number"),
     ("images_per_prompt: '2.5'\n", "images_per_prompt: '2.5' is not a whole number"),
 ])

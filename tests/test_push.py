@@ -115,7 +115,13 @@ def test_a_run_without_the_lora_asked_for_names_what_to_do(trained_run, tmp_path
     unfinished = tmp_path / "run"
     shutil.copytree(trained_run.output_dir, unfinished)
     (unfinished / LORA_WEIGHT_NAME).unlink()
-    with pytest.raises(FileNotFoundError, match="training has not finished"):
+    with pytest.raises(FileNotFoundError, match=r"training has not finished: run the command that trains it again "
+                                                r"\(`gors run`, the recipe or `gors train`\), which goes on from its "
+                                                r"checkpoints$"):  # no best LoRA to offer instead
+        push(PushConfig(output_dir=str(unfinished), repo_id="me/x", dry_run=True))
+    shutil.rmtree(unfinished / "checkpoints")
+    with pytest.raises(FileNotFoundError, match=r"it has not trained yet: run `gors run` \(or the stage that comes "
+                                                r"next: `gors status` says which\) first$"):
         push(PushConfig(output_dir=str(unfinished), repo_id="me/x", dry_run=True))
 
 

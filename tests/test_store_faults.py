@@ -538,6 +538,12 @@ def test_torch_lora_files_pass_to_diffusers_and_other_files_are_refused(tmp_path
         torch.save({"x": torch.zeros(1)}, tmp_path / name)
         check_lora_path(str(tmp_path / name))
         check_lora_fits("unused/model", str(tmp_path / name))
+    # A model's own weights given as the LoRA: refused before any pipeline loads (diffusers would fail only then).
+    save_file({"conv_in.bias": torch.zeros(1), "down_blocks.0.attn.to_q.weight": torch.zeros(1)},
+              str(tmp_path / "diffusion_pytorch_model.safetensors"))
+    with pytest.raises(ValueError, match=r"diffusion_pytorch_model.safetensors' holds no LoRA weights \(none of the 2 "
+                                         r"tensors of .*e.g. 'conv_in.bias'.*a model's own weights\?"):
+        check_lora_fits("unused/model", str(tmp_path / "diffusion_pytorch_model.safetensors"))
     (tmp_path / "notes.txt").write_text("a red circle\n")
     with pytest.raises(ValueError, match=r"notes.txt' is not a LoRA file: pass a .safetensors file \(or a torch "
                                          r"\.bin, \.pt, \.pth, \.ckpt file\)"):

@@ -647,6 +647,14 @@ def test_resume_refuses_other_settings_a_later_checkpoint_and_other_folders(trai
         _resume(trained_run, tmp_path / "run", **overrides)
 
 
+def test_another_run_folders_checkpoint_of_other_settings_is_said_to_be_that_folders(trained_run, tmp_path):
+    other = Path(trained_run.output_dir) / "checkpoints" / "checkpoint-2"
+    with pytest.raises(ValueError, match=rf"cannot resume from {other}: it is a checkpoint of another run folder "
+                                         rf"\({other.parent.parent}\), trained on its selection and settings \(rank 4 in "
+                                         rf"the checkpoint, 8 now\)\. Resume this folder from one of its own"):
+        _resume(trained_run, tmp_path / "run", rank=8, resume_from_checkpoint=str(other))
+
+
 def test_a_damaged_checkpoint_is_refused_before_any_model_loads_and_the_one_before_resumes(trained_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run.output_dir, run_dir)

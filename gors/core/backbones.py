@@ -285,7 +285,14 @@ def check_lora_fits(pretrained_model_name_or_path: str, lora: str, revision: str
     from safetensors import safe_open
 
     with safe_open(str(file), "pt") as handle:
-        named = {key.split(".", 1)[0] for key in handle.keys()} & set(LORA_COMPONENTS)
+        keys = list(handle.keys())
+    # diffusers' own test of a LoRA file (every format it converts names its weights so), which it fails late with
+    # "Invalid LoRA checkpoint", once the pipeline is loaded.
+    if not any("lora" in key for key in keys):
+        raise ValueError(f"--lora={(shown or lora)!r} holds no LoRA weights (none of the {len(keys)} tensors of "
+                         f"{file.name}, e.g. {keys[0] if keys else 'none'!r}, is named as LoRA weights are): a model's "
+                         "own weights? Give a LoRA file, or the run folder whose training wrote one")
+    named = {key.split(".", 1)[0] for key in keys} & set(LORA_COMPONENTS)
     index = read_model_index(pretrained_model_name_or_path, revision)
     present = {name for name, value in index.items() if isinstance(value, list) and value and value[0] is not None}
     foreign = sorted(named - present)
