@@ -92,13 +92,32 @@ class ConfigParser(HfArgumentParser):
                 negation.help = f"--{field.name} off."
 
     def error(self, message: str) -> NoReturn:
-        """A bad flag: a SystemExit with one line (argparse would print the whole usage on every process), with the
-        flags close to a mistyped one."""
+        """A bad flag: a SystemExit with one line (argparse would print the whole usage on every process), with, for
+        each unknown flag, the one it is called by here (the paper's `--tau`), the commands that take it (a flag of
+        another stage), or the flags close to it (a mistyped one)."""
         options = [option for action in self._actions for option in action.option_strings]
-        unknown = re.findall(r"(--[\w-]+)", message.partition("unrecognized arguments:")[2])
-        close = [match for flag in unknown for match in difflib.get_close_matches(flag.split("=")[0], options, n=1)]
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        hints = []
+        for flag in re.findall(r"(--[\w-]+)", message.partition("unrecognized arguments:")[2]):
+            owners = [name for name in _commands_taking(flag) if f"gors {name}" != self.prog]
+            if PAPER_WORDS.get(flag) in options:
+                hints.append(f"{flag} is {PAPER_WORDS[flag]} here")
+            elif owners:
+                hints.append(f"{flag} is a flag of {', '.join(f'gors {name}' for name in owners)}")
+            elif close := difflib.get_close_matches(flag, options, n=1):
+                hints.append(f"did you mean {close[0]}?")
+        hint = f"; {'; '.join(hints)}" if hints else ""
         raise SystemExit(f"{self.prog}: {message}{hint} (see {self.prog} --help)")
+
+
+# Flags by the names the paper and the field give their values.
+PAPER_WORDS = {"--tau": "--reward_threshold", "--k": "--images_per_prompt"}
+
+
+def _commands_taking(flag: str) -> list[str]:
+    """The `gors` commands whose config takes `flag` (`--name`), for a flag given to another one."""
+    name = flag.removeprefix("--")
+    return [command for command, entry in COMMANDS.items()
+            if name in {field.name for field in fields(_load(entry.config))}]
 
 
 NONE_WORDS = ("none", "None", "null")  # what `--flag none` may spell for a number field's None

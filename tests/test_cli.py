@@ -676,6 +676,18 @@ def test_a_mistyped_flag_is_named_with_the_closest_one():
         parse_config(RunConfig, ["--learning_rat", "1e-4"])
 
 
+def test_a_flag_of_another_stage_or_by_the_papers_name_says_so(capsys):
+    # Not "did you mean --reward_batch_size?": the flag is right, the command is not.
+    for argv, said in [(["score", "--output_dir", "x", "--reward_threshold", "0.5"],
+                        "--reward_threshold 0.5; --reward_threshold is a flag of gors select, gors run (see"),
+                       (["select", "--output_dir", "x", "--tau", "0.5"], "--tau 0.5; --tau is --reward_threshold here"),
+                       (["select", "--output_dir", "x", "--reward_treshold", "0.5"],
+                        "did you mean --reward_threshold?")]:
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert said in capsys.readouterr().err
+
+
 def test_flags_that_another_flag_overrides_or_that_cannot_draw_a_timestep_are_refused():
     with pytest.raises(SystemExit, match=r"--train_batch_size=1 with --auto_train_batch_size, which sets it"):
         parse_config(RunConfig, ["--global_batch_size", "4", "--auto_train_batch_size", "--train_batch_size", "1"])
