@@ -331,6 +331,25 @@ def run_select(config: SelectConfig) -> None:
     state.wait_for_everyone()
 
 
+def train_defaults() -> dict[str, Derived]:
+    """`gors train`'s base model where neither a flag nor a config file names one: the model that generated the
+    samples of its --output_dir, at their revision (as its --resolution is theirs), else the paper's."""
+    paper_model = next(f.default for f in fields(TrainConfig) if f.name == "pretrained_model_name_or_path")
+    shown = f"the model that generated the samples in --output_dir, else {paper_model}"
+
+    def generated(values: dict[str, Any]) -> dict[str, Any]:
+        from gors.core.run_folder import samples_dir
+        from gors.core.store import SampleStore
+
+        return SampleStore(samples_dir(values["output_dir"])).load_settings() or {}
+
+    return {"pretrained_model_name_or_path": Derived(shown, lambda values: generated(values).get("model") or paper_model),
+            # The samples' revision goes with their model only: a model given is taken at its own --revision.
+            "revision": Derived("the samples' revision, where the model is theirs",
+                                lambda values: generated(values).get("revision")
+                                if values["pretrained_model_name_or_path"] == shown else None)}
+
+
 def run_train(config: TrainConfig) -> None:
     """`gors train`: training on an Accelerator set up for it, its trackers closed at the end."""
     from gors.select import load_selection
@@ -461,6 +480,7 @@ class Command:
     locks: tuple[str, ...] = ()
     reads_run: bool = False
     interrupted: str = INTERRUPTED
+    defaults: str | None = None  # 'module:name' of a function giving the command's own defaults (`Derived` ones)
 
 
 COMMANDS: dict[str, Command] = {
@@ -474,7 +494,7 @@ COMMANDS: dict[str, Command] = {
     # train reads selection.jsonl on every process while it runs, which select rewrites
     "train": Command("gors.config:TrainConfig", "gors.cli:run_train",
                      "reward-weighted LoRA fine-tuning on the selection", locks=("select", "train"), reads_run=True,
-                     interrupted=TRAINING_INTERRUPTED),
+                     interrupted=TRAINING_INTERRUPTED, defaults="gors.cli:train_defaults"),
     "run": Command("gors.config:RunConfig", "gors.run:run", "generate, score, select and train in one go",
                    interrupted=TRAINING_INTERRUPTED),
     # evaluate locks its folder itself, once the benchmarks and the LoRA are checked (`EVALUATE_LOCKS`)
@@ -502,6 +522,13 @@ COMMANDS: dict[str, Command] = {
                             interrupted="interrupted; --output_dir is as it was. The pretraining keeps no checkpoints: "
                                         "run the same command again to start it over"),
 }
+
+
+def command_config(name: str, argv: Sequence[str], prog: str) -> Any:
+    """The config of command `name` (a key of `COMMANDS`) parsed from `argv`, over the command's own defaults."""
+    command = COMMANDS[name]
+    return parse_config(_load(command.config), argv, defaults=_load(command.defaults)() if command.defaults else None,
+                        prog=prog)
 
 
 def _load(path: str) -> Any:
@@ -536,7 +563,7 @@ def download_command(argv: Sequence[str]) -> None:
     if argv[0] not in DOWNLOADABLE:
         raise SystemExit(f"gors download: it downloads for {', '.join(DOWNLOADABLE)}, not {argv[0]!r}\n{usage_line}")
     name = argv[0]
-    download(name, parse_config(_load(COMMANDS[name].config), argv[1:], prog=f"gors download {name}"))
+    download(name, command_config(name, argv[1:], f"gors download {name}"))
 
 
 # What users cause and can fix from the message alone; anything else is a bug and keeps its traceback.
@@ -753,7 +780,7 @@ def _run(argv: list[str]) -> None:
                 raise SystemExit(f"gors {argv[0]}: unknown subcommand {argv[1]!r}; give one of {subcommands}"
                                  if argv[1:] else f"gors {argv[0]}: give its subcommand: {subcommands}")
             raise SystemExit(f"gors: unknown command {argv[0]!r}\n{usage()}")
-        config = parse_config(_load(command.config), argv[len(name.split()):], prog=f"gors {name}")
+        config = command_config(name, argv[len(name.split()):], f"gors {name}")
         if command.reads_run:
             check_run_folder(config.output_dir, f"gors {name}")
         locked = run_folder_lock(config.output_dir, command.locks, f"gors {name}") if command.locks else nullcontext()

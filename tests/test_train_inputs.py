@@ -104,6 +104,22 @@ def test_the_samples_model_is_named_before_any_hub_call(selected_run, tmp_path, 
         train(config)
 
 
+def test_gors_train_without_a_model_flag_trains_the_model_that_generated_the_samples(selected_run, tmp_path):
+    from gors.cli import command_config, main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(selected_run.output_dir, run_dir)
+    config = command_config("train", ["--output_dir", str(run_dir)], "gors train")
+    assert (config.pretrained_model_name_or_path, config.revision) == (selected_run.pretrained_model_name_or_path, None)
+    given = command_config("train", ["--output_dir", str(run_dir), "--pretrained_model_name_or_path", "x/y"], "gors train")
+    assert given.pretrained_model_name_or_path == "x/y"
+    # A folder without samples: the paper's model, as before.
+    assert command_config("train", ["--output_dir", str(tmp_path / "none")], "gors train"
+                          ).pretrained_model_name_or_path == "stabilityai/stable-diffusion-2-base"
+    main(["train", "--output_dir", str(run_dir), "--max_train_steps", "1", "--report_to", "none"])
+    assert (run_dir / "pytorch_lora_weights.safetensors").is_file()
+
+
 def test_a_deleted_selected_image_is_refused_before_the_checkpoints_move(trained_folder, selected_run, tmp_path):
     run_dir = _copy(trained_folder, tmp_path)
     before = _hashes(run_dir / "checkpoints")
