@@ -300,7 +300,7 @@ def folder_status(folder: Path) -> list[tuple[str, str]]:
     if not is_rounds_folder(folder):
         rows = sample_rows(folder) + training_rows(folder) + _best_rows(folder) + evaluated + lock_rows(folder, records)
         if rows == [("samples", "none yet")] and not records:
-            return [("run", "no gors run or evaluation in this folder yet")]
+            return [("run", "no gors run or evaluation in this folder yet" + _elsewhere(folder))]
         return rows
     rounds = read_json_if_present(folder / ROUNDS_FILE, "the record of the finished rounds")
     started = sorted(path for path in folder.glob("round-*") if path.is_dir())
@@ -316,6 +316,18 @@ def folder_status(folder: Path) -> list[tuple[str, str]]:
     if (folder / LORA_WEIGHT_NAME).is_file() and finished:
         rows.append(("final LoRA", f"{LORA_WEIGHT_NAME} (round {len(finished) - 1}'s)"))
     return rows + _best_rows(folder) + evaluated + lock_rows(folder, records)
+
+
+def _elsewhere(folder: Path) -> str:
+    """Where the runs are, for a folder that holds none: the run folder it lies in, or the ones it holds."""
+    above = next((parent for parent in folder.resolve().parents if is_run_folder(parent) or is_evaluation_folder(parent)),
+                 None)
+    if above is not None:
+        return f"; it lies in the run folder {above}: gors status {above}"
+    inside = sorted(child.name for child in folder.iterdir() if child.is_dir()
+                    and (is_run_folder(child) or is_evaluation_folder(child) or (child / "samples").is_dir()))
+    listed = ", ".join(inside[:5]) + (", ..." if len(inside) > 5 else "")
+    return f"; it holds {len(inside)} run folder(s) ({listed}): gors status {folder}/*" if inside else ""
 
 
 def _best_rows(folder: Path) -> list[tuple[str, str]]:

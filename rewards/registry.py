@@ -10,6 +10,7 @@ Python path, else from the working directory. An entry point, e.g. in a plugin's
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 import os
@@ -205,8 +206,10 @@ def get_reward_class(name: str) -> type[Reward]:
                 check_entry_point_name("reward", name, cls, path)
             return cls
         raise ValueError(f"{_described(name, path)} is not a Reward subclass")
+    close = difflib.get_close_matches(name, available_rewards(), n=1)
     raise ValueError(
-        f"Unknown reward {name!r}. Known rewards: {', '.join(available_rewards())}; "
+        f"Unknown reward {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+        + f". Known rewards: {', '.join(available_rewards())}; "
         "or pass 'module:Class' for a Reward subclass of your own (a name it registers is known from Python once "
         "its module is imported, and on the command line as an entry point of the gors.rewards group)."
     )

@@ -242,9 +242,10 @@ def test_a_folder_or_non_utf8_prompt_file_is_named(tmp_path: Path) -> None:
 
 
 def test_unknown_names() -> None:
-    with pytest.raises(FileNotFoundError, match="does not exist") as err:
+    with pytest.raises(FileNotFoundError, match=r"Prompt file 'colour' does not exist \(did you mean 'color'\?\)") as err:
         P.load_prompts("colour")
-    assert "color_val" in str(err.value) and "non_spatial" in str(err.value)
+    assert "color_val" in str(err.value) and "non_spatial" in str(err.value) and "<category>_train.txt" in str(err.value)
+    assert str(err.value).endswith("or the toy world's toy:train and toy:held_out.")
     with pytest.raises(FileNotFoundError, match="not a T2I-CompBench name"):
         P.load_prompts("t2i_compbench:colour")
     with pytest.raises(ValueError, match="color_train.txt"):

@@ -65,7 +65,10 @@ def test_each_stage_shows_as_it_is_reached(make_run_config):
     marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "files"}))
     assert dict(folder_status(folder))["final LoRA"] == "pytorch_lora_weights.safetensors"
     # The folder above the run holds none itself.
-    assert folder_status(folder.parent) == [("run", "no gors run or evaluation in this folder yet")]
+    assert folder_status(folder.parent) == [("run", f"no gors run or evaluation in this folder yet; it holds 1 run "
+                                                    f"folder(s) ({folder.name}): gors status {folder.parent}/*")]
+    assert folder_status(folder / "samples") == [("run", f"no gors run or evaluation in this folder yet; it lies in the "
+                                                          f"run folder {folder.resolve()}: gors status {folder.resolve()}")]
     # A training with other settings sets the checkpoints aside as it starts: until its first checkpoint, the
     # final LoRA is the earlier training's.
     (folder / "checkpoints").rename(folder / "checkpoints.previous-1")

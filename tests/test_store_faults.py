@@ -200,6 +200,10 @@ def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path, monkeypatch):
     folder.mkdir()
     with pytest.raises(FileNotFoundError, match="is not a LoRA folder"):
         check_lora_path(str(folder))
+    (folder / "samples").mkdir()  # a run folder not trained yet: said so
+    with pytest.raises(FileNotFoundError, match=r"is a run folder that holds no LoRA yet \(pytorch_lora_weights"
+                                                r"\.safetensors\): its training has not finished \(`gors status "):
+        check_lora_path(str(folder))
     (folder / "pytorch_lora_weights.safetensors").write_bytes(b"w")  # cut short
     with pytest.raises(ValueError, match=r"pytorch_lora_weights.safetensors is not a readable safetensors LoRA "
                                          r"\(.*cut short, or another format\); pass the folder or file a gors run wrote"):

@@ -75,7 +75,8 @@ def test_select_on_toy_prompts_defaults_to_the_oracle_and_its_tau(tmp_path, cate
 
 def test_select_refuses_a_mistyped_reward_before_advising_to_score_with_it(tmp_path):
     _toy_run(tmp_path, [1.0])
-    with pytest.raises(ValueError, match=r"Unknown reward 'toy_classifer'\. Known rewards: .*toy_classifier") as err:
+    with pytest.raises(ValueError, match=r"Unknown reward 'toy_classifer' \(did you mean 'toy_classifier'\?\)\. Known "
+                                         r"rewards: .*toy_classifier") as err:
         select(_select_config(tmp_path, "--reward", "toy_classifer"))
     assert "gors score" not in str(err.value)
     with pytest.raises(ValueError, match=r"Unknown reward 'toy_classifer'"):

@@ -250,6 +250,9 @@ def check_lora_path(lora: str, flag: str = "--lora") -> None:
     if path.is_dir() and not any((path / name).is_file() for name in LORA_WEIGHT_FILES):
         if any(path.glob(f"*{LORA_DIFFUSION_TEXT_ENCODER_SUFFIX}")):
             raise FileNotFoundError(_convert_first(lora, flag))
+        if any((path / name).exists() for name in ("samples", "selection.jsonl", ".lock-train")):
+            raise FileNotFoundError(f"{flag}={lora!r} is a run folder that holds no LoRA yet ({LORA_WEIGHT_NAME}): its "
+                                    f"training has not finished (`gors status {lora}` says how far it has come)")
         raise FileNotFoundError(f"{flag}={lora!r} is not a LoRA folder (it holds no {LORA_WEIGHT_NAME}); pass a folder "
                                 "a gors run or `save_lora_weights` wrote, or the weights file itself")
     if path.is_file() and path.suffix != ".safetensors" and path.suffix not in TORCH_LORA_SUFFIXES:

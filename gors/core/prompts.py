@@ -11,6 +11,7 @@ a reward needs to judge it (e.g. GenEval's clauses: tag, include, exclude, as in
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import dataclass
@@ -294,9 +295,11 @@ def load_prompts(spec: str, split: str = "train") -> PromptSet:
         category = category_of(path.stem) if path.name in T2I_COMPBENCH_SHA256 else None
         return PromptSet(path.stem, read_prompt_file(path), category, str(path))
     what = f"{spec!r} is not a T2I-CompBench name" if forced else f"Prompt file {spec!r} does not exist"
+    toy = [f"{TOY_PREFIX}train", f"{TOY_PREFIX}held_out"]
+    close = difflib.get_close_matches(name, [*ALL_CATEGORIES, *PROMPT_FILE_STEMS, *toy], n=1)
     raise FileNotFoundError(
-        f"{what} (split={split!r}). Pass an existing text file with one prompt per line, a .jsonl file of "
-        f"prompts with metadata, or one of the "
-        f"T2I-CompBench names: categories {', '.join(ALL_CATEGORIES)} (file <category>_<split>.txt) or "
-        f"files {', '.join(PROMPT_FILE_STEMS)}."
+        f"{what}" + (f" (did you mean {close[0]!r}?)" if close else "") + ". Pass an existing text file with one "
+        f"prompt per line, a .jsonl file of prompts with metadata, or one of the T2I-CompBench names: categories "
+        f"{', '.join(ALL_CATEGORIES)} (a category reads its file <category>_{split}.txt) or files "
+        f"{', '.join(PROMPT_FILE_STEMS)}; or the toy world's {' and '.join(toy)}."
     )

@@ -188,7 +188,8 @@ class SampleStore:
         """The recorded prompt set; StoreError when the folder holds no samples yet."""
         path = self.root / "prompts.json"
         if not path.exists():
-            raise StoreError(f"No samples in {self.root}: run `gors generate --output_dir ...` first.")
+            raise StoreError(f"No samples in {self.root}: run `gors generate --output_dir {self.root.parent}` (or "
+                             "`gors run`) first.")
         info = read_json(path, "the prompt set `gors generate` records: run it again with the flags that made the "
                                "samples, which writes the file anew, or restore it")
         if not isinstance(info, dict) or not isinstance(info.get("prompts"), list):
