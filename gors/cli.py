@@ -35,7 +35,7 @@ from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
 from gors._moved import moved_names
-from gors.config import SelectConfig, TrainConfig, config_file_values, load_yaml, yaml_problem
+from gors.config import Derived, SelectConfig, TrainConfig, config_file_values, load_yaml, yaml_problem
 from gors.core.data import ChecksumError, DownloadError
 from gors.core.hub import ModelLoadError
 from gors.core.io import PathError
@@ -150,15 +150,6 @@ def _unset_lists(values: dict[str, Any]) -> dict[str, Any]:
                 raise SystemExit(f"error: --{name}: `none` unsets the field; give it alone, not among values")
             values[name] = None
     return values
-
-
-@dataclass(frozen=True)
-class Derived:
-    """A default computed from the other parsed values (e.g. a recipe's output folder from its category
-    and `--unbiased`) where neither a flag nor the config file gives it; `shown` is what --help prints."""
-
-    shown: str
-    compute: Callable[[dict[str, Any]], Any]
 
 
 def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict[str, Any] | None = None,
@@ -331,25 +322,6 @@ def run_select(config: SelectConfig) -> None:
     state.wait_for_everyone()
 
 
-def train_defaults() -> dict[str, Derived]:
-    """`gors train`'s base model where neither a flag nor a config file names one: the model that generated the
-    samples of its --output_dir, at their revision (as its --resolution is theirs), else the paper's."""
-    paper_model = next(f.default for f in fields(TrainConfig) if f.name == "pretrained_model_name_or_path")
-    shown = f"the model that generated the samples in --output_dir, else {paper_model}"
-
-    def generated(values: dict[str, Any]) -> dict[str, Any]:
-        from gors.core.run_folder import samples_dir
-        from gors.core.store import SampleStore
-
-        return SampleStore(samples_dir(values["output_dir"])).load_settings() or {}
-
-    return {"pretrained_model_name_or_path": Derived(shown, lambda values: generated(values).get("model") or paper_model),
-            # The samples' revision goes with their model only: a model given is taken at its own --revision.
-            "revision": Derived("the samples' revision, where the model is theirs",
-                                lambda values: generated(values).get("revision")
-                                if values["pretrained_model_name_or_path"] == shown else None)}
-
-
 def run_train(config: TrainConfig) -> None:
     """`gors train`: training on an Accelerator set up for it, its trackers closed at the end."""
     from gors.select import load_selection
@@ -494,7 +466,7 @@ COMMANDS: dict[str, Command] = {
     # train reads selection.jsonl on every process while it runs, which select rewrites
     "train": Command("gors.config:TrainConfig", "gors.cli:run_train",
                      "reward-weighted LoRA fine-tuning on the selection", locks=("select", "train"), reads_run=True,
-                     interrupted=TRAINING_INTERRUPTED, defaults="gors.cli:train_defaults"),
+                     interrupted=TRAINING_INTERRUPTED, defaults="gors.config:train_defaults"),
     "run": Command("gors.config:RunConfig", "gors.run:run", "generate, score, select and train in one go",
                    interrupted=TRAINING_INTERRUPTED),
     # evaluate locks its folder itself, once the benchmarks and the LoRA are checked (`EVALUATE_LOCKS`)

@@ -18,7 +18,7 @@ import math
 import os
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
@@ -975,3 +975,33 @@ def config_file_values(cls: type, values: Mapping[str, Any], path: str) -> dict[
                         + (" (nor any other stage of `gors run`)" if cls in STAGE_CONFIGS else "")
                         + "".join(hints) + "; see --help for the valid names")
     return {name: value for name, value in values.items() if name in own}
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A default computed from the other parsed values (e.g. a recipe's output folder from its category
+    and `--unbiased`) where neither a flag nor the config file gives it; `shown` is what --help prints.
+    Defined here, not in `gors.cli`, so that `python -m gors.cli` (whose module runs as `__main__`) knows the
+    class the commands' defaults are made of."""
+
+    shown: str
+    compute: Callable[[dict[str, Any]], Any]
+
+
+def train_defaults() -> dict[str, Derived]:
+    """`gors train`'s base model where neither a flag nor a config file names one: the model that generated the
+    samples of its --output_dir, at their revision (as its --resolution is theirs), else the paper's."""
+    paper_model = next(f.default for f in fields(TrainConfig) if f.name == "pretrained_model_name_or_path")
+    shown = f"the model that generated the samples in --output_dir, else {paper_model}"
+
+    def generated(values: dict[str, Any]) -> dict[str, Any]:
+        from gors.core.run_folder import samples_dir
+        from gors.core.store import SampleStore
+
+        return SampleStore(samples_dir(values["output_dir"])).load_settings() or {}
+
+    return {"pretrained_model_name_or_path": Derived(shown, lambda values: generated(values).get("model") or paper_model),
+            # The samples' revision goes with their model only: a model given is taken at its own --revision.
+            "revision": Derived("the samples' revision, where the model is theirs",
+                                lambda values: generated(values).get("revision")
+                                if values["pretrained_model_name_or_path"] == shown else None)}

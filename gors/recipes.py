@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from gors.cli import TRAINING_INTERRUPTED, Derived, expected_errors, parse_config, quiet_dependency_warnings
-from gors.config import RunConfig
+from gors.cli import TRAINING_INTERRUPTED, expected_errors, parse_config, quiet_dependency_warnings
+from gors.config import Derived, RunConfig
 from gors.core.io import make_folder
 from gors.core.paper import CATEGORIES, GORS_GLOBAL_BATCH
 

@@ -1,6 +1,7 @@
 """Config parsing (flags, YAML, recipe defaults), the gors command, the demo, and bad input."""
 
 import io
+import os
 import re
 import subprocess
 import sys
@@ -569,6 +570,17 @@ def test_expected_error_of_a_real_command_has_no_traceback(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_commands_computed_defaults_apply_under_python_m_gors_cli(tmp_path):
+    # `python -m gors.cli` (what accelerate launches) runs the module as __main__: `gors train`'s defaults computed
+    # from the run folder (`gors.config.train_defaults`) must still be known as such, not taken as values.
+    (tmp_path / "run").mkdir()
+    result = subprocess.run([sys.executable, "-m", "gors.cli", "train", "--output_dir", str(tmp_path / "run"),
+                             "--pretrained_model_name_or_path", str(tmp_path)], capture_output=True, text=True,
+                            cwd=tmp_path, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert result.stderr.strip() == f"error: {tmp_path / 'run' / 'selection.jsonl'} does not exist: run `gors select " \
+                                    f"--output_dir {tmp_path / 'run'}` first."
 
 
 def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):

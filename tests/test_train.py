@@ -841,10 +841,12 @@ def test_a_training_from_step_0_sets_an_earlier_trainings_logs_aside(selected_ru
                   learning_rate=2e-4))
     reset_process_state()
     assert "moved to" in capsys.readouterr().out and events(run_dir / "checkpoints.previous-1" / "logs") == first
-    # Without a checkpoint (as a run killed before its first leaves it), the logs alone are set aside at step 0.
+    # Without a checkpoint (as a run killed before its first leaves it), the logs alone are set aside at step 0 (by
+    # a third training: the first one's own command would go on from its checkpoints set aside).
     shutil.rmtree(run_dir / "checkpoints")
     first = events(run_dir / "logs")
-    train(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="tensorboard"))
+    train(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="tensorboard",
+                  learning_rate=3e-4))
     assert "held the logs of an earlier training: moved to" in capsys.readouterr().out
     assert first and events(run_dir / "logs.previous-1") == first and set(events(run_dir / "logs")).isdisjoint(first)
 
