@@ -295,6 +295,14 @@ def restore_own_training(output_dir: str | Path, fingerprint: dict[str, Any], ma
                 found = (step, aside)
     if found is None:
         return None
+    # The run folder's own `with_folders` are the training's in between (one stopped before its first checkpoint,
+    # whose logs and validation results stand there): they go aside with `checkpoints/`, as a training's folders do.
+    between = [name for name in with_folders if (Path(output_dir) / name).exists()]
+    if between:
+        root.mkdir(exist_ok=True)
+        for name in between:
+            if not (root / name).exists():
+                (Path(output_dir) / name).rename(root / name)
     if root.exists():
         root.rename(previous_name(root))
     found[1].rename(root)
@@ -334,8 +342,8 @@ def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_ste
     """
     step = checkpoint_step(checkpoint)
     differences = fingerprint_differences(read_marker(checkpoint)["fingerprint"], fingerprint)
-    own = Path(output_dir).resolve() / CHECKPOINTS_DIR if output_dir is not None else None
-    if differences and own is not None and checkpoint.resolve().parent != own:
+    # This folder's `checkpoints.previous-<n>/` are its own too.
+    if differences and output_dir is not None and checkpoint.resolve().parent.parent != Path(output_dir).resolve():
         raise ValueError(
             f"cannot resume from {checkpoint}: it is a checkpoint of another run folder ({checkpoint.parent.parent}), "
             f"trained on its selection and settings ({'; '.join(differences)}). Resume this folder from one of its own "

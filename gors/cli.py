@@ -98,9 +98,12 @@ class ConfigParser(HfArgumentParser):
         options = [option for action in self._actions for option in action.option_strings]
         hints = []
         for flag in re.findall(r"(--[\w-]+)", message.partition("unrecognized arguments:")[2]):
-            owners = [name for name in _commands_taking(flag) if f"gors {name}" != self.prog]
-            if PAPER_WORDS.get(flag) in options:
-                hints.append(f"{flag} is {PAPER_WORDS[flag]} here")
+            meant = PAPER_WORDS.get(flag)
+            owners = [name for name in _commands_taking(meant or flag) if f"gors {name}" != self.prog]
+            if meant in options:
+                hints.append(f"{flag} is {meant} here")
+            elif meant and owners:
+                hints.append(f"{flag} is {meant}, a flag of {', '.join(f'gors {name}' for name in owners)}")
             elif owners:
                 hints.append(f"{flag} is a flag of {', '.join(f'gors {name}' for name in owners)}")
             elif close := difflib.get_close_matches(flag, options, n=1):

@@ -161,7 +161,10 @@ def gpu_seconds(entry: dict[str, Any], units: float, unit_scale: float = 1.0) ->
     processes = entry["num_processes"]
     own = entry.get("main_work")
     shared = entry.get("unit") == "images" and _number(own) and entry["work"] / processes <= own <= entry["work"]
-    per_gpu_unit = (entry["seconds"] - one_off) / (own if shared else entry["work"] / processes)
+    # A short last batch is wrap-up, its time one-off: its units are not in the pace either.
+    wrapped = entry.get("wrapup_work") if _number(entry.get("wrapup_work")) else 0
+    steady = (own if shared else entry["work"] / processes) - wrapped
+    per_gpu_unit = (entry["seconds"] - one_off) / steady if steady > 0 else 0.0
     return one_off * processes, per_gpu_unit * unit_scale * units
 
 

@@ -32,7 +32,7 @@ from gors.core.run_folder import (
     is_rounds_folder,
     samples_dir,
 )
-from gors.core.store import SETTINGS, SampleStore
+from gors.core.store import SETTINGS, SampleStore, StoreError
 
 
 @dataclass
@@ -117,15 +117,30 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
                                                                "training, or a longer one's checkpoint is kept)"}
             rows.append(("final LoRA", final.name + shown.get(same, "")))
         return rows
-    # No checkpoint of this training yet: the final LoRA, if any, is an earlier training's (whose checkpoints a
-    # training with other settings set aside as it started).
-    aside = sorted(folder.glob(f"{CHECKPOINTS_DIR}.previous-*"), key=lambda path: path.stat().st_mtime)
-    if selection is not None and (aside or not final.is_file()):
+    # No checkpoint of this training yet: a final LoRA whose weights a set-aside checkpoint holds is an earlier
+    # training's (set aside by one with other settings as it started).
+    aside = _set_aside_with(folder, final) if final.is_file() else None
+    if selection is not None and (aside is not None or not final.is_file()):
         rows.append(("training", "no checkpoint yet"))
     if final.is_file():
-        earlier = f" (an earlier training's, checkpoints in {aside[-1].name}/)" if aside else ""
-        rows.append(("final LoRA", final.name + earlier))
+        rows.append(("final LoRA", final.name + (f" (an earlier training's, checkpoints in {aside}/)" if aside else "")))
     return rows
+
+
+def _set_aside_with(folder: Path, lora: Path) -> str | None:
+    """The name of the `checkpoints.previous-<n>/` of `folder` whose checkpoint holds `lora`'s weights, else None."""
+    from gors.checkpoints import read_marker
+
+    weights = files_sha256([lora])
+    for aside in sorted(folder.glob(f"{CHECKPOINTS_DIR}.previous-*")):
+        try:  # a training may rename it meanwhile
+            markers = [read_marker(checkpoint) for checkpoint in aside.glob("checkpoint-*")]
+        except (OSError, ValueError):
+            continue
+        if any(((marker or {}).get("files") or {}).get(LORA_WEIGHT_NAME, {}).get("sha256") == weights
+               for marker in markers):
+            return aside.name
+    return None
 
 
 def _selected_since(folder: Path, marker: dict[str, Any] | None) -> str:
@@ -138,10 +153,10 @@ def _selected_since(folder: Path, marker: dict[str, Any] | None) -> str:
     try:
         if trained is None or selection_fingerprint(load_selection(folder)) == trained:
             return ""
-    except (OSError, ValueError):  # no selection to compare (load_selection says why when training reads it)
+        kept = [path.name for path in sorted(folder.glob(f"{SELECTION_FILE.removesuffix('.jsonl')}.previous-*.jsonl"))
+                if selection_fingerprint(list(read_jsonl(path))) == trained]
+    except (OSError, ValueError, StoreError):  # a selection cut short or edited: training names the problem
         return ""
-    kept = [path.name for path in sorted(folder.glob(f"{SELECTION_FILE.removesuffix('.jsonl')}.previous-*.jsonl"))
-            if selection_fingerprint(list(read_jsonl(path))) == trained]
     return "; selected since the newest checkpoint was trained" + (f" (on {kept[-1]})" if kept else "")
 
 
@@ -270,7 +285,9 @@ def evaluation_rows(folder: Path, in_run_folder: bool = False) -> list[tuple[str
         known = set(available_benchmarks()) | {label.partition(":")[0] for label in folders}
         for store_root in sorted([*folder.glob("*/samples"), *folder.glob("*/*/samples")]):
             parts = store_root.parent.relative_to(folder).parts
-            if parts[0] in known:  # not the folders of other kinds a run folder holds (validation/, eval_base/)
+            # In a run folder, not the folders of other kinds it holds (validation/, eval_base/); in an evaluation's
+            # own, every benchmark's, a `module:Class` one this process does not know included.
+            if parts[0] in known or not in_run_folder:
                 folders.setdefault(":".join(parts), store_root.parent)
     rows = []
     for label in sorted(folders):
@@ -351,7 +368,7 @@ def status(config: StatusConfig) -> None:
             continue
         try:
             rows = folder_status(folder)
-        except ValueError as err:  # a record cut short or edited by hand: the other folders are still reported
+        except (ValueError, StoreError) as err:  # a record cut short or edited: the other folders are still reported
             print(f"  cannot be read: {err}")
             failed.append(f"{folder}: {err}")
             continue

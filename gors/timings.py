@@ -51,6 +51,8 @@ class StageTiming:
         work: units done by this invocation (work already in the folder does not count).
         main_work: of `work`, the units the main process did itself (its share of the images; every step);
             None where the stage marks no batches (select) or in timings of a gors before it was recorded.
+        wrapup_work: of `main_work`, the units done in the wrap-up: a last batch shorter than the others
+            (`StageMarks.steady_last`), whose time is wrap-up too; 0 where none.
         unit: "images", "samples" or "steps".
         num_processes: processes (GPUs) the work was shared over.
         peak_gpu_memory_gib: the main process's peak allocated GPU memory during the stage; None off GPU.
@@ -70,6 +72,7 @@ class StageTiming:
     warmup_seconds: float | None = None
     wrapup_seconds: float | None = None
     main_work: int | None = None
+    wrapup_work: int = 0
 
     @property
     def one_off_seconds(self) -> float:
@@ -88,10 +91,10 @@ class StageTiming:
 
     @property
     def work_rate(self) -> float:
-        """Units per second over all processes without the one-off seconds: the pace `gors estimate` scales
-        (0 when no work was done or no time was left)."""
+        """Units per second over all processes without the one-off seconds and the units done in them: the pace
+        `gors estimate` scales (0 when no work was done or no time was left)."""
         busy = self.seconds - self.one_off_seconds
-        return self.work / busy if busy > 0 else 0.0
+        return max(self.work - self.wrapup_work * self.num_processes, 0) / busy if busy > 0 else 0.0
 
 
 def _device_name(device: torch.device) -> str:
@@ -137,6 +140,7 @@ def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Acc
         warmup_seconds=warmup,
         wrapup_seconds=wrapup,
         main_work=marks.last[1] if marks.last is not None else None,
+        wrapup_work=marks.last[1] - marks.steady_last()[1] if wrapup is not None else 0,
     ))
     if on_finish is not None:
         on_finish(timings[-1])

@@ -207,6 +207,26 @@ def test_the_same_training_again_goes_on_from_its_checkpoints_that_another_set_a
     assert restore_own_training(tmp_path, slip, 10) is None  # another training's checkpoints are in place
 
 
+def test_a_restore_sets_the_folders_of_the_training_in_between_aside(tmp_path):
+    mine, slip, kept = {"rank": 4}, {"rank": 8}, ("logs", "validation")
+
+    def folders_of(training: str) -> None:
+        for name in kept:
+            (tmp_path / name).mkdir()
+            (tmp_path / name / training).write_text("")
+
+    _checkpoint(tmp_path, "checkpoint-2", mine)
+    folders_of("mine")
+    set_aside_other_trainings(tmp_path, slip, with_folders=kept)
+    folders_of("slip")  # the slip logged and validated, then stopped before its first checkpoint
+    assert restore_own_training(tmp_path, mine, 10, with_folders=kept) == tmp_path / "checkpoints.previous-1"
+    assert all(sorted(p.name for p in (tmp_path / name).iterdir()) == ["mine"] for name in kept)
+    assert all((tmp_path / "checkpoints.previous-2" / name / "slip").is_file() for name in kept)
+    # A checkpoint of this folder set aside is this folder's own: refused for its settings, not as another folder's.
+    with pytest.raises(ValueError, match="it belongs to a run with other settings: rank 4 in the checkpoint, 8 now"):
+        check_resumable(tmp_path / "checkpoints" / "checkpoint-2", slip, 10, output_dir=tmp_path)
+
+
 def test_a_decaying_lr_schedule_binds_a_checkpoint_to_the_runs_length(tmp_path):
     # diffusers' schedulers save only their step: resumed under another length, a cosine would jump
     selection = [{"path": "part-00000/00000_000.png", "reward": 0.9}]

@@ -693,6 +693,7 @@ def test_a_flag_of_another_stage_or_by_the_papers_name_says_so(capsys):
     for argv, said in [(["score", "--output_dir", "x", "--reward_threshold", "0.5"],
                         "--reward_threshold 0.5; --reward_threshold is a flag of gors select, gors run (see"),
                        (["select", "--output_dir", "x", "--tau", "0.5"], "--tau 0.5; --tau is --reward_threshold here"),
+                       (["train", "--output_dir", "x", "--k", "3"], "--k is --images_per_prompt, a flag of gors generate"),
                        (["select", "--output_dir", "x", "--reward_treshold", "0.5"],
                         "did you mean --reward_threshold?")]:
         with pytest.raises(SystemExit):

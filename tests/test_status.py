@@ -62,8 +62,10 @@ def test_each_stage_shows_as_it_is_reached(make_run_config):
     assert dict(folder_status(folder))["training"].endswith("about 49.9 h to go at the pace of steps 1 to 2")
     # A checkpoint marker of an older gors records no file hashes: the final LoRA is named, unmatched.
     marker = folder / "checkpoints" / "checkpoint-2" / "checkpoint.json"
-    marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "files"}))
+    recorded = marker.read_text()
+    marker.write_text(json.dumps({k: v for k, v in json.loads(recorded).items() if k != "files"}))
     assert dict(folder_status(folder))["final LoRA"] == "pytorch_lora_weights.safetensors"
+    marker.write_text(recorded)
     # The folder above the run holds none itself.
     assert folder_status(folder.parent) == [("run", f"no gors run or evaluation in this folder yet; it holds 1 run "
                                                     f"folder(s) ({folder.name}): gors status {folder.parent}/*")]
@@ -76,6 +78,14 @@ def test_each_stage_shows_as_it_is_reached(make_run_config):
     assert rows["training"] == "no checkpoint yet"
     assert rows["final LoRA"] == "pytorch_lora_weights.safetensors (an earlier training's, checkpoints in " \
                                  "checkpoints.previous-1/)"
+    # Checkpoints deleted after a training finished: its own LoRA, not an earlier training's.
+    shutil.rmtree(folder / "checkpoints.previous-1")
+    rows = dict(folder_status(folder))
+    assert rows["final LoRA"] == "pytorch_lora_weights.safetensors" and "training" not in rows
+    # A selection cut short since: still a status (training names the problem when it reads it).
+    selection = folder / "selection.jsonl"
+    selection.write_text(selection.read_text()[:-10])
+    assert dict(folder_status(folder))["selection"].startswith("6 of 6 samples kept")
 
 
 def test_a_command_writing_the_folder_is_named_and_a_killed_one_reads_as_stopped(make_run_config, capsys):
@@ -111,6 +121,9 @@ def test_a_gors_evaluate_folder_shows_each_benchmark_and_its_result_once_finishe
     rows = folder_status(tmp_path / "eval")
     assert rows == [(entry["label"], f"2 images of 2 prompts (1 each), 2 scored; finished: binding_accuracy "
                                      f"{entry['binding_accuracy']:.4f}") for entry in summary]
+    # A benchmark of one's own (`module:Class`, unknown to this process) still being evaluated is listed too.
+    shutil.copytree(tmp_path / "eval" / "toy" / "train" / "samples", tmp_path / "eval" / "mybench" / "samples")
+    assert ("mybench", "2 images of 2 prompts (1 each), 0 scored") in folder_status(tmp_path / "eval")
 
 
 def test_a_process_still_running_after_its_main_process_died_is_named_with_what_to_do(tmp_path):

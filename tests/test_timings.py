@@ -173,6 +173,24 @@ def test_a_shorter_last_batch_is_wrap_up_not_the_pace():
     assert marks.steady_last()[1] == 56
 
 
+def test_a_short_last_batchs_units_are_wrap_up_too():
+    from accelerate import Accelerator
+
+    from gors.timings import timed_stage
+
+    timings, done = [], {"images": 0}
+    with timed_stage("generate", "images", lambda: done["images"], Accelerator(cpu=True), timings):
+        work_starts()
+        for images in (8, 16, 20):
+            done["images"] = images
+            units_done(images)
+    assert (timings[0].work, timings[0].main_work, timings[0].wrapup_work) == (20, 20, 4)
+    # 8, 8 and 4 images at 1 s each: the last 4 s are wrap-up, counted once, and the pace is the 16 others' 1 s.
+    entry = _entry("generate", 20, 20, 1) | {"unit": "images", "main_work": 20, "wrapup_work": 4,
+                                            "warmup_seconds": 0.0, "wrapup_seconds": 4.0}
+    assert gpu_seconds(entry, 1000) == pytest.approx((4.0, 1000.0))
+
+
 def test_a_stage_whose_first_batch_cannot_be_told_from_the_rest_is_warned_of():
     one_batch = _entry("score", 130, 16, 1, setup=10.0) | {"warmup_seconds": None, "wrapup_seconds": None}
     (warning,) = calibration_warnings({"score": one_batch})
