@@ -472,9 +472,12 @@ def report(folders: Sequence[str | Path], output_dir: str | Path = "report") -> 
         parts += _rounds_section(inputs, output_dir)
     path = output_dir / "report.md"
     text = "\n".join(parts)
+    earlier = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
     atomic_write_bytes(path, text.encode("utf-8"))
-    for plot in PLOTS:  # one this report.md does not show is an earlier report's: removed after report.md is written
-        if f"]({plot})" not in text:
+    # A plot the earlier report.md showed and this one does not is that report's: removed once this one is written.
+    # A file of the same name that no report showed is the user's, and stays.
+    for plot in PLOTS:
+        if f"]({plot})" in earlier and f"]({plot})" not in text:
             (output_dir / plot).unlink(missing_ok=True)
     return path
 

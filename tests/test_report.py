@@ -107,6 +107,12 @@ def test_an_earlier_reports_pngs_that_this_one_does_not_write_are_removed(tmp_pa
     report([evaluation], out)  # the same folder, evaluations only
     assert sorted(p.name for p in out.iterdir()) == ["benchmarks.png", "mine.png", "report.md"]
     assert "training_curves.png" not in (out / "report.md").read_text()
+    # A file named like a plot that no report in the folder showed is the user's own.
+    own = tmp_path / "figs"
+    own.mkdir()
+    (own / "rounds.png").write_bytes(b"the user's")
+    report([evaluation], own)
+    assert (own / "rounds.png").read_bytes() == b"the user's"
 
 
 def test_a_resumed_runs_repeated_steps_keep_the_latest_event(tmp_path):
