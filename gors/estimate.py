@@ -245,7 +245,10 @@ def _training_warning(train: dict[str, Any]) -> str | None:
         return _events_in(work - 1, last - 1, every) if wrapped else _events_in(work, last, every) + bool(last % every)
 
     done = []
-    if settings.get("validation_benchmark") or settings.get("num_validation_prompts"):
+    # Validation prompts render only into TensorBoard (`log_validation`); timings before `report_to` was recorded
+    # are taken to have rendered them.
+    rendered = settings.get("num_validation_prompts") and settings.get("report_to") in (None, "tensorboard", "all")
+    if settings.get("validation_benchmark") or rendered:
         validations = scaled(settings["validation_steps"])
         if validations:
             done.append(f"ran validation {validations} time(s)")

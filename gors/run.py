@@ -114,7 +114,8 @@ def timing_settings(config: RunConfig, store: SampleStore) -> dict[str, Any]:
     names = ("pretrained_model_name_or_path", "generation_batch_size", "reward", "reward_model_name_or_path",
              "reward_batch_size", "train_batch_size", "gradient_accumulation_steps", "auto_train_batch_size",
              "mixed_precision", "gradient_checkpointing", "train_text_encoder", "rank", "overlap_scoring",
-             "torch_compile", "max_train_steps", "checkpointing_steps", "validation_benchmark", "validation_steps")
+             "torch_compile", "max_train_steps", "checkpointing_steps", "validation_benchmark", "validation_steps",
+             "report_to")
     settings = {name: getattr(config, name) for name in names}
     if config.auto_train_batch_size:
         checkpoint = find_checkpoint(config.output_dir, "latest", warn=lambda message: None)

@@ -96,6 +96,9 @@ def _train(work: int, **settings) -> dict[str, dict]:
 def test_no_warning_for_a_calibration_without_validation_and_with_one_checkpoint():
     assert calibration_warnings(_train(200, checkpointing_steps=1000)) == []
     assert calibration_warnings(_train(200, checkpointing_steps=200)) == []  # the end's only
+    # Validation prompts render only into TensorBoard: without it, no validation ran.
+    assert calibration_warnings(_train(200, num_validation_prompts=2, validation_steps=60, report_to="none")) == []
+    assert calibration_warnings(_train(200, num_validation_prompts=2, validation_steps=60, report_to="tensorboard"))
 
 
 @pytest.mark.parametrize("stage, batch, said", [
