@@ -202,13 +202,14 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def complete_checkpoints(output_dir: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """(folder, marker) of each complete checkpoint of a run folder, newest first."""
-    for folder in reversed(_checkpoint_folders(Path(output_dir) / CHECKPOINTS_DIR)):
-        marker = read_marker(folder)
+def complete_checkpoints(output_dir: str | Path, folder: str = CHECKPOINTS_DIR
+                         ) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(folder, marker) of each complete checkpoint of a run folder, newest first; `folder`: the folder of the
+    run's checkpoints they are in (`checkpoints.previous-<n>` for a training set aside)."""
+    for checkpoint in reversed(_checkpoint_folders(Path(output_dir) / folder)):
+        marker = read_marker(checkpoint)
         if marker is not None:
-            yield folder, marker
-
+            yield checkpoint, marker
 
 
 def previous_name(folder: Path) -> Path:
@@ -285,16 +286,11 @@ def restore_own_training(output_dir: str | Path, fingerprint: dict[str, Any], ma
     root = Path(output_dir) / CHECKPOINTS_DIR
     if next(complete_checkpoints(output_dir), None) is not None:
         return None
-    found: tuple[int, Path] | None = None
-    for aside in root.parent.glob(f"{CHECKPOINTS_DIR}.previous-*"):
-        for folder in _checkpoint_folders(aside):
-            marker = read_marker(folder)
-            step = checkpoint_step(folder)
-            if marker is not None and step <= max_train_steps and (found is None or step > found[0]) \
-                    and not fingerprint_differences(marker["fingerprint"], fingerprint):
-                found = (step, aside)
-    if found is None:
+    furthest = [(checkpoint_step(checkpoint), aside) for aside in root.parent.glob(f"{CHECKPOINTS_DIR}.previous-*")
+                if (checkpoint := own_checkpoint(output_dir, fingerprint, max_train_steps, aside.name)) is not None]
+    if not furthest:
         return None
+    found = max(furthest)
     # The run folder's own `with_folders` are the training's in between (one stopped before its first checkpoint,
     # whose logs and validation results stand there): they go aside with `checkpoints/`, as a training's folders do.
     between = [name for name in with_folders if (Path(output_dir) / name).exists()]
@@ -310,16 +306,18 @@ def restore_own_training(output_dir: str | Path, fingerprint: dict[str, Any], ma
     return found[1]
 
 
-def own_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_train_steps: int) -> Path | None:
+def own_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_train_steps: int,
+                   folder: str = CHECKPOINTS_DIR) -> Path | None:
     """The checkpoint a run without `--resume_from_checkpoint` goes on from: the newest complete one of
-    this very training (same fingerprint) at or before `max_train_steps`; None when there is none.
+    this very training (same fingerprint) at or before `max_train_steps` (in `folder`, as `complete_checkpoints`);
+    None when there is none.
 
     Training is a function of the seed and the step, so going on from it gives what starting again
     would, without redoing its steps.
     """
-    return next((folder for folder, marker in complete_checkpoints(output_dir)
+    return next((checkpoint for checkpoint, marker in complete_checkpoints(output_dir, folder)
                  if not fingerprint_differences(marker["fingerprint"], fingerprint)
-                 and checkpoint_step(folder) <= max_train_steps),
+                 and checkpoint_step(checkpoint) <= max_train_steps),
                 None)
 
 

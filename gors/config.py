@@ -14,6 +14,7 @@ recipes take every stage's flags, and each stage function accepts it as it reads
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import os
 import re
@@ -994,11 +995,15 @@ def train_defaults() -> dict[str, Derived]:
     paper_model = next(f.default for f in fields(TrainConfig) if f.name == "pretrained_model_name_or_path")
     shown = f"the model that generated the samples in --output_dir, else {paper_model}"
 
-    def generated(values: dict[str, Any]) -> dict[str, Any]:
+    @functools.lru_cache(maxsize=1)  # read once for both defaults
+    def settings(output_dir: str) -> dict[str, Any]:
         from gors.core.run_folder import samples_dir
         from gors.core.store import SampleStore
 
-        return SampleStore(samples_dir(values["output_dir"])).load_settings() or {}
+        return SampleStore(samples_dir(output_dir)).load_settings() or {}
+
+    def generated(values: dict[str, Any]) -> dict[str, Any]:
+        return settings(values["output_dir"])
 
     return {"pretrained_model_name_or_path": Derived(shown, lambda values: generated(values).get("model") or paper_model),
             # The samples' revision goes with their model only: a model given is taken at its own --revision.

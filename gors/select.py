@@ -19,7 +19,15 @@ import numpy as np
 
 from gors._moved import moved_names
 from gors.config import RunConfig, SelectConfig
-from gors.core.io import TornLineError, atomic_write_json, atomic_write_jsonl, is_json_number, read_json, read_jsonl
+from gors.core.io import (
+    TornLineError,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_jsonl,
+    is_json_number,
+    read_json,
+    read_jsonl,
+)
 from gors.core.lock import holds_stages
 from gors.core.prompts import TOY_CATEGORY, check_category, recorded_category
 from gors.core.run_folder import (
@@ -245,6 +253,10 @@ def select(config: SelectConfig | RunConfig, write: bool = True,
     return summary
 
 
+# Where `keep_trained_selection` keeps a selection that checkpoints were trained on (n from 1).
+PREVIOUS_SELECTION = "selection.previous-{number}.jsonl"
+
+
 def keep_trained_selection(output_dir: str | Path, rows: list[dict[str, Any]]) -> Path | None:
     """Copy `selection.jsonl` (and its summary) to `selection.previous-<n>.jsonl` (`selection_summary.previous-<n>
     .json`) before `rows` replace it, where a complete checkpoint of the folder was trained on it (its fingerprint's
@@ -263,13 +275,12 @@ def keep_trained_selection(output_dir: str | Path, rows: list[dict[str, Any]]) -
     if current not in trained or selection_fingerprint(rows) == current:
         return None
     number = 1
-    while (aside := path.with_name(f"selection.previous-{number}.jsonl")).exists():
+    while (aside := path.with_name(PREVIOUS_SELECTION.format(number=number))).exists():
         number += 1
     summary = path.with_name(SELECTION_SUMMARY_FILE)
-    if summary.is_file():
-        atomic_write_json(path.with_name(f"selection_summary.previous-{number}.json"), read_json(summary, "the summary "
-                                                                                                        "gors select writes"))
-    atomic_write_jsonl(aside, list(read_jsonl(path, whole=True)))
+    if summary.is_file():  # kept as written, as the selection is
+        atomic_write_bytes(path.with_name(f"selection_summary.previous-{number}.json"), summary.read_bytes())
+    atomic_write_bytes(aside, path.read_bytes())
     return aside
 
 

@@ -26,7 +26,6 @@ from gors.core.run_folder import (
     CHECKPOINTS_DIR,
     ROUNDS_FILE,
     SCORES_DIR,
-    SELECTION_FILE,
     SELECTION_SUMMARY_FILE,
     best_folder,
     is_rounds_folder,
@@ -129,16 +128,15 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
 
 def _set_aside_with(folder: Path, lora: Path) -> str | None:
     """The name of the `checkpoints.previous-<n>/` of `folder` whose checkpoint holds `lora`'s weights, else None."""
-    from gors.checkpoints import read_marker
+    from gors.checkpoints import complete_checkpoints
 
     weights = files_sha256([lora])
     for aside in sorted(folder.glob(f"{CHECKPOINTS_DIR}.previous-*")):
         try:  # a training may rename it meanwhile
-            markers = [read_marker(checkpoint) for checkpoint in aside.glob("checkpoint-*")]
+            markers = [marker for _, marker in complete_checkpoints(folder, aside.name)]
         except (OSError, ValueError):
             continue
-        if any(((marker or {}).get("files") or {}).get(LORA_WEIGHT_NAME, {}).get("sha256") == weights
-               for marker in markers):
+        if any((marker.get("files") or {}).get(LORA_WEIGHT_NAME, {}).get("sha256") == weights for marker in markers):
             return aside.name
     return None
 
@@ -147,13 +145,13 @@ def _selected_since(folder: Path, marker: dict[str, Any] | None) -> str:
     """A note where the newest checkpoint was trained on another selection than `selection.jsonl` (a `gors select`
     since), naming the kept copy it was trained on (`gors.select.keep_trained_selection`); else ""."""
     from gors.checkpoints import selection_fingerprint
-    from gors.select import load_selection
+    from gors.select import PREVIOUS_SELECTION, load_selection
 
     trained = (marker or {}).get("fingerprint", {}).get("selection_sha256")
     try:
         if trained is None or selection_fingerprint(load_selection(folder)) == trained:
             return ""
-        kept = [path.name for path in sorted(folder.glob(f"{SELECTION_FILE.removesuffix('.jsonl')}.previous-*.jsonl"))
+        kept = [path.name for path in sorted(folder.glob(PREVIOUS_SELECTION.format(number="*")))
                 if selection_fingerprint(list(read_jsonl(path))) == trained]
     except (OSError, ValueError, StoreError):  # a selection cut short or edited: training names the problem
         return ""
