@@ -196,7 +196,8 @@ def _fresh_accelerate_state():
 
 
 def _run_config_maker(folder: Path, tiny_sd: Path, tiny_blip: Path, prompts: Path):
-    """The builder of `make_run_config`: a complete but tiny GORS run (2 images per prompt, 32 px, 2 steps)."""
+    """The builder of `make_run_config`: a complete but tiny GORS run (2 images per prompt, 32 px, 2 steps), whose
+    benchmark validation, if any, samples at that size too (the toy protocol's 20 steps at 64 px are 40 times the work)."""
     from gors.config import RunConfig
 
     def make(**overrides) -> RunConfig:
@@ -217,6 +218,8 @@ def _run_config_maker(folder: Path, tiny_sd: Path, tiny_blip: Path, prompts: Pat
             train_batch_size=2,
             seed=0,
         )
+        if overrides.get("validation_benchmark"):
+            values.update(validation_num_inference_steps=2, validation_resolution=32)
         values.update(overrides)
         return RunConfig(**values)
 

@@ -86,7 +86,10 @@ def test_the_prefix_settles_a_name_that_is_also_a_local_folder(hub_cache, tiny_s
     assert resolve_lora("runs/color") == "runs/color"
 
 
-def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, tiny_sd_lora, tiny_sd, tmp_path, monkeypatch):
+def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy_on_one_process_or_two(hub_cache, tiny_sd_lora, tiny_sd,
+                                                                                 tmp_path, monkeypatch):
+    """`gors evaluate` shards generation and scoring over the processes of a launch, each of which reads the Hub
+    LoRA from the cache: the numbers do not depend on the process count."""
     from gors.config import EvaluateConfig
     from gors.evaluate import evaluate
 
@@ -94,14 +97,15 @@ def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, tiny_sd_lo
     shutil.copy(tiny_sd_lora, snapshot(cache, "user/tiny-lora") / LORA_WEIGHT_NAME)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))  # the launched processes' huggingface_hub reads it at import
     flags = ["--pretrained_model_name_or_path", str(tiny_sd), "--benchmarks", "toy", "--max_prompts", "2",
-             "--images_per_prompt", "1", "--columns", "none"]
+             "--images_per_prompt", "1", "--num_inference_steps", "2", "--resolution", "32", "--columns", "none"]
     launched = launch_gors(["evaluate", *flags, "--lora", "hub:user/tiny-lora", "--output_dir", str(tmp_path / "two")],
                            cwd=tmp_path)
     assert launched.stdout.count("note: --lora hub:user/tiny-lora is read from the Hugging Face Hub") == 1
     images = {}
     for name, lora in (("hub", "hub:user/tiny-lora"), ("local", str(tiny_sd_lora.parent)), ("none", None)):
         config = EvaluateConfig(pretrained_model_name_or_path=str(tiny_sd), lora=lora, benchmarks="toy",
-                                max_prompts=2, images_per_prompt=1, output_dir=str(tmp_path / name), columns="none")
+                                max_prompts=2, images_per_prompt=1, num_inference_steps=2, resolution=32,
+                                output_dir=str(tmp_path / name), columns="none")
         evaluate(config)
         images[name] = [np.asarray(Image.open(path)) for path in
                         sorted((tmp_path / name / "toy" / "held_out" / "samples").rglob("*.png"))]
@@ -113,6 +117,12 @@ def test_gors_evaluate_scores_a_hub_lora_as_its_local_copy(hub_cache, tiny_sd_lo
     assert all(np.array_equal(a, b) for a, b in zip(images["hub"], images["local"]))  # the same LoRA, applied
     assert not any(np.array_equal(a, b) for a, b in zip(images["hub"], images["none"]))
     assert json.loads((tmp_path / "hub" / "summary.json").read_text())["lora"] == "hub:user/tiny-lora"
+    two = tmp_path / "two" / "toy" / "held_out"
+    assert sorted(p.name for p in (two / "scores").glob("part-*.jsonl")) == ["part-00000.jsonl", "part-00001.jsonl"]
+    one = tmp_path / "hub" / "toy" / "held_out"
+    summaries = [json.loads((folder / "summary.json").read_text()) for folder in (one, two)]
+    assert summaries[0]["num_images"] == summaries[1]["num_images"] == 2
+    assert summaries[0]["binding_accuracy"] == summaries[1]["binding_accuracy"]
     settings = json.loads((tmp_path / "hub" / "toy" / "held_out" / "samples" / "settings.json").read_text())
     assert settings["lora_sha256"] == lora_sha256(str(tiny_sd_lora))
 
@@ -143,7 +153,8 @@ def test_a_push_that_leaves_a_hub_loras_weights_keeps_the_folders_earlier_result
 
     def evaluate_on(benchmarks: str) -> list[str]:
         evaluate(EvaluateConfig(pretrained_model_name_or_path=str(tiny_sd), lora="hub:user/tiny-lora",
-                                benchmarks=benchmarks, max_prompts=2, images_per_prompt=1, columns="none",
+                                benchmarks=benchmarks, max_prompts=2, images_per_prompt=1, num_inference_steps=2,
+                                resolution=32, columns="none",
                                 output_dir=str(tmp_path / "eval")))
         return [entry["label"] for entry in json.loads((tmp_path / "eval" / "summary.json").read_text())["summaries"]]
 

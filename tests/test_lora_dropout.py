@@ -80,8 +80,8 @@ def test_an_evaluation_with_dropout_records_it(tiny_sd, lora_dir, tmp_path):
     from gors.evaluate import evaluate
 
     config = EvaluateConfig(pretrained_model_name_or_path=str(tiny_sd), lora=str(lora_dir), lora_dropout=0.1,
-                            benchmarks="toy", max_prompts=2, images_per_prompt=1, output_dir=str(tmp_path),
-                            columns="none")
+                            benchmarks="toy", max_prompts=2, images_per_prompt=1, num_inference_steps=2, resolution=32,
+                            output_dir=str(tmp_path), columns="none")
     evaluate(config)
     assert json.loads((tmp_path / "summary.json").read_text())["lora_dropout"] == 0.1
     store_settings = json.loads((tmp_path / "toy" / "held_out" / "samples" / "settings.json").read_text())

@@ -116,7 +116,8 @@ def test_a_gors_evaluate_folder_shows_each_benchmark_and_its_result_once_finishe
     from gors.core.toy import PRETRAINED_DIR
 
     main(["evaluate", "--pretrained_model_name_or_path", str(PRETRAINED_DIR / "pipeline"), "--benchmarks",
-          "toy,toy:train", "--max_prompts", "2", "--images_per_prompt", "1", "--output_dir", str(tmp_path / "eval")])
+          "toy,toy:train", "--max_prompts", "2", "--images_per_prompt", "1", "--num_inference_steps", "2",
+          "--resolution", "32", "--output_dir", str(tmp_path / "eval")])
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())["summaries"]
     rows = folder_status(tmp_path / "eval")
     assert rows == [(entry["label"], f"2 images of 2 prompts (1 each), 2 scored; finished: binding_accuracy "

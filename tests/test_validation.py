@@ -37,8 +37,10 @@ def _summary(folder: Path, step: int) -> dict:
 
 
 def _stubbed(make_run_config, folder: Path, monkeypatch, values: list[float], **overrides) -> BenchmarkValidation:
-    """toy:train validation in `folder` whose benchmark 'scores' `values` (binding_accuracy) in turn."""
-    config = make_run_config(output_dir=str(folder), validation_benchmark="toy:train", **overrides)
+    """toy:train validation in `folder` whose benchmark 'scores' `values` (binding_accuracy) in turn, under the toy
+    protocol's sampling settings (it samples nothing)."""
+    protocol = dict(validation_num_inference_steps=None, validation_resolution=None)
+    config = make_run_config(output_dir=str(folder), validation_benchmark="toy:train", **(protocol | overrides))
     validation = BenchmarkValidation(config, make_accelerator())
     validation._scorer = object()  # the stubbed benchmark scores nothing
     summaries = iter([{"binding_accuracy": v} for v in values])
@@ -205,18 +207,27 @@ def test_a_fresh_training_sets_an_earlier_trainings_best_lora_aside_with_validat
     assert best.keys() == final.keys() and all(torch.equal(best[k], final[k]) for k in best)
 
 
+RESUMED = dict(validation_benchmark="toy:train", validation_steps=1, checkpointing_steps=2, report_to="none")
+
+
+@pytest.fixture(scope="module")
+def validated_three_steps(selected_run, make_module_run_config, tmp_path_factory) -> Path:
+    """A training of 3 steps validated on 2 prompts after each, checkpointed at step 2 (read-only: copy it)."""
+    run = _copy_run(selected_run, tmp_path_factory.mktemp("validated") / "run")
+    train(make_module_run_config(**RESUMED, output_dir=str(run), max_train_steps=3, validation_num_prompts=2))
+    reset_process_state()
+    return run
+
+
 @pytest.mark.parametrize("num_prompts", [2, 3], ids=["same_settings", "other_num_prompts"])
 def test_a_resumed_run_validates_again_the_steps_a_killed_run_validated_after_its_checkpoint(
-        selected_run, make_run_config, tmp_path, num_prompts):
-    run = _copy_run(selected_run, tmp_path / "run")
-    common = dict(output_dir=str(run), validation_benchmark="toy:train", validation_steps=1, checkpointing_steps=2,
-                  report_to="none")
-    train(make_run_config(**common, max_train_steps=3, validation_num_prompts=2))
-    reset_process_state()
+        validated_three_steps, make_module_run_config, tmp_path, num_prompts):
+    run = tmp_path / "run"
+    shutil.copytree(validated_three_steps, run)
     # As if killed after step 3's validation, before its checkpoint: a rerun resumes at step 2.
     shutil.rmtree(run / "checkpoints" / "checkpoint-3")
     (run / "validation" / "step-000003" / "killed_runs").write_text("")
-    train(make_run_config(**common, max_train_steps=4, validation_num_prompts=num_prompts))
+    train(make_module_run_config(**RESUMED, output_dir=str(run), max_train_steps=4, validation_num_prompts=num_prompts))
     reset_process_state()
     assert not (run / "validation" / "step-000003" / "killed_runs").exists()
     assert [_summary(run, step)["num_prompts"] for step in (1, 2, 3, 4)] == [2, 2, num_prompts, num_prompts]
