@@ -13,6 +13,10 @@ import pytest
 # the caller's environment says.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One intra-op thread in every process the tests start too (a user's script, `python -m gors.cli`, launched
+# workers), read by torch's OpenMP as it loads: the tiny models gain nothing from more, and on a shared CPU the
+# idle threads' spinning takes the cores from the other tests.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Caches that `datasets` (its Arrow files) and gors (downloads, conversions) would write under the
 # user's home go to a folder of this test session instead (subprocesses inherit it), removed at its end.
 _CACHES = tempfile.mkdtemp(prefix="gors-test-caches-")
