@@ -2,8 +2,9 @@
 
 One 2-process `gors run` per family (tiny random models, 2 prompts x 2 images, 2 training steps with a
 checkpoint after each) is shared by the tests of that family: what the run folder holds, that the LoRA
-loads in the family's own diffusers pipeline and changes its images, and (SDXL and SD3; FLUX.1 trains its
-transformer as SD3 does) that a 2-process resume from the first checkpoint ends on the same LoRA.
+loads in the family's own diffusers pipeline and changes its images, (SDXL and SD3; FLUX.1 trains its
+transformer as SD3 does) that a 2-process resume from the first checkpoint ends on the same LoRA, and (SDXL)
+how the LoRA of a text-encoder layer whose output is unused trained on two processes.
 """
 
 from __future__ import annotations
