@@ -58,7 +58,8 @@ def test_evaluate_writes_one_folder_per_benchmark_and_resumes(tmp_path, capsys, 
     monkeypatch.setattr(evaluators.base, "build_reward",
                         lambda name, **kwargs: built.append(name) or build_reward(name, **kwargs))
     argv = ["evaluate", "--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy,toy:train",
-            "--max_prompts", "3", "--images_per_prompt", "1", "--output_dir", str(tmp_path)]
+            "--max_prompts", "3", "--num_inference_steps", "2", "--images_per_prompt", "1", "--output_dir",
+            str(tmp_path)]
     main(argv)
     assert built == ["toy_oracle"]  # both splits score with one oracle
     out = capsys.readouterr().out
@@ -225,7 +226,7 @@ def test_scorers_are_shared_only_with_equal_options_and_dropped_when_no_longer_n
     monkeypatch.setattr(evaluators.base, "build_reward",
                         lambda name, **kwargs: built.append((name, kwargs["options"])) or build_reward(name, **kwargs))
     main(["evaluate", "--pretrained_model_name_or_path", TOY_MODEL, "--benchmarks", "toy,toy:train",
-          "--max_prompts", "2", "--images_per_prompt", "1", "--output_dir", str(tmp_path),
+          "--max_prompts", "2", "--images_per_prompt", "1", "--num_inference_steps", "2", "--output_dir", str(tmp_path),
           "--scorer_options", '{"toy:train": {"checks": "all"}}'])
     assert built == [("toy_oracle", {}), ("toy_oracle", {"checks": "all"})]
     cache = {"a": object(), "b": object()}
@@ -276,7 +277,8 @@ def test_columns_none_skips_the_default_columns(tmp_path, monkeypatch):
                         lambda self, *args, **kwargs: calls.append(kwargs) or original(self, *args, **kwargs))
     for columns in ("none", "default"):
         evaluate(EvaluateConfig(pretrained_model_name_or_path=TOY_MODEL, benchmarks="toy", max_prompts=2,
-                                images_per_prompt=1, output_dir=str(tmp_path / columns), columns=columns))
+                                images_per_prompt=1, num_inference_steps=2, output_dir=str(tmp_path / columns),
+                                columns=columns))
     assert [(c["with_columns"], c["extra_columns"]) for c in calls] == [(False, []), (True, [])]
 
 
