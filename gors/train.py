@@ -177,15 +177,16 @@ def resolve_accumulation(config: TrainConfig | RunConfig, num_processes: int) ->
 def training_accelerator(config: TrainConfig | RunConfig) -> Accelerator:
     """The Accelerator of a training run: accumulation, precision, trackers and the run folder.
 
-    DDP looks for parameters without a gradient only for families whose text-encoder adapters have
-    some (SDXL reads CLIP-L's penultimate layer, so the last layer's LoRA never gets one).
+    Its DDP options look for parameters without a gradient where the family's text-encoder adapters
+    have some (SDXL reads CLIP-L's penultimate layer, so the last layer's LoRA never gets one);
+    `GORSTrainer.prepare` gives them to those encoders alone.
     """
     resolve_accumulation(config, process_state().num_processes)  # a batch that does not divide fails at once
     check_samples_model(config)  # before `detect_backbone` may go to the Hub for a model the samples are not of
     project = ProjectConfiguration(project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / LOGS_DIR))
     backbone = detect_backbone(config.pretrained_model_name_or_path, config.revision)
     family = TRAINING_FAMILIES.get(backbone.name)
-    unused = family is not None and family.lora_without_gradient and config.train_text_encoder is not False
+    unused = family is not None and family.encoders_without_gradient and config.train_text_encoder is not False
     return make_accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         mixed_precision=family_precision(backbone, config.mixed_precision),
@@ -1063,15 +1064,25 @@ class GORSTrainer:
             self.accelerator.wait_for_everyone()
 
     def prepare(self) -> None:
-        """`accelerator.prepare` the trained modules, the optimizer and the LR scheduler, in place."""
-        trained = self.trained_modules()
-        prepared = self.accelerator.prepare(*trained.values(), self.optimizer, self.lr_scheduler)
-        for name, module in zip(trained, prepared):
-            if name == self.family.denoiser:
-                self.denoiser = module
-            else:
-                self.text_encoders[name] = module
-        self.optimizer, self.lr_scheduler = prepared[-2:]
+        """`accelerator.prepare` the trained modules, the optimizer and the LR scheduler, in place.
+
+        DDP looks for parameters without a gradient, a walk over the autograd graph at every backward, only
+        in the encoders that have some (`encoders_without_gradient`), not in the denoiser: accelerate wraps a
+        module with the DDP options it holds as the module is prepared, so the modules are prepared one at a
+        time, in the order that checkpoints number them.
+        """
+        unused_parameters = self.accelerator.ddp_handler
+        try:
+            for name, module in self.trained_modules().items():
+                self.accelerator.ddp_handler = (unused_parameters if name in self.family.encoders_without_gradient
+                                                else None)
+                if name == self.family.denoiser:
+                    self.denoiser = self.accelerator.prepare(module)
+                else:
+                    self.text_encoders[name] = self.accelerator.prepare(module)
+        finally:
+            self.accelerator.ddp_handler = unused_parameters
+        self.optimizer, self.lr_scheduler = self.accelerator.prepare(self.optimizer, self.lr_scheduler)
 
     def _check_continue_from(self) -> None:
         """Refuse `continue_from` (another folder's checkpoint) made with other settings or at or past this

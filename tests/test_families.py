@@ -679,6 +679,31 @@ def test_crop_top_left_is_where_the_training_transform_crops(height, width):
     assert crop_top_left(height, width, RESOLUTION, False) == (0, 0)  # resized to the square, nothing cropped
 
 
+def test_ddp_looks_for_unused_parameters_only_in_the_encoder_that_has_some(tiny_sdxl, selected_runs, tmp_path,
+                                                                            monkeypatch):
+    # SDXL's CLIP-L LoRA has a layer whose output is never read; the U-Net and bigG use every adapter, and DDP's
+    # search for unused ones walks the autograd graph at each backward. (Launched on two processes by
+    # tests/test_family_training.py, where an unused parameter outside CLIP-L would stop DDP.)
+    trainer = GORSTrainer(_copy_run(selected_runs(tiny_sdxl), tmp_path / "run"))
+    trainer._setup_models()
+    trainer._setup_optimizer()
+    handler = trainer.accelerator.ddp_handler
+    assert handler is not None and handler.find_unused_parameters
+    searched = {}
+    prepare = trainer.accelerator.prepare
+
+    def recording(*objects):
+        for module in (o for o in objects if isinstance(o, torch.nn.Module)):
+            searched[type(module).__name__] = trainer.accelerator.ddp_handler is handler
+        return prepare(*objects)
+
+    monkeypatch.setattr(trainer.accelerator, "prepare", recording)
+    trainer.prepare()
+    assert searched == {"UNet2DConditionModel": False, "CLIPTextModel": True, "CLIPTextModelWithProjection": False}
+    assert trainer.accelerator.ddp_handler is handler
+    assert [type(model).__name__ for model in trainer.accelerator._models] == list(searched)  # checkpoints' order
+
+
 def test_sdxl_trains_on_each_stored_images_size_and_crop(tiny_sdxl, selected_runs, tmp_path, monkeypatch):
     config = _copy_run(selected_runs(tiny_sdxl), tmp_path / "run")
     selection = load_selection(config.output_dir)

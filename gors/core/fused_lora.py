@@ -104,7 +104,7 @@ class AdapterCast:
     that means no all-reduce overlaps the backward (the adapters' gradients are a few megabytes),
     and a weight no layer used reaches DDP's hook without a gradient. DDP then gives it a zero gradient,
     as it does with a cast per weight to a LoRA layer that runs but whose output the loss does not read
-    (SDXL's last CLIP-L layer; gors turns `find_unused_parameters` on for such families), where one
+    (SDXL's last CLIP-L layer; gors turns `find_unused_parameters` on for such encoders), where one
     process leaves it none: AdamW's weight decay alone steps it (tested, fp32 and bf16), and its output
     unused, the LoRA acts the same. Without `find_unused_parameters` DDP would take it as zero too,
     instead of raising its unused-parameter error.

@@ -97,8 +97,8 @@ class TrainingFamily:
     training_scheduler: ClassVar[str] = "DDPMScheduler"
     # Whether LoRA files keep peft's weight names, as diffusers' scripts for the family save them.
     peft_lora_names: ClassVar[bool] = False
-    # Whether some text-encoder adapters never get a gradient (a layer after the one the family reads).
-    lora_without_gradient: ClassVar[bool] = False
+    # The text encoders some of whose adapters never get a gradient (a layer after the one the family reads).
+    encoders_without_gradient: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, backbone: Backbone, pretrained_model_name_or_path: str, revision: str | None,
                  settings: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ class StableDiffusionXLFamily(DDPMFamily):
     text_encoders = (TextEncoder("text_encoder", "tokenizer"), TextEncoder("text_encoder_2", "tokenizer_2"))
     defaults = TrainingDefaults(train_text_encoder=True)
     # CLIP-L's last layer feeds neither its penultimate state nor anything else SDXL reads.
-    lora_without_gradient = True
+    encoders_without_gradient = ("text_encoder",)
 
     def __init__(self, backbone, pretrained_model_name_or_path: str, revision: str | None,
                  settings: dict[str, Any]) -> None:
