@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+import gors.core.store
 import rewards.combined
 from gors.core.background_scoring import BackgroundScorer
 from gors.core.distributed import make_accelerator
@@ -107,18 +108,18 @@ def test_a_reward_failing_mid_run_stops_generation_and_keeps_finished_work(make_
 
 def test_a_crash_in_generation_stops_at_once_and_the_rerun_completes(make_run_config, tmp_path, monkeypatch):
     config = make_run_config()
-    _fail_on_call(monkeypatch, SampleStore, "append", 4, "killed")  # the fourth image
+    _fail_on_call(monkeypatch, gors.core.store, "atomic_save_image", 4, "killed")  # the second batch's second image
     with pytest.raises(Interrupt, match="killed"):  # generation's error, not one of the scorer's
         _overlapped(config)
-    # Images 1-3 are in the store; the first batch (2 images) was handed over: scored if the worker
-    # had taken it, dropped from the queue if not (the score stage scores it on the rerun).
-    assert len(SampleStore(samples_dir(config.output_dir)).records()) == 3
+    # The first batch (2 images) is in the store and was handed over: scored if the worker had taken it,
+    # dropped from the queue if not (the score stage scores it on the rerun). The second is not recorded.
+    assert len(SampleStore(samples_dir(config.output_dir)).records()) == 2
     assert len(load_scores(config.output_dir, "b_vqa")) in (0, 2)
     monkeypatch.undo()
     _overlapped(config)
     resumed = score(config)
     # The same store scored afresh after generation: the same rows (up to the reward's float noise
-    # between batch compositions: the resumed run scored image 3 alone).
+    # between batch compositions).
     fresh = make_run_config(output_dir=str(tmp_path / "fresh"))
     shutil.copytree(samples_dir(config.output_dir), samples_dir(fresh.output_dir))
     expected = score(fresh)
@@ -134,12 +135,12 @@ def test_a_sample_generated_again_while_scoring_overlaps_is_scored_again(make_ru
     store = SampleStore(samples_dir(config.output_dir))
     lost = next(r for r in store.records() if (r["prompt_index"], r["image_index"]) == (2, 1))
     store.image_path(lost).unlink()
-    original = SampleStore.append
+    original = SampleStore.append_batch
 
-    def black(self, rank, image, record):  # the image made again differs from the lost one
-        return original(self, rank, Image.new("RGB", image.size, "black"), record)
+    def black(self, rank, items):  # the image made again differs from the lost one
+        return original(self, rank, [(Image.new("RGB", image.size, "black"), record) for image, record in items])
 
-    monkeypatch.setattr(SampleStore, "append", black)
+    monkeypatch.setattr(SampleStore, "append_batch", black)
     again = _overlapped(config)
     monkeypatch.undo()
     [new] = [r for r in store.records() if (r["prompt_index"], r["image_index"]) == (2, 1)]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import gors.core.store
 from gors.core.io import atomic_write_jsonl
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore, StoreError, sample_seed
@@ -52,10 +53,11 @@ def test_generate_resumes_without_duplicates_or_losses(make_run_config, tmp_path
     reference = generate(make_run_config(output_dir=str(tmp_path / "reference")))
     monkeypatch.undo()
     config = make_run_config()
-    _interrupt_after(monkeypatch, SampleStore, "append", 3)
+    # A crash while the second batch of 2 is written: its first image is on disk, neither has a record.
+    _interrupt_after(monkeypatch, gors.core.store, "atomic_save_image", 3)
     with pytest.raises(Interrupt):
         generate(config)
-    assert len(SampleStore(tmp_path / "run" / "samples").records()) == 3  # finished records kept
+    assert len(SampleStore(tmp_path / "run" / "samples").records()) == 2  # the finished batch's records kept
     monkeypatch.undo()
     store = generate(config)
     assert _keys(store) == _keys(reference)

@@ -56,6 +56,24 @@ def test_a_record_holds_the_hash_of_its_image_file(tmp_path):
     assert store.open_image(record).getpixel((0, 0)) == (255, 0, 0)
 
 
+def test_a_batch_is_recorded_in_one_flushed_append_after_its_images(tmp_path, monkeypatch):
+    import gors.core.store
+
+    store = SampleStore(tmp_path / "samples")
+    appends = []
+
+    def append(path, rows):  # each image is on disk before the one append that records the batch
+        appends.append([(row["file_name"], (store.part_dir(1) / row["file_name"]).is_file()) for row in rows])
+        append_jsonl(path, rows)
+
+    monkeypatch.setattr(gors.core.store, "append_jsonl", append)
+    stored = store.append_batch(1, [(Image.new("RGB", (8, 8), color), _record(0, i)) for i, color in
+                                    enumerate(("red", "blue", "green"))])
+    assert appends == [[(sample_file_name(0, i), True) for i in range(3)]]
+    assert [r["image_sha256"] for r in store.records()] == [r["image_sha256"] for r in stored]
+    assert store.open_image(store.records()[1]).getpixel((0, 0)) == (0, 0, 255)
+
+
 def test_a_file_whose_bytes_differ_from_its_record_is_refused(tmp_path):
     store = SampleStore(tmp_path / "samples")
     store.append(0, Image.new("RGB", (8, 8), "red"), _record(0, 0))

@@ -302,21 +302,20 @@ def generate_samples(
 
             def write(item: tuple[list[tuple[int, int]], list[int], list[Image.Image]]) -> None:
                 batch, seeds, images = item
-                written = []
-                for (p, i), seed, image in zip(batch, seeds, images):
-                    record = {
-                        "file_name": sample_file_name(p, i),
-                        "prompt": prompts[p],
-                        "prompt_index": p,
-                        "image_index": i,
-                        "seed": seed,
-                        "num_inference_steps": protocol.num_inference_steps,
-                        "guidance_scale": protocol.guidance_scale,
-                        "resolution": protocol.resolution,
-                    }
-                    record |= record_extras or {}
-                    stored = store.append(accelerator.process_index, image, record)
-                    written.append(stored | {"path": store.relative_path(accelerator.process_index, record)})
+                records = [{
+                    "file_name": sample_file_name(p, i),
+                    "prompt": prompts[p],
+                    "prompt_index": p,
+                    "image_index": i,
+                    "seed": seed,
+                    "num_inference_steps": protocol.num_inference_steps,
+                    "guidance_scale": protocol.guidance_scale,
+                    "resolution": protocol.resolution,
+                    **(record_extras or {}),
+                } for (p, i), seed in zip(batch, seeds)]
+                rank = accelerator.process_index
+                written = [stored | {"path": store.relative_path(rank, stored)}
+                           for stored in store.append_batch(rank, list(zip(images, records)))]
                 if sink is not None:
                     sink.add(written, images)
                 bar.update(len(batch))

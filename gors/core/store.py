@@ -26,7 +26,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
@@ -148,14 +148,20 @@ class SampleStore:
         return f"{self.part_dir(rank).name}/{record['file_name']}"
 
     def append(self, rank: int, image: Image.Image, record: dict[str, Any]) -> dict[str, Any]:
-        """Write one image, then its metadata line: a record exists only once its image does.
+        """Write one image, then its metadata line (`append_batch` of one)."""
+        return self.append_batch(rank, [(image, record)])[0]
 
-        Returns the record as stored, with `image_sha256` (the file's hash): score rows copy it, so a
+    def append_batch(self, rank: int, items: Sequence[tuple[Image.Image, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Write the images, then their metadata lines in one flushed append: a record exists only once its
+        image does, and a batch costs one flush to disk, not one per image (a kill between the two leaves
+        images without records, which are generated again).
+
+        Returns the records as stored, with `image_sha256` (each file's hash): score rows copy it, so a
         score is known to be of this very file, not of an image generated before under the same key.
         """
         part = self.part_dir(rank)
-        stored = record | {IMAGE_HASH: atomic_save_image(image, part / record["file_name"])}
-        append_jsonl(part / METADATA, [stored])
+        stored = [record | {IMAGE_HASH: atomic_save_image(image, part / record["file_name"])} for image, record in items]
+        append_jsonl(part / METADATA, stored)
         return stored
 
     def cut_torn_records(self) -> int:
