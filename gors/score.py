@@ -35,7 +35,16 @@ from gors.core.run_folder import reward_key, samples_dir, scores_dir
 from gors.core.scoring import open_score_folder, score_samples
 from gors.core.store import SampleKey, SampleStore
 from rewards import Reward, get_reward_class
-from rewards.combined import build_reward, check_reward, check_reward_options, dtype_setting, reward_dtype, versioned
+from rewards.base import MODEL_FLAG
+from rewards.combined import (
+    build_reward,
+    check_reward,
+    check_reward_options,
+    dtype_setting,
+    model_named_by,
+    reward_dtype,
+    versioned,
+)
 
 # 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
 __getattr__ = moved_names(__name__, {
@@ -77,15 +86,18 @@ def training_reward_dtype(config: ScoreConfig | RunConfig, accelerator: Accelera
 def reward_builder(config: ScoreConfig | RunConfig, accelerator: Accelerator, reward: str) -> Callable[[], Reward]:
     """What builds `reward` (a name, `module:Class` or weighted list) on this process's device."""
 
+    given = config.reward_model_name_or_path is not None or "model_name_or_path" in (config.reward_options or {})
+
     def make_reward() -> Reward:
-        return build_reward(
-            reward,
-            model_name_or_path=config.reward_model_name_or_path,
-            options=config.reward_options,
-            device=accelerator.device,
-            torch_dtype=training_reward_dtype(config, accelerator, reward),
-            batch_size=config.reward_batch_size,
-        )
+        with model_named_by(MODEL_FLAG, given):
+            return build_reward(
+                reward,
+                model_name_or_path=config.reward_model_name_or_path,
+                options=config.reward_options,
+                device=accelerator.device,
+                torch_dtype=training_reward_dtype(config, accelerator, reward),
+                batch_size=config.reward_batch_size,
+            )
 
     return make_reward
 

@@ -12,7 +12,8 @@ import inspect
 import math
 import numbers
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,12 +221,9 @@ class WeightedReward(Reward):
         """One member, built; a model it cannot load is named by the option that sets it (a member's model is
         given by --reward_options, never by --reward_model_name_or_path, which a list refuses)."""
         cls = get_reward_class(name)
-        try:
+        with model_named_by(f"--reward_options {name} model_name_or_path", "model_name_or_path" in options):
             return built(cls, options, device=self.device, torch_dtype=member_dtype(cls, self.torch_dtype),
                          batch_size=batch_size)
-        except ModelLoadError as err:
-            message = str(err).replace(f"{MODEL_FLAG}=", f"--reward_options {name} model_name_or_path=", 1)
-            raise ModelLoadError(message) from err
 
     def _score(
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
@@ -397,9 +395,15 @@ def check_models_cached(text: str, model_name_or_path: str | None, options: Mapp
     The message names the reward (`what`) and the flag that sets the model: `model_flag` for a single
     reward's main model where the command has one (`--reward_model_name_or_path`), else `flag` (the
     options' flag) and the option's key."""
+    single = is_single(check_reward(text), text)
     for option, model in reward_models(text, model_name_or_path, options).items():
         setting = model_flag if option == "model_name_or_path" and model_flag else f"{flag} {option}"
-        check_cached(model, f"{what}: {setting}")
+        if single:
+            given = option in (options or {}) or (option == "model_name_or_path" and model_name_or_path is not None)
+        else:
+            member, _, key = option.partition(".")
+            given = key in ((options or {}).get(member) or {})
+        check_cached(model, f"{what}: {setting}" if given else f"{what}: the default of {setting}")
 
 
 def _default_of(cls: type, option: str) -> Any:
@@ -521,6 +525,20 @@ def built(cls: type[Reward], options: Mapping[str, Any], **kwargs: Any) -> Rewar
             if spelled not in loads:
                 note_load(spelled)
     return reward
+
+
+@contextmanager
+def model_named_by(setting: str, given: bool) -> Iterator[None]:
+    """A reward's main model that fails to load inside is named by `setting` (the flag or option that sets it)
+    in the error, and called its default where the user gave none: the message must not read as if the
+    user had typed a Hub id they never saw."""
+    try:
+        yield
+    except ModelLoadError as err:
+        message = str(err)
+        if message.startswith(f"{MODEL_FLAG}="):
+            message = ("" if given else "the default of ") + message.replace(MODEL_FLAG, setting, 1)
+        raise ModelLoadError(message) from err
 
 
 def _check_model_flag(cls: type[Reward], options: Mapping[str, Any], model_name_or_path: str) -> None:

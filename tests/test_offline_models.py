@@ -96,7 +96,7 @@ def test_gors_run_offline_stops_before_generating_when_the_rewards_model_is_not_
 
     config = make_run_config(output_dir=str(tmp_path / "run"), reward="blip_clip", reward_model_name_or_path=None,
                              reward_options={"clip_model_name_or_path": "me/clip"})
-    with pytest.raises(ModelLoadError, match=r"^--reward blip_clip: --reward_model_name_or_path="
+    with pytest.raises(ModelLoadError, match=r"^--reward blip_clip: the default of --reward_model_name_or_path="
                                              r"'Salesforce/blip-image-captioning-large' is not in the local"):
         run(config)
     assert not samples_dir(config.output_dir).exists()  # nothing generated
@@ -121,8 +121,8 @@ def test_gors_evaluate_and_validation_offline_stop_before_generating_when_a_scor
     config = EvaluateConfig(pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline"),
                             benchmarks="t2i_compbench:color", max_prompts=2, images_per_prompt=1,
                             output_dir=str(tmp_path / "eval"))
-    with pytest.raises(ModelLoadError, match=r"^t2i_compbench:color's scorer 'b_vqa': --scorer_options model_name_or_path="
-                                             r"'Salesforce/blip-vqa-capfilt-large' is not in the local"):
+    with pytest.raises(ModelLoadError, match=r"^t2i_compbench:color's scorer 'b_vqa': the default of --scorer_options "
+                                             r"model_name_or_path='Salesforce/blip-vqa-capfilt-large' is not in the local"):
         evaluate(config)
     assert not list(tmp_path.rglob("*.png"))
     run_config = make_run_config(validation_benchmark="t2i_compbench:color", validation_steps=1)
@@ -201,3 +201,22 @@ def test_a_list_member_s_model_that_cannot_load_is_named_by_the_option_that_sets
     with pytest.raises(ModelLoadError, match=r"^--reward_model_name_or_path='gors-test/no-such-blip' could not be "
                                              r"loaded: "):  # alone, the flag names it
         build_reward("b_vqa", "gors-test/no-such-blip", device="cpu")
+    # A model nobody named is called the default of its option: the user never typed that Hub id.
+    with pytest.raises(ModelLoadError, match=r"^the default of --reward_options b_vqa model_name_or_path="
+                                             r"'Salesforce/blip-vqa-capfilt-large' could not be loaded: "):
+        build_reward("b_vqa:0.5,toy_oracle:0.5", device="cpu")
+
+
+def test_a_reward_s_default_model_that_cannot_load_is_called_the_default_of_its_flag(make_run_config, tmp_path,
+                                                                                      monkeypatch):
+    from gors.core.distributed import make_accelerator
+    from gors.score import reward_builder
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = make_run_config(output_dir=str(tmp_path / "run"), reward_model_name_or_path=None)
+    with pytest.raises(ModelLoadError, match=r"^the default of --reward_model_name_or_path="
+                                             r"'Salesforce/blip-vqa-capfilt-large' could not be loaded: "):
+        reward_builder(config, make_accelerator(), "b_vqa")()
+    given = replace(config, reward_model_name_or_path="gors-test/no-such-blip")
+    with pytest.raises(ModelLoadError, match=r"^--reward_model_name_or_path='gors-test/no-such-blip' could not be"):
+        reward_builder(given, make_accelerator(), "b_vqa")()
