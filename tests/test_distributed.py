@@ -72,6 +72,26 @@ def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd,
     assert {p: p.stat().st_mtime_ns for p in (run_dir / "samples").rglob("*.png")} == images
 
 
+@pytest.mark.slow
+def test_two_process_evaluation_equals_one_process(tmp_path):
+    """`gors evaluate` shards generation and scoring; the numbers do not depend on the process count."""
+    import json
+
+    from gors.core.toy import PRETRAINED_DIR
+
+    flags = ["--pretrained_model_name_or_path", str(PRETRAINED_DIR / "pipeline"), "--benchmarks", "toy:train",
+             "--max_prompts", "6", "--images_per_prompt", "2"]
+    launch_gors(["evaluate", *flags, "--output_dir", str(tmp_path / "two")], cwd=tmp_path)
+    from gors.cli import main
+
+    main(["evaluate", *flags, "--output_dir", str(tmp_path / "one")])
+    two = tmp_path / "two" / "toy" / "train"
+    assert sorted(p.name for p in (two / "scores").glob("part-*.jsonl")) == ["part-00000.jsonl", "part-00001.jsonl"]
+    summaries = [json.loads((tmp_path / run / "toy" / "train" / "summary.json").read_text()) for run in ("one", "two")]
+    assert summaries[0]["num_images"] == summaries[1]["num_images"] == 12
+    assert summaries[0]["binding_accuracy"] == summaries[1]["binding_accuracy"]
+
+
 def test_a_folder_other_processes_cannot_see_is_refused_at_the_start(tmp_path, monkeypatch):
     """Process 1 of a launch whose --output_dir is node-local sees nothing the main process writes:
     the check names it and its host instead of a later "no samples" error."""

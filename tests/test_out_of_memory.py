@@ -299,8 +299,10 @@ def test_each_benchmark_validation_starts_at_the_batch_sizes_that_last_fit(make_
                         out_of_memory(over_one("generation", 0))(gors.core.sampling.cpu_generators))
     monkeypatch.setattr(gors.core.scoring, "score_rows",
                         out_of_memory(over_one("scoring", 1))(gors.core.scoring.score_rows))
+    # The toy model at the toy protocol's 64 px and 20 steps, whose images score something to compare.
+    protocol = dict(validation_num_inference_steps=None, validation_resolution=None)
     validation = BenchmarkValidation(make_run_config(output_dir=str(tmp_path), validation_benchmark="toy:train",
-                                                     validation_num_prompts=2), make_accelerator())
+                                                     validation_num_prompts=2, **protocol), make_accelerator())
     validation.start(0, training="A")
     pipeline = load_pipeline(TOY_PIPELINE, torch.device("cpu"), torch.float32)
     values = []
