@@ -301,9 +301,11 @@ def calibration_warnings(stages: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def format_estimate(rows: list[StageEstimate], devices: list[str]) -> str:
-    """A markdown table, with the totals and the ratio of the two."""
-    lines = [f"GPU-hours on {', '.join(devices)} (rates measured there, scaled to the plan)", "",
-             "| stage | work | gors GPU-h | official GPU-h | official / gors, per unit |", "|---|---|---|---|---|"]
+    """A markdown table, with the totals and the ratio of the two. Hours of a calibration timed on the CPU alone
+    (a toy or smoke run) are called CPU-hours: they price no GPU."""
+    unit = "CPU" if set(devices) == {"cpu"} else "GPU"
+    lines = [f"{unit}-hours on {', '.join(devices)} (rates measured there, scaled to the plan)", "",
+             f"| stage | work | gors {unit}-h | official {unit}-h | official / gors, per unit |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.stage} | {r.work} | {r.gors_gpu_hours:.2f} | {r.official_gpu_hours:.2f} | {r.speedup:.2f}x |")
     gors_total = sum(r.gors_gpu_hours for r in rows)

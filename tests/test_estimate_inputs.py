@@ -87,6 +87,17 @@ def test_a_later_file_replaces_an_unusable_entry_of_an_earlier_one(tmp_path, cap
     assert "| score | 63000 images |" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("device, unit", [("GPU X", "GPU"), ("cpu", "CPU")])
+def test_the_hours_are_named_after_the_device_the_calibration_ran_on(device, unit, tmp_path, capsys):
+    stages = {name: entry | {"device": device} for name, entry in _stages().items()}
+    (tmp_path / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    estimate_command(EstimateConfig(timings=[str(tmp_path)]))
+    table = capsys.readouterr().out.split("plan:")[0]
+    assert table.startswith(f"{unit}-hours on {device} (rates measured there")
+    assert f"| stage | work | gors {unit}-h | official {unit}-h |" in table
+    assert unit == "GPU" or "GPU" not in table  # a CPU calibration prices no GPU
+
+
 def _train(work: int, **settings) -> dict[str, dict]:
     defaults = dict(max_train_steps=work, checkpointing_steps=1000, validation_steps=500, validation_benchmark=None,
                     num_validation_prompts=0, torch_compile="no")
