@@ -169,13 +169,15 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     merged = dict(defaults or {})
     config_file = _config_file(argv)
     given = _flags_given(parser, argv)
+    from_file: set[str] = set()
     if config_file is not None:
         try:  # one file may drive every stage: another stage's keys are left out (`config_file_values`)
             file_values = config_file_values(cls, _read_yaml(config_file, cls), config_file)
         except ValueError as err:
             raise SystemExit(f"error: {err}") from None
         # A flag wins over the file's value: that value is not checked.
-        merged |= _check_yaml_values({k: v for k, v in file_values.items() if k not in given}, cls, config_file)
+        from_file = set(file_values) - given
+        merged |= _check_yaml_values({k: v for k, v in file_values.items() if k in from_file}, cls, config_file)
         given |= set(file_values)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(merged) - known)
@@ -196,8 +198,15 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
         if hasattr(config, "check_given"):
             config.check_given(given)
     except ValueError as err:
-        raise SystemExit(f"error: {err}") from err
+        raise SystemExit(f"error: {err}{_file_source(str(err), from_file, config_file)}") from err
     return config
+
+
+def _file_source(message: str, from_file: set[str], config_file: str | None) -> str:
+    """Where the flags a refusal names came from when the YAML file, not the command line, set them: the user
+    looks for them in the file."""
+    named = [name for name in sorted(from_file) if re.search(rf"--{re.escape(name)}(?![A-Za-z0-9_])", message)]
+    return f" ({', '.join(f'--{name}' for name in named)} set in {config_file})" if named else ""
 
 
 def _flags_given(parser: ArgumentParser, argv: Sequence[str]) -> set[str]:

@@ -34,9 +34,12 @@ def test_none_unsets_a_number_that_a_yaml_file_or_recipe_set(tmp_path):
     config_file = tmp_path / "run.yaml"
     config_file.write_text("reward_threshold: 0.5\ntimestep_range: [0, 500]\n")
     required = ["--pretrained_model_name_or_path", "m", "--output_dir", str(tmp_path / "run")]
-    # Without `none` the file's threshold and the top fraction conflict.
-    with pytest.raises(SystemExit, match="select by one of them"):
+    # Without `none` the file's threshold and the top fraction conflict; the refusal says which flag the file set.
+    with pytest.raises(SystemExit, match="select by one of them") as refused:
         parse_config(RunConfig, ["--config", str(config_file), "--select_top_fraction", "0.1", *required])
+    assert str(refused.value).endswith(f" (--reward_threshold set in {config_file})")
+    with pytest.raises(SystemExit, match=r"select by one of them[^(]*$"):  # both on the command line: no file named
+        parse_config(RunConfig, ["--reward_threshold", "0.5", "--select_top_fraction", "0.1", *required])
     config = parse_config(RunConfig, ["--config", str(config_file), "--reward_threshold", "none",
                                       "--select_top_fraction", "0.1", "--timestep_range", "null", *required])
     assert config.reward_threshold is None and config.select_top_fraction == 0.1 and config.timestep_range is None
