@@ -55,7 +55,15 @@ from gors.core.sampling import SamplingProtocol, StoreFlags, generate_samples
 from gors.core.scoring import score_samples
 from gors.core.store import IMAGE_HASH, SampleStore, StoreError, read_image, recorded_model_commits, sample_seed
 from rewards import Reward
-from rewards.combined import build_reward, check_models_cached, check_options, dtype_setting, reward_dtype, versioned
+from rewards.combined import (
+    build_reward,
+    check_models_cached,
+    check_options,
+    dtype_setting,
+    model_named_by,
+    reward_dtype,
+    versioned,
+)
 from rewards.registry import get_reward_class
 
 RESULTS_FILE = "results.jsonl"
@@ -524,9 +532,10 @@ class Benchmark:
     def make_scorer(self, accelerator: Accelerator, options: Mapping[str, Any] | None = None,
                     batch_size: int = 16, column: str | None = None,
                     cache: dict[ScorerKey, Reward] | None = None,
-                    main_options: Mapping[str, Any] | None = None) -> Reward:
+                    main_options: Mapping[str, Any] | None = None, flag: str = "--scorer_options") -> Reward:
         """The main scorer (or the scorer of `column`), user `options` merged over the benchmark's
-        (a column's also over what it takes from the main scorer's user `main_options`).
+        (a column's also over what it takes from the main scorer's user `main_options`). A model that
+        cannot load is named by `flag`, the command's option that gave `options`.
 
         With `cache`, a scorer of the same reward, options, batch size, device and dtype built
         before (e.g. by another T2I-CompBench category) is reused instead of loading its models again.
@@ -535,8 +544,9 @@ class Benchmark:
         key = scorer_key(reward, merged, batch_size, accelerator)
         if cache is not None and key in cache:
             return cache[key]
-        built = build_reward(reward, options=merged, device=accelerator.device,
-                             torch_dtype=scorer_dtype(reward, accelerator), batch_size=batch_size)
+        with model_named_by(f"{flag} model_name_or_path", "model_name_or_path" in (options or {})):
+            built = build_reward(reward, options=merged, device=accelerator.device,
+                                 torch_dtype=scorer_dtype(reward, accelerator), batch_size=batch_size)
         if cache is not None:
             cache[key] = built
         return built

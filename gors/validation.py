@@ -287,7 +287,7 @@ class BenchmarkValidation:
         # before any training step, and it would stay in memory from that validation on anyway.
         with preserved_rng(accelerator.device):
             if self._scorer is None:
-                self._scorer = self.benchmark.make_scorer(accelerator, self.options)
+                self._scorer = self.benchmark.make_scorer(accelerator, self.options, flag="--validation_scorer_options")
 
     def run(self, step: int, pipeline: Any, save_lora: Callable[[Path], Any]) -> dict[str, Any]:
         """Validate the pipeline at `step`; returns the benchmark summary (all processes call this)."""

@@ -130,6 +130,14 @@ def test_gors_evaluate_and_validation_offline_stop_before_generating_when_a_scor
         validation_target(run_config)
     hub_cache("Salesforce/blip-vqa-capfilt-large")
     validation_target(run_config)
+    # Cached but unreadable (an empty snapshot here): the load fails, named by the command's option.
+    from evaluators import build_benchmark
+    from gors.core.distributed import make_accelerator
+
+    for flag in ("--scorer_options", "--validation_scorer_options"):
+        with pytest.raises(ModelLoadError, match=rf"^the default of {flag} model_name_or_path="
+                                                 r"'Salesforce/blip-vqa-capfilt-large' could not be loaded: "):
+            build_benchmark("t2i_compbench", "color").make_scorer(make_accelerator(), flag=flag)
 
 
 def test_a_rewards_data_file_that_cannot_be_fetched_stops_run_and_evaluate_before_generating(

@@ -400,7 +400,7 @@ def test_a_validation_scorer_that_does_not_load_fails_before_any_training_step(
     steps = []
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", lambda self, m: steps.append(m))
 
-    def unloadable(self, accelerator, options):
+    def unloadable(self, accelerator, options, **kwargs):
         raise OSError("the scorer's weights are not there")
 
     monkeypatch.setattr(type(BenchmarkValidation(make_run_config(output_dir=str(run), validation_benchmark="toy:train"),
