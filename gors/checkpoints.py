@@ -177,9 +177,11 @@ def recorded_micro_batch(fingerprint: dict[str, Any], output_dir: str | Path, re
     as its checkpoints record it; None where none of them is this training's.
 
     `fingerprint` is this training's with each process's share of an update as one micro-batch. Looked
-    at: the checkpoint `resume_from` names, else every complete checkpoint of `output_dir`, newest first;
-    then `continue_from` (another folder's, online GORS: the previous round's). A checkpoint is this
-    training's when it differs from `fingerprint` in the micro-batch alone, as many samples per update.
+    at: the checkpoint `resume_from` names, else every complete checkpoint of `output_dir`, newest first,
+    then those set aside in `checkpoints.previous-<n>/`, furthest first (`restore_own_training` brings this
+    training's furthest back); then `continue_from` (another folder's, online GORS: the previous round's). A
+    checkpoint is this training's when it differs from `fingerprint` in the micro-batch alone, as many samples
+    per update.
     """
     share = fingerprint["train_batch_size"] * fingerprint["gradient_accumulation_steps"]
     if resume_from:
@@ -187,6 +189,9 @@ def recorded_micro_batch(fingerprint: dict[str, Any], output_dir: str | Path, re
         candidates = [(found, read_marker(found)["fingerprint"])] if found is not None else []
     else:
         candidates = [(folder, marker["fingerprint"]) for folder, marker in complete_checkpoints(output_dir)]
+        set_aside = [(folder, marker["fingerprint"]) for aside in Path(output_dir).glob(f"{CHECKPOINTS_DIR}.previous-*")
+                     for folder, marker in complete_checkpoints(output_dir, aside.name)]
+        candidates += sorted(set_aside, key=lambda candidate: checkpoint_step(candidate[0]), reverse=True)
     own = [(recorded, True) for _, recorded in candidates]
     marker = read_marker(continue_from) if continue_from is not None else None  # None: refused later, as incomplete
     other = [(marker["fingerprint"], False)] if marker is not None else []

@@ -103,6 +103,27 @@ def _same(a, b) -> bool:
     return [k for k, _ in a] == [k for k, _ in b] and all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b))
 
 
+def test_the_same_command_after_a_slip_goes_on_from_its_set_aside_checkpoints_at_their_micro_batch(
+        selected_run, tiny_sd, tmp_path, monkeypatch, capsys):
+    run = _copy_run(selected_run, tmp_path / "run")
+    sizes: list[int] = []
+    monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(2, sizes))
+    _train(run, tiny_sd, "--max_train_steps", "2", "--auto_train_batch_size")
+    trained = sorted(p.name for p in (run / "checkpoints").iterdir())
+    _train(run, tiny_sd, "--max_train_steps", "1", "--auto_train_batch_size", "--rank", "8")  # a slip: sets them aside
+    assert sorted(p.name for p in (run / "checkpoints.previous-1").iterdir()) == trained
+    capsys.readouterr()
+    sizes.clear()
+    _train(run, tiny_sd, "--max_train_steps", "3", "--auto_train_batch_size")  # the first command, one step longer
+    out = capsys.readouterr().out
+    assert "2 samples per micro-batch, as this training's checkpoints record" in out  # no trial: the size it found
+    assert "checkpoints.previous-1 held checkpoints of this same training, set aside by a training with other " \
+           "settings since: moved back to checkpoints/" in out
+    assert f"resumed from {run / 'checkpoints' / 'checkpoint-2'} at step 2" in out
+    assert sizes == [2, 2]  # step 3 alone, two micro-batches of 2
+    assert _micro_batch_fields(run / "checkpoints" / "checkpoint-3") == (2, 2)
+
+
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_a_micro_batch_that_does_not_fit_is_halved_before_the_first_step_and_the_trial_leaves_no_trace(
         precision, selected_run, tiny_sd, tmp_path, monkeypatch, capsys):
