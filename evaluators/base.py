@@ -544,7 +544,8 @@ class Benchmark:
         key = scorer_key(reward, merged, batch_size, accelerator)
         if cache is not None and key in cache:
             return cache[key]
-        with model_named_by(f"{flag} model_name_or_path", "model_name_or_path" in (options or {})):
+        given = {**(self.column_defaults(column, main_options or {}) if column else {}), **(options or {})}
+        with model_named_by(f"{flag} model_name_or_path", "model_name_or_path" in given):
             built = build_reward(reward, options=merged, device=accelerator.device,
                                  torch_dtype=scorer_dtype(reward, accelerator), batch_size=batch_size)
         if cache is not None:
@@ -602,7 +603,7 @@ class Benchmark:
         computed = self.computed_columns(extra_columns) if with_columns else []
         if scorer is None:  # a scorer that cannot be built stops the evaluation before any image is made
             self.check_scorer_options(self.name, scorer_options, column_options, extra_columns, with_columns,
-                                      flag="scorer_options")
+                                      flag="--scorer_options")
         prompts = self.cached_prompts()
         if images is not None:
             samples, protocol = self._read_images(images, prompts)

@@ -172,14 +172,14 @@ def fingerprint_differences(recorded: dict[str, Any], fingerprint: dict[str, Any
 
 
 def recorded_micro_batch(fingerprint: dict[str, Any], output_dir: str | Path, resume_from: str | None = None,
-                         continue_from: Path | None = None) -> int | None:
+                         continue_from: Path | None = None, max_train_steps: int | None = None) -> int | None:
     """The micro-batch size (`train_batch_size`) that `--auto_train_batch_size` found for this training before,
     as its checkpoints record it; None where none of them is this training's.
 
     `fingerprint` is this training's with each process's share of an update as one micro-batch. Looked
     at: the checkpoint `resume_from` names, else every complete checkpoint of `output_dir`, newest first,
-    then those set aside in `checkpoints.previous-<n>/`, furthest first (`restore_own_training` brings this
-    training's furthest back); then `continue_from` (another folder's, online GORS: the previous round's). A
+    then those set aside in `checkpoints.previous-<n>/` at or before `max_train_steps`, furthest first
+    (`restore_own_training` brings this training's furthest such one back); then `continue_from` (another folder's, online GORS: the previous round's). A
     checkpoint is this training's when it differs from `fingerprint` in the micro-batch alone, as many samples
     per update.
     """
@@ -190,7 +190,8 @@ def recorded_micro_batch(fingerprint: dict[str, Any], output_dir: str | Path, re
     else:
         candidates = [(folder, marker["fingerprint"]) for folder, marker in complete_checkpoints(output_dir)]
         set_aside = [(folder, marker["fingerprint"]) for aside in Path(output_dir).glob(f"{CHECKPOINTS_DIR}.previous-*")
-                     for folder, marker in complete_checkpoints(output_dir, aside.name)]
+                     for folder, marker in complete_checkpoints(output_dir, aside.name)
+                     if max_train_steps is None or checkpoint_step(folder) <= max_train_steps]
         candidates += sorted(set_aside, key=lambda candidate: checkpoint_step(candidate[0]), reverse=True)
     own = [(recorded, True) for _, recorded in candidates]
     marker = read_marker(continue_from) if continue_from is not None else None  # None: refused later, as incomplete

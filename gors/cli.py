@@ -205,7 +205,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
 def _file_source(message: str, from_file: set[str], config_file: str | None) -> str:
     """Where the flags a refusal names came from when the YAML file, not the command line, set them: the user
     looks for them in the file."""
-    named = [name for name in sorted(from_file) if re.search(rf"--{re.escape(name)}(?![A-Za-z0-9_])", message)]
+    named = [name for name in sorted(from_file) if re.search(rf"--(?:no_)?{re.escape(name)}(?![A-Za-z0-9_])", message)]
     return f" ({', '.join(f'--{name}' for name in named)} set in {config_file})" if named else ""
 
 

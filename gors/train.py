@@ -935,7 +935,8 @@ class GORSTrainer:
         goes on, and a later round trains, as it started. Whether there was one."""
         config = self.config
         size = main_process_decides(self.accelerator.state, lambda: recorded_micro_batch(
-            self.fingerprint, config.output_dir, config.resume_from_checkpoint, self.continue_from))
+            self.fingerprint, config.output_dir, config.resume_from_checkpoint, self.continue_from,
+            config.max_train_steps))
         if size is None:
             return False
         share = config.train_batch_size

@@ -338,6 +338,19 @@ def test_the_recorded_micro_batch_is_that_of_a_checkpoint_of_this_training_with_
     assert recorded_micro_batch(this, tmp_path / "round_2", continue_from=previous) == 1
     assert recorded_micro_batch(this, run, continue_from=previous) == 2  # the folder's own first
 
+    # Set aside by a training with other settings (`checkpoints.previous-<n>/`): read after checkpoints/, the
+    # furthest first, and only at or before --max_train_steps, where `restore_own_training` takes them from.
+    aside = tmp_path / "aside"
+    _checkpoint(aside / "checkpoints.previous-1" / "checkpoint-20", this | {"train_batch_size": 1,
+                                                                           "gradient_accumulation_steps": 4})
+    _checkpoint(aside / "checkpoints.previous-2" / "checkpoint-10", this | {"train_batch_size": 2,
+                                                                           "gradient_accumulation_steps": 2})
+    assert recorded_micro_batch(this, aside) == 1
+    assert recorded_micro_batch(this, aside, max_train_steps=15) == 2
+    assert recorded_micro_batch(this, aside, max_train_steps=5) is None
+    _checkpoint(aside / "checkpoints" / "checkpoint-1", this)  # the folder's own checkpoints come first
+    assert recorded_micro_batch(this, aside) == 4
+
 
 def test_the_next_online_round_trains_at_the_size_the_first_found(make_run_config, tmp_path, monkeypatch, capsys):
     from gors.run import run

@@ -40,6 +40,9 @@ def test_none_unsets_a_number_that_a_yaml_file_or_recipe_set(tmp_path):
     assert str(refused.value).endswith(f" (--reward_threshold set in {config_file})")
     with pytest.raises(SystemExit, match=r"select by one of them[^(]*$"):  # both on the command line: no file named
         parse_config(RunConfig, ["--reward_threshold", "0.5", "--select_top_fraction", "0.1", *required])
+    config_file.write_text("train_unet: false\n")  # named in the refusal by its negation
+    with pytest.raises(SystemExit, match=rf"leave nothing to train \(--train_unet set in {config_file}\)$"):
+        parse_config(RunConfig, ["--config", str(config_file), "--no_train_text_encoder", *required])
     config = parse_config(RunConfig, ["--config", str(config_file), "--reward_threshold", "none",
                                       "--select_top_fraction", "0.1", "--timestep_range", "null", *required])
     assert config.reward_threshold is None and config.select_top_fraction == 0.1 and config.timestep_range is None

@@ -138,6 +138,10 @@ def test_gors_evaluate_and_validation_offline_stop_before_generating_when_a_scor
         with pytest.raises(ModelLoadError, match=rf"^the default of {flag} model_name_or_path="
                                                  r"'Salesforce/blip-vqa-capfilt-large' could not be loaded: "):
             build_benchmark("t2i_compbench", "color").make_scorer(make_accelerator(), flag=flag)
+    # A column that takes the main scorer's model (GenEval 2's VQAScore its judge): the user's, not a default.
+    with pytest.raises(ModelLoadError, match=r"^--scorer_options model_name_or_path='someone/judge' could not be "):
+        build_benchmark("geneval2").make_scorer(make_accelerator(), column="vqascore",
+                                                main_options={"model_name_or_path": "someone/judge"})
 
 
 def test_a_rewards_data_file_that_cannot_be_fetched_stops_run_and_evaluate_before_generating(
