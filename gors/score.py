@@ -84,12 +84,14 @@ def training_reward_dtype(config: ScoreConfig | RunConfig, accelerator: Accelera
 
 
 def reward_builder(config: ScoreConfig | RunConfig, accelerator: Accelerator, reward: str) -> Callable[[], Reward]:
-    """What builds `reward` (a name, `module:Class` or weighted list) on this process's device."""
-
-    given = config.reward_model_name_or_path is not None or "model_name_or_path" in (config.reward_options or {})
+    """What builds `reward` (a name, `module:Class` or weighted list) on this process's device; a model that cannot
+    load is named by the flag or option that gave it, or called the default of the flag."""
+    in_options = config.reward_model_name_or_path is None and "model_name_or_path" in (config.reward_options or {})
+    setting = "--reward_options model_name_or_path" if in_options else MODEL_FLAG
+    given = in_options or config.reward_model_name_or_path is not None
 
     def make_reward() -> Reward:
-        with model_named_by(MODEL_FLAG, given):
+        with model_named_by(setting, given):
             return build_reward(
                 reward,
                 model_name_or_path=config.reward_model_name_or_path,

@@ -232,3 +232,6 @@ def test_a_reward_s_default_model_that_cannot_load_is_called_the_default_of_its_
     given = replace(config, reward_model_name_or_path="gors-test/no-such-blip")
     with pytest.raises(ModelLoadError, match=r"^--reward_model_name_or_path='gors-test/no-such-blip' could not be"):
         reward_builder(given, make_accelerator(), "b_vqa")()
+    in_options = replace(config, reward_options={"model_name_or_path": "gors-test/no-such-blip"})
+    with pytest.raises(ModelLoadError, match=r"^--reward_options model_name_or_path='gors-test/no-such-blip' could "):
+        reward_builder(in_options, make_accelerator(), "b_vqa")()
