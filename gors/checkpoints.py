@@ -179,9 +179,9 @@ def recorded_micro_batch(fingerprint: dict[str, Any], output_dir: str | Path, re
     `fingerprint` is this training's with each process's share of an update as one micro-batch. Looked
     at: the checkpoint `resume_from` names, else every complete checkpoint of `output_dir`, newest first,
     then those set aside in `checkpoints.previous-<n>/` at or before `max_train_steps`, furthest first
-    (`restore_own_training` brings this training's furthest such one back); then `continue_from` (another folder's, online GORS: the previous round's). A
-    checkpoint is this training's when it differs from `fingerprint` in the micro-batch alone, as many samples
-    per update.
+    (`restore_own_training` brings this training's furthest such one back); then `continue_from` (another
+    folder's, online GORS: the previous round's). A checkpoint is this training's when it differs from
+    `fingerprint` in the micro-batch alone, as many samples per update.
     """
     share = fingerprint["train_batch_size"] * fingerprint["gradient_accumulation_steps"]
     if resume_from:
@@ -189,7 +189,7 @@ def recorded_micro_batch(fingerprint: dict[str, Any], output_dir: str | Path, re
         candidates = [(found, read_marker(found)["fingerprint"])] if found is not None else []
     else:
         candidates = [(folder, marker["fingerprint"]) for folder, marker in complete_checkpoints(output_dir)]
-        set_aside = [(folder, marker["fingerprint"]) for aside in Path(output_dir).glob(f"{CHECKPOINTS_DIR}.previous-*")
+        set_aside = [(folder, marker["fingerprint"]) for aside in set_aside_checkpoints(output_dir)
                      for folder, marker in complete_checkpoints(output_dir, aside.name)
                      if max_train_steps is None or checkpoint_step(folder) <= max_train_steps]
         candidates += sorted(set_aside, key=lambda candidate: checkpoint_step(candidate[0]), reverse=True)
@@ -224,6 +224,12 @@ def previous_name(folder: Path) -> Path:
     while (aside := folder.with_name(f"{folder.name}.previous-{number}")).exists():
         number += 1
     return aside
+
+
+def set_aside_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The `checkpoints.previous-<n>/` folders of `output_dir`: checkpoints that trainings with other settings set
+    aside (`previous_name`), by name."""
+    return sorted(Path(output_dir).glob(f"{CHECKPOINTS_DIR}.previous-*"))
 
 
 def set_aside_logs(logs: Path) -> Path | None:
@@ -292,7 +298,7 @@ def restore_own_training(output_dir: str | Path, fingerprint: dict[str, Any], ma
     root = Path(output_dir) / CHECKPOINTS_DIR
     if next(complete_checkpoints(output_dir), None) is not None:
         return None
-    furthest = [(checkpoint_step(checkpoint), aside) for aside in root.parent.glob(f"{CHECKPOINTS_DIR}.previous-*")
+    furthest = [(checkpoint_step(checkpoint), aside) for aside in set_aside_checkpoints(output_dir)
                 if (checkpoint := own_checkpoint(output_dir, fingerprint, max_train_steps, aside.name)) is not None]
     if not furthest:
         return None

@@ -305,7 +305,8 @@ def format_estimate(rows: list[StageEstimate], devices: list[str]) -> str:
     (a toy or smoke run) are called CPU-hours: they price no GPU."""
     unit = "CPU" if set(devices) == {"cpu"} else "GPU"
     lines = [f"{unit}-hours on {', '.join(devices)} (rates measured there, scaled to the plan)", "",
-             f"| stage | work | gors {unit}-h | official {unit}-h | official / gors, per unit |", "|---|---|---|---|---|"]
+             f"| stage | work | gors {unit}-h | official {unit}-h | official / gors, per unit |",
+             "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.stage} | {r.work} | {r.gors_gpu_hours:.2f} | {r.official_gpu_hours:.2f} | {r.speedup:.2f}x |")
     gors_total = sum(r.gors_gpu_hours for r in rows)

@@ -23,7 +23,6 @@ from gors.core.lock import describe_holder, lock_records
 from gors.core.run_folder import (
     BEST_DIR,
     BEST_FILE,
-    CHECKPOINTS_DIR,
     ROUNDS_FILE,
     SCORES_DIR,
     SELECTION_SUMMARY_FILE,
@@ -128,10 +127,10 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
 
 def _set_aside_with(folder: Path, lora: Path) -> str | None:
     """The name of the `checkpoints.previous-<n>/` of `folder` whose checkpoint holds `lora`'s weights, else None."""
-    from gors.checkpoints import complete_checkpoints
+    from gors.checkpoints import complete_checkpoints, set_aside_checkpoints
 
     weights = files_sha256([lora])
-    for aside in sorted(folder.glob(f"{CHECKPOINTS_DIR}.previous-*")):
+    for aside in set_aside_checkpoints(folder):
         try:  # a training may rename it meanwhile
             markers = [marker for _, marker in complete_checkpoints(folder, aside.name)]
         except (OSError, ValueError):
