@@ -217,7 +217,19 @@ def merge_timings(paths: list[str]) -> tuple[dict[str, dict[str, Any]], list[str
         file = Path(path) / TIMINGS_FILE if Path(path).is_dir() else Path(path)
         sources |= dict.fromkeys(record["stages"], str(file))
     check_stages(stages, sources)
+    check_one_kind_of_device(stages, sources)
     return stages, sorted({entry["device"] for entry in stages.values()})
+
+
+def check_one_kind_of_device(stages: dict[str, dict[str, Any]], sources: dict[str, str]) -> None:
+    """Refuse stages timed on the CPU beside stages timed on a GPU: their hours price different hardware, and
+    the sum would read as GPU-hours of a run that never ran so."""
+    on_cpu = sorted(stage for stage, entry in stages.items() if entry["device"] == "cpu")
+    if on_cpu and len(on_cpu) < len(stages):
+        elsewhere = ", ".join(f"{stage} on {entry['device']} ({sources.get(stage, 'timings')})"
+                              for stage, entry in stages.items() if entry["device"] != "cpu")
+        raise ValueError(f"{', '.join(on_cpu)} timed on the CPU, {elsewhere}: CPU-hours and GPU-hours do not add "
+                         "up to one run's cost; give timings of a calibration run on the GPU you want priced")
 
 
 def _events_in(work: int, last_step: int, every: int) -> int:
@@ -303,7 +315,7 @@ def calibration_warnings(stages: dict[str, dict[str, Any]]) -> list[str]:
 def format_estimate(rows: list[StageEstimate], devices: list[str]) -> str:
     """A markdown table, with the totals and the ratio of the two. Hours of a calibration timed on the CPU alone
     (a toy or smoke run) are called CPU-hours: they price no GPU."""
-    unit = "CPU" if set(devices) == {"cpu"} else "GPU"
+    unit = "CPU" if devices == ["cpu"] else "GPU"
     lines = [f"{unit}-hours on {', '.join(devices)} (rates measured there, scaled to the plan)", "",
              f"| stage | work | gors {unit}-h | official {unit}-h | official / gors, per unit |",
              "|---|---|---|---|---|"]
@@ -334,16 +346,20 @@ def format_plan(plan: RunPlan, stages: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def speedup_note(rows: list[StageEstimate], given: set[str]) -> str | None:
+def speedup_note(rows: list[StageEstimate], given: set[str], devices: list[str]) -> str | None:
     """Which ratios in the table are the 2-CPU-core defaults (those the user did not give), and that
-    selection's is a placeholder; None when every ratio was given."""
+    selection's is a placeholder; None when every ratio was given. `devices` are the calibration's: one
+    timed on the CPU is told how to price a GPU."""
     shown = [r.stage for r in rows if r.stage not in given]
     measured = [stage for stage in shown if stage in CPU_MEASURED_SPEEDUPS]
     parts = []
     if measured:
+        where = ("on this GPU, for its own" if devices != ["cpu"] else
+                 "on the GPU you want priced, for its own (with a calibration `gors run` there: this one ran on "
+                 "the CPU and prices no GPU)")
         parts.append(f"official / gors for {', '.join(measured)}: the ratios measured on 2 CPU cores; pass "
                      "--reference_speedups speed.json, written by `python -m benchmarks --device cuda --full-size "
-                     "--output speed.md` on this GPU, for its own.")
+                     f"--output speed.md` {where}.")
     if "select" in shown:
         parts.append("select: 1.00x is a placeholder, no official selection was measured.")
     return "\n".join(parts) or None
@@ -461,7 +477,7 @@ def estimate_command(config: EstimateConfig) -> list[StageEstimate]:
     rows = estimate(stages, plan, speedups)
     print(format_estimate(rows, devices))
     print("\n" + format_plan(plan, stages))
-    note = speedup_note(rows, config.given_speedups)
+    note = speedup_note(rows, config.given_speedups, devices)
     if note:
         print("\n" + note)
     for warning in calibration_warnings(stages):

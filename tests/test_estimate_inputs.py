@@ -92,10 +92,23 @@ def test_the_hours_are_named_after_the_device_the_calibration_ran_on(device, uni
     stages = {name: entry | {"device": device} for name, entry in _stages().items()}
     (tmp_path / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
     estimate_command(EstimateConfig(timings=[str(tmp_path)]))
-    table = capsys.readouterr().out.split("plan:")[0]
+    table, plan = capsys.readouterr().out.split("plan:")
     assert table.startswith(f"{unit}-hours on {device} (rates measured there")
     assert f"| stage | work | gors {unit}-h | official {unit}-h |" in table
     assert unit == "GPU" or "GPU" not in table  # a CPU calibration prices no GPU
+    # The note on the default ratios asks for a speed table of the GPU the calibration ran on, or, for a CPU
+    # calibration, for a calibration on a GPU as well.
+    assert ("on this GPU, for its own." in plan) == (unit == "GPU")
+    assert ("this one ran on the CPU and prices no GPU" in plan) == (unit == "CPU")
+
+
+def test_stages_timed_on_the_cpu_and_on_a_gpu_are_refused(tmp_path):
+    stages = _stages()
+    stages["score"]["device"] = "cpu"
+    (tmp_path / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    with pytest.raises(ValueError, match=r"^score timed on the CPU, generate on GPU X \(.*timings.json\), train on "
+                                         r"GPU X .*CPU-hours and GPU-hours do not add up"):
+        estimate_command(EstimateConfig(timings=[str(tmp_path)]))
 
 
 def _train(work: int, **settings) -> dict[str, dict]:
