@@ -19,7 +19,7 @@ from typing import Any
 
 from gors.core.backbones import LORA_WEIGHT_NAME
 from gors.core.io import files_sha256, read_json_if_present, read_jsonl
-from gors.core.lock import describe_holder, lock_records
+from gors.core.lock import describe_holder, holder_runs, lock_records
 from gors.core.run_folder import (
     BEST_DIR,
     BEST_FILE,
@@ -209,18 +209,18 @@ def lock_rows(folder: Path, records: dict[str, dict] | None = None, skip: frozen
         key = (record["pid"], record["host"], record["command"])
         holders.setdefault(key, (record, []))[1].append(stage)
     here = socket.gethostname()
-    live = {stage for record, stages in holders.values() if record["host"] != here or _alive(record["pid"])
+    live = {stage for record, stages in holders.values() if record["host"] != here or holder_runs(record)
             for stage in stages}
     strays: dict[int, tuple[dict, list[str]]] = {}
     for stage, record in shares:
-        if stage.partition("-process-")[0] not in live and record["host"] == here and _alive(record["pid"]):
+        if stage.partition("-process-")[0] not in live and record["host"] == here and holder_runs(record):
             strays.setdefault(record["pid"], (record, []))[1].append(stage)
     rows = []
     for record, stages in holders.values():
         if record["host"] != here:
             rows.append((f"writing {', '.join(stages)}", f"{describe_holder(record)}, by its lock record (another "
                                                          "host: whether it still runs is not known here)"))
-        elif _alive(record["pid"]):
+        elif holder_runs(record):
             rows.append((f"writing {', '.join(stages)}", describe_holder(record)))
         else:
             then = (f"stop the processes of its launch that still run (pid {', '.join(map(str, strays))}), then the "
@@ -235,16 +235,6 @@ def lock_rows(folder: Path, records: dict[str, dict] | None = None, skip: frozen
 def holder_keys(records: dict[str, dict]) -> frozenset:
     """The (pid, host) of each lock record's holder."""
     return frozenset((record["pid"], record["host"]) for record in records.values())
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def is_evaluation_folder(folder: Path) -> bool:

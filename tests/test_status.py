@@ -9,9 +9,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gors.cli import main
@@ -104,6 +106,20 @@ def test_a_command_writing_the_folder_is_named_and_a_killed_one_reads_as_stopped
         holder.stdout.close()
     rows = dict(folder_status(folder))
     assert rows["stopped select, train"].endswith("is gone: the same command resumes it")
+
+
+def test_a_lock_record_whose_pid_a_later_process_took_reads_as_stopped(tmp_path):
+    # The holder was killed and the OS gave its pid to this process, which started after the record was written.
+    from gors.core.lock import lock_path
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    record = {"stage": "train", "command": "gors train --output_dir x", "pid": os.getpid(),
+              "host": socket.gethostname(), "argv": [], "started": psutil.Process().create_time() - 60}
+    lock_path(folder, "train").write_text(json.dumps(record))
+    assert dict(folder_status(folder))["stopped train"].endswith("is gone: the same command resumes it")
+    lock_path(folder, "train").write_text(json.dumps(record | {"started": time.time()}))
+    assert dict(folder_status(folder))["writing train"].startswith(f"`gors train --output_dir x` (pid {os.getpid()}")
 
 
 def test_a_folder_that_does_not_exist_is_one_line(tmp_path, capsys):

@@ -30,6 +30,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
+import psutil
+
 from gors.core.io import UNUSABLE_PATH, PathError, make_folder, unusable_path
 from gors.core.logs import first_time
 
@@ -71,6 +73,20 @@ def describe_holder(record: dict) -> str:
     """A lock record in words: the command, its pid and host, since when."""
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["started"]))
     return f"`{record['command']}` (pid {record['pid']} on host {record['host']}, since {started})"
+
+
+def holder_runs(record: dict) -> bool:
+    """Whether the process a lock record of this host names still runs: its pid is taken by a process that
+    started before the record was written. A pid the OS gave again to a later process after the holder was
+    killed is not the holder's."""
+    try:
+        started = psutil.Process(record["pid"]).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # another user's process, of unknown start: the pid is all there is
+        return True
+    # The OS counts a process's start in clock ticks from a boot time kept to the second.
+    return started <= record["started"] + 1.0
 
 
 def _read_record(fd: int) -> dict | None:
