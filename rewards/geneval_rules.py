@@ -105,7 +105,9 @@ def keep_objects(
 
     Compared in float32, as the official code compares the detector's float32 scores (a score of exactly
     float32(0.3) does not exceed 0.3 there, though it does in double precision). Classes left without
-    objects are dropped. Ties keep the detector's order.
+    objects are dropped. Ties keep the detector's order, where the official `np.argsort(scores)[::-1]`
+    reverses them: the order of equal float32 scores (which real detections practically never have)
+    is no more defined there, as mmdetection's `topk(sorted=False)` hands the detections over unordered.
     """
     above = np.float32(threshold)
     kept = {}
