@@ -20,10 +20,9 @@ its position embeddings to 24 x 24 (bicubic), and the Hub processor resizes to 3
 model gors runs at the official 480 px by default: images resized to 480 (bicubic, as both do) and
 the position embeddings interpolated back to 30 x 30 the same way, once at load. The vision
 encoder then sees the official 901 tokens; the main difference left is the round trip of the
-position embeddings (30 -> 24 -> 30), which could not be measured here (no weights offline), and
-a small one: the official script multiplies in float32 where gors multiplies in float64 (an image
-score moves by 1e-4 in about 0.05 % of two-question images). As in BLIP's code, images are resized
-as PIL images (bicubic; transformers' default processor resizes tensors with torchvision, about
+position embeddings (30 -> 24 -> 30), which could not be measured here (no weights offline). An
+image's product is taken in float32, one question after another, as the official script's tensor
+holds it (`image_score`). As in BLIP's code, images are resized as PIL images (bicubic; transformers' default processor resizes tensors with torchvision, about
 0.015 apart after normalising), the vision LayerNorms take eps 1e-6 (transformers' BLIP config
 defaults to 1e-5), and P(yes) is the quotient of the float32 softmax's two probabilities. Like the
 official code, each question's probability is rounded
@@ -47,6 +46,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import numpy
 import torch
 from PIL import Image
 
@@ -198,17 +198,13 @@ class BVQAReward(Reward):
         for qs, (_, source) in zip(questions, asked, strict=True):
             probs = p_yes[cursor : cursor + len(qs)]
             cursor += len(qs)
-            score = float(math.prod(self._rounded(p) for p in probs))  # 1.0 for a prompt without questions
-            score = self._rounded(score)
+            score = image_score(probs, self.decimals)
             scores.append(score)
             details.append(
                 {"questions": qs, "phrases": [q[:-1] for q in qs], "p_yes": probs, "score": score,
                  "question_source": source}
             )
         return RewardOutput(scores=scores, details=details)
-
-    def _rounded(self, value: float) -> float:
-        return value if self.decimals is None else round(value, self.decimals)
 
     def questions_of(self, prompt: str) -> tuple[list[str], dict[str, Any]]:
         """The questions B-VQA asks about `prompt` and their `question_source` record."""
@@ -313,6 +309,21 @@ class BVQAReward(Reward):
             .float()
         )
         return yes_probability(logits, self.yes_id, self.no_id)
+
+
+def image_score(p_yes: list[float], decimals: int | None = 4) -> float:
+    """An image's B-VQA score in [0, 1] from its questions' P(yes) (each in [0, 1]); 1.0 without questions.
+
+    With `decimals`, as the official `BLIP_vqa.py` computes it: each probability written with that many
+    decimals and read back into a float32 tensor, the product taken there in float32, one question
+    after another, and written with that many decimals again. None: the exact product, unrounded.
+    """
+    if decimals is None:
+        return math.prod(p_yes)
+    score = numpy.float32(1.0)
+    for p in p_yes:
+        score = score * numpy.float32(round(p, decimals))  # float32 x float32 stays float32, as on the tensor
+    return round(float(score), decimals)
 
 
 def yes_probability(logits: torch.Tensor, yes_id: int, no_id: int) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,13 @@ import gors.testing.blip as tiny_blip
 import rewards.noun_phrases as noun_phrases
 from gors.testing.blip import build_tiny_blip_vqa
 from rewards import get_reward_class, load
-from rewards.b_vqa import OFFICIAL_IMAGE_SIZE, BVQAReward, official_question, resize_position_embeddings
+from rewards.b_vqa import (
+    OFFICIAL_IMAGE_SIZE,
+    BVQAReward,
+    image_score,
+    official_question,
+    resize_position_embeddings,
+)
 from rewards.noun_phrases import BUILTIN_PARSER_VERSION
 from rewards.question_table import FORMAT, load_question_table, make_question_table, write_question_table
 
@@ -89,7 +96,7 @@ def test_scores_details_and_product_rule(reward: BVQAReward) -> None:
         assert all(0.0 <= p <= 1.0 for p in details["p_yes"])
         assert 0.0 <= score <= 1.0 and details["score"] == score
         # As the official code: each probability and the product written with 4 decimals.
-        assert score == round(math.prod(round(p, 4) for p in details["p_yes"]), 4)
+        assert score == image_score(details["p_yes"])
     assert output.details[2]["phrases"] == ["a balloon", "the top", "a giraffe"]
     assert output.details[4]["phrases"] == ["a horse", "a man"]  # "the right" is filtered out
     # A random model still answers differently for different questions and images.
@@ -382,6 +389,28 @@ def test_three_in_one_passes_the_table_to_b_vqa(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(ValueError, match="two question tables"):
         three_in_one.ThreeInOneReward(device="cpu", subsplits="none", questions="a.json",
                                       b_vqa={"questions": "b.json"})
+
+
+def _official_scores(p_yes: list[list[float]], np_num: int = 8) -> list[float]:
+    """T2I-CompBench's `BLIP_vqa.py` arithmetic: each answer written as '{:.4f}' and read into a float32
+    tensor (1 where an image has no such question), the product over its columns in place, written again."""
+    reward = torch.zeros((len(p_yes), np_num))
+    for k, probs in enumerate(p_yes):
+        for i in range(np_num):
+            reward[k][i] = float("{:.4f}".format(probs[i])) if i < len(probs) else 1
+    final = reward[:, 0]
+    for i in range(1, np_num):
+        final *= reward[:, i]
+    return [float("{:.4f}".format(final[k].item())) for k in range(len(p_yes))]
+
+
+def test_an_images_score_is_the_official_scripts_float32_product() -> None:
+    rng = random.Random(0)
+    p_yes = [[rng.random() ** rng.choice([1, 4]) for _ in range(rng.randint(1, 8))] for _ in range(20000)]
+    assert [image_score(probs) for probs in p_yes] == _official_scores(p_yes)
+    # 0.265 x 0.43 = 0.11395: in double precision it writes 0.114, in the official float32 0.1139.
+    assert round(math.prod([0.265, 0.43]), 4) == 0.114 and image_score([0.26501, 0.42996]) == 0.1139
+    assert image_score([]) == 1.0 and image_score([0.123456, 1.0], None) == 0.123456
 
 
 def test_unrounded_scores_on_request(model_dir: Path) -> None:
