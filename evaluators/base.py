@@ -186,7 +186,7 @@ def check_complete(entries: Sequence[ImageEntry], num_prompts: int, images_per_p
         )
 
 
-# A quick run's prompts are every n-th one (`every_nth`): another --max_prompts is another prompt set.
+# A quick run's prompts are spread over the list (`spread_evenly`): another --max_prompts is another prompt set.
 EVALUATION_FLAGS = StoreFlags(prompts="the --max_prompts that made it", may_change="--images_per_prompt",
                               extra_images="the evaluation scores the first --images_per_prompt of each prompt")
 # Evaluations whose command has no flag for the batch sizes (validation during training, the toy recipe's).
@@ -213,11 +213,12 @@ def image_index_seed(base_seed: int, prompt_index: int, image_index: int) -> int
     return base_seed + image_index
 
 
-def every_nth(items: Sequence[T], max_prompts: int | None) -> list[T]:
-    """Every n-th item, n = ceil(len / max_prompts), so that at most `max_prompts` remain (all
-    of them without a limit): a quick run spread over the whole prompt list, in its order."""
+def spread_evenly(items: Sequence[T], max_prompts: int | None) -> list[T]:
+    """`max_prompts` items spread evenly over `items`, in its order (item floor(i x len / max_prompts) for
+    i < max_prompts, the first included); all of them when there are no more, or without a limit. A quick
+    run over the whole prompt list, of exactly the size asked for."""
     if max_prompts and len(items) > max_prompts:
-        return list(items[:: -(-len(items) // max_prompts)])
+        return [items[i * len(items) // max_prompts] for i in range(max_prompts)]
     return list(items)
 
 
@@ -232,7 +233,7 @@ class Benchmark:
     """Base class of benchmarks: the shared protocol fields; see the module docstring.
 
     Args:
-        max_prompts: evaluate every n-th prompt so that at most this many remain (quick runs);
+        max_prompts: evaluate this many prompts spread evenly over the benchmark's list (quick runs);
             None: all of them.
         images_per_prompt: images per prompt; None is the benchmark's official number.
         num_inference_steps, guidance_scale, resolution: sampling steps, classifier-free guidance
@@ -297,8 +298,8 @@ class Benchmark:
         raise KeyError(f"{self.name} declares no metric {key!r}; it declares {[m.key for m in self.metrics]}")
 
     def subsample(self, items: Sequence[T]) -> list[T]:
-        """`items` (the benchmark's prompts, in order) cut to `max_prompts` with `every_nth`."""
-        return every_nth(items, self.max_prompts)
+        """`items` (the benchmark's prompts, in order) cut to `max_prompts` with `spread_evenly`."""
+        return spread_evenly(items, self.max_prompts)
 
     def prompts(self) -> list[BenchmarkPrompt]:
         raise NotImplementedError

@@ -469,7 +469,8 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "generate": Command("gors.config:GenerateConfig", "gors.generate:generate",
-                        "k images per training prompt into the sample store", locks=("generate",)),
+                        "k images per training prompt into the sample store", locks=("generate",),
+                        defaults="gors.config:sampling_defaults"),
     # score rewrites the store's metadata files (its reward column), which generate appends to
     "score": Command("gors.config:ScoreConfig", "gors.score:score", "score every sample with a reward",
                      locks=("generate", "score"), reads_run=True),
@@ -480,7 +481,7 @@ COMMANDS: dict[str, Command] = {
                      "reward-weighted LoRA fine-tuning on the selection", locks=("select", "train"), reads_run=True,
                      interrupted=TRAINING_INTERRUPTED, defaults="gors.config:train_defaults"),
     "run": Command("gors.config:RunConfig", "gors.run:run", "generate, score, select and train in one go",
-                   interrupted=TRAINING_INTERRUPTED),
+                   interrupted=TRAINING_INTERRUPTED, defaults="gors.config:sampling_defaults"),
     # evaluate locks its folder itself, once the benchmarks and the LoRA are checked (`EVALUATE_LOCKS`)
     "evaluate": Command("gors.config:EvaluateConfig", "gors.evaluate:evaluate",
                         "run benchmarks on a checkpoint, a LoRA or an image folder"),

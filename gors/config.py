@@ -879,7 +879,7 @@ class EvaluateConfig:
         metadata={"help": "Score images already laid out as the benchmark's official tools expect instead of "
                           "generating (one benchmark or category only)."},
     )
-    max_prompts: int | None = field(default=None, metadata={"help": "Evaluate at most N prompts (quick runs)."})
+    max_prompts: int | None = field(default=None, metadata={"help": "Evaluate N prompts spread evenly over each benchmark's list (quick runs)."})
     images_per_prompt: int | None = field(
         default=None, metadata={"help": "Images per prompt; default: each benchmark's official number."}
     )
@@ -987,6 +987,20 @@ class Derived:
 
     shown: str
     compute: Callable[[dict[str, Any]], Any]
+
+
+def sampling_defaults() -> dict[str, Derived]:
+    """`gors generate`'s and `gors run`'s base model where neither a flag nor a config file names one: the toy
+    pipeline that ships with gors for the toy world's prompts (`--train_prompts toy:<split>`, which no other
+    model was made for), else the paper's."""
+    from gors.core.prompts import TOY_PREFIX
+    from gors.core.toy import PRETRAINED_DIR
+
+    paper_model = next(f.default for f in fields(GenerateConfig) if f.name == "pretrained_model_name_or_path")
+    toy_model = str(PRETRAINED_DIR / "pipeline")
+    return {"pretrained_model_name_or_path": Derived(
+        f"the toy pipeline that ships with gors for --train_prompts {TOY_PREFIX}<split>, else {paper_model}",
+        lambda values: toy_model if str(values["train_prompts"]).startswith(TOY_PREFIX) else paper_model)}
 
 
 def train_defaults() -> dict[str, Derived]:

@@ -589,6 +589,24 @@ def test_a_commands_computed_defaults_apply_under_python_m_gors_cli(tmp_path):
                                     f"--output_dir {tmp_path / 'run'}` first."
 
 
+@pytest.mark.parametrize("command", ["run", "generate"])
+def test_the_toy_worlds_prompts_sample_the_packaged_toy_model_unless_a_model_is_given(command, tmp_path):
+    from gors.cli import command_config
+    from gors.core.toy import PRETRAINED_DIR
+
+    def model(*flags: str) -> str:
+        return command_config(command, ["--output_dir", str(tmp_path), *flags], f"gors {command}").pretrained_model_name_or_path
+
+    assert model("--train_prompts", "toy:train") == str(PRETRAINED_DIR / "pipeline")
+    assert model("--train_prompts", "color") == model() == "stabilityai/stable-diffusion-2-base"
+    assert model("--train_prompts", "toy:train", "--pretrained_model_name_or_path", "mine") == "mine"
+    config = tmp_path / "run.yaml"
+    config.write_text("train_prompts: toy:held_out\npretrained_model_name_or_path: from_the_file\n")
+    assert model("--config", str(config)) == "from_the_file"
+    config.write_text("train_prompts: toy:held_out\n")
+    assert model("--config", str(config)) == str(PRETRAINED_DIR / "pipeline")
+
+
 def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):
     a_file = tmp_path / "a_file"
     a_file.write_text("")

@@ -187,7 +187,7 @@ def test_read_images_missing_prompt_or_extra_key_is_a_clear_error(tmp_path, data
     # With max_prompts, prompts of the benchmark outside the subset are ignored, not errors.
     full = _image_folder(tmp_path / "full", [row["prompt"] for row in ROWS])
     entries = GenEval2Benchmark(data_path=str(data_file), max_prompts=2).read_images(full)
-    assert [e.path.name for e in entries] == ["0.png", "2.png"]
+    assert [e.path.name for e in entries] == ["0.png", "1.png"]  # 2 of 3: prompts 3 x 0 // 2 and 3 x 1 // 2
 
 
 def test_image_files_are_read_upright_as_the_official_load_image_reads_them(tmp_path, data_file):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from evaluators import available_benchmarks, benchmark_class, build_benchmark
-from evaluators.base import every_nth
+from evaluators.base import spread_evenly
 from evaluators.geneval import geneval_summary
 from evaluators.results import (
     Metric,
@@ -162,10 +162,13 @@ def test_protocol_fields_are_checked_once_for_every_benchmark(name: str, field: 
         build_benchmark(name, **{field: value})
 
 
-def test_every_nth_keeps_at_most_max_prompts_spread_over_the_list() -> None:
-    assert every_nth(list(range(10)), 3) == [0, 4, 8]
-    assert every_nth(range(553), 6) == list(range(0, 553, 93))
-    assert every_nth([1, 2], 5) == [1, 2] and every_nth([1, 2], None) == [1, 2]
+def test_max_prompts_keeps_exactly_that_many_spread_over_the_list() -> None:
+    assert spread_evenly(list(range(10)), 3) == [0, 3, 6]
+    assert spread_evenly(range(300), 16) == [i * 300 // 16 for i in range(16)] and spread_evenly(range(300), 16)[-1] == 281
+    # 100 of 150 is 100 (every 2nd one was 75), each prompt once, in order
+    chosen = spread_evenly(range(150), 100)
+    assert len(chosen) == len(set(chosen)) == 100 and chosen == sorted(chosen) and chosen[:4] == [0, 1, 3, 4]
+    assert spread_evenly([1, 2], 5) == [1, 2] and spread_evenly([1, 2], None) == [1, 2]
 
 
 # --------------------------------------------------------------------------------------------

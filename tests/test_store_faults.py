@@ -70,6 +70,10 @@ def test_generate_records_its_settings_and_refuses_others(make_run_config, tiny_
     with pytest.raises(StoreError, match=r"holds samples of 3 prompts and 2 are asked for.*--max_prompts 3 or more, "
                                          r"with the --train_prompts that made this store\)"):
         generate(make_run_config(images_per_prompt=3, max_prompts=2))
+    # Fewer images per prompt, likewise (an evaluation scores the first ones: tests/test_evaluate.py).
+    with pytest.raises(StoreError, match=r"holds up to 3 images per prompt and --images_per_prompt=2 is asked for: the "
+                                         r"later stages would use all of them. Ask for 3 or more"):
+        generate(make_run_config(images_per_prompt=2, max_prompts=3))
     # The same files at another path (the model moved or copied) are the same model: the store takes the path.
     another = shutil.copytree(tiny_sd, tmp_path / "another_model")
     store = generate(make_run_config(images_per_prompt=3, pretrained_model_name_or_path=str(another)))

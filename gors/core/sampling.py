@@ -64,7 +64,8 @@ class StoreFlags:
 
     prompts: str = "the --train_prompts that made this store"
     may_change: str = "--images_per_prompt and --max_prompts"
-    extra_images: str = "the stages after this one use all of them"  # what happens to images beyond the count
+    # What happens to images beyond --images_per_prompt; None: refused, as the stages after this one would use them all.
+    extra_images: str | None = None
     batch_flag: str | None = "--generation_batch_size"  # sets the images per pipeline call; None: no such flag
 
 
@@ -263,6 +264,10 @@ def generate_samples(
     def plan() -> tuple[int, list[tuple[int, int]]]:
         done = {sample_key(record) for record in store.records()}
         most = 1 + max((i for _, i in done), default=-1)
+        if most > protocol.images_per_prompt and flags.extra_images is None:
+            raise StoreError(f"{store.root} holds up to {most} images per prompt and --images_per_prompt="
+                             f"{protocol.images_per_prompt} is asked for: the later stages would use all of them. Ask "
+                             f"for {most} or more, or use a new --output_dir.")
         if most > protocol.images_per_prompt:
             logger.warning("%s holds up to %d images per prompt, more than --images_per_prompt=%d; %s", store.root,
                            most, protocol.images_per_prompt, flags.extra_images)
