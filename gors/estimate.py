@@ -211,7 +211,8 @@ def merge_timings(paths: list[str]) -> tuple[dict[str, dict[str, Any]], list[str
         if record is None:
             rounds = sorted(Path(path).glob("round-*/timings.json"))
             hint = (f"; a --rounds run keeps them per round, e.g. {rounds[0].parent}" if rounds else
-                    "; pass a run folder of `gors run` or the file itself")
+                    "; pass a run folder of `gors run` or the file itself (`gors run` writes it: the stage commands "
+                    "run one by one do not)")
             raise FileNotFoundError(f"{path}: no timings.json{hint}")
         stages |= record["stages"]
         file = Path(path) / TIMINGS_FILE if Path(path).is_dir() else Path(path)
@@ -397,7 +398,9 @@ def check_train_batch(priced_batch: int | None, stages: dict[str, dict[str, Any]
     if priced_batch is not None and calibrated is not None and calibrated != priced_batch:
         raise ValueError(f"{source} prices training with gors at batch {priced_batch}, but the calibration trained at "
                          f"--train_batch_size {calibrated}: measure the ratio with `python -m benchmarks --only "
-                         f"train_step --gors_batch_size {calibrated}`, or calibrate at {priced_batch}")
+                         f"train_step --gors_batch_size {calibrated}` (and pass its speed.json), give the ratio you "
+                         "know as text (--reference_speedups '{\"train\": R}'), or calibrate at "
+                         f"{priced_batch}")
 
 
 def _given_speedups(value: dict[str, Any] | str) -> dict[str, Any]:

@@ -252,7 +252,8 @@ def test_the_default_training_ratio_prices_only_a_calibration_at_gors_batch_of_2
         with pytest.raises(ValueError, match=r"the default training ratio \(measured on 2 CPU cores\) prices training "
                                              r"with gors at batch 2, but the calibration trained at --train_batch_size "
                                              r"16: measure the ratio with `python -m benchmarks --only train_step "
-                                             r"--gors_batch_size 16`"):
+                                             r"--gors_batch_size 16` \(and pass its speed.json\), give the ratio "
+                                             r"you know as text \(--reference_speedups '\{\"train\": R\}'\)"):
             estimate_command(EstimateConfig(timings=[str(tmp_path)], reference_speedups=speedups))
     estimate_command(EstimateConfig(timings=[str(tmp_path)], reference_speedups={"train": 3.0}))  # the user's word
     assert "| train | 15000 steps x batch 16 |" in capsys.readouterr().out
