@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Sequence
 
 from gors.cli import TRAINING_INTERRUPTED, expected_errors, parse_config, quiet_dependency_warnings
 from gors.config import Derived, RunConfig
-from gors.core.io import make_folder
+from gors.core.io import first_missing, make_folder, remove_folder_holding_only
 from gors.core.paper import CATEGORIES, GORS_GLOBAL_BATCH
 
 
@@ -78,19 +79,22 @@ def with_geneval_train_prompts(config: RunConfig) -> RunConfig:
         return config
     from evaluators.geneval_train_prompts import DEFAULT_NUM_PROMPTS, generate_train_prompts, write_train_prompts
 
-    path = make_folder(config.output_dir, "--output_dir") / GENEVAL_TRAIN_FILE  # a file there: one line
+    path = Path(config.output_dir) / GENEVAL_TRAIN_FILE
     if not path.is_file():  # every process writes the same bytes atomically
-        write_train_prompts(path, generate_train_prompts(DEFAULT_NUM_PROMPTS, GENEVAL_TRAIN_SEED))
+        prompts = generate_train_prompts(DEFAULT_NUM_PROMPTS, GENEVAL_TRAIN_SEED)  # reads GenEval's: before the folder
+        write_train_prompts(make_folder(config.output_dir, "--output_dir") / GENEVAL_TRAIN_FILE, prompts)
     return replace(config, train_prompts=str(path))
 
 
-def geneval_recipe_config(argv: Sequence[str] | None = None, prog: str = "recipes/gors_geneval.py") -> RunConfig:
-    """The GenEval recipe's config: overrides on top of `geneval_recipe_defaults`, training prompts in place."""
+def geneval_recipe_config(argv: Sequence[str] | None = None, prog: str = "recipes/gors_geneval.py",
+                          write_prompts: bool = True) -> RunConfig:
+    """The GenEval recipe's config: overrides on top of `geneval_recipe_defaults`, training prompts in place
+    (`write_prompts=False`: still `GENEVAL_TRAIN_PROMPTS`, for `with_geneval_train_prompts`)."""
     config = parse_config(RunConfig, argv, defaults=geneval_recipe_defaults(), prog=prog)
     # A default, not a parser default: --select_top_fraction or --tau_schedule replace it.
     if config.reward_threshold is None and config.select_top_fraction is None and config.tau_schedule is None:
         config = replace(config, reward_threshold=GENEVAL_TAU)
-    return with_geneval_train_prompts(config)
+    return with_geneval_train_prompts(config) if write_prompts else config
 
 
 @expected_errors(TRAINING_INTERRUPTED)
@@ -98,8 +102,16 @@ def run_geneval_recipe(argv: Sequence[str] | None = None) -> RunConfig:
     """Parse overrides on top of the GenEval recipe's defaults and run the whole GORS loop."""
     quiet_dependency_warnings()
     script = "recipes/gors_geneval.py"
-    config = geneval_recipe_config(argv, prog=script)
+    config = geneval_recipe_config(argv, prog=script, write_prompts=False)
+    folder = Path(config.output_dir).absolute()
+    created, made = not folder.exists(), first_missing(folder)
+    config = with_geneval_train_prompts(config)
     from gors.run import run  # here, not above: `--help` answers without importing torch and diffusers
 
-    run(config, command=script)
+    try:
+        run(config, command=script)
+    except BaseException:
+        if created:  # a run refused before it began leaves no folder of the prompts alone, as `gors run` leaves none
+            remove_folder_holding_only(folder, [GENEVAL_TRAIN_FILE], made)
+        raise
     return config

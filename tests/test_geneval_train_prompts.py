@@ -188,3 +188,19 @@ def test_recipe_config_writes_the_training_prompts_once(tmp_path: Path, hub_cach
     assert (top.reward_threshold, top.select_top_fraction) == (None, 0.1)
     scheduled = geneval_recipe_config(["--output_dir", str(out), "--rounds", "2", "--tau_schedule", "0.6", "0.8"])
     assert (scheduled.reward_threshold, scheduled.tau_schedule) == (None, [0.6, 0.8])
+
+
+def test_a_geneval_recipe_run_refused_before_it_began_leaves_no_folder_of_prompts(tmp_path, hub_cache, capsys) -> None:
+    from gors.recipes import GENEVAL_TRAIN_FILE, run_geneval_recipe
+    from rewards.combined import reward_models
+
+    hub_cache(*reward_models("geneval_graded").values())
+    missing_model = ["--pretrained_model_name_or_path", str(tmp_path / "no_model")]
+    with pytest.raises(SystemExit):
+        run_geneval_recipe(["--output_dir", str(tmp_path / "new" / "run"), *missing_model])
+    assert "no_model" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    # A folder that was there keeps what the recipe wrote into it: a rerun trains on the same prompts.
+    (tmp_path / "old").mkdir()
+    with pytest.raises(SystemExit):
+        run_geneval_recipe(["--output_dir", str(tmp_path / "old"), *missing_model])
+    assert [path.name for path in (tmp_path / "old").iterdir()] == [GENEVAL_TRAIN_FILE]

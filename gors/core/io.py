@@ -47,6 +47,33 @@ class NotSharedError(PathError):
     """Some processes of a launch do not see the run folder the main process writes (not a shared filesystem)."""
 
 
+def first_missing(folder: Path) -> Path:
+    """The outermost of `folder` and its parents that does not exist: what making `folder` creates."""
+    missing = folder
+    for parent in folder.parents:
+        if parent.exists():
+            break
+        missing = parent
+    return missing
+
+
+def remove_folder_holding_only(folder: Path, names: Iterable[str], made: Path) -> None:
+    """Remove `folder` when it holds nothing but files of `names`, and then the parents it was made with up to
+    `made` while they are empty: a command that made it and failed before writing its work (e.g. on a mistyped
+    flag) leaves no empty run folder behind. Anything else in it keeps it (another process's files, or work)."""
+    names = set(names)
+    try:
+        if {path.name for path in folder.iterdir()} <= names:
+            for name in names:
+                (folder / name).unlink(missing_ok=True)
+            folder.rmdir()
+            while folder != made and not any(folder.parent.iterdir()):
+                folder = folder.parent
+                folder.rmdir()
+    except OSError:  # another process wrote there meanwhile, or it cannot be removed: leave it
+        pass
+
+
 def unusable_path(err: OSError, path: str | Path, flag: str | None = None) -> PathError:
     """`err` (one of `UNUSABLE_PATH`) as one line naming the path, the flag that gave it and the fix."""
     given = f"{flag}={str(path)!r}" if flag else str(path)

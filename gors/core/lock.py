@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import psutil
 
-from gors.core.io import UNUSABLE_PATH, PathError, make_folder, unusable_path
+from gors.core.io import UNUSABLE_PATH, PathError, first_missing, make_folder, remove_folder_holding_only, unusable_path
 from gors.core.logs import first_time
 
 # The (folder, stage) locks the current call stack holds: a stage function called by a command that holds its
@@ -150,34 +150,6 @@ def _release(fd: int) -> None:
     os.close(fd)  # drops the flock
 
 
-def _remove_if_only_locks(folder: Path, stages: Sequence[str], made: Path) -> None:
-    """Remove `folder` when it holds nothing but the main process's lock files of `stages`, and then the
-    parents it was made with up to `made` while they are empty: a command that made it and failed before
-    writing anything (e.g. on a mistyped --output_dir) leaves no empty run folder behind. Other processes'
-    locks, held until they stop, keep it (deleting a held lock would let another command take it)."""
-    locks = {lock_path(folder, stage).name for stage in stages}
-    try:
-        if {path.name for path in folder.iterdir()} <= locks:
-            for name in locks:
-                (folder / name).unlink(missing_ok=True)
-            folder.rmdir()
-            while folder != made and not any(folder.parent.iterdir()):
-                folder = folder.parent
-                folder.rmdir()
-    except OSError:  # another process wrote there meanwhile, or it cannot be removed: leave it
-        pass
-
-
-def _first_missing(folder: Path) -> Path:
-    """The outermost of `folder` and its parents that does not exist: what making `folder` creates."""
-    missing = folder
-    for parent in folder.parents:
-        if parent.exists():
-            break
-        missing = parent
-    return missing
-
-
 def _acquire_all(held: ExitStack, folder: Path, stages: Sequence[str], command: str,
                  note_stale: bool = True) -> tuple[str, str] | None:
     """Take the locks of `stages`, each released by `held`; returns None, or the refusal as (kind, message)
@@ -219,7 +191,7 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
     state = process_state()
     # Made by this lock (with the parents from `made` on), if anything fails below.
     created = state.is_main_process and not Path(folder).exists()
-    made = _first_missing(Path(folder).absolute())
+    made = first_missing(Path(folder).absolute())
     with ExitStack() as held:
         refusal = None
         if state.is_main_process:
@@ -242,8 +214,12 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
         try:
             yield
         except BaseException:
-            if created:  # registered last, so it runs first: while the locks are still held
-                held.callback(_remove_if_only_locks, Path(folder).absolute(), stages, made)
+            # Registered last, so it runs first: while the locks are still held. Only the main process's lock files
+            # are removed: another process's lock, held until it stops, keeps the folder (deleting a held lock would
+            # let another command take it).
+            if created:
+                held.callback(remove_folder_holding_only, Path(folder).absolute(),
+                              [lock_path(folder, stage).name for stage in stages], made)
             raise
         finally:
             _HELD.reset(token)
