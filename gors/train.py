@@ -887,6 +887,10 @@ class GORSTrainer:
             accelerator.print(f"[train] {len(self.selection)} selected samples: {self._steps_to_train(global_step)} of "
                               f"{config.train_batch_size} x {accelerator.num_processes} x "
                               f"{config.gradient_accumulation_steps}")
+            update = config.train_batch_size * accelerator.num_processes * config.gradient_accumulation_steps
+            if len(self.selection) < update:  # every update is full: the epoch wraps around (`BatchSchedule`)
+                accelerator.print(f"[train] note: the {len(self.selection)} selected samples are fewer than an update's "
+                                  f"{update}: each update takes some of them more than once")
             if config.gradient_accumulation_steps > 1 and not config.auto_train_batch_size:
                 # Small micro-batches leave a large GPU waiting on the host (benchmarks/README.md).
                 whole = config.train_batch_size * config.gradient_accumulation_steps

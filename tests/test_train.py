@@ -228,12 +228,26 @@ def test_a_global_batch_trains_as_the_same_accumulation_given_by_hand(selected_r
         weights[name] = load_file(str(train(config)))
         reset_process_state()
         assert config.gradient_accumulation_steps == 2  # resolved, so the run's settings record it
+        out = capsys.readouterr().out
+        assert "fewer than an update's" not in out  # 6 selected samples fill an update of 4
         # The run says how to train the same updates in fewer, larger steps.
         assert ("[train] note: each update accumulates 2 micro-batches of 2; where memory allows, --train_batch_size "
-                "4 trains as many samples per update in one step, in less time per sample") in capsys.readouterr().out
+                "4 trains as many samples per update in one step, in less time per sample") in out
     assert weights["global"].keys() == weights["by_hand"].keys()
     for key, value in weights["by_hand"].items():
         assert torch.equal(weights["global"][key], value), key
+
+
+def test_a_selection_smaller_than_one_update_is_trained_and_the_run_says_samples_repeat(selected_run, make_run_config,
+                                                                                       tmp_path, capsys):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    config = _config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="none",
+                     train_batch_size=4, gradient_accumulation_steps=2)
+    capsys.readouterr()
+    assert train(config).is_file()
+    reset_process_state()
+    assert ("[train] note: the 6 selected samples are fewer than an update's 8: each update takes some of them more "
+            "than once") in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("fused", [True, False])
