@@ -443,7 +443,7 @@ def list_benchmarks(config: BenchmarksConfig) -> None:
 
 # Every stage keeps its finished work (images, score rows, checkpoints) and skips it when rerun.
 INTERRUPTED = "interrupted; run the same command again to resume where it stopped"
-TRAINING_INTERRUPTED = f"{INTERRUPTED} (training: from its last checkpoint)"
+TRAINING_INTERRUPTED = f"{INTERRUPTED} (finished images and scores are kept; training goes on from its last checkpoint)"
 
 
 @dataclass(frozen=True)

@@ -970,7 +970,13 @@ def config_file_values(cls: type, values: Mapping[str, Any], path: str) -> dict[
     hints = [f"; {name} is the command line's flag: write {name.removeprefix('no_')}: "
              f"{str(not values[name]).lower() if isinstance(values[name], bool) else 'false'}"
              for name in unknown if name.startswith("no_") and name.removeprefix("no_") in booleans & known]
-    hints += [f"; did you mean {match[0]}?" for name in unknown if not name.startswith("no_")
+    # A training key in an evaluation's (or the status's) file: the key is right, the command is not.
+    elsewhere = [] if cls in STAGE_CONFIGS else [name for name in unknown if name in {spec.name for spec in fields(RunConfig)}]
+    if elsewhere:
+        hints.append(f"; {', '.join(elsewhere)}: {'settings' if len(elsewhere) > 1 else 'a setting'} of `gors run` "
+                     f"and its stages, which {cls.__name__} does not take")
+    hints += [f"; {name}: did you mean {match[0]}?" for name in unknown if not name.startswith("no_")
+              and name not in elsewhere
               for match in [difflib.get_close_matches(name.replace("-", "_"), sorted(known), n=1)] if match]
     _check(not unknown, f"--config {path}: unknown keys {unknown} for {cls.__name__}"
                         + (" (nor any other stage of `gors run`)" if cls in STAGE_CONFIGS else "")

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from gors.cli import TRAINING_INTERRUPTED, expected_errors, parse_config, quiet_dependency_warnings
 from gors.config import Derived, RunConfig
-from gors.core.io import first_missing, make_folder, remove_folder_holding_only
+from gors.core.io import check_folder_path, first_missing, make_folder, remove_folder_holding_only
 from gors.core.paper import CATEGORIES, GORS_GLOBAL_BATCH
 
 
@@ -81,6 +81,7 @@ def with_geneval_train_prompts(config: RunConfig) -> RunConfig:
 
     path = Path(config.output_dir) / GENEVAL_TRAIN_FILE
     if not path.is_file():  # every process writes the same bytes atomically
+        check_folder_path(config.output_dir, "--output_dir")
         prompts = generate_train_prompts(DEFAULT_NUM_PROMPTS, GENEVAL_TRAIN_SEED)  # reads GenEval's: before the folder
         write_train_prompts(make_folder(config.output_dir, "--output_dir") / GENEVAL_TRAIN_FILE, prompts)
     return replace(config, train_prompts=str(path))

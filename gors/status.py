@@ -345,22 +345,25 @@ def _best_rows(folder: Path) -> list[tuple[str, str]]:
 
 def status(config: StatusConfig) -> None:
     """`gors status`: print each folder's rows; a folder that does not exist, or whose records cannot be read, is
-    said in its place and, once all are printed, in the error."""
+    said in the error and, among several folders, in its place too (the others are still reported)."""
     failed = []
     for index, folder in enumerate(map(Path, config.folders)):
-        print(("\n" if index else "") + f"{folder}")
+        heading = ("\n" if index else "") + f"{folder}"
         if not folder.is_dir():
-            print("  not a folder" if folder.exists() else "  no such folder")
-            failed.append(f"{folder}: {'not a folder' if folder.exists() else 'no such run folder'}")
-            continue
-        try:
-            rows = folder_status(folder)
-        except (ValueError, StoreError) as err:  # a record cut short or edited: the other folders are still reported
-            print(f"  cannot be read: {err}")
-            failed.append(f"{folder}: {err}")
-            continue
-        width = max(len(what) for what, _ in rows)
-        for what, value in rows:
-            print(f"  {what:<{width}}  {value}")
+            problem = "not a folder" if folder.exists() else "no such run folder"
+        else:
+            try:
+                rows = folder_status(folder)
+            except (ValueError, StoreError) as err:  # a record cut short or edited
+                problem = f"cannot be read: {err}"
+            else:
+                print(heading)
+                width = max(len(what) for what, _ in rows)
+                for what, value in rows:
+                    print(f"  {what:<{width}}  {value}")
+                continue
+        if len(config.folders) > 1:  # in its place among the others; a single folder's is the error alone
+            print(f"{heading}\n  {problem}")
+        failed.append(f"{folder}: {problem}")
     if failed:
         raise ValueError("; ".join(failed))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gors.cli import COMMANDS, main, parse_config
-from gors.config import RunConfig, TrainConfig
+from gors.config import EvaluateConfig, RunConfig, TrainConfig
 from gors.generate import generate
 from gors.recipes import recipe_defaults
 from gors.score import score
@@ -242,6 +242,21 @@ def test_a_link_to_a_missing_folder_is_named_as_such(tmp_path):
         make_folder(tmp_path / "scratch" / "run1", "--output_dir")
 
 
+def test_a_folder_path_is_checked_before_slow_work_with_the_error_making_it_would_give(tmp_path):
+    from gors.core.io import PathError, check_folder_path, make_folder
+
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "scratch").symlink_to(tmp_path / "unmounted" / "runs")
+    for path in ("afile", "afile/run1", "scratch", "scratch/run1"):
+        with pytest.raises(PathError) as checked:
+            check_folder_path(tmp_path / path, "--output_dir")
+        with pytest.raises(PathError) as made:
+            make_folder(tmp_path / path, "--output_dir")
+        assert str(checked.value) == str(made.value), path
+    check_folder_path(tmp_path / "new" / "run1")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["afile", "scratch"]  # it creates nothing
+
+
 def test_unbiased_says_which_categories_have_an_unbiased_reward_and_where_a_reward_came_from():
     from gors.recipes import geneval_recipe_defaults
 
@@ -406,8 +421,6 @@ def test_numbers_in_exponent_form_are_numbers_in_mapping_flags_and_yaml_files(tm
 
 
 def test_mapping_options_are_dicts_from_flags_and_yaml(tmp_path):
-    from gors.config import EvaluateConfig
-
     assert parse_config(RunConfig, []).reward_options == {}
     config = parse_config(RunConfig, ["--validation_benchmark", "toy:train", "--validation_scorer_options",
                                       "{checks: all}"])
@@ -493,7 +506,8 @@ def test_interrupt_is_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr("gors.cli.run_train", interrupted)
     (tmp_path / "samples").mkdir()
     message = one_error_line(capsys, ["train", "--output_dir", str(tmp_path)])
-    assert message.endswith("resume where it stopped (training: from its last checkpoint)\n")
+    assert message.endswith("resume where it stopped (finished images and scores are kept; training goes on from its "
+                            "last checkpoint)\n")
     # Another process of a launch: the launcher passed Ctrl-C to every process, and the main one says it.
     monkeypatch.setattr("gors.cli._process_index", lambda: 1)
     monkeypatch.setattr("gors.cli.time.sleep", lambda seconds: pytest.fail("waited before exiting"))
@@ -690,8 +704,8 @@ def test_yaml_whole_numbers_read_as_the_same_text_as_a_flag(tmp_path):
     ("[]\n", r"expected a mapping of RunConfig fields, got list"),
     ("false\n", r"expected a mapping of RunConfig fields, got bool"),
     ("0\n", r"expected a mapping of RunConfig fields, got int"),
-    ("learning_rat: 1e-4\n", r"unknown keys \['learning_rat'\] .*; did you mean learning_rate\?"),
-    ("learning-rate: 1e-4\n", r"unknown keys \['learning-rate'\] .*; did you mean learning_rate\?"),
+    ("learning_rat: 1e-4\n", r"unknown keys \['learning_rat'\] .*; learning_rat: did you mean learning_rate\?"),
+    ("learning-rate: 1e-4\n", r"unknown keys \['learning-rate'\] .*; learning-rate: did you mean learning_rate\?"),
 ])
 def test_a_config_file_that_is_no_mapping_of_field_names_is_refused_in_one_line(tmp_path, text, message):
     config_file = tmp_path / "bad.yaml"
@@ -700,6 +714,16 @@ def test_a_config_file_that_is_no_mapping_of_field_names_is_refused_in_one_line(
         parse_config(RunConfig, ["--config", str(config_file)])
     config_file.write_text("# comments only\n")
     assert parse_config(RunConfig, ["--config", str(config_file)]) == parse_config(RunConfig, [])
+
+
+def test_an_evaluation_config_file_with_training_keys_names_them_and_a_mistyped_key_its_match(tmp_path):
+    config_file = tmp_path / "evaluate.yaml"
+    config_file.write_text("benchmarks: toy\nreward_threshold: 0.5\nmax_train_steps: 10\nbenchmrks: toy\n")
+    with pytest.raises(SystemExit, match=r"unknown keys \['benchmrks', 'max_train_steps', 'reward_threshold'\] for "
+                                         r"EvaluateConfig; max_train_steps, reward_threshold: settings of `gors run` "
+                                         r"and its stages, which EvaluateConfig does not take; benchmrks: did you mean "
+                                         r"benchmarks\?; see --help"):
+        parse_config(EvaluateConfig, ["--config", str(config_file)])
 
 
 def test_mapping_flags_with_keys_that_are_not_text_are_refused(tmp_path):

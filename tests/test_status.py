@@ -125,7 +125,8 @@ def test_a_lock_record_whose_pid_a_later_process_took_reads_as_stopped(tmp_path)
 def test_a_folder_that_does_not_exist_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["status", str(tmp_path / "nothing")])
-    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nothing'}: no such run folder"
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"error: {tmp_path / 'nothing'}: no such run folder" and not captured.out
 
 
 def test_a_gors_evaluate_folder_shows_each_benchmark_and_its_result_once_finished(tmp_path):

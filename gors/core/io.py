@@ -97,6 +97,17 @@ def not_a_folder(path: str | Path) -> str:
     return "a file, not a folder" if Path(path).exists() else "no such folder"
 
 
+def check_folder_path(folder: str | Path, flag: str | None = None) -> None:
+    """Raise the `PathError` that `make_folder` would for a path that is, or lies under, a file or a broken link,
+    creating nothing: a check to make before slow work whose results go there."""
+    folder = Path(folder)
+    existing = next((path for path in (folder, *folder.parents) if path.exists() or path.is_symlink()), None)
+    if existing is None or existing.is_dir():
+        return
+    kind = FileExistsError if existing == folder or not existing.exists() else NotADirectoryError  # not: a broken link
+    raise unusable_path(kind(0, "", str(existing)), folder, flag)
+
+
 def make_folder(folder: str | Path, flag: str | None = None) -> Path:
     """Create `folder` and its parents if missing; a `PathError` naming it (and `flag`) when it cannot be."""
     folder = Path(folder)
