@@ -11,7 +11,7 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from gors.checkpoints import MICRO_BATCH_FIELDS, checkpoint_step, find_checkpoint, read_marker
+from gors.checkpoints import MICRO_BATCH_FIELDS, find_checkpoint, read_marker
 from gors.config import RunConfig
 from gors.core.backbones import check_resolution, check_trainable, detect_backbone
 from gors.core.distributed import main_process_decides
@@ -73,11 +73,6 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
         return len(load_scores(out, config.reward_name(recorded_category(store.load_prompts())))) \
             if prompts.is_file() else 0
 
-
-    def trained() -> int:
-        checkpoint = find_checkpoint(out, "latest", warn=lambda message: None) or inputs.continue_from
-        return checkpoint_step(checkpoint) if checkpoint is not None else 0
-
     def record(timing: StageTiming) -> None:
         # Each stage's timing is kept as soon as it ends: a run stopped in training still has its generation's.
         if accelerator.is_main_process:
@@ -95,7 +90,7 @@ def run_stages(config: RunConfig, accelerator: Accelerator, command: str = "gors
         with timed_stage("select", "images", lambda: len(store.records()), accelerator, timings, resumable=False,
                          on_finish=record):
             select(config, write=accelerator.is_main_process, extra_rows=inputs.replay)
-        with timed_stage("train", "steps", trained, accelerator, timings, on_finish=record):
+        with timed_stage("train", "steps", None, accelerator, timings, on_finish=record):
             train(config, accelerator, continue_from=inputs.continue_from, reset_optimizer=inputs.reset_optimizer,
                   validation_dir=inputs.validation_dir, schedule_steps=inputs.schedule_steps)
         accelerator.print("[run] stage timings (timings.json):\n" + format_timings(timings))

@@ -108,14 +108,17 @@ def _peak_rss_gib() -> float:
 
 
 @contextmanager
-def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Accelerator,
+def timed_stage(stage: str, unit: str, done: Callable[[], int] | None, accelerator: Accelerator,
                 timings: list[StageTiming], resumable: bool = True,
                 on_finish: Callable[[StageTiming], None] | None = None) -> Iterator[None]:
     """Time the body as `stage`; `done()` counts the stage's finished units in the run folder, read
-    before (for a `resumable` stage, whose finished units are skipped) and after. Appends a
-    `StageTiming` to `timings` when the body completes, and hands it to `on_finish` (e.g. to record
-    it at once, so that a run stopped in a later stage keeps it)."""
-    before = done() if resumable else 0
+    before (for a `resumable` stage, whose finished units are skipped) and after. `done=None`: the work is
+    what the stage itself marked (`gors.core.clock.units_done`), for units every process counts alike
+    (training's optimizer steps), where the folder may hold more than this run did (a checkpoint past
+    --max_train_steps, kept from a longer training). Appends a `StageTiming` to `timings` when the body
+    completes, and hands it to `on_finish` (e.g. to record it at once, so that a run stopped in a later
+    stage keeps it)."""
+    before = done() if resumable and done is not None else 0
     cuda = accelerator.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(accelerator.device)
@@ -130,7 +133,7 @@ def timed_stage(stage: str, unit: str, done: Callable[[], int], accelerator: Acc
     timings.append(StageTiming(
         stage=stage,
         seconds=end - start,
-        work=max(done() - before, 0),
+        work=max(done() - before, 0) if done is not None else (marks.last[1] if marks.last is not None else 0),
         unit=unit,
         num_processes=accelerator.num_processes,
         peak_gpu_memory_gib=torch.cuda.max_memory_allocated(accelerator.device) / GIB if cuda else None,

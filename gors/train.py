@@ -1119,6 +1119,8 @@ class GORSTrainer:
         step = checkpoint_step(checkpoint)
         if self.reset_optimizer:
             load_lora(checkpoint, self._bare_trained_modules(), self.backbone.pipeline_class)
+            # A random stream of the round's own: --seed alone would repeat round 0's noise, timesteps and dropout.
+            set_seed(self.config.seed + step, device_specific=True)
         else:
             accelerator.load_state(str(checkpoint))
         state = "adapters only" if self.reset_optimizer else "adapters, optimizer, LR scheduler and RNG"

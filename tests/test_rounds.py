@@ -253,8 +253,19 @@ def test_a_round_refuses_to_go_on_from_a_damaged_checkpoint_of_the_round_before(
     assert lora.is_file()
 
 
-def test_a_fresh_optimizer_per_round_and_validation_at_each_rounds_end(one_process_rounds, make_run_config, tmp_path):
+def test_a_fresh_optimizer_per_round_and_validation_at_each_rounds_end(one_process_rounds, make_run_config, tmp_path,
+                                                                        monkeypatch):
     kept, reset = one_process_rounds, tmp_path / "reset"
+    draws = []  # the first draw of the global stream at each micro-batch, left as it was
+
+    def drawing(trainer, micro_batch):
+        state = torch.random.get_rng_state()
+        draws.append(torch.randn(4))
+        torch.random.set_rng_state(state)
+        return micro_batch_loss(trainer, micro_batch)
+
+    micro_batch_loss = GORSTrainer._micro_batch_loss
+    monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", drawing)
     run(make_run_config(output_dir=str(reset), **{**ROUNDS, "report_to": "tensorboard"}, reset_optimizer=True,
                         validation_benchmark="toy:train", validation_num_prompts=2, validation_steps=100))
     reset_process_state()
@@ -263,6 +274,8 @@ def test_a_fresh_optimizer_per_round_and_validation_at_each_rounds_end(one_proce
         reset / "round-000" / "pytorch_lora_weights.safetensors").read_bytes()
     assert (kept / "round-001" / "pytorch_lora_weights.safetensors").read_bytes() != (
         reset / "round-001" / "pytorch_lora_weights.safetensors").read_bytes()
+    # Each round draws its own noise and timesteps: not round 0's stream again from --seed.
+    assert len(draws) == 4 and not any(torch.equal(draws[i], draws[i + 2]) for i in range(2))
 
     # Validated at each round's last step (not every 100), in the top folder, where the best LoRA of all rounds is.
     assert sorted(p.name for p in (reset / "validation").iterdir()) == ["step-000002", "step-000004"]

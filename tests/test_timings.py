@@ -96,9 +96,14 @@ def test_another_training_in_the_folder_counts_all_its_steps(make_run_config):
     config = make_run_config(max_train_steps=2, checkpointing_steps=1)
     run(config)
     reset_process_state()
-    run(replace(config, learning_rate=config.learning_rate * 2, max_train_steps=3))
+    config = replace(config, learning_rate=config.learning_rate * 2, max_train_steps=3, checkpointing_steps=2)
+    run(config)
+    reset_process_state()
+    # A shorter training of the same settings starts over below the folder's checkpoints 2 and 3, which stay:
+    # its work is its 1 step, not the folder's latest checkpoint.
+    run(replace(config, max_train_steps=1))
     history = read_timings(config.output_dir)["history"]
-    assert [entry["work"] for entry in history if entry["stage"] == "train"] == [2, 3]
+    assert [entry["work"] for entry in history if entry["stage"] == "train"] == [2, 3, 1]
 
 
 def test_estimate_scales_measured_rates_to_the_plan():
