@@ -333,6 +333,24 @@ class AutocastPipeline:
         return getattr(self.pipeline, name)
 
 
+def decode_in_float32_as_the_pipeline_would(pipeline: Any, weight_dtype: torch.dtype) -> None:
+    """Under fp16, make a validation pipeline's `vae.decode` run in float32 outside autocast where the pipeline
+    itself upcasts an fp16 VAE whose config says `force_upcast` (SDXL's, whose decoder overflows fp16): the
+    trainer's VAE is float32, so the pipeline's own upcast does not apply, and validation's autocast would run
+    the decoder's convolutions in fp16 (NaN or black images, scored by --validation_benchmark). `gors generate`
+    and `gors evaluate`, which load the pipeline in fp16 without autocast, decode so through the pipeline."""
+    vae = pipeline.vae
+    if weight_dtype != torch.float16 or not hasattr(pipeline, "upcast_vae") or not vae.config.get("force_upcast"):
+        return
+    decode = type(vae).decode.__get__(vae)  # the class's: a VAE kept over several validations is wrapped once
+
+    def float32_decode(latents: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(latents.device.type, enabled=False):
+            return decode(latents.to(vae.dtype), *args, **kwargs)
+
+    vae.decode = float32_decode
+
+
 class GORSTrainer:
     """Reward-weighted LoRA training on `selection.jsonl` of a run folder, for every trainable model family."""
 
@@ -665,6 +683,7 @@ class GORSTrainer:
                                    "--pretrained_model_name_or_path", revision=self.config.revision,
                                    dtype=self.weight_dtype, **self.backbone.pipeline_kwargs, **components)
         pipeline.set_progress_bar_config(disable=True)
+        decode_in_float32_as_the_pipeline_would(pipeline, self.weight_dtype)
         return pipeline.to(self.accelerator.device)
 
     def validation_encoders(self) -> dict[str, torch.nn.Module]:

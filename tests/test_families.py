@@ -185,6 +185,31 @@ def test_family_encodings_equal_the_pipelines_encode_prompt(name, text_shape, re
         assert torch.allclose(conditioning[key], value, rtol=0, atol=1e-6), key
 
 
+def test_validation_decodes_an_sdxl_vae_in_float32_under_fp16_autocast_as_its_pipeline_upcasts(tiny_sdxl, tiny_sd):
+    from gors.train import decode_in_float32_as_the_pipeline_would
+
+    def decoder_dtype(pipeline) -> torch.dtype:
+        seen = []
+        hook = pipeline.vae.decoder.conv_out.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+        latents = torch.randn(1, pipeline.vae.config.latent_channels, 4, 4, dtype=torch.float16)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+            pipeline.vae.decode(latents)
+        hook.remove()
+        return seen[0]
+
+    sdxl = diffusers.StableDiffusionXLPipeline.from_pretrained(str(tiny_sdxl))  # the trainer's VAE: float32
+    assert sdxl.vae.config.force_upcast and decoder_dtype(sdxl) == torch.float16  # what autocast alone does
+    decode_in_float32_as_the_pipeline_would(sdxl, torch.bfloat16)  # bf16 does not overflow: left as it is
+    assert decoder_dtype(sdxl) == torch.float16
+    for _ in range(2):  # each validation builds a pipeline over the same VAE
+        decode_in_float32_as_the_pipeline_would(sdxl, torch.float16)
+        assert decoder_dtype(sdxl) == torch.float32
+    # SD 1/2 pipelines decode in the pipeline's dtype, as `gors evaluate` does: unchanged.
+    sd = diffusers.StableDiffusionPipeline.from_pretrained(str(tiny_sd))
+    decode_in_float32_as_the_pipeline_would(sd, torch.float16)
+    assert decoder_dtype(sd) == torch.float16
+
+
 def test_sdxl_time_ids_equal_the_pipelines(tiny_sdxl, pipelines):
     _, family = _family(tiny_sdxl)
     pipeline = pipelines(tiny_sdxl)
