@@ -23,8 +23,9 @@ from safetensors.torch import load_file, save_file
 from torchvision import transforms
 
 from gors._moved import moved_names
-from gors.core.distributed import batches, main_process_decides, progress_bar
+from gors.core.distributed import main_process_decides, progress_bar
 from gors.core.logs import own_work_logger
+from gors.core.memory import MORE_MEMORY, in_batches_that_fit
 from gors.core.store import selection_identity
 
 # 0.1 names that moved in 0.2 (CHANGELOG.md); they warn and forward until 0.3.
@@ -134,13 +135,18 @@ def _write_share(target: Path, indices: list[int], compute: Callable[[list[int]]
                  with_index: bool = False) -> dict[str, torch.Tensor]:
     """Compute the items `indices` and write them atomically to `target` (`with_index`: with an `index`
     tensor, for the merge); returns the tensors. Each tensor is joined as its batches are let go: a
-    paper-size latent cache is gigabytes, held here about twice while it is written."""
+    paper-size latent cache is gigabytes, held here about twice while it is written. A batch that runs the
+    device out of memory is halved (FLUX's VAE encodes a 1024 px image in about 2.6 GB, beside the transformer);
+    an item's values depend on it alone, so the cache holds the same ones at any batch size, to float rounding."""
     rows: dict[str, list[torch.Tensor]] = {}
     bar = progress_bar(len(indices), accelerator, description)
-    for batch in batches(indices, batch_size):
+
+    def work(batch: list[int]) -> None:
         for name, value in compute(batch).items():
             rows.setdefault(name, []).append(value.cpu())
         bar.update(len(batch))
+
+    in_batches_that_fit(indices, batch_size, work, f"caching ({description})", "items", None, MORE_MEMORY)
     bar.close()
     tensors = {"index": torch.tensor(indices, dtype=torch.long)} if with_index else {}
     for name in list(rows):

@@ -227,6 +227,25 @@ def test_a_damaged_cache_file_is_computed_again(tmp_path, caplog):
     assert computed == [0, 1, 2, 3, 4] * 5  # reused, not computed again
 
 
+def test_a_cache_batch_that_runs_the_device_out_of_memory_is_halved(tmp_path, caplog):
+    from accelerate import Accelerator
+
+    from gors.training_data import sharded_cache
+
+    batches = []
+
+    def compute(indices):  # a device that holds 3 items at a time
+        batches.append(len(indices))
+        if len(indices) > 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.60 GiB")
+        return {"value": torch.tensor(indices, dtype=torch.float32)[:, None] * 2}
+
+    cache = sharded_cache(tmp_path / "latents.safetensors", 7, compute, Accelerator(cpu=True), 8, "encode latents")
+    assert torch.equal(cache["value"][:, 0], torch.arange(7.0) * 2)  # every item once, in order
+    assert batches == [7, 4, 2, 2, 2, 1]  # halved until a batch fits, then on at that size
+    assert "out of device memory while caching (encode latents) at 4 items: going on at 2" in caplog.text
+
+
 def test_two_spellings_of_one_local_folder_are_one_setting(tmp_path, monkeypatch):
     from gors.core.store import same_value, settings_changes
 
