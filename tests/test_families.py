@@ -439,6 +439,20 @@ def test_an_edm_sdxl_is_refused_for_training_before_any_weights_load(tiny_sdxl, 
     assert not run_dir.exists()
 
 
+def test_a_checkpoint_saved_without_a_text_encoder_is_refused_for_training_before_any_weights_load(
+        tiny_sd3, tmp_path, no_weights):
+    # SD3 saved with text_encoder_3=None: its pipeline samples without T5, training conditions on it.
+    model = tmp_path / "sd3_without_t5"
+    shutil.copytree(tiny_sd3, model)
+    _edit_json(model / "model_index.json", text_encoder_3=[None, None], tokenizer_3=[None, None])
+    run_dir = tmp_path / "run"
+    config = TrainConfig(output_dir=str(run_dir), pretrained_model_name_or_path=str(model), resolution=RESOLUTION)
+    with pytest.raises(ValueError, match=r"its model_index.json has no text_encoder_3 \(T5\), which training "
+                                         r"conditions on"):
+        train(config)
+    assert not run_dir.exists()
+
+
 def _store_made_by(run_dir: Path, model: Path, **settings) -> Path:
     """A run folder whose sample store records these generation settings (no images: enough for the checks)."""
     SampleStore(samples_dir(run_dir)).save_settings({"model": str(model), "revision": None, "guidance_scale": 3.5,

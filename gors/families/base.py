@@ -110,7 +110,19 @@ class TrainingFamily:
 
     @classmethod
     def check_checkpoint(cls, pretrained_model_name_or_path: str, revision: str | None) -> None:
-        """Refuse, from its configs (no weights), a checkpoint of the family that this training does not fit."""
+        """Refuse, from its configs (no weights), a checkpoint of the family that this training does not fit:
+        here, one without a text encoder the family conditions on (an SD3 saved without T5, whose pipeline
+        samples without it), which loading would meet as a component of class None."""
+        index = read_model_index(pretrained_model_name_or_path, revision)
+        missing = [encoder for encoder in cls.text_encoders
+                   if any((index.get(name) or [None])[0] is None for name in (encoder.component, encoder.tokenizer))]
+        if missing:
+            names = ", ".join(e.component + (" (T5)" if e.t5 else "") for e in missing)
+            raise ValueError(
+                f"--pretrained_model_name_or_path={pretrained_model_name_or_path!r}: its model_index.json has no "
+                f"{names}, which training conditions on, as diffusers' LoRA scripts do. "
+                "`gors generate` and `gors evaluate` sample it as its pipeline does; to train, use the checkpoint "
+                "with all its text encoders.")
 
     @classmethod
     def lora_text_encoders(cls) -> list[TextEncoder]:

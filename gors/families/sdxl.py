@@ -43,6 +43,7 @@ class StableDiffusionXLFamily(DDPMFamily):
         """Refuse an EDM-trained SDXL (Playground v2.5): diffusers' SDXL script switches to EDM training
         and to latents `(z - latents_mean) * scaling_factor / latents_std` for it; gors' DDPM loss would train
         it on the wrong noise schedule and latent scale."""
+        super().check_checkpoint(pretrained_model_name_or_path, revision)
         scheduler = (read_model_index(pretrained_model_name_or_path, revision).get("scheduler") or [None, ""])[1]
         vae = component_config(pretrained_model_name_or_path, "vae", revision)
         statistics = [key for key in ("latents_mean", "latents_std") if vae.get(key) is not None]
