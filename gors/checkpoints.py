@@ -295,27 +295,36 @@ def restore_own_training(output_dir: str | Path, fingerprint: dict[str, Any], ma
     without a complete checkpoint (a training killed before its first) is set aside in its place: nothing is
     deleted (main process only, before any other process looks).
     """
-    root = Path(output_dir) / CHECKPOINTS_DIR
     if next(complete_checkpoints(output_dir), None) is not None:
         return None
     furthest = [(checkpoint_step(checkpoint), aside) for aside in set_aside_checkpoints(output_dir)
                 if (checkpoint := own_checkpoint(output_dir, fingerprint, max_train_steps, aside.name)) is not None]
     if not furthest:
         return None
-    found = max(furthest)
-    # The run folder's own `with_folders` are the training's in between (one stopped before its first checkpoint,
-    # whose logs and validation results stand there): they go aside with `checkpoints/`, as a training's folders do.
+    found = max(furthest)[1]
+    bring_back(output_dir, found, with_folders)
+    return found
+
+
+def bring_back(output_dir: str | Path, aside: Path, with_folders: Sequence[str] = ()) -> Path | None:
+    """Make the set-aside `aside` (a `checkpoints.previous-<n>/`) `checkpoints/` again, its `with_folders` back in
+    the run folder; what `checkpoints/` and those folders held (another training's, or one stopped before its
+    first checkpoint) goes aside in its place, as `set_aside_other_trainings` sets a training aside. Returns where
+    that went, None where there was nothing. Nothing is deleted (main process only, before any other looks)."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
     between = [name for name in with_folders if (Path(output_dir) / name).exists()]
     if between:
         root.mkdir(exist_ok=True)
         for name in between:
             if not (root / name).exists():
                 (Path(output_dir) / name).rename(root / name)
+    moved = None
     if root.exists():
-        root.rename(previous_name(root))
-    found[1].rename(root)
+        moved = previous_name(root)
+        root.rename(moved)
+    aside.rename(root)
     _return_folders(output_dir, with_folders)
-    return found[1]
+    return moved
 
 
 def own_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_train_steps: int,

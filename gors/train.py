@@ -31,6 +31,7 @@ from gors._moved import moved_names
 from gors.checkpoints import (
     BASE_MODEL_COMMIT,
     INCOMPLETE_CHECKPOINT,
+    bring_back,
     check_intact,
     check_resumable,
     checkpoint_step,
@@ -42,6 +43,7 @@ from gors.checkpoints import (
     read_marker,
     recorded_micro_batch,
     restore_own_training,
+    set_aside_checkpoints,
     set_aside_logs,
     set_aside_other_trainings,
     training_fingerprint,
@@ -107,6 +109,7 @@ from gors.validation import (
     VALIDATION_DIR,
     BenchmarkValidation,
     discard_validation_results,
+    kept_steps,
     preserved_rng,
     training_identity,
 )
@@ -1077,14 +1080,21 @@ class GORSTrainer:
         a fresh start (step 0) still discards the folder's earlier validation results: a later resume of
         this training with validation on must not find another training's best LoRA there."""
         folder = self.validation_dir or self.output_dir
+        # A longer run of this training whose checkpoints stay past --max_train_steps keeps its results too.
+        # Online rounds' results are the top folder's, where no round's checkpoints are.
+        later = None if self.validation_dir is not None else main_process_decides(
+            self.accelerator.state, lambda: later_checkpoint(self.output_dir, self.fingerprint,
+                                                             self.config.max_train_steps))
+        keep = kept_steps(self.config.max_train_steps, checkpoint_step(later) if later is not None else None)
         if self.validation is not None:
             # Online rounds (`validation_dir`) train one LoRA on one selection per round: one training.
             with_selection = self.validation_dir is None
             self.validation.start(step, training_identity(self.fingerprint, with_selection),
-                                  recorded_as=[training_identity(self.fingerprint, with_selection, by_path=True)])
+                                  recorded_as=[training_identity(self.fingerprint, with_selection, by_path=True)],
+                                  keep=keep)
         elif step == 0:
             if self.accelerator.is_main_process:
-                discard_validation_results(folder)
+                discard_validation_results(folder, keep)
             self.accelerator.wait_for_everyone()
 
     def prepare(self) -> None:
@@ -1212,7 +1222,23 @@ class GORSTrainer:
         else:
             check_resumable(checkpoint, self.fingerprint, config.max_train_steps, config.output_dir)
             check_intact(checkpoint, config.resume_from_checkpoint)
+            checkpoint = self._bring_back_training_of(checkpoint)
         return checkpoint
+
+    def _bring_back_training_of(self, checkpoint: Path) -> Path:
+        """`checkpoint` where training goes on from it: one that a training with other settings set aside
+        (`checkpoints.previous-<n>/`) goes back to `checkpoints/` with its whole training (`bring_back`), and
+        that training to another `checkpoints.previous-<n>/`: the resumed one saves, prunes and validates beside
+        its own steps, not over another training's."""
+        aside = checkpoint.parent
+        if aside.resolve() not in {folder.resolve() for folder in set_aside_checkpoints(self.config.output_dir)}:
+            return checkpoint
+        with_folders = (BEST_DIR, VALIDATION_DIR, LOGS_DIR) if self.validation_dir is None else ()
+        moved = bring_back(self.config.output_dir, aside, with_folders)
+        self.accelerator.print(f"[train] {aside} (this training's, set aside by one with other settings) is "
+                               f"{CHECKPOINTS_DIR}/ again" + (f"; what {CHECKPOINTS_DIR}/ held moved to {moved}"
+                                                              if moved is not None else ""))
+        return Path(self.config.output_dir) / CHECKPOINTS_DIR / checkpoint.name
 
     def save_checkpoint(self, step: int) -> Path:
         """Full training state (adapters, optimizer, LR scheduler, RNG) at `checkpoints/checkpoint-<step>`."""

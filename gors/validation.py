@@ -11,7 +11,8 @@ fingerprint) and the validation settings (benchmark, metric, prompts, images, sc
 image side, the scorer's scoring version). A resumed run competes only with a record of its own
 training and settings; a run that starts at step 0 discards the folder's `best/` and `validation/`
 (`discard_validation_results`), and a resumed one the validation steps after its checkpoint, which a
-killed run left.
+killed run left; neither discards the results of a longer run of the same training past its end, whose
+checkpoints stay (`kept_steps`).
 """
 
 from __future__ import annotations
@@ -110,27 +111,49 @@ def discard_folder(folder: Path) -> None:
             shutil.rmtree(trash)
 
 
-def discard_validation_results(folder: Path) -> None:
+def discard_validation_results(folder: Path, keep: range = range(0)) -> None:
     """Discard the validation results in `folder` (a run folder, or the top folder of online rounds):
     `best/` (and its staging folder) and `validation/`. A training that starts at step 0 calls this, with
-    validation on or off, so that no earlier training's best LoRA or step results pass for its own."""
+    validation on or off, so that no earlier training's best LoRA or step results pass for its own.
+    `keep`: steps whose results stay, with `best/` where it is of one of them (`kept_steps`)."""
     shutil.rmtree(folder / f".{BEST_DIR}.tmp", ignore_errors=True)
-    discard_folder(folder / BEST_DIR)
-    discard_folder(folder / VALIDATION_DIR)
+    if best_step(folder) not in keep:
+        discard_folder(folder / BEST_DIR)
+    if keep:
+        discard_steps_after(folder, 0, keep)
+    else:
+        discard_folder(folder / VALIDATION_DIR)
 
 
-def discard_steps_after(folder: Path, step: int) -> list[int]:
+def discard_steps_after(folder: Path, step: int, keep: range = range(0)) -> list[int]:
     """Discard `folder/validation/step-*` after `step`, the step a run resumes at: a killed run left them,
-    and the resumed LoRA must be validated there anew, not credited with the killed one's results.
-    Returns the steps discarded."""
+    and the resumed LoRA must be validated there anew, not credited with the killed one's results. Those of
+    `keep` stay (`kept_steps`). Returns the steps discarded."""
     discarded = []
     root = folder / VALIDATION_DIR
     for path in sorted(root.glob(f"{_STEP_FOLDER}*")) if root.is_dir() else []:
         number = path.name[len(_STEP_FOLDER):]
-        if number.isdigit() and int(number) > step:
+        if number.isdigit() and int(number) > step and int(number) not in keep:
             discard_folder(path)
             discarded.append(int(number))
     return discarded
+
+
+def kept_steps(max_train_steps: int, later_step: int | None) -> range:
+    """The steps whose validation results a run to `max_train_steps` keeps: those of a longer run of the same
+    training past it, up to `later_step`, that run's checkpoint that stays (`gors.checkpoints.later_checkpoint`;
+    None: none). They are of LoRAs the folder still holds, which `--max_train_steps` with their step goes on
+    from; the steps this run trains are validated anew."""
+    return range(max_train_steps + 1, later_step + 1) if later_step is not None else range(0)
+
+
+def best_step(folder: Path) -> int | None:
+    """The step of `folder`'s best LoRA (`best/best.json`), None without a readable one."""
+    try:
+        step = json.loads((folder / BEST_DIR / BEST_FILE).read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 def image_grid(paths: list[Path], columns: int = 8, side: int = 128) -> np.ndarray:
@@ -245,28 +268,31 @@ class BenchmarkValidation:
         self.training: str | None = None
         self.best: dict[str, Any] | None = None
 
-    def start(self, step: int, training: str, recorded_as: Collection[str] = ()) -> None:
+    def start(self, step: int, training: str, recorded_as: Collection[str] = (), keep: range = range(0)) -> None:
         """Set up for a run at `step` (0: a fresh start; more: resumed or continued there) of the training
         `training` (`training_identity`; `recorded_as`: the identities an earlier gors gave it), on every
         process. A fresh start discards the folder's
         validation results (`discard_validation_results`); a resumed run discards those after `step`
         (`discard_steps_after`) and competes with the recorded best LoRA only when it is of this training,
         these validation settings and a step up to `step`: another's value does not compare, and the
-        first validation replaces it."""
+        first validation replaces it. `keep`: the steps of a longer run of this training whose results stay
+        (`kept_steps`), with a best LoRA of one of them, which this run competes with."""
         accelerator = self.accelerator
         self.training = training
+        recover = step > 0 or bool(keep)
         if accelerator.is_main_process:
-            if step == 0:
-                discard_validation_results(self.output_dir)
-            else:
+            if recover:
                 recover_folder(self.output_dir / BEST_DIR)
-                discarded = discard_steps_after(self.output_dir, step)
+            if step == 0:
+                discard_validation_results(self.output_dir, keep)
+            else:
+                discarded = discard_steps_after(self.output_dir, step, keep)
                 if discarded:
                     accelerator.print(f"[validation] discarded the results of steps {discarded}, after step {step}: "
                                       "a killed run's, of a LoRA this run trains again")
         accelerator.wait_for_everyone()
         best_file = self.output_dir / BEST_DIR / BEST_FILE
-        best = json.loads(best_file.read_text()) if step > 0 and best_file.is_file() else None
+        best = json.loads(best_file.read_text()) if recover and best_file.is_file() else None
         recorded = best.get("validation") if best is not None else None
         if isinstance(recorded, dict):
             recorded = {**self._earlier, **recorded}
@@ -277,7 +303,7 @@ class BenchmarkValidation:
             accelerator.print(f"[validation] {best_file} differs from this run in {', '.join(changed)}: a value "
                               "validated otherwise does not compare, and this run's first validation replaces it")
             best = None
-        elif best is not None and best.get("step", 0) > step:
+        elif best is not None and best.get("step", 0) > step and best.get("step") not in keep:
             # A killed run's LoRA after the checkpoint this run resumes from: not one this run trains.
             accelerator.print(f"[validation] {best_file} is of step {best['step']}, after step {step} that this run "
                               "resumes from: this run's first validation replaces it")

@@ -742,6 +742,30 @@ def test_a_training_with_other_settings_sets_the_folders_checkpoints_aside(train
     assert all(torch.equal(load_file(str(lora))[key], expected[key]) for key in expected)
 
 
+def test_resuming_from_a_set_aside_checkpoint_brings_its_training_back_and_keeps_the_other(trained_run, tmp_path,
+                                                                                            capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, run_dir)
+    train(replace(trained_run, output_dir=str(run_dir), rank=8))  # sets the rank-4 training aside
+    reset_process_state()
+    other = {name: digest for name, digest in _file_hashes(run_dir / "checkpoints").items()
+             if name.startswith("checkpoint-")}
+    capsys.readouterr()
+    # The rank-4 training from its step 1, named where it was set aside: it saves its step 2 beside its own
+    # steps, and the rank-8 training's step 2, which had the same name, stays whole.
+    train(replace(trained_run, output_dir=str(run_dir),
+                  resume_from_checkpoint=str(run_dir / "checkpoints.previous-1" / "checkpoint-1")))
+    reset_process_state()
+    assert (f"{run_dir / 'checkpoints.previous-1'} (this training's, set aside by one with other settings) is "
+            f"checkpoints/ again; what checkpoints/ held moved to {run_dir / 'checkpoints.previous-2'}"
+            ) in capsys.readouterr().out
+    assert {name: digest for name, digest in _file_hashes(run_dir / "checkpoints.previous-2").items()
+            if name.startswith("checkpoint-")} == other
+    markers = [json.loads((p / "checkpoint.json").read_text()) for p in (run_dir / "checkpoints").glob("checkpoint-*")]
+    assert len(markers) == 2 and all(m["fingerprint"]["rank"] == 4 for m in markers)
+    assert not (run_dir / "checkpoints.previous-1").exists()
+
+
 @pytest.mark.parametrize("setting, value, error", [
     ("lr_scheduler", "cosin", r"--lr_scheduler='cosin'; choose one of linear, "),
     ("adam_beta1", 2.0, r"--adam_beta1=2.0: use a value in \[0, 1\)"),

@@ -236,6 +236,26 @@ def test_a_resumed_run_validates_again_the_steps_a_killed_run_validated_after_it
         assert _best(run)["step"] in (3, 4)
 
 
+def test_a_shorter_run_of_the_same_training_keeps_the_longer_runs_results_past_its_end(
+        validated_three_steps, make_module_run_config, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(validated_three_steps, run)
+    shutil.rmtree(run / "checkpoints" / "checkpoint-2")  # pruned: the shorter run starts at step 0
+    longer = {step: (run / "validation" / f"step-{step:06d}" / "summary.json").read_bytes() for step in (2, 3)}
+    best = _best(run)
+    capsys.readouterr()
+    train(make_module_run_config(**RESUMED, output_dir=str(run), max_train_steps=1, validation_num_prompts=2))
+    reset_process_state()
+    assert "checkpoint-3 of this same training is past --max_train_steps=1: it stays" in capsys.readouterr().out
+    # Steps 2 and 3 are the kept checkpoint's LoRAs: their results stay, and the best of all steps with them.
+    assert {step: (run / "validation" / f"step-{step:06d}" / "summary.json").read_bytes() for step in (2, 3)} == longer
+    assert _summary(run, 1)["num_prompts"] == 2 and _best(run)["value"] == best["value"]
+    # The longer run's command again: nothing to train, and its best LoRA is still the folder's.
+    train(make_module_run_config(**RESUMED, output_dir=str(run), max_train_steps=3, validation_num_prompts=2))
+    reset_process_state()
+    assert _best(run)["value"] == best["value"]
+
+
 def test_the_last_step_is_validated_off_the_validation_steps_grid(selected_run, make_run_config, tmp_path):
     run = _copy_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(make_run_config(output_dir=str(run), max_train_steps=3, checkpointing_steps=3,
