@@ -304,7 +304,7 @@ def load_selection(output_dir: str | Path) -> list[dict[str, Any]]:
     selected = summary.get("num_selected") if isinstance(summary, dict) else None
     if isinstance(selected, int) and len(rows) < selected:  # more is a rounds run's replayed rows
         raise StoreError(f"{path} holds {len(rows)} samples, {summary_path.name} says gors select kept {selected}: the "
-                         f"file lost lines since; {again}")
+                         f"file lost lines since (or gors select was stopped between writing the two); {again}")
     for number, row in enumerate(rows, start=1):
         missing = [key for key in ("path", "prompt") if not isinstance(row.get(key), str)]
         if missing:

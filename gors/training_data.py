@@ -24,6 +24,7 @@ from torchvision import transforms
 
 from gors._moved import moved_names
 from gors.core.distributed import main_process_decides, progress_bar
+from gors.core.io import fsync_path
 from gors.core.logs import own_work_logger
 from gors.core.memory import MORE_MEMORY, in_batches_that_fit
 from gors.core.store import selection_identity
@@ -125,8 +126,8 @@ def sharded_cache(
 
 def _remove_parts(folder: Path, stem: str) -> None:
     """Delete the parts of cache `stem`: this launch's, merged, and any a launch at another process count
-    was killed before merging."""
-    for stale in folder.glob(f"{stem}.part-*"):
+    was killed before merging; and the temporary file of a merge killed before its rename."""
+    for stale in [*folder.glob(f"{stem}.part-*"), folder / f"{stem}.tmp"]:
         stale.unlink(missing_ok=True)
 
 
@@ -173,9 +174,12 @@ def _merge_parts(path: Path, parts: list[Path], num_items: int) -> dict[str, tor
 
 
 def _save_atomically(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write `tensors` to the safetensors file `path` whole or not at all (beside it, then renamed)."""
+    """Write `tensors` to the safetensors file `path` whole or not at all (beside it, flushed, then renamed): a
+    power cut must not leave a cache whose header reads but whose tensors are zeros (`cache_damage` reads the
+    header only)."""
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp))
+    fsync_path(tmp)
     tmp.replace(path)
 
 

@@ -648,7 +648,8 @@ def test_training_refuses_a_selection_that_lost_lines_since_select_wrote_it(tmp_
     path.write_text("".join(json.dumps(row) + "\n" for row in rows[:2]))  # cut at a line's end
     (tmp_path / "selection_summary.json").write_text(json.dumps({"num_selected": 3}))
     with pytest.raises(StoreError, match=r"selection.jsonl holds 2 samples, selection_summary.json says gors select "
-                                         r"kept 3: the file lost lines since; run `gors select"):
+                                         r"kept 3: the file lost lines since \(or gors select was stopped between "
+                                         r"writing the two\); run `gors select"):
         load_selection(tmp_path)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows * 2))  # more: rows a rounds run replays
     assert len(load_selection(tmp_path)) == 6
