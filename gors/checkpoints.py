@@ -28,7 +28,7 @@ import gors
 from gors.config import RunConfig, TrainConfig
 from gors.core.fingerprints import is_local_fingerprint
 from gors.core.hub import model_version
-from gors.core.io import atomic_write_json, file_sha256, publish_folder, read_json, recover_folder
+from gors.core.io import atomic_write_json, discard_folder, file_sha256, publish_folder, read_json, recover_folder
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
 from gors.core.store import same_value, selection_identity
 
@@ -450,7 +450,7 @@ def prune_checkpoints(keep: Path, limit: int | None) -> None:
     others = [p for p in _checkpoint_folders(root)
               if p != keep and checkpoint_step(p) < step and read_marker(p) is not None]
     for old in others[: max(0, len(others) - limit + 1)]:
-        shutil.rmtree(old)
+        discard_folder(old)  # whole or gone: a kill must not leave a checkpoint whose marker outlived its files
 
 
 def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int, fingerprint: dict[str, Any],

@@ -39,7 +39,7 @@ from gors.checkpoints import BASE_MODEL_COMMIT, RECORDED_WHERE_KNOWN
 from gors.config import RunConfig, TrainConfig, sampling_overrides
 from gors.core.backbones import FAMILIES, Backbone, check_resolution
 from gors.core.fingerprints import is_local_fingerprint
-from gors.core.io import atomic_write_json, is_json_number, publish_folder, read_jsonl, recover_folder
+from gors.core.io import atomic_write_json, discard_folder, is_json_number, publish_folder, read_jsonl, recover_folder
 from gors.core.memory import BatchLimits
 from gors.core.pipeline import sampler_name
 from gors.core.run_folder import BEST_DIR, BEST_FILE
@@ -97,18 +97,6 @@ def training_identity(fingerprint: dict[str, Any], with_selection: bool = True, 
     if not by_path and is_local_fingerprint(fingerprint.get(BASE_MODEL_COMMIT)):
         kept["pretrained_model_name_or_path"] = fingerprint[BASE_MODEL_COMMIT]
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def discard_folder(folder: Path) -> None:
-    """Delete `folder`, and the copy of it that an interrupted `publish_folder` left aside (`.<name>.old`,
-    which `recover_folder` would put back). Each is renamed to `.<name>.discarded` before it is deleted:
-    a kill leaves the folder whole or gone, never half deleted (the next discard deletes the rest)."""
-    trash = folder.with_name(f".{folder.name}.discarded")
-    shutil.rmtree(trash, ignore_errors=True)
-    for path in (folder.with_name(f".{folder.name}.old"), folder):
-        if path.exists():
-            path.rename(trash)
-            shutil.rmtree(trash)
 
 
 def discard_validation_results(folder: Path, keep: range = range(0)) -> None:

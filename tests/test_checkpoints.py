@@ -15,9 +15,11 @@ from gors.checkpoints import (
     check_intact,
     check_resumable,
     checkpoint_step,
+    complete_checkpoints,
     find_checkpoint,
     later_checkpoint,
     own_checkpoint,
+    prune_checkpoints,
     restore_own_training,
     set_aside_logs,
     set_aside_other_trainings,
@@ -293,6 +295,26 @@ def test_a_shorter_run_keeps_the_longer_run_s_checkpoints_past_its_steps(tmp_pat
     write_checkpoint(accelerator, tmp_path, 2, fingerprint, total_limit=1)
     # checkpoint-1 is pruned as before; the longer run's checkpoint-3 is not counted and stays.
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_a_prune_killed_while_deleting_leaves_no_checkpoint_that_reads_as_complete(tmp_path, monkeypatch):
+    import shutil
+
+    for step in (1, 2, 3):
+        (_checkpoint(tmp_path, f"checkpoint-{step}", {"rank": 4}) / "optimizer.bin").write_bytes(b"state")
+    real_rmtree = shutil.rmtree
+
+    def killed_while_deleting(path, ignore_errors=False):
+        if not ignore_errors:
+            raise KeyboardInterrupt
+        real_rmtree(path, ignore_errors=True)
+
+    monkeypatch.setattr(shutil, "rmtree", killed_while_deleting)
+    with pytest.raises(KeyboardInterrupt):
+        prune_checkpoints(tmp_path / "checkpoints" / "checkpoint-3", 2)
+    monkeypatch.undo()
+    # checkpoint-1 was renamed out of the checkpoints' names before its files went: no resume takes it.
+    assert [checkpoint_step(path) for path, _ in complete_checkpoints(tmp_path)] == [3, 2]
 
 
 def test_a_published_folder_is_the_old_one_or_the_new_one(tmp_path):

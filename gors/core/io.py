@@ -276,6 +276,19 @@ def recover_folder(final: str | Path) -> None:
         aside.rename(final)
 
 
+def discard_folder(folder: str | Path) -> None:
+    """Delete `folder`, and the copy of it that an interrupted `publish_folder` left aside (`.<name>.old`,
+    which `recover_folder` would put back). Each is renamed to `.<name>.discarded` before it is deleted:
+    a kill leaves the folder whole or gone, never half deleted (the next discard deletes the rest)."""
+    folder = Path(folder)
+    trash = folder.with_name(f".{folder.name}.discarded")
+    shutil.rmtree(trash, ignore_errors=True)
+    for path in (folder.with_name(f".{folder.name}.old"), folder):
+        if path.exists():
+            path.rename(trash)
+            shutil.rmtree(trash)
+
+
 def publish_files(staging: str | Path, folder: str | Path) -> None:
     """Move every file of the folder `staging` into `folder`, each by an atomic `os.replace` after
     flushing it: a reader finds each file whole, the old one or the new one."""
