@@ -266,11 +266,13 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
             accelerator.free_memory()  # the round's prepared models and optimizer: the next round prepares its own
             if accelerator.is_main_process:
                 rounds.append(round_summary(config, index))
-                atomic_write_bytes(out / LORA_WEIGHT_NAME, (round_dir(out, index) / LORA_WEIGHT_NAME).read_bytes())
-                atomic_write_json(out / ROUNDS_FILE, {"settings": settings, "rounds": rounds})
                 summary = rounds[-1]
+                # Logged before the round counts as finished: a kill in between logs the point again on the rerun (at
+                # the same round), where after it the point would be lost (`gors report` reads rounds.json).
                 if config.report_to in ("tensorboard", "all"):
                     log_round(out, summary)
+                atomic_write_bytes(out / LORA_WEIGHT_NAME, (round_dir(out, index) / LORA_WEIGHT_NAME).read_bytes())
+                atomic_write_json(out / ROUNDS_FILE, {"settings": settings, "rounds": rounds})
                 accelerator.print(f"[rounds] round {index}: mean reward {summary['mean_reward']:.3f} over "
                                   f"{summary['num_samples']} samples, {summary['num_selected']} selected "
                                   f"({100 * summary['selected_fraction']:.0f} %), {summary['num_replayed']} replayed; "
