@@ -29,6 +29,7 @@ from evaluators.base import FIXED_BATCH_FLAGS
 from gors.cli import TRAINING_INTERRUPTED, expected_errors, parse_config
 from gors.config import RunConfig
 from gors.core.distributed import main_process_decides
+from gors.core.io import atomic_save_image, atomic_write_json
 from gors.core.lock import run_folder_lock
 from gors.core.pipeline import lora_sha256
 from gors.core.store import SampleStore
@@ -144,7 +145,7 @@ def before_after_grid(base_dir: Path, tuned_dir: Path, prompts: list[str], path:
         lines = textwrap.wrap(prompt, width=max(8, width // 6))[:HEADER_LINES]
         draw.multiline_text((c * width + 2, 2), "\n".join(lines), fill="black", spacing=1)
     grid.paste(body, (0, header))
-    grid.save(path)
+    atomic_save_image(grid, path)
     return path
 
 
@@ -251,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "num_processes": accelerator.num_processes,
     }
     if accelerator.is_main_process:
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        atomic_write_json(out / "results.json", results)
         grid = before_after_grid(out / "eval_base", out / "eval_gors", [p.text for p in benchmark.prompts()[:8]],
                                  out / "before_after.png")
         from torch.utils.tensorboard import SummaryWriter
