@@ -24,7 +24,7 @@ from torchvision import transforms
 
 from gors._moved import moved_names
 from gors.core.distributed import main_process_decides, progress_bar
-from gors.core.io import fsync_path
+from gors.core.io import fsync_path, set_usual_permissions
 from gors.core.logs import own_work_logger
 from gors.core.memory import MORE_MEMORY, in_batches_that_fit
 from gors.core.store import selection_identity
@@ -180,6 +180,7 @@ def _save_atomically(tensors: dict[str, torch.Tensor], path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp))
     fsync_path(tmp)
+    set_usual_permissions(tmp)  # safetensors creates it owner-only
     tmp.replace(path)
 
 

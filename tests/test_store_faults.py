@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from accelerate import Accelerator
 from PIL import Image
 from safetensors.torch import save_file
 
@@ -27,6 +28,7 @@ from gors.score import score
 from gors.select import select
 from gors.testing.sd import build_tiny_sd_pipeline
 from gors.train import train
+from gors.training_data import sharded_cache
 from rewards import Reward, RewardOutput
 
 
@@ -523,6 +525,10 @@ def test_atomic_writes_respect_the_umask(tmp_path, umask):
     folder = Path(tempfile.mkdtemp(dir=tmp_path))
     set_usual_permissions(folder)
     assert _mode(folder) == 0o777 & ~umask
+    # Training's caches, which safetensors creates owner-only.
+    cache = sharded_cache(tmp_path / "cache" / "latents.safetensors", 2,
+                          lambda indices: {"value": torch.zeros(len(indices), 1)}, Accelerator(cpu=True), 2, "encode")
+    assert len(cache["value"]) == 2 and _mode(tmp_path / "cache" / "latents.safetensors") == 0o666 & ~umask
 
 
 @pytest.mark.parametrize("umask", [0o022], indirect=True, ids=["umask022"])
