@@ -337,8 +337,19 @@ def _evaluate_plans(config: EvaluateConfig, plans: list[BenchmarkPlan], lora: st
                     accelerator: Accelerator) -> list[dict[str, Any]]:
     runs = [(plan, plan.benchmark.scorer_keys(accelerator, plan.options, config.scorer_batch_size, plan.column_options,
                                               plan.extra, with_columns=plan.with_columns)) for plan in plans]
-    summaries = []
+    summaries: list[dict[str, Any]] = []
     scorers: dict = {}  # a reward model used by several benchmarks (e.g. B-VQA, CLIP) is loaded once
+    dropout = {"lora_dropout": config.lora_dropout} if config.lora_dropout else {}
+    path = Path(config.output_dir) / "summary.json"
+
+    def write_summary() -> list[dict[str, Any]]:
+        """The folder's summary.json with this run's benchmarks so far: written after each, so that it never
+        holds older numbers of a benchmark whose folder a later failure or kill left newer ones in."""
+        earlier = earlier_summaries(path, summaries, {"lora": config.lora, **dropout})
+        atomic_write_json(path, {"lora": config.lora, **dropout, "summaries": earlier + summaries})
+        return earlier
+
+    earlier: list[dict[str, Any]] = []
     for index, (plan, _) in enumerate(runs):
         accelerator.print(f"[evaluate] {plan.label} -> {plan.folder}")
         summary = plan.benchmark.evaluate(
@@ -349,16 +360,14 @@ def _evaluate_plans(config: EvaluateConfig, plans: list[BenchmarkPlan], lora: st
         )
         summaries.append({"label": plan.label, "primary_metric": plan.benchmark.primary_metric,
                           "folder": str(plan.folder), **summary})
+        if accelerator.is_main_process:
+            earlier = write_summary()
         drop_unneeded(scorers, set().union(*(keys for _, keys in runs[index + 1 :])))
     if accelerator.is_main_process:
-        dropout = {"lora_dropout": config.lora_dropout} if config.lora_dropout else {}
-        path = Path(config.output_dir) / "summary.json"
-        earlier = earlier_summaries(path, summaries, {"lora": config.lora, **dropout})
         if earlier:
             kept = ", ".join(f"{e['label']} ({sample_counts(e)})" for e in earlier)
             print(f"[evaluate] {path} keeps the earlier results of {kept} (same model and LoRA; not evaluated in "
                   "this run, and perhaps with another --max_prompts, --images_per_prompt or precision)")
-        atomic_write_json(path, {"lora": config.lora, **dropout, "summaries": earlier + summaries})
         print(summary_table(summaries))
     accelerator.wait_for_everyone()
     return summaries

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,6 +81,23 @@ def test_evaluate_writes_one_folder_per_benchmark_and_resumes(tmp_path, capsys, 
     main([*argv[:4], "toy:train", *argv[5:]])
     assert "summary.json keeps the earlier results of toy:held_out (3 prompts x 1 image)" in capsys.readouterr().out
     assert json.loads((tmp_path / "summary.json").read_text()) == combined
+    # More images, and the run stopped in its second benchmark: the folder's summary already holds the first's new
+    # results, as its own folder does, not the numbers of before.
+    evaluate_benchmark = evaluators.base.Benchmark.evaluate
+
+    def stopped_in_train(self, model, output_dir, *args, **kwargs):
+        if Path(output_dir).name == "train":
+            raise KeyboardInterrupt
+        return evaluate_benchmark(self, model, output_dir, *args, **kwargs)
+
+    monkeypatch.setattr(evaluators.base.Benchmark, "evaluate", stopped_in_train)
+    with pytest.raises(SystemExit):
+        main([*argv[:-4], "--images_per_prompt", "2", *argv[-2:]])
+    monkeypatch.undo()
+    entries = {e["label"]: e for e in json.loads((tmp_path / "summary.json").read_text())["summaries"]}
+    held_out = json.loads((tmp_path / "toy" / "held_out" / "summary.json").read_text())
+    assert entries["toy:held_out"]["results"]["samples"] == held_out["results"]["samples"]
+    assert held_out["results"]["samples"]["images_per_prompt"] == 2 and entries["toy:train"] == combined["summaries"][1]
     # Another --max_prompts is another subset of the prompts (every n-th): refused, naming that flag.
     with pytest.raises(SystemExit):
         main([*argv[:-4], "--max_prompts", "5", *argv[-2:]])
@@ -397,6 +415,16 @@ def test_score_folders_record_scoring_versions_and_refuse_older_scores(tmp_path)
     (tmp_path / "settings.json").write_text(json.dumps({"reward": "b_vqa:0.5,spatial_rule:0.5", "options": {}}))
     with pytest.raises(StoreError, match="delete .* to score again"):  # scored with the 0.5 threshold
         check_settings(tmp_path, settings, scored=True)
+
+
+def test_scores_without_a_record_of_their_settings_are_taken_with_a_warning(tmp_path, caplog):
+    from gors.core.scoring import check_settings
+
+    settings = {"reward": "toy_oracle", "options": {"checks": "all"}}
+    assert check_settings(tmp_path, settings, scored=False) is True and not caplog.records  # nothing scored yet
+    assert check_settings(tmp_path, settings, scored=True) is True  # scored, the settings file deleted
+    assert (f"{tmp_path} holds scores but no record of the scorer settings that made them (an older gors, or the "
+            "file deleted); they are taken to have been made with the current ones") in caplog.text
 
 
 def test_an_option_no_scorer_takes_is_refused_before_any_image(tmp_path):

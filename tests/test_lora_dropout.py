@@ -51,8 +51,17 @@ def test_sampling_with_dropout_is_reproducible_per_seed_and_recorded(tiny_sd, lo
     np.testing.assert_array_equal(first, again)  # the masks follow the call's seeds
     assert np.abs(first - images(plain)).max() > 1e-3  # and they change the images
     assert np.abs(first - images(dropped, seeds=(5, 4))).max() > 1e-3
+    # Each image's masks are its own (its seed and prompt): the same image alone in a call, whatever shares its batch.
+    for index, (prompt, seed) in enumerate([("a red circle", 3), ("a blue square", 4)]):
+        alone = dropped(prompt=[prompt], num_inference_steps=2, height=32, width=32, generator=cpu_generators([seed]),
+                        output_type="np").images[0]
+        assert np.abs(alone - first[index]).max() < 1e-5, prompt
+    # The same seed under two prompts (T2I-CompBench's 42 + n for every prompt) draws other masks.
+    same_seed = images(dropped, seeds=(3, 3))
+    masks = dropped._seeds
+    assert masks[0] != masks[1] and np.abs(same_seed[0] - first[0]).max() < 1e-5
     settings = pipeline_settings(str(tiny_sd), torch.float32, lora=str(lora_dir), lora_dropout=0.1)
-    assert settings["lora_dropout"] == 0.1
+    assert settings["lora_dropout"] == 0.1 and settings["lora_dropout_masks"] == "per image and prompt"
     assert "lora_dropout" not in pipeline_settings(str(tiny_sd), torch.float32, lora=str(lora_dir))
     with pytest.raises(ValueError, match="without a LoRA"):
         load_pipeline(str(tiny_sd), torch.device("cpu"), lora_dropout=0.1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from pathlib import Path
@@ -111,9 +112,15 @@ class LoraOutputDropout:
     lora_diffusion's injected layers compute ``linear(x) + dropout(up(down(x))) * scale`` with p = 0.1,
     and that script leaves them in training mode, so the dropout is active while it samples. Here a
     forward hook on every LoRA up-projection (peft's `lora_B`) drops its output elements with
-    probability `p` and rescales the rest by 1 / (1 - p), which is the same place and rule. The masks
-    come from a generator of this object's, reseeded at every call from the call's first image seed,
-    so that images are reproducible for a given batching (they depend on which images share a call).
+    probability `p` and rescales the rest by 1 / (1 - p), which is the same place and rule.
+
+    Each image's masks come from a generator of its own, seeded from its image seed and its prompt
+    (`mask_seed`), and drawn for its rows of every batch (row r of a call's n images is image r mod n: the
+    prompts' encodings, and both halves of a classifier-free-guidance batch). So an image is the same at
+    any batch size, process count or resume, and its masks are independent of other prompts' (T2I-CompBench's
+    seeds 42 + n repeat over prompts), as the script's draws from one running stream are; they are not the
+    script's own draws. A call whose batch is no multiple of its images (other pipelines) draws from one
+    generator seeded from all of them.
 
     Calls pass through to the pipeline; its attributes are read through.
     """
@@ -138,8 +145,8 @@ class LoraOutputDropout:
         for layer in layers:
             for up in layer.lora_B.values():
                 up.register_forward_hook(self._drop)
-        self._generators: dict[torch.device, torch.Generator] = {}
-        self._seed = 0
+        self._seeds: list[int] = [0]  # one per image of the current call
+        self._generators: dict[tuple[int, torch.device], torch.Generator] = {}
 
     def __getattr__(self, name: str) -> Any:
         if name == "pipeline":  # not set yet (a copy being made): no endless lookup
@@ -147,17 +154,44 @@ class LoraOutputDropout:
         return getattr(self.pipeline, name)
 
     def __call__(self, *args: Any, generator: Any = None, **kwargs: Any) -> Any:
-        first = generator[0] if isinstance(generator, list) and generator else generator
-        self._seed = first.initial_seed() if isinstance(first, torch.Generator) else 0
+        generators = generator if isinstance(generator, list) else [generator]
+        seeds = [g.initial_seed() if isinstance(g, torch.Generator) else 0 for g in generators]
+        prompt = kwargs.get("prompt", args[0] if args else None)
+        prompts = [prompt] * len(seeds) if prompt is None or isinstance(prompt, str) else list(prompt)
+        if len(prompts) == 1:
+            prompts *= len(seeds)
+        if len(prompts) != len(seeds):  # the images cannot be told apart: one stream for the call
+            prompts, seeds = [repr(prompts)], [mask_seed(seeds[0], repr(seeds))]
+        self._seeds = [mask_seed(seed, str(text)) for seed, text in zip(seeds, prompts)]
         self._generators.clear()
         return self.pipeline(*args, generator=generator, **kwargs)
 
+    def _generator(self, image: int, device: torch.device) -> torch.Generator:
+        key = (image, device)
+        if key not in self._generators:
+            self._generators[key] = torch.Generator(device).manual_seed(self._seeds[image])
+        return self._generators[key]
+
     def _drop(self, module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
-        generator = self._generators.get(output.device)
-        if generator is None:
-            generator = self._generators[output.device] = torch.Generator(output.device).manual_seed(self._seed)
-        keep = torch.empty_like(output).bernoulli_(1.0 - self.p, generator=generator)
+        keep = torch.empty_like(output)
+        images = len(self._seeds)
+        if output.shape[0] % images:
+            keep.bernoulli_(1.0 - self.p, generator=self._generator(0, output.device))
+        else:
+            for row in range(output.shape[0]):
+                keep[row].bernoulli_(1.0 - self.p, generator=self._generator(row % images, output.device))
         return output * keep / (1.0 - self.p)
+
+
+# How `LoraOutputDropout` seeds its masks, recorded beside `lora_dropout`: images a gors sampled with the masks of
+# each call's first seed (which depended on the batching) are not mixed with these.
+DROPOUT_MASKS = "per image and prompt"
+
+
+def mask_seed(image_seed: int, prompt: str) -> int:
+    """The seed of an image's dropout masks (`LoraOutputDropout`): its image seed and prompt, hashed to 63 bits."""
+    digest = hashlib.sha256(f"{image_seed}\0{prompt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def _not_a_component_warning(record: logging.LogRecord) -> bool:
@@ -333,7 +367,7 @@ def pipeline_settings(
         "lora_sha256": lora_sha256(lora),
         "scheduler": sampler_name(backbone or FAMILIES["StableDiffusionPipeline"]),
         "dtype": str(dtype).removeprefix("torch."),
-    } | ({"lora_dropout": lora_dropout} if lora_dropout else {})
+    } | ({"lora_dropout": lora_dropout, "lora_dropout_masks": DROPOUT_MASKS} if lora_dropout else {})
 
 
 def sampler_name(backbone: Backbone) -> str:

@@ -184,7 +184,12 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
         raise StoreError(f"{path} holds no settings mapping, which gors writes there: {fix}")
     if recorded == wanted:
         return False
-    if not scored or recorded is None:
+    if not scored:
+        return True
+    if recorded is None:
+        logger.warning("%s holds scores but no record of the scorer settings that made them (an older gors, or the "
+                       "file deleted); they are taken to have been made with the current ones: %s. If they were not, "
+                       "delete the folder to score again", scores_folder, json.dumps(wanted, sort_keys=True, default=str))
         return True
     recorded_sources, sources = recorded.get(SOURCES_SETTING), wanted.get(SOURCES_SETTING)
     # Once per command: overlapped scoring opens the folder twice.
