@@ -113,6 +113,32 @@ def test_generation_halves_a_batch_that_does_not_fit_and_makes_the_same_images(t
         "--generation_batch_size 1 to start there)")
 
 
+def test_an_fp16_sdxl_out_of_memory_in_its_float32_decode_goes_on_at_half_with_its_vae_cast_back(tiny_sdxl,
+                                                                                                  tmp_path):
+    from gors.core.backbones import detect_backbone
+    from gors.core.distributed import make_accelerator
+    from gors.core.pipeline import load_pipeline, pipeline_settings
+    from gors.core.sampling import SamplingProtocol, generate_samples
+
+    backbone = detect_backbone(str(tiny_sdxl))
+    accelerator = make_accelerator()
+    decoded_in = []
+
+    def loader():
+        pipeline = load_pipeline(str(tiny_sdxl), accelerator.device, torch.float16, backbone=backbone)
+        decoder = pipeline.vae.decoder  # the pipeline upcasts the VAE to float32 for this, and back after
+        decoder.forward = out_of_memory(lambda calls, args, kwargs: decoded_in.append(pipeline.vae.dtype)
+                                        or args[0].shape[0] > 2)(decoder.forward)
+        return pipeline
+
+    store = SampleStore(tmp_path / "samples")
+    protocol = SamplingProtocol(images_per_prompt=2, num_inference_steps=2, guidance_scale=5.0, resolution=32,
+                                batch_size=4, seed=0)
+    generate_samples(store, ["a red cube", "two dogs"], protocol, loader, accelerator,
+                     settings=pipeline_settings(str(tiny_sdxl), torch.float16, backbone=backbone))
+    assert len(store.records()) == 4 and decoded_in == [torch.float32] * 3  # 4 (out of memory), then 2 and 2
+
+
 def test_an_image_that_does_not_fit_alone_is_one_line_and_the_images_before_it_stay(tmp_path, monkeypatch, capsys):
     import gors.generate
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -192,6 +194,28 @@ def mask_seed(image_seed: int, prompt: str) -> int:
     """The seed of an image's dropout masks (`LoraOutputDropout`): its image seed and prompt, hashed to 63 bits."""
     digest = hashlib.sha256(f"{image_seed}\0{prompt}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+def component_dtypes(pipeline: Any) -> dict[str, torch.dtype]:
+    """The dtype of each module component of `pipeline` that has parameters, by component name."""
+    return {name: parameter.dtype for name, component in pipeline.components.items()
+            if isinstance(component, torch.nn.Module)
+            and (parameter := next(component.parameters(), None)) is not None}
+
+
+@contextlib.contextmanager
+def dtypes_restored_on_out_of_memory(pipeline: Any, dtypes: dict[str, torch.dtype]) -> Iterator[None]:
+    """Cast back to `dtypes` the components that a call running out of memory left in another: an fp16 SDXL
+    pipeline upcasts its VAE to float32 for the decode (its memory peak at 1024 px) and casts it back only after,
+    so the halved retry would feed fp16 latents to a float32 VAE."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError:
+        for name, dtype in dtypes.items():
+            component = pipeline.components[name]
+            if next(component.parameters()).dtype != dtype:
+                component.to(dtype)
+        raise
 
 
 def _not_a_component_warning(record: logging.LogRecord) -> bool:

@@ -35,7 +35,7 @@ from gors.core.distributed import (
 from gors.core.hub import recording_loads
 from gors.core.io_threads import OrderedWorker
 from gors.core.memory import DROP_OVERLAP, MORE_MEMORY, BatchLimit, in_batches_that_fit
-from gors.core.pipeline import cpu_generators
+from gors.core.pipeline import component_dtypes, cpu_generators, dtypes_restored_on_out_of_memory
 from gors.core.prompts import clean_prompt
 from gors.core.store import (
     SETTINGS,
@@ -327,7 +327,7 @@ def generate_samples(
 
             def generate(batch: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[int], list[Image.Image]]:
                 seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
-                with torch.inference_mode():
+                with torch.inference_mode(), dtypes_restored_on_out_of_memory(pipeline, dtypes):
                     images = pipeline(
                         prompt=[prompts[p] for p, _ in batch],
                         height=protocol.resolution,
@@ -340,6 +340,7 @@ def generate_samples(
                 return batch, seeds, images
 
             generated = 0
+            dtypes = component_dtypes(pipeline)
 
             def hand_over(batch: list[tuple[int, int]]) -> None:
                 nonlocal generated
