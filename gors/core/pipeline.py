@@ -197,8 +197,10 @@ def mask_seed(image_seed: int, prompt: str) -> int:
 
 
 def component_dtypes(pipeline: Any) -> dict[str, torch.dtype]:
-    """The dtype of each module component of `pipeline` that has parameters, by component name."""
-    return {name: parameter.dtype for name, component in pipeline.components.items()
+    """The dtype of each module component of `pipeline` that has parameters, by component name (none for a
+    pipeline without diffusers' `components`, such as a function that makes images)."""
+    components = getattr(pipeline, "components", None)
+    return {name: parameter.dtype for name, component in (components if isinstance(components, dict) else {}).items()
             if isinstance(component, torch.nn.Module)
             and (parameter := next(component.parameters(), None)) is not None}
 
