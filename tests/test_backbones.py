@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from evaluators import build_benchmark
 from gors.core.backbones import (
@@ -268,3 +269,22 @@ def test_each_sd3_checkpoint_samples_as_its_model_card(tmp_path: Path) -> None:
     assert steps_and_guidance(sd3("sd35_medium", qk_norm="rms_norm", dual_attention_layers=list(range(13)))) == (40, 4.5)
     assert steps_and_guidance(sd3("sd35_large", qk_norm="rms_norm")) == (28, 3.5)
     assert steps_and_guidance(sd3("sd3_medium")) == (28, 7.0)  # no qk_norm: SD3 Medium
+
+
+def test_a_gpu_left_in_float32_by_no_choice_of_precision_is_said_once(monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from gors.core import logs
+    from gors.core.pipeline import inference_dtype
+
+    monkeypatch.setattr(logs, "_said", set())
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    gpu = SimpleNamespace(device=torch.device("cuda"), mixed_precision="no")
+    assert inference_dtype(gpu, "fp16") == torch.float16 and not caplog.records  # chosen: nothing to say
+    assert inference_dtype(gpu, None) == torch.float32 and inference_dtype(gpu, None) == torch.float32
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["generating in float32 on a GPU"]  # once
+    caplog.clear()
+    monkeypatch.setattr(logs, "_said", set())
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # `accelerate launch --mixed_precision no`: a choice
+    assert inference_dtype(gpu, None) == torch.float32 and not caplog.records
+    assert inference_dtype(SimpleNamespace(device=torch.device("cpu"), mixed_precision="fp16"), None) == torch.float32
