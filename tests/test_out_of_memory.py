@@ -85,6 +85,27 @@ def test_batches_are_halved_until_they_fit_and_one_item_that_does_not_fit_is_an_
                               f"is kept (torch: {TORCH_MESSAGE})")
 
 
+def test_cudnn_and_cublas_failing_to_allocate_are_out_of_memory_too_and_other_runtime_errors_are_not():
+    done = []
+
+    def work(batch):
+        if len(batch) > 1:
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")
+        done.append(batch)
+
+    assert in_batches_that_fit([0, 1, 2], 4, work, "generating", "images", None, "elsewhere") == 1
+    assert done == [[0], [1], [2]]
+
+    def broken(batch):
+        raise RuntimeError("Input type (c10::Half) and bias type (float) should be the same")
+
+    with pytest.raises(RuntimeError, match="should be the same"):
+        in_batches_that_fit([0, 1], 2, broken, "generating", "images", None, "elsewhere")
+    with pytest.raises(DeviceMemoryError, match="CUBLAS_STATUS_ALLOC_FAILED"):
+        with out_of_memory_advice("training", "lower --train_batch_size"):
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+
+
 def test_the_training_advice_keeps_torch_s_first_line_and_other_errors_pass_through():
     with pytest.raises(DeviceMemoryError) as err:
         with out_of_memory_advice("training", "lower --train_batch_size"):

@@ -32,11 +32,22 @@ MORE_MEMORY = "run the same command again on a device with more memory or with i
 DROP_OVERLAP = "drop --overlap_scoring (the pipeline and the reward share the device)"
 
 
+# How CUDA libraries other than torch's allocator say that they ran out of memory: as a plain RuntimeError.
+LIBRARY_OUT_OF_MEMORY = ("CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED", "CUDA error: out of memory")
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether `err` says the device ran out of memory: torch's allocator's error, or cuDNN's or cuBLAS's failure
+    to allocate their workspace."""
+    return isinstance(err, torch.cuda.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and any(text in str(err) for text in LIBRARY_OUT_OF_MEMORY))
+
+
 class DeviceMemoryError(RuntimeError):
     """The device ran out of memory in a stage; the message names the stage and what lowers its memory."""
 
 
-def _error(doing: str, advice: str, err: torch.cuda.OutOfMemoryError) -> DeviceMemoryError:
+def _error(doing: str, advice: str, err: RuntimeError) -> DeviceMemoryError:
     detail = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
     return DeviceMemoryError(f"out of device memory while {doing}: {advice}. What was finished is kept (torch: {detail})")
 
@@ -47,7 +58,9 @@ def out_of_memory_advice(doing: str, advice: str) -> Iterator[None]:
     (what to change and how to go on, e.g. "pass --gradient_checkpointing (...)")."""
     try:
         yield
-    except torch.cuda.OutOfMemoryError as err:
+    except RuntimeError as err:
+        if not is_out_of_memory(err):
+            raise
         raise _error(doing, advice, err) from err
 
 
@@ -92,7 +105,9 @@ def in_batches_that_fit(items: Sequence[T], size: int, work: Callable[[list[T]],
         batch = list(items[start:start + size])
         try:
             work(batch)
-        except torch.cuda.OutOfMemoryError as err:
+        except RuntimeError as err:
+            if not is_out_of_memory(err):
+                raise
             if len(batch) == 1:
                 raise _error(f"{doing} one at a time", at_one, err) from err
         else:
@@ -128,8 +143,9 @@ def largest_that_fits(sizes: Sequence[int], attempt: Callable[[int], None], doin
     for size in sizes:
         try:
             attempt(size)
-        except torch.cuda.OutOfMemoryError:
-            pass
+        except RuntimeError as err:
+            if not is_out_of_memory(err):
+                raise
         else:
             return size
         # Out of the handler, the error's frames and the tensors they hold are released.

@@ -37,6 +37,7 @@ from gors.core.lora_shapes import (
     model_name,
     read_lora_shapes,
 )
+from gors.core.memory import is_out_of_memory
 
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
@@ -222,7 +223,9 @@ def dtypes_restored_on_out_of_memory(pipeline: Any, dtypes: dict[str, torch.dtyp
     so the halved retry would feed fp16 latents to a float32 VAE."""
     try:
         yield
-    except torch.cuda.OutOfMemoryError:
+    except RuntimeError as err:
+        if not is_out_of_memory(err):
+            raise
         for name, dtype in dtypes.items():
             component = pipeline.components[name]
             if next(component.parameters()).dtype != dtype:
