@@ -288,3 +288,14 @@ def test_a_gpu_left_in_float32_by_no_choice_of_precision_is_said_once(monkeypatc
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # `accelerate launch --mixed_precision no`: a choice
     assert inference_dtype(gpu, None) == torch.float32 and not caplog.records
     assert inference_dtype(SimpleNamespace(device=torch.device("cpu"), mixed_precision="fp16"), None) == torch.float32
+
+
+def test_another_pipeline_with_a_safety_checker_loads_without_it(tiny_sd, tmp_path):
+    # A safety checker blackens flagged images, which would score as low-reward samples (as for Stable Diffusion).
+    model = tmp_path / "lcm"
+    shutil.copytree(tiny_sd, model)
+    index = json.loads((model / "model_index.json").read_text())
+    (model / "model_index.json").write_text(json.dumps(index | {"_class_name": "LatentConsistencyModelPipeline"}))
+    backbone = detect_backbone(str(model))
+    assert backbone.name == "pipeline" and backbone.pipeline_kwargs == {"safety_checker": None,
+                                                                       "requires_safety_checker": False}

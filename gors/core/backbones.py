@@ -189,8 +189,11 @@ def _generic(class_name: str, name: str, revision: str | None) -> Backbone:
     # Resolution binning (PixArt, Sana) renders a nearby trained size and resizes the result; a benchmark's
     # side is generated as it is instead (at the trained sizes, such as 1024, binning changes nothing).
     call_kwargs = {"use_resolution_binning": False} if "use_resolution_binning" in parameters else {}
+    # A safety checker blackens flagged images, which would pass for low-reward samples (as for Stable Diffusion).
+    takes = inspect.signature(pipeline_cls.__init__).parameters
+    pipeline_kwargs = {key: value for key, value in _NO_SAFETY_CHECKER.items() if key in takes}
     return Backbone("pipeline", class_name, SamplingDefaults(int(steps), float(guidance), int(side)),
-                    call_kwargs=call_kwargs)
+                    call_kwargs=call_kwargs, pipeline_kwargs=pipeline_kwargs)
 
 
 def native_side(name: str, denoiser: str, revision: str | None) -> int:
