@@ -192,6 +192,20 @@ def _write_prompts(path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def killed_while_deleting(monkeypatch):
+    """`shutil.rmtree` raising Ctrl-C where it would delete (its clean-ups with `ignore_errors` still run): a
+    kill in the middle of deleting a folder. `monkeypatch.undo()` ends it."""
+    real_rmtree = shutil.rmtree
+
+    def killed(path, ignore_errors=False):
+        if not ignore_errors:
+            raise KeyboardInterrupt
+        real_rmtree(path, ignore_errors=True)
+
+    monkeypatch.setattr(shutil, "rmtree", killed)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_accelerate_state():
     """Each test builds its own Accelerator; the state singletons must not leak between tests."""

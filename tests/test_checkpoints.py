@@ -297,19 +297,10 @@ def test_a_shorter_run_keeps_the_longer_run_s_checkpoints_past_its_steps(tmp_pat
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
 
 
-def test_a_prune_killed_while_deleting_leaves_no_checkpoint_that_reads_as_complete(tmp_path, monkeypatch):
-    import shutil
-
+def test_a_prune_killed_while_deleting_leaves_no_checkpoint_that_reads_as_complete(tmp_path, monkeypatch,
+                                                                                   killed_while_deleting):
     for step in (1, 2, 3):
         (_checkpoint(tmp_path, f"checkpoint-{step}", {"rank": 4}) / "optimizer.bin").write_bytes(b"state")
-    real_rmtree = shutil.rmtree
-
-    def killed_while_deleting(path, ignore_errors=False):
-        if not ignore_errors:
-            raise KeyboardInterrupt
-        real_rmtree(path, ignore_errors=True)
-
-    monkeypatch.setattr(shutil, "rmtree", killed_while_deleting)
     with pytest.raises(KeyboardInterrupt):
         prune_checkpoints(tmp_path / "checkpoints" / "checkpoint-3", 2)
     monkeypatch.undo()

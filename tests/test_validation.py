@@ -157,18 +157,11 @@ def test_online_rounds_are_one_training_across_their_selections():
     assert training_identity(round_0, False) != training_identity(round_0 | {"rank": 8}, False)
 
 
-def test_discarding_validation_results_leaves_nothing_half_deleted_or_to_put_back(tmp_path, monkeypatch):
+def test_discarding_validation_results_leaves_nothing_half_deleted_or_to_put_back(tmp_path, monkeypatch,
+                                                                                   killed_while_deleting):
     for folder in ("best", ".best.old", ".best.tmp", "validation/step-000001/samples"):
         (tmp_path / folder).mkdir(parents=True)
         (tmp_path / folder / "file").write_text(folder)
-    real_rmtree = shutil.rmtree
-
-    def killed_while_deleting(path, ignore_errors=False):
-        if not ignore_errors:
-            raise KeyboardInterrupt
-        real_rmtree(path, ignore_errors=True)
-
-    monkeypatch.setattr(shutil, "rmtree", killed_while_deleting)
     with pytest.raises(KeyboardInterrupt):
         discard_validation_results(tmp_path)
     monkeypatch.undo()
