@@ -363,7 +363,9 @@ def labels(folders: Sequence[Path]) -> list[str]:
 
 def quick_run_notes(summaries: list[Any], name: str) -> list[str]:
     """A line per benchmark of a `gors evaluate` folder that the report sets beside published numbers but that
-    ran on fewer prompts (`--max_prompts`) or other images per prompt than the benchmark's protocol."""
+    ran on fewer prompts (`--max_prompts`) or other images per prompt than the benchmark's protocol, or sampled
+    with other steps, guidance or image side than its official sampling (`--num_inference_steps`, ..., or a
+    model family the protocol was not written for, sampled with its own defaults)."""
     from evaluators import available_benchmarks, benchmark_class
 
     published = {label for values in PUBLISHED.values() for label in values}
@@ -379,10 +381,19 @@ def quick_run_notes(summaries: list[Any], name: str) -> list[str]:
         per_prompt = config.get("images_per_prompt") or official
         prompts = samples.get("prompts")
         # A --max_prompts at or above the prompt count cuts nothing: the prompts measured say whether it did.
-        if (config.get("max_prompts") is None or prompts == PUBLISHED_PROMPTS) and per_prompt == official:
-            continue
-        notes.append(f"note: {name}'s {label} is a quick run ({prompts or '?'} prompts x {per_prompt} images; the "
-                     f"protocol's: {PUBLISHED_PROMPTS} x {official}): it does not compare with the published numbers")
+        if (config.get("max_prompts") is not None and prompts != PUBLISHED_PROMPTS) or per_prompt != official:
+            notes.append(f"note: {name}'s {label} is a quick run ({prompts or '?'} prompts x {per_prompt} images; "
+                         f"the protocol's: {PUBLISHED_PROMPTS} x {official}): it does not compare with the published "
+                         "numbers")
+        sampling = benchmark_class(benchmark).official_sampling
+        protocol = {"num_inference_steps": sampling.num_inference_steps, "guidance_scale": sampling.guidance_scale,
+                    "resolution": sampling.resolution}  # None: the checkpoint's own side, any
+        other = [f"{key} {config[key]} (the protocol's {value})" for key, value in protocol.items()
+                 if value is not None and config.get("images") != "external" and key in config
+                 and config[key] != value]
+        if other:
+            notes.append(f"note: {name}'s {label} was sampled otherwise than the benchmark's protocol "
+                         f"({', '.join(other)}): it does not compare with the published numbers")
     return notes
 
 

@@ -151,20 +151,25 @@ def test_a_malformed_summary_or_rounds_file_is_an_error_naming_it(tmp_path, name
 
 
 def test_a_quick_run_set_beside_published_numbers_is_noted(tmp_path):
-    def evaluation(name: str, max_prompts: int | None, per_prompt: int | None) -> Path:
+    def evaluation(name: str, max_prompts: int | None, per_prompt: int | None, **sampling) -> Path:
         folder = tmp_path / name
         folder.mkdir()
+        config = {"max_prompts": max_prompts, "images_per_prompt": per_prompt, "num_inference_steps": 30,
+                  "guidance_scale": 7.5, "resolution": 512, **sampling}
         summary = {"label": "t2i_compbench:color", "primary_metric": "b_vqa", "b_vqa": 0.5,
-                   "results": {"config": {"max_prompts": max_prompts, "images_per_prompt": per_prompt},
-                               "samples": {"prompts": max_prompts or 300}}}
+                   "results": {"config": config, "samples": {"prompts": max_prompts or 300}}}
         (folder / "summary.json").write_text(json.dumps({"summaries": [summary]}))
         return folder
 
     text = report([evaluation("quick", 2, 2), evaluation("fewer", None, 4), evaluation("full", None, None),
-                   evaluation("all", 300, None)], tmp_path / "report").read_text()
+                   evaluation("all", 300, None), evaluation("steps", None, None, num_inference_steps=20)],
+                  tmp_path / "report").read_text()
     assert ("note: quick's t2i_compbench:color is a quick run (2 prompts x 2 images; the protocol's: 300 x 10): it "
             "does not compare with the published numbers") in text
     assert "fewer's t2i_compbench:color is a quick run (300 prompts x 4 images" in text
+    # Any image side is the protocol's (the checkpoint's own); other steps are not.
+    assert ("note: steps's t2i_compbench:color was sampled otherwise than the benchmark's protocol "
+            "(num_inference_steps 20 (the protocol's 30)): it does not compare with the published numbers") in text
     assert "full's" not in text and "all's" not in text  # --max_prompts 300 cuts none of the 300
 
 
