@@ -67,6 +67,17 @@ def measured_speedups(paths: list[str]) -> dict[str, float]:
     return speedups
 
 
+def other_machines(paths: list[str], here: str) -> list[str]:
+    """"FILE (MACHINE)" for each of `paths` measured on another processor or GPU than `here` (`common.machine`'s
+    name, before its library versions): its ratios price this machine's calibration with another's speed."""
+    found = []
+    for path in paths:
+        measured = str(json.loads(Path(path).read_text(encoding="utf-8")).get("machine") or "an unrecorded machine")
+        if measured.split(";")[0] != here.split(";")[0]:
+            found.append(f"{path} ({measured.split(';')[0]})")
+    return found
+
+
 def training_batch(paths: list[str]) -> int | None:
     """gors' per-process batch in the row that prices training in the last of `paths` holding one
     (`gors.estimate.speed_table_train_batch`); None when none prices training."""
@@ -152,6 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     sd = "SD-2-base" if args.full_size else "SD-2-base widths / 4, text encoder 3 of 23 layers"
     source = (f"official / gors per unit from {', '.join(args.speedups)}: {json.dumps(speedups)}" if speedups
               else "official / gors per unit: gors estimate's defaults (2 CPU cores)")
+    elsewhere = other_machines(args.speedups, machine(str(device)))
+    if elsewhere:  # said in the table itself: a mixed estimate must not pass for one machine's
+        source += (f". Measured on another machine: {', '.join(elsewhere)}, so the official column prices this "
+                   "machine's work with that machine's speed ratios")
     text = "\n".join([
         f"Measured {when} on {machine(str(device))}. Calibration: `gors run` with random weights of "
         f"{sd} at {resolution} px ({steps} DDIM steps, {len(PROMPTS)} prompts x {args.images_per_prompt} images, "

@@ -131,6 +131,7 @@ run() {
         measure train_step_16 120 python3 -m benchmarks --device cuda --full-size --only train_step \
             --gors_batch_size 16 --output "$out/train_step_16.md"
         if [ -f "$out/train_step_16.json" ]; then
+            # B-VQA's and generation's ratios are the first H200 run's: on another GPU the estimate says so.
             measure cost_model_16 150 python3 benchmarks/cost_model.py --device cuda --full-size --train_batch_size 16 \
                 --output "$out/cost_model_16.md" \
                 --speedups "$first/b_vqa_passes.json" "$first/generation.json" "$out/train_step_16.json"

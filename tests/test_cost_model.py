@@ -112,3 +112,13 @@ def test_the_default_ratios_are_the_kept_cpu_tables_medians():
 
     kept = speed_table_ratios(BENCHMARKS.parent / CPU_MEASURED_TABLE)
     assert {stage: round(ratio, 2) for stage, ratio in kept.items()} == CPU_MEASURED_SPEEDUPS
+
+
+def test_ratios_measured_on_another_machine_are_named(scripts, tmp_path):
+    result = scripts["common"].SpeedResult
+    here = write_table(scripts, tmp_path / "here.json", [result("B-VQA", "8 passes", "sizes", [6.0], "0", "score")])
+    h200 = str(BENCHMARKS / "results" / "2026-12-04-h200" / "b_vqa_passes.json")
+    other_machines = scripts["cost_model"].other_machines
+    this_machine = scripts["common"].machine("cpu")
+    assert other_machines([here], this_machine) == []  # the table written here names this machine
+    assert other_machines([here, h200], this_machine) == [f"{h200} (NVIDIA H200)"]
