@@ -296,6 +296,10 @@ def calibration_warnings(stages: dict[str, dict[str, Any]]) -> list[str]:
     its wrap-up are then timed as work), and generation in batches the generation ratio was not measured at."""
     warnings = [_training_warning(stages["train"])] if "train" in stages else []
     warnings += [_generation_warning(stages[stage]) for stage in ("generate", "generate+score") if stage in stages]
+    if len({entry["device"] for entry in stages.values()}) > 1:  # CPU beside GPU is refused (`check_one_kind_of_device`)
+        timed = ", ".join(f"{stage} on {entry['device']}" for stage, entry in stages.items())
+        warnings.append(f"the stages were timed on different GPUs ({timed}): the total adds hours of GPUs of "
+                        "different speeds; calibrate on the GPU you want priced")
     compiled = {stage for stage, entry in stages.items() if stage in COMPILING_STAGES
                 and isinstance(entry.get("settings"), dict) and entry["settings"].get("torch_compile") not in (None, "no")}
     # Timings of a gors before 0.2 record no warm-up at all: only their compiling is worth a warning of its own.

@@ -111,6 +111,15 @@ def test_stages_timed_on_the_cpu_and_on_a_gpu_are_refused(tmp_path):
         estimate_command(EstimateConfig(timings=[str(tmp_path)]))
 
 
+def test_stages_timed_on_different_gpus_are_warned_of(tmp_path, capsys):
+    stages = _stages()
+    stages["train"]["device"] = "GPU Y"
+    (tmp_path / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    estimate_command(EstimateConfig(timings=[str(tmp_path)]))
+    assert ("warning: the stages were timed on different GPUs (generate on GPU X, score on GPU X, select on GPU X, "
+            "train on GPU Y): the total adds hours of GPUs of different speeds") in capsys.readouterr().err
+
+
 def _train(work: int, **settings) -> dict[str, dict]:
     defaults = dict(max_train_steps=work, checkpointing_steps=1000, validation_steps=500, validation_benchmark=None,
                     num_validation_prompts=0, torch_compile="no")
