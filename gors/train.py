@@ -1080,22 +1080,27 @@ class GORSTrainer:
         a fresh start (step 0) still discards the folder's earlier validation results: a later resume of
         this training with validation on must not find another training's best LoRA there."""
         folder = self.validation_dir or self.output_dir
-        # A longer run of this training whose checkpoints stay past --max_train_steps keeps its results too.
-        # Online rounds' results are the top folder's, where no round's checkpoints are.
-        later = None if self.validation_dir is not None else main_process_decides(
-            self.accelerator.state, lambda: later_checkpoint(self.output_dir, self.fingerprint,
-                                                             self.config.max_train_steps))
-        keep = kept_steps(self.config.max_train_steps, checkpoint_step(later) if later is not None else None)
         if self.validation is not None:
             # Online rounds (`validation_dir`) train one LoRA on one selection per round: one training.
             with_selection = self.validation_dir is None
             self.validation.start(step, training_identity(self.fingerprint, with_selection),
                                   recorded_as=[training_identity(self.fingerprint, with_selection, by_path=True)],
-                                  keep=keep)
+                                  keep=self._kept_validation_steps())
         elif step == 0:
+            keep = self._kept_validation_steps()
             if self.accelerator.is_main_process:
                 discard_validation_results(folder, keep)
             self.accelerator.wait_for_everyone()
+
+    def _kept_validation_steps(self) -> range:
+        """The validation steps of a longer run of this training whose checkpoints stay past --max_train_steps
+        (`kept_steps`), decided by the main process; none for online rounds, whose results are the top folder's,
+        where no round's checkpoints are."""
+        if self.validation_dir is not None:
+            return range(0)
+        later = main_process_decides(self.accelerator.state, lambda: later_checkpoint(
+            self.output_dir, self.fingerprint, self.config.max_train_steps))
+        return kept_steps(self.config.max_train_steps, checkpoint_step(later) if later is not None else None)
 
     def prepare(self) -> None:
         """`accelerator.prepare` the trained modules, the optimizer and the LR scheduler, in place.

@@ -170,12 +170,13 @@ class LoraOutputDropout:
         generators = generator if isinstance(generator, list) else [generator]
         seeds = [g.initial_seed() if isinstance(g, torch.Generator) else 0 for g in generators]
         prompt = kwargs.get("prompt", args[0] if args else None)
-        prompts = [prompt] * len(seeds) if prompt is None or isinstance(prompt, str) else list(prompt)
+        prompts = [prompt] if prompt is None or isinstance(prompt, str) else list(prompt)
         if len(prompts) == 1:
             prompts *= len(seeds)
-        if len(prompts) != len(seeds):  # the images cannot be told apart: one stream for the call
-            prompts, seeds = [repr(prompts)], [mask_seed(seeds[0], repr(seeds))]
-        self._seeds = [mask_seed(seed, str(text)) for seed, text in zip(seeds, prompts)]
+        if len(prompts) == len(seeds):
+            self._seeds = [mask_seed(seed, str(text)) for seed, text in zip(seeds, prompts)]
+        else:  # the images cannot be told apart: one stream for the call
+            self._seeds = [mask_seed(seeds[0], repr((seeds, prompts)))]
         self._generators.clear()
         return self.pipeline(*args, generator=generator, **kwargs)
 
@@ -187,12 +188,9 @@ class LoraOutputDropout:
 
     def _drop(self, module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
         keep = torch.empty_like(output)
-        images = len(self._seeds)
-        if output.shape[0] % images:
-            keep.bernoulli_(1.0 - self.p, generator=self._generator(0, output.device))
-        else:
-            for row in range(output.shape[0]):
-                keep[row].bernoulli_(1.0 - self.p, generator=self._generator(row % images, output.device))
+        images = len(self._seeds) if output.shape[0] % len(self._seeds) == 0 else 1
+        for image in range(images):  # its rows, r mod images == image: as many for any batching
+            keep[image::images].bernoulli_(1.0 - self.p, generator=self._generator(image, output.device))
         return output * keep / (1.0 - self.p)
 
 
@@ -226,10 +224,10 @@ def dtypes_restored_on_out_of_memory(pipeline: Any, dtypes: dict[str, torch.dtyp
     except RuntimeError as err:
         if not is_out_of_memory(err):
             raise
+        now = component_dtypes(pipeline)
         for name, dtype in dtypes.items():
-            component = pipeline.components[name]
-            if next(component.parameters()).dtype != dtype:
-                component.to(dtype)
+            if now.get(name, dtype) != dtype:
+                pipeline.components[name].to(dtype)
         raise
 
 

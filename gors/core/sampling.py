@@ -325,6 +325,8 @@ def generate_samples(
                     sink.add(written, images)
                 bar.update(len(batch))
 
+            dtypes = component_dtypes(pipeline)  # as loaded: an out-of-memory call may leave one cast otherwise
+
             def generate(batch: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[int], list[Image.Image]]:
                 seeds = [protocol.seed_fn(protocol.seed, p, i) for p, i in batch]
                 with torch.inference_mode(), dtypes_restored_on_out_of_memory(pipeline, dtypes):
@@ -340,7 +342,6 @@ def generate_samples(
                 return batch, seeds, images
 
             generated = 0
-            dtypes = component_dtypes(pipeline)
 
             def hand_over(batch: list[tuple[int, int]]) -> None:
                 nonlocal generated
