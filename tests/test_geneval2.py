@@ -277,12 +277,24 @@ def test_end_to_end_generate_score_tables_and_images_map(tmp_path, tiny_sd, tiny
 def test_the_vqascore_column_asks_the_judge_the_scorer_options_name():
     bench = GenEval2Benchmark()
     judge = {"model_name_or_path": "my/qwen3-vl"}
-    assert bench.scorer_spec(judge) == ("soft_tifa", {"aggregation": "gm", **judge})
-    assert bench.scorer_spec(None, "vqascore", judge) == ("vqascore", judge)
+    official = {"procedure": "generate"}
+    assert bench.scorer_spec(judge) == ("soft_tifa", {"aggregation": "gm", **official, **judge})
+    assert bench.scorer_spec(None, "vqascore", judge) == ("vqascore", {**official, **judge})
     # The column's own options still override it; without a judge option the default judge stays.
     assert bench.scorer_spec({"model_name_or_path": "other"}, "vqascore", judge) == (
-        "vqascore", {"model_name_or_path": "other"})
-    assert bench.scorer_spec(None, "vqascore", {"aggregation": "am"}) == ("vqascore", {})
+        "vqascore", {**official, "model_name_or_path": "other"})
+    assert bench.scorer_spec(None, "vqascore", {"aggregation": "am"}) == ("vqascore", official)
+
+
+def test_the_benchmark_asks_as_geneval2_does_unless_told_to_take_the_one_pass():
+    """GenEval 2's numbers come from its `generate` per question: the benchmark's scorers run that procedure by
+    default, and one `procedure` option moves Soft-TIFA and the VQAScore column together to the faster pass."""
+    bench = GenEval2Benchmark()
+    assert bench.scorer_spec()[1]["procedure"] == bench.scorer_spec(None, "vqascore")[1]["procedure"] == "generate"
+    fast = {"procedure": "one_pass"}
+    assert bench.scorer_spec(fast)[1]["procedure"] == bench.scorer_spec(None, "vqascore", fast)[1]["procedure"] \
+        == "one_pass"
+    assert bench.scorer_spec({"procedure": "generate"}, "vqascore", fast) == ("vqascore", {"procedure": "generate"})
 
 
 def test_the_judges_declare_geneval2s_bfloat16():
