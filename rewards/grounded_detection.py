@@ -33,7 +33,9 @@ class GroundedDetectionReward(SpatialRuleReward):
     - girl, boy, man and woman are asked for as such, not as UniDet's "person"
       (`person_mapping=False`);
     - each object is asked for by its noun phrase's head word (`noun_rule="head"`: "table" for
-      "the white coffee table", where the metric's official rule looks for "coffee").
+      "the white coffee table", where the metric's official rule looks for "coffee");
+    - every noun is asked for (`label_space="open"`), where the metric asks only for the nouns a
+      UniDet class is named (`rewards.unidet_labels`).
 
     A prompt without a relation word, or without two objects, scores 0 with a reason.
     All constructor arguments are those of `SpatialRuleReward`.
@@ -56,6 +58,8 @@ class GroundedDetectionReward(SpatialRuleReward):
     # The metric's part-of-speech rule asks for "coffee" in "a coffee table": a detector that finds it would
     # reward the wrong object.
     default_noun_rule = "head"
+    # A grounded detector finds any noun: UniDet's vocabulary limits only the metric's emulation of UniDet.
+    default_label_space = "open"
     # 3: a label scores the mean over its tokens (GLIP's rule) and girl/boy/man/woman are asked for as such
     # (2: the maximum over its tokens, "person"; per-class NMS as the spatial rule's version 2)
     scoring_version = 3

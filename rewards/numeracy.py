@@ -21,6 +21,7 @@ from rewards.numeracy_rule import (
 )
 from rewards.spatial import check_detection_options
 from rewards.spatial_rule import DETECTION_THRESHOLD, resolve_nms_iou
+from rewards.unidet_labels import LabelSpace, split_by_label_space
 
 
 class NumeracyReward(Reward):
@@ -35,8 +36,10 @@ class NumeracyReward(Reward):
     (any Grounding DINO / MM-Grounding-DINO / OWLv2 checkpoint can be given), queried with the
     asked object names with UniDet's rule (every (box, label) pair above 0.1, non-maximum
     suppression per label at IoU 0.5); its confidences are on another scale, so
-    numbers are comparable in kind, not digit for digit. See `rewards.numeracy_rule` for the
-    prompt parsing.
+    numbers are comparable in kind, not digit for digit. As the official code counts the boxes
+    whose UniDet label contains an object's name, a name that no label contains is never found;
+    it is not asked for here either (`label_space="unidet"`, `rewards.unidet_labels`; "open" asks
+    for every name). See `rewards.numeracy_rule` for the prompt parsing.
 
     Args:
         model_name_or_path: detector checkpoint (Hub id or folder); default OWLv2.
@@ -48,16 +51,17 @@ class NumeracyReward(Reward):
             (downloaded pinned and checksummed, or from GORS_DATA_DIR).
         official_renames: detect boy/girl/man/woman as "person", ship as "boat" and so on, as the
             official code maps nouns to UniDet's classes (False: detect the nouns as written).
+        label_space: "unidet" (only names some UniDet label contains are asked for, official) or "open".
     """
 
     name = "numeracy"
     # T2I-CompBench++'s scripts run UniDet under float16 autocast (`Accelerator(mixed_precision='fp16')`); the
     # detectors here are other models, run in float32, the more exact.
     official_dtype = torch.float32
-    # 4: duplicates found in the official evaluation's resized image (its pixels); 3: a Grounding DINO detector's
+    # 5: names no UniDet label contains are never found (`label_space="unidet"`); 4: duplicates found in the official evaluation's resized image (its pixels); 3: a Grounding DINO detector's
     # labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
-    scoring_version = 4
+    scoring_version = 5
     default_model = "google/owlv2-base-patch16-ensemble"
     model_objects = {"model_name_or_path": "detector"}
     categories = ("numeracy",)
@@ -89,9 +93,12 @@ class NumeracyReward(Reward):
         nms_iou: float | None = None,
         noun_file: str | Path | None = None,
         official_renames: bool = True,
+        label_space: LabelSpace = "unidet",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
-        self.check_options({"threshold": threshold, "text_threshold": text_threshold, "nms_iou": nms_iou})
+        self.check_options({"threshold": threshold, "text_threshold": text_threshold, "nms_iou": nms_iou,
+                            "label_space": label_space})
+        self.label_space = label_space
         self.threshold, self.text_threshold = threshold, text_threshold
         self.nms_iou = resolve_nms_iou(text_threshold, nms_iou)
         if noun_file is None:
@@ -108,10 +115,12 @@ class NumeracyReward(Reward):
         self, images: list[Image.Image], prompts: list[str], metadata: list[dict[str, Any]] | None
     ) -> RewardOutput:
         objects = [counted_objects(prompt, self.nouns, self.renames) for prompt in prompts]
-        todo = [i for i, asked in enumerate(objects) if asked]
+        named = {i: split_by_label_space((obj.name for obj in asked), self.label_space, exact=False)
+                 for i, asked in enumerate(objects) if asked}
+        todo = [i for i, (names, _) in named.items() if names]
         found = self.detector.detect(
             [images[i] for i in todo],
-            [list(dict.fromkeys(obj.name for obj in objects[i])) for i in todo],
+            [named[i][0] for i in todo],
             threshold=self.threshold,
             text_threshold=self.text_threshold,
             nms_iou=self.nms_iou,
@@ -131,6 +140,8 @@ class NumeracyReward(Reward):
                         for obj, seen in zip(asked, verdict.detected, strict=True)
                     ],
                     "detections": [d.to_dict() for d in kept],
+                    # Names no UniDet label contains: never asked for, never found (`rewards.unidet_labels`).
+                    "not_in_label_space": named[i][1] if i in named else [],
                     "score": verdict.score,
                     "reason": verdict.reason,
                 }

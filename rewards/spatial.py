@@ -27,19 +27,22 @@ from rewards.spatial_rule import (
     spatial_objects,
     to_official_frame,
 )
+from rewards.unidet_labels import LABEL_SPACES, LabelSpace, split_by_label_space
 
 
 def check_detection_options(options: Mapping[str, Any], threshold_default: bool = False) -> None:
     """Refuse, of the detector-based rules' options given, a `threshold` (None too where it stands for
     the reward's default: `threshold_default`), `text_threshold` or `nms_iou` outside [0, 1], both of
-    the last two (`resolve_nms_iou`) and an unknown `noun_phrase_backend`: the shared part of their
-    `Reward.check_options`."""
+    the last two (`resolve_nms_iou`), an unknown `noun_phrase_backend` and an unknown `label_space`: the
+    shared part of their `Reward.check_options`."""
     for name in ("threshold", "text_threshold", "nms_iou"):
         if name in options:
             check_number(name, options[name], optional=name != "threshold" or threshold_default)
     resolve_nms_iou(options.get("text_threshold"), options.get("nms_iou"))
     if "noun_phrase_backend" in options:
         check_choice("noun_phrase_backend", options["noun_phrase_backend"], BACKENDS)
+    if options.get("label_space") is not None:
+        check_choice("label_space", options["label_space"], LABEL_SPACES)
 
 
 class SpatialRuleReward(Reward):
@@ -55,7 +58,10 @@ class SpatialRuleReward(Reward):
       checkpoint), which has no installable implementation. The default here is OWLv2
       (`google/owlv2-base-patch16-ensemble`), queried with the two object names; any Grounding
       DINO, MM-Grounding-DINO or OWLv2 checkpoint can be passed. This is deliberately another
-      detector than the unbiased `grounded_detection` reward's (MM-Grounding-DINO).
+      detector than the unbiased `grounded_detection` reward's (MM-Grounding-DINO). As UniDet
+      finds only its own classes and the official code looks nouns up among their names, a
+      name that no UniDet label equals ("cow", "wallet") is not asked for and never found
+      (`label_space="unidet"`, `rewards.unidet_labels`; "open" asks for every name).
     - Confidence calibration. UniDet's scores are closed-set class probabilities; an
       open-vocabulary detector's scores are text-box matching probabilities on another scale
       (OWLv2's are typically lower), yet UniDet's rule (every (box, label) pair above 0.1,
@@ -97,16 +103,19 @@ class SpatialRuleReward(Reward):
         noun_rule: "official" (the official scripts' nouns, read off part-of-speech tags) or "head"
             (each noun phrase's head word: "table" for "a coffee table"); default the class's
             (`default_noun_rule`). See `rewards.spatial_rule.spatial_objects`.
+        label_space: "unidet" (only the names a UniDet label equals are asked for, as the official
+            lookup finds only those) or "open" (every name); default the class's (`default_label_space`).
     """
 
     name = "spatial_rule"
     # T2I-CompBench's scripts run UniDet (detectron2) under float16 autocast (`Accelerator(mixed_precision=
     # 'fp16')`); the detectors here are other models, run in float32, the more exact.
     official_dtype = torch.float32
-    # 4: object names by the official part-of-speech rule (a complex prompt's compound gives its first noun);
+    # 5: names no UniDet label equals are never found (`label_space="unidet"`); 4: object names by the official
+    # part-of-speech rule (a complex prompt's compound gives its first noun);
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
-    scoring_version = 4
+    scoring_version = 5
     default_model = "google/owlv2-base-patch16-ensemble"
     model_objects = {"model_name_or_path": "detector"}
     categories = ("spatial",)
@@ -121,6 +130,7 @@ class SpatialRuleReward(Reward):
     default_distinct_same_name: ClassVar[bool] = False
     default_person_mapping: ClassVar[bool] = True
     default_noun_rule: ClassVar[NounRule] = "official"
+    default_label_space: ClassVar[LabelSpace] = "unidet"
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
@@ -154,12 +164,15 @@ class SpatialRuleReward(Reward):
         person_mapping: bool | None = None,
         noun_phrase_backend: Backend = "auto",
         noun_rule: NounRule | None = None,
+        label_space: LabelSpace | None = None,
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
         self.noun_rule = self.default_noun_rule if noun_rule is None else noun_rule
+        self.label_space = self.default_label_space if label_space is None else label_space
         self.check_options({"threshold": threshold, "text_threshold": text_threshold, "nms_iou": nms_iou,
                             "floor": floor, "iou_threshold": iou_threshold, "distance_threshold": distance_threshold,
-                            "noun_phrase_backend": noun_phrase_backend, "noun_rule": self.noun_rule})
+                            "noun_phrase_backend": noun_phrase_backend, "noun_rule": self.noun_rule,
+                            "label_space": self.label_space})
         self.parser = parser_record(noun_phrase_backend)
         self.threshold = self.default_threshold if threshold is None else threshold
         self.floor = self.default_floor if floor is None else floor
@@ -193,11 +206,14 @@ class SpatialRuleReward(Reward):
             )
             for prompt in prompts
         ]
-        # Only images whose prompt gives a relation and two objects go through the detector.
-        todo = [i for i, (r, o) in enumerate(zip(relations, objects)) if r and o]
+        # Only images whose prompt gives a relation and two objects, one of them a name the label space has, go
+        # through the detector, asked for those names.
+        asked = {i: split_by_label_space(o, self.label_space, exact=True)
+                 for i, (r, o) in enumerate(zip(relations, objects)) if r and o}
+        todo = [i for i, (named, _) in asked.items() if named]
         found = self.detector.detect(
             [images[i] for i in todo],
-            [list(dict.fromkeys(objects[i])) for i in todo],  # type: ignore[arg-type]
+            [asked[i][0] for i in todo],
             threshold=self.threshold,
             text_threshold=self.text_threshold,
             nms_iou=self.nms_iou,
@@ -206,9 +222,9 @@ class SpatialRuleReward(Reward):
         scores, details = [], []
         for i, (relation, names) in enumerate(zip(relations, objects, strict=True)):
             first = second = None
-            if i in detections:
+            if i in asked:
                 first, second = pick_detections(
-                    detections[i], names, self.distinct_same_name  # type: ignore[arg-type]
+                    detections.get(i, []), names, self.distinct_same_name  # type: ignore[arg-type]
                 )
                 # Judged where the official script detects, so that 150 px is the same share of
                 # any image; the details keep the boxes in the image's own pixels.
@@ -221,17 +237,21 @@ class SpatialRuleReward(Reward):
                 verdict = SpatialJudgement(0.0, None, "no spatial relation word in the prompt")
             else:
                 verdict = SpatialJudgement(0.0, None, "the prompt does not name two objects")
+            unnamed = asked[i][1] if i in asked else []
             scores.append(verdict.score)
             details.append(
                 {
                     "relation": relation,
                     "objects": list(names) if names else None,
                     "parser": self.parser,  # which tagger found the names (spaCy's: the official ones)
+                    # Names no UniDet class equals: never asked for, never found (`rewards.unidet_labels`).
+                    "not_in_label_space": unnamed,
                     "first": detection_dict(first),
                     "second": detection_dict(second),
                     "position": verdict.position,
                     "score": verdict.score,
-                    "reason": verdict.reason,
+                    "reason": verdict.reason + (f" ({', '.join(map(repr, unnamed))}: no UniDet class, never found)"
+                                                if unnamed else ""),
                 }
             )
         return RewardOutput(scores=scores, details=details)

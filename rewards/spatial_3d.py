@@ -23,6 +23,7 @@ from rewards.spatial_3d_rule import (
     pick_detections_3d,
 )
 from rewards.spatial_rule import DETECTION_THRESHOLD, resolve_nms_iou, spatial_objects
+from rewards.unidet_labels import LabelSpace, split_by_label_space
 
 DEPTH_FLAG = "depth_model_name_or_path"
 DEFAULT_DEPTH_MODEL = "Intel/dpt-hybrid-midas"
@@ -151,8 +152,14 @@ class Spatial3DReward(Reward):
     - Object names: the official rule over part-of-speech tags, exact where spaCy is installed
       (the official parser), else the built-in parser's approximation of its tags.
 
-    Official quirks kept: a name matches any label it is part of ("bird" a "birdhouse" box), and a
-    prompt without a 3D relation word scores its objects with depth order 0 (up to 0.5).
+    - Label space: the official code takes a detection whose UniDet label contains a name as that
+      object, so a name that no label contains ("painting", "wallet") is never found; it is not
+      asked for here either (`label_space="unidet"`, `rewards.unidet_labels`; "open" asks for every
+      name). Boxes of a label that merely contains a name ("monkey" for "key") are not reproduced:
+      the detector is asked for the names themselves.
+
+    Official quirk kept: a prompt without a 3D relation word scores its objects with depth order 0
+    (up to 0.5).
 
     Args:
         model_name_or_path: detector checkpoint (Hub id or folder); default OWLv2.
@@ -170,18 +177,19 @@ class Spatial3DReward(Reward):
         depth_image_size: the depth model's input side (see `DepthEstimator`); default 480, the official
             script's, for `Intel/dpt-hybrid-midas`, the processor's size for any other checkpoint (a local
             copy of the default is not recognised by its path: pass 480).
+        label_space: "unidet" (only names some UniDet label contains are asked for, official) or "open".
     """
 
     name = "spatial_3d"
     # T2I-CompBench++'s scripts run UniDet and DPT depth under float16 autocast (`Accelerator(mixed_precision=
     # 'fp16')`); the detectors here are other models, and both run in float32, the more exact.
     official_dtype = torch.float32
-    # 5: the default depth model reads the official 480 x 480 input (it read its processor's 384); 4: object names by
+    # 6: names no UniDet label contains are never found (`label_space="unidet"`); 5: the default depth model reads the official 480 x 480 input (it read its processor's 384); 4: object names by
     # the official part-of-speech rule (spaCy's tags where installed; "a coffee table": "coffee"),
     # names matched as parts of labels, a prompt without a relation word scored on its objects (all as officially);
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
-    scoring_version = 5
+    scoring_version = 6
     default_model = "google/owlv2-base-patch16-ensemble"
     model_objects = {"model_name_or_path": "detector", "depth_model_name_or_path": "depth_model"}
     categories = ("3d_spatial",)
@@ -220,11 +228,13 @@ class Spatial3DReward(Reward):
         person_mapping: bool = True,
         noun_phrase_backend: Backend = "auto",
         depth_image_size: int | None = None,
+        label_space: LabelSpace = "unidet",
     ) -> None:
         super().__init__(model_name_or_path, device, torch_dtype, batch_size)
         self.check_options({"threshold": threshold, "text_threshold": text_threshold, "nms_iou": nms_iou,
                             "iou_threshold": iou_threshold, "noun_phrase_backend": noun_phrase_backend,
-                            "depth_image_size": depth_image_size})
+                            "depth_image_size": depth_image_size, "label_space": label_space})
+        self.label_space = label_space
         self.threshold, self.text_threshold, self.iou_threshold = threshold, text_threshold, iou_threshold
         self.nms_iou = resolve_nms_iou(text_threshold, nms_iou)
         self.transposed_depth = transposed_depth
@@ -250,18 +260,18 @@ class Spatial3DReward(Reward):
             spatial_objects(prompt, backend=self.noun_phrase_backend, person_mapping=self.person_mapping)
             for prompt in prompts
         ]
-        todo = [i for i, names in enumerate(objects) if names]  # without a relation too: its objects still count
-        found = self.detector.detect(
+        # Without a relation too: its objects still count. Asked for: the names the label space has.
+        asked = {i: split_by_label_space(names, self.label_space, exact=False)
+                 for i, names in enumerate(objects) if names}
+        todo = [i for i, (named, _) in asked.items() if named]
+        found = dict(zip(todo, self.detector.detect(
             [images[i] for i in todo],
-            [list(dict.fromkeys(objects[i])) for i in todo],  # type: ignore[arg-type]
+            [asked[i][0] for i in todo],
             threshold=self.threshold,
             text_threshold=self.text_threshold,
             nms_iou=self.nms_iou,
-        )
-        picked = {
-            i: pick_detections_3d(detections, objects[i])  # type: ignore[arg-type]
-            for i, detections in zip(todo, found, strict=True)
-        }
+        ), strict=True))
+        picked = {i: pick_detections_3d(found.get(i, []), objects[i]) for i in asked}  # type: ignore[arg-type]
         # Depth only matters (and is only computed) where both objects were found under a relation word.
         need_depth = [i for i, (first, second) in picked.items()
                       if relations[i] and first is not None and second is not None]
@@ -270,18 +280,22 @@ class Spatial3DReward(Reward):
         for i, (relation, names) in enumerate(zip(relations, objects, strict=True)):
             first, second = picked.get(i, (None, None))
             verdict = self._verdict(i, relation, names, first, second, depth_maps)
+            unnamed = asked[i][1] if i in asked else []
             scores.append(verdict.score)
             details.append(
                 {
                     "relation": relation,
                     "objects": list(names) if names else None,
                     "parser": self.parser,  # which tagger found the names (spaCy's: the official ones)
+                    # Names no UniDet label contains: never asked for, never found (`rewards.unidet_labels`).
+                    "not_in_label_space": unnamed,
                     "first": detection_dict(first),
                     "second": detection_dict(second),
                     "depths": list(verdict.depths),
                     "depth_order": verdict.depth_order,
                     "score": verdict.score,
-                    "reason": verdict.reason,
+                    "reason": verdict.reason + (f" ({', '.join(map(repr, unnamed))}: in no UniDet class, never found)"
+                                                if unnamed else ""),
                 }
             )
         return RewardOutput(scores=scores, details=details)

@@ -332,10 +332,10 @@ def test_near_is_judged_in_the_official_detection_frame() -> None:
 
 def test_rewards_one_object_and_on_top_of() -> None:
     fake = FakeDetector(
-        {"hat": [Detection("hat", 1.0, TOP)], "rack": [Detection("rack", 0.6, BOTTOM)]}
+        {"hat": [Detection("hat", 1.0, TOP)], "bench": [Detection("bench", 0.6, BOTTOM)]}
     )
     metric, reward = rewards_on(fake).values()
-    prompts = ["a hat on top of a rack", "a hat near a bird"]
+    prompts = ["a hat on top of a bench", "a hat near a bird"]
     out = metric.score(random_images(2), prompts)
     # Official: no position branch for "on top of": 0.25 + 0.15 < 0.5.
     assert out.scores == [0.0, 0.0]
@@ -390,7 +390,8 @@ def test_complex_parsing_option() -> None:
     assert fake.calls[-1][1] == [["hat", "coat"]]  # the first NOUN after the preposition, as officially
     GroundedDetectionReward(detector=fake, complex=True).score(random_images(1), [prompt])
     assert fake.calls[-1][1] == [["hat", "rack"]]  # an open-vocabulary detector is asked for the head
-    SpatialRuleReward(detector=fake, complex=True, noun_rule="head").score(random_images(1), [prompt])
+    SpatialRuleReward(detector=fake, complex=True, noun_rule="head", label_space="open").score(random_images(1),
+                                                                                          [prompt])
     assert fake.calls[-1][1] == [["hat", "rack"]]
     with pytest.raises(ValueError, match="noun_rule"):
         SpatialRuleReward.check_options({"noun_rule": "first"})
@@ -407,7 +408,7 @@ def test_rewards_on_tiny_models(detector_dirs: dict[str, Path], kind: str, rewar
 
     reward = load(
         reward_name, model_name_or_path=str(detector_dirs[kind]), device="cpu", batch_size=2,
-        threshold=0.0, floor=0.0, noun_phrase_backend="builtin",
+        threshold=0.0, floor=0.0, noun_phrase_backend="builtin", label_space="open",  # "mouse" is no UniDet class
     )
     assert reward.detector.model_type == kind
     images = random_images(len(SPATIAL_PROMPTS), seed=2)
@@ -418,8 +419,9 @@ def test_rewards_on_tiny_models(detector_dirs: dict[str, Path], kind: str, rewar
     for score, details in zip(out.scores, out.details, strict=True):
         assert 0.0 <= score <= 1.0 and details["score"] == score
         assert set(details) == {
-            "relation", "objects", "parser", "first", "second", "position", "score", "reason",
+            "relation", "objects", "parser", "not_in_label_space", "first", "second", "position", "score", "reason",
         }
+        assert details["not_in_label_space"] == []
         assert details["parser"] == {"name": "builtin", "version": "1"}  # which tagger found the names
         # Threshold 0: every object is found; its detection carries its own label.
         assert details["first"]["label"] == details["objects"][0]

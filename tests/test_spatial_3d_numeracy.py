@@ -463,3 +463,65 @@ def test_rewards_on_tiny_owlv2_and_dpt(tiny_dirs: dict[str, Path], tmp_path: Pat
     # OWLv2 reports each box once, for its best label; at threshold 0 some label is always present.
     assert all(d["detections"] for d in counted.details)
     assert counted.details[1]["objects"][0]["name"] == "person"
+
+
+def test_the_rules_ask_only_for_names_unidet_has_a_label_for(tmp_path: Path) -> None:
+    """The official scripts look prompt nouns up among UniDet's label names: the 2D rule by equality, the 3D and
+    numeracy rules as part of a label. A noun no label matches is never found, so it is not asked for."""
+    from rewards.spatial import SpatialRuleReward
+
+    dog, key = det("dog", 0.9, (0, 0, 12, 12)), det("key", 0.8, (14, 0, 30, 12))
+    mouse, cow = det("mouse", 0.9, (0, 0, 12, 12)), det("cow", 0.9, (14, 0, 30, 12))
+    # 2D: "mouse" is no label ("mouse2, mouse" is): the key alone, 0.25 * 0.8 under the floor.
+    detector = FakeDetector([mouse, key])
+    out = SpatialRuleReward(detector=detector, device="cpu").score(images(1), ["a mouse on side of a key"])
+    assert detector.calls == [[["key"]]] and out.scores == [0.0]
+    assert out.details[0]["not_in_label_space"] == ["mouse"] and "'mouse': no UniDet class" in out.details[0]["reason"]
+    # Neither noun a label: the detector is asked about no image.
+    assert SpatialRuleReward(detector=detector, device="cpu").score(images(1), ["a wallet near a sofa"]).scores == [0.0]
+    assert detector.calls[-1] == []
+    # "open" asks for both, as an open-vocabulary detector can find them.
+    opened = SpatialRuleReward(detector=detector, device="cpu", label_space="open")
+    assert opened.score(images(1), ["a mouse on side of a key"]).scores[0] == pytest.approx(0.25 * 1.7 + 0.5)
+    assert detector.calls[-1] == [["mouse", "key"]]
+    # 3D: part of a label is enough ("cow" of "cattle, cow"), "painting" is part of none.
+    detector = FakeDetector([cow, dog])
+    out = Spatial3DReward(detector=detector, depth_model=FakeDepth(), device="cpu").score(
+        images(2), ["a cow in front of a dog", "a painting behind a dog"])
+    assert detector.calls == [[["cow", "dog"], ["dog"]]]
+    assert out.details[0]["not_in_label_space"] == [] and out.details[1]["not_in_label_space"] == ["painting"]
+    assert out.scores[1] == pytest.approx(0.25 * 0.9)
+    with pytest.raises(ValueError, match="label_space"):
+        Spatial3DReward(detector=detector, depth_model=FakeDepth(), device="cpu", label_space="unidet2")  # type: ignore[arg-type]
+    # Numeracy: a wallet is never counted.
+    noun_file = tmp_path / "nouns.txt"
+    noun_file.write_text("dog - dogs\nwallet - wallets\n")
+    detector = FakeDetector([dog, det("wallet", 0.9, (14, 0, 30, 12))])
+    out = NumeracyReward(detector=detector, noun_file=noun_file, device="cpu").score(images(1), ["a dog and a wallet"])
+    assert detector.calls == [[["dog"]]] and out.scores == [pytest.approx(0.5)]
+    assert out.details[0]["not_in_label_space"] == ["wallet"]
+    out = NumeracyReward(detector=detector, noun_file=noun_file, device="cpu", label_space="open").score(
+        images(1), ["a dog and a wallet"])
+    assert out.scores == [pytest.approx(1.0)]
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/benchmarks")
+def test_a_third_of_the_2d_val_prompts_name_an_object_unidet_cannot() -> None:
+    """As an audit of the official label list found: 100 of the 300 2D-spatial val prompts name an object no UniDet
+    label equals (their published score is 0 whatever the image), and 20 of the 300 3D ones one that no label
+    contains."""
+    from collections import Counter
+
+    from rewards.unidet_labels import UNIDET_LABELS, split_by_label_space
+
+    assert len(UNIDET_LABELS) == 722 and len(set(UNIDET_LABELS)) == 677
+    missing: Counter[str] = Counter()
+    prompts = [p for p in (SHARED / "spatial_val.txt").read_text().splitlines() if p.strip()]
+    for prompt in prompts:
+        missing.update(split_by_label_space(spatial_objects(prompt, backend="builtin"), "unidet", exact=True)[1])
+    assert sum(1 for p in prompts
+               if split_by_label_space(spatial_objects(p, backend="builtin"), "unidet", exact=True)[1]) == 100
+    assert missing.most_common(3) == [("wallet", 18), ("mouse", 16), ("cow", 15)]
+    prompts = [p for p in (SHARED / "3d_spatial_val.txt").read_text().splitlines() if p.strip()]
+    assert sum(1 for p in prompts
+               if split_by_label_space(spatial_objects(p, backend="builtin") or [], "unidet", exact=False)[1]) == 20
