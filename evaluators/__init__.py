@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from evaluators.base import Benchmark, BenchmarkPrompt, check_benchmark_class
@@ -218,6 +218,59 @@ def build_benchmark(name: str, subset: str | None = None, **kwargs: Any) -> Benc
     return cls(**kwargs)
 
 
+# A field of a benchmark class that `--benchmark_options` sets: text, a number, a flag (or None) or a Literal.
+_PLAIN_FIELD_TYPES = {"str", "int", "float", "bool", "None"}
+
+
+def option_fields(cls: type[Benchmark]) -> list[str]:
+    """The fields of benchmark class `cls` that `--benchmark_options` sets: its own plain ones (e.g. LPG-Bench's
+    `dataset`, GenEval 2's `data_path`), not `Benchmark`'s protocol fields (flags of their own, or fixed by the
+    protocol: the seed), nor its subset (named after the colon), nor a mapping (`--scorer_options` gives those)."""
+    protocol = {f.name for f in dataclasses.fields(Benchmark)}
+
+    def plain(annotation: Any) -> bool:
+        text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+        return text.startswith("Literal[") or all(part.strip() in _PLAIN_FIELD_TYPES for part in text.split("|"))
+
+    return [f.name for f in dataclasses.fields(cls)
+            if f.name not in protocol and f.name != cls.subset_field and f.init and plain(f.type)]
+
+
+def build_benchmark_with_options(name: str, subset: str | None, options_by_key: Mapping[str, Any], flag: str,
+                                 **protocol: Any) -> Benchmark:
+    """`build_benchmark(name, subset, **protocol)` with the fields `options_by_key` (given by `flag`, e.g.
+    "--benchmark_options") sets under its name or its label (`name:subset`, the default subset's too, the label
+    winning), each checked first: a field the class has not, or a value of another type, is refused with the
+    fields it has."""
+    from rewards.combined import option_type_problem
+
+    cls = benchmark_class(name)
+    label = benchmark_label(name, subset if subset is not None else _default_subset(name))
+    for key in dict.fromkeys((name, label)):
+        if not isinstance(options_by_key.get(key, {}), Mapping):
+            raise ValueError(f"{flag}: {key} maps to {options_by_key[key]!r}; give its fields as a mapping, e.g. "
+                             f"'{{\"{key}\": {{\"field\": \"value\"}}}}'")
+    options = {**options_by_key.get(name, {}), **options_by_key.get(label, {})}
+    allowed = option_fields(cls)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        hint = ""
+        if cls.subset_field in unknown:
+            hint = f"; its {cls.subset_field} is named after a colon: --benchmarks {name}:{options[cls.subset_field]}"
+        elif set(unknown) & {f.name for f in dataclasses.fields(Benchmark)}:
+            hint = ("; the protocol's fields are set by flags of their own (--max_prompts, --images_per_prompt, "
+                    "--num_inference_steps, --guidance_scale, --resolution, --generation_batch_size) or fixed by it")
+        raise ValueError(f"{flag}: {label} has no field {', '.join(map(repr, unknown))}; its fields: "
+                         f"{', '.join(allowed) or 'none'}{hint}")
+    problem = option_type_problem(cls, options)
+    if problem is not None:
+        raise ValueError(f"{flag}: {label}: {problem}")
+    try:
+        return build_benchmark(name, subset, **protocol, **options)
+    except ValueError as err:
+        raise ValueError(f"{flag}: {label}: {err}") from None
+
+
 def benchmark_label(name: str, subset: str | None) -> str:
     """How results name a benchmark and its subset: `t2i_compbench:color`, or the name alone without one."""
     return name if subset is None else f"{name}:{subset}"
@@ -230,7 +283,9 @@ __all__ = [
     "available_benchmarks",
     "benchmark_label",
     "build_benchmark",
+    "build_benchmark_with_options",
     "get_benchmark",
+    "option_fields",
     "parse_benchmarks",
     "register_benchmark",
 ]

@@ -56,7 +56,8 @@ def load_lpg_rows(dataset: str = DATASET, split: str = "train", revision: str | 
         raise OSError(
             f"LPG-Bench prompts could not be loaded from {dataset!r} (split {split!r}): {err}\n"
             f"Offline, download the dataset elsewhere (`hf download --repo-type dataset {DATASET} "
-            "--local-dir LPG-Bench`) and pass that folder (or its prompt file) as dataset."
+            "--local-dir LPG-Bench`) and pass that folder (or its prompt file) as dataset: `gors evaluate "
+            "--benchmark_options '{\"lpg_bench\": {\"dataset\": \"LPG-Bench\"}}'`."
         ) from err
 
 

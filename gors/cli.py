@@ -428,8 +428,16 @@ def benchmark_table() -> list[dict[str, str]]:
                      # A scorer that depends on the subset (T2I-CompBench's category) is a property of the instance.
                      "scorer": cls.scorer if isinstance(cls.scorer, str) else "by subset",
                      "metric": f"{metric.key} {metric.scale}",
-                     "description": first_line(cls.__doc__)})
+                     "description": first_line(cls.__doc__) + _fields_line(cls)})
     return rows
+
+
+def _fields_line(cls: type) -> str:
+    """The fields `--benchmark_options` sets on benchmark class `cls`, as a sentence ('' where none)."""
+    from evaluators import option_fields
+
+    fields_ = option_fields(cls)
+    return f" Fields (--benchmark_options): {', '.join(fields_)}." if fields_ else ""
 
 
 def list_benchmarks(config: BenchmarksConfig) -> None:

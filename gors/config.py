@@ -552,6 +552,10 @@ class TrainingFields:
     validation_scorer_options: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "Keyword arguments of the validation scorer (JSON/YAML mapping)."}
     )
+    validation_benchmark_options: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Fields of the validation benchmark (JSON/YAML mapping), as "
+                                                "`gors evaluate --benchmark_options` gives one benchmark's, e.g. "
+                                                "'{\"data_path\": \"my.jsonl\"}' for geneval2."})
     report_to: str = field(default="tensorboard", metadata={"help": "One Accelerate tracker (tensorboard, wandb, mlflow, ...: "
                                                            "accelerate's LoggerType names), all (every installed "
                                                            "one) or none."})
@@ -599,7 +603,7 @@ class TrainingFields:
         given = [name for name in ("validation_metric", "validation_num_prompts", "validation_images_per_prompt",
                                    *(f"validation_{flag}" for flag in SAMPLING_FLAGS))
                  if getattr(self, name) != defaults[name]]
-        given += ["validation_scorer_options"] if self.validation_scorer_options else []
+        given += [name for name in ("validation_scorer_options", "validation_benchmark_options") if getattr(self, name)]
         _check(not given, f"{', '.join(f'--{name}' for name in given)} without --validation_benchmark: "
                           f"{'it sets' if len(given) == 1 else 'they set'} up benchmark validation, which is off. "
                           "Name the benchmark (e.g. --validation_benchmark t2i_compbench:color), or drop "
@@ -655,6 +659,8 @@ class TrainingFields:
         _check_sampling(self.validation_num_inference_steps, self.validation_guidance_scale,
                         self.validation_resolution, prefix="validation_")
         self.validation_scorer_options = parse_mapping(self.validation_scorer_options, "--validation_scorer_options")
+        self.validation_benchmark_options = parse_mapping(self.validation_benchmark_options,
+                                                          "--validation_benchmark_options")
         self._check_benchmark_validation_flags()
         if self.validation_benchmark is not None:
             from evaluators import parse_benchmarks
@@ -902,6 +908,12 @@ class EvaluateConfig:
                           "benchmark:subset), e.g. '{\"geneval\": {\"model_name_or_path\": \"...\"}}'; a \"columns\" "
                           "entry gives the further metric columns' scorers theirs, keyed by column."},
     )
+    benchmark_options: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "Fields of the benchmarks as a JSON/YAML mapping keyed by benchmark (or benchmark:subset), "
+                          "e.g. '{\"lpg_bench\": {\"dataset\": \"LPG-Bench\"}}' for a local copy of its prompts, or "
+                          "'{\"geneval2\": {\"data_path\": \"my.jsonl\"}}'; `gors benchmarks` lists each one's."},
+    )
     generation_batch_size: int | None = field(
         default=None, metadata={"help": "Images per pipeline call on each process (each image keeps its own seed); "
                                         "default: each benchmark's own (GenEval and LPG-Bench 4, as their scripts; toy 32; 8 "
@@ -943,6 +955,11 @@ class EvaluateConfig:
             _check(isinstance(value, Mapping),
                    f"--scorer_options: {key!r} maps to {value!r}; give that benchmark's scorer options as a mapping, "
                    f"e.g. '{{\"{key}\": {{\"model_name_or_path\": \"...\"}}}}'")
+        self.benchmark_options = parse_mapping(self.benchmark_options, "--benchmark_options")
+        for key, value in self.benchmark_options.items():
+            _check(isinstance(value, Mapping),
+                   f"--benchmark_options: {key!r} maps to {value!r}; give that benchmark's fields as a mapping, "
+                   f"e.g. '{{\"lpg_bench\": {{\"dataset\": \"LPG-Bench\"}}}}'")
 
     @property
     def extra_columns(self) -> list[str]:

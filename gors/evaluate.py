@@ -19,7 +19,7 @@ import torch
 from accelerate import Accelerator
 from tabulate import tabulate
 
-from evaluators import benchmark_label, build_benchmark, parse_benchmarks
+from evaluators import benchmark_label, build_benchmark_with_options, parse_benchmarks
 from evaluators.base import SUMMARY_FILE, Benchmark, ScorerKey
 from evaluators.results import UNIT_SCALE, metric_value
 from gors.config import EvaluateConfig, sampling_overrides
@@ -158,17 +158,18 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
                          "--lora, or drop --images to generate with the LoRA")
     if config.lora is not None and not config.lora.startswith(REMOTE_LORA_PREFIXES):
         check_lora_path(config.lora)  # `gors download evaluate` too: a local LoRA is nothing to download
-    benchmarks = [(spec, build_benchmark(*spec, max_prompts=config.max_prompts, images_per_prompt=config.images_per_prompt,
-                                         batch_size=config.generation_batch_size, **sampling_overrides(config)))
-                  for spec in specs]
+    benchmarks = [(spec, build_benchmark_with_options(
+        *spec, config.benchmark_options, "--benchmark_options", max_prompts=config.max_prompts,
+        images_per_prompt=config.images_per_prompt, batch_size=config.generation_batch_size,
+        **sampling_overrides(config))) for spec in specs]
     # The subset as built (a default one included), so that e.g. toy and toy:train get two folders.
     subsets = [getattr(benchmark, benchmark.subset_field) if benchmark.subset_field else None
                for _, benchmark in benchmarks]
     labels = [benchmark_label(name, subset) for ((name, _), _), subset in zip(benchmarks, subsets)]
-    unknown = sorted(set(config.scorer_options) - {name for name, _ in specs} - set(labels))
-    if unknown:
-        raise ValueError(f"--scorer_options for {unknown}, which are not among the benchmarks evaluated "
-                         f"({', '.join(labels)})")
+    for flag, options in (("--scorer_options", config.scorer_options), ("--benchmark_options", config.benchmark_options)):
+        unknown = sorted(set(options) - {name for name, _ in specs} - set(labels))
+        if unknown:
+            raise ValueError(f"{flag} for {unknown}, which are not among the benchmarks evaluated ({', '.join(labels)})")
     if config.images is not None:
         benchmarks[0][1].check_images_readable()
     plans = []

@@ -191,11 +191,13 @@ def validation_target(config: TrainConfig | RunConfig) -> ValidationTarget:
     does not declare or validation does not compute (a further column), or a scorer option its scorer
     does not take, is a ValueError before any weights load (`gors run` calls this before generating,
     the trainer before training)."""
-    from evaluators import benchmark_label, build_benchmark, parse_benchmarks
+    from evaluators import benchmark_label, build_benchmark_with_options, parse_benchmarks
 
     name, subset = parse_benchmarks(config.validation_benchmark)[0]
-    benchmark = build_benchmark(name, subset, max_prompts=config.validation_num_prompts,
-                                images_per_prompt=config.validation_images_per_prompt, **sampling_overrides(config, "validation_"))
+    benchmark = build_benchmark_with_options(
+        name, subset, {name: config.validation_benchmark_options}, "--validation_benchmark_options",
+        max_prompts=config.validation_num_prompts, images_per_prompt=config.validation_images_per_prompt,
+        **sampling_overrides(config, "validation_"))
     label = benchmark_label(name, subset)
     metric = config.validation_metric or benchmark.primary_metric
     choices = ", ".join(declared.key for declared in benchmark.metrics if not _is_column(declared.key))
@@ -246,6 +248,8 @@ class BenchmarkValidation:
             "images_per_prompt": config.validation_images_per_prompt, "scorer_options": self.options,
             "sampler": sampler_name(self.backbone), "resolution": resolution,
             "scoring_versions": scoring_versions(scorer), **overrides,
+            # Only where given (other prompts, another judge...): settings recorded before it stay comparable.
+            **({"benchmark_options": config.validation_benchmark_options} if config.validation_benchmark_options else {}),
         }, sort_keys=True))
         self._earlier = earlier_settings(self.benchmark, family, resolution, scorer)
         self.accelerator = accelerator

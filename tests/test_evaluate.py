@@ -410,8 +410,9 @@ def test_score_folders_record_scoring_versions_and_refuse_older_scores(tmp_path)
 
     assert scorer_settings("clip_score", {}) == {"reward": "clip_score", "options": {}}  # version 1: none recorded
     settings = scorer_settings("b_vqa:0.5,spatial_rule:0.5", {})
-    # B-VQA's BLIP resize, eps and quotient; the spatial rule's UniDet rule, token-mean labels, official nouns
-    assert settings["scoring_versions"] == {"b_vqa": 2, "spatial_rule": 4}
+    # B-VQA's BLIP resize, eps and quotient; the spatial rule's UniDet rule, token-mean labels, official nouns,
+    # UniDet's label space
+    assert settings["scoring_versions"] == {"b_vqa": 2, "spatial_rule": 5}
     (tmp_path / "settings.json").write_text(json.dumps({"reward": "b_vqa:0.5,spatial_rule:0.5", "options": {}}))
     with pytest.raises(StoreError, match="delete .* to score again"):  # scored with the 0.5 threshold
         check_settings(tmp_path, settings, scored=True)

@@ -321,3 +321,51 @@ def test_official_files_of_an_earlier_images_per_prompt_are_not_left_beside_the_
     GenEval2Benchmark(data_path=str(data_file), images_per_prompt=1).write_official(rows(1), summary, tmp_path)
     assert official() == ["image_paths.json", "image_paths_notes.json", "score_lists.json"]
     assert json.loads((tmp_path / "score_lists.json").read_text()) == [[0.1]] * len(ROWS)
+
+
+def test_benchmark_options_set_a_benchmarks_fields_and_refuse_what_it_has_not(data_file, tiny_vlm, tmp_path):
+    from evaluators import build_benchmark_with_options
+    from gors.cli import parse_config
+    from gors.config import EvaluateConfig
+    from gors.evaluate import plan_benchmarks
+
+    fields = {"data_path": str(data_file), "vlm_model_name_or_path": str(tiny_vlm)}
+    argv = ["--benchmarks", "geneval2", "--output_dir", str(tmp_path / "eval"), "--benchmark_options",
+            json.dumps({"geneval2": fields})]
+    [plan] = plan_benchmarks(parse_config(EvaluateConfig, argv))
+    assert plan.benchmark.data_path == str(data_file)
+    assert plan.benchmark.scorer_spec()[1]["model_name_or_path"] == str(tiny_vlm)  # the judge the field names
+    assert [p.text for p in plan.benchmark.prompts()] == [row["prompt"] for row in ROWS]
+    for options, message in [
+        ({"geneval2": {"data_pth": "x"}},
+         r"^--benchmark_options: geneval2 has no field 'data_pth'; its fields: vlm_model_name_or_path, data_path$"),
+        ({"geneval2": {"max_prompts": 3}}, "the protocol's fields are set by flags of their own"),
+        ({"geneval2": {"data_path": 3}}, r"^--benchmark_options: geneval2: data_path=3: expected str or None$"),
+        ({"geneval2": fields, "geneval": {"data_path": "x"}},
+         r"--benchmark_options for \['geneval'\], which are not among the benchmarks"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            plan_benchmarks(EvaluateConfig(benchmarks="geneval2", output_dir=str(tmp_path / "eval"),
+                                           benchmark_options=options))
+    assert not (tmp_path / "eval").exists()
+    # A subset is named after the colon; the label's fields win over the name's.
+    with pytest.raises(ValueError, match="its category is named after a colon: --benchmarks t2i_compbench:shape"):
+        build_benchmark_with_options("t2i_compbench", None, {"t2i_compbench": {"category": "shape"}}, "--benchmark_options")
+    both = {"geneval2": {"data_path": "a.jsonl"}, "geneval2:x": {}}
+    assert build_benchmark_with_options("geneval2", None, both, "--flag").data_path == "a.jsonl"
+
+
+def test_the_validation_benchmark_takes_its_fields_and_records_them(make_run_config, data_file, tiny_vlm):
+    from gors.validation import BenchmarkValidation
+
+    with pytest.raises(ValueError, match="--validation_benchmark_options without --validation_benchmark"):
+        make_run_config(validation_benchmark_options={"data_path": str(data_file)})
+    fields = {"data_path": str(data_file), "vlm_model_name_or_path": str(tiny_vlm)}
+    config = make_run_config(validation_benchmark="geneval2", validation_num_prompts=2,
+                             validation_benchmark_options=json.dumps(fields))
+    validation = BenchmarkValidation(config, accelerator=None)  # type: ignore[arg-type]
+    assert validation.benchmark.data_path == str(data_file)
+    assert validation.settings["benchmark_options"] == fields
+    with pytest.raises(ValueError, match="^--validation_benchmark_options: geneval2 has no field 'path'"):
+        BenchmarkValidation(make_run_config(validation_benchmark="geneval2", validation_benchmark_options={"path": "x"}),
+                            accelerator=None)  # type: ignore[arg-type]
