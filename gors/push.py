@@ -58,7 +58,8 @@ class PushConfig:
                 "model the run recorded)."})
     license: str | None = field(default=None, metadata={"help": "The card's license, usually the base model's "
                                                                 "(SD 2: openrail++)."})
-    private: bool = field(default=False, metadata={"help": "Create the repository private."})
+    private: bool = field(default=False, metadata={"help": "Make the repository private (created so, or an existing "
+                                                           "public one made private before the upload)."})
     revision: str | None = field(default=None, metadata={"help": "Branch to push to (created if missing; default "
                                                                  "main)."})
     commit_message: str | None = field(default=None, metadata={"help": "Default: 'gors push: the <which> LoRA of "
@@ -185,7 +186,8 @@ def check_push_access(where: str, verify: bool = False) -> None:
 
 def upload(config: PushConfig, folder: Path) -> str:
     """Upload `folder` as one commit to `config.repo_id` (created if missing; its visibility the namespace's
-    default unless `--private`); returns the commit's URL."""
+    default unless `--private`, which also makes an existing public one private), the sample images of an earlier
+    push removed in it; returns the commit's URL."""
     check_push_access(f"the files are in {folder}")
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
@@ -194,10 +196,16 @@ def upload(config: PushConfig, folder: Path) -> str:
     message = config.commit_message or f"gors push: the {config.lora} LoRA of {Path(config.output_dir).name}"
     try:
         api.create_repo(config.repo_id, private=True if config.private else None, exist_ok=True)
+        # An existing repository keeps its visibility through create_repo: a public one is made private before
+        # anything of this run reaches it.
+        if config.private and not api.model_info(config.repo_id).private:
+            api.update_repo_settings(config.repo_id, private=True)
+            print(f"note: {config.repo_id} existed and was public; it is private now (--private)")
         if config.revision:
             api.create_branch(config.repo_id, branch=config.revision, exist_ok=True)
+        # The images of an earlier push (of another evaluation, or with none) go: the card shows this one's.
         info = api.upload_folder(repo_id=config.repo_id, folder_path=folder, commit_message=message,
-                                 revision=config.revision)
+                                 revision=config.revision, delete_patterns=[f"{SAMPLES_DIR}/*"])
     except ValueError as err:  # huggingface_hub's refusal of the card's metadata (an unknown --license)
         raise ValueError(f"pushing to {config.repo_id} failed ({one_line(err)}): check --license (a Hub license "
                          f"id); the files are in {folder}") from err

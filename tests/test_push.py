@@ -139,9 +139,10 @@ def test_bad_flags_are_one_line(trained_run, flags, message, capsys):
 
 class HubServer(ThreadingHTTPServer):
     """The few endpoints of the Hugging Face Hub's API that an upload of small files calls: create a repository
-    and a branch, check a README's metadata, ask each file's upload mode (all "regular": inline in the commit)
-    and commit; `whoami` names the token's role (`role`). Records the commits' files and every request; `refuse`
-    answers every POST with that status."""
+    (409 where it exists, as the Hub answers) and a branch, read a repository's visibility and files and make it
+    private, check a README's metadata, ask each file's upload mode (all "regular": inline in the commit) and
+    commit; `whoami` names the token's role (`role`). Records the commits' files and every request, and keeps each
+    repository's files (`repos`, one tree for all branches); `refuse` answers every POST with that status."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _HubHandler)
@@ -150,6 +151,7 @@ class HubServer(ThreadingHTTPServer):
         self.commits: list[dict] = []
         self.refuse: int | None = None
         self.role = "write"
+        self.repos: dict[str, dict] = {}  # "org/name" -> {"private": bool, "files": {path: bytes}}
 
     @property
     def url(self) -> str:
@@ -161,8 +163,25 @@ class _HubHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # the name http.server dispatches GET requests to
         self.server.requests.append(f"GET {self.path}")
-        if self.path == "/api/whoami-v2":
+        path = self.path.split("?")[0]
+        if path == "/api/whoami-v2":
             return self._json({"type": "user", "name": "me", "auth": {"accessToken": {"role": self.server.role}}})
+        parts = path.split("/")  # "", "api", "models", org, name[, "tree", revision]
+        repo = self.server.repos.get("/".join(parts[3:5])) if path.startswith("/api/models/") else None
+        if repo is not None and len(parts) == 5:
+            return self._json({"id": "/".join(parts[3:5]), "private": repo["private"], "sha": "a" * 40})
+        if repo is not None and parts[5:6] == ["tree"]:
+            return self._json([{"type": "file", "path": name, "oid": "b" * 40, "size": len(data)}
+                               for name, data in sorted(repo["files"].items())])
+        return self._json({"error": "unknown endpoint"}, 404)
+
+    def do_PUT(self) -> None:  # the name http.server dispatches PUT requests to
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        self.server.requests.append(f"PUT {self.path}")
+        parts = self.path.split("/")
+        if self.path.endswith("/settings") and "/".join(parts[3:5]) in self.server.repos:
+            self.server.repos["/".join(parts[3:5])]["private"] = body["visibility"] == "private"
+            return self._json({})
         return self._json({"error": "unknown endpoint"}, 404)
 
     def do_POST(self) -> None:  # the name http.server dispatches POST requests to
@@ -173,7 +192,12 @@ class _HubHandler(BaseHTTPRequestHandler):
             return self._json({"error": "refused"}, self.server.refuse)
         if path == "/api/repos/create":
             request = self.server.bodies[path] = json.loads(body)
-            return self._json({"url": f"{self.server.url}/{request['organization']}/{request['name']}"})
+            name = f"{request['organization']}/{request['name']}"
+            if name in self.server.repos:
+                return self._json({"error": "You already created this model repo", "url": f"{self.server.url}/{name}"},
+                                  409)
+            self.server.repos[name] = {"private": request.get("visibility") == "private", "files": {}}
+            return self._json({"url": f"{self.server.url}/{name}"})
         if path == "/api/validate-yaml":
             yaml.safe_load(json.loads(body)["content"].split("---\n")[1])
             return self._json({})
@@ -187,7 +211,12 @@ class _HubHandler(BaseHTTPRequestHandler):
             lines = [json.loads(line) for line in body.splitlines() if line]
             files = {line["value"]["path"]: base64.b64decode(line["value"]["content"])
                      for line in lines if line["key"] == "file"}
-            self.server.commits.append({"path": path, "header": lines[0]["value"], "files": files})
+            deleted = [line["value"]["path"] for line in lines if line["key"] == "deletedFile"]
+            self.server.commits.append({"path": path, "header": lines[0]["value"], "files": files, "deleted": deleted})
+            tree = self.server.repos.setdefault("/".join(path.split("/")[3:5]), {"private": False, "files": {}})["files"]
+            for name in deleted:
+                tree.pop(name, None)
+            tree.update(files)
             return self._json({"commitUrl": f"{self.server.url}/me/tiny-gors/commit/{'a' * 40}",
                                "commitOid": "a" * 40})
         return self._json({"error": "unknown endpoint"}, 404)
@@ -237,6 +266,24 @@ def test_push_uploads_the_staged_files_as_one_commit_on_the_branch_asked(trained
     with hub_server(monkeypatch) as server:
         push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors", private=True))
     assert server.bodies["/api/repos/create"]["visibility"] == "private"
+
+
+def test_a_second_push_removes_the_earlier_images_and_private_makes_an_existing_repository_private(
+        trained_run, monkeypatch, capsys):
+    evaluation = [str(Path(trained_run.output_dir).parent / "eval_lora")]
+    with hub_server(monkeypatch) as server:
+        push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors", evaluation=evaluation))
+        assert {"images/0.png", "images/1.png"} <= set(server.repos["me/tiny-gors"]["files"])
+        assert not server.repos["me/tiny-gors"]["private"]
+        push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors", private=True))
+    first, second = server.commits
+    # The repository existed (409 to create_repo): it is made private before the second commit, which removes
+    # the first push's images and keeps nothing else it did not write.
+    assert server.repos["me/tiny-gors"]["private"]
+    assert server.requests.index("PUT /api/models/me/tiny-gors/settings") < len(server.requests) - 1
+    assert "it is private now (--private)" in capsys.readouterr().out
+    assert sorted(second["deleted"]) == ["images/0.png", "images/1.png"] and not first["deleted"]
+    assert set(server.repos["me/tiny-gors"]["files"]) == {CARD_FILE, RECORD_FILE, LORA_WEIGHT_NAME}
 
 
 @pytest.mark.parametrize("status, hint", [(401, "the token was refused"), (403, "the token may not write to me")])
