@@ -265,9 +265,12 @@ def build_benchmark_with_options(name: str, subset: str | None, options_by_key: 
     problem = option_type_problem(cls, options)
     if problem is not None:
         raise ValueError(f"{flag}: {label}: {problem}")
+    if not options:
+        return build_benchmark(name, subset, **protocol)
     try:
         return build_benchmark(name, subset, **protocol, **options)
     except ValueError as err:
+        build_benchmark(name, subset, **protocol)  # a mistyped subset is the benchmark's error, not the options'
         raise ValueError(f"{flag}: {label}: {err}") from None
 
 

@@ -80,7 +80,7 @@ class ConfigParser(HfArgumentParser):
                                 const=True, default=None, **options)
             parser.add_argument(f"--no_{field.name}", f"--no-{field.name.replace('_', '-')}", action="store_false",
                                 dest=field.name, help=f"--{field.name} off.")
-        elif _optional_number(field.type):
+        elif _unsettable(field.type):
             HfArgumentParser._parse_dataclass_field(parser, field)
             action = next(action for action in parser._actions if action.dest == field.name)
             action.type = _or_none(action.type)
@@ -100,12 +100,14 @@ class ConfigParser(HfArgumentParser):
         for flag in re.findall(r"(--[\w-]+)", message.partition("unrecognized arguments:")[2]):
             meant = PAPER_WORDS.get(flag)
             owners = [name for name in _commands_taking(meant or flag) if f"gors {name}" != self.prog]
+            elsewhere = ", ".join(f"gors {name}" for name in owners)
             if meant in options:
                 hints.append(f"{flag} is {meant} here")
             elif meant and owners:
-                hints.append(f"{flag} is {meant}, a flag of {', '.join(f'gors {name}' for name in owners)}")
-            elif owners:
-                hints.append(f"{flag} is a flag of {', '.join(f'gors {name}' for name in owners)}")
+                hints.append(f"{flag} is {meant}, a flag of {elsewhere}")
+            elif owners:  # a flag of another stage; a very close one of this command may be meant instead
+                near = difflib.get_close_matches(flag, options, n=1, cutoff=0.8)
+                hints.append(f"{flag} is a flag of {elsewhere}" + (f"; here, did you mean {near[0]}?" if near else ""))
             elif close := difflib.get_close_matches(flag, options, n=1):
                 hints.append(f"did you mean {close[0]}?")
         hint = f"; {'; '.join(hints)}" if hints else ""
@@ -113,28 +115,31 @@ class ConfigParser(HfArgumentParser):
 
 
 # Flags by the names the paper and the field give their values.
-PAPER_WORDS = {"--tau": "--reward_threshold", "--k": "--images_per_prompt"}
+PAPER_WORDS = {"--tau": "--reward_threshold", "--k": "--images_per_prompt", "--lr": "--learning_rate",
+               "--model_name_or_path": "--pretrained_model_name_or_path"}
 
 
 def _commands_taking(flag: str) -> list[str]:
-    """The `gors` commands whose config takes `flag` (`--name`), for a flag given to another one."""
+    """The `gors` commands whose config takes `flag` (`--name`) as a flag (not as a positional argument), for a flag
+    given to another one."""
     name = flag.removeprefix("--")
     return [command for command, entry in COMMANDS.items()
-            if name in {field.name for field in fields(_load(entry.config))}]
+            if name in {field.name for field in fields(_load(entry.config)) if not field.metadata.get("positional")}]
 
 
-NONE_WORDS = ("none", "None", "null")  # what `--flag none` may spell for a number field's None
+NONE_WORDS = ("none", "None", "null")  # what `--flag none` may spell for an optional field's None
 
 
-def _optional_number(hint: Any) -> bool:
-    """Whether a field's type is `int | None`, `float | None` or a list of one of them that may be None."""
+def _unsettable(hint: Any) -> bool:
+    """Whether a field's type is `int | None`, `float | None`, `str | None` or a list of a number that may be None:
+    `--flag none` unsets what a YAML file or a recipe set (the GenEval recipe's `--validation_benchmark`)."""
     args = get_args(hint)
     if type(None) not in args or len(args) != 2:
         return False
     other = next(arg for arg in args if arg is not type(None))
     if get_origin(other) is list:
         other = (get_args(other) or (None,))[0]
-    return other in (int, float)
+    return other in (int, float, str)
 
 
 def _or_none(convert: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -169,6 +174,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     merged = dict(defaults or {})
     config_file = _config_file(argv)
     given = _flags_given(parser, argv)
+    _refuse_repeated_lists(parser, argv)
     from_file: set[str] = set()
     if config_file is not None:
         try:  # one file may drive every stage: another stage's keys are left out (`config_file_values`)
@@ -185,7 +191,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
         raise SystemExit(f"Unknown config keys {unknown} for {cls.__name__}; see --help for the valid names.")
     derived = {name: value for name, value in merged.items() if isinstance(value, Derived)}
     merged |= {name: value.shown for name, value in derived.items()}
-    _positionals_optional(parser, merged)
+    _given_elsewhere_optional(parser, merged)
     parser.set_defaults(**merged)
     for action in parser._actions:  # a negation's default, its dest's value, would read in --help as its own
         if any(option.startswith("--no_") for option in action.option_strings):
@@ -216,6 +222,17 @@ def _flags_given(parser: ArgumentParser, argv: Sequence[str]) -> set[str]:
         if any(arg == option or arg.startswith(option + "=") for option in action.option_strings for arg in argv):
             given.add(action.dest)
     return given
+
+
+def _refuse_repeated_lists(parser: ArgumentParser, argv: Sequence[str]) -> None:
+    """A flag of several values given twice (`--validation_prompts a --validation_prompts b`): argparse would keep
+    the last values alone, where the user meant them all."""
+    for action in parser._actions:
+        if action.option_strings and action.nargs in ("+", "*"):
+            count = sum(arg == option or arg.startswith(option + "=") for option in action.option_strings for arg in argv)
+            if count > 1:
+                raise SystemExit(f"error: --{action.dest} given {count} times: give all its values after one "
+                                 f"--{action.dest} (e.g. --{action.dest} A B)")
 
 
 def _config_file(argv: Sequence[str]) -> str | None:
@@ -254,11 +271,13 @@ def _read_yaml(path: str, cls: type) -> dict[str, Any]:
     return values
 
 
-def _positionals_optional(parser: ArgumentParser, values: dict[str, Any]) -> None:
-    """A positional argument the YAML file (or a recipe) gives: the command line may leave it out."""
+def _given_elsewhere_optional(parser: ArgumentParser, values: dict[str, Any]) -> None:
+    """An argument the YAML file (or a recipe) gives, positional or a required flag (`gors push --repo_id`): the
+    command line may leave it out."""
     for action in parser._actions:
-        if not action.option_strings and action.dest in values:
-            action.nargs = "*" if action.nargs == "+" else "?"
+        if action.dest in values:
+            if not action.option_strings:
+                action.nargs = "*" if action.nargs == "+" else "?"
             action.required = False
 
 

@@ -858,7 +858,8 @@ class EvaluateConfig:
         metadata={"help": "Any diffusers text-to-image pipeline to evaluate (Hub id or folder); default: the base "
                           "model that a gors run folder given as --lora was trained on, else "
                           "stabilityai/stable-diffusion-2-base, or the toy pipeline that ships with gors where every "
-                          "benchmark is toy; unused with --images."},
+                          "benchmark is toy. With --images nothing loads: it is recorded as the model that made "
+                          "them, as a label for gors report."},
     )
     lora: str | None = field(
         default=None,

@@ -53,6 +53,27 @@ def test_none_unsets_a_number_that_a_yaml_file_or_recipe_set(tmp_path):
         parse_config(RunConfig, ["--timestep_range", "0", "none", *required])
 
 
+def test_none_unsets_text_a_recipe_or_yaml_file_set_and_a_file_gives_required_flags(tmp_path):
+    from gors.push import PushConfig
+
+    required = ["--pretrained_model_name_or_path", "m", "--output_dir", str(tmp_path / "run")]
+    recipe = {"validation_benchmark": "geneval", "category": "color", "validation_prompts": ["a cat"]}
+    config = parse_config(RunConfig, [*required, "--validation_benchmark", "none", "--category", "null",
+                                      "--validation_prompts", "none"], defaults=recipe)
+    assert (config.validation_benchmark, config.category, config.validation_prompts) == (None, None, None)
+    # A required flag (`gors push --output_dir --repo_id`) may come from the file.
+    config_file = tmp_path / "push.yaml"
+    config_file.write_text(f"output_dir: {tmp_path / 'run'}\nrepo_id: you/x\ndry_run: true\n")
+    config = parse_config(PushConfig, ["--config", str(config_file)])
+    assert (config.repo_id, config.dry_run) == ("you/x", True)
+    with pytest.raises(SystemExit, match="required: --repo_id"):
+        parse_config(PushConfig, ["--output_dir", "x"])
+    # A list flag given twice would keep its last values alone.
+    with pytest.raises(SystemExit, match=r"--evaluation given 2 times: give all its values after one --evaluation"):
+        parse_config(PushConfig, ["--config", str(config_file), "--evaluation", "a", "--evaluation=b"])
+    assert parse_config(PushConfig, ["--config", str(config_file), "--evaluation", "a", "b"]).evaluation == ["a", "b"]
+
+
 def test_config_file_given_with_an_equals_sign(tmp_path):
     config_file = tmp_path / "train.yaml"
     config_file.write_text("max_train_steps: 7\n")
@@ -743,7 +764,14 @@ def test_a_flag_of_another_stage_or_by_the_papers_name_says_so(capsys):
                        (["select", "--output_dir", "x", "--tau", "0.5"], "--tau 0.5; --tau is --reward_threshold here"),
                        (["train", "--output_dir", "x", "--k", "3"], "--k is --images_per_prompt, a flag of gors generate"),
                        (["select", "--output_dir", "x", "--reward_treshold", "0.5"],
-                        "did you mean --reward_threshold?")]:
+                        "did you mean --reward_threshold?"),
+                       # A positional argument of another command is no flag of it.
+                       (["evaluate", "--benchmark", "toy"], "--benchmark toy; did you mean --benchmarks? (see"),
+                       (["run", "--batch_size", "4"], "--batch_size is a flag of gors toy pretrain; here, did you mean "
+                                                      "--train_batch_size?"),
+                       (["run", "--lr", "1e-4"], "--lr is --learning_rate here"),
+                       (["run", "--model_name_or_path", "m"], "--model_name_or_path is --pretrained_model_name_or_path "
+                                                              "here")]:
         with pytest.raises(SystemExit):
             main(argv)
         assert said in capsys.readouterr().err

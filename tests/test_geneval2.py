@@ -351,6 +351,11 @@ def test_benchmark_options_set_a_benchmarks_fields_and_refuse_what_it_has_not(da
     # A subset is named after the colon; the label's fields win over the name's.
     with pytest.raises(ValueError, match="its category is named after a colon: --benchmarks t2i_compbench:shape"):
         build_benchmark_with_options("t2i_compbench", None, {"t2i_compbench": {"category": "shape"}}, "--benchmark_options")
+    # The benchmark's own errors are its own, whether options are given or not.
+    with pytest.raises(ValueError, match=r"^toy split 'held_ou'"):
+        build_benchmark_with_options("toy", "held_ou", {}, "--benchmark_options")
+    with pytest.raises(ValueError, match=r"^--benchmark_options: lpg_bench: metric must be"):
+        build_benchmark_with_options("lpg_bench", None, {"lpg_bench": {"metric": "tit"}}, "--benchmark_options")
     both = {"geneval2": {"data_path": "a.jsonl"}, "geneval2:x": {}}
     assert build_benchmark_with_options("geneval2", None, both, "--flag").data_path == "a.jsonl"
 

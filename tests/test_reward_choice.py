@@ -395,7 +395,8 @@ def test_a_category_other_than_the_prompts_is_refused_where_it_would_judge_them(
     config = RunConfig(train_prompts="toy:train", category="color", output_dir=str(tmp_path))
     with pytest.raises(ValueError, match=r"^--category='color' \(given, or set by the recipe\), but --train_prompts "
                                          r"toy:train are 'toy' prompts: color's reward and tau would judge them\. Drop "
-                                         r"--category \(or run the toy recipe\), or give --reward and "
+                                         r"--category \(a recipe's: --category none, or run the toy recipe\), "
+                                         r"or give --reward and "
                                          r"--reward_threshold"):
         check_run_inputs(config)
     with pytest.raises(ValueError, match=r"color's tau would judge them"):

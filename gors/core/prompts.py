@@ -256,8 +256,8 @@ def check_category(config: Any, prompts_category: str | None, prompts: str, tau:
     if decided:
         raise ValueError(f"--category={category!r} (given, or set by the recipe), but {prompts} are "
                          f"{prompts_category!r} prompts: {category}'s {' and '.join(decided)} would judge them. Drop "
-                         f"--category (or run the {prompts_category} recipe), or give --reward and --reward_threshold "
-                         "to judge them otherwise on purpose")
+                         f"--category (a recipe's: --category none, or run the {prompts_category} recipe), or give "
+                         "--reward and --reward_threshold to judge them otherwise on purpose")
 
 
 def load_prompts(spec: str, split: str = "train") -> PromptSet:
