@@ -168,6 +168,8 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     from the values parsed) > the dataclass defaults.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if ("-h" in argv or "--help" in argv) and os.environ.get("RANK", "0") != "0":
+        raise SystemExit(0)  # under a launcher the main process prints the help, not every process
     # No abbreviations: `--conf FILE` would otherwise parse as --config without being read as one.
     parser = ConfigParser(cls, prog=prog, description=inspect.getdoc(cls), allow_abbrev=False)
     parser.add_argument("--config", default=None, help="YAML file of flag values (flags on the command line win).")
@@ -757,6 +759,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return
+    if argv[0] == "--version":
+        from importlib.metadata import version
+
+        print(f"gors {version('gors')}")
+        return
     try:
         _run(argv)
         sys.stdout.flush()  # a reader that has gone is met here rather than at the interpreter's exit
@@ -791,7 +798,9 @@ def _run(argv: list[str]) -> None:
                 subcommands = ", ".join(f"gors {word}" for word in words)
                 raise SystemExit(f"gors {argv[0]}: unknown subcommand {argv[1]!r}; give one of {subcommands}"
                                  if argv[1:] else f"gors {argv[0]}: give its subcommand: {subcommands}")
-            raise SystemExit(f"gors: unknown command {argv[0]!r}\n{usage()}")
+            close = difflib.get_close_matches(argv[0], sorted({other.split()[0] for other in COMMANDS}), n=1)
+            meant = f"; did you mean gors {close[0]}?" if close else ""
+            raise SystemExit(f"gors: unknown command {argv[0]!r}{meant}\n{usage()}")
         config = command_config(name, argv[len(name.split()):], f"gors {name}")
         if command.reads_run:
             check_run_folder(config.output_dir, f"gors {name}")

@@ -1127,3 +1127,15 @@ def test_a_home_folder_tilde_in_an_output_or_image_folder_is_expanded_as_a_shell
     assert ConvertLoraConfig(source="official:color", output_dir="~/lora").output_dir == str(tmp_path / "lora")
     assert ConvertDetectorConfig("geneval", "official", "~/detector").output_dir == str(tmp_path / "detector")
     assert ToyPretrainConfig(output_dir="~/toy").output_dir == str(tmp_path / "toy")
+
+
+def test_version_a_mistyped_command_and_help_on_one_process_only(capsys, monkeypatch):
+    main(["--version"])
+    assert capsys.readouterr().out.startswith("gors ")
+    with pytest.raises(SystemExit):
+        main(["generat"])
+    assert "unknown command 'generat'; did you mean gors generate?" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "1")  # a launched process other than the main one: the main one prints the help
+    with pytest.raises(SystemExit) as stopped:
+        parse_config(RunConfig, ["--help"])
+    assert stopped.value.code == 0 and capsys.readouterr().out == ""
