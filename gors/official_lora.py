@@ -27,7 +27,7 @@ import torch
 from gors._moved import moved_names
 from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
-from gors.core.io import file_sha256, set_usual_permissions
+from gors.core.io import file_sha256, fsync_path, set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
 from gors.core.pipeline import LORA_DIFFUSION_TEXT_ENCODER_SUFFIX, LORA_WEIGHT_FILES
 from gors.core.prompts import T2I_COMPBENCH_COMMIT, T2I_COMPBENCH_REPOSITORY
@@ -286,10 +286,15 @@ def write_diffusers_lora(
         )
         if source_record is not None:
             (staging / SOURCE_RECORD).write_text(json.dumps(source_record, indent=2) + "\n")
-            os.replace(staging / SOURCE_RECORD, output_dir / SOURCE_RECORD)
-        # The writer leaves a private (0600) file; a converted LoRA is as readable as any model file.
-        set_usual_permissions(staging / LORA_WEIGHT_NAME)
-        os.replace(staging / LORA_WEIGHT_NAME, output_dir / LORA_WEIGHT_NAME)
+        # The record describes the weights beside it: an earlier one goes before the weights are replaced and the
+        # new one comes after them, so that a kill never leaves a record beside other weights.
+        (output_dir / SOURCE_RECORD).unlink(missing_ok=True)
+        for name in (LORA_WEIGHT_NAME, SOURCE_RECORD):
+            if (staging / name).exists():
+                fsync_path(staging / name)
+                set_usual_permissions(staging / name)  # the writer leaves 0600; a LoRA is as readable as any model
+                os.replace(staging / name, output_dir / name)
+        fsync_path(output_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output_dir / LORA_WEIGHT_NAME

@@ -72,7 +72,8 @@ class PushConfig:
         self.evaluation = [os.path.expanduser(folder) for folder in self.evaluation]
         if not is_repo_id(self.repo_id):
             raise ValueError(f"--repo_id={self.repo_id!r}: give a Hugging Face Hub model repository, ORG/NAME")
-        if self.base_model is not None and looks_like_local_path(self.base_model):
+        # By its form alone: a folder of the same name (`hf download X --local-dir X`) does not make a Hub id local.
+        if self.base_model is not None and not is_repo_id(self.base_model):
             raise ValueError(f"--base_model={self.base_model!r}: give the base model's Hub id (ORG/NAME), which the "
                              "card links; a local folder means nothing on the Hub")
 

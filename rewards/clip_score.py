@@ -36,7 +36,7 @@ from PIL import Image
 
 from gors.core.hub import from_pretrained
 from rewards.base import MODEL_FLAG, Reward, RewardOutput, check_choice
-from rewards.clip_text import cosine_to_score, split_adjectives
+from rewards.clip_text import clip_clean, cosine_to_score, split_adjectives
 from rewards.noun_phrases import BACKENDS, Backend, parser_record
 
 DEFAULT_CLIP = "openai/clip-vit-base-patch32"
@@ -94,11 +94,12 @@ class CLIPEncoder:
         return _unit(torch.cat(parts))
 
     def text_embeddings(self, texts: Sequence[str], batch_size: int) -> torch.Tensor:
-        """Unit-norm text embeddings, (n, projection_dim) float32, texts cut to `max_tokens`."""
+        """Unit-norm text embeddings, (n, projection_dim) float32, texts cleaned as CLIP's tokenizer cleans them
+        (`clip_clean`) and cut to `max_tokens`."""
         parts = []
         for start in range(0, len(texts), batch_size):
             tokens = self.tokenizer(
-                list(texts[start : start + batch_size]),
+                [clip_clean(text) for text in texts[start : start + batch_size]],
                 padding=True,
                 truncation=True,
                 max_length=self.max_tokens,
@@ -111,7 +112,7 @@ class CLIPEncoder:
 
     def truncated(self, texts: Sequence[str]) -> list[bool]:
         """Whether each text has more than `max_tokens` tokens (bos and eos included)."""
-        one_more = self.tokenizer(list(texts), truncation=True, max_length=self.max_tokens + 1)
+        one_more = self.tokenizer([clip_clean(text) for text in texts], truncation=True, max_length=self.max_tokens + 1)
         return [len(ids) > self.max_tokens for ids in one_more.input_ids]
 
 

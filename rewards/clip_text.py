@@ -147,6 +147,18 @@ def remove_adjectives(prompt: str, backend: Backend = "builtin") -> str:
     return split_adjectives(prompt, backend)[0]
 
 
+def clip_clean(text: str) -> str:
+    """`text` as CLIP's own tokenizer cleans it before its BPE (`simple_tokenizer`'s `basic_clean` and
+    `whitespace_clean`, which the official scripts tokenise with): mojibake and curly quotes fixed by ftfy,
+    HTML entities unescaped twice, runs of whitespace made one space. transformers' CLIP tokenizer does none of
+    it, so "a cat’s toy &amp; ball" would tokenise otherwise."""
+    import html
+
+    import ftfy  # open_clip's dependency, as it is the official tokenizer's
+
+    return re.sub(r"\s+", " ", html.unescape(html.unescape(ftfy.fix_text(text))).strip()).strip()
+
+
 def cosine_to_score(cosine: float) -> float:
     """A cosine similarity in [-1, 1] clamped into [0, 1]: the score of both CLIP rewards.
 

@@ -183,6 +183,20 @@ def test_tiny_clip_uses_the_real_clip_tokens(clip_model) -> None:
     assert model.config.text_config.eos_token_id == 2
 
 
+def test_texts_are_cleaned_as_clips_own_tokenizer_cleans_them(clip_model) -> None:
+    """The official scripts tokenise with CLIP's `simple_tokenizer` (ftfy, HTML entities, whitespace); open_clip's
+    tokenizer is that one, an independent implementation of the official ids."""
+    import open_clip
+
+    from rewards.clip_text import clip_clean
+
+    _, tokenizer = clip_model
+    for text in ["a  cat’s toy &amp; ball", "a red\tbook &amp;amp; a “blue” cup ", "a white cat"]:
+        official = [int(i) for i in open_clip.get_tokenizer("ViT-B-32")([text])[0] if i]
+        assert tokenizer(clip_clean(text)).input_ids == official, text
+    assert clip_clean("a  cat’s toy &amp; ball") == "a cat's toy & ball"
+
+
 def test_empty_batch(clip_score: CLIPScoreReward, blip_clip: BlipClipReward) -> None:
     for reward in (clip_score, blip_clip):
         output = reward.score([], [])

@@ -400,3 +400,39 @@ def test_map_lora_pairs_checks_rank_and_names_the_layer():
     assert state["a.to_q.lora_A.weight"].shape == (2, 8) and state["a.to_k.lora_B.weight"].dtype == torch.float32
     with pytest.raises(LoraConversionError, match=r"pair 1 \(tensors 2, 3\).*a.to_k is Linear\(3 -> 6\)"):
         map_lora_pairs([up, down, torch.ones(6, 4), torch.ones(4, 3)], layers, "toy")
+
+
+def test_a_kill_while_writing_never_leaves_a_record_beside_other_weights(tmp_path, monkeypatch):
+    import os
+
+    from safetensors.torch import load_file
+
+    import gors.official_lora as official
+
+    key = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"
+    text_key = "text_model.encoder.layers.0.self_attn.q_proj"
+
+    def states(value: float) -> tuple[dict, dict]:
+        return ({f"{key}.lora_A.weight": torch.full((4, 8), value), f"{key}.lora_B.weight": torch.zeros(8, 4)},
+                {f"{text_key}.lora_A.weight": torch.full((4, 8), value), f"{text_key}.lora_B.weight": torch.zeros(8, 4)})
+
+    official.write_diffusers_lora(tmp_path, *states(1.0), {"source": "first"})
+    replace = os.replace
+
+    def killed_before_the_record(source, destination):
+        if Path(destination).name == official.SOURCE_RECORD:
+            raise KeyboardInterrupt
+        replace(source, destination)
+
+    monkeypatch.setattr(official.os, "replace", killed_before_the_record)
+    with pytest.raises(KeyboardInterrupt):
+        official.write_diffusers_lora(tmp_path, *states(2.0), {"source": "second"})
+    monkeypatch.undo()
+    # The second weights are in place; the first record, which describes other weights, is gone with them.
+    assert not (tmp_path / official.SOURCE_RECORD).exists()
+    weights = load_file(tmp_path / official.LORA_WEIGHT_NAME)
+    assert [float(tensor.max()) for name, tensor in weights.items() if name.endswith("down.weight")] == [2.0, 2.0]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [official.LORA_WEIGHT_NAME]  # no staging left
+    official.write_diffusers_lora(tmp_path, *states(3.0), {"source": "third"})
+    assert json.loads((tmp_path / official.SOURCE_RECORD).read_text()) == {"source": "third"}
+    assert (tmp_path / official.LORA_WEIGHT_NAME).stat().st_mode & 0o044 == 0o044  # readable as any model file

@@ -92,6 +92,16 @@ def test_a_dry_run_stages_the_lora_a_card_of_the_runs_records_and_its_evaluation
     assert f"| {LORA_ROW}" in card and f"| {BASE_ROW}" in card
 
 
+def test_base_model_is_judged_a_hub_id_by_its_form(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stabilityai" / "stable-diffusion-2-base").mkdir(parents=True)  # as `hf download --local-dir` makes
+    config = PushConfig(output_dir="x", repo_id="me/x", base_model="stabilityai/stable-diffusion-2-base")
+    assert config.base_model == "stabilityai/stable-diffusion-2-base"
+    for local in ("/models/sd2", "./sd2", "~/sd2"):
+        with pytest.raises(ValueError, match="a local folder means nothing on the Hub"):
+            PushConfig(output_dir="x", repo_id="me/x", base_model=local)
+
+
 def test_a_local_base_model_leaves_the_card_without_one_and_says_which_flag_links_it(trained_run, capsys):
     folder = push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors", dry_run=True))
     assert "base_model" not in front_matter((folder / CARD_FILE).read_text())
