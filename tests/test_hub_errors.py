@@ -167,3 +167,24 @@ def test_other_failures_get_no_network_advice(online, monkeypatch) -> None:
         detect_backbone(FLUX_DEV)
     assert "could not be reached" not in str(refused.value) and "is a gated repository" not in str(refused.value)
     assert "Check the id on huggingface.co" in str(refused.value)
+
+
+def test_a_hub_lora_out_of_reach_is_tried_once_not_again_file_by_file(online, monkeypatch) -> None:
+    import huggingface_hub
+
+    from gors.core.hub import download_lora
+
+    def unreachable(*args, **kwargs):
+        raise not_cached_after(httpx2.ConnectError("Temporary failure in name resolution"))
+
+    snapshots = []
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *args, **kwargs: snapshots.append(args))
+    with pytest.raises(ModelLoadError, match=r"could not be read from the Hugging Face Hub .* could not be reached"):
+        download_lora("me/lora", "pytorch_lora_weights.safetensors", "pytorch_lora_weights.bin", shown="hub:me/lora")
+    assert snapshots == []  # its fallback would retry every file again
+
+
+def test_a_name_that_is_no_hub_id_gets_no_download_advice() -> None:
+    for name in ("runs/my run", "runs\\sd2"):
+        assert load_hint(name).startswith("Pass a local model folder") and "hf download" not in load_hint(name)

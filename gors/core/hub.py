@@ -113,7 +113,7 @@ def network_error(err: BaseException) -> BaseException | None:
 def load_hint(name: str, err: BaseException | None = None) -> str:
     """What to do when `name` could not be loaded (`err`: the failure, to tell a network one):
     for a local folder, check it; for a Hub id, offline mode, the network or the id."""
-    if looks_like_local_path(name):
+    if looks_like_local_path(name) or not is_repo_id(name):  # no Hub id ("runs/my run"): `hf download` of it is no fix
         return "Pass a local model folder with the files its loader needs, or a Hugging Face Hub id."
     offline = offline_setting()
     if offline:
@@ -164,7 +164,9 @@ def download_lora(repo_id: str, weight_name: str, pickle_name: str, flag: str = 
     try:
         try:
             return hf_hub_download(repo_id, weight_name, revision=revision)
-        except EntryNotFoundError:  # not in the repository, or offline and not cached: its top-level safetensors
+        except EntryNotFoundError as missing:  # not in the repository, or offline and not cached: its top-level file
+            if network_error(missing) is not None:
+                raise  # the Hub out of reach: a second download would retry every file again, to the same end
             folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=["*.safetensors"],
                                             ignore_patterns=["*/*"]))
         found = sorted(path.name for path in folder.glob("*.safetensors")
@@ -198,6 +200,7 @@ def looks_like_local_path(name: str) -> bool:
         or name.startswith(("./", "../", "~"))
         or os.path.exists(name)
         or name.count("/") > 1
+        or "\\" in name  # a Windows path (`runs\\sd2`); no Hub id has one
     )
 
 
