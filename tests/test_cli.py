@@ -407,7 +407,8 @@ def test_gors_help_lists_every_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["toi"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.startswith("error: gors: unknown command 'toi'\nusage: gors COMMAND")
+    assert capsys.readouterr().err.startswith("error: gors: unknown command 'toi'; did you mean gors toy?\n"
+                                              "usage: gors COMMAND")
 
 
 def test_positional_fields_and_yaml_for_report(tmp_path, capsys):

@@ -464,7 +464,7 @@ def test_rounds_json_checks_shrinking_a_growing_tau_schedule_and_older_files(mak
     del record["settings"]["scoring_versions"]
     (tmp_path / ROUNDS_FILE).write_text(json.dumps(record))
     assert len(_finished(config, 1, PROMPTS, "clip_score")) == 2
-    with pytest.raises(ValueError, match=r"scoring_versions: \{\} -> \{'spatial_rule': 4\}"):
+    with pytest.raises(ValueError, match=r"scoring_versions: \{\} -> \{'spatial_rule': 5\}"):
         _finished(config, 1, PROMPTS, "spatial_rule")
     with pytest.raises(ValueError, match=r"scoring_versions: \{\} -> \{'b_vqa': 2\}"):
         _finished(config, 1, PROMPTS, "b_vqa")
