@@ -164,12 +164,14 @@ def _same_model(name: Any, version: str | None, run_name: Any, run_version: str 
 def evaluation_rows(folders: list[str], facts: RunFacts) -> tuple[dict[str, dict[str, float | None]], list[str]]:
     """The card's evaluation table (row -> column -> main metric) of `gors evaluate` folders, each of this
     LoRA (a row of its own per `--lora_dropout`) or of the base model without a LoRA, and the notes on
-    columns measured otherwise (`protocol_notes`). A folder of another model or other weights is refused:
-    the card would give its numbers as this LoRA's."""
+    columns measured otherwise (`protocol_notes`) and on quick runs or other sampling set beside the paper's
+    numbers (`quick_run_notes`). A folder of another model or other weights is refused: the card would give its
+    numbers as this LoRA's."""
     from gors.evaluate import generator_versions
-    from gors.report import evaluation_protocols, evaluation_values, protocol_notes, summary_folders
+    from gors.report import evaluation_protocols, evaluation_values, protocol_notes, quick_run_notes, summary_folders
 
     rows: dict[str, dict[str, float | None]] = {}
+    quick: list[str] = []
     protocols: dict[str, dict[str, Any]] = {}
     model = facts.generation.get("model")
     for folder in map(Path, folders):
@@ -199,7 +201,8 @@ def evaluation_rows(folders: list[str], facts: RunFacts) -> tuple[dict[str, dict
                                  f"{facts.lora_sha256[:12]}...); evaluate the pushed LoRA, or push the one evaluated")
             rows.setdefault(row, {}).update(evaluation_values(folder / "summary.json", [summary]))
             protocols.setdefault(row, {}).update(evaluation_protocols([summary]))
-    return rows, protocol_notes(protocols)
+            quick += quick_run_notes([summary], row)
+    return rows, protocol_notes(protocols) + quick
 
 
 def lora_samples(folders: list[str], facts: RunFacts, count: int = 4) -> list[tuple[str, Path]]:

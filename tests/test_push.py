@@ -422,3 +422,20 @@ def test_one_benchmarks_own_folder_serves_as_an_evaluation_as_the_toy_demos_do(t
     assert (folder / "images" / "0.png").is_file()
     text = report([tmp_path / "eval_gors"], tmp_path / "report").read_text()
     assert "toy:held_out" in text and f"{summary['binding_accuracy']:.4f}" in text
+
+
+def test_the_card_says_a_quick_run_does_not_compare_with_the_papers_rows(trained_run, tmp_path):
+    from gors.model_card import evaluation_rows, run_facts
+
+    run = Path(trained_run.output_dir)
+    facts = run_facts(run, "final", run / LORA_WEIGHT_NAME)
+    folder = tmp_path / "eval_quick"
+    folder.mkdir()
+    summary = {"label": "t2i_compbench:color", "primary_metric": "score", "score": 0.61, "benchmark": "t2i_compbench",
+               "model": facts.generation["model"], "lora": None,
+               "results": {"config": {"max_prompts": 10, "images_per_prompt": 2}, "samples": {"prompts": 10}}}
+    (folder / "summary.json").write_text(json.dumps({"lora": None, "summaries": [summary]}))
+    rows, notes = evaluation_rows([str(folder)], facts)
+    assert list(rows) == ["base model"] and list(rows["base model"].values()) == [0.61]
+    assert any("base model's t2i_compbench:color is a quick run (10 prompts x 2 images; the protocol's: 300 x 10)"
+               in note for note in notes), notes
