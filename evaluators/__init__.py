@@ -15,7 +15,8 @@ import dataclasses
 import importlib
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from evaluators.base import Benchmark, BenchmarkPrompt, check_benchmark_class
 from evaluators.results import Metric
@@ -218,8 +219,17 @@ def build_benchmark(name: str, subset: str | None = None, **kwargs: Any) -> Benc
     return cls(**kwargs)
 
 
-# A field of a benchmark class that `--benchmark_options` sets: text, a number, a flag (or None) or a Literal.
-_PLAIN_FIELD_TYPES = {"str", "int", "float", "bool", "None"}
+# The types of a field that `--benchmark_options` sets: text, a number, a flag, None, or a Literal of them.
+_PLAIN_FIELD_TYPES = (str, int, float, bool, type(None))
+
+
+def _plain(hint: Any) -> bool:
+    """Whether a field's type hint is a plain one (`_PLAIN_FIELD_TYPES`, a union of them or a Literal)."""
+    if get_origin(hint) is Literal:
+        return True
+    if get_origin(hint) in (Union, UnionType):
+        return all(_plain(arg) for arg in get_args(hint))
+    return hint in _PLAIN_FIELD_TYPES
 
 
 def option_fields(cls: type[Benchmark]) -> list[str]:
@@ -227,13 +237,12 @@ def option_fields(cls: type[Benchmark]) -> list[str]:
     `dataset`, GenEval 2's `data_path`), not `Benchmark`'s protocol fields (flags of their own, or fixed by the
     protocol: the seed), nor its subset (named after the colon), nor a mapping (`--scorer_options` gives those)."""
     protocol = {f.name for f in dataclasses.fields(Benchmark)}
-
-    def plain(annotation: Any) -> bool:
-        text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-        return text.startswith("Literal[") or all(part.strip() in _PLAIN_FIELD_TYPES for part in text.split("|"))
-
-    return [f.name for f in dataclasses.fields(cls)
-            if f.name not in protocol and f.name != cls.subset_field and f.init and plain(f.type)]
+    try:
+        hints: dict[str, Any] | None = get_type_hints(cls)
+    except (NameError, TypeError):  # a plugin's annotations that do not resolve: its own fields, their types unread
+        hints = None
+    return [f.name for f in dataclasses.fields(cls) if f.name not in protocol and f.name != cls.subset_field
+            and f.init and (hints is None or _plain(hints[f.name]))]
 
 
 def build_benchmark_with_options(name: str, subset: str | None, options_by_key: Mapping[str, Any], flag: str,

@@ -60,9 +60,10 @@ class ConfigParser(HfArgumentParser):
       `__post_init__` parses into the mapping (a YAML config file gives the mapping itself).
     - a `bool | None` field whose None means "the model family's default": `--flag` and
       `--no_flag` as for a plain bool (HfArgumentParser adds `--no_flag` only for default True).
-    - a number (or list of numbers) that may be None: `--flag none` sets None, so that a value of a
-      YAML file or a recipe can be unset from the command line (`--reward_threshold none
-      --select_top_fraction 0.1`).
+    - a number, text or list that may be None: `--flag none` sets None, so that a value of a YAML file
+      or a recipe can be unset from the command line (`--reward_threshold none --select_top_fraction 0.1`,
+      `--validation_benchmark none`), except where "none" is one of the field's choices
+      (`--weighting_scheme none`, uniform weighting).
     """
 
     @staticmethod
@@ -83,8 +84,9 @@ class ConfigParser(HfArgumentParser):
         elif _unsettable(field.type):
             HfArgumentParser._parse_dataclass_field(parser, field)
             action = next(action for action in parser._actions if action.dest == field.name)
-            action.type = _or_none(action.type)
-            action.help = f"{action.help or ''} `none`: unset.".strip()
+            if not set(action.choices or ()) & set(NONE_WORDS):  # a field that takes "none" as its value keeps it
+                action.type = _or_none(action.type)
+                action.help = f"{action.help or ''} `none`: unset.".strip()
         else:
             HfArgumentParser._parse_dataclass_field(parser, field)
             if field.default is True:  # HfArgumentParser's `--no_flag` repeats the flag's help
@@ -131,8 +133,8 @@ NONE_WORDS = ("none", "None", "null")  # what `--flag none` may spell for an opt
 
 
 def _unsettable(hint: Any) -> bool:
-    """Whether a field's type is `int | None`, `float | None`, `str | None` or a list of a number that may be None:
-    `--flag none` unsets what a YAML file or a recipe set (the GenEval recipe's `--validation_benchmark`)."""
+    """Whether a field's type is `int | None`, `float | None`, `str | None` or a list of one of them that may be
+    None: `--flag none` unsets what a YAML file or a recipe set (the GenEval recipe's `--validation_benchmark`)."""
     args = get_args(hint)
     if type(None) not in args or len(args) != 2:
         return False
@@ -168,8 +170,8 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     from the values parsed) > the dataclass defaults.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if ("-h" in argv or "--help" in argv) and os.environ.get("RANK", "0") != "0":
-        raise SystemExit(0)  # under a launcher the main process prints the help, not every process
+    if ("-h" in argv or "--help" in argv) and os.environ.get("LOCAL_RANK", "0") != "0":
+        raise SystemExit(0)  # under a launcher each machine's first process prints the help, not every process
     # No abbreviations: `--conf FILE` would otherwise parse as --config without being read as one.
     parser = ConfigParser(cls, prog=prog, description=inspect.getdoc(cls), allow_abbrev=False)
     parser.add_argument("--config", default=None, help="YAML file of flag values (flags on the command line win).")

@@ -239,10 +239,13 @@ class BenchmarkValidation:
         if config.validation_resolution is not None:
             check_resolution(family, config.validation_resolution, "--validation_resolution")
         resolution = self.benchmark.protocol(self.backbone).resolution
-        scorer = self.benchmark.scorer_spec(self.options)[0]
+        scorer, merged = self.benchmark.scorer_spec(self.options)
         # What makes two validations' values comparable; a best LoRA is kept only against its like. Steps and
         # guidance only where given: the protocol's are the sampler's (and best LoRAs recorded before keep theirs).
         overrides = {key: value for key, value in sampling_overrides(config, "validation_").items() if key != "resolution"}
+        # A VLM judge's procedure, the benchmark's default too (GenEval 2's `generate` since 0.2; the one pass
+        # before, whose best.json records none and so does not compare).
+        overrides |= {"procedure": merged["procedure"]} if "procedure" in merged else {}
         self.settings: dict[str, Any] = json.loads(json.dumps({
             "benchmark": self.label, "metric": self.metric, "num_prompts": config.validation_num_prompts,
             "images_per_prompt": config.validation_images_per_prompt, "scorer_options": self.options,

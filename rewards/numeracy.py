@@ -132,6 +132,7 @@ class NumeracyReward(Reward):
         for i, asked in enumerate(objects):
             kept = detections.get(i, [])
             verdict = judge_numeracy(asked, kept)
+            unnamed = named[i][1] if i in named else []
             scores.append(verdict.score)
             details.append(
                 {
@@ -141,9 +142,10 @@ class NumeracyReward(Reward):
                     ],
                     "detections": [d.to_dict() for d in kept],
                     # Names no UniDet label contains: never asked for, never found (`rewards.unidet_labels`).
-                    "not_in_label_space": named[i][1] if i in named else [],
+                    "not_in_label_space": unnamed,
                     "score": verdict.score,
-                    "reason": verdict.reason,
+                    "reason": verdict.reason + (f" ({', '.join(map(repr, unnamed))}: in no UniDet class, never found)"
+                                                if unnamed else ""),
                 }
             )
         return RewardOutput(scores=scores, details=details)

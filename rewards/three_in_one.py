@@ -89,11 +89,12 @@ class ThreeInOneReward(Reward):
     """
 
     name = "three_in_one"
+    # 6: the spatial term asks only for the nouns a UniDet class is named (`rewards.unidet_labels`);
     # 5: its B-VQA member's version 2 (BLIP's own resize, LayerNorm eps and P(yes) quotient);
     # 4: the spatial term's object names by the official part-of-speech rule ("the wooden picture frame": "picture");
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
-    scoring_version = 5
+    scoring_version = 6
     # The official 3-in-1 mixes B-VQA scores made in float32, UniDet's under float16 autocast and CLIPScore's
     # in float16; its members share one dtype here, float32, a little more exact.
     official_dtype = torch.float32

@@ -61,6 +61,11 @@ def test_none_unsets_text_a_recipe_or_yaml_file_set_and_a_file_gives_required_fl
     config = parse_config(RunConfig, [*required, "--validation_benchmark", "none", "--category", "null",
                                       "--validation_prompts", "none"], defaults=recipe)
     assert (config.validation_benchmark, config.category, config.validation_prompts) == (None, None, None)
+    # A field whose value may be "none" keeps it, from a flag and from a file.
+    assert parse_config(TrainConfig, ["--weighting_scheme", "none", "--output_dir", "x"]).weighting_scheme == "none"
+    scheme_file = tmp_path / "scheme.yaml"
+    scheme_file.write_text("weighting_scheme: none\n")
+    assert parse_config(TrainConfig, ["--config", str(scheme_file), "--output_dir", "x"]).weighting_scheme == "none"
     # A required flag (`gors push --output_dir --repo_id`) may come from the file.
     config_file = tmp_path / "push.yaml"
     config_file.write_text(f"output_dir: {tmp_path / 'run'}\nrepo_id: you/x\ndry_run: true\n")
@@ -1136,7 +1141,7 @@ def test_version_a_mistyped_command_and_help_on_one_process_only(capsys, monkeyp
     with pytest.raises(SystemExit):
         main(["generat"])
     assert "unknown command 'generat'; did you mean gors generate?" in capsys.readouterr().err
-    monkeypatch.setenv("RANK", "1")  # a launched process other than the main one: the main one prints the help
+    monkeypatch.setenv("LOCAL_RANK", "1")  # a launched process other than the first: that one prints the help
     with pytest.raises(SystemExit) as stopped:
         parse_config(RunConfig, ["--help"])
     assert stopped.value.code == 0 and capsys.readouterr().out == ""

@@ -7,6 +7,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Literal, Optional
 
 import pytest
 from PIL import Image
@@ -356,6 +357,20 @@ def test_benchmark_options_set_a_benchmarks_fields_and_refuse_what_it_has_not(da
         build_benchmark_with_options("toy", "held_ou", {}, "--benchmark_options")
     with pytest.raises(ValueError, match=r"^--benchmark_options: lpg_bench: metric must be"):
         build_benchmark_with_options("lpg_bench", None, {"lpg_bench": {"metric": "tit"}}, "--benchmark_options")
+    # A plugin's fields, however typed (Optional, unions, Literal); a mapping is no option.
+    from dataclasses import dataclass, field
+
+    from evaluators import option_fields
+    from evaluators.base import Benchmark
+
+    @dataclass
+    class Plugin(Benchmark):
+        data_path: str | None = None
+        mode: Literal["a", "b"] = "a"
+        extra: Optional[int] = None  # noqa: UP045 (a plugin may spell it so)
+        table: dict[str, int] = field(default_factory=dict)
+
+    assert option_fields(Plugin) == ["data_path", "mode", "extra"]
     both = {"geneval2": {"data_path": "a.jsonl"}, "geneval2:x": {}}
     assert build_benchmark_with_options("geneval2", None, both, "--flag").data_path == "a.jsonl"
 
@@ -371,6 +386,7 @@ def test_the_validation_benchmark_takes_its_fields_and_records_them(make_run_con
     validation = BenchmarkValidation(config, accelerator=None)  # type: ignore[arg-type]
     assert validation.benchmark.data_path == str(data_file)
     assert validation.settings["benchmark_options"] == fields
+    assert validation.settings["procedure"] == "generate"  # a best.json of the one pass (none recorded) is no like
     with pytest.raises(ValueError, match="^--validation_benchmark_options: geneval2 has no field 'path'"):
         BenchmarkValidation(make_run_config(validation_benchmark="geneval2", validation_benchmark_options={"path": "x"}),
                             accelerator=None)  # type: ignore[arg-type]

@@ -169,20 +169,35 @@ def test_other_failures_get_no_network_advice(online, monkeypatch) -> None:
     assert "Check the id on huggingface.co" in str(refused.value)
 
 
-def test_a_hub_lora_out_of_reach_is_tried_once_not_again_file_by_file(online, monkeypatch) -> None:
+def test_a_hub_lora_out_of_reach_is_read_from_the_cache_not_downloaded_again(online, monkeypatch, tmp_path) -> None:
     import huggingface_hub
 
     from gors.core.hub import download_lora
 
     def unreachable(*args, **kwargs):
+        if kwargs.get("local_files_only"):
+            raise LocalEntryNotFoundError("not in the cache")
         raise not_cached_after(httpx2.ConnectError("Temporary failure in name resolution"))
 
+    cached: list[str] = []
     snapshots = []
+
+    def snapshot(*args, **kwargs):
+        snapshots.append(kwargs)
+        if not cached:
+            raise LocalEntryNotFoundError("not in the cache")
+        return str(tmp_path)
+
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *args, **kwargs: snapshots.append(args))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
     with pytest.raises(ModelLoadError, match=r"could not be read from the Hugging Face Hub .* could not be reached"):
         download_lora("me/lora", "pytorch_lora_weights.safetensors", "pytorch_lora_weights.bin", shown="hub:me/lora")
-    assert snapshots == []  # its fallback would retry every file again
+    assert [call["local_files_only"] for call in snapshots] == [True]  # the cache only: no second round of retries
+    # A LoRA under another file name, cached earlier, is read from the cache.
+    (tmp_path / "my_lora.safetensors").write_bytes(b"")
+    cached.append("my_lora.safetensors")
+    assert download_lora("me/lora", "pytorch_lora_weights.safetensors", "pytorch_lora_weights.bin") == \
+        str(tmp_path / "my_lora.safetensors")
 
 
 def test_a_name_that_is_no_hub_id_gets_no_download_advice() -> None:

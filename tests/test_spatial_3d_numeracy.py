@@ -500,6 +500,7 @@ def test_the_rules_ask_only_for_names_unidet_has_a_label_for(tmp_path: Path) -> 
     out = NumeracyReward(detector=detector, noun_file=noun_file, device="cpu").score(images(1), ["a dog and a wallet"])
     assert detector.calls == [[["dog"]]] and out.scores == [pytest.approx(0.5)]
     assert out.details[0]["not_in_label_space"] == ["wallet"]
+    assert out.details[0]["reason"].endswith("('wallet': in no UniDet class, never found)")
     out = NumeracyReward(detector=detector, noun_file=noun_file, device="cpu", label_space="open").score(
         images(1), ["a dog and a wallet"])
     assert out.scores == [pytest.approx(1.0)]

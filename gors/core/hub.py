@@ -161,21 +161,29 @@ def download_lora(repo_id: str, weight_name: str, pickle_name: str, flag: str = 
     from huggingface_hub.errors import EntryNotFoundError
 
     given = f"{flag}={(shown or repo_id)!r}"
+    unreachable: BaseException | None = None
     try:
         try:
             return hf_hub_download(repo_id, weight_name, revision=revision)
         except EntryNotFoundError as missing:  # not in the repository, or offline and not cached: its top-level file
-            if network_error(missing) is not None:
-                raise  # the Hub out of reach: a second download would retry every file again, to the same end
-            folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=["*.safetensors"],
-                                            ignore_patterns=["*/*"]))
+            # With the Hub out of reach only the cache is read: a download would retry every file again, in vain.
+            unreachable = missing if network_error(missing) is not None else None
+            try:
+                folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=["*.safetensors"],
+                                                ignore_patterns=["*/*"], local_files_only=unreachable is not None))
+            except EntryNotFoundError:
+                if unreachable is None:
+                    raise
+                raise unreachable  # what the user must hear: the network (its cause)
         found = sorted(path.name for path in folder.glob("*.safetensors")
                        if not any(word in path.name for word in ("scheduler", "optimizer", "checkpoint")))
         if not found:
             try:
-                return hf_hub_download(repo_id, pickle_name, revision=revision)
+                return hf_hub_download(repo_id, pickle_name, revision=revision,
+                                       local_files_only=unreachable is not None)
             except EntryNotFoundError:
-                pass
+                if unreachable is not None:
+                    raise unreachable
     except Exception as err:  # the Hub's and the network's errors, of many types: each said in one line
         raise_if_gated(err, repo_id, flag, shown)
         raise ModelLoadError(f"{given}: the LoRA could not be read from the Hugging Face Hub ({one_line(err)}). "
