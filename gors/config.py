@@ -571,6 +571,11 @@ class TrainingFields:
         _check(0 <= self.adam_weight_decay < math.inf,
                f"--adam_weight_decay={self.adam_weight_decay}: must be >= 0 and finite, e.g. 1e-2")
         _check(self.lr_warmup_steps >= 0, f"--lr_warmup_steps={self.lr_warmup_steps}: must be >= 0")
+        # diffusers' `constant` schedule ignores the warm-up (the official script's 500 with it does nothing).
+        _check(self.lr_scheduler == "constant" or self.lr_warmup_steps < self.max_train_steps,
+               f"--lr_warmup_steps={self.lr_warmup_steps} with --lr_scheduler={self.lr_scheduler} and "
+               f"--max_train_steps={self.max_train_steps}: the learning rate would never leave its warm-up; give "
+               "fewer warm-up steps than updates")
         _check(self.max_grad_norm > 0, f"--max_grad_norm={self.max_grad_norm}: must be > 0, e.g. 1.0")
         from diffusers.optimization import SchedulerType
 

@@ -190,6 +190,8 @@ def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
         (["--logit_std", "nan"], "--logit_std=nan: must be finite"),
         (["--mode_scale", "inf"], "--mode_scale=inf: must be finite"),
         (["--lr_warmup_steps", "-1"], "--lr_warmup_steps=-1: must be >= 0"),
+        (["--lr_warmup_steps", "100", "--max_train_steps", "100", "--lr_scheduler", "cosine"],
+         "the learning rate would never leave its warm-up"),
         (["--max_grad_norm", "-1"], "--max_grad_norm=-1.0: must be > 0"),
         (["--max_grad_norm", "0"], "--max_grad_norm=0.0: must be > 0"),
         (["--guidance_scale", "-2"], "--guidance_scale=-2.0: must be >= 0"),
