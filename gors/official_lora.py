@@ -27,7 +27,7 @@ import torch
 from gors._moved import moved_names
 from gors.cli import parse_config
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
-from gors.core.io import file_sha256, fsync_path, set_usual_permissions
+from gors.core.io import file_sha256, fsync_path, remove_stale_staging, set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
 from gors.core.pipeline import LORA_DIFFUSION_TEXT_ENCODER_SUFFIX, LORA_WEIGHT_FILES
 from gors.core.prompts import T2I_COMPBENCH_COMMIT, T2I_COMPBENCH_REPOSITORY
@@ -277,6 +277,7 @@ def write_diffusers_lora(
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(output_dir, ".convert.*")  # a killed conversion's
     staging = Path(tempfile.mkdtemp(dir=output_dir, prefix=".convert."))
     try:
         StableDiffusionPipeline.save_lora_weights(

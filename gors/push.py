@@ -29,7 +29,7 @@ from pathlib import Path
 from gors import __version__
 from gors.core.backbones import LORA_WEIGHT_NAME
 from gors.core.hub import is_repo_id, looks_like_local_path, network_error, offline_setting, one_line
-from gors.core.io import atomic_write_bytes, publish_folder, set_usual_permissions
+from gors.core.io import atomic_write_bytes, publish_folder, remove_stale_staging, set_usual_permissions
 from gors.core.run_folder import BEST_DIR, CHECKPOINTS_DIR, best_folder
 from gors.model_card import evaluation_rows, family_tags, lora_samples, model_card, run_facts
 
@@ -104,6 +104,7 @@ def stage_upload(config: PushConfig) -> Path:
     They are written into a folder of this push's own first (another push of the same run at the same time
     must not empty it), removed when anything is refused, and published whole."""
     run = Path(config.output_dir)
+    remove_stale_staging(run, f".{UPLOAD_DIR}.*.tmp")  # a killed push's
     staging = Path(tempfile.mkdtemp(prefix=f".{UPLOAD_DIR}.", suffix=".tmp", dir=run))
     try:
         _write_upload(config, run, staging)

@@ -436,3 +436,23 @@ def test_a_kill_while_writing_never_leaves_a_record_beside_other_weights(tmp_pat
     official.write_diffusers_lora(tmp_path, *states(3.0), {"source": "third"})
     assert json.loads((tmp_path / official.SOURCE_RECORD).read_text()) == {"source": "third"}
     assert (tmp_path / official.LORA_WEIGHT_NAME).stat().st_mode & 0o044 == 0o044  # readable as any model file
+
+
+def test_a_killed_conversions_staging_folder_goes_a_running_ones_stays(tmp_path):
+    import os
+    import time
+
+    import gors.official_lora as official
+
+    killed, running = tmp_path / ".convert.killed", tmp_path / ".convert.running"
+    for folder in (killed, running):
+        folder.mkdir()
+        (folder / "pytorch_lora_weights.safetensors").write_bytes(b"half")
+    two_hours_ago = time.time() - 7200
+    os.utime(killed, (two_hours_ago, two_hours_ago))
+    key = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"
+    text_key = "text_model.encoder.layers.0.self_attn.q_proj"
+    official.write_diffusers_lora(
+        tmp_path, {f"{key}.lora_A.weight": torch.ones(4, 8), f"{key}.lora_B.weight": torch.zeros(8, 4)},
+        {f"{text_key}.lora_A.weight": torch.ones(4, 8), f"{text_key}.lora_B.weight": torch.zeros(8, 4)})
+    assert not killed.exists() and running.is_dir()

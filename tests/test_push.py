@@ -439,3 +439,16 @@ def test_the_card_says_a_quick_run_does_not_compare_with_the_papers_rows(trained
     assert list(rows) == ["base model"] and list(rows["base model"].values()) == [0.61]
     assert any("base model's t2i_compbench:color is a quick run (10 prompts x 2 images; the protocol's: 300 x 10)"
                in note for note in notes), notes
+
+
+def test_a_killed_pushs_staging_folder_is_removed_by_the_next_push(trained_run):
+    import os
+    import time
+
+    run = Path(trained_run.output_dir)
+    killed = run / ".hub_upload.killed.tmp"
+    killed.mkdir()
+    two_hours_ago = time.time() - 7200
+    os.utime(killed, (two_hours_ago, two_hours_ago))
+    push(PushConfig(output_dir=str(run), repo_id="me/tiny-gors", dry_run=True))
+    assert not killed.exists() and not list(run.glob(".hub_upload.*"))

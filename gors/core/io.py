@@ -289,6 +289,24 @@ def discard_folder(folder: str | Path) -> None:
             shutil.rmtree(trash)
 
 
+# A staging folder untouched this long is a killed writer's, not a concurrent one's (whose files land in seconds).
+STALE_STAGING_S = 3600.0
+
+
+def remove_stale_staging(parent: str | Path, pattern: str, older_than_s: float = STALE_STAGING_S) -> None:
+    """Delete the folders of `parent` matching `pattern` (a writer's staging folders, e.g. ".hub_upload.*.tmp")
+    whose last change is more than `older_than_s` seconds old: what a killed writer left, never a running one's."""
+    import time
+
+    for stale in Path(parent).glob(pattern):
+        try:
+            old = stale.is_dir() and time.time() - stale.stat().st_mtime > older_than_s
+        except FileNotFoundError:  # another writer removed it meanwhile
+            continue
+        if old:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 def publish_files(staging: str | Path, folder: str | Path) -> None:
     """Move every file of the folder `staging` into `folder`, each by an atomic `os.replace` after
     flushing it: a reader finds each file whole, the old one or the new one."""
