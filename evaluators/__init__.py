@@ -214,7 +214,10 @@ def build_benchmark(name: str, subset: str | None = None, **kwargs: Any) -> Benc
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     if subset is not None:
         if cls.subset_field is None:
-            raise ValueError(f"benchmark {name!r} has no subsets; drop ':{subset}'")
+            # `geneval:MyBench` from a module of the user's named like gors' own benchmark reads as that one.
+            shadowed = (f" (if {name} is a module of yours holding the class {subset}, rename the module: {name} is "
+                        "gors' own benchmark)") if name in _BENCHMARKS and subset[:1].isupper() else ""
+            raise ValueError(f"benchmark {name!r} has no subsets; drop ':{subset}'{shadowed}")
         kwargs[cls.subset_field] = subset
     return cls(**kwargs)
 

@@ -169,7 +169,8 @@ def plan_benchmarks(config: EvaluateConfig) -> list[BenchmarkPlan]:
     for flag, options in (("--scorer_options", config.scorer_options), ("--benchmark_options", config.benchmark_options)):
         unknown = sorted(set(options) - {name for name, _ in specs} - set(labels))
         if unknown:
-            raise ValueError(f"{flag} for {unknown}, which are not among the benchmarks evaluated ({', '.join(labels)})")
+            raise ValueError(f"{flag} for {unknown}, which are not among the benchmarks evaluated ({', '.join(labels)}): "
+                             "key them by those names (a module:Class benchmark by the name it registers)")
     if config.images is not None:
         benchmarks[0][1].check_images_readable()
     plans = []

@@ -31,7 +31,7 @@ from gors.core.distributed import make_accelerator
 from gors.core.lock import holds_stages
 from gors.core.pipeline import inference_dtype
 from gors.core.prompts import check_category, load_prompts, recorded_category
-from gors.core.run_folder import reward_key, samples_dir, scores_dir
+from gors.core.run_folder import reward_column, samples_dir, scores_dir
 from gors.core.scoring import open_score_folder, score_samples
 from gors.core.store import SampleKey, SampleStore
 from rewards import Reward, get_reward_class
@@ -139,7 +139,7 @@ def score(config: ScoreConfig | RunConfig, accelerator: Accelerator | None = Non
         batch_flag="--reward_batch_size",
     )
     if accelerator.is_main_process:
-        column = f"reward_{reward_key(reward)}"
+        column = reward_column(reward)
         store.add_columns({key: {column: row["reward"]} for key, row in all_scores.items()})
     accelerator.wait_for_everyone()
     return all_scores

@@ -352,6 +352,8 @@ def test_benchmark_options_set_a_benchmarks_fields_and_refuse_what_it_has_not(da
     # A subset is named after the colon; the label's fields win over the name's.
     with pytest.raises(ValueError, match="its category is named after a colon: --benchmarks t2i_compbench:shape"):
         build_benchmark_with_options("t2i_compbench", None, {"t2i_compbench": {"category": "shape"}}, "--benchmark_options")
+    with pytest.raises(ValueError, match="if geneval is a module of yours holding the class MyBench, rename the module"):
+        build_benchmark_with_options("geneval", "MyBench", {}, "--benchmark_options")
     # The benchmark's own errors are its own, whether options are given or not.
     with pytest.raises(ValueError, match=r"^toy split 'held_ou'"):
         build_benchmark_with_options("toy", "held_ou", {}, "--benchmark_options")

@@ -761,3 +761,21 @@ def test_a_store_whose_local_model_moved_records_it_at_its_new_path_only(tmp_pat
                    StoreFlags())
     assert recorded_model_commits(store.root) == {"/elsewhere": "sha256:" + "0" * 64,
                                                   str(moved): local_fingerprint(moved)}
+
+
+def test_a_reward_scoring_again_is_not_shown_its_own_earlier_scores(tmp_path):
+    """The store keeps each reward's scores as a record column (`reward_<name>`), metadata for other rewards; a
+    reward whose score folder was deleted to score again must not read its own stale values."""
+    class Scored(_Samples):
+        def records(self):
+            return [{**record, "reward_mine": 0.9, "reward_other": 0.1} for record in super().records()]
+
+    seen = []
+
+    def score(images, prompts, metadata=None):
+        seen.extend(metadata)
+        return RewardOutput([0.5] * len(images))
+
+    reward = SimpleNamespace(score=score)
+    score_samples(Scored(), tmp_path, lambda: reward, 2, make_accelerator(), settings={"reward": "mine"})
+    assert [sorted(key for key in m if key.startswith("reward_")) for m in seen] == [["reward_other"]] * 2

@@ -25,6 +25,11 @@ def reward_key(reward: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", reward).strip("_")
 
 
+def reward_column(reward: str) -> str:
+    """The sample store's column of a reward's scores (`gors score` adds it): `reward_<reward_key>`."""
+    return f"reward_{reward_key(reward)}"
+
+
 def samples_dir(output_dir: str | Path) -> Path:
     """The run folder's sample store (`gors.core.store.SampleStore`), written by `gors generate`."""
     return Path(output_dir) / SAMPLES_DIR

@@ -36,7 +36,7 @@ from gors.core.io import append_jsonl, atomic_write_json, filter_jsonl, read_jso
 from gors.core.io_threads import prefetched
 from gors.core.logs import first_time
 from gors.core.memory import MORE_MEMORY, BatchLimit, in_batches_that_fit
-from gors.core.run_folder import samples_dir, scores_dir
+from gors.core.run_folder import reward_column, samples_dir, scores_dir
 from gors.core.store import (
     IMAGE_HASH,
     SampleKey,
@@ -344,6 +344,11 @@ def score_samples(
     halved: `append_scores`). `limit`: the size that fit in an earlier call, and where this one's halvings go.
     """
     records = store.records()
+    # A reward scoring again (its score folder deleted) is not shown its own earlier scores, which the store's
+    # records keep as a column: every other reward's are metadata it may read.
+    own = reward_column(settings["reward"]) if settings and isinstance(settings.get("reward"), str) else None
+    if any(own in record for record in records):
+        records = [{key: value for key, value in record.items() if key != own} for record in records]
     done = open_score_folder(scores_folder, records, accelerator, settings)
 
     def plan() -> list[dict[str, Any]]:
