@@ -440,6 +440,14 @@ def test_an_edited_plugin_rewards_old_scores_are_kept_with_a_warning(console_scr
     assert check_settings(folder, edited, scored=True) is True
     with pytest.raises(StoreError, match="holds scores made with"):
         check_settings(folder, {**edited, "options": {"scale": 2}}, scored=True)
+    # A refusal is said alone: no warning beside it that the scores are kept.
+    refused = console_script_path / "scores_refused"
+    refused.mkdir()
+    (refused / SETTINGS_FILE).write_text(json.dumps(settings))
+    caplog.clear()
+    with pytest.raises(StoreError, match="holds scores made with"):
+        check_settings(refused, {**edited, "options": {"scale": 2}}, scored=True)
+    assert "scores are kept" not in caplog.text
 
 
 

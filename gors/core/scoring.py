@@ -192,12 +192,6 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
                        "delete the folder to score again", scores_folder, json.dumps(wanted, sort_keys=True, default=str))
         return True
     recorded_sources, sources = recorded.get(SOURCES_SETTING), wanted.get(SOURCES_SETTING)
-    # Once per command: overlapped scoring opens the folder twice.
-    if isinstance(recorded_sources, dict) and recorded_sources != sources and first_time("edited plugin", scores_folder):
-        edited = sorted(name for name, digest in (sources or {}).items() if recorded_sources.get(name) != digest)
-        logger.warning("%s holds scores made when the source file of %s was another: the scores are kept as they "
-                       "are; if the change changes them, raise the reward's scoring_version (the folder then refuses "
-                       "them) or delete the folder to score again", scores_folder, ", ".join(edited) or "a reward")
     compared = {key: value for key, value in wanted.items() if key != SOURCES_SETTING}
     completed, adopted = adopt_later_settings({key: value for key, value in recorded.items() if key != SOURCES_SETTING},
                                               compared, LATER_SCORE_SETTINGS)
@@ -205,6 +199,12 @@ def check_settings(scores_folder: Path, wanted: Mapping[str, Any], scored: bool)
     if changes:
         raise StoreError(f"{scores_folder} holds scores made with other settings than asked for now "
                          f"({'; '.join(changes)}). Use a new output folder, or delete {scores_folder} to score again.")
+    # Scores kept (the refusal above would say more): once per command, as overlapped scoring opens the folder twice.
+    if isinstance(recorded_sources, dict) and recorded_sources != sources and first_time("edited plugin", scores_folder):
+        edited = sorted(name for name, digest in (sources or {}).items() if recorded_sources.get(name) != digest)
+        logger.warning("%s holds scores made when the source file of %s was another: the scores are kept as they "
+                       "are; if the change changes them, raise the reward's scoring_version (the folder then refuses "
+                       "them) or delete the folder to score again", scores_folder, ", ".join(edited) or "a reward")
     if not adopted:  # the same settings, a path spelled otherwise (`same_value`): the record stays as it is
         return recorded_sources is None and sources is not None  # but takes the sources it did not record
     logger.warning("%s was scored before gors recorded the scorer's %s; its scores are taken to have been made "
