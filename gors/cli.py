@@ -177,8 +177,9 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, defaults: dict
     parser.add_argument("--config", default=None, help="YAML file of flag values (flags on the command line win).")
     merged = dict(defaults or {})
     config_file = _config_file(argv)
-    given = _flags_given(parser, argv)
-    _refuse_repeated_lists(parser, argv)
+    counts = _flag_counts(parser, argv)
+    given = {dest for dest, count in counts.items() if count}
+    _refuse_repeated_lists(parser, counts)
     from_file: set[str] = set()
     if config_file is not None:
         try:  # one file may drive every stage: another stage's keys are left out (`config_file_values`)
@@ -219,24 +220,23 @@ def _file_source(message: str, from_file: set[str], config_file: str | None) -> 
     return f" ({', '.join(f'--{name}' for name in named)} set in {config_file})" if named else ""
 
 
-def _flags_given(parser: ArgumentParser, argv: Sequence[str]) -> set[str]:
-    """The fields whose flag (any spelling: `--name`, `--name=value`, `--no_name`) is on the command line."""
-    given = set()
+def _flag_counts(parser: ArgumentParser, argv: Sequence[str]) -> dict[str, int]:
+    """How many times each field's flag (any spelling: `--name`, `--name=value`, `--no_name`) is on the command
+    line, by field name."""
+    counts: dict[str, int] = {}
     for action in parser._actions:
-        if any(arg == option or arg.startswith(option + "=") for option in action.option_strings for arg in argv):
-            given.add(action.dest)
-    return given
+        count = sum(arg == option or arg.startswith(option + "=") for option in action.option_strings for arg in argv)
+        counts[action.dest] = counts.get(action.dest, 0) + count
+    return counts
 
 
-def _refuse_repeated_lists(parser: ArgumentParser, argv: Sequence[str]) -> None:
-    """A flag of several values given twice (`--validation_prompts a --validation_prompts b`): argparse would keep
-    the last values alone, where the user meant them all."""
+def _refuse_repeated_lists(parser: ArgumentParser, counts: dict[str, int]) -> None:
+    """A flag of several values given twice (`--validation_prompts a --validation_prompts b`; `counts`:
+    `_flag_counts`): argparse would keep the last values alone, where the user meant them all."""
     for action in parser._actions:
-        if action.option_strings and action.nargs in ("+", "*"):
-            count = sum(arg == option or arg.startswith(option + "=") for option in action.option_strings for arg in argv)
-            if count > 1:
-                raise SystemExit(f"error: --{action.dest} given {count} times: give all its values after one "
-                                 f"--{action.dest} (e.g. --{action.dest} A B)")
+        if action.option_strings and action.nargs in ("+", "*") and counts.get(action.dest, 0) > 1:
+            raise SystemExit(f"error: --{action.dest} given {counts[action.dest]} times: give all its values after "
+                             f"one --{action.dest} (e.g. --{action.dest} A B)")
 
 
 def _config_file(argv: Sequence[str]) -> str | None:

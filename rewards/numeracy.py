@@ -21,7 +21,7 @@ from rewards.numeracy_rule import (
 )
 from rewards.spatial import check_detection_options
 from rewards.spatial_rule import DETECTION_THRESHOLD, resolve_nms_iou
-from rewards.unidet_labels import LabelSpace, split_by_label_space
+from rewards.unidet_labels import LabelSpace, split_by_label_space, unnamed_note
 
 
 class NumeracyReward(Reward):
@@ -58,7 +58,8 @@ class NumeracyReward(Reward):
     # T2I-CompBench++'s scripts run UniDet under float16 autocast (`Accelerator(mixed_precision='fp16')`); the
     # detectors here are other models, run in float32, the more exact.
     official_dtype = torch.float32
-    # 5: names no UniDet label contains are never found (`label_space="unidet"`); 4: duplicates found in the official evaluation's resized image (its pixels); 3: a Grounding DINO detector's
+    # 5: names no UniDet label contains are never found (`label_space="unidet"`);
+    # 4: duplicates found in the official evaluation's resized image (its pixels); 3: a Grounding DINO detector's
     # labels score the mean over their tokens, each phrase its own probability
     # (the default OWLv2 scores as in 2); 2: UniDet's 0.1 threshold and per-class NMS; 1: 0.5, no NMS
     scoring_version = 5
@@ -144,8 +145,7 @@ class NumeracyReward(Reward):
                     # Names no UniDet label contains: never asked for, never found (`rewards.unidet_labels`).
                     "not_in_label_space": unnamed,
                     "score": verdict.score,
-                    "reason": verdict.reason + (f" ({', '.join(map(repr, unnamed))}: in no UniDet class, never found)"
-                                                if unnamed else ""),
+                    "reason": verdict.reason + unnamed_note(unnamed, exact=False),
                 }
             )
         return RewardOutput(scores=scores, details=details)

@@ -27,7 +27,7 @@ from rewards.spatial_rule import (
     spatial_objects,
     to_official_frame,
 )
-from rewards.unidet_labels import LABEL_SPACES, LabelSpace, split_by_label_space
+from rewards.unidet_labels import LABEL_SPACES, LabelSpace, split_by_label_space, unnamed_note
 
 
 def check_detection_options(options: Mapping[str, Any], threshold_default: bool = False) -> None:
@@ -250,8 +250,7 @@ class SpatialRuleReward(Reward):
                     "second": detection_dict(second),
                     "position": verdict.position,
                     "score": verdict.score,
-                    "reason": verdict.reason + (f" ({', '.join(map(repr, unnamed))}: no UniDet class, never found)"
-                                                if unnamed else ""),
+                    "reason": verdict.reason + unnamed_note(unnamed, exact=True),
                 }
             )
         return RewardOutput(scores=scores, details=details)

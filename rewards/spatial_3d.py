@@ -23,7 +23,7 @@ from rewards.spatial_3d_rule import (
     pick_detections_3d,
 )
 from rewards.spatial_rule import DETECTION_THRESHOLD, resolve_nms_iou, spatial_objects
-from rewards.unidet_labels import LabelSpace, split_by_label_space
+from rewards.unidet_labels import LabelSpace, split_by_label_space, unnamed_note
 
 DEPTH_FLAG = "depth_model_name_or_path"
 DEFAULT_DEPTH_MODEL = "Intel/dpt-hybrid-midas"
@@ -184,7 +184,8 @@ class Spatial3DReward(Reward):
     # T2I-CompBench++'s scripts run UniDet and DPT depth under float16 autocast (`Accelerator(mixed_precision=
     # 'fp16')`); the detectors here are other models, and both run in float32, the more exact.
     official_dtype = torch.float32
-    # 6: names no UniDet label contains are never found (`label_space="unidet"`); 5: the default depth model reads the official 480 x 480 input (it read its processor's 384); 4: object names by
+    # 6: names no UniDet label contains are never found (`label_space="unidet"`);
+    # 5: the default depth model reads the official 480 x 480 input (it read its processor's 384); 4: object names by
     # the official part-of-speech rule (spaCy's tags where installed; "a coffee table": "coffee"),
     # names matched as parts of labels, a prompt without a relation word scored on its objects (all as officially);
     # 3: a Grounding DINO detector's labels score the mean over their tokens, each phrase its own probability
@@ -294,8 +295,7 @@ class Spatial3DReward(Reward):
                     "depths": list(verdict.depths),
                     "depth_order": verdict.depth_order,
                     "score": verdict.score,
-                    "reason": verdict.reason + (f" ({', '.join(map(repr, unnamed))}: in no UniDet class, never found)"
-                                                if unnamed else ""),
+                    "reason": verdict.reason + unnamed_note(unnamed, exact=False),
                 }
             )
         return RewardOutput(scores=scores, details=details)

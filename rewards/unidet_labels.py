@@ -18,7 +18,7 @@ What is not reproduced: boxes of a label that merely contains a noun ("monkey" o
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 LabelSpace = Literal["unidet", "open"]
@@ -126,6 +126,14 @@ def split_by_label_space(names: Iterable[str], label_space: LabelSpace,
     else:
         named = [name for name in distinct if any(name in label for label in UNIDET_LABELS)]
     return named, [name for name in distinct if name not in named]
+
+
+def unnamed_note(unnamed: Sequence[str], exact: bool) -> str:
+    """What a reason adds for the names `split_by_label_space` left out (never asked for, so never found): ''
+    where none was; `exact` as there."""
+    if not unnamed:
+        return ""
+    return f" ({', '.join(map(repr, unnamed))}: {'no' if exact else 'in no'} UniDet class, never found)"
 
 
 _LABEL_SET = frozenset(UNIDET_LABELS)

@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -296,8 +297,6 @@ STALE_STAGING_S = 3600.0
 def remove_stale_staging(parent: str | Path, pattern: str, older_than_s: float = STALE_STAGING_S) -> None:
     """Delete the folders of `parent` matching `pattern` (a writer's staging folders, e.g. ".hub_upload.*.tmp")
     whose last change is more than `older_than_s` seconds old: what a killed writer left, never a running one's."""
-    import time
-
     for stale in Path(parent).glob(pattern):
         try:
             old = stale.is_dir() and time.time() - stale.stat().st_mtime > older_than_s

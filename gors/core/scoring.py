@@ -347,7 +347,7 @@ def score_samples(
     # A reward scoring again (its score folder deleted) is not shown its own earlier scores, which the store's
     # records keep as a column: every other reward's are metadata it may read.
     own = reward_column(settings["reward"]) if settings and isinstance(settings.get("reward"), str) else None
-    if any(own in record for record in records):
+    if own is not None and any(own in record for record in records):
         records = [{key: value for key, value in record.items() if key != own} for record in records]
     done = open_score_folder(scores_folder, records, accelerator, settings)
 
