@@ -82,6 +82,28 @@ def check_anchor_below(anchor_below: int, timestep_range: list[int] | None, num_
                      f"reproduce the base model and it would learn nothing. {fix}")
 
 
+def accumulation_steps(global_batch_size: int, train_batch_size: int, num_processes: int,
+                       given: int | None = None) -> int:
+    """The micro-batches per update that make `global_batch_size` samples per update from `train_batch_size` on
+    each of `num_processes`; `given`, the --gradient_accumulation_steps the user gave (None: not given), must
+    already be that number."""
+    per_pass = train_batch_size * num_processes
+    if global_batch_size % per_pass:
+        fix = (f"give a --train_batch_size that divides {global_batch_size // num_processes}"
+               if global_batch_size % num_processes == 0 else
+               f"launch a number of processes that divides {global_batch_size}")
+        raise ValueError(f"--global_batch_size={global_batch_size} is not a multiple of --train_batch_size="
+                         f"{train_batch_size} x {num_processes} process(es) = {per_pass}: {fix}, or give a "
+                         f"--global_batch_size that {per_pass} divides (0: {per_pass} x "
+                         "--gradient_accumulation_steps)")
+    steps = global_batch_size // per_pass
+    if given not in (None, steps):
+        raise ValueError(f"--gradient_accumulation_steps={given} with --global_batch_size={global_batch_size}: that "
+                         f"batch takes {steps} micro-batch(es) of {train_batch_size} on {num_processes} process(es); "
+                         "give one of the two flags (--global_batch_size 0 is off)")
+    return steps
+
+
 def _check_report_to(value: str) -> None:
     """Refuse a tracker that accelerate does not know or that is not installed: accelerate would only warn
     and log nowhere."""
@@ -595,6 +617,14 @@ class TrainingFields:
         _check(not (self.auto_train_batch_size and "train_batch_size" in given),
                f"--train_batch_size={self.train_batch_size} with --auto_train_batch_size, which sets it (each "
                "process's share of an update, halved until it fits): drop one of the two")
+        if "gradient_accumulation_steps" in given and self.global_batch_size is not None:
+            # An explicit 1 looks like the default once parsed: checked here, where it is known to be the user's,
+            # against the processes the launcher started (the recipes' --global_batch_size 16 is 8 on one GPU).
+            _check(not self.auto_train_batch_size,
+                   f"--gradient_accumulation_steps={self.gradient_accumulation_steps} with --auto_train_batch_size, "
+                   "which sets it: drop one of the two")
+            accumulation_steps(self.global_batch_size, self.train_batch_size, int(os.environ.get("WORLD_SIZE", "1")),
+                               given=self.gradient_accumulation_steps)
         _check(not ("validation_steps" in given and self.validation_benchmark is None and not self.validation_prompts),
                f"--validation_steps={self.validation_steps} without --validation_benchmark or --validation_prompts: "
                "there is no validation to run; name what to validate, or drop it")

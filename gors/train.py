@@ -50,7 +50,7 @@ from gors.checkpoints import (
     utc_now,
     write_checkpoint,
 )
-from gors.config import RunConfig, TrainConfig, check_anchor_below
+from gors.config import RunConfig, TrainConfig, accumulation_steps, check_anchor_below
 from gors.core.backbones import check_trainable, detect_backbone, family_precision, half_precision_warning
 from gors.core.clock import units_done, untimed, work_starts
 from gors.core.compiling import NO_COMPILE, compile_module, uses_cuda_graphs, without_cuda_graphs
@@ -129,27 +129,6 @@ SAME_TRAINING_FIX = ("Every node must resolve each model to the same snapshot (p
 LOGS_DIR = "logs"  # the trackers' folder in the run folder (TensorBoard: logs/gors/)
 
 
-def accumulation_steps(global_batch_size: int, train_batch_size: int, num_processes: int,
-                       gradient_accumulation_steps: int = 1) -> int:
-    """The micro-batches per update that make `global_batch_size` samples per update from `train_batch_size` on
-    each of `num_processes`; a `gradient_accumulation_steps` other than 1 must already be that number."""
-    per_pass = train_batch_size * num_processes
-    if global_batch_size % per_pass:
-        fix = (f"give a --train_batch_size that divides {global_batch_size // num_processes}"
-               if global_batch_size % num_processes == 0 else
-               f"launch a number of processes that divides {global_batch_size}")
-        raise ValueError(f"--global_batch_size={global_batch_size} is not a multiple of --train_batch_size="
-                         f"{train_batch_size} x {num_processes} process(es) = {per_pass}: {fix}, or give a "
-                         f"--global_batch_size that {per_pass} divides (0: {per_pass} x "
-                         "--gradient_accumulation_steps)")
-    steps = global_batch_size // per_pass
-    if gradient_accumulation_steps not in (1, steps):
-        raise ValueError(f"--gradient_accumulation_steps={gradient_accumulation_steps} with --global_batch_size="
-                         f"{global_batch_size}: that batch takes {steps} micro-batch(es) of {train_batch_size} on "
-                         f"{num_processes} process(es); give one of the two flags (--global_batch_size 0 is off)")
-    return steps
-
-
 def resolve_accumulation(config: TrainConfig | RunConfig, num_processes: int) -> None:
     """Set `config.gradient_accumulation_steps` from `--global_batch_size` (where given) for `num_processes`;
     with `--auto_train_batch_size`, `train_batch_size` too, to the size tried first (`GORSTrainer._fit_micro_batch`):
@@ -160,8 +139,10 @@ def resolve_accumulation(config: TrainConfig | RunConfig, num_processes: int) ->
                              f"{num_processes} processes: launch a number of processes that divides it")
         config.train_batch_size = config.global_batch_size // num_processes
     if config.global_batch_size is not None:
+        # A 1 is the default (an explicit 1 is checked against the batch as the flags are parsed: `check_given`).
+        given = config.gradient_accumulation_steps if config.gradient_accumulation_steps != 1 else None
         config.gradient_accumulation_steps = accumulation_steps(config.global_batch_size, config.train_batch_size,
-                                                                num_processes, config.gradient_accumulation_steps)
+                                                                num_processes, given)
     accumulation = config.gradient_accumulation_steps
     if accumulation > 1 and uses_cuda_graphs(config.torch_compile):
         # The replayed backward hands its gradients out of the graph's own memory, which the next micro-batch's

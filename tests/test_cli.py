@@ -785,6 +785,20 @@ def test_a_flag_of_another_stage_or_by_the_papers_name_says_so(capsys):
         assert said in capsys.readouterr().err
 
 
+def test_an_explicit_accumulation_of_one_is_checked_against_a_recipes_global_batch(monkeypatch):
+    recipe = {"global_batch_size": 16}  # the recipes' paper batch: 8 micro-batches of 2 on one process
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit, match=r"--gradient_accumulation_steps=1 with --global_batch_size=16: that batch "
+                                         r"takes 8 micro-batch\(es\) of 2 on 1 process\(es\)"):
+        parse_config(RunConfig, ["--gradient_accumulation_steps", "1"], defaults=recipe)
+    assert parse_config(RunConfig, [], defaults=recipe).gradient_accumulation_steps == 1  # resolved by training
+    assert parse_config(RunConfig, ["--gradient_accumulation_steps", "8"], defaults=recipe).global_batch_size == 16
+    with pytest.raises(SystemExit, match="with --auto_train_batch_size, which sets it"):
+        parse_config(RunConfig, ["--gradient_accumulation_steps", "1", "--auto_train_batch_size"], defaults=recipe)
+    monkeypatch.setenv("WORLD_SIZE", "8")  # the official 2 x 8 GPUs: one micro-batch per update, as said
+    assert parse_config(RunConfig, ["--gradient_accumulation_steps", "1"], defaults=recipe).global_batch_size == 16
+
+
 def test_flags_that_another_flag_overrides_or_that_cannot_draw_a_timestep_are_refused():
     with pytest.raises(SystemExit, match=r"--train_batch_size=1 with --auto_train_batch_size, which sets it"):
         parse_config(RunConfig, ["--global_batch_size", "4", "--auto_train_batch_size", "--train_batch_size", "1"])

@@ -207,7 +207,7 @@ def test_a_global_batch_is_made_of_accumulated_micro_batches_on_any_number_of_pr
     assert accumulation_steps(16, 2, 1) == 8  # the paper's 2 x 8 GPUs on one
     assert accumulation_steps(16, 2, 8) == 1
     assert accumulation_steps(16, 16, 1) == 1
-    assert accumulation_steps(16, 2, 1, gradient_accumulation_steps=8) == 8  # the same, said twice
+    assert accumulation_steps(16, 2, 1, given=8) == 8  # the same, said twice
     with pytest.raises(ValueError, match=r"--global_batch_size=16 is not a multiple of --train_batch_size=3 x 1 "
                                          r"process\(es\) = 3: give a --train_batch_size that divides 16"):
         accumulation_steps(16, 3, 1)
@@ -215,7 +215,7 @@ def test_a_global_batch_is_made_of_accumulated_micro_batches_on_any_number_of_pr
         accumulation_steps(16, 2, 3)
     with pytest.raises(ValueError, match=r"--gradient_accumulation_steps=4 with --global_batch_size=16: that batch "
                                          r"takes 8 micro-batch\(es\) of 2 on 1 process\(es\); give one of the two"):
-        accumulation_steps(16, 2, 1, gradient_accumulation_steps=4)
+        accumulation_steps(16, 2, 1, given=4)
 
 
 def test_a_global_batch_trains_as_the_same_accumulation_given_by_hand(selected_run, make_run_config, tmp_path,
