@@ -92,7 +92,8 @@ def toy_defaults(output_dir: str = "toy_output") -> dict[str, Any]:
         "category": "toy",  # reward toy_oracle; --unbiased: toy_classifier
         "reward_batch_size": 64,
         # Per process: `make demo`'s two processes (accelerate_configs/cpu.yaml) update on 32 samples; on one
-        # process, --gradient_accumulation_steps 2 (or --global_batch_size 32) trains the same updates.
+        # process, --gradient_accumulation_steps 2 (or --global_batch_size 32) updates on the same 32 samples (with
+        # other noise draws: each process seeds its own).
         "train_batch_size": 16,
         "sample_latents": False,  # the toy model was pretrained on posterior means
         # A model this small moves only with toy-scale steps and LR; the schedule and the anchor were chosen
