@@ -107,6 +107,9 @@ def test_three_in_one_subsplit_lookup_uses_the_official_key():
     assert prompt_kind("A cat on a mat.", spatial, action) == "spatial"
     assert prompt_kind("a dog runs", spatial, action) == "action"
     assert prompt_kind("a dog runs on a mat", spatial, action) == "all"
+    # A prompt in both lists (user lists may overlap; the official ones do not) is spatial: 3_in_1.py asks
+    # `if ... in spatial` before `elif ... in action`.
+    assert prompt_kind("a dog runs", spatial | action, action) == "spatial"
 
 
 @pytest.mark.skipif(not SHARED_T2I.is_dir(), reason="needs ../shared/benchmarks")

@@ -238,6 +238,32 @@ def test_a_global_batch_trains_as_the_same_accumulation_given_by_hand(selected_r
         assert torch.equal(weights["global"][key], value), key
 
 
+def test_each_update_trains_the_same_samples_however_it_is_split_into_micro_batches(selected_run, make_run_config,
+                                                                                    tmp_path, monkeypatch):
+    trained = []  # per micro-batch: the selection rows it trained on
+    micro_batch_loss = GORSTrainer._micro_batch_loss
+
+    def recording(self, micro_batch):
+        trained.append(sorted(self.schedule.indices(micro_batch)))
+        return micro_batch_loss(self, micro_batch)
+
+    monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", recording)
+    updates = {}
+    for name, batch, accumulation in (("accumulated", 2, 2), ("whole", 4, 1)):
+        trained.clear()
+        run_dir = _copy_run(selected_run, tmp_path / name)
+        train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=3, report_to="none",
+                      train_batch_size=batch, gradient_accumulation_steps=accumulation))
+        reset_process_state()
+        assert len(trained) == 3 * accumulation
+        updates[name] = [sorted(sum(trained[k * accumulation:(k + 1) * accumulation], [])) for k in range(3)]
+    assert updates["accumulated"] == updates["whole"]
+    # An epoch of the 6 selected samples is two updates of 4 (the second wraps to the permutation's start):
+    # every sample is trained in it, none twice but the 2 wrapped.
+    epoch = updates["whole"][0] + updates["whole"][1]
+    assert sorted(set(epoch)) == list(range(6)) and len(epoch) == 8
+
+
 def test_a_selection_smaller_than_one_update_is_trained_and_the_run_says_samples_repeat(selected_run, make_run_config,
                                                                                        tmp_path, capsys):
     run_dir = _copy_run(selected_run, tmp_path / "run")
