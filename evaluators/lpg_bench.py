@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from evaluators.base import Benchmark, BenchmarkPrompt
 from evaluators.results import Metric
+from gors.core.data import DownloadError
 
 DATASET = "Moyao001/LPG-Bench"
 PROMPT_COLUMNS = ("prompt", "Prompt", "text", "long_prompt", "caption")
@@ -52,8 +53,8 @@ def load_lpg_rows(dataset: str = DATASET, split: str = "train", revision: str | 
             return load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split=split)
         return load_dataset(str(path) if path.is_dir() else dataset, data_files=data_files, split=split,
                             revision=revision)
-    except (OSError, ConnectionError, FileNotFoundError) as err:
-        raise OSError(
+    except (OSError, ConnectionError) as err:
+        raise DownloadError(
             f"LPG-Bench prompts could not be loaded from {dataset!r} (split {split!r}): {err}\n"
             f"Offline, download the dataset elsewhere (`hf download --repo-type dataset {DATASET} "
             "--local-dir LPG-Bench`) and pass that folder (or its prompt file) as dataset: `gors evaluate "

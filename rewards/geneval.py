@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from gors.core.hub import from_pretrained, note_load
+from gors.core.hub import ModelLoadError, from_pretrained, note_load
 from rewards.base import Reward, RewardOutput, check_number, same_size_batches
 from rewards.geneval_rules import (
     COLORS,
@@ -318,8 +318,8 @@ class ClipColorClassifier:
                 model_name, pretrained=pretrained, device=device, precision=_PRECISION.get(torch_dtype, "fp32"),
                 force_quick_gelu=quick_gelu,
             )
-        except RuntimeError as err:
-            raise OSError(
+        except (RuntimeError, AssertionError, OSError) as err:  # AssertionError: weights of another architecture
+            raise ModelLoadError(
                 f"geneval clip_model={model_name!r}, clip_pretrained={pretrained!r}: open_clip could not "
                 f"load it ({err}). Pass an open_clip architecture name and a pretrained tag or a local checkpoint "
                 "file; offline, download the weights first (open_clip caches them in the Hugging Face cache)."

@@ -22,6 +22,7 @@ from evaluators.geneval import (
     geneval_summary,
     load_geneval_metadata,
 )
+from gors.core.hub import ModelLoadError
 from gors.core.store import SampleStore, StoreError
 from gors.testing.geneval import build_tiny_geneval_models
 from gors.testing.mask2former import coco_instance_labels
@@ -121,6 +122,16 @@ def test_crop_pastes_through_the_mask_on_gray_then_crops_the_box(models: dict[st
     assert (pixels[:, :4] == (255, 0, 0)).all() and (pixels[:, 4:] == GRAY).all()
     (unmasked,) = classifier.crops(image, [GenEvalObject((4, 2, 12, 8), 0.9)])
     assert (np.asarray(unmasked) == (255, 0, 0)).all()
+
+
+def test_colour_classifier_weights_that_do_not_load_are_a_model_load_error(models: dict[str, str], tmp_path) -> None:
+    with pytest.raises(ModelLoadError, match="clip_pretrained='.*missing.pt'.*open_clip could not load it"):
+        ClipColorClassifier(models["clip_model"], str(tmp_path / "missing.pt"))
+    # Weights of another architecture: open_clip asserts on the shapes.
+    wrong = tmp_path / "wrong.pt"
+    torch.save({"positional_embedding": torch.zeros(3, 5)}, wrong)
+    with pytest.raises(ModelLoadError, match="open_clip could not load it"):
+        ClipColorClassifier(models["clip_model"], str(wrong))
 
 
 def test_text_classifier_averages_the_three_official_templates(models: dict[str, str]) -> None:

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from evaluators.lpg_bench import LPGBenchBenchmark, prompt_column_of
+from gors.core.data import DownloadError
 from rewards.tit_rules import (
     DESCRIPTION_PROMPT,
     cosine_similarities,
@@ -311,6 +312,10 @@ def test_lpg_prompts_from_folder_file_and_columns(lpg_folder, tmp_path):
         prompt_column_of(["id", "body"])
     with pytest.raises(ValueError, match="prompt_column='body' is not a column"):
         LPGBenchBenchmark(dataset=str(csv), prompt_column="body").prompts()
+    # Offline and not cached: the one-line error of the `gors` command (an expected error), naming the fix.
+    with pytest.raises(DownloadError, match=r"(?s)LPG-Bench prompts could not be loaded from 'nobody/no-such-dataset' .*"
+                                            r"hf download --repo-type dataset"):
+        LPGBenchBenchmark(dataset="nobody/no-such-dataset").prompts()
 
 
 def test_lpg_bench_end_to_end(tmp_path, tiny_sd, tiny_models, lpg_folder, one_torch_thread):
