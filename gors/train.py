@@ -811,17 +811,31 @@ class GORSTrainer:
             # Validation comes before the step's checkpoint (it leaves RNG and modes as they were): a run
             # killed while validating resumes before this step and validates it, not after it.
             if validating:
-                self.check_finite(global_step)  # a diverged LoRA is neither validated nor kept as best/
-                with untimed():  # validation's images are no training steps in the stage's timing
-                    if config.validation_prompts and accelerator.is_main_process and self._tensorboard() is not None:
-                        self.log_validation(global_step)
-                    if self.validation is not None:
-                        self.validate_on_benchmark(global_step)
-                accelerator.wait_for_everyone()
+                self._validate(global_step, with_prompts=True)
             if checkpointing:
                 self.save_checkpoint(global_step)
+        if (first_step == config.max_train_steps and self.validation is not None
+                and not self.validation.validated(first_step)):
+            # Resumed at its last step with benchmark validation newly on (or on other settings): the LoRA it
+            # saves is validated, as a training that ran to this step with these flags would have.
+            accelerator.print(f"[validation] step {first_step}, the last, has no validation of these settings: "
+                              "validating it")
+            self.validation.discard_unrelated(first_step)
+            self._validate(first_step, with_prompts=False)
         bar.close()
         return self._finish(global_step)
+
+    def _validate(self, step: int, with_prompts: bool) -> None:
+        """Validate the LoRA at `step` on the benchmark, and render `--validation_prompts` where `with_prompts`."""
+        config, accelerator = self.config, self.accelerator
+        self.check_finite(step)  # a diverged LoRA is neither validated nor kept as best/
+        with untimed():  # validation's images are no training steps in the stage's timing
+            if with_prompts and config.validation_prompts and accelerator.is_main_process \
+                    and self._tensorboard() is not None:
+                self.log_validation(step)
+            if self.validation is not None:
+                self.validate_on_benchmark(step)
+        accelerator.wait_for_everyone()
 
     def _set_up(self) -> Path | None:
         """Every check that can refuse, then the models, optimizer and data, prepared (and the micro-batch

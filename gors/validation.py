@@ -33,7 +33,7 @@ from accelerate import Accelerator
 from diffusers.utils import make_image_grid
 from PIL import Image
 
-from evaluators.base import FIXED_BATCH_FLAGS
+from evaluators.base import FIXED_BATCH_FLAGS, SUMMARY_FILE
 from evaluators.results import metric_value
 from gors.checkpoints import BASE_MODEL_COMMIT, RECORDED_WHERE_KNOWN
 from gors.config import RunConfig, TrainConfig, sampling_overrides
@@ -310,12 +310,28 @@ class BenchmarkValidation:
             if self._scorer is None:
                 self._scorer = self.benchmark.make_scorer(accelerator, self.options, flag="--validation_scorer_options")
 
+    def step_folder(self, step: int) -> Path:
+        return self.output_dir / VALIDATION_DIR / f"{_STEP_FOLDER}{step:06d}"
+
+    def validated(self, step: int) -> bool:
+        """Whether `step` has its results and the best LoRA record is of this training and these settings
+        (after `start`): a training resumed at its last step with validation newly on, or otherwise, has not."""
+        return self.best is not None and (self.step_folder(step) / SUMMARY_FILE).is_file()
+
+    def discard_unrelated(self, step: int) -> None:
+        """Before validating `step` again (`validated` false): discard its folder unless the best LoRA record is of
+        this training and these settings, which makes the folder a killed try of this validation that `run` goes
+        on from; otherwise it holds other settings' samples, which its store would refuse. All processes call it."""
+        if self.best is None and self.accelerator.is_main_process:
+            discard_folder(self.step_folder(step))
+        self.accelerator.wait_for_everyone()
+
     def run(self, step: int, pipeline: Any, save_lora: Callable[[Path], Any]) -> dict[str, Any]:
         """Validate the pipeline at `step`; returns the benchmark summary (all processes call this)."""
         if self.training is None:
             raise RuntimeError("BenchmarkValidation.run before start(): call start(step, training) first")
         accelerator = self.accelerator
-        folder = self.output_dir / VALIDATION_DIR / f"{_STEP_FOLDER}{step:06d}"
+        folder = self.step_folder(step)
         with preserved_rng(accelerator.device):
             summary = self.benchmark.evaluate(
                 None, folder, accelerator=accelerator, pipeline_loader=lambda: pipeline,

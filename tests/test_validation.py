@@ -229,6 +229,38 @@ def test_a_resumed_run_validates_again_the_steps_a_killed_run_validated_after_it
         assert _best(run)["step"] in (3, 4)
 
 
+@pytest.mark.parametrize("num_prompts", [2, 3], ids=["same_settings", "other_num_prompts"])
+def test_a_finished_training_rerun_validates_its_last_step_unless_validated_so_already(
+        validated_three_steps, make_module_run_config, tmp_path, capsys, num_prompts):
+    run = tmp_path / "run"
+    shutil.copytree(validated_three_steps, run)
+    before = (run / "validation" / "step-000003" / "summary.json").read_bytes()
+    capsys.readouterr()
+    train(make_module_run_config(**RESUMED, output_dir=str(run), max_train_steps=3, validation_num_prompts=num_prompts))
+    reset_process_state()
+    out = capsys.readouterr().out
+    assert "nothing to train" in out
+    if num_prompts == 2:
+        assert "validating it" not in out
+        assert (run / "validation" / "step-000003" / "summary.json").read_bytes() == before
+    else:  # other settings: step 3's folder (2 prompts) is replaced, and its LoRA is the best of these settings
+        assert "[validation] step 3, the last, has no validation of these settings: validating it" in out
+        assert _summary(run, 3)["num_prompts"] == 3
+        assert _best(run)["step"] == 3 and _best(run)["validation"]["num_prompts"] == 3
+
+
+def test_validation_newly_on_for_a_finished_training_validates_its_last_step(selected_run, make_run_config,
+                                                                             tmp_path):
+    run = _copy_run(selected_run, tmp_path / "run")
+    flags = dict(output_dir=str(run), max_train_steps=1, checkpointing_steps=1, report_to="none")
+    train(make_run_config(**flags))
+    reset_process_state()
+    assert not (run / "validation").exists()
+    train(make_run_config(**flags, validation_benchmark="toy:train", validation_num_prompts=2))
+    reset_process_state()
+    assert _summary(run, 1)["num_prompts"] == 2 and _best(run)["step"] == 1
+
+
 def test_a_shorter_run_of_the_same_training_keeps_the_longer_runs_results_past_its_end(
         validated_three_steps, make_module_run_config, tmp_path, capsys):
     run = tmp_path / "run"
