@@ -50,6 +50,8 @@ FINGERPRINT_FIELDS = (
 # were recorded hold them at their defaults: the objective and its RNG draws (caption dropout, drawn
 # or mean latents) and the update (the gradient clip).
 FINGERPRINT_FIELDS_IF_SET = {"caption_dropout": 0.0, "sample_latents": True, "max_grad_norm": 1.0}
+# What a fingerprint without such a key holds (the 8-bit optimizer too is recorded only where on).
+_ABSENT_MEANS = {**FINGERPRINT_FIELDS_IF_SET, "use_8bit_adam": False}
 # The base model's version (`gors.core.hub.model_version`): the Hub commit the cache resolves it to, or a
 # local folder's fingerprint: a LoRA goes on only on the weights it was trained on. Unknown on either side
 # (a Hub id the cache lacks, a checkpoint made before it was recorded) is no difference.
@@ -164,6 +166,7 @@ def fingerprint_differences(recorded: dict[str, Any], fingerprint: dict[str, Any
     commit = recorded.get(BASE_MODEL_COMMIT)
     moved = {"pretrained_model_name_or_path"} if is_local_fingerprint(commit) and \
         commit == fingerprint.get(BASE_MODEL_COMMIT) else set()
+    recorded, fingerprint = _ABSENT_MEANS | recorded, _ABSENT_MEANS | fingerprint
     return [f"{key} {recorded.get(key)!r} {there}, {fingerprint.get(key)!r} now"
             for key in sorted(recorded.keys() | fingerprint.keys())
             if not same_value(recorded.get(key), fingerprint.get(key))
@@ -372,9 +375,21 @@ def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_ste
     if differences:
         hint = " (selection.jsonl changed since, e.g. by another `gors select`)" if any(
             d.startswith("selection_") for d in differences) else ""
-        if any(d.startswith("lr_schedule_steps") for d in differences):
+        # The schedule's length matters where the schedule itself is the same; otherwise that is the difference.
+        if any(d.startswith("lr_schedule_steps ") for d in differences) and \
+                not any(d.startswith("lr_scheduler ") for d in differences):
             hint += (f" (--lr_scheduler {fingerprint.get('lr_scheduler')} decays over the run's --max_train_steps: "
                      "resume with the number the run started with)")
+        own = [found for aside in (set_aside_checkpoints(output_dir) if output_dir is not None else [])
+               if (found := own_checkpoint(output_dir, fingerprint, max_train_steps, aside.name)) is not None]
+        if own:  # a run with other settings (a mistyped flag) set these settings' training aside
+            furthest = max(own, key=checkpoint_step)
+            raise ValueError(
+                f"cannot resume from {checkpoint}: it belongs to a run with other settings{hint}: "
+                f"{'; '.join(differences)}. {furthest} is a checkpoint of these settings, set aside by that run: "
+                f"rerun without --resume_from_checkpoint to go on from it ({checkpoint.parent.name}/ is set aside "
+                f"in its place), or pass --resume_from_checkpoint {furthest}."
+            )
         raise ValueError(
             f"cannot resume from {checkpoint}: it belongs to a run with other settings{hint}: {'; '.join(differences)}. "
             f"Resume with the original settings, or train these ones from scratch: without --resume_from_checkpoint "
@@ -453,6 +468,14 @@ def prune_checkpoints(keep: Path, limit: int | None) -> None:
         discard_folder(old)  # whole or gone: a kill must not leave a checkpoint whose marker outlived its files
 
 
+def recover_replaced_checkpoints(output_dir: str | Path) -> None:
+    """Put back each checkpoint that a save replacing it (`publish_folder`) had renamed `.checkpoint-<step>.old`
+    when it was killed, before the new one took its name: complete, it is one to resume from (main process)."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    for aside in root.glob(".checkpoint-*.old"):
+        recover_folder(root / aside.name.removeprefix(".").removesuffix(".old"))
+
+
 def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int, fingerprint: dict[str, Any],
                      total_limit: int | None, max_train_steps: int | None = None,
                      since: dict[str, Any] | None = None) -> Path:
@@ -465,8 +488,7 @@ def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int
     # A deterministic name, so that every process writes into the same folder.
     staging = root / f".{final.name}.tmp"
     if accelerator.is_main_process:
-        for aside in root.glob(".checkpoint-*.old"):  # a checkpoint a killed save had set aside: put back
-            recover_folder(root / aside.name.removeprefix(".").removesuffix(".old"))
+        recover_replaced_checkpoints(output_dir)
         for stale in root.glob(".checkpoint-*"):  # left by a run killed while saving
             shutil.rmtree(stale)
     accelerator.wait_for_everyone()

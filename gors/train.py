@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,7 @@ from gors.checkpoints import (
     prune_checkpoints,
     read_marker,
     recorded_micro_batch,
+    recover_replaced_checkpoints,
     restore_own_training,
     set_aside_checkpoints,
     set_aside_logs,
@@ -1189,20 +1190,18 @@ class GORSTrainer:
     def _find_checkpoint_to_resume(self) -> Path | None:
         """`_checkpoint_to_resume`'s decision, made on the main process."""
         config, accelerator = self.config, self.accelerator
+        recover_replaced_checkpoints(config.output_dir)
+        # Its best LoRA and validation results go with them (online rounds keep theirs in the top folder).
+        # Its logs too, unless they are a --rounds run's (in the top folder).
+        with_folders = (BEST_DIR, VALIDATION_DIR, LOGS_DIR) if self.validation_dir is None else ()
         if not config.resume_from_checkpoint:
-            # Its best LoRA and validation results go with them (online rounds keep theirs in the top folder).
-            # Its logs too, unless they are a --rounds run's (in the top folder).
-            with_folders = (BEST_DIR, VALIDATION_DIR, LOGS_DIR) if self.validation_dir is None else ()
             moved = set_aside_other_trainings(config.output_dir, self.fingerprint, with_folders)
             if moved is not None:
                 kept = [name for name in with_folders if (moved[0] / name).is_dir()]
                 accelerator.print(f"[train] {CHECKPOINTS_DIR}/ held checkpoints of a training with other settings "
                                   f"({'; '.join(moved[1])}): moved to {moved[0]}"
                                   + (f", with its {_listed([f'{name}/' for name in kept])}" if kept else ""))
-            restored = restore_own_training(config.output_dir, self.fingerprint, config.max_train_steps, with_folders)
-            if restored is not None:
-                accelerator.print(f"[train] {restored} held checkpoints of this same training, set aside by a training "
-                                  f"with other settings since: moved back to {CHECKPOINTS_DIR}/")
+            self._restore_own_training(with_folders)
             checkpoint = own_checkpoint(config.output_dir, self.fingerprint, config.max_train_steps)
             later = later_checkpoint(config.output_dir, self.fingerprint, config.max_train_steps)
             if later is not None:
@@ -1214,6 +1213,8 @@ class GORSTrainer:
                 accelerator.print(f"[train] {checkpoint} is a checkpoint of this same training (settings and "
                                   "selection): going on from it")
             return checkpoint
+        if config.resume_from_checkpoint == "latest":  # as without the flag, where no checkpoint of any training is
+            self._restore_own_training(with_folders)
         checkpoint = find_checkpoint(config.output_dir, config.resume_from_checkpoint,
                                      warn=lambda message: accelerator.print(f"[train] warning: {message}"))
         if checkpoint is None:
@@ -1224,6 +1225,15 @@ class GORSTrainer:
             check_intact(checkpoint, config.resume_from_checkpoint)
             checkpoint = self._bring_back_training_of(checkpoint)
         return checkpoint
+
+    def _restore_own_training(self, with_folders: Sequence[str]) -> None:
+        """`restore_own_training`: this training's checkpoints back from the `checkpoints.previous-<n>/` a
+        training with other settings set them aside to, where `checkpoints/` holds no complete checkpoint."""
+        restored = restore_own_training(self.config.output_dir, self.fingerprint, self.config.max_train_steps,
+                                        with_folders)
+        if restored is not None:
+            self.accelerator.print(f"[train] {restored} held checkpoints of this same training, set aside by a "
+                                   f"training with other settings since: moved back to {CHECKPOINTS_DIR}/")
 
     def _bring_back_training_of(self, checkpoint: Path) -> Path:
         """`checkpoint` where training goes on from it: one that a training with other settings set aside

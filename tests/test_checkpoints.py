@@ -227,6 +227,15 @@ def test_a_restore_sets_the_folders_of_the_training_in_between_aside(tmp_path):
     # A checkpoint of this folder set aside is this folder's own: refused for its settings, not as another folder's.
     with pytest.raises(ValueError, match="it belongs to a run with other settings: rank 4 in the checkpoint, 8 now"):
         check_resumable(tmp_path / "checkpoints" / "checkpoint-2", slip, 10, output_dir=tmp_path)
+    # The training set aside is named where a resume asks for a checkpoint of other settings.
+    run = tmp_path / "run"
+    _checkpoint(run, "checkpoint-3", mine)
+    set_aside_other_trainings(run, slip)
+    slips = _checkpoint(run, "checkpoint-1", slip)
+    with pytest.raises(ValueError, match=r"other settings: rank 8 in the checkpoint, 4 now\. \S*checkpoints.previous-1/"
+                                         r"checkpoint-3 is a checkpoint of these settings, set aside by that run: rerun "
+                                         r"without --resume_from_checkpoint to go on from it"):
+        check_resumable(slips, mine, 10, output_dir=run)
 
 
 def test_a_decaying_lr_schedule_binds_a_checkpoint_to_the_runs_length(tmp_path):
@@ -244,6 +253,12 @@ def test_a_decaying_lr_schedule_binds_a_checkpoint_to_the_runs_length(tmp_path):
         check_resumable(checkpoint, longer, max_train_steps=200)
     constant = replace(cosine, lr_scheduler="constant")  # its LR is the same at any length: runs may grow
     assert "lr_schedule_steps" not in training_fingerprint(constant, selection, 1, {})
+    # Another schedule is the difference itself: no hint about the run's length.
+    linear = training_fingerprint(replace(cosine, lr_scheduler="linear", max_train_steps=200), selection, 1, {})
+    with pytest.raises(ValueError, match=r"other settings: lr_schedule_steps 100 in the checkpoint, 200 now; "
+                                         r"lr_scheduler 'cosine' in the checkpoint, 'linear' now") as refused:
+        check_resumable(checkpoint, linear, max_train_steps=200)
+    assert "decays over" not in str(refused.value)
 
 
 def test_objective_settings_bind_a_checkpoint_only_where_they_are_set(tmp_path):
@@ -253,6 +268,15 @@ def test_objective_settings_bind_a_checkpoint_only_where_they_are_set(tmp_path):
     set_ = training_fingerprint(TrainConfig(output_dir=str(tmp_path), caption_dropout=0.1, sample_latents=False,
                                             max_grad_norm=0.5), selection, 1, {})
     assert (set_["caption_dropout"], set_["sample_latents"], set_["max_grad_norm"]) == (0.1, False, 0.5)
+    # A refusal names the default a fingerprint without the key holds, not None.
+    checkpoint = _checkpoint(tmp_path, "checkpoint-2", set_)
+    with pytest.raises(ValueError, match=r"caption_dropout 0.1 in the checkpoint, 0.0 now; max_grad_norm 0.5 in the "
+                                         r"checkpoint, 1.0 now; sample_latents False in the checkpoint, True now"):
+        check_resumable(checkpoint, default, max_train_steps=2)
+    # An explicit default (as a fingerprint of older code could hold it) is the same setting as none.
+    explicit = _checkpoint(tmp_path / "explicit", "checkpoint-2",
+                           default | {"caption_dropout": 0.0, "max_grad_norm": 1.0, "sample_latents": True})
+    assert own_checkpoint(tmp_path / "explicit", default, 2) == explicit
 
 
 def test_write_checkpoint_publishes_a_complete_folder_and_prunes_only_then(tmp_path, monkeypatch):

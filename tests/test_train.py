@@ -264,6 +264,30 @@ def test_each_update_trains_the_same_samples_however_it_is_split_into_micro_batc
     assert sorted(set(epoch)) == list(range(6)) and len(epoch) == 8
 
 
+def test_a_resume_finds_a_checkpoint_a_killed_save_had_renamed_or_a_slip_had_set_aside(selected_run, make_run_config,
+                                                                                       tmp_path, capsys):
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    flags = dict(max_train_steps=2, checkpointing_steps=1, report_to="none")
+    train(_config(make_run_config, run_dir, **flags))
+    reset_process_state()
+    checkpoints = run_dir / "checkpoints"
+    # Killed between publish_folder's renames while a save replaced checkpoint-2: the complete one is hidden.
+    (checkpoints / "checkpoint-2").rename(checkpoints / ".checkpoint-2.old")
+    (checkpoints / ".checkpoint-2.tmp").mkdir()
+    capsys.readouterr()
+    train(_config(make_run_config, run_dir, **flags))
+    reset_process_state()
+    assert f"resumed from {checkpoints / 'checkpoint-2'} at step 2" in capsys.readouterr().out
+    # A run with a mistyped flag set the training aside and was killed before its first checkpoint: `latest`
+    # brings it back, as a rerun without the flag does.
+    checkpoints.rename(run_dir / "checkpoints.previous-1")
+    train(_config(make_run_config, run_dir, **flags, resume_from_checkpoint="latest"))
+    reset_process_state()
+    out = capsys.readouterr().out
+    assert "checkpoints.previous-1 held checkpoints of this same training" in out
+    assert f"resumed from {checkpoints / 'checkpoint-2'} at step 2" in out
+
+
 def test_a_selection_smaller_than_one_update_is_trained_and_the_run_says_samples_repeat(selected_run, make_run_config,
                                                                                        tmp_path, capsys):
     run_dir = _copy_run(selected_run, tmp_path / "run")
