@@ -207,6 +207,9 @@ def merge_timings(paths: list[str]) -> tuple[dict[str, dict[str, Any]], list[str
     stages: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
     for path in paths:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"{path}: no such run folder or file; pass the --output_dir of a `gors run` (or its "
+                                    "timings.json)")
         record = read_timings(path)
         if record is None:
             rounds = sorted(Path(path).glob("round-*/timings.json"))

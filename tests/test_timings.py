@@ -283,8 +283,11 @@ def test_estimate_command_prints_the_papers_colour_run_and_refuses_missing_stage
     (folder / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
     with pytest.raises(ValueError, match="timings lack train"):
         estimate_command(EstimateConfig(timings=[str(folder)]))
-    with pytest.raises(FileNotFoundError, match="no timings.json"):
+    with pytest.raises(FileNotFoundError, match="nowhere: no such run folder or file"):
         estimate_command(EstimateConfig(timings=[str(tmp_path / "nowhere")]))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty: no timings.json"):
+        estimate_command(EstimateConfig(timings=[str(tmp_path / "empty")]))
     with pytest.raises(ValueError, match="--reference_speedups"):
         EstimateConfig(timings=[str(folder)], reference_speedups='{"score": 0}')
 
