@@ -41,9 +41,61 @@ def _check(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+# What a scalar field takes, in words for the error.
+_KIND_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+
+
+@functools.cache
+def _field_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _of_kind(value: Any, kind: Any) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind in (int, float):  # a whole number is a number too; a boolean is neither
+        return isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
+    return not (kind is str and not isinstance(value, str))
+
+
+def check_field_types(config: Any) -> None:
+    """Each field of the config dataclass holds its annotated type (None only where the field takes it), as the
+    flags and a YAML file are checked: made from Python with another type, a value would otherwise fail later
+    without naming its field. A path is taken as its text and a tuple as a list."""
+    hints = _field_hints(type(config))
+    for spec in fields(config):
+        value, hint = getattr(config, spec.name), hints[spec.name]
+        args = typing.get_args(hint)
+        optional = type(None) in args
+        if value is None:
+            _check(optional or hint is Any, f"--{spec.name}=None: give {_words(hint)}, or leave it out for its default")
+            continue
+        kind = next(arg for arg in args if arg is not type(None)) if optional else hint
+        if typing.get_origin(kind) is list:
+            if isinstance(value, tuple):
+                value = list(value)
+            _check(isinstance(value, list), f"--{spec.name}={value!r} is not a list: give a list, e.g. [{value!r}]")
+            item = typing.get_args(kind)[0]
+            value = [os.fspath(v) if item is str and isinstance(v, os.PathLike) else v for v in value]
+            bad = next((v for v in value if not _of_kind(v, item)), None)
+            _check(bad is None, f"--{spec.name}: item {bad!r} is not {_KIND_WORDS.get(item, item)}")
+        elif kind in _KIND_WORDS:
+            if kind is str and isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            _check(_of_kind(value, kind), f"--{spec.name}={value!r} is not {_KIND_WORDS[kind]}: give "
+                                          f"{_KIND_WORDS[kind]}" + (" (a string)" if kind is str else ""))
+        setattr(config, spec.name, value)
+
+
+def _words(hint: Any) -> str:
+    return _KIND_WORDS.get(hint, "a list" if typing.get_origin(hint) is list else "a value")
+
+
 def _check_choices(config: Any) -> None:
-    """Every field with `choices` holds one of them (None: unset). argparse checks them only for flags
-    typed on the command line, not for values from a YAML file, a recipe or Python."""
+    """Every field of its annotated type (`check_field_types`) and, with `choices`, one of them (None: unset).
+    argparse checks them only for flags typed on the command line, not for values from a YAML file, a recipe
+    or Python."""
+    check_field_types(config)
     for spec in fields(config):
         choices = spec.metadata.get("choices")
         value = getattr(config, spec.name)
@@ -966,6 +1018,7 @@ class EvaluateConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         _check(bool(self.output_dir.strip()), "--output_dir='': give the evaluation folder, e.g. --output_dir eval_output")
         self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a YAML file or a quoted flag, as a shell would
         self.images = None if self.images is None else os.path.expanduser(self.images)

@@ -1161,3 +1161,20 @@ def test_version_a_mistyped_command_and_help_on_one_process_only(capsys, monkeyp
     with pytest.raises(SystemExit) as stopped:
         parse_config(RunConfig, ["--help"])
     assert stopped.value.code == 0 and capsys.readouterr().out == ""
+
+
+def test_a_config_made_from_python_refuses_a_value_of_another_type_naming_its_field(tmp_path):
+    for fields_, said in [({"images_per_prompt": 4.5}, "--images_per_prompt=4.5 is not a whole number"),
+                          ({"max_train_steps": "100"}, "--max_train_steps='100' is not a whole number"),
+                          ({"learning_rate": "1e-4"}, "--learning_rate='1e-4' is not a number"),
+                          ({"train_prompts": ["a", "b"]}, r"--train_prompts=\['a', 'b'\] is not text"),
+                          ({"train_text_encoder": 1}, "--train_text_encoder=1 is not true or false"),
+                          ({"validation_prompts": ["a", 2]}, "--validation_prompts: item 2 is not text"),
+                          ({"learning_rate": None}, "--learning_rate=None: give a number")]:
+        with pytest.raises(ValueError, match=said):
+            RunConfig(**fields_)
+    with pytest.raises(ValueError, match="--max_prompts='4' is not a whole number"):
+        EvaluateConfig(max_prompts="4")
+    # What Python code passes naturally: a path for text, a tuple for a list, a whole number for a number.
+    config = RunConfig(output_dir=tmp_path / "run", validation_prompts=("a red cube",), learning_rate=1)
+    assert config.output_dir == str(tmp_path / "run") and config.validation_prompts == ["a red cube"]
