@@ -387,7 +387,7 @@ def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_ste
             raise ValueError(
                 f"cannot resume from {checkpoint}: it belongs to a run with other settings{hint}: "
                 f"{'; '.join(differences)}. {furthest} is a checkpoint of these settings, set aside by that run: "
-                f"rerun without --resume_from_checkpoint to go on from it ({checkpoint.parent.name}/ is set aside "
+                f"rerun without --resume_from_checkpoint to go on from it (what {CHECKPOINTS_DIR}/ holds is set aside "
                 f"in its place), or pass --resume_from_checkpoint {furthest}."
             )
         raise ValueError(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import numbers
 import os
 import re
 import typing
@@ -53,8 +54,8 @@ def _field_hints(cls: type) -> dict[str, Any]:
 def _of_kind(value: Any, kind: Any) -> bool:
     if kind is bool:
         return isinstance(value, bool)
-    if kind in (int, float):  # a whole number is a number too; a boolean is neither
-        return isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
+    if kind in (int, float):  # a whole number is a number too (NumPy's too); a boolean is neither
+        return isinstance(value, numbers.Integral if kind is int else numbers.Real) and not isinstance(value, bool)
     return not (kind is str and not isinstance(value, str))
 
 
@@ -67,10 +68,12 @@ def check_field_types(config: Any) -> None:
         value, hint = getattr(config, spec.name), hints[spec.name]
         args = typing.get_args(hint)
         optional = type(None) in args
-        if value is None:
-            _check(optional or hint is Any, f"--{spec.name}=None: give {_words(hint)}, or leave it out for its default")
-            continue
         kind = next(arg for arg in args if arg is not type(None)) if optional else hint
+        if value is None:
+            # A mapping's None is no options (`parse_mapping`).
+            _check(optional or hint is Any or typing.get_origin(kind) is dict,
+                   f"--{spec.name}=None: give {_words(hint)}, or leave it out for its default")
+            continue
         if typing.get_origin(kind) is list:
             if isinstance(value, tuple):
                 value = list(value)
@@ -82,6 +85,8 @@ def check_field_types(config: Any) -> None:
         elif kind in _KIND_WORDS:
             if kind is str and isinstance(value, os.PathLike):
                 value = os.fspath(value)
+            elif kind in (int, float) and _of_kind(value, kind):
+                value = kind(value)  # a NumPy number as Python's
             _check(_of_kind(value, kind), f"--{spec.name}={value!r} is not {_KIND_WORDS[kind]}: give "
                                           f"{_KIND_WORDS[kind]}" + (" (a string)" if kind is str else ""))
         setattr(config, spec.name, value)
@@ -675,8 +680,18 @@ class TrainingFields:
             _check(not self.auto_train_batch_size,
                    f"--gradient_accumulation_steps={self.gradient_accumulation_steps} with --auto_train_batch_size, "
                    "which sets it: drop one of the two")
-            accumulation_steps(self.global_batch_size, self.train_batch_size, int(os.environ.get("WORLD_SIZE", "1")),
-                               given=self.gradient_accumulation_steps)
+            from accelerate.utils import get_int_from_env
+
+            # What Accelerate will count (torchrun's WORLD_SIZE, or an MPI launcher's), before it starts.
+            processes = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
+            try:
+                accumulation_steps(self.global_batch_size, self.train_batch_size, processes,
+                                   given=self.gradient_accumulation_steps)
+            except ValueError as err:
+                if "global_batch_size" in given:
+                    raise
+                raise ValueError(f"{err}; --global_batch_size={self.global_batch_size} is the recipe's: "
+                                 "--global_batch_size 0 sets the accumulation by hand") from None
         _check(not ("validation_steps" in given and self.validation_benchmark is None and not self.validation_prompts),
                f"--validation_steps={self.validation_steps} without --validation_benchmark or --validation_prompts: "
                "there is no validation to run; name what to validate, or drop it")

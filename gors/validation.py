@@ -59,6 +59,7 @@ UNRECORDED_SCORING_VERSIONS = {"geneval": 2, "geneval_graded": 2, "b_vqa": 1, "t
                                "spatial_3d": 4}
 VALIDATION_DIR = "validation"
 _STEP_FOLDER = "step-"
+SETTINGS_FILE = "validation.json"  # in each step's folder: the validation settings its results are of
 # The summary key under which a benchmark reports its further columns (`Metric.key` "columns.B-CLIP").
 _COLUMNS = "columns"
 
@@ -313,16 +314,25 @@ class BenchmarkValidation:
     def step_folder(self, step: int) -> Path:
         return self.output_dir / VALIDATION_DIR / f"{_STEP_FOLDER}{step:06d}"
 
+    def _of_these_settings(self, step: int) -> bool:
+        """Whether `step`'s folder was validated (or begun) under these settings, as `run` records them there."""
+        try:
+            return json.loads((self.step_folder(step) / SETTINGS_FILE).read_text()) == self.settings
+        except (OSError, ValueError):
+            return False
+
     def validated(self, step: int) -> bool:
-        """Whether `step` has its results and the best LoRA record is of this training and these settings
-        (after `start`): a training resumed at its last step with validation newly on, or otherwise, has not."""
-        return self.best is not None and (self.step_folder(step) / SUMMARY_FILE).is_file()
+        """Whether `step` has its results under these settings and the best LoRA record is of this training and
+        these settings (after `start`): a training resumed at its last step with validation newly on, or on
+        other settings, has not."""
+        return (self.best is not None and self._of_these_settings(step)
+                and (self.step_folder(step) / SUMMARY_FILE).is_file())
 
     def discard_unrelated(self, step: int) -> None:
-        """Before validating `step` again (`validated` false): discard its folder unless the best LoRA record is of
-        this training and these settings, which makes the folder a killed try of this validation that `run` goes
-        on from; otherwise it holds other settings' samples, which its store would refuse. All processes call it."""
-        if self.best is None and self.accelerator.is_main_process:
+        """Before validating `step` again (`validated` false): discard its folder unless it was begun under these
+        settings (a killed try that `run` goes on from): another validation's samples its store would refuse. All
+        processes call it."""
+        if self.accelerator.is_main_process and not self._of_these_settings(step):
             discard_folder(self.step_folder(step))
         self.accelerator.wait_for_everyone()
 
@@ -332,6 +342,10 @@ class BenchmarkValidation:
             raise RuntimeError("BenchmarkValidation.run before start(): call start(step, training) first")
         accelerator = self.accelerator
         folder = self.step_folder(step)
+        if accelerator.is_main_process:  # what the folder's results are of (`validated`)
+            folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(folder / SETTINGS_FILE, self.settings)
+        accelerator.wait_for_everyone()
         with preserved_rng(accelerator.device):
             summary = self.benchmark.evaluate(
                 None, folder, accelerator=accelerator, pipeline_loader=lambda: pipeline,

@@ -318,6 +318,8 @@ class ClipColorClassifier:
                 model_name, pretrained=pretrained, device=device, precision=_PRECISION.get(torch_dtype, "fp32"),
                 force_quick_gelu=quick_gelu,
             )
+        except torch.OutOfMemoryError:
+            raise
         except (RuntimeError, AssertionError, OSError) as err:  # AssertionError: weights of another architecture
             raise ModelLoadError(
                 f"geneval clip_model={model_name!r}, clip_pretrained={pretrained!r}: open_clip could not "

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gors.cli import COMMANDS, main, parse_config
@@ -795,6 +796,13 @@ def test_an_explicit_accumulation_of_one_is_checked_against_a_recipes_global_bat
     assert parse_config(RunConfig, ["--gradient_accumulation_steps", "8"], defaults=recipe).global_batch_size == 16
     with pytest.raises(SystemExit, match="with --auto_train_batch_size, which sets it"):
         parse_config(RunConfig, ["--gradient_accumulation_steps", "1", "--auto_train_batch_size"], defaults=recipe)
+    with pytest.raises(SystemExit, match=r"takes 8 micro-batch\(es\) of 2 on 1 process\(es\); give one of the two "
+                                         r"flags \(--global_batch_size 0 is off\); --global_batch_size=16 is the "
+                                         r"recipe's: --global_batch_size 0 sets the accumulation by hand"):
+        parse_config(RunConfig, ["--gradient_accumulation_steps", "2"], defaults=recipe)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "8")  # an MPI launch: Accelerate reads it, and so does the check
+    assert parse_config(RunConfig, ["--gradient_accumulation_steps", "1"], defaults=recipe).global_batch_size == 16
+    monkeypatch.delenv("OMPI_COMM_WORLD_SIZE")
     monkeypatch.setenv("WORLD_SIZE", "8")  # the official 2 x 8 GPUs: one micro-batch per update, as said
     assert parse_config(RunConfig, ["--gradient_accumulation_steps", "1"], defaults=recipe).global_batch_size == 16
 
@@ -1175,6 +1183,9 @@ def test_a_config_made_from_python_refuses_a_value_of_another_type_naming_its_fi
             RunConfig(**fields_)
     with pytest.raises(ValueError, match="--max_prompts='4' is not a whole number"):
         EvaluateConfig(max_prompts="4")
-    # What Python code passes naturally: a path for text, a tuple for a list, a whole number for a number.
-    config = RunConfig(output_dir=tmp_path / "run", validation_prompts=("a red cube",), learning_rate=1)
+    # What Python code passes naturally: a path for text, a tuple for a list, a whole number for a number, NumPy's
+    # numbers, None for no options.
+    config = RunConfig(output_dir=tmp_path / "run", validation_prompts=("a red cube",), learning_rate=1,
+                       max_train_steps=np.int64(8), adam_epsilon=np.float32(1e-8), reward_options=None)
     assert config.output_dir == str(tmp_path / "run") and config.validation_prompts == ["a red cube"]
+    assert type(config.max_train_steps) is int and type(config.adam_epsilon) is float and config.reward_options == {}

@@ -249,6 +249,27 @@ def test_a_finished_training_rerun_validates_its_last_step_unless_validated_so_a
         assert _best(run)["step"] == 3 and _best(run)["validation"]["num_prompts"] == 3
 
 
+def test_a_finished_training_goes_back_to_its_validation_after_a_killed_try_of_other_settings(
+        validated_three_steps, make_module_run_config, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    shutil.copytree(validated_three_steps, run)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    # Other settings: step 3 validated anew on 3 prompts, killed once scored (before best/ moved on).
+    monkeypatch.setattr("gors.validation.metric_value", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(make_module_run_config(**RESUMED, output_dir=str(run), max_train_steps=3, validation_num_prompts=3))
+    reset_process_state()
+    monkeypatch.undo()
+    assert _best(run)["validation"]["num_prompts"] == 2 and _summary(run, 3)["num_prompts"] == 3
+    # The first settings again: step 3's folder is the killed try's, of other prompts: validated anew.
+    train(make_module_run_config(**RESUMED, output_dir=str(run), max_train_steps=3, validation_num_prompts=2))
+    reset_process_state()
+    assert _summary(run, 3)["num_prompts"] == 2 and _best(run)["validation"]["num_prompts"] == 2
+
+
 def test_validation_newly_on_for_a_finished_training_validates_its_last_step(selected_run, make_run_config,
                                                                              tmp_path):
     run = _copy_run(selected_run, tmp_path / "run")
