@@ -92,6 +92,18 @@ def test_resolution_and_training_checks_name_the_family(monkeypatch: pytest.Monk
         check_trainable(sana, "Efficient-Large-Model/Sana_600M_1024px_diffusers")
 
 
+def test_sdxl_samples_with_its_pipelines_own_defaults() -> None:
+    import inspect
+
+    from diffusers import StableDiffusionXLPipeline
+
+    # SDXL's model card calls the pipeline with its defaults (SD3.5 and FLUX.1 follow their cards' values instead).
+    call = inspect.signature(StableDiffusionXLPipeline.__call__).parameters
+    sampling = FAMILIES["StableDiffusionXLPipeline"].sampling
+    assert (sampling.num_inference_steps, sampling.guidance_scale) == (
+        call["num_inference_steps"].default, call["guidance_scale"].default) == (50, 5.0)
+
+
 @pytest.mark.parametrize("name, official", [("t2i_compbench", (30, 7.5, 512)), ("geneval", (50, 9.0, 512)),
                                             ("geneval2", (30, 7.5, 512)), ("toy", (20, 4.0, 64))])
 def test_benchmarks_keep_their_protocol_for_sd_and_take_the_family_defaults_elsewhere(name, official) -> None:

@@ -231,6 +231,18 @@ def _check_probes(unet, text_encoder, category: str = "color") -> None:
         torch.testing.assert_close(attention(x)[0], expected, rtol=1e-4, atol=1e-5)
 
 
+def test_the_converted_text_encoder_lora_is_named_as_hub_loras_are(converted_dir):
+    from safetensors import safe_open
+
+    # diffusers' SD LoRA layout, as transformers 4's CLIPTextModel names its modules (CLIP ViT-H/14's text tower in
+    # SD 2: 23 layers x q, k, v, out x up, down): what other tools read, whatever this transformers accepts.
+    with safe_open(str(converted_dir / "pytorch_lora_weights.safetensors"), "pt") as handle:
+        keys = [key for key in handle.keys() if key.startswith("text_encoder.")]
+    assert len(keys) == 184
+    assert all(key.startswith("text_encoder.text_model.encoder.layers.") for key in keys)
+    assert "text_encoder.text_model.encoder.layers.0.self_attn.k_proj.lora_linear_layer.down.weight" in keys
+
+
 def test_pipeline_load_lora_weights_applies_the_official_lora(converted_dir):
     from diffusers import DDIMScheduler, StableDiffusionPipeline
 

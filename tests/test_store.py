@@ -16,7 +16,7 @@ from gors.core.store import (
     sample_seed,
     selection_identity,
 )
-from gors.training_data import BatchSchedule
+from gors.training_data import BatchSchedule, epoch_order
 
 
 def _record(p, i):
@@ -179,6 +179,18 @@ def test_an_update_holds_the_same_samples_however_it_is_split(num_samples):
         assert len(expected) == 16
         for split in [(2, 8, 1), (2, 1, 8), (4, 2, 2), (1, 4, 4)]:
             assert update(*split, step) == expected, (split, step)
+
+
+def test_an_epochs_last_update_wraps_to_the_permutations_start_and_parts_are_laid_out_as_accelerates_shards():
+    order = epoch_order(5, 0)
+    # 5 samples in updates of 2: the third update is the permutation's last sample, then its first (as accelerate's
+    # even_batches pads), so no sample is trained more than once more than another in an epoch.
+    assert BatchSchedule(5, 2, 1, 0, seed=0).indices(2) == [order[4], order[0]]
+    # Accumulated micro-batches on several processes: process r's part a of an update is the update's (a * W + r)-th
+    # slice, as accelerate's BatchSamplerShard deals batches out to processes.
+    order = epoch_order(16, 0)
+    assert BatchSchedule(16, 2, 2, 0, seed=0, accumulation=2).indices(1) == [order[4], order[5]]
+    assert BatchSchedule(16, 2, 2, 1, seed=0, accumulation=2).indices(0) == [order[2], order[3]]
 
 
 def test_a_damaged_cache_file_is_computed_again(tmp_path, caplog):
