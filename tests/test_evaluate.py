@@ -190,6 +190,17 @@ def test_report_tables_and_plots_evaluations_and_training_runs(tmp_path):
         report([evaluation, evaluation], tmp_path / "twice")
 
 
+def test_the_papers_table_2_is_shown_as_published():
+    from gors.core.paper import PUBLISHED
+
+    # T2I-CompBench (NeurIPS 2023), Table 2: colour, shape, texture, spatial, non-spatial, complex.
+    categories = ["color", "shape", "texture", "spatial", "non_spatial", "complex"]
+    assert {name: [row[f"t2i_compbench:{c}"] for c in categories] for name, row in PUBLISHED.items()} == {
+        "SD-2-base (T2I-CompBench paper)": [0.5065, 0.4221, 0.4922, 0.1342, 0.3096, 0.3386],
+        "GORS (T2I-CompBench paper)": [0.6603, 0.4785, 0.6287, 0.1815, 0.3193, 0.3328],
+    }
+
+
 def test_scores_of_another_run_are_refused_and_unasked_ones_left_out(tmp_path):
     from gors.core.distributed import make_accelerator
     from gors.core.io import append_jsonl

@@ -188,6 +188,16 @@ def test_a_reward_that_overrides_score_is_held_to_the_protocol_when_its_scores_a
         score_rows(Overriding(), records, [Image.new("RGB", (8, 8))])
 
 
+
+def test_a_score_may_leave_its_range_by_rounding_error_only():
+    from gors.core.scoring import RewardError, checked_scores
+
+    assert checked_scores("r", RewardOutput([1.0 + 1e-9, -1e-9], [{}, {}]), ["a", "b"]) == [1.0 + 1e-9, -1e-9]
+    for value in (1.001, -0.001):
+        with pytest.raises(RewardError, match="outside"):
+            checked_scores("r", RewardOutput([value], [{}]), ["a"])
+
+
 def test_the_models_a_reward_of_ones_own_declares_are_recorded_however_it_loads_them(tmp_path):
     from gors.core.fingerprints import local_fingerprint
     from rewards.combined import build_reward

@@ -19,6 +19,7 @@ from evaluators.geneval import (
     RESULTS_FILE,
     SUMMARY_TEXT_FILE,
     GenEvalBenchmark,
+    format_summary,
     geneval_summary,
     load_geneval_metadata,
 )
@@ -273,6 +274,11 @@ def test_summary_on_hand_made_rows() -> None:
     assert summary["correct_images"] == pytest.approx(4 / 8)  # not the overall: tasks weigh equally
     assert summary["correct_prompts"] == pytest.approx(3 / 4)
     assert (summary["num_images"], summary["num_prompts"]) == (8, 4)
+    # Printed as summary_scores.py prints it (the overall to 5 decimals).
+    assert format_summary(summary) == (
+        "Summary\n=======\nTotal images: 8\nTotal prompts: 4\n% correct images: 50.00%\n% correct prompts: 75.00%\n\n"
+        "Task breakdown\n==============\nsingle_object    = 75.00% (3 / 4)\ntwo_object       = 0.00% (0 / 2)\n"
+        "counting         = 50.00% (1 / 2)\n\nOverall score (avg. over tasks): 0.41667\n")
 
 
 def write_official_folder(root: Path, benchmark: GenEvalBenchmark, images: int) -> Path:

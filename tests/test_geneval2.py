@@ -150,6 +150,14 @@ def test_bad_data_line_is_a_clear_error_before_any_scoring(tmp_path, line, messa
         load_geneval2_rows(path)
 
 
+def test_a_data_file_that_repeats_a_prompt_is_refused(tmp_path):
+    # GenEval 2 maps each prompt to one image (image_paths.json): a repeated prompt would score one image twice.
+    path = tmp_path / "twice.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(ROWS[0]) + "\n")
+    with pytest.raises(ValueError, match="twice.jsonl repeats a prompt"):
+        load_geneval2_rows(path)
+
+
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("geneval2_data") / "data.jsonl"

@@ -452,3 +452,15 @@ def test_a_killed_pushs_staging_folder_is_removed_by_the_next_push(trained_run):
     os.utime(killed, (two_hours_ago, two_hours_ago))
     push(PushConfig(output_dir=str(run), repo_id="me/tiny-gors", dry_run=True))
     assert not killed.exists() and not list(run.glob(".hub_upload.*"))
+
+
+def test_the_cards_selection_row_gives_the_share_kept_and_both_means():
+    from gors.model_card import RunFacts, card_rows
+
+    facts = RunFacts(lora="final", lora_sha256="0" * 64, components=["unet"], step=None, gors_version=None,
+                     generation={"model": "stabilityai/stable-diffusion-2-base"}, model_commit=None, prompts=None,
+                     selection={"threshold": 0.5, "num_selected": 250, "num_samples": 1000,
+                                "selected": {"mean": 0.8}, "all": {"mean": 0.5}},
+                     reward=None, training=None, best=None, rounds=None, trained_in="", notes=[])
+    assert dict(card_rows(facts, None))["selection"] == (
+        "0.5: kept 250 of 1000 (25 %) samples, mean reward 0.800 kept, 0.500 all")

@@ -231,6 +231,11 @@ def test_questions_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     }
     printed = capsys.readouterr().out
     assert f"Wrote {out}: the questions of 2 prompt(s) (sha256 {loaded.sha256}; parser: name builtin" in printed
+    # The evaluator asks about the text before a tab (as the official script reads a line): the table's key too.
+    tabbed = tmp_path / "tabbed.txt"
+    tabbed.write_text("a green bench and a red car\tcolor\n", encoding="utf-8")
+    questions_main([str(tabbed), str(tmp_path / "tabbed.json"), "--noun_phrase_backend", "builtin"])
+    assert list(load_question_table(tmp_path / "tabbed.json").questions) == ["a green bench and a red car"]
     assert "Not the official T2I-CompBench parser" in printed and OFFICIAL_INSTALL in printed
     with pytest.raises(SystemExit, match="en_core_web_sm"):
         questions_main([str(prompts), str(tmp_path / "spacy.json"), "--noun_phrase_backend", "spacy"])

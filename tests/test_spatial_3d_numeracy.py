@@ -504,6 +504,11 @@ def test_the_rules_ask_only_for_names_unidet_has_a_label_for(tmp_path: Path) -> 
     out = NumeracyReward(detector=detector, noun_file=noun_file, device="cpu", label_space="open").score(
         images(1), ["a dog and a wallet"])
     assert out.scores == [pytest.approx(1.0)]
+    # Part of a label is enough, as numeracy_eval.py's `if my_obj_i in obj_i`: "computer" of "computer monitor".
+    noun_file.write_text("computer - computers\ndog - dogs\n")
+    detector = FakeDetector([dog])
+    out = NumeracyReward(detector=detector, noun_file=noun_file, device="cpu").score(images(1), ["two computers and a dog"])
+    assert detector.calls == [[["computer", "dog"]]] and out.details[0]["not_in_label_space"] == []
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/benchmarks")

@@ -71,6 +71,14 @@ def test_relation_order_is_official() -> None:
 # Position rule.
 
 
+def test_only_the_official_person_words_are_read_as_person() -> None:
+    from rewards.spatial_rule import person_name
+
+    # 2D_spatial_eval.py: `if obj1 in ['girl', 'boy', 'man', 'woman']`, a list's membership, not part of a word.
+    assert [person_name(noun) for noun in ("girl", "boy", "man", "woman")] == ["person"] * 4
+    assert [person_name(noun) for noun in ("snowman", "human", "mannequin")] == ["snowman", "human", "mannequin"]
+
+
 def test_iou() -> None:
     assert box_iou((0, 0, 10, 10), (0, 0, 10, 10)) == 1.0
     assert box_iou((0, 0, 10, 10), (5, 0, 15, 10)) == pytest.approx(50 / 150)
