@@ -35,6 +35,7 @@ from gors.core.fingerprints import is_local_fingerprint
 from gors.core.hub import cached_snapshot, looks_like_local_path, model_version
 from gors.core.io import atomic_write_json, not_a_folder, read_json
 from gors.core.lock import holding
+from gors.core.lora_shapes import check_lora_fits_before_loading
 from gors.core.pipeline import check_lora_path
 from gors.core.run_folder import round_dir, samples_dir
 from gors.core.store import (
@@ -319,6 +320,7 @@ def evaluate(config: EvaluateConfig, accelerator: Accelerator | None = None) -> 
         if config.images is None:
             check_lora_loader(detect_backbone(config.pretrained_model_name_or_path), lora, shown=config.lora)
             check_lora_fits(config.pretrained_model_name_or_path, lora, shown=config.lora)
+            check_lora_fits_before_loading(config.pretrained_model_name_or_path, lora)
     overrides = sampling_overrides(config)
     if config.images is None and config.resolution is not None:  # the family's VAE factor x patch size
         check_resolution(detect_backbone(config.pretrained_model_name_or_path), config.resolution)

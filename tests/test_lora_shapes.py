@@ -102,6 +102,15 @@ def test_a_misfitting_lora_is_refused_before_it_loads(tiny_sd, sd_lora, tmp_path
                                              r"another base model; pass the model it was trained on$"):
             load_lora(fresh, lora)
         assert fresh.get_list_adapters() == {}  # refused before anything loaded
+    # `gors evaluate` refuses it from the configs alone, before it locks or writes its folder.
+    from gors.config import EvaluateConfig
+    from gors.evaluate import evaluate
+
+    lora = _edited(sd_lora, tmp_path / "evaluated", wider_cross_attention)
+    with pytest.raises(ValueError, match=rf"^LoRA {lora} does not fit {tiny_sd}: {cases[wider_cross_attention]}"):
+        evaluate(EvaluateConfig(pretrained_model_name_or_path=str(tiny_sd), lora=lora, benchmarks="toy",
+                                output_dir=str(tmp_path / "eval")))
+    assert not (tmp_path / "eval").exists()
     lora = _edited(sd_lora, tmp_path / "down_only", down_only)
     with pytest.raises(ValueError, match=rf"^LoRA {lora} is not a whole LoRA: it holds the down-projection of \S+ "
                                          r"without its up-projection; pass the folder or file a training run wrote$"):

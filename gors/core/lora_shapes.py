@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gors.core.backbones import LORA_COMPONENTS
+from gors.core.backbones import LORA_COMPONENTS, read_model_index
 
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
@@ -51,7 +51,7 @@ class LoraLayer:
         return f"{self.component}.{self.path}"
 
 
-def lora_components(pipeline: DiffusionPipeline) -> tuple[str, ...]:
+def lora_components(pipeline: DiffusionPipeline | ConfigOnlyPipeline) -> tuple[str, ...]:
     """The names a diffusers-format LoRA file of `pipeline` may begin its weight names with: every family's
     (`LORA_COMPONENTS`) and the pipeline's own model components, so that a family whose denoiser or encoder
     is named otherwise is checked too."""
@@ -111,14 +111,15 @@ def lora_file_problem(layers: list[LoraLayer]) -> str | None:
     return None
 
 
-def lora_misfit(pipeline: DiffusionPipeline, layers: list[LoraLayer]) -> str | None:
+def lora_misfit(pipeline: DiffusionPipeline | ConfigOnlyPipeline, layers: list[LoraLayer]) -> str | None:
     """The first of `layers` (whole pairs) that finds no layer of the pipeline or does not fit it, in words;
     None when all fit."""
     for layer in layers:
-        component = getattr(pipeline, layer.component, None)
+        component = pipeline.components.get(layer.component)
         module = _layer_module(component, layer.path) if isinstance(component, torch.nn.Module) else None
         if module is None:
-            return f"it has weights for {layer.name}, a layer this {type(pipeline).__name__} does not have"
+            kind = getattr(pipeline, "class_name", type(pipeline).__name__)
+            return f"it has weights for {layer.name}, a layer this {kind} does not have"
         features = _features(module)
         if features is not None and features != (layer.down[1], layer.up[0]):
             return (f"its {layer.name} maps {layer.down[1]} to {layer.up[0]} features, the model's layer "
@@ -177,7 +178,7 @@ def loaded_lora_layers(pipeline: DiffusionPipeline) -> dict[str, int]:
     return {name: count for name, count in counts.items() if count}
 
 
-def model_name(pipeline: DiffusionPipeline) -> str:
+def model_name(pipeline: DiffusionPipeline | ConfigOnlyPipeline) -> str:
     """The path or Hub id a pipeline was loaded from, else its class name: how messages name the model."""
     return getattr(pipeline, "name_or_path", None) or type(pipeline).__name__
 
@@ -196,7 +197,58 @@ def peft_adapter_names(shapes: dict[str, tuple[int, ...]]) -> list[str]:
     return sorted({match.group(1) for key in shapes if (match := _ADAPTER_NAMED.search(key))})
 
 
-def check_lora_shapes(pipeline: DiffusionPipeline, shapes: dict[str, tuple[int, ...]], lora: str) -> None:
+@dataclass
+class ConfigOnlyPipeline:
+    """A pipeline's model components built from their configs on the meta device, no weights read: what
+    `check_lora_shapes` reads of a pipeline, before any weights load."""
+
+    name_or_path: str
+    class_name: str
+    components: dict[str, torch.nn.Module]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str, revision: str | None = None) -> ConfigOnlyPipeline:
+        import importlib
+
+        from accelerate import init_empty_weights
+
+        index = read_model_index(pretrained_model_name_or_path, revision)
+        components = {}
+        for name, value in index.items():
+            if not (isinstance(value, list) and len(value) == 2 and value[0] in ("diffusers", "transformers")):
+                continue
+            module_class = getattr(importlib.import_module(value[0]), value[1], None)
+            if not (isinstance(module_class, type) and issubclass(module_class, torch.nn.Module)):
+                continue  # a tokenizer, a scheduler
+            with init_empty_weights():
+                if value[0] == "diffusers":
+                    config = module_class.load_config(pretrained_model_name_or_path, subfolder=name, revision=revision)
+                    components[name] = module_class.from_config(config)
+                else:
+                    config = module_class.config_class.from_pretrained(pretrained_model_name_or_path, subfolder=name,
+                                                                       revision=revision)
+                    components[name] = module_class._from_config(config)
+        return cls(pretrained_model_name_or_path, index.get("_class_name", "pipeline"), components)
+
+
+def check_lora_fits_before_loading(pretrained_model_name_or_path: str, lora: str, revision: str | None = None) -> None:
+    """`check_lora_shapes` for a local safetensors LoRA against the model's components built from their configs
+    (`ConfigOnlyPipeline`): a LoRA of another base model is refused before a command writes anything. Where the
+    configs cannot be read or built, nothing is refused here: the load checks the pipeline itself."""
+    from gors.core.pipeline import local_lora_file
+
+    file = local_lora_file(lora)
+    if file is None or file.suffix != ".safetensors":
+        return
+    try:
+        pipeline = ConfigOnlyPipeline.from_pretrained(pretrained_model_name_or_path, revision)
+    except Exception:  # noqa: BLE001 (a model whose configs this check cannot build is checked as it loads)
+        return
+    check_lora_shapes(pipeline, read_lora_shapes(file), lora)
+
+
+def check_lora_shapes(pipeline: DiffusionPipeline | ConfigOnlyPipeline, shapes: dict[str, tuple[int, ...]],
+                      lora: str) -> None:
     """Refuse a local diffusers-format LoRA file (its `read_lora_shapes`) that is no whole LoRA, or with a weight
     that finds no layer of `pipeline` or does not fit it, and one saved from a peft model's own state dict (which
     diffusers fails on with an error that does not say why). Other formats are left to diffusers, which
