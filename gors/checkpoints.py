@@ -300,13 +300,21 @@ def restore_own_training(output_dir: str | Path, fingerprint: dict[str, Any], ma
     """
     if next(complete_checkpoints(output_dir), None) is not None:
         return None
-    furthest = [(checkpoint_step(checkpoint), aside) for aside in set_aside_checkpoints(output_dir)
-                if (checkpoint := own_checkpoint(output_dir, fingerprint, max_train_steps, aside.name)) is not None]
-    if not furthest:
+    furthest = set_aside_own_checkpoint(output_dir, fingerprint, max_train_steps)
+    if furthest is None:
         return None
-    found = max(furthest)[1]
+    found = furthest.parent
     bring_back(output_dir, found, with_folders)
     return found
+
+
+def set_aside_own_checkpoint(output_dir: str | Path, fingerprint: dict[str, Any], max_train_steps: int
+                             ) -> Path | None:
+    """The furthest checkpoint of this very training (`own_checkpoint`) in the `checkpoints.previous-<n>/` of
+    `output_dir`, else None."""
+    own = [checkpoint for aside in set_aside_checkpoints(output_dir)
+           if (checkpoint := own_checkpoint(output_dir, fingerprint, max_train_steps, aside.name)) is not None]
+    return max(own, key=checkpoint_step, default=None)
 
 
 def bring_back(output_dir: str | Path, aside: Path, with_folders: Sequence[str] = ()) -> Path | None:
@@ -380,10 +388,8 @@ def check_resumable(checkpoint: Path, fingerprint: dict[str, Any], max_train_ste
                 not any(d.startswith("lr_scheduler ") for d in differences):
             hint += (f" (--lr_scheduler {fingerprint.get('lr_scheduler')} decays over the run's --max_train_steps: "
                      "resume with the number the run started with)")
-        own = [found for aside in (set_aside_checkpoints(output_dir) if output_dir is not None else [])
-               if (found := own_checkpoint(output_dir, fingerprint, max_train_steps, aside.name)) is not None]
-        if own:  # a run with other settings (a mistyped flag) set these settings' training aside
-            furthest = max(own, key=checkpoint_step)
+        furthest = set_aside_own_checkpoint(output_dir, fingerprint, max_train_steps) if output_dir else None
+        if furthest is not None:  # a run with other settings (a mistyped flag) set these settings' training aside
             raise ValueError(
                 f"cannot resume from {checkpoint}: it belongs to a run with other settings{hint}: "
                 f"{'; '.join(differences)}. {furthest} is a checkpoint of these settings, set aside by that run: "

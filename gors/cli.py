@@ -35,7 +35,16 @@ from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
 from gors._moved import moved_names
-from gors.config import Derived, SelectConfig, TrainConfig, config_file_values, load_yaml, yaml_problem
+from gors.config import (
+    KIND_WORDS,
+    Derived,
+    SelectConfig,
+    TrainConfig,
+    config_file_values,
+    load_yaml,
+    of_kind,
+    yaml_problem,
+)
 from gors.core.data import ChecksumError, DownloadError
 from gors.core.hub import ModelLoadError
 from gors.core.io import PathError
@@ -313,10 +322,6 @@ def _yaml_value(value: Any, hint: Any, spec: Field, path: str) -> Any:
     return _yaml_scalar(value, kind, spec, where)
 
 
-# What each scalar field type takes from YAML, in words for the error.
-_YAML_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
-
-
 def _yaml_scalar(value: Any, kind: Any, spec: Field, where: str) -> Any:
     """`value` as field type `kind`. Number text is a number: PyYAML (YAML 1.1) reads `1e-4` (no dot)
     as the string '1e-4', and argparse would take it from the command line."""
@@ -331,10 +336,8 @@ def _yaml_scalar(value: Any, kind: Any, spec: Field, where: str) -> Any:
                  else spec.metadata.get("help", "").split(". ")[0].rstrip("."))
         raise SystemExit(f"{where} reads as the YAML boolean {str(value).lower()} (YAML 1.1 reads yes, no, on and off "
                          f"so): quote the text you meant" + (f"; {spec.name}: {takes}" if takes else ""))
-    ok = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
-          float: isinstance(value, (int, float)) and not isinstance(value, bool), str: isinstance(value, str)}
-    if not ok.get(kind, True):
-        raise SystemExit(f"{where} is not {_YAML_KINDS[kind]}: give {_YAML_KINDS[kind]}"
+    if not of_kind(value, kind):
+        raise SystemExit(f"{where} is not {KIND_WORDS[kind]}: give {KIND_WORDS[kind]}"
                          + (" (quote text)" if kind is str else "") + ", or leave the key out for its default")
     return float(value) if kind is float else value
 

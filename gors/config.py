@@ -42,8 +42,8 @@ def _check(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-# What a scalar field takes, in words for the error.
-_KIND_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+# What a scalar field takes, in words for the error (also of a YAML file's values: `gors.cli`).
+KIND_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
 
 
 @functools.cache
@@ -51,12 +51,13 @@ def _field_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _of_kind(value: Any, kind: Any) -> bool:
+def of_kind(value: Any, kind: Any) -> bool:
+    """Whether `value` is of the scalar field type `kind` (any other type: not checked here)."""
     if kind is bool:
         return isinstance(value, bool)
     if kind in (int, float):  # a whole number is a number too (NumPy's too); a boolean is neither
         return isinstance(value, numbers.Integral if kind is int else numbers.Real) and not isinstance(value, bool)
-    return not (kind is str and not isinstance(value, str))
+    return kind is not str or isinstance(value, str)
 
 
 def check_field_types(config: Any) -> None:
@@ -80,20 +81,20 @@ def check_field_types(config: Any) -> None:
             _check(isinstance(value, list), f"--{spec.name}={value!r} is not a list: give a list, e.g. [{value!r}]")
             item = typing.get_args(kind)[0]
             value = [os.fspath(v) if item is str and isinstance(v, os.PathLike) else v for v in value]
-            bad = next((v for v in value if not _of_kind(v, item)), None)
-            _check(bad is None, f"--{spec.name}: item {bad!r} is not {_KIND_WORDS.get(item, item)}")
-        elif kind in _KIND_WORDS:
+            bad = next((v for v in value if not of_kind(v, item)), None)
+            _check(bad is None, f"--{spec.name}: item {bad!r} is not {KIND_WORDS.get(item, item)}")
+        elif kind in KIND_WORDS:
             if kind is str and isinstance(value, os.PathLike):
                 value = os.fspath(value)
-            elif kind in (int, float) and _of_kind(value, kind):
+            elif kind in (int, float) and of_kind(value, kind):
                 value = kind(value)  # a NumPy number as Python's
-            _check(_of_kind(value, kind), f"--{spec.name}={value!r} is not {_KIND_WORDS[kind]}: give "
-                                          f"{_KIND_WORDS[kind]}" + (" (a string)" if kind is str else ""))
+            _check(of_kind(value, kind), f"--{spec.name}={value!r} is not {KIND_WORDS[kind]}: give "
+                                          f"{KIND_WORDS[kind]}" + (" (a string)" if kind is str else ""))
         setattr(config, spec.name, value)
 
 
 def _words(hint: Any) -> str:
-    return _KIND_WORDS.get(hint, "a list" if typing.get_origin(hint) is list else "a value")
+    return KIND_WORDS.get(hint, "a list" if typing.get_origin(hint) is list else "a value")
 
 
 def _check_choices(config: Any) -> None:
