@@ -84,10 +84,17 @@ def read_marker(checkpoint: str | Path) -> dict[str, Any] | None:
         return None
 
 
-def _checkpoint_folders(root: Path) -> list[Path]:
-    """The `checkpoint-<step>` folders under `root`, complete or not, by step."""
-    found = [p for p in root.glob("checkpoint-*") if p.is_dir() and _NAME.fullmatch(p.name)]
-    return sorted(found, key=checkpoint_step)
+def _checkpoint_folders(root: Path, replaced: bool = False) -> list[Path]:
+    """The `checkpoint-<step>` folders under `root`, complete or not, by step. `replaced`: with, in place of a
+    missing `checkpoint-<step>`, the `.checkpoint-<step>.old` that a killed save had renamed it to (which
+    `recover_replaced_checkpoints` puts back before a training looks), for reading without writing."""
+    found = {checkpoint_step(p): p for p in root.glob("checkpoint-*") if p.is_dir() and _NAME.fullmatch(p.name)}
+    if replaced:
+        for aside in root.glob(".checkpoint-*.old"):
+            name = aside.name.removeprefix(".").removesuffix(".old")
+            if aside.is_dir() and _NAME.fullmatch(name):
+                found.setdefault(checkpoint_step(name), aside)
+    return [found[step] for step in sorted(found)]
 
 
 def find_checkpoint(output_dir: str | Path, resume_from: str,
@@ -211,11 +218,12 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def complete_checkpoints(output_dir: str | Path, folder: str = CHECKPOINTS_DIR
+def complete_checkpoints(output_dir: str | Path, folder: str = CHECKPOINTS_DIR, replaced: bool = False
                          ) -> Iterator[tuple[Path, dict[str, Any]]]:
     """(folder, marker) of each complete checkpoint of a run folder, newest first; `folder`: the folder of the
-    run's checkpoints they are in (`checkpoints.previous-<n>` for a training set aside)."""
-    for checkpoint in reversed(_checkpoint_folders(Path(output_dir) / folder)):
+    run's checkpoints they are in (`checkpoints.previous-<n>` for a training set aside). `replaced`: with the
+    checkpoints a killed save left renamed `.checkpoint-<step>.old`, for readers that must not move them."""
+    for checkpoint in reversed(_checkpoint_folders(Path(output_dir) / folder, replaced)):
         marker = read_marker(checkpoint)
         if marker is not None:
             yield checkpoint, marker

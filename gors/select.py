@@ -271,7 +271,8 @@ def keep_trained_selection(output_dir: str | Path, rows: list[dict[str, Any]]) -
         current = selection_fingerprint(list(read_jsonl(path, whole=True)))
     except (TornLineError, ValueError):  # a file cut short or edited into no selection: nothing trained on it as it is
         return None
-    trained = {marker["fingerprint"].get("selection_sha256") for _, marker in complete_checkpoints(output_dir)}
+    trained = {marker["fingerprint"].get("selection_sha256")
+               for _, marker in complete_checkpoints(output_dir, replaced=True)}  # a killed save's kept too
     if current not in trained or selection_fingerprint(rows) == current:
         return None
     number = 1

@@ -94,7 +94,7 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
 
     rows = []
     selection = read_json_if_present(folder / SELECTION_SUMMARY_FILE, "the summary gors select writes")
-    checkpoints = list(complete_checkpoints(folder))
+    checkpoints = list(complete_checkpoints(folder, replaced=True))
     checkpoint, marker = checkpoints[0] if checkpoints else (None, None)
     if isinstance(selection, dict):
         rows.append(("selection", f"{selection.get('num_selected')} of {selection.get('num_samples')} samples kept "
@@ -105,7 +105,10 @@ def training_rows(folder: Path) -> list[tuple[str, str]]:
         target = marker.get("max_train_steps")
         of = f" of {target} ({100 * marker['step'] // target} %)" if target else ""  # 99 % until it is done
         left = _time_left([marker for _, marker in checkpoints], target)
-        rows.append(("training", f"step {marker['step']}{of}: {checkpoint.name}, saved {_local_time(marker)}"
+        name = checkpoint.name
+        if name.startswith("."):
+            name += f" (a killed save's; the next train or resume puts it back as checkpoint-{marker['step']})"
+        rows.append(("training", f"step {marker['step']}{of}: {name}, saved {_local_time(marker)}"
                                  + (f"; {left}" if left else "")))
         weights = ((marker.get("files") or {}).get(LORA_WEIGHT_NAME) or {}).get("sha256")
         if final.is_file():

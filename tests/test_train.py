@@ -769,6 +769,30 @@ def test_a_selection_the_checkpoints_were_trained_on_is_kept_when_another_replac
     assert not (run_dir / "selection.previous-2.jsonl").exists()
 
 
+def test_a_checkpoint_a_killed_save_left_renamed_counts_for_status_and_select(trained_run, tmp_path):
+    """A save killed between its two renames leaves only `.checkpoint-<step>.old`, which the next training puts
+    back: `gors status` (which moves nothing) shows it, and a reselection keeps the selection it was trained on."""
+    from gors.checkpoints import checkpoint_step
+    from gors.status import folder_status
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, run_dir)
+    checkpoints = run_dir / "checkpoints"
+    newest = max((p for p in checkpoints.iterdir() if p.name.startswith("checkpoint-")), key=checkpoint_step)
+    for folder in [p for p in checkpoints.iterdir() if p.name.startswith("checkpoint-")]:
+        folder.rename(checkpoints / f".{folder.name}.old")
+    aside = sorted(p.name for p in checkpoints.iterdir())
+    step = checkpoint_step(newest)
+    assert dict(folder_status(run_dir))["training"].startswith(
+        f"step {step} of {step} (100 %): .{newest.name}.old (a killed save's; the next train or resume puts it "
+        f"back as {newest.name}), saved ")
+    lowest = min(row["reward"] for row in load_selection(run_dir))
+    trained_on = (run_dir / "selection.jsonl").read_text()
+    select(replace(trained_run, output_dir=str(run_dir), reward_threshold=lowest))
+    assert (run_dir / "selection.previous-1.jsonl").read_text() == trained_on
+    assert sorted(p.name for p in checkpoints.iterdir()) == aside  # neither moved it
+
+
 def test_a_training_with_other_settings_sets_the_folders_checkpoints_aside(trained_run, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run.output_dir, run_dir)
