@@ -27,7 +27,7 @@ from gors.checkpoints import (
     write_checkpoint,
 )
 from gors.config import TrainConfig
-from gors.core.io import publish_folder, recover_folder
+from gors.core.io import discard_folder, publish_folder, recover_folder
 from gors.core.run_folder import CHECKPOINT_MARKER
 
 
@@ -348,6 +348,24 @@ def test_a_published_folder_is_the_old_one_or_the_new_one(tmp_path):
     assert (final / "best.json").read_text() == "new" and not (tmp_path / ".best.old").exists()
     recover_folder(final)  # nothing to recover: nothing changes
     assert (final / "best.json").read_text() == "new"
+    # Killed after its second rename, before the aside copy was deleted: the new folder stands and is kept.
+    (tmp_path / ".best.old").mkdir()
+    (tmp_path / ".best.old" / "best.json").write_text("old")
+    recover_folder(final)
+    assert (final / "best.json").read_text() == "new"
+
+
+def test_a_discarded_folder_takes_the_copy_an_interrupted_publish_left_aside_with_it(tmp_path):
+    # Else a later `recover_folder` would put the discarded folder's old copy back.
+    for name, text in (("best", "new"), (".best.old", "old")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "best.json").write_text(text)
+    discard_folder(tmp_path / "best")
+    recover_folder(tmp_path / "best")
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+    (tmp_path / ".best.old").mkdir()  # only the aside copy left (killed between publish's renames)
+    discard_folder(tmp_path / "best")
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
 
 
 def test_logs_are_set_aside_only_when_they_hold_a_file(tmp_path):

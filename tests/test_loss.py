@@ -43,6 +43,9 @@ def test_unit_rewards_give_plain_mse():
 def test_shape_mismatch_is_rejected():
     with pytest.raises(ValueError, match="rewards must have shape"):
         reward_weighted_loss(torch.zeros(2, 4, 2, 2), torch.zeros(2, 4, 2, 2), torch.ones(3))
+    # A target that would broadcast against the prediction (one channel for four) is refused, not averaged silently.
+    with pytest.raises(ValueError, match=r"prediction \(2, 4, 2, 2\) and target \(2, 1, 2, 2\) differ in shape"):
+        reward_weighted_loss(torch.zeros(2, 4, 2, 2), torch.zeros(2, 1, 2, 2), torch.ones(2))
 
 
 def test_target_follows_prediction_type():

@@ -321,3 +321,29 @@ def test_jsonl_errors_name_the_line(tmp_path: Path) -> None:
         P.load_prompts(str(path))
     with pytest.raises(FileNotFoundError, match="nope.jsonl.*one JSON object per line"):
         P.load_prompts(str(tmp_path / "nope.jsonl"))
+
+
+def test_a_benchmark_name_with_its_txt_suffix_is_the_benchmarks_file():
+    # `color_val.txt` (no such file here) and `color.txt` name T2I-CompBench's files, as `color_val` and `color` do.
+    assert P._resolve_name("color_val.txt", "train") == "color_val"
+    assert P._resolve_name("color.txt", "val") == "color_val"
+    assert P._resolve_name("colour.txt", "val") is None
+
+
+def test_a_jsonl_prompt_of_whitespace_only_is_refused(tmp_path):
+    # It would be an empty prompt once read (`clean_prompt`): refused with its line, as a missing prompt is.
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "a cat"}\n{"prompt": " \\u200b "}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"prompts.jsonl, line 2: .* is not a JSON object with a non-empty 'prompt'"):
+        P.read_prompt_jsonl(path)
+
+
+def test_a_benchmark_name_wins_over_a_same_named_file_here_unless_written_as_a_path(tmp_path, monkeypatch):
+    bench = tmp_path / "bench" / "color_val.txt"
+    bench.parent.mkdir()
+    bench.write_text("a green bench\n", encoding="utf-8")
+    monkeypatch.setattr(P, "fetch_t2i_compbench_file", lambda filename: bench)
+    monkeypatch.chdir(tmp_path)
+    Path("color_val").write_text("my own prompt\n", encoding="utf-8")  # a file named like the benchmark's stem
+    assert P.load_prompts("color_val").prompts == ["a green bench"]
+    assert P.load_prompts("./color_val").prompts == ["my own prompt"]

@@ -246,6 +246,24 @@ def test_questions_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         questions_main(["color", str(out), "--split", "test"])
 
 
+def test_questions_config_refuses_an_unknown_backend_and_defaults_to_auto(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import gors.questions
+    from gors.questions import QuestionsConfig
+
+    # Built in Python (not through the command line, whose choices argparse checks), a backend is checked too.
+    with pytest.raises(ValueError, match=r"--noun_phrase_backend 'nltk'; choose one of "):
+        QuestionsConfig(prompts="color", output=str(tmp_path / "q.json"), noun_phrase_backend="nltk")
+    # Without the flag the official parser is used where it is installed (auto), not gors' chunker outright.
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a green bench and a red car\n", encoding="utf-8")
+    backends = []
+    monkeypatch.setattr(gors.questions, "make_question_table",
+                        lambda texts, backend: backends.append(backend) or make_question_table(texts, "builtin"))
+    questions_main([str(prompts), str(tmp_path / "q.json")])
+    assert backends == ["auto"] and len(load_question_table(tmp_path / "q.json")) == 1
+
+
 @needs_benchmarks
 def test_questions_command_on_a_category(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GORS_DATA_DIR", str(COMPBENCH))

@@ -52,6 +52,16 @@ def test_a_rounds_run_without_logs_is_reported_from_its_rounds_json(tmp_path):
     assert "## Training" not in text
 
 
+def test_a_rounds_row_shows_only_the_validation_logged_at_its_last_step(tmp_path):
+    from gors.report import round_rows
+
+    # Round 0 ended at step 2, where nothing was validated: the step-1 value is not that round's.
+    (tmp_path / "rounds.json").write_text(json.dumps(ROUNDS))
+    rows = round_rows(tmp_path, {"validation/acc": [(1, 0.1), (4, 0.4)], "train/loss": [(2, 0.9), (4, 0.5)]})
+    assert "validation/acc" not in rows[0] and rows[1]["validation/acc"] == 0.4
+    assert all("train/loss" not in row for row in rows)
+
+
 @pytest.mark.parametrize("points", [
     {"selected/reward_mean": [(0, 0.7)]},  # a run stopped at step 0: its selection logged, no loss yet
     {"rounds/mean_reward": [(0, 0.5), (1, 0.6)]},  # a rounds run whose logs hold rounds/* only
@@ -255,6 +265,22 @@ def test_evaluations_of_one_benchmark_measured_otherwise_are_noted(tmp_path):
                    evaluation("spacy", 150, questions=[spacy | {"images": 600}])], tmp_path / "report").read_text()
     assert "(questions)" in text
     assert "(questions)" not in report([tmp_path / "builtin", tmp_path / "builtin_again"], tmp_path / "report").read_text()
+
+
+def test_question_sources_recorded_in_another_order_are_one_protocol():
+    from gors.report import evaluation_protocols, protocol_notes
+
+    def protocols(questions):
+        return evaluation_protocols([{"label": "mine:set", "primary_metric": "score", "score": 0.5,
+                                      "questions": questions}])
+
+    # The same parser and table, listed in another order and over other image counts: nothing to note.
+    one = protocols([{"parser": "builtin", "images": 10}, {"table": "t.json", "images": 5}])
+    two = protocols([{"table": "t.json", "images": 3}, {"parser": "builtin", "images": 2}])
+    assert one == two and protocol_notes({"one": one, "two": two}) == []
+    other = protocols([{"parser": "spacy", "images": 2}, {"table": "t.json", "images": 5}])
+    assert protocol_notes({"one": one, "other": other}) == [
+        "note: mine:set was measured otherwise for these checkpoints (questions): those values do not compare exactly"]
 
 
 def test_report_columns_keep_names_scales_and_dotted_metrics_as_recorded(tmp_path):

@@ -150,6 +150,24 @@ def test_a_folder_the_lock_made_is_removed_when_the_command_fails_before_writing
     assert (tmp_path / "fine").is_dir()
 
 
+def test_a_made_folder_holding_some_or_none_of_the_named_files_is_removed_with_its_made_parents(tmp_path):
+    from gors.core.io import remove_folder_holding_only
+
+    # A command that failed before writing every file it names (a lock not yet taken, the recipe's prompt file not
+    # yet written) leaves no folder either; a file of another name keeps it.
+    for held in ([".lock-generate"], []):
+        folder = tmp_path / "made" / "run"
+        folder.mkdir(parents=True)
+        for name in held:
+            (folder / name).write_text("")
+        remove_folder_holding_only(folder, [".lock-generate", ".lock-score"], tmp_path / "made")
+        assert not (tmp_path / "made").exists()
+    folder.mkdir(parents=True)
+    (folder / "metadata.jsonl").write_text("work")
+    remove_folder_holding_only(folder, [".lock-generate", ".lock-score"], tmp_path / "made")
+    assert [p.name for p in folder.iterdir()] == ["metadata.jsonl"]
+
+
 LOCKING_SCRIPT = """
 import json, sys
 from gors.core.distributed import process_state

@@ -160,6 +160,20 @@ def test_select_with_a_threshold_other_than_one_half_and_its_summary(tmp_path, m
     assert summary["selected"]["mean"] == pytest.approx(0.55)
 
 
+def test_the_summary_counts_the_prompts_with_a_selection_not_their_samples(tmp_path, make_run_config):
+    store = SampleStore(tmp_path / "samples")
+    store.save_prompts({"name": "x", "category": None, "source": "test", "prompts": ["p0", "p1"]})
+    rows = []
+    for p, i, reward in ((0, 0, 0.9), (0, 1, 0.8), (1, 0, 0.1)):
+        stored = store.append(0, Image.new("RGB", (8, 8)), {"file_name": f"{p:05d}_{i:03d}.png", "prompt": f"p{p}",
+                                                            "prompt_index": p, "image_index": i, "seed": i})
+        rows.append({"prompt_index": p, "image_index": i, "path": f"part-00000/{p:05d}_{i:03d}.png", "reward": reward,
+                     "image_sha256": stored["image_sha256"]})
+    atomic_write_jsonl(tmp_path / "scores" / "b_vqa" / "part-00000.jsonl", rows)
+    summary = select(make_run_config(output_dir=str(tmp_path), reward_threshold=0.5))
+    assert (summary["num_selected"], summary["num_prompts_with_selection"]) == (2, 1)  # two images of one prompt
+
+
 def test_select_without_survivors_shows_distribution_and_threshold(tmp_path, make_run_config):
     _fake_scored_run(tmp_path, "spatial", {0: 0.1, 1: 0.35})
     with pytest.raises(ValueError) as error:
@@ -199,6 +213,27 @@ def test_select_without_reward_names_the_rewards_the_folder_has_scores_of(tmp_pa
         select(make_run_config(output_dir=str(tmp_path), reward=None))
     with pytest.raises(StoreError, match=r"Run `gors score --output_dir .* --reward b_vqa` first\.$"):
         select(make_run_config(output_dir=str(tmp_path), reward="b_vqa"))  # chosen: no other suggestion
+    # The default reward's own folder, scored for some samples only, is no suggestion: the other reward is.
+    partial = tmp_path / "partial"
+    _fake_scored_run(partial, None, {0: 0.9, 1: 0.5})
+    scores = partial / "scores" / "b_vqa" / "part-00000.jsonl"
+    (partial / "scores" / "toy_oracle").mkdir()
+    (partial / "scores" / "toy_oracle" / "part-00000.jsonl").write_text(scores.read_text())
+    scores.write_text(scores.read_text().splitlines()[0] + "\n")
+    with pytest.raises(StoreError, match="1 of 2 samples have no 'b_vqa' score .* b_vqa is the default reward; this "
+                                         "folder has scores of toy_oracle: pass --reward toy_oracle, or run"):
+        select(make_run_config(output_dir=str(partial), reward=None))
+
+
+def test_the_rewards_a_folder_has_scores_of_are_listed_sorted(tmp_path):
+    from gors.select import scored_rewards
+
+    # Sorted, whatever order the filesystem lists the folders in (a suggestion's first reward is stable); a folder
+    # whose settings.json records its reward is listed by it, as --reward takes it.
+    for name in ("a_reward", "b_vqa", "clip", "d_reward", "e_reward"):
+        (tmp_path / "scores" / name).mkdir(parents=True)
+    (tmp_path / "scores" / "b_vqa" / "settings.json").write_text(json.dumps({"reward": "b_vqa:0.5,clip:0.5"}))
+    assert scored_rewards(tmp_path) == ["a_reward", "b_vqa:0.5,clip:0.5", "clip", "d_reward", "e_reward"]
 
 
 def test_select_top_fraction_warns_of_zero_rewards_and_refuses_only_zeros(tmp_path, make_run_config, capsys):
@@ -217,10 +252,42 @@ def test_top_fraction_keeps_each_prompts_best_images():
     assert top_fraction(rewards, 0.5) == {(0, 1), (0, 3), (1, 1)}  # ceil(0.5 x 4) = 2 and ceil(0.5 x 2) = 1
     assert top_fraction(rewards, 0.25) == {(0, 1), (1, 1)}  # a tie of 0.9: the lower image index
     assert top_fraction(rewards, 0.01) == {(0, 1), (1, 1)}  # at least one per prompt
+    # ... also where fraction x count rounds to 0 images (the rounding that keeps 0.07 x 100 at 7)
+    assert top_fraction(rewards, 1e-12) == {(0, 1), (1, 1)}
     assert top_fraction(rewards, 1.0) == {(p, i) for p, i, _ in rewards}
     hundred = [(0, i, i / 100) for i in range(100)]
     assert len(top_fraction(hundred, 0.07)) == 7  # 0.07 x 100 is 7.000000000000001 in floating point
     assert top_fraction([(0, i, i / 10) for i in range(4)], 0.3) == {(0, 2), (0, 3)}  # ceil(1.2) = 2, rounded up
+
+
+def test_each_replaced_selection_that_checkpoints_were_trained_on_is_kept_under_its_own_number(tmp_path, monkeypatch):
+    import gors.checkpoints
+    from gors.checkpoints import selection_fingerprint
+    from gors.select import keep_trained_selection
+
+    # Checkpoints trained on every selection written so far (as a run retrained after each select would have).
+    trained = []
+    monkeypatch.setattr(gors.checkpoints, "complete_checkpoints", lambda output_dir, **_: [
+        (tmp_path / "checkpoints" / f"checkpoint-{n}", {"fingerprint": {"selection_sha256": sha}})
+        for n, sha in enumerate(trained)])
+
+    def write(reward):
+        rows = [{"path": "part-00000/00000_000.png", "prompt": "p", "reward": reward}]
+        atomic_write_jsonl(tmp_path / "selection.jsonl", rows)
+        (tmp_path / "selection_summary.json").write_text(json.dumps({"num_selected": 1, "reward": reward}))
+        trained.append(selection_fingerprint(rows))
+        return rows
+
+    first = write(0.6)
+    second = [{**first[0], "reward": 0.7}]
+    assert keep_trained_selection(tmp_path, first) is None  # the same rows again: nothing to keep
+    assert keep_trained_selection(tmp_path, second) == tmp_path / "selection.previous-1.jsonl"
+    write(0.7)
+    assert keep_trained_selection(tmp_path, [{**first[0], "reward": 0.8}]) == tmp_path / "selection.previous-2.jsonl"
+    # The first kept selection is never overwritten by a later one.
+    assert [json.loads(line)["reward"] for name in ("selection.previous-1.jsonl", "selection.previous-2.jsonl")
+            for line in (tmp_path / name).read_text().splitlines()] == [0.6, 0.7]
+    assert json.loads((tmp_path / "selection_summary.previous-1.json").read_text())["reward"] == 0.6
 
 
 def test_reward_statistics():

@@ -7,11 +7,13 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from gors.core.io import append_jsonl, read_jsonl
+from gors.core.io import TornLineError, append_jsonl, read_jsonl
 from gors.core.store import (
+    IMAGE_HASH,
     SampleStore,
     StoreError,
     adopt_later_settings,
+    same_image,
     sample_file_name,
     sample_seed,
     selection_identity,
@@ -93,6 +95,15 @@ def test_selection_identity_adds_the_image_hash_only_where_recorded():
     assert selection_identity([before[0] | {"image_sha256": "ab"}]) == [["part-00000/00000_000.png", 0.5, "ab"]]
 
 
+def test_a_row_without_an_image_hash_is_not_of_a_record_that_has_one():
+    # A score or selection row from before gors recorded hashes cannot say it is of an image generated again since
+    # (which records one): only rows and records that both lack the hash match each other.
+    assert same_image({}, {}) and same_image({IMAGE_HASH: "a"}, {IMAGE_HASH: "a"})
+    assert not same_image({}, {IMAGE_HASH: "a"})
+    assert not same_image({IMAGE_HASH: "a"}, {})
+    assert not same_image({IMAGE_HASH: "a"}, {IMAGE_HASH: "b"})
+
+
 def test_later_settings_are_adopted_only_where_the_record_lacks_them():
     recorded = {"model": "a", "dtype": "fp16"}
     completed, adopted = adopt_later_settings(recorded, {"model": "b", "dtype": "bf16", "lora": None, "call": {"n": 1}},
@@ -110,6 +121,26 @@ def test_torn_last_line_is_skipped_and_overwritten(tmp_path):
     assert list(read_jsonl(path)) == [{"a": 1}]
     append_jsonl(path, [{"a": 3}])
     assert list(read_jsonl(path)) == [{"a": 1}, {"a": 3}]
+
+
+def test_blank_lines_are_skipped(tmp_path):
+    # A file edited by hand may hold empty or whitespace-only lines: they hold no record, and are no error.
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"a": 1}\n\n  \n{"a": 2}\n')
+    assert list(read_jsonl(path)) == [{"a": 1}, {"a": 2}]
+    assert list(read_jsonl(path, whole=True)) == [{"a": 1}, {"a": 2}]
+
+
+def test_a_whole_file_whose_last_line_lacks_its_newline_is_read_only_if_that_line_is_an_object(tmp_path):
+    # A file written whole (e.g. selection.jsonl) may lack only its last line feed; a last line that is JSON but no
+    # object (a number, a list, a string) is no record as gors writes them: the file was damaged or cut.
+    path = tmp_path / "selection.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}')
+    assert list(read_jsonl(path, whole=True)) == [{"a": 1}, {"a": 2}]
+    for last in ("12", "[1, 2]", '"text"', "null"):
+        path.write_text('{"a": 1}\n' + last)
+        with pytest.raises(TornLineError, match="cut short"):
+            list(read_jsonl(path, whole=True))
 
 
 def test_corrupt_middle_line_names_file_and_line(tmp_path):

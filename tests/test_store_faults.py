@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -154,6 +155,31 @@ def test_a_seed_torch_cannot_take_is_refused_before_anything_is_written(tmp_path
                                          r"\[-9223372036854775808, 18446744073709551614\]"):
         _lora_run(store, None, protocol)
     assert not store.root.exists()
+    # Both ends of the range torch takes are seeds: the last image's seed may be 2**64 - 1, the first's -2**63.
+    from gors.core.sampling import check_seed_range
+
+    check_seed_range(replace(protocol, seed=2**64 - 2), 1)  # seeds 2**64 - 2 and 2**64 - 1
+    check_seed_range(replace(protocol, seed=-(2**63)), 1)
+    # The last prompt's seeds are the highest (100 000 apart per prompt): checked too, not only the first prompt's.
+    check_seed_range(replace(protocol, seed=2**64 - 100_000), 1)
+    with pytest.raises(ValueError, match=r"gives image seeds in \[18446744073709451616, 18446744073709551617\]"):
+        check_seed_range(replace(protocol, seed=2**64 - 100_000), 2)
+    with pytest.raises(ValueError, match=r"outside the \[-9223372036854775808, 18446744073709551615\]"):
+        check_seed_range(replace(protocol, seed=-(2**63) - 1), 1)
+
+
+def test_a_store_of_more_prompts_that_differ_from_those_asked_for_is_another_prompt_set(tmp_path):
+    from gors.core.sampling import StoreFlags, _check_same_prompts
+
+    # Three prompts held, two asked for, and prompt 0 differs: not "ask for 3 prompts" (that would mix two sets).
+    store = SampleStore(tmp_path / "samples")
+    for p, prompt in enumerate(["a cat", "a dog", "a cow"]):
+        store.append(0, Image.new("RGB", (8, 8)), {"file_name": f"{p:05d}_000.png", "prompt": prompt,
+                                                   "prompt_index": p, "image_index": 0})
+    with pytest.raises(StoreError, match=r"holds samples of another prompt set \(prompt 0: 'a cat', now 'a bird'\)"):
+        _check_same_prompts(store, ["a bird", "a dog"], StoreFlags())
+    with pytest.raises(StoreError, match=r"holds samples of 3 prompts and 2 are asked for"):
+        _check_same_prompts(store, ["a cat", "a dog"], StoreFlags())
 
 
 def test_a_lora_retrained_at_the_same_path_is_other_settings(tmp_path, caplog):
@@ -531,6 +557,30 @@ def test_atomic_writes_respect_the_umask(tmp_path, umask):
     assert len(cache["value"]) == 2 and _mode(tmp_path / "cache" / "latents.safetensors") == 0o666 & ~umask
 
 
+def test_atomic_writes_and_appends_flush_their_data_to_disk_before_it_counts(tmp_path, monkeypatch):
+    # A power cut must not leave a renamed-into-place file (or an appended record) whose bytes were still only in
+    # the page cache: each is fsynced, whole, before the rename publishes it or the append returns.
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.fstat(fd).st_size)) or real_fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda src, dst: events.append(("replace", Path(dst).name)) or
+                        real_replace(src, dst))
+    atomic_write_json(tmp_path / "a.json", {"a": 1})
+    size = (tmp_path / "a.json").stat().st_size
+    assert events == [("fsync", size), ("replace", "a.json")]
+    events.clear()
+    append_jsonl(tmp_path / "a.jsonl", [{"a": 1}, {"a": 2}])
+    assert events == [("fsync", (tmp_path / "a.jsonl").stat().st_size)]
+
+
+def test_equal_mappings_are_written_as_the_same_bytes_whatever_their_key_order(tmp_path):
+    # settings.json, models.json and the summaries are compared and hashed as files: two runs that record the same
+    # settings, built in another order, must not write two different files.
+    atomic_write_json(tmp_path / "a.json", {"model": "m", "dtype": "fp16", "options": {"b": 1, "a": 2}})
+    atomic_write_json(tmp_path / "b.json", {"dtype": "fp16", "options": {"a": 2, "b": 1}, "model": "m"})
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
 @pytest.mark.parametrize("umask", [0o022], indirect=True, ids=["umask022"])
 def test_generated_samples_are_readable_by_others(make_run_config, umask):
     store = generate(make_run_config())
@@ -698,6 +748,11 @@ def test_a_metadata_or_score_row_edited_without_its_keys_is_named_with_its_file_
     metadata.write_text(json.dumps({"prompt": "p", "prompt_index": 0, "image_index": 0}) + "\n")
     with pytest.raises(ValueError, match=rf"^{metadata}, row 1: no file_name text"):
         store.records()
+    # Present but no text (edited to null or a number) is as unusable as missing: the prompt is what scoring reads.
+    metadata.write_text(json.dumps({"file_name": "00000_000.png", "prompt": None, "prompt_index": 0,
+                                    "image_index": 0}) + "\n")
+    with pytest.raises(ValueError, match=rf"^{metadata}, row 1: no prompt text"):
+        store.records()
     scores = tmp_path / "scores"
     append_jsonl(scores / "part-00000.jsonl", [{"prompt_index": "x", "image_index": 0, "reward": 0.5}])
     with pytest.raises(ValueError, match=r"part-00000.jsonl, row 1: no integer prompt_index and image_index"):
@@ -715,6 +770,11 @@ def test_settings_and_model_files_holding_no_mapping_are_named_with_a_fix_that_k
                                          r"restore the file, or delete it and run `gors generate` with the flags that "
                                          r"made the images"):
         store.load_settings()
+    # A mapping without its prompt list (edited, or another tool's file) is refused as well, not a KeyError later.
+    for info in ('{"name": "color_train"}', '{"prompts": "a cat"}'):
+        (store.root / "prompts.json").write_text(info)
+        with pytest.raises(StoreError, match=r"prompts.json holds no prompt list, which `gors generate` records"):
+            store.load_prompts()
     (tmp_path / "scores").mkdir()
     (tmp_path / "scores" / "settings.json").write_text("[1, 2]")
     with pytest.raises(StoreError, match=r"holds no settings mapping, which gors writes there: restore the file, or "

@@ -196,6 +196,30 @@ def test_a_short_last_batchs_units_are_wrap_up_too():
     assert gpu_seconds(entry, 1000) == pytest.approx((4.0, 1000.0))
 
 
+def test_the_work_counts_from_what_the_stage_says_was_done_before_it_and_the_peak_rss_is_in_gib(monkeypatch):
+    from accelerate import Accelerator
+
+    from gors.timings import _peak_rss_gib, timed_stage
+
+    # The folder holds 8 units before and after (a checkpoint kept from a longer run); the stage itself started
+    # from its 5th: its own work is 3 units, not 0.
+    timings = []
+    with timed_stage("train", "steps", lambda: 8, Accelerator(cpu=True), timings):
+        work_starts(done_before=5)
+    assert timings[0].work == 3
+    # Linux's ru_maxrss is in KiB.
+    monkeypatch.setattr(gors.timings.sys, "platform", "linux")
+    monkeypatch.setattr(gors.timings.resource, "getrusage", lambda who: type("Usage", (), {"ru_maxrss": 3 * 2**20}))
+    assert _peak_rss_gib() == 3.0
+
+
+def test_a_timings_file_whose_stages_are_not_records_is_refused(tmp_path):
+    path = tmp_path / "timings.json"
+    path.write_text(json.dumps({"stages": {"train": 12.5}, "history": []}))
+    with pytest.raises(ValueError, match="not a timings file"):
+        read_timings(path)
+
+
 def test_a_stage_whose_first_batch_cannot_be_told_from_the_rest_is_warned_of():
     one_batch = _entry("score", 130, 16, 1, setup=10.0) | {"warmup_seconds": None, "wrapup_seconds": None}
     (warning,) = calibration_warnings({"score": one_batch})
@@ -241,6 +265,11 @@ def test_estimate_counts_the_warm_up_and_wrap_up_once_and_scales_the_pace_betwee
     timing = StageTiming("score", 130.0, 100, "images", 1, None, 1.0, "cpu", setup_seconds=10.0, warmup_seconds=15.0,
                          wrapup_seconds=5.0)
     assert timing.one_off_seconds == 30.0 and timing.work_rate == pytest.approx(1.0)
+    # A short last batch of 5 images on each of 2 processes is wrap-up: 2 x 5 units are left out of the pace.
+    short_last = replace(timing, num_processes=2, wrapup_work=5)
+    assert short_last.work_rate == pytest.approx(0.9)  # (100 - 2 x 5) images / 100 s
+    # More wrap-up units than work (the main process's share larger than the others'): no pace, never a negative one.
+    assert replace(timing, work=4, num_processes=2, wrapup_work=3).work_rate == 0.0
     # Unknown (one batch, or an older gors): none counted, the whole time after the set-up is work.
     assert gpu_seconds(entry | {"warmup_seconds": None, "wrapup_seconds": None}, 1000) == pytest.approx((10.0, 1200.0))
     # 9 images on 2 processes, 5 of them the main process's: the wall time is its 5 images' (20 s each on a GPU), not
@@ -367,6 +396,10 @@ def test_the_stage_table_stays_aligned_with_generate_and_score_and_shows_the_rat
     assert "rate /s (incl. set-up)" in header and "work rate /s" in header
     end = header.index("work rate /s") + len("work rate /s")
     assert [line[:end].split()[-1] for line in lines[2:]] == ["4.00", "0.20"]  # 400 / 100 s and 2 / 10 s
+    # The rate of one process (one GPU): the launch's, set-up included, over its processes.
+    per_process = header.index("per process /s (incl. set-up)") + len("per process /s (incl. set-up)")
+    assert [line[:per_process].split()[-1] for line in lines[2:]] == ["3.64", "0.02"]  # 400 / 110 s; 2 / 12.5 s / 8
+    assert timings[1].rate_per_process == pytest.approx(0.02)
     # A stage that did nothing this time (a finished rerun) shows no rate rather than 0.00.
     idle = format_timings([StageTiming("train", 1.5, 0, "steps", 1, None, 1.0, "cpu")]).splitlines()[2]
     assert "0.00" not in idle and idle.split()[:5] == ["train", "1.5", "0.0", "0", "steps"]
