@@ -423,3 +423,69 @@ def test_a_checkpoint_damaged_since_its_save_is_named_with_the_checkpoint_to_go_
         check_intact(first, "continue")
     (first / CHECKPOINT_MARKER).write_text(json.dumps({"fingerprint": {"rank": 4}}))  # saved before files were recorded
     check_intact(first)
+
+
+def test_a_damaged_checkpoint_names_the_newest_complete_one_before_it(tmp_path):
+    """With several checkpoints before a damaged one, the fix names the newest complete one (the one
+    training goes on from), not the oldest; an incomplete folder in between is passed over."""
+    from gors.checkpoints import file_digests
+
+    for step in (1, 3, 4, 6):
+        checkpoint = _checkpoint(tmp_path, f"checkpoint-{step}")
+        (checkpoint / "optimizer.bin").write_bytes(b"state")
+        if step != 4:  # checkpoint-4 stays incomplete
+            (checkpoint / CHECKPOINT_MARKER).write_text(json.dumps({"fingerprint": {"rank": 4},
+                                                                    "files": file_digests(checkpoint)}))
+    damaged = tmp_path / "checkpoints" / "checkpoint-6"
+    (damaged / "optimizer.bin").write_bytes(b"stale")
+    newest_before = tmp_path / "checkpoints" / "checkpoint-3"
+    with pytest.raises(ValueError, match=rf"Delete that folder \(training goes on from {newest_before}\)"):
+        check_intact(damaged)
+    with pytest.raises(ValueError, match=rf"pass --resume_from_checkpoint {newest_before}, or restore"):
+        check_intact(damaged, "checkpoint-6")
+
+
+def test_the_micro_batch_of_a_set_aside_checkpoint_counts_up_to_max_train_steps_itself(tmp_path):
+    """`restore_own_training` brings back a set-aside checkpoint at `max_train_steps` itself: the micro-batch
+    `--auto_train_batch_size` found for it is this training's up to that step included, not past it."""
+    from gors.checkpoints import recorded_micro_batch
+
+    found = {"rank": 4, "train_batch_size": 2, "gradient_accumulation_steps": 2}
+    aside = tmp_path / "checkpoints.previous-1" / "checkpoint-5"
+    aside.mkdir(parents=True)
+    (aside / CHECKPOINT_MARKER).write_text(json.dumps({"fingerprint": found}))
+    fingerprint = found | {"train_batch_size": 4, "gradient_accumulation_steps": 1}  # an update as one micro-batch
+    assert recorded_micro_batch(fingerprint, tmp_path, max_train_steps=5) == 2
+    assert recorded_micro_batch(fingerprint, tmp_path, max_train_steps=4) is None  # a longer run's: not this one's
+    assert recorded_micro_batch(fingerprint | {"rank": 8}, tmp_path, max_train_steps=5) is None
+
+
+def test_the_8bit_optimizer_binds_a_checkpoint_and_its_absence_matches_older_ones(tmp_path, monkeypatch):
+    """`--use_8bit_adam` keeps another optimizer state: a checkpoint of it is not resumed without it (and the
+    reverse), while a checkpoint made before the flag (no key) is one without it."""
+    import gors.checkpoints
+
+    monkeypatch.setattr(gors.checkpoints, "model_version", lambda name, revision=None: None)
+    config = TrainConfig(output_dir=str(tmp_path), pretrained_model_name_or_path="org/model")
+    plain = training_fingerprint(config, [], 1, {})
+    eight_bit = training_fingerprint(replace(config, use_8bit_adam=True), [], 1, {})
+    assert "use_8bit_adam" not in plain and eight_bit["use_8bit_adam"] is True
+    checkpoint = _checkpoint(tmp_path, "checkpoint-2", eight_bit)
+    assert check_resumable(checkpoint, eight_bit, max_train_steps=4) == 2
+    with pytest.raises(ValueError, match="use_8bit_adam True in the checkpoint, False now"):
+        check_resumable(checkpoint, plain, max_train_steps=4)
+    assert check_resumable(_checkpoint(tmp_path, "checkpoint-1", plain), plain | {"use_8bit_adam": False},
+                           max_train_steps=4) == 1
+
+
+def test_the_furthest_set_aside_checkpoint_of_this_training_is_brought_back_from_any_folder(tmp_path):
+    """Checkpoints of this training set aside twice: the folder with the furthest one comes back, whatever
+    the order of the set-aside folders' names."""
+    fingerprint = {"rank": 4}
+    _checkpoint(tmp_path, "checkpoint-2", fingerprint)
+    (tmp_path / "checkpoints").rename(tmp_path / "checkpoints.previous-1")
+    _checkpoint(tmp_path, "checkpoint-4", fingerprint)
+    _checkpoint(tmp_path, "checkpoint-6", fingerprint)  # past max_train_steps: not this run's
+    (tmp_path / "checkpoints").rename(tmp_path / "checkpoints.previous-2")
+    assert restore_own_training(tmp_path, fingerprint, max_train_steps=5) == tmp_path / "checkpoints.previous-2"
+    assert own_checkpoint(tmp_path, fingerprint, max_train_steps=5).name == "checkpoint-4"

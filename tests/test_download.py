@@ -185,3 +185,46 @@ def test_score_takes_the_reward_of_the_folders_samples_and_a_flag_given_model_br
     for _, fetch in files:
         fetch()
     assert converted == [1]  # GenEval's own detector, fetched and converted
+
+
+def test_pickles_with_a_safetensors_twin_are_left_out_and_each_revision_is_fetched(monkeypatch):
+    """A pickle is left out where a safetensors twin is there (the same name, or `pytorch_model` read as `model`),
+    kept where it is the only copy; one model at two revisions is fetched at each; offline, nothing is fetched."""
+    import gors.download
+    from gors.download import ModelNeed, download, pickles_with_safetensors
+
+    files = ["pytorch_model-00001-of-00002.bin", "model-00001-of-00002.safetensors", "open_clip_pytorch_model.bin",
+             "open_clip_model.safetensors", "unet/diffusion_pytorch_model.bin", "unet/diffusion_pytorch_model.safetensors",
+             "only_copy.bin", "config.json"]
+    assert pickles_with_safetensors(files) == ["pytorch_model-00001-of-00002.bin", "open_clip_pytorch_model.bin",
+                                               "unet/diffusion_pytorch_model.bin"]
+    needs = [ModelNeed("--a", "org/m", revision="v1"), ModelNeed("--b", "org/m", revision="v2"),
+             ModelNeed("--c", "org/m", revision="v1")]
+    monkeypatch.setattr(gors.download, "plan", lambda command, config: (needs, []))
+    fetched = []
+    monkeypatch.setattr(gors.download, "download_model", lambda need: fetched.append(need.revision) or "folder")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE=1 is set: unset it"):
+        download("generate", None)
+    assert fetched == []
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    assert download("generate", None) == ["org/m", "org/m"] and fetched == ["v1", "v2"]
+
+
+def test_train_fetches_its_pipeline_at_its_revision_and_a_load_error_is_passed_on_as_it_is(monkeypatch):
+    """`gors download train --revision R` fetches the pipeline at R (what training loads); a `ModelLoadError`
+    of a loader (already saying what to do) is raised as it is, not wrapped into a second one."""
+    import gors.core.backbones
+    from gors.config import TrainConfig
+
+    config = TrainConfig(output_dir="unused", pretrained_model_name_or_path="org/model", revision="abc")
+    models, _ = plan("train", config)
+    assert models == [ModelNeed("--pretrained_model_name_or_path", "org/model", True, "abc")]
+
+    def refused(name, revision=None):
+        raise ModelLoadError("--pretrained_model_name_or_path='org/model' is a gated repository: accept its license")
+
+    monkeypatch.setattr(gors.core.backbones, "detect_backbone", refused)
+    with pytest.raises(ModelLoadError, match=r"^--pretrained_model_name_or_path='org/model' is a gated repository"):
+        download_model(ModelNeed("--pretrained_model_name_or_path", "org/model", True))

@@ -203,3 +203,37 @@ def test_a_hub_lora_out_of_reach_is_read_from_the_cache_not_downloaded_again(onl
 def test_a_name_that_is_no_hub_id_gets_no_download_advice() -> None:
     for name in ("runs/my run", "runs\\sd2"):
         assert load_hint(name).startswith("Pass a local model folder") and "hf download" not in load_hint(name)
+
+
+def test_a_hub_id_is_org_slash_name_only() -> None:
+    """`org/name` is a Hub id; a bare name (`sd2`, a folder mistyped or not made yet) is none, and gets the
+    advice for a local folder, not `hf download`."""
+    from gors.core.hub import is_hub_id, is_repo_id
+
+    assert is_repo_id("org/model") and is_hub_id("org/model")
+    assert not is_repo_id("sd2") and not is_hub_id("sd2")
+    assert load_hint("sd2").startswith("Pass a local model folder")
+
+
+def test_a_windows_path_that_does_not_exist_is_refused_as_a_folder() -> None:
+    """`runs\\sd2` is meant as a folder (no Hub id has a backslash): one that does not exist is refused before
+    any loader tries the Hub with it."""
+    from gors.core.hub import check_model_path, looks_like_local_path
+
+    assert looks_like_local_path("runs\\sd2") and not looks_like_local_path("org/model")
+    with pytest.raises(FileNotFoundError, match=r"--pretrained_model_name_or_path='runs\\\\sd2': no such folder"):
+        check_model_path("runs\\sd2")
+
+
+def test_offline_modes_refusal_is_no_network_failure_and_a_home_path_is_expanded(tmp_path, monkeypatch) -> None:
+    """huggingface_hub's own refusal in offline mode (an `OfflineModeIsEnabled`, a ConnectionError) says nothing
+    of the network; a `~` path that exists is passed on expanded, as loaders do not expand it."""
+    from gors.core.hub import check_model_path, network_error
+
+    assert network_error(OfflineModeIsEnabled("offline")) is None
+    assert isinstance(network_error(requests.ConnectionError("unreachable")), requests.ConnectionError)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "model").mkdir()
+    assert check_model_path("~/model") == str(tmp_path / "model")
+    with pytest.raises(FileNotFoundError, match="'~/missing': no such folder"):  # no Hub id either
+        check_model_path("~/missing")

@@ -164,3 +164,15 @@ def test_a_push_that_leaves_a_hub_loras_weights_keeps_the_folders_earlier_result
     save_file({key: value * 2 for key, value in load_file(str(tiny_sd_lora)).items()}, str(pushed / LORA_WEIGHT_NAME))
     shutil.rmtree(tmp_path / "eval" / "toy" / "train")
     assert evaluate_on("toy:train") == ["toy:train"]
+
+
+def test_a_hub_loras_checkpoint_file_beside_it_is_no_lora(hub_cache):
+    """As diffusers picks a repository's LoRA: a top-level `.safetensors` file named as a training checkpoint's
+    (as a scheduler's or an optimizer's) is passed over, so the one LoRA file beside it is found."""
+    from gors.core.hub import download_lora
+
+    cache = hub_cache("user/with-checkpoint")
+    (snapshot(cache, "user/with-checkpoint") / "my_lora.safetensors").write_bytes(b"lora")
+    (snapshot(cache, "user/with-checkpoint") / "checkpoint-500.safetensors").write_bytes(b"state")
+    assert download_lora("user/with-checkpoint", LORA_WEIGHT_NAME, "pytorch_lora_weights.bin") == str(
+        snapshot(cache, "user/with-checkpoint") / "my_lora.safetensors")

@@ -45,3 +45,19 @@ def test_a_lora_file_that_does_not_fit_the_adapters_is_refused(tmp_path):
     save_file(renamed, str(tmp_path / LORA_WEIGHT_NAME))
     with pytest.raises(ValueError, match=r"its text_encoder LoRA does not fit the text_encoder's adapters: unexpected "):
         load_lora(tmp_path, {"text_encoder": _encoder(1)})
+
+
+def test_add_lora_trains_only_the_adapters_at_scale_1():
+    """Only the adapters train (the base weights are frozen), alpha equals the rank (scale 1, as the released
+    LoRAs), and `lora_parameters` lists the adapters that train, not one frozen since."""
+    from gors.lora import lora_parameters
+
+    encoder = _encoder(0)
+    trainable = {name for name, p in encoder.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable)
+    scalings = {value for module in encoder.modules() for value in getattr(module, "scaling", {}).values()}
+    assert scalings == {1.0}
+    assert len(lora_parameters(encoder)) == len(trainable)
+    frozen = next(p for name, p in encoder.named_parameters() if "lora_A" in name)
+    frozen.requires_grad_(False)
+    assert len(lora_parameters(encoder)) == len(trainable) - 1 and all(p is not frozen for p in lora_parameters(encoder))

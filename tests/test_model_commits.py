@@ -277,3 +277,22 @@ def test_the_training_caches_are_bound_to_the_base_models_commit(tmp_path):
     revisions = {revision: latent_cache_path(selection, tmp_path, 512, True, "org/model", revision)
                  for revision in (None, "a", "b")}
     assert len(set(revisions.values())) == 3 and revisions[None] == names(None)[0]
+
+
+def test_an_empty_ref_in_the_cache_is_no_commit(tmp_path, monkeypatch):
+    """A ref file left empty (a download killed while writing it) resolves to no commit, not to ""."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(_cache(tmp_path, "org/model", {"main": COMMIT_A, "v4": ""})))
+    assert hub_commit("org/model", "v4") is None
+    assert hub_commit("org/model") == COMMIT_A
+
+
+def test_a_load_at_a_revision_is_recorded_at_that_revisions_commit(tmp_path, monkeypatch):
+    """`from_pretrained(..., revision=...)` records the commit of the revision loaded, not of the main branch."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(_cache(tmp_path, "org/model", {"main": COMMIT_A, "v2": COMMIT_B})))
+    with recording_loads() as loads:
+        from_pretrained(lambda name, **kwargs: object(), "org/model", "--flag", revision="v2")
+    assert loads == {"org/model": COMMIT_B}

@@ -268,3 +268,75 @@ def test_stage_functions_called_from_a_script_hold_the_folder_as_the_commands_do
     with run_folder_lock(run, ["select"], "gors run"):
         with pytest.raises(StoreError):  # past the lock: the empty folder has no samples
             select(SelectConfig(output_dir=str(run), reward_threshold=0.5))
+
+
+def test_a_lock_record_is_read_only_whole_and_its_holder_told_apart_from_a_later_process(tmp_path, monkeypatch):
+    """A record without the fields a holder is named by (a foreign or cut-short file) is no record; a holder
+    that started up to a second after its record's time (start times are kept to the clock tick) still runs;
+    another user's process, whose start time cannot be read, is taken to be the holder."""
+    import socket
+
+    import psutil
+
+    from gors.core import lock
+    from gors.core.lock import holder_runs, lock_records
+
+    (tmp_path / ".lock-train").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    assert lock_records(tmp_path) == {}
+    record = {"stage": "train", "command": "gors train", "pid": os.getpid(), "host": socket.gethostname(),
+              "started": psutil.Process().create_time() - 0.5}
+    lock_path(tmp_path, "train").write_text(json.dumps(record))
+    assert lock_records(tmp_path) == {"train": record}
+    assert holder_runs(record)  # its start, rounded to a tick, may read up to a second after the record's time
+    assert not holder_runs(record | {"started": record["started"] - 1.0})  # a later process took the pid
+
+    def denied(pid):
+        raise psutil.AccessDenied(pid)
+
+    monkeypatch.setattr(lock.psutil, "Process", denied)
+    assert holder_runs(record | {"started": 0.0})
+
+
+def test_a_stale_record_longer_than_the_new_one_leaves_nothing_behind_it(tmp_path, capsys):
+    """Taking over a killed holder's lock replaces its record whole: a longer stale record (a long command
+    line) must not leave its tail after the new one, which would make the new record unreadable."""
+    from gors.core.lock import lock_records
+
+    run = tmp_path / "run"
+    run.mkdir()
+    stale = {"stage": "score", "command": "gors score " + "--flag " * 200, "pid": 1, "host": "elsewhere",
+             "argv": ["x"] * 200, "started": 1.0e9}
+    lock_path(run, "score").write_text(json.dumps(stale))
+    with run_folder_lock(run, ["score"], "gors score"):
+        assert lock_records(run)["score"]["pid"] == os.getpid()
+    assert "taking over the lock" in capsys.readouterr().err
+
+
+def test_a_stage_under_a_held_lock_takes_none_again_through_another_path_to_the_folder(tmp_path, monkeypatch):
+    """The locks held are known by the folder's real path: a stage called with a relative path or a link to
+    the folder of a command holding it takes no lock again (which its own lock would refuse)."""
+    from gors.core.lock import holding
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "link").symlink_to(run, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    with run_folder_lock(run, ["select"], "gors run"):
+        with holding(tmp_path / "link", ["select"], "gors select"):
+            pass
+        with holding("run", ["select"], "gors select"):
+            pass
+
+
+def test_nested_locks_of_other_stages_add_to_the_stages_held(tmp_path):
+    """A lock taken inside another (a command that holds `select`, then `train`) adds to what the call stack
+    holds: a stage function of either takes no lock again there."""
+    from gors.core.lock import holding
+
+    run = tmp_path / "run"
+    with run_folder_lock(run, ["select"], "gors run"):
+        with run_folder_lock(run, ["train"], "gors run"):
+            with holding(run, ["select", "train"], "gors select"):
+                pass
+        with holding(run, ["select"], "gors select"):
+            pass

@@ -217,3 +217,113 @@ def test_a_rounds_run_resumed_with_more_rounds_does_not_count_them_against_the_o
     assert dict(folder_status(folder))["rounds"] == "2 finished"
     (folder / "round-002").rmdir()
     assert dict(folder_status(folder))["rounds"] == "2 of 2 finished"
+
+
+def _markers(folder: Path, *markers: dict) -> None:
+    """Complete checkpoints of `folder` with these markers (each with its "step")."""
+    for marker in markers:
+        checkpoint = folder / "checkpoints" / f"checkpoint-{marker['step']}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "checkpoint.json").write_text(json.dumps({"fingerprint": {"rank": 4}} | marker))
+
+
+def _local(utc: str) -> str:
+    return datetime.fromisoformat(utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def test_training_progress_is_rounded_down_and_the_time_left_only_where_it_can_be_told(tmp_path):
+    """The share done is rounded down (99 % until the last step), a finished training has no time left, and
+    the time left comes from two checkpoints of one process and one training only, in minutes (at least 1)
+    under an hour."""
+    since = {"step": 0, "time": "2026-12-06T09:00:00+00:00"}
+    first = {"step": 998, "time": "2026-12-06T10:00:00+00:00", "since": since}
+    last = {"step": 999, "time": "2026-12-06T10:00:20+00:00", "since": since, "max_train_steps": 1000}
+    _markers(tmp_path / "pace", first, last)
+    assert dict(folder_status(tmp_path / "pace"))["training"] == (
+        f"step 999 of 1000 (99 %): checkpoint-999, saved {_local(last['time'])}; about 1 min to go at the pace of "
+        "steps 998 to 999")
+    # 3580 s to go reads as an hour, not as "60 min".
+    _markers(tmp_path / "hour", first, last | {"max_train_steps": 999 + 179})
+    assert dict(folder_status(tmp_path / "hour"))["training"].endswith("; about 1.0 h to go at the pace of steps 998 "
+                                                                        "to 999")
+    # Done: no time left, however the markers' times read.
+    _markers(tmp_path / "done", first, last | {"max_train_steps": 999})
+    assert dict(folder_status(tmp_path / "done"))["training"] == \
+        f"step 999 of 999 (100 %): checkpoint-999, saved {_local(last['time'])}"
+    # Two checkpoints saved at one time (a clock set back): no pace.
+    _markers(tmp_path / "clock", first, last | {"time": first["time"]})
+    assert "to go" not in dict(folder_status(tmp_path / "clock"))["training"]
+    # The checkpoint before is another training's (other settings): the pace since the newest one's process started.
+    _markers(tmp_path / "other", first | {"fingerprint": {"rank": 8}}, last)
+    assert dict(folder_status(tmp_path / "other"))["training"].endswith("at the pace of steps 0 to 999")
+    # The newest checkpoint's process started at the step it saved (nothing trained since): no pace.
+    _markers(tmp_path / "resumed", last | {"since": {"step": 999, "time": "2026-12-06T10:00:00+00:00"}})
+    assert "to go" not in dict(folder_status(tmp_path / "resumed"))["training"]
+
+
+def test_images_per_prompt_count_the_prompts_without_one():
+    """Prompts without an image are the low end of the spread, and say so; an even spread is "N each"."""
+    from collections import Counter
+
+    from gors.status import _per_prompt
+
+    assert _per_prompt(Counter({0: 2, 1: 2}), 3) == "0 to 2 each, 1 prompts without one"
+    assert _per_prompt(Counter({0: 2, 1: 1, 2: 2}), 3) == "1 to 2 each"
+    assert _per_prompt(Counter({0: 2, 1: 2, 2: 2}), 3) == "2 each"
+    assert _per_prompt(Counter(), 3) == "none yet"
+
+
+def test_the_best_lora_is_read_from_the_copy_an_interrupted_publish_left_aside(tmp_path):
+    """Between the two renames of publishing a new best LoRA, only `.best.old` holds it: status reads it there
+    (without renaming it back); `best/` comes first where both are there."""
+    aside = tmp_path / ".best.old"
+    aside.mkdir()
+    (aside / "best.json").write_text(json.dumps({"step": 2, "benchmark": "toy", "metric": "acc", "value": 0.5}))
+    assert dict(folder_status(tmp_path))["best LoRA"] == "step 2: toy acc 0.5000 (best/)"
+    assert aside.is_dir() and not (tmp_path / "best").exists()
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / "best.json").write_text(json.dumps({"step": 4, "benchmark": "toy", "metric": "acc",
+                                                             "value": 0.75}))
+    assert dict(folder_status(tmp_path))["best LoRA"] == "step 4: toy acc 0.7500 (best/)"
+
+
+def test_a_share_of_a_launch_whose_main_process_is_on_another_host_is_no_stray(tmp_path):
+    """A multi-node launch: the main process's lock record names another host, whose processes cannot be looked
+    at from here, and a process of this host holds its share. The share is that launch's, not a stray of a
+    launch whose main process is gone."""
+    from gors.status import lock_rows
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    main_record = {"stage": "train", "command": "gors train --output_dir x", "pid": int(gone.stdout),
+                   "host": socket.gethostname() + "-other-node", "argv": [], "started": time.time()}
+    share = main_record | {"stage": "train-process-00001", "pid": os.getpid(), "host": socket.gethostname()}
+    rows = lock_rows(tmp_path, {"train": main_record, "train-process-00001": share})
+    assert [what for what, _ in rows] == ["writing train"]
+    assert rows[0][1].endswith("by its lock record (another host: whether it still runs is not known here)")
+
+
+def test_a_rounds_run_is_known_by_its_first_round_before_rounds_json_and_its_lora_by_the_last_round(tmp_path):
+    """Stopped in round 0, a --rounds folder has no rounds.json yet: its `round-000/` says what it is. Once
+    rounds finished, the final LoRA is the last finished round's (rounds count from 0)."""
+    from gors.core.run_folder import round_dir
+
+    folder = tmp_path / "rounds"
+    assert round_dir(folder, 3) == folder / "round-003"
+    round_dir(folder, 0).mkdir(parents=True)
+    rows = dict(folder_status(folder))
+    assert rows["rounds"] == "0 finished" and rows["round-000 samples"] == "none yet"
+    round_dir(folder, 1).mkdir()
+    (folder / "rounds.json").write_text(json.dumps({"settings": {"rounds": 2}, "rounds": [{}, {}]}))
+    (folder / "pytorch_lora_weights.safetensors").write_bytes(b"lora")
+    assert dict(folder_status(folder))["final LoRA"] == "pytorch_lora_weights.safetensors (round 1's)"
+
+
+def test_lock_rows_leave_out_the_holders_shown_for_another_folder(tmp_path):
+    """A --rounds folder's latest round shows the commands writing it, but not those its top folder's rows name
+    already (`skip`): one `gors run --rounds` holds both."""
+    from gors.status import lock_rows
+
+    record = {"stage": "train", "command": "gors run --rounds 2", "pid": os.getpid(), "host": socket.gethostname(),
+              "argv": [], "started": time.time()}
+    assert [what for what, _ in lock_rows(tmp_path, {"train": record})] == ["writing train"]
+    assert lock_rows(tmp_path, {"train": record}, skip=frozenset({(os.getpid(), socket.gethostname())})) == []

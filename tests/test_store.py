@@ -312,3 +312,15 @@ def test_a_score_folder_keeps_its_settings_when_a_model_path_is_spelled_otherwis
     assert check_settings(tmp_path, {"reward": "b_vqa", "model_name_or_path": f"{tmp_path}/blip/"}, scored=True) is False
     with pytest.raises(StoreError, match="holds scores made with"):
         check_settings(tmp_path, {"reward": "b_vqa", "model_name_or_path": "other"}, scored=True)
+
+
+def test_a_reward_specs_scores_folder_and_column_keep_its_dots_and_lose_its_outer_separators(tmp_path):
+    """A reward spec's file-name-safe key: a module path keeps its dots, other characters become one `_`,
+    none at either end; the scores folder and the store column are named by it."""
+    from gors.core.run_folder import reward_column, reward_key, scores_dir
+
+    assert reward_key("my.module:MyReward") == "my.module_MyReward"
+    assert reward_key("b_vqa") == "b_vqa" and reward_key("clip-score") == "clip-score"
+    assert reward_key(":hub:org/name ") == "hub_org_name"
+    assert reward_column("my.module:MyReward") == "reward_my.module_MyReward"
+    assert scores_dir(tmp_path, "/abs/reward.py:R") == tmp_path / "scores" / "abs_reward.py_R"

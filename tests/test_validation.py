@@ -517,3 +517,68 @@ def test_a_validation_resolution_the_family_cannot_take_stops_a_run_before_any_i
     with pytest.raises(ValueError, match=r"^--validation_resolution=24: a StableDiffusion3Pipeline needs a multiple "
                                          r"of 16"):
         check_run_inputs(config)
+
+
+def test_a_tie_is_no_better_and_the_steps_kept_and_discarded_are_exact(tmp_path):
+    """A tie keeps the earlier best LoRA (in either direction); a resume at step 2 keeps step 2's results (its
+    own checkpoint's) and discards those after it but the kept steps of a longer run, which `kept_steps` gives
+    up to that run's checkpoint included; a best.json whose step is no integer has no step."""
+    from gors.validation import best_step, discard_steps_after, is_better, kept_steps
+
+    assert is_better(0.5, None, True) and is_better(0.5, None, False)
+    assert not is_better(0.5, 0.5, True) and not is_better(0.5, 0.5, False)
+    assert is_better(0.6, 0.5, True) and is_better(0.4, 0.5, False)
+    assert not is_better(0.4, 0.5, True) and not is_better(0.6, 0.5, False)
+    assert kept_steps(4, 6) == range(5, 7) and kept_steps(4, None) == range(0)
+    for step in (1, 2, 3, 5, 6):
+        (tmp_path / "validation" / f"step-{step:06d}").mkdir(parents=True)
+    assert discard_steps_after(tmp_path, 2, keep=kept_steps(4, 6)) == [3]
+    assert sorted(p.name for p in (tmp_path / "validation").iterdir()) == [
+        "step-000001", "step-000002", "step-000005", "step-000006"]
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / "best.json").write_text(json.dumps({"step": 6}))
+    assert best_step(tmp_path) == 6
+    (tmp_path / "best" / "best.json").write_text(json.dumps({"step": "6"}))
+    assert best_step(tmp_path) is None
+
+
+def test_the_image_grid_shows_two_rows_at_most_filled_up_with_white(tmp_path):
+    """Up to 2 rows of `columns` images; fewer images than columns make one row of as many."""
+    from gors.validation import image_grid
+
+    paths = []
+    for index in range(20):
+        paths.append(tmp_path / f"{index}.png")
+        Image.new("RGB", (8, 8), (index, 0, 0)).save(paths[-1])
+    assert image_grid(paths, columns=8, side=4).shape == (8, 32, 3)  # 16 of the 20 images
+    assert image_grid(paths[:3], columns=8, side=4).shape == (4, 12, 3)
+    grid = image_grid(paths[:5], columns=4, side=4)
+    assert grid.shape == (8, 16, 3) and (grid[4:, 4:] == 255).all()  # the second row: 1 image, then white
+
+
+def test_a_fresh_start_keeps_the_best_lora_of_a_longer_runs_kept_step(tmp_path):
+    """A run from step 0 that keeps a longer run's steps (`kept_steps`) keeps `best/` where it is of one of them,
+    and discards it otherwise."""
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / "best.json").write_text(json.dumps({"step": 6}))
+    for step in (2, 6):
+        (tmp_path / "validation" / f"step-{step:06d}").mkdir(parents=True)
+    discard_validation_results(tmp_path, keep=range(5, 7))
+    assert (tmp_path / "best" / "best.json").is_file()
+    assert [p.name for p in (tmp_path / "validation").iterdir()] == ["step-000006"]
+    discard_validation_results(tmp_path, keep=range(7, 9))
+    assert not (tmp_path / "best").exists() and not list((tmp_path / "validation").iterdir())
+
+
+def test_a_shorter_run_from_step_0_competes_with_the_kept_best_lora_even_one_a_kill_left_aside(
+        make_run_config, tmp_path, monkeypatch):
+    """A run from step 0 that keeps a longer run's steps (`keep`) puts back the best LoRA a kill mid-publish left
+    as `.best.old` and competes with it: a lower value of its own does not replace the longer run's best."""
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.9])
+    validation.start(0, training="A")
+    _validate(validation, range(3, 4))
+    (tmp_path / "best").rename(tmp_path / ".best.old")  # killed between publish_folder's two renames
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.5])
+    validation.start(0, training="A", keep=range(2, 4))
+    _validate(validation, range(1, 2))
+    assert (_best(tmp_path)["step"], (tmp_path / "best" / "lora").read_text()) == (3, "3")
