@@ -687,6 +687,9 @@ def test_adapters_disabled_runs_the_base_model_and_restores_the_adapters():
     with adapters_disabled(model):
         assert torch.equal(model(x), base)
     assert torch.equal(model(x), tuned)
+    with pytest.raises(RuntimeError), adapters_disabled(model):  # an error inside (out of memory) turns them on again
+        raise RuntimeError("out of memory")
+    assert torch.equal(model(x), tuned)
     assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
 
 

@@ -47,6 +47,19 @@ def test_a_lora_file_that_does_not_fit_the_adapters_is_refused(tmp_path):
         load_lora(tmp_path, {"text_encoder": _encoder(1)})
 
 
+def test_a_lora_file_without_a_component_or_with_fewer_layers_is_refused(tmp_path):
+    # A file saved without the text encoder's LoRA (a U-Net-only run) names the component; one that lacks some of
+    # the adapters' weights (a smaller model's) names the first missing one, where peft would leave them at init.
+    path = save_lora(tmp_path, {"text_encoder": _encoder(0)})
+    with pytest.raises(ValueError, match=r"has no LoRA weights for the text_encoder_2; it was saved by a run that "
+                                         r"did not train it"):
+        load_lora(tmp_path, {"text_encoder": _encoder(1), "text_encoder_2": _encoder(2)})
+    weights = load_file(str(path))
+    save_file({key: value for key, value in weights.items() if ".q_proj." not in key}, str(path))
+    with pytest.raises(ValueError, match=r"does not fit the text_encoder's adapters: missing \S*q_proj\S* \(2 in all\)"):
+        load_lora(tmp_path, {"text_encoder": _encoder(1)})
+
+
 def test_add_lora_trains_only_the_adapters_at_scale_1():
     """Only the adapters train (the base weights are frozen), alpha equals the rank (scale 1, as the released
     LoRAs), and `lora_parameters` lists the adapters that train, not one frozen since."""
