@@ -270,6 +270,32 @@ def test_a_finished_training_goes_back_to_its_validation_after_a_killed_try_of_o
     assert _summary(run, 3)["num_prompts"] == 2 and _best(run)["validation"]["num_prompts"] == 2
 
 
+def test_a_finished_training_whose_best_lora_is_gone_validates_its_last_step_again(
+        validated_three_steps, make_module_run_config, tmp_path, capsys):
+    # Step 3's folder holds its results under these settings, but best/ was deleted (or is another training's):
+    # the rerun validates step 3 again, so that the folder has a best LoRA of these settings.
+    run = tmp_path / "run"
+    shutil.copytree(validated_three_steps, run)
+    shutil.rmtree(run / "best")
+    capsys.readouterr()
+    train(make_module_run_config(**RESUMED, output_dir=str(run), max_train_steps=3, validation_num_prompts=2))
+    reset_process_state()
+    assert "[validation] step 3, the last, has no validation of these settings: validating it" in capsys.readouterr().out
+    assert _best(run)["step"] == 3
+
+
+def test_a_best_lora_recorded_under_an_earlier_gors_identity_of_the_training_is_kept(make_run_config, tmp_path,
+                                                                                      monkeypatch):
+    # An earlier gors named the training otherwise (`recorded_as`): its best LoRA is this training's and competes.
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.9])
+    validation.start(0, training="old name")
+    _validate(validation, range(2, 3))
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.5])
+    validation.start(2, training="new name", recorded_as=["old name"])
+    _validate(validation, range(3, 4))
+    assert (_best(tmp_path)["step"], (tmp_path / "best" / "lora").read_text()) == (2, "2")
+
+
 def test_validation_newly_on_for_a_finished_training_validates_its_last_step(selected_run, make_run_config,
                                                                              tmp_path):
     run = _copy_run(selected_run, tmp_path / "run")
