@@ -101,6 +101,11 @@ def test_evaluate_fetches_every_scorer_and_column_and_each_command_only_what_it_
     assert [need.name for need in score] == ["google/owlv2-base-patch16-ensemble"]  # no pipeline
     train, _ = plan("train", RunConfig(output_dir="unused"))
     assert [need.name for need in train] == [SD2]
+    # Training with benchmark validation loads its scorer: fetched too, the pipeline first (as evaluate's).
+    validated, files = plan("train", RunConfig(output_dir="unused", validation_benchmark="t2i_compbench:color"))
+    assert [need.name for need in validated] == [SD2, "Salesforce/blip-vqa-capfilt-large"]
+    assert files[0][0] == "t2i_compbench:color prompts"
+    assert plan("evaluate", config)[0][0].name == SD2
 
 
 def test_offline_or_another_command_is_refused_and_a_gated_model_says_what_to_do(hub, monkeypatch, capsys):
