@@ -176,3 +176,41 @@ def test_a_hub_loras_checkpoint_file_beside_it_is_no_lora(hub_cache):
     (snapshot(cache, "user/with-checkpoint") / "checkpoint-500.safetensors").write_bytes(b"state")
     assert download_lora("user/with-checkpoint", LORA_WEIGHT_NAME, "pytorch_lora_weights.bin") == str(
         snapshot(cache, "user/with-checkpoint") / "my_lora.safetensors")
+
+
+def test_a_hub_lora_with_the_hub_out_of_reach_is_read_from_the_cache_only(hub_cache, monkeypatch):
+    """The network down (not offline mode): the repository's other top-level LoRA file is looked for in the cache
+    alone, since every download would be retried in vain; one not cached either fails on the network, its cause."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from gors.core.hub import download_lora
+
+    cache = hub_cache("user/one-file")
+    (snapshot(cache, "user/one-file") / "my_lora.safetensors").write_bytes(b"lora")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+
+    def unreachable(*args, **kwargs):
+        try:
+            raise ConnectionError("Connection refused")
+        except ConnectionError as cause:
+            raise LocalEntryNotFoundError("cannot find the requested files in the local cache") from cause
+
+    real_snapshot = huggingface_hub.snapshot_download
+    calls = []
+
+    def snapshot_download(*args, **kwargs):
+        calls.append(kwargs.get("local_files_only"))
+        if not kwargs.get("local_files_only"):
+            raise AssertionError("the network was tried again")
+        return real_snapshot(*args, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert download_lora("user/one-file", LORA_WEIGHT_NAME, "pytorch_lora_weights.bin") == str(
+        snapshot(cache, "user/one-file") / "my_lora.safetensors")
+    with pytest.raises(ModelLoadError, match=r"^--lora='user/missing': the LoRA could not be read from the Hugging "
+                                             r"Face Hub \(cannot find the requested files in the local cache\)\. The "
+                                             r"Hugging Face Hub could not be reached \(ConnectionError\)"):
+        download_lora("user/missing", LORA_WEIGHT_NAME, "pytorch_lora_weights.bin")
+    assert calls == [True, True]
