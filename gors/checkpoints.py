@@ -29,7 +29,7 @@ from gors.config import RunConfig, TrainConfig
 from gors.core.fingerprints import is_local_fingerprint
 from gors.core.hub import model_version
 from gors.core.io import atomic_write_json, discard_folder, file_sha256, publish_folder, read_json, recover_folder
-from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR
+from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR, in_numbered_order
 from gors.core.store import same_value, selection_identity
 
 logger = logging.getLogger(__name__)
@@ -239,8 +239,8 @@ def previous_name(folder: Path) -> Path:
 
 def set_aside_checkpoints(output_dir: str | Path) -> list[Path]:
     """The `checkpoints.previous-<n>/` folders of `output_dir`: checkpoints that trainings with other settings set
-    aside (`previous_name`), by name."""
-    return sorted(Path(output_dir).glob(f"{CHECKPOINTS_DIR}.previous-*"))
+    aside (`previous_name`), in the order they were set aside (previous-2 before previous-10)."""
+    return in_numbered_order(Path(output_dir).glob(f"{CHECKPOINTS_DIR}.previous-*"))
 
 
 def set_aside_logs(logs: Path) -> Path | None:

@@ -27,6 +27,7 @@ from gors.core.run_folder import (
     SCORES_DIR,
     SELECTION_SUMMARY_FILE,
     best_folder,
+    in_numbered_order,
     is_rounds_folder,
     samples_dir,
 )
@@ -153,7 +154,7 @@ def _selected_since(folder: Path, marker: dict[str, Any] | None) -> str:
     try:
         if trained is None or selection_fingerprint(load_selection(folder)) == trained:
             return ""
-        kept = [path.name for path in sorted(folder.glob(PREVIOUS_SELECTION.format(number="*")))
+        kept = [path.name for path in in_numbered_order(folder.glob(PREVIOUS_SELECTION.format(number="*")))
                 if selection_fingerprint(list(read_jsonl(path))) == trained]
     except (OSError, ValueError, StoreError):  # a selection cut short or edited: training names the problem
         return ""

@@ -489,3 +489,12 @@ def test_the_furthest_set_aside_checkpoint_of_this_training_is_brought_back_from
     (tmp_path / "checkpoints").rename(tmp_path / "checkpoints.previous-2")
     assert restore_own_training(tmp_path, fingerprint, max_train_steps=5) == tmp_path / "checkpoints.previous-2"
     assert own_checkpoint(tmp_path, fingerprint, max_train_steps=5).name == "checkpoint-4"
+
+
+def test_set_aside_checkpoints_come_in_the_order_they_were_set_aside(tmp_path):
+    from gors.checkpoints import set_aside_checkpoints
+
+    for number in (10, 2, 1):
+        (tmp_path / f"checkpoints.previous-{number}").mkdir()
+    assert [p.name for p in set_aside_checkpoints(tmp_path)] == [
+        "checkpoints.previous-1", "checkpoints.previous-2", "checkpoints.previous-10"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 SAMPLES_DIR = "samples"  # the sample store (`gors.core.store`)
@@ -58,3 +59,8 @@ def best_folder(output_dir: str | Path) -> Path | None:
         if folder.is_dir():
             return folder
     return None
+
+
+def in_numbered_order(paths: Iterable[Path]) -> list[Path]:
+    """`paths` named alike but for a number (`checkpoints.previous-<n>`), by that number: 2 before 10."""
+    return sorted(paths, key=lambda path: (len(path.name), path.name))
