@@ -53,6 +53,19 @@ def test_the_largest_size_that_fits_is_the_first_that_does_not_run_out_of_memory
         largest_that_fits([2], lambda size: (_ for _ in ()).throw(ValueError("bad")), "trying")
 
 
+
+def test_a_runtime_error_other_than_out_of_memory_is_no_answer_either():
+    # A broken step (a dtype mismatch) must stop the trial, not be taken for a size that does not fit.
+    tried = []
+
+    def attempt(size):
+        tried.append(size)
+        raise RuntimeError("mat1 and mat2 must have the same dtype")
+
+    with pytest.raises(RuntimeError, match="same dtype"):
+        largest_that_fits([4, 2, 1], attempt, "trying")
+    assert tried == [4]
+
 @pytest.mark.parametrize("flags, message", [
     ({}, "--auto_train_batch_size without --global_batch_size"),
     ({"global_batch_size": 4, "gradient_accumulation_steps": 2},

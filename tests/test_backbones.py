@@ -311,3 +311,36 @@ def test_another_pipeline_with_a_safety_checker_loads_without_it(tiny_sd, tmp_pa
     backbone = detect_backbone(str(model))
     assert backbone.name == "pipeline" and backbone.pipeline_kwargs == {"safety_checker": None,
                                                                        "requires_safety_checker": False}
+
+
+def test_a_pipeline_without_guidance_samples_at_guidance_1(tmp_path: Path) -> None:
+    # An unconditional pipeline's __call__ takes no guidance_scale: the generic family must not invent classifier-free
+    # guidance (1.0 is none), while its steps are the pipeline's own default.
+    import inspect
+
+    import diffusers
+
+    ddpm = _config_only_pipeline(tmp_path / "ddpm", "DDPMPipeline", "unet", 32, {"block_out_channels": [1, 2]})
+    sampling = detect_backbone(str(ddpm)).sampling
+    steps = inspect.signature(diffusers.DDPMPipeline.__call__).parameters["num_inference_steps"].default
+    assert (sampling.guidance_scale, sampling.num_inference_steps, sampling.resolution) == (1.0, steps, 64)
+
+
+def test_a_lora_for_a_component_the_model_leaves_empty_is_refused_and_extra_entries_are_no_reason(tmp_path: Path):
+    # model_index.json lists an absent optional component as [null, null] (an SDXL refiner's text_encoder): a LoRA for
+    # it would find nothing. A file that also holds entries not named "lora" (alphas) is still a LoRA file.
+    from safetensors.torch import save_file
+
+    from gors.core.backbones import check_lora_fits
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionXLImg2ImgPipeline",
+                                                        "unet": ["diffusers", "UNet2DConditionModel"],
+                                                        "text_encoder": [None, None]}))
+    lora = tmp_path / "lora.safetensors"
+    save_file({"unet.proj_in.lora_A.weight": torch.zeros(2, 4), "unet.proj_in.alpha": torch.tensor(2.0)}, str(lora))
+    check_lora_fits(str(model), str(lora))
+    save_file({"text_encoder.q_proj.lora_A.weight": torch.zeros(2, 4)}, str(lora))
+    with pytest.raises(ValueError, match="has no text_encoder: the LoRA was trained on another model family"):
+        check_lora_fits(str(model), str(lora))

@@ -377,3 +377,71 @@ def test_an_image_that_does_not_fit_beside_a_scorer_names_the_overlap_too(make_r
                                                 r"or run the same command again on a device with more memory .*; or "
                                                 r"generate in half precision"):
         _overlapped(make_run_config(overlap_scoring=True))
+
+
+def _one(i: int):
+    return [{"prompt_index": i, "image_index": 0, "prompt": "p", "path": f"{i}.png"}], [Image.new("RGB", (8, 8))]
+
+
+def test_abandoning_scores_nothing_still_queued_but_finishes_the_batch_being_scored(tmp_path):
+    # After generation failed, the queued batches are left to the score stage of the rerun: not scored on the way out.
+    import json
+    import threading
+    from types import SimpleNamespace
+
+    release = threading.Event()
+
+    def slow(images, prompts, metadata=None):
+        assert release.wait(10)
+        return SimpleNamespace(scores=[0.5] * len(images), details=[{}] * len(images))
+
+    scorer = BackgroundScorer(tmp_path, lambda: SimpleNamespace(score=slow), 1, 0, "cpu", max_pending=1)
+    scorer.open()
+    scorer.add(*_one(0))  # being scored
+    scorer.add(*_one(1))  # returns once batch 0 was taken: batch 1 waits in the queue
+    close = scorer.close
+
+    def release_then_close() -> None:  # batch 0's scoring ends only once abandon emptied the queue
+        release.set()
+        close()
+
+    scorer.close = release_then_close
+    scorer.abandon()
+    rows = [json.loads(line) for line in scorer.out_file.read_text().splitlines()]
+    assert [row["prompt_index"] for row in rows] == [0]
+
+
+def test_the_workers_error_raised_by_add_is_not_raised_again_by_close(tmp_path):
+    # Generation stopped at `add`'s error; the `close` on its way out must not raise the same failure a second time.
+    from types import SimpleNamespace
+
+    def broken(images, prompts, metadata=None):
+        raise ValueError("no colour in the prompt")
+
+    scorer = BackgroundScorer(tmp_path, lambda: SimpleNamespace(score=broken), 1, 0, "cpu")
+    scorer.open()
+    scorer.add(*_one(0))
+    scorer._thread.join(10)
+    with pytest.raises(ValueError, match="overlapped with generation failed"):
+        scorer.add(*_one(1))
+    scorer.close()
+
+
+def test_opening_twice_builds_one_reward_and_one_worker(tmp_path):
+    from types import SimpleNamespace
+
+    built = []
+
+    def make():
+        built.append(1)
+        return SimpleNamespace(score=lambda images, prompts, metadata=None:
+                               SimpleNamespace(scores=[0.5] * len(images), details=[{}] * len(images)))
+
+    scorer = BackgroundScorer(tmp_path, make, 1, 0, "cpu")
+    scorer.open()
+    thread = scorer._thread
+    scorer.open()
+    assert built == [1] and scorer._thread is thread
+    scorer.add(*_one(0))
+    scorer.close()
+    assert len(scorer.out_file.read_text().splitlines()) == 1

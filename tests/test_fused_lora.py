@@ -268,3 +268,63 @@ def test_a_pipeline_samples_its_lora_with_fused_layers_and_peft_s_images(tiny_sd
     unloaded = load_pipeline(str(tiny_sd), torch.device("cpu"))
     assert abs(images(fused) - images(unloaded)).max() > 1e-2  # the LoRA changes the images
     assert abs(images(fused) - images(plain)).max() < 1e-5
+
+
+def _peft_net(**config) -> torch.nn.Sequential:
+    """One linear layer with a rank-2 adapter of peft's `LoraConfig(**config)`, fused, its LoRA weights non-zero."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from gors.core.fused_lora import fuse_lora_forward
+
+    torch.manual_seed(20)
+    net = inject_adapter_in_model(LoraConfig(r=2, target_modules=["0"], **config),
+                                  torch.nn.Sequential(torch.nn.Linear(8, 6)))
+    with torch.no_grad():
+        for name, parameter in net.named_parameters():
+            if "lora" in name:
+                parameter.normal_(0, 0.5)
+    assert fuse_lora_forward(net) == 1
+    return net
+
+
+@pytest.mark.parametrize("config", [{"use_dora": True}, {"lora_bias": True}])
+def test_dora_and_an_up_projection_bias_take_peft_s_forward(config):
+    # DoRA (a LoRA variant) rescales the output and `lora_bias` adds the up-projection's bias: the fused
+    # matmul computes neither, so these adapters must run peft's forward.
+    net = _peft_net(**config)
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(21))
+    with torch.no_grad():
+        torch.testing.assert_close(net(x), _unfused(net)(x), rtol=0, atol=0)
+
+
+def test_per_sample_adapter_names_take_peft_s_forward():
+    # `adapter_names` (peft's mixed-adapter batch) picks an adapter per sample: "__base__" rows get no LoRA.
+    net = _peft_net()
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(22))
+    names = ["default", "__base__", "default"]
+    with torch.no_grad():
+        mixed = net[0](x, adapter_names=names)
+        torch.testing.assert_close(mixed, _unfused(net)[0](x, adapter_names=names), rtol=0, atol=0)
+        torch.testing.assert_close(mixed[1], net[0].base_layer(x[1:2])[0], rtol=1e-6, atol=1e-6)
+
+
+def test_a_base_layer_with_a_forward_of_its_own_runs_it():
+    # accelerate's offloading replaces a module's forward per instance, and a subclass of nn.Linear may compute
+    # otherwise (e.g. diffusers' LoRACompatibleLinear): the fused path reads only the base weight, so it must not run.
+    class Doubled(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(23))
+    net = _peft_net()
+    plain = _unfused(net)
+    net[0].base_layer.forward = lambda inputs: torch.zeros(*inputs.shape[:-1], 6)
+    with torch.no_grad():
+        expected = plain[0](x) - plain[0].base_layer(x)  # the adapter's part alone
+        torch.testing.assert_close(net[0](x), expected, rtol=1e-6, atol=1e-6)
+    net = _peft_net()
+    base = net[0].base_layer
+    net[0].base_layer = Doubled(8, 6)
+    net[0].base_layer.load_state_dict(base.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(net[0](x), plain[0](x) + plain[0].base_layer(x), rtol=1e-6, atol=1e-6)

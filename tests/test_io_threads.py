@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -135,3 +136,67 @@ def test_leaving_a_prefetched_loop_early_stops_its_thread():
             break
     assert not any(thread.name == "test-reader-early" for thread in threading.enumerate())
     assert len(loaded) <= 5  # the items handed over, the one queued ahead and the one loading
+
+
+def test_leaving_the_block_waits_for_a_slow_last_item_and_raises_its_error():
+    # Leaving joins the worker: the last batch is written (or its error raised) before the caller goes on.
+    done: list[int] = []
+
+    def slow(item: int) -> None:
+        time.sleep(0.3)
+        done.append(item)
+
+    with OrderedWorker(slow, name="test-writer-slow") as worker:
+        worker.put(0)
+    assert done == [0]
+    assert not any(thread.name == "test-writer-slow" for thread in threading.enumerate())
+
+    def slow_failing(item: int) -> None:
+        time.sleep(0.3)
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        with OrderedWorker(slow_failing, name="test-writer-slow") as worker:
+            worker.put(0)
+
+
+def test_a_put_after_the_worker_failed_raises_at_once_even_with_room_in_the_queue():
+    # The caller stops at its next item: not one more batch generated and queued for a worker that is gone.
+    failed = threading.Event()
+
+    def work(item: int) -> None:
+        failed.set()
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        with OrderedWorker(work, name="test-writer", max_pending=4) as worker:
+            worker.put(0)
+            assert failed.wait(10)
+            worker._thread.join(10)  # the worker has recorded its error and stopped; the queue has room
+            with pytest.raises(OSError):
+                worker.put(1)
+            assert worker._queue.empty()
+
+
+class _Stop(BaseException):
+    """Not an Exception (as SystemExit or KeyboardInterrupt): it must still reach the caller."""
+
+
+def test_an_error_that_is_no_exception_reaches_the_caller_too():
+    def work(item: int) -> None:
+        raise _Stop("stopped")
+
+    with pytest.raises(_Stop):
+        with OrderedWorker(work, name="test-writer") as worker:
+            worker.put(0)
+
+    def load(item: int) -> int:
+        if item == 1:
+            raise _Stop("stopped")
+        return item
+
+    seen = []
+    with pytest.raises(_Stop):
+        for item, _ in prefetched(range(3), load, name="test-reader"):
+            seen.append(item)
+    assert seen == [0]

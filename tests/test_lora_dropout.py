@@ -95,3 +95,48 @@ def test_an_evaluation_with_dropout_records_it(tiny_sd, lora_dir, tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["lora_dropout"] == 0.1
     store_settings = json.loads((tmp_path / "toy" / "held_out" / "samples" / "settings.json").read_text())
     assert store_settings["lora_dropout"] == 0.1
+
+
+class _TinyPipeline:
+    """A pipeline of one LoRA linear layer: each image's row of ones through it (all `LoraOutputDropout` reads)."""
+
+    def __init__(self, **config) -> None:
+        from peft import LoraConfig, inject_adapter_in_model
+
+        torch.manual_seed(0)
+        net = inject_adapter_in_model(LoraConfig(r=2, target_modules=["0"], **config),
+                                      torch.nn.Sequential(torch.nn.Linear(8, 64)))
+        with torch.no_grad():
+            net[0].lora_B["default"].weight.normal_()
+        self.components = {"unet": net}
+
+    def __call__(self, prompt, generator=None):
+        with torch.no_grad():
+            return self.components["unet"](torch.ones(len(generator), 8))
+
+
+def test_one_prompt_for_several_images_drops_as_that_prompt_per_image():
+    # A single prompt string stands for every image of the call: each image's masks are those of its own seed and
+    # prompt, as in a call of one image, whatever the batching.
+    from gors.core.pipeline import cpu_generators
+
+    dropped = LoraOutputDropout(_TinyPipeline(), 0.5)
+    shared = dropped(prompt="a red circle", generator=cpu_generators([3, 4]))
+    listed = dropped(prompt=["a red circle", "a red circle"], generator=cpu_generators([3, 4]))
+    alone = dropped(prompt="a red circle", generator=cpu_generators([4]))
+    torch.testing.assert_close(shared, listed, rtol=0, atol=0)
+    torch.testing.assert_close(shared[1:], alone, rtol=1e-5, atol=1e-5)  # the same mask: only rounding differs
+    assert not torch.equal(shared[0], shared[1])  # two images, two masks
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0])
+def test_a_dropout_of_0_or_1_is_refused(p):
+    # p = 1 would divide the kept output by zero; p = 0 is no dropout (the flag's absence).
+    with pytest.raises(ValueError, match=r"lora_dropout must be in \(0, 1\)"):
+        LoraOutputDropout(_TinyPipeline(), p)
+
+
+def test_dora_layers_are_refused():
+    # DoRA rescales after lora_B: a hook on lora_B's output would not drop what lora_diffusion's dropout drops.
+    with pytest.raises(ValueError, match="merged, DoRA or embedding layers"):
+        LoraOutputDropout(_TinyPipeline(use_dora=True), 0.1)

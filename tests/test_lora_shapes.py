@@ -243,3 +243,69 @@ def test_weights_of_any_model_component_of_the_pipeline_are_checked(tiny_sd, sd_
                                          r"does not have\."):
         load_lora(pipeline, lora)
     assert pipeline.get_list_adapters() == {}
+
+
+def _config_only(**components: torch.nn.Module):
+    from gors.core.lora_shapes import ConfigOnlyPipeline
+
+    return ConfigOnlyPipeline("tiny/model", "TinyPipeline", components)
+
+
+def _pair(name: str, down: tuple[int, ...], up: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    return {f"{name}.lora_A.weight": down, f"{name}.lora_B.weight": up}
+
+
+def test_the_widths_of_convolutions_and_of_layers_that_carry_an_adapter_are_checked_too():
+    # A LoRA of another model misfits a 1x1 convolution (proj_in) as much as a linear layer, and a layer that already
+    # carries an adapter (peft's wrapper, no nn.Linear itself) is checked by its base layer's widths.
+    from gors.core.lora_shapes import lora_misfit
+    from gors.lora import add_lora
+
+    unet = torch.nn.Module()
+    unet.proj_in = torch.nn.Conv2d(8, 16, 1)
+    assert lora_misfit(_config_only(unet=unet), lora_layers(_pair("unet.proj_in", (4, 8, 1, 1), (16, 4, 1, 1)))) is None
+    assert lora_misfit(_config_only(unet=unet), lora_layers(_pair("unet.proj_in", (4, 4, 1, 1), (16, 4, 1, 1)))) == (
+        "its unet.proj_in maps 4 to 16 features, the model's layer 8 to 16")
+    wrapped = torch.nn.Sequential(torch.nn.Linear(8, 16))
+    add_lora(wrapped, ["0"], rank=2)
+    assert type(wrapped[0]) is not torch.nn.Linear
+    assert lora_misfit(_config_only(unet=wrapped), lora_layers(_pair("unet.0", (4, 8), (16, 4)))) is None
+    assert lora_misfit(_config_only(unet=wrapped), lora_layers(_pair("unet.0", (4, 8), (32, 4)))) == (
+        "its unet.0 maps 8 to 32 features, the model's layer 8 to 16")
+
+
+@pytest.mark.parametrize("file_path", ["text_model.q_proj", "q_proj"])
+@pytest.mark.parametrize("model_has_text_model", [True, False])
+def test_a_text_encoder_s_layers_are_found_with_or_without_text_model(file_path, model_has_text_model):
+    # transformers 5 dropped CLIP's `text_model.` level; LoRA files of either version name layers either way.
+    from gors.core.lora_shapes import lora_misfit
+
+    encoder = torch.nn.Module()
+    if model_has_text_model:
+        encoder.text_model = torch.nn.Module()
+        encoder.text_model.q_proj = torch.nn.Linear(8, 8)
+    else:
+        encoder.q_proj = torch.nn.Linear(8, 8)
+    pipeline = _config_only(text_encoder=encoder)
+    assert lora_misfit(pipeline, lora_layers(_pair(f"text_encoder.{file_path}", (2, 8), (8, 2)))) is None
+    assert "maps 8 to 4 features" in lora_misfit(pipeline, lora_layers(_pair(f"text_encoder.{file_path}", (2, 8), (4, 2))))
+
+
+def test_only_components_with_fewer_layers_loaded_than_the_file_adapts_are_named():
+    from gors.core.lora_shapes import UNPLACED, lora_layers_left_out
+
+    assert lora_layers_left_out({"unet": 2, "text_encoder": 1}, {"unet": 2, "text_encoder": 1}) == []
+    assert lora_layers_left_out({"unet": 2, "text_encoder": 1}, {"unet": 2}) == ["text_encoder: 1 in the file, 0 loaded"]
+    # Names that say no component count against the whole: named only when fewer layers loaded in all.
+    assert lora_layers_left_out({UNPLACED: 3}, {"unet": 3}) == []
+    assert lora_layers_left_out({UNPLACED: 3}, {"unet": 2}) == ["unnamed layers: 3 in the file, 2 loaded"]
+
+
+def test_a_peft_state_dict_with_several_adapters_is_told_to_save_one_per_file():
+    from gors.core.lora_shapes import check_lora_shapes
+
+    shapes = {f"{TO_Q}.lora_A.default.weight": (4, 64), f"{TO_Q}.lora_A.other.weight": (4, 64)}
+    with pytest.raises(ValueError, match=r"adapter name 'default', 'other' .*drops the name, one adapter per file$"):
+        check_lora_shapes(_config_only(), shapes, "x.safetensors")
+    with pytest.raises(ValueError, match=r"drops the name$"):
+        check_lora_shapes(_config_only(), {f"{TO_Q}.lora_A.default.weight": (4, 64)}, "x.safetensors")

@@ -106,6 +106,20 @@ def test_cudnn_and_cublas_failing_to_allocate_are_out_of_memory_too_and_other_ru
             raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
 
 
+
+def test_a_runtime_error_other_than_out_of_memory_is_raised_itself_at_the_first_batch():
+    # Not halved down to one item and then reported as out of memory (whose message would still quote it).
+    calls = []
+    error = RuntimeError("Input type (c10::Half) and bias type (float) should be the same")
+
+    def broken(batch):
+        calls.append(list(batch))
+        raise error
+
+    with pytest.raises(RuntimeError) as raised:
+        in_batches_that_fit([0, 1, 2, 3], 4, broken, "generating", "images", None, "elsewhere")
+    assert raised.value is error and calls == [[0, 1, 2, 3]]
+
 def test_the_training_advice_keeps_torch_s_first_line_and_other_errors_pass_through():
     with pytest.raises(DeviceMemoryError) as err:
         with out_of_memory_advice("training", "lower --train_batch_size"):

@@ -215,6 +215,29 @@ def test_many_compiled_modules_stay_compiled():
     assert len(graphs) == 12
 
 
+@pytest.mark.parametrize(("value", "graphs"), [
+    ("no", False), ("eager", False), ("cudagraphs", True), ("inductor", False), ("inductor:reduce-overhead", True),
+    ("inductor:max-autotune", True), ("inductor:max-autotune-no-cudagraphs", False), ("inductor:lite", False)])
+def test_only_the_modes_that_replay_cuda_graphs_count_as_such(value, graphs):
+    # A mode without CUDA graphs keeps AdapterCast and micro-batch accumulation: it must not be taken for one with them.
+    assert uses_cuda_graphs(value) is graphs
+    assert without_cuda_graphs(value) == ({"cudagraphs": "no", "inductor:reduce-overhead": "inductor",
+                                           "inductor:max-autotune": "inductor:max-autotune-no-cudagraphs"}
+                                          .get(value, value))
+
+
+def test_compiling_never_lowers_a_recompile_limit_already_higher():
+    # The limit is process-wide: a user's (or another library's) higher setting stays.
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(recompile_limit=1000):
+        compile_module(torch.nn.Linear(2, 2), "eager")
+        assert torch._dynamo.config.recompile_limit == 1000
+    with torch._dynamo.config.patch(recompile_limit=8):
+        compile_module(torch.nn.Linear(2, 2), "eager")
+        assert torch._dynamo.config.recompile_limit == 64
+
+
 @pytest.mark.parametrize(("value", "encoders"), [
     ("inductor", "inductor"), ("inductor:reduce-overhead", "inductor"),
     ("inductor:max-autotune", "inductor:max-autotune-no-cudagraphs"), ("cudagraphs", "no")])
