@@ -150,6 +150,12 @@ def test_a_compile_mode_is_one_of_inductor_s(value, message, make_run_config, tm
     assert not (tmp_path / "run").exists()
 
 
+def test_inductor_s_default_mode_may_be_named():
+    from gors.core.compiling import torch_compile_error, uses_cuda_graphs
+
+    assert torch_compile_error("inductor:default") is None and not uses_cuda_graphs("inductor:default")
+
+
 def test_compile_module_compiles_with_inductor_s_mode(monkeypatch):
     """A real inductor compile (of a tiny module: seconds) in a CUDA-graph mode, which on a CPU compiles
     without the graphs; the mode reaches inductor, whose CUDA graphs only a GPU exercises (gpu_session.sh)."""

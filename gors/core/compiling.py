@@ -42,7 +42,7 @@ def torch_compile_error(value: str) -> str | None:
         shown = [name for name in backends if not name.endswith("_TESTING_ONLY")]  # torch's own test doubles
         return (f"--torch_compile={value!r} is not a torch.compile backend; use 'no' or one of {', '.join(shown)}, "
                 "and for inductor a mode after a colon, e.g. inductor:reduce-overhead")
-    modes = [name for name in list_mode_options() if name != "default"]
+    modes = list(list_mode_options())  # "default" too: torch.compile's own spelling of plain inductor
     if value.endswith(":"):
         return f"--torch_compile={value!r}: no mode after the colon; use {backend!r} alone, or {backend}:MODE"
     if mode is not None and backend != "inductor":
