@@ -140,3 +140,25 @@ def test_dora_layers_are_refused():
     # DoRA rescales after lora_B: a hook on lora_B's output would not drop what lora_diffusion's dropout drops.
     with pytest.raises(ValueError, match="merged, DoRA or embedding layers"):
         LoraOutputDropout(_TinyPipeline(use_dora=True), 0.1)
+
+
+def test_an_images_masks_are_seeded_from_its_seed_and_prompt_as_recorded():
+    # `DROPOUT_MASKS` names this seeding in the results: images sampled with dropout by another gors version
+    # compare only if it stays the same (sha256 of "<seed>\0<prompt>", its first 8 bytes, 63 bits).
+    from gors.core.pipeline import mask_seed
+
+    assert mask_seed(42, "a red book and a blue cup") == 4137532108812490607
+    assert mask_seed(-1, "") == 9180342214983553198
+
+
+def test_a_call_whose_prompts_do_not_match_its_images_draws_one_stream_from_all_of_them():
+    # Three prompts for two images cannot be paired: the masks come from one generator seeded from all seeds and
+    # prompts, the same on a rerun and other for other prompts.
+    dropped = LoraOutputDropout(_TinyPipeline(), 0.5)
+    prompts = ["a red circle", "a blue square", "a green cup"]
+    first = dropped(prompt=prompts, generator=cpu_generators([3, 4]))
+    torch.testing.assert_close(dropped(prompt=prompts, generator=cpu_generators([3, 4])), first, rtol=0, atol=0)
+    other = dropped(prompt=prompts[:2] + ["a yellow cup"], generator=cpu_generators([3, 4]))
+    assert not torch.equal(other, first)
+    paired = dropped(prompt=prompts[:2], generator=cpu_generators([3, 4]))
+    assert not torch.equal(paired, first)
