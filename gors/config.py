@@ -97,7 +97,7 @@ def _words(hint: Any) -> str:
     return KIND_WORDS.get(hint, "a list" if typing.get_origin(hint) is list else "a value")
 
 
-def _check_choices(config: Any) -> None:
+def check_values(config: Any) -> None:
     """Every field of its annotated type (`check_field_types`) and, with `choices`, one of them (None: unset).
     argparse checks them only for flags typed on the command line, not for values from a YAML file, a recipe
     or Python."""
@@ -872,7 +872,7 @@ class GenerateConfig(GenerationFields, ModelFields, RunFolderFields):
     """`gors generate`: k images per training prompt into the sample store."""
 
     def __post_init__(self) -> None:
-        _check_choices(self)
+        check_values(self)
         self._check_run_folder()
         self._check_model()
         self._check_generation()
@@ -883,7 +883,7 @@ class ScoreConfig(ScoringFields, RewardFields, RunFolderFields):
     """`gors score`: one reward over every sample in the store."""
 
     def __post_init__(self) -> None:
-        _check_choices(self)
+        check_values(self)
         self._check_run_folder()
         self._check_reward()
         self._check_scoring()
@@ -894,7 +894,7 @@ class SelectConfig(SelectionFields, RewardFields, RunFolderFields):
     """`gors select`: keep the samples whose reward exceeds tau."""
 
     def __post_init__(self) -> None:
-        _check_choices(self)
+        check_values(self)
         self._check_run_folder()
         self._check_reward()
         self._check_selection()
@@ -905,7 +905,7 @@ class TrainConfig(TrainingFields, ModelFields, RunFolderFields):
     """`gors train`: reward-weighted LoRA fine-tuning on the selected samples."""
 
     def __post_init__(self) -> None:
-        _check_choices(self)
+        check_values(self)
         self._check_run_folder()
         self._check_model()
         self._check_training()
@@ -918,7 +918,7 @@ class RunConfig(RoundFields, PipelineFields, GenerationFields, ScoringFields, Se
 
     # Every stage config's field groups, so that each stage function takes a RunConfig as it is.
     def __post_init__(self) -> None:
-        _check_choices(self)
+        check_values(self)
         self._check_run_folder()
         self._check_model()
         self._check_training()
@@ -1034,7 +1034,7 @@ class EvaluateConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_choices(self)
+        check_values(self)
         _check(bool(self.output_dir.strip()), "--output_dir='': give the evaluation folder, e.g. --output_dir eval_output")
         self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a YAML file or a quoted flag, as a shell would
         self.images = None if self.images is None else os.path.expanduser(self.images)

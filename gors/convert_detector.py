@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gors.cli import parse_config
+from gors.config import check_values
 from gors.core.data import fetch_pinned_file
 from rewards.mmdet_mask2former import (
     CHECKPOINT_FILE,
@@ -45,6 +46,7 @@ class ConvertDetectorConfig:
     })
 
     def __post_init__(self) -> None:
+        check_values(self)  # each field's type and choices, as the flags are checked
         self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a quoted argument, as a shell would
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gors.config import parse_mapping
+from gors.config import check_values, parse_mapping
 from gors.core.io import is_json_number
 from gors.core.paper import (
     GORS_GLOBAL_BATCH,
@@ -451,6 +451,7 @@ class EstimateConfig:
     )
 
     def __post_init__(self) -> None:
+        check_values(self)  # each field's type and choices, as the flags are checked
         # A speed table's training ratio holds for one calibration batch (checked against the timings).
         table = self.reference_speedups if isinstance(self.reference_speedups, str) and \
             self.reference_speedups.endswith(".json") else None

@@ -26,6 +26,7 @@ import torch
 
 from gors._moved import moved_names
 from gors.cli import parse_config
+from gors.config import check_values
 from gors.core.data import PinnedSource, cache_root, fetch_pinned_file
 from gors.core.io import file_sha256, fsync_path, remove_stale_staging, set_usual_permissions
 from gors.core.paper import CATEGORIES, OFFICIAL_CHECKPOINT_STEMS
@@ -371,6 +372,7 @@ class ConvertLoraConfig:
     })
 
     def __post_init__(self) -> None:
+        check_values(self)  # each field's type and choices, as the flags are checked
         self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a quoted argument, as a shell would
 
 

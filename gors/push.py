@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gors import __version__
+from gors.config import check_values
 from gors.core.backbones import LORA_WEIGHT_NAME
 from gors.core.hub import is_repo_id, looks_like_local_path, network_error, offline_setting, one_line
 from gors.core.io import atomic_write_bytes, publish_folder, remove_stale_staging, set_usual_permissions
@@ -68,6 +69,7 @@ class PushConfig:
                                                            "stop, uploading nothing."})
 
     def __post_init__(self) -> None:
+        check_values(self)  # each field's type and choices, as the flags are checked
         self.output_dir = os.path.expanduser(self.output_dir)
         self.evaluation = [os.path.expanduser(folder) for folder in self.evaluation]
         if not is_repo_id(self.repo_id):

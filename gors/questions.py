@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gors.cli import parse_config
+from gors.config import check_values
 from gors.core.paper import ALL_CATEGORIES
 from gors.core.prompts import PROMPT_FILE_STEMS, load_prompts
 from rewards.noun_phrases import BACKENDS, OFFICIAL_INSTALL, Backend, is_official_parser
@@ -38,8 +39,7 @@ class QuestionsConfig:
     split: str = field(default="val", metadata={"help": "The split of a category name (val or train)."})
 
     def __post_init__(self) -> None:
-        if self.noun_phrase_backend not in BACKENDS:
-            raise ValueError(f"--noun_phrase_backend {self.noun_phrase_backend!r}; choose one of {', '.join(BACKENDS)}")
+        check_values(self)  # each field's type and choices, as the flags are checked
         splits = sorted({stem[len(category) + 1:] for stem in PROMPT_FILE_STEMS for category in ALL_CATEGORIES
                          if stem.startswith(f"{category}_")})
         if self.split not in splits:  # else a category name was reported as a missing file

@@ -30,6 +30,7 @@ from typing import Any
 from tabulate import tabulate
 
 from evaluators.results import UNIT_SCALE, metric_value
+from gors.config import check_values
 from gors.core.io import atomic_write_bytes, is_json_number, make_folder, not_a_folder, read_json
 from gors.core.paper import PUBLISHED, PUBLISHED_PROMPTS
 from gors.core.scoring import SOURCES_SETTING
@@ -503,6 +504,7 @@ class ReportConfig:
     output_dir: str = field(default="report", metadata={"help": "Where report.md and the PNGs go."})
 
     def __post_init__(self) -> None:
+        check_values(self)  # each field's type and choices, as the flags are checked
         if not self.output_dir.strip():
             raise ValueError("--output_dir='': give the folder the report goes to, e.g. --output_dir report")
         self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a quoted flag, as a shell would

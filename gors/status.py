@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gors.config import check_values
 from gors.core.backbones import LORA_WEIGHT_NAME
 from gors.core.io import files_sha256, read_json_if_present, read_jsonl
 from gors.core.lock import describe_holder, holder_runs, lock_records
@@ -42,6 +43,7 @@ class StatusConfig:
                                                                      "stages; --rounds folders too)."})
 
     def __post_init__(self) -> None:
+        check_values(self)  # each field's type and choices, as the flags are checked
         self.folders = [os.path.expanduser(folder) for folder in self.folders]
 
 

@@ -86,6 +86,13 @@ def test_config_file_given_with_an_equals_sign(tmp_path):
     assert parse_config(TrainConfig, [f"--config={config_file}"]).max_train_steps == 7
     with pytest.raises(SystemExit, match="--config needs a YAML file path"):
         parse_config(TrainConfig, ["--config", "--learning_rate", "0.5"])
+    # As for any flag, the last --config wins; a --config that ends the command line names no file.
+    first = tmp_path / "first.yaml"
+    first.write_text("max_train_steps: 3\n")
+    assert parse_config(TrainConfig, ["--config", str(first), f"--config={config_file}"]).max_train_steps == 7
+    assert parse_config(TrainConfig, [f"--config={config_file}", "--config", str(first)]).max_train_steps == 3
+    with pytest.raises(SystemExit, match="--config needs a YAML file path"):
+        parse_config(TrainConfig, ["--config"])
 
 
 def test_yaml_values_are_checked_against_the_flags_choices(tmp_path):
@@ -172,12 +179,17 @@ def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
         (["--reward_threshold", "1.5"], "--reward_threshold=1.5"),
         (["--reward_threshold", "1.0"], r"--reward_threshold=1.0: use a tau in \[0, 1\)"),
         (["--resolution", "500"], "--resolution=500"),
+        (["--resolution", "0"], "--resolution=0: use a multiple of 8"),  # 0 is a multiple of 8, yet no image side
         (["--no_train_unet", "--no_train_text_encoder"], "nothing to train"),
         (["--caption_dropout", "1.0"], "--caption_dropout=1.0"),
         (["--anchor_below", "-1"], "--anchor_below=-1: give a timestep >= 1"),
         (["--lr_scheduler", "cosin"], "--lr_scheduler='cosin'; choose one of linear, cosine, "),
         (["--lr_scheduler", "piecewise_constant"], "--lr_scheduler='piecewise_constant'; choose one of"),
         (["--lr_scheduler", "polynomial", "--learning_rate", "1e-8"], "polynomial decays --learning_rate to 1e-7"),
+        # At 1e-7 too: diffusers refuses a rate at or below the end it decays to.
+        (["--lr_scheduler", "polynomial", "--learning_rate", "1e-7"], "polynomial decays --learning_rate to 1e-7"),
+        (["--max_prompts", "0"], "--max_prompts=0: must be >= 1"),  # no prompt: nothing would be generated
+        (["--checkpoints_total_limit", "0"], "--checkpoints_total_limit=0: keep at least 1"),
         (["--adam_beta1", "1.0"], r"--adam_beta1=1.0: use a value in \[0, 1\)"),
         (["--adam_beta2", "-0.1"], "--adam_beta2=-0.1"),
         (["--adam_epsilon", "0"], "--adam_epsilon=0.0: must be > 0"),
@@ -197,6 +209,8 @@ def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
         (["--max_grad_norm", "0"], "--max_grad_norm=0.0: must be > 0"),
         (["--guidance_scale", "-2"], "--guidance_scale=-2.0: must be >= 0"),
         (["--seed", "-1"], r"--seed=-1: must be in \[0, 2147483647\]"),
+        # The upper bound too: seed + process index seeds numpy, which takes [0, 2**32); 2**31 leaves room for them.
+        (["--seed", "2147483648"], r"--seed=2147483648: must be in \[0, 2147483647\]"),
         (["--reward_options", ""], r"--reward_options='': expected a mapping"),  # was "=None"
         (["--reward_options", "[1]"], r"--reward_options='\[1\]': expected a mapping"),  # numpy's seed would fail when training
         (["--train_prompts", ""], "--train_prompts='': give a T2I-CompBench category"),  # was "Prompt file '.'"
@@ -680,6 +694,8 @@ def test_unusable_folders_and_config_paths_are_one_line(tmp_path, capsys):
     ("lr_scheduler: no\n", r"lr_scheduler: False reads as the YAML boolean false \(YAML 1\.1 reads yes, no, on and "
                             r"off so\): quote the text you meant; lr_scheduler: diffusers' get_scheduler name "
                             r"\(constant, linear, cosine, \.\.\.\)$"),
+    # Only `no` reads back as "no" for a field that takes it: `yes` is no "no".
+    ("mixed_precision: yes\n", r"mixed_precision: True reads as the YAML boolean true"),
     # Not a suggestion of "off", which it does not take either: what it takes.
     ("report_to: off\n", r"report_to: False reads as .*; report_to: One Accelerate tracker \(tensorboard, wandb, "
                           r"mlflow, \.\.\.: accelerate's LoggerType names\), all \(every installed one\) or none$"),
@@ -805,6 +821,25 @@ def test_an_explicit_accumulation_of_one_is_checked_against_a_recipes_global_bat
     monkeypatch.delenv("OMPI_COMM_WORLD_SIZE")
     monkeypatch.setenv("WORLD_SIZE", "8")  # the official 2 x 8 GPUs: one micro-batch per update, as said
     assert parse_config(RunConfig, ["--gradient_accumulation_steps", "1"], defaults=recipe).global_batch_size == 16
+    # Both flags the user's own: the refusal does not call the global batch the recipe's.
+    with pytest.raises(SystemExit, match=r"on 8 process\(es\); give one of the two flags \(--global_batch_size 0 is "
+                                         r"off\)$"):
+        parse_config(RunConfig, ["--global_batch_size", "16", "--gradient_accumulation_steps", "2"], defaults=recipe)
+
+
+def test_a_yaml_files_values_count_as_given_for_the_flags_another_flag_overrides(tmp_path, monkeypatch):
+    # A value set in --config is the user's as much as a flag's: --auto_train_batch_size refuses the file's
+    # train_batch_size, and the file's accumulation is checked against a recipe's global batch.
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("train_batch_size: 1\n")
+    with pytest.raises(SystemExit, match=rf"--train_batch_size=1 with --auto_train_batch_size, which sets it.* "
+                                         rf"\(--train_batch_size set in {config_file}\)$"):
+        parse_config(RunConfig, ["--config", str(config_file), "--global_batch_size", "4", "--auto_train_batch_size"])
+    config_file.write_text("gradient_accumulation_steps: 1\n")
+    with pytest.raises(SystemExit, match=r"--gradient_accumulation_steps=1 with --global_batch_size=16: that batch "
+                                         r"takes 8 micro-batch\(es\)"):
+        parse_config(RunConfig, ["--config", str(config_file)], defaults={"global_batch_size": 16})
 
 
 def test_flags_that_another_flag_overrides_or_that_cannot_draw_a_timestep_are_refused():
@@ -816,6 +851,7 @@ def test_flags_that_another_flag_overrides_or_that_cannot_draw_a_timestep_are_re
     for scale in ("10", "-2"):
         with pytest.raises(SystemExit, match=rf"--mode_scale={float(scale)}: must lie in \[-1, 1.752\]"):
             parse_config(RunConfig, ["--mode_scale", scale])
+    assert parse_config(RunConfig, ["--mode_scale", "-1"]).mode_scale == -1.0  # the interval's ends are defined
     assert parse_config(RunConfig, ["--no-train-text-encoder", "--no-train-text-encoder-2"]).train_text_encoder is False
     with pytest.raises(SystemExit, match=r"--validation_steps=100 without --validation_benchmark or "
                                          r"--validation_prompts: there is no validation to run"):
@@ -1189,3 +1225,27 @@ def test_a_config_made_from_python_refuses_a_value_of_another_type_naming_its_fi
                        max_train_steps=np.int64(8), adam_epsilon=np.float32(1e-8), reward_options=None)
     assert config.output_dir == str(tmp_path / "run") and config.validation_prompts == ["a red cube"]
     assert type(config.max_train_steps) is int and type(config.adam_epsilon) is float and config.reward_options == {}
+
+
+def test_the_other_commands_configs_made_from_python_check_their_values_as_their_flags_are():
+    from gors.estimate import EstimateConfig
+    from gors.official_lora import ConvertLoraConfig
+    from gors.push import PushConfig
+    from gors.report import ReportConfig
+    from gors.status import StatusConfig
+    from gors.toy.pretrain import ToyPretrainConfig
+
+    # Before, `lora="middle"` pushed the final LoRA under a commit message naming "the middle LoRA".
+    with pytest.raises(ValueError, match=r"^--lora='middle'; choose one of final, best$"):
+        PushConfig(output_dir="run", repo_id="me/lora", lora="middle")
+    with pytest.raises(ValueError, match=r"^--evaluation='eval' is not a list"):
+        PushConfig(output_dir="run", repo_id="me/lora", evaluation="eval")
+    with pytest.raises(ValueError, match=r"^--folders='run' is not a list"):
+        StatusConfig(folders="run")
+    for make, field_ in [(lambda: ReportConfig(folders=["run"], output_dir=3), "--output_dir=3 is not text"),
+                         (lambda: EstimateConfig(timings=["run"], num_prompts=7.5),
+                          "--num_prompts=7.5 is not a whole number"),
+                         (lambda: ConvertLoraConfig(source="color", output_dir=1), "--output_dir=1 is not text"),
+                         (lambda: ToyPretrainConfig(num_scenes="100"), "--num_scenes='100' is not a whole number")]:
+        with pytest.raises(ValueError, match=field_):
+            make()

@@ -533,6 +533,19 @@ def test_scoring_takes_the_precision_the_samples_were_generated_in(tmp_path):
     assert training_reward_dtype(ScoreConfig(output_dir=str(tmp_path)), Fake("cpu", "fp16"), "b_vqa") == torch.float32
 
 
+def test_two_lora_paths_are_one_lora_only_when_their_weights_hashes_are_known_and_equal():
+    # Results of another LoRA path are merged only on a recorded, equal sha256: two unrecorded hashes (None)
+    # say nothing about the weights, and must not make two LoRAs one.
+    from gors.evaluate import same_lora
+
+    unknown = {"lora_sha256": None, "model": None}
+    hashed = {"lora_sha256": "a" * 64, "model": None}
+    assert same_lora("runs/a", "runs/a", unknown, unknown)
+    assert not same_lora("runs/a", "runs/b", unknown, unknown)
+    assert same_lora("runs/a", "runs/b", hashed, dict(hashed))
+    assert not same_lora("runs/a", "runs/b", hashed, {"lora_sha256": "b" * 64, "model": None})
+
+
 def test_earlier_results_are_kept_only_for_the_same_model_and_lora_with_their_folder(tmp_path, monkeypatch):
     from gors.evaluate import earlier_summaries
 

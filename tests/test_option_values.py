@@ -124,6 +124,11 @@ def test_scorer_options_may_be_keyed_by_the_label_of_a_default_subset(tmp_path):
     with pytest.raises(ValueError, match=r"--scorer_options for \['toy:train'\], which are not among the benchmarks "
                                          r"evaluated \(toy:held_out\)"):
         plan_benchmarks(config)
+    # Keyed by the benchmark's name and by its subset's label, the label's value wins: it is the narrower key.
+    config = EvaluateConfig(benchmarks="toy:held_out", output_dir=str(tmp_path),
+                            scorer_options={"toy": {"checks": "binding"}, "toy:held_out": {"checks": "all"}})
+    (plan,) = plan_benchmarks(config)
+    assert plan.options == {"checks": "all"}
 
 
 @pytest.mark.parametrize(

@@ -135,6 +135,22 @@ def test_a_run_without_the_lora_asked_for_names_what_to_do(trained_run, tmp_path
         push(PushConfig(output_dir=str(unfinished), repo_id="me/x", dry_run=True))
 
 
+def test_a_rounds_run_without_its_final_lora_says_its_training_has_not_finished_and_offers_the_best(tmp_path):
+    # A --rounds run keeps its checkpoints in its rounds' folders: it has started training, not "not trained yet";
+    # a best LoRA kept by validation is offered in its place.
+    from gors.push import lora_file
+
+    (tmp_path / "round-001" / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"its training has not finished: .*checkpoints$"):
+        lora_file(tmp_path, "final")
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / LORA_WEIGHT_NAME).write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match=r"training has not finished.*, or push the best LoRA so far "
+                                                r"\(--lora best\)$"):
+        lora_file(tmp_path, "final")
+    assert lora_file(tmp_path, "best") == tmp_path / "best" / LORA_WEIGHT_NAME
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--repo_id", "not a repo"], "give a Hugging Face Hub model repository"),
     (["--repo_id", "me/x", "--base_model", "./sd"], "a local folder means nothing on the Hub"),
@@ -274,8 +290,10 @@ def test_push_uploads_the_staged_files_as_one_commit_on_the_branch_asked(trained
     assert f"is at {server.url}/me/tiny-gors/commit/" in capsys.readouterr().out
     assert 'pipeline.load_lora_weights("me/tiny-gors", revision="gors")' in commit["files"][CARD_FILE].decode()
     with hub_server(monkeypatch) as server:
-        push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors", private=True))
+        push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors", private=True,
+                        commit_message="LoRA of run 1"))
     assert server.bodies["/api/repos/create"]["visibility"] == "private"
+    assert [commit["header"]["summary"] for commit in server.commits] == ["LoRA of run 1"]  # --commit_message's
 
 
 def test_a_second_push_removes_the_earlier_images_and_private_makes_an_existing_repository_private(
@@ -304,6 +322,23 @@ def test_a_refusal_of_the_hub_is_one_line_with_what_to_do_and_the_files_stay_sta
         with pytest.raises(ValueError, match=f"pushing to me/tiny-gors failed \\(.*\\): {hint}"):
             push(PushConfig(output_dir=trained_run.output_dir, repo_id="me/tiny-gors"))
     assert (Path(trained_run.output_dir) / UPLOAD_DIR / LORA_WEIGHT_NAME).is_file()
+
+
+def test_the_hint_after_a_refusal_tells_a_request_to_fix_from_a_busy_or_failing_hub():
+    # A 4xx other than 429 is the request's fault (an unknown --license, a bad --revision); a 429 or a 5xx is the
+    # Hub's, and the same command may pass later.
+    from types import SimpleNamespace
+
+    from gors.push import _push_hint
+
+    def refused(status):
+        err = RuntimeError(f"HTTP {status}")
+        err.response = SimpleNamespace(status_code=status)  # as huggingface_hub's HfHubHTTPError carries it
+        return _push_hint(err, "me/x")
+
+    assert refused(404) == "the Hub refused the request (HTTP 404): check --repo_id, --revision and --license"
+    assert refused(499).startswith("the Hub refused the request (HTTP 499)")
+    assert refused(429) == refused(500) == refused(503) == "run the same command again"
 
 
 def test_offline_or_without_a_token_nothing_is_sent(trained_run, monkeypatch):

@@ -252,7 +252,7 @@ def test_questions_config_refuses_an_unknown_backend_and_defaults_to_auto(tmp_pa
     from gors.questions import QuestionsConfig
 
     # Built in Python (not through the command line, whose choices argparse checks), a backend is checked too.
-    with pytest.raises(ValueError, match=r"--noun_phrase_backend 'nltk'; choose one of "):
+    with pytest.raises(ValueError, match=r"--noun_phrase_backend='nltk'; choose one of "):
         QuestionsConfig(prompts="color", output=str(tmp_path / "q.json"), noun_phrase_backend="nltk")
     # Without the flag the official parser is used where it is installed (auto), not gors' chunker outright.
     prompts = tmp_path / "prompts.txt"

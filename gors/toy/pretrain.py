@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gors.config import SEED_LIMIT
+from gors.config import SEED_LIMIT, check_values
 from gors.core.io import atomic_write_json, make_folder, publish_folder, read_json, recover_folder
 from gors.core.threads import torch_threads
 from gors.core.toy import PRETRAINED_DIR
@@ -102,6 +102,7 @@ class ToyPretrainConfig:
     )
 
     def __post_init__(self) -> None:
+        check_values(self)  # each field's type and choices, as the flags are checked
         if not str(self.output_dir).strip():
             raise ValueError("--output_dir='': give the folder the toy model goes to, e.g. toy_model")
         self.output_dir = os.path.expanduser(self.output_dir)  # `~` from a quoted flag, as a shell would
