@@ -1249,3 +1249,15 @@ def test_the_other_commands_configs_made_from_python_check_their_values_as_their
                          (lambda: ToyPretrainConfig(num_scenes="100"), "--num_scenes='100' is not a whole number")]:
         with pytest.raises(ValueError, match=field_):
             make()
+
+
+def test_a_refusal_names_only_the_file_set_flags_it_names_not_those_whose_name_begins_another():
+    from gors.cli import _file_source
+
+    # `--validation_steps` is named; `--validation_steps_extra` is no mention of it (nor `--no_train_unet` of
+    # `--train_unet_x`), and `--no_<flag>` is a mention.
+    message = "--validation_steps_extra=3 is refused; --no_train_unet leaves nothing to train"
+    assert _file_source(message, {"validation_steps", "train_unet"}, "run.yaml") == " (--train_unet set in run.yaml)"
+    assert _file_source("--validation_steps=0: must be >= 1", {"validation_steps"}, "run.yaml") == \
+        " (--validation_steps set in run.yaml)"
+    assert _file_source("nothing named", {"validation_steps"}, "run.yaml") == ""
