@@ -28,7 +28,15 @@ import gors
 from gors.config import RunConfig, TrainConfig
 from gors.core.fingerprints import is_local_fingerprint
 from gors.core.hub import model_version
-from gors.core.io import atomic_write_json, discard_folder, file_sha256, publish_folder, read_json, recover_folder
+from gors.core.io import (
+    atomic_write_json,
+    discard_folder,
+    file_sha256,
+    left_aside,
+    publish_folder,
+    read_json,
+    recover_folder,
+)
 from gors.core.run_folder import CHECKPOINT_MARKER, CHECKPOINTS_DIR, in_numbered_order
 from gors.core.store import same_value, selection_identity
 
@@ -90,10 +98,8 @@ def _checkpoint_folders(root: Path, replaced: bool = False) -> list[Path]:
     `recover_replaced_checkpoints` puts back before a training looks), for reading without writing."""
     found = {checkpoint_step(p): p for p in root.glob("checkpoint-*") if p.is_dir() and _NAME.fullmatch(p.name)}
     if replaced:
-        for aside in root.glob(".checkpoint-*.old"):
-            name = aside.name.removeprefix(".").removesuffix(".old")
-            if aside.is_dir() and _NAME.fullmatch(name):
-                found.setdefault(checkpoint_step(name), aside)
+        found |= {checkpoint_step(final): aside for final, aside in left_aside(root, "checkpoint-*")
+                  if _NAME.fullmatch(final.name)}
     return [found[step] for step in sorted(found)]
 
 
@@ -486,8 +492,8 @@ def recover_replaced_checkpoints(output_dir: str | Path) -> None:
     """Put back each checkpoint that a save replacing it (`publish_folder`) had renamed `.checkpoint-<step>.old`
     when it was killed, before the new one took its name: complete, it is one to resume from (main process)."""
     root = Path(output_dir) / CHECKPOINTS_DIR
-    for aside in root.glob(".checkpoint-*.old"):
-        recover_folder(root / aside.name.removeprefix(".").removesuffix(".old"))
+    for final, _ in left_aside(root, "checkpoint-*"):
+        recover_folder(final)
 
 
 def write_checkpoint(accelerator: Accelerator, output_dir: str | Path, step: int, fingerprint: dict[str, Any],

@@ -249,6 +249,21 @@ def fsync_path(path: str | Path) -> None:
         os.close(descriptor)
 
 
+def aside_copy(final: str | Path) -> Path:
+    """Where `publish_folder` renames the folder it replaces until the new one is in place: `.<name>.old`."""
+    final = Path(final)
+    return final.with_name(f".{final.name}.old")
+
+
+def left_aside(parent: str | Path, pattern: str) -> list[tuple[Path, Path]]:
+    """(folder, its `aside_copy`) for each folder of `parent` matching `pattern` that an interrupted
+    `publish_folder` left only as its aside copy (what `recover_folder` would put back)."""
+    parent = Path(parent)
+    found = [(parent / aside.name.removeprefix(".").removesuffix(".old"), aside)
+             for aside in parent.glob(f".{pattern}.old") if aside.is_dir()]
+    return [(final, aside) for final, aside in found if not final.exists()]
+
+
 def publish_folder(staging: str | Path, final: str | Path) -> None:
     """Rename the complete folder `staging` to `final`, replacing any folder there only after.
 
@@ -258,7 +273,7 @@ def publish_folder(staging: str | Path, final: str | Path) -> None:
     staging, final = Path(staging), Path(final)
     for path in (*staging.rglob("*"), staging):
         fsync_path(path)
-    aside = final.with_name(f".{final.name}.old")
+    aside = aside_copy(final)
     if final.exists():
         if aside.exists():
             shutil.rmtree(aside)
@@ -272,7 +287,7 @@ def publish_folder(staging: str | Path, final: str | Path) -> None:
 def recover_folder(final: str | Path) -> None:
     """Put back the folder that an interrupted `publish_folder` left renamed aside, if any."""
     final = Path(final)
-    aside = final.with_name(f".{final.name}.old")
+    aside = aside_copy(final)
     if not final.exists() and aside.is_dir():
         aside.rename(final)
 
@@ -284,7 +299,7 @@ def discard_folder(folder: str | Path) -> None:
     folder = Path(folder)
     trash = folder.with_name(f".{folder.name}.discarded")
     shutil.rmtree(trash, ignore_errors=True)
-    for path in (folder.with_name(f".{folder.name}.old"), folder):
+    for path in (aside_copy(folder), folder):
         if path.exists():
             path.rename(trash)
             shutil.rmtree(trash)
