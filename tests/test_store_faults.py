@@ -177,9 +177,9 @@ def test_a_store_of_more_prompts_that_differ_from_those_asked_for_is_another_pro
         store.append(0, Image.new("RGB", (8, 8)), {"file_name": f"{p:05d}_000.png", "prompt": prompt,
                                                    "prompt_index": p, "image_index": 0})
     with pytest.raises(StoreError, match=r"holds samples of another prompt set \(prompt 0: 'a cat', now 'a bird'\)"):
-        _check_same_prompts(store, ["a bird", "a dog"], StoreFlags())
+        _check_same_prompts(store, store.records(), ["a bird", "a dog"], StoreFlags())
     with pytest.raises(StoreError, match=r"holds samples of 3 prompts and 2 are asked for"):
-        _check_same_prompts(store, ["a cat", "a dog"], StoreFlags())
+        _check_same_prompts(store, store.records(), ["a cat", "a dog"], StoreFlags())
 
 
 def test_a_lora_retrained_at_the_same_path_is_other_settings(tmp_path, caplog):
@@ -730,9 +730,9 @@ def test_a_store_of_a_prompt_read_with_invisible_characters_by_an_older_gors_is_
                                                          "prompt_index": 0, "image_index": 0}])
     with pytest.raises(StoreError, match=r"holds samples of prompt 0 as an older gors read it, 'a red circle\\u200b', "
                                          r"with invisible characters at its ends that gors now strips"):
-        _check_same_prompts(store, ["a red circle"], StoreFlags())
+        _check_same_prompts(store, store.records(), ["a red circle"], StoreFlags())
     with pytest.raises(StoreError, match=r"holds samples of another prompt set"):
-        _check_same_prompts(store, ["a blue circle"], StoreFlags())
+        _check_same_prompts(store, store.records(), ["a blue circle"], StoreFlags())
 
 
 def test_a_metadata_or_score_row_edited_without_its_keys_is_named_with_its_file_and_row(tmp_path):
@@ -809,7 +809,7 @@ def test_a_store_whose_local_model_moved_records_it_at_its_new_path_only(tmp_pat
     moved = tmp_path / "disk2" / "m"
     moved.parent.mkdir()
     model.rename(moved)
-    assert _check_same_settings(store, {**wanted, "model": str(moved)}, StoreFlags()) == []  # not refused
+    assert _check_same_settings(store, store.records(), {**wanted, "model": str(moved)}, StoreFlags()) == []  # not refused
     _prepare_store(store, ["p"], protocol, {**settings, "model": str(moved)}, None, make_accelerator(),
                    StoreFlags())
     assert recorded_model_commits(store.root) == {str(moved): local_fingerprint(moved)}

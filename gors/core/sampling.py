@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -69,9 +69,9 @@ class StoreFlags:
     batch_flag: str | None = "--generation_batch_size"  # sets the images per pipeline call; None: no such flag
 
 
-def _check_same_prompts(store: SampleStore, prompts: list[str], flags: StoreFlags) -> None:
-    """Refuse to mix samples of two prompt sets in one store."""
-    records = store.records()
+def _check_same_prompts(store: SampleStore, records: Sequence[dict[str, Any]], prompts: list[str],
+                        flags: StoreFlags) -> None:
+    """Refuse to mix samples of two prompt sets in one store (`records`: its `SampleStore.records()`)."""
     held = 1 + max((record["prompt_index"] for record in records), default=-1)
     if held > len(prompts) and all(prompts[r["prompt_index"]] == r["prompt"] for r in records
                                    if r["prompt_index"] < len(prompts)):
@@ -147,17 +147,18 @@ LATER_SETTINGS = ("lora_sha256", "call_kwargs")
 INFORMATIONAL_SETTINGS = ("gors_version",)
 
 
-def _check_same_settings(store: SampleStore, wanted: dict[str, Any], flags: StoreFlags) -> list[str]:
-    """Refuse to add images made with other settings to a store; returns the keys the recorded settings
-    lacked and take from `wanted` (`LATER_SETTINGS`). A local base model moved elsewhere (`moved_local_model`)
-    is the same model.
+def _check_same_settings(store: SampleStore, records: Sequence[dict[str, Any]], wanted: dict[str, Any],
+                         flags: StoreFlags) -> list[str]:
+    """Refuse to add images made with other settings to a store (`records`: its `SampleStore.records()`);
+    returns the keys the recorded settings lacked and take from `wanted` (`LATER_SETTINGS`). A local base
+    model moved elsewhere (`moved_local_model`) is the same model.
 
     A store without settings is adopted; so is one without records (the settings file is written
     before the first image, so a run stopped before it, or one that failed on a bad seed or LoRA,
     must not bind a corrected rerun to its settings).
     """
     recorded = store.load_settings()
-    if recorded is None or not store.records():
+    if recorded is None or not records:
         return []
     # The same weights, moved or copied elsewhere, by the sha256 the store itself recorded (one adopted
     # below from `wanted` says nothing): the store takes their new path.
@@ -202,8 +203,9 @@ def _prepare_store(store: SampleStore, prompts: list[str], protocol: SamplingPro
     ))
     # On every process, so that all of them stop on a mismatch.
     check_seed_range(protocol, len(prompts))
-    _check_same_prompts(store, prompts, flags)
-    adopted = _check_same_settings(store, wanted, flags)
+    records = store.records()  # read once for both checks: a paper-size store's metadata takes a second to parse
+    _check_same_prompts(store, records, prompts, flags)
+    adopted = _check_same_settings(store, records, wanted, flags)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         store.cut_torn_records()  # their images are generated again, as their records are gone
