@@ -13,7 +13,7 @@ from PIL import Image
 from gors.testing.blip import build_tiny_blip_captioner
 from gors.testing.clip import build_tiny_clip
 from rewards import get_reward_class, load
-from rewards.blip_clip import BlipClipReward
+from rewards.blip_clip import CAPTION_PROMPT, BlipClipReward
 from rewards.clip_score import CLIPScoreReward
 from rewards.clip_text import (
     adjective_flags,
@@ -383,3 +383,69 @@ def test_blip_clip_unconditional_caption_and_non_rgb(clip_dir: Path, blip_dir: P
     assert captions[1] == captions[2]  # RGBA of an opaque image is the RGB image
     assert all(0 < len(c.split()) <= 11 for c in captions)
     assert all(0.0 <= s <= 1.0 for s in output.scores)
+
+
+def test_clip_score_in_float16_takes_the_cosine_in_float32(clip_dir: Path) -> None:
+    """A float16 CLIP gives unit float32 embeddings, so its cosines are not float16-rounded; fp16 is the official dtype."""
+    half = CLIPScoreReward(model_name_or_path=str(clip_dir), device="cpu", torch_dtype=torch.float16)
+    assert half.official_dtype == torch.float16  # what the T2I-CompBench benchmark scores in on a GPU
+    images = random_images(3, seed=8)
+    embeddings = half.clip.image_embeddings(images, 2)
+    assert embeddings.dtype == torch.float32
+    torch.testing.assert_close(embeddings.norm(dim=-1), torch.ones(3), rtol=0, atol=1e-6)
+    cosines = [d["cosine"] for d in half.score(images, PROMPTS[:3]).details]
+    assert any(float(np.float16(c)) != c for c in cosines)
+
+
+def test_truncation_flag_counts_cleaned_tokens_up_to_exactly_77(clip_score: CLIPScoreReward, clip_model) -> None:
+    """A text of exactly 77 tokens (bos, 75, eos) after CLIP's cleaning is not truncated; one more token is."""
+    _, tokenizer = clip_model
+    fits = " ".join(["a"] * 74) + " &amp;"  # "&amp;" cleans to "&", one token
+    assert len(tokenizer(fits).input_ids) > 77 and len(tokenizer(" ".join(["a"] * 74) + " &").input_ids) == 77
+    assert clip_score.clip.truncated([fits, fits + " a", "a cat"]) == [False, True, False]
+
+
+def test_clip_score_embeds_the_cleaned_text(clip_score: CLIPScoreReward) -> None:
+    """The prompt is cleaned as CLIP's tokenizer cleans it (HTML entities, whitespace) before it is embedded."""
+    image = random_images(1, seed=9)[0]
+    messy, clean = clip_score.score([image, image], ["a  cat’s toy &amp; ball", "a cat's toy & ball"]).details
+    assert messy["cosine"] == pytest.approx(clean["cosine"], abs=1e-6)
+
+
+def test_complex_mode_flags_truncation_of_the_scored_text_and_names_its_parser(clip_dir: Path) -> None:
+    """With adjectives removed, `truncated` is about the text that is embedded, and the details name the parser."""
+    from rewards.noun_phrases import parser_record
+
+    complex_reward = CLIPScoreReward(model_name_or_path=str(clip_dir), device="cpu", remove_adjectives=True)
+    details = complex_reward.score(random_images(1, seed=3), [LONG_PROMPT]).details[0]
+    assert len(complex_reward.clip.tokenizer(LONG_PROMPT).input_ids) > 77
+    assert len(complex_reward.clip.tokenizer(details["text"]).input_ids) <= 77
+    assert details["truncated"] is False
+    assert details["parser"] == parser_record("auto")
+
+
+def test_blip_generation_follows_blips_defaults(clip_dir: Path, blip_dir: Path) -> None:
+    """3 beams, no sampling, 10 to 30 decoder tokens counting [DEC] and the prompt; a prompt that fills
+    `max_length` is refused, one token fewer is not."""
+    unconditional = BlipClipReward(
+        model_name_or_path=str(blip_dir), clip_model_name_or_path=str(clip_dir), device="cpu", caption_prompt=""
+    )
+    assert unconditional.prompt_ids.shape[1] == 2  # [CLS] [SEP]: the prompt is [DEC] alone
+    assert unconditional.generation == {"num_beams": 3, "do_sample": False, "max_new_tokens": 29, "min_new_tokens": 9}
+    prompt_length = unconditional.processor.tokenizer(CAPTION_PROMPT, return_tensors="pt").input_ids.shape[1] - 1
+    with pytest.raises(ValueError, match="no room for a caption"):
+        BlipClipReward(model_name_or_path=str(blip_dir), clip_model_name_or_path=str(clip_dir), device="cpu",
+                       min_length=0, max_length=prompt_length)
+    fits = BlipClipReward(model_name_or_path=str(blip_dir), clip_model_name_or_path=str(clip_dir), device="cpu",
+                          min_length=0, max_length=prompt_length + 1)
+    assert fits.generation["max_new_tokens"] == 1 and fits.generation["min_new_tokens"] == 0
+
+
+@pytest.mark.parametrize(
+    "options", [{"num_beams": 0}, {"num_beams": True}, {"max_length": 5}, {"min_length": 31}, {"min_length": -1}]
+)
+def test_blip_options_refused_before_loading(options: dict) -> None:
+    """num_beams >= 1 (a whole number, not a bool) and 0 <= min_length <= max_length, each against the other's default."""
+    with pytest.raises(ValueError, match="0 <= min_length <= max_length"):
+        BlipClipReward.check_options(options)
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -93,6 +94,14 @@ BAD_TABLES = {
     "question without ?": (table({"a cat": ["a cat"]}), "the questions of 'a cat'"),
     "empty question": (table({"a cat": ["?"]}), "the questions of 'a cat'"),
     "untrimmed prompt": (table({"a cat ": ["a cat?"]}), "surrounding whitespace"),
+    "no format version": ({k: v for k, v in table({"a cat": ["a cat?"]}).items() if k != "format_version"},
+                          "format_version None"),
+    "empty parser name": (table({"a cat": ["a cat?"]}, {"name": "", "version": "1"}), '"parser" must map'),
+    "parser model not a string": (
+        table({"a cat": ["a cat?"]}, {"name": "spacy", "version": "3.5.3", "model_version": 3}), '"parser" must map'
+    ),
+    "empty prompt": (table({"": ["a cat?"]}), "blank or has surrounding whitespace"),
+    "questions a mapping": (table({"a cat": {"a cat?": 1}}), "the questions of 'a cat'"),
 }
 
 
@@ -272,3 +281,23 @@ def test_questions_command_on_a_category(tmp_path: Path, monkeypatch: pytest.Mon
     loaded = load_question_table(out)
     assert len(loaded) == 300 and loaded.parser == BUILTIN
     assert loaded.lookup("a green acorn and a brown leaf") == ["a green acorn?", "a brown leaf?"]
+
+
+def test_the_hash_is_of_sorted_compact_utf8_json() -> None:
+    """`canonical_sha256` hashes sorted keys, no spaces and raw UTF-8 (not \\u escapes): a table keeps its id."""
+    content = {"questions": {"un café rouge": ["un café?"]}, "format": FORMAT}
+    canonical = '{"format":"gors-question-table","questions":{"un café rouge":["un café?"]}}'
+    assert canonical_sha256(content) == hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def test_lookup_keeps_the_prompts_case_and_provenance_ignores_key_order(tmp_path: Path) -> None:
+    """Prompts are looked up as written (case kept), and equal source records count as one whatever their key order."""
+    path = tmp_path / "questions.json"
+    write_question_table(path, table({"A Red Car": ["A Red Car?"]}))
+    loaded = load_question_table(path)
+    assert loaded.lookup("A Red Car") == ["A Red Car?"] and loaded.lookup("a red car") is None
+    source = loaded.source()
+    reordered = dict(reversed(list(source.items())))
+    assert question_provenance([{"question_source": source}, {"question_source": reordered}]) == [
+        {**source, "images": 2}
+    ]

@@ -301,3 +301,54 @@ def test_a_thinking_checkpoint_is_refused_when_the_reward_is_built(
     (thinking / "model.safetensors").unlink()  # never read
     with pytest.raises(ValueError, match=r"Qwen3-VL-8B-Thinking' is a thinking.*first token.*Qwen3-VL-8B-Instruct\."):
         reward_class(model_name_or_path=str(thinking), device="cpu")
+
+
+def test_images_past_the_first_window_get_their_own_answers(reward: SoftTIFAReward, model_dir: Path) -> None:
+    """With more images than one window (4 * batch_size), each image's atoms still score its own answers."""
+    images = random_images(6, seed=8)
+    prompts = [PROMPTS[i % 3] for i in range(6)]
+    windowed = SoftTIFAReward(model_name_or_path=str(model_dir), device="cpu", batch_size=1).score(images, prompts)
+    whole = reward.score(images, prompts)  # batch_size 4: one window of 16 images
+    for got, want in zip(windowed.details, whole.details, strict=True):
+        assert got["questions"] == want["questions"] and got["predicted"] == want["predicted"]
+        np.testing.assert_allclose(got["atom_scores"], want["atom_scores"], rtol=1e-4, atol=1e-7)
+
+
+def test_tifa_scores_the_arithmetic_mean_by_default(model_dir: Path, reward: SoftTIFAReward) -> None:
+    """TIFA's default aggregation is the official mean: one right and one wrong atom score 0.5, not GM's 0."""
+    image = random_images(1, seed=5)[0]
+    predicted = reward.score([image], [PROMPTS[0]], [{"vqa_list": VQA_LIST}]).details[0]["predicted"]
+    question, token = next((q, t.strip()) for (q, _), t in zip(VQA_LIST, predicted) if t.strip().isalpha())
+    vqa_list = [[question, token], [question, "zebra"]]
+    tifa = TIFAReward(model_name_or_path=str(model_dir), device="cpu", batch_size=4)
+    details = tifa.score([image], [PROMPTS[0]], [{"vqa_list": vqa_list}]).details[0]
+    assert details["atom_scores"] == [1.0, 0.0]
+    assert details["score"] == details["am"] == 0.5 and details["gm"] == 0.0
+
+
+@pytest.mark.parametrize("reward_class", [SoftTIFAReward, TIFAReward, VQAScoreReward])
+def test_the_default_procedure_is_the_one_pass(reward_class: type, model_dir: Path, monkeypatch) -> None:
+    """Without `procedure`, every GenEval 2 reward scores on the shared-prefix one pass, never `generate`."""
+    scorer = reward_class(model_name_or_path=str(model_dir), device="cpu", batch_size=2)
+    assert scorer.procedure == "one_pass"
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("generate was run")
+
+    monkeypatch.setattr(scorer.vlm, "generated_probabilities", refuse)
+    assert len(scorer.score(random_images(2), PROMPTS[:2]).scores) == 2
+
+
+@pytest.mark.parametrize("reward_class", [SoftTIFAReward, TIFAReward, VQAScoreReward])
+def test_float16_runs_the_judges_in_bfloat16(reward_class: type) -> None:
+    """Qwen3-VL was trained in bfloat16: a float16 request runs these rewards in bfloat16."""
+    from rewards.combined import member_dtype
+
+    assert member_dtype(reward_class, torch.float16) == torch.bfloat16
+    assert member_dtype(reward_class, torch.float32) == torch.float32
+
+
+def test_an_empty_vqa_list_asks_no_questions(reward: SoftTIFAReward) -> None:
+    """A ``vqa_list`` that is present but empty is taken as is (no atoms, score 1.0), not replaced by the parser's."""
+    details = reward.score(random_images(1), [PROMPTS[1]], [{"vqa_list": []}]).details[0]
+    assert details["source"] == "vqa_list" and details["questions"] == [] and details["score"] == 1.0

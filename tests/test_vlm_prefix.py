@@ -382,3 +382,96 @@ def test_the_lm_head_flushes_every_head_rows_questions_with_the_same_answers(vlm
     assert sorted(k for k, _ in flushed) == list(range(len(QUESTIONS)))
     for k, probabilities in flushed:
         assert torch.allclose(probabilities, whole[k], atol=1e-6), k
+
+
+def test_image_outputs_pass_each_images_own_deepstack_layers_in_order() -> None:
+    """`image_outputs` hands the model row i's embeddings and its deepstack layer j as layer j (the tiny
+    model cannot show it: its last deepstack layer is added after its last decoder layer)."""
+    from rewards.vlm import EncodedImage
+
+    rows = [
+        EncodedImage(torch.tensor([1, 2, 2]), torch.full((1, 4), float(i)),
+                     [torch.full((1, 4), 10.0 * i + j) for j in range(3)], 1)
+        for i in range(2)
+    ]
+    output = image_outputs(rows)
+    assert all(row.embeds is embeds for row, embeds in zip(rows, output.pooler_output, strict=True))
+    assert len(output.deepstack_features) == 3
+    for j, layer in enumerate(output.deepstack_features):
+        assert [float(x[0, 0]) for x in layer] == [10.0 * i + j for i in range(2)]
+
+
+def test_a_prompt_that_does_not_continue_the_shared_prefix_is_refused() -> None:
+    """`_tail` refuses a question prompt that differs from the image's prefix or ends with it."""
+    from rewards.vlm import PrefixState
+
+    prefix = PrefixState([1, 2, 3], cache=None, next_position=3)
+    assert ChatVLM._tail([1, 2, 3, 7, 8], prefix) == [7, 8]
+    for ids in ([1, 2, 4, 7, 8], [1, 2, 3]):
+        with pytest.raises(ValueError, match="does not continue the image's shared prefix"):
+            ChatVLM._tail(ids, prefix)
+
+
+def test_bfloat16_answers_are_float32_softmaxes(model_dir: Path) -> None:
+    """In bfloat16 both procedures return a float32 softmax of the logits, not a bfloat16 one cast up."""
+    vlm16 = load_chat_vlm(str(model_dir), torch.device("cpu"), torch.bfloat16)
+    assert vlm16.model.dtype == torch.bfloat16
+    picture = images(seed=8)[1]
+    question = "Is it red? Answer in one word."
+    one_pass = dict(vlm16.next_token_probabilities(vlm16.encode_images([picture]), [(0, question)], batch_size=1))[0]
+    for probs in (one_pass, vlm16.generated_probabilities(picture, question)):
+        assert probs.dtype == torch.float32
+        assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
+        # A bfloat16 softmax has only bfloat16 values; most float32 ones are not.
+        assert int((probs != probs.bfloat16().float()).sum()) > probs.numel() // 2
+
+
+def test_a_template_that_puts_the_image_after_the_question_is_refused(model_dir: Path, plain) -> None:
+    """No shared prefix holds the image when the template writes the question first: `ChatVLM` refuses it."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    loop = "{%- for content in message['content'] %}"
+    assert loop in CHAT_TEMPLATE
+    processor.chat_template = CHAT_TEMPLATE.replace(loop, "{%- for content in message['content'] | reverse %}")
+    from rewards.vlm import render_question
+
+    render_text = render_question(processor, "Is it red?")
+    assert render_text.index("Is it red?") < render_text.index("<|image_pad|>")
+    with pytest.raises(ValueError, match="does not put the image before the question"):
+        ChatVLM(plain[0], processor, "tiny")
+
+
+def test_a_processor_without_chat_template_or_pad_token_is_refused(model_dir: Path, plain, tmp_path: Path) -> None:
+    """A checkpoint without a chat template gets the "not a Qwen3-VL chat checkpoint" error (from the
+    folder too, before the thinking check), and a tokenizer without a pad token its own error."""
+    from transformers import AutoProcessor
+
+    bare = tmp_path / "no_template"
+    shutil.copytree(model_dir, bare)
+    (bare / "chat_template.jinja").unlink()
+    assert AutoProcessor.from_pretrained(bare).chat_template is None
+    with pytest.raises(ValueError, match="is not a Qwen3-VL chat checkpoint"):
+        ChatVLM.from_pretrained(str(bare), torch.device("cpu"), torch.float32)
+    processor = AutoProcessor.from_pretrained(model_dir)
+    processor.chat_template = None
+    with pytest.raises(ValueError, match="is not a Qwen3-VL chat checkpoint"):
+        ChatVLM(plain[0], processor, "tiny")
+    processor = AutoProcessor.from_pretrained(model_dir)
+    processor.tokenizer.pad_token = None
+    with pytest.raises(ValueError, match="'tiny': the tokenizer has no pad token"):
+        ChatVLM(plain[0], processor, "tiny")
+
+
+def test_a_think_block_reopened_after_a_closed_one_is_refused(model_dir: Path) -> None:
+    """The last <think> of the generation prompt decides: one opened after a closed block is refused."""
+    from transformers import AutoProcessor
+
+    from rewards.vlm import check_answers_directly
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    processor.chat_template = thinking_template("<think>\\n\\n</think>\\n\\n<think>\\n")
+    with pytest.raises(ValueError, match="is a thinking"):
+        check_answers_directly(processor, "tiny")
+    processor.chat_template = thinking_template("<think>\\n\\n</think>\\n\\n")
+    check_answers_directly(processor, "tiny")
