@@ -448,4 +448,3 @@ def test_blip_options_refused_before_loading(options: dict) -> None:
     """num_beams >= 1 (a whole number, not a bool) and 0 <= min_length <= max_length, each against the other's default."""
     with pytest.raises(ValueError, match="0 <= min_length <= max_length"):
         BlipClipReward.check_options(options)
-
