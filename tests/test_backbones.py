@@ -344,3 +344,42 @@ def test_a_lora_for_a_component_the_model_leaves_empty_is_refused_and_extra_entr
     save_file({"text_encoder.q_proj.lora_A.weight": torch.zeros(2, 4)}, str(lora))
     with pytest.raises(ValueError, match="has no text_encoder: the LoRA was trained on another model family"):
         check_lora_fits(str(model), str(lora))
+
+
+def test_generate_passes_the_familys_extra_call_arguments_to_every_pipeline_call(tmp_path, monkeypatch):
+    """generate samples with the family's extra pipeline-call arguments (FLUX.1 [schnell]'s T5 length) in every call."""
+    import gors.generate
+    from gors.config import GenerateConfig
+
+    flux = replace(FAMILIES["FluxPipeline"], call_kwargs={"max_sequence_length": 256})
+    monkeypatch.setattr(gors.generate, "detect_backbone", lambda *args: flux)
+    protocols = []
+    monkeypatch.setattr(gors.generate, "generate_samples", lambda store, prompts, protocol, *args, **kwargs:
+                        protocols.append(protocol))
+    (tmp_path / "prompts.txt").write_text("a cat\n")
+    gors.generate.generate(GenerateConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path="any/flux",
+                                          train_prompts=str(tmp_path / "prompts.txt"), images_per_prompt=1))
+    assert [dict(p.call_kwargs) for p in protocols] == [{"max_sequence_length": 256}]
+
+
+def test_generate_detects_loads_and_records_the_revision_it_is_given(tmp_path, monkeypatch):
+    """generate reads the family of, loads and records the model at --revision, not at its main branch."""
+    import gors.generate
+    from gors.config import GenerateConfig
+
+    detected, loaded = [], []
+    monkeypatch.setattr(gors.generate, "detect_backbone", lambda name, revision=None: detected.append(revision)
+                        or FAMILIES["StableDiffusionPipeline"])
+
+    def load_pipeline(name, device, dtype, revision=None, **kwargs):
+        loaded.append(revision)
+        raise InterruptedError("stop before sampling")
+
+    monkeypatch.setattr(gors.generate, "load_pipeline", load_pipeline)
+    (tmp_path / "prompts.txt").write_text("a cat\n")
+    config = GenerateConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path="org/model", revision="v2",
+                            train_prompts=str(tmp_path / "prompts.txt"), images_per_prompt=1)
+    with pytest.raises(InterruptedError):
+        gors.generate.generate(config)
+    assert detected == ["v2"] and loaded == ["v2"]
+    assert json.loads((tmp_path / "run" / "samples" / "settings.json").read_text())["revision"] == "v2"

@@ -4,6 +4,7 @@ The overlapped path must give the rows `gors score` gives after generation, stop
 the reward fails, and leave a resumable run folder after a crash.
 """
 
+import json
 import logging
 import shutil
 
@@ -12,7 +13,9 @@ import torch
 from PIL import Image
 
 import gors.core.store
+import gors.score
 import rewards.combined
+from gors.config import RunConfig
 from gors.core.background_scoring import BackgroundScorer
 from gors.core.distributed import make_accelerator
 from gors.core.run_folder import samples_dir, scores_dir
@@ -152,6 +155,62 @@ def test_a_sample_generated_again_while_scoring_overlaps_is_scored_again(make_ru
         assert score(config) == again  # nothing left to score
     assert "held 1 scores not of the samples' current image files" in caplog.text
     assert len(part.read_text().splitlines()) == 6
+
+
+def test_an_image_generated_again_with_the_same_pixels_is_not_scored_again_while_generating(make_run_config):
+    """Overlapped scoring skips a sample generated again whose image file is bit-identical to the one it scored."""
+    config = make_run_config(generation_batch_size=1)  # batches alike: the image made again has the same bytes
+    _overlapped(config)
+    store = SampleStore(samples_dir(config.output_dir))
+    store.image_path(store.records()[0]).unlink()
+    _overlapped(config)
+    assert len(store.records()) == 6
+    part = scores_dir(config.output_dir, "b_vqa") / "part-00000.jsonl"
+    assert len(part.read_text().splitlines()) == 6  # no second row of the same image
+
+
+class _RecordingScorer:
+    """A stand-in for `BackgroundScorer` that records how it was made and which way it was stopped."""
+
+    made: list[dict] = []
+
+    def __init__(self, *args, **kwargs):
+        self.made.append(kwargs)
+        self.stopped = kwargs["stops"] = []
+
+    def close(self):
+        self.stopped.append("close")
+
+    def abandon(self):
+        self.stopped.append("abandon")
+
+
+def _recording_scorers(monkeypatch, tmp_path):
+    """The kwargs of each scorer `scoring_while_generating` makes, and a run config of three prompts with metadata rows."""
+    prompts = tmp_path / "rows.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"a cat number {i}", "tag": f"t{i}"}) + "\n" for i in range(3)))
+    monkeypatch.setattr(gors.score, "BackgroundScorer", _RecordingScorer)
+    monkeypatch.setattr(_RecordingScorer, "made", [])
+    return _RecordingScorer.made, RunConfig(output_dir=str(tmp_path / "run"), train_prompts=str(prompts),
+                                            max_prompts=2, reward="b_vqa")
+
+
+def test_overlapped_scoring_hands_the_scorer_the_metadata_rows_of_the_prompts(tmp_path, monkeypatch):
+    """scoring_while_generating gives its scorer each prompt's metadata row, as the score stage gives the reward."""
+    made, config = _recording_scorers(monkeypatch, tmp_path)
+    with scoring_while_generating(config, make_accelerator()):
+        pass
+    assert [[row["tag"] for row in kwargs["prompt_metadata"]] for kwargs in made] == [["t0", "t1"]]
+    assert made[0]["stops"] == ["close"]
+
+
+def test_a_generation_error_abandons_the_overlapped_scorer_rather_than_finishing_its_queue(tmp_path, monkeypatch):
+    """When generation fails, the scorer's queue is dropped (abandon) and generation's error raised, nothing scored on."""
+    made, config = _recording_scorers(monkeypatch, tmp_path)
+    with pytest.raises(Interrupt, match="generation failed"):
+        with scoring_while_generating(config, make_accelerator()):
+            raise Interrupt("generation failed")
+    assert made[0]["stops"] == ["abandon"]
 
 
 def test_done_must_be_the_rows_not_a_set_of_keys(tmp_path):

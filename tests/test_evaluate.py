@@ -201,6 +201,57 @@ def test_the_papers_table_2_is_shown_as_published():
     }
 
 
+def test_dropping_the_score_of_an_image_generated_again_keeps_the_rows_of_samples_not_asked_for(tmp_path):
+    """When a score folder drops the rows of images generated again, rows of samples not asked for now stay on disk."""
+    from gors.core.distributed import make_accelerator
+    from gors.core.io import append_jsonl, read_jsonl
+    from gors.core.scoring import open_score_folder
+
+    def record(p, digest):
+        return {"prompt_index": p, "image_index": 0, "prompt": f"prompt {p}", "path": f"{p}.png", "image_sha256": digest}
+
+    folder = tmp_path / "scores"
+    append_jsonl(folder / "part-00000.jsonl", [record(p, d) | {"reward": 0.5, "details": {}} for p, d in enumerate("abc")])
+    accelerator = make_accelerator()
+    assert list(open_score_folder(folder, [record(0, "a"), record(1, "new")], accelerator)) == [(0, 0)]
+    assert [row["prompt_index"] for row in read_jsonl(folder / "part-00000.jsonl")] == [0, 2]  # 1's old image's row gone
+    later = [record(0, "a"), record(1, "new"), record(2, "c")]  # prompt 2 asked for again: its score is still there
+    assert sorted(open_score_folder(folder, later, accelerator)) == [(0, 0), (2, 0)]
+
+
+def test_opening_a_score_folder_cuts_a_torn_row_in_a_part_no_process_appends_to_now(tmp_path):
+    """A torn last row in another process's score part is cut when the folder is opened, not left torn on disk."""
+    from gors.core.distributed import make_accelerator
+    from gors.core.io import append_jsonl
+    from gors.core.scoring import open_score_folder
+
+    records = [{"prompt_index": p, "image_index": 0, "prompt": f"prompt {p}", "path": f"{p}.png"} for p in range(2)]
+    folder = tmp_path / "scores"
+    append_jsonl(folder / "part-00001.jsonl", [records[0] | {"reward": 0.5, "details": {}}])
+    with open(folder / "part-00001.jsonl", "a") as part:
+        part.write('{"prompt_index": 1, "image_index": 0, "pro')  # a kill while process 1 wrote
+    assert list(open_score_folder(folder, records, make_accelerator())) == [(0, 0)]
+    assert (folder / "part-00001.jsonl").read_text().endswith('"details": {}}\n')
+
+
+def test_a_reward_sees_each_images_record_over_its_prompts_metadata_row(tmp_path):
+    """The metadata a reward gets per image is its prompt's row with the store record's fields winning where both have one."""
+    from types import SimpleNamespace
+
+    from gors.core.scoring import score_rows
+
+    seen = []
+
+    def score(images, prompts, metadata=None):
+        seen.extend(metadata)
+        return SimpleNamespace(scores=[0.5] * len(images), details=[{} for _ in images])
+
+    record = {"prompt_index": 1, "image_index": 0, "prompt": "a cat", "path": "1.png", "seed": 3}
+    rows = [{"tag": "one"}, {"tag": "two", "path": "elsewhere.png", "seed": 0}]
+    score_rows(SimpleNamespace(score=score), [record], [Image.new("RGB", (8, 8))], rows)
+    assert seen == [{"tag": "two", "path": "1.png", "seed": 3, "prompt_index": 1, "image_index": 0, "prompt": "a cat"}]
+
+
 def test_scores_of_another_run_are_refused_and_unasked_ones_left_out(tmp_path):
     from gors.core.distributed import make_accelerator
     from gors.core.io import append_jsonl
@@ -429,6 +480,42 @@ def test_score_folders_record_scoring_versions_and_refuse_older_scores(tmp_path)
         check_settings(tmp_path, settings, scored=True)
 
 
+def test_gors_score_records_its_rewards_scoring_versions(tmp_path):
+    """The settings `gors score` records hold each reward's scoring_version, so that scores of an older one are refused."""
+    from gors.config import ScoreConfig
+    from gors.score import score_settings
+
+    reward = "b_vqa:0.5,spatial_rule:0.5"
+    settings = score_settings(ScoreConfig(output_dir=str(tmp_path)), make_accelerator(), reward)
+    assert settings["scoring_versions"] == {"b_vqa": 2, "spatial_rule": 5}
+    assert "scoring_versions" not in score_settings(ScoreConfig(output_dir=str(tmp_path)), make_accelerator(),
+                                                    "clip_score")  # version 1: none recorded
+
+
+def test_gors_score_records_the_reward_model_it_was_given(tmp_path):
+    """The settings `gors score` records name --reward_model_name_or_path, so that scores of another model are refused."""
+    from gors.config import ScoreConfig
+    from gors.score import score_settings
+
+    config = ScoreConfig(output_dir=str(tmp_path), reward_model_name_or_path=str(tmp_path / "blip"))
+    assert score_settings(config, make_accelerator(), "b_vqa")["model_name_or_path"] == str(tmp_path / "blip")
+
+
+def test_the_score_stages_reward_is_built_with_the_configs_model_options_and_batch_size(tmp_path, monkeypatch):
+    """gors score builds its reward with --reward_model_name_or_path, --reward_options and --reward_batch_size."""
+    import gors.score
+    from gors.config import ScoreConfig
+
+    built = []
+    monkeypatch.setattr(gors.score, "build_reward", lambda reward, **kwargs: built.append((reward, kwargs)))
+    config = ScoreConfig(output_dir=str(tmp_path), reward_model_name_or_path=str(tmp_path / "blip"),
+                         reward_options={"max_questions": 1}, reward_batch_size=3)
+    gors.score.reward_builder(config, make_accelerator(), "b_vqa")()
+    [(reward, kwargs)] = built
+    assert reward == "b_vqa" and kwargs["model_name_or_path"] == str(tmp_path / "blip")
+    assert kwargs["options"] == {"max_questions": 1} and kwargs["batch_size"] == 3
+
+
 def test_scores_without_a_record_of_their_settings_are_taken_with_a_warning(tmp_path, caplog):
     from gors.core.scoring import check_settings
 
@@ -531,6 +618,23 @@ def test_scoring_takes_the_precision_the_samples_were_generated_in(tmp_path):
                                  "b_vqa") == torch.float16  # asked for
     assert training_reward_dtype(ScoreConfig(output_dir=str(tmp_path / "none")), gpu, "b_vqa") == torch.float16
     assert training_reward_dtype(ScoreConfig(output_dir=str(tmp_path)), Fake("cpu", "fp16"), "b_vqa") == torch.float32
+
+
+def test_a_store_recording_no_generation_dtype_gors_uses_leaves_the_accelerators_precision(tmp_path):
+    """A sample store whose recorded dtype is none of gors's generation dtypes is scored in the accelerator's precision."""
+    from types import SimpleNamespace
+
+    from gors.config import ScoreConfig
+    from gors.core.run_folder import samples_dir
+    from gors.core.store import SampleStore
+    from gors.score import training_reward_dtype
+
+    store = SampleStore(samples_dir(tmp_path))
+    store.root.mkdir(parents=True)
+    gpu = SimpleNamespace(device=torch.device("cuda"), mixed_precision="fp16")
+    for recorded in ("float64", "fp8", None):
+        store.save_settings({"dtype": recorded})
+        assert training_reward_dtype(ScoreConfig(output_dir=str(tmp_path)), gpu, "b_vqa") == torch.float16
 
 
 def test_two_lora_paths_are_one_lora_only_when_their_weights_hashes_are_known_and_equal():

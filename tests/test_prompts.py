@@ -12,7 +12,7 @@ from pinned_http import FileServer, file_server, forbid_internet, github_url, lo
 
 from gors.core import paper
 from gors.core import prompts as P
-from gors.core.data import cache_root
+from gors.core.data import PinnedSource, cache_root, fetch_pinned_file, sha256_matches, sha256_of
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 needs_shared = pytest.mark.skipif(not (SHARED / "t2i_compbench").is_dir(), reason="shared/benchmarks not present")
@@ -347,3 +347,48 @@ def test_a_benchmark_name_wins_over_a_same_named_file_here_unless_written_as_a_p
     Path("color_val").write_text("my own prompt\n", encoding="utf-8")  # a file named like the benchmark's stem
     assert P.load_prompts("color_val").prompts == ["a green bench"]
     assert P.load_prompts("./color_val").prompts == ["my own prompt"]
+
+
+DEMO_BYTES = b"one prompt\n"
+DEMO = PinnedSource(name="demo", repository="someone/prompts", commit="c" * 40, folder="data/",
+                    sha256={"demo.txt": sha256_of(DEMO_BYTES), "short.txt": sha256_of(DEMO_BYTES)[:8]})
+
+
+def test_a_pin_matches_in_either_case_and_only_as_a_prefix_of_eight_digits_or_more() -> None:
+    """A sha256 pin matches a digest whole or by a prefix of 8+ hex digits, ignoring case; shorter pins never match."""
+    digest = sha256_of(DEMO_BYTES)
+    assert sha256_matches(digest, digest) and sha256_matches(digest, digest.upper())
+    assert sha256_matches(digest, digest[:8]) and sha256_matches(digest, digest[:8].upper())
+    assert not sha256_matches(digest, digest[:7]) and not sha256_matches(digest, "")
+    assert not sha256_matches(digest, sha256_of(b"another file")[:8])
+
+
+def test_a_checksum_error_names_the_pinned_commit_and_marks_only_a_prefix_pin_as_one(monkeypatch, tmp_path) -> None:
+    """A corrupted file's error names the repository and commit it must come from; '...' follows only a prefix pin."""
+    (tmp_path / "demo.txt").write_bytes(b"edited\n")
+    (tmp_path / "short.txt").write_bytes(b"edited\n")
+    monkeypatch.setenv("GORS_DATA_DIR", str(tmp_path))
+    with pytest.raises(P.ChecksumError) as whole:
+        fetch_pinned_file(DEMO, "demo.txt")
+    assert f"expected {DEMO.sha256['demo.txt']}: " in str(whole.value)
+    assert f"not from someone/prompts commit {'c' * 40}" in str(whole.value)
+    with pytest.raises(P.ChecksumError) as prefix:
+        fetch_pinned_file(DEMO, "short.txt")
+    assert f"expected {DEMO.sha256['short.txt']}...: " in str(prefix.value)
+
+
+def test_an_empty_gors_data_dir_counts_as_unset(monkeypatch) -> None:
+    """GORS_DATA_DIR set to an empty string is ignored: the file comes from the cache, as without it."""
+    cached = cache_root() / "demo" / DEMO.commit / "demo.txt"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(DEMO_BYTES)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the cached copy, with no request
+    monkeypatch.setenv("GORS_DATA_DIR", "")
+    assert fetch_pinned_file(DEMO, "demo.txt") == cached
+
+
+def test_a_cache_dir_given_with_a_tilde_is_under_the_home_folder(monkeypatch, tmp_path) -> None:
+    """GORS_CACHE_DIR=~/... is expanded to the home folder, not taken as a folder named '~'."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GORS_CACHE_DIR", "~/gors-cache")
+    assert cache_root() == tmp_path / "gors-cache"

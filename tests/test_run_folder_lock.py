@@ -55,6 +55,25 @@ def test_second_writer_in_one_process_is_refused_and_released_lock_is_empty(tmp_
         pass
 
 
+def test_the_score_stage_called_from_python_is_refused_while_another_process_generates(tmp_path):
+    """score(config) from a script is refused while another process holds the folder's generate stage, as gors score is."""
+    from gors.config import ScoreConfig
+    from gors.score import score
+
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), "generate"], cwd=REPO, env=ENV,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(LockError, match=rf"{run} is being written by `gors score` \(pid {holder.pid} "):
+            score(ScoreConfig(output_dir=str(run)))
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+
 def test_gors_score_is_refused_while_gors_generate_writes_the_folder(tmp_path, capsys):
     # score rewrites the metadata files that generate appends to: a line added meanwhile would be lost
     run = tmp_path / "run"

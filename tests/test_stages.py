@@ -49,6 +49,24 @@ def test_generate_writes_an_imagefolder_with_seeds(make_run_config):
     assert json.loads((store.root / "prompts.json").read_text())["prompts"][2] == "a yellow circle"
 
 
+def test_generate_given_a_seed_seeds_its_images_from_it_and_records_the_model(make_run_config):
+    """generate's `seed` argument (an online round's) is every image's base seed instead of config.seed; records name the model."""
+    config = make_run_config(max_prompts=1)
+    records = generate(config, seed=7).records()
+    assert all(r["model"] == config.pretrained_model_name_or_path for r in records)
+    assert [r["seed"] for r in records] == [sample_seed(7, 0, i) for i in range(2)] != [sample_seed(0, 0, i) for i in range(2)]
+
+
+def test_generate_records_the_metadata_of_the_prompts_it_generates_only(make_run_config, tmp_path):
+    """With --max_prompts, the store's prompts.json keeps the metadata rows of the prompts generated, not the whole set's."""
+    prompts = tmp_path / "rows.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"a cat number {i}", "tag": f"t{i}"}) + "\n" for i in range(3)))
+    config = make_run_config(train_prompts=str(prompts), max_prompts=1, images_per_prompt=1)
+    store = generate(config)
+    info = json.loads((store.root / "prompts.json").read_text())
+    assert info["prompts"] == ["a cat number 0"] and [row["tag"] for row in info["metadata"]] == ["t0"]
+
+
 def test_generate_resumes_without_duplicates_or_losses(make_run_config, tmp_path, monkeypatch):
     reference = generate(make_run_config(output_dir=str(tmp_path / "reference")))
     monkeypatch.undo()
@@ -132,6 +150,26 @@ def _fake_scored_run(tmp_path, category, rewards_by_prompt):
         rows.append({"prompt_index": p, "image_index": 0, "path": f"part-00000/{p:05d}_000.png", "reward": reward,
                      "image_sha256": stored["image_sha256"]})
     atomic_write_jsonl(tmp_path / "scores" / "b_vqa" / "part-00000.jsonl", rows)
+
+
+def test_a_mistyped_reward_option_is_named_as_such_before_the_folders_scores_are_compared(tmp_path):
+    """score names an option its reward does not take, rather than calling it a mismatch with the folder's scores."""
+    from gors.config import ScoreConfig
+
+    _fake_scored_run(tmp_path, None, {0: 0.5, 1: 0.6})
+    (tmp_path / "scores" / "b_vqa" / "settings.json").write_text(json.dumps({"reward": "b_vqa", "options": {}}))
+    config = ScoreConfig(output_dir=str(tmp_path), reward="b_vqa", reward_options={"max_question": 1})
+    with pytest.raises(ValueError, match=r"--reward_options: reward 'b_vqa' has no option 'max_question'"):
+        score(config)
+
+
+def test_score_refuses_a_category_other_than_the_samples(tmp_path):
+    """score with --category other than the generated prompts' is refused before any work, naming both categories."""
+    from gors.config import ScoreConfig
+
+    _fake_scored_run(tmp_path, "color", {0: 0.5, 1: 0.6})
+    with pytest.raises(ValueError, match=r"--category='spatial' .*but the samples in .*samples are 'color' prompts"):
+        score(ScoreConfig(output_dir=str(tmp_path), category="spatial"))
 
 
 def test_select_uses_template_and_natural_thresholds(tmp_path, make_run_config):

@@ -22,7 +22,7 @@ from gors.core import io
 from gors.core.distributed import make_accelerator
 from gors.core.io import append_jsonl, atomic_save_image, atomic_write_json, read_jsonl, set_usual_permissions
 from gors.core.sampling import SamplingProtocol, generate_samples
-from gors.core.scoring import load_scores, score_samples
+from gors.core.scoring import RewardError, checked_scores, load_scores, score_samples
 from gors.core.store import SETTINGS, SampleStore, StoreError
 from gors.generate import generate
 from gors.score import score
@@ -264,6 +264,39 @@ def test_a_lora_folder_is_hashed_by_its_weights_file(tmp_path, monkeypatch):
     assert "Hub" not in str(missing.value)
 
 
+def test_generate_refuses_a_missing_lora_before_the_store_records_anything(make_run_config, tmp_path):
+    """A --lora path that does not exist is named as such by generate, before any sample or setting is written."""
+    config = make_run_config()
+    missing = str(tmp_path / "no-such-lora")
+    with pytest.raises(FileNotFoundError, match=r"--lora='.*no-such-lora': no such file or folder"):
+        generate(config, lora=missing)
+    assert not (Path(config.output_dir) / "samples").exists()
+
+
+def test_generate_loads_the_lora_it_is_given_and_records_its_hash_and_relative_path(make_run_config, monkeypatch):
+    """generate(config, lora=...) (an online round's) loads that LoRA and records its weights' hash and its path
+    relative to output_dir (so the run folder resumes after a move)."""
+    import gors.generate
+    from gors.core.pipeline import lora_sha256
+
+    config = make_run_config()
+    lora = Path(config.output_dir) / "round-1"
+    lora.mkdir(parents=True)
+    save_file({"unet.x.lora_A.weight": torch.zeros(1, 1)}, str(lora / "pytorch_lora_weights.safetensors"))
+    loaded = []
+
+    def load_pipeline(*args, lora=None, **kwargs):
+        loaded.append(lora)
+        raise InterruptedError("stop before sampling")
+
+    monkeypatch.setattr(gors.generate, "load_pipeline", load_pipeline)
+    with pytest.raises(InterruptedError):
+        generate(config, lora=str(lora))
+    assert loaded == [str(lora)]
+    settings = json.loads((Path(config.output_dir) / "samples" / SETTINGS).read_text())
+    assert (settings["lora"], settings["lora_sha256"]) == ("round-1", lora_sha256(str(lora)))
+
+
 def test_a_lora_of_another_base_model_is_one_line(tmp_path, tiny_sd, capsys, caplog):
     from diffusers import StableDiffusionPipeline
     from peft import LoraConfig
@@ -352,6 +385,21 @@ def test_reward_numbers_become_floats_and_details_must_be_json():
         _NumpyReward({"p": np.array([0.5])}, device="cpu").score(images, ["a", "b"])
     with pytest.raises(RuntimeError, match=r"_NoneReward returned None for image 0 \('a'\), not a number"):
         _NoneReward(device="cpu").score(images, ["a", "b"])
+
+
+def test_checked_scores_refuse_a_score_out_of_range_a_missing_details_dict_or_details_of_another_type():
+    """A reward's batch is refused when a score leaves [0, 1] beyond rounding or its details are too few or no dicts."""
+    def check(scores, details):
+        return checked_scores("Mine", SimpleNamespace(scores=scores, details=details), ["a", "b"])
+
+    assert check([0.0, 1.0 + 1e-7], [{}, {}]) == [0.0, 1.0 + 1e-7]  # float rounding at the ends is no error
+    for value in (1.001, 1.5, -0.001):
+        with pytest.raises(RewardError, match=rf"Mine returned {value} for image 1 \('b'\), outside \[0.0, 1.0\]"):
+            check([0.5, value], [{}, {}])
+    with pytest.raises(RewardError, match=r"Mine returned 2 scores and 1 details for 2 images"):
+        check([0.5, 0.5], [{}])
+    with pytest.raises(RewardError, match=r"Mine returned details of type list for image 1 \('b'\)"):
+        check([0.5, 0.5], [{}, ["not", "a", "dict"]])
 
 
 class _Samples:

@@ -145,6 +145,23 @@ def test_toy_prompts_sample_as_the_toy_benchmark_on_a_stable_diffusion_model(tmp
     assert json.loads((generate(config).root / "settings.json").read_text())["num_inference_steps"] == 3  # given wins
 
 
+def test_toy_prompts_on_a_model_of_another_family_sample_as_that_family(tmp_path, monkeypatch):
+    """Toy prompts on a model that is not Stable Diffusion sample with its family's defaults, not the toy benchmark's."""
+    import gors.generate
+    from gors.config import GenerateConfig
+    from gors.core.backbones import FAMILIES
+    from gors.core.toy import PRETRAINED_DIR
+
+    monkeypatch.setattr(gors.generate, "detect_backbone", lambda *args: FAMILIES["StableDiffusionXLPipeline"])
+    protocols = []
+    monkeypatch.setattr(gors.generate, "generate_samples", lambda store, prompts, protocol, *args, **kwargs:
+                        protocols.append(protocol))
+    config = GenerateConfig(output_dir=str(tmp_path / "run"), pretrained_model_name_or_path=str(PRETRAINED_DIR / "pipeline"),
+                            train_prompts="toy:train", max_prompts=1, images_per_prompt=1)
+    gors.generate.generate(config)
+    assert [(p.num_inference_steps, p.guidance_scale, p.resolution) for p in protocols] == [(50, 5.0, 1024)]
+
+
 def test_select_refuses_a_category_other_than_the_samples(tmp_path):
     _toy_run(tmp_path, [1.0, 0.98, 0.5])
     with pytest.raises(ValueError, match=r"^--category='spatial' \(given, or set by the recipe\), but the samples in "
