@@ -105,6 +105,18 @@ def test_a_training_ratio_measured_at_another_gors_batch_than_the_calibrations_i
     assert "--train_batch_size 16 needs its training ratio" in capsys.readouterr().err
 
 
+def test_gors_estimate_checks_the_batch_of_the_training_row_whose_ratio_it_prices(scripts, tmp_path):
+    """Of two training rows in one speed table, the later one prices training, and its batch is the one checked."""
+    from gors.estimate import speed_table_ratios, speed_table_train_batch
+
+    result = scripts["common"].SpeedResult
+    table = write_table(scripts, tmp_path / "speed.json", [
+        result("training step, both LoRAs", "loop", "sizes", [1.2], "0e+00", "train", batch=2),
+        result("training step, both LoRAs, gors at batch 16, per sample", "loop", "sizes", [4.0], "-", "train",
+               batch=16)])
+    assert speed_table_ratios(table) == {"train": 4.0} and speed_table_train_batch(table) == 16
+
+
 def test_the_default_ratios_are_the_kept_cpu_tables_medians():
     # `gors estimate`'s default official column must come from a speed table kept in the repository, not from
     # numbers typed in: the defaults are its medians, rounded as printed.

@@ -8,7 +8,16 @@ import json
 import pytest
 
 from gors.core.paper import GORS_RUN_SOURCES, RELEASED_CHECKPOINT_STEPS
-from gors.estimate import EstimateConfig, RunPlan, calibration_warnings, estimate, estimate_command, format_plan
+from gors.estimate import (
+    EstimateConfig,
+    RunPlan,
+    StageEstimate,
+    calibration_warnings,
+    estimate,
+    estimate_command,
+    format_estimate,
+    format_plan,
+)
 
 
 def _entry(stage: str, seconds: float, work: int, processes: int = 1, setup: float = 0.0, **settings) -> dict:
@@ -52,6 +61,8 @@ def _all_seconds_zero(stages):
 @pytest.mark.parametrize("change, stage, problem", [
     (_drop(("score", "work")), "score", "'work' is missing"),
     (_drop(("train", "settings", "train_batch_size")), "train", "settings.train_batch_size=None is not a number >= 1"),
+    (_set(("train", "settings", "gradient_accumulation_steps"), 0), "train",
+     "settings.gradient_accumulation_steps=0 is not a number >= 1"),
     (_drop(("generate", "device")), "generate", "'device' is missing"),
     (_set(("score", "work"), "400"), "score", "work='400' is not a number >= 1"),
     (_set(("train", "work"), 0), "train", "work=0 is not a number >= 1"),
@@ -102,12 +113,36 @@ def test_the_hours_are_named_after_the_device_the_calibration_ran_on(device, uni
     assert ("this one ran on the CPU and prices no GPU" in plan) == (unit == "CPU")
 
 
+@pytest.mark.parametrize("name", ["num_prompts", "images_per_prompt", "num_inference_steps", "max_train_steps",
+                                  "global_batch_size"])
+def test_a_plan_of_no_work_is_refused(name):
+    """Each of the plan's sizes must be at least 1: 0 prices nothing and would read as a free run."""
+    with pytest.raises(ValueError, match=rf"^--{name}=0: must be >= 1$"):
+        EstimateConfig(timings=["calibration"], **{name: 0})
+
+
+def test_the_total_row_adds_each_column_and_gives_the_official_hours_over_gors():
+    """The table's total row sums each column and its overall ratio is official / gors, not gors / official."""
+    rows = [StageEstimate("generate", "100 images", 1.0, 3.0, 3.0), StageEstimate("train", "10 steps", 1.0, 1.0, 1.0)]
+    assert format_estimate(rows, ["GPU X"]).splitlines()[-1] == "| total | | 2.00 | 4.00 | 2.00x overall |"
+
+
 def test_stages_timed_on_the_cpu_and_on_a_gpu_are_refused(tmp_path):
     stages = _stages()
     stages["score"]["device"] = "cpu"
     (tmp_path / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
     with pytest.raises(ValueError, match=r"^score timed on the CPU, generate on GPU X \(.*timings.json\), train on "
                                          r"GPU X .*CPU-hours and GPU-hours do not add up"):
+        estimate_command(EstimateConfig(timings=[str(tmp_path)]))
+
+
+def test_one_stage_timed_on_a_gpu_beside_the_others_on_the_cpu_is_refused(tmp_path):
+    """CPU and GPU timings are refused together however few stages ran on the GPU (here only training)."""
+    stages = {name: entry | {"device": "cpu"} for name, entry in _stages().items()}
+    stages["train"]["device"] = "GPU X"
+    (tmp_path / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
+    with pytest.raises(ValueError, match=r"^generate, score, select timed on the CPU, train on GPU X "
+                                         r"\(.*timings.json\): CPU-hours and GPU-hours do not add up"):
         estimate_command(EstimateConfig(timings=[str(tmp_path)]))
 
 

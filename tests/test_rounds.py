@@ -330,6 +330,66 @@ def test_each_round_takes_its_tau_and_the_replay_asked_for(make_run_config, tmp_
     assert replayed_rows(tmp_path, 2, "none") == [] and replayed_rows(tmp_path, 0, "all") == []
 
 
+def _fake_round_stages(calls: list):
+    """A `run_stages` that records each round's config and inputs and writes only what `run_rounds` reads of a
+    round's folder: its selection (its own row and the replayed ones), summary, LoRA and end checkpoint."""
+    def fake(config, accelerator, command, inputs):
+        calls.append((config, inputs))
+        out = Path(config.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        rows = [{"path": "part-00000/00000_000.png", "prompt": "p", "reward": 0.9}, *inputs.replay]
+        (out / SELECTION_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        (out / "selection_summary.json").write_text(json.dumps({
+            "threshold": config.reward_threshold, "num_samples": 4, "num_selected": 1, "all": {"mean": 0.5},
+            "selected": {"mean": 0.9}}))
+        (out / LORA_WEIGHT_NAME).write_bytes(out.name.encode())
+        checkpoint = out / CHECKPOINTS_DIR / f"checkpoint-{config.max_train_steps}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / CHECKPOINT_MARKER).write_text(json.dumps({"step": config.max_train_steps}))
+    return fake
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_each_of_three_rounds_takes_the_lora_checkpoint_and_seed_of_the_round_just_before(make_run_config, tmp_path,
+                                                                                         monkeypatch, reset):
+    """Round r generates with round r-1's LoRA and its own seeds, trains on from r-1's end; a rerun redoes no round."""
+    from accelerate import Accelerator
+
+    import gors.rounds
+
+    calls: list = []
+    monkeypatch.setattr(gors.rounds, "run_stages", _fake_round_stages(calls))
+    config = make_run_config(output_dir=str(tmp_path / "run"), rounds=3, steps_per_round=2, seed=7, replay="all",
+                             reset_optimizer=reset, report_to="tensorboard" if reset else "none")
+    out = Path(config.output_dir)
+    rounds = gors.rounds.run_rounds(config, Accelerator(cpu=True))
+    assert [inputs.lora for _, inputs in calls] == [None, str(round_dir(out, 0)), str(round_dir(out, 1))]
+    assert [inputs.seed for _, inputs in calls] == [7, 7 + ROUND_SEED_STRIDE, 7 + 2 * ROUND_SEED_STRIDE]
+    assert [inputs.continue_from for _, inputs in calls] == [None] + [
+        round_dir(out, r) / CHECKPOINTS_DIR / f"checkpoint-{2 * (r + 1)}" for r in (0, 1)]
+    assert [(c.output_dir, c.max_train_steps) for c, _ in calls] == [(str(round_dir(out, r)), 2 * (r + 1))
+                                                                     for r in range(3)]
+    assert [inputs.reset_optimizer for _, inputs in calls] == [reset] * 3
+    assert [inputs.schedule_steps for _, inputs in calls] == [2 if reset else 6] * 3
+    assert [[row["round"] for row in inputs.replay] for _, inputs in calls] == [[], [0], [0, 1]]
+    assert [(r["round"], r["lora"], r["last_step"], r["num_replayed"]) for r in rounds] == [
+        (0, None, 2, 0), (1, "round-000", 4, 1), (2, "round-001", 6, 2)]
+    assert (out / LORA_WEIGHT_NAME).read_bytes() == b"round-002"  # the last round's LoRA, copied to the run folder
+    record = json.loads((out / ROUNDS_FILE).read_text())
+    assert record["rounds"] == rounds
+    # Under --report_to tensorboard each round's reward and selection are scalars over rounds (`logs/rounds`).
+    assert bool(list((out / "logs" / "rounds").glob("events.out.tfevents.*"))) == reset
+
+    # Stopped after round 0: the rerun goes on in round 1, with the same inputs as the uninterrupted run's.
+    (out / ROUNDS_FILE).write_text(json.dumps({**record, "rounds": record["rounds"][:1]}))
+    for r in (1, 2):
+        shutil.rmtree(round_dir(out, r))
+    again: list = []
+    monkeypatch.setattr(gors.rounds, "run_stages", _fake_round_stages(again))
+    assert gors.rounds.run_rounds(config, Accelerator(cpu=True)) == rounds
+    assert [(c, inputs) for c, inputs in again] == calls[1:]
+
+
 def test_round_seeds_do_not_meet_for_any_prompt_or_image():
     assert round_seed(42, 0) == 42
     last_of_round_0 = sample_seed(round_seed(42, 0), 9_999, 99_999)

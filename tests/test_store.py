@@ -1,3 +1,4 @@
+import contextlib
 import hashlib
 import json
 
@@ -270,6 +271,18 @@ def test_a_damaged_cache_file_is_computed_again(tmp_path, caplog):
     assert computed == [0, 1, 2, 3, 4] * 5  # reused, not computed again
 
 
+def test_a_cache_part_whose_tensors_hold_different_numbers_of_rows_is_damaged(tmp_path):
+    """A cache file (a part: no expected length) whose tensors disagree in length is damaged; equal ones are not."""
+    from gors.training_data import cache_damage
+
+    path = tmp_path / "latents.part-00000-of-00002.safetensors"
+    save_file({"index": torch.arange(3), "value": torch.zeros(2, 1)}, str(path))
+    assert cache_damage(path) == "its tensors hold [2, 3] rows, all the same expected"
+    save_file({"index": torch.arange(3), "value": torch.zeros(3, 1)}, str(path))
+    assert cache_damage(path) is None and cache_damage(path, 3) is None
+    assert cache_damage(path, 4) == "its tensors hold [3] rows, 4 expected"
+
+
 def test_a_cache_batch_that_runs_the_device_out_of_memory_is_halved(tmp_path, caplog):
     from accelerate import Accelerator
 
@@ -287,6 +300,68 @@ def test_a_cache_batch_that_runs_the_device_out_of_memory_is_halved(tmp_path, ca
     assert torch.equal(cache["value"][:, 0], torch.arange(7.0) * 2)  # every item once, in order
     assert batches == [7, 4, 2, 2, 2, 1]  # halved until a batch fits, then on at that size
     assert "out of device memory while caching (encode latents) at 4 items: going on at 2" in caplog.text
+
+
+def _tiny_vae():
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    return AutoencoderKL(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+                         up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8,
+                         sample_size=32).eval()
+
+
+def test_cached_latents_are_the_vaes_distribution_of_the_official_preprocessing(tmp_path):
+    """Each cached row is the VAE's mean and std of its image resized (bilinear), centre-cropped, scaled to [-1, 1]."""
+    import numpy as np
+    from accelerate import Accelerator
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as F
+
+    from gors.training_data import cached_latent_distributions
+
+    vae = _tiny_vae()
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((40, 56), (72, 40))]
+    selection = [{"path": f"part-00000/{i}.png", "reward": 0.9} for i in range(len(images))]
+    cache = cached_latent_distributions(selection, lambda row: images[selection.index(row)], vae,
+                                        Accelerator(cpu=True), tmp_path, 32, True, "tiny", batch_size=1)
+    with torch.no_grad():
+        for i, image in enumerate(images):
+            resized = F.resize(image, 32, interpolation=InterpolationMode.BILINEAR)  # the short side to 32
+            pixels = F.to_tensor(F.center_crop(resized, 32)) * 2 - 1
+            dist = vae.encode(pixels[None]).latent_dist
+            assert torch.allclose(cache["mean"][i], dist.mean[0], atol=1e-5)
+            assert torch.allclose(cache["std"][i], dist.std[0], atol=1e-5)
+    assert cache["original_size"].tolist() == [[40, 56], [72, 40]]  # (height, width)
+    assert cache["crop_top_left"].tolist() == [[0, 6], [12, 0]]
+
+
+def test_a_training_caches_name_is_kept_and_changes_with_each_input_it_depends_on(tmp_path):
+    """The cache names without a known commit stay those of earlier caches, and every input they hash changes them."""
+    from gors.training_data import latent_cache_path, text_cache_name
+
+    selection = [{"path": "part-00000/00000_000.png", "reward": 0.9}]
+    latents = latent_cache_path(selection, tmp_path, 512, True, "org/model")
+    assert latents == tmp_path / "3245b04c0c83f045.safetensors"  # caches on disk stay valid
+    others = [latent_cache_path([{**selection[0], "reward": 0.8}], tmp_path, 512, True, "org/model"),
+              latent_cache_path(selection, tmp_path, 256, True, "org/model"),
+              latent_cache_path(selection, tmp_path, 512, False, "org/model"),
+              latent_cache_path(selection, tmp_path, 512, True, "org/other")]
+    assert len({latents, *others}) == 5
+    tokens = torch.zeros(2, 77, dtype=torch.long)
+    prompts = ["a red circle", ""]
+    text = text_cache_name("text_encoder", prompts, tokens, "org/model", None, torch.float16)
+    assert text == "text_encoder-0404a9b886c44264.safetensors"
+    assert text_cache_name("text_encoder", prompts, tokens, "org/model", None, torch.float32) == (
+        "text_encoder-b196b0b9ca1ee77b.safetensors")
+    others = [text_cache_name("text_encoder_2", prompts, tokens, "org/model", None, torch.float16),
+              text_cache_name("text_encoder", prompts[:1], tokens, "org/model", None, torch.float16),
+              text_cache_name("text_encoder", prompts, torch.zeros(2, 128, dtype=torch.long), "org/model", None,
+                              torch.float16),  # another --max_sequence_length
+              text_cache_name("text_encoder", prompts, tokens, "org/other", None, torch.float16),
+              text_cache_name("text_encoder", prompts, tokens, "org/model", "v2", torch.float16)]
+    assert len({text, *others}) == 6
 
 
 def test_two_spellings_of_one_local_folder_are_one_setting(tmp_path, monkeypatch):
@@ -324,3 +399,81 @@ def test_a_reward_specs_scores_folder_and_column_keep_its_dots_and_lose_its_oute
     assert reward_key(":hub:org/name ") == "hub_org_name"
     assert reward_column("my.module:MyReward") == "reward_my.module_MyReward"
     assert scores_dir(tmp_path, "/abs/reward.py:R") == tmp_path / "scores" / "abs_reward.py_R"
+
+
+class _ThreadProcess:
+    """One of `world` processes of a launch, played by a thread: the barrier stands in for the process group
+    (an error on one thread breaks it for all, as a failed process ends a launch)."""
+
+    def __init__(self, index: int, world: int, barrier) -> None:
+        from types import SimpleNamespace
+
+        self.process_index, self.num_processes, self.barrier = index, world, barrier
+        self.is_main_process = index == 0
+        self.state = SimpleNamespace(num_processes=1)  # each process reads the folder itself: no broadcast here
+
+    def wait_for_everyone(self) -> None:
+        self.barrier.wait()
+
+    @contextlib.contextmanager
+    def split_between_processes(self, items):
+        share, extra = divmod(len(items), self.num_processes)  # accelerate's contiguous split
+        start = self.process_index * share + min(self.process_index, extra)
+        yield items[start:start + share + (self.process_index < extra)]
+
+
+def _sharded_launch(path, num_items: int, world: int, compute) -> list:
+    """`sharded_cache` run as `world` processes at once; each process's result, or the error it raised."""
+    import threading
+
+    from gors.training_data import sharded_cache
+
+    barrier = threading.Barrier(world, timeout=60)
+    results: list = [None] * world
+
+    def process(index: int) -> None:
+        try:
+            results[index] = sharded_cache(path, num_items, compute, _ThreadProcess(index, world, barrier), 2, "encode")
+        except Exception as err:  # noqa: BLE001 - handed to the test, which names what it expects
+            results[index] = err
+            barrier.abort()
+
+    threads = [threading.Thread(target=process, args=(index,)) for index in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def _doubled(indices):
+    return {"value": torch.tensor(indices, dtype=torch.float32)[:, None] * 2}
+
+
+def test_several_processes_merge_their_shares_in_item_order_even_with_empty_shares(tmp_path):
+    """Under 3 processes, 5 items merge in order; 2 items leave one process an empty part, which the merge skips."""
+    for num_items in (5, 2):
+        path = tmp_path / f"{num_items}" / "latents.safetensors"
+        for result in _sharded_launch(path, num_items, 3, _doubled):
+            assert torch.equal(result["value"][:, 0], torch.arange(num_items) * 2.0)
+        assert sorted(file.name for file in path.parent.iterdir()) == ["latents.safetensors"]
+
+
+def test_a_garbled_part_of_a_killed_launch_is_computed_again(tmp_path):
+    """A process's part that a killed launch left unreadable is computed again, not merged."""
+    path = tmp_path / "latents.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_name("latents.part-00001-of-00003.safetensors").write_bytes(b"garbage" * 4)
+    for result in _sharded_launch(path, 5, 3, _doubled):
+        assert torch.equal(result["value"][:, 0], torch.arange(5) * 2.0)
+
+
+def test_parts_that_do_not_cover_the_items_in_order_are_refused(tmp_path):
+    """A readable part holding other items (another launch's) stops the merge with an error, not a shuffled cache."""
+    path = tmp_path / "latents.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"index": torch.tensor([3, 4]), "value": torch.zeros(2, 1)},
+              str(path.with_name("latents.part-00001-of-00003.safetensors")))
+    results = _sharded_launch(path, 5, 3, _doubled)
+    assert isinstance(results[0], RuntimeError) and "not items 0 to 4 in order" in str(results[0])
+    assert not path.exists()

@@ -621,6 +621,18 @@ def test_atomic_writes_and_appends_flush_their_data_to_disk_before_it_counts(tmp
     assert events == [("fsync", (tmp_path / "a.jsonl").stat().st_size)]
 
 
+def test_a_training_cache_is_flushed_to_disk_whole_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+    """The latent and text caches (read back by their header alone) are fsynced whole before the rename publishes them."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.fstat(fd).st_size)) or real_fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda src, dst: events.append(("replace", Path(dst).name)) or
+                        real_replace(src, dst))
+    path = tmp_path / "latents.safetensors"
+    sharded_cache(path, 3, lambda indices: {"value": torch.ones(len(indices), 4)}, Accelerator(cpu=True), 2, "encode")
+    assert events == [("fsync", path.stat().st_size), ("replace", path.name)]
+
+
 def test_equal_mappings_are_written_as_the_same_bytes_whatever_their_key_order(tmp_path):
     # settings.json, models.json and the summaries are compared and hashed as files: two runs that record the same
     # settings, built in another order, must not write two different files.

@@ -139,6 +139,19 @@ def test_estimate_counts_each_stages_set_up_once():
     assert rows["train"].gors_gpu_hours == pytest.approx(8 * (100 + 1800 * 1.0) / 3600)
 
 
+def test_a_select_timing_of_an_older_gors_counting_selected_samples_is_left_out_of_the_estimate():
+    """A select entry not counted in images (an older gors counted the selected samples) gives no select row."""
+    stages = {"generate": _entry("generate", 100, 400, 1, generation={"num_inference_steps": 25}),
+              "score": _entry("score", 10, 100, 1),
+              "select": _entry("select", 2, 10, 1) | {"unit": "samples"},
+              "train": _entry("train", 200, 100, 1, train_batch_size=2, gradient_accumulation_steps=1)}
+    plan = RunPlan(num_prompts=10, images_per_prompt=36, num_inference_steps=25, max_train_steps=100,
+                   global_batch_size=2)
+    assert [r.stage for r in estimate(stages, plan, {})] == ["generate", "score", "train"]
+    stages["select"]["unit"] = "images"
+    assert [r.stage for r in estimate(stages, plan, {})] == ["generate", "score", "select", "train"]
+
+
 @pytest.mark.parametrize("marks, end, expected", [
     # Set-up ends at 10; batches of 8 images done at 30, 34, 38 (4 s each after the first, which took 20):
     # 16 s of warm-up beyond the pace, 5 s after the last batch.
@@ -283,6 +296,16 @@ def test_estimate_counts_the_warm_up_and_wrap_up_once_and_scales_the_pace_betwee
         check_stages({"score": entry | {"warmup_seconds": -1}}, {})
     with pytest.raises(ValueError, match="setup_seconds=10.0 \\+ warmup_seconds=116.0 \\+ wrapup_seconds=5.0 is more"):
         check_stages({"score": entry | {"warmup_seconds": 116.0}}, {})
+
+
+def test_a_main_process_share_outside_an_even_share_and_the_whole_is_not_priced_as_its_own():
+    """`main_work` prices images only from an even share of the work to all of it; else the pace is work / processes."""
+    uneven = _entry("score", 100, 9, 2) | {"unit": "images"}
+    even_pace = gpu_seconds(uneven, 1000)[1]
+    assert even_pace == pytest.approx(22222.22)
+    for impossible in (12, 3):  # more than the launch's images, or less than an even share of them
+        assert gpu_seconds(uneven | {"main_work": impossible}, 1000)[1] == pytest.approx(even_pace)
+    assert gpu_seconds(uneven | {"main_work": 9}, 1000)[1] == pytest.approx(11111.11)  # all 9 on the main: its own
 
 
 def test_estimate_command_prints_the_papers_colour_run_and_refuses_missing_stages(tmp_path, capsys):
