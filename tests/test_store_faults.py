@@ -605,14 +605,20 @@ def test_atomic_writes_respect_the_umask(tmp_path, umask):
     assert len(cache["value"]) == 2 and _mode(tmp_path / "cache" / "latents.safetensors") == 0o666 & ~umask
 
 
-def test_atomic_writes_and_appends_flush_their_data_to_disk_before_it_counts(tmp_path, monkeypatch):
-    # A power cut must not leave a renamed-into-place file (or an appended record) whose bytes were still only in
-    # the page cache: each is fsynced, whole, before the rename publishes it or the append returns.
+def _flushes_and_renames(monkeypatch) -> list[tuple[str, int | str]]:
+    """The `os.fsync` (with the file's size then) and `os.replace` (with the target's name) calls from now on."""
     events = []
     real_fsync, real_replace = os.fsync, os.replace
     monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.fstat(fd).st_size)) or real_fsync(fd))
     monkeypatch.setattr(os, "replace", lambda src, dst: events.append(("replace", Path(dst).name)) or
                         real_replace(src, dst))
+    return events
+
+
+def test_atomic_writes_and_appends_flush_their_data_to_disk_before_it_counts(tmp_path, monkeypatch):
+    # A power cut must not leave a renamed-into-place file (or an appended record) whose bytes were still only in
+    # the page cache: each is fsynced, whole, before the rename publishes it or the append returns.
+    events = _flushes_and_renames(monkeypatch)
     atomic_write_json(tmp_path / "a.json", {"a": 1})
     size = (tmp_path / "a.json").stat().st_size
     assert events == [("fsync", size), ("replace", "a.json")]
@@ -623,11 +629,7 @@ def test_atomic_writes_and_appends_flush_their_data_to_disk_before_it_counts(tmp
 
 def test_a_training_cache_is_flushed_to_disk_whole_before_it_is_renamed_into_place(tmp_path, monkeypatch):
     """The latent and text caches (read back by their header alone) are fsynced whole before the rename publishes them."""
-    events = []
-    real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.fstat(fd).st_size)) or real_fsync(fd))
-    monkeypatch.setattr(os, "replace", lambda src, dst: events.append(("replace", Path(dst).name)) or
-                        real_replace(src, dst))
+    events = _flushes_and_renames(monkeypatch)
     path = tmp_path / "latents.safetensors"
     sharded_cache(path, 3, lambda indices: {"value": torch.ones(len(indices), 4)}, Accelerator(cpu=True), 2, "encode")
     assert events == [("fsync", path.stat().st_size), ("replace", path.name)]
