@@ -298,3 +298,19 @@ def test_under_several_processes_shared_warnings_are_said_once_and_own_work_by_e
         for logger, level, filters in saved:
             logger.setLevel(level)
             logger.filters[:] = filters
+
+
+def test_wait_until_visible_reads_again_until_complete_or_the_wait_is_over(monkeypatch):
+    """Reads every 0.5 s until the answer is complete; after `wait_s` without one, the last answer is returned."""
+    import gors.core.distributed as distributed
+
+    clock = [0.0]
+    monkeypatch.setattr(distributed.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(distributed.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    reads = iter(range(100))
+    assert distributed.wait_until_visible(lambda: next(reads), lambda n: n >= 3, wait_s=10) == 3
+    assert clock[0] == 1.5  # three waits of 0.5 s
+    clock[0], reads = 0.0, iter(range(100))
+    assert distributed.wait_until_visible(lambda: next(reads), lambda n: n >= 50, wait_s=2) == 4  # 2 s: 4 reads more
+    clock[0], reads = 0.0, iter(range(100))
+    assert distributed.wait_until_visible(lambda: next(reads), lambda n: False, wait_s=0) == 0  # one read only
