@@ -634,3 +634,18 @@ def test_gors_status_of_a_rounds_folder_gives_the_finished_rounds_and_the_latest
     assert rows["round-001 samples"] == "6 images of 3 prompts (2 each)"
     assert rows["round-001 training"].startswith(f"step {ROUNDS['max_train_steps']} of {ROUNDS['max_train_steps']} ")
     assert rows["final LoRA"] == "pytorch_lora_weights.safetensors (round 1's)"
+
+
+@pytest.mark.parametrize("schedule, reset, grows", [("linear", False, False), ("linear", True, True),
+                                                    ("constant", False, True)])
+def test_rounds_may_grow_under_a_decaying_lr_only_with_a_fresh_optimizer_each_round(make_run_config, tmp_path,
+                                                                                    schedule, reset, grows):
+    """Growing --rounds re-lays a decay over more steps, refused; with --reset_optimizer each round has its own."""
+    config = make_run_config(output_dir=str(tmp_path), **{**ROUNDS, "rounds": 3, "max_train_steps": 6},
+                             lr_scheduler=schedule, reset_optimizer=reset)
+    _recorded_rounds(config, 1, rounds=2)
+    if grows:
+        assert len(_finished(config, 1, PROMPTS, "b_vqa")) == 1
+    else:
+        with pytest.raises(ValueError, match=r"--lr_scheduler linear laid out over --rounds=2; --rounds=3 would"):
+            _finished(config, 1, PROMPTS, "b_vqa")
