@@ -105,6 +105,15 @@ def round_seed(seed: int, index: int) -> int:
     return seed + ROUND_SEED_STRIDE * index
 
 
+def check_round_seed_room(num_prompts: int) -> None:
+    """Refuse more prompts than a round's image seeds have room for: prompt p's images take the seeds from
+    p * SAMPLE_SEED_STRIDE on, and round r's start at r * ROUND_SEED_STRIDE, so past
+    ROUND_SEED_STRIDE / SAMPLE_SEED_STRIDE prompts (10,000) two rounds would draw the same images."""
+    if num_prompts * SAMPLE_SEED_STRIDE > ROUND_SEED_STRIDE:
+        raise ValueError(f"--rounds with {num_prompts} prompts: rounds share image seeds beyond "
+                         f"{ROUND_SEED_STRIDE // SAMPLE_SEED_STRIDE} prompts; pass --max_prompts or fewer prompts")
+
+
 def round_config(config: RunConfig, index: int) -> RunConfig:
     """The one-round config of round `index`: its folder, its tau and its last training step."""
     return replace(config, output_dir=str(round_dir(config.output_dir, index)),
@@ -239,10 +248,7 @@ def run_rounds(config: RunConfig, accelerator: Accelerator, command: str = "gors
         prompt_set = load_prompts(config.train_prompts)
         prompts = prompt_set.prompts[: config.max_prompts]
         reward = config.reward_name(prompt_set.category)
-        num_prompts = len(prompts)
-        if num_prompts * SAMPLE_SEED_STRIDE >= ROUND_SEED_STRIDE:
-            raise ValueError(f"--rounds with {num_prompts} prompts: rounds share image seeds beyond "
-                             f"{ROUND_SEED_STRIDE // SAMPLE_SEED_STRIDE} prompts; pass --max_prompts or fewer prompts")
+        check_round_seed_room(len(prompts))
         settings = round_settings(config, accelerator.num_processes, prompts, reward, accelerator.mixed_precision)
         rounds = main_process_decides(accelerator.state, lambda: finished_rounds(config, settings))  # one view for all
         if len(rounds) == config.rounds:

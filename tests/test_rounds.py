@@ -649,3 +649,22 @@ def test_rounds_may_grow_under_a_decaying_lr_only_with_a_fresh_optimizer_each_ro
     else:
         with pytest.raises(ValueError, match=r"--lr_scheduler linear laid out over --rounds=2; --rounds=3 would"):
             _finished(config, 1, PROMPTS, "b_vqa")
+
+
+def test_rounds_take_up_to_ten_thousand_prompts_whose_seeds_stay_apart():
+    """10,000 prompts (at most 99,999 images each) keep a round's seeds below the next round's; 10,001 are refused."""
+    from gors.core.store import sample_seed
+    from gors.rounds import check_round_seed_room
+
+    check_round_seed_room(10_000)
+    assert sample_seed(round_seed(0, 0), 9_999, 99_999) < sample_seed(round_seed(0, 1), 0, 0)
+    with pytest.raises(ValueError, match=r"--rounds with 10001 prompts: rounds share image seeds beyond 10000"):
+        check_round_seed_room(10_001)
+
+
+def test_finished_rounds_of_another_prompt_set_of_the_same_size_are_refused(make_run_config, tmp_path):
+    """The recorded prompts are compared by their text, not only their number."""
+    config = make_run_config(output_dir=str(tmp_path), **{**ROUNDS, "rounds": 3, "max_train_steps": 6})
+    _recorded_rounds(config, 1, rounds=2)
+    with pytest.raises(ValueError, match=r"prompts_sha256: "):
+        _finished(config, 1, ["a red circle", "a green square"], "b_vqa")
