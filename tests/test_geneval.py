@@ -22,6 +22,7 @@ from evaluators.geneval import (
     format_summary,
     geneval_summary,
     load_geneval_metadata,
+    official_row,
 )
 from gors.core.hub import ModelLoadError
 from gors.core.store import SampleStore, StoreError
@@ -281,6 +282,23 @@ def test_summary_on_hand_made_rows() -> None:
         "counting         = 50.00% (1 / 2)\n\nOverall score (avg. over tasks): 0.41667\n")
 
 
+def test_summary_of_no_rows_is_refused() -> None:
+    """No judged image: a clear error, not an overall of NaN (numpy's mean of nothing) written to summary.json."""
+    with pytest.raises(ValueError, match="no result rows to summarise"):
+        geneval_summary([])
+
+
+def test_official_row_names_a_generated_image_under_samples() -> None:
+    """A generated image's row path is relative to <output_dir>/samples: the official results file names its
+    absolute path there (summary_scores.py and evaluate_images.py's readers open it); a path from --images stays."""
+    row = {"path": "part-00000/00003_001.png", "tag": "counting", "prompt": "a photo of two dogs", "correct": False,
+           "reason": "expected dog==2, found 1", "details": {"detections": {}}}
+    out = Path("/runs/geneval")
+    assert official_row(row, "{}", out)["filename"] == str((out / "samples" / row["path"]).resolve())
+    assert official_row({**row, "path": "/images/00003/samples/0001.png"}, "{}", out)["filename"] == (
+        "/images/00003/samples/0001.png")
+
+
 def write_official_folder(root: Path, benchmark: GenEvalBenchmark, images: int) -> Path:
     """GenEval's layout for the benchmark's prompts: <root>/<00000>/metadata.jsonl + samples/<0000>.png."""
     rng = np.random.default_rng(1)
@@ -370,6 +388,20 @@ def test_images_folder_errors(data_dir: Path, tmp_path: Path, models: dict[str, 
     write_official_folder(folder, benchmark, images=2)
     with pytest.raises(ValueError, match="expected 2 prompts x 4 images"):
         GenEvalBenchmark(max_prompts=2).read_images(folder)
+
+
+def test_images_beyond_images_per_prompt_are_ignored_but_without_it_every_prompt_needs_exactly_4(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """With images_per_prompt=2 a folder of 3 images per prompt gives images 0 and 1 of each prompt; without
+    images_per_prompt (the official 4), a fifth image is not silently dropped: the folder is refused."""
+    three = write_official_folder(tmp_path / "three", GenEvalBenchmark(max_prompts=2), images=3)
+    entries = GenEvalBenchmark(max_prompts=2, images_per_prompt=2).read_images(three)
+    assert sorted((e.prompt_index, e.image_index) for e in entries) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    five = write_official_folder(tmp_path / "five", GenEvalBenchmark(max_prompts=2), images=5)
+    with pytest.raises(ValueError, match=r"expected 2 prompts x 4 images, found 10; .*; 2 not in the benchmark "
+                                         r"\(first: prompt 0, image 4\)"):
+        GenEvalBenchmark(max_prompts=2).read_images(five)
 
 
 @needs_shared

@@ -80,6 +80,17 @@ def test_per_atomicity_averages_geometric_means_of_images():
         per_atomicity_table([[0.5]], [11])
 
 
+def test_tables_refuse_lists_that_do_not_line_up_or_an_image_without_atoms():
+    """One skill list and one atom count per score list, as the official script asserts, rather than zip
+    silently dropping the images past the shorter list; an empty score list has no geometric mean."""
+    with pytest.raises(ValueError, match="2 score lists but 1 skill lists"):
+        per_skill_table([[0.5], [0.5]], [["object"]])
+    with pytest.raises(ValueError, match="2 score lists but 1 atom counts"):
+        per_atomicity_table([[0.5], [0.5]], [3])
+    with pytest.raises(ValueError, match="score list 1 is empty"):
+        overall([[0.5], []])
+
+
 def test_overall_am_and_gm_and_analysis_text():
     result = overall([[0.25, 1.0], [0.5, 0.5]])
     assert result["soft_tifa_am"] == pytest.approx(100 * (0.625 + 0.5) / 2)
@@ -141,6 +152,8 @@ def test_official_data_pinned_and_subset_covers_atomicities(monkeypatch):
     ("[1, 2]", "line 2: a list, not an object"),
     (json.dumps({**ROWS[0], "atom_count": 2}), "line 2: 'atom_count' 2 is not a whole number in 3..10"),
     (json.dumps({**ROWS[0], "skills": ["spatial"] * len(ROWS[0]["vqa_list"])}), "line 2: unknown skill 'spatial'"),
+    (json.dumps({**ROWS[0], "vqa_list": [], "skills": []}), r"line 2: no 'vqa_list' of \[question, answer\] pairs"),
+    (json.dumps({**ROWS[0], "prompt": "  "}), "line 2: no 'prompt' text"),
 ])
 def test_bad_data_line_is_a_clear_error_before_any_scoring(tmp_path, line, message):
     # The official analysis would fail on these only after every image was judged.
@@ -155,6 +168,14 @@ def test_a_data_file_that_repeats_a_prompt_is_refused(tmp_path):
     path = tmp_path / "twice.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(ROWS[0]) + "\n")
     with pytest.raises(ValueError, match="twice.jsonl repeats a prompt"):
+        load_geneval2_rows(path)
+
+
+def test_a_data_file_without_prompts_is_refused(tmp_path):
+    """Blank lines only: a clear error naming the file, not an evaluation of nothing."""
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n  \n")
+    with pytest.raises(ValueError, match="empty.jsonl holds no prompts"):
         load_geneval2_rows(path)
 
 
@@ -183,6 +204,46 @@ def test_read_images_from_the_json_map(tmp_path, data_file):
     entries = bench.read_images(folder)
     assert [(e.prompt_index, e.image_index, e.path.name) for e in entries] == [(0, 0, "0.png"), (1, 0, "1.png"),
                                                                                (2, 0, "2.png")]
+
+
+def test_data_version_of_a_data_path_records_its_sha256(data_file):
+    """A data_path in place of the pinned file is recorded by its path and the sha256 of its bytes, so that
+    two evaluations on different copies of it are told apart."""
+    import hashlib
+
+    version = GenEval2Benchmark(data_path=str(data_file)).data_version()
+    assert version == {"path": str(data_file.resolve()), "sha256": hashlib.sha256(data_file.read_bytes()).hexdigest()}
+
+
+def test_summary_on_hand_made_rows(data_file):
+    """TIFA is reported x100 beside Soft-TIFA (and in [0, 1] under columns); all_atoms_correct is the share of
+    images whose every atom was answered as expected, not a mean of TIFA; the atomicity table groups by the
+    data's atom_count (3 for 'a dog and a cat', which has 4 questions)."""
+    bench = GenEval2Benchmark(data_path=str(data_file))
+    scores = [[1.0, 0.5, 0.5], [0.25, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]]
+    rows = [{"prompt_index": p, "image_index": 0, "prompt": row["prompt"], "tifa": tifa, "correct": tifa == 1.0,
+             "columns": {"vqascore": vqa}, "details": {"atom_scores": s, "skills": row["skills"]}}
+            for p, (row, s, tifa, vqa) in enumerate(zip(ROWS, scores, [1.0, 0.75, 0.5], [0.2, 0.4, 0.9]))]
+    summary = bench.summarize(rows)
+    assert summary["tifa"] == pytest.approx(100 * 0.75) and summary["columns"] == {"tifa": pytest.approx(0.75)}
+    assert summary["all_atoms_correct"] == pytest.approx(1 / 3)
+    assert summary["vqascore"] == pytest.approx(50.0)
+    assert summary["soft_tifa_am"] == pytest.approx(100 * (2 / 3 + 3.25 / 4 + 0.75) / 3)
+    assert summary["per_atomicity_gm"]["3"] == pytest.approx(100 * (0.25 ** (1 / 3) + 0.25 ** (1 / 4)) / 2)
+    assert summary["per_atomicity_gm"]["4"] == 0.0
+    assert (summary["num_images"], summary["num_prompts"], summary["scale"]) == (3, 3, "x100")
+
+
+def test_a_folder_with_several_json_files_and_no_image_paths_json_is_refused(tmp_path, data_file):
+    """Which of two JSON files is the image map is not guessed: the error names image_paths.json and the
+    candidates; a single JSON file of another name is taken as the map."""
+    folder = _image_folder(tmp_path / "two", [row["prompt"] for row in ROWS])
+    (folder / "image_paths.json").rename(folder / "map.json")
+    assert len(GenEval2Benchmark(data_path=str(data_file)).read_images(folder)) == 3
+    (folder / "notes.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"put it at .*image_paths.json \(found 2 .json files: map.json, "
+                                                r"notes.json\)"):
+        GenEval2Benchmark(data_path=str(data_file)).read_images(folder)
 
 
 def test_read_images_missing_prompt_or_extra_key_is_a_clear_error(tmp_path, data_file):

@@ -16,6 +16,8 @@ from evaluators import available_benchmarks, benchmark_class, build_benchmark
 from evaluators.base import spread_evenly
 from evaluators.geneval import geneval_summary
 from evaluators.results import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
     Metric,
     bootstrap,
     bootstrap_draws,
@@ -75,6 +77,16 @@ def test_bootstrap_is_deterministic_for_a_fixed_seed() -> None:
         bootstrap_draws(0)
 
 
+def test_bootstrap_defaults_are_the_settings_summary_json_records() -> None:
+    """Without arguments the bootstrap draws what bootstrap_settings() says: BOOTSTRAP_RESAMPLES resamples from a
+    generator seeded with BOOTSTRAP_SEED (1000 and 0), so a summary's recorded settings reproduce its stderr."""
+    groups = group_by_prompt(rows_of([[0.1], [0.9], [0.4], [0.7], [0.2]]))
+    replicates = bootstrap(groups, mean_score)
+    assert len(replicates) == BOOTSTRAP_RESAMPLES == bootstrap_settings()["resamples"] == 1000
+    assert BOOTSTRAP_SEED == bootstrap_settings()["seed"] == 0
+    assert replicates == bootstrap(groups, mean_score, num_resamples=1000, seed=0)
+
+
 def test_bootstrap_settings_describe_the_defaults() -> None:
     assert bootstrap_settings() == {"unit": "prompt", "resamples": 1000, "seed": 0, "confidence": 0.95,
                                     "interval": "percentile"}
@@ -107,6 +119,7 @@ def test_metric_block_lookup_absent_and_undefined_metrics() -> None:
     assert block["undefined"] == {"value": None, "higher_is_better": False, "scale": "x100", "stderr": None,
                                   "ci95": None, "help": ""}
     assert metric_value(summary, "columns.B-CLIP") == 0.7 and metric_value(summary, "columns.nothing") is None
+    assert metric_value(summary, "overall.B-CLIP") is None  # a number has no keys: the metric is absent
     # Resamples where a metric is undefined are left out; fewer than two defined values give no statistics.
     assert standard_error([0.5, None, 0.7]) == pytest.approx(np.std([0.5, 0.7], ddof=1))
     assert standard_error([0.5, None]) is None and percentile_interval([None, 0.5]) is None
@@ -149,9 +162,35 @@ def test_every_benchmark_declares_its_primary_metric_and_protocol() -> None:
     assert seeds["t2i_compbench"] == seeds["geneval"] == [42, 43]
     assert seeds["geneval2"] == seeds["lpg_bench"] == [sample_seed(42, 0, 0), sample_seed(42, 3, 1)]
     assert seeds["toy"] == [sample_seed(2024, 0, 0), sample_seed(2024, 3, 1)]
+    # The metric that ranks checkpoints: GenEval's mean of task means, not its share of correct images.
+    assert {name: benchmark_class(name).primary_metric for name in seeds} == {
+        "t2i_compbench": "score", "geneval": "overall", "geneval2": "soft_tifa_gm", "lpg_bench": "tit_score",
+        "toy": "binding_accuracy"}
     official = {name: benchmark_class(name)().protocol() for name in ("t2i_compbench", "geneval", "toy")}
     assert [(p.num_inference_steps, p.guidance_scale, p.resolution, p.batch_size) for p in official.values()] == [
         (30, 7.5, 512, 8), (50, 9.0, 512, 4), (20, 4.0, 64, 32)]
+
+
+def test_results_record_the_resolved_protocol_and_tell_prompt_sets_apart() -> None:
+    """config holds the sampling values the images were made with (the official 50 steps, guidance 9, 512 px
+    where the fields were left None); images made elsewhere keep the fields as given and say "external".
+    prompts_sha256 separates prompt sets whose texts only join alike (one hash per prompt list, lines apart)."""
+    from evaluators.base import BenchmarkPrompt
+    from evaluators.geneval import GenEvalBenchmark
+
+    rows = [{"prompt_index": p, "image_index": 0, "tag": "single_object", "correct": p == 0} for p in range(2)]
+
+    def results(texts: list[str], protocol: bool = True) -> dict:
+        bench = GenEvalBenchmark(max_prompts=2, images_per_prompt=1)
+        bench.__dict__["_prompts"] = [BenchmarkPrompt(text) for text in texts]  # no data is read
+        return bench.results(rows, bench.aggregate(rows), bench.protocol() if protocol else None)
+
+    config = results(["ab", "c"])["config"]
+    assert (config["num_inference_steps"], config["guidance_scale"], config["resolution"]) == (50, 9.0, 512)
+    assert "images" not in config
+    external = results(["ab", "c"], protocol=False)["config"]
+    assert (external["num_inference_steps"], external["resolution"], external["images"]) == (None, None, "external")
+    assert results(["ab", "c"])["data"]["prompts_sha256"] != results(["a", "bc"])["data"]["prompts_sha256"]
 
 
 @pytest.mark.parametrize("name", ["t2i_compbench", "geneval", "geneval2", "lpg_bench", "toy"])

@@ -255,6 +255,40 @@ def test_write_official_vqa_result(tmp_path: Path) -> None:
     assert result[2] == {"question_id": 300, "answer": 0.25}
 
 
+def test_write_official_puts_each_metrics_file_where_the_official_scripts_do(tmp_path: Path) -> None:
+    """Each category's vqa_result.json lands where T2I-CompBench's own script writes it (and where 3_in_1.py
+    reads the complex category's terms from): BLIPvqa_eval/BLIP_vqa.py annotation_blip/, UniDet_eval's
+    2D_spatial_eval.py labels/annotation_obj_detection_2d/, 3D_spatial_eval.py labels/annotation_obj_detection_3d/,
+    numeracy_eval.py annotation_num/, CLIPScore_eval/CLIP_similarity.py annotation_clip/, 3_in_1.py
+    annotation_3_in_1/."""
+    expected = {
+        "color": "annotation_blip", "shape": "annotation_blip", "texture": "annotation_blip",
+        "spatial": "labels/annotation_obj_detection_2d", "3d_spatial": "labels/annotation_obj_detection_3d",
+        "numeracy": "annotation_num", "non_spatial": "annotation_clip", "complex": "annotation_3_in_1",
+    }
+    assert set(expected) == set(ALL_CATEGORIES)
+    rows = rows_of([0.5, 0.25])
+    for category, folder in expected.items():
+        out = tmp_path / category
+        T2ICompBenchBenchmark(category=category, max_prompts=1, images_per_prompt=2).write_official(rows, {}, out)
+        written = [path.relative_to(out).as_posix() for path in out.rglob("*") if path.is_file()]
+        assert written == [f"{folder}/vqa_result.json"], category
+        answers = [r["answer"] for r in json.loads((out / folder / "vqa_result.json").read_text())]
+        assert answers == (["0.5000", "0.2500"] if folder == "annotation_blip" else [0.5, 0.25]), category
+
+
+def test_data_version_of_complex_names_the_val_sub_split_lists_that_decide_3_in_1() -> None:
+    """complex's 3-in-1 kind per prompt comes from complex_val_spatial.txt and complex_val_action.txt: the
+    summary's data record pins them beside complex_val.txt (other categories pin their val file only)."""
+    from gors.core.prompts import T2I_COMPBENCH
+
+    files = T2ICompBenchBenchmark(category="complex").data_version()["files"]
+    names = ["complex_val.txt", "complex_val_spatial.txt", "complex_val_action.txt"]
+    assert files == {name: T2I_COMPBENCH.sha256[name] for name in names}
+    assert T2ICompBenchBenchmark(category="color").data_version()["files"] == {
+        "color_val.txt": T2I_COMPBENCH.sha256["color_val.txt"]}
+
+
 # --------------------------------------------------------------------------------------------
 # End to end on tiny models.
 

@@ -289,6 +289,43 @@ def test_lpg_summary_records_how_tit_score_maps_the_cosine():
     assert bench.provenance([_lpg_row({"judge_reply": "80", "parsed": True, "judge_rating": 80})]) == {}  # LLM judge
 
 
+def test_lpg_summary_means_over_the_images():
+    """tit_score and mean_description_words are means over every image, tit_score_cosine over the images the
+    embedding judge scored."""
+    rows = [{"prompt_index": p, "score": score, "details": {"cosine": cosine, "mapping": "clip", "description_words": w}}
+            for p, (score, cosine, w) in enumerate([(0.2, 0.2, 10), (0.6, 0.6, 20), (0.7, 0.7, 60)])]
+    summary = LPGBenchBenchmark().summarize(rows)
+    assert summary["tit_score"] == pytest.approx(0.5) and summary["tit_score_cosine"] == pytest.approx(0.5)
+    assert summary["mean_description_words"] == pytest.approx(30.0)
+    assert (summary["num_images"], summary["num_prompts"], summary["images_per_prompt"]) == (3, 3, 1)
+
+
+def test_lpg_metric_picks_the_judge_and_an_unknown_one_is_refused():
+    """metric="tit_score_llm" asks the scorer for its LLM judge, "tit_score" for the embedding cosine; any
+    other metric is refused when the benchmark is made, before any image."""
+    assert LPGBenchBenchmark().scorer_options() == {"judge": "embedding"}
+    assert LPGBenchBenchmark(metric="tit_score_llm", judge_model_name_or_path="my/judge").scorer_options() == {
+        "judge": "llm", "judge_model_name_or_path": "my/judge"}
+    with pytest.raises(ValueError, match="metric must be 'tit_score' or 'tit_score_llm', got 'clip'"):
+        LPGBenchBenchmark(metric="clip")
+
+
+def test_lpg_prompts_skip_blank_ones_and_keep_scalar_columns_as_metadata(tmp_path):
+    """A prompt of whitespace only is skipped (the reference embeds no empty prompt); columns of scalars travel
+    as metadata, a list column does not; a data file of another kind is refused by name."""
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"id": "p0", "prompt": "a long prompt about a cat", "tags": ["cat", "house"]},
+            {"id": "p1", "prompt": "   ", "tags": []}, {"id": "p2", "prompt": "a long prompt about a dog", "tags": []}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    prompts = LPGBenchBenchmark(dataset=str(path)).prompts()
+    assert [p.text for p in prompts] == ["a long prompt about a cat", "a long prompt about a dog"]
+    assert [dict(p.metadata) for p in prompts] == [{"id": "p0"}, {"id": "p2"}]
+    xml = tmp_path / "prompts.xml"
+    xml.write_text("<prompts/>")
+    with pytest.raises(ValueError, match=r"dataset=.*prompts.xml'?: use a .json, .jsonl, .csv, .parquet, .txt file"):
+        LPGBenchBenchmark(dataset=str(xml)).prompts()
+
+
 @pytest.fixture(scope="module")
 def lpg_folder(tmp_path_factory) -> Path:
     """A local copy of an LPG-Bench-like dataset: one jsonl of {id, prompt} rows."""
