@@ -498,3 +498,130 @@ def test_set_aside_checkpoints_come_in_the_order_they_were_set_aside(tmp_path):
         (tmp_path / f"checkpoints.previous-{number}").mkdir()
     assert [p.name for p in set_aside_checkpoints(tmp_path)] == [
         "checkpoints.previous-1", "checkpoints.previous-2", "checkpoints.previous-10"]
+
+
+def test_a_file_named_like_a_checkpoint_is_no_checkpoint(tmp_path):
+    """Only folders are checkpoints: a stray file `checkpoint-<n>` (a download, a `touch`) is passed over by
+    'latest', the listing and pruning, not read as a folder."""
+    newest = _checkpoint(tmp_path, "checkpoint-2", {"rank": 4})
+    (tmp_path / "checkpoints" / "checkpoint-7").write_text("not a folder")
+    assert find_checkpoint(tmp_path, "latest") == newest
+    assert [path for path, _ in complete_checkpoints(tmp_path)] == [newest]
+    prune_checkpoints(newest, 1)
+    assert (tmp_path / "checkpoints" / "checkpoint-7").is_file()
+
+
+def test_the_selection_fingerprint_is_stable_and_covers_paths_rewards_and_image_hashes():
+    """Checkpoints record `selection_sha256`: its value for a given selection must not change between gors
+    versions (every earlier checkpoint would read as another training's and be set aside), and it changes
+    with any row's path, reward or recorded image hash (a re-scored selection is another training)."""
+    from gors.checkpoints import selection_fingerprint
+
+    rows = [{"path": "part-00000/00000_000.png", "reward": 0.9, "prompt": "a red cube"},
+            {"path": "part-00000/00001_000.png", "reward": 0.5, "image_sha256": "ab" * 32}]
+    assert selection_fingerprint(rows) == "92b4541e9bed8118"
+    assert selection_fingerprint([rows[0] | {"prompt": "edited"}, rows[1]]) == "92b4541e9bed8118"  # not identity
+    for changed in ({"reward": 0.8}, {"path": "part-00000/00002_000.png"}):
+        assert selection_fingerprint([rows[0] | changed, rows[1]]) != "92b4541e9bed8118"
+    assert selection_fingerprint([rows[0], rows[1] | {"image_sha256": "cd" * 32}]) != "92b4541e9bed8118"
+    assert selection_fingerprint(rows[::-1]) != "92b4541e9bed8118"  # the order is the batches'
+
+
+def test_a_checkpoint_is_bound_to_the_number_of_processes_that_saved_it(tmp_path):
+    """Each process keeps its own RNG state and the processes split the batches: a checkpoint of a 2-process
+    launch is not resumed by one process."""
+    config = TrainConfig(output_dir=str(tmp_path))
+    two = training_fingerprint(config, [], 2, {})
+    assert two["num_processes"] == 2
+    checkpoint = _checkpoint(tmp_path, "checkpoint-2", two)
+    with pytest.raises(ValueError, match="num_processes 2 in the checkpoint, 1 now"):
+        check_resumable(checkpoint, training_fingerprint(config, [], 1, {}), max_train_steps=4)
+
+
+def test_a_constant_schedule_after_warmup_lets_a_run_grow(tmp_path):
+    """`constant_with_warmup` holds its LR once warmed up: like `constant`, its checkpoints do not record the
+    run's length, so a resume with a larger --max_train_steps goes on."""
+    config = TrainConfig(output_dir=str(tmp_path), lr_scheduler="constant_with_warmup", lr_warmup_steps=2,
+                         max_train_steps=10)
+    recorded = training_fingerprint(config, [], 1, {})
+    assert "lr_schedule_steps" not in recorded
+    checkpoint = _checkpoint(tmp_path, "checkpoint-10", recorded)
+    longer = training_fingerprint(replace(config, max_train_steps=20), [], 1, {})
+    assert check_resumable(checkpoint, longer, max_train_steps=20) == 10
+
+
+def test_two_hub_models_at_one_commit_are_still_two_models():
+    """Only a local model's files fingerprint makes another path the same model (a folder moved); two Hub ids
+    are compared by name even where the recorded commits agree."""
+    from gors.checkpoints import fingerprint_differences
+
+    commit = "a" * 40
+    recorded = {"pretrained_model_name_or_path": "org/model", "base_model_commit": commit}
+    now = {"pretrained_model_name_or_path": "me/mirror", "base_model_commit": commit}
+    assert fingerprint_differences(recorded, now) == [
+        "pretrained_model_name_or_path 'org/model' in the checkpoint, 'me/mirror' now"]
+
+
+def test_the_furthest_set_aside_checkpoint_wins_whichever_folder_was_set_aside_last(tmp_path):
+    """A training set aside at step 4, rerun shorter (to step 2) and set aside again: the full command then brings
+    back the folder with step 4, though the one with step 2 was set aside later."""
+    fingerprint = {"rank": 4}
+    _checkpoint(tmp_path, "checkpoint-4", fingerprint)
+    (tmp_path / "checkpoints").rename(tmp_path / "checkpoints.previous-1")
+    _checkpoint(tmp_path, "checkpoint-2", fingerprint)
+    (tmp_path / "checkpoints").rename(tmp_path / "checkpoints.previous-2")
+    assert restore_own_training(tmp_path, fingerprint, max_train_steps=10) == tmp_path / "checkpoints.previous-1"
+    assert own_checkpoint(tmp_path, fingerprint, max_train_steps=10).name == "checkpoint-4"
+
+
+def test_an_incomplete_folder_does_not_count_towards_the_checkpoint_limit(tmp_path):
+    """`checkpoints_total_limit` counts complete checkpoints: an incomplete `checkpoint-<n>` (an older gors's
+    torn save) takes no place of one, so the limit still keeps that many to resume from."""
+    _checkpoint(tmp_path, "checkpoint-1", {"rank": 4})
+    _checkpoint(tmp_path, "checkpoint-2")  # no marker
+    newest = _checkpoint(tmp_path, "checkpoint-3", {"rank": 4})
+    prune_checkpoints(newest, 2)
+    assert [path.name for path, _ in complete_checkpoints(tmp_path)] == ["checkpoint-3", "checkpoint-1"]
+
+
+def test_the_limit_prunes_only_after_the_new_checkpoint_is_published(tmp_path, monkeypatch):
+    """A kill between the save and its publication (the rename) must leave the older checkpoints: pruning for
+    `checkpoints_total_limit` comes after the new folder stands under its name."""
+    import gors.checkpoints
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters()))
+    write_checkpoint(accelerator, tmp_path, 1, {"rank": 4}, total_limit=1)
+
+    def killed(staging, final):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gors.checkpoints, "publish_folder", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_checkpoint(accelerator, tmp_path, 2, {"rank": 4}, total_limit=1)
+    monkeypatch.undo()
+    assert find_checkpoint(tmp_path, "latest").name == "checkpoint-1"
+
+
+def test_a_fingerprint_is_computed_as_its_marker_holds_it(tmp_path):
+    """A family's settings given as tuples are recorded as JSON lists: the fingerprint a run computes is the one
+    its checkpoints' markers hold, so the same training goes on from its own checkpoint."""
+    config = TrainConfig(output_dir=str(tmp_path))
+    fingerprint = training_fingerprint(config, [], 1, {"unet_target_modules": ("to_q", "to_k")})
+    assert fingerprint["unet_target_modules"] == ["to_q", "to_k"]
+    _checkpoint(tmp_path, "checkpoint-2", fingerprint)
+    assert own_checkpoint(tmp_path, fingerprint, max_train_steps=2).name == "checkpoint-2"
+
+
+def test_a_local_base_model_spelled_otherwise_is_the_same_setting(tmp_path, monkeypatch):
+    """`--pretrained_model_name_or_path models/sd/` and the absolute path of that folder are one setting: a
+    resume that types the path otherwise is not refused; another folder is a difference."""
+    from gors.checkpoints import fingerprint_differences
+
+    (tmp_path / "models" / "sd").mkdir(parents=True)
+    (tmp_path / "models" / "other").mkdir()
+    monkeypatch.chdir(tmp_path)
+    recorded = {"pretrained_model_name_or_path": "models/sd/"}
+    assert fingerprint_differences(recorded, {"pretrained_model_name_or_path": str(tmp_path / "models" / "sd")}) == []
+    assert fingerprint_differences(recorded, {"pretrained_model_name_or_path": "models/other"}) == [
+        "pretrained_model_name_or_path 'models/sd/' in the checkpoint, 'models/other' now"]

@@ -468,3 +468,163 @@ def test_a_killed_conversions_staging_folder_goes_a_running_ones_stays(tmp_path)
         tmp_path, {f"{key}.lora_A.weight": torch.ones(4, 8), f"{key}.lora_B.weight": torch.zeros(8, 4)},
         {f"{text_key}.lora_A.weight": torch.ones(4, 8), f"{text_key}.lora_B.weight": torch.zeros(8, 4)})
     assert not killed.exists() and running.is_dir()
+
+
+def test_a_pickle_that_would_run_code_is_refused_without_running_it(tmp_path):
+    """The official files are downloaded: they are read as tensors only (`weights_only=True`), so a `.pt` whose
+    pickle calls a function is refused before that function runs."""
+    import os
+
+    class Payload:
+        def __reduce__(self):
+            return os.makedirs, (str(tmp_path / "ran"),)
+
+    torch.save([Payload()], tmp_path / "evil.pt")
+    with pytest.raises(LoraConversionError, match="torch.load cannot read it as tensors"):
+        read_lora_diffusion(tmp_path / "evil.pt")
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_list_of_other_than_2d_tensors_is_not_a_lora_diffusion_checkpoint(tmp_path):
+    """Each tensor of a lora_diffusion file is a 2-D up or down matrix: a list of 1-D tensors (biases, an
+    embedding's vectors) is refused as such, rather than failing later on its shapes."""
+    torch.save([torch.zeros(4), torch.zeros(4)], tmp_path / "vectors.pt")
+    with pytest.raises(LoraConversionError, match="expected a list of 2-D tensors"):
+        read_lora_diffusion(tmp_path / "vectors.pt")
+
+
+def test_a_missing_lora_diffusion_file_is_said_to_be_missing(tmp_path):
+    """A path that does not exist is named as such (FileNotFoundError), not as a file torch cannot read."""
+    with pytest.raises(FileNotFoundError, match=r"LoRA checkpoint '.*absent.pt' does not exist"):
+        read_lora_diffusion(tmp_path / "absent.pt")
+
+
+def test_map_lora_pairs_checks_the_up_matrix_against_the_layers_output_width():
+    """A pair whose down fits a layer but whose up has another output width (a checkpoint for another model
+    width) is refused, naming the layer."""
+    layers = [("a.to_k", 8, 6)]
+    with pytest.raises(LoraConversionError, match=r"pair 0 \(tensors 0, 1\) has up \(5, 2\).*a.to_k is "
+                                                   r"Linear\(8 -> 6\)"):
+        map_lora_pairs([torch.ones(5, 2), torch.ones(2, 8)], layers, "toy")
+
+
+def test_converted_weights_are_float32_from_fp16_checkpoints():
+    """The official files hold fp16 tensors; the converted LoRA holds them as float32 (exact: every fp16 is a
+    float32), as `gors.lora.save_lora` writes adapters."""
+    layers = [("a.to_q", 8, 6)]
+    up, down = torch.randn(6, 2).half(), torch.randn(2, 8).half()
+    state = map_lora_pairs([up, down], layers, "toy")
+    assert {tensor.dtype for tensor in state.values()} == {torch.float32}
+    assert torch.equal(state["a.to_q.lora_B.weight"], up.float())
+    assert torch.equal(state["a.to_q.lora_A.weight"], down.float())
+
+
+class Attention(torch.nn.Module):
+    """A U-Net attention named as diffusers names it, with an extra projection (`added_kv_proj_dim`) that the
+    GORS LoRA does not target."""
+
+    def __init__(self, extra: bool):
+        super().__init__()
+        self.to_q, self.to_k, self.to_v = (torch.nn.Linear(4, 4) for _ in range(3))
+        self.to_out = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+        if extra:
+            self.add_k_proj = torch.nn.Linear(4, 4)
+
+
+class CLIPAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k_proj, self.v_proj, self.q_proj, self.out_proj = (torch.nn.Linear(4, 4) for _ in range(4))
+
+
+def test_an_attention_with_layers_the_lora_does_not_target_is_refused():
+    """lora_diffusion adapted every Linear in an attention: one beyond the GORS targets (an SD 2 checkpoint onto
+    another architecture) would shift every later pair onto the wrong layer, so it is refused by name."""
+    unet = torch.nn.Sequential(Attention(extra=False), Attention(extra=True))
+    text_encoder = torch.nn.Sequential(CLIPAttention())
+    with pytest.raises(LoraConversionError, match=r"U-Net: attention layer 1.add_k_proj is not one of the GORS LoRA "
+                                                   r"targets to_q, to_k, to_v, to_out.0"):
+        convert_lora_diffusion([], [], unet, text_encoder)
+    unet = torch.nn.Sequential(Attention(extra=False))
+    pairs = [torch.ones(4, 1), torch.ones(1, 4)] * 4
+    unet_state, text_state = convert_lora_diffusion(pairs, pairs, unet, text_encoder)
+    assert list(unet_state)[::2] == [f"0.{p}.lora_A.weight" for p in ("to_q", "to_k", "to_v", "to_out.0")]
+    assert list(text_state)[::2] == [f"0.{p}.lora_A.weight" for p in ("k_proj", "v_proj", "q_proj", "out_proj")]
+
+
+def test_a_model_without_attention_modules_is_refused_even_with_empty_checkpoints():
+    """A model with no attention of the expected classes gets an error naming them, never an empty LoRA."""
+    with pytest.raises(LoraConversionError, match=r"U-Net: no CrossAttention / Attention module found in Linear"):
+        convert_lora_diffusion([], [], torch.nn.Linear(2, 2), torch.nn.Sequential(CLIPAttention()))
+    with pytest.raises(LoraConversionError, match=r"text encoder: no CLIPAttention module found in Linear"):
+        convert_lora_diffusion([], [], torch.nn.Sequential(Attention(extra=False)), torch.nn.Linear(2, 2))
+
+
+def _pair(folder: Path, name: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.pt").write_bytes(b"")
+    (folder / f"{name}{LORA_DIFFUSION_TEXT_ENCODER_SUFFIX}").write_bytes(b"")
+
+
+def test_checkpoint_pair_refuses_a_folder_of_several_loras_and_files_of_other_formats(tmp_path):
+    """A folder with two lora_diffusion pairs is ambiguous (none is picked); a file that is neither a `.pt` nor a
+    folder (e.g. a `.safetensors`) is named as not a lora_diffusion source."""
+    _pair(tmp_path / "two", "color")
+    _pair(tmp_path / "two", "shape")
+    with pytest.raises(FileNotFoundError, match=r"holds 2 '\*.text_encoder.pt' files; expected exactly one"):
+        checkpoint_pair(tmp_path / "two")
+    (tmp_path / "lora.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"is not official:<category>, a folder or a lora_diffusion .pt file"):
+        checkpoint_pair(tmp_path / "lora.safetensors")
+
+
+def test_checkpoint_pair_expands_a_home_folder_tilde(tmp_path, monkeypatch):
+    """`gors convert-lora '~/loras/color.pt' OUT` (quoted, so no shell expanded it) names the file in $HOME."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _pair(tmp_path / "loras", "color")
+    assert checkpoint_pair("~/loras/color.pt") == (tmp_path / "loras" / "color.pt",
+                                                   tmp_path / "loras" / f"color{LORA_DIFFUSION_TEXT_ENCODER_SUFFIX}")
+    assert checkpoint_pair("~/loras")[0] == tmp_path / "loras" / "color.pt"
+
+
+def test_cli_names_a_missing_lora_file_without_a_traceback(tmp_path):
+    """`gors convert-lora missing.pt OUT` exits with the reason (an OSError), not a traceback."""
+    with pytest.raises(SystemExit, match=r"^error: LoRA checkpoint '.*missing.pt' does not exist"):
+        official_lora.main([str(tmp_path / "missing.pt"), str(tmp_path / "out")])
+
+
+@needs_checkpoints
+def test_the_cached_conversion_is_per_conversion_version_and_readable_by_all(tmp_path):
+    """`official_lora_folder` converts into `official_lora/<commit>/<CONVERSION_VERSION>/<category>`: a
+    conversion by an older gors (another version's folder) is never reused; the folder is as readable as the
+    cache's other entries (mkdtemp's owner-only mode is not kept)."""
+    import os
+
+    from gors.core.prompts import T2I_COMPBENCH_COMMIT
+
+    base = tmp_path / "cache" / "official_lora" / T2I_COMPBENCH_COMMIT
+    stale = base / "diffusers-v1" / "shape"
+    stale.mkdir(parents=True)
+    (stale / "pytorch_lora_weights.safetensors").write_bytes(b"an older conversion")
+    umask = os.umask(0o022)
+    try:
+        folder = Path(official_lora.official_lora_folder("shape"))
+    finally:
+        os.umask(umask)
+    assert folder == base / official_lora.CONVERSION_VERSION / "shape"
+    assert json.loads((folder / "gors_lora_source.json").read_text())["conversion"] == official_lora.CONVERSION_VERSION
+    assert folder.stat().st_mode & 0o777 == 0o755
+
+
+@needs_checkpoints
+def test_a_cache_folder_in_the_way_is_an_error_not_a_folder_without_weights(tmp_path):
+    """Where the category's cache folder exists without the converted weights (a stray file in it), the rename
+    fails and is reported, rather than returning a folder `--lora` cannot load."""
+    from gors.core.prompts import T2I_COMPBENCH_COMMIT
+
+    folder = tmp_path / "cache" / "official_lora" / T2I_COMPBENCH_COMMIT / official_lora.CONVERSION_VERSION / "shape"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("in the way")
+    with pytest.raises(OSError):
+        official_lora.official_lora_folder("shape")
+    assert [p.name for p in folder.parent.iterdir()] == ["shape"]  # no staging folder left behind
