@@ -16,10 +16,19 @@ import torch
 from diffusers import StableDiffusionPipeline
 from safetensors.torch import load_file
 
+from gors.config import TrainConfig
 from gors.core.distributed import reset_process_state
 from gors.lora import LORA_WEIGHT_NAME
 from gors.select import load_selection, select
-from gors.train import AutocastPipeline, GORSTrainer, TrainingDiverged, accumulation_steps, find_checkpoint, train
+from gors.train import (
+    AutocastPipeline,
+    GORSTrainer,
+    TrainingDiverged,
+    accumulation_steps,
+    find_checkpoint,
+    resolve_accumulation,
+    train,
+)
 
 
 def _copy_run(selected_run, destination):
@@ -91,6 +100,34 @@ def test_flags_turn_each_side_off(selected_run, make_run_config, tmp_path):
     assert not any("lora_" in n for n, _ in trainer.denoiser.named_parameters())
 
 
+def test_both_sides_adapters_take_the_rank_asked_for(selected_run, make_run_config, tmp_path):
+    """--rank sizes the adapters of the U-Net and of the text encoder alike: every down-projection has `rank` rows
+    and every up-projection `rank` columns."""
+    trainer = GORSTrainer(_config(make_run_config, _copy_run(selected_run, tmp_path / "run"), rank=2,
+                                  report_to="none"))
+    trainer._setup_models()
+    for component, module in trainer.trained_modules().items():
+        shapes = {name: tuple(p.shape) for name, p in module.named_parameters() if "lora_" in name}
+        assert any("lora_A" in name for name in shapes), component
+        assert all(shape[0] == 2 for name, shape in shapes.items() if "lora_A" in name), component
+        assert all(shape[1] == 2 for name, shape in shapes.items() if "lora_B" in name), component
+
+
+def test_an_accelerator_that_accumulates_otherwise_than_the_training_is_refused(selected_run, make_run_config,
+                                                                               tmp_path):
+    """An Accelerator handed in must accumulate as many micro-batches per update as the training does: with fewer
+    it would step the optimizer at every micro-batch, with more it would never sync."""
+    from gors.core.distributed import make_accelerator
+
+    config = _config(make_run_config, _copy_run(selected_run, tmp_path / "run"), gradient_accumulation_steps=2,
+                     report_to="none")
+    with pytest.raises(ValueError, match=r"the Accelerator given accumulates 1 micro-batch\(es\) per update and the "
+                                         r"training 2: make it with gors.train.training_accelerator\(config\)"):
+        GORSTrainer(config, make_accelerator())
+    reset_process_state()
+    GORSTrainer(config, make_accelerator(gradient_accumulation_steps=2))  # the same accumulation: taken
+
+
 def test_saved_lora_loads_in_diffusers_and_changes_the_output(selected_run, make_run_config, tmp_path, tiny_sd):
     run_dir = _copy_run(selected_run, tmp_path / "run")
     base_files = _file_hashes(tiny_sd)
@@ -146,6 +183,21 @@ def test_resume_after_interruption_continues_from_the_saved_step(selected_run, m
     assert reference.keys() == resumed.keys()
     for key in reference:
         assert torch.allclose(reference[key], resumed[key], atol=1e-6), key
+
+
+def test_the_seed_draws_the_adapters_initialisation(selected_run, make_run_config, tmp_path):
+    """`--seed` seeds the training's own random draws (here the adapters' initial down-projections), not only the
+    batch order: the same seed starts from the same adapters, another seed from others."""
+    def initial_adapters(name: str, seed: int) -> dict[str, torch.Tensor]:
+        trainer = GORSTrainer(_config(make_run_config, _copy_run(selected_run, tmp_path / name), seed=seed,
+                                      report_to="none"))
+        trainer._set_up()
+        reset_process_state()
+        return {key: p.detach().clone() for key, p in trainer.denoiser.named_parameters() if "lora_A" in key}
+
+    first, again, other = initial_adapters("first", 1), initial_adapters("again", 1), initial_adapters("other", 2)
+    assert first and all(torch.equal(first[key], again[key]) for key in first)
+    assert all(not torch.equal(first[key], other[key]) for key in first)
 
 
 def test_bf16_trains_fp32_adapters_over_bf16_frozen_weights(selected_run, make_run_config, tmp_path, monkeypatch):
@@ -216,6 +268,29 @@ def test_a_global_batch_is_made_of_accumulated_micro_batches_on_any_number_of_pr
     with pytest.raises(ValueError, match=r"--gradient_accumulation_steps=4 with --global_batch_size=16: that batch "
                                          r"takes 8 micro-batch\(es\) of 2 on 1 process\(es\); give one of the two"):
         accumulation_steps(16, 2, 1, given=4)
+
+
+def test_an_accumulation_given_beside_a_global_batch_is_checked_by_the_trainer_too():
+    """A config made in Python skips the flags' parse-time check (`check_given`): the trainer itself refuses a
+    --gradient_accumulation_steps that does not make the --global_batch_size, rather than replace it silently."""
+    config = TrainConfig(output_dir="run", global_batch_size=16, train_batch_size=2, gradient_accumulation_steps=4)
+    with pytest.raises(ValueError, match=r"--gradient_accumulation_steps=4 with --global_batch_size=16: that batch "
+                                         r"takes 8 micro-batch\(es\) of 2 on 1 process\(es\)"):
+        resolve_accumulation(config, 1)
+    config = TrainConfig(output_dir="run", global_batch_size=16, train_batch_size=2, gradient_accumulation_steps=8)
+    with pytest.raises(ValueError, match=r"takes 4 micro-batch\(es\) of 2 on 2 process\(es\)"):
+        resolve_accumulation(config, 2)  # right on one process, not on the two launched
+
+
+def test_an_auto_batch_that_does_not_split_over_the_processes_names_the_processes_not_a_batch_size():
+    """--auto_train_batch_size sets each process's share itself: a --global_batch_size the processes do not divide
+    is refused as such, not as a --train_batch_size the user never gave."""
+    config = TrainConfig(output_dir="run", global_batch_size=16, auto_train_batch_size=True)
+    with pytest.raises(ValueError, match=r"^--global_batch_size=16 does not split evenly over 3 processes: launch a "
+                                         r"number of processes that divides it$"):
+        resolve_accumulation(config, 3)
+    resolve_accumulation(config, 2)
+    assert (config.train_batch_size, config.gradient_accumulation_steps) == (8, 1)
 
 
 def test_a_global_batch_trains_as_the_same_accumulation_given_by_hand(selected_run, make_run_config, tmp_path,
@@ -339,6 +414,38 @@ def test_an_update_the_fp16_loss_scaler_skips_does_not_advance_the_lr_schedule(f
     assert scheduler.get_last_lr()[0] == pytest.approx(0.7)
 
 
+def test_the_last_step_is_checkpointed_off_the_checkpointing_grid(selected_run, make_run_config, tmp_path, capsys):
+    """A --max_train_steps that --checkpointing_steps does not divide still ends with a checkpoint of the last step:
+    a rerun of the finished training has it to go on from, with nothing left to train."""
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    flags = dict(max_train_steps=3, checkpointing_steps=2, report_to="none")
+    train(_config(make_run_config, run_dir, **flags))
+    reset_process_state()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
+    capsys.readouterr()
+    train(_config(make_run_config, run_dir, **flags))
+    assert "at --max_train_steps=3: nothing to train" in capsys.readouterr().out
+
+
+def test_an_updates_logged_loss_is_the_mean_over_its_micro_batches_logged_one_update_late():
+    """`LossLog` logs each update's loss as the mean of its accumulated micro-batches' losses (not their sum, which
+    would grow with --gradient_accumulation_steps), with each group's rate, at the update's own step."""
+    from gors.core.distributed import make_accelerator
+    from gors.train import LossLog
+
+    accelerator = make_accelerator()
+    logged = []
+    accelerator.log = lambda values, step: logged.append((step, values))
+    log = LossLog(accelerator, ["unet", "text_encoder"])
+    log.add(1, [torch.tensor(1.0), torch.tensor(3.0)], [1e-4, 5e-6])
+    assert logged == []  # read back at the next update, or at a flush
+    log.add(2, [torch.tensor(0.5), torch.tensor(1.5)], [2e-4, 6e-6])
+    log.flush()
+    reset_process_state()
+    assert logged == [(1, {"train/loss": 2.0, "train/lr_unet": 1e-4, "train/lr_text_encoder": 5e-6}),
+                      (2, {"train/loss": 1.0, "train/lr_unet": 2e-4, "train/lr_text_encoder": 6e-6})]
+
+
 def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config, tmp_path):
     run_dir = _copy_run(selected_run, tmp_path / "run")
     train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=1, checkpoints_total_limit=2,
@@ -386,6 +493,21 @@ def test_a_training_that_diverges_stops_with_what_to_change_and_saves_nothing_of
     assert not (run_dir / "checkpoints" / "checkpoint-7").exists()
 
 
+def test_a_lora_whose_weights_are_not_finite_is_not_validated(selected_run, make_run_config, tmp_path):
+    """Weights that overflow at an update whose loss was still finite stop the training at that step's validation,
+    before anything renders or scores them (a diverged LoRA must never become best/)."""
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    # 1e39 overflows float32: the first update sends the up-projections to infinity; the loss before it was finite.
+    trainer = GORSTrainer(_config(make_run_config, run_dir, max_train_steps=2, checkpointing_steps=2,
+                                  learning_rate=1e39, validation_prompts=["a red circle"], validation_steps=1,
+                                  report_to="tensorboard"))
+    rendered = []
+    trainer.log_validation = lambda step: rendered.append(step)
+    with pytest.raises(TrainingDiverged, match=r"the LoRA's weights are not finite at step 1 "):
+        trainer.train()
+    assert rendered == [] and not (run_dir / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("flags, rates", [
     ({}, "--learning_rate (now 0.0001) and --text_encoder_learning_rate (now 5e-06)"),
     ({"train_text_encoder": False}, "--learning_rate (now 0.0001)"),
@@ -411,6 +533,28 @@ def test_the_polynomial_schedule_decays_each_rate_as_diffusers_scripts_do(select
         trainer.optimizer.step()
         trainer.lr_scheduler.step()
     assert trainer.lr_scheduler.get_last_lr() == pytest.approx([1e-7, 5e-6 * 1e-7 / 1e-4])
+
+
+def test_the_optimizer_takes_every_adam_flag_and_the_schedule_warms_up_over_the_steps_asked_for(
+        selected_run, make_run_config, tmp_path):
+    """AdamW gets --adam_beta1, --adam_beta2, --adam_weight_decay and --adam_epsilon in every group, and the LR
+    schedule rises from 0 over --lr_warmup_steps updates before it holds each group's rate."""
+    trainer = GORSTrainer(_config(make_run_config, _copy_run(selected_run, tmp_path / "run"), report_to="none",
+                                  adam_beta1=0.8, adam_beta2=0.95, adam_weight_decay=0.05, adam_epsilon=1e-6,
+                                  lr_scheduler="constant_with_warmup", lr_warmup_steps=2, max_train_steps=4))
+    trainer.selection = load_selection(Path(trainer.config.output_dir))
+    trainer._setup_models()
+    trainer._setup_optimizer()
+    assert len(trainer.optimizer.param_groups) == 2
+    for group in trainer.optimizer.param_groups:
+        assert (group["betas"], group["weight_decay"], group["eps"]) == ((0.8, 0.95), 0.05, 1e-6)
+    rates = [trainer.lr_scheduler.get_last_lr()]
+    for _ in range(3):
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        rates.append(trainer.lr_scheduler.get_last_lr())
+    assert [unet for unet, _ in rates] == pytest.approx([0.0, 5e-5, 1e-4, 1e-4])
+    assert [encoder for _, encoder in rates] == pytest.approx([0.0, 2.5e-6, 5e-6, 5e-6])
 
 
 def test_train_without_selection_says_what_to_run(make_run_config, tmp_path):
@@ -512,6 +656,20 @@ def test_benchmark_validation_logs_keeps_the_best_and_leaves_training_unchanged(
     validated = load_file(validated_dir / "pytorch_lora_weights.safetensors")
     assert plain.keys() == validated.keys()
     assert all(torch.equal(plain[k], validated[k]) for k in plain)
+
+
+def test_a_fresh_training_without_validation_discards_an_earlier_trainings_validation_results(
+        selected_run, make_run_config, tmp_path):
+    """A training that starts at step 0 without --validation_benchmark still discards the best LoRA and step results
+    an earlier training left (one killed before its first checkpoint): a later resume of this training with
+    validation on must not take them for its own."""
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    (run_dir / "validation" / "step-000001").mkdir(parents=True)
+    (run_dir / "validation" / "step-000001" / "summary.json").write_text('{"binding_accuracy": 1.0}')
+    (run_dir / "best").mkdir()
+    (run_dir / "best" / "best.json").write_text('{"step": 1, "value": 1.0}')
+    train(_config(make_run_config, run_dir, max_train_steps=1, report_to="none"))
+    assert not (run_dir / "best").exists() and not (run_dir / "validation").exists()
 
 
 def test_the_validation_metric_is_a_declared_one_with_its_own_direction(make_run_config, tmp_path):
@@ -694,6 +852,17 @@ def _resume(trained_run, run_dir, **overrides):
     return train(replace(trained_run, output_dir=str(run_dir), **{"resume_from_checkpoint": "latest"} | overrides))
 
 
+def test_a_checkpoint_holds_the_adapters_and_training_state_but_no_base_weights(trained_run):
+    """The save hook keeps only the LoRA in a checkpoint: accelerate's own copy of each prepared model (its frozen
+    base weights too) is never written beside it."""
+    for checkpoint in sorted((Path(trained_run.output_dir) / "checkpoints").iterdir()):
+        names = sorted(p.name for p in checkpoint.iterdir())
+        assert LORA_WEIGHT_NAME in names and "optimizer.bin" in names, names
+        assert not [name for name in names if name.startswith(("model", "pytorch_model"))], names
+        assert [name for name in names if name.endswith((".safetensors", ".bin"))] == sorted(
+            [LORA_WEIGHT_NAME, "optimizer.bin", "scheduler.bin"]), names
+
+
 @pytest.mark.parametrize("overrides, error", [
     # Caught before the adapters' shapes clash in `load_state`.
     (dict(rank=8), r"checkpoint-2: it belongs to a run with other settings: rank 4 in the checkpoint, 8 now\. "
@@ -861,6 +1030,67 @@ def test_a_training_refused_for_a_bad_optimizer_setting_leaves_the_checkpoints_w
     assert _file_hashes(run_dir / "checkpoints") == before
 
 
+def test_a_continue_from_a_checkpoint_at_the_trainings_end_is_refused(trained_run, selected_run, tmp_path):
+    """Online GORS goes on from the round before's checkpoint to a later --max_train_steps: one already at this
+    training's end (it would train nothing and pass its LoRA off as this round's) is refused before any model loads."""
+    end = Path(trained_run.output_dir) / "checkpoints" / "checkpoint-2"
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    with pytest.raises(ValueError, match=r"checkpoint-2 is at step 2, not before this training's end at step 2"):
+        train(replace(trained_run, output_dir=str(run_dir)), continue_from=end)
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / LORA_WEIGHT_NAME).exists()
+
+
+def test_a_fresh_optimizer_continuing_from_each_step_draws_its_own_random_stream(trained_run, selected_run, tmp_path):
+    """Continuing with only the adapters (`reset_optimizer`, a round's fresh optimizer) reseeds from --seed and the
+    step gone on from: rounds that go on from different steps do not repeat each other's noise and timesteps."""
+    def draws_after_continuing(step: int) -> torch.Tensor:
+        run_dir = _copy_run(selected_run, tmp_path / f"from-{step}")
+        trainer = GORSTrainer(replace(trained_run, output_dir=str(run_dir), max_train_steps=3),
+                              continue_from=Path(trained_run.output_dir) / "checkpoints" / f"checkpoint-{step}",
+                              reset_optimizer=True)
+        checkpoint = trainer._set_up()
+        assert checkpoint is None and trainer._resume(checkpoint) == step
+        reset_process_state()
+        return torch.randn(16)  # what the first step's draws come from
+
+    assert not torch.equal(draws_after_continuing(1), draws_after_continuing(2))
+
+
+def test_an_optimizer_setting_changed_on_the_trainer_is_refused_before_the_checkpoints_move(trained_run, tmp_path):
+    """The trainer checks the optimizer settings again as training starts (`check_optimizer`): one changed on its
+    config after it was made is refused with the flag's own message, and the folder's checkpoints stay where they
+    were, not set aside as another training's."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, run_dir)
+    before = _file_hashes(run_dir / "checkpoints")
+    trainer = GORSTrainer(replace(trained_run, output_dir=str(run_dir)))
+    trainer.config.lr_scheduler = "cosin"
+    with pytest.raises(ValueError, match=r"--lr_scheduler='cosin'; choose one of linear, "):
+        trainer.train()
+    assert _file_hashes(run_dir / "checkpoints") == before and not list(run_dir.glob("checkpoints.previous-*"))
+
+
+def test_a_checkpoint_whose_weights_are_not_finite_is_not_saved_as_the_final_lora(trained_run, tmp_path):
+    """A resume with nothing left to train saves the checkpoint's adapters as the LoRA only if they are finite: a
+    checkpoint that recorded no file digests (an older gors') may hold a diverged LoRA."""
+    from safetensors.torch import save_file
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, run_dir)
+    (run_dir / LORA_WEIGHT_NAME).unlink()
+    checkpoint = run_dir / "checkpoints" / "checkpoint-2"
+    marker = json.loads((checkpoint / "checkpoint.json").read_text())
+    del marker["files"]
+    (checkpoint / "checkpoint.json").write_text(json.dumps(marker))
+    weights = load_file(str(checkpoint / LORA_WEIGHT_NAME))
+    weights = {key: value.fill_(float("nan")) if "lora.up" in key or "lora_B" in key else value
+               for key, value in weights.items()}
+    save_file(weights, str(checkpoint / LORA_WEIGHT_NAME))
+    with pytest.raises(TrainingDiverged, match=r"the LoRA's weights are not finite at step 2 "):
+        train(replace(trained_run, output_dir=str(run_dir), resume_from_checkpoint="latest"))
+    assert not (run_dir / LORA_WEIGHT_NAME).exists()
+
+
 def test_the_lora_file_is_replaced_whole_or_not_at_all(trained_run, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run.output_dir, run_dir)
@@ -961,6 +1191,33 @@ def test_a_training_from_step_0_sets_an_earlier_trainings_logs_aside(selected_ru
                   learning_rate=3e-4))
     assert "held the logs of an earlier training: moved to" in capsys.readouterr().out
     assert first and events(run_dir / "logs.previous-1") == first and set(events(run_dir / "logs")).isdisjoint(first)
+
+
+def test_a_finished_training_leaves_no_save_or_load_hook_on_its_accelerator(selected_run, make_run_config, tmp_path):
+    """The next online round trains on the same Accelerator: the hooks of a finished training (save its LoRA, load
+    its adapters) are gone, so that a later `save_state` writes no LoRA of the modules it trained."""
+    from gors.train import training_accelerator
+
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    config = _config(make_run_config, run_dir, max_train_steps=1, report_to="none")
+    accelerator = training_accelerator(config)
+    train(config, accelerator=accelerator)
+    accelerator.save_state(str(tmp_path / "later"))
+    reset_process_state()
+    assert not (tmp_path / "later" / LORA_WEIGHT_NAME).exists()
+
+
+def test_a_resumed_training_keeps_its_logs_in_place(selected_run, make_run_config, tmp_path):
+    """Only a training that starts at step 0 sets the logging folder aside: a resumed one goes on writing beside its
+    earlier steps' logs, so that `gors report` draws the whole training."""
+    run_dir = _copy_run(selected_run, tmp_path / "run")
+    train(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="tensorboard"))
+    reset_process_state()
+    first = sorted(p.relative_to(run_dir) for p in (run_dir / "logs").rglob("events.*"))
+    train(_config(make_run_config, run_dir, max_train_steps=2, checkpointing_steps=1, report_to="tensorboard",
+                  resume_from_checkpoint="latest"))
+    after = sorted(p.relative_to(run_dir) for p in (run_dir / "logs").rglob("events.*"))
+    assert first and set(first) < set(after) and not list(run_dir.glob("logs.previous-*"))
 
 
 def test_validation_prompts_are_not_rendered_where_no_tensorboard_keeps_them(selected_run, make_run_config, tmp_path,
