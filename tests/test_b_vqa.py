@@ -431,3 +431,84 @@ def test_questions_are_normalised_as_blips_pre_question(reward: BVQAReward) -> N
     plain = reward._answer_probabilities(image, [(0, "a stop sign?")])
     marked = reward._answer_probabilities(image, [(0, 'A "Stop" sign.?')])
     assert plain == marked
+
+
+def test_question_blanks_count_as_words_before_the_cap() -> None:
+    """BLIP's `pre_question` only strips trailing blanks: leading ones stay and each empty word counts
+    toward the 50-word cap, so 49 leading blanks leave room for one word only."""
+    assert official_question(" " * 49 + "a green bench?") == " " * 49 + "a"
+    assert official_question("  a bench?") == "  a bench?"
+
+
+def test_questions_are_truncated_to_35_tokens(reward: BVQAReward, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As BLIP's `tokenizer(..., truncation=True, max_length=35)`: a long question reaches the text encoder
+    as 35 tokens ([ENC], its first 33 word pieces, [SEP]), a short one whole."""
+    seen: list[torch.Tensor] = []
+    original = reward._yes_probabilities
+
+    def recording(input_ids: torch.Tensor, image_embeds: torch.Tensor) -> torch.Tensor:
+        seen.append(input_ids)
+        return original(input_ids, image_embeds)
+
+    monkeypatch.setattr(reward, "_yes_probabilities", recording)
+    long_question = " ".join(["green"] * 40) + " bench?"
+    reward._answer_probabilities(random_images(1), [(0, long_question), (0, "a bench?")])
+    lengths = sorted(ids.shape[1] for ids in seen)
+    full = reward.processor.tokenizer(long_question).input_ids
+    assert len(full) > 35 and lengths[-1] == 35
+    long_ids = next(ids for ids in seen if ids.shape[1] == 35)[0].tolist()
+    assert long_ids == [reward.question_start_id, *full[1:34], reward.processor.tokenizer.sep_token_id]
+    assert lengths[0] == len(reward.processor.tokenizer("a bench?").input_ids)
+
+
+def test_a_model_whose_vocabulary_ends_at_dec_is_refused(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """question_start='enc' needs the [ENC] id (bos + 1) inside the vocabulary: a vocabulary that ends at
+    [DEC] is refused (naming 'cls' as the way out); question_start='cls' still loads it."""
+    from transformers import BlipForQuestionAnswering
+
+    original = BlipForQuestionAnswering.from_pretrained
+
+    def without_enc(*args, **kwargs):
+        model = original(*args, **kwargs)
+        model.config.text_config.vocab_size = model.config.text_config.bos_token_id + 1
+        return model
+
+    monkeypatch.setattr(BlipForQuestionAnswering, "from_pretrained", without_enc)
+    with pytest.raises(ValueError, match=r"no \[ENC\] token after \[DEC\].*question_start='cls'"):
+        BVQAReward(model_name_or_path=str(model_dir), device="cpu")
+    assert BVQAReward(model_name_or_path=str(model_dir), device="cpu", question_start="cls").question_start_id is None
+
+
+def test_yes_and_no_must_be_exactly_one_token(reward: BVQAReward) -> None:
+    """A word the tokenizer turns into no token at all is refused like one split into several."""
+    assert reward._single_token_id("yes") == reward.yes_id
+    with pytest.raises(ValueError, match="into 0 tokens"):
+        reward._single_token_id("")
+
+
+def test_question_windows_and_length_groups(reward: BVQAReward) -> None:
+    """Images go in windows of 4 * batch_size (16 here): each image's vision features once, even at a
+    window's edge, and within a window the questions of one token length share passes across images."""
+    vision_batches: list[int] = []
+    decoder_batches: list[int] = []
+    hooks = [
+        reward.model.vision_model.register_forward_hook(
+            lambda module, args, kwargs, out: vision_batches.append(kwargs["pixel_values"].shape[0]),
+            with_kwargs=True,
+        ),
+        reward.model.text_decoder.register_forward_hook(
+            lambda module, args, kwargs, out: decoder_batches.append(kwargs["input_ids"].shape[0]),
+            with_kwargs=True,
+        ),
+    ]
+    # 17 images, one question each, short and long questions interleaved.
+    questions = [(i, "a cat?" if i % 2 == 0 else "a green bench?") for i in range(17)]
+    try:
+        p_yes = reward._answer_probabilities(random_images(17), questions)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(p_yes) == 17
+    assert vision_batches == [4, 4, 4, 4, 1]
+    # Window 1: 8 short + 8 long questions, 4 per pass; window 2: the 17th image's one question.
+    assert decoder_batches == [4, 4, 4, 4, 1]

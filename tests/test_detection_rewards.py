@@ -93,6 +93,15 @@ def test_the_unidet_rule_is_the_detector_rewards_default_and_excludes_text_thres
         NumeracyReward(detector=fake, device="cpu", text_threshold=0.25, nms_iou=0.5, noun_file=None)
 
 
+def test_select_detections_text_threshold_is_inclusive_and_no_labels_give_nothing() -> None:
+    """A label whose probability equals `text_threshold` is reported (as a box at `threshold` is kept);
+    an image queried for no label has no detection (rather than an argmax over no column)."""
+    probs = np.array([[0.6, 0.3, 0.1]])
+    found = select_detections(probs, np.zeros((1, 4)), ["a", "b", "c"], 0.6, text_threshold=0.3)
+    assert [(d.label, d.score) for d in found] == [("a", 0.6), ("b", 0.3)]
+    assert select_detections(np.zeros((3, 0)), np.zeros((3, 4)), [], 0.0) == []
+
+
 def test_select_detections_checks_shape() -> None:
     with pytest.raises(ValueError, match="expected"):
         select_detections(np.zeros((2, 2)), np.zeros((3, 4)), ["a", "b"], 0.5)
@@ -194,6 +203,55 @@ def test_detector_input_checks(detectors: dict[str, ZeroShotDetector]) -> None:
         detector.detect(random_images(1), [[" . "]], threshold=0.5)
     with pytest.raises(ValueError, match="give one of them"):
         detector.detect(random_images(1), [["dog"]], threshold=0.1, text_threshold=0.2, nms_iou=0.5)
+
+
+def test_detector_batch_size_must_be_positive() -> None:
+    """batch_size 0 is refused before any model loads, naming the option."""
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        ZeroShotDetector("no-model-needed", device="cpu", batch_size=0)
+
+
+@pytest.mark.parametrize("kind", ["grounding-dino", "owlv2"])
+def test_duplicate_labels_are_queried_once(detectors: dict[str, ZeroShotDetector], kind: str) -> None:
+    """A label repeated in an image's list is one query: the same detections as without the repeat
+    (Grounding DINO reads the same text; no box is reported twice for one label)."""
+    images = random_images(1, seed=3)
+    repeated = detectors[kind].detect(images, [["dog", "a cat", "dog"]], threshold=0.0, text_threshold=0.0)
+    once = detectors[kind].detect(images, [["dog", "a cat"]], threshold=0.0, text_threshold=0.0)
+    assert repeated == once
+
+
+@pytest.mark.parametrize("kind", ["grounding-dino", "mm-grounding-dino"])
+def test_grounding_text_may_fill_max_text_len(
+    detectors: dict[str, ZeroShotDetector], kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A text of exactly the model's `max_text_len` tokens is accepted; one token more is refused."""
+    detector = detectors[kind]
+    labels = ["a cat", "a red car", "dog"]
+    ids, spans = detector.grounding_text(labels)
+    monkeypatch.setattr(detector.model.config, "max_text_len", len(ids))
+    assert detector.grounding_text(labels) == (ids, spans)
+    monkeypatch.setattr(detector.model.config, "max_text_len", len(ids) - 1)
+    with pytest.raises(ValueError, match=f"3 labels take {len(ids)} tokens.*at most {len(ids) - 1}"):
+        detector.grounding_text(labels)
+
+
+@pytest.mark.parametrize("kind", ["grounding-dino", "mm-grounding-dino"])
+def test_grounding_texts_of_different_lengths_share_a_batch(
+    detector_dirs: dict[str, Path], detectors: dict[str, ZeroShotDetector], kind: str
+) -> None:
+    """Same-size images (one forward pass) with texts of different token lengths: the shorter text's
+    padding is masked out, so each image gets the detections it gets alone."""
+    rng = np.random.default_rng(4)
+    images = [Image.fromarray(rng.integers(0, 256, (32, 48, 3), dtype=np.uint8)) for _ in range(2)]
+    labels = [["a cat", "a red car", "a man"], ["dog"]]
+    together = detectors[kind].detect(images, labels, threshold=0.0)  # batch_size 2: one pass
+    alone = ZeroShotDetector(str(detector_dirs[kind]), device="cpu", batch_size=1)
+    for image, image_labels, expected in zip(images, labels, together, strict=True):
+        found = alone.detect([image], [image_labels], threshold=0.0)[0]
+        assert [d.label for d in found] == [d.label for d in expected]
+        np.testing.assert_allclose([d.score for d in found], [d.score for d in expected], atol=1e-4)
+        np.testing.assert_allclose([d.box for d in found], [d.box for d in expected], atol=1e-3)
 
 
 def test_detector_per_class_rule_keeps_no_overlapping_pair_of_one_label(

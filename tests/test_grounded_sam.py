@@ -223,6 +223,51 @@ def test_sam_segmenter_masks_and_batching(sam_dir: Path) -> None:
     assert not np.array_equal(batched[0][0], batched[0][1])
 
 
+def test_sam_segmenter_gives_sams_single_mask_output(sam_dir: Path) -> None:
+    """Each box's mask is SAM's single-mask output (`multimask_output=False`, as Grounded-SAM prompts
+    boxes), recomputed here with transformers' SAM and its post-processing."""
+    from transformers import SamModel, SamProcessor
+
+    image, box = random_images(1, seed=5)[0], (4.0, 2.0, 30.0, 20.0)
+    ours = SamSegmenter(str(sam_dir), device="cpu")([image], [[box]])[0][0]
+    processor, model = SamProcessor.from_pretrained(sam_dir), SamModel.from_pretrained(sam_dir).eval()
+    inputs = processor(images=[image], input_boxes=[[list(box)]], return_tensors="pt")
+    with torch.no_grad():
+        outputs = model(pixel_values=inputs["pixel_values"], input_boxes=inputs["input_boxes"],
+                        multimask_output=False)
+    assert outputs.pred_masks.shape[2] == 1
+    expected = processor.image_processor.post_process_masks(
+        list(outputs.pred_masks), inputs["original_sizes"], inputs["reshaped_input_sizes"])[0][0][0].numpy()
+    assert (ours != expected).mean() < 0.01
+
+
+def test_sam_segmenter_input_checks(sam_dir: Path) -> None:
+    """batch_size 0 is refused before SAM loads; as many box lists as images are required."""
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        SamSegmenter("no-model-needed", device="cpu", batch_size=0)
+    with pytest.raises(ValueError, match="2 images but 1 box lists"):
+        SamSegmenter(str(sam_dir), device="cpu")(random_images(2), [[(0.0, 0.0, 10.0, 10.0)]])
+
+
+def test_a_segmenter_must_give_one_mask_per_box() -> None:
+    """A custom segmenter that returns fewer masks than boxes is reported as such."""
+    detector = FakeDetector({"bench": [(0.9, (0.0, 0.0, 20.0, 20.0))], "green": [(0.8, (0.0, 0.0, 10.0, 10.0))]})
+    reward = GroundedSAMReward(detector=detector, segmenter=lambda images, boxes: [[] for _ in images],
+                               noun_phrase_backend="builtin", device="cpu")
+    with pytest.raises(RuntimeError, match="the segmenter gave 0 masks for 2 boxes"):
+        reward.score(random_images(1), ["a green bench"])
+
+
+def test_default_thresholds_are_grounding_dinos() -> None:
+    """Grounding DINO's demo thresholds by default: box 0.35, text 0.25, passed to the detector."""
+    detector = FakeDetector({})
+    reward = GroundedSAMReward(detector=detector, segmenter=box_segmenter, noun_phrase_backend="builtin",
+                               device="cpu")
+    assert (reward.box_threshold, reward.text_threshold) == (0.35, 0.25)
+    reward.score(random_images(1), ["a green bench"])
+    assert [call[1:] for call in detector.calls] == [(0.35, 0.25), (0.35, 0.25)]
+
+
 def test_tiny_sam_build_is_deterministic_by_seed(tmp_path: Path, sam_dir: Path) -> None:
     from safetensors.torch import load_file
 
