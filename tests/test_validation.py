@@ -608,3 +608,107 @@ def test_a_shorter_run_from_step_0_competes_with_the_kept_best_lora_even_one_a_k
     validation.start(0, training="A", keep=range(2, 4))
     _validate(validation, range(1, 2))
     assert (_best(tmp_path)["step"], (tmp_path / "best" / "lora").read_text()) == (3, "3")
+
+
+def test_a_validation_metric_undefined_on_the_validation_prompts_is_a_clear_error(make_run_config, tmp_path,
+                                                                                 monkeypatch):
+    """A summary whose validation metric is None (undefined on these prompts, e.g. no relation prompt) stops the
+    run with a ValueError naming the flag and the remedy, and keeps no best LoRA."""
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [None])
+    validation.start(0, training="A")
+    with pytest.raises(ValueError, match=r"^--validation_metric='binding_accuracy' is undefined on these toy:train "
+                                         r"validation prompts; raise --validation_num_prompts"):
+        _validate(validation, range(1, 2))
+    assert not (tmp_path / "best").exists()
+
+
+def test_a_leftover_staging_folder_of_a_killed_save_does_not_reach_best(make_run_config, tmp_path, monkeypatch):
+    """A kill while saving a best LoRA leaves `.best.tmp`; the resumed run's next best LoRA is saved into a fresh
+    staging folder, so `best/` holds only that LoRA and its record, none of the killed save's files."""
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.5])
+    (tmp_path / ".best.tmp").mkdir()
+    (tmp_path / ".best.tmp" / "half_written.safetensors").write_text("killed")
+    validation.start(2, training="A")
+    _validate(validation, range(3, 4))
+    assert sorted(p.name for p in (tmp_path / "best").iterdir()) == ["best.json", "lora"]
+    assert not (tmp_path / ".best.tmp").exists()
+
+
+def test_a_stray_step_named_folder_in_validation_is_left_alone(tmp_path):
+    """`discard_steps_after` discards only `step-<number>` folders after the step: another folder whose name begins
+    with `step-` (a user's notes) is neither parsed as a step nor discarded."""
+    from gors.validation import discard_steps_after
+
+    for name in ("step-000001", "step-000003", "step-notes"):
+        (tmp_path / "validation" / name).mkdir(parents=True)
+    assert discard_steps_after(tmp_path, 1) == [3]
+    assert sorted(p.name for p in (tmp_path / "validation").iterdir()) == ["step-000001", "step-notes"]
+
+
+def test_a_step_whose_validation_was_killed_before_its_summary_is_not_validated(make_run_config, tmp_path,
+                                                                                 monkeypatch):
+    """`validated` needs the step's summary: a step folder that `run` began under these settings (its
+    validation.json written) but whose benchmark was killed before summary.json is validated again, while a
+    step with its summary is not."""
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.5])
+    validation.start(0, training="A")
+    _validate(validation, range(1, 2))
+    (tmp_path / "validation" / "step-000001" / "summary.json").write_text("{}")  # the stubbed benchmark wrote none
+    begun = tmp_path / "validation" / "step-000002"
+    begun.mkdir()
+    shutil.copy(tmp_path / "validation" / "step-000001" / "validation.json", begun / "validation.json")
+    assert validation.validated(1) and not validation.validated(2)
+
+
+def test_a_killed_validation_of_these_settings_is_gone_on_from_and_one_of_other_settings_discarded(
+        make_run_config, tmp_path, monkeypatch):
+    """`discard_unrelated` keeps a step folder begun under these validation settings (the benchmark goes on from its
+    samples, not redoing them) and discards one begun under other settings (or none recorded)."""
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [])
+    validation.start(0, training="A")
+    for step, settings in ((1, validation.settings), (2, validation.settings | {"num_prompts": 99}), (3, None)):
+        folder = tmp_path / "validation" / f"step-{step:06d}"
+        (folder / "samples").mkdir(parents=True)
+        (folder / "samples" / "0.png").write_text("sampled")
+        if settings is not None:
+            (folder / "validation.json").write_text(json.dumps(settings))
+        validation.discard_unrelated(step)
+    assert (tmp_path / "validation" / "step-000001" / "samples" / "0.png").read_text() == "sampled"
+    assert sorted(p.name for p in (tmp_path / "validation").iterdir()) == ["step-000001"]
+
+
+def test_a_best_lora_of_another_validation_metric_does_not_compare(make_run_config, tmp_path, monkeypatch):
+    """The metric is one of the validation settings a best LoRA is bound to: a run resumed with another
+    `--validation_metric` replaces the best of the earlier metric with its first value, even one that its own
+    direction (the lower, the better) would rank below the recorded value."""
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.9])
+    validation.start(0, training="A")
+    _validate(validation, range(1, 2))
+    config = make_run_config(output_dir=str(tmp_path), validation_benchmark="toy:train",
+                             validation_metric="binding_errors.exchanged", validation_num_inference_steps=None,
+                             validation_resolution=None)
+    validation = BenchmarkValidation(config, make_accelerator())
+    validation._scorer = object()
+    monkeypatch.setattr(validation.benchmark, "evaluate",
+                        lambda *args, **kwargs: {"binding_accuracy": 0.1, "binding_errors": {"exchanged": 0.95}})
+    validation.start(1, training="A")
+    _validate(validation, range(2, 3))
+    best = _best(tmp_path)
+    assert (best["step"], best["metric"], best["value"]) == (2, "binding_errors.exchanged", 0.95)
+
+
+def test_a_best_lora_recorded_before_benchmark_options_were_recorded_still_competes(make_run_config, tmp_path,
+                                                                                    monkeypatch):
+    """Benchmark options enter the validation settings only where given: a best.json whose settings have no
+    `benchmark_options` (recorded before they were) stays comparable with a run that gives none, and a lower
+    value does not replace it."""
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.9])
+    validation.start(0, training="A")
+    _validate(validation, range(1, 2))
+    record = _best(tmp_path)
+    record["validation"].pop("benchmark_options", None)
+    (tmp_path / "best" / "best.json").write_text(json.dumps(record))
+    validation = _stubbed(make_run_config, tmp_path, monkeypatch, [0.5])
+    validation.start(1, training="A")
+    _validate(validation, range(2, 3))
+    assert (_best(tmp_path)["step"], (tmp_path / "best" / "lora").read_text()) == (1, "1")
