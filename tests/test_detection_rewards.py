@@ -132,6 +132,16 @@ def test_detector_labels_scores_boxes(detectors: dict[str, ZeroShotDetector], ki
     assert all(d.score >= 0.5 for found in high for d in found)
 
 
+def _assert_each_alone_gives(detector_dir: Path, images: list, labels: list[list[str]], together: list) -> None:
+    """Each image detected alone (batch_size 1) gives the detections it got in the batch `together`."""
+    alone = ZeroShotDetector(str(detector_dir), device="cpu", batch_size=1)
+    for image, image_labels, expected in zip(images, labels, together, strict=True):
+        found = alone.detect([image], [image_labels], threshold=0.0)[0]
+        assert [d.label for d in found] == [d.label for d in expected]
+        np.testing.assert_allclose([d.score for d in found], [d.score for d in expected], atol=1e-4)
+        np.testing.assert_allclose([d.box for d in found], [d.box for d in expected], atol=1e-3)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_detector_batched_equals_one_at_a_time(
     detector_dirs: dict[str, Path], detectors: dict[str, ZeroShotDetector], kind: str
@@ -139,12 +149,7 @@ def test_detector_batched_equals_one_at_a_time(
     images = random_images(3, seed=1)
     labels = [["a cat", "a red car"], ["dog"], ["a man", "a cat", "dog"]]
     together = detectors[kind].detect(images, labels, threshold=0.0)
-    alone = ZeroShotDetector(str(detector_dirs[kind]), device="cpu", batch_size=1)
-    for image, image_labels, expected in zip(images, labels, together, strict=True):
-        found = alone.detect([image], [image_labels], threshold=0.0)[0]
-        assert [d.label for d in found] == [d.label for d in expected]
-        np.testing.assert_allclose([d.score for d in found], [d.score for d in expected], atol=1e-4)
-        np.testing.assert_allclose([d.box for d in found], [d.box for d in expected], atol=1e-3)
+    _assert_each_alone_gives(detector_dirs[kind], images, labels, together)
 
 
 @pytest.mark.parametrize("kind", ["grounding-dino", "mm-grounding-dino"])
@@ -246,12 +251,7 @@ def test_grounding_texts_of_different_lengths_share_a_batch(
     images = [Image.fromarray(rng.integers(0, 256, (32, 48, 3), dtype=np.uint8)) for _ in range(2)]
     labels = [["a cat", "a red car", "a man"], ["dog"]]
     together = detectors[kind].detect(images, labels, threshold=0.0)  # batch_size 2: one pass
-    alone = ZeroShotDetector(str(detector_dirs[kind]), device="cpu", batch_size=1)
-    for image, image_labels, expected in zip(images, labels, together, strict=True):
-        found = alone.detect([image], [image_labels], threshold=0.0)[0]
-        assert [d.label for d in found] == [d.label for d in expected]
-        np.testing.assert_allclose([d.score for d in found], [d.score for d in expected], atol=1e-4)
-        np.testing.assert_allclose([d.box for d in found], [d.box for d in expected], atol=1e-3)
+    _assert_each_alone_gives(detector_dirs[kind], images, labels, together)
 
 
 def test_detector_per_class_rule_keeps_no_overlapping_pair_of_one_label(
