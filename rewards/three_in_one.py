@@ -110,11 +110,12 @@ class ThreeInOneReward(Reward):
             raise ValueError("three_in_one combines three models; give each one's model in its options "
                              "(b_vqa, spatial_rule, clip_score: {'model_name_or_path': ...}), not model_name_or_path")
         check_choice("subsplits", options.get("subsplits", "official"), ("official", "none"))
+        # Each member's options first: they are then mappings, whose question table can be read.
+        for name in MEMBERS.values():
+            check_member_options(name, options.get(name) or {}, MEMBER_DEFAULTS.get(name))
         questions, given = options.get("questions"), (options.get("b_vqa") or {}).get("questions")
         if questions is not None and given is not None and os.fspath(given) != os.fspath(questions):
             raise ValueError(f"two question tables: questions={questions!r} and b_vqa questions={given!r}; give one")
-        for name in MEMBERS.values():
-            check_member_options(name, options.get(name) or {}, MEMBER_DEFAULTS.get(name))
 
     @classmethod
     def download_files(cls, options: Mapping[str, Any]) -> None:

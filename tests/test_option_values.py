@@ -144,6 +144,9 @@ def test_scorer_options_may_be_keyed_by_the_label_of_a_default_subset(tmp_path):
         ("three_in_one", {"spatial_rule": {"floor": 2}}, r"spatial_rule: floor must be in \[0, 1\]"),
         ("three_in_one", {"clip_score": {"bogus": 1}}, "clip_score has no option 'bogus'"),
         ("three_in_one", {"questions": "a.json", "b_vqa": {"questions": "b.json"}}, "two question tables"),
+        # A member's options that are no mapping are named as such (not a TypeError or AttributeError).
+        ("three_in_one", {"spatial_rule": 5}, "spatial_rule: its options are 5; give a mapping"),
+        ("three_in_one", {"b_vqa": "table.json"}, "b_vqa: its options are 'table.json'; give a mapping"),
     ],
 )
 def test_tit_score_and_three_in_one_values_are_refused_without_a_model(reward, options, message):

@@ -93,6 +93,25 @@ def test_weighted_mean():
         weighted_mean([0.5, 0.5], [1.0])
 
 
+def test_weights_that_are_infinite_or_read_as_a_path_are_refused():
+    """A weight must be finite (inf would swamp every other member), an item `name::w` has no reward
+    name, and `name:0.x` whose tail is no identifier is a bad weight, not a `module:Class` path."""
+    with pytest.raises(ValueError, match="weights must be > 0 and finite"):
+        parse_reward_list("b_vqa:inf,clip_score")
+    with pytest.raises(ValueError, match="'b_vqa::0.5' has no reward name"):
+        parse_reward_list("b_vqa::0.5")
+    with pytest.raises(ValueError, match="weight '0.x' of 'my_mod' is not a number"):
+        parse_reward_list("my_mod:0.x")
+
+
+def test_weighted_mean_refuses_weights_that_sum_to_zero_and_empty_lists_by_name():
+    """No weights, or weights summing to 0, are a ValueError that says so (never a ZeroDivisionError)."""
+    with pytest.raises(ValueError, match=r"weights \[0.0\] sum to 0.0; they must be positive"):
+        weighted_mean([0.5], [0.0])
+    with pytest.raises(ValueError, match="0 scores and 0 weights; need the same, non-zero count"):
+        weighted_mean([], [])
+
+
 def test_three_in_one_terms_follow_the_official_mix():
     assert three_in_one_score(0.9, 0.6, 0.3) == pytest.approx(0.6)
     assert three_in_one_score(0.9, 0.6, 0.3, "spatial") == pytest.approx(0.75)
@@ -121,6 +140,88 @@ def test_official_complex_val_splits_into_58_spatial_212_action_30_both(monkeypa
     prompts = (SHARED_T2I / "complex_val.txt").read_text().splitlines()
     kinds = [prompt_kind(p, splits["spatial"], splits["action"]) for p in prompts]
     assert (kinds.count("spatial"), kinds.count("action"), kinds.count("all")) == (58, 212, 30)
+
+
+def test_three_in_one_key_strips_the_line_end_and_cuts_at_the_first_full_stop():
+    """The sub-split key is 3_in_1.py's `i.strip('\\n').split('.')[0].lower()`: a prompt's line end never
+    keeps it out of its sub-split, and a prompt of two sentences is keyed by its first."""
+    assert normalise_prompt("a dog runs\n") == "a dog runs"
+    assert prompt_kind("a dog runs\n", {"a cat on a mat"}, {"a dog runs"}) == "action"
+    assert normalise_prompt("A cat sat on the mat. Then it slept.") == "a cat sat on the mat"
+
+
+def test_three_in_one_takes_one_question_table_given_both_ways():
+    """`questions` and ``b_vqa={"questions": ...}`` naming the same file, one as a path object and one as
+    text, are one table, not two."""
+    from rewards.three_in_one import ThreeInOneReward
+
+    ThreeInOneReward.check_options({"questions": Path("table.json"), "b_vqa": {"questions": "table.json"}})
+    with pytest.raises(ValueError, match="two question tables"):
+        ThreeInOneReward.check_options({"questions": Path("a.json"), "b_vqa": {"questions": "b.json"}})
+
+
+def _three_in_one_with_stub_members(monkeypatch, **options):
+    """A ThreeInOneReward whose members are model-free stubs: member `name` scores image i `SCORES[name][i]`,
+    with details naming itself and the image; `built` records each member's keyword arguments."""
+    import rewards.three_in_one as three_in_one
+
+    built: dict[str, dict] = {}
+
+    def member(name):
+        class Stub(Reward):
+            def __init__(self, device=None, torch_dtype=None, batch_size=8, **kwargs):
+                super().__init__(None, device, torch_dtype, batch_size)
+                built[name] = kwargs
+
+            def _score(self, images, prompts, metadata):
+                return RewardOutput(STUB_SCORES[name][:len(images)],
+                                    [{"member": name, "image": i} for i in range(len(images))])
+        return Stub
+
+    monkeypatch.setattr(three_in_one, "get_reward_class", member)
+    return three_in_one.ThreeInOneReward(device="cpu", subsplits="none", **options), built
+
+
+STUB_SCORES = {"b_vqa": [0.9, 0.3, 0.6, 0.0], "spatial_rule": [0.6, 0.9, 0.0, 0.3], "clip_score": [0.3, 0.0, 0.9, 0.6]}
+
+
+def test_three_in_one_scores_each_image_by_its_own_kind_and_member_scores(monkeypatch):
+    """Per image: its own metadata's kind (an entry without `three_in_one`, or with None, falls back to the
+    prompt's sub-split), the mean of that kind's terms of its own member scores, and each member's own
+    details for that image."""
+    reward, _ = _three_in_one_with_stub_members(monkeypatch)
+    metadata = [{"three_in_one": "spatial"}, {"three_in_one": "action"}, {"seed": 3}, {"three_in_one": None}]
+    out = reward.score(_images(4), ["a", "b", "c", "d"], metadata)
+    assert out.scores == pytest.approx([(0.9 + 0.6) / 2, (0.3 + 0.0) / 2, (0.6 + 0.0 + 0.9) / 3, (0.0 + 0.3 + 0.6) / 3])
+    assert [d["kind"] for d in out.details] == ["spatial", "action", "all", "all"]
+    assert [d["terms"] for d in out.details] == [["attribute", "spatial"], ["attribute", "action"],
+                                                 ["attribute", "spatial", "action"]] + [["attribute", "spatial", "action"]]
+    for i, details in enumerate(out.details):
+        assert details["score"] == out.scores[i]
+        for term, name in (("attribute", "b_vqa"), ("spatial", "spatial_rule"), ("action", "clip_score")):
+            assert details[term] == {"score": STUB_SCORES[name][i], "details": {"member": name, "image": i}}
+
+
+def test_three_in_one_metadata_kind_overrides_the_sub_split_and_is_checked(monkeypatch):
+    """A metadata `three_in_one` wins over the prompt's sub-split; metadata without it keeps the sub-split;
+    a kind that is not one of all/spatial/action is refused, naming the metadata."""
+    reward, _ = _three_in_one_with_stub_members(monkeypatch)
+    reward.subsplits = {"spatial": {"a cat on a mat"}, "action": set()}
+    assert reward.kind_of("A cat on a mat.", None) == "spatial"
+    assert reward.kind_of("A cat on a mat.", {"seed": 1}) == "spatial"
+    assert reward.kind_of("A cat on a mat.", {"three_in_one": "action"}) == "action"
+    with pytest.raises(ValueError, match=r"metadata three_in_one='both'; choose one of \['action', 'all', 'spatial'\]"):
+        reward.kind_of("A cat on a mat.", {"three_in_one": "both"})
+
+
+def test_three_in_one_member_options_override_its_official_member_settings(monkeypatch):
+    """The official 3-in-1 settings (complex spatial rule, adjective-free CLIPScore) are defaults: a
+    member's own option given by the user wins."""
+    _, built = _three_in_one_with_stub_members(monkeypatch)
+    assert built["spatial_rule"] == {"complex": True} and built["clip_score"] == {"remove_adjectives": True}
+    _, built = _three_in_one_with_stub_members(monkeypatch, spatial_rule={"complex": False},
+                                                clip_score={"remove_adjectives": False})
+    assert built["spatial_rule"] == {"complex": False} and built["clip_score"] == {"remove_adjectives": False}
 
 
 def test_paper_table_and_resolution():
@@ -201,6 +302,14 @@ def test_weighted_reward_mixes_members_and_keeps_their_details():
         assert details["members"]["test_brightness"]["details"]["brightness"] == pytest.approx(brightness)
         assert details["members"]["test_constant"]["weight"] == 0.75
 
+
+def test_one_reward_with_a_weight_is_a_list_of_one():
+    """`name:w` is a weighted list of one member (options keyed by member, details per member), not the
+    reward built as itself: only a bare name is."""
+    reward = build_reward("test_constant:2", options={"test_constant": {"value": 0.25}}, device="cpu")
+    assert isinstance(reward, WeightedReward) and reward.weights == {"test_constant": 1.0}
+    out = reward.score(_images(1), ["a"])
+    assert out.scores == [0.25] and out.details[0]["members"]["test_constant"]["weight"] == 1.0
 
 def test_single_reward_is_built_as_itself_with_its_options():
     reward = build_reward("test_constant", model_name_or_path="some/model", options={"value": 0.25}, device="cpu")
