@@ -223,6 +223,19 @@ def test_sdxl_time_ids_equal_the_pipelines(tiny_sdxl, pipelines):
         assert torch.equal(time_ids, expected.expand(2, 6))
 
 
+def test_sdxl_time_ids_are_in_the_compute_dtype_as_the_pipeline_makes_them(tiny_sdxl):
+    """SDXL's added time ids (from integer sizes and crops) reach the U-Net in the compute dtype, as the pipeline's
+    `_get_add_time_ids(..., dtype=prompt_embeds.dtype)`: (original h, w, crop top, left, target h, w)."""
+    _, family = _family(tiny_sdxl)
+    encodings = {"text_encoder": {"hidden": torch.zeros(2, 77, 32)},
+                 "text_encoder_2": {"hidden": torch.zeros(2, 77, 64), "pooled": torch.zeros(2, 64)}}
+    batch = Batch(torch.zeros(2, 4, 16, 16), torch.ones(2), torch.tensor([[40, 56], [72, 40]]),
+                  torch.tensor([[0, 6], [12, 0]]))
+    time_ids = family.condition(encodings, batch, torch.float16)["time_ids"]
+    assert time_ids.dtype == torch.float16
+    assert time_ids.tolist() == [[40, 56, 0, 6, 32, 32], [72, 40, 12, 0, 32, 32]]
+
+
 # ---- cached text encodings -------------------------------------------------------------------------
 
 
@@ -302,6 +315,43 @@ def test_flux_schnell_has_no_guidance_input(tmp_path):
     encodings = {"text_encoder": {"pooled": torch.zeros(3, 32)}, "text_encoder_2": {"hidden": torch.zeros(3, 7, 128)}}
     assert "guidance" not in family.condition(encodings, _batch(3), torch.float32)
     assert "guidance_scale" not in family.fingerprint()
+
+
+def test_flux_divides_the_timestep_by_1000_in_the_latents_dtype_as_its_pipeline(tiny_flux):
+    """FLUX's transformer gets `timestep.to(latents.dtype) / 1000`, as `FluxPipeline` computes it: in bfloat16 the
+    division rounds in bfloat16, not float32 (diffusers' script's), so training sees the sampler's time inputs."""
+    _, family = _family(tiny_flux)
+    seen = {}
+
+    def denoiser(hidden_states, timestep, return_dict, **conditioning):
+        seen["timestep"] = timestep
+        return (hidden_states,)
+
+    noisy = torch.randn(3, 16, 4, 4, dtype=torch.bfloat16)
+    timesteps = torch.tensor([999.0, 733.3, 1.7])
+    out = family.predict(denoiser, noisy, timesteps, {})
+    assert torch.equal(out, noisy)  # packing and unpacking round-trip
+    assert seen["timestep"].dtype == torch.bfloat16
+    assert torch.equal(seen["timestep"], timesteps.to(torch.bfloat16) / 1000)
+    assert not torch.equal(seen["timestep"].float(), (timesteps / 1000).to(torch.bfloat16).float())
+
+
+def test_the_flow_matching_loss_runs_flux_on_noisy_latents_and_timesteps_in_the_compute_dtype(tiny_flux):
+    """The flow-matching loss hands the transformer the noisy latents in the compute dtype, so that FLUX's
+    timestep / 1000 is computed in it too (as `FluxPipeline` does in bfloat16); the loss is float32."""
+    _, family = _family(tiny_flux)
+    scheduler = family.load_scheduler()
+    batch = Batch(torch.randn(2, 16, 4, 4), torch.ones(2), torch.zeros(2, 2), torch.zeros(2, 2))
+    seen = []
+
+    def transformer(hidden_states, timestep, return_dict, **conditioning):
+        seen.append((hidden_states.dtype, timestep.dtype))
+        return (torch.zeros_like(hidden_states),)
+
+    loss = family.loss(transformer, scheduler, batch, {}, torch.randn_like(batch.latents), torch.tensor([0.3, 0.8]),
+                       torch.bfloat16)
+    assert seen == [(torch.bfloat16, torch.bfloat16)]
+    assert loss.dtype == torch.float32
 
 
 # ---- settings a family cannot take ---------------------------------------------------------------------
@@ -560,6 +610,25 @@ def test_sd_fingerprint_keeps_its_keys_and_flow_matching_adds_its_own(tiny_sd, t
         "weighting_scheme": "none", "logit_mean": 0.0, "logit_std": 1.0, "mode_scale": 1.29, "max_sequence_length": 512}
 
 
+def test_flow_matching_loras_keep_peft_names_as_diffusers_sd3_and_flux_scripts_save(tiny_sd3, tmp_path):
+    """SD3/FLUX.1 LoRA files keep peft's `lora_A`/`lora_B` names (diffusers' SD3 and FLUX scripts save
+    `get_peft_model_state_dict` as is); SD/SDXL's take the diffusers names (`lora.down`/`lora.up`), as theirs."""
+    from safetensors.torch import load_file
+
+    from gors.families import TRAINING_FAMILIES
+    from gors.lora import add_lora, save_lora
+
+    assert {name: cls.peft_lora_names for name, cls in TRAINING_FAMILIES.items()} == {
+        "sd": False, "sdxl": False, "sd3": True, "flux": True}
+    _, family = _family(tiny_sd3)
+    transformer = family.load("transformer")
+    add_lora(transformer, family.denoiser_lora_targets, 2)
+    keys = load_file(str(save_lora(tmp_path, {"transformer": transformer}, "StableDiffusion3Pipeline",
+                                   family.peft_lora_names))).keys()
+    assert keys and all(key.startswith("transformer.") for key in keys)
+    assert any(".lora_A." in key for key in keys) and not any(".lora.down." in key for key in keys)
+
+
 @pytest.mark.parametrize("value", [[500], [1000, 500], [-1, 500], [500, 500, 1000]])
 def test_a_malformed_timestep_range_is_refused(value):
     with pytest.raises(ValueError, match=r"--timestep_range=.*: give BEGIN END with 0 <= BEGIN < END"):
@@ -585,6 +654,35 @@ def test_timestep_range_bounds_the_ddpm_timesteps_and_leaves_the_default_draws_a
     config, family = _family(tiny_sd, timestep_range=[0, scheduler.config.num_train_timesteps + 1])
     with pytest.raises(ValueError, match=r"schedule has 1000 timesteps; give an END <= 1000"):
         family.load_scheduler()  # the trainer's first load, before any weights
+
+
+def test_a_timestep_range_ending_at_the_schedule_s_length_is_accepted(tiny_sd):
+    """`--timestep_range BEGIN END` draws from [BEGIN, END): END may be the schedule's length (1000), its last
+    timestep 999 then included; only a longer END is refused."""
+    _, family = _family(tiny_sd, timestep_range=[990, 1000])
+    scheduler = family.load_scheduler()
+    assert scheduler.config.num_train_timesteps == 1000
+    torch.manual_seed(0)
+    timesteps = family.sample_noise(torch.zeros(512, 1), scheduler)[1]
+    assert timesteps.min() == 990 and timesteps.max() == 999
+
+
+def test_the_ddpm_loss_runs_the_denoiser_on_noisy_latents_in_the_compute_dtype(tiny_sd):
+    """DDPM families hand the denoiser the noisy latents cast to the compute dtype (its weights' under fp16/bf16),
+    the timesteps as drawn, and return a float32 loss."""
+    _, family = _family(tiny_sd)
+    scheduler = family.load_scheduler()
+    batch = Batch(torch.randn(2, 4, 2, 2), torch.ones(2), torch.zeros(2, 2), torch.zeros(2, 2))
+    seen = []
+
+    def denoiser(noisy, steps, states, return_dict):
+        seen.append((noisy.dtype, steps.tolist()))
+        return (torch.zeros_like(noisy),)
+
+    loss = family.loss(denoiser, scheduler, batch, {"encoder_hidden_states": None}, torch.randn_like(batch.latents),
+                       torch.tensor([10, 900]), torch.bfloat16)
+    assert seen == [(torch.bfloat16, [10, 900])]
+    assert loss.dtype == torch.float32
 
 
 def test_anchor_below_replaces_the_target_of_the_less_noisy_rows_by_the_base_prediction(tiny_sd):
@@ -805,6 +903,32 @@ def test_sdxl_caption_dropout_trains_the_zero_embeddings_its_pipeline_samples_wi
     assert "dropped_captions" not in family.fingerprint()  # no caption dropout: checkpoints as before
     family.zeros_for_empty_prompt = False
     assert family.drop_captions(conditioning, dropped) is conditioning
+
+
+def test_sdxl_without_force_zeros_in_its_model_index_drops_captions_to_zeros_as_its_pipeline(tiny_sdxl, tmp_path):
+    """`force_zeros_for_empty_prompt` missing from model_index.json: StableDiffusionXLPipeline's default (True)
+    holds, and caption dropout zeroes the dropped rows' text embeddings (sequence and pooled)."""
+    from diffusers import StableDiffusionXLPipeline
+
+    assert inspect.signature(StableDiffusionXLPipeline.__init__).parameters[
+        "force_zeros_for_empty_prompt"].default is True
+    model = tmp_path / "sdxl"
+    model.mkdir()
+    for part in tiny_sdxl.iterdir():
+        if part.name != "model_index.json":
+            (model / part.name).symlink_to(part)
+    index = json.loads((tiny_sdxl / "model_index.json").read_text())
+    index.pop("force_zeros_for_empty_prompt")
+    (model / "model_index.json").write_text(json.dumps(index))
+    _, family = _family(model)
+    assert family.zeros_for_empty_prompt
+    conditioning = {"encoder_hidden_states": torch.ones(2, 3, 4), "text_embeds": torch.ones(2, 4),
+                    "time_ids": torch.ones(2, 6)}
+    dropped = family.drop_captions(conditioning, torch.tensor([False, True]))
+    assert torch.equal(dropped["encoder_hidden_states"][1], torch.zeros(3, 4))
+    assert torch.equal(dropped["text_embeds"][1], torch.zeros(4))
+    assert torch.equal(dropped["encoder_hidden_states"][0], torch.ones(3, 4))
+    assert torch.equal(dropped["time_ids"], torch.ones(2, 6))
 
 
 def test_benchmark_validation_renders_with_the_trained_familys_sampling(tiny_sd3, selected_runs, tmp_path,

@@ -124,6 +124,8 @@ def flow_matching_reference(family, transformer, scheduler, raw: torch.Tensor, v
 @pytest.mark.parametrize(("model", "scheme"), [
     ("tiny_sd3", "logit_normal"), ("tiny_sd3", "mode"), ("tiny_sd3", "none"), ("tiny_flux", "none"),
     ("tiny_flux", "logit_normal"), ("tiny_flux_schnell", "none"),
+    # The loss weightings of the sigmas (sigma^-2, cosmap): the others weight every sample by 1.
+    ("tiny_sd3", "sigma_sqrt"), ("tiny_sd3", "cosmap"), ("tiny_flux", "cosmap"),
 ])
 def test_flow_matching_loss_is_the_dreambooth_lora_scripts(model, scheme, request, tmp_path):
     if model == "tiny_flux_schnell":
