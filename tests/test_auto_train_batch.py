@@ -6,7 +6,6 @@ random draws) on the CPU; the trial steps, the agreement and the resumes around 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from gors.core.store import SampleStore
 from gors.lora import LORA_WEIGHT_NAME
 from gors.run import timing_settings
 from gors.train import GORSTrainer
+from tests.run_copies import copy_selected_run
 from tests.two_processes import launch
 
 TORCH_MESSAGE = "CUDA out of memory. Tried to allocate 2.00 GiB."
@@ -76,12 +76,6 @@ def test_the_flag_needs_the_update_s_samples_and_sets_the_accumulation(flags, me
         TrainConfig(output_dir="run", auto_train_batch_size=True, **flags)
 
 
-def _copy_run(selected_run, destination: Path) -> Path:
-    for name in ("samples", "scores", "selection.jsonl"):
-        source = f"{selected_run.output_dir}/{name}"
-        (shutil.copytree if name != "selection.jsonl" else shutil.copy)(source, destination / name)
-    return destination
-
 
 def _fits_at_most(limit: int | None, sizes: list[int]):
     """`GORSTrainer._micro_batch_loss` that records each micro-batch's size and, past `limit` samples, raises
@@ -118,7 +112,7 @@ def _same(a, b) -> bool:
 
 def test_the_same_command_after_a_slip_goes_on_from_its_set_aside_checkpoints_at_their_micro_batch(
         selected_run, tiny_sd, tmp_path, monkeypatch, capsys):
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     sizes: list[int] = []
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(2, sizes))
     _train(run, tiny_sd, "--max_train_steps", "2", "--auto_train_batch_size")
@@ -142,9 +136,9 @@ def test_a_micro_batch_that_does_not_fit_is_halved_before_the_first_step_and_the
         precision, selected_run, tiny_sd, tmp_path, monkeypatch, capsys):
     # The trial steps' random draws and gradients leave nothing behind: the LoRA is the one trained at that
     # micro-batch from the start.
-    reference = _train(_copy_run(selected_run, tmp_path / "reference"), tiny_sd, "--max_train_steps", "3",
+    reference = _train(copy_selected_run(selected_run, tmp_path / "reference"), tiny_sd, "--max_train_steps", "3",
                        "--train_batch_size", "2", "--mixed_precision", precision)
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     sizes: list[int] = []
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(2, sizes))
     capsys.readouterr()
@@ -177,8 +171,8 @@ def test_a_micro_batch_that_does_not_fit_is_halved_before_the_first_step_and_the
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_a_share_that_fits_trains_as_one_micro_batch(precision, selected_run, tiny_sd, tmp_path, capsys):
     flags = ("--max_train_steps", "1", "--mixed_precision", precision)
-    reference = _train(_copy_run(selected_run, tmp_path / "reference"), tiny_sd, *flags, "--train_batch_size", "4")
-    run = _copy_run(selected_run, tmp_path / "run")
+    reference = _train(copy_selected_run(selected_run, tmp_path / "reference"), tiny_sd, *flags, "--train_batch_size", "4")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     capsys.readouterr()
     assert _same(_train(run, tiny_sd, *flags, "--auto_train_batch_size"), reference)
     assert "--auto_train_batch_size: 4 samples per micro-batch on each process (tried 4)" in capsys.readouterr().out
@@ -187,7 +181,7 @@ def test_a_share_that_fits_trains_as_one_micro_batch(precision, selected_run, ti
 
 def test_no_size_that_fits_is_one_error_line_with_what_to_change(selected_run, tiny_sd, tmp_path, monkeypatch,
                                                                   capsys):
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(0, []))
     with pytest.raises(SystemExit):
         _train(run, tiny_sd, "--max_train_steps", "1", "--auto_train_batch_size")
@@ -201,7 +195,7 @@ def test_no_size_that_fits_is_one_error_line_with_what_to_change(selected_run, t
 
 def test_a_training_step_that_does_not_fit_after_the_trial_names_the_next_size(selected_run, tiny_sd, tmp_path,
                                                                               monkeypatch, capsys):
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     original = GORSTrainer._micro_batch_loss
     calls = []
 
@@ -228,7 +222,7 @@ def test_under_cuda_graphs_only_the_whole_share_is_tried(selected_run, tiny_sd, 
     sizes: list[int] = []
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(2, sizes))
     with pytest.raises(SystemExit):
-        _train(_copy_run(selected_run, tmp_path / "run"), tiny_sd, "--max_train_steps", "1", "--auto_train_batch_size",
+        _train(copy_selected_run(selected_run, tmp_path / "run"), tiny_sd, "--max_train_steps", "1", "--auto_train_batch_size",
                "--torch_compile", "inductor:reduce-overhead")
     assert sizes == [4]
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
@@ -245,7 +239,7 @@ def test_a_size_recorded_with_accumulation_is_refused_under_cuda_graphs(selected
 
     monkeypatch.setattr(gors.train, "compile_module", lambda module, how: None)  # the settings, not the compiling
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", _fits_at_most(2, []))
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     _train(run, tiny_sd, "--max_train_steps", "1", "--auto_train_batch_size", "--torch_compile", "inductor")
     capsys.readouterr()
     with pytest.raises(SystemExit):
@@ -278,9 +272,9 @@ def counting_backend():
 def test_a_compiled_model_s_trial_compiles_it_for_the_size_it_trains_at(selected_run, tiny_sd, tmp_path, monkeypatch,
                                                                        counting_backend):
     backend, compiled = counting_backend
-    reference = _train(_copy_run(selected_run, tmp_path / "reference"), tiny_sd, "--max_train_steps", "1",
+    reference = _train(copy_selected_run(selected_run, tmp_path / "reference"), tiny_sd, "--max_train_steps", "1",
                        "--train_batch_size", "4")
-    auto = _train(_copy_run(selected_run, tmp_path / "run"), tiny_sd, "--max_train_steps", "1",
+    auto = _train(copy_selected_run(selected_run, tmp_path / "run"), tiny_sd, "--max_train_steps", "1",
                   "--auto_train_batch_size", "--torch_compile", backend)
     assert _same(auto, reference)  # the traced graphs run the uncompiled model's operations
     # One graph each for the U-Net and the trained text encoder, at the trial's size of 4: the trial's graphs serve
@@ -314,7 +308,7 @@ main(sys.argv[1:])
 
 
 def test_processes_agree_on_the_smallest_size_that_fit_anywhere(selected_run, tiny_sd, tmp_path):
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     script = tmp_path / "train_fitting.py"
     script.write_text(TWO_PROCESS_SCRIPT)
     result = launch([str(script), "train", "--output_dir", str(run), "--pretrained_model_name_or_path", str(tiny_sd),

@@ -19,6 +19,7 @@ from gors.core.run_folder import samples_dir, scores_dir
 from gors.core.scoring import load_scores
 from gors.core.store import SampleStore
 from gors.core.toy import PRETRAINED_DIR
+from tests.run_copies import copy_selected_run
 
 TORCH_MESSAGE = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.55 GiB"
 TOY_PIPELINE = str(PRETRAINED_DIR / "pipeline")
@@ -246,8 +247,7 @@ def test_training_out_of_memory_names_the_micro_batch_flags(selected_run, tiny_s
     from gors.train import GORSTrainer
 
     run = tmp_path / "run"
-    for name in ("samples", "scores", "selection.jsonl"):
-        (shutil.copytree if name != "selection.jsonl" else shutil.copy)(f"{selected_run.output_dir}/{name}", run / name)
+    copy_selected_run(selected_run, run)
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", fail_at_call(GORSTrainer._micro_batch_loss, failing=1))
     with pytest.raises(SystemExit):
         main(["train", "--output_dir", str(run), "--pretrained_model_name_or_path", str(tiny_sd), "--resolution", "32",
@@ -282,9 +282,7 @@ def test_validation_renders_halve_too_and_render_the_same_images(selected_run, t
 
     def rendered(name: str) -> tuple[list, int]:
         run = tmp_path / name
-        for item in ("samples", "scores", "selection.jsonl"):
-            (shutil.copytree if item != "selection.jsonl" else shutil.copy)(f"{selected_run.output_dir}/{item}",
-                                                                           run / item)
+        copy_selected_run(selected_run, run)
         trainer = GORSTrainer(TrainConfig(
             output_dir=str(run), pretrained_model_name_or_path=str(tiny_sd), resolution=32, max_train_steps=1,
             validation_prompts=["a red circle", "a blue square", "a green triangle"], validation_steps=1,

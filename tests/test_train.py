@@ -29,13 +29,7 @@ from gors.train import (
     resolve_accumulation,
     train,
 )
-
-
-def _copy_run(selected_run, destination):
-    for name in ("samples", "scores", "selection.jsonl"):
-        source = f"{selected_run.output_dir}/{name}"
-        (shutil.copytree if name != "selection.jsonl" else shutil.copy)(source, destination / name)
-    return destination
+from tests.run_copies import copy_selected_run
 
 
 def _file_hashes(folder: Path) -> dict[str, str]:
@@ -49,7 +43,7 @@ def _config(make_run_config, run_dir, **overrides):
 
 
 def test_only_lora_parameters_receive_gradients(selected_run, make_run_config, tmp_path):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(_config(make_run_config, run_dir, report_to="none"))
     trainer.selection = load_selection(run_dir)
     trainer._setup_models()
@@ -65,7 +59,7 @@ def test_only_lora_parameters_receive_gradients(selected_run, make_run_config, t
 
 
 def test_caption_dropout_and_posterior_mean_latents(selected_run, make_run_config, tmp_path, monkeypatch):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(_config(make_run_config, run_dir, report_to="none", caption_dropout=0.999,
                                   sample_latents=False))
     trainer.selection = load_selection(run_dir)
@@ -88,7 +82,7 @@ def test_caption_dropout_and_posterior_mean_latents(selected_run, make_run_confi
 
 
 def test_flags_turn_each_side_off(selected_run, make_run_config, tmp_path):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(_config(make_run_config, run_dir, train_text_encoder=False, report_to="none"))
     trainer._setup_models()
     assert trainer.trained == ["unet"]
@@ -103,7 +97,7 @@ def test_flags_turn_each_side_off(selected_run, make_run_config, tmp_path):
 def test_both_sides_adapters_take_the_rank_asked_for(selected_run, make_run_config, tmp_path):
     """--rank sizes the adapters of the U-Net and of the text encoder alike: every down-projection has `rank` rows
     and every up-projection `rank` columns."""
-    trainer = GORSTrainer(_config(make_run_config, _copy_run(selected_run, tmp_path / "run"), rank=2,
+    trainer = GORSTrainer(_config(make_run_config, copy_selected_run(selected_run, tmp_path / "run"), rank=2,
                                   report_to="none"))
     trainer._setup_models()
     for component, module in trainer.trained_modules().items():
@@ -119,7 +113,7 @@ def test_an_accelerator_that_accumulates_otherwise_than_the_training_is_refused(
     it would step the optimizer at every micro-batch, with more it would never sync."""
     from gors.core.distributed import make_accelerator
 
-    config = _config(make_run_config, _copy_run(selected_run, tmp_path / "run"), gradient_accumulation_steps=2,
+    config = _config(make_run_config, copy_selected_run(selected_run, tmp_path / "run"), gradient_accumulation_steps=2,
                      report_to="none")
     with pytest.raises(ValueError, match=r"the Accelerator given accumulates 1 micro-batch\(es\) per update and the "
                                          r"training 2: make it with gors.train.training_accelerator\(config\)"):
@@ -129,7 +123,7 @@ def test_an_accelerator_that_accumulates_otherwise_than_the_training_is_refused(
 
 
 def test_saved_lora_loads_in_diffusers_and_changes_the_output(selected_run, make_run_config, tmp_path, tiny_sd):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     base_files = _file_hashes(tiny_sd)
     assert any(name.endswith("diffusion_pytorch_model.safetensors") for name in base_files)
     # A large learning rate so that two steps visibly move the tiny model.
@@ -155,11 +149,11 @@ def test_saved_lora_loads_in_diffusers_and_changes_the_output(selected_run, make
 
 
 def test_resume_after_interruption_continues_from_the_saved_step(selected_run, make_run_config, tmp_path, monkeypatch):
-    reference_dir = _copy_run(selected_run, tmp_path / "reference")
+    reference_dir = copy_selected_run(selected_run, tmp_path / "reference")
     reference = load_file(str(train(_config(make_run_config, reference_dir, max_train_steps=4, checkpointing_steps=2))))
 
     reset_process_state()
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     original = GORSTrainer._micro_batch_loss
 
     def crash_at_step_3(self, micro_batch):
@@ -189,7 +183,7 @@ def test_the_seed_draws_the_adapters_initialisation(selected_run, make_run_confi
     """`--seed` seeds the training's own random draws (here the adapters' initial down-projections), not only the
     batch order: the same seed starts from the same adapters, another seed from others."""
     def initial_adapters(name: str, seed: int) -> dict[str, torch.Tensor]:
-        trainer = GORSTrainer(_config(make_run_config, _copy_run(selected_run, tmp_path / name), seed=seed,
+        trainer = GORSTrainer(_config(make_run_config, copy_selected_run(selected_run, tmp_path / name), seed=seed,
                                       report_to="none"))
         trainer._set_up()
         reset_process_state()
@@ -203,7 +197,7 @@ def test_the_seed_draws_the_adapters_initialisation(selected_run, make_run_confi
 def test_bf16_trains_fp32_adapters_over_bf16_frozen_weights(selected_run, make_run_config, tmp_path, monkeypatch):
     from gors.lora import lora_parameters
 
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(_config(make_run_config, run_dir, max_train_steps=2, checkpointing_steps=2,
                                   mixed_precision="bf16", report_to="none"))
     loads, load = [], type(trainer.family).load
@@ -226,7 +220,7 @@ def test_bf16_trains_fp32_adapters_over_bf16_frozen_weights(selected_run, make_r
 def test_validation_prompts_render_under_bf16_with_only_the_text_encoder_trained(selected_run, make_run_config,
                                                                                    tmp_path):
     # The untrained U-Net is bf16 beside the fp32 VAE: the pipeline runs under autocast, as diffusers' scripts.
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1,
                                   mixed_precision="bf16", train_unet=False, validation_prompts=["a red circle"],
                                   validation_steps=1, report_to="tensorboard"))
@@ -243,7 +237,7 @@ def test_validation_prompts_render_under_bf16_with_only_the_text_encoder_trained
 
 
 def test_gradient_accumulation_counts_updates_not_micro_batches(selected_run, make_run_config, tmp_path):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     config = _config(make_run_config, run_dir, max_train_steps=2, checkpointing_steps=1, gradient_accumulation_steps=2,
                      lr_scheduler="linear", report_to="none")
     train(config)
@@ -297,7 +291,7 @@ def test_a_global_batch_trains_as_the_same_accumulation_given_by_hand(selected_r
                                                                       capsys):
     weights = {}
     for name, overrides in (("global", {"global_batch_size": 4}), ("by_hand", {"gradient_accumulation_steps": 2})):
-        run_dir = _copy_run(selected_run, tmp_path / name)
+        run_dir = copy_selected_run(selected_run, tmp_path / name)
         config = _config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="none",
                          train_batch_size=2, learning_rate=1e-2, **overrides)
         weights[name] = load_file(str(train(config)))
@@ -326,7 +320,7 @@ def test_each_update_trains_the_same_samples_however_it_is_split_into_micro_batc
     updates = {}
     for name, batch, accumulation in (("accumulated", 2, 2), ("whole", 4, 1)):
         trained.clear()
-        run_dir = _copy_run(selected_run, tmp_path / name)
+        run_dir = copy_selected_run(selected_run, tmp_path / name)
         train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=3, report_to="none",
                       train_batch_size=batch, gradient_accumulation_steps=accumulation))
         reset_process_state()
@@ -341,7 +335,7 @@ def test_each_update_trains_the_same_samples_however_it_is_split_into_micro_batc
 
 def test_a_resume_finds_a_checkpoint_a_killed_save_had_renamed_or_a_slip_had_set_aside(selected_run, make_run_config,
                                                                                        tmp_path, capsys):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     flags = dict(max_train_steps=2, checkpointing_steps=1, report_to="none")
     train(_config(make_run_config, run_dir, **flags))
     reset_process_state()
@@ -365,7 +359,7 @@ def test_a_resume_finds_a_checkpoint_a_killed_save_had_renamed_or_a_slip_had_set
 
 def test_a_selection_smaller_than_one_update_is_trained_and_the_run_says_samples_repeat(selected_run, make_run_config,
                                                                                        tmp_path, capsys):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     config = _config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="none",
                      train_batch_size=4, gradient_accumulation_steps=2)
     capsys.readouterr()
@@ -417,7 +411,7 @@ def test_an_update_the_fp16_loss_scaler_skips_does_not_advance_the_lr_schedule(f
 def test_the_last_step_is_checkpointed_off_the_checkpointing_grid(selected_run, make_run_config, tmp_path, capsys):
     """A --max_train_steps that --checkpointing_steps does not divide still ends with a checkpoint of the last step:
     a rerun of the finished training has it to go on from, with nothing left to train."""
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     flags = dict(max_train_steps=3, checkpointing_steps=2, report_to="none")
     train(_config(make_run_config, run_dir, **flags))
     reset_process_state()
@@ -447,7 +441,7 @@ def test_an_updates_logged_loss_is_the_mean_over_its_micro_batches_logged_one_up
 
 
 def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config, tmp_path):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     train(_config(make_run_config, run_dir, max_train_steps=3, checkpointing_steps=1, checkpoints_total_limit=2,
                   report_to="none"))
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
@@ -458,7 +452,7 @@ def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config,
                   report_to="none"))
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
     # Resumed from another run folder's checkpoint (--resume_from_checkpoint takes any): that folder is not pruned.
-    other = _copy_run(selected_run, tmp_path / "other")
+    other = copy_selected_run(selected_run, tmp_path / "other")
     train(_config(make_run_config, other, max_train_steps=4, checkpointing_steps=1, checkpoints_total_limit=1,
                   report_to="none", resume_from_checkpoint=str(run_dir / "checkpoints" / "checkpoint-3")))
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-3"]
@@ -467,7 +461,7 @@ def test_checkpoints_total_limit_keeps_the_newest(selected_run, make_run_config,
 
 def test_a_training_that_diverges_stops_with_what_to_change_and_saves_nothing_of_it(selected_run, make_run_config,
                                                                                     tmp_path):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     # A learning rate of 1e30 moves the weights to about 1e30 at the first update (finite: checkpoint-1 is saved),
     # and the loss is NaN from the second.
     with pytest.raises(TrainingDiverged, match=r"training diverged: the loss of step 2 is nan; nothing of this step was "
@@ -496,7 +490,7 @@ def test_a_training_that_diverges_stops_with_what_to_change_and_saves_nothing_of
 def test_a_lora_whose_weights_are_not_finite_is_not_validated(selected_run, make_run_config, tmp_path):
     """Weights that overflow at an update whose loss was still finite stop the training at that step's validation,
     before anything renders or scores them (a diverged LoRA must never become best/)."""
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     # 1e39 overflows float32: the first update sends the up-projections to infinity; the loss before it was finite.
     trainer = GORSTrainer(_config(make_run_config, run_dir, max_train_steps=2, checkpointing_steps=2,
                                   learning_rate=1e39, validation_prompts=["a red circle"], validation_steps=1,
@@ -514,7 +508,7 @@ def test_a_lora_whose_weights_are_not_finite_is_not_validated(selected_run, make
     ({"train_unet": False}, "--text_encoder_learning_rate (now 5e-06)"),  # the denoiser's rate trains nothing
 ])
 def test_a_diverged_training_names_the_rates_that_train(flags, rates, selected_run, make_run_config, tmp_path):
-    trainer = GORSTrainer(_config(make_run_config, _copy_run(selected_run, tmp_path / "run"), report_to="none",
+    trainer = GORSTrainer(_config(make_run_config, copy_selected_run(selected_run, tmp_path / "run"), report_to="none",
                                   **flags))
     assert trainer.learning_rate_flags() == rates
     assert f"Rerun with a lower {rates} and without --resume_from_checkpoint" in str(TrainingDiverged("x", rates))
@@ -523,7 +517,7 @@ def test_a_diverged_training_names_the_rates_that_train(flags, rates, selected_r
 def test_the_polynomial_schedule_decays_each_rate_as_diffusers_scripts_do(selected_run, make_run_config, tmp_path):
     # diffusers' schedule decays from the optimizer's default rate to 1e-7: its scripts give AdamW lr=--learning_rate,
     # so the denoiser's rate ends at 1e-7 (without it AdamW's default 1e-3 made the end 1e-4 of every rate).
-    trainer = GORSTrainer(_config(make_run_config, _copy_run(selected_run, tmp_path / "run"), report_to="none",
+    trainer = GORSTrainer(_config(make_run_config, copy_selected_run(selected_run, tmp_path / "run"), report_to="none",
                                   lr_scheduler="polynomial", max_train_steps=10))
     trainer.selection = load_selection(Path(trainer.config.output_dir))
     trainer._setup_models()
@@ -539,7 +533,7 @@ def test_the_optimizer_takes_every_adam_flag_and_the_schedule_warms_up_over_the_
         selected_run, make_run_config, tmp_path):
     """AdamW gets --adam_beta1, --adam_beta2, --adam_weight_decay and --adam_epsilon in every group, and the LR
     schedule rises from 0 over --lr_warmup_steps updates before it holds each group's rate."""
-    trainer = GORSTrainer(_config(make_run_config, _copy_run(selected_run, tmp_path / "run"), report_to="none",
+    trainer = GORSTrainer(_config(make_run_config, copy_selected_run(selected_run, tmp_path / "run"), report_to="none",
                                   adam_beta1=0.8, adam_beta2=0.95, adam_weight_decay=0.05, adam_epsilon=1e-6,
                                   lr_scheduler="constant_with_warmup", lr_warmup_steps=2, max_train_steps=4))
     trainer.selection = load_selection(Path(trainer.config.output_dir))
@@ -572,7 +566,7 @@ def test_a_sharded_launch_is_refused_before_any_model_loads(selected_run, make_r
 
     import gors.train
 
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     loaded = []
     monkeypatch.setattr(gors.train.GORSTrainer, "_setup_models", lambda self: loaded.append(True))
     launch = SimpleNamespace(distributed_type=getattr(DistributedType, sharding))
@@ -584,7 +578,7 @@ def test_a_sharded_launch_is_refused_before_any_model_loads(selected_run, make_r
 def test_vae_encodes_each_image_once_and_the_cache_is_reused(selected_run, make_run_config, tmp_path, monkeypatch):
     from diffusers import AutoencoderKL
 
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     calls = []
     original = AutoencoderKL.encode
     monkeypatch.setattr(AutoencoderKL, "encode", lambda self, x, *a, **k: (calls.append(len(x)), original(self, x, *a, **k))[1])
@@ -602,7 +596,7 @@ def test_gradient_checkpointing_recomputes_and_trains_the_same_lora(selected_run
     import torch.utils.checkpoint
 
     def lora_of(name: str, checkpointing: bool) -> dict:
-        run_dir = _copy_run(selected_run, tmp_path / name)
+        run_dir = copy_selected_run(selected_run, tmp_path / name)
         path = train(_config(make_run_config, run_dir, max_train_steps=2, gradient_checkpointing=checkpointing,
                              report_to="none", learning_rate=1e-2))
         reset_process_state()
@@ -624,10 +618,10 @@ def test_benchmark_validation_logs_keeps_the_best_and_leaves_training_unchanged(
                                                                                 tmp_path):
     import json
 
-    plain_dir = _copy_run(selected_run, tmp_path / "plain")
+    plain_dir = copy_selected_run(selected_run, tmp_path / "plain")
     train(_config(make_run_config, plain_dir, max_train_steps=2, checkpointing_steps=2, report_to="none"))
     reset_process_state()
-    validated_dir = _copy_run(selected_run, tmp_path / "validated")
+    validated_dir = copy_selected_run(selected_run, tmp_path / "validated")
     train(_config(make_run_config, validated_dir, max_train_steps=2, checkpointing_steps=2,
                   validation_benchmark="toy:train", validation_num_prompts=2, validation_images_per_prompt=1,
                   validation_steps=1))
@@ -663,7 +657,7 @@ def test_a_fresh_training_without_validation_discards_an_earlier_trainings_valid
     """A training that starts at step 0 without --validation_benchmark still discards the best LoRA and step results
     an earlier training left (one killed before its first checkpoint): a later resume of this training with
     validation on must not take them for its own."""
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     (run_dir / "validation" / "step-000001").mkdir(parents=True)
     (run_dir / "validation" / "step-000001" / "summary.json").write_text('{"binding_accuracy": 1.0}')
     (run_dir / "best").mkdir()
@@ -772,11 +766,11 @@ main(argv)
 def test_a_kill_while_saving_a_checkpoint_resumes_from_the_previous_one(selected_run, make_run_config, tmp_path,
                                                                        tiny_sd, monkeypatch):
     settings = dict(max_train_steps=4, checkpointing_steps=2, checkpoints_total_limit=1, report_to="none")
-    reference = load_file(str(train(_config(make_run_config, _copy_run(selected_run, tmp_path / "reference"),
+    reference = load_file(str(train(_config(make_run_config, copy_selected_run(selected_run, tmp_path / "reference"),
                                             **settings))))
     reset_process_state()
 
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     script = tmp_path / "kill_during_save.py"
     script.write_text(KILL_DURING_SAVE)
     flags = ["--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_sd), "--resolution", "32",
@@ -803,7 +797,7 @@ def test_a_kill_while_saving_a_checkpoint_resumes_from_the_previous_one(selected
 
 def test_resume_latest_passes_over_an_incomplete_checkpoint(selected_run, make_run_config, tmp_path, monkeypatch,
                                                             capsys):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     train(_config(make_run_config, run_dir, report_to="none"))  # checkpoint-1 and checkpoint-2
     (run_dir / "checkpoints" / "checkpoint-3").mkdir()  # what a kill mid-save left before checkpoints were atomic
     reset_process_state()
@@ -823,7 +817,7 @@ def test_checkpoints_total_limit_keeps_the_previous_checkpoint_until_the_new_one
         selected_run, make_run_config, tmp_path, monkeypatch):
     import accelerate.accelerator
 
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     root = run_dir / "checkpoints"
     during_saves = []
     original = accelerate.accelerator.save_accelerator_state
@@ -840,7 +834,7 @@ def test_checkpoints_total_limit_keeps_the_previous_checkpoint_until_the_new_one
 @pytest.fixture(scope="module")
 def trained_run(selected_run, tmp_path_factory):
     """`selected_run` trained for 2 steps with a checkpoint after each (shared: resume a copy)."""
-    config = replace(selected_run, output_dir=str(_copy_run(selected_run, tmp_path_factory.mktemp("trained"))),
+    config = replace(selected_run, output_dir=str(copy_selected_run(selected_run, tmp_path_factory.mktemp("trained"))),
                      max_train_steps=2, checkpointing_steps=1, report_to="none")
     train(config)
     reset_process_state()
@@ -1034,7 +1028,7 @@ def test_a_continue_from_a_checkpoint_at_the_trainings_end_is_refused(trained_ru
     """Online GORS goes on from the round before's checkpoint to a later --max_train_steps: one already at this
     training's end (it would train nothing and pass its LoRA off as this round's) is refused before any model loads."""
     end = Path(trained_run.output_dir) / "checkpoints" / "checkpoint-2"
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     with pytest.raises(ValueError, match=r"checkpoint-2 is at step 2, not before this training's end at step 2"):
         train(replace(trained_run, output_dir=str(run_dir)), continue_from=end)
     assert not (run_dir / "checkpoints").exists() and not (run_dir / LORA_WEIGHT_NAME).exists()
@@ -1044,7 +1038,7 @@ def test_a_fresh_optimizer_continuing_from_each_step_draws_its_own_random_stream
     """Continuing with only the adapters (`reset_optimizer`, a round's fresh optimizer) reseeds from --seed and the
     step gone on from: rounds that go on from different steps do not repeat each other's noise and timesteps."""
     def draws_after_continuing(step: int) -> torch.Tensor:
-        run_dir = _copy_run(selected_run, tmp_path / f"from-{step}")
+        run_dir = copy_selected_run(selected_run, tmp_path / f"from-{step}")
         trainer = GORSTrainer(replace(trained_run, output_dir=str(run_dir), max_train_steps=3),
                               continue_from=Path(trained_run.output_dir) / "checkpoints" / f"checkpoint-{step}",
                               reset_optimizer=True)
@@ -1157,7 +1151,7 @@ def test_8bit_adam_trains_with_bitsandbytes_optimizer_and_binds_its_checkpoints(
             made.append(kwargs)
             super().__init__(*args, **kwargs)
 
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     config = _config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="none",
                      use_8bit_adam=True)
     with monkeypatch.context() as patch:  # only while the trainer picks its optimizer (peft probes the module too)
@@ -1174,7 +1168,7 @@ def test_a_training_from_step_0_sets_an_earlier_trainings_logs_aside(selected_ru
         return sorted(p.name for p in folder.rglob("events.*"))
 
     # A training with checkpoints: another training's (other settings) moves them aside with its logs.
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     train(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="tensorboard"))
     reset_process_state()
     first = events(run_dir / "logs")
@@ -1198,7 +1192,7 @@ def test_a_finished_training_leaves_no_save_or_load_hook_on_its_accelerator(sele
     its adapters) are gone, so that a later `save_state` writes no LoRA of the modules it trained."""
     from gors.train import training_accelerator
 
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     config = _config(make_run_config, run_dir, max_train_steps=1, report_to="none")
     accelerator = training_accelerator(config)
     train(config, accelerator=accelerator)
@@ -1210,7 +1204,7 @@ def test_a_finished_training_leaves_no_save_or_load_hook_on_its_accelerator(sele
 def test_a_resumed_training_keeps_its_logs_in_place(selected_run, make_run_config, tmp_path):
     """Only a training that starts at step 0 sets the logging folder aside: a resumed one goes on writing beside its
     earlier steps' logs, so that `gors report` draws the whole training."""
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     train(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1, report_to="tensorboard"))
     reset_process_state()
     first = sorted(p.relative_to(run_dir) for p in (run_dir / "logs").rglob("events.*"))
@@ -1222,7 +1216,7 @@ def test_a_resumed_training_keeps_its_logs_in_place(selected_run, make_run_confi
 
 def test_validation_prompts_are_not_rendered_where_no_tensorboard_keeps_them(selected_run, make_run_config, tmp_path,
                                                                               capsys):
-    run_dir = _copy_run(selected_run, tmp_path / "run")
+    run_dir = copy_selected_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(_config(make_run_config, run_dir, max_train_steps=1, checkpointing_steps=1,
                                   validation_prompts=["a red circle"], validation_steps=1, report_to="none"))
     trainer.log_validation = lambda step: pytest.fail("rendered for no one")

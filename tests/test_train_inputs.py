@@ -19,6 +19,7 @@ from gors.core.store import StoreError
 from gors.run import check_run_inputs
 from gors.select import load_selection
 from gors.train import train, training_accelerator
+from tests.run_copies import copy_selected_run
 
 
 def _hashes(folder: Path) -> dict[str, str]:
@@ -31,9 +32,7 @@ def trained_folder(selected_run, tmp_path_factory) -> Path:
     """`selected_run` trained 1 step, a checkpoint saved (read-only: copy it)."""
     folder = tmp_path_factory.mktemp("trained") / "run"
     folder.mkdir()
-    for name in ("samples", "scores"):
-        shutil.copytree(Path(selected_run.output_dir) / name, folder / name)
-    shutil.copy(Path(selected_run.output_dir) / "selection.jsonl", folder)
+    copy_selected_run(selected_run, folder)
     train(replace(selected_run, output_dir=str(folder), max_train_steps=1, checkpointing_steps=1, report_to="none"))
     reset_process_state()
     return folder
@@ -187,9 +186,7 @@ def test_a_training_whose_base_model_changed_before_it_loaded_is_refused_before_
     from gors.train import GORSTrainer
 
     run_dir = tmp_path / "run"
-    for name in ("samples", "scores", "selection.jsonl"):
-        (shutil.copytree if name != "selection.jsonl" else shutil.copy)(Path(selected_run.output_dir) / name,
-                                                                       run_dir / name)
+    copy_selected_run(selected_run, run_dir)
     trainer = GORSTrainer(replace(selected_run, output_dir=str(run_dir), max_train_steps=1, report_to="none"))
     stepped, micro_batch_loss = [], GORSTrainer._micro_batch_loss
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss",

@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.run_copies import copy_selected_run
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 STEPS = 3
 
@@ -150,7 +152,6 @@ def test_train_loop_steps_as_the_step_compared_with_the_reference(train_step, se
     `GorsLoop`'s steps, the ones compared with the reference loop above, under a gradient-norm bound tight
     enough that clipping changes every step; and it logs each step's own loss at that step, though it
     reads each one back a step late (`LossLog`), flushed at a checkpoint mid-way and at the end."""
-    import shutil
     from dataclasses import replace
 
     from accelerate.utils import set_seed
@@ -163,9 +164,7 @@ def test_train_loop_steps_as_the_step_compared_with_the_reference(train_step, se
     def run_folder(name: str) -> str:
         folder = tmp_path / name
         folder.mkdir()
-        for item in ("samples", "scores", "selection.jsonl"):
-            (shutil.copytree if item != "selection.jsonl" else shutil.copy)(Path(selected_run.output_dir) / item,
-                                                                           folder / item)
+        copy_selected_run(selected_run, folder)
         return str(folder)
 
     accelerator = make_accelerator(mixed_precision="no")

@@ -19,13 +19,7 @@ from gors.core.io import recover_folder
 from gors.lora import LORA_WEIGHT_NAME
 from gors.train import GORSTrainer, train
 from gors.validation import BenchmarkValidation, discard_validation_results, training_identity, validation_target
-
-
-def _copy_run(selected_run, destination: Path) -> Path:
-    for name in ("samples", "scores", "selection.jsonl"):
-        source = f"{selected_run.output_dir}/{name}"
-        (shutil.copytree if name != "selection.jsonl" else shutil.copy)(source, destination / name)
-    return destination
+from tests.run_copies import copy_selected_run
 
 
 def _best(folder: Path) -> dict:
@@ -174,7 +168,7 @@ def test_discarding_validation_results_leaves_nothing_half_deleted_or_to_put_bac
 
 def test_a_fresh_training_sets_an_earlier_trainings_best_lora_aside_with_validation_on_or_off(
         selected_run, make_run_config, tmp_path):
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     common = dict(output_dir=str(run), validation_num_prompts=2, report_to="none")
     validated = dict(common, validation_benchmark="toy:train")
     train(make_run_config(**validated, max_train_steps=2, checkpointing_steps=2, validation_steps=1))
@@ -206,7 +200,7 @@ RESUMED = dict(validation_benchmark="toy:train", validation_steps=1, checkpointi
 @pytest.fixture(scope="module")
 def validated_three_steps(selected_run, make_module_run_config, tmp_path_factory) -> Path:
     """A training of 3 steps validated on 2 prompts after each, checkpointed at step 2 (read-only: copy it)."""
-    run = _copy_run(selected_run, tmp_path_factory.mktemp("validated") / "run")
+    run = copy_selected_run(selected_run, tmp_path_factory.mktemp("validated") / "run")
     train(make_module_run_config(**RESUMED, output_dir=str(run), max_train_steps=3, validation_num_prompts=2))
     reset_process_state()
     return run
@@ -298,7 +292,7 @@ def test_a_best_lora_recorded_under_an_earlier_gors_identity_of_the_training_is_
 
 def test_validation_newly_on_for_a_finished_training_validates_its_last_step(selected_run, make_run_config,
                                                                              tmp_path):
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     flags = dict(output_dir=str(run), max_train_steps=1, checkpointing_steps=1, report_to="none")
     train(make_run_config(**flags))
     reset_process_state()
@@ -329,7 +323,7 @@ def test_a_shorter_run_of_the_same_training_keeps_the_longer_runs_results_past_i
 
 
 def test_the_last_step_is_validated_off_the_validation_steps_grid(selected_run, make_run_config, tmp_path):
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(make_run_config(output_dir=str(run), max_train_steps=3, checkpointing_steps=3,
                                           validation_steps=2, validation_benchmark="toy:train",
                                           validation_num_prompts=2, validation_prompts=["a red circle"],
@@ -390,7 +384,7 @@ def test_benchmark_validation_flags_without_a_benchmark_are_refused(make_run_con
 
 def test_rendering_the_validation_prompts_runs_in_eval_mode_and_leaves_the_rngs_as_they_were(
         selected_run, make_run_config, tmp_path, monkeypatch):
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     trainer = GORSTrainer(make_run_config(output_dir=str(run), validation_prompts=["a red circle", "a green triangle"],
                                           report_to="none"))
     trainer._setup_models()
@@ -427,7 +421,7 @@ def test_a_killed_runs_best_after_the_resumed_checkpoint_is_not_kept(make_run_co
 
 def test_a_run_killed_while_validating_a_checkpoint_step_validates_it_on_the_rerun(
         selected_run, make_run_config, tmp_path, monkeypatch):
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     common = dict(output_dir=str(run), validation_benchmark="toy:train", validation_steps=1, checkpointing_steps=2,
                   validation_num_prompts=2, report_to="none", max_train_steps=2)
     validate = BenchmarkValidation.run
@@ -488,7 +482,7 @@ def test_round_1_competes_with_round_0s_best(make_run_config, tmp_path, monkeypa
 
 def test_a_validation_scorer_that_does_not_load_fails_before_any_training_step(
         selected_run, make_run_config, tmp_path, monkeypatch):
-    run = _copy_run(selected_run, tmp_path / "run")
+    run = copy_selected_run(selected_run, tmp_path / "run")
     steps = []
     monkeypatch.setattr(GORSTrainer, "_micro_batch_loss", lambda self, m: steps.append(m))
 
