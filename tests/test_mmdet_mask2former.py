@@ -12,7 +12,9 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import shutil
+import stat
 
 import pytest
 import torch
@@ -31,6 +33,7 @@ from rewards.mmdet_mask2former import (
     convert_state_dict,
     hf_config,
     infer_architecture,
+    write_hf_folder,
 )
 
 SWIN_S = MmdetMask2FormerArchitecture()
@@ -173,6 +176,7 @@ def test_the_official_layout_converts_and_loads_strictly():
     qkv = state["backbone.stages.2.blocks.17.attn.w_msa.qkv.weight"]
     assert torch.equal(converted[hf + "2.blocks.17.attention.k_proj.weight"], qkv[384:768])
     assert torch.equal(converted["class_predictor.weight"], state["panoptic_head.cls_embed.weight"])
+    assert torch.equal(converted["criterion.empty_weight"], torch.tensor([1.0] * 80 + [0.1]))  # mmdet's class_weight
     assert torch.equal(converted["model.transformer_module.queries_features.weight"],
                        state["panoptic_head.query_feat.weight"])
     order = converted[hf + "0.downsample.norm.weight"]
@@ -187,6 +191,7 @@ def test_the_configs_sizes_are_mmdets():
         96, [2, 2, 18, 2], [3, 6, 12, 24], 7, 4.0)
     assert (config.hidden_dim, config.encoder_layers, config.decoder_layers, config.num_queries) == (256, 6, 10, 100)
     assert (config.encoder_feedforward_dim, config.dim_feedforward, config.num_attention_heads) == (1024, 2048, 8)
+    assert (swin.drop_path_rate, config.no_object_weight) == (0.3, 0.1)  # training only, but mmdet's config
 
 
 def test_the_labels_are_mmdets_coco_order_which_geneval_reads():
@@ -561,7 +566,8 @@ def test_a_converted_folder_loads_with_from_pretrained_and_in_the_geneval_detect
     expected = convert_state_dict(torch.load(tiny_pth, weights_only=True)["state_dict"])
     loaded = model.state_dict()
     assert all(torch.equal(loaded[key], tensor) for key, tensor in expected.items())
-    assert Mask2FormerImageProcessor.from_pretrained(folder).size == {"shortest_edge": 800, "longest_edge": 1333}
+    processor = Mask2FormerImageProcessor.from_pretrained(folder)
+    assert (processor.size, processor.size_divisor) == ({"shortest_edge": 800, "longest_edge": 1333}, 32)
     record = json.loads((folder / mmdet_mask2former.SOURCE_RECORD).read_text())
     assert record["sha256"] == hashlib.sha256(tiny_pth.read_bytes()).hexdigest()
     assert record["architecture"]["depths"] == list(TINY.depths)
@@ -589,10 +595,15 @@ def serve_official(monkeypatch, server, data: bytes, pin: str) -> None:
     server.put(source, mmdet_mask2former.CHECKPOINT_FILE, data)
 
 
-def test_official_downloads_converts_once_and_scores(monkeypatch, tmp_path, tiny_pth):
+def use_empty_cache(monkeypatch, tmp_path) -> None:
+    """Downloads and conversions go to an empty cache under tmp_path; the internet is off."""
     monkeypatch.delenv("GORS_DATA_DIR", raising=False)
     monkeypatch.setenv("GORS_CACHE_DIR", str(tmp_path / "cache"))
     forbid_internet(monkeypatch)
+
+
+def test_official_downloads_converts_once_and_scores(monkeypatch, tmp_path, tiny_pth):
+    use_empty_cache(monkeypatch, tmp_path)
     data = tiny_pth.read_bytes()
     with file_server() as server:
         serve_official(monkeypatch, server, data, hashlib.sha256(data).hexdigest())
@@ -603,15 +614,26 @@ def test_official_downloads_converts_once_and_scores(monkeypatch, tmp_path, tiny
         assert server.requests == ["/mmdetection/v2.0/20220504_001756-743b7d99/mask2former/"
                                    f"{mmdet_mask2former.CHECKPOINT_STEM}/{mmdet_mask2former.CHECKPOINT_FILE}"]
         converted_at = (folder / "model.safetensors").stat().st_mtime_ns
+        monkeypatch.setattr(mmdet_mask2former, "convert_checkpoint", lambda *args: pytest.fail("converted again"))
         assert mmdet_mask2former.official_detector_folder() == str(folder)
         assert len(server.requests) == 1 and (folder / "model.safetensors").stat().st_mtime_ns == converted_at
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no staging folder left
+    (tmp_path / "made").mkdir()  # the shared cache's folder has mkdir's permissions, not mkdtemp's 0700
+    assert stat.S_IMODE(folder.stat().st_mode) == stat.S_IMODE((tmp_path / "made").stat().st_mode)
+
+
+def test_a_failed_conversion_leaves_no_staging_folder(monkeypatch, tmp_path):
+    use_empty_cache(monkeypatch, tmp_path)
+    data = b"not a checkpoint"
+    with file_server() as server:
+        serve_official(monkeypatch, server, data, hashlib.sha256(data).hexdigest())
+        with pytest.raises(DetectorConversionError, match="not a PyTorch checkpoint"):
+            mmdet_mask2former.official_detector_folder()
+    assert list((tmp_path / "cache" / "geneval_detector" / mmdet_mask2former.CONVERSION_VERSION).iterdir()) == []
 
 
 def test_the_official_pin_is_a_sha256_prefix_checked_like_torch_hub(monkeypatch, tmp_path, tiny_pth):
-    monkeypatch.delenv("GORS_DATA_DIR", raising=False)
-    monkeypatch.setenv("GORS_CACHE_DIR", str(tmp_path / "cache"))
-    forbid_internet(monkeypatch)
+    use_empty_cache(monkeypatch, tmp_path)
     record_retry_waits(monkeypatch)
     data = tiny_pth.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
@@ -666,10 +688,34 @@ def with_changes(state, drop=(), **extra):
                                   torch.zeros(4, 4, dtype=torch.long)}), "not Swin's index"),
     (lambda s: with_changes(s, **{"panoptic_head.pixel_decoder.encoder.layers.0.attentions.0.attention_weights.weight":
                                   torch.zeros(48, 32)}), "4 points"),
-], ids=["resnet", "transformers", "detectron2", "segmentor", "truncated", "extra", "index", "heads"])
+    (lambda s: with_changes(s, drop=[k for k in s if k.startswith("panoptic_head.")],
+                            **{"roi_head.bbox_head.fc_cls.weight": torch.zeros(81, 1024)}),
+     r"no panoptic_head\.transformer_decoder\.\* tensors"),
+    (lambda s: with_changes(s, **{"backbone.patch_embed.projection.weight": torch.zeros(16, 3, 2, 2)}), "4x4 RGB"),
+    (lambda s: with_changes(s, **{"backbone.stages.4.blocks.0.norm1.weight": torch.ones(256)}), "5 Swin stages"),
+    (lambda s: with_changes(s, **{"backbone.stages.3.blocks.0.attn.w_msa.relative_position_bias_table":
+                                  torch.zeros(25, 4)}), "do not fit one square window"),
+    (lambda s: with_changes(s, **{"panoptic_head.cls_embed.weight": torch.zeros(21, 32),
+                                  "panoptic_head.cls_embed.bias": torch.zeros(21)}), "has 20 classes"),
+    (lambda s: random_checkpoint(dataclasses.replace(TINY, hidden_dim=40)), "feature width 40"),
+], ids=["resnet", "transformers", "detectron2", "segmentor", "truncated", "extra", "index", "heads", "mask-rcnn",
+        "patch", "stages", "window", "voc", "width"])
 def test_another_architecture_is_refused_with_its_reason(change, message):
     with pytest.raises(DetectorConversionError, match=message):
         convert_state_dict(change(random_checkpoint(TINY)))
+
+
+def test_the_converted_tensors_are_float32_whatever_the_checkpoint_stores():
+    converted = convert_state_dict(random_checkpoint(TINY, dtype=torch.float16))
+    assert {tensor.dtype for tensor in converted.values()} == {torch.float32}
+
+
+def test_a_state_dict_that_does_not_fit_the_config_writes_nothing(tmp_path):
+    converted = convert_state_dict(random_checkpoint(TINY))
+    del converted["class_predictor.bias"]
+    with pytest.raises(RuntimeError, match="class_predictor.bias"):
+        write_hf_folder(converted, hf_config(TINY), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_panoptic_checkpoint_is_refused_before_any_work(tmp_path):
@@ -689,6 +735,24 @@ def test_files_that_are_no_mmdet_checkpoint_are_refused(tmp_path, tiny_pth):
     torch.save([torch.zeros(2, 2)], tmp_path / "list.pth")
     with pytest.raises(DetectorConversionError, match="no state dict"):
         convert_checkpoint(tmp_path / "list.pth", tmp_path / "out")
+    state = torch.load(tiny_pth, weights_only=True)["state_dict"]
+    torch.save({"state_dict": {**state, "iteration": 3}}, tmp_path / "mixed.pth")
+    with pytest.raises(DetectorConversionError, match="no state dict of tensors"):
+        convert_checkpoint(tmp_path / "mixed.pth", tmp_path / "out")
+
+    class RunsCode:  # a pickle that would create a folder if it were unpickled without weights_only
+        def __reduce__(self):
+            return os.makedirs, (str(tmp_path / "code ran"),)
+
+    torch.save({"state_dict": {"x": RunsCode()}}, tmp_path / "code.pth")
+    with pytest.raises(DetectorConversionError, match="not a PyTorch checkpoint torch.load can read safely"):
+        convert_checkpoint(tmp_path / "code.pth", tmp_path / "out")
+    assert not (tmp_path / "code ran").exists()
+    # A bare state dict (no meta: mmdet's COCO classes), and a checkpoint whose meta is None, convert.
+    torch.save(state, tmp_path / "bare.pth")
+    torch.save({"state_dict": state, "meta": None}, tmp_path / "no_meta.pth")
+    for name in ("bare", "no_meta"):
+        assert (convert_checkpoint(tmp_path / f"{name}.pth", tmp_path / name) / "model.safetensors").is_file()
     legacy = tmp_path / "legacy.pth"  # torch's pre-zip format cannot be memory-mapped: read whole
     torch.save(torch.load(tiny_pth, weights_only=True), legacy, _use_new_zipfile_serialization=False)
     assert (convert_checkpoint(legacy, tmp_path / "legacy") / "model.safetensors").is_file()

@@ -90,6 +90,44 @@ def test_builtin_chunker_on_sentences(prompt: str, expected: list[str]) -> None:
     assert builtin_noun_phrases(prompt) == expected
 
 
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        # Adjectives joined by "and" / "or" / a comma stay with their noun; a comma after a whole chunk ends it.
+        ("a black or white cat", ["a black or white cat"]),
+        ("a graceful and tall swan", ["a graceful and tall swan"]),
+        ("an active and shiny dog", ["an active and shiny dog"]),
+        ("a jellyfish with long, trailing tentacles", ["a jellyfish", "long, trailing tentacles"]),
+        ("a red barn, wooden fences and a tractor", ["a red barn", "wooden fences", "a tractor"]),
+        ("The dog, tail high", ["The dog", "tail"]),
+        ("The sign is triangular.", ["The sign"]),
+        ("a big burly man", ["a big burly man"]),
+        ("two cats in dimly lit rooms", ["two cats", "dimly lit rooms"]),
+        # Words that look like verb forms but are nouns or modifiers here.
+        ("a cat on the back seat", ["a cat", "the back seat"]),
+        ("a desert cactus on the table", ["a desert cactus", "the table"]),
+        ("a dragon-fly and a frog", ["a dragon-fly", "a frog"]),
+        ("a gift to swimmers", ["a gift", "swimmers"]),
+        ("one music stand on the stage", ["one music stand", "the stage"]),
+        ("a dog's bones near the bowl", ["a dog's bones", "the bowl"]),
+        # Verbs: after a subject, a pronoun, an adverb, "for" or a relative "that".
+        ("A frog hops on the lily pad", ["A frog", "the lily pad"]),
+        ("it sat on the mat", ["it", "the mat"]),
+        ("The dogs never played fetch", ["The dogs", "fetch"]),
+        ("The cats were all sleeping on the sofa", ["The cats", "the sofa"]),
+        ("a ladder for reaching high places", ["a ladder", "high places"]),
+        ("everything that the dog ate", ["everything", "the dog"]),
+        # Contractions, with straight or curly apostrophes.
+        ("they'll paint the red car", ["they", "the red car"]),
+        ("The dog doesn\u2019t like the cat", ["The dog", "the cat"]),
+        ("It\u2019s a cat\u2019s toy", ["It", "a cat\u2019s toy"]),
+    ],
+)
+def test_builtin_chunker_rules(prompt: str, expected: list[str]) -> None:
+    """One prompt per rule of the built-in chunker (word lists, suffixes, positional rules)."""
+    assert builtin_noun_phrases(prompt) == expected
+
+
 @pytest.mark.parametrize("prompt", ["", "   ", "...", "and and and", "is very blue", "a the"])
 def test_no_noun_phrase(prompt: str) -> None:
     assert builtin_noun_phrases(prompt) == []
@@ -161,6 +199,8 @@ def test_questions_are_capped_at_eight_in_order(no_spacy: None) -> None:
     assert noun_phrases(prompt) == [f"a {a}" for a in animals]
     assert vqa_questions(prompt) == [f"a {a}?" for a in animals[:8]]
     assert vqa_questions(prompt, max_questions=3) == ["a cat?", "a dog?", "a cow?"]
+    assert vqa_questions(prompt, max_questions=0) == []  # np_num 0 asks no question
+    assert vqa_questions(prompt, max_questions=None) == [f"{a}?" for a in noun_phrases(prompt)]
     with pytest.raises(ValueError, match="max_questions"):
         vqa_questions(prompt, max_questions=-1)
 
@@ -289,6 +329,29 @@ def test_question_table_from_a_spacy_pipeline(blank_spacy: Any, tmp_path: Path) 
     assert loaded.lookup("a green acorn and a brown leaf .") == ["a brown leaf?"]
 
 
+def builtin_nouns(prompt: str) -> list[str]:
+    return [t.text for t in np_module.tagged_tokens(prompt, "builtin") if t.pos == "NOUN"]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "nouns"),
+    [
+        ("both cats and dogs", ["cats", "dogs"]),  # determiners, conjunctions and numbers are no nouns
+        ("a red or blue car", ["car"]),
+        ("3 cats and 2 dogs", ["cats", "dogs"]),
+        ("a triangular clock", ["clock"]),  # adjectives by word list, suffix or verb form are no nouns
+        ("a graceful swan", ["swan"]),
+        ("a sleeping cat", ["cat"]),
+        ("a white ceiling fan", ["ceiling", "fan"]),  # nouns that look like verb forms are
+        ("a speed boat", ["speed", "boat"]),
+        ("a Ming vase", ["Ming", "vase"]),
+        ("a cat on J's lap", ["cat", "J", "lap"]),  # a possessive splits off even a one-letter word
+    ],
+)
+def test_builtin_nouns(prompt: str, nouns: list[str]) -> None:
+    assert builtin_nouns(prompt) == nouns
+
+
 def test_builtin_tags_name_the_nouns_spacy_would() -> None:
     """Compounds' first words are nouns, adjectives are not, and words split at hyphens and
     possessives as spaCy's tokenizer splits them; the token texts and spaces rebuild the prompt."""
@@ -302,9 +365,8 @@ def test_builtin_tags_name_the_nouns_spacy_would() -> None:
     assert {t.pos for t in tagged} == {"NOUN", "X"}
     # Each part of a hyphenated word on its own: "sun" is a noun, "drenched", "red" and "haired" are not; a
     # plural possessive's apostrophe is no noun; a second space is a token, as spaCy makes it.
-    nouns = lambda prompt: [t.text for t in tagged_tokens(prompt, "builtin") if t.pos == "NOUN"]  # noqa: E731
-    assert nouns("a red-haired girl near a sun-drenched wall") == ["girl", "sun", "wall"]
-    assert nouns("a cat on the left of the dogs'") == ["cat", "left", "dogs"]
+    assert builtin_nouns("a red-haired girl near a sun-drenched wall") == ["girl", "sun", "wall"]
+    assert builtin_nouns("a cat on the left of the dogs'") == ["cat", "left", "dogs"]
     spaced = tagged_tokens("a dog next  to a cat", "builtin")
     assert [(t.text, t.pos) for t in spaced[2:5]] == [("next", "X"), (" ", "SPACE"), ("to", "X")]
 
