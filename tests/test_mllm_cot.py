@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from PIL import Image
 
 from gors.testing.qwen3_vl import CHAT_TEMPLATE, build_tiny_qwen3_vl
 from rewards import get_reward_class
-from rewards.mllm_cot import ChatJudge, MLLMCoTReward
+from rewards.mllm_cot import ChatJudge, MLLMCoTReward, check_chat_processor
 from rewards.mllm_cot_prompts import (
     CATEGORIES,
     NO_NUMBER,
@@ -124,21 +125,29 @@ def random_images(sides: list[int], seed: int = 0) -> list[Image.Image]:
             for i, side in enumerate(sides)]
 
 
+def chat_inputs(vlm: ChatVLM, image: Image.Image, questions: list[str], answers: list[str]) -> dict:
+    """The processor's inputs for the conversation so far, ready for the answer to ``questions[len(answers)]``:
+    the image with the first question, then each answer and the next question."""
+    messages: list[dict] = []
+    for k, question in enumerate(questions[: len(answers) + 1]):
+        content = ([{"type": "image"}] if k == 0 else []) + [{"type": "text", "text": question}]
+        messages.append({"role": "user", "content": content})
+        if k < len(answers):
+            messages.append({"role": "assistant", "content": answers[k]})
+    text = vlm.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return vlm.processor(text=[text], images=[image], return_tensors="pt")
+
+
 def plain_generate_conversation(vlm: ChatVLM, image: Image.Image, questions: list[str], eos: list[int]) -> list[str]:
     """The official procedure: for every answer, render the whole conversation, preprocess the image
     again and run a plain greedy ``generate``."""
-    messages: list[dict] = []
-    answers = []
-    for k, question in enumerate(questions):
-        content = ([{"type": "image"}] if k == 0 else []) + [{"type": "text", "text": question}]
-        messages.append({"role": "user", "content": content})
-        text = vlm.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        inputs = vlm.processor(text=[text], images=[image], return_tensors="pt")
+    answers: list[str] = []
+    for _ in questions:
+        inputs = chat_inputs(vlm, image, questions, answers)
         output = vlm.model.generate(**inputs, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=eos,
                                     pad_token_id=vlm.tokenizer.pad_token_id)
-        answer = vlm.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True).strip()
-        answers.append(answer)
-        messages.append({"role": "assistant", "content": answer})
+        new_tokens = output[0, inputs["input_ids"].shape[1] :]
+        answers.append(vlm.tokenizer.decode(new_tokens, skip_special_tokens=True).strip())
     return answers
 
 
@@ -171,6 +180,32 @@ def test_batched_conversations_equal_plain_generate_per_image(vlm: ChatVLM, earl
         assert min(len(a) for answers in batched for a in answers) < max(len(a) for answers in batched for a in answers)
 
 
+def test_every_answer_starts_from_the_logits_of_a_plain_forward_of_its_conversation(
+    vlm: ChatVLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stricter than the answer texts (the tiny random model's greedy tokens hardly depend on the context):
+    the first-token logits of every turn, with padded prompts and tails of different lengths in the batch.
+    The first row, whose prompt and second turn are the shortest (padded), goes on to a third turn."""
+    images = random_images([32, 24, 32])
+    turns = [["How many?", "Is there a dog in the image?", "Is it red?"], TURNS[1], TURNS[0]]
+    judge = ChatJudge(vlm, MAX_NEW_TOKENS)
+    first_logits: list[dict[int, torch.Tensor]] = []  # per turn: row -> logits of its answer's first token
+    decode = judge._decode
+
+    def recording(batch, active, logits):
+        first_logits.append({i: logits[i].clone() for i in active})
+        decode(batch, active, logits)
+
+    monkeypatch.setattr(judge, "_decode", recording)
+    answers = judge.conversations(images, turns)
+    assert [sorted(rows) for rows in first_logits] == [[0, 1, 2], [0, 1, 2], [0, 1]]
+    for turn, rows in enumerate(first_logits):
+        for i, logits in rows.items():
+            with torch.no_grad():
+                plain = vlm.model(**chat_inputs(vlm, images[i], turns[i], answers[i][:turn])).logits[0, -1]
+            torch.testing.assert_close(logits, plain, atol=1e-4, rtol=1e-4)
+
+
 def test_each_image_runs_the_vision_tower_once(vlm: ChatVLM, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     original = vlm.model.base_model.get_image_features
@@ -189,6 +224,75 @@ def test_judge_refuses_bad_arguments(vlm: ChatVLM) -> None:
         ChatJudge(vlm, 0)
     with pytest.raises(ValueError, match="every image at least one question"):
         ChatJudge(vlm, 4).conversations(random_images([32]), [[]])
+    with pytest.raises(ValueError, match="give at least one image"):
+        ChatJudge(vlm, 4).conversations([], [])
+
+
+def test_an_answer_ends_at_the_configured_and_the_tokenizer_end_tokens(
+    vlm: ChatVLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    eos, word = vlm.tokenizer.eos_token_id, vlm.tokenizer.convert_tokens_to_ids("word")
+    monkeypatch.setattr(vlm.model.generation_config, "eos_token_id", None)
+    assert ChatJudge(vlm, 4).eos_ids == {eos}
+    monkeypatch.setattr(vlm.model.generation_config, "eos_token_id", word)  # one id, not a list
+    assert ChatJudge(vlm, 4).eos_ids == {word, eos}
+
+
+def test_the_end_token_ends_the_answer_and_is_not_part_of_it(vlm: ChatVLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    images, turns = random_images([32]), [["How many?"]]
+    two_tokens = ChatJudge(vlm, 2).conversations(images, turns)
+    judge = ChatJudge(vlm, MAX_NEW_TOKENS)
+    logits_of = judge._logits
+    steps = []
+
+    def ending_at_the_third_token(hidden: torch.Tensor) -> torch.Tensor:
+        logits = logits_of(hidden)
+        steps.append(len(steps))
+        if len(steps) == 3:
+            logits[:, vlm.tokenizer.eos_token_id] = logits.max() + 1
+        return logits
+
+    monkeypatch.setattr(judge, "_logits", ending_at_the_third_token)
+    assert judge.conversations(images, turns) == two_tokens
+    assert len(steps) == 3  # no step after the end
+
+
+def test_an_answer_of_n_tokens_runs_the_language_model_n_times(vlm: ChatVLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompt's pass gives the first token, each later token one pass; the last token is not run."""
+    base = vlm.model.base_model
+    calls = []
+    forward = base.forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(base, "forward", counted)
+    judge = ChatJudge(vlm, 4)
+    judge.eos_ids = set()  # no end of answer: the answer takes all 4 tokens
+    judge.conversations(random_images([32]), [["How many?"]])
+    assert len(calls) == 4
+
+
+@pytest.mark.parametrize(
+    ("template", "error", "message"),
+    [
+        # No image placeholder: the image would not reach the model.
+        (CHAT_TEMPLATE.replace("<|image_pad|>", ""), ValueError, "wrote 0 image placeholders"),
+        # A system turn once there is an answer: the cached first turn is no longer a prefix.
+        ("{%- if messages|length > 1 %}{{- '<|im_start|>system\\nGo on.<|im_end|>\\n' }}{%- endif %}"
+         + CHAT_TEMPLATE, RuntimeError, "renders the conversation's earlier turns differently"),
+        # Only the first turn rendered: the next question adds nothing to the cache.
+        (CHAT_TEMPLATE.replace("for message in messages", "for message in messages[:1]"), RuntimeError,
+         "cannot be continued"),
+    ],
+)
+def test_a_chat_template_the_judge_cannot_follow_is_refused(
+    vlm: ChatVLM, monkeypatch: pytest.MonkeyPatch, template: str, error: type[Exception], message: str
+) -> None:
+    monkeypatch.setattr(vlm.processor, "chat_template", template)
+    with pytest.raises(error, match=message):
+        ChatJudge(vlm, 2).conversations(random_images([32]), [["Is it red?", "How many?"]])
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +340,23 @@ def test_reward_loads_by_dotted_path_and_checks_its_options(model_dir: Path) -> 
         MLLMCoTReward(model_name_or_path=str(model_dir), device="cpu")
     with pytest.raises(ValueError, match="max_new_tokens"):
         MLLMCoTReward(model_name_or_path=str(model_dir), device="cpu", category="spatial", max_new_tokens=0)
+    with pytest.raises(ValueError, match="noun_phrase_backend='nltk'"):
+        MLLMCoTReward.check_options({"category": "color", "noun_phrase_backend": "nltk"})
+
+
+def test_reward_defaults_are_the_official_scripts(model_dir: Path) -> None:
+    reward = MLLMCoTReward(model_name_or_path=str(model_dir), device="cpu", category="complex")
+    assert reward.judge.max_new_tokens == 300  # the official max_new_tokens
+    assert reward.noun_phrase_backend == "auto"  # spaCy's noun chunks when installed, as the official script
+
+
+def test_a_processor_without_image_token_is_refused(monkeypatch: pytest.MonkeyPatch, model_dir: Path) -> None:
+    from transformers import AutoProcessor
+
+    monkeypatch.setattr(AutoProcessor, "from_pretrained",
+                        lambda name, **kwargs: SimpleNamespace(chat_template="{{ messages }}", image_token=None))
+    with pytest.raises(ValueError, match="not a chat vision-language model: its processor has no image token"):
+        check_chat_processor(str(model_dir))
 
 
 def test_a_vlm_without_chat_template_is_refused_before_loading_weights(model_dir: Path, tmp_path: Path) -> None:
@@ -276,3 +397,12 @@ def test_reward_averages_the_phrase_scores_and_counts_a_missing_number_as_zero(
                                "(counted as 0, as the official script does)")
     assert first["reasons"] == ["read 85 from the answer", NO_NUMBER]
     assert second["reason"] == "rated 100 out of 100"
+
+
+def test_a_rating_of_0_is_a_rating_not_a_missing_number(reward: MLLMCoTReward, monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = ["a bench, a car and a dog", "Score: 0", "Score: 40", "Score: 60"]
+    monkeypatch.setattr(reward.judge, "conversations", lambda images, turns: [answers for _ in turns])
+    output = reward.score(random_images([32]), ["a green bench, a red car and a blue dog"])
+    assert output.scores == [pytest.approx(1 / 3)]  # the mean of 0, 40 and 60, / 100
+    assert output.details[0]["phrase_scores"] == [0.0, 40.0, 60.0]
+    assert output.details[0]["reason"] == "rated 0, 40, 60 out of 100"

@@ -16,6 +16,7 @@ from evaluators.lpg_bench import LPGBenchBenchmark, prompt_column_of
 from gors.core.data import DownloadError
 from rewards.tit_rules import (
     DESCRIPTION_PROMPT,
+    JUDGE_TEMPLATE,
     cosine_similarities,
     cosine_to_score,
     last_token_pool,
@@ -161,6 +162,20 @@ def test_describer_is_a_real_generate_call_matching_the_processor_path(reward):
     assert reward.describer.describe([image]) == [expected]
 
 
+def _generating(monkeypatch, model, tokenizer, reply: str) -> None:
+    """`model.generate` writes the tokens of `reply` after every row's input."""
+    ids = tokenizer(reply, return_tensors="pt").input_ids
+    monkeypatch.setattr(model, "generate",
+                        lambda input_ids, **kwargs: torch.cat([input_ids, ids.expand(len(input_ids), -1)], dim=1))
+
+
+def test_description_is_the_new_tokens_decoded_as_the_reference(reward, monkeypatch):
+    """Special tokens skipped, no clean-up of tokenization spaces (`clean_up_tokenization_spaces=False`), stripped."""
+    vlm = reward.describer.vlm
+    _generating(monkeypatch, vlm.model, vlm.tokenizer, " a cat , a dog 's toy .<|im_end|>")
+    assert reward.describer.describe(_images(2)) == ["a cat , a dog 's toy ."] * 2
+
+
 def _generate_calls(monkeypatch, model) -> list[dict]:
     """The keyword arguments of every `model.generate` call from now on (the calls still run)."""
     calls: list[dict] = []
@@ -199,6 +214,33 @@ def test_generation_kwargs_override_the_reference_decoding(reward, tiny_models, 
     assert calls[-1]["do_sample"] is False
 
 
+def test_embedding_dtype_names():
+    from rewards.tit_score import embedding_torch_dtype
+
+    assert [embedding_torch_dtype(name) for name in ("float32", "bfloat16", "float16")] == [
+        torch.float32, torch.bfloat16, torch.float16]
+
+
+def test_max_length_truncates_the_embedded_texts_and_defaults_are_the_reference(reward, tiny_models):
+    from rewards.tit_score import TITScoreReward
+
+    assert reward.embedder.max_length == 8192
+    short = TITScoreReward(str(tiny_models["vlm"]), device="cpu",
+                           embedding_model_name_or_path=str(tiny_models["embedding"]), max_length=4)
+    assert short.describer.max_new_tokens == 512
+    # Three tokens and the appended <|endoftext|>: texts that differ only later embed alike.
+    same_start = short.embedder.embed(["a red cat on the house", "a red cat in the sky at night"])
+    assert torch.allclose(same_start[0], same_start[1], atol=1e-6)
+    assert not torch.allclose(*reward.embedder.embed(["a red cat on the house", "a red cat in the sky at night"]))
+
+
+def test_images_of_different_sizes_are_described_as_alone(reward):
+    """Left padding: a batch of differently sized images (prompts of different lengths) describes each as alone."""
+    images = [_images(1)[0], Image.fromarray(np.random.RandomState(5).randint(0, 255, (32, 64, 3), dtype=np.uint8))]
+    describe = reward.describer.describe
+    assert describe(images) == describe(images[:1]) + describe(images[1:])
+
+
 def test_embedding_dtype_option_reaches_the_embedder(reward, tiny_models):
     from rewards.combined import check_reward_options
     from rewards.tit_score import TITScoreReward
@@ -232,12 +274,20 @@ def test_a_thinking_describer_is_refused_before_its_weights_load(tiny_models, tm
         TITScoreReward(str(thinking), device="cpu", embedding_model_name_or_path=str(tiny_models["embedding"]))
 
 
-def test_llm_judge_option(tiny_models, one_torch_thread):
+@pytest.fixture(scope="module")
+def judge(tiny_models, one_torch_thread):
+    """TIT-Score-LLM with the tiny chat LLM; `embedding_dtype` (the embedder's) must not reach the judge."""
     from rewards.tit_score import TITScoreReward
 
-    judge = TITScoreReward(str(tiny_models["vlm"]), device="cpu", batch_size=3, max_new_tokens=4, judge="llm",
-                           judge_model_name_or_path=str(tiny_models["chat"]))
+    return TITScoreReward(str(tiny_models["vlm"]), device="cpu", batch_size=3, max_new_tokens=4, judge="llm",
+                          judge_model_name_or_path=str(tiny_models["chat"]), embedding_dtype="bfloat16")
+
+
+def test_llm_judge_option(judge):
     assert judge.embedder is None
+    assert judge.llm.model.dtype == judge.describer.vlm.model.dtype == torch.float32  # the reward's dtype
+    with pytest.raises(RuntimeError, match="need the embedding judge"):
+        judge.similarities(PROMPTS, PROMPTS)
     output = judge.score(_images(3), PROMPTS)
     for score, details in zip(output.scores, output.details):
         rating = parse_judge_rating(details["judge_reply"])
@@ -255,6 +305,86 @@ def test_bad_options_are_clear_errors():
         TITScoreReward("unused", device="cpu", mapping="tanh")
     with pytest.raises(ValueError, match="embedding_dtype='fp16' is not a dtype.*'float32', 'bfloat16', 'float16'"):
         TITScoreReward("unused", device="cpu", embedding_dtype="fp16")
+    with pytest.raises(ValueError, match="max_length must be >= 1"):
+        TITScoreReward("unused", device="cpu", max_length=0)
+
+
+def test_llm_judge_replies_equal_greedy_generate_per_pair(judge):
+    """Pairs of different lengths share one left-padded batch; each reply is that of the pair alone."""
+    llm = judge.llm
+    descriptions = ["a white dog", "yellow cars in the sky at night and a red house", "the sun"]
+    expected = []
+    for prompt, description in zip(PROMPTS, descriptions):
+        text = llm.tokenizer.apply_chat_template(
+            [{"role": "user", "content": JUDGE_TEMPLATE.format(prompt=prompt, description=description)}],
+            tokenize=False, add_generation_prompt=True)
+        ids = llm.tokenizer([text], add_special_tokens=False, return_tensors="pt").input_ids
+        with torch.no_grad():
+            output = llm.model.generate(ids, max_new_tokens=llm.max_new_tokens, do_sample=False)
+        expected.append(llm.tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip())
+    assert llm.replies(PROMPTS, descriptions) == expected
+
+
+def test_llm_judge_reads_the_prompt_and_description_without_thinking(judge, monkeypatch):
+    """Qwen3's template writes an empty thinking block for ``enable_thinking=False``; the judge's text gets no
+    special token of the tokenizer's own (the chat template writes them all)."""
+    from tokenizers import processors
+
+    tokenizer = judge.llm.tokenizer
+    monkeypatch.setattr(tokenizer, "chat_template", tokenizer.chat_template + (
+        "{%- if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
+        "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"))
+    bos = "<|endoftext|>"  # as a tokenizer that adds a BOS token
+    monkeypatch.setattr(tokenizer.backend_tokenizer, "post_processor", processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tokenizer.convert_tokens_to_ids(bos))]))
+    calls = _generate_calls(monkeypatch, judge.llm.model)
+    judge.llm.replies(["a red cat"], ["a dog"])
+    (text,) = tokenizer.batch_decode(calls[0]["input_ids"])
+    assert text.startswith("<|im_start|>user\n")
+    assert text.endswith("Prompt:\na red cat\n\nImage description:\na dog<|im_end|>\n"
+                         "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_llm_judge_reply_is_its_new_tokens_decoded_and_stripped(judge, monkeypatch):
+    _generating(monkeypatch, judge.llm.model, judge.llm.tokenizer, " 85 \n<|im_end|>")
+    assert judge.llm.replies(PROMPTS[:2], ["a white dog", "yellow cars in the sky at night"]) == ["85", "85"]
+
+
+def test_llm_judge_rating_0_is_parsed(judge, monkeypatch):
+    monkeypatch.setattr(judge.llm, "replies", lambda prompts, descriptions: ["0", "no idea"])
+    rows = judge._compare(PROMPTS[:2], ["a", "b"])
+    assert [(row["parsed"], row["judge_rating"], row["score"]) for row in rows] == [(True, 0.0, 0.0),
+                                                                                   (False, None, 0.0)]
+
+
+def _chat_copy(tiny_models, tmp_path, edit) -> Path:
+    """A copy of the tiny chat LLM's folder with `edit(folder)` applied."""
+    import shutil
+
+    folder = tmp_path / "chat"
+    shutil.copytree(tiny_models["chat"], folder)
+    edit(folder)
+    return folder
+
+
+def test_llm_judge_without_chat_template_is_refused(tiny_models, tmp_path):
+    from rewards.tit_score import LLMJudge
+
+    folder = _chat_copy(tiny_models, tmp_path, lambda folder: (folder / "chat_template.jinja").unlink())
+    with pytest.raises(ValueError, match="has no chat template; pass a chat"):
+        LLMJudge(str(folder), torch.device("cpu"), torch.float32)
+
+
+def test_llm_judge_without_pad_token_pads_with_its_end_token(tiny_models, tmp_path):
+    from rewards.tit_score import LLMJudge
+
+    def drop_pad_token(folder: Path) -> None:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "pad_token": None}))
+
+    llm = LLMJudge(str(_chat_copy(tiny_models, tmp_path, drop_pad_token)), torch.device("cpu"), torch.float32)
+    assert llm.tokenizer.pad_token == llm.tokenizer.eos_token == "<|im_end|>"
+    assert len(llm.replies(PROMPTS[:2], ["a white dog", "yellow cars in the sky at night"])) == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,6 +394,21 @@ def test_each_tit_score_is_rounded_to_4_decimals_as_the_reference(reward):
     compared = reward._compare(PROMPTS, descriptions)
     assert [row["cosine"] for row in compared] == [round(value, 4) for value in raw]
     assert [row["score"] for row in compared] == [max(round(value, 4), 0.0) for value in raw]
+
+
+def test_affine_mapping_reaches_each_score(reward, monkeypatch):
+    monkeypatch.setattr(reward, "mapping", "affine")
+    compared = reward._compare(PROMPTS, ["a white dog", "yellow cars in the sky at night", "the sun"])
+    assert [row["mapping"] for row in compared] == ["affine"] * 3
+    assert [row["score"] for row in compared] == [cosine_to_score(row["cosine"], "affine") for row in compared]
+
+
+def test_query_instruction_prefixes_the_prompts_only(reward, monkeypatch):
+    descriptions = ["a white dog", "yellow cars in the sky at night", "the sun"]
+    monkeypatch.setattr(reward, "query_instruction", "Find the image description")
+    prompts = [query_text(p, "Find the image description") for p in PROMPTS]
+    expected = cosine_similarities(reward.embedder.embed(prompts), reward.embedder.embed(descriptions)).tolist()
+    assert reward.similarities(PROMPTS, descriptions) == pytest.approx(expected, abs=1e-5)
 
 
 # LPG-Bench.
