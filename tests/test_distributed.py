@@ -1,9 +1,14 @@
 """The whole pipeline on two CPU processes (gloo), launched as users launch it."""
 
 import json
+import logging
+import os
+import pickle
+import signal
 from types import SimpleNamespace
 
 import pytest
+import torch
 from accelerate import PartialState
 from safetensors.torch import load_file
 from two_processes import launch, launch_gors
@@ -127,8 +132,13 @@ def test_a_folder_other_processes_cannot_see_is_refused_at_the_start(tmp_path, m
 
     monkeypatch.setattr(accelerate.utils, "gather_object", fake_gather)
     monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda objects: broadcast[-2:])
-    with pytest.raises(NotSharedError, match=r"process 1 on .*cannot see.*--output_dir must be on"):
-        distributed.check_shared_folder(elsewhere, other, wait_s=0.0)
+    waits: list = []  # a network filesystem may show the file late: it is looked for again, for 30 s
+    monkeypatch.setattr(distributed.time, "monotonic", lambda: sum(waits))
+    monkeypatch.setattr(distributed.time, "sleep", waits.append)
+    with pytest.raises(NotSharedError, match=r"process 1 on .*cannot see what the main process \(on node-a\) writes"
+                                             r".*--output_dir must be on"):
+        distributed.check_shared_folder(elsewhere, other)
+    assert sum(waits) == distributed.SHARED_CHECK_WAIT_S == 30.0
 
 
 def test_a_folder_the_main_process_cannot_write_stops_every_process(tmp_path, monkeypatch):
@@ -263,41 +273,168 @@ def test_processes_scoring_alongside_generation_with_other_reward_commits_stop_b
     assert f"'{'a' * 40}' on process 0" in message and f"'{'b' * 40}' on process 1" in message
 
 
-def test_under_several_processes_shared_warnings_are_said_once_and_own_work_by_each_naming_itself(caplog,
-                                                                                                monkeypatch):
-    import logging
-
+@pytest.fixture
+def restored_loggers(monkeypatch):
+    """[(logger, level, filters)] of the loggers `speak_once` sets up, each put back as it was after the test."""
     import gors.core.io  # noqa: F401  (their own-work loggers are made on import)
     import gors.core.memory  # noqa: F401
     import gors.training_data  # noqa: F401
     from gors.core import logs
 
     names = (*logs.PACKAGES, "gors.core.memory", "gors.core.io.writes", "gors.training_data", "made.later")
-    loggers = [logging.getLogger(name) for name in names]
-    saved = [(logger, logger.level, list(logger.filters)) for logger in loggers]
+    saved = [(logger, logger.level, list(logger.filters)) for logger in map(logging.getLogger, names)]
     monkeypatch.setattr(logs, "_process", None)
     monkeypatch.setattr(logs, "_own_work", set(logs._own_work))
-    try:
-        logs.speak_once(1, 0)  # alone: unchanged
-        assert [(logger.level, logger.filters) for logger in loggers] == [(level, f) for _, level, f in saved]
-        for _ in range(2):  # idempotent: one name per message
-            logs.speak_once(2, 1)
-        logs.own_work_logger("made.later")  # a logger made after speak_once is set up as well
-        with caplog.at_level(logging.WARNING):
-            logging.getLogger("rewards.b_vqa").warning("a model's note")
-            logging.getLogger("gors.core.io").warning("a shared file's cut line")
-            logging.getLogger("gors.core.sampling").error("this process failed")
-            logging.getLogger("gors.core.memory").warning("out of device memory")
-            logging.getLogger("gors.core.io.writes").warning("cut its own part's line")
-            logging.getLogger("gors.training_data").warning("its own cache part is damaged")
-            logging.getLogger("made.later").warning("later")
-        assert [record.getMessage() for record in caplog.records] == [
-            "this process failed", "process 1: out of device memory", "process 1: cut its own part's line",
-            "process 1: its own cache part is damaged", "process 1: later"]
-    finally:
-        for logger, level, filters in saved:
-            logger.setLevel(level)
-            logger.filters[:] = filters
+    yield saved
+    for logger, level, filters in saved:
+        logger.setLevel(level)
+        logger.filters[:] = filters
+
+
+def test_under_several_processes_shared_warnings_are_said_once_and_own_work_by_each_naming_itself(caplog,
+                                                                                                restored_loggers):
+    from gors.core import logs
+
+    loggers = [logger for logger, _, _ in restored_loggers]
+    logs.speak_once(1, 0)  # alone: unchanged
+    assert [(logger.level, logger.filters) for logger in loggers] == [(level, f) for _, level, f in restored_loggers]
+    for _ in range(2):  # idempotent: one name per message
+        logs.speak_once(2, 1)
+    logs.own_work_logger("made.later")  # a logger made after speak_once is set up as well
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("rewards.b_vqa").warning("a model's note")
+        logging.getLogger("gors.core.io").warning("a shared file's cut line")
+        logging.getLogger("gors.core.sampling").error("this process failed")
+        logging.getLogger("gors.core.memory").warning("out of device memory")
+        logging.getLogger("gors.core.io.writes").warning("cut its own part's line")
+        logging.getLogger("gors.training_data").warning("its own cache part is damaged")
+        logging.getLogger("made.later").warning("later")
+    assert [record.getMessage() for record in caplog.records] == [
+        "this process failed", "process 1: out of device memory", "process 1: cut its own part's line",
+        "process 1: its own cache part is damaged", "process 1: later"]
+
+
+def test_alone_every_warning_is_said_and_both_ways_to_start_watch_the_launcher(caplog, monkeypatch, restored_loggers):
+    from gors.core import distributed
+
+    watches = []
+    monkeypatch.setattr(distributed, "die_with_launcher", lambda: watches.append("watch"))
+    for start in (distributed.process_state, distributed.make_accelerator):
+        start()
+        distributed.reset_process_state()
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("gors.core.io").warning("a shared file's cut line")
+    assert [record.getMessage() for record in caplog.records] == ["a shared file's cut line"]
+    assert watches == ["watch", "watch"]
+
+
+def test_under_a_launcher_the_process_dies_with_it_and_alone_it_may_outlive_its_shell(monkeypatch):
+    """`die_with_launcher`: nothing without a launcher's variables (a plain `gors ...` under nohup); under either,
+    the kernel is told once to SIGKILL the process when its parent dies, a thread polls the parent where the kernel
+    refuses, and a launcher that died before the call kills the process at once."""
+    import gors
+    from gors.core import distributed
+
+    told, watched, killed = [], [], []
+    refused = [False]
+    libc = SimpleNamespace(prctl=lambda *args: told.append(args) or -refused[0])
+    monkeypatch.setattr(distributed.ctypes, "CDLL", lambda name, use_errno: libc)
+    monkeypatch.setattr(distributed.threading, "Thread",
+                        lambda target, args, **kwargs: SimpleNamespace(start=lambda: watched.append((target, args))))
+    monkeypatch.setattr(distributed.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    monkeypatch.setattr(gors, "PARENT_AT_START", os.getppid())
+    for variable in ("TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+
+    def started(variable: str | None = None) -> None:  # a fresh process, launched with `variable` set
+        monkeypatch.setattr(distributed, "_watching_launcher", False)
+        for name in ("TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
+            monkeypatch.delenv(name, raising=False)
+        if variable:
+            monkeypatch.setenv(variable, "0")
+
+    started()
+    distributed.die_with_launcher()
+    assert not told
+    started("LOCAL_RANK")
+    for _ in range(2):  # idempotent
+        distributed.die_with_launcher()
+    assert told == [(distributed.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)] and not watched and not killed
+    started("TORCHELASTIC_RUN_ID")
+    refused[0] = True
+    distributed.die_with_launcher()
+    assert watched == [(distributed._watch_parent, (os.getppid(),))] and not killed
+    started("LOCAL_RANK")
+    monkeypatch.setattr(gors, "PARENT_AT_START", os.getppid() + 1)  # the launcher died while Python started
+    distributed.die_with_launcher()
+    assert killed == [(os.getpid(), signal.SIGKILL)]
+    # The polling thread: the process ends (at once, as a SIGKILL would) when its parent changes.
+    parents, exits = iter([7, 7, 1]), []
+    monkeypatch.setattr(distributed.os, "getppid", lambda: next(parents))
+    monkeypatch.setattr(distributed.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(distributed.os, "_exit", exits.append)
+    distributed._watch_parent(7)
+    assert exits == [1] and next(parents, None) is None
+
+
+class Unpicklable(Exception):
+    """An error that cannot be sent to another process (as one that holds a file handle)."""
+
+    def __reduce__(self):
+        raise TypeError("cannot pickle")
+
+
+def _fails() -> None:
+    raise Unpicklable("no room")
+
+
+def test_an_error_that_does_not_pickle_reaches_the_other_processes_as_its_message(monkeypatch):
+    """Alone, a decision's error is raised as it is; sent to other processes, one that does not pickle is a
+    RuntimeError that tells it. A process that failed raises its own error, else that of the first that did."""
+    import accelerate.utils
+
+    from gors.core import distributed
+
+    def travel(objects):  # as the collectives send them
+        return pickle.loads(pickle.dumps(objects))
+
+    with pytest.raises(Unpicklable):
+        distributed.main_process_decides(SimpleNamespace(num_processes=1, is_main_process=True), _fails)
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", travel)
+    with pytest.raises(RuntimeError, match=r"^Unpicklable: no room$"):
+        distributed.main_process_decides(SimpleNamespace(num_processes=3, is_main_process=True), _fails)
+    # Process 1 of three; processes 0 and 2 fail too.
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda objects: [
+        (None, ValueError("process 0's")), *travel(objects), (None, KeyError("process 2's"))])
+    second = SimpleNamespace(num_processes=3, is_main_process=False, process_index=1)
+    with pytest.raises(Unpicklable):
+        distributed.every_process_tries(second, _fails)
+    with pytest.raises(ValueError, match="process 0's"):
+        distributed.every_process_tries(second, lambda: 4)
+
+
+def test_a_value_only_some_processes_have_is_a_disagreement(monkeypatch):
+    import accelerate.utils
+
+    from gors.core import distributed
+
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda objects: [(0, "node-a", {"base": "a"}),
+                                                                            (1, "node-b", {"base": "a", "lora": "b"})])
+    with pytest.raises(RuntimeError, match=r"agree on the models: lora None on process 0 \(node-a\), 'b' on process 1 "
+                                           r"\(node-b\)\. Fix it\.$"):
+        distributed.check_agreement(SimpleNamespace(num_processes=2, process_index=0), {"base": "a"}, "the models",
+                                    "Fix it.")
+
+
+def test_the_progress_bar_is_the_main_processs_and_says_it_counts_its_share():
+    from gors.core.distributed import progress_bar
+
+    bars = [progress_bar(6, SimpleNamespace(num_processes=processes, is_main_process=main), "generate")
+            for processes, main in ((1, True), (2, True), (2, False))]
+    assert [bar.disable for bar in bars] == [False, False, True]
+    assert [bar.desc for bar in bars[:2]] == ["generate", "generate (process 0 of 2)"]
+    for bar in bars:
+        bar.close()
 
 
 def test_wait_until_visible_reads_again_until_complete_or_the_wait_is_over(monkeypatch):
@@ -314,3 +451,16 @@ def test_wait_until_visible_reads_again_until_complete_or_the_wait_is_over(monke
     assert distributed.wait_until_visible(lambda: next(reads), lambda n: n >= 50, wait_s=2) == 4  # 2 s: 4 reads more
     clock[0], reads = 0.0, iter(range(100))
     assert distributed.wait_until_visible(lambda: next(reads), lambda n: False, wait_s=0) == 0  # one read only
+
+
+def test_after_a_reset_the_next_run_starts_from_fresh_process_state(monkeypatch):
+    """`reset_process_state` between two runs in one Python process: the next one neither keeps the device the
+    first one's state chose, nor a gradient sync a training stopped in the middle of an update left off."""
+    from gors.core.distributed import make_accelerator, process_state, reset_process_state
+
+    accelerator = make_accelerator(gradient_accumulation_steps=2)
+    accelerator.gradient_state._set_sync_gradients(False)  # stopped between two micro-batches of an update
+    reset_process_state()
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu:0")  # where the next run is told to go
+    assert make_accelerator().sync_gradients and process_state().device == torch.device("cpu:0")
+    reset_process_state()

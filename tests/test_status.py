@@ -26,6 +26,19 @@ HOLDER = ("import sys, time; from pathlib import Path; from gors.core.lock impor
           "print('held', flush=True); time.sleep(300)")
 
 
+def _gone_pid() -> int:
+    """The pid of a process that has ended (as a killed holder's)."""
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
+def _record(stage: str = "train", command: str = "gors train --output_dir x", pid: int | None = None,
+            started: float | None = None, host: str | None = None) -> dict:
+    """A lock record of `stage`; by default this process's, on this host."""
+    return {"stage": stage, "command": command, "pid": os.getpid() if pid is None else pid,
+            "host": host or socket.gethostname(), "argv": [], "started": time.time() if started is None else started}
+
+
 def test_each_stage_shows_as_it_is_reached(make_run_config):
     from gors.generate import generate
     from gors.run import run
@@ -68,6 +81,16 @@ def test_each_stage_shows_as_it_is_reached(make_run_config):
     marker.write_text(json.dumps({k: v for k, v in json.loads(recorded).items() if k != "files"}))
     assert dict(folder_status(folder))["final LoRA"] == "pytorch_lora_weights.safetensors"
     marker.write_text(recorded)
+    # Selected since (here the same rows in another order), the selection trained on kept twice: the newer copy is
+    # named; a kept copy that cannot be read leaves the note out.
+    selection = folder / "selection.jsonl"
+    for number in (1, 2):
+        shutil.copy(selection, folder / f"selection.previous-{number}.jsonl")
+    selection.write_text("".join(selection.read_text().splitlines(keepends=True)[::-1]))
+    assert dict(folder_status(folder))["selection"].endswith("; selected since the newest checkpoint was trained (on "
+                                                             "selection.previous-2.jsonl)")
+    (folder / "selection.previous-3.jsonl").write_text("not json\n{}\n")
+    assert dict(folder_status(folder))["selection"] == "6 of 6 samples kept (tau = 0)"
     # The folder above the run holds none itself.
     assert folder_status(folder.parent) == [("run", f"no gors run or evaluation in this folder yet; it holds 1 run "
                                                     f"folder(s) ({folder.name}): gors status {folder.parent}/*")]
@@ -80,12 +103,26 @@ def test_each_stage_shows_as_it_is_reached(make_run_config):
     assert rows["training"] == "no checkpoint yet"
     assert rows["final LoRA"] == "pytorch_lora_weights.safetensors (an earlier training's, checkpoints in " \
                                  "checkpoints.previous-1/)"
+    # Set aside, only a checkpoint of other weights (step 1's), or one whose marker cannot be read: not its LoRA.
+    shutil.rmtree(folder / "checkpoints.previous-1" / "checkpoint-2")
+    assert dict(folder_status(folder))["final LoRA"] == "pytorch_lora_weights.safetensors"
+    (folder / "checkpoints.previous-1" / "checkpoint-1" / "checkpoint.json").write_text("{")
+    assert dict(folder_status(folder))["final LoRA"] == "pytorch_lora_weights.safetensors"
     # Checkpoints deleted after a training finished: its own LoRA, not an earlier training's.
     shutil.rmtree(folder / "checkpoints.previous-1")
     rows = dict(folder_status(folder))
     assert rows["final LoRA"] == "pytorch_lora_weights.safetensors" and "training" not in rows
+    # A reward named `module:Class` by its name (not its folder's), with the images it scored so far; a score folder
+    # without its settings (a scoring that has not started) is no reward's.
+    shutil.copytree(folder / "scores" / "b_vqa", folder / "scores" / "my.rewards_Mine")
+    settings = folder / "scores" / "my.rewards_Mine" / "settings.json"
+    settings.write_text(json.dumps(json.loads(settings.read_text()) | {"reward": "my.rewards:Mine"}))
+    part = folder / "scores" / "my.rewards_Mine" / "part-00000.jsonl"
+    part.write_text("".join(part.read_text().splitlines(keepends=True)[1:]))
+    (folder / "scores" / "not_started").mkdir()
+    assert [row for row in folder_status(folder) if row[0].startswith("scores")] == [
+        ("scores b_vqa", "6 of 6 images"), ("scores my.rewards:Mine", "5 of 6 images")]
     # A selection cut short since: still a status (training names the problem when it reads it).
-    selection = folder / "selection.jsonl"
     selection.write_text(selection.read_text()[:-10])
     assert dict(folder_status(folder))["selection"].startswith("6 of 6 samples kept")
 
@@ -142,6 +179,16 @@ def test_a_gors_evaluate_folder_shows_each_benchmark_and_its_result_once_finishe
     # A benchmark of one's own (`module:Class`, unknown to this process) still being evaluated is listed too.
     shutil.copytree(tmp_path / "eval" / "toy" / "train" / "samples", tmp_path / "eval" / "mybench" / "samples")
     assert ("mybench", "2 images of 2 prompts (1 each), 0 scored") in folder_status(tmp_path / "eval")
+    # Copied without its (emptied) lock file, its summary still says what it is; a folder in it is no run of its own.
+    (tmp_path / "eval" / ".lock-evaluate").unlink()
+    assert folder_status(tmp_path / "eval") == sorted([*rows, ("mybench", "2 images of 2 prompts (1 each), 0 scored")])
+    assert folder_status(tmp_path / "eval" / "toy") == [
+        ("run", f"no gors run or evaluation in this folder yet; it lies in the run folder {tmp_path / 'eval'}: gors "
+                f"status {tmp_path / 'eval'}")]
+    # One that scored an image folder (`--images`) names it.
+    (tmp_path / "eval" / "summary.json").write_text(json.dumps({"summaries": [summary[0] | {"images": "pictures"}]}))
+    assert dict(folder_status(tmp_path / "eval"))[summary[0]["label"]].endswith(
+        f"2 scored; scored the images of pictures; finished: binding_accuracy {summary[0]['binding_accuracy']:.4f}")
 
 
 def test_a_process_still_running_after_its_main_process_died_is_named_with_what_to_do(tmp_path):
@@ -149,10 +196,7 @@ def test_a_process_still_running_after_its_main_process_died_is_named_with_what_
 
     folder = tmp_path / "run"
     folder.mkdir()
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    record = {"stage": "train", "command": "gors train --output_dir x", "pid": int(gone.stdout), "host":
-              socket.gethostname(), "argv": [], "started": 1.0e9}
-    lock_path(folder, "train").write_text(json.dumps(record))  # as a killed main process leaves its lock
+    lock_path(folder, "train").write_text(json.dumps(_record(pid=_gone_pid(), started=1.0e9)))  # a killed main's
     stray = ("import sys, time; from pathlib import Path; from gors.core.lock import _acquire, process_lock_stage; "
              "_acquire(Path(sys.argv[1]), process_lock_stage('train', 1), 'gors train --output_dir x'); "
              "print('held', flush=True); time.sleep(300)")
@@ -193,6 +237,9 @@ def test_one_benchmarks_own_folder_and_an_evaluation_written_into_a_run_folder(m
     assert [(what, value) for what, value in rows.items() if "images of" in value and what != "samples"] == \
         [("toy:held_out", finished)]
     assert folder_status(folder / "eval_base") == [("toy:held_out", finished)]
+    # A benchmark the evaluation has started, before the summary lists it.
+    shutil.copytree(folder / "toy" / "held_out" / "samples", folder / "toy" / "train" / "samples")
+    assert dict(folder_status(folder))["toy:train"] == "2 images of 2 prompts (1 each), 0 scored"
     (folder / "eval_base" / "summary.json").unlink()  # still evaluating: the folder's name stands for its label
     assert folder_status(folder / "eval_base") == [("eval_base", "2 images of 2 prompts (1 each), 2 scored")]
     # A summary this process cannot read is a row; `gors status` reports the other folders, then fails.
@@ -231,7 +278,17 @@ def _local(utc: str) -> str:
     return datetime.fromisoformat(utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def test_training_progress_is_rounded_down_and_the_time_left_only_where_it_can_be_told(tmp_path):
+@pytest.fixture
+def ahead_of_utc(monkeypatch):
+    """This machine's time zone 5:30 ahead of UTC (checkpoint markers record UTC)."""
+    monkeypatch.setenv("TZ", "IST-5:30")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_training_progress_is_rounded_down_and_the_time_left_only_where_it_can_be_told(tmp_path, ahead_of_utc):
     """The share done is rounded down (99 % until the last step), a finished training has no time left, and
     the time left comes from two checkpoints of one process and one training only, in minutes (at least 1)
     under an hour."""
@@ -239,6 +296,7 @@ def test_training_progress_is_rounded_down_and_the_time_left_only_where_it_can_b
     first = {"step": 998, "time": "2026-12-06T10:00:00+00:00", "since": since}
     last = {"step": 999, "time": "2026-12-06T10:00:20+00:00", "since": since, "max_train_steps": 1000}
     _markers(tmp_path / "pace", first, last)
+    assert _local(last["time"]) == "2026-12-06 15:30:20"  # saved times are shown in this machine's time zone
     assert dict(folder_status(tmp_path / "pace"))["training"] == (
         f"step 999 of 1000 (99 %): checkpoint-999, saved {_local(last['time'])}; about 1 min to go at the pace of "
         "steps 998 to 999")
@@ -293,13 +351,13 @@ def test_a_share_of_a_launch_whose_main_process_is_on_another_host_is_no_stray(t
     launch whose main process is gone."""
     from gors.status import lock_rows
 
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    main_record = {"stage": "train", "command": "gors train --output_dir x", "pid": int(gone.stdout),
-                   "host": socket.gethostname() + "-other-node", "argv": [], "started": time.time()}
-    share = main_record | {"stage": "train-process-00001", "pid": os.getpid(), "host": socket.gethostname()}
-    rows = lock_rows(tmp_path, {"train": main_record, "train-process-00001": share})
+    other_host = socket.gethostname() + "-other-node"
+    share = _record("train-process-00001")
+    rows = lock_rows(tmp_path, {"train": _record(pid=_gone_pid(), host=other_host), "train-process-00001": share})
     assert [what for what, _ in rows] == ["writing train"]
     assert rows[0][1].endswith("by its lock record (another host: whether it still runs is not known here)")
+    # A share of another host, whose main record is gone, is not looked for among this host's processes.
+    assert lock_rows(tmp_path, {"train-process-00001": share | {"host": other_host}}) == []
 
 
 def test_a_rounds_run_is_known_by_its_first_round_before_rounds_json_and_its_lora_by_the_last_round(tmp_path):
@@ -309,12 +367,20 @@ def test_a_rounds_run_is_known_by_its_first_round_before_rounds_json_and_its_lor
 
     folder = tmp_path / "rounds"
     assert round_dir(folder, 3) == folder / "round-003"
+    from gors.core.lock import lock_path
+
     round_dir(folder, 0).mkdir(parents=True)
+    for held in (folder, round_dir(folder, 0)):  # one `gors run --rounds` holds both: its row is the top folder's
+        lock_path(held, "train").write_text(json.dumps(_record(command="gors run --rounds 2")))
     rows = dict(folder_status(folder))
     assert rows["rounds"] == "0 finished" and rows["round-000 samples"] == "none yet"
+    assert [what for what in rows if "writing" in what] == ["writing train"]
     round_dir(folder, 1).mkdir()
-    (folder / "rounds.json").write_text(json.dumps({"settings": {"rounds": 2}, "rounds": [{}, {}]}))
+    (folder / "round-001.log").write_text("")  # a file is no round
     (folder / "pytorch_lora_weights.safetensors").write_bytes(b"lora")
+    rows = dict(folder_status(folder))
+    assert "round-001 samples" in rows and "final LoRA" not in rows  # no round finished: not a round's LoRA
+    (folder / "rounds.json").write_text(json.dumps({"settings": {"rounds": 2}, "rounds": [{}, {}]}))
     assert dict(folder_status(folder))["final LoRA"] == "pytorch_lora_weights.safetensors (round 1's)"
 
 
@@ -323,7 +389,53 @@ def test_lock_rows_leave_out_the_holders_shown_for_another_folder(tmp_path):
     already (`skip`): one `gors run --rounds` holds both."""
     from gors.status import lock_rows
 
-    record = {"stage": "train", "command": "gors run --rounds 2", "pid": os.getpid(), "host": socket.gethostname(),
-              "argv": [], "started": time.time()}
+    record = _record(command="gors run --rounds 2")
     assert [what for what, _ in lock_rows(tmp_path, {"train": record})] == ["writing train"]
     assert lock_rows(tmp_path, {"train": record}, skip=frozenset({(os.getpid(), socket.gethostname())})) == []
+
+
+def test_a_selection_by_top_fraction_before_its_training(tmp_path):
+    """Selected by --top_fraction (no threshold), nothing trained yet: no checkpoint, and no final LoRA."""
+    (tmp_path / "selection_summary.json").write_text(json.dumps({"num_selected": 3, "num_samples": 6,
+                                                                 "threshold": None}))
+    assert dict(folder_status(tmp_path)) == {"samples": "none yet", "selection": "3 of 6 samples kept (top fraction)",
+                                             "training": "no checkpoint yet"}
+
+
+def test_two_holders_of_one_command_have_a_row_each_and_a_gone_share_still_marks_a_gors_folder(tmp_path):
+    """A killed `gors run` left its lock of one stage, and the same command started again holds another: a row
+    each. A folder whose only record is a gone process's share of a stage is still one a command wrote."""
+    from gors.core.lock import lock_path
+    from gors.status import lock_rows
+
+    command = "gors run --output_dir x"
+    records = {"score": _record("score", command, pid=_gone_pid(), started=1.0e9), "train": _record(command=command)}
+    assert [what for what, _ in lock_rows(tmp_path, records)] == ["stopped score", "writing train"]
+    lock_path(tmp_path, "train-process-00001").write_text(json.dumps(records["score"] | {"stage": "train-process-00001"}))
+    assert folder_status(tmp_path) == [("samples", "none yet")]
+
+
+def test_a_folder_above_run_folders_names_them_five_at_most(tmp_path):
+    """A run folder is one with a stage's lock file, a --rounds run's first round, or a sample store."""
+    for stage in ("generate", "score", "select", "train"):
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / f".lock-{stage}").touch()
+    (tmp_path / "rounds" / "round-000").mkdir(parents=True)
+    (tmp_path / "notes").mkdir()
+    start = "no gors run or evaluation in this folder yet; it holds"
+    assert folder_status(tmp_path) == [("run", f"{start} 5 run folder(s) (generate, rounds, score, select, train): "
+                                              f"gors status {tmp_path}/*")]
+    (tmp_path / "a_store" / "samples").mkdir(parents=True)
+    assert folder_status(tmp_path) == [("run", f"{start} 6 run folder(s) (a_store, generate, rounds, score, select, "
+                                              f"...): gors status {tmp_path}/*")]
+
+
+def test_a_folder_whose_records_cannot_be_read_is_said_in_its_place(tmp_path, capsys):
+    (tmp_path / "cut" / "selection_summary.json").parent.mkdir()
+    (tmp_path / "cut" / "selection_summary.json").write_text('{"num_selected": 3')
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit):
+        main(["status", str(tmp_path / "cut"), str(tmp_path / "empty")])
+    captured = capsys.readouterr()
+    assert f"{tmp_path / 'cut'}\n  cannot be read: " in captured.out and f"{tmp_path / 'empty'}\n  run " in captured.out
+    assert captured.err.startswith(f"error: {tmp_path / 'cut'}: cannot be read: ")
