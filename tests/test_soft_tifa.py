@@ -222,19 +222,40 @@ def test_rewards_on_one_checkpoint_share_one_model(reward: SoftTIFAReward, model
     assert other_dtype.vlm is not reward.vlm and other_dtype.vlm.model.dtype == torch.float64
 
 
-def test_vision_tower_runs_once_per_image(reward: SoftTIFAReward) -> None:
+def score_counting_passes(scorer: SoftTIFAReward, images: list[Image.Image], prompts: list[str]):
+    """`scorer.score(images, prompts)`, with the images of each vision-tower pass and the rows of each LM-head pass."""
     encoded_images: list[int] = []
-    hook = reward.vlm.model.base_model.visual.register_forward_hook(
-        lambda module, args, kwargs, out: encoded_images.append(len(kwargs["grid_thw"])),
-        with_kwargs=True,
-    )
+    head_rows: list[int] = []
+    hooks = [
+        scorer.vlm.model.base_model.visual.register_forward_hook(
+            lambda module, args, kwargs, out: encoded_images.append(len(kwargs["grid_thw"])), with_kwargs=True
+        ),
+        scorer.vlm.model.get_output_embeddings().register_forward_pre_hook(
+            lambda module, args: head_rows.append(args[0].shape[0])
+        ),
+    ]
     try:
-        output = reward.score(random_images(6), [PROMPTS[1]] * 5 + [""])
+        output = scorer.score(images, prompts)
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
+    return output, encoded_images, head_rows
+
+
+def test_vision_tower_runs_once_per_image(reward: SoftTIFAReward) -> None:
+    output, encoded_images, _ = score_counting_passes(reward, random_images(6), [PROMPTS[1]] * 5 + [""])
     assert sum(len(d["questions"]) for d in output.details) == 30  # 6 questions x 5 images
     assert encoded_images == [4, 1]  # batches of 4; the image without questions is skipped
     assert output.scores[-1] == 1.0 and output.details[-1]["questions"] == []
+
+
+def test_windows_of_four_batches_encode_each_image_once_and_share_the_lm_head(model_dir: Path) -> None:
+    """With batch_size 1 the images go in windows of 4: each image through the vision tower once (none in two
+    windows), the LM head once per window for all of its images' questions."""
+    scorer = SoftTIFAReward(model_name_or_path=str(model_dir), device="cpu", batch_size=1)
+    _, encoded_images, head_rows = score_counting_passes(scorer, random_images(6), [PROMPTS[1]] * 5 + [""])
+    assert encoded_images == [1] * 5
+    assert head_rows == [4 * 6, 6]  # images 0-3, then image 4 (image 5 has no questions)
 
 
 def test_non_rgb_images(reward: SoftTIFAReward) -> None:
@@ -274,7 +295,7 @@ def test_vqascore_is_p_yes_of_the_official_question(model_dir: Path, plain) -> N
         assert details["question"] == question
         probs = plain_probabilities(plain, image, question)
         expected = official_sum(plain[1], probs, ("Yes", "yes", " yes", " Yes"))
-        assert score == details["p_yes"] == pytest.approx(expected, rel=1e-4, abs=1e-7)
+        assert score == details["p_yes"] == details["score"] == pytest.approx(expected, rel=1e-4, abs=1e-7)
         assert 0.0 <= score <= 1.0
 
 

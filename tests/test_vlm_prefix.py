@@ -372,16 +372,40 @@ def test_the_lm_head_flushes_every_head_rows_questions_with_the_same_answers(vlm
     whole = dict(vlm.next_token_probabilities(encoded, QUESTIONS, batch_size=3))
     head_rows: list[int] = []
     hook = vlm.model.get_output_embeddings().register_forward_pre_hook(lambda m, a: head_rows.append(a[0].shape[0]))
-    monkeypatch.setattr(rewards.vlm, "HEAD_ROWS", 4)
+    monkeypatch.setattr(rewards.vlm, "HEAD_ROWS", 3)
     try:
         flushed = list(vlm.next_token_probabilities(encoded, QUESTIONS, batch_size=3))
     finally:
         hook.remove()
-    # Flushed once 4 rows are pending (after a batch of up to 3), the rest at the end: every question once.
-    assert len(head_rows) > 1 and sum(head_rows) == len(QUESTIONS) and all(rows <= 4 + 2 for rows in head_rows)
+    # Flushed as soon as 3 rows are pending, checked after each batch of up to 3 questions: images 1 and 0
+    # (2 + 1 questions), image 2's first batch (3), its last question with image 3's batch (1 + 3).
+    assert head_rows == [3, 3, 4]
     assert sorted(k for k, _ in flushed) == list(range(len(QUESTIONS)))
     for k, probabilities in flushed:
         assert torch.allclose(probabilities, whole[k], atol=1e-6), k
+
+
+def test_a_model_built_in_code_is_put_in_eval_mode_with_gradients_off(model_dir: Path) -> None:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).train()
+    vlm = ChatVLM(model, AutoProcessor.from_pretrained(model_dir), "tiny")
+    assert not any(module.training for module in vlm.model.modules())
+    assert not any(parameter.requires_grad for parameter in vlm.model.parameters())
+
+
+def test_no_images_encode_to_nothing(vlm: ChatVLM) -> None:
+    assert vlm.encode_images([]) == []
+
+
+def test_a_prompt_without_exactly_one_image_placeholder_is_refused(vlm: ChatVLM, monkeypatch) -> None:
+    """`question_ids` expands one placeholder; a rendering with none (or two) is an error, not a prompt without
+    the image."""
+    image = vlm.encode_images(images()[:1])[0]
+    for count in (0, 2):
+        monkeypatch.setattr(vlm, "chat_text", lambda question, count=count: vlm.image_token * count + question)
+        with pytest.raises(ValueError, match=f"wrote {count} image placeholders"):
+            vlm.question_ids("Is it red?", image)
 
 
 def test_image_outputs_pass_each_images_own_deepstack_layers_in_order() -> None:
