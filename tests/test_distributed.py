@@ -165,6 +165,24 @@ def test_a_folder_the_main_process_cannot_write_stops_every_process(tmp_path, mo
             pass
 
 
+def test_a_run_folder_the_main_process_cannot_make_stops_every_process_with_its_reason(tmp_path, monkeypatch):
+    """A file in the path of `--output_dir`: every process gets the main process's one line that says so."""
+    import accelerate.utils
+
+    from gors.core import distributed, io, lock
+
+    told: list = []
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda objects: told.append(objects) or objects)
+    monkeypatch.setattr(distributed, "process_state", lambda: SimpleNamespace(
+        num_processes=2, is_main_process=True, process_index=0, wait_for_everyone=lambda: None))
+    (tmp_path / "file").write_text("")
+    reason = f"--output_dir='{tmp_path}/file/run' lies under a file, not a folder; pass a folder path that you can write to"
+    with pytest.raises(io.PathError) as refused:
+        with lock.run_folder_lock(tmp_path / "file" / "run", ["score"], "gors score"):
+            pass
+    assert str(refused.value) == reason and told == [[("PathError", reason)]]
+
+
 AGREEMENT_SCRIPT = """
 import json, sys
 from gors.core.distributed import check_agreement, every_process_tries, main_process_decides, process_state

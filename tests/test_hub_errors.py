@@ -174,7 +174,10 @@ def test_a_hub_lora_out_of_reach_is_read_from_the_cache_not_downloaded_again(onl
 
     from gors.core.hub import download_lora
 
+    downloads = []
+
     def unreachable(*args, **kwargs):
+        downloads.append(kwargs.get("local_files_only"))
         if kwargs.get("local_files_only"):
             raise LocalEntryNotFoundError("not in the cache")
         raise not_cached_after(httpx2.ConnectError("Temporary failure in name resolution"))
@@ -198,6 +201,12 @@ def test_a_hub_lora_out_of_reach_is_read_from_the_cache_not_downloaded_again(onl
     cached.append("my_lora.safetensors")
     assert download_lora("me/lora", "pytorch_lora_weights.safetensors", "pytorch_lora_weights.bin") == \
         str(tmp_path / "my_lora.safetensors")
+    # A cached snapshot without a LoRA file: the torch file is looked for in the cache alone, and its absence is
+    # told as the network's failure.
+    (tmp_path / "my_lora.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match=r"could not be read from the Hugging Face Hub .* could not be reached"):
+        download_lora("me/lora", "pytorch_lora_weights.safetensors", "pytorch_lora_weights.bin")
+    assert downloads[-2:] == [None, True]  # the LoRA file tried online, the torch file in the cache only
 
 
 def test_a_name_that_is_no_hub_id_gets_no_download_advice() -> None:
@@ -205,14 +214,30 @@ def test_a_name_that_is_no_hub_id_gets_no_download_advice() -> None:
         assert load_hint(name).startswith("Pass a local model folder") and "hf download" not in load_hint(name)
 
 
-def test_a_hub_id_is_org_slash_name_only() -> None:
+def test_a_hub_id_is_org_slash_name_only(tmp_path, monkeypatch) -> None:
     """`org/name` is a Hub id; a bare name (`sd2`, a folder mistyped or not made yet) is none, and gets the
-    advice for a local folder, not `hf download`."""
+    advice for a local folder, not `hf download`. An `org/name` that is a folder here is that folder."""
     from gors.core.hub import is_hub_id, is_repo_id
 
     assert is_repo_id("org/model") and is_hub_id("org/model")
     assert not is_repo_id("sd2") and not is_hub_id("sd2")
     assert load_hint("sd2").startswith("Pass a local model folder")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org" / "model").mkdir(parents=True)
+    assert is_repo_id("org/model") and not is_hub_id("org/model")
+
+
+def test_the_cause_an_error_was_raised_from_is_found_before_the_one_it_was_handling() -> None:
+    """diffusers' error raised from the Hub's while handling another: the Hub's, its direct cause, names the failure."""
+    from gors.core.hub import find_in_chain
+
+    try:
+        try:
+            raise ConnectionError("handled before")
+        except ConnectionError:
+            raise OSError("diffusers' own") from ConnectionRefusedError(111, "Connection refused")
+    except OSError as err:
+        assert isinstance(find_in_chain(err, ConnectionError), ConnectionRefusedError)
 
 
 def test_a_windows_path_that_does_not_exist_is_refused_as_a_folder() -> None:
@@ -223,6 +248,9 @@ def test_a_windows_path_that_does_not_exist_is_refused_as_a_folder() -> None:
     assert looks_like_local_path("runs\\sd2") and not looks_like_local_path("org/model")
     with pytest.raises(FileNotFoundError, match=r"--pretrained_model_name_or_path='runs\\\\sd2': no such folder"):
         check_model_path("runs\\sd2")
+    # A path of several folders is one on disk too (a Hub id has one slash).
+    with pytest.raises(FileNotFoundError, match=r"--pretrained_model_name_or_path='runs/sd2/final': no such folder"):
+        check_model_path("runs/sd2/final")
 
 
 def test_offline_modes_refusal_is_no_network_failure_and_a_home_path_is_expanded(tmp_path, monkeypatch) -> None:
@@ -237,3 +265,15 @@ def test_offline_modes_refusal_is_no_network_failure_and_a_home_path_is_expanded
     assert check_model_path("~/model") == str(tmp_path / "model")
     with pytest.raises(FileNotFoundError, match="'~/missing': no such folder"):  # no Hub id either
         check_model_path("~/missing")
+
+
+def test_a_loader_gets_a_home_path_expanded_and_never_a_folder_that_is_not_there(tmp_path, monkeypatch) -> None:
+    """`from_pretrained` checks a local path before its loader runs: `~` expanded, a missing folder refused as such
+    (not tried on the Hub as an id)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "model").mkdir()
+    loaded: list[str] = []
+    assert from_pretrained(lambda name: loaded.append(name) or name, "~/model", FLAG) == str(tmp_path / "model")
+    with pytest.raises(FileNotFoundError, match=rf"{FLAG}='./missing': no such folder"):
+        from_pretrained(loaded.append, "./missing", FLAG)
+    assert loaded == [str(tmp_path / "model")]

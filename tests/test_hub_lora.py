@@ -214,3 +214,21 @@ def test_a_hub_lora_with_the_hub_out_of_reach_is_read_from_the_cache_only(hub_ca
                                              r"Hugging Face Hub could not be reached \(ConnectionError\)"):
         download_lora("user/missing", LORA_WEIGHT_NAME, "pytorch_lora_weights.bin")
     assert calls == [True, True]
+
+
+def test_a_hub_lora_at_a_revision_is_read_from_that_commits_snapshot(hub_cache):
+    """A LoRA at a commit (every process reads the commit the main one resolved) is that snapshot's file, whichever
+    way it is found: its weight file, its one other LoRA file or its torch file, not the main branch's."""
+    from gors.core.hub import download_lora
+
+    main = snapshot(hub_cache("user/two-commits"), "user/two-commits")
+    older = main.parent / ("d" * 40)
+    older.mkdir()
+    for names in ([LORA_WEIGHT_NAME], ["my_lora.safetensors"], ["pytorch_lora_weights.bin"]):
+        for folder in (main, older):
+            for path in folder.iterdir():
+                path.unlink()
+            for name in names:
+                (folder / name).write_bytes(b"lora")
+        assert download_lora("user/two-commits", LORA_WEIGHT_NAME, "pytorch_lora_weights.bin",
+                             revision=older.name) == str(older / names[0])

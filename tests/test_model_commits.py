@@ -41,8 +41,10 @@ def _cache(tmp_path: Path, repo_id: str, refs: dict[str, str]) -> Path:
 def test_hub_commit_reads_the_cache_refs(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(_cache(tmp_path, "org/model", {"main": COMMIT_A, "v2": COMMIT_B})))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(_cache(tmp_path, "org/model", {
+        "main": COMMIT_A, "v2": COMMIT_B, COMMIT_B[:7]: COMMIT_B})))
     assert hub_commit("org/model") == COMMIT_A
+    assert hub_commit("org/model", COMMIT_B[:7]) == COMMIT_B  # a short commit is no commit: its ref resolves it
     assert hub_commit("org/model", "v2") == COMMIT_B  # a tag or branch resolves through its ref
     assert hub_commit("org/model", COMMIT_B) == COMMIT_B  # a commit is itself
     assert hub_commit("org/model", "v3") is None  # a revision the cache does not hold

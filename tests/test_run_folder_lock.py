@@ -147,17 +147,19 @@ def test_gors_select_is_refused_while_gors_train_reads_the_selection(tmp_path, c
 
 
 def test_a_folder_the_lock_made_is_removed_when_the_command_fails_before_writing_anything(tmp_path):
-    def fail_in(folder, write=None):
-        with pytest.raises(ValueError, match="bad input"):
+    def fail_in(folder, write=None, error=ValueError("bad input")):
+        with pytest.raises(type(error)):
             with run_folder_lock(folder, ("generate", "score"), "gors test"):
                 if write:
                     (folder / write).write_text("work")
-                raise ValueError("bad input")
+                raise error
 
     fail_in(tmp_path / "typo")
     assert not (tmp_path / "typo").exists()  # no folder holding only .lock-* files
     fail_in(tmp_path / "mistyped" / "parent" / "run")
     assert not (tmp_path / "mistyped").exists()  # nor the parents it made
+    fail_in(tmp_path / "interrupted", error=KeyboardInterrupt())
+    assert not (tmp_path / "interrupted").exists()  # Ctrl-C (no Exception) too
     fail_in(tmp_path / "started", write="metadata.jsonl")
     assert sorted(p.name for p in (tmp_path / "started").iterdir()) == [".lock-generate", ".lock-score",
                                                                          "metadata.jsonl"]  # work is kept
@@ -253,6 +255,15 @@ def test_a_retry_with_fewer_processes_locks_the_shares_beyond_its_own(tmp_path, 
         stray.wait()
 
 
+def test_only_a_share_lock_file_is_taken_for_a_share_of_an_earlier_launch(tmp_path):
+    """A file named as a share's lock file and then some (a copy, `.bak`) is no share: no lock is taken for it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock-score-process-00002.bak").write_text("")
+    with run_folder_lock(run, ["score"], "gors score"):
+        assert sorted(p.name for p in run.iterdir()) == [".lock-score", ".lock-score-process-00002.bak"]
+
+
 def test_stage_functions_called_from_a_script_hold_the_folder_as_the_commands_do(tmp_path):
     """A script's `generate(config)` beside a running `gors generate` would write every sample twice."""
     from gors.config import EvaluateConfig, GenerateConfig, ScoreConfig, SelectConfig, TrainConfig
@@ -345,6 +356,9 @@ def test_a_stage_under_a_held_lock_takes_none_again_through_another_path_to_the_
             pass
         with holding("run", ["select"], "gors select"):
             pass
+    with run_folder_lock("link", ["select"], "gors run"):  # and the other way round
+        with holding(run, ["select"], "gors select"):
+            pass
 
 
 def test_nested_locks_of_other_stages_add_to_the_stages_held(tmp_path):
@@ -359,3 +373,35 @@ def test_nested_locks_of_other_stages_add_to_the_stages_held(tmp_path):
                 pass
         with holding(run, ["select"], "gors select"):
             pass
+    # Under a lock of some of its stages, a stage function takes the others' locks only.
+    with run_folder_lock(run, ["select"], "gors run"):
+        with holding(run, ["select", "train"], "gors train"):
+            assert holder_pid(run, "select") == holder_pid(run, "train") == os.getpid()
+
+
+def test_a_refused_command_leaves_no_lock_file_open(tmp_path):
+    """A refusal closes the lock file it opened: a command that waits and tries again (a script's loop) would
+    otherwise run out of file descriptors."""
+    run = tmp_path / "run"
+    with run_folder_lock(run, ["score"], "gors score"):
+        open_files = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            with pytest.raises(LockError):
+                with run_folder_lock(run, ["score"], "gors score"):
+                    pass
+        assert len(os.listdir("/proc/self/fd")) == open_files
+
+
+def test_each_dead_holder_of_a_folder_is_noted_once(tmp_path, capsys):
+    """Two killed commands held two stages of the folder: taking both over names each of them (one note per
+    holder, not per folder or host)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for stage, pid in (("score", 101), ("select", 102)):
+        lock_path(run, stage).write_text(json.dumps({"stage": stage, "command": f"gors {stage}", "pid": pid,
+                                                     "host": "elsewhere", "started": 1.0e9}))
+    with run_folder_lock(run, ["score", "select"], "gors run"):
+        pass
+    notes = capsys.readouterr().err
+    assert notes.count("taking over") == 2
+    assert "`gors score` (pid 101 on host elsewhere" in notes and "`gors select` (pid 102 on host elsewhere" in notes
