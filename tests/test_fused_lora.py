@@ -185,13 +185,18 @@ def test_the_output_may_be_changed_in_place_as_peft_s(autocast):
     assert all(p.grad is not None for p in lora_parameters(net[0]))
 
 
-def test_an_adapter_switched_inside_the_cast_block_computes_with_its_own_weights():
+def _with_other_adapter(net: torch.nn.Sequential) -> torch.nn.Sequential:
+    """`net` whose first layer has a second adapter, "other" (its up-projection non-zero), the second layer none."""
     from peft import LoraConfig
 
-    net = _net()
     net[0].update_layer("other", 4, 4, config=LoraConfig(r=4, lora_alpha=4, init_lora_weights="gaussian"))
     with torch.no_grad():
         net[0].lora_B["other"].weight.normal_(0, 0.5)
+    return net
+
+
+def test_an_adapter_switched_inside_the_cast_block_computes_with_its_own_weights():
+    net = _with_other_adapter(_net())
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(11))
     with torch.no_grad(), AdapterCast([net], torch.bfloat16)(), torch.autocast("cpu", dtype=torch.bfloat16):
         net[0].set_adapter("other")
@@ -200,6 +205,30 @@ def test_an_adapter_switched_inside_the_cast_block_computes_with_its_own_weights
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         expected = plain[0](x)
     torch.testing.assert_close(switched.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_several_active_adapters_add_each_one_s_output_as_peft_s():
+    net = _with_other_adapter(_net())
+    net[0].set_adapter(["default", "other"])
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(16))
+    fused, plain = _forward_backward(net, x), _forward_backward(_unfused(net), x)
+    assert len(fused[2]) == 6  # both adapters of the first layer are trained
+    for a, b in zip([fused[0], fused[1], *fused[2]], [plain[0], plain[1], *plain[2]]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_layer_without_the_active_adapter_runs_its_base_layer_inside_the_cast_block():
+    # peft's `set_adapter` makes an adapter active on layers it does not adapt: those compute their base layer.
+    net = _with_other_adapter(_net())
+    for layer in (net[0], net[2]):
+        layer.set_adapter("other")
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(17))
+    with torch.no_grad(), AdapterCast([net], torch.bfloat16)(), torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = net(x)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(cast, net(x), rtol=0, atol=0)  # autocast's own roundings
+        hidden = net[1](net[0](x))
+        torch.testing.assert_close(net[2](hidden), net[2].base_layer(hidden), rtol=0, atol=0)
 
 
 def test_inputs_that_peft_treats_otherwise_take_peft_s_forward():
@@ -214,6 +243,49 @@ def test_inputs_that_peft_treats_otherwise_take_peft_s_forward():
         _unfused(net)[0](x)
     with pytest.raises(RuntimeError, match="dtype"):
         net[0](x)
+
+
+_HOOKS = {  # (module, seen) -> a handle of a hook that appends `module` to `seen` when it runs on it
+    "forward pre-hook": lambda module, seen: module.register_forward_pre_hook(lambda m, args: seen.append(m)),
+    "backward pre-hook": lambda module, seen: module.register_full_backward_pre_hook(lambda m, grad: seen.append(m)),
+    "global forward hook": lambda module, seen: torch.nn.modules.module.register_module_forward_hook(
+        lambda m, args, out: seen.append(m) if m is module else None),
+    "global forward pre-hook": lambda module, seen: torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda m, args: seen.append(m) if m is module else None),
+    "global backward hook": lambda module, seen: torch.nn.modules.module.register_module_full_backward_hook(
+        lambda m, grad_in, grad_out: seen.append(m) if m is module else None),
+    "global backward pre-hook": lambda module, seen: torch.nn.modules.module.register_module_full_backward_pre_hook(
+        lambda m, grad: seen.append(m) if m is module else None),
+}
+
+
+@pytest.mark.parametrize("hook", list(_HOOKS))
+def test_every_kind_of_hook_on_an_adapter_layer_runs(hook):
+    net = _net()
+    down = net[0].lora_A["default"]
+    seen = []
+    handle = _HOOKS[hook](down, seen)
+    try:
+        net(torch.randn(2, 64, generator=torch.Generator().manual_seed(18), requires_grad=True)).sum().backward()
+    finally:
+        handle.remove()
+    assert seen == [down]
+
+
+def test_layers_of_other_lora_classes_keep_theirs():
+    # peft's subclasses of its `Linear` (torchao's, Intel Neural Compressor's) merge otherwise, and the fused layers
+    # are fused already: only peft's own `Linear` is swapped.
+    from peft.tuners.lora.layer import Linear
+
+    from gors.core.fused_lora import fuse_lora_forward
+
+    class Subclassed(Linear):
+        pass
+
+    net = _net()
+    net[2].__class__ = Subclassed
+    assert fuse_lora_forward(net) == 0
+    assert type(net[0]) is fused_lora_linear_class() and type(net[2]) is Subclassed
 
 
 def test_a_backward_hook_on_the_base_layer_runs():

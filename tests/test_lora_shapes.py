@@ -23,6 +23,16 @@ def test_lora_layers_pairs_every_diffusers_naming():
     assert lora_file_problem(lora_layers(shapes)) is None
 
 
+def test_scales_dora_magnitudes_and_up_projection_biases_are_no_projections():
+    # A DoRA file, or one with `lora_bias`, is still diffusers' format: its pairs are checked, the other entries skipped.
+    proj_in = "unet.mid_block.attentions.0.proj_in"
+    shapes = {f"{TO_Q}.lora_A.weight": (4, 64), f"{TO_Q}.lora_B.weight": (64, 4), f"{TO_Q}.alpha": (),
+              f"{TO_Q}.lora_magnitude_vector": (64,), f"{TO_Q}.lora_B.bias": (64,),
+              f"{proj_in}.lora.down.weight": (4, 64), f"{proj_in}.lora.up.weight": (64, 4), f"{proj_in}.lora.up.bias": (64,)}
+    assert lora_layers(shapes) == [LoraLayer("unet", TO_Q.removeprefix("unet."), (4, 64), (64, 4)),
+                                   LoraLayer("unet", proj_in.removeprefix("unet."), (4, 64), (64, 4))]
+
+
 @pytest.mark.parametrize("key", ["lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight",  # kohya
                                  "unet.down_blocks.0.attentions.0.processor.to_q_lora.down.weight",  # attn processors
                                  "down_blocks.0.attentions.0.proj_in.lora_A.weight"])  # no component prefix
@@ -115,6 +125,22 @@ def test_a_misfitting_lora_is_refused_before_it_loads(tiny_sd, sd_lora, tmp_path
     with pytest.raises(ValueError, match=rf"^LoRA {lora} is not a whole LoRA: it holds the down-projection of \S+ "
                                          r"without its up-projection; pass the folder or file a training run wrote$"):
         load_lora(StableDiffusionPipeline.from_pretrained(str(tiny_sd)), lora)
+
+
+def test_the_check_before_loading_leaves_other_files_and_unreadable_models_to_the_load(tiny_sd, sd_lora, tmp_path):
+    # `gors evaluate`'s early check reads only safetensors headers, and only of models whose configs it can build.
+    from gors.core.lora_shapes import check_lora_fits_before_loading
+
+    misfit = _edited(sd_lora, tmp_path / "misfit", lambda weights: weights.update(
+        {f"{TO_Q.replace('down_blocks.1', 'down_blocks.9')}.lora_A.weight": torch.zeros(4, 64),
+         f"{TO_Q.replace('down_blocks.1', 'down_blocks.9')}.lora_B.weight": torch.zeros(64, 4)}))
+    with pytest.raises(ValueError, match=r"does not fit .*down_blocks\.9"):
+        check_lora_fits_before_loading(str(tiny_sd), misfit)
+    (tmp_path / "no_pipeline").mkdir()
+    check_lora_fits_before_loading(str(tmp_path / "no_pipeline"), misfit)  # no model_index.json: left to the load
+    pickled = tmp_path / "pytorch_lora_weights.bin"
+    torch.save(load_file(str(sd_lora)), str(pickled))
+    check_lora_fits_before_loading(str(tiny_sd), str(pickled))  # not safetensors: left to diffusers
 
 
 def _kohya(module_path: str, features: tuple[int, int], prefix: str = "lora_unet_") -> dict[str, torch.Tensor]:
@@ -216,6 +242,7 @@ def test_a_lora_saved_from_a_peft_models_state_dict_is_refused_with_the_fix(tiny
         load_lora(pipeline, str(tmp_path / "peft"))
     assert pipeline.get_list_adapters() == {}
     assert peft_adapter_names({f"{TO_Q}.lora_A.weight": (4, 64), f"{TO_Q}.lora.up.weight": (64, 4)}) == []
+    assert peft_adapter_names({f"{TO_Q}.lora_B.other.weight": (64, 4)}) == ["other"]  # up-projections alone too
 
 
 def test_weights_of_any_model_component_of_the_pipeline_are_checked(tiny_sd, sd_lora, tmp_path):
