@@ -233,3 +233,60 @@ def test_train_fetches_its_pipeline_at_its_revision_and_a_load_error_is_passed_o
     monkeypatch.setattr(gors.core.backbones, "detect_backbone", refused)
     with pytest.raises(ModelLoadError, match=r"^--pretrained_model_name_or_path='org/model' is a gated repository"):
         download_model(ModelNeed("--pretrained_model_name_or_path", "org/model", True))
+
+
+def test_evaluate_fetches_its_pipeline_as_a_pipeline_an_images_folder_none_and_other_commands_are_refused(hub):
+    config = EvaluateConfig(pretrained_model_name_or_path=SD2, benchmarks="geneval")
+    assert plan("evaluate", config)[0][0] == ModelNeed("--pretrained_model_name_or_path", SD2, True)
+    images = EvaluateConfig(images=str(hub["cache"]), benchmarks="geneval")
+    assert all(not need.pipeline and need.option != "--pretrained_model_name_or_path"
+               for need in plan("evaluate", images)[0])  # scoring a folder loads no pipeline
+    with pytest.raises(ValueError, match="gors download select: it downloads for one of run, generate, score"):
+        plan("select", None)
+
+
+def test_each_download_is_of_the_revision_asked(hub, monkeypatch):
+    """A pipeline and a whole repository are both listed and fetched at the need's revision, not the main branch."""
+    import huggingface_hub
+
+    import gors.core.backbones
+
+    backbone = gors.core.backbones.detect_backbone(SD2, None)
+    asked = []
+    monkeypatch.setattr(gors.core.backbones, "detect_backbone", lambda name, revision=None: asked.append(revision)
+                        or backbone)
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files",
+                        lambda self, repo_id, revision=None, **kwargs: asked.append(revision) or ["model.safetensors"])
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo_id, revision=None, **kwargs: asked.append(revision) or "folder")
+    download_model(ModelNeed("--a", "org/pipeline", True, "v1"))
+    download_model(ModelNeed("--b", "org/model", revision="v2"))
+    assert asked == ["v1", "v2", "v2"] and hub["pipeline"][0][2]["revision"] == "v1"
+
+
+def test_a_local_folder_is_used_as_it_is_and_gors_own_files_are_fetched(hub, tiny_sd, capsys):
+    """A local pipeline is neither downloaded nor reported as fetched; the prompt files gors fetches itself are."""
+    import gors.download
+
+    fetched = []
+    config = RunConfig(output_dir="unused", pretrained_model_name_or_path=str(tiny_sd), train_prompts="toy:train")
+    models, files = plan("generate", config)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gors.download, "plan", lambda command, config: (models, [("data", lambda: fetched.append(1))]))
+        assert download("generate", config) == []
+    assert hub["pipeline"] == [] and fetched == [1]
+    assert "done: 0 model(s) and 1 file set(s)" in capsys.readouterr().out
+
+
+def test_the_validation_scorers_options_choose_its_model_and_its_data(hub, monkeypatch):
+    import rewards.combined
+
+    asked = []
+    monkeypatch.setattr(rewards.combined, "download_reward_files", lambda *args: asked.append(args))
+    config = RunConfig(output_dir="unused", validation_benchmark="t2i_compbench:color",
+                       validation_scorer_options={"model_name_or_path": "me/vqa"})
+    models, files = plan("train", config)
+    assert [need.name for need in models] == [SD2, "me/vqa"]
+    for _, fetch in files[1:]:  # past the prompts: the scorer's data
+        fetch()
+    assert asked == [("b_vqa", None, {"model_name_or_path": "me/vqa"})]

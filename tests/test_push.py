@@ -489,13 +489,63 @@ def test_a_killed_pushs_staging_folder_is_removed_by_the_next_push(trained_run):
     assert not killed.exists() and not list(run.glob(".hub_upload.*"))
 
 
-def test_the_cards_selection_row_gives_the_share_kept_and_both_means():
-    from gors.model_card import RunFacts, card_rows
+def run_facts_of(**changes):
+    """RunFacts of a final LoRA of SD 2 base with the given fields changed; the rest recorded as nothing."""
+    from gors.model_card import RunFacts
 
-    facts = RunFacts(lora="final", lora_sha256="0" * 64, components=["unet"], step=None, gors_version=None,
-                     generation={"model": "stabilityai/stable-diffusion-2-base"}, model_commit=None, prompts=None,
-                     selection={"threshold": 0.5, "num_selected": 250, "num_samples": 1000,
-                                "selected": {"mean": 0.8}, "all": {"mean": 0.5}},
-                     reward=None, training=None, best=None, rounds=None, trained_in="", notes=[])
+    fields = dict(lora="final", lora_sha256="0" * 64, components=["unet"], step=None, gors_version=None,
+                  generation={"model": "stabilityai/stable-diffusion-2-base"}, model_commit=None, prompts=None,
+                  selection=None, reward=None, training=None, best=None, rounds=None, trained_in="", notes=[])
+    return RunFacts(**{**fields, **changes})
+
+
+def test_the_cards_selection_row_gives_the_share_kept_and_both_means():
+    from gors.model_card import card_rows
+
+    facts = run_facts_of(selection={"threshold": 0.5, "num_selected": 250, "num_samples": 1000,
+                                    "selected": {"mean": 0.8}, "all": {"mean": 0.5}})
     assert dict(card_rows(facts, None))["selection"] == (
         "0.5: kept 250 of 1000 (25 %) samples, mean reward 0.800 kept, 0.500 all")
+
+
+def test_the_cards_rows_state_the_training_the_base_models_commit_and_the_samples_per_prompt():
+    from gors.model_card import card_rows
+
+    training = {"train_batch_size": 2, "gradient_accumulation_steps": 3, "num_processes": 4, "mixed_precision": "no",
+                "learning_rate": 1e-4, "lr_scheduler": "constant", "rank": 8, "unet_target_modules": ["to_q"],
+                "text_encoder_target_modules": ["q_proj"], "text_encoder_learning_rate": 5e-6,
+                "anchor_below": 0.2, "timestep_range": [100, 900]}
+    facts = run_facts_of(components=["unet", "text_encoder_2"], training=training, model_commit="abc123",
+                         prompts={"prompts": ["a", "b", "c"], "category": "color"},
+                         selection={"threshold": 0.5, "num_selected": 3, "num_samples": 7,
+                                    "selected": {"mean": 0.8}, "all": {"mean": 0.5}})
+    rows = dict(card_rows(facts, None))
+    assert rows["base model"] == "stabilityai/stable-diffusion-2-base at abc123"
+    assert rows["training"] == "24 samples per update, learning rate 0.0001 (constant), fp32, 4 processes"
+    assert rows["LoRA"] == "rank 8 on unet (to_q); text_encoder_2 (q_proj, learning rate 5e-06)"
+    assert rows["training options"] == "--anchor_below 0.2, --timestep_range 100 900"
+    assert rows["samples"].startswith("None steps")  # 7 samples of 3 prompts: no count per prompt
+    # The base model pushed beside the one the run read, a local folder by its name only; a local folder's
+    # fingerprint is no Hub commit: the card gives none.
+    assert dict(card_rows(run_facts_of(generation={"model": "/models/sd2"}), "org/sd2"))["base model"] == \
+        "org/sd2 (the run read a local folder (sd2))"
+    assert dict(card_rows(run_facts_of(model_commit="sha256:00"), None))["base model"] == \
+        "stabilityai/stable-diffusion-2-base"
+    best = run_facts_of(step=7, best={"step": 5, "benchmark": "toy:held_out", "metric": "binding_accuracy",
+                                      "value": 0.5})
+    assert dict(card_rows(best, None))["this LoRA"] == \
+        "the best of validation: step 5, toy:held_out binding_accuracy 0.5000"
+
+
+def test_the_card_at_a_revision_loads_that_revision_and_its_metadata_links_the_base_model():
+    from gors.model_card import model_card
+
+    card = model_card("me/x", run_facts_of(), {}, [], "stabilityai/stable-diffusion-2-base", ["stable-diffusion"],
+                      license="mit", revision="v1")
+    metadata = front_matter(card)
+    assert metadata["base_model"] == "stabilityai/stable-diffusion-2-base"
+    assert metadata["base_model_relation"] == "adapter" and metadata["license"] == "mit"
+    assert "stable-diffusion" in metadata["tags"]
+    assert 'pipeline.load_lora_weights("me/x", revision="v1")' in card
+    assert "--lora hub:me/x" not in card  # `hub:` reads the main branch, not the revision pushed
+    assert "base_model_relation" not in front_matter(model_card("me/x", run_facts_of(), {}, [], None, []))
