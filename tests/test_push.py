@@ -85,6 +85,7 @@ def test_a_dry_run_stages_the_lora_a_card_of_the_runs_records_and_its_evaluation
     record = json.loads((folder / RECORD_FILE).read_text())
     assert record["lora_sha256"] == files_sha256([run / LORA_WEIGHT_NAME])
     assert record["step"] == 2 and record["training"]["rank"] == 4
+    assert record["rounds"] is None and "| online rounds |" not in card  # no --rounds run
     assert record["prompts"]["prompts"] == ["a red circle and a blue square", "a green triangle", "a yellow circle"]
     base = json.loads((run.parent / "eval_base" / "summary.json").read_text())["summaries"][0]
     assert record["evaluation"][BASE_ROW]["toy:held_out"] == pytest.approx(base["binding_accuracy"])
@@ -435,6 +436,21 @@ def test_an_evaluation_sampled_with_lora_dropout_gets_a_row_of_its_own(trained_r
 
     text = report([run.parent / "eval_lora", tmp_path / "eval_dropout"], tmp_path / "report").read_text()
     assert "(LoRA dropout: eval_lora 0.0, eval_dropout 0.5)" in text
+    # The card's images are the LoRA's own, without dropout: the first image of each prompt.
+    from gors.model_card import lora_samples, run_facts
+
+    main(["evaluate", "--pretrained_model_name_or_path", trained_run.pretrained_model_name_or_path, "--lora", str(run),
+          "--benchmarks", "toy", "--max_prompts", "2", "--images_per_prompt", "2", "--num_inference_steps", "2",
+          "--resolution", "32", "--output_dir", str(tmp_path / "eval_two")])
+    facts = run_facts(run, "final", run / LORA_WEIGHT_NAME)
+    from gors.core.store import SampleStore
+
+    two = SampleStore(tmp_path / "eval_two" / "toy" / "held_out" / "samples")
+    records = {two.image_path(r): r for r in two.records()}
+    samples = lora_samples([str(tmp_path / "eval_dropout"), str(tmp_path / "eval_two")], facts)
+    assert len(records) == 4 and [(records[path]["prompt_index"], records[path]["image_index"], records[path]["prompt"])
+                                  for _, path in samples] == [(0, 0, samples[0][0]), (1, 0, samples[1][0])]
+    assert lora_samples([str(tmp_path / "eval_dropout")], facts) == []
     # So does the benchmark's own folder, read alone: its samples were drawn with the dropout too.
     alone = tmp_path / "eval_dropout" / "toy" / "held_out"
     folder = push(PushConfig(output_dir=str(run), repo_id="me/x", dry_run=True, evaluation=[str(alone)]))
@@ -474,6 +490,35 @@ def test_the_card_says_a_quick_run_does_not_compare_with_the_papers_rows(trained
     assert list(rows) == ["base model"] and list(rows["base model"].values()) == [0.61]
     assert any("base model's t2i_compbench:color is a quick run (10 prompts x 2 images; the protocol's: 300 x 10)"
                in note for note in notes), notes
+
+
+def test_an_evaluation_of_an_image_folder_or_of_another_commit_of_the_model_is_refused(trained_run, tmp_path):
+    from gors.model_card import _same_model, evaluation_rows, run_facts
+
+    run = Path(trained_run.output_dir)
+    facts = run_facts(run, "final", run / LORA_WEIGHT_NAME)
+    folder = tmp_path / "eval_images"
+    folder.mkdir()
+    summary = {"label": "toy:held_out", "primary_metric": "binding_accuracy", "binding_accuracy": 0.9,
+               "benchmark": "toy", "model": None, "lora": None, "images": "/somewhere/images"}
+    (folder / "summary.json").write_text(json.dumps({"lora": None, "summaries": [summary]}))
+    with pytest.raises(ValueError, match=r"toy:held_out scored an image folder \(/somewhere/images\), whose images "
+                                         r"may be any model's"):
+        evaluation_rows([str(folder)], facts)
+    # One name, two recorded versions: another commit's numbers are not this model's; a version recorded on one
+    # side only leaves the name to decide.
+    assert not _same_model("org/sd", "abc", "org/sd", "def")
+    assert _same_model("org/sd", "abc", "org/sd", None) and _same_model("org/sd", None, "org/sd", "def")
+    assert _same_model("org/sd", "abc", "./org/sd/", "abc") and not _same_model("org/sd", None, "org/other", None)
+
+
+def test_the_family_tags_are_left_out_where_the_base_models_index_cannot_be_read(tmp_path):
+    from gors.model_card import family_tags
+
+    assert family_tags(None, None) == [] and family_tags(str(tmp_path / "gone"), None) == []
+    assert family_tags(str(tmp_path), None) == []  # a folder without model_index.json: OSError
+    (tmp_path / "model_index.json").write_text("{}")
+    assert family_tags(str(tmp_path), None) == []  # no pipeline class: ValueError
 
 
 def test_a_killed_pushs_staging_folder_is_removed_by_the_next_push(trained_run):

@@ -478,6 +478,41 @@ def test_round_1_competes_with_round_0s_best(make_run_config, tmp_path, monkeypa
     record = json.loads((push(PushConfig(output_dir=str(stopped), repo_id="me/x", lora="best", dry_run=True))
                          / RECORD_FILE).read_text())
     assert record["trained_in"] == "round-000" and record["rounds"] == 0
+    # The final LoRA of the finished run: both rounds counted; with no checkpoint left, the card's training is
+    # the last round's (its selection), and the card says the settings are gone.
+    record = json.loads((push(PushConfig(output_dir=str(out), repo_id="me/x", dry_run=True)) / RECORD_FILE).read_text())
+    assert record["rounds"] == 2 and record["trained_in"] == "round-001" and record["step"] == 4
+    bare = tmp_path / "bare"
+    shutil.copytree(out, bare, ignore=shutil.ignore_patterns("checkpoints", "hub_upload"))
+    record = json.loads((push(PushConfig(output_dir=str(bare), repo_id="me/x", dry_run=True)) / RECORD_FILE).read_text())
+    assert record["trained_in"] == "round-001" and record["training"] is None
+    assert record["selection"] == json.loads((out / "round-001" / "selection_summary.json").read_text())
+    assert any("no checkpoint of this LoRA's training is left" in note for note in record["notes"])
+
+
+def test_a_best_lora_between_checkpoints_is_pushed_with_its_own_step_and_the_training_after_it(
+        selected_run, make_run_config, tmp_path, monkeypatch):
+    """The best LoRA of step 1, checkpoints every 2 steps: no checkpoint holds its weights, so its training is
+    the first checkpoint's after it (step 2); the card still gives the best's own step."""
+    from gors.push import RECORD_FILE, PushConfig, push
+
+    values = iter([0.9, 0.1])
+    validate = BenchmarkValidation.run
+
+    def stubbed(self, step, pipeline, save_lora):
+        monkeypatch.setattr(self.benchmark, "evaluate", lambda *args, **kwargs: {"binding_accuracy": next(values)})
+        return validate(self, step, pipeline, save_lora)
+
+    monkeypatch.setattr(BenchmarkValidation, "run", stubbed)
+    run = copy_selected_run(selected_run, tmp_path / "run")
+    train(make_run_config(output_dir=str(run), max_train_steps=2, checkpointing_steps=2, report_to="none",
+                          validation_benchmark="toy:train", validation_num_prompts=2, validation_steps=1))
+    reset_process_state()
+    assert _best(run)["step"] == 1 and sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2"]
+    record = json.loads((push(PushConfig(output_dir=str(run), repo_id="me/x", lora="best", dry_run=True))
+                         / RECORD_FILE).read_text())
+    assert record["step"] == 1 and record["trained_in"] == "." and record["rounds"] is None
+    assert record["training"]["rank"] == 4 and record["notes"] == []
 
 
 def test_a_validation_scorer_that_does_not_load_fails_before_any_training_step(
