@@ -447,23 +447,24 @@ def test_a_run_killed_while_validating_a_checkpoint_step_validates_it_on_the_rer
 def test_round_1_competes_with_round_0s_best(make_run_config, tmp_path, monkeypatch):
     from gors.run import run
 
-    values = iter([0.9, 0.1])
     validate = BenchmarkValidation.run
 
     def stubbed(self, step, pipeline, save_lora):
-        monkeypatch.setattr(self.benchmark, "evaluate", lambda *args, **kwargs: {"binding_accuracy": next(values)})
+        value = 0.9 if step == 1 else 0.1
+        monkeypatch.setattr(self.benchmark, "evaluate", lambda *args, **kwargs: {"binding_accuracy": value})
         return validate(self, step, pipeline, save_lora)
 
     monkeypatch.setattr(BenchmarkValidation, "run", stubbed)
     out = tmp_path / "rounds"
-    run(make_run_config(output_dir=str(out), rounds=2, max_train_steps=4, checkpointing_steps=1, replay="last",
+    run(make_run_config(output_dir=str(out), rounds=2, max_train_steps=4, checkpointing_steps=2, replay="last",
                         report_to="none", validation_benchmark="toy:train", validation_num_prompts=2,
-                        validation_steps=100))
+                        validation_steps=1))
     reset_process_state()
-    # One training across the rounds: round 1's 0.1 at step 4 does not replace round 0's 0.9 at step 2.
-    assert (_best(out)["step"], _best(out)["value"]) == (2, 0.9)
-    # `gors push --lora best` gives it with round 0's training and selection, also in a copy stopped in
-    # round 0 (no rounds.json yet, as while a round runs).
+    # One training across the rounds: round 1's 0.1 at steps 3 and 4 does not replace round 0's 0.9 at step 1.
+    assert (_best(out)["step"], _best(out)["value"]) == (1, 0.9)
+    # `gors push --lora best` gives it with round 0's training and selection (no checkpoint holds step 1: the
+    # first one after it, round 0's step 2, is of its round), also in a copy stopped in round 0 (no rounds.json
+    # yet, as while a round runs).
     import json
     import shutil
 
@@ -471,7 +472,7 @@ def test_round_1_competes_with_round_0s_best(make_run_config, tmp_path, monkeypa
 
     record = json.loads((push(PushConfig(output_dir=str(out), repo_id="me/x", lora="best", dry_run=True))
                          / RECORD_FILE).read_text())
-    assert record["trained_in"] == "round-000" and record["step"] == 2
+    assert record["trained_in"] == "round-000" and record["step"] == 1
     assert record["selection"] == json.loads((out / "round-000" / "selection_summary.json").read_text())
     stopped = tmp_path / "stopped"
     shutil.copytree(out, stopped, ignore=shutil.ignore_patterns("round-001", "rounds.json", "hub_upload"))
