@@ -30,7 +30,13 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The tests write about 1.5 GB of tiny models and run folders under the temporary folder while they run
+# (kept afterwards only for failed tests): said before a full disk fails a hundred tests at once.
+TEST_GB ?= 2
 test: install
+	@$(PY) -c "import shutil, sys, tempfile; where = tempfile.gettempdir(); free = shutil.disk_usage(where).free / 2**30; \
+		sys.exit(0 if free >= $(TEST_GB) else f'make: {free:.1f} GB free in {where}; the tests write about 1.5 GB there: ' \
+		'free some space, or set TMPDIR to a folder on a disk with room')"
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests
 
 demo: install
