@@ -229,6 +229,8 @@ def test_clip_score_is_the_hand_computed_cosine(clip_score: CLIPScoreReward, cli
         cosine = float(unit(features[0]) @ text_embedding(clip_model, prompt))
         cosines.append(cosine)
         assert details["text"] == prompt and details["removed_adjectives"] == []
+        # No adjectives removed, no parser run: the details do not name one.
+        assert set(details) == {"text", "removed_adjectives", "truncated", "cosine", "score"}
         assert details["truncated"] is False
         assert details["cosine"] == pytest.approx(cosine, abs=1e-5)
         assert 0.0 <= score <= 1.0
@@ -448,3 +450,69 @@ def test_blip_options_refused_before_loading(options: dict) -> None:
     """num_beams >= 1 (a whole number, not a bool) and 0 <= min_length <= max_length, each against the other's default."""
     with pytest.raises(ValueError, match="0 <= min_length <= max_length"):
         BlipClipReward.check_options(options)
+
+
+def test_clip_encoder_refuses_an_unknown_preprocess_itself(clip_dir: Path) -> None:
+    """`CLIPEncoder` is shared (BLIP-CLIP builds one too), so it checks `preprocess` without the reward's help."""
+    from rewards.clip_score import CLIPEncoder
+
+    with pytest.raises(ValueError, match="preprocess='pil'; choose 'openai' or 'transformers'"):
+        CLIPEncoder(str(clip_dir), "--clip", torch.device("cpu"), torch.float32, preprocess="pil")
+
+
+def _stand_in_processor(size: dict, crop_size: dict | None):
+    """The attributes of a `CLIPImageProcessor` that CLIP's own transform reads."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        size=size, crop_size=crop_size, image_mean=[0.48145466, 0.4578275, 0.40821073],
+        image_std=[0.26862954, 0.26130258, 0.27577711],
+    )  # fmt: skip
+
+
+def test_openai_transform_crops_height_by_width() -> None:
+    """A non-square crop is (height, width) as the processor names them, not transposed."""
+    from rewards.clip_score import _openai_transform
+
+    transform = _openai_transform(_stand_in_processor({"shortest_edge": 32}, {"height": 24, "width": 32}))
+    image = random_images(1)[0]  # 45 high, 61 wide -> 32 x 43 -> crop 24 x 32
+    assert transform(image).shape == (3, 24, 32)
+
+
+@pytest.mark.parametrize(
+    ("size", "crop_size"),
+    [
+        ({"height": 32, "width": 32}, {"height": 32, "width": 32}),  # resizes to a fixed size, no shortest edge
+        ({"shortest_edge": 32}, None),  # no centre crop
+        ({"shortest_edge": 32}, {"shortest_edge": 32}),  # a crop without a height
+    ],
+)
+def test_openai_transform_refuses_a_processor_unlike_clips(size: dict, crop_size: dict | None) -> None:
+    """preprocess='openai' rebuilds CLIP's resize-shortest-edge + centre-crop; another processor is refused with a
+    pointer to preprocess='transformers', not turned into a different transform or a KeyError."""
+    from rewards.clip_score import _openai_transform
+
+    with pytest.raises(ValueError, match="preprocess='openai' needs a processor .* use preprocess='transformers'"):
+        _openai_transform(_stand_in_processor(size, crop_size))
+
+
+def test_complex_mode_removes_the_adjectives_of_the_parser_it_names(clip_dir: Path, monkeypatch) -> None:
+    """With spaCy's model installed, "auto" removes spaCy's ADJ tokens (the official parser's), the parser the
+    details name, not the built-in rules' adjectives."""
+    from types import SimpleNamespace
+
+    from rewards import noun_phrases
+
+    pytest.importorskip("spacy")  # the parser record reads spaCy's version
+
+    def fake_nlp(text: str) -> list[SimpleNamespace]:
+        # Tags no built-in rule gives: "cat" as the adjective, "white" not.
+        return [SimpleNamespace(text=w, pos_="ADJ" if w == "cat" else "X", whitespace_=" ") for w in text.split()]
+
+    fake_nlp.meta = {"lang": "en", "name": "core_web_sm", "version": "3.5.0"}
+    monkeypatch.setattr(noun_phrases, "_spacy_pipeline", lambda: fake_nlp)
+    reward = CLIPScoreReward(model_name_or_path=str(clip_dir), device="cpu", remove_adjectives=True)
+    details = reward.score(random_images(1, seed=10), ["a white cat sleeps"]).details[0]
+    assert details["parser"]["name"] == "spacy" and details["parser"]["model"] == "en_core_web_sm"
+    assert details["removed_adjectives"] == ["cat"]
+    assert details["text"] == "a white sleeps"

@@ -162,3 +162,32 @@ def test_missing_default_weights_say_what_to_do(tmp_path: Path, monkeypatch: pyt
         ToyClassifierReward(device="cpu")
     with pytest.raises(FileNotFoundError, match="no such folder"):
         ToyClassifierReward(model_name_or_path=str(tmp_path / "elsewhere"), device="cpu")
+
+
+def test_reward_refuses_non_toy_prompts_before_loading() -> None:
+    """`check_prompts` is a class method: a non-toy prompt is refused before the classifier is loaded or an image
+    generated, naming the first bad prompt."""
+    ToyClassifierReward.check_prompts(["a red circle", "a blue square above a green triangle"], None)
+    with pytest.raises(ValueError, match="toy_classifier reward judges toy-world prompts only; prompt 1: 'a cat'"):
+        ToyClassifierReward.check_prompts(["a red circle", "a cat", "a dog"], None)
+
+
+def test_a_confusion_need_share_only_with_one_prompt_object(model_dir: Path) -> None:
+    """The combination "green circle" shares only the circle's shape with "a red circle and a blue square", yet it is a swapped
+    binding of the circle: the penalty counts it, not only combinations sharing with both objects."""
+    reward = ToyClassifierReward(model_name_or_path=str(model_dir), device="cpu")
+    reward.model = StubClassifier({("red", "circle"): 0.9, ("blue", "square"): 0.7, ("green", "circle"): 0.6})
+    output = reward.score([Image.new("RGB", (64, 64), "white")], ["a red circle and a blue square"])
+    assert output.scores[0] == pytest.approx((0.9 + 0.7) / 2 * (1 - 0.6), abs=1e-6)
+    assert output.details[0]["confusions"] == pytest.approx({"green circle": 0.6}, abs=1e-6)
+
+
+def test_reward_runs_in_the_dtype_it_is_given(model_dir: Path) -> None:
+    """`torch_dtype` reaches the loaded classifier (as for every reward), and the scores agree with float32's."""
+    scene = world.render(world.sample_scene(world.ToyPrompt.parse("a red circle"), np.random.default_rng(1)))
+    double = ToyClassifierReward(model_name_or_path=str(model_dir), device="cpu", torch_dtype=torch.float64)
+    assert {p.dtype for p in double.model.parameters()} == {torch.float64}
+    single = ToyClassifierReward(model_name_or_path=str(model_dir), device="cpu")
+    assert double.score([scene], ["a red circle"]).scores == pytest.approx(
+        single.score([scene], ["a red circle"]).scores, abs=1e-5
+    )

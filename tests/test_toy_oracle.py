@@ -12,7 +12,7 @@ from PIL import Image, ImageFilter
 import rewards
 from gors.core.toy import world
 from gors.core.toy.world import PlacedObject, ToyObject, ToyPrompt
-from rewards.toy_rules import Judgement, classify_shape, judge, judge_image, segment
+from rewards.toy_rules import Blob, Judgement, classify_shape, judge, judge_image, segment
 
 
 def _all_prompts() -> list[ToyPrompt]:
@@ -186,6 +186,9 @@ def test_reward_scores_with_details():
             ["no extra objects", True],
         ],
     }
+    # The blobs matched to the prompt's objects, in the prompt's order; the bad image has only the triangle.
+    assert [found.split(" at ")[0] for found in output.details[0]["found"]] == ["blue triangle", "yellow square"]
+    assert [found.split(" at ")[0] for found in output.details[1]["found"]] == ["blue triangle"]
     assert output.details[1]["correct"] is False and "no yellow square: nothing yellow" in output.details[1]["reasons"]
     assert output.details[1]["errors"] == ["missing"]
     json.dumps(output.details)
@@ -198,6 +201,8 @@ def test_reward_counts_the_relation_only_with_all_checks():
     every = rewards.load("toy_oracle", checks="all").score([moved], [prompt.text])
     assert binding.scores == [1.0] and every.scores == [pytest.approx(3 / 4)]
     assert binding.details == every.details and every.details[0]["relation_holds"] is False
+    # Bound (objects right, wherever they are) yet not correct (the relation fails): the details tell them apart.
+    assert every.details[0]["bound"] is True and every.details[0]["correct"] is False
     with pytest.raises(ValueError, match="checks='relation'.*'binding'.*'all'"):
         rewards.load("toy_oracle", checks="relation")
 
@@ -215,3 +220,96 @@ def test_judge_image_takes_strings_arrays_and_floats():
     for image in (array, array / 255.0, Image.fromarray(array)):
         assert judge_image("a yellow circle", image).correct
     assert isinstance(judge(ToyPrompt.parse("a yellow circle"), segment(array)), Judgement)
+
+
+def test_reward_judges_each_image_against_its_own_prompt():
+    """A batch of different prompts: image i is judged against prompt i, not another's."""
+    rng = np.random.default_rng(7)
+    prompts = ["a red circle", "a blue square on the left of a green triangle"]
+    images = [world.render(world.sample_scene(ToyPrompt.parse(p), rng)) for p in prompts]
+    output = rewards.load("toy_oracle", checks="all").score(images, prompts)
+    assert output.scores == [1.0, 1.0]
+    assert [len(d["checks"]) for d in output.details] == [2, 4]  # object(s), the relation, no extras
+
+
+def test_reward_refuses_non_toy_prompts_before_any_image_is_made():
+    """`check_prompts` (a class method: no reward built, no image drawn) names the first prompt outside the grammar."""
+    rewards.get_reward_class("toy_oracle").check_prompts(["a red circle", "A Blue Square "], None)
+    with pytest.raises(ValueError, match="toy_oracle reward judges toy-world prompts only; prompt 1: 'a cat'"):
+        rewards.get_reward_class("toy_oracle").check_prompts(["a red circle", "a cat", "a dog"], None)
+
+
+def test_segment_drops_specks_under_30_pixels_and_lists_blobs_largest_first():
+    """At 64 x 64 a component of 30 px is a blob and one of 29 px is noise; blobs come largest first."""
+    image = np.full((64, 64, 3), 255, dtype=np.uint8)
+    image[20:36, 20:36] = world.COLOURS["red"]  # 256 px
+    image[2:7, 2:8] = world.COLOURS["blue"]  # 5 x 6 = 30 px: kept
+    image[40:45, 40:46] = world.COLOURS["green"]
+    image[44, 45] = world.BACKGROUND  # 29 px: noise
+    assert [(blob.colour, blob.area) for blob in segment(image)] == [("red", 256), ("blue", 30)]
+
+
+def test_segment_joins_pixels_that_touch_only_at_corners():
+    """Components are 8-connected: a staircase of 2 x 2 blocks meeting corner to corner is one blob (64 px),
+    not sixteen specks of 4 px dropped as noise."""
+    image = np.full((64, 64, 3), 255, dtype=np.uint8)
+    for i in range(16):
+        image[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = world.COLOURS["red"]
+    (blob,) = segment(image)
+    assert (blob.colour, blob.area, blob.bbox, blob.shape) == ("red", 64, (0, 0, 32, 32), None)
+
+
+@pytest.mark.parametrize("size", [16, 20, 24, 40])
+def test_classify_shape_takes_an_upside_down_triangle(size):
+    """A generated triangle may point down: the taper is the narrower third over the wider, top or bottom."""
+    assert classify_shape(np.flipud(world.shape_mask("triangle", 32, 32, size))) == "triangle"
+
+
+def test_classify_shape_rejects_a_sparse_blob_that_tapers():
+    """An L of 3 px strokes tapers like a triangle (thin top, full bottom row) but fills 0.28 of its box, under
+    the triangle's 0.5: no shape."""
+    ell = np.zeros((64, 64), dtype=bool)
+    ell[10:30, 10:13] = True
+    ell[27:30, 10:30] = True
+    assert classify_shape(ell) is None
+
+
+def test_judge_matches_the_largest_candidate_whatever_the_order_of_the_blobs():
+    """`judge` sorts the blobs itself: the largest red circle is the object, the smaller one an extra."""
+    small = Blob("red", 120, (0, 0, 12, 12), (6.0, 6.0), 0.83, "circle")
+    large = Blob("red", 300, (30, 30, 50, 50), (40.0, 40.0), 0.75, "circle")
+    judgement = judge(ToyPrompt.parse("a red circle"), [small, large])
+    assert judgement.found == ["red circle at (40, 40)"]
+    assert judgement.reasons == ["unexpected red circle at (6, 6)"]
+
+
+def test_a_second_object_of_a_matched_colour_is_reported_as_nothing_else_of_it():
+    scene = world.sample_scene(ToyPrompt.parse("a red circle and a red square"), np.random.default_rng(8))
+    judgement = judge_image("a red circle and a red square", world.render(scene[:1]))
+    assert judgement.reasons == ["no red square: nothing else red"]
+
+
+def test_a_missing_object_names_every_unmatched_blob_of_its_colour_largest_first():
+    scene = [PlacedObject("red", "circle", 16.0, 16.0, 24.0), PlacedObject("red", "square", 46.0, 46.0, 16.0)]
+    judgement = judge_image("a red triangle", world.render(scene))
+    assert judgement.reasons[0] == "no red triangle: the red objects are a circle, a square"
+
+
+def test_a_relation_holds_by_any_margin_between_the_centres():
+    """The judge checks the relation with margin 0: a centre 2 px to the left is on the left."""
+    scene = [PlacedObject("red", "circle", 30.0, 14.0, 20.0), PlacedObject("blue", "square", 32.0, 46.0, 20.0)]
+    judgement = judge_image("a red circle on the left of a blue square", world.render(scene))
+    assert judgement.correct and judgement.relation_holds is True
+
+
+def test_to_rgb_array_rounds_floats_and_gives_three_channels():
+    """Floats in [0, 1] are scaled and rounded (0.5 -> 128, not truncated to 127); grey arrays get three equal
+    channels and RGBA arrays lose the alpha, so every array comes out uint8 (H, W, 3)."""
+    from rewards.toy_rules import to_rgb_array
+
+    grey = to_rgb_array(np.array([[0.5, 1.0]]))
+    assert grey.dtype == np.uint8 and grey.shape == (1, 2, 3)
+    assert grey.tolist() == [[[128] * 3, [255] * 3]]
+    rgba = np.zeros((2, 2, 4), dtype=np.uint8)
+    rgba[..., 3] = 255
+    assert to_rgb_array(rgba).shape == (2, 2, 3)
