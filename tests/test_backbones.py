@@ -217,6 +217,25 @@ def test_fp16_on_the_t5_families_is_warned_of() -> None:
     assert half_precision_warning(FAMILIES["StableDiffusionPipeline"], torch.float16) is None  # GORS' own fp16
 
 
+def test_settings_record_ddim_for_stable_diffusion_and_the_checkpoint_s_scheduler_for_the_others() -> None:
+    # No backbone given means Stable Diffusion 1/2 (or a pipeline in memory): a store records its DDIM sampling.
+    from gors.core.pipeline import pipeline_settings
+
+    assert pipeline_settings("model", torch.float16)["scheduler"] == "DDIMScheduler"
+    sdxl = pipeline_settings("model", torch.float16, backbone=FAMILIES["StableDiffusionXLPipeline"])
+    assert sdxl["scheduler"] == "the checkpoint's" and sdxl["dtype"] == "float16"
+
+
+def test_loading_a_t5_family_in_fp16_warns_of_it(tiny_flux, caplog) -> None:
+    # Said where the pipeline loads, whatever command loads it: fp16 FLUX.1 and SD3 samples wash out or turn black.
+    from gors.core.pipeline import load_pipeline
+
+    with caplog.at_level("WARNING", logger="gors.core.pipeline"):
+        load_pipeline(str(tiny_flux), torch.device("cpu"), dtype=torch.float16)
+    assert any("fp16 on a FluxPipeline" in r.getMessage() and "pass --mixed_precision bf16" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_an_fp16_accelerate_config_runs_the_t5_families_in_bf16_unless_fp16_is_asked_for(monkeypatch, capsys):
     sd3, flux, sd = (FAMILIES[name] for name in ("StableDiffusion3Pipeline", "FluxPipeline", "StableDiffusionPipeline"))
     from gors.core.backbones import _say_bf16
@@ -300,6 +319,41 @@ def test_a_gpu_left_in_float32_by_no_choice_of_precision_is_said_once(monkeypatc
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # `accelerate launch --mixed_precision no`: a choice
     assert inference_dtype(gpu, None) == torch.float32 and not caplog.records
     assert inference_dtype(SimpleNamespace(device=torch.device("cpu"), mixed_precision="fp16"), None) == torch.float32
+
+
+def test_the_precision_asked_for_or_configured_picks_the_gpu_dtype(monkeypatch) -> None:
+    # SD3/3.5 and FLUX.1 sample in bf16: a bf16 read as fp16 overflows their T5 encoder.
+    from types import SimpleNamespace
+
+    from gors.core.pipeline import inference_dtype
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    cuda = torch.device("cuda")
+    assert inference_dtype(SimpleNamespace(device=cuda, mixed_precision="no"), "bf16") == torch.bfloat16
+    assert inference_dtype(SimpleNamespace(device=cuda, mixed_precision="bf16"), None) == torch.bfloat16
+    assert inference_dtype(SimpleNamespace(device=cuda, mixed_precision="bf16"), "fp16") == torch.float16  # flag wins
+
+
+def test_stable_diffusion_samples_with_ddim_whatever_its_checkpoint_ships_and_without_a_progress_bar(
+        tiny_sd, tmp_path, capsys) -> None:
+    # Released SD 1.x checkpoints ship PNDM; the T2I-CompBench protocol samples with DDIM (on the same betas).
+    import diffusers
+
+    from gors.core.pipeline import load_pipeline
+
+    model = tmp_path / "pndm_sd"
+    shutil.copytree(tiny_sd, model)
+    config_file = model / "scheduler" / "scheduler_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps(config | {"_class_name": "PNDMScheduler"}))
+    index = json.loads((model / "model_index.json").read_text())
+    (model / "model_index.json").write_text(json.dumps(index | {"scheduler": ["diffusers", "PNDMScheduler"]}))
+    pipeline = load_pipeline(str(model), torch.device("cpu"))
+    assert type(pipeline.scheduler) is diffusers.DDIMScheduler
+    assert pipeline.scheduler.config.beta_schedule == config["beta_schedule"] == "scaled_linear"
+    capsys.readouterr()
+    pipeline("a red circle", num_inference_steps=2, height=32, width=32, output_type="latent")
+    assert capsys.readouterr().err == ""  # a bar per call would bury the run's own progress
 
 
 def test_another_pipeline_with_a_safety_checker_loads_without_it(tiny_sd, tmp_path):

@@ -1055,6 +1055,9 @@ def test_a_run_says_what_it_will_do_as_the_flags_resolved_it(make_run_config, tm
     assert "kept: each prompt's top 0.25 by reward; 2 updates of 2 samples (2 per process x 1 x 1)" in top
     rounds = run_plan(make_run_config(rounds=2, steps_per_round=3, replay="none"), num_processes=1)
     assert "; 6 updates of 2 samples (2 per process x 1 x 1), 2 rounds ->" in rounds  # not --max_train_steps
+    # --max_prompts' share of the file, and --global_batch_size's samples per update, the micro-batch found by training.
+    auto = run_plan(make_run_config(max_prompts=2, global_batch_size=8, auto_train_batch_size=True), num_processes=2)
+    assert ": 2 prompts x 2 images," in auto and "; 2 updates of 8 samples (found before the first step) ->" in auto
 
 
 def test_a_mistyped_option_on_a_scored_folder_is_named_not_blamed_on_the_folder(tmp_path):

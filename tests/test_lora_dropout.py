@@ -162,3 +162,36 @@ def test_a_call_whose_prompts_do_not_match_its_images_draws_one_stream_from_all_
     assert not torch.equal(other, first)
     paired = dropped(prompt=prompts[:2], generator=cpu_generators([3, 4]))
     assert not torch.equal(paired, first)
+
+
+def test_a_pipeline_without_lora_layers_is_refused():
+    # Without a LoRA layer no hook would be set: the samples would be the undropped LoRA's, recorded as dropped.
+    plain = _TinyPipeline()
+    plain.components = {"unet": torch.nn.Sequential(torch.nn.Linear(8, 64)), "tokenizer": object()}
+    with pytest.raises(ValueError, match="the pipeline has no LoRA layers to drop"):
+        LoraOutputDropout(plain, 0.1)
+
+
+def test_a_dropout_pipeline_copies_and_reads_its_pipeline_s_attributes_through():
+    # A copy is made without running __init__: reading an attribute then must not look `pipeline` up forever.
+    import copy
+
+    pipeline = _TinyPipeline()
+    dropped = LoraOutputDropout(pipeline, 0.5)
+    copied = copy.copy(dropped)
+    assert copied.pipeline is pipeline and copied.components is pipeline.components and copied.p == 0.5
+
+
+def test_a_layer_whose_rows_are_no_multiple_of_the_images_is_masked_from_the_first_image_s_stream():
+    # Rows that cannot be told apart by image (a pipeline batching otherwise) are masked as one stream: the first
+    # image's, as that image alone would mask them, never some rows from one image's stream and some from another's.
+    class Rows(_TinyPipeline):
+        def __call__(self, prompt, generator=None, rows=3):
+            with torch.no_grad():
+                return self.components["unet"](torch.ones(rows, 8))
+
+    dropped = LoraOutputDropout(Rows(), 0.5)
+    both = dropped(prompt="a red circle", generator=cpu_generators([3, 4]))
+    first_alone = dropped(prompt="a red circle", generator=cpu_generators([3]))
+    torch.testing.assert_close(both, first_alone, rtol=0, atol=0)
+    assert not torch.equal(both, dropped(prompt="a red circle", generator=cpu_generators([5, 4])))

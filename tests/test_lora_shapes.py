@@ -179,6 +179,45 @@ def test_a_lora_that_diffusers_loads_in_part_or_not_at_all_is_said_or_refused(ti
         load_lora(StableDiffusionPipeline.from_pretrained(str(tiny_sd)), str(elsewhere))
 
 
+def test_other_load_errors_pass_through_as_they_are_and_diffusers_loggers_are_left_as_found(tmp_path):
+    # Only a size mismatch or peft's no-matching-module error means "another base model": any other error (a device
+    # assert, a corrupt tensor) is raised as it is, and the load's quieting of diffusers' loggers is undone.
+    import logging
+
+    from gors.core.pipeline import _not_a_component_warning, load_lora
+
+    class Failing:
+        def __init__(self, error):
+            self.error = error
+
+        def load_lora_weights(self, lora):
+            raise self.error
+
+    peft_logger, base_logger = logging.getLogger("diffusers.loaders.peft"), logging.getLogger("diffusers.loaders.lora_base")
+    level = peft_logger.level
+    try:
+        peft_logger.setLevel(logging.INFO)
+        lora = str(tmp_path / "not_local")  # no local file: nothing checked before the load
+        for error in (RuntimeError("CUDA error: device-side assert triggered"), ValueError("bad dtype in the file")):
+            with pytest.raises(type(error)) as raised:
+                load_lora(Failing(error), lora)
+            assert raised.value is error
+            assert peft_logger.level == logging.INFO and _not_a_component_warning not in base_logger.filters
+        # peft's error lists every target module on its first line (thousands of characters for a real model).
+        from peft import NoMatchingPeftModuleError
+
+        targets = ", ".join(f"down_blocks.{i}.attentions.0.proj_in" for i in range(40))
+        error = NoMatchingPeftModuleError(f"Target modules {{{targets}}} not found in the base model.\nMore.")
+        with pytest.raises(ValueError) as raised:
+            load_lora(Failing(error), lora)
+        message = str(raised.value)
+        assert message.startswith(f"LoRA {lora} matches no layer of Failing (Target modules {{down_blocks.0.")
+        assert f"{targets[:150]}" in message and targets not in message and " ...): it was trained on" in message
+        assert "More." not in message and len(message) < 400
+    finally:
+        peft_logger.setLevel(level)
+
+
 def test_a_unet_only_lora_loads_without_diffusers_text_encoder_warning(tiny_sd, sd_lora, tmp_path, caplog):
     from diffusers import StableDiffusionPipeline
 

@@ -651,6 +651,27 @@ def test_generated_samples_are_readable_by_others(make_run_config, umask):
         assert _mode(path) == 0o644, path
 
 
+def test_a_run_folder_at_any_stage_before_its_lora_is_said_to_be_unfinished(tmp_path):
+    # Sampled, selected, or training (its lock taken, nothing else written yet): each is a run, not a wrong folder.
+    from gors.core.pipeline import check_lora_path
+
+    for marker in ("samples", "selection.jsonl", ".lock-train"):
+        folder = tmp_path / marker.strip(".")
+        folder.mkdir()
+        (folder / marker).write_text("")
+        with pytest.raises(FileNotFoundError, match="is a run folder that holds no LoRA yet"):
+            check_lora_path(str(folder))
+
+
+def test_a_lora_diffusion_checkpoint_saved_as_a_tuple_is_told_to_convert_too(tmp_path):
+    # lora_diffusion saves its up/down weights as a sequence: a tuple is the same checkpoint as a list.
+    from gors.core.pipeline import check_lora_path
+
+    torch.save((torch.zeros(4, 1), torch.zeros(1, 4)), tmp_path / "lora_weight.pt")
+    with pytest.raises(ValueError, match=r"is a lora_diffusion checkpoint .*Convert it first, `gors convert-lora"):
+        check_lora_path(str(tmp_path / "lora_weight.pt"))
+
+
 def test_torch_lora_files_pass_to_diffusers_and_other_files_are_refused(tmp_path):
     from gors.core.backbones import check_lora_fits
     from gors.core.pipeline import check_lora_path

@@ -132,8 +132,9 @@ class LoraOutputDropout:
     prompts' encodings, and both halves of a classifier-free-guidance batch). So an image is the same at
     any batch size, process count or resume, and its masks are independent of other prompts' (T2I-CompBench's
     seeds 42 + n repeat over prompts), as the script's draws from one running stream are; they are not the
-    script's own draws. A call whose batch is no multiple of its images (other pipelines) draws from one
-    generator seeded from all of them.
+    script's own draws. A call whose prompts and seeds do not pair up (other pipelines) draws from one
+    generator seeded from all of them, and a layer whose rows are no multiple of the call's images from the
+    first image's.
 
     Calls pass through to the pipeline; its attributes are read through.
     """
