@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from gors.toy.compare import compare, main, paired_difference, per_prompt_accuracy, per_prompt_results
+from gors.toy.compare import compare, main, paired_difference, per_prompt_accuracy, per_prompt_results, results_file
 
 
 def _rows(correct: dict[str, list[bool]]) -> list[dict]:
@@ -60,3 +60,72 @@ def test_evaluations_of_other_prompts_or_images_per_prompt_are_refused(tmp_path,
     with pytest.raises(SystemExit) as exit_info:  # a second pair of other prompts: one line, not a KeyError
         main([str(a), str(b), str(other), str(b)])
     assert exit_info.value.code == 2 and "other was evaluated on other prompts than" in capsys.readouterr().err
+
+
+def test_a_prompts_accuracy_is_the_mean_over_all_its_images():
+    """Three images, one right: 1/3 (a median or the first image would say 0)."""
+    results = per_prompt_results(_rows({"p": [True, False, False], "q": [False, True, True]}))
+    assert results == {"p": [1.0, 0.0, 0.0], "q": [0.0, 1.0, 1.0]}
+    assert per_prompt_accuracy(results) == pytest.approx({"p": 1 / 3, "q": 2 / 3})
+
+
+def test_the_paired_difference_pairs_prompts_by_name_whatever_their_order():
+    """The same prompts written in another order give the same mean and the same bootstrap error, and a
+    same-sized evaluation of other prompts is refused rather than paired by position."""
+    a = {"p": 0.0, "q": 0.25, "r": 0.5, "s": 1.0}
+    b = {"p": 1.0, "q": 0.25, "r": 0.0, "s": 1.0}
+    reordered_a, reordered_b = dict(reversed(a.items())), dict(sorted(b.items(), key=lambda item: item[1]))
+    assert paired_difference(a, b) == paired_difference(reordered_a, reordered_b)
+    assert paired_difference(a, b)[0] == pytest.approx(0.125)  # b - a, not a - b
+    with pytest.raises(ValueError, match=r"differ in their prompts \(2 in one only\)"):
+        paired_difference({"p": 0.0}, {"q": 0.0})
+
+
+def test_the_bootstrap_error_follows_its_seed_and_is_precise_at_the_default_resamples():
+    """The seed is the bootstrap's: one seed repeats its error, others draw other resamples; with the default
+    number of resamples every seed's error is within a few percent of sd / sqrt(n)."""
+    a = {f"p{i:02d}": 0.0 for i in range(40)}
+    b = {f"p{i:02d}": (i % 4) / 4 for i in range(40)}
+    expected = np.std(list(b.values())) / np.sqrt(len(b))
+    errors = [paired_difference(a, b, seed=seed)[1] for seed in range(10)]
+    assert paired_difference(a, b, seed=3) == paired_difference(a, b, seed=3)
+    assert len(set(errors)) == len(errors)  # each seed its own resamples
+    assert errors == pytest.approx([expected] * len(errors), rel=0.06)
+
+
+def test_the_table_names_each_pair_by_b_and_gives_a_then_b(tmp_path):
+    """One pair: one row, named after its B folder, A's accuracy before B's; several pairs: the mean row
+    averages every pair's A and every pair's B prompt by prompt."""
+    a0 = _evaluation(tmp_path / "a0", {"p": [False, False], "q": [False, False]})
+    b0 = _evaluation(tmp_path / "b0", {"p": [True, True], "q": [True, False]})
+    a1 = _evaluation(tmp_path / "a1", {"p": [True, True], "q": [True, False]})
+    b1 = _evaluation(tmp_path / "b1", {"p": [True, True], "q": [True, True]})
+    table = compare([a0, b0])
+    assert len(table) == 1 and table[0][0] == str(b0) and table[0][1:4] == pytest.approx([0.0, 0.75, 0.75])
+    table = compare([a0, b0, a1, b1])
+    assert [row[0] for row in table] == [str(b0), str(b1), "mean of the pairs"]
+    assert table[1][1:4] == pytest.approx([0.75, 1.0, 0.25])
+    assert table[2][1:4] == pytest.approx([0.375, 0.875, 0.5])  # A: (0 + 0.75) / 2, B: (0.75 + 1) / 2
+
+
+def test_fewer_prompts_or_more_images_on_any_prompt_are_refused_too(tmp_path):
+    """A subset of the first's prompts, more images per prompt, or other images on one prompt only: each
+    measures another sample; no pairs at all is refused as an odd count is."""
+    a = _evaluation(tmp_path / "a", {"p": [True, False], "q": [False, False]})
+    subset = _evaluation(tmp_path / "subset", {"p": [True, True]})
+    more = _evaluation(tmp_path / "more", {"p": [True, True, True], "q": [True, True, True]})
+    one_prompt = _evaluation(tmp_path / "one_prompt", {"p": [True, True], "q": [True, True, True]})
+    with pytest.raises(ValueError, match=r"subset was evaluated on other prompts than .*a \(1 in one only\)"):
+        compare([a, subset])
+    for other in (more, one_prompt):
+        with pytest.raises(ValueError, match=f"{other.name} was evaluated with other images per prompt"):
+            compare([a, other])
+    with pytest.raises(ValueError, match="0 folders: give pairs A B"):
+        compare([])
+
+
+def test_a_run_folder_whose_results_name_is_a_folder_reads_its_final_evaluation(tmp_path):
+    """Only a file counts as an evaluation's results: a folder of that name is passed over."""
+    run = _evaluation(tmp_path / "run", {"p": [True]}, run_folder=True)
+    (run / "results.jsonl").mkdir()
+    assert results_file(run) == run / "eval_gors" / "results.jsonl"

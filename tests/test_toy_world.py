@@ -93,6 +93,39 @@ def test_toy_tokenizer_spells_every_word_as_one_token(tmp_path):
         assert len(tokenizer(word, add_special_tokens=False).input_ids) == 1, word
     longest = max((p.text for p in split_prompts()[0]), key=lambda t: len(tokenizer(t).input_ids))
     assert len(tokenizer(longest).input_ids) <= MAX_TOKENS
+    for prompt in [*split_prompts()[0], *split_prompts()[1]]:  # "and" too, which no relation has
+        assert len(tokenizer(prompt.text, add_special_tokens=False).input_ids) == len(prompt.text.split()), prompt
+
+
+def test_a_built_toy_model_has_the_packaged_models_architecture_and_follows_its_seed(tmp_path):
+    """`build_toy_components` is what `gors toy pretrain` starts from: its configs are the packaged model's
+    (but for what pretraining sets, the prediction type and the VAE's scaling factor, and what saving writes),
+    one seed gives one set of weights, another seed others."""
+    import json
+
+    import torch
+
+    from gors.toy.model import build_toy_components
+
+    built = build_toy_components(tmp_path / "a", seed=0)
+    packaged = PRETRAINED_DIR / "pipeline"
+    for name, config, set_by_pretraining in [
+            ("unet", built["unet"].config, ()),
+            ("vae", built["vae"].config, ("scaling_factor",)),
+            ("scheduler", built["scheduler"].config, ("prediction_type",)),
+            ("text_encoder", built["text_encoder"].config.to_dict(), ("architectures", "dtype", "transformers_version"))]:
+        shipped = json.loads((packaged / name / ("config.json" if name != "scheduler" else "scheduler_config.json"))
+                             .read_text())
+        for key, value in shipped.items():
+            if not key.startswith("_") and key not in set_by_pretraining:
+                assert json.loads(json.dumps(config[key])) == value, (name, key)
+    assert built["noise_scheduler"].config.beta_schedule == built["scheduler"].config.beta_schedule
+    assert len(built["tokenizer"]) == json.loads((packaged / "text_encoder" / "config.json").read_text())["vocab_size"]
+    again, other = build_toy_components(tmp_path / "b", seed=0), build_toy_components(tmp_path / "c", seed=1)
+    for part in ("unet", "vae", "text_encoder"):
+        weights = list(built[part].state_dict().values())
+        assert all(torch.equal(w, v) for w, v in zip(weights, again[part].state_dict().values())), part
+        assert not all(torch.equal(w, v) for w, v in zip(weights, other[part].state_dict().values())), part
 
 
 def test_pretraining_corpus_has_every_composition_under_noisy_captions():
@@ -112,6 +145,15 @@ def test_pretraining_corpus_has_every_composition_under_noisy_captions():
     # random layout sometimes satisfies anyway: between 0.3 and 1 - 0.7 * (1 - 0.8 * 0.3) = 0.47.
     assert 0.33 < wrong_share < 0.47
     assert not any(w for w, t in zip(wrong, two_object) if not t)  # single objects are always right
+
+
+def test_pretraining_scenes_draw_held_out_compositions_and_a_fifth_single_objects():
+    """With exact captions a caption is its scene's prompt: the held-out combinations are drawn inside
+    compositions (not only named by swapped captions), and about 20% of the scenes are single objects."""
+    _, captions = pretraining_corpus(400, swap_rate=0.0, relation_noise_rate=0.0, rng=np.random.default_rng(1))
+    parsed = [ToyPrompt.parse(caption) for caption in captions]
+    assert HELD_OUT_COMBINATIONS <= {(o.colour, o.shape) for p in parsed if len(p.objects) == 2 for o in p.objects}
+    assert 0.14 < sum(len(p.objects) == 1 for p in parsed) / len(parsed) < 0.26
 
 
 def test_noisy_caption_rates():
@@ -194,9 +236,14 @@ def test_pretraining_targets_follow_the_prediction_type(tmp_path, monkeypatch):
                             ({"vae_steps": 0}, "--vae_steps 0 without --vae would keep an untrained VAE"),
                             ({"seed": -1}, r"--seed -1: must be in \[0, 2147483647\]"),
                             ({"learning_rate": 0.0}, "--learning_rate 0.0: must be > 0"),
-                            ({"caption_swap_rate": 1.5}, r"--caption_swap_rate 1.5: a rate, in \[0, 1\]")]:
+                            ({"caption_swap_rate": 1.5}, r"--caption_swap_rate 1.5: a rate, in \[0, 1\]"),
+                            ({"relation_noise_rate": -0.1}, r"--relation_noise_rate -0.1: a rate, in \[0, 1\]"),
+                            ({"seed": 2**31}, r"--seed 2147483648: must be in \[0, 2147483647\]"),
+                            ({"batch_size": 0}, "--batch_size 0: must be >= 1")]:
         with pytest.raises(ValueError, match=message):  # before any scene is rendered
             ToyPretrainConfig(**values)
+    # The bounds themselves are allowed: every caption noisy, numpy's largest seed.
+    ToyPretrainConfig(output_dir=str(tmp_path), caption_swap_rate=1.0, relation_noise_rate=1.0, seed=2**31 - 1)
 
 
 def test_pretraining_unet_channels_set_the_depth_of_the_toy_unet(tmp_path):

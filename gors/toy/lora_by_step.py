@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         steps_on(variant)  # every name checked before any image
     try:
         check_lora_path(args.lora)  # one line, not diffusers' traceback about weight_name
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ValueError) as err:  # ValueError: a weights file cut short or of another format
         raise SystemExit(f"error: {err}") from None
     torch.set_num_threads(1)  # the toy results' numbers were drawn on one thread; the summation order moves pixels
     pipe = load_pipeline(str(PRETRAINED_DIR / "pipeline"), torch.device("cpu"), lora=args.lora)
