@@ -437,3 +437,81 @@ def test_generate_detects_loads_and_records_the_revision_it_is_given(tmp_path, m
         gors.generate.generate(config)
     assert detected == ["v2"] and loaded == ["v2"]
     assert json.loads((tmp_path / "run" / "samples" / "settings.json").read_text())["revision"] == "v2"
+
+
+def test_stable_diffusion_samples_as_t2i_compbench_does_and_loads_without_its_safety_checker() -> None:
+    # The GORS paper's sampling (T2I-CompBench's protocol: DDIM, 30 steps, guidance 7.5, 512 px for SD 1.x and SD-2-base);
+    # the safety checker would blacken flagged samples into low-reward ones, so it is never loaded.
+    sd = FAMILIES["StableDiffusionPipeline"]
+    assert sd.sampling == SamplingDefaults(30, 7.5, 512, "DDIMScheduler")
+    assert sd.pipeline_kwargs == {"safety_checker": None, "requires_safety_checker": False}
+    detected = detect_backbone(str(TOY_MODEL))  # the checkpoint's side replaces 512, nothing else
+    assert detected.sampling == SamplingDefaults(30, 7.5, 64, "DDIMScheduler")
+    assert detected.pipeline_kwargs == sd.pipeline_kwargs and detected.call_kwargs == {}
+
+
+def test_each_family_takes_sides_of_its_vae_factor_times_its_patch_size() -> None:
+    # SD and SDXL: an 8x VAE on a UNet; SD3 and FLUX.1: an 8x VAE under 2 x 2 patches.
+    for class_name, multiple in (("StableDiffusionPipeline", 8), ("StableDiffusionXLPipeline", 8),
+                                 ("StableDiffusion3Pipeline", 16), ("FluxPipeline", 16)):
+        family = FAMILIES[class_name]
+        assert family.resolution_multiple == multiple
+        assert check_resolution(family, 1024) == 1024 and check_resolution(family, multiple * 33) == multiple * 33
+        with pytest.raises(ValueError, match=f"--resolution={multiple * 33 + multiple // 2}: a {class_name} needs a multiple of "
+                                             f"{multiple}"):
+            check_resolution(family, multiple * 33 + multiple // 2)
+
+
+def test_each_flux_checkpoint_samples_as_its_model_card(tmp_path: Path) -> None:
+    # FLUX.1 [dev] (guidance-distilled: its transformer embeds the guidance) samples 50 steps at 3.5; [schnell], 4 steps
+    # without guidance on 256 T5 tokens (the pipeline's 512 is [dev]'s). A config without `guidance_embeds` is
+    # [schnell]'s, as diffusers' FluxTransformer2DModel defaults it to False.
+    vae = {"block_out_channels": [128, 256, 512, 512]}
+
+    def flux(name: str, **transformer: object) -> Backbone:
+        folder = _config_only_pipeline(tmp_path / name, "FluxPipeline", "transformer", 128, vae)
+        config = folder / "transformer" / "config.json"
+        config.write_text(json.dumps(json.loads(config.read_text()) | transformer))
+        return detect_backbone(str(folder))
+
+    dev = flux("dev", guidance_embeds=True)
+    assert (dev.sampling, dev.call_kwargs) == (SamplingDefaults(50, 3.5, 1024), {})
+    for schnell in (flux("schnell", guidance_embeds=False), flux("no_key")):
+        assert (schnell.name, schnell.trainable) == ("flux", True)
+        assert schnell.sampling == SamplingDefaults(4, 0.0, 1024)
+        assert schnell.call_kwargs == {"max_sequence_length": 256}
+
+
+def test_a_pipeline_whose_call_names_no_steps_or_guidance_samples_30_steps_without_guidance(tmp_path, monkeypatch):
+    # The generic family's fallbacks: 30 steps (T2I-CompBench's count) and guidance 1.0 (none); a pipeline whose
+    # __init__ takes no safety checker is given no safety-checker arguments, nor a call argument it lacks.
+    import diffusers
+
+    class StepFreePipeline:
+        def __init__(self, unet, scheduler):
+            pass
+
+        def __call__(self, prompt, height=None, width=None):
+            pass
+
+    monkeypatch.setattr(diffusers, "StepFreePipeline", StepFreePipeline, raising=False)
+    model = _config_only_pipeline(tmp_path / "free", "StepFreePipeline", "unet", 32, {"block_out_channels": [1, 2]})
+    backbone = detect_backbone(str(model))
+    assert (backbone.name, backbone.trainable) == ("pipeline", False)
+    assert backbone.sampling == SamplingDefaults(30, 1.0, 64)
+    assert backbone.pipeline_kwargs == {} and backbone.call_kwargs == {}
+
+
+def test_configs_without_a_sample_size_or_vae_levels_are_taken_for_stable_diffusions(tmp_path: Path) -> None:
+    # A denoiser config without `sample_size` is read as 64 latent pixels, a VAE config without its levels as 4 (8x
+    # downsampling): Stable Diffusion's 512 px.
+    model = _config_only_pipeline(tmp_path / "bare", "StableDiffusionPipeline", "unet", 64, {})
+    (model / "unet" / "config.json").write_text("{}")
+    assert detect_backbone(str(model)).sampling.resolution == 512
+
+
+@pytest.mark.parametrize("index", [{}, {"_class_name": ["diffusers", "StableDiffusionPipeline"]}, {"_class_name": None}])
+def test_a_model_index_naming_no_pipeline_class_is_a_clear_error(tmp_path: Path, index: dict) -> None:
+    (tmp_path / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"names no pipeline class \(`_class_name`\); it is not a diffusers pipeline"):
+        detect_backbone(str(tmp_path))

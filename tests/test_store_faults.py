@@ -119,6 +119,33 @@ def test_benchmark_stores_record_the_model_and_lora_they_pass(tmp_path):
         run("run/lora")
 
 
+def test_each_pipeline_call_takes_the_protocols_settings_and_each_images_seed_and_the_records_say_so(tmp_path):
+    # What settings.json records must be what the pipeline was called with: the side (height and width), steps,
+    # guidance, the family's extra arguments, and one CPU generator per image seeded by (prompt, image).
+    from gors.core.store import sample_seed
+
+    calls = []
+
+    def pipeline(**kwargs):
+        calls.append(kwargs)
+        return _fake_pipeline(**kwargs)
+
+    protocol = SamplingProtocol(images_per_prompt=2, num_inference_steps=3, guidance_scale=4.5, resolution=16,
+                                batch_size=4, seed=7, call_kwargs={"max_sequence_length": 256})
+    store = SampleStore(tmp_path / "samples")
+    generate_samples(store, ["a cat", "a dog"], protocol, lambda: pipeline, make_accelerator())
+    [call] = calls
+    generators = call.pop("generator")
+    assert call == {"prompt": ["a cat", "a cat", "a dog", "a dog"], "height": 16, "width": 16,
+                    "num_inference_steps": 3, "guidance_scale": 4.5, "max_sequence_length": 256}
+    seeds = [sample_seed(7, p, i) for p in range(2) for i in range(2)]
+    assert seeds == [7, 8, 100_007, 100_008]
+    assert [g.initial_seed() for g in generators] == seeds and {g.device.type for g in generators} == {"cpu"}
+    assert [(r["prompt_index"], r["image_index"], r["seed"], r["num_inference_steps"], r["guidance_scale"],
+             r["resolution"]) for r in store.records()] == [(p, i, seed, 3, 4.5, 16) for (p, i), seed in
+                                                             zip([(0, 0), (0, 1), (1, 0), (1, 1)], seeds)]
+
+
 def _lora_run(store, lora, protocol=None, pipeline=_fake_pipeline):
     """Generate one image of one prompt into `store` as a benchmark does with `lora` (a local file)."""
     from gors.core.pipeline import pipeline_settings
@@ -168,6 +195,17 @@ def test_a_seed_torch_cannot_take_is_refused_before_anything_is_written(tmp_path
         check_seed_range(replace(protocol, seed=-(2**63) - 1), 1)
 
 
+def test_a_protocol_built_in_python_batches_and_seeds_as_gors_generate_does_by_default():
+    """A `SamplingProtocol` made without a batch size or seed takes `gors generate`'s (42: the official GORS seed)."""
+    from dataclasses import fields
+
+    from gors.config import GenerateConfig
+
+    defaults = {field.name: field.default for field in fields(GenerateConfig)}
+    protocol = SamplingProtocol(images_per_prompt=1, num_inference_steps=2, guidance_scale=7.5, resolution=8)
+    assert (protocol.batch_size, protocol.seed) == (defaults["generation_batch_size"], defaults["seed"]) == (8, 42)
+
+
 def test_a_store_of_more_prompts_that_differ_from_those_asked_for_is_another_prompt_set(tmp_path):
     from gors.core.sampling import StoreFlags, _check_same_prompts
 
@@ -200,6 +238,25 @@ def test_a_lora_retrained_at_the_same_path_is_other_settings(tmp_path, caplog):
         _lora_run(store, lora)
     assert "made before gors recorded lora_sha256" in caplog.text
     assert json.loads((store.root / SETTINGS).read_text())["lora_sha256"] is not None
+
+
+def test_a_store_from_before_call_arguments_were_recorded_takes_the_current_ones_with_a_warning(tmp_path, caplog):
+    # A family's extra pipeline-call arguments (PixArt's use_resolution_binning) are recorded since a later gors: an
+    # older store lacks them and is taken to have been made with them, as a store without lora_sha256 is.
+    protocol = SamplingProtocol(images_per_prompt=1, num_inference_steps=2, guidance_scale=7.5, resolution=8,
+                                call_kwargs={"use_resolution_binning": False})
+    store = SampleStore(tmp_path / "samples")
+    _lora_run(store, None, protocol)
+    recorded = json.loads((store.root / SETTINGS).read_text())
+    assert recorded["call_kwargs"] == {"use_resolution_binning": False}
+    del recorded["call_kwargs"]
+    atomic_write_json(store.root / SETTINGS, recorded)
+    with caplog.at_level(logging.WARNING):
+        _lora_run(store, None, protocol)
+    assert "made before gors recorded call_kwargs" in caplog.text
+    assert json.loads((store.root / SETTINGS).read_text())["call_kwargs"] == {"use_resolution_binning": False}
+    with pytest.raises(StoreError, match="call_kwargs: "):  # once recorded, they bind the store
+        _lora_run(store, None, replace(protocol, call_kwargs={"use_resolution_binning": True}))
 
 
 def test_a_lora_moved_or_copied_elsewhere_resumes_its_store_and_is_recorded_where_it_is_now(tmp_path):
@@ -449,6 +506,41 @@ def test_scores_this_node_cannot_see_after_scoring_are_waited_for_then_refused(t
         score_samples(_Samples(), tmp_path / "never", lambda: reward, 2, accelerator)
 
 
+def test_images_this_node_cannot_see_after_generating_are_waited_for_then_refused(tmp_path, monkeypatch):
+    """Under several processes each reads the store back after the barrier: images another node's view never shows
+    stop the stage with what to check, instead of later stages working on fewer samples."""
+    from gors.core import distributed
+
+    class Hiding(SampleStore):
+        hide = False  # set once the pipeline has run: the read-back after it misses the first image
+
+        def records(self):
+            return super().records()[1:] if self.hide else super().records()
+
+    class OneOfTwoProcesses:  # the only process here, counted as one of two so that the read-back runs
+        num_processes = 2
+
+        def __init__(self, real):
+            self.real = real
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    def pipeline(**kwargs):
+        store.hide = True
+        return _fake_pipeline(**kwargs)
+
+    monkeypatch.setattr(distributed, "SHARED_CHECK_WAIT_S", 0.0)
+    store = Hiding(tmp_path / "samples")
+    protocol = SamplingProtocol(images_per_prompt=2, num_inference_steps=2, guidance_scale=7.5, resolution=8)
+    with pytest.raises(StoreError, match=r"1 of the 2 images generated now are not visible in .* every node must see "
+                                         r"one run folder"):
+        generate_samples(store, ["a cat"], protocol, lambda: pipeline, OneOfTwoProcesses(make_accelerator()))
+    store.hide = False  # visible: the same run resumes with nothing left to do
+    generate_samples(store, ["a cat"], protocol, lambda: pipeline, OneOfTwoProcesses(make_accelerator()))
+    assert len(store.records()) == 2
+
+
 # ---- 7: a torn last line is reported and repaired ------------------------------------------------
 
 
@@ -478,6 +570,27 @@ def test_generate_cuts_a_torn_record_and_generates_its_image_again(make_run_conf
     after = _pixels(store)
     assert sorted(after) == sorted(before)
     assert np.abs(after[(2, 1)] - before[(2, 1)]).max() <= 1  # generated again, in a batch of its own
+
+
+def test_generate_repairs_every_part_before_sampling_even_one_no_process_appends_to_now(tmp_path, caplog):
+    # A store resumed on fewer processes: part 1 (of an earlier second process) is never appended to, so only the
+    # repair before sampling cuts its torn line; a record whose image file is gone is forgotten and generated again.
+    two = SamplingProtocol(images_per_prompt=3, num_inference_steps=2, guidance_scale=7.5, resolution=8)
+    store = SampleStore(tmp_path / "samples")
+    _lora_run(store, None, replace(two, images_per_prompt=2))
+    image = Image.new("RGB", (8, 8), (128, 128, 128))
+    store.append(1, image, {"file_name": "00000_002.png", "prompt": "a red circle", "prompt_index": 0,
+                            "image_index": 2})
+    _tear_last_line(store.part_dir(1) / "metadata.jsonl")
+    store.image_path(store.records()[0]).unlink()  # (0, 0): deleted as corrupt
+    with caplog.at_level(logging.WARNING):
+        _lora_run(store, None, two)
+    assert "cut its incomplete last line" in caplog.text
+    assert "1 records had no image file and will be generated again" in caplog.text
+    assert (store.part_dir(1) / "metadata.jsonl").read_bytes() == b""
+    records = store.records()
+    assert [(r["prompt_index"], r["image_index"]) for r in records] == [(0, 0), (0, 1), (0, 2)]
+    assert all(store.image_path(r).is_file() for r in records)
 
 
 def test_score_cuts_a_torn_row_and_scores_its_sample_again(make_run_config, caplog):
