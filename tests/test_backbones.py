@@ -37,12 +37,13 @@ def test_the_family_comes_from_the_class_in_model_index_not_from_the_name(tmp_pa
     assert detect_backbone(str(renamed)).name == "sdxl"
 
 
-def _config_only_pipeline(folder: Path, class_name: str, denoiser: str, sample_size: int, vae: dict) -> Path:
+def _config_only_pipeline(folder: Path, class_name: str, denoiser: str, sample_size: int, vae: dict,
+                          **denoiser_config: object) -> Path:
     """A pipeline folder with configs and no weights: all that family detection reads."""
     folder.mkdir()
     (folder / "model_index.json").write_text(json.dumps({"_class_name": class_name, denoiser: ["diffusers", "X"],
                                                           "vae": ["diffusers", "Y"]}))
-    for component, config in ((denoiser, {"sample_size": sample_size}), ("vae", vae)):
+    for component, config in ((denoiser, {"sample_size": sample_size, **denoiser_config}), ("vae", vae)):
         (folder / component).mkdir()
         (folder / component / "config.json").write_text(json.dumps(config))
     return folder
@@ -288,10 +289,8 @@ def test_each_sd3_checkpoint_samples_as_its_model_card(tmp_path: Path) -> None:
     vae = {"block_out_channels": [128, 256, 512, 512]}
 
     def sd3(name: str, **transformer: object) -> str:
-        folder = _config_only_pipeline(tmp_path / name, "StableDiffusion3Pipeline", "transformer", 128, vae)
-        config = folder / "transformer" / "config.json"
-        config.write_text(json.dumps(json.loads(config.read_text()) | transformer))
-        return str(folder)
+        return str(_config_only_pipeline(tmp_path / name, "StableDiffusion3Pipeline", "transformer", 128, vae,
+                                         **transformer))
 
     def steps_and_guidance(folder: str) -> tuple[int, float]:
         sampling = detect_backbone(folder).sampling
@@ -469,10 +468,8 @@ def test_each_flux_checkpoint_samples_as_its_model_card(tmp_path: Path) -> None:
     vae = {"block_out_channels": [128, 256, 512, 512]}
 
     def flux(name: str, **transformer: object) -> Backbone:
-        folder = _config_only_pipeline(tmp_path / name, "FluxPipeline", "transformer", 128, vae)
-        config = folder / "transformer" / "config.json"
-        config.write_text(json.dumps(json.loads(config.read_text()) | transformer))
-        return detect_backbone(str(folder))
+        return detect_backbone(str(_config_only_pipeline(tmp_path / name, "FluxPipeline", "transformer", 128, vae,
+                                                         **transformer)))
 
     dev = flux("dev", guidance_embeds=True)
     assert (dev.sampling, dev.call_kwargs) == (SamplingDefaults(50, 3.5, 1024), {})

@@ -15,7 +15,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from gors.core.toy.world import COLOURS, IMAGE_SIZE, RELATIONS, SHAPES
 
-MAX_TOKENS = 16  # the longest prompts ("a yellow triangle on the right of a green circle") are 10 words + 2: room to spare
+MAX_TOKENS = 16  # the longest prompts ("a yellow triangle on the right of a green circle"): 10 words + 2
 LATENT_SCALE = 8  # pixels per latent cell along each side, as in Stable Diffusion
 
 
