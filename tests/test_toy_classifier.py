@@ -191,3 +191,97 @@ def test_reward_runs_in_the_dtype_it_is_given(model_dir: Path) -> None:
     assert double.score([scene], ["a red circle"]).scores == pytest.approx(
         single.score([scene], ["a red circle"]).scores, abs=1e-5
     )
+
+
+def test_the_packaged_classifier_recognises_clean_and_augmented_random_scenes() -> None:
+    """The shipped weights (about 99% exact match) pin the forward pass (input centring, average pool) and the
+    augmentation they were trained on: a changed forward or a harsher augmentation drops the exact-match rate."""
+    from gors.core.toy import PRETRAINED_DIR
+
+    model = ToyClassifier.from_pretrained(PRETRAINED_DIR / "classifier")
+    rng = np.random.default_rng(7)
+    scenes = [sample_random_scene(rng) for _ in range(48)]
+    labels = np.stack([scene_labels(s) for s in scenes]) > 0.5
+    clean = predict_presence(model, [world.render(s) for s in scenes]) > 0.5
+    assert (clean == labels).all(axis=1).mean() >= 0.95
+    images, augmented_labels = random_scene_batch(np.random.default_rng(8), 48)
+    with torch.no_grad():
+        augmented = torch.sigmoid(model.eval()(images)).numpy() > 0.5
+    assert (augmented == (augmented_labels.numpy() > 0.5)).all(axis=1).mean() >= 0.9
+
+
+def test_gaussian_blur_matches_a_replicate_padded_convolution() -> None:
+    """The blur-matrix products must equal the plain separable convolution with edges replicated, per image sigma:
+    normalised kernels (a constant image stays constant), y then x, sigma 0 leaves the image unchanged."""
+    import torch.nn.functional as F
+
+    from rewards.toy_cnn import _gaussian_blur
+
+    images = torch.rand(3, 3, 20, 20, generator=torch.Generator().manual_seed(0))
+    sigmas = np.array([0.0, 0.7, 1.5])
+    blurred = _gaussian_blur(images, sigmas)
+    offsets = torch.arange(-3, 4, dtype=torch.float32)
+    for image, sigma, result in zip(images, sigmas, blurred):
+        kernel = torch.exp(-(offsets**2) / (2 * max(sigma, 1e-3) ** 2))
+        kernel = kernel / kernel.sum()
+        padded = F.pad(image[None], (3, 3, 3, 3), mode="replicate")
+        along_y = F.conv2d(padded, kernel.view(1, 1, 7, 1).expand(3, 1, 7, 1), groups=3)
+        expected = F.conv2d(along_y, kernel.view(1, 1, 1, 7).expand(3, 1, 1, 7), groups=3)[0]
+        torch.testing.assert_close(result, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(blurred[0], images[0], atol=1e-6, rtol=0)
+    white = torch.ones(2, 3, 16, 16)
+    torch.testing.assert_close(_gaussian_blur(white, np.array([0.5, 1.5])), white, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="square images expected"):
+        _gaussian_blur(torch.ones(1, 3, 16, 20), np.array([1.0]))
+
+
+def test_augmentation_keeps_images_close_to_their_clean_renders() -> None:
+    """The colour shift is at most 25/255 per channel, the blur sigma at most 1.5 and the noise small: with no shape
+    distortion an augmented image stays close to its clean render."""
+    images, _ = random_scene_batch(np.random.default_rng(5), 16, distort_probability=0.0)
+    clean, _ = random_scene_batch(np.random.default_rng(5), 16, augment=False)
+    assert (images - clean).abs().mean() < 0.08
+    # With no distortion each image is its exact render, then blurred, shifted and noised (the two distortion draws
+    # per scene still come from rng, before the pixel-level ones).
+    from rewards.toy_cnn import augment_batch
+
+    replay = np.random.default_rng(5)
+    scenes = [sample_random_scene(replay) for _ in range(16)]
+    replay.random(2 * len(scenes))
+    torch.testing.assert_close(images, augment_batch(images_to_tensor([world.render(s) for s in scenes]), replay))
+
+
+def test_bad_sizes_are_refused_with_their_names() -> None:
+    # Without the checks a batch of 0 scenes fails inside numpy, and 0 steps returns an untrained model.
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        random_scene_batch(np.random.default_rng(0), 0)
+    with pytest.raises(ValueError, match="steps and batch_size must be >= 1"):
+        train_classifier(steps=0, progress=False)
+
+
+def test_training_returns_an_eval_model_with_its_learning_rate_decayed_to_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An eval-mode model (BatchNorm running statistics) comes back, and the cosine schedule spans exactly `steps`."""
+    optimizers: list[torch.optim.Optimizer] = []
+    adamw = torch.optim.AdamW
+
+    def recording_adamw(*args: object, **kwargs: object) -> torch.optim.Optimizer:
+        optimizers.append(adamw(*args, **kwargs))
+        return optimizers[-1]
+
+    monkeypatch.setattr(torch.optim, "AdamW", recording_adamw)
+    model = train_classifier(steps=4, batch_size=4, progress=False)
+    assert not model.training
+    assert optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_predict_presence_uses_running_statistics_and_restores_the_training_mode(model_dir: Path) -> None:
+    """A model in training mode would normalise a batch of one image by its own statistics; predict_presence must
+    give the eval-mode answer and leave the model training."""
+    model = ToyClassifier.from_pretrained(model_dir)
+    scene = world.render(world.sample_scene(world.ToyPrompt.parse("a red circle"), np.random.default_rng(0)))
+    expected = predict_presence(model, [scene])
+    model.train()
+    np.testing.assert_allclose(predict_presence(model, [scene]), expected, rtol=1e-6, atol=1e-7)
+    assert model.training
