@@ -214,7 +214,9 @@ def test_several_active_adapters_add_each_one_s_output_as_peft_s():
     fused, plain = _forward_backward(net, x), _forward_backward(_unfused(net), x)
     assert len(fused[2]) == 6  # both adapters of the first layer are trained
     for a, b in zip([fused[0], fused[1], *fused[2]], [plain[0], plain[1], *plain[2]]):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        # float32 rounding of another summation order, relative to the tensor's scale: the gradients
+        # reach 1e4 here, and an AVX2 CPU's kernels round elements near zero 1e-3 apart
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6 * float(b.abs().max()))
 
 
 def test_a_layer_without_the_active_adapter_runs_its_base_layer_inside_the_cast_block():

@@ -139,8 +139,9 @@ def test_soft_scores_sum_variant_probabilities(reward: SoftTIFAReward, plain) ->
     # A count atom includes the first token of " 4" (a space), as the official code does;
     # multi_token="skip" leaves it out and changes nothing else.
     space = processor.tokenizer.convert_tokens_to_ids("Ġ")
+    # the same batch size: another one changes the kernels' blocking, hence float32 rounding
     skip = SoftTIFAReward(model_name_or_path=reward.model_name_or_path, device="cpu",
-                          multi_token="skip")
+                          batch_size=reward.batch_size, multi_token="skip")
     skipped = skip.score([image], [PROMPTS[0]], [{"vqa_list": VQA_LIST}]).details[0]
     for (question, _), first, only_single in zip(
         VQA_LIST, details["atom_scores"], skipped["atom_scores"], strict=True
