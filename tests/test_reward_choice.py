@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -375,6 +376,28 @@ def test_reward_from_an_installed_entry_point(tmp_path, monkeypatch):
     assert "half" in available_rewards()
     assert get_reward_class("half").__name__ == "Half"
     assert build_reward("half:1,test_constant:1", device="cpu").score(_images(1), ["a"]).scores == [0.5]
+
+
+def test_entry_points_are_read_once_until_a_package_is_installed_on_the_path(tmp_path, monkeypatch):
+    import rewards.registry
+
+    reads = []
+    monkeypatch.setattr(rewards.registry, "entry_points",
+                        lambda group: (reads.append(group), importlib.metadata.entry_points(group=group))[1])
+    monkeypatch.syspath_prepend(str(tmp_path))  # a state of the path no earlier test has seen
+    assert "later" not in available_rewards() and "later" not in available_rewards()
+    assert reads == ["gors.rewards"]  # the second lookup read no package's metadata
+    (tmp_path / "later_plugin.py").write_text("from rewards import Reward\nclass Later(Reward):\n"
+                                              "    def _score(self, images, prompts, metadata): ...\n")
+    dist = tmp_path / "later_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: later-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[gors.rewards]\nlater = later_plugin:Later\n")
+    os.utime(tmp_path, ns=(0, os.stat(tmp_path).st_mtime_ns + 10**9))  # as an install a clock tick later does
+    assert get_reward_class("later").__name__ == "Later"
+    assert reads == ["gors.rewards"] * 2
+    rewards.registry.declared_entry_points()["later"].append("a caller's own change")
+    assert rewards.registry.declared_entry_points()["later"] == ["later_plugin:Later"]
 
 
 BRIGHTNESS_MODULE = (
