@@ -53,6 +53,40 @@ def one_torch_thread():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def clip_tokenizers_read_once():
+    """Each folder's CLIP tokenizer parsed once per test process, while its files and its settings stay as they
+    were: parsing the real 49,408-token vocabulary takes about 0.4 s, and the tests load the tiny pipelines'
+    tokenizers over a thousand times (a fifth of the suite's time). Only `CLIPTokenizer`, which gors never
+    changes; a tokenizer whose settings a caller changed is loaded anew, so that no test sees another's change."""
+    from transformers import CLIPTokenizer
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    original = PreTrainedTokenizerBase.from_pretrained
+    loaded = {}
+
+    def settings(tokenizer) -> tuple:
+        return (tokenizer.padding_side, tokenizer.truncation_side, tokenizer.model_max_length, len(tokenizer),
+                tuple(sorted(tokenizer.special_tokens_map.items())))
+
+    def from_pretrained(cls, path, *args, **kwargs):
+        folder = os.path.join(str(path), kwargs.get("subfolder") or "")
+        if cls is not CLIPTokenizer or args or not os.path.isdir(folder):
+            return original.__func__(cls, path, *args, **kwargs)
+        files = tuple(sorted((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns)
+                             for entry in os.scandir(folder) if entry.is_file()))
+        key = (os.path.realpath(folder), files, repr(sorted(kwargs.items())))
+        if key in loaded and settings(loaded[key][0]) == loaded[key][1]:
+            return loaded[key][0]
+        tokenizer = original.__func__(cls, path, *args, **kwargs)
+        loaded[key] = (tokenizer, settings(tokenizer))
+        return tokenizer
+
+    PreTrainedTokenizerBase.from_pretrained = classmethod(from_pretrained)
+    yield
+    PreTrainedTokenizerBase.from_pretrained = original
+
+
 @pytest.fixture(autouse=True)
 def seeded():
     """Each test's random inputs from a fixed seed (torch's global generator, which tests draw from
