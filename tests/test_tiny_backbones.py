@@ -148,3 +148,14 @@ def test_t5_tokenizer_keeps_t5_conventions_and_pads_to_the_pipelines_lengths(tmp
     reloaded = T5TokenizerFast.from_pretrained(tmp_path)
     assert reloaded(PROMPTS).input_ids == tokenizer(PROMPTS).input_ids
     assert reloaded.model_max_length == 512
+
+
+def test_a_clip_tokenizer_is_read_once_and_one_a_test_changed_is_read_anew(tiny_sd):
+    """conftest's `clip_tokenizers_read_once` hands no test another test's changes."""
+    from transformers import CLIPTokenizer
+
+    first = CLIPTokenizer.from_pretrained(tiny_sd, subfolder="tokenizer")
+    assert CLIPTokenizer.from_pretrained(tiny_sd, subfolder="tokenizer") is first
+    first.padding_side = "left"
+    again = CLIPTokenizer.from_pretrained(tiny_sd, subfolder="tokenizer")
+    assert again is not first and again.padding_side == "right"
