@@ -63,7 +63,7 @@ def clip_tokenizers_read_once():
     from transformers import CLIPTokenizer
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-    original = PreTrainedTokenizerBase.from_pretrained
+    original = vars(PreTrainedTokenizerBase)["from_pretrained"]  # the classmethod itself, to put back
     loaded = {}
 
     def settings(tokenizer) -> tuple:
