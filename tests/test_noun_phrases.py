@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -224,6 +226,32 @@ def test_spacy_backend_without_spacy(no_spacy: None) -> None:
         noun_phrases("a red car", backend="spacy")
     with pytest.raises(ValueError, match="backend"):
         noun_phrases("a red car", backend="nltk")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("model_installed", [False, True])
+def test_spacy_is_imported_only_where_its_model_package_is_installed(monkeypatch: pytest.MonkeyPatch,
+                                                                    model_installed: bool) -> None:
+    # spaCy loads en_core_web_sm as a package: without one, "auto" takes the built-in chunker and leaves spaCy (about
+    # a second to import) unimported; with one, spaCy loads it.
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: (
+        (SimpleNamespace(name=name) if model_installed else None) if name == np_module.SPACY_MODEL
+        else find_spec(name, *args)))
+    loaded = []
+    if model_installed:
+        spacy = pytest.importorskip("spacy")
+        monkeypatch.setattr(spacy, "load", lambda name: (loaded.append(name), "the model's pipeline")[1])
+    else:
+        monkeypatch.delitem(sys.modules, "spacy", raising=False)
+    np_module._spacy_pipeline.cache_clear()
+    try:
+        nlp = np_module.pipeline_for("auto")
+    finally:
+        np_module._spacy_pipeline.cache_clear()
+    if model_installed:
+        assert nlp == "the model's pipeline" and loaded == [np_module.SPACY_MODEL]
+    else:
+        assert nlp is None and "spacy" not in sys.modules
 
 
 def test_phrases_are_substrings_in_order() -> None:
