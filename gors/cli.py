@@ -362,13 +362,14 @@ def run_select(config: SelectConfig) -> None:
 
 def run_train(config: TrainConfig) -> None:
     """`gors train`: training on an Accelerator set up for it, its trackers closed at the end."""
+    from gors.core.distributed import end_training
     from gors.select import load_selection
     from gors.train import train, training_accelerator
 
     load_selection(config.output_dir)  # a missing or damaged selection is named before the model is looked up
     accelerator = training_accelerator(config)
     train(config, accelerator)
-    accelerator.end_training()
+    end_training(accelerator)
 
 
 @dataclass

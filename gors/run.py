@@ -14,7 +14,7 @@ from accelerate import Accelerator
 from gors.checkpoints import MICRO_BATCH_FIELDS, find_checkpoint, read_marker
 from gors.config import RunConfig
 from gors.core.backbones import check_resolution, check_trainable, detect_backbone
-from gors.core.distributed import main_process_decides
+from gors.core.distributed import end_training, main_process_decides
 from gors.core.lock import run_folder_lock
 from gors.core.prompts import check_category, load_prompts, recorded_category
 from gors.core.run_folder import CHECKPOINTS_DIR, ROUNDS_FILE, SELECTION_FILE, round_dir, samples_dir
@@ -221,7 +221,7 @@ def run(config: RunConfig, command: str = "gors run") -> None:
         run_stages(config, accelerator, command)
     else:
         run_rounds(config, accelerator, command)
-    accelerator.end_training()
+    end_training(accelerator)
     if config.push_to_hub and accelerator.is_main_process:
         push_finished_run(config)
 

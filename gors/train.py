@@ -926,7 +926,7 @@ class GORSTrainer:
             path = self._save_lora(self.output_dir)
             accelerator.print(f"[train] LoRA saved to {path}")
         # Trackers close here; the process group stays up for whatever the caller runs next
-        # (e.g. an evaluation), and the entry point calls `accelerator.end_training()` last.
+        # (e.g. an evaluation), and ends with the process (`gors.core.distributed.end_training`).
         for tracker in accelerator.trackers:
             tracker.finish()
         accelerator.trackers.clear()

@@ -33,6 +33,33 @@ def test_shares_are_contiguous_and_as_large_as_strided_ones(world):
         assert [len(share) for share in shares] == [len(items[rank::world]) for rank in range(world)]
 
 
+def test_a_command_s_end_leaves_the_process_group_to_the_process_s_exit(tmp_path, monkeypatch):
+    """The trackers end with the command, the process group with the process: a script may run another command in
+    the same launched processes (test_family_training's runs do), and torch cannot form a second default group over
+    torchrun's store."""
+    import atexit
+
+    import torch.distributed as dist
+
+    from gors.core import distributed
+
+    registered, finished = [], []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.setattr(distributed, "_ending_group_at_exit", False)
+    accelerator = SimpleNamespace(trackers=[SimpleNamespace(finish=lambda: finished.append("tracker"))])
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        for _ in range(2):
+            distributed.end_training(accelerator)
+        assert finished == ["tracker", "tracker"] and dist.is_initialized()
+        assert registered == [distributed._destroy_process_group]  # once per process
+        registered[0]()
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 @pytest.mark.slow
 def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd, tiny_blip, prompts_file):
     run_dir = tmp_path / "run"

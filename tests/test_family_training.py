@@ -5,6 +5,9 @@ checkpoint after each) is shared by the tests of that family: what the run folde
 loads in the family's own diffusers pipeline and changes its images, (SDXL and SD3; FLUX.1 trains its
 transformer as SD3 does) that a 2-process resume from the first checkpoint ends on the same LoRA, and (SDXL)
 how the LoRA of a text-encoder layer whose output is unused trained on two processes.
+
+The three runs are one launch, one `gors run` after another (`launch_gors_jobs`), and the 2-process trainings
+that follow from them another: each launch costs its processes' imports (about 25 s of CPU on 2 slow cores).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from two_processes import launch_gors
+from two_processes import launch_gors_jobs
 
 from gors.core.run_folder import TEXT_EMBEDDING_CACHE_DIR
 from gors.core.scoring import load_scores
@@ -57,6 +60,7 @@ FAMILIES = {
 class FamilyRun:
     """A finished 2-process `gors run` of one family (read-only: tests that write copy it)."""
 
+    name: str  # the family's key in FAMILIES
     family: Family
     model: Path
     run_dir: Path
@@ -74,20 +78,56 @@ def _render(pipeline) -> np.ndarray:
                     generator=torch.Generator().manual_seed(0)).images
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def family_run(request, tmp_path_factory, tiny_blip) -> FamilyRun:
-    """generate -> score -> select -> train of one family in one 2-process launch, with a large learning
-    rate so that two steps visibly move the tiny model."""
-    family = FAMILIES[request.param]
-    root = tmp_path_factory.mktemp(request.param)
+@pytest.fixture(scope="module")
+def family_runs(request, tmp_path_factory, tiny_blip) -> dict[str, FamilyRun]:
+    """generate -> score -> select -> train of each family on two processes, one `gors run` after another in one
+    launch, with a large learning rate so that two steps visibly move the tiny model."""
+    root = tmp_path_factory.mktemp("families")
     prompts = root / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
-    run = FamilyRun(family, request.getfixturevalue(family.model_fixture), root / "run")
-    launch_gors(["run", *run.train_flags(run.run_dir), "--train_prompts", str(prompts), "--images_per_prompt",
-             str(IMAGES_PER_PROMPT), "--num_inference_steps", "2", "--generation_batch_size", "2",
-             "--reward_model_name_or_path", str(tiny_blip), "--reward_batch_size", "2", "--reward_threshold", "0.0"],
-            cwd=root)
-    return run
+    runs = {name: FamilyRun(name, family, request.getfixturevalue(family.model_fixture), root / name)
+            for name, family in FAMILIES.items()}
+    launch_gors_jobs([["run", *run.train_flags(run.run_dir), "--train_prompts", str(prompts), "--images_per_prompt",
+                       str(IMAGES_PER_PROMPT), "--num_inference_steps", "2", "--generation_batch_size", "2",
+                       "--reward_model_name_or_path", str(tiny_blip), "--reward_batch_size", "2",
+                       "--reward_threshold", "0.0"] for run in runs.values()], cwd=root)
+    return runs
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_run(request, family_runs) -> FamilyRun:
+    return family_runs[request.param]
+
+
+@dataclass(frozen=True)
+class FollowUps:
+    """The 2-process trainings that follow from the family runs, in one launch."""
+
+    resumed: dict[str, Path]  # by family: its run resumed from its first checkpoint
+    bf16_sdxl: Path  # SDXL's training again, under bf16
+    stdout: str
+
+
+RESUMED_FAMILIES = ("sdxl", "sd3")  # FLUX.1 trains as SD3 does: a transformer
+
+
+@pytest.fixture(scope="module")
+def follow_ups(family_runs, tmp_path_factory) -> FollowUps:
+    """Each of `RESUMED_FAMILIES`' runs without its second checkpoint and its LoRA, resumed from the first, and
+    SDXL's training under bf16 (each in a copy of the run without its checkpoints and LoRA)."""
+    root = tmp_path_factory.mktemp("follow_ups")
+    jobs, resumed = [], {}
+    for name in RESUMED_FAMILIES:
+        run = family_runs[name]
+        resumed[name] = root / f"resumed-{name}"
+        shutil.copytree(run.run_dir, resumed[name])
+        shutil.rmtree(resumed[name] / "checkpoints" / "checkpoint-2")
+        (resumed[name] / LORA_WEIGHT_NAME).unlink()
+        jobs.append(["train", *run.train_flags(resumed[name]), "--resume_from_checkpoint", "latest"])
+    sdxl, bf16 = family_runs["sdxl"], root / "bf16-sdxl"
+    shutil.copytree(sdxl.run_dir, bf16, ignore=shutil.ignore_patterns("checkpoints", LORA_WEIGHT_NAME))
+    jobs.append(["train", *sdxl.train_flags(bf16), "--mixed_precision", "bf16", "--checkpointing_steps", "100"])
+    return FollowUps(resumed, bf16, launch_gors_jobs(jobs, cwd=root).stdout)
 
 
 @pytest.mark.slow
@@ -158,7 +198,7 @@ def test_adapter_weights_cast_at_once_train_the_family_s_lora_bit_for_bit_in_bf1
 @pytest.mark.parametrize("family_run", ["sdxl"], indirect=True)
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_two_process_training_steps_the_lora_that_gets_no_gradient_by_weight_decay_alone(family_run, precision,
-                                                                                         tmp_path):
+                                                                                         tmp_path, request):
     # SDXL reads CLIP-L's penultimate layer, so its last layer's LoRA gets no gradient; DDP looks for unused
     # parameters for this family, and under bf16 the adapters are cast at once (`AdapterCast`). One process leaves
     # that LoRA as initialised (no gradient, no AdamW step). DDP hands it a zero gradient instead (the layer runs in
@@ -170,17 +210,13 @@ def test_two_process_training_steps_the_lora_that_gets_no_gradient_by_weight_dec
     rate, decay, steps = TEXT_ENCODER_RATE, 1e-2, 2  # the run's rate, the default --adam_weight_decay, its steps
 
     def trained(processes: int) -> dict[str, torch.Tensor]:
-        if processes == 2 and precision == "no":  # the family's own 2-process run trained so (the accelerate config's)
-            return load_file(str(family_run.run_dir / LORA_WEIGHT_NAME))
-        run_dir = tmp_path / f"processes-{processes}"
+        if processes == 2:  # the family's own 2-process run trained so (the accelerate config's), or its bf16 twin
+            folder = family_run.run_dir if precision == "no" else request.getfixturevalue("follow_ups").bf16_sdxl
+            return load_file(str(folder / LORA_WEIGHT_NAME))
+        run_dir = tmp_path / "processes-1"
         shutil.copytree(family_run.run_dir, run_dir, ignore=shutil.ignore_patterns("checkpoints", LORA_WEIGHT_NAME))
-        flags = ["train", *family_run.train_flags(run_dir), "--mixed_precision", precision, "--checkpointing_steps",
-                 "100"]
-        if processes == 1:
-            main(flags)
-            reset_process_state()
-        else:
-            launch_gors(flags, cwd=tmp_path)
+        main(["train", *family_run.train_flags(run_dir), "--mixed_precision", precision, "--checkpointing_steps", "100"])
+        reset_process_state()
         return load_file(str(run_dir / LORA_WEIGHT_NAME))
 
     loras = {processes: trained(processes) for processes in (1, 2)}
@@ -196,15 +232,10 @@ def test_two_process_training_steps_the_lora_that_gets_no_gradient_by_weight_dec
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family_run", ["sdxl", "sd3"], indirect=True)  # FLUX.1 trains as SD3 does: a transformer
-def test_two_process_resume_from_the_first_checkpoint_gives_the_same_lora(family_run, tmp_path):
-    resumed = tmp_path / "resumed"
-    shutil.copytree(family_run.run_dir, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "checkpoint-2")
-    (resumed / LORA_WEIGHT_NAME).unlink()
-
-    result = launch_gors(["train", *family_run.train_flags(resumed), "--resume_from_checkpoint", "latest"], cwd=tmp_path)
-    assert f"resumed from {resumed / 'checkpoints' / 'checkpoint-1'} at step 1" in result.stdout
+@pytest.mark.parametrize("family_run", RESUMED_FAMILIES, indirect=True)
+def test_two_process_resume_from_the_first_checkpoint_gives_the_same_lora(family_run, follow_ups):
+    resumed = follow_ups.resumed[family_run.name]
+    assert f"resumed from {resumed / 'checkpoints' / 'checkpoint-1'} at step 1" in follow_ups.stdout
     original = load_file(str(family_run.run_dir / LORA_WEIGHT_NAME))
     again = load_file(str(resumed / LORA_WEIGHT_NAME))
     assert original.keys() == again.keys()

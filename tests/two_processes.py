@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,3 +25,11 @@ def launch(target: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def launch_gors(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """`gors <args>` under `accelerate launch` with `accelerate_configs/cpu.yaml`; it must succeed."""
     return launch(["-m", "gors.cli", *args], cwd)
+
+
+def launch_gors_jobs(jobs: list[list[str]], cwd: Path) -> subprocess.CompletedProcess:
+    """Several `gors` commands (each a list of its arguments) one after another in the same two launched
+    processes, as a user's script calls `gors.cli.main`; all must succeed. The first runs in fresh processes as
+    `launch_gors` does; the later ones after `reset_process_state`, and share the processes' imports of torch,
+    diffusers and transformers (about 10 s of CPU each on 2 slow cores)."""
+    return launch([str(REPO / "tests" / "launched_jobs.py"), json.dumps(jobs)], cwd)

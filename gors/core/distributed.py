@@ -7,10 +7,15 @@ Processes started by a launcher (torchrun, which `accelerate launch --multi_gpu`
 torchrun starts each worker in its own session, so a launcher killed alone (SIGKILL, OOM killer)
 would leave its workers writing into the run folder. `make_accelerator` and `process_state` start
 that watch (`die_with_launcher`), and make gors' warnings speak once per launch (`gors.core.logs`).
+
+A command ends its trackers when it ends, but the process group only when the process exits (`end_training`):
+a script may run another command in the same launched processes, and torch cannot form a second default group
+over a launcher's store.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -34,6 +39,7 @@ T = TypeVar("T")
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _watching_launcher = False
+_ending_group_at_exit = False
 SHARED_CHECK_PREFIX = ".shared-check-"  # + host, pid and time of the command that checks
 # How long another node may take to see a file the main process wrote (network filesystems publish
 # new files with a delay); every stage relies on the same visibility after its barriers.
@@ -96,6 +102,24 @@ def make_accelerator(**kwargs: Any) -> Accelerator:
     accelerator = Accelerator(cpu=_cpu_only(), **kwargs)
     speak_once(accelerator.num_processes, accelerator.process_index)
     return accelerator
+
+
+def end_training(accelerator: Accelerator) -> None:
+    """`accelerator.end_training()` at the end of a command, but the process group is destroyed at the process's exit
+    rather than now: another command of the same script (`gors.cli.main` or the stage functions, called twice under
+    one `accelerate launch`) goes on in it. torch cannot form a second default group over torchrun's store: the new
+    group's keys are the destroyed one's, and its processes connect to the old group's closed ports."""
+    global _ending_group_at_exit
+    for tracker in accelerator.trackers:
+        tracker.finish()
+    if not _ending_group_at_exit:
+        _ending_group_at_exit = True
+        atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def process_state() -> PartialState:

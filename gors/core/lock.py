@@ -224,8 +224,9 @@ def run_folder_lock(folder: str | Path, stages: Sequence[str], command: str) -> 
         finally:
             _HELD.reset(token)
         # Released only when every process is done writing; after an error the launcher stops them all.
-        # A body that ended the process group (`accelerator.end_training()` after `gors train`) has
-        # passed its last barrier already: only the main process, which holds the locks, still writes.
+        # A body that ended the process group (a caller's own `accelerator.end_training()`; gors' commands
+        # leave it to the process's exit) has passed its last barrier already: only the main process, which
+        # holds the locks, still writes.
         import torch.distributed
 
         if state.num_processes == 1 or torch.distributed.is_initialized():

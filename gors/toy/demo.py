@@ -28,7 +28,7 @@ from tabulate import tabulate
 from evaluators.base import FIXED_BATCH_FLAGS
 from gors.cli import TRAINING_INTERRUPTED, expected_errors, parse_config
 from gors.config import RunConfig
-from gors.core.distributed import main_process_decides
+from gors.core.distributed import end_training, main_process_decides
 from gors.core.io import atomic_save_image, atomic_write_json
 from gors.core.lock import run_folder_lock
 from gors.core.pipeline import lora_sha256
@@ -284,5 +284,5 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"  TensorBoard       tensorboard --logdir {out / 'logs'}\n"
             f"  took {results['seconds']:.0f} s on {accelerator.num_processes} process(es)"
         )
-    accelerator.end_training()
+    end_training(accelerator)
     return results
