@@ -222,6 +222,12 @@ def prompts_file(tmp_path) -> Path:
     return _write_prompts(tmp_path / "prompts.txt")
 
 
+@pytest.fixture(scope="module")
+def module_prompts_file(tmp_path_factory) -> Path:
+    """`prompts_file` for module fixtures."""
+    return _write_prompts(tmp_path_factory.mktemp("prompts") / "prompts.txt")
+
+
 def _write_prompts(path: Path) -> Path:
     path.write_bytes(b"a red circle and a blue square\r\n\r\na green triangle\r\na yellow circle\r\n")
     return path

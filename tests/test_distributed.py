@@ -5,13 +5,15 @@ import logging
 import os
 import pickle
 import signal
+from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from accelerate import PartialState
 from safetensors.torch import load_file
-from two_processes import launch, launch_gors
+from two_processes import launch, launch_gors_jobs
 
 from gors.core.io import NotSharedError
 from gors.core.scoring import load_scores
@@ -60,19 +62,44 @@ def test_a_command_s_end_leaves_the_process_group_to_the_process_s_exit(tmp_path
             dist.destroy_process_group()
 
 
-@pytest.mark.slow
-def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd, tiny_blip, prompts_file):
-    run_dir = tmp_path / "run"
-    flags = [
-        "--output_dir", str(run_dir), "--pretrained_model_name_or_path", str(tiny_sd),
-        "--train_prompts", str(prompts_file), "--images_per_prompt", "3", "--num_inference_steps", "2",
-        "--resolution", "32", "--generation_batch_size", "2", "--reward_model_name_or_path", str(tiny_blip),
-        "--reward_batch_size", "2", "--reward_threshold", "0.0", "--max_train_steps", "2",
-        "--checkpointing_steps", "1", "--seed", "0",
+# `gors evaluate`'s flags in test_two_process_evaluation_equals_one_process, less the output folder.
+EVALUATION_FLAGS = ["--benchmarks", "toy:train", "--max_prompts", "6", "--images_per_prompt", "2"]
+
+
+@dataclass(frozen=True)
+class Launched:
+    """The two-process commands of this module, run one after another in one launch (`launch_gors_jobs`)."""
+
+    run_flags: list[str]  # of `gors run` (and, the first 14, of `gors generate`)
+    evaluated: Path  # `gors evaluate`'s --output_dir
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory, tiny_sd, tiny_blip, module_prompts_file) -> Launched:
+    """A whole `gors run` of the tiny SD (3 prompts x 3 images, 2 steps), then `gors evaluate` of the toy model."""
+    from gors.core.toy import PRETRAINED_DIR
+
+    root = tmp_path_factory.mktemp("launched")
+    run_flags = [
+        "--output_dir", str(root / "run"), "--pretrained_model_name_or_path", str(tiny_sd),
+        "--train_prompts", str(module_prompts_file), "--images_per_prompt", "3",
+        "--num_inference_steps", "2", "--resolution", "32", "--generation_batch_size", "2",
+        "--reward_model_name_or_path", str(tiny_blip), "--reward_batch_size", "2", "--reward_threshold", "0.0",
+        "--max_train_steps", "2", "--checkpointing_steps", "1", "--seed", "0",
     ]
+    evaluate = ["evaluate", "--pretrained_model_name_or_path", str(PRETRAINED_DIR / "pipeline"), *EVALUATION_FLAGS,
+                "--output_dir", str(root / "evaluated")]
     # Scoring overlapped with generation here; the two-round run of test_rounds scores after it. The
     # processes anchor different rows to the base model (--anchor_below), so its forward must be their own.
-    launched = launch_gors(["run", *flags, "--overlap_scoring", "--anchor_below", "500"], cwd=tmp_path)
+    result = launch_gors_jobs([["run", *run_flags, "--overlap_scoring", "--anchor_below", "500"], evaluate], cwd=root)
+    return Launched(run_flags, root / "evaluated", result.stderr)
+
+
+@pytest.mark.slow
+def test_two_processes_give_one_consistent_store_and_one_lora(launched):
+    flags = launched.run_flags
+    run_dir = Path(flags[1])
     # The tiny BLIP's resolution note is the same on both processes: the main one says it.
     assert launched.stderr.count("B-VQA on ") == 1, launched.stderr[-3000:]
 
@@ -105,21 +132,17 @@ def test_two_processes_give_one_consistent_store_and_one_lora(tmp_path, tiny_sd,
 
 
 @pytest.mark.slow
-def test_two_process_evaluation_equals_one_process(tmp_path):
+def test_two_process_evaluation_equals_one_process(launched, tmp_path):
     """`gors evaluate` shards generation and scoring; the numbers do not depend on the process count."""
-    import json
-
+    from gors.cli import main
     from gors.core.toy import PRETRAINED_DIR
 
-    flags = ["--pretrained_model_name_or_path", str(PRETRAINED_DIR / "pipeline"), "--benchmarks", "toy:train",
-             "--max_prompts", "6", "--images_per_prompt", "2"]
-    launch_gors(["evaluate", *flags, "--output_dir", str(tmp_path / "two")], cwd=tmp_path)
-    from gors.cli import main
-
-    main(["evaluate", *flags, "--output_dir", str(tmp_path / "one")])
-    two = tmp_path / "two" / "toy" / "train"
+    main(["evaluate", "--pretrained_model_name_or_path", str(PRETRAINED_DIR / "pipeline"), *EVALUATION_FLAGS,
+          "--output_dir", str(tmp_path / "one")])
+    two = launched.evaluated / "toy" / "train"
     assert sorted(p.name for p in (two / "scores").glob("part-*.jsonl")) == ["part-00000.jsonl", "part-00001.jsonl"]
-    summaries = [json.loads((tmp_path / run / "toy" / "train" / "summary.json").read_text()) for run in ("one", "two")]
+    summaries = [json.loads((folder / "toy" / "train" / "summary.json").read_text())
+                 for folder in (tmp_path / "one", launched.evaluated)]
     assert summaries[0]["num_images"] == summaries[1]["num_images"] == 12
     assert summaries[0]["binding_accuracy"] == summaries[1]["binding_accuracy"]
 
