@@ -126,7 +126,8 @@ def follow_ups(family_runs, tmp_path_factory) -> FollowUps:
         jobs.append(["train", *run.train_flags(resumed[name]), "--resume_from_checkpoint", "latest"])
     sdxl, bf16 = family_runs["sdxl"], root / "bf16-sdxl"
     shutil.copytree(sdxl.run_dir, bf16, ignore=shutil.ignore_patterns("checkpoints", LORA_WEIGHT_NAME))
-    jobs.append(["train", *sdxl.train_flags(bf16), "--mixed_precision", "bf16", "--checkpointing_steps", "100"])
+    jobs += ["reset_process_state",  # a script's training under another precision than the last
+             ["train", *sdxl.train_flags(bf16), "--mixed_precision", "bf16", "--checkpointing_steps", "100"]]
     return FollowUps(resumed, bf16, launch_gors_jobs(jobs, cwd=root).stdout)
 
 

@@ -27,9 +27,10 @@ def launch_gors(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return launch(["-m", "gors.cli", *args], cwd)
 
 
-def launch_gors_jobs(jobs: list[list[str]], cwd: Path) -> subprocess.CompletedProcess:
+def launch_gors_jobs(jobs: list[list[str] | str], cwd: Path) -> subprocess.CompletedProcess:
     """Several `gors` commands (each a list of its arguments) one after another in the same two launched
-    processes, as a user's script calls `gors.cli.main`; all must succeed. The first runs in fresh processes as
-    `launch_gors` does; the later ones after `reset_process_state`, and share the processes' imports of torch,
-    diffusers and transformers (about 10 s of CPU each on 2 slow cores)."""
+    processes, as a user's script calls `gors.cli.main`, with "reset_process_state" between two where the script
+    calls it (Accelerate keeps one precision per process); all must succeed. The first command runs in fresh
+    processes, as `launch_gors`'s does; the later ones share the processes' imports of torch, diffusers and
+    transformers (about 10 s of CPU each on 2 slow cores)."""
     return launch([str(REPO / "tests" / "launched_jobs.py"), json.dumps(jobs)], cwd)
