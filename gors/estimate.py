@@ -116,9 +116,10 @@ def _entry_problems(stage: str, entry: dict[str, Any]) -> list[str]:
     one_off = _one_off(entry)
     bad = [f"{key}={value!r} is not a number >= 0" for key, value in one_off.items() if not _number(value) or value < 0]
     problems += bad
-    if not bad and seconds_ok and sum(one_off.values()) > seconds:
-        problems.append(f"{' + '.join(f'{key}={value}' for key, value in one_off.items() if value)} is more than "
-                        f"seconds={seconds}")
+    # One-off seconds as long as the stage leave no time for its work, whose pace would read as 0 s a unit.
+    if not bad and seconds_ok and sum(one_off.values()) >= seconds:
+        problems.append(f"{' + '.join(f'{key}={value}' for key, value in one_off.items() if value)} is not less "
+                        f"than seconds={seconds}")
     for key in ("work", "num_processes"):
         if key in entry and not (_number(entry[key]) and entry[key] >= 1):
             problems.append(f"{key}={entry[key]!r} is not a number >= 1")
@@ -138,7 +139,7 @@ def _entry_problems(stage: str, entry: dict[str, Any]) -> list[str]:
 
 def check_stages(stages: dict[str, dict[str, Any]], sources: dict[str, str]) -> None:
     """Refuse, naming the file and the stage, a timings entry the estimate cannot use (a missing or
-    non-numeric field, no work, one-off seconds longer than the stage, no processes, a needed setting < 1)."""
+    non-numeric field, no work, one-off seconds as long as the stage or longer, no processes, a needed setting < 1)."""
     for stage, entry in stages.items():
         problems = _entry_problems(stage, entry)
         if problems:

@@ -64,6 +64,7 @@ def _all_seconds_zero(stages):
     (_set(("train", "settings", "gradient_accumulation_steps"), 0), "train",
      "settings.gradient_accumulation_steps=0 is not a number >= 1"),
     (_drop(("generate", "device")), "generate", "'device' is missing"),
+    (_set(("train", "device"), 0), "train", "device=0 is not a device name"),
     (_set(("score", "work"), "400"), "score", "work='400' is not a number >= 1"),
     (_set(("train", "work"), 0), "train", "work=0 is not a number >= 1"),
     (_set(("generate", "settings", "generation", "num_inference_steps"), 0), "generate",
@@ -71,7 +72,8 @@ def _all_seconds_zero(stages):
     (_set(("train", "num_processes"), 0), "train", "num_processes=0 is not a number >= 1"),
     (_all_seconds_zero, "generate", "seconds=0 is not a number > 0"),
     (_set(("train", "seconds"), -5), "train", "seconds=-5 is not a number > 0"),
-    (_set(("score", "setup_seconds"), 80), "score", "setup_seconds=80 is more than seconds=50"),
+    (_set(("score", "setup_seconds"), 80), "score", "setup_seconds=80 is not less than seconds=50"),
+    (_set(("score", "setup_seconds"), 50), "score", "setup_seconds=50 is not less than seconds=50"),
     (_set(("score", "setup_seconds"), -1), "score", "setup_seconds=-1 is not a number >= 0"),
     (_set(("score", "seconds"), float("nan")), "score", "seconds=nan is not a number > 0"),
 ])
@@ -166,7 +168,8 @@ def test_no_warning_for_a_calibration_without_validation_and_with_one_checkpoint
     assert calibration_warnings(_train(200, checkpointing_steps=200)) == []  # the end's only
     # Validation prompts render only into TensorBoard: without it, no validation ran.
     assert calibration_warnings(_train(200, num_validation_prompts=2, validation_steps=60, report_to="none")) == []
-    assert calibration_warnings(_train(200, num_validation_prompts=2, validation_steps=60, report_to="tensorboard"))
+    for rendered in ("tensorboard", "all", None):  # None: timings before `report_to` was recorded
+        assert calibration_warnings(_train(200, num_validation_prompts=2, validation_steps=60, report_to=rendered))
 
 
 @pytest.mark.parametrize("stage, batch, said", [

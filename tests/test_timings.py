@@ -294,7 +294,7 @@ def test_estimate_counts_the_warm_up_and_wrap_up_once_and_scales_the_pace_betwee
     assert gpu_seconds(steps, 1000) == pytest.approx((0.0, 20000.0))
     with pytest.raises(ValueError, match="warmup_seconds=-1 is not a number >= 0"):
         check_stages({"score": entry | {"warmup_seconds": -1}}, {})
-    with pytest.raises(ValueError, match="setup_seconds=10.0 \\+ warmup_seconds=116.0 \\+ wrapup_seconds=5.0 is more"):
+    with pytest.raises(ValueError, match="setup_seconds=10.0 \\+ warmup_seconds=116.0 \\+ wrapup_seconds=5.0 is not less"):
         check_stages({"score": entry | {"warmup_seconds": 116.0}}, {})
 
 
@@ -330,6 +330,11 @@ def test_estimate_command_prints_the_papers_colour_run_and_refuses_missing_stage
     overlapped = {"generate+score": stages["generate"] | {"stage": "generate+score"}, "train": stages["train"]}
     (folder / "timings.json").write_text(json.dumps({"stages": overlapped, "history": []}))
     with pytest.raises(ValueError, match="calibrate without --overlap_scoring"):
+        estimate_command(EstimateConfig(timings=[str(folder)]))
+    # Without training too, every missing stage is named (a run that did every stage gives them all).
+    (folder / "timings.json").write_text(json.dumps({"stages": {"generate+score": overlapped["generate+score"]},
+                                                     "history": []}))
+    with pytest.raises(ValueError, match="timings lack generate, score, train"):
         estimate_command(EstimateConfig(timings=[str(folder)]))
     del stages["train"]
     (folder / "timings.json").write_text(json.dumps({"stages": stages, "history": []}))
