@@ -5,10 +5,7 @@ fingerprints: tests/test_local_model_versions.py)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,7 +20,6 @@ from gors.core.store import MODELS as MODELS_FILE
 from gors.core.store import StoreError, check_model_commits, recorded_model_commits
 from rewards import RewardOutput
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 
 
@@ -115,25 +111,24 @@ def test_a_folder_without_scores_takes_the_new_commits(tmp_path):
     assert not (tmp_path / "other" / MODELS_FILE).exists()
 
 
-BUILD = """
-import json
-from rewards.combined import build_reward
-reward = build_reward("clip_score", model_name_or_path="gors-test/tiny-clip", device="cpu")
-print(json.dumps(reward.model_commits))
-"""
 
 
-def test_a_reward_loaded_by_hub_id_knows_its_commit(tmp_path):
+def test_a_reward_loaded_by_hub_id_knows_its_commit(tmp_path, monkeypatch):
     """The real path: `build_reward` by Hub id, offline, from a Hugging Face cache holding one snapshot."""
+    from huggingface_hub import constants
+
     from gors.testing.clip import build_tiny_clip
+    from rewards.combined import build_reward
 
     cache = _cache(tmp_path, "gors-test/tiny-clip", {"main": COMMIT_A})
     snapshot = cache / "models--gors-test--tiny-clip" / "snapshots" / COMMIT_A
     shutil.rmtree(snapshot)
     build_tiny_clip(snapshot)
-    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, check=True).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == {"gors-test/tiny-clip": COMMIT_A}
+    # Where HF_HUB_CACHE and HF_HUB_OFFLINE=1 in the environment put them (huggingface_hub reads both per call).
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    reward = build_reward("clip_score", model_name_or_path="gors-test/tiny-clip", device="cpu")
+    assert reward.model_commits == {"gors-test/tiny-clip": COMMIT_A}
 
 
 def test_an_evaluation_summary_names_the_scorer_models(tmp_path):
