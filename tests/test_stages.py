@@ -274,6 +274,29 @@ def test_the_rewards_a_folder_has_scores_of_are_listed_sorted(tmp_path):
     assert scored_rewards(tmp_path) == ["a_reward", "b_vqa:0.5,clip:0.5", "clip", "d_reward", "e_reward"]
 
 
+def test_select_with_unbiased_gives_only_the_command_to_score_with_its_reward(tmp_path, make_run_config):
+    """--unbiased chose the reward: no advice to select by the folder's other scores instead."""
+    _fake_scored_run(tmp_path, "color", {0: 0.95})
+    with pytest.raises(StoreError, match=r"no 'grounded_sam' score .* Run `gors score --output_dir .* --reward "
+                                         r"grounded_sam` first\.$"):
+        select(make_run_config(output_dir=str(tmp_path), reward=None, unbiased=True, reward_threshold=None))
+
+
+def test_select_refuses_a_category_other_than_the_samples(tmp_path, make_run_config):
+    _fake_scored_run(tmp_path, "color", {0: 0.95})
+    with pytest.raises(ValueError, match=r"--category='shape' .*but the samples in .*samples are 'color' prompts"):
+        select(make_run_config(output_dir=str(tmp_path), reward=None, category="shape", reward_threshold=None))
+
+
+def test_a_process_that_does_not_write_selects_silently_and_writes_nothing(tmp_path, make_run_config, capsys):
+    """Under several processes all select and one writes: the others print no warning and leave no file."""
+    _fake_scored_run(tmp_path, None, {0: 0.0, 1: 0.5})
+    summary = select(make_run_config(output_dir=str(tmp_path), reward_threshold=None, select_top_fraction=1.0),
+                     write=False)
+    assert summary["num_selected"] == 2 and capsys.readouterr().err == ""
+    assert not (tmp_path / "selection.jsonl").exists() and not (tmp_path / "selection_summary.json").exists()
+
+
 def test_select_top_fraction_warns_of_zero_rewards_and_refuses_only_zeros(tmp_path, make_run_config, capsys):
     _fake_scored_run(tmp_path, None, {0: 0.0, 1: 0.5})
     select(make_run_config(output_dir=str(tmp_path), reward_threshold=None, select_top_fraction=1.0))

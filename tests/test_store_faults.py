@@ -837,7 +837,7 @@ def test_a_lora_for_a_pipeline_diffusers_loads_none_into_is_refused_before_loadi
     check_lora_loader(FAMILIES["StableDiffusionPipeline"], "lora")
 
 
-@pytest.mark.parametrize("value", ["high", 5, float("nan"), True])
+@pytest.mark.parametrize("value", ["high", 5, -0.5, float("nan"), True])
 def test_select_refuses_a_score_row_whose_reward_is_no_number_in_0_1(selected_run, tmp_path, value):
     from dataclasses import replace
 
