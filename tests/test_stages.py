@@ -391,6 +391,7 @@ def test_select_top_fraction_and_a_threshold_are_refused_together(make_run_confi
     ({"validation_benchmark": "toy:train", "validation_metric": "acuracy"},
      "--validation_metric='acuracy' is not a metric of toy:train"),
     ({"reward_threshold": None}, "No threshold: the prompts are not a T2I-CompBench category"),
+    ({"reward_threshold": None, "category": "numeracy"}, "No GORS threshold for category 'numeracy'; known categories"),
 ])
 def test_run_refuses_what_training_would_before_generating(make_run_config, overrides, message):
     from gors.run import run

@@ -932,6 +932,15 @@ def test_a_selection_the_checkpoints_were_trained_on_is_kept_when_another_replac
     assert not (run_dir / "selection.previous-2.jsonl").exists()
 
 
+def test_a_selection_edited_into_no_selection_is_replaced_without_a_copy(trained_run, tmp_path):
+    """No checkpoint was trained on a file edited since into lines that are no rows: nothing of it to keep."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.output_dir, run_dir)
+    (run_dir / "selection.jsonl").write_text("[1, 2]\n")
+    select(replace(trained_run, output_dir=str(run_dir)))
+    assert len(load_selection(run_dir)) == 6 and not list(run_dir.glob("selection.previous-*"))
+
+
 def test_a_checkpoint_a_killed_save_left_renamed_counts_for_status_and_select(trained_run, tmp_path):
     """A save killed between its two renames leaves only `.checkpoint-<step>.old`, which the next training puts
     back: `gors status` (which moves nothing) shows it, and a reselection keeps the selection it was trained on."""
