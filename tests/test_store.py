@@ -312,7 +312,8 @@ def _tiny_vae():
 
 
 def test_cached_latents_are_the_vaes_distribution_of_the_official_preprocessing(tmp_path):
-    """Each cached row is the VAE's mean and std of its image resized (bilinear), centre-cropped, scaled to [-1, 1]."""
+    """Each cached row is the VAE's mean and std of its image resized (bilinear), centre-cropped (or, without
+    --center_crop, squeezed to the square), scaled to [-1, 1]."""
     import numpy as np
     from accelerate import Accelerator
     from torchvision.transforms import InterpolationMode
@@ -324,17 +325,19 @@ def test_cached_latents_are_the_vaes_distribution_of_the_official_preprocessing(
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((40, 56), (72, 40))]
     selection = [{"path": f"part-00000/{i}.png", "reward": 0.9} for i in range(len(images))]
-    cache = cached_latent_distributions(selection, lambda row: images[selection.index(row)], vae,
-                                        Accelerator(cpu=True), tmp_path, 32, True, "tiny", batch_size=1)
-    with torch.no_grad():
-        for i, image in enumerate(images):
-            resized = F.resize(image, 32, interpolation=InterpolationMode.BILINEAR)  # the short side to 32
-            pixels = F.to_tensor(F.center_crop(resized, 32)) * 2 - 1
-            dist = vae.encode(pixels[None]).latent_dist
-            assert torch.allclose(cache["mean"][i], dist.mean[0], atol=1e-5)
-            assert torch.allclose(cache["std"][i], dist.std[0], atol=1e-5)
-    assert cache["original_size"].tolist() == [[40, 56], [72, 40]]  # (height, width)
-    assert cache["crop_top_left"].tolist() == [[0, 6], [12, 0]]
+    for center_crop, crops in ((True, [[0, 6], [12, 0]]), (False, [[0, 0], [0, 0]])):
+        cache = cached_latent_distributions(selection, lambda row: images[selection.index(row)], vae,
+                                            Accelerator(cpu=True), tmp_path, 32, center_crop, "tiny", batch_size=1)
+        with torch.no_grad():
+            for i, image in enumerate(images):
+                resized = F.resize(image, 32, interpolation=InterpolationMode.BILINEAR)  # the short side to 32
+                # Without the centre crop the whole image is kept, squeezed to the square.
+                square = F.center_crop(resized, 32) if center_crop else F.resize(resized, [32, 32])
+                dist = vae.encode((F.to_tensor(square) * 2 - 1)[None]).latent_dist
+                assert torch.allclose(cache["mean"][i], dist.mean[0], atol=1e-5)
+                assert torch.allclose(cache["std"][i], dist.std[0], atol=1e-5)
+        assert cache["original_size"].tolist() == [[40, 56], [72, 40]]  # (height, width)
+        assert cache["crop_top_left"].tolist() == crops
 
 
 def test_a_training_caches_name_is_kept_and_changes_with_each_input_it_depends_on(tmp_path):
