@@ -815,6 +815,8 @@ def _noise_image(height: int, width: int, seed: int) -> Image.Image:
     (784, 1127),
     # An odd overhang (59 - 32 = 27): torchvision rounds 13.5 to 14, as diffusers' SDXL script records it.
     (74, 40), (40, 74),
+    # The long side truncated, not rounded: 32 * 65 / 60 = 34.67 gives 34 (offset 1), where 35 would give 2.
+    (60, 65),
 ])
 def test_crop_top_left_is_where_the_training_transform_crops(height, width):
     assert crop_top_left(height, width, RESOLUTION, True) == _crop_offset(_noise_image(height, width, 0))

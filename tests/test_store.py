@@ -471,6 +471,17 @@ def test_a_garbled_part_of_a_killed_launch_is_computed_again(tmp_path):
         assert torch.equal(result["value"][:, 0], torch.arange(5) * 2.0)
 
 
+def test_the_parts_of_a_killed_launch_at_another_process_count_are_not_merged(tmp_path):
+    """A launch of 2 processes killed before its merge left a part; a launch of 3 merges its own parts only."""
+    path = tmp_path / "latents.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"index": torch.tensor([0, 1, 2]), "value": torch.full((3, 1), -1.0)},
+              str(path.with_name("latents.part-00000-of-00002.safetensors")))
+    for result in _sharded_launch(path, 5, 3, _doubled):
+        assert torch.equal(result["value"][:, 0], torch.arange(5) * 2.0)
+    assert sorted(file.name for file in path.parent.iterdir()) == ["latents.safetensors"]
+
+
 def test_parts_that_do_not_cover_the_items_in_order_are_refused(tmp_path):
     """A readable part holding other items (another launch's) stops the merge with an error, not a shuffled cache."""
     path = tmp_path / "latents.safetensors"
