@@ -289,11 +289,6 @@ class BatchSchedule:
     def updates_per_epoch(self) -> int:
         return -(-self.num_samples // self.update_size)
 
-    @property
-    def batches_per_epoch(self) -> int:
-        """Micro-batches per epoch on each process."""
-        return self.updates_per_epoch * self.accumulation
-
     def indices(self, micro_batch: int) -> list[int]:
         update, part = divmod(micro_batch, self.accumulation)
         epoch, position = divmod(update, self.updates_per_epoch)

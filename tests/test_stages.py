@@ -351,6 +351,26 @@ def test_each_replaced_selection_that_checkpoints_were_trained_on_is_kept_under_
     assert json.loads((tmp_path / "selection_summary.previous-1.json").read_text())["reward"] == 0.6
 
 
+def test_a_rounds_reselection_with_the_same_replayed_rows_keeps_no_copy(tmp_path, make_run_config, monkeypatch):
+    """A round's checkpoints trained on its own rows and the replayed ones: selecting the same again changes nothing."""
+    import gors.checkpoints
+    from gors.checkpoints import selection_fingerprint
+
+    _fake_scored_run(tmp_path, None, {0: 0.9, 1: 0.6})
+    replayed = [{"path": "part-00000/00000_000.png", "prompt": "p0", "reward": 0.8, "samples": "../round-000/samples",
+                 "round": 0}]
+    config = make_run_config(output_dir=str(tmp_path), reward_threshold=0.5)
+    select(config, extra_rows=replayed)
+    trained_on = selection_fingerprint([json.loads(line) for line in (tmp_path / "selection.jsonl").open()])
+    monkeypatch.setattr(gors.checkpoints, "complete_checkpoints", lambda output_dir, **_: [
+        (tmp_path / "checkpoints" / "checkpoint-2", {"fingerprint": {"selection_sha256": trained_on}})])
+    select(config, extra_rows=replayed)
+    assert not list(tmp_path.glob("selection.previous-*"))
+    select(config)  # without the replayed rows: another selection, and the trained one is kept
+    assert [json.loads(line)["prompt"] for line in (tmp_path / "selection.previous-1.jsonl").open()] == \
+        ["p0", "p1", "p0"]
+
+
 def test_reward_statistics():
     from gors.select import reward_statistics
 

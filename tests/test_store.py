@@ -187,7 +187,7 @@ def test_add_columns_keeps_existing_fields(tmp_path):
 @pytest.mark.parametrize("num_samples,batch,world", [(10, 2, 1), (10, 2, 2), (7, 3, 2)])
 def test_batch_schedule_covers_each_epoch_and_processes_are_disjoint(num_samples, batch, world):
     schedules = [BatchSchedule(num_samples, batch, world, rank, seed=1) for rank in range(world)]
-    per_epoch = schedules[0].batches_per_epoch
+    per_epoch = schedules[0].updates_per_epoch  # one micro-batch per update here
     seen = [i for m in range(per_epoch) for s in schedules for i in s.indices(m)]
     assert set(seen) == set(range(num_samples))  # every sample once per epoch (plus wrap-around padding)
     assert len(seen) == per_epoch * batch * world
