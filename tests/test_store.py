@@ -471,10 +471,12 @@ def test_a_garbled_part_of_a_killed_launch_is_computed_again(tmp_path):
         assert torch.equal(result["value"][:, 0], torch.arange(5) * 2.0)
 
 
-def test_the_parts_of_a_killed_launch_at_another_process_count_are_not_merged(tmp_path):
-    """A launch of 2 processes killed before its merge left a part; a launch of 3 merges its own parts only."""
+def test_what_a_killed_launch_at_another_process_count_left_is_not_merged_and_removed(tmp_path):
+    """A launch of 2 processes killed in its merge left a part and the merge's temporary file; a launch of 3
+    merges its own parts only, and removes what the killed one left."""
     path = tmp_path / "latents.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".tmp").write_bytes(b"half a merge")
     save_file({"index": torch.tensor([0, 1, 2]), "value": torch.full((3, 1), -1.0)},
               str(path.with_name("latents.part-00000-of-00002.safetensors")))
     for result in _sharded_launch(path, 5, 3, _doubled):
