@@ -237,6 +237,24 @@ def test_a_hub_id_that_now_names_a_local_folder_is_refused_as_such(tmp_path, mon
         check_model_commits(tmp_path, {"org/model": model_version("org/model")}, True, "scores")
 
 
+def test_a_local_folder_that_now_names_a_hub_model_is_refused_as_such(tmp_path):
+    from gors.core.store import describe_version_change
+
+    assert describe_version_change("org/model", "sha256:" + "0" * 64, "b" * 40) == (
+        f"org/model named a local folder, and names the Hub model at commit {'b' * 40} (a folder at that path made "
+        "or removed since)")
+
+
+def test_two_hub_models_of_unknown_commits_are_no_moved_local_model(tmp_path):
+    """Neither is a local folder (no fingerprint, no cache entry: both versions unknown): nothing moved."""
+    from gors.core.store import moved_local_model
+
+    assert not moved_local_model("org/model", "org/other", {})
+    model = _model(tmp_path / "model")
+    shutil.copytree(model, tmp_path / "copy")
+    assert moved_local_model(str(model), str(tmp_path / "copy"), {str(model): local_fingerprint(model)})
+
+
 def test_training_refuses_samples_of_the_base_model_before_it_was_retrained_in_place(tmp_path, monkeypatch):
     """`gors train` (and `gors run` before generating) on a folder whose samples are all there: no generation
     to notice the change, so training checks the samples' recorded version of its base model itself."""

@@ -48,6 +48,20 @@ def test_hub_commit_reads_the_cache_refs(tmp_path, monkeypatch):
     assert hub_commit(str(tmp_path)) is None  # a local folder has no commit
 
 
+def test_a_folder_scored_at_a_revision_is_checked_against_that_revision_in_the_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from gors.core.store import check_cached_commits
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(_cache(tmp_path, "org/model", {"main": COMMIT_A, "v2": COMMIT_B})))
+    folder = tmp_path / "scores"
+    folder.mkdir()
+    (folder / MODELS_FILE).write_text(json.dumps({"org/model": COMMIT_B}))
+    check_cached_commits(folder, True, "scores", {"org/model": "v2"})  # the revision asked for: the recorded commit
+    with pytest.raises(StoreError, match=f"org/model was at commit {COMMIT_B}, now {COMMIT_A}"):
+        check_cached_commits(folder, True, "scores")  # main: another commit
+
+
 def test_loads_are_recorded_inside_a_recording_only(tmp_path, monkeypatch):
     from huggingface_hub import constants
 

@@ -378,6 +378,8 @@ def test_two_spellings_of_one_local_folder_are_one_setting(tmp_path, monkeypatch
     assert same_value({"reward": {"model_name_or_path": "model/"}, "k": [1, "model"]},
                       {"reward": {"model_name_or_path": "model"}, "k": [1, "./model"]})
     assert not same_value({"a": 1}, {"a": 1, "b": None}) and not same_value([1], [1, 2]) and not same_value("", ".")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert same_value("~/model", f"{tmp_path}/model")  # a path typed with ~, recorded as loaded (expanded)
     assert settings_changes({"model": "model", "seed": 1}, {"model": "model/", "seed": 2}) == ["seed: 1 -> 2"]
 
 
