@@ -381,6 +381,7 @@ def test_two_spellings_of_one_local_folder_are_one_setting(tmp_path, monkeypatch
     monkeypatch.setenv("HOME", str(tmp_path))
     assert same_value("~/model", f"{tmp_path}/model")  # a path typed with ~, recorded as loaded (expanded)
     assert settings_changes({"model": "model", "seed": 1}, {"model": "model/", "seed": 2}) == ["seed: 1 -> 2"]
+    assert settings_changes({"seed": 1, "dtype": "float16"}, {"seed": 1}) == ["dtype: \"float16\" -> null"]
 
 
 def test_a_score_folder_keeps_its_settings_when_a_model_path_is_spelled_otherwise(tmp_path, monkeypatch):
