@@ -279,7 +279,7 @@ def pluralize(noun: str) -> str:
     """English plural of a singular noun ("bus" -> "buses", "cherry" -> "cherries")."""
     low = noun.lower()
     if low in _IRREGULAR_PLURALS:
-        return noun[: -len(low)] + _IRREGULAR_PLURALS[low] if noun.islower() else _IRREGULAR_PLURALS[low]
+        return _IRREGULAR_PLURALS[low]
     if low.endswith(("s", "x", "z", "ch", "sh")):
         return noun + "es"
     if low.endswith("y") and len(low) > 1 and low[-2] not in "aeiou":

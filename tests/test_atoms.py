@@ -272,6 +272,20 @@ def test_atoms_from_vqa_list() -> None:
     assert [a.skill for a in atoms[:3]] == ["count", "attribute", "unspecified"]
     with pytest.raises(ValueError, match=r"vqa_list\[0\]"):
         atoms_from_vqa_list([["only a question"]])
+    with pytest.raises(ValueError, match=r"vqa_list\[1\] = \['How many cows are in the image\?', 3\]"):
+        atoms_from_vqa_list([GENEVAL2_EXAMPLE[0], ["How many cows are in the image?", 3]])  # a count as a number
+
+
+def test_free_form_adjectives_relative_clauses_and_verbs_ending_in_ss():
+    def questions(prompt: str) -> list[str]:
+        return [atom.question for atom in prompt_atoms(prompt)]
+
+    assert "Is the shirt wrinkled?" in questions("a wrinkled shirt")  # an -ed adjective the word list lacks
+    # "pen" ends in -en but is too short to be taken for an adjective: one object, "pen holder".
+    assert questions("a pen holder") == ["How many pen holders are in the image?",
+                                         "Are there any pen holders in the image?"]
+    assert "Is the cat chasing the mouse?" in questions("a cat that is chasing a mouse")
+    assert "Does the boy kiss the girl?" in questions("a boy kiss a girl")  # "kiss" is no third-person "kis"
 
 
 def test_shape_words_of_t2i_compbench_are_attributes():

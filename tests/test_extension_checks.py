@@ -196,6 +196,8 @@ def test_a_score_may_leave_its_range_by_rounding_error_only():
     for value in (1.001, -0.001):
         with pytest.raises(RewardError, match="outside"):
             checked_scores("r", RewardOutput([value], [{}]), ["a"])
+    with pytest.raises(RewardError, match=r"returned inf for image 0 \('a'\), not a finite number"):
+        checked_scores("r", RewardOutput([float("inf")], [{}]), ["a"])  # no score, not one to clip into range
 
 
 def test_the_models_a_reward_of_ones_own_declares_are_recorded_however_it_loads_them(tmp_path):

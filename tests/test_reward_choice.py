@@ -569,6 +569,8 @@ def test_an_edited_plugin_rewards_old_scores_are_kept_with_a_warning(console_scr
     assert check_settings(folder, edited, scored=True) is False  # kept, and the record stays the old one
     assert "holds scores made when the source file of cwd_reward_edited:Brightness was another: the scores are " \
            "kept as they are; if the change changes them, raise the reward's scoring_version" in caplog.text
+    check_settings(folder, edited, scored=True)  # overlapped scoring opens the folder again: said once
+    assert caplog.text.count("holds scores made when the source file") == 1
     # A folder an earlier gors scored records the sources now; other settings still refuse.
     older = {key: value for key, value in settings.items() if key != "plugin_sources"}
     (folder / SETTINGS_FILE).write_text(json.dumps(older))

@@ -393,6 +393,8 @@ def test_a_score_folder_keeps_its_settings_when_a_model_path_is_spelled_otherwis
     assert check_settings(tmp_path, {"reward": "b_vqa", "model_name_or_path": f"{tmp_path}/blip/"}, scored=True) is False
     with pytest.raises(StoreError, match="holds scores made with"):
         check_settings(tmp_path, {"reward": "b_vqa", "model_name_or_path": "other"}, scored=True)
+    # Settings without a score (left by a reward that failed to build) block nothing: they are replaced.
+    assert check_settings(tmp_path, {"reward": "b_vqa", "model_name_or_path": "other"}, scored=False) is True
 
 
 def test_a_reward_specs_scores_folder_and_column_keep_its_dots_and_lose_its_outer_separators(tmp_path):
