@@ -286,6 +286,7 @@ def test_free_form_adjectives_relative_clauses_and_verbs_ending_in_ss():
                                          "Are there any pen holders in the image?"]
     assert "Is the cat chasing the mouse?" in questions("a cat that is chasing a mouse")
     assert "Does the boy kiss the girl?" in questions("a boy kiss a girl")  # "kiss" is no third-person "kis"
+    assert "Is the car red?" in questions("A Red car")  # the attribute as GenEval 2 asks it, lower-case
 
 
 def test_shape_words_of_t2i_compbench_are_attributes():
