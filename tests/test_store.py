@@ -385,7 +385,8 @@ def test_two_spellings_of_one_local_folder_are_one_setting(tmp_path, monkeypatch
 
 
 def test_a_score_folder_keeps_its_settings_when_a_model_path_is_spelled_otherwise(tmp_path, monkeypatch):
-    from gors.core.scoring import SETTINGS_FILE, check_settings
+    from gors.core.distributed import make_accelerator
+    from gors.core.scoring import SETTINGS_FILE, check_settings, open_score_folder
 
     (tmp_path / "blip").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -393,6 +394,12 @@ def test_a_score_folder_keeps_its_settings_when_a_model_path_is_spelled_otherwis
     assert check_settings(tmp_path, {"reward": "b_vqa", "model_name_or_path": f"{tmp_path}/blip/"}, scored=True) is False
     with pytest.raises(StoreError, match="holds scores made with"):
         check_settings(tmp_path, {"reward": "b_vqa", "model_name_or_path": "other"}, scored=True)
+    # Opening the scored folder with the other spelling keeps the record as it is.
+    recorded = (tmp_path / SETTINGS_FILE).read_text()
+    append_jsonl(tmp_path / "part-00000.jsonl", [{"prompt_index": 0, "image_index": 0, "prompt": "p", "reward": 0.5}])
+    open_score_folder(tmp_path, [{"prompt_index": 0, "image_index": 0, "prompt": "p", "path": "p.png"}],
+                      make_accelerator(), {"reward": "b_vqa", "model_name_or_path": f"{tmp_path}/blip/"})
+    assert (tmp_path / SETTINGS_FILE).read_text() == recorded
     # Settings without a score (left by a reward that failed to build) block nothing: they are replaced.
     assert check_settings(tmp_path, {"reward": "b_vqa", "model_name_or_path": "other"}, scored=False) is True
 
