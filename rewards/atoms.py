@@ -276,10 +276,11 @@ _IRREGULAR_SINGULARS = {plural: singular for singular, plural in _IRREGULAR_PLUR
 
 
 def pluralize(noun: str) -> str:
-    """English plural of a singular noun ("bus" -> "buses", "cherry" -> "cherries")."""
+    """English plural of a singular noun ("bus" -> "buses", "cherry" -> "cherries"), capitalised as the noun is."""
     low = noun.lower()
     if low in _IRREGULAR_PLURALS:
-        return _IRREGULAR_PLURALS[low]
+        plural = _IRREGULAR_PLURALS[low]
+        return plural.capitalize() if noun[0].isupper() else plural
     if low.endswith(("s", "x", "z", "ch", "sh")):
         return noun + "es"
     if low.endswith("y") and len(low) > 1 and low[-2] not in "aeiou":

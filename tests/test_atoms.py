@@ -195,6 +195,7 @@ def test_pluralize() -> None:
     assert [pluralize(w) for w in ("car", "bus", "cherry", "boy", "man", "box", "sheep")] == [
         "cars", "buses", "cherries", "boys", "men", "boxes", "sheep"
     ]
+    assert [pluralize(w) for w in ("Bus", "Man", "Person")] == ["Buses", "Men", "People"]  # as the prompt wrote it
 
 
 def test_answer_variants_follow_geneval2() -> None:
