@@ -180,8 +180,8 @@ def test_read_prompt_file_crlf_and_blanks(tmp_path: Path) -> None:
 
 def test_prompts_are_cut_at_line_feeds_only_and_lose_invisible_characters_at_their_ends(tmp_path: Path) -> None:
     joined = tmp_path / "joined.txt"  # two files saved with a BOM, joined by `cat`; a form feed, U+0085, U+2028
-    joined.write_text("\ufeffa red cube\n\ufeffa blue ball\u200b\na cat\x0cnear a dog\x85and\u2028more\n",
-                      encoding="utf-8")
+    joined.write_text("\ufeffa red cube\n\ufeffa blue ball\u200b\na cat\x0cnear a dog\x85and\u2028more\u3000\n",
+                      encoding="utf-8")  # U+3000: the ideographic space, the highest whitespace character
     assert P.read_prompt_file(joined) == ["a red cube", "a blue ball", "a cat\x0cnear a dog\x85and\u2028more"]
     jsonl = tmp_path / "rows.jsonl"
     jsonl.write_text('{"prompt": "a red cube"}\n\ufeff{"prompt": "a dog\u2028and a cat\u200b"}\n', encoding="utf-8")
@@ -201,6 +201,12 @@ def test_json_csv_and_yaml_files_are_refused_and_a_capitalised_jsonl_is_json_lin
     upper = tmp_path / "UP.JSONL"
     upper.write_text('{"prompt": "a red circle"}\n')
     assert P.load_prompts(str(upper)).prompts == ["a red circle"]
+
+
+def test_each_official_file_is_of_the_category_its_name_begins_with() -> None:
+    cases = {"non_spatial_val": "non_spatial", "3d_spatial_train": "3d_spatial", "spatial": "spatial",
+             "complex_val_spatial": "complex", "color_val_unseen": "color", "new_objects": None, "colour_val": None}
+    assert {stem: P.category_of(stem) for stem in cases} == cases
 
 
 def test_local_file_with_official_name_gets_category(tmp_path: Path) -> None:
@@ -246,8 +252,9 @@ def test_unknown_names() -> None:
         P.load_prompts("colour")
     assert "color_val" in str(err.value) and "non_spatial" in str(err.value) and "<category>_train.txt" in str(err.value)
     assert str(err.value).endswith("or the toy world's toy:train and toy:held_out.")
-    with pytest.raises(FileNotFoundError, match="not a T2I-CompBench name"):
-        P.load_prompts("t2i_compbench:colour")
+    for name in ("t2i_compbench:colour", "t2i_compbench:LICENSE", "t2i_compbench:rows.jsonl"):  # no prompt file of theirs
+        with pytest.raises(FileNotFoundError, match="not a T2I-CompBench name"):
+            P.load_prompts(name)
     with pytest.raises(ValueError, match="color_train.txt"):
         P.fetch_t2i_compbench_file("colour_train.txt")
 
@@ -283,6 +290,18 @@ def test_toy_prompt_sets_are_of_the_toy_category() -> None:
 
 def test_recorded_category_of_a_toy_store_from_before_toy_sets_had_one() -> None:
     assert P.recorded_category({"name": "toy:train", "category": None}) == "toy"
+    assert P.recorded_category({"name": "toy:train", "category": "color"}) == "color"  # a recorded one stands
+
+
+def test_another_category_is_refused_only_where_it_would_decide_the_reward_or_tau() -> None:
+    from types import SimpleNamespace
+
+    given_reward = SimpleNamespace(category="spatial", reward="b_vqa")
+    P.check_category(given_reward, "color", "the samples", tau=False)  # scoring: the reward is given, no tau
+    with pytest.raises(ValueError, match=r"--category='spatial' .*but the samples are 'color' prompts: spatial's tau "
+                                         r"would judge them"):
+        P.check_category(given_reward, "color", "the samples")
+    P.check_category(SimpleNamespace(category="spatial", reward="b_vqa", select_top_fraction=0.5), "color", "x")
     assert P.recorded_category({"name": "toy:fit_square"}) == "toy"
     assert P.recorded_category({"name": "color_train", "category": "color"}) == "color"
     assert P.recorded_category({"name": "my_prompts", "category": None}) is None
@@ -347,6 +366,7 @@ def test_a_benchmark_name_wins_over_a_same_named_file_here_unless_written_as_a_p
     Path("color_val").write_text("my own prompt\n", encoding="utf-8")  # a file named like the benchmark's stem
     assert P.load_prompts("color_val").prompts == ["a green bench"]
     assert P.load_prompts("./color_val").prompts == ["my own prompt"]
+    assert P.load_prompts("./color_val").category is None  # one's own file: not the benchmark's, nor its category
 
 
 DEMO_BYTES = b"one prompt\n"

@@ -208,8 +208,8 @@ def category_of(stem: str) -> str | None:
     """The T2I-CompBench category of an official file stem (`non_spatial_val` -> `non_spatial`)."""
     if stem + ".txt" not in T2I_COMPBENCH_SHA256:
         return None
-    # Longest match first, so `non_spatial_*` and `3d_spatial_*` are not read as `spatial`.
-    for category in sorted(ALL_CATEGORIES, key=len, reverse=True):
+    # A stem is `<category>` or `<category>_<split>`: `non_spatial_val` does not start with `spatial_`.
+    for category in ALL_CATEGORIES:
         if stem == category or stem.startswith(category + "_"):
             return category
     return None
