@@ -76,6 +76,13 @@ def test_the_default_hook_checks_nothing_and_the_helpers_refuse_non_numbers():
         check_number("x", True, 1, float("inf"))
     with pytest.raises(ValueError, match=r"x=\[1\]; choose 'a' or 'b'"):
         check_choice("x", [1], ("a", "b"))
+    # None is a value only where the option says so.
+    with pytest.raises(ValueError, match=r"x must be in \[0, 1\], got None"):
+        check_number("x", None)
+    check_number("x", None, optional=True)
+    with pytest.raises(ValueError, match=r"x=None; choose 'a' or 'b'"):
+        check_choice("x", None, ("a", "b"))
+    check_choice("x", None, ("a", None))
 
 
 def test_members_of_a_reward_list_are_checked():
