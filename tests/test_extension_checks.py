@@ -37,6 +37,9 @@ def test_reward_names_that_are_taken_or_unparseable_are_refused():
     for name in ("a:b", "a,b", ""):
         with pytest.raises(ValueError, match="give a non-empty name without ':' or ','"):
             register_reward(name)(Constant)
+    for not_a_reward in (object, Constant.score, Constant()):
+        with pytest.raises(ValueError, match=r"@register_reward\('constant'\) expects a Reward subclass, got"):
+            register_reward("constant")(not_a_reward)
     register_reward("constant")(Constant)
     register_reward("constant")(Constant)  # the same class again: a module imported twice
 

@@ -325,7 +325,7 @@ def test_build_reward_rejects_ambiguous_or_unknown_input():
         build_reward("test_constant", model_name_or_path="a", options={"model_name_or_path": "b"})
     with pytest.raises(ValueError, match="not in the reward list"):
         build_reward("test_constant,test_brightness", options={"b_vqa": {}})
-    with pytest.raises(ValueError, match=r"Unknown reward 'bvqa'.*b_vqa"):
+    with pytest.raises(ValueError, match=r"Unknown reward 'bvqa' \(did you mean 'b_vqa'\?\)\. Known rewards: "):
         build_reward("test_constant:1,bvqa:1")
 
 
@@ -446,12 +446,26 @@ def test_a_reward_module_that_is_nowhere_names_pythonpath_and_itself_once(consol
     with pytest.raises(ValueError, match=r"^Could not import reward 'cwd_reward_broken:X': No module named "
                                          r"'cwd_reward_dependency_not_installed'$"):
         get_reward_class("cwd_reward_broken:X")
+    # A module found on the Python path whose dependency lies only in the working directory: its error as it is,
+    # not the working directory's module taken in (the working directory stands in only for the module itself).
+    elsewhere = console_script_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "cwd_reward_on_path.py").write_text("import cwd_reward_helper\n")
+    (console_script_path / "cwd_reward_helper.py").write_text("")
+    sys.path.insert(0, str(elsewhere))
+    with pytest.raises(ValueError, match=r"^Could not import reward 'cwd_reward_on_path:X': No module named "
+                                         r"'cwd_reward_helper'$"):
+        get_reward_class("cwd_reward_on_path:X")
+    sys.path.remove(str(elsewhere))
     (console_script_path / "cwd_reward_no_class.py").write_text(BRIGHTNESS_MODULE)
     with pytest.raises(ValueError, match=r"^Could not import reward 'cwd_reward_no_class:Brightnes': module "
                                          r"'cwd_reward_no_class' has no attribute 'Brightnes'$"):
         get_reward_class("cwd_reward_no_class:Brightnes")
     with pytest.raises(ValueError, match=r"^'cwd_reward_no_class:np' is not a Reward subclass$"):
         get_reward_class("cwd_reward_no_class:np")
+    (console_script_path / "cwd_reward_unfinished.py").write_text("from rewards import Reward\nclass R(Reward): pass\n")
+    with pytest.raises(ValueError, match=r"^reward class R does not implement _score"):  # found, and checked as registered
+        get_reward_class("cwd_reward_unfinished:R")
 
 
 @pytest.mark.slow
