@@ -125,9 +125,10 @@ def sharded_cache(
 
 
 def _remove_parts(folder: Path, stem: str) -> None:
-    """Delete the parts of cache `stem`: this launch's, merged, and any a launch at another process count
-    was killed before merging; and the temporary file of a merge killed before its rename."""
-    for stale in [*folder.glob(f"{stem}.part-*"), folder / f"{stem}.tmp"]:
+    """Delete the parts of cache `stem` (their temporary files too): this launch's, merged, and any a launch at
+    another process count was killed before merging. A merge killed before its rename leaves `<stem>.tmp`, which
+    the next write of the cache replaces (`_save_atomically`)."""
+    for stale in folder.glob(f"{stem}.part-*"):
         stale.unlink(missing_ok=True)
 
 

@@ -519,7 +519,7 @@ def test_a_garbled_part_of_a_killed_launch_is_computed_again(tmp_path):
 
 def test_what_a_killed_launch_at_another_process_count_left_is_not_merged_and_removed(tmp_path):
     """A launch of 2 processes killed in its merge left a part and the merge's temporary file; a launch of 3
-    merges its own parts only, and removes what the killed one left."""
+    merges its own parts only, and nothing the killed one left stays (its merge's file is replaced by the new one's)."""
     path = tmp_path / "latents.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".tmp").write_bytes(b"half a merge")
