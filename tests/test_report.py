@@ -308,6 +308,30 @@ def test_report_columns_keep_names_scales_and_dotted_metrics_as_recorded(tmp_pat
         "| checkpoint   |   geneval2 (x100) |"]
 
 
+def test_the_summaries_of_an_evaluation_and_of_one_benchmarks_folder(tmp_path):
+    from gors.report import column_scale, evaluation_protocols, summary_folders
+
+    # `gors evaluate`'s file: the LoRA dropout it records once goes with each summary that records none itself.
+    (tmp_path / "summary.json").write_text(json.dumps({"lora_dropout": 0.1, "benchmark": "not read", "summaries": [
+        {"label": "toy:held_out", "primary_metric": "binding_accuracy"},
+        {"label": "t2i_compbench:color", "primary_metric": "b_vqa", "lora_dropout": 0.2}]}))
+    assert [(summary["lora_dropout"], folder) for summary, folder in summary_folders(tmp_path)] == [
+        (0.1, tmp_path / "toy" / "held_out"), (0.2, tmp_path / "t2i_compbench" / "color")]
+    # One benchmark's own folder (the toy demo's eval_base/): the label its subset gives it.
+    own = tmp_path / "eval_base"
+    own.mkdir()
+    (own / "summary.json").write_text(json.dumps({"benchmark": "toy", "split": "held_out", "binding_accuracy": 0.5}))
+    [(summary, folder)] = summary_folders(own)
+    assert (summary["label"], summary["primary_metric"], folder) == ("toy:held_out", "binding_accuracy", own)
+    # A scale the results block records wins over the benchmark's declared one.
+    assert column_scale({"label": "geneval2", "primary_metric": "soft_tifa_gm",
+                         "results": {"metrics": {"soft_tifa_gm": {"scale": "[0, 1]"}}}}) == "[0, 1]"
+    # No judge model among the recorded settings: none is compared (a summary of an older gors recorded none).
+    [protocol] = evaluation_protocols([{"label": "toy:held_out", "primary_metric": "binding_accuracy",
+                                        "results": {"config": {"seed": 0}}}]).values()
+    assert "judge models" not in protocol
+
+
 def test_a_folder_with_nothing_to_report_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="nor TensorBoard logs nor the rounds.json of a --rounds run"):
