@@ -400,42 +400,6 @@ def test_a_score_folder_keeps_its_settings_when_a_model_path_is_spelled_otherwis
     open_score_folder(tmp_path, [{"prompt_index": 0, "image_index": 0, "prompt": "p", "path": "p.png"}],
                       make_accelerator(), {"reward": "b_vqa", "model_name_or_path": f"{tmp_path}/blip/"})
     assert (tmp_path / SETTINGS_FILE).read_text() == recorded
-    # Settings without a score (left by a reward that failed to build) block nothing: they are replaced.
-    assert check_settings(tmp_path, {"reward": "b_vqa", "model_name_or_path": "other"}, scored=False) is True
-
-
-def test_a_score_folder_holding_another_prompt_for_a_sample_is_refused(tmp_path):
-    from gors.core.distributed import make_accelerator
-    from gors.core.scoring import open_score_folder
-
-    folder = tmp_path / "scores"
-    append_jsonl(folder / "part-00000.jsonl", [{"prompt_index": 0, "image_index": 0, "prompt": "a cat", "reward": 0.5}])
-    records = [{"prompt_index": 0, "image_index": 0, "prompt": "a dog", "path": "part-00000/00000_000.png"}]
-    with pytest.raises(StoreError, match=r"holds a score of prompt 'a cat' for sample \(0, 0\), whose prompt is now "
-                                         r"'a dog': it belongs to another run"):
-        open_score_folder(folder, records, make_accelerator())
-
-
-def test_opening_a_score_folder_cuts_a_torn_row_and_drops_stale_rows_of_the_samples_asked_for_only(tmp_path):
-    """A row of an image generated again since is dropped (the sample is scored again); a row of a sample no longer
-    asked for stays on disk; a torn last line is cut at once, not only when this process appends."""
-    from gors.core.distributed import make_accelerator
-    from gors.core.scoring import open_score_folder
-
-    part, other = tmp_path / "scores" / "part-00000.jsonl", tmp_path / "scores" / "part-00001.jsonl"
-    rows = [{"prompt_index": p, "image_index": 0, "prompt": f"p{p}", "reward": 0.5, "image_sha256": "old"}
-            for p in (0, 5)]
-    append_jsonl(part, rows)
-    current = {"prompt_index": 2, "image_index": 0, "prompt": "p2", "reward": 0.5, "image_sha256": "now"}
-    append_jsonl(other, [current])
-    for path in (part, other):
-        with open(path, "a") as handle:
-            handle.write('{"prompt_index": 1, "ima')
-    records = [{"prompt_index": p, "image_index": 0, "prompt": f"p{p}", "path": f"part-00000/{p:05d}_000.png",
-                "image_sha256": sha} for p, sha in ((0, "new"), (2, "now"))]
-    assert list(open_score_folder(part.parent, records, make_accelerator())) == [(2, 0)]
-    assert part.read_text() == json.dumps(rows[1]) + "\n"
-    assert other.read_text() == json.dumps(current) + "\n"
 
 
 def test_a_reward_specs_scores_folder_and_column_keep_its_dots_and_lose_its_outer_separators(tmp_path):
