@@ -166,8 +166,9 @@ def _check_round_settings(config: RunConfig, path: Path, record: dict[str, Any],
     if missing:
         logger.warning("%s does not record %s (an older gors): its rounds are taken to have been made with this "
                        "run's", path, ", ".join(missing))
-    # A local base model moved or copied elsewhere is the same model: round 0's samples record its files.
-    moved = {"pretrained_model_name_or_path"} if recorded.get("revision") is None and moved_local_model(
+    # A local base model moved or copied elsewhere is the same model: round 0's samples record its files (a Hub
+    # model's version is a commit, never a local folder's fingerprint, so a Hub id is not taken for a moved model).
+    moved = {"pretrained_model_name_or_path"} if moved_local_model(
         recorded["pretrained_model_name_or_path"], wanted["pretrained_model_name_or_path"],
         recorded_model_commits(samples_dir(round_dir(config.output_dir, 0)))) else set()
     changed = [f"{name}: {recorded[name]!r} -> {value!r}" for name, value in wanted.items()

@@ -196,16 +196,19 @@ def test_a_round_goes_on_from_the_step_the_round_before_ended_not_from_its_newes
     run(make_run_config(output_dir=str(run_dir), **ROUNDS))
     reset_process_state()
     assert (run_dir / LORA_WEIGHT_NAME).read_bytes() == (one_process_rounds / LORA_WEIGHT_NAME).read_bytes()
-    # Without the step a round ended on, the next one does not start from another.
+    # Without the step a round ended on, whole (its save interrupted) or at all, the next one does not start from
+    # another, and generates nothing.
     shutil.rmtree(round_dir(run_dir, 1))
-    shutil.rmtree(round_dir(run_dir, 0) / CHECKPOINTS_DIR / "checkpoint-2")
     rounds = json.loads((run_dir / ROUNDS_FILE).read_text())
     (run_dir / ROUNDS_FILE).write_text(json.dumps({**rounds, "rounds": rounds["rounds"][:1]}))
-    with pytest.raises(FileNotFoundError, match=r"round-000 has no complete checkpoint at step 2, where its round "
-                                                r"ended and the next round goes on from"):
-        run(make_run_config(output_dir=str(run_dir), **ROUNDS))
-    reset_process_state()
-    assert not round_dir(run_dir, 1).exists()
+    ended = round_dir(run_dir, 0) / CHECKPOINTS_DIR / "checkpoint-2"
+    for damage in (lambda: (ended / CHECKPOINT_MARKER).unlink(), lambda: shutil.rmtree(ended)):
+        damage()
+        with pytest.raises(FileNotFoundError, match=r"round-000 has no complete checkpoint at step 2, where its round "
+                                                    r"ended and the next round goes on from"):
+            run(make_run_config(output_dir=str(run_dir), **ROUNDS))
+        reset_process_state()
+        assert not round_dir(run_dir, 1).exists()
 
 
 @pytest.mark.parametrize("problem", ["other settings", "incomplete"])
@@ -349,9 +352,9 @@ def _fake_round_stages(calls: list):
     return fake
 
 
-@pytest.mark.parametrize("reset", [False, True])
+@pytest.mark.parametrize("reset, report_to", [(False, "none"), (True, "tensorboard"), (False, "all")])
 def test_each_of_three_rounds_takes_the_lora_checkpoint_and_seed_of_the_round_just_before(make_run_config, tmp_path,
-                                                                                         monkeypatch, reset):
+                                                                                         monkeypatch, reset, report_to):
     """Round r generates with round r-1's LoRA and its own seeds, trains on from r-1's end; a rerun redoes no round."""
     from accelerate import Accelerator
 
@@ -360,7 +363,7 @@ def test_each_of_three_rounds_takes_the_lora_checkpoint_and_seed_of_the_round_ju
     calls: list = []
     monkeypatch.setattr(gors.rounds, "run_stages", _fake_round_stages(calls))
     config = make_run_config(output_dir=str(tmp_path / "run"), rounds=3, steps_per_round=2, seed=7, replay="all",
-                             reset_optimizer=reset, report_to="tensorboard" if reset else "none")
+                             reset_optimizer=reset, report_to=report_to)
     out = Path(config.output_dir)
     rounds = gors.rounds.run_rounds(config, Accelerator(cpu=True))
     assert [inputs.lora for _, inputs in calls] == [None, str(round_dir(out, 0)), str(round_dir(out, 1))]
@@ -377,8 +380,9 @@ def test_each_of_three_rounds_takes_the_lora_checkpoint_and_seed_of_the_round_ju
     assert (out / LORA_WEIGHT_NAME).read_bytes() == b"round-002"  # the last round's LoRA, copied to the run folder
     record = json.loads((out / ROUNDS_FILE).read_text())
     assert record["rounds"] == rounds
-    # Under --report_to tensorboard each round's reward and selection are scalars over rounds (`logs/rounds`).
-    assert bool(list((out / "logs" / "rounds").glob("events.out.tfevents.*"))) == reset
+    # Under --report_to tensorboard (or all, tensorboard being installed with gors) each round's reward and selection
+    # are scalars over rounds (`logs/rounds`).
+    assert bool(list((out / "logs" / "rounds").glob("events.out.tfevents.*"))) == (report_to != "none")
 
     # Stopped after round 0: the rerun goes on in round 1, with the same inputs as the uninterrupted run's.
     (out / ROUNDS_FILE).write_text(json.dumps({**record, "rounds": record["rounds"][:1]}))
@@ -499,6 +503,10 @@ def test_rounds_json_checks_shrinking_a_growing_tau_schedule_and_older_files(mak
     assert len(_finished(replace(scheduled, tau_schedule=[0.2, 0.5, 0.1]), 1, PROMPTS, "b_vqa")) == 2
     _recorded_rounds(scheduled, 1, rounds=3, tau_schedule=[0.2, 0.99])
     assert len(_finished(scheduled, 1, PROMPTS, "b_vqa")) == 1  # round 1's 0.99 -> 0.5
+    # A hand-edited file whose schedule is shorter than its finished rounds: a difference named, not an IndexError.
+    _recorded_rounds(scheduled, 2, rounds=3, tau_schedule=[0.2])
+    with pytest.raises(ValueError, match=r"the taus of the 2 finished round\(s\): 0\.2, the paper's -> 0\.2, 0\.5"):
+        _finished(scheduled, 1, PROMPTS, "b_vqa")
     # One tau for every round (--reward_threshold) goes on as a schedule that starts with it, not as another tau.
     _recorded_rounds(scheduled, 1, rounds=3, tau_schedule=None, reward_threshold=0.2)
     assert len(_finished(scheduled, 1, PROMPTS, "b_vqa")) == 1
@@ -509,6 +517,12 @@ def test_rounds_json_checks_shrinking_a_growing_tau_schedule_and_older_files(mak
         _finished(scheduled, 1, PROMPTS, "b_vqa")
     with pytest.raises(ValueError, match=r"num_processes: 1 -> 2"):
         _finished(scheduled, 2, PROMPTS, "b_vqa")
+
+    # A rerun that names its own --steps_per_round is not told to pass one.
+    _recorded_rounds(config, 1)
+    with pytest.raises(ValueError, match=r"other settings \(steps_per_round: 2 -> 3\); rerun") as refused:
+        _finished(replace(config, steps_per_round=3), 1, PROMPTS, "b_vqa")
+    assert "to grow --rounds" not in str(refused.value)
 
     _recorded_rounds(config, 2, rounds=2)
     record = json.loads((tmp_path / ROUNDS_FILE).read_text())
@@ -559,9 +573,10 @@ def test_a_garbled_rounds_json_says_to_delete_it_and_the_rerun_redoes_no_work(on
     with pytest.raises(ValueError, match=rf"rounds.json: not valid JSON .*; expected the rounds gors recorded there; "
                                          rf"{fix}"):
         run(config)
-    (run_dir / ROUNDS_FILE).write_text("[]")
-    with pytest.raises(ValueError, match=rf"rounds.json: not a rounds file \(no 'settings' and 'rounds'\); {fix}"):
-        run(config)
+    for garbled in ("[]", '{"settings": ["rounds"], "rounds": []}'):
+        (run_dir / ROUNDS_FILE).write_text(garbled)
+        with pytest.raises(ValueError, match=rf"rounds.json: not a rounds file \(no 'settings' and 'rounds'\); {fix}"):
+            run(config)
     before = _hashes(run_dir)
     written = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*.png")}
     (run_dir / ROUNDS_FILE).unlink()
@@ -649,6 +664,18 @@ def test_rounds_may_grow_under_a_decaying_lr_only_with_a_fresh_optimizer_each_ro
     else:
         with pytest.raises(ValueError, match=r"--lr_scheduler linear laid out over --rounds=2; --rounds=3 would"):
             _finished(config, 1, PROMPTS, "b_vqa")
+
+
+@pytest.mark.parametrize("change, shown", [({"reset_optimizer": True}, "reset_optimizer: False -> True"),
+                                           ({"anchor_below": 500}, "anchor_below: None -> 500")])
+def test_a_rerun_that_would_train_the_rounds_to_come_otherwise_is_refused(make_run_config, tmp_path, change, shown):
+    """A fresh optimizer per round, or anchoring low rewards to the base model, changes what the rounds still to come
+    train on from the finished ones: refused as the finished rounds' other settings are."""
+    config = make_run_config(output_dir=str(tmp_path), **{**ROUNDS, "rounds": 3, "max_train_steps": 6})
+    _recorded_rounds(config, 1)
+    assert len(_finished(config, 1, PROMPTS, "b_vqa")) == 1
+    with pytest.raises(ValueError, match=rf"other settings \({shown}\)"):
+        _finished(replace(config, **change), 1, PROMPTS, "b_vqa")
 
 
 def test_rounds_take_up_to_ten_thousand_prompts_whose_seeds_stay_apart():
