@@ -584,14 +584,16 @@ class Benchmark:
         arguments by column name. `scorer_cache` shares loaded scorers between evaluations (see
         `make_scorer`). `torch_compile`: a `torch.compile` backend for the loaded pipeline's denoiser.
         `extra_columns`: optional columns (`optional_columns`) to compute too, unless `with_columns` is False.
-        `lora_dropout`: sample with dropout on the LoRA's output (`gors.core.pipeline.LoraOutputDropout`).
+        `lora_dropout`: sample with dropout on the LoRA's output (`gors.core.pipeline.LoraOutputDropout`), for
+        the pipeline `evaluate` loads only.
         `flags` and `scorer_batch_flag`: the command's flags that messages name (`gors evaluate`'s by default;
         `FIXED_BATCH_FLAGS` and None where no flag sets the batch sizes). `batch_limits`: the generation and
         main scorer batch sizes that fit the device in earlier evaluations (halved ones are recorded there).
         A score folder made with other scorer settings is refused, not mixed in.
         """
-        if lora_dropout and pipeline_loader is not None:
-            raise ValueError("lora_dropout applies to the pipeline evaluate loads, not to one given by pipeline_loader")
+        if lora_dropout and (pipeline_loader is not None or images is not None):
+            raise ValueError("lora_dropout applies to the pipeline evaluate loads, not to one given by pipeline_loader "
+                             "or to images read from a folder")
         if accelerator is None:
             generating = images is None and pipeline_loader is None and pretrained_model_name_or_path is not None
             precision = family_precision(detect_backbone(pretrained_model_name_or_path), None) if generating else None
@@ -634,7 +636,7 @@ class Benchmark:
         }
         rows = self._judged_rows(scores, column_scores)
         summary = self._summary(rows, output_dir, protocol, pretrained_model_name_or_path, lora, images)
-        if lora_dropout and images is None:  # its samples' dropout, also where this folder is read alone
+        if lora_dropout:  # its samples' dropout, also where this folder is read alone
             summary["lora_dropout"] = lora_dropout
         # What scored (reward, options, dtype, scoring versions) and the precision that generated: two evaluations
         # compare exactly only where both are one (`gors report`'s protocol notes).

@@ -309,6 +309,11 @@ def test_scorers_are_shared_only_with_equal_options_and_dropped_when_no_longer_n
           "--max_prompts", "2", "--images_per_prompt", "1", "--num_inference_steps", "2", "--output_dir", str(tmp_path),
           "--scorer_options", '{"toy:train": {"checks": "all"}}'])
     assert built == [("toy_oracle", {}), ("toy_oracle", {"checks": "all"})]
+    # A scorer is shared at its own batch size only: another size loads one of its own.
+    toy, accelerator, cache = build_benchmark("toy"), make_accelerator(), {}
+    small, large = (toy.make_scorer(accelerator, batch_size=size, cache=cache) for size in (2, 8))
+    assert small is not large and (small.batch_size, large.batch_size) == (2, 8)
+    assert toy.make_scorer(accelerator, batch_size=2, cache=cache) is small
     cache = {"a": object(), "b": object()}
     drop_unneeded(cache, {"b", "c"})
     assert list(cache) == ["b"]
@@ -560,9 +565,31 @@ def test_an_image_folder_that_is_not_the_benchmarks_set_is_refused(tmp_path):
         check_complete([*entries, ImageEntry(2, 0, tmp_path / "2_0.png")], 2, 2, tmp_path)
     with pytest.raises(StoreError, match=r"lists one \(prompt, image\) twice"):
         ImageFolderSamples([entries[0], entries[0]], [BenchmarkPrompt("a"), BenchmarkPrompt("b")])
+    (tmp_path / "0_0.png").symlink_to(tmp_path / "moved.png")  # a file listed that cannot be read: named, with the fix
+    with pytest.raises(StoreError, match=r"0_0.png cannot be read \(No such file or directory\); fix its permissions "
+                                         r"or remove it"):
+        ImageFolderSamples(entries[:1], [BenchmarkPrompt("a")])
     benchmark = build_benchmark("toy", max_prompts=1)
     with pytest.raises(ValueError, match="give a model .* or an image folder"):
         benchmark.evaluate(None, Path(tmp_path / "out"), accelerator=make_accelerator())
+
+
+def test_evaluate_from_python_refuses_what_its_arguments_cannot_mean_before_any_work(tmp_path, monkeypatch):
+    """LoRA dropout applies only to a pipeline `evaluate` loads, not to one `pipeline_loader` gives (validation's,
+    during training) nor to images read from a folder; options of a column the benchmark lacks are refused also
+    where a loaded `scorer` is given (and the scorers' own checks are skipped); an image folder that is none is
+    named."""
+    benchmark, accelerator = build_benchmark("toy", max_prompts=1), make_accelerator()
+    for given in ({"pipeline_loader": lambda: None}, {"images": tmp_path}):
+        with pytest.raises(ValueError, match="lora_dropout applies to the pipeline evaluate loads, not to one given"):
+            benchmark.evaluate(None, tmp_path / "out", accelerator=accelerator, lora_dropout=0.1, **given)
+    with pytest.raises(ValueError, match=r"options for columns \['B-CLIP'\] of toy, which has \[\]"):
+        benchmark.evaluate(None, tmp_path / "out", accelerator=accelerator, pipeline_loader=lambda: None,
+                           scorer=object(), column_options={"B-CLIP": {}})
+    monkeypatch.setattr(type(benchmark), "read_images", lambda self, folder: [])  # a benchmark that reads folders
+    with pytest.raises(FileNotFoundError, match=r"--images .*nosuch: no such folder"):
+        benchmark.evaluate(None, tmp_path / "out", accelerator=accelerator, images=tmp_path / "nosuch", scorer=object())
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_image_folder_file_changed_after_listing_is_refused_not_scored_under_its_old_hash(tmp_path):

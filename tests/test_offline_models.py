@@ -130,6 +130,11 @@ def test_gors_evaluate_and_validation_offline_stop_before_generating_when_a_scor
         validation_target(run_config)
     hub_cache("Salesforce/blip-vqa-capfilt-large")
     validation_target(run_config)
+    # The main scorer's model cached, a column's not: stopped as early, naming the column.
+    with pytest.raises(ModelLoadError, match=r"^t2i_compbench:color's B-CLIP scorer 'blip_clip': the default of "
+                                             r"--scorer_options model_name_or_path='Salesforce/blip-image-captioning"):
+        evaluate(config)
+    assert not list(tmp_path.rglob("*.png"))
     # Cached but unreadable (an empty snapshot here): the load fails, named by the command's option.
     from evaluators import build_benchmark
     from gors.core.distributed import make_accelerator

@@ -629,6 +629,7 @@ def test_benchmark_validation_logs_keeps_the_best_and_leaves_training_unchanged(
     for step in (1, 2):
         summary = json.loads((validated_dir / "validation" / f"step-{step:06d}" / "summary.json").read_text())
         assert summary["num_images"] == 2 and 0.0 <= summary["binding_accuracy"] <= 1.0
+        assert "dtype" not in summary["results"]["config"]  # the training's pipeline: no precision of its own claimed
     best = json.loads((validated_dir / "best" / "best.json").read_text())
     assert best["benchmark"] == "toy:train" and best["metric"] == "binding_accuracy" and best["step"] in (1, 2)
     assert (validated_dir / "best" / "pytorch_lora_weights.safetensors").is_file()
