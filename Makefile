@@ -11,7 +11,8 @@ PIP := $(VENV)/bin/pip
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 DEMO_DIR ?= toy_output
 # The tests run with one torch thread each (tests/conftest.py), so one pytest worker per core; a module's
-# tests stay on one worker, so that its shared runs are made once.
+# tests stay on one worker, so that its shared runs are made once, and the longest modules start first
+# (tests/conftest.py's LONGEST_MODULES, kept in that order by --no-loadscope-reorder).
 TEST_WORKERS ?= 2
 
 .PHONY: install test demo quality bench clean
@@ -37,7 +38,7 @@ test: install
 	@$(PY) -c "import shutil, sys, tempfile; where = tempfile.gettempdir(); free = shutil.disk_usage(where).free / 2**30; \
 		sys.exit(0 if free >= $(TEST_GB) else f'make: {free:.1f} GB free in {where}; the tests write about 1.5 GB there: ' \
 		'free some space, or set TMPDIR to a folder on a disk with room')"
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder tests
 
 demo: install
 	HF_HUB_OFFLINE=1 $(VENV)/bin/accelerate launch --config_file accelerate_configs/cpu.yaml \

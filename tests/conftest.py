@@ -32,6 +32,21 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_CACHES, ignore_errors=True)
 
 
+# The modules that take longest (launched processes, compiled graphs, whole runs: 30-110 s of a worker each in
+# `--durations=0` on 2 cores), longest first. pytest-xdist's loadscope hands modules to its workers in collection
+# order (the Makefile passes --no-loadscope-reorder, whose default orders them by their number of tests), so these
+# start first and the many short modules even out the workers' ends, instead of a long one starting last while the
+# other worker has nothing left to do.
+LONGEST_MODULES = ("test_rounds", "test_family_training", "test_speed_paths", "test_auto_train_batch", "test_train",
+                   "test_distributed", "test_families", "test_toy_gors", "test_faults", "test_hub_lora",
+                   "test_validation", "test_out_of_memory", "test_run_folder_lock", "test_docs_python_api")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: index for index, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))  # stable: in-module order kept
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """With GORS_REQUIRE_SHARED=1 (CI, which has ../shared beside the checkout), a test skipped for
