@@ -265,6 +265,27 @@ def test_classify_shape_takes_an_upside_down_triangle(size):
     assert classify_shape(np.flipud(world.shape_mask("triangle", 32, 32, size))) == "triangle"
 
 
+def test_classify_shape_measures_the_taper_over_thirds_of_the_box():
+    """12 rows, the top 3 half as wide as the other 9: over thirds (4 rows) the taper is 7.5 / 12 = 0.625, above
+    the triangle's 0.6 (over quarters it would be 0.5, a triangle). Its 2 x 2 px corner cells hold 0.5 (the top
+    ones empty): a square."""
+    box = np.zeros((12, 12), dtype=bool)
+    box[:3, 3:9] = True
+    box[3:] = True
+    assert classify_shape(box) == "square"
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_classify_shape_takes_corner_cells_of_a_fifth_of_the_shorter_side(transpose):
+    """A 12 x 24 px box, full but for notches 3 rows high and 5 px deep just inside each corner: its corner cells,
+    2 px (a fifth of 12), are full, a square; cells of a fifth of the longer side (5 px) would be 0.4 full, a
+    circle. The same standing up."""
+    box = np.ones((12, 24), dtype=bool)
+    for rows in (slice(2, 5), slice(7, 10)):
+        box[rows, :5] = box[rows, -5:] = False
+    assert classify_shape(box.T if transpose else box) == "square"
+
+
 def test_classify_shape_rejects_a_sparse_blob_that_tapers():
     """An L of 3 px strokes tapers like a triangle (thin top, full bottom row) but fills 0.28 of its box, under
     the triangle's 0.5: no shape."""
