@@ -291,6 +291,10 @@ def test_toy_prompt_sets_are_of_the_toy_category() -> None:
 def test_recorded_category_of_a_toy_store_from_before_toy_sets_had_one() -> None:
     assert P.recorded_category({"name": "toy:train", "category": None}) == "toy"
     assert P.recorded_category({"name": "toy:train", "category": "color"}) == "color"  # a recorded one stands
+    assert P.recorded_category({"name": "toy:fit_square"}) == "toy"
+    assert P.recorded_category({"name": "color_train", "category": "color"}) == "color"
+    assert P.recorded_category({"name": "my_prompts", "category": None}) is None
+    assert P.recorded_category({"name": "toy_prompts", "category": None}) is None  # a file, not the toy world
 
 
 def test_another_category_is_refused_only_where_it_would_decide_the_reward_or_tau() -> None:
@@ -302,10 +306,6 @@ def test_another_category_is_refused_only_where_it_would_decide_the_reward_or_ta
                                          r"would judge them"):
         P.check_category(given_reward, "color", "the samples")
     P.check_category(SimpleNamespace(category="spatial", reward="b_vqa", select_top_fraction=0.5), "color", "x")
-    assert P.recorded_category({"name": "toy:fit_square"}) == "toy"
-    assert P.recorded_category({"name": "color_train", "category": "color"}) == "color"
-    assert P.recorded_category({"name": "my_prompts", "category": None}) is None
-    assert P.recorded_category({"name": "toy_prompts", "category": None}) is None  # a file, not the toy world
 
 
 def test_jsonl_prompts_carry_their_rows_as_metadata(tmp_path: Path) -> None:
